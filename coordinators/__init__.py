@@ -1,0 +1,5 @@
+"""coordinators"""
+
+from __future__ import annotations
+
+__all__: tuple[str, ...] = ()

@@ -1,0 +1,133 @@
+"""The one exception tree of the library.
+
+    LanefoldError
+    ├── ConfigError                 misuse: bad config, bad call, bad input (exit 2)
+    │   └── RunNotFoundError        resume/show of a run id with no log
+    ├── LogCorruptError             a bad line inside an event log (exit 2)
+    └── RunError                    run-time failure of a run (exit 1)
+        ├── BudgetExhaustedError    the budget cannot fund the quorum (exit 3)
+        ├── QuorumNotMetError       too few lanes completed to reduce
+        └── BackendError            one backend attempt failed
+            ├── RateLimitError          retryable, may carry retry_after
+            ├── ServerError             retryable
+            ├── BackendTimeoutError     retryable
+            ├── BadResponseError        retryable: malformed or truncated body
+            ├── ContextLengthError      not retryable: the prompt does not fit
+            ├── RequestRejectedError    not retryable: 4xx carrying the server's message
+            └── AuthenticationError     not retryable and fatal: cancels the wave
+
+Whether an error is retryable, and how long to wait, is data on the instance,
+never a guess at the call site.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = (
+    "AuthenticationError",
+    "BackendError",
+    "BackendTimeoutError",
+    "BadResponseError",
+    "BudgetExhaustedError",
+    "ConfigError",
+    "ContextLengthError",
+    "LanefoldError",
+    "LogCorruptError",
+    "QuorumNotMetError",
+    "RateLimitError",
+    "RequestRejectedError",
+    "RunError",
+    "RunNotFoundError",
+    "ServerError",
+)
+
+
+class LanefoldError(Exception):
+    """Root of every error the library raises on purpose."""
+
+    exit_code: ClassVar[int] = 1
+
+
+class ConfigError(LanefoldError):
+    """Misuse: a config, argument or input that can never work as given."""
+
+    exit_code: ClassVar[int] = 2
+
+
+class RunNotFoundError(ConfigError):
+    """No event log exists for the run id."""
+
+
+class LogCorruptError(LanefoldError):
+    """An event log has a bad line that is not a torn tail; names the line."""
+
+    exit_code: ClassVar[int] = 2
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        super().__init__(f"{path}:{line}: corrupt event log line: {reason}")
+        self.path = path
+        self.line = line
+
+
+class RunError(LanefoldError):
+    """A run failed while running."""
+
+
+class BudgetExhaustedError(RunError):
+    """The remaining budget cannot fund the minimum quorum of lanes."""
+
+    exit_code: ClassVar[int] = 3
+
+
+class QuorumNotMetError(RunError):
+    """Fewer lanes completed than the loop's quorum."""
+
+
+class BackendError(RunError):
+    """One backend attempt failed. `retryable` and `retry_after` steer the dispatch path."""
+
+    retryable: ClassVar[bool] = False
+    fatal: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimitError(BackendError):
+    """The server asked us to slow down (HTTP 429); honours `retry_after`."""
+
+    retryable = True
+
+
+class ServerError(BackendError):
+    """A transient server-side fault (HTTP 5xx, 503 overloaded)."""
+
+    retryable = True
+
+
+class BackendTimeoutError(BackendError):
+    """The attempt did not answer within its timeout."""
+
+    retryable = True
+
+
+class BadResponseError(BackendError):
+    """A malformed, truncated or short response body."""
+
+    retryable = True
+
+
+class ContextLengthError(BackendError):
+    """The prompt plus max tokens does not fit the model's context."""
+
+
+class RequestRejectedError(BackendError):
+    """The server rejected the request (4xx); carries the server's message."""
+
+
+class AuthenticationError(BackendError):
+    """Credentials were refused: no lane can succeed, so the wave is cancelled."""
+
+    fatal = True
