@@ -43,6 +43,7 @@ class LaneRequest:
     lane: int
     seed: int
     max_tokens: int
+    attempt: int = 1  # 1 for the first dispatch of the lane; a retry or a resume raises it
 
 
 @dataclass(frozen=True, slots=True)
