@@ -1,0 +1,258 @@
+"""Budget: limits, a pricing table and the ledger.
+
+The ledger never lets `spent + reserved` pass a limit: a wave reserves its worst case before
+dispatch (`reserve`), each lane settles its actual usage after it lands (`settle`, the unused
+part returns to the pool) and a hold that never ran is given back (`release`).
+
+Tokens counted against `max_tokens` are tokens computed: prefill, decode and verifier tokens.
+Cached prefill is not computed again; it is bounded through its price.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from primitives._backend import Usage
+
+__all__ = ("Hold", "Ledger", "Limits", "Overrun", "Pricing", "Spend", "WaveFit")
+
+Purpose = Literal["sample", "judge"]
+
+
+class Limits(BaseModel):
+    """A run's limits; None means unlimited."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int | None = Field(None, ge=0)
+    max_cost_usd: float | None = Field(None, ge=0)
+    max_requests: int | None = Field(None, ge=0)
+    max_seconds: float | None = Field(None, gt=0)
+
+
+class Pricing(BaseModel):
+    """USD per million tokens, per line of the bill; KV residency per million token-seconds.
+
+    `verifier_per_mtok` prices every judge token (prompt and output) as its own line; when it
+    is None, judge tokens are priced at the input/cached/output rates but still billed as the
+    verifier line.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_per_mtok: float = Field(0.0, ge=0)
+    cached_input_per_mtok: float = Field(0.0, ge=0)
+    output_per_mtok: float = Field(0.0, ge=0)
+    verifier_per_mtok: float | None = Field(None, ge=0)
+    kv_per_mtok_s: float = Field(0.0, ge=0)
+
+
+@dataclass(slots=True)
+class Spend:
+    """Tokens and USD by line of the bill."""
+
+    prefill_tokens: int = 0
+    cached_prefill_tokens: int = 0
+    decode_tokens: int = 0
+    verifier_tokens: int = 0
+    kv_token_seconds: float = 0.0
+    requests: int = 0
+    prefill_usd: float = 0.0
+    cached_prefill_usd: float = 0.0
+    decode_usd: float = 0.0
+    kv_residency_usd: float = 0.0
+    verifier_usd: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens computed: the figure `max_tokens` limits."""
+        return self.prefill_tokens + self.decode_tokens + self.verifier_tokens
+
+    @property
+    def cost_usd(self) -> float:
+        return (self.prefill_usd + self.cached_prefill_usd + self.decode_usd
+                + self.kv_residency_usd + self.verifier_usd)
+
+    def add(self, usage: Usage, purpose: Purpose, pricing: Pricing, requests: int = 0) -> None:
+        """Add one lane's usage, priced line by line."""
+        per = 1e-6
+        self.requests += requests
+        self.kv_token_seconds += usage.kv_token_seconds
+        self.kv_residency_usd += usage.kv_token_seconds * pricing.kv_per_mtok_s * per
+        if purpose == "judge":
+            self.verifier_tokens += usage.input_tokens + usage.output_tokens
+            self.cached_prefill_tokens += usage.cached_input_tokens
+            if pricing.verifier_per_mtok is not None:
+                all_tokens = usage.input_tokens + usage.cached_input_tokens + usage.output_tokens
+                self.verifier_usd += all_tokens * pricing.verifier_per_mtok * per
+            else:
+                self.verifier_usd += _priced(usage, pricing)
+            return
+        self.prefill_tokens += usage.input_tokens
+        self.cached_prefill_tokens += usage.cached_input_tokens
+        self.decode_tokens += usage.output_tokens
+        self.prefill_usd += usage.input_tokens * pricing.input_per_mtok * per
+        self.cached_prefill_usd += usage.cached_input_tokens * pricing.cached_input_per_mtok * per
+        self.decode_usd += usage.output_tokens * pricing.output_per_mtok * per
+
+
+def _priced(usage: Usage, pricing: Pricing) -> float:
+    return 1e-6 * (usage.input_tokens * pricing.input_per_mtok
+                   + usage.cached_input_tokens * pricing.cached_input_per_mtok
+                   + usage.output_tokens * pricing.output_per_mtok)
+
+
+def cost_of(usage: Usage, purpose: Purpose, pricing: Pricing) -> float:
+    """USD for one lane's usage under `pricing`."""
+    spend = Spend()
+    spend.add(usage, purpose, pricing)
+    return spend.cost_usd
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One lane attempt's reservation: its worst-case usage, cost and request count."""
+
+    usage: Usage
+    cost_usd: float
+    requests: int
+    purpose: Purpose
+
+    @property
+    def tokens(self) -> int:
+        if self.purpose == "judge":
+            return self.usage.input_tokens + self.usage.output_tokens
+        return self.usage.computed_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Overrun:
+    """Actual spend above what was reserved (a remote backend's estimate was short)."""
+
+    limit: str
+    reserved: float
+    actual: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaveFit:
+    """How many of the asked lanes the pool can fund, and which limit bound it."""
+
+    k: int
+    limit: str | None  # None: all asked lanes fit
+    needed: float = 0.0
+    available: float = 0.0
+
+
+@dataclass(slots=True)
+class Ledger:
+    """The pool a run spends from. Not thread-safe: the dispatch path runs in one event loop."""
+
+    limits: Limits
+    pricing: Pricing
+    clock: Callable[[], float] = time.monotonic
+    spent: Spend = field(default_factory=Spend)
+    reserved_tokens: int = 0
+    reserved_cost_usd: float = 0.0
+    reserved_requests: int = 0
+    elapsed_before: float = 0.0  # active seconds of earlier segments of a resumed run
+    started_at: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock()
+
+    # -- worst cases ----------------------------------------------------------------------------
+
+    def holds_for_request(self, prompt_tokens: int, max_tokens: Sequence[int], *,
+                          share_prefix: bool, purpose: Purpose) -> list[Hold]:
+        """Per-lane worst cases for one backend request of len(max_tokens) lanes.
+
+        With a shared prefix the first lane carries the prompt as prefill and the others as
+        cached prefill; without, every lane pays the whole prompt.
+        """
+        holds = []
+        for i, lane_max in enumerate(max_tokens):
+            if share_prefix and i > 0:
+                usage = Usage(0, prompt_tokens, lane_max)
+            else:
+                usage = Usage(prompt_tokens, 0, lane_max)
+            holds.append(Hold(usage, cost_of(usage, purpose, self.pricing), int(i == 0), purpose))
+        return holds
+
+    def fit(self, holds: Sequence[Hold]) -> WaveFit:
+        """Largest prefix of `holds` the pool can fund now (at least 0 lanes)."""
+        tokens, cost, requests = 0, 0.0, 0
+        for k, hold in enumerate(holds):
+            tokens, cost, requests = tokens + hold.tokens, cost + hold.cost_usd, requests + hold.requests
+            short = self._short(tokens, cost, requests)
+            if short is not None:
+                limit, needed, available = short
+                return WaveFit(k, limit, needed, available)
+        return WaveFit(len(holds), None)
+
+    def _short(self, tokens: int, cost: float, requests: int) -> tuple[str, float, float] | None:
+        lim = self.limits
+        if lim.max_tokens is not None:
+            available = lim.max_tokens - self.spent.tokens - self.reserved_tokens
+            if tokens > available:
+                return "max_tokens", float(tokens), float(available)
+        if lim.max_cost_usd is not None:
+            available_usd = lim.max_cost_usd - self.spent.cost_usd - self.reserved_cost_usd
+            if cost > available_usd + 1e-12:
+                return "max_cost_usd", cost, available_usd
+        if lim.max_requests is not None:
+            available = lim.max_requests - self.spent.requests - self.reserved_requests
+            if requests > available:
+                return "max_requests", float(requests), float(available)
+        return None
+
+    # -- reserve / settle / release -------------------------------------------------------------
+
+    def try_reserve(self, holds: Sequence[Hold]) -> tuple[str, float, float] | None:
+        """Reserve all of `holds` or none; returns the limit that refused, if one did."""
+        tokens = sum(h.tokens for h in holds)
+        cost = math.fsum(h.cost_usd for h in holds)
+        requests = sum(h.requests for h in holds)
+        short = self._short(tokens, cost, requests)
+        if short is None:
+            self.reserved_tokens += tokens
+            self.reserved_cost_usd += cost
+            self.reserved_requests += requests
+        return short
+
+    def release(self, hold: Hold) -> None:
+        """Give back a hold that never reached a backend."""
+        self.reserved_tokens -= hold.tokens
+        self.reserved_cost_usd -= hold.cost_usd
+        self.reserved_requests -= hold.requests
+
+    def settle(self, hold: Hold, actual: Usage, *, requests: int | None = None) -> list[Overrun]:
+        """Replace a hold by what the lane actually spent; report any overrun of the hold."""
+        self.release(hold)
+        before_tokens, before_cost = self.spent.tokens, self.spent.cost_usd
+        self.spent.add(actual, hold.purpose, self.pricing,
+                       hold.requests if requests is None else requests)
+        overruns = []
+        used_tokens = self.spent.tokens - before_tokens
+        used_cost = self.spent.cost_usd - before_cost
+        if used_tokens > hold.tokens:
+            overruns.append(Overrun("max_tokens", float(hold.tokens), float(used_tokens)))
+        if used_cost > hold.cost_usd + 1e-12:
+            overruns.append(Overrun("max_cost_usd", hold.cost_usd, used_cost))
+        return overruns
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + (self.clock() - self.started_at)
+
+    def seconds_left(self) -> float | None:
+        if self.limits.max_seconds is None:
+            return None
+        return self.limits.max_seconds - self.elapsed()

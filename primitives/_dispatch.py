@@ -1,0 +1,445 @@
+"""The one dispatch path every loop uses.
+
+A wave of K lanes goes through it: the budget fits K (shrinking it, never below the quorum)
+and carves the wave's reservation into per-lane holds; lanes that share a prompt travel as
+one backend request; bounded concurrency (a CapacityLimiter counted in lanes), retries with
+exponential backoff and jitter (tenacity) that honour a backend's `retry_after`, a per-request
+timeout, failure isolation per lane, cancellation of the rest on a fatal error, and resume of
+the lanes a crash left unfinished. The barrier closes the wave.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity.wait import wait_base
+
+from primitives._backend import Backend, LaneRequest, Sample, SampleRequest, SamplingParams, Usage
+from primitives._budget import Hold, Ledger, cost_of
+from primitives._errors import (
+    BackendError,
+    BackendTimeoutError,
+    BudgetExhaustedError,
+    QuorumNotMetError,
+)
+from primitives._events import (
+    BudgetExhausted,
+    BudgetExhaustedData,
+    BudgetOverrun,
+    BudgetOverrunData,
+    BudgetWaveShrunk,
+    BudgetWaveShrunkData,
+    LaneCompleted,
+    LaneCompletedData,
+    LaneDispatched,
+    LaneDispatchedData,
+    LaneFailed,
+    LaneFailedData,
+    ReservationData,
+    UsageData,
+    WaveBarrier,
+    WaveBarrierData,
+    WaveStarted,
+    WaveStartedData,
+)
+from primitives._record import Recorder
+from primitives._state import LaneState, WaveState
+
+__all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "lane_seed")
+
+Purpose = Literal["sample", "judge"]
+# A backend that cannot count tokens gets a conservative estimate: a byte-level BPE token is
+# at least one byte, plus room for the chat template the server wraps around the prompt.
+_TEMPLATE_MARGIN = 32
+
+
+def lane_seed(run_seed: int, wave: int, lane: int) -> int:
+    """A lane's seed from (run seed, wave, lane): stable across processes and resumes."""
+    digest = hashlib.blake2b(f"{run_seed}:{wave}:{lane}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Attempts per lane and the backoff between them."""
+
+    max_attempts: int = 3
+    initial_backoff_s: float = 0.25
+    max_backoff_s: float = 8.0
+    jitter: float = 0.25  # +/- this fraction of the backoff
+
+
+@dataclass(frozen=True, slots=True)
+class LaneJob:
+    lane: int
+    prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class WaveSpec:
+    """One wave: its lanes (each with its prompt), sampling settings and quorum."""
+
+    wave: int
+    purpose: Purpose
+    jobs: tuple[LaneJob, ...]
+    params: SamplingParams
+    min_quorum: int = 1
+    share_prefix: bool = True
+    annotate: Callable[[Sample], str | None] | None = None  # e.g. answer extraction
+
+
+class _Retry(Exception):
+    """Some lanes of a request failed retryably; tenacity waits, then the next attempt."""
+
+    def __init__(self, retry_after: float | None) -> None:
+        super().__init__("retry")
+        self.retry_after = retry_after
+
+
+class _Backoff(wait_base):
+    """Exponential backoff with seeded jitter, never shorter than a server's retry-after."""
+
+    def __init__(self, policy: RetryPolicy, rng: random.Random) -> None:
+        self._policy, self._rng = policy, rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        p = self._policy
+        wait = min(p.max_backoff_s, p.initial_backoff_s * 2 ** (retry_state.attempt_number - 1))
+        wait *= 1.0 + self._rng.uniform(-p.jitter, p.jitter)
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(exc, _Retry) and exc.retry_after:
+            wait = max(wait, exc.retry_after)
+        return max(wait, 0.0)
+
+
+@dataclass(slots=True)
+class _Group:
+    """Lanes that travel in one backend request."""
+
+    number: int
+    prompt: str
+    prompt_tokens: int
+    jobs: list[LaneJob]
+    holds: list[Hold] | None = None
+    last: dict[int, BackendError] = field(default_factory=dict)
+
+
+class Dispatcher:
+    """Runs waves for one run. Policy lives here; the backend only makes attempts."""
+
+    def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *, run_seed: int,
+                 max_concurrency: int, retry: RetryPolicy = RetryPolicy(),
+                 timeout_s: float | None = None, limiter: anyio.CapacityLimiter | None = None,
+                 sleep: Callable[[float], object] = anyio.sleep, rng: random.Random | None = None,
+                 logger: structlog.typing.FilteringBoundLogger | None = None) -> None:
+        self.backend, self.recorder, self.ledger = backend, recorder, ledger
+        self.run_seed, self.retry, self.timeout_s = run_seed, retry, timeout_s
+        self.max_concurrency = max_concurrency
+        self._limiter = limiter or anyio.CapacityLimiter(max_concurrency)
+        self._lock = anyio.Lock()
+        self._sleep = sleep
+        self._rng = rng or random.Random(run_seed)
+        self._log = logger or structlog.get_logger("lanefold.dispatch")
+        self._token_cache: dict[str, int] = {}
+
+    # -- the wave -------------------------------------------------------------------------------
+
+    async def run_wave(self, spec: WaveSpec) -> WaveState:
+        """Dispatch a wave (or finish one a crash interrupted), close it at the barrier."""
+        state = self.recorder.state.waves.get(spec.wave)
+        if state is not None and state.barrier:
+            return state
+        if state is None:
+            groups = self._start(spec)
+        else:
+            groups = self._groups(spec, [j for j in spec.jobs if j.lane < state.info.k
+                                         and not _done(state.lanes.get(j.lane))])
+        deadline = self.ledger.seconds_left()
+        with anyio.move_on_after(math.inf if deadline is None else max(deadline, 0.0)) as scope:
+            try:
+                async with anyio.create_task_group() as tg:
+                    for group in groups:
+                        tg.start_soon(self._run_group, spec, group)
+            except* BackendError as eg:
+                raise eg.exceptions[0] from None
+        self._abandon(spec, groups)
+        state = self.recorder.state.waves[spec.wave]
+        self._barrier(spec.wave, state)
+        self._check_quorum(spec, state, deadline_hit=scope.cancelled_caught)
+        return state
+
+    def _start(self, spec: WaveSpec) -> list[_Group]:
+        groups = self._groups(spec, list(spec.jobs))
+        holds = [h for g in groups for h in self._holds(spec, g, len(g.jobs))]
+        fit = self.ledger.fit(holds)
+        k = fit.k
+        if fit.limit is not None and k < len(spec.jobs):
+            # The shared prefix rides on a request's first lane: keep whole prefixes only.
+            if k < spec.min_quorum:
+                self.recorder.emit(BudgetExhausted, BudgetExhaustedData(
+                    limit=fit.limit, needed=fit.needed, available=fit.available, k_fit=k,
+                    min_quorum=spec.min_quorum), wave=spec.wave)
+                raise BudgetExhaustedError(
+                    f"budget {fit.limit}: wave {spec.wave} can fund {k} of {len(spec.jobs)} "
+                    f"lanes, below the quorum of {spec.min_quorum}")
+            self.recorder.emit(BudgetWaveShrunk, BudgetWaveShrunkData(
+                k_requested=len(spec.jobs), k=k, limit=fit.limit), wave=spec.wave)
+            groups = self._groups(spec, list(spec.jobs[:k]))
+        for group in groups:
+            group.holds = self._holds(spec, group, len(group.jobs))
+        kept = [h for g in groups for h in g.holds or ()]
+        refused = self.ledger.try_reserve(kept)
+        assert refused is None, "fit() and try_reserve() disagree"
+        self.recorder.emit(WaveStarted, WaveStartedData(
+            purpose=spec.purpose, k=sum(len(g.jobs) for g in groups), k_requested=len(spec.jobs),
+            lane_max_tokens=spec.params.max_tokens,
+            prompt_tokens=groups[0].prompt_tokens if groups else None,
+            share_prefix=spec.share_prefix,
+            reservation=ReservationData(
+                tokens=sum(h.tokens for h in kept), cost_usd=math.fsum(h.cost_usd for h in kept),
+                requests=sum(h.requests for h in kept)),
+        ), wave=spec.wave)
+        return groups
+
+    def _groups(self, spec: WaveSpec, jobs: list[LaneJob]) -> list[_Group]:
+        """Lanes with one prompt share a request, up to the backend's and the limiter's size."""
+        size = self.max_concurrency
+        if self.backend.max_lanes_per_request is not None:
+            size = min(size, self.backend.max_lanes_per_request)
+        if not spec.share_prefix:
+            size = 1
+        by_prompt: dict[str, list[LaneJob]] = {}
+        for job in sorted(jobs, key=lambda j: j.lane):
+            by_prompt.setdefault(job.prompt, []).append(job)
+        groups: list[_Group] = []
+        for prompt, lanes in by_prompt.items():
+            tokens = self._prompt_tokens(prompt)
+            for start in range(0, len(lanes), size):
+                groups.append(_Group(len(groups), prompt, tokens, lanes[start:start + size]))
+        return groups
+
+    def _prompt_tokens(self, prompt: str) -> int:
+        tokens = self._token_cache.get(prompt)
+        if tokens is None:
+            counted = self.backend.count_prompt_tokens(prompt)
+            if counted is None:
+                counted = len(prompt.encode()) + _TEMPLATE_MARGIN
+            tokens = self._token_cache[prompt] = counted
+        return tokens
+
+    def _holds(self, spec: WaveSpec, group: _Group, n: int) -> list[Hold]:
+        return self.ledger.holds_for_request(
+            group.prompt_tokens, [spec.params.max_tokens] * n,
+            share_prefix=spec.share_prefix, purpose=spec.purpose)
+
+    # -- one request's lanes, with retries --------------------------------------------------------
+
+    async def _run_group(self, spec: WaveSpec, group: _Group) -> None:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retry.max_attempts + 1),  # lanes also count their own
+            wait=_Backoff(self.retry, self._rng), retry=retry_if_exception_type(_Retry),
+            sleep=self._sleep, reraise=True)  # type: ignore[arg-type]  # anyio.sleep is awaitable
+        async for attempt in retrying:
+            with attempt:
+                again = await self._attempt(spec, group)
+                if again:
+                    group.jobs = again
+                    group.holds = None
+                    retry_after = max((e.retry_after or 0.0) for e in group.last.values())
+                    raise _Retry(retry_after or None)
+
+    async def _attempt(self, spec: WaveSpec, group: _Group) -> list[LaneJob]:
+        """One backend request for the group's pending lanes; returns the lanes to retry."""
+        wave = self.recorder.state.waves[spec.wave]
+        if group.holds is None:
+            group.holds = self._holds(spec, group, len(group.jobs))
+            refused = self.ledger.try_reserve(group.holds)
+            if refused is not None:
+                for job in group.jobs:
+                    self._fail(spec, wave.lane(job.lane), None, "BudgetExhausted",
+                               f"{refused[0]}: cannot fund another attempt", final=True)
+                return []
+        holds = dict(zip((j.lane for j in group.jobs), group.holds, strict=True))
+        async with self._slots(len(group.jobs)):
+            lanes = []
+            for job in group.jobs:
+                lane = wave.lane(job.lane)
+                attempt = lane.attempts + 1
+                seed = lane_seed(self.run_seed, spec.wave, job.lane)
+                hold = holds[job.lane]
+                self.recorder.emit(LaneDispatched, LaneDispatchedData(
+                    seed=seed, max_tokens=spec.params.max_tokens, request=group.number,
+                    reserved=UsageData.of(hold.usage), reserved_cost_usd=hold.cost_usd,
+                    reserved_requests=hold.requests,
+                ), wave=spec.wave, lane=job.lane, attempt=attempt)
+                lanes.append(LaneRequest(job.lane, seed, spec.params.max_tokens, attempt))
+            request = SampleRequest(group.prompt, spec.params, tuple(lanes),
+                                    share_prefix=spec.share_prefix, purpose=spec.purpose,
+                                    wave=spec.wave)
+            outcomes = await self._call(request, wave)
+        group.last = {}
+        again = []
+        for job, outcome in zip(group.jobs, outcomes, strict=True):
+            lane = wave.lane(job.lane)
+            if isinstance(outcome, Sample):
+                self._complete(spec, lane, outcome)
+                continue
+            final = (not outcome.retryable) or lane.attempts >= self.retry.max_attempts
+            billed = holds[job.lane].usage if isinstance(outcome, BackendTimeoutError) else None
+            self._fail(spec, lane, outcome, type(outcome).__name__, str(outcome), final=final,
+                       billed=billed)
+            if outcome.fatal:
+                raise outcome
+            if not final:
+                group.last[job.lane] = outcome
+                again.append(job)
+        return again
+
+    async def _call(self, request: SampleRequest,
+                    wave: WaveState) -> Sequence[Sample | BackendError]:
+        n = len(request.lanes)
+        try:
+            if self.timeout_s is None:
+                outcomes = await self.backend.sample(request)
+            else:
+                with anyio.fail_after(self.timeout_s):
+                    outcomes = await self.backend.sample(request)
+        except TimeoutError:
+            return [BackendTimeoutError(f"no answer within {self.timeout_s} s")] * n
+        except BackendError as exc:
+            return [exc] * n
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                for lane in request.lanes:
+                    state = wave.lane(lane.lane)
+                    if state.status == "dispatched" and state.hold is not None:
+                        self._fail_cancelled(request, state)
+            raise
+        if len(outcomes) != n:
+            return [BackendTimeoutError(f"backend returned {len(outcomes)} of {n} lanes")] * n
+        return outcomes
+
+    def _fail_cancelled(self, request: SampleRequest, lane: LaneState) -> None:
+        hold = lane.hold
+        assert hold is not None
+        left = self.ledger.seconds_left()
+        reason = "max_seconds reached" if left is not None and left <= 0 else "wave cancelled"
+        self._fail_raw(request.wave, request.purpose, lane, "Cancelled", reason, retryable=False,
+                       final=True, billed=hold.usage)
+
+    # -- outcomes ---------------------------------------------------------------------------------
+
+    def _complete(self, spec: WaveSpec, lane: LaneState, sample: Sample) -> None:
+        hold = lane.hold
+        assert hold is not None
+        usage = sample.usage
+        overruns = self.ledger.settle(hold, usage)
+        logprob_mean = (math.fsum(sample.logprobs) / len(sample.logprobs)
+                        if sample.logprobs else None)
+        answer = spec.annotate(sample) if spec.annotate else None
+        self.recorder.emit(LaneCompleted, LaneCompletedData(
+            text=sample.text, answer=answer, finish_reason=sample.finish_reason,
+            usage=UsageData.of(usage),
+            cost_usd=_cost(self.ledger, usage, hold),
+            logprob_mean=logprob_mean, backend=dict(sample.extra),
+        ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
+        for over in overruns:
+            self.recorder.emit(BudgetOverrun, BudgetOverrunData(
+                limit=over.limit, reserved=over.reserved, actual=over.actual),
+                wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
+
+    def _fail(self, spec: WaveSpec, lane: LaneState, error: BackendError | None, name: str,
+              message: str, *, final: bool, billed: Usage | None = None) -> None:
+        retryable = bool(error and error.retryable)
+        if lane.hold is None:  # the attempt was never dispatched (no budget for it)
+            self.recorder.emit(LaneFailed, LaneFailedData(
+                error=name, message=message, retryable=False, final=True,
+            ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts + 1)
+            return
+        self._fail_raw(spec.wave, spec.purpose, lane, name, message, retryable=retryable,
+                       final=final, billed=billed or Usage())
+
+    def _fail_raw(self, wave: int, purpose: Purpose, lane: LaneState, name: str, message: str,
+                  *, retryable: bool, final: bool, billed: Usage) -> None:
+        hold = lane.hold
+        assert hold is not None
+        self.ledger.settle(hold, billed)
+        self.recorder.emit(LaneFailed, LaneFailedData(
+            error=name, message=message, retryable=retryable, final=final,
+            billed=UsageData.of(billed), billed_cost_usd=_cost(self.ledger, billed, hold),
+        ), wave=wave, lane=lane.lane, attempt=lane.attempts)
+        self._log.info("lane.failed", wave=wave, lane=lane.lane, attempt=lane.attempts,
+                       error=name, final=final)
+
+    def _abandon(self, spec: WaveSpec, groups: list[_Group]) -> None:
+        """Lanes a deadline cancelled before they were dispatched fail for good, holds returned."""
+        wave = self.recorder.state.waves[spec.wave]
+        for group in groups:
+            for i, job in enumerate(group.jobs):
+                lane = wave.lane(job.lane)
+                if lane.status != "pending" and not (lane.status == "failed" and not lane.final):
+                    continue
+                if group.holds is not None:
+                    self.ledger.release(group.holds[i])
+                self._fail(spec, lane, None, "Cancelled", "max_seconds reached before dispatch",
+                           final=True)
+
+    # -- barrier and quorum -----------------------------------------------------------------------
+
+    def _barrier(self, wave: int, state: WaveState) -> None:
+        """Join the wave: every lane landed or failed for good; make it durable."""
+        self.recorder.emit(WaveBarrier, WaveBarrierData(
+            completed=[s.lane for s in state.completed()],
+            failed=[s.lane for s in state.failed()],
+        ), wave=wave)
+        self.recorder.log.sync()
+
+    def _check_quorum(self, spec: WaveSpec, state: WaveState, *, deadline_hit: bool) -> None:
+        completed = len(state.completed())
+        if completed >= spec.min_quorum:
+            return
+        budget_failures = [s for s in state.failed() if s.error and (
+            s.error.startswith("BudgetExhausted") or "max_seconds" in s.error)]
+        if deadline_hit or budget_failures:
+            limit = "max_seconds" if deadline_hit else "budget"
+            self.recorder.emit(BudgetExhausted, BudgetExhaustedData(
+                limit=limit, needed=float(spec.min_quorum), available=float(completed),
+                k_fit=completed, min_quorum=spec.min_quorum), wave=spec.wave)
+            raise BudgetExhaustedError(
+                f"budget {limit}: wave {spec.wave} completed {completed} lanes, "
+                f"below the quorum of {spec.min_quorum}")
+        raise QuorumNotMetError(
+            f"wave {spec.wave}: {completed} of {state.info.k} lanes completed, below the quorum "
+            f"of {spec.min_quorum}; last error: {state.failed()[-1].error if state.failed() else '-'}")
+
+    @asynccontextmanager
+    async def _slots(self, n: int) -> AsyncIterator[None]:
+        """Take n lanes' worth of the limiter; one taker at a time, so takers never deadlock."""
+        borrowers: list[object] = []
+        try:
+            async with self._lock:
+                for _ in range(n):
+                    borrower = object()
+                    await self._limiter.acquire_on_behalf_of(borrower)
+                    borrowers.append(borrower)
+            yield
+        finally:
+            for borrower in borrowers:
+                self._limiter.release_on_behalf_of(borrower)
+
+
+def _done(lane: LaneState | None) -> bool:
+    return lane is not None and (lane.status == "completed" or (lane.status == "failed" and lane.final))
+
+
+def _cost(ledger: Ledger, usage: Usage, hold: Hold) -> float:
+    return cost_of(usage, hold.purpose, ledger.pricing)

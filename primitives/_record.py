@@ -1,0 +1,52 @@
+"""The recorder: the one way events enter a run's log.
+
+It fills the envelope (sequence, id, source, time), appends the event, then folds it into the
+live state with the same `apply` that resume uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from primitives._eventlog import EventLog
+from primitives._events import AnyEvent, Event
+from primitives._state import RunState, apply
+
+__all__ = ("Recorder",)
+
+E = TypeVar("E", bound=Event)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Recorder:
+    """Appends events for one run and keeps its `RunState` current."""
+
+    def __init__(self, log: EventLog, run_id: str, state: RunState,
+                 now: Callable[[], datetime] = _utc_now) -> None:
+        self.log = log
+        self.run_id = run_id
+        self.state = state
+        self._now = now
+        self._source = f"lanefold:run/{run_id}"
+
+    def emit(self, kind: type[E], data: Any, *, wave: int | None = None, lane: int | None = None,
+             attempt: int | None = None) -> E:
+        sequence = self.log.last_sequence + 1
+        event = kind(
+            id=f"{self.run_id}:{sequence}", source=self._source, time=self._now(),
+            sequence=sequence, run_id=self.run_id, wave=wave, lane=lane, attempt=attempt,
+            data=data,
+        )
+        self.log.append(event)
+        apply(self.state, event)  # type: ignore[arg-type]  # every Event kind is in AnyEvent
+        return event
+
+    def replay(self, events: list[AnyEvent]) -> None:
+        """Fold events already in the log (resume) without writing them again."""
+        for event in events:
+            apply(self.state, event)
