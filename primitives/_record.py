@@ -27,12 +27,20 @@ class Recorder:
     """Appends events for one run and keeps its `RunState` current."""
 
     def __init__(self, log: EventLog, run_id: str, state: RunState,
-                 now: Callable[[], datetime] = _utc_now) -> None:
+                 now: Callable[[], datetime] = _utc_now,
+                 observer: Callable[[AnyEvent], None] | None = None) -> None:
         self.log = log
         self.run_id = run_id
         self.state = state
         self._now = now
+        self._observer = observer
         self._source = f"lanefold:run/{run_id}"
+
+    @property
+    def log_path(self) -> str | None:
+        """Where the log lives on disk, for logs that live on disk."""
+        path = getattr(self.log, "path", None)
+        return str(path) if path is not None else None
 
     def emit(self, kind: type[E], data: Any, *, wave: int | None = None, lane: int | None = None,
              attempt: int | None = None) -> E:
@@ -44,9 +52,6 @@ class Recorder:
         )
         self.log.append(event)
         apply(self.state, event)  # type: ignore[arg-type]  # every Event kind is in AnyEvent
+        if self._observer is not None:
+            self._observer(event)  # type: ignore[arg-type]
         return event
-
-    def replay(self, events: list[AnyEvent]) -> None:
-        """Fold events already in the log (resume) without writing them again."""
-        for event in events:
-            apply(self.state, event)

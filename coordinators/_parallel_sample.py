@@ -1,0 +1,184 @@
+"""parallel-sample: SAMPLE one governed wave of K lanes -> barrier -> REDUCE.
+
+The reducer is a majority vote over extracted answers (self-consistency) or an argmax over
+judge scores (best-of-N), where the judge is a second governed wave through the same dispatch
+path and budget, priced as verifier, or a Python verifier that scores without an LLM.
+Every step reads its inputs from the run state, so a resumed run picks up where the log ends.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from primitives import (
+    Ballot,
+    ConfigError,
+    ExtractSpec,
+    Sample,
+    SamplingParams,
+    extract_answer,
+    judge_argmax,
+    logprob_weight,
+    normalize_answer,
+    parse_score,
+    render_judge_prompt,
+    render_prompt,
+    vote_fold,
+)
+from primitives._dispatch import Dispatcher, LaneJob, WaveSpec
+from primitives._events import (
+    JudgeCompleted,
+    JudgeCompletedData,
+    ReduceCompleted,
+    ReduceCompletedData,
+)
+from primitives._state import LaneState, WaveState
+
+__all__ = ("LoopOutcome", "ParallelSample", "Verifier")
+
+SAMPLE_WAVE = 1
+JUDGE_WAVE = 2
+
+# (question, candidate text, extracted answer) -> score; sync or async.
+Verifier = Callable[[str, str, str | None], float | None | Awaitable[float | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopOutcome:
+    """What a loop decided; the runner adds the bill and the run's identity."""
+
+    answer: str | None
+    winner_lane: int | None
+    reducer: str
+    votes: dict[str, float]
+    scores: dict[int, float | None]
+    tie_break: str
+    lanes_completed: int
+    lanes_failed: int
+    texts: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelSample:
+    """The parallel-sample loop, configured. `run` drives it through a Dispatcher."""
+
+    k: int
+    template: str
+    params: SamplingParams
+    extract: ExtractSpec = ExtractSpec()
+    reducer: Literal["majority_vote", "judge_argmax"] = "majority_vote"
+    min_quorum: int = 1
+    tie_break: Literal["first_lane", "lexicographic", "random"] = "first_lane"
+    weighting: Literal["none", "mean_logprob"] = "none"
+    seed: int = 0
+    judge_template: str | None = None
+    judge_params: SamplingParams = SamplingParams(temperature=0.0, max_tokens=64)
+    verifier: Verifier | None = None
+    verifier_name: str | None = None
+
+    name = "parallel_sample"
+
+    def __post_init__(self) -> None:
+        if self.reducer == "judge_argmax" and self.verifier is None and not self.judge_template:
+            raise ConfigError("judge.template: judge_argmax needs a judge template or a verifier")
+        if self.min_quorum > self.k:
+            raise ConfigError(f"loop.min_quorum: {self.min_quorum} is more than k = {self.k}")
+
+    async def run(self, dispatcher: Dispatcher, question: str,
+                  judge: Dispatcher | None = None) -> LoopOutcome:
+        """SAMPLE -> barrier -> REDUCE, resuming from whatever the run state already holds."""
+        prompt = render_prompt(self.template, question=question)
+        wave = await dispatcher.run_wave(WaveSpec(
+            SAMPLE_WAVE, "sample", tuple(LaneJob(i, prompt) for i in range(self.k)), self.params,
+            min_quorum=self.min_quorum, share_prefix=True, annotate=self._extract))
+        if self.reducer == "majority_vote":
+            return self._vote(dispatcher, wave)
+        return await self._judge(judge or dispatcher, question, wave)
+
+    def _extract(self, sample: Sample) -> str | None:
+        return extract_answer(sample.text, self.extract)
+
+    # -- majority vote ----------------------------------------------------------------------------
+
+    def _vote(self, dispatcher: Dispatcher, wave: WaveState) -> LoopOutcome:
+        ballots = [Ballot(lane.lane, lane.answer if lane.status == "completed" else None,
+                          self._weight(lane))
+                   for lane in sorted(wave.lanes.values(), key=lambda s: s.lane)]
+        result = vote_fold(ballots, tie_break=self.tie_break, seed=self.seed)
+        data = ReduceCompletedData(
+            reducer="majority_vote", winner=result.winner, winner_lane=result.winner_lane,
+            votes=dict(result.votes), tie_break=result.tie_break, tied=list(result.tied),
+            abstentions=result.abstentions)
+        self._record_reduce(dispatcher, data)
+        return self._outcome(data, wave)
+
+    def _weight(self, lane: LaneState) -> float:
+        if self.weighting == "mean_logprob" and lane.logprob_mean is not None:
+            return math.exp(lane.logprob_mean)
+        return 1.0
+
+    # -- judge + argmax ---------------------------------------------------------------------------
+
+    async def _judge(self, dispatcher: Dispatcher, question: str, wave: WaveState) -> LoopOutcome:
+        state = dispatcher.recorder.state
+        candidates = wave.completed()
+        if self.verifier is not None:
+            for lane in candidates:
+                if lane.lane not in state.scores:
+                    score = self.verifier(question, lane.text or "", lane.answer)
+                    if inspect.isawaitable(score):
+                        score = await score
+                    self._record_score(dispatcher, lane.lane, score, self.verifier_name or "verifier")
+        else:
+            assert self.judge_template is not None
+            jobs = tuple(LaneJob(lane.lane, render_judge_prompt(
+                self.judge_template, question=question, candidate=lane.text or ""))
+                for lane in candidates)
+            judged = await dispatcher.run_wave(WaveSpec(
+                JUDGE_WAVE, "judge", jobs, self.judge_params, min_quorum=min(1, len(jobs)),
+                share_prefix=False))
+            for lane in sorted(judged.lanes.values(), key=lambda s: s.lane):
+                if lane.lane in state.scores:
+                    continue
+                if lane.status == "completed":
+                    score = parse_score(lane.text or "")
+                    self._record_score(dispatcher, lane.lane, score, "llm",
+                                       detail="" if score is not None else "no score in output")
+                elif lane.final:
+                    self._record_score(dispatcher, lane.lane, None, "llm", detail="judge failed")
+        scores = {lane: state.scores.get(lane) for lane in sorted(state.scores)}
+        result = judge_argmax(scores, tie_break="random" if self.tie_break == "random"
+                              else "first_lane", seed=self.seed)
+        winner = None
+        if result.winner_lane is not None:
+            raw = wave.lanes[result.winner_lane].answer
+            winner = normalize_answer(raw) if raw is not None else None
+        data = ReduceCompletedData(
+            reducer="judge_argmax", winner=winner, winner_lane=result.winner_lane, scores=scores,
+            tie_break=result.tie_break, tied=list(result.tied), abstentions=result.abstentions)
+        self._record_reduce(dispatcher, data)
+        return self._outcome(data, wave)
+
+    def _record_score(self, dispatcher: Dispatcher, lane: int, score: float | None, judge: str,
+                      detail: str = "") -> None:
+        dispatcher.recorder.emit(JudgeCompleted, JudgeCompletedData(
+            candidate_lane=lane, score=score, judge=judge, detail=detail),
+            wave=JUDGE_WAVE, lane=lane)
+
+    # -- reduce -----------------------------------------------------------------------------------
+
+    def _record_reduce(self, dispatcher: Dispatcher, data: ReduceCompletedData) -> None:
+        if dispatcher.recorder.state.reduce is None:
+            dispatcher.recorder.emit(ReduceCompleted, data)
+            dispatcher.recorder.log.sync()
+
+    def _outcome(self, data: ReduceCompletedData, wave: WaveState) -> LoopOutcome:
+        return LoopOutcome(
+            answer=data.winner, winner_lane=data.winner_lane, reducer=data.reducer,
+            votes=dict(data.votes), scores=dict(data.scores), tie_break=data.tie_break,
+            lanes_completed=len(wave.completed()), lanes_failed=len(wave.failed()),
+            texts={lane.lane: lane.text or "" for lane in wave.completed()})
