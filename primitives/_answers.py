@@ -56,7 +56,7 @@ class ExtractSpec(BaseModel):
                 raise ValueError("regex is required when method is 'regex'")
             return None
         if method not in (None, "regex"):
-            raise ValueError(f"regex is only used with method 'regex', not {method!r}")
+            raise ValueError(f"regex is only used with method 'regex', not with {method!r}")
         try:
             compiled = re.compile(value)
         except re.error as exc:
@@ -74,7 +74,7 @@ class ExtractSpec(BaseModel):
                 raise ValueError("field is required when method is 'json_field'")
             return None
         if method != "json_field":
-            raise ValueError(f"field is only used with method 'json_field', not {method!r}")
+            raise ValueError("field is only used with method 'json_field'; set method to it")
         if not value or any(not part for part in value.split(".")):
             raise ValueError("field must be a dotted path of non-empty keys, e.g. 'result.answer'")
         return value
