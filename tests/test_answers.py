@@ -245,7 +245,7 @@ def test_last_number_round_trip(value: Decimal) -> None:
 
 
 single_line = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs", "Zl", "Zp", "Cc")), min_size=1, max_size=20
+    alphabet=st.characters(exclude_categories=["Cs", "Zl", "Zp", "Cc"]), min_size=1, max_size=20
 ).filter(lambda text: text.strip() != "")
 
 
