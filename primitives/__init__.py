@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
 from primitives._backend import Backend, LaneRequest, Sample, SampleRequest, SamplingParams, Usage
 from primitives._errors import (
     AuthenticationError,
@@ -20,6 +21,15 @@ from primitives._errors import (
     RunNotFoundError,
     ServerError,
 )
+from primitives._judge import (
+    JudgeResult,
+    JudgeTieBreak,
+    judge_argmax,
+    parse_score,
+    render_judge_prompt,
+    render_prompt,
+)
+from primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_weight, vote_fold
 
 __all__ = (
     "AuthenticationError",
@@ -27,9 +37,14 @@ __all__ = (
     "BackendError",
     "BackendTimeoutError",
     "BadResponseError",
+    "Ballot",
     "BudgetExhaustedError",
     "ConfigError",
     "ContextLengthError",
+    "ExtractMethod",
+    "ExtractSpec",
+    "JudgeResult",
+    "JudgeTieBreak",
     "LaneRequest",
     "LanefoldError",
     "LogCorruptError",
@@ -43,4 +58,14 @@ __all__ = (
     "SamplingParams",
     "ServerError",
     "Usage",
+    "VoteResult",
+    "VoteTieBreak",
+    "extract_answer",
+    "judge_argmax",
+    "logprob_weight",
+    "normalize_answer",
+    "parse_score",
+    "render_judge_prompt",
+    "render_prompt",
+    "vote_fold",
 )
