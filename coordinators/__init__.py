@@ -1,5 +1,7 @@
-"""coordinators"""
+"""The loops. Each receives a Dispatcher (and so a Backend); none builds a backend itself."""
 
 from __future__ import annotations
 
-__all__: tuple[str, ...] = ()
+from coordinators._parallel_sample import LoopOutcome, ParallelSample, Verifier
+
+__all__ = ("LoopOutcome", "ParallelSample", "Verifier")

@@ -22,7 +22,6 @@ from primitives import (
     SamplingParams,
     extract_answer,
     judge_argmax,
-    logprob_weight,
     normalize_answer,
     parse_score,
     render_judge_prompt,

@@ -117,8 +117,8 @@ class _Backoff(wait_base):
         wait *= 1.0 + self._rng.uniform(-p.jitter, p.jitter)
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, _Retry) and exc.retry_after:
-            wait = max(wait, exc.retry_after)
-        return max(wait, 0.0)
+            wait = max(wait, float(exc.retry_after))
+        return float(max(wait, 0.0))
 
 
 @dataclass(slots=True)
@@ -318,11 +318,10 @@ class Dispatcher:
         except BackendError as exc:
             return [exc] * n
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                for lane in request.lanes:
-                    state = wave.lane(lane.lane)
-                    if state.status == "dispatched" and state.hold is not None:
-                        self._fail_cancelled(request, state)
+            for lane in request.lanes:  # synchronous: nothing here can be cancelled again
+                state = wave.lane(lane.lane)
+                if state.status == "dispatched" and state.hold is not None:
+                    self._fail_cancelled(request, state)
             raise
         if len(outcomes) != n:
             return [BackendTimeoutError(f"backend returned {len(outcomes)} of {n} lanes")] * n

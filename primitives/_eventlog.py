@@ -155,7 +155,7 @@ class JsonlEventLog:
         if self._fd is None:
             raise RuntimeError(f"{self.path}: log is not open for writing")
         _check_order(self._last, event)
-        line = event.model_dump_json(by_alias=True, exclude_none=True).encode() + b"\n"
+        line = event.model_dump_json(by_alias=True).encode() + b"\n"
         os.write(self._fd, line)  # O_APPEND and one write: a reader never sees half of two lines
         self._last = event.sequence
         if self.fsync == "always":

@@ -11,7 +11,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 from primitives._backend import Usage
 
@@ -37,9 +44,6 @@ __all__ = (
     "WaveStarted",
     "parse_event",
 )
-
-SPECVERSION = "1.0"
-
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -71,7 +75,7 @@ class UsageData(_Frozen):
 class Event(_Frozen):
     """The envelope shared by every event type."""
 
-    specversion: Literal["1.0"] = SPECVERSION
+    specversion: Literal["1.0"] = "1.0"
     id: str
     source: str
     type: str
@@ -81,6 +85,16 @@ class Event(_Frozen):
     wave: int | None = None
     lane: int | None = None
     attempt: int | None = None
+    data: Any
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_envelope(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # CloudEvents leaves out attributes that do not apply, rather than writing null.
+        out: dict[str, Any] = handler(self)
+        for key in ("wave", "lane", "attempt"):
+            if out.get(key, 0) is None:
+                del out[key]
+        return out
 
 
 # -- run --------------------------------------------------------------------------------------

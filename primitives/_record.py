@@ -49,7 +49,7 @@ class Recorder:
             id=f"{self.run_id}:{sequence}", source=self._source, time=self._now(),
             sequence=sequence, run_id=self.run_id, wave=wave, lane=lane, attempt=attempt,
             data=data,
-        )
+        )  # type: ignore[call-arg]  # each event kind defaults its own `type`
         self.log.append(event)
         apply(self.state, event)  # type: ignore[arg-type]  # every Event kind is in AnyEvent
         if self._observer is not None:

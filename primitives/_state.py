@@ -127,10 +127,10 @@ def apply(state: RunState, event: AnyEvent) -> None:
                          state.waves[event.wave or 0].info.purpose)
     elif isinstance(event, LaneCompleted):
         lane = state.waves[event.wave or 0].lane(event.lane or 0)
-        data = event.data
+        done = event.data
         lane.status = "completed"
-        lane.text, lane.answer, lane.finish_reason = data.text, data.answer, data.finish_reason
-        lane.usage, lane.logprob_mean = data.usage.to_usage(), data.logprob_mean
+        lane.text, lane.answer, lane.finish_reason = done.text, done.answer, done.finish_reason
+        lane.usage, lane.logprob_mean = done.usage.to_usage(), done.logprob_mean
         _settle(state, lane)
     elif isinstance(event, LaneFailed):
         lane = state.waves[event.wave or 0].lane(event.lane or 0)
@@ -145,7 +145,7 @@ def apply(state: RunState, event: AnyEvent) -> None:
     elif isinstance(event, JudgeCompleted):
         state.scores[event.data.candidate_lane] = event.data.score
     elif event.type == "reduce.completed":
-        state.reduce = event.data  # type: ignore[assignment]  # narrowed by the type tag
+        state.reduce = event.data
     elif isinstance(event, RunStarted):
         state.run_id, state.started = event.run_id, event.data
         state.segment_start = event.time

@@ -53,6 +53,7 @@ class SimulatedConfig(BaseModel):
     output_tokens: int = Field(48, ge=1)
     shares_prefix: bool = True
     judge_accuracy: float = Field(0.9, ge=0, le=1)
+    judge_output_tokens: int = Field(16, ge=1)
     lanes_per_request: int | None = Field(None, ge=1)
     call_log: str | None = None  # append "wave lane attempt" per lane attempt (tests count calls)
 
@@ -107,10 +108,10 @@ class SimulatedBackend:
             shared = cfg.shares_prefix and request.share_prefix and i > 0
             usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
             if request.purpose == "judge":
-                text = self._judge(request.prompt, lane)
+                text, produced = self._judge(request.prompt, lane), cfg.judge_output_tokens
             else:
-                text = self._answer(lane)
-            outcomes.append(self._sample(lane, text, usage_in))
+                text, produced = self._answer(lane), cfg.output_tokens
+            outcomes.append(self._sample(lane, text, usage_in, produced))
         return outcomes
 
     def _answer(self, lane: LaneRequest) -> str:
@@ -131,8 +132,8 @@ class SimulatedBackend:
         score = rng.randint(7, 10) if correct else rng.randint(1, 4)
         return f"The candidate's final answer is {'right' if correct else 'wrong'}.\nScore: {score}/10"
 
-    def _sample(self, lane: LaneRequest, text: str, usage_in: tuple[int, int]) -> Sample:
-        produced = self.config.output_tokens
+    def _sample(self, lane: LaneRequest, text: str, usage_in: tuple[int, int],
+                produced: int) -> Sample:
         finish = "stop"
         if produced > lane.max_tokens:
             # Cut short by its allotment: the text loses its tail, as a real model's would.

@@ -1,0 +1,116 @@
+"""Terminal display: live progress of a run, one readable line per event, the final bill."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from orchestrator._result import RunResult
+from primitives._events import AnyEvent
+
+__all__ = ("Progress", "describe", "summary")
+
+
+def describe(event: AnyEvent) -> str:
+    """One line an operator can read: sequence, time, type, where, and the gist."""
+    where = "".join(f" {key}={value}" for key, value in
+                    (("wave", event.wave), ("lane", event.lane), ("attempt", event.attempt))
+                    if value is not None)
+    return f"#{event.sequence:<5} {event.time:%H:%M:%S.%f}"[:-3] + f" {event.type:<18}{where}  " + _gist(event)
+
+
+def _gist(event: AnyEvent) -> str:
+    d = event.data
+    match event.type:
+        case "run.started":
+            return f"{d.coordinator} on {d.backend}: {d.question!r}"  # type: ignore[union-attr]
+        case "run.resumed":
+            return (f"after #{d.resumed_after_sequence}, {len(d.in_flight)} in flight"  # type: ignore[union-attr]
+                    + (f", cut {d.torn_tail_bytes} torn bytes" if d.torn_tail_bytes else ""))  # type: ignore[union-attr]
+        case "wave.started":
+            return (f"{d.purpose} k={d.k}/{d.k_requested} reserve {d.reservation.tokens} tok "  # type: ignore[union-attr]
+                    f"${d.reservation.cost_usd:.6f}")  # type: ignore[union-attr]
+        case "lane.dispatched":
+            return f"max_tokens={d.max_tokens} request={d.request}"  # type: ignore[union-attr]
+        case "lane.completed":
+            return (f"answer={d.answer!r} out={d.usage.output_tokens} tok "  # type: ignore[union-attr]
+                    f"${d.cost_usd:.6f} {d.finish_reason}")  # type: ignore[union-attr]
+        case "lane.failed":
+            return f"{d.error}: {d.message}{' (final)' if d.final else ' (will retry)'}"  # type: ignore[union-attr]
+        case "wave.barrier":
+            return f"completed={len(d.completed)} failed={len(d.failed)}"  # type: ignore[union-attr]
+        case "judge.completed":
+            return f"candidate {d.candidate_lane} score={d.score} by {d.judge}"  # type: ignore[union-attr]
+        case "reduce.completed":
+            shown = d.votes or d.scores  # type: ignore[union-attr]
+            return f"{d.reducer} winner={d.winner!r} lane={d.winner_lane} {shown} tie_break={d.tie_break}"  # type: ignore[union-attr]
+        case "run.completed":
+            r = d.result  # type: ignore[union-attr]
+            return f"answer={r.get('answer')!r} cost=${r.get('cost', {}).get('total', 0):.6f}"
+        case "run.failed":
+            return f"{d.error}: {d.message} (exit {d.exit_code})"  # type: ignore[union-attr]
+        case _:
+            return str(d.model_dump(by_alias=True))
+
+
+class Progress:
+    """Live lanes-landed and spend on a terminal; fed by the recorder's observer hook."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self._console = console or Console()
+        self._live = Live(console=self._console, transient=True, refresh_per_second=8)
+        self.k = self.done = self.failed = 0
+        self.cost = 0.0
+        self.tokens = 0
+        self.phase = "starting"
+
+    def __enter__(self) -> Progress:
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._live.__exit__(exc_type, exc, tb)
+
+    def observe(self, event: AnyEvent) -> None:
+        d = event.data
+        if event.type == "wave.started":
+            self.k, self.done, self.failed = d.k, 0, 0  # type: ignore[union-attr]
+            self.phase = d.purpose  # type: ignore[union-attr]
+        elif event.type == "lane.completed":
+            self.done += 1
+            self.cost += d.cost_usd  # type: ignore[union-attr]
+            self.tokens += d.usage.input_tokens + d.usage.output_tokens  # type: ignore[union-attr]
+        elif event.type == "lane.failed" and d.final:  # type: ignore[union-attr]
+            self.failed += 1
+        self._live.update(f"[bold]{self.phase}[/] lanes {self.done}/{self.k} landed"
+                          f"{f', {self.failed} failed' if self.failed else ''} · "
+                          f"{self.tokens} tokens computed · ${self.cost:.6f}")
+
+
+def summary(result: RunResult, console: Console | None = None) -> None:
+    """The answer, the tally and the bill, for a person."""
+    console = console or Console()
+    console.print(f"[bold]answer[/]: {result.answer!r}  (lane {result.winner_lane}, "
+                  f"{result.reducer}, tie-break {result.tie_break})")
+    tally: dict[str, float | None] = (dict(result.votes) if result.votes
+                                      else {str(k): v for k, v in result.scores.items()})
+    console.print("votes: " if result.votes else "scores: ", tally)
+    console.print(f"lanes: {result.lanes_completed} completed, {result.lanes_failed} failed"
+                  f"{f', resumed {result.resumes}x' if result.resumes else ''}"
+                  f" · {result.elapsed_s:.2f} s")
+    bill = Table(title="bill", show_edge=False)
+    for column in ("line", "tokens", "USD"):
+        bill.add_column(column, justify="right" if column != "line" else "left")
+    u, c = result.usage, result.cost
+    bill.add_row("prefill", str(u.prefill_tokens), f"{c.prefill:.6f}")
+    bill.add_row("cached prefill", str(u.cached_prefill_tokens), f"{c.cached_prefill:.6f}")
+    bill.add_row("decode", str(u.decode_tokens), f"{c.decode:.6f}")
+    bill.add_row("kv residency", f"{u.kv_token_seconds:.1f} tok·s", f"{c.kv_residency:.6f}")
+    bill.add_row("verifier", str(u.verifier_tokens), f"{c.verifier:.6f}")
+    bill.add_row("[bold]total[/]", "", f"[bold]{c.total:.6f}[/]")
+    console.print(bill)
+    console.print(f"run {result.run_id} · log {result.events}")
