@@ -21,12 +21,13 @@ from orchestrator._store import RunStore
 from primitives import (
     Backend,
     ConfigError,
+    EventLog,
     LanefoldError,
     Ledger,
     SamplingParams,
 )
 from primitives._dispatch import Dispatcher, RetryPolicy
-from primitives._eventlog import JsonlEventLog
+from primitives._eventlog import JsonlEventLog, TornTail
 from primitives._events import (
     AnyEvent,
     RunCompleted,
@@ -57,15 +58,19 @@ def build_backend(config: BackendConfig) -> Backend:
 async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str | Path = "runs",
               run_id: str | None = None, backend: Backend | None = None,
               judge_backend: Backend | None = None, limiter: anyio.CapacityLimiter | None = None,
-              observer: Observer | None = None) -> RunResult:
-    """Run a loop on one question; the event log lands in `runs_dir/<run_id>/events.jsonl`."""
+              observer: Observer | None = None, log: EventLog | None = None) -> RunResult:
+    """Run a loop on one question; the event log lands in `runs_dir/<run_id>/events.jsonl`.
+
+    `backend`, `judge_backend`, `limiter` (shared across runs) and `log` (any EventLog) replace
+    what the config would build; `observer` sees every event as it is recorded.
+    """
     if not isinstance(config, LoopConfig):
         config = load_config(config)
     if not question.strip():
         raise ConfigError("question: must not be empty")
     store = RunStore(runs_dir)
     run_id = store.check_id(run_id) if run_id else store.new_id()
-    log = JsonlEventLog.create(store.events_path(run_id), fsync=config.log.fsync)
+    log = log or JsonlEventLog.create(store.events_path(run_id), fsync=config.log.fsync)
     state = RunState(pricing=config.pricing)
     recorder = Recorder(log, run_id, state, observer=observer)
     backend = backend or build_backend(config.backend)
@@ -80,22 +85,27 @@ async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str |
 async def resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backend | None = None,
                  judge_backend: Backend | None = None,
                  limiter: anyio.CapacityLimiter | None = None,
-                 observer: Observer | None = None) -> RunResult:
-    """Continue a run from its log. A finished run returns its recorded result, calling nothing."""
-    store = RunStore(runs_dir)
-    path = store.existing(run_id)
-    peek = fold(JsonlEventLog(path).read())
+                 observer: Observer | None = None, log: EventLog | None = None) -> RunResult:
+    """Continue a run from its log. A finished run returns its recorded result, calling nothing.
+
+    Completed lanes are kept; lanes in flight at the crash are charged their hold and
+    dispatched again; a torn last line of the log is cut off and recorded.
+    """
+    if log is None:
+        path = RunStore(runs_dir).existing(run_id)
+    peek = fold((log or JsonlEventLog(path)).read())
     if peek.started is None:
-        raise ConfigError(f"{path}: the log has no run.started event")
+        raise ConfigError(f"run {run_id}: the log has no run.started event")
     config = LoopConfig.model_validate(peek.started.config)
     if peek.result is not None:
         return RunResult.model_validate(peek.result)
     if peek.failure is not None:
         raise _recorded_failure(peek)
-    log = JsonlEventLog.open_for_resume(path, fsync=config.log.fsync)
+    if log is None:
+        log = JsonlEventLog.open_for_resume(path, fsync=config.log.fsync)
     state = fold(log.read(), config.pricing)
     recorder = Recorder(log, state.run_id or run_id, state, observer=observer)
-    torn = log.torn_tail
+    torn: TornTail | None = getattr(log, "torn_tail", None)
     recorder.emit(RunResumed, RunResumedData(
         resumed_after_sequence=state.last_sequence,
         in_flight=[(wave, lane.lane) for wave, lane in state.in_flight()],

@@ -118,6 +118,12 @@ class Backend(Protocol):
         """Largest number of lanes one request may carry (None: any)."""
         ...
 
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether the lanes of one request share the prompt's prefill (the ledger then
+        reserves the prompt once as prefill and the rest as cached prefill)."""
+        ...
+
     def count_prompt_tokens(self, prompt: str) -> int | None:
         """Exact prompt tokens before dispatch where the backend can count them, else None."""
         ...

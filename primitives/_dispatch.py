@@ -203,7 +203,7 @@ class Dispatcher:
             purpose=spec.purpose, k=sum(len(g.jobs) for g in groups), k_requested=len(spec.jobs),
             lane_max_tokens=spec.params.max_tokens,
             prompt_tokens=groups[0].prompt_tokens if groups else None,
-            share_prefix=spec.share_prefix,
+            share_prefix=self._shared(spec),
             reservation=ReservationData(
                 tokens=sum(h.tokens for h in kept), cost_usd=math.fsum(h.cost_usd for h in kept),
                 requests=sum(h.requests for h in kept)),
@@ -227,6 +227,10 @@ class Dispatcher:
                 groups.append(_Group(len(groups), prompt, tokens, lanes[start:start + size]))
         return groups
 
+    def _shared(self, spec: WaveSpec) -> bool:
+        """Lanes of one request share the prefill only where both loop and backend say so."""
+        return spec.share_prefix and self.backend.shares_prefix
+
     def _prompt_tokens(self, prompt: str) -> int:
         tokens = self._token_cache.get(prompt)
         if tokens is None:
@@ -239,7 +243,7 @@ class Dispatcher:
     def _holds(self, spec: WaveSpec, group: _Group, n: int) -> list[Hold]:
         return self.ledger.holds_for_request(
             group.prompt_tokens, [spec.params.max_tokens] * n,
-            share_prefix=spec.share_prefix, purpose=spec.purpose)
+            share_prefix=self._shared(spec), purpose=spec.purpose)
 
     # -- one request's lanes, with retries --------------------------------------------------------
 
@@ -283,7 +287,7 @@ class Dispatcher:
                 ), wave=spec.wave, lane=job.lane, attempt=attempt)
                 lanes.append(LaneRequest(job.lane, seed, spec.params.max_tokens, attempt))
             request = SampleRequest(group.prompt, spec.params, tuple(lanes),
-                                    share_prefix=spec.share_prefix, purpose=spec.purpose,
+                                    share_prefix=self._shared(spec), purpose=spec.purpose,
                                     wave=spec.wave)
             outcomes = await self._call(request, wave)
         group.last = {}

@@ -83,6 +83,10 @@ class SimulatedBackend:
     def max_lanes_per_request(self) -> int | None:
         return self.config.lanes_per_request
 
+    @property
+    def shares_prefix(self) -> bool:
+        return self.config.shares_prefix
+
     def count_prompt_tokens(self, prompt: str) -> int | None:
         return self.config.prompt_tokens
 
@@ -105,7 +109,7 @@ class SimulatedBackend:
             if rng.random() < cfg.failure_rate:
                 outcomes.append(_fault(rng))
                 continue
-            shared = cfg.shares_prefix and request.share_prefix and i > 0
+            shared = request.share_prefix and i > 0
             usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
             if request.purpose == "judge":
                 text, produced = self._judge(request.prompt, lane), cfg.judge_output_tokens
