@@ -170,8 +170,10 @@ class Dispatcher:
                     for group in groups:
                         tg.start_soon(self._run_group, spec, group)
             except* BackendError as eg:
-                raise eg.exceptions[0] from None
-        self._abandon(spec, groups)
+                fatal = eg.exceptions[0]
+                self._abandon(spec, groups, f"wave cancelled by {type(fatal).__name__}")
+                raise fatal from None
+        self._abandon(spec, groups, "max_seconds reached before dispatch")
         state = self.recorder.state.waves[spec.wave]
         self._barrier(spec.wave, state)
         self._check_quorum(spec, state, deadline_hit=scope.cancelled_caught)
@@ -383,8 +385,8 @@ class Dispatcher:
         self._log.info("lane.failed", wave=wave, lane=lane.lane, attempt=lane.attempts,
                        error=name, final=final)
 
-    def _abandon(self, spec: WaveSpec, groups: list[_Group]) -> None:
-        """Lanes a deadline cancelled before they were dispatched fail for good, holds returned."""
+    def _abandon(self, spec: WaveSpec, groups: list[_Group], reason: str) -> None:
+        """Lanes cancelled before they were dispatched fail for good; their holds return."""
         wave = self.recorder.state.waves[spec.wave]
         for group in groups:
             for i, job in enumerate(group.jobs):
@@ -393,8 +395,7 @@ class Dispatcher:
                     continue
                 if group.holds is not None:
                     self.ledger.release(group.holds[i])
-                self._fail(spec, lane, None, "Cancelled", "max_seconds reached before dispatch",
-                           final=True)
+                self._fail(spec, lane, None, "Cancelled", reason, final=True)
 
     # -- barrier and quorum -----------------------------------------------------------------------
 
