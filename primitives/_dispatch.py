@@ -382,7 +382,7 @@ class Dispatcher:
             error=name, message=message, retryable=retryable, final=final,
             billed=UsageData.of(billed), billed_cost_usd=_cost(self.ledger, billed, hold),
         ), wave=wave, lane=lane.lane, attempt=lane.attempts)
-        self._log.info("lane.failed", wave=wave, lane=lane.lane, attempt=lane.attempts,
+        self._log.debug("lane.failed", wave=wave, lane=lane.lane, attempt=lane.attempts,
                        error=name, final=final)
 
     def _abandon(self, spec: WaveSpec, groups: list[_Group], reason: str) -> None:

@@ -74,6 +74,7 @@ class SimulatedBackend:
         self.config = config or SimulatedConfig()
         self.requests = 0  # backend calls made, for tests
         self.lane_attempts = 0
+        self.faults: list[tuple[int, int, int, str]] = []  # (wave, lane, attempt, error class)
 
     @property
     def name(self) -> str:
@@ -107,7 +108,9 @@ class SimulatedBackend:
         outcomes: list[Sample | BackendError] = []
         for i, (lane, rng) in enumerate(zip(request.lanes, fault_rngs, strict=True)):
             if rng.random() < cfg.failure_rate:
-                outcomes.append(_fault(rng))
+                fault = _fault(rng)
+                self.faults.append((request.wave, lane.lane, lane.attempt, type(fault).__name__))
+                outcomes.append(fault)
                 continue
             shared = request.share_prefix and i > 0
             usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
