@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backends.simulated import SimulatedBackend, SimulatedConfig
 from primitives import (
@@ -301,3 +303,37 @@ async def test_simulated_text_is_the_same_when_a_lane_is_dispatched_again() -> N
 
     assert await one(1) == await one(2)
     assert math.isfinite(len(await one(3)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 16), concurrency=st.integers(1, 8), per_request=st.sampled_from([None, 1, 2, 5]),
+       failure=st.floats(0, 0.6), attempts=st.integers(1, 4), max_tokens=st.integers(30, 600),
+       max_requests=st.integers(1, 30), max_cost=st.floats(1e-5, 1e-3), shared=st.booleans(),
+       latency=st.integers(0, 3))
+def test_spend_plus_reservations_never_exceed_any_limit(
+        k: int, concurrency: int, per_request: int | None, failure: float, attempts: int,
+        max_tokens: int, max_requests: int, max_cost: float, shared: bool, latency: int) -> None:
+    """The hard guarantee, checked after every event under random concurrency, faults, retries."""
+    limits = Limits(max_tokens=max_tokens, max_requests=max_requests, max_cost_usd=max_cost)
+    backend = SimulatedBackend(SimulatedConfig(
+        failure_rate=failure, lanes_per_request=per_request, shares_prefix=shared,
+        prompt_tokens=12, output_tokens=9, latency_ms=(0, latency)))
+    d = make(backend, limits=limits, concurrency=concurrency, attempts=attempts)
+    book = d.ledger
+
+    def check(event: object) -> None:
+        assert book.spent.tokens + book.reserved_tokens <= max_tokens
+        assert book.spent.requests + book.reserved_requests <= max_requests
+        assert book.spent.cost_usd + book.reserved_cost_usd <= max_cost * (1 + 1e-9)
+
+    d.recorder._observer = check
+
+    async def go() -> None:
+        try:
+            await d.run_wave(spec(k, quorum=1, max_tokens=10))
+        except (BudgetExhaustedError, QuorumNotMetError):
+            pass
+
+    anyio.run(go)
+    assert book.reserved_tokens == 0 or d.recorder.state.waves.get(1) is None
+    check(None)
