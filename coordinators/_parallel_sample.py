@@ -39,11 +39,14 @@ from primitives._state import LaneState, WaveState
 
 __all__ = ("LoopOutcome", "ParallelSample", "Verifier")
 
+_ANY_NUMBER = ExtractSpec()
+_JUDGE_PARAMS = SamplingParams(temperature=0.0, max_tokens=64)
+
 SAMPLE_WAVE = 1
 JUDGE_WAVE = 2
 
 # (question, candidate text, extracted answer) -> score; sync or async.
-Verifier = Callable[[str, str, str | None], float | None | Awaitable[float | None]]
+Verifier = Callable[[str, str, str | None], float | Awaitable[float | None] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +71,14 @@ class ParallelSample:
     k: int
     template: str
     params: SamplingParams
-    extract: ExtractSpec = ExtractSpec()
+    extract: ExtractSpec = _ANY_NUMBER
     reducer: Literal["majority_vote", "judge_argmax"] = "majority_vote"
     min_quorum: int = 1
     tie_break: Literal["first_lane", "lexicographic", "random"] = "first_lane"
     weighting: Literal["none", "mean_logprob"] = "none"
     seed: int = 0
     judge_template: str | None = None
-    judge_params: SamplingParams = SamplingParams(temperature=0.0, max_tokens=64)
+    judge_params: SamplingParams = _JUDGE_PARAMS
     verifier: Verifier | None = None
     verifier_name: str | None = None
 

@@ -19,7 +19,8 @@ def describe(event: AnyEvent) -> str:
     where = "".join(f" {key}={value}" for key, value in
                     (("wave", event.wave), ("lane", event.lane), ("attempt", event.attempt))
                     if value is not None)
-    return f"#{event.sequence:<5} {event.time:%H:%M:%S.%f}"[:-3] + f" {event.type:<18}{where}  " + _gist(event)
+    stamp = f"{event.time:%H:%M:%S.%f}"[:-3]  # milliseconds
+    return f"#{event.sequence:<5} {stamp} {event.type:<18}{where}  {_gist(event)}"
 
 
 def _gist(event: AnyEvent) -> str:

@@ -131,7 +131,7 @@ def test_a_kill_mid_write_leaves_a_torn_tail_that_resume_cuts_and_records(tmp_pa
     result = orchestrator.resume_sync("torn", runs_dir=runs)
     assert result.answer is not None
     after = events(runs, "torn")
-    resumed = [e for e in after if e["type"] == "run.resumed"][0]
+    resumed = next(e for e in after if e["type"] == "run.resumed")
     assert resumed["data"]["torn_tail_bytes"] == len(torn)  # type: ignore[index]
     assert resumed["data"]["torn_tail_line"] == len(lines)  # type: ignore[index]
     assert [e["sequence"] for e in after] == list(range(1, len(after) + 1))

@@ -89,7 +89,7 @@ class ScriptedBackend:
         pass
 
 
-def make(backend: object, *, limits: Limits = Limits(), concurrency: int = 64,
+def make(backend: object, *, limits: Limits | None = None, concurrency: int = 64,
          attempts: int = 3, timeout: float | None = None,
          sleeps: list[float] | None = None) -> Dispatcher:
     state = RunState(pricing=Pricing(input_per_mtok=1, output_per_mtok=2))
@@ -99,7 +99,7 @@ def make(backend: object, *, limits: Limits = Limits(), concurrency: int = 64,
         if sleeps is not None:
             sleeps.append(seconds)
 
-    return Dispatcher(backend, recorder, Ledger(limits, state.pricing),  # type: ignore[arg-type]
+    return Dispatcher(backend, recorder, Ledger(limits or Limits(), state.pricing),  # type: ignore[arg-type]
                       run_seed=1, max_concurrency=concurrency,
                       retry=RetryPolicy(max_attempts=attempts, initial_backoff_s=0.01),
                       timeout_s=timeout, sleep=fake_sleep if sleeps is not None else anyio.sleep)

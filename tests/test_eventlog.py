@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from primitives import (
@@ -50,7 +51,7 @@ def test_append_then_read_round_trips(tmp_path: Path) -> None:
     events = list(JsonlEventLog(path).read())
     assert [e.sequence for e in events] == [1, 2, 3, 4, 5]
     assert events[2] == barrier(3).model_copy(update={"time": events[2].time})
-    assert list(JsonlEventLog(path).read(from_sequence=4))[0].sequence == 4
+    assert next(JsonlEventLog(path).read(from_sequence=4)).sequence == 4
     assert path.read_bytes().count(b"\n") == 5
 
 
@@ -106,7 +107,7 @@ def test_a_bad_line_in_the_middle_is_corruption_naming_the_line(tmp_path: Path, 
     path = tmp_path / "events.jsonl"
     write_log(path, 4)
     lines = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(b"".join(lines[:2] + [bad] + lines[2:]))
+    path.write_bytes(b"".join([*lines[:2], bad, *lines[2:]]))
     with pytest.raises(LogCorruptError) as info:
         JsonlEventLog.open_for_resume(path)
     assert info.value.line == 3
@@ -190,9 +191,9 @@ async def test_memory_log_follow_and_read() -> None:
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(reader)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             log.append(barrier(1))
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             log.append(completed(2))
     assert seen == [1, 2]
     assert [e.sequence for e in log.read(2)] == [2]

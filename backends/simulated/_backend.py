@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal
 
 import anyio
@@ -96,8 +95,9 @@ class SimulatedBackend:
         self.requests += 1
         self.lane_attempts += len(request.lanes)
         if cfg.call_log:
-            with Path(cfg.call_log).open("a") as fh:
-                fh.writelines(f"{request.wave} {lane.lane} {lane.attempt}\n" for lane in request.lanes)
+            async with await anyio.open_file(cfg.call_log, "a") as fh:
+                await fh.write("".join(f"{request.wave} {lane.lane} {lane.attempt}\n"
+                                       for lane in request.lanes))
         fault_rngs = [random.Random(f"{lane.seed}:{lane.attempt}") for lane in request.lanes]
         low, high = cfg.latency_ms
         delay = max((rng.uniform(low, high) for rng in fault_rngs), default=0.0)
