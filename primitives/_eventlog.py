@@ -116,9 +116,9 @@ class JsonlEventLog:
     tail and refuses a log corrupt anywhere else); `read`/`follow` only read.
     """
 
-    def __init__(self, path: Path, *, fsync: FsyncPolicy = "barrier", _fd: int | None = None,
+    def __init__(self, path: str | Path, *, fsync: FsyncPolicy = "barrier", _fd: int | None = None,
                  _last: int = 0, torn_tail: TornTail | None = None) -> None:
-        self.path = path
+        self.path = Path(path)
         self.fsync = fsync
         self._fd = _fd
         self._last = _last
