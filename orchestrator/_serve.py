@@ -271,7 +271,8 @@ async def serve_async(
     try:
         await uvicorn.Server(config).serve()
     finally:
-        await backend.aclose()
+        with anyio.CancelScope(shield=True):  # Ctrl-C cancels the task; still close
+            await backend.aclose()
 
 
 def serve(
@@ -283,9 +284,12 @@ def serve(
     log_level: str = "info",
 ) -> None:
     """Blocking: serve `backend` on `host:port` (loopback by default) until Ctrl-C."""
-    anyio.run(
-        lambda: serve_async(
-            backend, model_name=model_name, host=host, port=port, log_level=log_level
-        ),
-        backend="asyncio",  # uvicorn runs on asyncio only
-    )
+    try:
+        anyio.run(
+            lambda: serve_async(
+                backend, model_name=model_name, host=host, port=port, log_level=log_level
+            ),
+            backend="asyncio",  # uvicorn runs on asyncio only
+        )
+    except KeyboardInterrupt:
+        pass  # uvicorn shuts down gracefully, then re-raises the signal it captured
