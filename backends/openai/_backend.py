@@ -139,14 +139,15 @@ class OpenAIBackend:
     async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
         """One attempt at every lane of `request`; one outcome per lane, in lane order.
 
-        Raises the error when every lane failed, or when one failure is fatal
+        Lanes are merged into ``n > 1`` requests only where `request.share_prefix` allows
+        it. Raises the error when every lane failed, or when one failure is fatal
         (authentication); otherwise failed lanes hold their error in place.
         """
         count = len(request.lanes)
         outcomes: _Outcomes = [None] * count
         positions = list(range(count))
         async with anyio.create_task_group() as tg:
-            if self._merging and count > 1:
+            if self._merging and request.share_prefix and count > 1:
                 step = self._config.max_n
                 for start in range(0, count, step):
                     chunk = positions[start : start + step]

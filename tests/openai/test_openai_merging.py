@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from primitives import (
     AuthenticationError,
     Backend,
     BadResponseError,
+    ContextLengthError,
     LaneRequest,
     RequestRejectedError,
     Sample,
@@ -147,6 +149,18 @@ async def test_a_400_that_is_not_about_n_is_raised_and_keeps_merging(
     assert [r.n for r in server.requests] == [8, 1]
 
 
+async def test_a_context_error_on_a_merged_request_is_not_probed(stub: tuple[Stub, str]) -> None:
+    server, url = stub
+    server.reply = lambda rec: JSONResponse(
+        {"error": {"message": "x", "code": "context_length_exceeded"}}, status_code=400
+    )
+    async with backend(url) as b:
+        with pytest.raises(ContextLengthError):
+            await b.sample(wave(8))
+        assert b.merging
+    assert len(server.requests) == 1
+
+
 async def test_fewer_choices_than_n_rerequests_the_missing_lanes(stub: tuple[Stub, str]) -> None:
     server, url = stub
     server.reply = one_choice_only
@@ -194,6 +208,17 @@ async def test_never_sends_one_request_per_lane(stub: tuple[Stub, str]) -> None:
     assert len(server.requests) == 8
     assert all("n" not in r.body for r in server.requests)
     assert [s.text for s in out] == [f"seed {1000 + i} choice 0" for i in range(8)]
+
+
+async def test_no_merging_where_the_request_forbids_sharing_the_prefix(
+    stub: tuple[Stub, str],
+) -> None:
+    server, url = stub
+    request = dataclasses.replace(wave(4), share_prefix=False)
+    async with backend(url) as b:
+        samples(await b.sample(request))
+        assert b.merging
+    assert [r.n for r in server.requests] == [1, 1, 1, 1]
 
 
 async def test_outcomes_follow_the_requests_lane_order(stub: tuple[Stub, str]) -> None:
