@@ -41,6 +41,7 @@ from primitives import (
     SampleRequest,
     SamplingParams,
     ServerError,
+    Usage,
 )
 
 __all__ = ("create_app", "serve", "serve_async")
@@ -161,28 +162,27 @@ def create_app(
         lanes = [LaneRequest(lane=i, seed=seed + i, max_tokens=ceiling) for i in range(body.n)]
         step = backend.max_lanes_per_request or body.n
         samples: list[Sample] = []
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+        billed = Usage()  # per backend request: its first lane's prompt, every lane's output
         for start in range(0, body.n, step):
             chunk = tuple(lanes[start : start + step])
             outcomes = await backend.sample(SampleRequest(prompt, params, chunk, share_prefix=True))
             if len(outcomes) != len(chunk):
                 raise BadResponseError(f"{len(outcomes)} outcomes for {len(chunk)} lanes")
+            got: list[Sample] = []
             for outcome in outcomes:
                 if isinstance(outcome, BackendError):
                     raise outcome
-                samples.append(outcome)
-            first = outcomes[0]
-            assert isinstance(first, Sample)
-            usage["prompt_tokens"] += first.usage.input_tokens + first.usage.cached_input_tokens
-            usage["cached_tokens"] += first.usage.cached_input_tokens
-            usage["completion_tokens"] += sum(
-                s.usage.output_tokens for s in outcomes if isinstance(s, Sample)
-            )
+                got.append(outcome)
+            first = got[0].usage
+            output = sum(s.usage.output_tokens for s in got)
+            billed += Usage(first.input_tokens, first.cached_input_tokens, output)
+            samples += got
+        prompt_tokens = billed.input_tokens + billed.cached_input_tokens
         return samples, {
-            "prompt_tokens": usage["prompt_tokens"],
-            "completion_tokens": usage["completion_tokens"],
-            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
-            "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": billed.output_tokens,
+            "total_tokens": prompt_tokens + billed.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": billed.cached_input_tokens},
         }
 
     def envelope(

@@ -61,7 +61,8 @@ class OpenAIBackend:
     """A Backend that samples lanes from an OpenAI-compatible server over httpx.
 
     Owns one `httpx.AsyncClient`, closed by `aclose` (or `async with`). The API key is read
-    from the environment variable named by `config.api_key_env` when the backend is built.
+    from the variable named by `config.api_key_env` in `environ` (default `os.environ`) when
+    the backend is built; `clock` dates Retry-After; `transport` replaces httpx's default.
     """
 
     def __init__(
