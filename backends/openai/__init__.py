@@ -1,0 +1,8 @@
+"""The OpenAI-compatible backend: any `/v1/chat/completions` or `/v1/completions` server."""
+
+from __future__ import annotations
+
+from backends.openai._backend import BackendEvent, OpenAIBackend
+from backends.openai._config import OpenAIConfig
+
+__all__ = ("BackendEvent", "OpenAIBackend", "OpenAIConfig")

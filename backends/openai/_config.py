@@ -1,0 +1,91 @@
+"""Configuration of the OpenAI-compatible backend, validated at the boundary."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ("RESERVED_BODY_KEYS", "OpenAIConfig")
+
+# Fields the backend sets from the request; extra_body may not override them, or the
+# budget (max_tokens), the lane split (n) or the seeds would silently stop holding.
+RESERVED_BODY_KEYS = frozenset(
+    {
+        "model",
+        "prompt",
+        "messages",
+        "n",
+        "seed",
+        "stream",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "logprobs",
+        "top_logprobs",
+    }
+)
+
+# Credentials come from the environment variable named by api_key_env, never from config.
+_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key"})
+
+
+class OpenAIConfig(BaseModel):
+    """Where and how to reach an OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI).
+
+    `base_url` ends at the API root, e.g. ``http://127.0.0.1:8000/v1``; requests go to
+    ``{base_url}/chat/completions`` or ``{base_url}/completions`` by `api`. `api_key_env` is
+    the NAME of the environment variable holding the key; the key itself never enters config.
+    `n` says whether a request's lanes are merged into one ``n > 1`` request: "auto" merges
+    until the server shows it does not honour ``n``, "always" never falls back, "never" sends
+    one request per lane. `max_n` is the largest ``n`` of one request.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["openai"] = "openai"
+    base_url: str
+    model: str = Field(min_length=1)
+    api: Literal["chat", "completions"] = "chat"
+    system_prompt: str | None = None
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    timeout_s: float = Field(default=60.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    n: Literal["auto", "always", "never"] = "auto"
+    max_n: int = Field(default=16, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a URL: {exc}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("base_url must be an http:// or https:// URL with a host")
+        if url.username or url.password or url.query or url.fragment:
+            raise ValueError("base_url may not carry credentials, a query or a fragment")
+        return value.rstrip("/")
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if name.lower() in _CREDENTIAL_HEADERS:
+                raise ValueError(
+                    f"header {name!r} carries credentials; name an environment variable "
+                    "in api_key_env instead"
+                )
+        return value
+
+    @field_validator("extra_body")
+    @classmethod
+    def _check_extra_body(cls, value: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(RESERVED_BODY_KEYS & value.keys())
+        if clash:
+            raise ValueError(f"extra_body may not set {clash}: the backend sets them per request")
+        return value

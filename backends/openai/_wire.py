@@ -1,0 +1,206 @@
+"""The wire format: request bodies out, pydantic-validated response bodies in.
+
+Responses are validated with pydantic models rather than read with `.get()` chains, so a
+body that does not have the shape the backend relies on is one clear `ValidationError`.
+Unknown fields are ignored: servers add their own (timings, system_fingerprint, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backends.openai._config import OpenAIConfig
+from backends.openai._usage import Tally
+from primitives import SampleRequest
+
+__all__ = (
+    "ChatResponse",
+    "CompletionResponse",
+    "WireChoice",
+    "WireUsage",
+    "build_body",
+    "parse_response",
+)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ChatTokenLogprob(_Wire):
+    """One sampled token of a chat choice's logprobs."""
+
+    token: str | None = None
+    logprob: float
+
+
+class ChatLogprobs(_Wire):
+    """A chat choice's logprobs: one entry per sampled token."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatMessage(_Wire):
+    """The assistant message of a chat choice; `content` is null for tool calls."""
+
+    content: str | None = None
+
+
+class ChatChoice(_Wire):
+    """One choice of a chat completion."""
+
+    index: int | None = Field(default=None, ge=0)
+    message: ChatMessage
+    finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
+
+
+class CompletionLogprobs(_Wire):
+    """A text completion choice's logprobs (the legacy parallel-lists shape)."""
+
+    tokens: list[str] | None = None
+    token_logprobs: list[float | None] | None = None
+
+
+class CompletionChoice(_Wire):
+    """One choice of a text completion."""
+
+    index: int | None = Field(default=None, ge=0)
+    text: str
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class PromptTokensDetails(_Wire):
+    """Breakdown of the prompt tokens; `cached_tokens` were served from a prefix cache."""
+
+    cached_tokens: int | None = Field(default=None, ge=0)
+
+
+class WireUsage(_Wire):
+    """Usage of one HTTP request, all of its choices together (as the server counted it)."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        """Cached prompt tokens, 0 where the server does not say."""
+        details = self.prompt_tokens_details
+        return (details.cached_tokens or 0) if details is not None else 0
+
+
+class ChatResponse(_Wire):
+    """A `/chat/completions` response body."""
+
+    choices: list[ChatChoice]
+    usage: WireUsage | None = None
+
+
+class CompletionResponse(_Wire):
+    """A `/completions` response body."""
+
+    choices: list[CompletionChoice]
+    usage: WireUsage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WireChoice:
+    """A choice of either API, normalised. `token_count` is exact where logprobs give it."""
+
+    index: int | None
+    text: str
+    finish_reason: str
+    logprobs: tuple[float, ...] | None
+    token_count: int | None
+
+    def tally(self) -> Tally:
+        """What this choice evidently holds, for usage apportioning."""
+        return Tally(
+            token_count=self.token_count,
+            chars=len(self.text),
+            utf8_bytes=len(self.text.encode()),
+            hit_length=self.finish_reason == "length",
+        )
+
+
+def _finish(reason: str | None) -> str:
+    # llama.cpp says "eos" in places; a missing reason is a natural stop.
+    return "stop" if reason in (None, "eos") else reason
+
+
+def _from_chat(choice: ChatChoice) -> WireChoice:
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    values = tuple(entry.logprob for entry in content) if content is not None else None
+    return WireChoice(
+        index=choice.index,
+        text=choice.message.content or "",
+        finish_reason=_finish(choice.finish_reason),
+        logprobs=values,
+        token_count=len(content) if content is not None else None,
+    )
+
+
+def _from_completion(choice: CompletionChoice) -> WireChoice:
+    lp = choice.logprobs
+    values: tuple[float, ...] | None = None
+    count: int | None = None
+    if lp is not None and lp.token_logprobs is not None:
+        values = tuple(v for v in lp.token_logprobs if v is not None)
+        count = len(lp.token_logprobs)
+    elif lp is not None and lp.tokens is not None:
+        count = len(lp.tokens)
+    return WireChoice(
+        index=choice.index,
+        text=choice.text,
+        finish_reason=_finish(choice.finish_reason),
+        logprobs=values,
+        token_count=count,
+    )
+
+
+def parse_response(api: str, raw: bytes) -> tuple[list[WireChoice], WireUsage | None]:
+    """Validate a 2xx body of `api` and normalise its choices. Raises `ValueError`."""
+    if api == "chat":
+        chat = ChatResponse.model_validate_json(raw)
+        return [_from_chat(c) for c in chat.choices], chat.usage
+    completion = CompletionResponse.model_validate_json(raw)
+    return [_from_completion(c) for c in completion.choices], completion.usage
+
+
+def build_body(
+    config: OpenAIConfig, request: SampleRequest, *, n: int, seed: int, max_tokens: int
+) -> dict[str, Any]:
+    """The JSON body of one HTTP request carrying `n` lanes of `request`."""
+    params = request.params
+    body: dict[str, Any] = dict(config.extra_body)
+    body["model"] = config.model
+    if config.api == "chat":
+        messages = (
+            []
+            if config.system_prompt is None
+            else [{"role": "system", "content": config.system_prompt}]
+        )
+        messages.append({"role": "user", "content": request.prompt})
+        body["messages"] = messages
+        if params.logprobs:
+            body["logprobs"] = True
+    else:
+        body["prompt"] = request.prompt
+        if params.logprobs:
+            body["logprobs"] = 1  # 1, not 0: some servers read 0 as "off"
+    body["max_tokens"] = max_tokens
+    body["temperature"] = params.temperature
+    body["top_p"] = params.top_p
+    body["seed"] = seed
+    if n > 1:
+        body["n"] = n  # left out at 1: a few servers reject the field outright
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.top_k > 0:
+        body["top_k"] = params.top_k  # not OpenAI's own; a server without it says so (400)
+    return body

@@ -1,0 +1,364 @@
+"""The served app: any Backend behind /v1, driven in-process and by OpenAIBackend end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import pytest
+from openai_stub import Loopback, make_backend
+
+from orchestrator._serve import create_app
+from orchestrator._serve_wire import flatten_messages
+from primitives import (
+    AuthenticationError,
+    BackendError,
+    BackendTimeoutError,
+    BadResponseError,
+    ConfigError,
+    ContextLengthError,
+    LaneRequest,
+    RateLimitError,
+    RequestRejectedError,
+    Sample,
+    SampleRequest,
+    SamplingParams,
+    ServerError,
+    Usage,
+)
+
+pytestmark = pytest.mark.anyio
+
+PROMPT_TOKENS = 12
+CACHED = 4
+
+
+class FakeBackend:
+    """Lane i answers "<prompt>|seed=<seed>" in 3 tokens; lane 0 prefills, the rest fork."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        *,
+        error: BaseException | None = None,
+        lane_error: BackendError | None = None,
+        max_lanes: int | None = None,
+        short: bool = False,
+    ) -> None:
+        self.requests: list[SampleRequest] = []
+        self.error = error
+        self.lane_error = lane_error
+        self.max_lanes = max_lanes
+        self.short = short
+        self.closed = False
+
+    @property
+    def max_lanes_per_request(self) -> int | None:
+        return self.max_lanes
+
+    def count_prompt_tokens(self, prompt: str) -> int | None:
+        return PROMPT_TOKENS
+
+    async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
+        self.requests.append(request)
+        if self.error is not None:
+            raise self.error
+        out: list[Sample | BackendError] = []
+        for i, lane in enumerate(request.lanes):
+            first = i == 0
+            use = Usage(
+                input_tokens=PROMPT_TOKENS - CACHED if first else 0,
+                cached_input_tokens=CACHED if first else PROMPT_TOKENS,
+                output_tokens=3,
+            )
+            logprobs = (-0.25, -0.5, -0.75) if request.params.logprobs else None
+            text = f"{request.prompt}|seed={lane.seed}"
+            out.append(Sample(lane.lane, text, "stop", use, logprobs))
+        if self.lane_error is not None:
+            out[-1] = self.lane_error
+        return out[:-1] if self.short else out
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def call(
+    app: Any, path: str, body: Any = None, *, raw: bytes | None = None
+) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://served") as client:
+        if body is None and raw is None:
+            return await client.get(path)
+        return await client.post(path, json=body, content=raw)
+
+
+def app_for(backend: FakeBackend, **kwargs: Any) -> Any:
+    return create_app(backend, model_name="tiny", clock=lambda: 1234.9, **kwargs)
+
+
+async def test_models() -> None:
+    r = await call(app_for(FakeBackend()), "/v1/models")
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == ["tiny"]
+
+
+async def test_completions_n_is_one_request_of_n_lanes() -> None:
+    fake = FakeBackend()
+    body = {
+        "model": "tiny",
+        "prompt": "Q",
+        "n": 8,
+        "seed": 100,
+        "max_tokens": 20,
+        "temperature": 0.5,
+        "top_p": 0.8,
+        "stop": "END",
+    }
+    r = await call(app_for(fake), "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    (sent,) = fake.requests
+    assert sent.share_prefix
+    assert sent.prompt == "Q"
+    assert [lane.seed for lane in sent.lanes] == list(range(100, 108))
+    assert [lane.max_tokens for lane in sent.lanes] == [20] * 8
+    assert sent.params == SamplingParams(
+        temperature=0.5, top_p=0.8, max_tokens=20, stop=("END",), logprobs=False
+    )
+    data = r.json()
+    assert data["object"] == "text_completion"
+    assert data["created"] == 1234
+    assert [c["text"] for c in data["choices"]] == [f"Q|seed={100 + i}" for i in range(8)]
+    assert [c["index"] for c in data["choices"]] == list(range(8))
+    assert data["usage"] == {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": 24,
+        "total_tokens": PROMPT_TOKENS + 24,
+        "prompt_tokens_details": {"cached_tokens": CACHED},
+    }
+
+
+async def test_defaults_and_a_drawn_seed() -> None:
+    fake = FakeBackend()
+    r = await call(app_for(fake, seed_source=lambda: 41), "/v1/completions", {"prompt": ["Q"]})
+    assert r.status_code == 200, r.text
+    (sent,) = fake.requests
+    assert [lane.seed for lane in sent.lanes] == [41]
+    assert sent.params == SamplingParams(temperature=1.0, top_p=1.0, max_tokens=256)
+
+
+async def test_chat_flattens_messages_and_returns_logprobs() -> None:
+    fake = FakeBackend()
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "logprobs": True,
+        "max_completion_tokens": 9,
+        "stop": ["a", "b"],
+        "n": 2,
+    }
+    r = await call(app_for(fake), "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    (sent,) = fake.requests
+    assert sent.prompt == "Hi"
+    assert sent.params.logprobs
+    assert sent.params.stop == ("a", "b")
+    assert sent.lanes[0].max_tokens == 9
+    choice = r.json()["choices"][1]
+    assert choice["message"] == {"role": "assistant", "content": f"Hi|seed={sent.lanes[1].seed}"}
+    assert choice["logprobs"] == {"content": [{"logprob": v} for v in (-0.25, -0.5, -0.75)]}
+    assert r.json()["object"] == "chat.completion"
+
+
+async def test_completion_logprobs() -> None:
+    r = await call(app_for(FakeBackend()), "/v1/completions", {"prompt": "Q", "logprobs": 0})
+    assert r.json()["choices"][0]["logprobs"] == {"token_logprobs": [-0.25, -0.5, -0.75]}
+
+
+def test_flatten_messages() -> None:
+    assert flatten_messages([("user", "What is 2+2?")]) == "What is 2+2?"
+    assert flatten_messages([("system", "Be terse."), ("user", "2+2?")]) == (
+        "system: Be terse.\n\nuser: 2+2?\n\nassistant:"
+    )
+
+
+async def test_a_backend_smaller_than_n_gets_several_requests() -> None:
+    fake = FakeBackend(max_lanes=3)
+    r = await call(app_for(fake), "/v1/completions", {"prompt": "Q", "n": 8, "seed": 0})
+    assert r.status_code == 200
+    assert [[lane.seed for lane in req.lanes] for req in fake.requests] == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 7],
+    ]
+    assert r.json()["usage"]["prompt_tokens"] == 3 * PROMPT_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "raw", "status", "param"),
+    [
+        ("/v1/completions", None, b"{oops", 400, None),
+        ("/v1/completions", {"prompt": "Q", "best_of": 2}, None, 400, "best_of"),
+        ("/v1/completions", {"prompt": "Q", "n": 0}, None, 400, "n"),
+        ("/v1/completions", {"prompt": "Q", "n": 129}, None, 400, "n"),
+        ("/v1/completions", {"prompt": "Q", "temperature": 3}, None, 400, "temperature"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, None, 400, "prompt"),
+        ("/v1/completions", {"prompt": "Q", "stream": True}, None, 400, "stream"),
+        ("/v1/completions", {"prompt": "Q", "model": "gpt-9"}, None, 404, "model"),
+        ("/v1/chat/completions", {"messages": []}, None, 400, "messages"),
+        ("/v1/chat/completions", {"prompt": "Q"}, None, 400, "messages"),
+    ],
+)
+async def test_bad_requests_get_openai_shaped_errors(
+    path: str, body: Any, raw: bytes | None, status: int, param: str | None
+) -> None:
+    fake = FakeBackend()
+    r = await call(app_for(fake), path, body, raw=raw)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    assert error["param"] == param
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code", "retry_after"),
+    [
+        (RateLimitError("busy", retry_after=2.5), 429, "rate_limit_exceeded", "3"),
+        (ServerError("down", retry_after=1), 503, None, "1"),
+        (ServerError("down"), 503, None, None),
+        (ContextLengthError("too long"), 400, "context_length_exceeded", None),
+        (RequestRejectedError("no"), 400, None, None),
+        (AuthenticationError("bad key"), 502, "upstream_authentication_failed", None),
+        (BackendTimeoutError("slow"), 504, "timeout", None),
+        (BadResponseError("garbled"), 502, "bad_upstream_response", None),
+        (ConfigError("bad params"), 400, None, None),
+        (RuntimeError("bug"), 500, None, None),
+    ],
+)
+async def test_backend_errors_map_to_statuses(
+    error: BaseException, status: int, code: str | None, retry_after: str | None
+) -> None:
+    r = await call(app_for(FakeBackend(error=error)), "/v1/completions", {"prompt": "Q"})
+    assert r.status_code == status
+    assert r.json()["error"]["code"] == code
+    assert r.headers.get("retry-after") == retry_after
+    if isinstance(error, BackendError | ConfigError):
+        assert str(error) in r.json()["error"]["message"]
+    else:
+        assert "bug" not in r.text  # a crash says nothing of its insides
+
+
+async def test_a_failed_lane_fails_the_response() -> None:
+    fake = FakeBackend(lane_error=RateLimitError("lane 3 throttled", retry_after=4))
+    r = await call(app_for(fake), "/v1/completions", {"prompt": "Q", "n": 4})
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "4"
+
+
+async def test_a_backend_losing_lanes_is_a_bad_gateway() -> None:
+    r = await call(app_for(FakeBackend(short=True)), "/v1/completions", {"prompt": "Q", "n": 2})
+    assert r.status_code == 502
+
+
+def wave(k: int, logprobs: bool = False) -> SampleRequest:
+    lanes = tuple(LaneRequest(i, 1000 + i, 16) for i in range(k))
+    return SampleRequest("Q?", SamplingParams(max_tokens=16, logprobs=logprobs), lanes)
+
+
+@pytest.mark.parametrize(("api", "logprobs"), [("chat", False), ("completions", True)])
+async def test_openai_backend_end_to_end(
+    loopback: Callable[[Any], Loopback], api: str, logprobs: bool
+) -> None:
+    fake = FakeBackend()
+    server = loopback(create_app(fake, model_name="tiny"))
+    async with make_backend(server.base_url, model="tiny", api=api) as b:
+        out = await b.sample(wave(8, logprobs))
+        assert b.merging
+    (sent,) = fake.requests  # n = 8 arrived as ONE request of 8 lanes
+    assert len(sent.lanes) == 8
+    assert [lane.seed for lane in sent.lanes] == [1000 + i for i in range(8)]
+    samples = [s for s in out if isinstance(s, Sample)]
+    assert [s.text for s in samples] == [f"Q?|seed={1000 + i}" for i in range(8)]
+    assert samples[0].usage == Usage(PROMPT_TOKENS - CACHED, CACHED, 3)
+    assert all(s.usage == Usage(0, 0, 3) for s in samples[1:])
+    method = "tokens" if logprobs else "characters"
+    assert {s.extra["usage_apportioned_by"] for s in samples} == {method}
+
+
+@pytest.mark.parametrize(
+    ("error", "cls"),
+    [
+        (RateLimitError("busy", retry_after=2), RateLimitError),
+        (ContextLengthError("too long"), ContextLengthError),
+        (RequestRejectedError("no"), RequestRejectedError),
+        (BackendTimeoutError("slow"), ServerError),  # 504 is a 5xx to the client
+    ],
+)
+async def test_errors_cross_the_wire_as_their_class(
+    loopback: Callable[[Any], Loopback], error: BackendError, cls: type[BackendError]
+) -> None:
+    server = loopback(create_app(FakeBackend(error=error), model_name="tiny"))
+    async with make_backend(server.base_url, model="tiny") as b:
+        with pytest.raises(BackendError) as caught:
+            await b.sample(wave(2))
+    assert type(caught.value) is cls
+    assert caught.value.retry_after == error.retry_after
+    assert b.merging  # an error that is not about n leaves merging on
+
+
+SERVE_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from orchestrator._serve import serve
+
+class Backend:
+    name = "tiny"
+    max_lanes_per_request = None
+    def count_prompt_tokens(self, prompt):
+        return None
+    async def sample(self, request):
+        raise NotImplementedError
+    async def aclose(self):
+        print("closed", flush=True)
+
+serve(Backend(), model_name="tiny", port={port}, log_level="warning")
+"""
+
+
+@pytest.mark.slow
+def test_serve_runs_uvicorn_on_loopback_and_closes_the_backend() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = SERVE_SCRIPT.format(root=root, port=port)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "serve did not come up"
+                time.sleep(0.05)
+        assert r.json()["data"][0]["id"] == "tiny"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "closed" in out
