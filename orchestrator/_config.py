@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from backends.openai import OpenAIConfig
 from backends.simulated import SimulatedConfig
 from primitives import ConfigError, ExtractSpec, Limits, Pricing
 
@@ -21,7 +22,7 @@ __all__ = (
     "parse_config",
 )
 
-BackendConfig = Annotated[SimulatedConfig, Field(discriminator="kind")]
+BackendConfig = Annotated[SimulatedConfig | OpenAIConfig, Field(discriminator="kind")]
 
 
 class _Section(BaseModel):
@@ -131,31 +132,50 @@ class LoopConfig(_Section):
 
 
 def parse_config(raw: dict[str, Any], *, source: str = "<config>") -> LoopConfig:
-    """Validate a config mapping; a bad one raises ConfigError naming source and field."""
+    """Validate a config mapping; a bad one raises ConfigError naming source and field.
+
+    Validation is strict, as for JSON: `k = true` or `k = "8"` is an error, not a coercion.
+    """
     try:
-        return LoopConfig.model_validate(raw)
+        document = json.dumps(raw, default=str)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: (top level): {exc}") from None
+    try:
+        return LoopConfig.model_validate_json(document, strict=True)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"] if not _is_tag(part))
+        where = ".".join(_location(error["loc"]))
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key"
+        if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            where += ".kind"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(f"{source}: {where or '(top level)'}: {message}{more}") from None
 
 
-def _is_tag(part: object) -> bool:
-    # pydantic puts the union member's tag in the location; the user wrote no such key.
-    return part in {"simulated", "engine", "openai"}
+def _location(loc: tuple[int | str, ...]) -> list[str]:
+    # pydantic puts the union member's tag after `backend`; the user wrote no such key.
+    parts: list[str] = []
+    for i, part in enumerate(loc):
+        if i > 0 and loc[i - 1] == "backend" and part in _BACKEND_KINDS:
+            continue
+        parts.append(str(part))
+    return parts
+
+
+_BACKEND_KINDS = frozenset({"simulated", "engine", "openai"})
 
 
 def load_config(path: str | Path) -> LoopConfig:
     """Read a TOML (or `.json`) loop config file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:

@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import structlog
 
+from backends.openai import OpenAIBackend, OpenAIConfig
 from backends.simulated import SimulatedBackend, SimulatedConfig
 from coordinators import ParallelSample, Verifier
 from orchestrator._config import BackendConfig, LoopConfig, config_hash, load_config
@@ -52,6 +53,8 @@ def build_backend(config: BackendConfig) -> Backend:
     """A Backend for a `[backend]` section. Optional extras are imported only when used."""
     if isinstance(config, SimulatedConfig):
         return SimulatedBackend(config)
+    if isinstance(config, OpenAIConfig):
+        return OpenAIBackend(config)
     raise ConfigError(f"backend.kind: {config.kind!r} is not available")  # pragma: no cover
 
 
@@ -69,7 +72,7 @@ async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str |
     if not question.strip():
         raise ConfigError("question: must not be empty")
     store = RunStore(runs_dir)
-    run_id = store.check_id(run_id) if run_id else store.new_id()
+    run_id = store.check_id(run_id) if run_id is not None else store.new_id()
     log = log or JsonlEventLog.create(store.events_path(run_id), fsync=config.log.fsync)
     state = RunState(pricing=config.pricing)
     recorder = Recorder(log, run_id, state, observer=observer)

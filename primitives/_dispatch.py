@@ -28,10 +28,13 @@ from primitives._budget import Hold, Ledger, cost_of
 from primitives._errors import (
     BackendError,
     BackendTimeoutError,
+    BadResponseError,
     BudgetExhaustedError,
     QuorumNotMetError,
 )
 from primitives._events import (
+    BackendNoted,
+    BackendNotedData,
     BudgetExhausted,
     BudgetExhaustedData,
     BudgetOverrun,
@@ -329,9 +332,21 @@ class Dispatcher:
                 if state.status == "dispatched" and state.hold is not None:
                     self._fail_cancelled(request, state)
             raise
+        finally:
+            self._drain_backend_events(request.wave)
         if len(outcomes) != n:
-            return [BackendTimeoutError(f"backend returned {len(outcomes)} of {n} lanes")] * n
+            return [BadResponseError(f"backend returned {len(outcomes)} of {n} lanes")] * n
         return outcomes
+
+    def _drain_backend_events(self, wave: int) -> None:
+        """Record what a backend learnt about its server (e.g. that `n > 1` is refused)."""
+        drain = getattr(self.backend, "drain_events", None)
+        if drain is None:
+            return
+        for note in drain():
+            if note.type == "backend.n_unsupported":
+                self.recorder.emit(BackendNoted, BackendNotedData(
+                    note=note.type, detail=dict(note.data)), wave=wave)
 
     def _fail_cancelled(self, request: SampleRequest, lane: LaneState) -> None:
         hold = lane.hold

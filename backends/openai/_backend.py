@@ -113,6 +113,11 @@ class OpenAIBackend:
         """Whether lanes still go out merged into ``n > 1`` requests."""
         return self._merging
 
+    @property
+    def shares_prefix(self) -> bool:
+        """While lanes go out merged as `n`, the server prefills the prompt once per request."""
+        return self._merging
+
     def count_prompt_tokens(self, prompt: str) -> int | None:
         """None: a remote server's tokenizer is not known before dispatch."""
         return None

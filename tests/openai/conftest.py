@@ -1,7 +1,7 @@
 """Fixtures of the OpenAI backend and served-app tests.
 
-Every server here is one the test starts on 127.0.0.1, and an autouse guard refuses any
-connection or name lookup that is not loopback, so a test can never reach the network.
+Every server here is one the test starts on 127.0.0.1; the suite's autouse guard
+(tests/conftest.py) refuses any connection or name lookup that is not loopback.
 """
 
 from __future__ import annotations
@@ -13,46 +13,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from openai_stub import Loopback, NetworkGuardError, RawHandler, Stub
-
-_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
-
+from openai_stub import Loopback, RawHandler, Stub
 
 @pytest.fixture(params=["asyncio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Refuse every connect and name lookup that is not loopback."""
-    real_connect = socket.socket.connect
-    real_connect_ex = socket.socket.connect_ex
-    real_getaddrinfo = socket.getaddrinfo
-
-    def check(sock: socket.socket, address: Any) -> None:
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in _LOOPBACK_HOSTS:
-            raise NetworkGuardError(f"test tried to connect to {address[0]}")
-
-    def connect(sock: socket.socket, address: Any) -> None:
-        check(sock, address)
-        real_connect(sock, address)
-
-    def connect_ex(sock: socket.socket, address: Any) -> int:
-        check(sock, address)
-        return real_connect_ex(sock, address)
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        name = host.decode() if isinstance(host, bytes) else host
-        if name is not None and name not in _LOOPBACK_HOSTS:
-            raise NetworkGuardError(f"test tried to resolve {name}")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(proxy, raising=False)
 
 
 @pytest.fixture

@@ -231,9 +231,9 @@ async def test_nothing_listening_is_a_server_error() -> None:
 
 
 def test_the_guard_refuses_anything_but_loopback() -> None:
-    with pytest.raises(NetworkGuardError):
+    with pytest.raises(RuntimeError, match="network"):
         socket.create_connection(("192.0.2.1", 80), timeout=0.1)
-    with pytest.raises(NetworkGuardError):
+    with pytest.raises(RuntimeError, match="network"):
         socket.getaddrinfo("example.com", 443)
 
 

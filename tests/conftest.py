@@ -1,0 +1,89 @@
+"""Shared test fixtures: async tests on both anyio backends, and no network beyond loopback."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every `@pytest.mark.anyio` test runs on asyncio and on trio (the library uses anyio only)."""
+    return str(request.param)
+
+
+class NetworkBlockedError(RuntimeError):
+    """A test tried to reach a non-loopback address. Not an OSError, so no retry loop eats it."""
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+
+def _is_loopback(host: object) -> bool:
+    if isinstance(host, bytes):
+        host = host.decode(errors="replace")
+    if not isinstance(host, str):
+        return False
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])  # drop an IPv6 zone id
+    except ValueError:
+        return False  # any other host name would need DNS, which is the network
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def _address_allowed(family: int, address: Any) -> bool:
+    if family == getattr(socket, "AF_UNIX", object()):
+        return True
+    if isinstance(address, (str, bytes)):
+        return True  # a Unix socket path
+    if isinstance(address, tuple) and address:
+        return _is_loopback(address[0])
+    return False
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Refuse connections to anything but 127.0.0.0/8, ::1, localhost and Unix sockets."""
+    real_connect = socket.socket.connect
+    real_connect_ex = socket.socket.connect_ex
+    real_create_connection = socket.create_connection
+    real_getaddrinfo = socket.getaddrinfo
+
+    def refuse(address: Any) -> None:
+        raise NetworkBlockedError(f"tests may not reach the network: connect to {address!r}")
+
+    def connect(self: socket.socket, address: Any) -> None:
+        if not _address_allowed(self.family, address):
+            refuse(address)
+        real_connect(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> int:
+        if not _address_allowed(self.family, address):
+            refuse(address)
+        return real_connect_ex(self, address)
+
+    def create_connection(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
+        if not _address_allowed(socket.AF_INET, address):
+            refuse(address)
+        return real_create_connection(address, *args, **kwargs)
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host is not None and not _is_loopback(host):
+            raise NetworkBlockedError(f"tests may not reach the network: resolve {host!r}")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    yield
