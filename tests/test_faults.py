@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
+from backends.simulated import SimulatedBackend
 from primitives import JsonlEventLog, QuorumNotMetError
 
 
