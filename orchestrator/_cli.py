@@ -1,4 +1,4 @@
-"""The `orchestrator` command: run, resume, tail, show, validate, schema.
+"""The `orchestrator` command: run, resume, tail, show, validate, schema, serve.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
 quorum. Errors are one line on stderr naming the place (file, field, line).
@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import structlog
 
-from orchestrator._config import LoopConfig, load_config
+from orchestrator._config import LoopConfig, load_backend_config, load_config
 from orchestrator._display import Progress, describe, summary
 from orchestrator._result import RunResult
-from orchestrator._runner import resume, run
+from orchestrator._runner import build_backend, resume, run
 from orchestrator._store import RunStore
 from primitives import JsonlEventLog, LanefoldError, fold
 from primitives._events import AnyEvent
@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("config")
 
     sub.add_parser("schema", help="print the config JSON Schema")
+
+    p = sub.add_parser("serve", help="serve a backend as an OpenAI-compatible HTTP server")
+    p.add_argument("--backend-config", required=True,
+                   help="a file with a [backend] table (or only the backend's keys)")
+    p.add_argument("--host", default="127.0.0.1", help="default loopback")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", help="the model id clients ask for (default: the backend's)")
     return parser
 
 
@@ -169,6 +176,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from orchestrator._serve import serve  # the `serve` extra: starlette and uvicorn
+
+    backend = build_backend(load_backend_config(args.backend_config))
+    serve(backend, model_name=args.model_name or backend.name, host=args.host, port=args.port)
+    return 0
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     print(json.dumps(LoopConfig.model_json_schema(), indent=2))
     return 0
@@ -184,7 +199,7 @@ class _Null:
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run, "resume": _cmd_resume, "tail": _cmd_tail, "show": _cmd_show,
-    "validate": _cmd_validate, "schema": _cmd_schema,
+    "validate": _cmd_validate, "schema": _cmd_schema, "serve": _cmd_serve,
 }
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,7 @@ __all__ = (
     "BackendConfig",
     "LoopConfig",
     "config_hash",
+    "load_backend_config",
     "load_config",
     "parse_config",
 )
@@ -170,6 +171,20 @@ _BACKEND_KINDS = frozenset({"simulated", "engine", "openai"})
 def load_config(path: str | Path) -> LoopConfig:
     """Read a TOML (or `.json`) loop config file."""
     path = Path(path)
+    return parse_config(_read(path), source=str(path))
+
+
+def load_backend_config(path: str | Path) -> BackendConfig:
+    """Read a backend config: a file holding a `[backend]` table, or only the backend's keys."""
+    path = Path(path)
+    raw = _read(path)
+    section = raw.get("backend", raw)
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: backend: must be a table")
+    return parse_config({"backend": section}, source=str(path)).backend
+
+
+def _read(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -181,7 +196,9 @@ def load_config(path: str | Path) -> LoopConfig:
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: "
                           f"{exc}") from None
-    return parse_config(raw, source=str(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: (top level): must be a table")
+    return raw
 
 
 def config_hash(config: LoopConfig) -> str:
