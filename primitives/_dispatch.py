@@ -13,24 +13,22 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import anyio
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
-from tenacity.wait import wait_base
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from primitives._backend import Backend, LaneRequest, Sample, SampleRequest, SamplingParams, Usage
+from primitives._barrier import close_wave
 from primitives._budget import Hold, Ledger, cost_of
 from primitives._errors import (
     BackendError,
     BackendTimeoutError,
     BadResponseError,
     BudgetExhaustedError,
-    QuorumNotMetError,
 )
 from primitives._events import (
     BackendNoted,
@@ -49,12 +47,11 @@ from primitives._events import (
     LaneFailedData,
     ReservationData,
     UsageData,
-    WaveBarrier,
-    WaveBarrierData,
     WaveStarted,
     WaveStartedData,
 )
 from primitives._record import Recorder
+from primitives._retry import Backoff, LaneSlots, RetryLanes, RetryPolicy
 from primitives._state import LaneState, WaveState
 
 __all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "lane_seed")
@@ -69,16 +66,6 @@ def lane_seed(run_seed: int, wave: int, lane: int) -> int:
     """A lane's seed from (run seed, wave, lane): stable across processes and resumes."""
     digest = hashlib.blake2b(f"{run_seed}:{wave}:{lane}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Attempts per lane and the backoff between them."""
-
-    max_attempts: int = 3
-    initial_backoff_s: float = 0.25
-    max_backoff_s: float = 8.0
-    jitter: float = 0.25  # +/- this fraction of the backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,30 +87,6 @@ class WaveSpec:
     annotate: Callable[[Sample], str | None] | None = None  # e.g. answer extraction
 
 
-class _Retry(Exception):
-    """Some lanes of a request failed retryably; tenacity waits, then the next attempt."""
-
-    def __init__(self, retry_after: float | None) -> None:
-        super().__init__("retry")
-        self.retry_after = retry_after
-
-
-class _Backoff(wait_base):
-    """Exponential backoff with seeded jitter, never shorter than a server's retry-after."""
-
-    def __init__(self, policy: RetryPolicy, rng: random.Random) -> None:
-        self._policy, self._rng = policy, rng
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        p = self._policy
-        wait = min(p.max_backoff_s, p.initial_backoff_s * 2 ** (retry_state.attempt_number - 1))
-        wait *= 1.0 + self._rng.uniform(-p.jitter, p.jitter)
-        exc = retry_state.outcome.exception() if retry_state.outcome else None
-        if isinstance(exc, _Retry) and exc.retry_after:
-            wait = max(wait, float(exc.retry_after))
-        return float(max(wait, 0.0))
-
-
 @dataclass(slots=True)
 class _Group:
     """Lanes that travel in one backend request."""
@@ -140,15 +103,14 @@ class Dispatcher:
     """Runs waves for one run. Policy lives here; the backend only makes attempts."""
 
     def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *, run_seed: int,
-                 max_concurrency: int, retry: RetryPolicy = RetryPolicy(),
+                 max_concurrency: int, retry: RetryPolicy | None = None,
                  timeout_s: float | None = None, limiter: anyio.CapacityLimiter | None = None,
                  sleep: Callable[[float], object] = anyio.sleep, rng: random.Random | None = None,
                  logger: structlog.typing.FilteringBoundLogger | None = None) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
-        self.run_seed, self.retry, self.timeout_s = run_seed, retry, timeout_s
+        self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
         self.max_concurrency = max_concurrency
-        self._limiter = limiter or anyio.CapacityLimiter(max_concurrency)
-        self._lock = anyio.Lock()
+        self._slots = LaneSlots(limiter or anyio.CapacityLimiter(max_concurrency))
         self._sleep = sleep
         self._rng = rng or random.Random(run_seed)
         self._log = logger or structlog.get_logger("lanefold.dispatch")
@@ -178,8 +140,8 @@ class Dispatcher:
                 raise fatal from None
         self._abandon(spec, groups, "max_seconds reached before dispatch")
         state = self.recorder.state.waves[spec.wave]
-        self._barrier(spec.wave, state)
-        self._check_quorum(spec, state, deadline_hit=scope.cancelled_caught)
+        close_wave(self.recorder, state, min_quorum=spec.min_quorum,
+                   deadline_hit=scope.cancelled_caught)
         return state
 
     def _start(self, spec: WaveSpec) -> list[_Group]:
@@ -255,7 +217,7 @@ class Dispatcher:
     async def _run_group(self, spec: WaveSpec, group: _Group) -> None:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retry.max_attempts + 1),  # lanes also count their own
-            wait=_Backoff(self.retry, self._rng), retry=retry_if_exception_type(_Retry),
+            wait=Backoff(self.retry, self._rng), retry=retry_if_exception_type(RetryLanes),
             sleep=self._sleep, reraise=True)  # type: ignore[arg-type]  # anyio.sleep is awaitable
         async for attempt in retrying:
             with attempt:
@@ -264,7 +226,7 @@ class Dispatcher:
                     group.jobs = again
                     group.holds = None
                     retry_after = max((e.retry_after or 0.0) for e in group.last.values())
-                    raise _Retry(retry_after or None)
+                    raise RetryLanes(retry_after or None)
 
     async def _attempt(self, spec: WaveSpec, group: _Group) -> list[LaneJob]:
         """One backend request for the group's pending lanes; returns the lanes to retry."""
@@ -278,7 +240,7 @@ class Dispatcher:
                                f"{refused[0]}: cannot fund another attempt", final=True)
                 return []
         holds = dict(zip((j.lane for j in group.jobs), group.holds, strict=True))
-        async with self._slots(len(group.jobs)):
+        async with self._slots.take(len(group.jobs)):
             lanes = []
             for job in group.jobs:
                 lane = wave.lane(job.lane)
@@ -411,50 +373,6 @@ class Dispatcher:
                 if group.holds is not None:
                     self.ledger.release(group.holds[i])
                 self._fail(spec, lane, None, "Cancelled", reason, final=True)
-
-    # -- barrier and quorum -----------------------------------------------------------------------
-
-    def _barrier(self, wave: int, state: WaveState) -> None:
-        """Join the wave: every lane landed or failed for good; make it durable."""
-        self.recorder.emit(WaveBarrier, WaveBarrierData(
-            completed=[s.lane for s in state.completed()],
-            failed=[s.lane for s in state.failed()],
-        ), wave=wave)
-        self.recorder.log.sync()
-
-    def _check_quorum(self, spec: WaveSpec, state: WaveState, *, deadline_hit: bool) -> None:
-        completed = len(state.completed())
-        if completed >= spec.min_quorum:
-            return
-        budget_failures = [s for s in state.failed() if s.error and (
-            s.error.startswith("BudgetExhausted") or "max_seconds" in s.error)]
-        if deadline_hit or budget_failures:
-            limit = "max_seconds" if deadline_hit else "budget"
-            self.recorder.emit(BudgetExhausted, BudgetExhaustedData(
-                limit=limit, needed=float(spec.min_quorum), available=float(completed),
-                k_fit=completed, min_quorum=spec.min_quorum), wave=spec.wave)
-            raise BudgetExhaustedError(
-                f"budget {limit}: wave {spec.wave} completed {completed} lanes, "
-                f"below the quorum of {spec.min_quorum}")
-        raise QuorumNotMetError(
-            f"wave {spec.wave}: {completed} of {state.info.k} lanes completed, below the quorum "
-            f"of {spec.min_quorum}; last error: {state.failed()[-1].error if state.failed() else '-'}")
-
-    @asynccontextmanager
-    async def _slots(self, n: int) -> AsyncIterator[None]:
-        """Take n lanes' worth of the limiter; one taker at a time, so takers never deadlock."""
-        borrowers: list[object] = []
-        try:
-            async with self._lock:
-                for _ in range(n):
-                    borrower = object()
-                    await self._limiter.acquire_on_behalf_of(borrower)
-                    borrowers.append(borrower)
-            yield
-        finally:
-            for borrower in borrowers:
-                self._limiter.release_on_behalf_of(borrower)
-
 
 def _done(lane: LaneState | None) -> bool:
     return lane is not None and (lane.status == "completed" or (lane.status == "failed" and lane.final))

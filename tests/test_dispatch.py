@@ -91,7 +91,8 @@ class ScriptedBackend:
 
 def make(backend: object, *, limits: Limits | None = None, concurrency: int = 64,
          attempts: int = 3, timeout: float | None = None,
-         sleeps: list[float] | None = None) -> Dispatcher:
+         sleeps: list[float] | None = None,
+         limiter: anyio.CapacityLimiter | None = None) -> Dispatcher:
     state = RunState(pricing=Pricing(input_per_mtok=1, output_per_mtok=2))
     recorder = Recorder(MemoryEventLog(), "t", state)
 
@@ -102,7 +103,8 @@ def make(backend: object, *, limits: Limits | None = None, concurrency: int = 64
     return Dispatcher(backend, recorder, Ledger(limits or Limits(), state.pricing),  # type: ignore[arg-type]
                       run_seed=1, max_concurrency=concurrency,
                       retry=RetryPolicy(max_attempts=attempts, initial_backoff_s=0.01),
-                      timeout_s=timeout, sleep=fake_sleep if sleeps is not None else anyio.sleep)
+                      timeout_s=timeout, limiter=limiter,
+                      sleep=fake_sleep if sleeps is not None else anyio.sleep)
 
 
 def spec(k: int, quorum: int = 1, max_tokens: int = 5) -> WaveSpec:
@@ -138,9 +140,7 @@ async def test_concurrency_is_bounded_in_lanes() -> None:
 async def test_a_shared_limiter_bounds_lanes_across_dispatchers() -> None:
     backend = ScriptedBackend(delay=0.01, lanes_per_request=2)
     limiter = anyio.CapacityLimiter(4)
-    ds = [make(backend, concurrency=4) for _ in range(3)]
-    for d in ds:
-        d._limiter = limiter
+    ds = [make(backend, concurrency=4, limiter=limiter) for _ in range(3)]
     async with anyio.create_task_group() as tg:
         for d in ds:
             tg.start_soon(d.run_wave, spec(6))
