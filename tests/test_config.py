@@ -1,0 +1,297 @@
+"""Config files: bad ones exit 2 with one line naming the file and the field; good ones validate.
+
+The CLI runs in-process (`orchestrator._cli.main`), which is what the `orchestrator` script calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+import orchestrator
+from orchestrator._cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
+SECTIONS = ("loop", "prompt", "sampling", "extract", "backend", "budget", "pricing", "judge", "log")
+
+
+@pytest.fixture(autouse=True)
+def _restore_structlog() -> Iterator[None]:
+    # main() configures structlog for the process (the CLI is the application); undo it so a
+    # later test's logger does not write to this test's closed capture stream.
+    yield
+    structlog.reset_defaults()
+
+
+class BadConfig:
+    def __init__(self, name: str, text: str, field: str | None, *, suffix: str = ".toml",
+                 raw: bytes | None = None) -> None:
+        self.name, self.text, self.field, self.suffix, self.raw = name, text, field, suffix, raw
+
+    def write(self, folder: Path) -> Path:
+        path = folder / f"{self.name}{self.suffix}"
+        if self.raw is not None:
+            path.write_bytes(self.raw)
+        else:
+            path.write_text(self.text, encoding="utf-8")
+        return path
+
+
+BAD_CONFIGS = [
+    pytest.param(BadConfig("unknown_top", "colour = 'blue'\n", "colour"), id="unknown-key-top"),
+    pytest.param(BadConfig("unknown_loop", "[loop]\nkay = 3\n", "loop.kay"),
+                 id="unknown-key-loop"),
+    pytest.param(BadConfig("unknown_backend", "[backend]\nkind = 'simulated'\nspeed = 3\n",
+                           "backend.speed"), id="unknown-key-backend"),
+    pytest.param(BadConfig("wrong_type", "[loop]\nk = 'eight'\n", "loop.k"), id="wrong-type"),
+    pytest.param(BadConfig("wrong_section_type", "loop = 3\n", "loop"), id="section-not-table"),
+    pytest.param(BadConfig("wrong_list", "[sampling]\nstop = 'END'\n", "sampling.stop"),
+                 id="wrong-type-list"),
+    pytest.param(BadConfig("bool_for_int", "[loop]\nk = true\n", "loop.k"), id="bool-for-int"),
+    pytest.param(BadConfig("str_for_int", "[loop]\nk = '8'\n", "loop.k"), id="string-for-int"),
+    pytest.param(BadConfig("str_for_bool", "[backend]\nkind = 'simulated'\nshares_prefix = 'yes'\n",
+                           "backend.shares_prefix"), id="string-for-bool"),
+    pytest.param(BadConfig("k0", "[loop]\nk = 0\n", "loop.k"), id="k-zero"),
+    pytest.param(BadConfig("conc0", "[loop]\nmax_concurrency = 0\n", "loop.max_concurrency"),
+                 id="concurrency-zero"),
+    pytest.param(BadConfig("no_question", "[prompt]\ntemplate = 'Answer this.'\n",
+                           "prompt.template"), id="template-without-question"),
+    pytest.param(BadConfig("no_candidate",
+                           "[loop]\nreducer = 'judge_argmax'\n"
+                           "[judge]\ntemplate = 'Rate the answer to {question}.'\n",
+                           "judge.template"), id="judge-template-without-candidate"),
+    pytest.param(BadConfig("bad_verifier", "[loop]\nreducer = 'judge_argmax'\n"
+                           "[judge]\nverifier = 'no_colon_here'\n", "judge.verifier"),
+                 id="verifier-not-module-function"),
+    pytest.param(BadConfig("unknown_kind", "[backend]\nkind = 'carrier-pigeon'\n",
+                           "backend.kind"), id="unknown-backend-kind"),
+    pytest.param(BadConfig("missing_kind", "[backend]\nanswer = '5'\n", "backend.kind"),
+                 id="missing-backend-kind"),
+    pytest.param(BadConfig("judge_kind", "[loop]\nreducer = 'judge_argmax'\n[judge]\n"
+                           "template = '{question} {candidate}'\n[judge.backend]\nkind = 'nope'\n",
+                           "judge.backend.kind"), id="unknown-judge-backend-kind"),
+    pytest.param(BadConfig("tag_named_key", "[backend]\nkind = 'simulated'\nopenai = 1\n",
+                           "backend.openai"), id="unknown-key-named-like-a-backend"),
+    pytest.param(BadConfig("neg_tokens", "[budget]\nmax_tokens = -1\n", "budget.max_tokens"),
+                 id="negative-max-tokens"),
+    pytest.param(BadConfig("neg_cost", "[budget]\nmax_cost_usd = -0.5\n", "budget.max_cost_usd"),
+                 id="negative-max-cost"),
+    pytest.param(BadConfig("neg_price", "[pricing]\ninput_per_mtok = -1.0\n",
+                           "pricing.input_per_mtok"), id="negative-price"),
+    pytest.param(BadConfig("bad_fsync", "[log]\nfsync = 'sometimes'\n", "log.fsync"),
+                 id="bad-fsync-policy"),
+    pytest.param(BadConfig("quorum", "[loop]\nk = 2\nmin_quorum = 3\n", "loop.min_quorum"),
+                 id="quorum-above-k"),
+    pytest.param(BadConfig("judge_nothing", "[loop]\nreducer = 'judge_argmax'\n",
+                           "judge.template"), id="judge-argmax-without-judge"),
+    pytest.param(BadConfig("malformed", "[loop\nk = 3\n", None), id="malformed-toml"),
+    pytest.param(BadConfig("not_utf8", "", None, raw=b"[loop]\nk = 3\n# caf\xe9\n"),
+                 id="not-utf8"),
+    pytest.param(BadConfig("bad_json", '{"loop": {"k": 0}}', "loop.k", suffix=".json"),
+                 id="json-k-zero"),
+    pytest.param(BadConfig("malformed_json", '{"loop": ', None, suffix=".json"),
+                 id="malformed-json"),
+    pytest.param(BadConfig("list_json", "[1, 2]", None, suffix=".json"), id="json-not-object"),
+]
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {stderr!r}"
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def _names(line: str, field: str) -> bool:
+    # the dotted field as a whole token: `loop.k` must not be satisfied by `loop.kay`
+    return re.search(rf"(?<![\w.]){re.escape(field)}(?![\w.])", line) is not None
+
+
+@pytest.mark.parametrize("bad", BAD_CONFIGS)
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_bad_config_exits_2_with_one_line_naming_file_and_field(
+        bad: BadConfig, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = bad.write(tmp_path)
+    runs = tmp_path / "runs"
+    argv = ([command, str(path)] if command == "validate" else
+            [command, str(path), "--question", "q", "--runs-dir", str(runs)])
+    code = main(argv)
+    out, err = capsys.readouterr()
+    line = _one_line(err)
+    assert code == 2
+    assert out == ""
+    assert str(path) in line
+    if bad.field is not None:
+        assert _names(line, bad.field), f"{bad.field!r} not named in {line!r}"
+    assert not runs.exists(), "a bad config must not start a run"
+
+
+def test_malformed_toml_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "late.toml"
+    path.write_text("[loop]\nk = 3\nseed = = 4\n")
+    assert main(["validate", str(path)]) == 2
+    assert "line 3" in _one_line(capsys.readouterr().err)
+
+
+def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nowhere.toml"
+    for argv in (["validate", str(path)], ["run", str(path), "--question", "q",
+                                           "--runs-dir", str(tmp_path / "runs")]):
+        assert main(argv) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert str(path) in line
+
+
+def test_directory_as_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path)]) == 2
+    assert str(tmp_path) in _one_line(capsys.readouterr().err)
+
+
+def test_several_errors_still_make_one_line(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "many.toml"
+    path.write_text("[loop]\nk = 0\nmax_concurrency = 0\nbogus = 1\n")
+    assert main(["validate", str(path)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert _names(line, "loop.k")
+    assert "2 more" in line
+
+
+# -- good configs -----------------------------------------------------------------------------------
+
+
+def test_there_are_examples() -> None:
+    assert {p.name for p in EXAMPLES} >= {"self_consistency.toml", "best_of_n.toml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_validates(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert str(path) in out and "ok" in out
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_values_survive_loading(path: Path) -> None:
+    # Every value the file states is the value the resolved config holds (nothing dropped).
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    resolved = orchestrator.load_config(path).model_dump(mode="json")
+    for section, values in raw.items():
+        for key, value in values.items():
+            got = resolved[section][key]
+            assert got == value or (isinstance(value, list) and list(got) == value), \
+                f"{section}.{key}"
+
+
+def test_json_config_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = ROOT / "examples" / "self_consistency.toml"
+    raw = tomllib.loads(source.read_text(encoding="utf-8"))
+    path = tmp_path / "self_consistency.json"
+    path.write_text(json.dumps(raw))
+    assert main(["validate", str(path)]) == 0
+    assert "k=8" in capsys.readouterr().out
+    assert orchestrator.load_config(path) == orchestrator.load_config(source)
+
+
+def test_defaults_make_a_valid_config(tmp_path: Path) -> None:
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    config = orchestrator.load_config(path)
+    assert config == orchestrator.parse_config({})
+    assert config.loop.k >= 1 and config.loop.min_quorum <= config.loop.k
+
+
+def test_schema_is_json_schema_of_every_section(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    schema = json.loads(out)
+    assert schema["type"] == "object"
+    assert set(SECTIONS) <= set(schema["properties"])
+    # editors flag unknown keys only if the schema forbids them, as the loader does
+    assert schema["additionalProperties"] is False
+    for name, definition in schema["$defs"].items():
+        if definition.get("type") == "object":
+            assert definition.get("additionalProperties") is False, name
+    loop = schema["$defs"]["LoopSection"]["properties"]
+    assert loop["k"]["minimum"] == 1
+    assert loop["max_concurrency"]["minimum"] == 1
+
+
+def test_schema_refs_resolve(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    refs = re.findall(r'"\$ref":\s*"#/\$defs/([^"]+)"', json.dumps(schema))
+    assert refs
+    assert sorted(set(refs) - set(schema["$defs"])) == []
+
+
+# -- the Python API -----------------------------------------------------------------------------------
+
+
+def test_load_config_raises_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[loop]\nk = 0\n")
+    with pytest.raises(orchestrator.ConfigError, match=r"loop\.k") as caught:
+        orchestrator.load_config(path)
+    assert str(path) in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    with pytest.raises(orchestrator.ConfigError, match="cannot read"):
+        orchestrator.load_config(tmp_path / "missing.toml")
+    (tmp_path / "broken.toml").write_text("k = = 1\n")
+    with pytest.raises(orchestrator.ConfigError, match="TOML"):
+        orchestrator.load_config(tmp_path / "broken.toml")
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ({"loop": {"k": 0}}, "loop.k"),
+    ({"loop": {"max_concurrency": 0}}, "loop.max_concurrency"),
+    ({"budget": {"max_tokens": -1}}, "budget.max_tokens"),
+    ({"extra": 1}, "extra"),
+    ({"prompt": {"template": "no placeholder"}}, "prompt.template"),
+])
+def test_parse_config_raises_config_error_naming_source(raw: dict[str, object],
+                                                        field: str) -> None:
+    with pytest.raises(orchestrator.ConfigError) as caught:
+        orchestrator.parse_config(raw, source="inline")
+    message = str(caught.value)
+    assert message.startswith("inline: ")
+    assert _names(message, field)
+    assert "\n" not in message
+    assert caught.value.exit_code == 2
+
+
+def test_config_hash_tracks_the_resolved_config() -> None:
+    base = orchestrator.parse_config({})
+    assert orchestrator.config_hash(base) == orchestrator.config_hash(orchestrator.parse_config({}))
+    # stating a default explicitly resolves to the same config, so to the same hash
+    same = orchestrator.parse_config({"loop": {"k": base.loop.k}})
+    assert orchestrator.config_hash(same) == orchestrator.config_hash(base)
+    other = orchestrator.parse_config({"loop": {"k": base.loop.k + 1}})
+    assert orchestrator.config_hash(other) != orchestrator.config_hash(base)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", orchestrator.config_hash(base))
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("[backend]\nkind = 'carrier-pigeon'\n", "backend.kind"),
+    ("[backend]\nkind = 'simulated'\nspeed = 3\n", "backend.speed"),
+    ("kind = 'simulated'\naccuracy = 2.0\n", "backend.accuracy"),
+])
+def test_serve_with_a_bad_backend_config_exits_2(text: str, field: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "backend.toml"
+    path.write_text(text)
+    assert main(["serve", "--backend-config", str(path), "--port", "9"]) == 2
+    out, err = capsys.readouterr()
+    line = _one_line(err)
+    assert out == ""
+    assert str(path) in line
+    assert _names(line, field), line

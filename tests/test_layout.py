@@ -1,0 +1,265 @@
+"""The shape of the distribution: import arrows, typed packages, the pinned public names.
+
+Arrows only point down: orchestrator -> coordinators -> primitives <- backends. These tests read
+the source with `ast` (nothing is imported to check an arrow), so a new module is covered the
+moment it is written.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("primitives", "backends", "coordinators", "orchestrator")
+OURS = frozenset({*PACKAGES, "tests", "bench"})
+
+# Which of our top-level packages each package may import (itself always).
+ALLOWED: dict[str, frozenset[str]] = {
+    "primitives": frozenset({"primitives"}),
+    "backends": frozenset({"backends", "primitives"}),
+    "coordinators": frozenset({"coordinators", "primitives"}),
+    "orchestrator": frozenset(PACKAGES),
+}
+
+# The public names of `orchestrator`, pinned: changing them is a deliberate act, made here.
+PUBLIC_NAMES = frozenset({
+    "AnyEvent",
+    "Backend",
+    "BackendError",
+    "BudgetExhaustedError",
+    "ConfigError",
+    "CostBreakdown",
+    "EventLog",
+    "JsonlEventLog",
+    "LanefoldError",
+    "Limits",
+    "LogCorruptError",
+    "LoopConfig",
+    "MemoryEventLog",
+    "Pricing",
+    "QuorumNotMetError",
+    "RunError",
+    "RunNotFoundError",
+    "RunResult",
+    "RunState",
+    "RunStore",
+    "Sample",
+    "SampleRequest",
+    "SamplingParams",
+    "Usage",
+    "UsageBreakdown",
+    "build_backend",
+    "config_hash",
+    "fold",
+    "load_config",
+    "parse_config",
+    "parse_event",
+    "resume",
+    "resume_sync",
+    "run",
+    "run_sync",
+})
+
+
+def _modules(package: str) -> list[Path]:
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files, f"no Python files under {package}/"
+    return files
+
+
+def _all_modules() -> list[Path]:
+    return [path for package in PACKAGES for path in _modules(package)]
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _imported_top_levels(path: Path, package: str) -> set[tuple[str, int]]:
+    """(top-level module name, line) of every import in the file, function bodies included."""
+    found: set[tuple[str, int]] = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            found.update((alias.name.split(".")[0], node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: stays inside its own package
+                found.add((package, node.lineno))
+            elif node.module:
+                found.add((node.module.split(".")[0], node.lineno))
+    return found
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+# -- (a) import arrows ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_point_only_down(package: str) -> None:
+    wrong = sorted(
+        f"{_rel(path)}:{line} imports {name}"
+        for path in _modules(package)
+        for name, line in _imported_top_levels(path, package)
+        if name in OURS and name not in ALLOWED[package]
+    )
+    assert wrong == [], f"{package} may import only {sorted(ALLOWED[package])} of ours"
+
+
+def test_import_scan_sees_every_form(tmp_path: Path) -> None:
+    # The arrow check is only as good as the scanner: it must see nested, dotted and relative forms.
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import os.path\n"
+        "from . import sibling\n"
+        "def f():\n"
+        "    from backends.simulated import SimulatedBackend\n"
+        "    import orchestrator._cli as cli\n"
+    )
+    found = {name for name, _ in _imported_top_levels(source, "coordinators")}
+    assert found == {"os", "coordinators", "backends", "orchestrator"}
+
+
+# -- (b) typed packages with a tuple __all__ ------------------------------------------------------
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_is_typed_with_tuple_all(package: str) -> None:
+    assert (ROOT / package / "py.typed").is_file()
+    module = importlib.import_module(package)
+    exported = module.__all__
+    assert isinstance(exported, tuple)
+    assert all(isinstance(name, str) for name in exported)
+    assert len(set(exported)) == len(exported), "duplicate names in __all__"
+    missing = [name for name in exported if not hasattr(module, name)]
+    assert missing == []
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _declared_all(tree: ast.Module) -> ast.expr | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return node.value
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and node.target.id == "__all__"):
+            return node.value
+    return None
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=_rel)
+def test_every_module_all_is_a_tuple_of_its_own_names(path: Path) -> None:
+    tree = _tree(path)
+    declared = _declared_all(tree)
+    if declared is None:
+        return  # a module without __all__ (e.g. a script) exports nothing by contract
+    assert isinstance(declared, ast.Tuple), f"{_rel(path)}: __all__ must be a tuple literal"
+    names = [elt.value for elt in declared.elts
+             if isinstance(elt, ast.Constant) and isinstance(elt.value, str)]
+    assert len(names) == len(declared.elts), f"{_rel(path)}: __all__ holds only string literals"
+    assert sorted(set(names) - _bound_names(tree)) == [], f"{_rel(path)}: undefined in __all__"
+
+
+# -- (c) the public names of orchestrator ---------------------------------------------------------
+
+
+def test_orchestrator_public_names_are_pinned() -> None:
+    import orchestrator
+
+    assert set(orchestrator.__all__) == PUBLIC_NAMES
+    assert len(orchestrator.__all__) == len(PUBLIC_NAMES)
+
+
+def test_orchestrator_exports_what_a_user_needs() -> None:
+    import orchestrator
+
+    needed = {"run", "run_sync", "resume", "resume_sync", "load_config", "RunResult",
+              "ConfigError"}
+    assert needed <= set(orchestrator.__all__)
+    assert inspect.iscoroutinefunction(orchestrator.run)
+    assert inspect.iscoroutinefunction(orchestrator.resume)
+    assert not inspect.iscoroutinefunction(orchestrator.run_sync)
+    assert not inspect.iscoroutinefunction(orchestrator.resume_sync)
+    assert issubclass(orchestrator.ConfigError, orchestrator.LanefoldError)
+    assert issubclass(orchestrator.RunError, orchestrator.LanefoldError)
+    assert not issubclass(orchestrator.ConfigError, orchestrator.RunError)
+
+
+def test_orchestrator_public_classes_and_functions_have_docstrings() -> None:
+    import orchestrator
+
+    undocumented = sorted(
+        name for name in orchestrator.__all__
+        if (inspect.isclass(obj := getattr(orchestrator, name)) or inspect.isfunction(obj))
+        and not (obj.__doc__ or "").strip()
+    )
+    assert undocumented == []
+
+
+# -- (d) a light import ---------------------------------------------------------------------------
+
+
+def test_importing_orchestrator_does_not_import_torch() -> None:
+    heavy = ("torch", "transformers", "tokenizers", "safetensors", "gguf")
+    code = ("import orchestrator, sys; "
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+# -- (e) anyio only -------------------------------------------------------------------------------
+
+
+def test_no_library_module_imports_asyncio() -> None:
+    offenders = sorted(
+        f"{_rel(path)}:{line}"
+        for package in PACKAGES
+        for path in _modules(package)
+        for name, line in _imported_top_levels(path, package)
+        if name == "asyncio"
+    )
+    assert offenders == []
+
+
+# -- the test harness itself ----------------------------------------------------------------------
+
+
+def test_network_guard_refuses_remote_and_allows_loopback() -> None:
+    # conftest's guard raises a RuntimeError (not an OSError that a retry loop would swallow).
+    blocked = pytest.raises(RuntimeError, match="may not reach the network")
+    with blocked:
+        socket.create_connection(("192.0.2.1", 80), timeout=0.1)  # TEST-NET-1, never routed
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, blocked:
+        sock.connect(("example.com", 443))
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock, blocked:
+        sock.connect(("2001:db8::1", 443, 0, 0))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        with socket.create_connection(server.getsockname(), timeout=5):
+            pass
