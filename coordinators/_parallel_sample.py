@@ -131,10 +131,9 @@ class ParallelSample:
         if self.verifier is not None:
             for lane in candidates:
                 if lane.lane not in state.scores:
-                    score = self.verifier(question, lane.text or "", lane.answer)
-                    if inspect.isawaitable(score):
-                        score = await score
-                    self._record_score(dispatcher, lane.lane, score, self.verifier_name or "verifier")
+                    score, detail = await self._verify(question, lane)
+                    self._record_score(dispatcher, lane.lane, score,
+                                       self.verifier_name or "verifier", detail)
         else:
             assert self.judge_template is not None
             jobs = tuple(LaneJob(lane.lane, render_judge_prompt(
@@ -164,6 +163,21 @@ class ParallelSample:
             tie_break=result.tie_break, tied=list(result.tied), abstentions=result.abstentions)
         self._record_reduce(dispatcher, data)
         return self._outcome(data, wave)
+
+    async def _verify(self, question: str, lane: LaneState) -> tuple[float | None, str]:
+        """Call the Python verifier; one that raises or returns a non-number abstains."""
+        assert self.verifier is not None
+        try:
+            score = self.verifier(question, lane.text or "", lane.answer)
+            if inspect.isawaitable(score):
+                score = await score
+        except Exception as exc:  # a user's verifier may fail in any way: record it, go on
+            return None, f"verifier raised {type(exc).__name__}: {exc}"
+        if score is None:
+            return None, "verifier gave no score"
+        if isinstance(score, bool) or not isinstance(score, int | float) or math.isnan(score):
+            return None, f"verifier returned {score!r}, not a number"
+        return float(score), ""
 
     def _record_score(self, dispatcher: Dispatcher, lane: int, score: float | None, judge: str,
                       detail: str = "") -> None:

@@ -20,7 +20,7 @@ from orchestrator._display import Progress, describe, summary
 from orchestrator._result import RunResult
 from orchestrator._runner import build_backend, resume, run
 from orchestrator._store import RunStore
-from primitives import JsonlEventLog, LanefoldError, fold
+from primitives import ConfigError, JsonlEventLog, LanefoldError, fold
 from primitives._events import AnyEvent
 
 __all__ = ("main",)
@@ -152,9 +152,10 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     path = RunStore(args.runs_dir).existing(args.run_id)
     state = fold(JsonlEventLog(path).read())
-    if state.started is not None:
-        state = fold(JsonlEventLog(path).read(),
-                     LoopConfig.model_validate(state.started.config).pricing)
+    if state.started is None:
+        raise ConfigError(f"{path}: the log has no run.started event")
+    state = fold(JsonlEventLog(path).read(),
+                 LoopConfig.model_validate(state.started.config).pricing)
     if state.result is not None:
         _emit_result(RunResult.model_validate(state.result), args.json)
         return 0

@@ -124,11 +124,11 @@ class LoopConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> LoopConfig:
         if self.loop.min_quorum > self.loop.k:
-            raise ValueError(f"loop.min_quorum ({self.loop.min_quorum}) is more than loop.k "
+            raise ValueError(f"loop.min_quorum: {self.loop.min_quorum} is more than loop.k "
                              f"({self.loop.k})")
         if (self.loop.reducer == "judge_argmax" and self.judge.template is None
                 and self.judge.verifier is None):
-            raise ValueError("judge_argmax needs judge.template or judge.verifier")
+            raise ValueError("judge: reducer judge_argmax needs judge.template or judge.verifier")
         return self
 
 
@@ -151,6 +151,9 @@ def parse_config(raw: dict[str, Any], *, source: str = "<config>") -> LoopConfig
             message = "unknown key"
         if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
             where += ".kind"
+        if error["type"] == "value_error" and not where:
+            # A check across sections names its own field: "loop.min_quorum: ...".
+            where, _, message = str(error["ctx"]["error"]).partition(": ")
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(f"{source}: {where or '(top level)'}: {message}{more}") from None
 

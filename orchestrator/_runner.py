@@ -137,9 +137,10 @@ async def _drive(config: LoopConfig, question: str, recorder: Recorder, ledger: 
                                    recorder.log_path)
         recorder.emit(RunCompleted, RunCompletedData(result=result.model_dump(mode="json")))
         return result
-    except LanefoldError as exc:
+    except Exception as exc:  # the record must end, whatever ended the run; then re-raise
         recorder.emit(RunFailed, RunFailedData(
-            error=type(exc).__name__, message=str(exc), exit_code=exc.exit_code))
+            error=type(exc).__name__, message=str(exc),
+            exit_code=exc.exit_code if isinstance(exc, LanefoldError) else 1))
         raise
     finally:
         with anyio.CancelScope(shield=True):

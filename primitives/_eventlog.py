@@ -127,11 +127,13 @@ class JsonlEventLog:
     @classmethod
     def create(cls, path: Path, *, fsync: FsyncPolicy = "barrier") -> JsonlEventLog:
         """Start a new log; refuses to overwrite an existing one."""
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         except FileExistsError:
             raise ConfigError(f"{path}: a run with this id already exists") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot create the run log: {exc.strerror}") from None
         return cls(path, fsync=fsync, _fd=fd)
 
     @classmethod

@@ -40,7 +40,7 @@ class Recorder:
     def log_path(self) -> str | None:
         """Where the log lives on disk, for logs that live on disk."""
         path = getattr(self.log, "path", None)
-        return str(path) if path is not None else None
+        return str(path.resolve()) if path is not None else None
 
     def emit(self, kind: type[E], data: Any, *, wave: int | None = None, lane: int | None = None,
              attempt: int | None = None) -> E:
