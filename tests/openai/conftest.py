@@ -6,7 +6,6 @@ Every server here is one the test starts on 127.0.0.1; the suite's autouse guard
 
 from __future__ import annotations
 
-import socket
 import socketserver
 import threading
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 from openai_stub import Loopback, RawHandler, Stub
+
 
 @pytest.fixture(params=["asyncio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:

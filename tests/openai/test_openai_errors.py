@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from openai_stub import NetworkGuardError, Recorded, Stub, make_backend
+from openai_stub import Recorded, Stub, make_backend
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from backends.openai import OpenAIBackend, OpenAIConfig
