@@ -189,8 +189,7 @@ class ParallelSample:
 
     def _record_reduce(self, dispatcher: Dispatcher, data: ReduceCompletedData) -> None:
         if dispatcher.recorder.state.reduce is None:
-            dispatcher.recorder.emit(ReduceCompleted, data)
-            dispatcher.recorder.log.sync()
+            dispatcher.recorder.emit(ReduceCompleted, data)  # made durable with the run's end
 
     def _outcome(self, data: ReduceCompletedData, wave: WaveState) -> LoopOutcome:
         return LoopOutcome(

@@ -125,15 +125,22 @@ class Dispatcher:
             return state
         if state is None:
             groups = self._start(spec)
-        else:
-            groups = self._groups(spec, [j for j in spec.jobs if j.lane < state.info.k
-                                         and not _done(state.lanes.get(j.lane))])
+        else:  # a wave a crash interrupted: its first k jobs, less the lanes already done
+            groups = self._groups(spec, [j for j in spec.jobs[:state.info.k]
+                                         if not _done(state.lanes.get(j.lane))])
         deadline = self.ledger.seconds_left()
+        queue = iter(groups)
+
+        async def worker() -> None:
+            for group in queue:  # shared: each group is taken by exactly one worker
+                await self._run_group(spec, group)
+
         with anyio.move_on_after(math.inf if deadline is None else max(deadline, 0.0)) as scope:
             try:
                 async with anyio.create_task_group() as tg:
-                    for group in groups:
-                        tg.start_soon(self._run_group, spec, group)
+                    # No more tasks than lanes may run at once: memory stays flat as K grows.
+                    for _ in range(min(len(groups), self.max_concurrency)):
+                        tg.start_soon(worker)
             except* BackendError as eg:
                 fatal = eg.exceptions[0]
                 self._abandon(spec, groups, f"wave cancelled by {type(fatal).__name__}")
@@ -215,18 +222,25 @@ class Dispatcher:
     # -- one request's lanes, with retries --------------------------------------------------------
 
     async def _run_group(self, spec: WaveSpec, group: _Group) -> None:
+        """The first attempt goes straight out; only lanes that failed retryably meet tenacity."""
+        again: list[LaneJob] | None = await self._attempt(spec, group)
+        if not again:
+            return
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retry.max_attempts + 1),  # lanes also count their own
             wait=Backoff(self.retry, self._rng), retry=retry_if_exception_type(RetryLanes),
             sleep=self._sleep, reraise=True)  # type: ignore[arg-type]  # anyio.sleep is awaitable
         async for attempt in retrying:
             with attempt:
-                again = await self._attempt(spec, group)
-                if again:
-                    group.jobs = again
-                    group.holds = None
-                    retry_after = max((e.retry_after or 0.0) for e in group.last.values())
-                    raise RetryLanes(retry_after or None)
+                if again is not None:
+                    # Tenacity's first attempt stands for the one already made: it fails, so
+                    # tenacity waits its backoff before the real second attempt.
+                    group.jobs, group.holds, again = again, None, None
+                    raise RetryLanes(max((e.retry_after or 0.0) for e in group.last.values()) or None)
+                retry_lanes = await self._attempt(spec, group)
+                if retry_lanes:
+                    group.jobs, group.holds = retry_lanes, None
+                    raise RetryLanes(max((e.retry_after or 0.0) for e in group.last.values()) or None)
 
     async def _attempt(self, spec: WaveSpec, group: _Group) -> list[LaneJob]:
         """One backend request for the group's pending lanes; returns the lanes to retry."""
@@ -240,7 +254,8 @@ class Dispatcher:
                                f"{refused[0]}: cannot fund another attempt", final=True)
                 return []
         holds = dict(zip((j.lane for j in group.jobs), group.holds, strict=True))
-        async with self._slots.take(len(group.jobs)):
+        borrowers = await self._slots.acquire(len(group.jobs))
+        try:
             lanes = []
             for job in group.jobs:
                 lane = wave.lane(job.lane)
@@ -257,6 +272,8 @@ class Dispatcher:
                                     share_prefix=self._shared(spec), purpose=spec.purpose,
                                     wave=spec.wave)
             outcomes = await self._call(request, wave)
+        finally:
+            self._slots.release(borrowers)
         group.last = {}
         again = []
         for job, outcome in zip(group.jobs, outcomes, strict=True):

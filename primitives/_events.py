@@ -11,14 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    TypeAdapter,
-    model_serializer,
-)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from primitives._backend import Usage
 
@@ -44,6 +37,10 @@ __all__ = (
     "WaveStarted",
     "parse_event",
 )
+
+def _absent(value: object) -> bool:
+    return value is None
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -82,19 +79,11 @@ class Event(_Frozen):
     time: datetime
     sequence: int = Field(ge=1)
     run_id: str
-    wave: int | None = None
-    lane: int | None = None
-    attempt: int | None = None
+    # CloudEvents leaves out attributes that do not apply, rather than writing null.
+    wave: int | None = Field(None, exclude_if=_absent)
+    lane: int | None = Field(None, exclude_if=_absent)
+    attempt: int | None = Field(None, exclude_if=_absent)
     data: Any
-
-    @model_serializer(mode="wrap")
-    def _omit_absent_envelope(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # CloudEvents leaves out attributes that do not apply, rather than writing null.
-        out: dict[str, Any] = handler(self)
-        for key in ("wave", "lane", "attempt"):
-            if out.get(key, 0) is None:
-                del out[key]
-        return out
 
 
 # -- run --------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from primitives._eventlog import EventLog
 from primitives._events import AnyEvent, Event
@@ -45,11 +45,13 @@ class Recorder:
     def emit(self, kind: type[E], data: Any, *, wave: int | None = None, lane: int | None = None,
              attempt: int | None = None) -> E:
         sequence = self.log.last_sequence + 1
-        event = kind(
+        # The payload is a validated model already and the envelope is ours: skip re-validation
+        # on this hot path (every log is read back through full validation).
+        event = cast(E, kind.model_construct(  # type: ignore[call-arg]  # kinds default `type`
             id=f"{self.run_id}:{sequence}", source=self._source, time=self._now(),
             sequence=sequence, run_id=self.run_id, wave=wave, lane=lane, attempt=attempt,
             data=data,
-        )  # type: ignore[call-arg]  # each event kind defaults its own `type`
+        ))
         self.log.append(event)
         apply(self.state, event)  # type: ignore[arg-type]  # every Event kind is in AnyEvent
         if self._observer is not None:

@@ -7,8 +7,6 @@ never shorter than the retry-after a server asked for; tenacity runs the loop.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
@@ -63,8 +61,12 @@ class LaneSlots:
         self.limiter = limiter
         self._lock = anyio.Lock()
 
-    @asynccontextmanager
-    async def take(self, n: int) -> AsyncIterator[None]:
+    async def acquire(self, n: int) -> list[object]:
+        """Take n lanes' worth; give them back with `release`."""
+        if n == 1:  # one token cannot be half-held: the limiter's own queue keeps the order
+            borrower = object()
+            await self.limiter.acquire_on_behalf_of(borrower)
+            return [borrower]
         borrowers: list[object] = []
         try:
             async with self._lock:
@@ -72,7 +74,11 @@ class LaneSlots:
                     borrower = object()
                     await self.limiter.acquire_on_behalf_of(borrower)
                     borrowers.append(borrower)
-            yield
-        finally:
-            for borrower in borrowers:
-                self.limiter.release_on_behalf_of(borrower)
+        except BaseException:
+            self.release(borrowers)
+            raise
+        return borrowers
+
+    def release(self, borrowers: list[object]) -> None:
+        for borrower in borrowers:
+            self.limiter.release_on_behalf_of(borrower)
