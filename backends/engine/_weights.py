@@ -123,12 +123,13 @@ def _load_gguf(reader: GGUFReader) -> Checkpoint:
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = _gguf_to_hf_name(tensor.name)
-        array = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type))
+        # F32 tensors come back as read-only views of the memory map: require a writable copy
+        array = np.require(dequantize(tensor.data, tensor.tensor_type), np.float32, ["C", "W"])
         if name.endswith("q_proj.weight"):
             array = _unpermute(array, heads)
         elif name.endswith("k_proj.weight"):
             array = _unpermute(array, kv_heads)
-        tensors[name] = torch.from_numpy(array.astype(np.float32, copy=False))
+        tensors[name] = torch.from_numpy(array)
     eos = [gguf_field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     args = ModelArgs(
         vocab_size=tensors["model.embed_tokens.weight"].shape[0],
