@@ -180,8 +180,8 @@ class EngineBackend:
         return settled
 
     def _fail_all(self, engine: Engine, error: BackendError) -> None:
-        for engine_request, ticket in self._tickets.items():
-            engine.abort(engine_request)
+        engine.reset()
+        for ticket in self._tickets.values():
             ticket.error, ticket.done = error, True
         self._tickets.clear()
 

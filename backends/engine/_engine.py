@@ -33,9 +33,16 @@ _CUDA_KV_FRACTION = 0.4  # of the GPU memory still free once the weights are loa
 class Engine:
     """Paged-KV continuous-batching engine over one model on one device."""
 
-    def __init__(self, model: CausalLM, *, num_blocks: int, block_size: int = 16,
-                 max_batch_lanes: int = 64, tokenizer: Tokenizer | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        max_batch_lanes: int = 64,
+        tokenizer: Tokenizer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.pool = BlockPool(num_blocks, block_size)
@@ -60,22 +67,43 @@ class Engine:
             tokenizer = Tokenizer.from_gguf(reader) if reader else Tokenizer.from_folder(path)
         model = build_model(load_checkpoint(path, reader), device, dtype)
         num_blocks = config.num_blocks or _derive_num_blocks(model, config.block_size, device)
-        return cls(model, num_blocks=num_blocks, block_size=config.block_size,
-                   max_batch_lanes=config.max_batch_lanes, tokenizer=tokenizer)
+        return cls(
+            model,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            max_batch_lanes=config.max_batch_lanes,
+            tokenizer=tokenizer,
+        )
 
-    def add_request(self, prompt: list[int], params: SamplingParams,
-                    lanes: Iterable[LaneRequest], *, share_prefix: bool = True) -> EngineRequest:
+    def add_request(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        lanes: Iterable[LaneRequest],
+        *,
+        share_prefix: bool = True,
+    ) -> EngineRequest:
         """Queue one prompt's lanes; with `share_prefix` the prompt is prefilled once for all."""
         limit = self.model.args.max_position
         if not prompt:
             raise ConfigError("the prompt encodes to no tokens")
         if len(prompt) >= limit:
-            raise ContextLengthError(f"prompt of {len(prompt)} tokens; the model's context is {limit}")
+            raise ContextLengthError(
+                f"prompt of {len(prompt)} tokens; the model's context is {limit}"
+            )
         metrics = RequestMetrics(prompt_tokens=len(prompt))
-        seqs = [Sequence(lane=lane.lane, tokens=list(prompt), num_prompt=len(prompt),
-                         max_tokens=max(0, min(lane.max_tokens, limit - len(prompt))),
-                         generator=new_generator(lane.seed), metrics=metrics, params=params)
-                for lane in lanes]
+        seqs = [
+            Sequence(
+                lane=lane.lane,
+                tokens=list(prompt),
+                num_prompt=len(prompt),
+                max_tokens=max(0, min(lane.max_tokens, limit - len(prompt))),
+                generator=new_generator(lane.seed),
+                metrics=metrics,
+                params=params,
+            )
+            for lane in lanes
+        ]
         needed = self.pool.blocks_for(len(prompt) + max((s.max_tokens for s in seqs), default=0))
         if needed > self.pool.num_blocks:
             raise ContextLengthError(
@@ -100,6 +128,17 @@ class Engine:
         if request in self._live:
             self._live.remove(request)
 
+    def reset(self) -> list[EngineRequest]:
+        """Drop every request and the prefix cache; returns the requests dropped.
+
+        For after a failed step: blocks allocated for it were hashed but never computed.
+        """
+        dropped, self._live = self._live, []
+        self.pool = BlockPool(self.pool.num_blocks, self.pool.block_size)
+        self.scheduler = Scheduler(self.pool, self.scheduler.max_lanes)
+        self._mark = None
+        return dropped
+
     def has_work(self) -> bool:
         """Whether a step would compute anything."""
         return self.scheduler.has_work()
@@ -112,7 +151,9 @@ class Engine:
             return []
         self._mark = self._mark if self._mark is not None else self._clock()
         logits = self.runner.run(plan).cpu()
-        holders = plan.sequences if plan.kind == "decode" else self.scheduler.running + plan.sequences
+        holders = (
+            plan.sequences if plan.kind == "decode" else self.scheduler.running + plan.sequences
+        )
         now = self._clock()
         charge_residency(holders, self.pool, now - self._mark)
         self._mark = now
@@ -126,8 +167,14 @@ class Engine:
         self._live = [r for r in self._live if not r.finished]
         return done
 
-    def generate(self, prompt: list[int], params: SamplingParams, lanes: Iterable[LaneRequest],
-                 *, share_prefix: bool = True) -> EngineRequest:
+    def generate(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        lanes: Iterable[LaneRequest],
+        *,
+        share_prefix: bool = True,
+    ) -> EngineRequest:
         """Run one request to completion (with whatever else is queued)."""
         request = self.add_request(prompt, params, lanes, share_prefix=share_prefix)
         while not request.finished:
@@ -139,10 +186,14 @@ class Engine:
         m.steps += 1
         m.prefill_steps += plan.kind == "prefill"
         m.decode_steps += plan.kind == "decode"
-        m.tokens_computed += sum(len(s.tokens) - s.num_computed for s in plan.sequences) \
-            if plan.kind == "prefill" else len(plan.sequences)
-        m.prompt_tokens_cached += sum(s.num_computed for s in plan.sequences) \
-            if plan.kind == "prefill" else 0
+        m.tokens_computed += (
+            sum(len(s.tokens) - s.num_computed for s in plan.sequences)
+            if plan.kind == "prefill"
+            else len(plan.sequences)
+        )
+        m.prompt_tokens_cached += (
+            sum(s.num_computed for s in plan.sequences) if plan.kind == "prefill" else 0
+        )
         m.peak_kv_blocks = self.pool.peak_used
         m.cow_block_copies = self.pool.copies
         m.preemptions = self.scheduler.preemptions
@@ -221,6 +272,9 @@ def _derive_num_blocks(model: CausalLM, block_size: int, device: torch.device) -
     args = model.args
     element = model.lm_head.weight.element_size()
     block_bytes = 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
-    budget = (int(torch.cuda.mem_get_info(device)[0] * _CUDA_KV_FRACTION)
-              if device.type == "cuda" else _CPU_KV_BYTES)
+    budget = (
+        int(torch.cuda.mem_get_info(device)[0] * _CUDA_KV_FRACTION)
+        if device.type == "cuda"
+        else _CPU_KV_BYTES
+    )
     return max(1, budget // block_bytes)

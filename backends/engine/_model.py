@@ -21,21 +21,28 @@ __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_fre
 
 @dataclass(slots=True)
 class KVCache:
-    """Keys and values of every layer, one row per slot: `[layers, blocks * block_size, kv_heads, head_dim]`."""
+    """Keys and values of every layer, one row per token slot.
+
+    Shape `[layers, blocks * block_size, kv_heads, head_dim]`; slot = block * block_size + offset.
+    """
 
     k: Tensor
     v: Tensor
 
     @classmethod
-    def empty(cls, args: ModelArgs, slots: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+    def empty(
+        cls, args: ModelArgs, slots: int, dtype: torch.dtype, device: torch.device
+    ) -> KVCache:
         """Zeroed storage for `slots` tokens of every layer.
 
         Zeroed, not empty: padded and masked slots still enter attention with weight 0, and
         0 * NaN from uninitialised memory would poison the output.
         """
         shape = (args.num_layers, slots, args.num_kv_heads, args.head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device),
-                   torch.zeros(shape, dtype=dtype, device=device))
+        return cls(
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
 
 
 @dataclass(slots=True)
@@ -80,8 +87,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: tuple[Tensor, Tensor],
-                batch: AttentionBatch) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        cache: tuple[Tensor, Tensor],
+        batch: AttentionBatch,
+    ) -> Tensor:
         n = x.shape[0]
         q = _rotate(self.q_proj(x).view(n, self.heads, self.head_dim), rope)
         k = _rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim), rope)
@@ -93,8 +105,9 @@ class Attention(nn.Module):
         qp = q[batch.query_index].transpose(1, 2)  # [B, heads, Lq, D]
         kp = k_cache[batch.context_slots].transpose(1, 2)  # [B, kv_heads, Lk, D]
         vp = v_cache[batch.context_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(qp, kp.to(q.dtype), vp.to(q.dtype),
-                                             attn_mask=batch.mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            qp, kp.to(q.dtype), vp.to(q.dtype), attn_mask=batch.mask, enable_gqa=True
+        )
         out = out.transpose(1, 2).reshape(b * lq, self.heads * self.head_dim)
         return self.o_proj(out[batch.query_valid])
 
@@ -122,8 +135,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: tuple[Tensor, Tensor],
-                batch: AttentionBatch) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        cache: tuple[Tensor, Tensor],
+        batch: AttentionBatch,
+    ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -14,8 +14,9 @@ __all__ = ("ModelRunner",)
 class ModelRunner:
     """Owns the model and the paged KV storage on one device."""
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int,
-                 kv_dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype
+    ) -> None:
         self.model = model
         self.block_size = block_size
         self.device = model.lm_head.weight.device
@@ -33,7 +34,9 @@ class ModelRunner:
         )
         batch = self._batch(step, starts)
         hidden = self.model(input_ids.to(self.device), self.cache, batch)
-        query_lens = torch.tensor([len(s.tokens) - a for s, a in zip(step.sequences, starts, strict=True)])
+        query_lens = torch.tensor(
+            [len(s.tokens) - a for s, a in zip(step.sequences, starts, strict=True)]
+        )
         last = torch.cumsum(query_lens, 0) - 1
         return self.model.logits(hidden[last.to(self.device)])
 
@@ -44,8 +47,9 @@ class ModelRunner:
         query_lens = ends - start
         width_q, width_k = int(query_lens.max()), int(ends.max())
         width_b = max(len(s.block_table) for s in step.sequences)
-        tables = torch.tensor([s.block_table + [0] * (width_b - len(s.block_table))
-                               for s in step.sequences])
+        tables = torch.tensor(
+            [s.block_table + [0] * (width_b - len(s.block_table)) for s in step.sequences]
+        )
         slots = (tables[:, :, None] * bs + torch.arange(bs)).reshape(len(tables), -1)[:, :width_k]
         column = torch.arange(width_q)[None, :]
         real = column < query_lens[:, None]  # [B, Lq]: which padded queries are real tokens
@@ -65,8 +69,12 @@ class ModelRunner:
         if not copies:
             return
         offsets = torch.arange(self.block_size)
-        src = torch.cat([torch.full((self.block_size,), s * self.block_size) + offsets for s, _ in copies])
-        dst = torch.cat([torch.full((self.block_size,), d * self.block_size) + offsets for _, d in copies])
+        src = torch.cat(
+            [torch.full((self.block_size,), s * self.block_size) + offsets for s, _ in copies]
+        )
+        dst = torch.cat(
+            [torch.full((self.block_size,), d * self.block_size) + offsets for _, d in copies]
+        )
         src, dst = src.to(self.device), dst.to(self.device)
         for layer_store in (self.cache.k, self.cache.v):
             layer_store[:, dst] = layer_store[:, src]

@@ -31,7 +31,9 @@ def _splitmix64(seed: int) -> int:
     return z ^ (z >> 31)
 
 
-def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+def sample_token(
+    logits: Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, float]:
     """Pick a token from one row of fp32 CPU logits; returns it and its log-probability.
 
     The log-probability is under the model's own distribution (before temperature, top-k, top-p).

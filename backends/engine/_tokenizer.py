@@ -45,7 +45,10 @@ class Tokenizer:
 
         from backends.engine._weights import gguf_field
 
-        kind, pre = gguf_field(reader, "tokenizer.ggml.model"), gguf_field(reader, "tokenizer.ggml.pre")
+        kind, pre = (
+            gguf_field(reader, "tokenizer.ggml.model"),
+            gguf_field(reader, "tokenizer.ggml.pre"),
+        )
         if kind != "gpt2" or pre not in ("smollm", "gpt2", "default"):
             raise ConfigError(f"GGUF tokenizer {kind!r}/{pre!r} is not supported (gpt2/smollm BPE)")
         tokens: list[str] = gguf_field(reader, "tokenizer.ggml.tokens")
@@ -61,8 +64,11 @@ class Tokenizer:
         )
         backend.decoder = decoders.ByteLevel()
         backend.add_tokens(
-            [AddedToken(t, special=ty == _CONTROL, normalized=False)
-             for t, ty in zip(tokens, types, strict=True) if ty in (_CONTROL, _USER_DEFINED)]
+            [
+                AddedToken(t, special=ty == _CONTROL, normalized=False)
+                for t, ty in zip(tokens, types, strict=True)
+                if ty in (_CONTROL, _USER_DEFINED)
+            ]
         )
         return cls(
             backend,
@@ -79,10 +85,14 @@ class Tokenizer:
         if not (folder / "tokenizer.json").is_file():
             raise ConfigError(f"{folder}: no tokenizer.json")
         config_file = folder / "tokenizer_config.json"
-        config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        config: dict[str, Any] = (
+            json.loads(config_file.read_text()) if config_file.is_file() else {}
+        )
         template = config.get("chat_template")
-        return cls(Backend.from_file(str(folder / "tokenizer.json")),
-                   chat_template=template if isinstance(template, str) else None)
+        return cls(
+            Backend.from_file(str(folder / "tokenizer.json")),
+            chat_template=template if isinstance(template, str) else None,
+        )
 
     def encode(self, text: str, *, chat: bool = False) -> list[int]:
         """Token ids of `text`; `chat` wraps it as one user turn of the chat template first."""
@@ -108,6 +118,8 @@ class Tokenizer:
         )
         env.globals["raise_exception"] = raise_exception
         return env.from_string(self.chat_template).render(
-            messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-            bos_token="", eos_token="",
+            messages=[{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            bos_token="",
+            eos_token="",
         )

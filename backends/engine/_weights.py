@@ -130,7 +130,10 @@ def _load_gguf(reader: GGUFReader) -> Checkpoint:
         elif name.endswith("k_proj.weight"):
             array = _unpermute(array, kv_heads)
         tensors[name] = torch.from_numpy(array)
-    eos = [gguf_field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+    eos = [
+        gguf_field(reader, k)
+        for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+    ]
     args = ModelArgs(
         vocab_size=tensors["model.embed_tokens.weight"].shape[0],
         hidden_size=hidden,

@@ -14,9 +14,18 @@ from backends.engine._tokenizer import Tokenizer  # noqa: E402
 from backends.engine._weights import Checkpoint, ModelArgs  # noqa: E402
 
 TINY = ModelArgs(
-    vocab_size=256 + 4, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5, max_position=512,
-    tie_embeddings=False, eos_token_ids=(),
+    vocab_size=256 + 4,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position=512,
+    tie_embeddings=False,
+    eos_token_ids=(),
 )
 
 
@@ -63,11 +72,22 @@ def byte_tokenizer() -> Tokenizer:
 def make_engine() -> Callable[..., Engine]:
     """Build an engine over the tiny model: `make_engine(block_size=.., num_blocks=..)`."""
 
-    def make(*, block_size: int = 16, num_blocks: int = 256, seed: int = 0,
-             max_batch_lanes: int = 64, args: ModelArgs = TINY) -> Engine:
+    def make(
+        *,
+        block_size: int = 16,
+        num_blocks: int = 256,
+        seed: int = 0,
+        max_batch_lanes: int = 64,
+        args: ModelArgs = TINY,
+    ) -> Engine:
         model = build_model(tiny_checkpoint(seed, args), torch.device("cpu"), torch.float32)
-        return Engine(model, num_blocks=num_blocks, block_size=block_size,
-                      max_batch_lanes=max_batch_lanes, tokenizer=byte_tokenizer())
+        return Engine(
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_batch_lanes=max_batch_lanes,
+            tokenizer=byte_tokenizer(),
+        )
 
     return make
 

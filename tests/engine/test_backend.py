@@ -1,4 +1,4 @@
-"""`EngineBackend` through anyio: usage per lane, shared batching, cancellation, no torch at import."""
+"""`EngineBackend` through anyio: per-lane usage, shared batching, cancellation, lazy torch."""
 
 from __future__ import annotations
 
@@ -11,12 +11,22 @@ import pytest
 
 from backends.engine import EngineBackend, EngineConfig
 from backends.engine._engine import Engine
-from primitives import Backend, ContextLengthError, LaneRequest, Sample, SampleRequest, SamplingParams
+from primitives import (
+    Backend,
+    ContextLengthError,
+    LaneRequest,
+    Sample,
+    SampleRequest,
+    SamplingParams,
+    ServerError,
+)
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 2  # 90 byte tokens
 
 
-def request(k: int, *, prompt: str = PROMPT, max_tokens: int = 12, share: bool = True) -> SampleRequest:
+def request(
+    k: int, *, prompt: str = PROMPT, max_tokens: int = 12, share: bool = True
+) -> SampleRequest:
     return SampleRequest(
         prompt=prompt,
         params=SamplingParams(temperature=0.9, max_tokens=max_tokens, logprobs=True),
@@ -26,9 +36,11 @@ def request(k: int, *, prompt: str = PROMPT, max_tokens: int = 12, share: bool =
 
 
 def test_the_package_imports_no_torch_and_exports_exactly_its_names() -> None:
-    code = ("import sys, backends.engine as e; assert 'torch' not in sys.modules, 'torch imported'; "
-            "assert e.__all__ == ('EngineBackend', 'EngineConfig'); e.EngineConfig(); "
-            "assert 'torch' not in sys.modules; e.EngineBackend; assert 'torch' in sys.modules")
+    code = (
+        "import sys, backends.engine as e; assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert e.__all__ == ('EngineBackend', 'EngineConfig'); e.EngineConfig(); "
+        "assert 'torch' not in sys.modules; e.EngineBackend; assert 'torch' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -54,7 +66,9 @@ async def test_sample_prefills_the_prompt_once_and_bills_each_lane(
     assert extra["cow_block_copies"] == 7 and extra["prompt_tokens_cached"] == 0
     # 6 prompt blocks (the 6th partial), 7 copies of it, then each lane crosses into one more
     assert extra["peak_kv_blocks"] == 6 + 7 + 8
-    assert all(isinstance(s, Sample) and s.logprobs is not None and len(s.logprobs) == 12 for s in samples)
+    assert all(
+        isinstance(s, Sample) and s.logprobs is not None and len(s.logprobs) == 12 for s in samples
+    )
 
     again = await backend.sample(request(2))  # the prompt's full blocks now come from the cache
     first = again[0]
@@ -100,7 +114,30 @@ async def test_a_cancelled_sample_gives_its_blocks_back(make_engine: Callable[..
 
 
 @pytest.mark.anyio
-async def test_a_request_too_big_for_the_pool_is_refused(make_engine: Callable[..., Engine]) -> None:
+async def test_a_request_too_big_for_the_pool_is_refused(
+    make_engine: Callable[..., Engine],
+) -> None:
     backend = EngineBackend(engine=make_engine(num_blocks=4))
     with pytest.raises(ContextLengthError, match="pool has 4"):
         await backend.sample(request(2, max_tokens=40))
+
+
+@pytest.mark.anyio
+async def test_a_failed_step_fails_the_requests_in_flight_and_forgets_the_cache(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine()
+    backend = EngineBackend(engine=engine)
+    run = engine.runner.run
+
+    def broken(step: object) -> object:
+        engine.runner.run = run  # type: ignore[method-assign]
+        raise RuntimeError("device lost")
+
+    engine.runner.run = broken  # type: ignore[method-assign]
+    with pytest.raises(ServerError, match="device lost"):
+        await backend.sample(request(2))
+    samples = await backend.sample(request(2))  # works again, and trusts no uncomputed block
+    first = samples[0]
+    assert isinstance(first, Sample) and first.usage.cached_input_tokens == 0
+    assert engine.pool.num_free == engine.pool.num_blocks

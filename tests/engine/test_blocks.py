@@ -22,9 +22,9 @@ def test_fork_shares_every_block_and_allocates_nothing() -> None:
     forks = [pool.fork(table) for _ in range(3)]
     assert pool.num_free == 13
     assert all(pool.blocks[b].ref_count == 4 for b in table)
-    copies = [pool.append(f, list(range(10)) + [99]) for f in forks]
+    copies = [pool.append(f, [*list(range(10)), 99]) for f in forks]
     assert copies == [(table[2], c[1]) for c in copies]  # only the partial block is copied
-    assert pool.append(table, list(range(10)) + [99]) is None  # the last holder writes in place
+    assert pool.append(table, [*list(range(10)), 99]) is None  # the last holder writes in place
     assert pool.copies == 3 and pool.num_free == 10
     for t in [table, *forks]:
         pool.free(t)
@@ -38,8 +38,11 @@ def test_engine_fork_costs_one_copy_per_partial_fork_and_gives_everything_back(
     engine = make_engine(block_size=block_size, num_blocks=64 * 16 // block_size + 64)
     pool, k = engine.pool, 8
     prompt = [(3 * i) % 256 for i in range(prompt_len)]
-    request = engine.add_request(prompt, SamplingParams(temperature=1.0, max_tokens=4),
-                                 [LaneRequest(i, i, 4) for i in range(k)])
+    request = engine.add_request(
+        prompt,
+        SamplingParams(temperature=1.0, max_tokens=4),
+        [LaneRequest(i, i, 4) for i in range(k)],
+    )
     engine.step()  # prefill once, then fork
     prompt_blocks = pool.blocks_for(prompt_len)
     assert pool.num_blocks - pool.num_free == prompt_blocks  # the fork took no block
@@ -53,7 +56,9 @@ def test_engine_fork_costs_one_copy_per_partial_fork_and_gives_everything_back(
     assert request.metrics.cow_block_copies == pool.copies
     assert request.metrics.peak_kv_blocks == pool.peak_used
     assert pool.num_free == pool.num_blocks
-    assert engine.metrics.tokens_computed == prompt_len + k * 3  # P + K*(T-1): the last token is not fed
+    assert (
+        engine.metrics.tokens_computed == prompt_len + k * 3
+    )  # P + K*(T-1): the last token is not fed
 
 
 def test_prefix_cache_serves_full_blocks_across_requests_and_evicts_lru(
@@ -62,14 +67,14 @@ def test_prefix_cache_serves_full_blocks_across_requests_and_evicts_lru(
     engine = make_engine(block_size=4, num_blocks=24)
     params = SamplingParams(temperature=0.0, max_tokens=2)
     preamble = list(range(40, 56))  # 4 full blocks
-    first = engine.generate(preamble + [1, 2], params, [LaneRequest(0, 0, 2)])
-    second = engine.generate(preamble + [3, 4], params, [LaneRequest(0, 0, 2)])
+    first = engine.generate([*preamble, 1, 2], params, [LaneRequest(0, 0, 2)])
+    second = engine.generate([*preamble, 3, 4], params, [LaneRequest(0, 0, 2)])
     assert (first.metrics.prompt_tokens_cached, second.metrics.prompt_tokens_cached) == (0, 16)
     assert second.sequences[0].input_tokens == 2 and second.sequences[0].cached_input_tokens == 16
     # fill the pool with unrelated prompts: the cached preamble is evicted, least recent first
     for start in (100, 150, 200):
         engine.generate(list(range(start, start + 33)), params, [LaneRequest(0, 0, 2)])
-    third = engine.generate(preamble + [5, 6], params, [LaneRequest(0, 0, 2)])
+    third = engine.generate([*preamble, 5, 6], params, [LaneRequest(0, 0, 2)])
     assert third.metrics.prompt_tokens_cached == 0
     assert engine.pool.num_free == engine.pool.num_blocks
 
@@ -78,8 +83,9 @@ def test_a_request_bigger_than_the_pool_fails_clearly(make_engine: Callable[...,
     engine = make_engine(block_size=4, num_blocks=8)
     with pytest.raises(ContextLengthError, match="pool has 8"):
         engine.add_request(list(range(30)), SamplingParams(), [LaneRequest(0, 0, 10)])
-    fits = engine.generate(list(range(20)), SamplingParams(max_tokens=12),
-                           [LaneRequest(i, i, 12) for i in range(4)])  # 4 lanes, each alone fits
+    fits = engine.generate(
+        list(range(20)), SamplingParams(max_tokens=12), [LaneRequest(i, i, 12) for i in range(4)]
+    )  # 4 lanes, each alone fits
     assert all(s.num_generated == 12 for s in fits.sequences)
     assert engine.pool.num_free == 8
 

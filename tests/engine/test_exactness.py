@@ -23,7 +23,9 @@ def record_steps(engine: Engine) -> list[tuple[list[int], torch.Tensor]]:
 
     def recording(step: Step) -> torch.Tensor:
         logits = run(step)
-        seen.extend((list(s.tokens), row.clone()) for s, row in zip(step.sequences, logits, strict=True))
+        seen.extend(
+            (list(s.tokens), row.clone()) for s, row in zip(step.sequences, logits, strict=True)
+        )
         return logits
 
     engine.runner.run = recording  # type: ignore[method-assign]
@@ -72,8 +74,8 @@ def test_prefix_cache_hit_and_concurrent_requests_match_full_recompute(
     seen = record_steps(engine)
     params = SamplingParams(temperature=0.0, max_tokens=6)
     engine.generate(PROMPT, params, [LaneRequest(0, 0, 6)])
-    first = engine.add_request(PROMPT + [1, 2, 3], params, [LaneRequest(0, 0, 6)])
-    second = engine.add_request(PROMPT[:20] + [9, 9], params, [LaneRequest(0, 0, 6)])
+    first = engine.add_request([*PROMPT, 1, 2, 3], params, [LaneRequest(0, 0, 6)])
+    second = engine.add_request([*PROMPT[:20], 9, 9], params, [LaneRequest(0, 0, 6)])
     while not (first.finished and second.finished):
         engine.step()
     assert first.metrics.prompt_tokens_cached == 36  # 9 full blocks of the first prompt
@@ -81,7 +83,9 @@ def test_prefix_cache_hit_and_concurrent_requests_match_full_recompute(
     assert_matches_reference(seen)
 
 
-def test_preempted_branches_recompute_to_the_same_result(make_engine: Callable[..., Engine]) -> None:
+def test_preempted_branches_recompute_to_the_same_result(
+    make_engine: Callable[..., Engine],
+) -> None:
     params = SamplingParams(temperature=0.8, max_tokens=24)
     lanes = [LaneRequest(i, i, 24) for i in range(6)]
     roomy = make_engine(block_size=4, num_blocks=200).generate(PROMPT, params, lanes)

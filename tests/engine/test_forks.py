@@ -12,7 +12,9 @@ from primitives import LaneRequest, SamplingParams
 PROMPT = [(11 * i + 5) % 256 for i in range(29)]
 
 
-def test_greedy_forked_branches_equal_the_prompt_run_alone(make_engine: Callable[..., Engine]) -> None:
+def test_greedy_forked_branches_equal_the_prompt_run_alone(
+    make_engine: Callable[..., Engine],
+) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=16)
     alone = make_engine().generate(PROMPT, params, [LaneRequest(0, 0, 16)])
     forked = make_engine().generate(PROMPT, params, [LaneRequest(i, i, 16) for i in range(8)])
@@ -55,8 +57,15 @@ def test_max_tokens_per_lane_and_stop_strings(make_engine: Callable[..., Engine]
     assert [s.finish_reason for s in request.sequences] == ["length"] * 3
     text = request.sequences[2].text
     stop = text[5:7]  # a stop string that the same seed is known to produce
-    stopped = make_engine().generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=30, stop=(stop,)),
-                                     [LaneRequest(2, 3, 30)]).sequences[0]
+    stopped = (
+        make_engine()
+        .generate(
+            PROMPT,
+            SamplingParams(temperature=1.0, max_tokens=30, stop=(stop,)),
+            [LaneRequest(2, 3, 30)],
+        )
+        .sequences[0]
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.text == text[: text.find(stop)]
     assert stop not in stopped.text
@@ -70,6 +79,8 @@ def test_logprobs_are_the_model_log_probabilities(make_engine: Callable[..., Eng
     params = SamplingParams(temperature=0.9, max_tokens=8, logprobs=True)
     seq = make_engine().generate(PROMPT, params, [LaneRequest(0, 42, 8)]).sequences[0]
     logits = reference_logits(tiny_checkpoint(0), seq.tokens)
-    expected = [float(torch.log_softmax(logits[len(PROMPT) - 1 + i], -1)[t])
-                for i, t in enumerate(seq.output_ids)]
+    expected = [
+        float(torch.log_softmax(logits[len(PROMPT) - 1 + i], -1)[t])
+        for i, t in enumerate(seq.output_ids)
+    ]
     assert seq.logprobs == pytest.approx(expected, abs=1e-4)

@@ -30,16 +30,29 @@ def _engine_from(path: Path) -> Engine:
 def test_logits_equal_transformers_llama_with_the_same_weights(tmp_path: Path, tied: bool) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=TINY.vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied, bos_token_id=None,
+        vocab_size=TINY.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+        bos_token_id=None,
         eos_token_id=None,
     )
     torch.manual_seed(0)
     reference = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
         for name, param in reference.named_parameters():
-            param.copy_(1 + 0.1 * torch.randn_like(param) if "norm" in name else 0.15 * torch.randn_like(param))
+            param.copy_(
+                1 + 0.1 * torch.randn_like(param)
+                if "norm" in name
+                else 0.15 * torch.randn_like(param)
+            )
     reference.save_pretrained(tmp_path)
     engine = _engine_from(tmp_path)
     assert engine.model.args.tie_embeddings == tied
@@ -55,7 +68,11 @@ def test_logits_equal_transformers_llama_with_the_same_weights(tmp_path: Path, t
 def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's conversion of Q/K rows (what `convert_hf_to_gguf.py` does)."""
     rows = weight.shape[0]
-    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def test_gguf_file_loads_dequantised_and_unpermuted(tmp_path: Path) -> None:
@@ -78,12 +95,22 @@ def test_gguf_file_loads_dequantised_and_unpermuted(tmp_path: Path) -> None:
     writer.add_layer_norm_rms_eps(a.rms_norm_eps)
     writer.add_eos_token_id(5)
     expected: dict[str, np.ndarray] = {}
-    gguf_names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                  "lm_head.weight": "output.weight"}
-    layer_names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                   "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                   "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                   "mlp.down_proj": "ffn_down"}
+    gguf_names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    layer_names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for i, (name, tensor) in enumerate(sorted(checkpoint.tensors.items())):
         array = tensor.numpy()
         if name.startswith("model.layers."):
@@ -107,7 +134,9 @@ def test_gguf_file_loads_dequantised_and_unpermuted(tmp_path: Path) -> None:
     assert replace(loaded.args, rms_norm_eps=a.rms_norm_eps) == replace(a, eos_token_ids=(5,))
     assert loaded.tensors.keys() == expected.keys()
     for name, array in expected.items():
-        np.testing.assert_array_equal(loaded.tensors[name].numpy(), array.astype(np.float32), err_msg=name)
+        np.testing.assert_array_equal(
+            loaded.tensors[name].numpy(), array.astype(np.float32), err_msg=name
+        )
     # and a model built from it computes what the reference computes from the same numbers
     engine = _engine_from(path)
     seen = record_steps(engine)

@@ -21,7 +21,9 @@ def frequencies(params: SamplingParams, draws: int = 4000) -> torch.Tensor:
 
 def test_temperature_sampling_matches_the_softmax() -> None:
     expected = torch.softmax(LOGITS / 0.8, 0)
-    torch.testing.assert_close(frequencies(SamplingParams(temperature=0.8)), expected, atol=0.025, rtol=0)
+    torch.testing.assert_close(
+        frequencies(SamplingParams(temperature=0.8)), expected, atol=0.025, rtol=0
+    )
 
 
 def test_top_k_and_top_p_renormalise_over_the_kept_tokens() -> None:
@@ -36,7 +38,9 @@ def test_top_k_and_top_p_renormalise_over_the_kept_tokens() -> None:
 
 
 def test_greedy_and_logprobs() -> None:
-    token, logprob = sample_token(LOGITS, SamplingParams(temperature=0.0, logprobs=True), new_generator(0))
+    token, logprob = sample_token(
+        LOGITS, SamplingParams(temperature=0.0, logprobs=True), new_generator(0)
+    )
     assert token == 0
     assert logprob == pytest.approx(float(torch.log_softmax(LOGITS, 0)[0]))
 

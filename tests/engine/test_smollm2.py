@@ -61,15 +61,26 @@ def test_greedy_tokens_match_transformers_loading_the_same_gguf(smollm2: Engine)
         pytest.skip(f"transformers cannot load the GGUF offline here: {exc}")
     assert smollm2.tokenizer is not None
     prompt = smollm2.tokenizer.encode(FEW_SHOT)
-    ours = smollm2.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12, logprobs=True),
-                            [LaneRequest(0, 0, 12)]).sequences[0]
+    ours = smollm2.generate(
+        prompt,
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=True),
+        [LaneRequest(0, 0, 12)],
+    ).sequences[0]
     with torch.no_grad():
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=len(ours.output_ids),
-                                    do_sample=False, eos_token_id=None, pad_token_id=0,
-                                    output_logits=True, return_dict_in_generate=True)
-    assert ours.output_ids == theirs.sequences[0, len(prompt):].tolist()
-    expected = [float(torch.log_softmax(step[0].float(), -1)[t])
-                for step, t in zip(theirs.logits, ours.output_ids, strict=True)]
+        theirs = reference.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=len(ours.output_ids),
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    assert ours.output_ids == theirs.sequences[0, len(prompt) :].tolist()
+    expected = [
+        float(torch.log_softmax(step[0].float(), -1)[t])
+        for step, t in zip(theirs.logits, ours.output_ids, strict=True)
+    ]
     assert ours.logprobs == pytest.approx(expected, abs=1e-3)
 
 
