@@ -186,14 +186,9 @@ class Engine:
         m.steps += 1
         m.prefill_steps += plan.kind == "prefill"
         m.decode_steps += plan.kind == "decode"
-        m.tokens_computed += (
-            sum(len(s.tokens) - s.num_computed for s in plan.sequences)
-            if plan.kind == "prefill"
-            else len(plan.sequences)
-        )
-        m.prompt_tokens_cached += (
-            sum(s.num_computed for s in plan.sequences) if plan.kind == "prefill" else 0
-        )
+        m.tokens_computed += sum(len(s.tokens) - s.num_computed for s in plan.sequences)
+        if plan.kind == "prefill":
+            m.prompt_tokens_cached += sum(s.num_computed for s in plan.sequences)
         m.peak_kv_blocks = self.pool.peak_used
         m.cow_block_copies = self.pool.copies
         m.preemptions = self.scheduler.preemptions

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from backends.engine._attention import AttentionBatch, paged_attention
 from backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
@@ -43,23 +44,6 @@ class KVCache:
             torch.zeros(shape, dtype=dtype, device=device),
             torch.zeros(shape, dtype=dtype, device=device),
         )
-
-
-@dataclass(slots=True)
-class AttentionBatch:
-    """Where one step's new tokens go and what each sequence attends to.
-
-    Tokens are flat (`N` of them); attention runs padded over `B` sequences: `query_index`
-    `[B, Lq]` picks each sequence's new tokens, `context_slots` `[B, Lk]` its cache slots,
-    `mask` `[B, 1, Lq, Lk]` causality and padding; `query_valid` `[B * Lq]` un-pads the output.
-    """
-
-    positions: Tensor
-    write_slots: Tensor
-    query_index: Tensor
-    query_valid: Tensor
-    context_slots: Tensor
-    mask: Tensor
 
 
 class RMSNorm(nn.Module):
@@ -101,15 +85,7 @@ class Attention(nn.Module):
         k_cache, v_cache = cache
         k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
-        b, lq = batch.query_index.shape
-        qp = q[batch.query_index].transpose(1, 2)  # [B, heads, Lq, D]
-        kp = k_cache[batch.context_slots].transpose(1, 2)  # [B, kv_heads, Lk, D]
-        vp = v_cache[batch.context_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            qp, kp.to(q.dtype), vp.to(q.dtype), attn_mask=batch.mask, enable_gqa=True
-        )
-        out = out.transpose(1, 2).reshape(b * lq, self.heads * self.head_dim)
-        return self.o_proj(out[batch.query_valid])
+        return self.o_proj(paged_attention(q, k_cache, v_cache, batch))
 
 
 class MLP(nn.Module):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from backends.engine._model import AttentionBatch, CausalLM, KVCache
+from backends.engine._attention import AttentionBatch
+from backends.engine._model import CausalLM, KVCache
 from backends.engine._scheduler import Step
+from backends.engine._sequence import Sequence
 
 __all__ = ("ModelRunner",)
 
@@ -41,28 +43,32 @@ class ModelRunner:
         return self.model.logits(hidden[last.to(self.device)])
 
     def _batch(self, step: Step, starts: list[int]) -> AttentionBatch:
-        bs = self.block_size
-        ends = torch.tensor([len(s.tokens) for s in step.sequences])
+        bs, seqs = self.block_size, step.sequences
+        shared, prefixes = (
+            _shared_prefixes(seqs) if step.kind == "decode" else ([0] * len(seqs), [])
+        )
+        ends = torch.tensor([len(s.tokens) for s in seqs])
         start = torch.tensor(starts)
         query_lens = ends - start
-        width_q, width_k = int(query_lens.max()), int(ends.max())
-        width_b = max(len(s.block_table) for s in step.sequences)
-        tables = torch.tensor(
-            [s.block_table + [0] * (width_b - len(s.block_table)) for s in step.sequences]
-        )
-        slots = (tables[:, :, None] * bs + torch.arange(bs)).reshape(len(tables), -1)[:, :width_k]
+        width_q = int(query_lens.max())
+        full = _pad([s.block_table for s in seqs])
+        own = _pad([s.block_table[n:] for s, n in zip(seqs, shared, strict=True)])
         column = torch.arange(width_q)[None, :]
         real = column < query_lens[:, None]  # [B, Lq]: which padded queries are real tokens
         query_pos = torch.where(real, start[:, None] + column, 0)
+        slots = (full[:, :, None] * bs + torch.arange(bs)).reshape(len(seqs), -1)
+        key_pos = torch.tensor(shared)[:, None] * bs + torch.arange(own.shape[1] * bs)[None, :]
         offsets = torch.cumsum(query_lens, 0) - query_lens
-        mask = torch.arange(width_k)[None, None, :] <= query_pos[:, :, None]
+        device = self.device
         return AttentionBatch(
-            positions=query_pos[real].to(self.device),
-            write_slots=slots.gather(1, query_pos)[real].to(self.device),
-            query_index=torch.where(real, offsets[:, None] + column, 0).to(self.device),
-            query_valid=real.flatten().nonzero().squeeze(1).to(self.device),
-            context_slots=slots.to(self.device),
-            mask=mask[:, None].to(self.device),
+            positions=query_pos[real].to(device),
+            write_slots=slots.gather(1, query_pos)[real].to(device),
+            query_index=torch.where(real, offsets[:, None] + column, 0).to(device),
+            query_valid=real.flatten().nonzero().squeeze(1).to(device),
+            block_tables=own.to(device),
+            block_size=bs,
+            mask=(key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device),
+            prefixes=[(rows.to(device), blocks.to(device)) for rows, blocks in prefixes],
         )
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -78,3 +84,32 @@ class ModelRunner:
         src, dst = src.to(self.device), dst.to(self.device)
         for layer_store in (self.cache.k, self.cache.v):
             layer_store[:, dst] = layer_store[:, src]
+
+
+def _pad(tables: list[list[int]]) -> Tensor:
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables])
+
+
+def _shared_prefixes(seqs: list[Sequence]) -> tuple[list[int], list[tuple[Tensor, Tensor]]]:
+    """Leading blocks shared by sequences that start with the same block (forks of one prompt,
+    or prompts behind one cached preamble): per sequence, how many; per group, (rows, blocks).
+    A sequence's current block is its own after `append`, so shared blocks are full and fully
+    before its query."""
+    groups: dict[int, list[int]] = {}
+    for row, seq in enumerate(seqs):
+        groups.setdefault(seq.block_table[0], []).append(row)
+    shared = [0] * len(seqs)
+    prefixes = []
+    for rows in groups.values():
+        tables = [seqs[r].block_table for r in rows]
+        length = 0
+        while len(rows) > 1 and all(
+            len(t) > length + 1 and t[length] == tables[0][length] for t in tables
+        ):
+            length += 1
+        if length:
+            for r in rows:
+                shared[r] = length
+            prefixes.append((torch.tensor(rows), torch.tensor(tables[0][:length])))
+    return shared, prefixes
