@@ -1,0 +1,24 @@
+"""The bundled prefix-sharing inference engine (optional extra `[engine]`).
+
+Importing this package imports no torch: `EngineConfig` is plain pydantic, and `EngineBackend`
+(which needs torch, tokenizers and gguf) is imported on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from backends.engine._config import EngineConfig
+
+if TYPE_CHECKING:
+    from backends.engine._backend import EngineBackend
+
+__all__ = ("EngineBackend", "EngineConfig")
+
+
+def __getattr__(name: str) -> object:
+    if name == "EngineBackend":
+        from backends.engine._backend import EngineBackend
+
+        return EngineBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,275 @@
+"""The synchronous engine: requests in, one scheduled model step at a time, results out.
+
+A request's prompt is prefilled once by its leading lane; the other lanes are forked from it
+(sharing its KV blocks) and every running lane of every request decodes in one batch per step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from backends.engine._blocks import BlockPool
+from backends.engine._config import EngineConfig
+from backends.engine._metrics import EngineMetrics, RequestMetrics, charge_residency
+from backends.engine._model import CausalLM, build_model
+from backends.engine._runner import ModelRunner
+from backends.engine._sampler import find_stop, new_generator, sample_token
+from backends.engine._scheduler import Scheduler, Step
+from backends.engine._sequence import EngineRequest, Sequence, Status
+from backends.engine._tokenizer import Tokenizer
+from backends.engine._weights import load_checkpoint, open_gguf, resolve_model_path
+from primitives import ConfigError, ContextLengthError, LaneRequest, SamplingParams
+
+__all__ = ("Engine", "load_tokenizer")
+
+_CPU_KV_BYTES = 512 << 20  # the KV pool's memory figure on CPU
+_CUDA_KV_FRACTION = 0.4  # of the GPU memory still free once the weights are loaded
+
+
+class Engine:
+    """Paged-KV continuous-batching engine over one model on one device."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        max_batch_lanes: int = 64,
+        tokenizer: Tokenizer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pool = BlockPool(num_blocks, block_size)
+        self.scheduler = Scheduler(self.pool, max_batch_lanes)
+        self.runner = ModelRunner(model, num_blocks, block_size, model.lm_head.weight.dtype)
+        self.metrics = EngineMetrics()
+        self.eos_ids = frozenset(model.args.eos_token_ids)
+        self._clock = clock
+        self._mark: float | None = None
+        self._live: list[EngineRequest] = []
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, tokenizer: Tokenizer | None = None) -> Engine:
+        """Load the configured model (and its tokenizer, unless given) onto its device."""
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        device = _device(config.device)
+        dtype = _dtype(config.dtype, device)
+        path = resolve_model_path(config.model)
+        reader = open_gguf(path) if path.is_file() else None
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_gguf(reader) if reader else Tokenizer.from_folder(path)
+        model = build_model(load_checkpoint(path, reader), device, dtype)
+        num_blocks = config.num_blocks or _derive_num_blocks(model, config.block_size, device)
+        return cls(
+            model,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            max_batch_lanes=config.max_batch_lanes,
+            tokenizer=tokenizer,
+        )
+
+    def add_request(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        lanes: Iterable[LaneRequest],
+        *,
+        share_prefix: bool = True,
+    ) -> EngineRequest:
+        """Queue one prompt's lanes; with `share_prefix` the prompt is prefilled once for all."""
+        limit = self.model.args.max_position
+        if not prompt:
+            raise ConfigError("the prompt encodes to no tokens")
+        if len(prompt) >= limit:
+            raise ContextLengthError(
+                f"prompt of {len(prompt)} tokens; the model's context is {limit}"
+            )
+        metrics = RequestMetrics(prompt_tokens=len(prompt))
+        seqs = [
+            Sequence(
+                lane=lane.lane,
+                tokens=list(prompt),
+                num_prompt=len(prompt),
+                max_tokens=max(0, min(lane.max_tokens, limit - len(prompt))),
+                generator=new_generator(lane.seed),
+                metrics=metrics,
+                params=params,
+            )
+            for lane in lanes
+        ]
+        needed = self.pool.blocks_for(len(prompt) + max((s.max_tokens for s in seqs), default=0))
+        if needed > self.pool.num_blocks:
+            raise ContextLengthError(
+                f"a lane needs {needed} KV blocks but the pool has {self.pool.num_blocks}; "
+                "raise num_blocks or lower max_tokens"
+            )
+        request = EngineRequest(seqs, metrics)
+        leaders = seqs[:1] if share_prefix else seqs
+        if seqs and share_prefix:
+            seqs[0].followers = seqs[1:]
+        for leader in leaders:
+            self.scheduler.add(leader)
+        self._live.append(request)
+        return request
+
+    def abort(self, request: EngineRequest) -> None:
+        """Stop a request's lanes and give back their blocks."""
+        for seq in request.sequences:
+            if seq.status is not Status.FINISHED:
+                self.scheduler.remove(seq)
+                seq.status, seq.finish_reason = Status.FINISHED, "abort"
+        if request in self._live:
+            self._live.remove(request)
+
+    def reset(self) -> list[EngineRequest]:
+        """Drop every request and the prefix cache; returns the requests dropped.
+
+        For after a failed step: blocks allocated for it were hashed but never computed.
+        """
+        dropped, self._live = self._live, []
+        self.pool = BlockPool(self.pool.num_blocks, self.pool.block_size)
+        self.scheduler = Scheduler(self.pool, self.scheduler.max_lanes)
+        self._mark = None
+        return dropped
+
+    def has_work(self) -> bool:
+        """Whether a step would compute anything."""
+        return self.scheduler.has_work()
+
+    def step(self) -> list[EngineRequest]:
+        """Run one model step; returns the requests that finished in it."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            self._mark = None
+            return []
+        self._mark = self._mark if self._mark is not None else self._clock()
+        logits = self.runner.run(plan).cpu()
+        holders = (
+            plan.sequences if plan.kind == "decode" else self.scheduler.running + plan.sequences
+        )
+        now = self._clock()
+        charge_residency(holders, self.pool, now - self._mark)
+        self._mark = now
+        self._account(plan)
+        if plan.kind == "prefill":
+            self._after_prefill(plan, logits)
+        else:
+            for seq, row in zip(plan.sequences, logits, strict=True):
+                self._emit(seq, row)
+        done = [r for r in self._live if r.finished]
+        self._live = [r for r in self._live if not r.finished]
+        return done
+
+    def generate(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        lanes: Iterable[LaneRequest],
+        *,
+        share_prefix: bool = True,
+    ) -> EngineRequest:
+        """Run one request to completion (with whatever else is queued)."""
+        request = self.add_request(prompt, params, lanes, share_prefix=share_prefix)
+        while not request.finished:
+            self.step()
+        return request
+
+    def _account(self, plan: Step) -> None:
+        m = self.metrics
+        m.steps += 1
+        m.prefill_steps += plan.kind == "prefill"
+        m.decode_steps += plan.kind == "decode"
+        m.tokens_computed += sum(len(s.tokens) - s.num_computed for s in plan.sequences)
+        if plan.kind == "prefill":
+            m.prompt_tokens_cached += sum(s.num_computed for s in plan.sequences)
+        m.peak_kv_blocks = self.pool.peak_used
+        m.cow_block_copies = self.pool.copies
+        m.preemptions = self.scheduler.preemptions
+
+    def _after_prefill(self, plan: Step, logits: Tensor) -> None:
+        for seq, row in zip(plan.sequences, logits, strict=True):
+            computed = len(seq.tokens) - seq.num_computed
+            if seq.num_generated == 0:
+                seq.input_tokens, seq.cached_input_tokens = computed, seq.num_computed
+                seq.metrics.prompt_tokens_computed += computed
+                seq.metrics.prompt_tokens_cached += seq.num_computed
+            else:
+                seq.metrics.recomputed_tokens += computed
+            seq.num_computed = len(seq.tokens)
+            branches = [seq]
+            for follower in seq.followers:
+                follower.block_table = self.pool.fork(seq.block_table)
+                follower.num_computed, follower.status = seq.num_computed, Status.RUNNING
+                follower.cached_input_tokens = seq.num_prompt
+                branches.append(follower)
+            seq.followers = []
+            self.scheduler.running.extend(branches)
+            for branch in branches:
+                self._emit(branch, row)
+
+    def _emit(self, seq: Sequence, row: Tensor) -> None:
+        """Sample a lane's next token from its logits and finish it when it is done."""
+        seq.num_computed = len(seq.tokens)
+        if seq.num_generated >= seq.max_tokens:
+            return self._finish(seq, "length")
+        token, logprob = sample_token(row, seq.params, seq.generator)
+        if token in self.eos_ids:
+            return self._finish(seq, "stop")
+        seq.tokens.append(token)
+        seq.metrics.decode_tokens += 1
+        if seq.params.logprobs:
+            seq.logprobs.append(logprob)
+        if seq.params.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_ids)
+            cut = find_stop(text, seq.params.stop)
+            if cut is not None:
+                return self._finish(seq, "stop", text[:cut])
+        if seq.num_generated >= seq.max_tokens:
+            return self._finish(seq, "length")
+        return None
+
+    def _finish(self, seq: Sequence, reason: str, text: str | None = None) -> None:
+        if text is None and self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_ids)
+        seq.text = text or ""
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        self.scheduler.remove(seq)
+
+
+def load_tokenizer(config: EngineConfig) -> Tokenizer:
+    """The configured model's tokenizer alone (no weights are read)."""
+    path = resolve_model_path(config.model)
+    return Tokenizer.from_gguf(open_gguf(path)) if path.is_file() else Tokenizer.from_folder(path)
+
+
+def _device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device = 'cuda' but torch sees no CUDA device")
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def _dtype(choice: str, device: torch.device) -> torch.dtype:
+    if choice == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[choice]
+
+
+def _derive_num_blocks(model: CausalLM, block_size: int, device: torch.device) -> int:
+    args = model.args
+    element = model.lm_head.weight.element_size()
+    block_bytes = 2 * args.num_layers * block_size * args.num_kv_heads * args.head_dim * element
+    budget = (
+        int(torch.cuda.mem_get_info(device)[0] * _CUDA_KV_FRACTION)
+        if device.type == "cuda"
+        else _CPU_KV_BYTES
+    )
+    return max(1, budget // block_bytes)

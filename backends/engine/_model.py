@@ -1,0 +1,187 @@
+"""A Llama decoder whose attention reads keys and values through block tables.
+
+RMSNorm, rotate-half RoPE, SwiGLU MLP, grouped-query attention, tied embeddings where the
+checkpoint ties them; parameter names are Hugging Face's, so a state dict loads as it is.
+Every layer first writes the step's new K/V into the paged cache, then gathers each sequence's
+context from it: so a sequence may attend to blocks another sequence of the same step wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from backends.engine._attention import AttentionBatch, paged_attention
+from backends.engine._weights import Checkpoint, ModelArgs
+
+__all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
+
+
+@dataclass(slots=True)
+class KVCache:
+    """Keys and values of every layer, one row per token slot.
+
+    Shape `[layers, blocks * block_size, kv_heads, head_dim]`; slot = block * block_size + offset.
+    """
+
+    k: Tensor
+    v: Tensor
+
+    @classmethod
+    def empty(
+        cls, args: ModelArgs, slots: int, dtype: torch.dtype, device: torch.device
+    ) -> KVCache:
+        """Zeroed storage for `slots` tokens of every layer.
+
+        Zeroed, not empty: padded and masked slots still enter attention with weight 0, and
+        0 * NaN from uninitialised memory would poison the output.
+        """
+        shape = (args.num_layers, slots, args.num_kv_heads, args.head_dim)
+        return cls(
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in fp32 as the reference does."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention over the paged KV cache."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_proj = nn.Linear(args.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        cache: tuple[Tensor, Tensor],
+        batch: AttentionBatch,
+    ) -> Tensor:
+        n = x.shape[0]
+        q = _rotate(self.q_proj(x).view(n, self.heads, self.head_dim), rope)
+        k = _rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim), rope)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        k_cache, v_cache = cache
+        k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
+        return self.o_proj(paged_attention(q, k_cache, v_cache, batch))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention then pre-norm MLP, each with a residual."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        cache: tuple[Tensor, Tensor],
+        batch: AttentionBatch,
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """Embeddings, the layer stack and the final norm (HF's `model.` prefix)."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The decoder plus its LM head; `forward` returns the hidden states of the new tokens."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model = Decoder(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: Tensor, cache: KVCache, batch: AttentionBatch) -> Tensor:
+        x = self.model.embed_tokens(input_ids)
+        freqs = batch.positions.float()[:, None] * self.inv_freq[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [N, 1, head_dim]
+        rope = (angles.cos(), angles.sin())
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, (cache.k[i], cache.v[i]), batch)
+        return self.model.norm(x)
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor) -> Tensor:
+        """fp32 logits of the given hidden states."""
+        return self.lm_head(hidden).float()
+
+
+def _rotate(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    cos, sin = rope
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """Instantiate the decoder on `device` in `dtype` with the checkpoint's weights."""
+    with torch.device("meta"):
+        model = CausalLM(checkpoint.args)
+    tensors = dict(checkpoint.tensors)
+    if checkpoint.args.tie_embeddings:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    state = {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    if checkpoint.args.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
+    return model.eval()
+
+
+def rope_inv_freq(args: ModelArgs) -> Tensor:
+    """RoPE inverse frequencies, computed in fp32 exactly as the reference implementation does."""
+    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.int64).float() / args.head_dim
+    return 1.0 / (args.rope_theta**exponents)

@@ -1,0 +1,115 @@
+"""Turns a scheduled step into tensors, runs the model and returns next-token logits."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from backends.engine._attention import AttentionBatch
+from backends.engine._model import CausalLM, KVCache
+from backends.engine._scheduler import Step
+from backends.engine._sequence import Sequence
+
+__all__ = ("ModelRunner",)
+
+
+class ModelRunner:
+    """Owns the model and the paged KV storage on one device."""
+
+    def __init__(
+        self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = model.lm_head.weight.device
+        self.cache = KVCache.empty(model.args, num_blocks * block_size, kv_dtype, self.device)
+        self.block_bytes = self.cache.k[:, :block_size].nbytes * 2
+
+    def run(self, step: Step) -> Tensor:
+        """Make the step's block copies, compute its tokens; fp32 logits `[sequences, vocab]`."""
+        self._copy_blocks(step.copies)
+        prefill = step.kind == "prefill"
+        starts = [s.num_computed if prefill else len(s.tokens) - 1 for s in step.sequences]
+        input_ids = torch.tensor(
+            [t for s, a in zip(step.sequences, starts, strict=True) for t in s.tokens[a:]],
+            dtype=torch.long,
+        )
+        batch = self._batch(step, starts)
+        hidden = self.model(input_ids.to(self.device), self.cache, batch)
+        query_lens = torch.tensor(
+            [len(s.tokens) - a for s, a in zip(step.sequences, starts, strict=True)]
+        )
+        last = torch.cumsum(query_lens, 0) - 1
+        return self.model.logits(hidden[last.to(self.device)])
+
+    def _batch(self, step: Step, starts: list[int]) -> AttentionBatch:
+        bs, seqs = self.block_size, step.sequences
+        shared, prefixes = (
+            _shared_prefixes(seqs) if step.kind == "decode" else ([0] * len(seqs), [])
+        )
+        ends = torch.tensor([len(s.tokens) for s in seqs])
+        start = torch.tensor(starts)
+        query_lens = ends - start
+        width_q = int(query_lens.max())
+        full = _pad([s.block_table for s in seqs])
+        own = _pad([s.block_table[n:] for s, n in zip(seqs, shared, strict=True)])
+        column = torch.arange(width_q)[None, :]
+        real = column < query_lens[:, None]  # [B, Lq]: which padded queries are real tokens
+        query_pos = torch.where(real, start[:, None] + column, 0)
+        slots = (full[:, :, None] * bs + torch.arange(bs)).reshape(len(seqs), -1)
+        key_pos = torch.tensor(shared)[:, None] * bs + torch.arange(own.shape[1] * bs)[None, :]
+        offsets = torch.cumsum(query_lens, 0) - query_lens
+        device = self.device
+        return AttentionBatch(
+            positions=query_pos[real].to(device),
+            write_slots=slots.gather(1, query_pos)[real].to(device),
+            query_index=torch.where(real, offsets[:, None] + column, 0).to(device),
+            query_valid=real.flatten().nonzero().squeeze(1).to(device),
+            block_tables=own.to(device),
+            block_size=bs,
+            mask=(key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device),
+            prefixes=[(rows.to(device), blocks.to(device)) for rows, blocks in prefixes],
+        )
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        offsets = torch.arange(self.block_size)
+        src = torch.cat(
+            [torch.full((self.block_size,), s * self.block_size) + offsets for s, _ in copies]
+        )
+        dst = torch.cat(
+            [torch.full((self.block_size,), d * self.block_size) + offsets for _, d in copies]
+        )
+        src, dst = src.to(self.device), dst.to(self.device)
+        for layer_store in (self.cache.k, self.cache.v):
+            layer_store[:, dst] = layer_store[:, src]
+
+
+def _pad(tables: list[list[int]]) -> Tensor:
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables])
+
+
+def _shared_prefixes(seqs: list[Sequence]) -> tuple[list[int], list[tuple[Tensor, Tensor]]]:
+    """Leading blocks shared by sequences that start with the same block (forks of one prompt,
+    or prompts behind one cached preamble): per sequence, how many; per group, (rows, blocks).
+    A sequence's current block is its own after `append`, so shared blocks are full and fully
+    before its query."""
+    groups: dict[int, list[int]] = {}
+    for row, seq in enumerate(seqs):
+        groups.setdefault(seq.block_table[0], []).append(row)
+    shared = [0] * len(seqs)
+    prefixes = []
+    for rows in groups.values():
+        tables = [seqs[r].block_table for r in rows]
+        length = 0
+        while len(rows) > 1 and all(
+            len(t) > length + 1 and t[length] == tables[0][length] for t in tables
+        ):
+            length += 1
+        if length:
+            for r in rows:
+                shared[r] = length
+            prefixes.append((torch.tensor(rows), torch.tensor(tables[0][:length])))
+    return shared, prefixes

@@ -1,0 +1,72 @@
+"""A branch being generated, and the request that groups a prompt's branches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import torch
+
+from backends.engine._metrics import RequestMetrics
+from primitives import SamplingParams
+
+__all__ = ("EngineRequest", "Sequence", "Status")
+
+
+class Status(Enum):
+    """Where a sequence is: waiting for a (re)prefill, decoding, or done."""
+
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One lane: its tokens, its KV block table and its own random stream.
+
+    `followers` are the other lanes of the request, forked from this one once its prompt is
+    prefilled; they share its blocks and sample their first token from the same logits.
+    """
+
+    lane: int
+    tokens: list[int]
+    num_prompt: int
+    max_tokens: int
+    generator: torch.Generator
+    metrics: RequestMetrics
+    params: SamplingParams
+    status: Status = Status.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V are in the pool
+    followers: list[Sequence] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str = ""
+    kv_token_seconds: float = 0.0
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Generated token ids so far."""
+        return self.tokens[self.num_prompt :]
+
+    @property
+    def num_generated(self) -> int:
+        """Number of generated tokens so far."""
+        return len(self.tokens) - self.num_prompt
+
+
+@dataclass(slots=True, eq=False)
+class EngineRequest:
+    """The lanes of one prompt, in lane order, and the request's metrics."""
+
+    sequences: list[Sequence]
+    metrics: RequestMetrics
+    error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether every lane is done (or the request failed)."""
+        return self.error is not None or all(s.status is Status.FINISHED for s in self.sequences)

@@ -1,0 +1,292 @@
+"""Benchmark: the bundled engine against Hugging Face generation, same weights, same prompts.
+
+For each shape (prompt P tokens, K samples, T new tokens) it runs, interleaved, our engine
+(prompt prefilled once, K forked branches), `generate(num_return_sequences=K)` and, where the
+installed transformers has it, `generate_batch` (continuous batching), and prints each row with
+HF generate beside it: tokens pushed through the model (counted by a forward hook, not assumed),
+peak KV bytes, median wall time, and ratios measured in this run. fp32 on CPU.
+
+    python bench/engine.py            # SmolLM2-135M and a tiny random Llama, all shapes
+    python bench/engine.py --quick    # the tiny Llama, small shapes, one quick pass
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.engine._engine import Engine
+from backends.engine._model import build_model
+from backends.engine._weights import Checkpoint, ModelArgs, load_checkpoint, resolve_model_path
+from primitives import LaneRequest, SamplingParams
+
+TINY = ModelArgs(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=768,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=32,
+    max_position=4096,
+)
+FULL_SHAPES = [(512, 8, 32), (512, 1, 32), (512, 16, 32), (128, 8, 128)]
+QUICK_SHAPES = [(128, 8, 16), (128, 1, 16)]
+TEMPERATURE = 0.8
+
+
+@dataclass
+class Run:
+    """One system's measurements at one shape."""
+
+    system: str
+    walls: list[float]
+    tokens: int = 0
+    kv_bytes: int | None = None
+
+
+def tiny_checkpoint() -> Checkpoint:
+    g = torch.Generator().manual_seed(0)
+    with torch.device("meta"):
+        from backends.engine._model import CausalLM
+
+        shapes = {k: v.shape for k, v in CausalLM(TINY).state_dict().items()}
+    return Checkpoint(
+        TINY,
+        {
+            k: (1 + 0.1 * torch.randn(s, generator=g))
+            if "norm" in k
+            else 0.05 * torch.randn(s, generator=g)
+            for k, s in shapes.items()
+        },
+    )
+
+
+def hf_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, list[int]]:
+    """`LlamaForCausalLM` holding the very same tensors, and a counter of tokens it computes."""
+    import transformers
+
+    a = checkpoint.args
+    config = transformers.LlamaConfig(
+        vocab_size=a.vocab_size,
+        hidden_size=a.hidden_size,
+        intermediate_size=a.intermediate_size,
+        num_hidden_layers=a.num_layers,
+        num_attention_heads=a.num_heads,
+        num_key_value_heads=a.num_kv_heads,
+        head_dim=a.head_dim,
+        rope_theta=a.rope_theta,
+        rms_norm_eps=a.rms_norm_eps,
+        max_position_embeddings=a.max_position,
+        tie_word_embeddings=a.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    missing, unexpected = model.load_state_dict(checkpoint.tensors, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    counter = [0]
+
+    def count(_module: object, args: tuple[object, ...], kwargs: dict[str, torch.Tensor]) -> None:
+        ids = kwargs.get("input_ids")
+        counter[0] += int((ids if ids is not None else kwargs["inputs_embeds"]).shape[:2].numel())
+
+    model.model.register_forward_pre_hook(count, with_kwargs=True)
+    return model, counter
+
+
+def run_ours(engine: Engine, prompt: list[int], k: int, t: int, seed: int) -> Run:
+    before = engine.metrics.tokens_computed
+    engine.pool.peak_used = 0
+    params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=t)
+    start = time.perf_counter()
+    request = engine.generate(prompt, params, [LaneRequest(i, seed * 100 + i, t) for i in range(k)])
+    wall = time.perf_counter() - start
+    assert all(s.num_generated == t for s in request.sequences)
+    return Run(
+        "engine",
+        [wall],
+        engine.metrics.tokens_computed - before,
+        engine.pool.peak_used * engine.runner.block_bytes,
+    )
+
+
+def run_generate(
+    model: torch.nn.Module, counter: list[int], prompt: list[int], k: int, t: int
+) -> Run:
+    counter[0] = 0
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            do_sample=True,
+            temperature=TEMPERATURE,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=t,
+            min_new_tokens=t,
+            num_return_sequences=k,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    wall = time.perf_counter() - start
+    cache = out.past_key_values
+    kv = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    return Run("hf generate", [wall], counter[0], kv)
+
+
+def run_generate_batch(
+    model: torch.nn.Module, counter: list[int], prompt: list[int], k: int, t: int
+) -> Run:
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    counter[0] = 0
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=TEMPERATURE,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=t,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    # sized like our pool for this request; left to itself it sizes its cache for a GPU
+    paged = ContinuousBatchingConfig(
+        num_blocks=k * (-(-(len(prompt) + t) // 256)) + 4, max_batch_tokens=2048
+    )
+    start = time.perf_counter()
+    model.generate_batch(
+        inputs=[list(prompt) for _ in range(k)],
+        generation_config=config,
+        continuous_batching_config=paged,
+        warmup=False,
+    )
+    return Run("hf generate_batch", [time.perf_counter() - start], counter[0])
+
+
+def bench_model(
+    name: str,
+    checkpoint: Checkpoint,
+    shapes: list[tuple[int, int, int]],
+    reps: int,
+    with_batch: bool,
+) -> list[tuple[str, tuple[int, int, int], list[Run]]]:
+    model = build_model(checkpoint, torch.device("cpu"), torch.float32)
+    blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
+    engine = Engine(model, num_blocks=blocks, block_size=16)
+    engine.eos_ids = frozenset()  # exactly T tokens per lane, as min_new_tokens forces on HF
+    reference, counter = hf_model(checkpoint)
+    systems: list[tuple[str, Callable[[list[int], int, int, int], Run]]] = [
+        ("engine", lambda p, k, t, s: run_ours(engine, p, k, t, s)),
+        ("hf generate", lambda p, k, t, s: run_generate(reference, counter, p, k, t)),
+    ]
+    if with_batch and hasattr(reference, "generate_batch"):
+        systems.append(
+            (
+                "hf generate_batch",
+                lambda p, k, t, s: run_generate_batch(reference, counter, p, k, t),
+            )
+        )
+    rows = []
+    warm = torch.Generator().manual_seed(99)
+    run_ours(
+        engine,
+        torch.randint(1, checkpoint.args.vocab_size, (32,), generator=warm).tolist(),
+        2,
+        2,
+        0,
+    )
+    for p, k, t in shapes:
+        runs: dict[str, Run] = {}
+        for rep in range(reps):  # interleaved, each rep with a fresh prompt (no prefix-cache reuse)
+            prompt = torch.randint(
+                1,
+                checkpoint.args.vocab_size,
+                (p,),
+                generator=torch.Generator().manual_seed(1000 * p + 10 * k + rep),
+            ).tolist()
+            for label, run in systems:
+                result = run(prompt, k, t, rep)
+                if label in runs:
+                    runs[label].walls += result.walls
+                else:
+                    runs[label] = result
+        rows.append((name, (p, k, t), list(runs.values())))
+        print_rows([rows[-1]], header=len(rows) == 1)
+    return rows
+
+
+def print_rows(rows: list[tuple[str, tuple[int, int, int], list[Run]]], header: bool) -> None:
+    if header:
+        print(
+            f"{'model':<13} {'P,K,T':<12} {'system':<18} {'wall s':>8} {'vs gen':>7} "
+            f"{'tokens':>7} {'vs gen':>7} {'KV MiB':>8} {'vs gen':>7} {'tok/s':>7}"
+        )
+    for model, (p, k, t), runs in rows:
+        base = next(r for r in runs if r.system == "hf generate")
+        base_wall = statistics.median(base.walls)
+        for r in runs:
+            wall = statistics.median(r.walls)
+            kv = f"{r.kv_bytes / 2**20:8.2f}" if r.kv_bytes is not None else f"{'n/a':>8}"
+            kv_ratio = (
+                f"{base.kv_bytes / r.kv_bytes:6.1f}x"
+                if r.kv_bytes and base.kv_bytes
+                else f"{'':>7}"
+            )
+            shape = f"{p},{k},{t}"
+            print(
+                f"{model:<13} {shape:<12} {r.system:<18} {wall:8.2f} {base_wall / wall:6.2f}x "
+                f"{r.tokens:7d} {base.tokens / max(r.tokens, 1):6.2f}x {kv} {kv_ratio} "
+                f"{k * t / wall:7.1f}"
+            )
+        sys.stdout.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, small shapes, one rep")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions per shape")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--models", default="smollm2,tiny", help="comma list of smollm2, tiny")
+    parser.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    shapes, reps = (QUICK_SHAPES, 1) if args.quick else (FULL_SHAPES, args.reps)
+    models = ["tiny"] if args.quick else args.models.split(",")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{torch.get_num_threads()} threads, fp32 CPU, median of {reps} interleaved runs; "
+        "'vs gen' = HF generate / this row (higher is better)"
+    )
+    for name in models:
+        checkpoint = (
+            tiny_checkpoint()
+            if name == "tiny"
+            else load_checkpoint(resolve_model_path("smollm2-135m"))
+        )
+        bench_model(
+            "tiny-llama" if name == "tiny" else "smollm2-135m",
+            checkpoint,
+            shapes,
+            reps,
+            with_batch=not args.no_generate_batch,
+        )
+
+
+if __name__ == "__main__":
+    main()
