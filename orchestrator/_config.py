@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from backends.engine import EngineConfig
 from backends.openai import OpenAIConfig
 from backends.simulated import SimulatedConfig
 from primitives import ConfigError, ExtractSpec, Limits, Pricing
@@ -23,7 +24,8 @@ __all__ = (
     "parse_config",
 )
 
-BackendConfig = Annotated[SimulatedConfig | OpenAIConfig, Field(discriminator="kind")]
+BackendConfig = Annotated[SimulatedConfig | EngineConfig | OpenAIConfig,
+                          Field(discriminator="kind")]
 
 
 class _Section(BaseModel):

@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import structlog
 
+from backends.engine import EngineConfig
 from backends.openai import OpenAIBackend, OpenAIConfig
 from backends.simulated import SimulatedBackend, SimulatedConfig
 from coordinators import ParallelSample, Verifier
@@ -55,6 +56,13 @@ def build_backend(config: BackendConfig) -> Backend:
         return SimulatedBackend(config)
     if isinstance(config, OpenAIConfig):
         return OpenAIBackend(config)
+    if isinstance(config, EngineConfig):
+        try:
+            from backends.engine import EngineBackend  # torch: only when the engine is used
+        except ImportError as exc:
+            raise ConfigError(f"backend.kind: 'engine' needs the engine extra "
+                              f"(pip install 'lanefold[engine]'): {exc}") from None
+        return EngineBackend(config)
     raise ConfigError(f"backend.kind: {config.kind!r} is not available")  # pragma: no cover
 
 

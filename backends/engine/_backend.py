@@ -74,6 +74,11 @@ class EngineBackend:
         return self.config.max_batch_lanes
 
     @property
+    def shares_prefix(self) -> bool:
+        """A request's lanes fork one prefilled prompt: prefill once, cached for the rest."""
+        return True
+
+    @property
     def engine(self) -> Engine | None:
         """The loaded engine, or None before the first `sample`."""
         return self._engine
