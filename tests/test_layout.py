@@ -156,6 +156,12 @@ def _bound_names(tree: ast.Module) -> set[str]:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
         elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
+    if "__getattr__" in names:
+        # A lazy export (PEP 562): the name is typed under TYPE_CHECKING, made by __getattr__.
+        for node in tree.body:
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                names.update(a.asname or a.name for n in node.body
+                             if isinstance(n, ast.ImportFrom) for a in n.names)
     return names
 
 

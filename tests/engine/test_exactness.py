@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import tiny_checkpoint
 from reference import reference_logits
+from tiny import tiny_checkpoint
 
 from backends.engine._engine import Engine
 from backends.engine._scheduler import Step

@@ -73,8 +73,8 @@ def test_max_tokens_per_lane_and_stop_strings(make_engine: Callable[..., Engine]
 
 def test_logprobs_are_the_model_log_probabilities(make_engine: Callable[..., Engine]) -> None:
     import torch
-    from conftest import tiny_checkpoint
     from reference import reference_logits
+    from tiny import tiny_checkpoint
 
     params = SamplingParams(temperature=0.9, max_tokens=8, logprobs=True)
     seq = make_engine().generate(PROMPT, params, [LaneRequest(0, 42, 8)]).sequences[0]

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, tiny_checkpoint
 from reference import reference_logits
 from test_exactness import record_steps
+from tiny import TINY, tiny_checkpoint
 
 from backends.engine._engine import Engine
 from backends.engine._model import build_model

@@ -1,0 +1,56 @@
+"""A tiny random-weight Llama and a byte-level tokenizer for the engine's exactness tests.
+
+A plain module (not conftest) so test files import it by a name no other folder uses.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.engine._model import CausalLM
+from backends.engine._tokenizer import Tokenizer
+from backends.engine._weights import Checkpoint, ModelArgs
+
+__all__ = ("TINY", "byte_tokenizer", "tiny_checkpoint")
+
+TINY = ModelArgs(
+    vocab_size=256 + 4,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    max_position=512,
+    tie_embeddings=False,
+    eos_token_ids=(),
+)
+
+
+
+def tiny_checkpoint(seed: int = 0, args: ModelArgs = TINY) -> Checkpoint:
+    """Random weights of a small Llama, scaled so logits are far from ties."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in CausalLM(args).state_dict().items()}
+    tensors = {}
+    for name, shape in shapes.items():
+        if args.tie_embeddings and name == "lm_head.weight":
+            continue
+        noise = torch.randn(shape, generator=generator)
+        tensors[name] = 1 + 0.1 * noise if "norm" in name else 0.15 * noise
+    return Checkpoint(args, tensors)
+
+
+def byte_tokenizer() -> Tokenizer:
+    """A real byte-level tokenizer whose 256 ids fit the tiny model's vocabulary."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return Tokenizer(backend)
