@@ -85,7 +85,8 @@ class Attention(nn.Module):
         k_cache, v_cache = cache
         k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
-        return self.o_proj(paged_attention(q, k_cache, v_cache, batch))
+        out: Tensor = self.o_proj(paged_attention(q, k_cache, v_cache, batch))
+        return out
 
 
 class MLP(nn.Module):
@@ -98,7 +99,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -119,7 +121,8 @@ class DecoderLayer(nn.Module):
         batch: AttentionBatch,
     ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class Decoder(nn.Module):
@@ -134,6 +137,8 @@ class Decoder(nn.Module):
 
 class CausalLM(nn.Module):
     """The decoder plus its LM head; `forward` returns the hidden states of the new tokens."""
+
+    inv_freq: Tensor
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -150,12 +155,14 @@ class CausalLM(nn.Module):
         rope = (angles.cos(), angles.sin())
         for i, layer in enumerate(self.model.layers):
             x = layer(x, rope, (cache.k[i], cache.v[i]), batch)
-        return self.model.norm(x)
+        out: Tensor = self.model.norm(x)
+        return out
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
         """fp32 logits of the given hidden states."""
-        return self.lm_head(hidden).float()
+        out: Tensor = self.lm_head(hidden)
+        return out.float()
 
 
 def _rotate(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 import pytest
@@ -41,7 +42,8 @@ def test_the_package_imports_no_torch_and_exports_exactly_its_names() -> None:
         "assert e.__all__ == ('EngineBackend', 'EngineConfig'); e.EngineConfig(); "
         "assert 'torch' not in sys.modules; e.EngineBackend; assert 'torch' in sys.modules"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 
 @pytest.mark.anyio
