@@ -24,9 +24,11 @@ $(VENV)/.dev: $(VENV)/.runtime
 	touch $@
 
 demo: $(VENV)/.runtime
-	$(BIN)/orchestrator run examples/self_consistency.toml --question "What is 17 * 23?"
+	$(BIN)/orchestrator run examples/self_consistency.toml --question "What is 7 + 8?"
 
 test: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.dev

@@ -30,7 +30,7 @@ import orchestrator
 from orchestrator._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "self_consistency.toml"
+EXAMPLE = ROOT / "examples" / "simulated.toml"
 QUESTION = "What is 17 * 23?"
 RESULT_KEYS = {"run_id", "answer", "votes", "lanes_completed", "lanes_failed", "usage", "cost",
                "events"}
@@ -173,7 +173,7 @@ def test_run_json_prints_one_result_object(runs: Path,
     _check_result(result)
     assert result["run_id"] == "fresh"
     assert Path(result["events"]).resolve() == events_path(runs, "fresh").resolve()
-    k, prompt, output = 8, 40, 60  # from examples/self_consistency.toml
+    k, prompt, output = 8, 40, 60  # from examples/simulated.toml
     assert result["lanes_completed"] + result["lanes_failed"] == k
     assert sum(result["votes"].values()) == result["lanes_completed"]
     assert result["answer"] == max(result["votes"], key=result["votes"].get)
@@ -203,7 +203,7 @@ def test_run_without_shared_prefix_pays_every_prefill(runs: Path, tmp_path: Path
 
 def test_run_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    done = command("run", "examples/self_consistency.toml", "--question", QUESTION,
+    done = command("run", "examples/simulated.toml", "--question", QUESTION,
                    "--runs-dir", runs, "--json", "-v")
     assert done.code == 0, done.err
     result = done.json  # with --json, nothing but the JSON reaches stdout (even with -v)

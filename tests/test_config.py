@@ -192,9 +192,9 @@ def test_example_values_survive_loading(path: Path) -> None:
 
 
 def test_json_config_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    source = ROOT / "examples" / "self_consistency.toml"
+    source = ROOT / "examples" / "simulated.toml"
     raw = tomllib.loads(source.read_text(encoding="utf-8"))
-    path = tmp_path / "self_consistency.json"
+    path = tmp_path / "simulated.json"
     path.write_text(json.dumps(raw))
     assert main(["validate", str(path)]) == 0
     assert "k=8" in capsys.readouterr().out
