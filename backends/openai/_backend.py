@@ -105,8 +105,9 @@ class OpenAIBackend:
 
     @property
     def max_lanes_per_request(self) -> int | None:
-        """None: the backend splits a request into HTTP requests of up to `max_n` itself."""
-        return None
+        """`max_n` while lanes merge into `n`, else 1: one backend call is one HTTP request
+        (bar a fallback's re-requests), so the ledger's request count is the server's."""
+        return self._config.max_n if self._merging else 1
 
     @property
     def merging(self) -> bool:

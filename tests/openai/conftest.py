@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from openai_stub import Loopback, RawHandler, Stub
+from loopback import Loopback
+from openai_stub import RawHandler, Stub
 
 
 @pytest.fixture(params=["asyncio"])

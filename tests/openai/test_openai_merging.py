@@ -59,8 +59,11 @@ async def test_backend_satisfies_the_protocol(stub: tuple[Stub, str]) -> None:
     async with OpenAIBackend(OpenAIConfig(base_url=stub[1], model="m")) as b:  # own transport
         assert isinstance(b, Backend)
         assert b.name == "openai:m"
-        assert b.max_lanes_per_request is None
+        assert b.max_lanes_per_request == 16  # max_n while merging: one call, one HTTP request
+        assert b.shares_prefix
         assert b.count_prompt_tokens("anything") is None
+    async with OpenAIBackend(OpenAIConfig(base_url=stub[1], model="m", n="never")) as b:
+        assert (b.max_lanes_per_request, b.shares_prefix) == (1, False)
 
 
 async def test_k8_against_a_server_honouring_n_is_one_request(stub: tuple[Stub, str]) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from openai_stub import Loopback, make_backend
+from loopback import Loopback
+from openai_stub import make_backend
 
 from orchestrator._serve import create_app
 from orchestrator._serve_wire import flatten_messages
