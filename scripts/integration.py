@@ -1,0 +1,64 @@
+"""`make integration`: the `openai` backend against servers nobody here wrote.
+
+Builds (or reuses from the cache, see `servers.py`) llama-cpp-python's server and llama.cpp's
+`llama-server`, starts each on a free loopback port serving the SmolLM2 GGUF, waits until it
+answers, runs `tests/integration/` with their base URLs in environment variables, and stops them.
+
+    python scripts/integration.py [--only llama-cpp-python|llama-server] [-- PYTEST ARGS]
+
+Server logs land in `${LANEFOLD_CACHE:-~/.cache/lanefold}/logs/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import servers  # a sibling script: `python scripts/integration.py` puts scripts/ on sys.path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The variables tests/integration/ reads; a test whose server's variable is unset is skipped.
+URL_VARIABLES = {
+    "llama-cpp-python": "LANEFOLD_LLAMA_CPP_PYTHON_URL",
+    "llama-server": "LANEFOLD_LLAMA_SERVER_URL",
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=sorted(URL_VARIABLES), action="append",
+                        help="start only this server (repeatable); default both")
+    parser.add_argument("pytest_args", nargs="*", help="passed to pytest after --")
+    args = parser.parse_args(argv)
+    names = args.only or list(URL_VARIABLES)
+
+    started = time.monotonic()
+    for name in names:  # build first, so a build failure is not mistaken for a test failure
+        servers.llama_cpp_python() if name == "llama-cpp-python" else servers.llama_server()
+    servers.log(f"servers ready to start after {time.monotonic() - started:.0f} s "
+                f"(cache: {servers.CACHE})")
+    servers.log(f"model: {servers.gguf_path()}")
+
+    env = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES.values()}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            server = stack.enter_context(servers.started(name, log_dir=servers.CACHE / "logs"))
+            env[URL_VARIABLES[name]] = server.base_url
+            servers.log(f"{name} answers at {server.base_url}")
+        cmd = [sys.executable, "-m", "pytest", "tests/integration", "-m", "integration",
+               "-p", "no:cacheprovider", "-v", *args.pytest_args]
+        servers.log("$ " + " ".join(cmd))
+        tests = time.monotonic()
+        code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        servers.log(f"tests ran in {time.monotonic() - tests:.0f} s; pytest exit code {code}")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

