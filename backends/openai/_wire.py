@@ -177,6 +177,10 @@ def build_body(
 ) -> dict[str, Any]:
     """The JSON body of one HTTP request carrying `n` lanes of `request`."""
     params = request.params
+    # A merged request asks for logprobs whatever the loop wants: they count each choice's own
+    # tokens, where some servers' usage counts one choice of n (llama-server). The backend hands
+    # them on only where the loop asked.
+    logprobs = params.logprobs or n > 1
     body: dict[str, Any] = dict(config.extra_body)
     body["model"] = config.model
     if config.api == "chat":
@@ -187,11 +191,11 @@ def build_body(
         )
         messages.append({"role": "user", "content": request.prompt})
         body["messages"] = messages
-        if params.logprobs:
+        if logprobs:
             body["logprobs"] = True
     else:
         body["prompt"] = request.prompt
-        if params.logprobs:
+        if logprobs:
             body["logprobs"] = 1  # 1, not 0: some servers read 0 as "off"
     body["max_tokens"] = max_tokens
     body["temperature"] = params.temperature

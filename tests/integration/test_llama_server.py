@@ -82,10 +82,6 @@ async def test_the_bill_counts_every_choice_by_logprobs(
     assert sorted(e.data.usage.output_tokens for e in lanes) == sorted(own)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "backends/openai under-bills an n > 1 request whose server counts one choice (llama-server) "
-    "when logprobs are off: apportion() trusts completion_tokens unless the choices evidently "
-    "hold more, and without logprobs a choice that stopped early evidently holds 1 token"))
 async def test_the_bill_counts_every_choice_without_logprobs(
     llama_server_url: str, tmp_path: Path
 ) -> None:
