@@ -134,7 +134,7 @@ def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
 
 def rows(folder: Path) -> tuple[list[Row], list[str]]:
     """The rows this checkout can run, and a note for each it cannot."""
-    found = [Row("llama-server", _llama_server, {"ignore_eos": True})]
+    found = [Row("llama-server", _llama_server, {"ignore_eos": True})]  # first: it has /tokenize
     notes = []
     config = _engine_config(folder)
     if config is None:
@@ -225,9 +225,10 @@ def main(argv: list[str]) -> int:
         found, notes = rows(folder)
         table: list[str] = []
         walls: dict[str, float] = {}
+        prompt = ""  # one text for every row, sized by the first row's tokenizer
         for row in found:
             with row.serve(servers.CACHE / "logs" / "bench") as base_url:
-                prompt = prompt_text(base_url, args.prompt_tokens)
+                prompt = prompt or prompt_text(base_url, args.prompt_tokens)
                 by_mode: dict[str, list[Measure]] = {mode: [] for mode in MODES}
                 for w in range(args.warmup):  # first-request costs (page-in, allocations) apart
                     anyio.run(measure, row, base_url, "auto", args.k, args.output_tokens,
@@ -257,6 +258,8 @@ def main(argv: list[str]) -> int:
         engine = next(name for name in walls if name != "llama-server")
         print(f"\nwall time, merged: {engine} / llama-server = "
               f"{walls[engine] / walls['llama-server']:.2f}")
+    notes += [f"{row.name}: no way to ignore EOS, so a lane may stop before T (see decode)"
+              for row in found if not row.extra_body]
     for note in notes:
         print(f"note: {note}")
     return 0
