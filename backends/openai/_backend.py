@@ -21,7 +21,7 @@ import httpx
 from pydantic import ValidationError
 
 from backends.openai._config import OpenAIConfig
-from backends.openai._errors import Redactor, error_from_status, refuses_n, server_message
+from backends.openai._errors import Redactor, error_from_status, n_limit, refuses_n, server_message
 from backends.openai._usage import apportion
 from backends.openai._wire import build_body, parse_response
 from primitives import (
@@ -92,6 +92,7 @@ class OpenAIBackend:
             transport=transport,
         )
         self._merging = config.n != "never"
+        self._max_n = config.max_n  # lowered where a server states a smaller limit
         self._events: list[BackendEvent] = []
 
     def __repr__(self) -> str:
@@ -107,7 +108,7 @@ class OpenAIBackend:
     def max_lanes_per_request(self) -> int | None:
         """`max_n` while lanes merge into `n`, else 1: one backend call is one HTTP request
         (bar a fallback's re-requests), so the ledger's request count is the server's."""
-        return self._config.max_n if self._merging else 1
+        return self._max_n if self._merging else 1
 
     @property
     def merging(self) -> bool:
@@ -155,7 +156,7 @@ class OpenAIBackend:
         positions = list(range(count))
         async with anyio.create_task_group() as tg:
             if self._merging and request.share_prefix and count > 1:
-                step = self._config.max_n
+                step = self._max_n
                 for start in range(0, count, step):
                     chunk = positions[start : start + step]
                     tg.start_soon(self._merged, request, chunk, outcomes)
@@ -190,6 +191,14 @@ class OpenAIBackend:
         try:
             got = await self._request(request, positions)
         except _MergeRefused as refused:
+            limit = n_limit(str(refused.error))
+            if limit is not None and 1 < limit < len(positions):
+                # The server takes n, up to a limit it states (llama-server: its slots): split.
+                self._max_n = min(self._max_n, limit)
+                async with anyio.create_task_group() as tg:
+                    for start in range(0, len(positions), limit):
+                        tg.start_soon(self._merged, request, positions[start : start + limit], out)
+                return
             got = {}
             if not refused.explicit:
                 # An unexplained 400: is it n? Ask for the first lane alone to find out.

@@ -82,6 +82,15 @@ def server_message(body: bytes) -> str:
     return (found if isinstance(found, str) else json.dumps(found))[:_MAX_MESSAGE]
 
 
+_N_LIMIT = re.compile(r"\bn\b\W.*?(?:<=|at most|maximum(?: of)?|up to)\s*(\d+)", re.IGNORECASE)
+
+
+def n_limit(message: str) -> int | None:
+    """The largest `n` a 400/422 message says the server takes, where it states one."""
+    found = _N_LIMIT.search(message)
+    return int(found.group(1)) if found else None
+
+
 def refuses_n(message: str) -> bool:
     """Whether a 400/422 message says the server takes no ``n > 1``."""
     return _N_REFUSED.search(message) is not None

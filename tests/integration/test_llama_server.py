@@ -135,10 +135,6 @@ async def test_more_lanes_than_slots_still_completes(llama_server_url: str, tmp_
     assert texts == sorted(c["message"]["content"] for x in tap.exchanges for c in x.choices)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "backends/openai reads llama-server's 400 for n above its slots (\"Field 'n': Value must be "
-    "between 1 <= value <= 8\") as a refusal of any n > 1 and sends one request per lane for the "
-    "rest of the run, instead of merging up to the limit the message states"))
 async def test_n_above_the_slots_is_split_not_given_up(llama_server_url: str, tmp_path: Path) -> None:
     tap = Tap()
     result, events = await run_loop(loop_config(llama_server_url, k=12, max_tokens=8), tap, tmp_path)

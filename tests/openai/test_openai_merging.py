@@ -50,6 +50,15 @@ def refuse_n(rec: Recorded) -> Response:
     return honour_n(rec)
 
 
+def refuse_n_above_3(rec: Recorded) -> Response:
+    """llama-server with 3 slots: n is honoured up to them, refused above with the limit stated."""
+    if rec.n > 3:
+        message = f"Field 'n': Value must be between 1 <= value <= 3, but got {rec.n}"
+        return JSONResponse({"error": {"code": 400, "message": message,
+                                       "type": "invalid_request_error"}}, status_code=400)
+    return honour_n(rec)
+
+
 def one_choice_only(rec: Recorded) -> Response:
     """llama-cpp-python's server: `n` ignored, one choice, 200."""
     return JSONResponse(choices_body(rec, [f"seed {rec.body['seed']} choice 0"]))
@@ -193,6 +202,19 @@ async def test_always_reports_missing_choices_as_lane_errors(stub: tuple[Stub, s
     assert isinstance(out[0], Sample)
     assert all(isinstance(o, BadResponseError) for o in out[1:])
     assert "1 of 4 choices" in str(out[1])
+
+
+async def test_n_above_a_stated_limit_is_split_not_given_up(stub: tuple[Stub, str]) -> None:
+    server, url = stub
+    server.reply = refuse_n_above_3
+    async with backend(url) as b:
+        out = samples(await b.sample(wave(8)))
+        assert [r.n for r in server.requests][0] == 8
+        assert sorted(r.n for r in server.requests[1:]) == [2, 3, 3]
+        assert len(out) == 8 and b.merging and b.max_lanes_per_request == 3
+        assert b.drain_events() == ()  # n is supported: nothing to record
+        await b.sample(wave(6))
+        assert [r.n for r in server.requests[4:]] == [3, 3]  # the limit is remembered
 
 
 async def test_always_raises_a_refusal(stub: tuple[Stub, str]) -> None:
