@@ -209,7 +209,7 @@ async def test_n_above_a_stated_limit_is_split_not_given_up(stub: tuple[Stub, st
     server.reply = refuse_n_above_3
     async with backend(url) as b:
         out = samples(await b.sample(wave(8)))
-        assert [r.n for r in server.requests][0] == 8
+        assert server.requests[0].n == 8
         assert sorted(r.n for r in server.requests[1:]) == [2, 3, 3]
         assert len(out) == 8 and b.merging and b.max_lanes_per_request == 3
         assert b.drain_events() == ()  # n is supported: nothing to record
