@@ -151,11 +151,11 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     path = RunStore(args.runs_dir).existing(args.run_id)
-    state = fold(JsonlEventLog(path).read())
-    if state.started is None:
+    events = list(JsonlEventLog(path).read())
+    started = next((e for e in events if e.type == "run.started"), None)
+    if started is None:
         raise ConfigError(f"{path}: the log has no run.started event")
-    state = fold(JsonlEventLog(path).read(),
-                 LoopConfig.model_validate(state.started.config).pricing)
+    state = fold(events, LoopConfig.model_validate(started.data.config).pricing)
     if state.result is not None:
         _emit_result(RunResult.model_validate(state.result), args.json)
         return 0

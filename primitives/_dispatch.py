@@ -153,8 +153,9 @@ class Dispatcher:
 
     def _start(self, spec: WaveSpec) -> list[_Group]:
         groups = self._groups(spec, list(spec.jobs))
-        holds = [h for g in groups for h in self._holds(spec, g, len(g.jobs))]
-        fit = self.ledger.fit(holds)
+        for group in groups:
+            group.holds = self._holds(spec, group, len(group.jobs))
+        fit = self.ledger.fit([h for g in groups for h in g.holds or ()])
         k = fit.k
         if fit.limit is not None and k < len(spec.jobs):
             # The shared prefix rides on a request's first lane: keep whole prefixes only.
@@ -168,8 +169,8 @@ class Dispatcher:
             self.recorder.emit(BudgetWaveShrunk, BudgetWaveShrunkData(
                 k_requested=len(spec.jobs), k=k, limit=fit.limit), wave=spec.wave)
             groups = self._groups(spec, list(spec.jobs[:k]))
-        for group in groups:
-            group.holds = self._holds(spec, group, len(group.jobs))
+            for group in groups:
+                group.holds = self._holds(spec, group, len(group.jobs))
         kept = [h for g in groups for h in g.holds or ()]
         refused = self.ledger.try_reserve(kept)
         assert refused is None, "fit() and try_reserve() disagree"

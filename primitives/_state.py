@@ -157,11 +157,12 @@ def apply(state: RunState, event: AnyEvent) -> None:
         state.failure = event.data
 
 
-def _settle(state: RunState, lane: LaneState) -> None:
-    hold, usage = lane.hold, lane.usage or Usage()
+def _settle(state: RunState, lane: LaneState, usage: Usage | None = None) -> None:
+    """Bill the lane's attempt (its usage, or `usage` given) and drop its hold."""
+    hold = lane.hold
     if hold is None:
         return
-    state.spend.add(usage, hold.purpose, state.pricing, hold.requests)
+    state.spend.add(usage or lane.usage or Usage(), hold.purpose, state.pricing, hold.requests)
     lane.hold = None
 
 
@@ -170,8 +171,8 @@ def _resume(state: RunState, event: RunResumed) -> None:
     for wave, lane_no in event.data.in_flight:
         lane = state.waves[wave].lane(lane_no)
         if lane.hold is not None:
-            state.spend.add(lane.hold.usage, lane.hold.purpose, state.pricing, lane.hold.requests)
-        lane.status, lane.hold, lane.final = "failed", None, False
+            _settle(state, lane, lane.hold.usage)
+        lane.status, lane.final = "failed", False
         lane.error = "Interrupted: the run stopped while this attempt was in flight"
     state.active_seconds_before = event.data.active_seconds_before
     state.segment_start = event.time
