@@ -109,7 +109,7 @@ def hf_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, list[int]]:
 def run_ours(engine: Engine, prompt: list[int], k: int, t: int, seed: int) -> Run:
     before = engine.metrics.tokens_computed
     engine.pool.peak_used = 0
-    params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=t)
+    params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=t, ignore_eos=True)
     start = time.perf_counter()
     request = engine.generate(prompt, params, [LaneRequest(i, seed * 100 + i, t) for i in range(k)])
     wall = time.perf_counter() - start
@@ -185,7 +185,6 @@ def bench_model(
     model = build_model(checkpoint, torch.device("cpu"), torch.float32)
     blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
     engine = Engine(model, num_blocks=blocks, block_size=16)
-    engine.eos_ids = frozenset()  # exactly T tokens per lane, as min_new_tokens forces on HF
     reference, counter = hf_model(checkpoint)
     systems: list[tuple[str, Callable[[list[int], int, int, int], Run]]] = [
         ("engine", lambda p, k, t, s: run_ours(engine, p, k, t, s)),
@@ -253,6 +252,11 @@ def print_rows(rows: list[tuple[str, tuple[int, int, int], list[Run]]], header: 
         sys.stdout.flush()
 
 
+def parse_shape(text: str) -> tuple[int, int, int]:
+    p, k, t = (int(n) for n in text.split(","))
+    return p, k, t
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, small shapes, one rep")
@@ -260,6 +264,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--models", default="smollm2,tiny", help="comma list of smollm2, tiny")
     parser.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch")
+    parser.add_argument(
+        "--shapes", help="semicolon list of P,K,T (default: 512,8,32;512,1,32;512,16,32;128,8,128)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
@@ -267,6 +274,8 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
     shapes, reps = (QUICK_SHAPES, 1) if args.quick else (FULL_SHAPES, args.reps)
+    if args.shapes:
+        shapes = [parse_shape(s) for s in args.shapes.split(";")]
     models = ["tiny"] if args.quick else args.models.split(",")
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, "

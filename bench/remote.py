@@ -142,7 +142,8 @@ def rows(folder: Path) -> tuple[list[Row], list[str]]:
                      "(backends/engine is not merged yet); its row is left out")
     else:
         found.append(Row("orchestrator serve (engine)",
-                         lambda log_dir: _orchestrator_serve(log_dir, config), {}))
+                         lambda log_dir: _orchestrator_serve(log_dir, config),
+                         {"ignore_eos": True}))
     return found, notes
 
 

@@ -158,6 +158,7 @@ def create_app(
             max_tokens=ceiling,
             stop=body.stops(),
             logprobs=logprobs,
+            ignore_eos=body.ignore_eos,
         )
         lanes = [LaneRequest(lane=i, seed=seed + i, max_tokens=ceiling) for i in range(body.n)]
         step = backend.max_lanes_per_request or body.n

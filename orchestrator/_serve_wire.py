@@ -30,6 +30,7 @@ class _Body(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     user: str | None = None
+    ignore_eos: bool = False  # vLLM's and llama.cpp's extension: decode through end-of-sequence
 
     def stops(self) -> tuple[str, ...]:
         """`stop` as a tuple, whichever form it came in."""

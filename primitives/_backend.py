@@ -34,6 +34,7 @@ class SamplingParams:
     max_tokens: int = 256  # the configured ceiling; each lane's carved allotment may be lower
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    ignore_eos: bool = False  # decode to max_tokens through end-of-sequence (benchmarks)
 
 
 @dataclass(frozen=True, slots=True)

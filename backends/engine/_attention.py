@@ -26,7 +26,9 @@ class AttentionBatch:
     `[B, Lq]` picks each sequence's new tokens, `block_tables` `[B, blocks]` its context (its
     own blocks only, after any shared prefix; `Lk = blocks * block_size`), `mask`
     `[B, 1, Lq, Lk]` causality and padding, `query_valid` `[B * Lq]` un-pads the output.
-    `prefixes` (decode only) are `(rows, blocks)`: sequences and the leading blocks they share.
+    `prefixes` (decode only) are `(rows, blocks)`: sequences and the leading blocks they share;
+    `rows` is None where the group is every sequence of the step, in order (K forks of one
+    prompt). `bias` (decode only) is `mask` as 0 / -inf, added to the scores.
     """
 
     positions: Tensor
@@ -36,7 +38,8 @@ class AttentionBatch:
     block_tables: Tensor
     block_size: int
     mask: Tensor
-    prefixes: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    prefixes: list[tuple[Tensor | None, Tensor]] = field(default_factory=list)
+    bias: Tensor | None = None
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch) -> Tensor:
@@ -59,29 +62,42 @@ def _shared_prefix_decode(
     b, heads, dim = q.shape  # one query per sequence
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
-    scale = dim**-0.5
-    qg = q.view(b, kv_heads, group, dim)
-    own_k = _gather(k_cache, batch.block_tables, batch.block_size).transpose(1, 2).to(q.dtype)
-    own_v = _gather(v_cache, batch.block_tables, batch.block_size).transpose(1, 2).to(q.dtype)
-    own = (qg @ own_k.transpose(-1, -2)) * scale  # [B, kv_heads, group, Lk]
-    own = own.masked_fill(~batch.mask, float("-inf"))
-    width = max(len(blocks) for _, blocks in batch.prefixes) * batch.block_size
-    shared = own.new_full((b, kv_heads, group, width), float("-inf"))
-    shared_v = []
-    for rows, blocks in batch.prefixes:
-        k = _gather(k_cache, blocks[None], batch.block_size)[0].to(q.dtype)  # [Lp, kv_heads, D]
+    qg = (q * dim**-0.5).view(b, kv_heads, group, dim)
+    own_k = _gather(k_cache, batch.block_tables, batch.block_size).to(q.dtype)  # [B, Lo, kvh, D]
+    own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(q.dtype).transpose(1, 2)
+    own = qg @ own_k.permute(0, 2, 3, 1)  # [B, kv_heads, group, Lo]
+    own = own + batch.bias if batch.bias is not None else own.masked_fill(~batch.mask, -torch.inf)
+    shared_k, shared_v = [], []
+    for _, blocks in batch.prefixes:  # [Lp, kv_heads, D] each
+        shared_k.append(_gather(k_cache, blocks[None], batch.block_size)[0].to(q.dtype))
         shared_v.append(_gather(v_cache, blocks[None], batch.block_size)[0].to(q.dtype))
-        queries = qg[rows].permute(1, 0, 2, 3).reshape(kv_heads, -1, dim)  # [kv_heads, n*group, D]
-        scores = (queries @ k.permute(1, 2, 0)) * scale  # [kv_heads, n*group, Lp]
-        shared[rows, :, :, : k.shape[0]] = scores.view(kv_heads, len(rows), group, -1).transpose(
-            0, 1
-        )
-    weights = torch.cat((shared, own), dim=-1).softmax(dim=-1)
+    if len(batch.prefixes) == 1 and batch.prefixes[0][0] is None:
+        # K forks of one prompt: all B * group queries of a KV head meet the prompt in one product.
+        k, v = shared_k[0], shared_v[0]
+        width = k.shape[0]
+        queries = qg.transpose(0, 1).reshape(kv_heads, b * group, dim)
+        shared = (queries @ k.permute(1, 2, 0)).view(kv_heads, b, group, width).transpose(0, 1)
+        weights = torch.cat((shared, own), dim=-1).softmax(dim=-1)
+        out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
+        w = weights[..., :width].transpose(0, 1).reshape(kv_heads, b * group, width)
+        out += (w @ v.transpose(0, 1)).view(kv_heads, b, group, dim).transpose(0, 1)
+        return out.reshape(b, heads * dim)
+    width = max(k.shape[0] for k in shared_k)
+    scores = own.new_full((b, kv_heads, group, width), -torch.inf)
+    for (rows, _), k in zip(batch.prefixes, shared_k, strict=True):
+        index = rows if rows is not None else slice(None)
+        n = b if rows is None else len(rows)
+        queries = qg[index].transpose(0, 1).reshape(kv_heads, n * group, dim)
+        part = (queries @ k.permute(1, 2, 0)).view(kv_heads, n, group, -1).transpose(0, 1)
+        scores[index, :, :, : k.shape[0]] = part
+    weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
     out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
     for (rows, _), v in zip(batch.prefixes, shared_v, strict=True):
-        w = weights[rows, :, :, : v.shape[0]].transpose(0, 1).reshape(kv_heads, -1, v.shape[0])
-        part = w @ v.transpose(0, 1)  # [kv_heads, n*group, D]
-        out[rows] += part.view(kv_heads, len(rows), group, dim).transpose(0, 1)
+        index = rows if rows is not None else slice(None)
+        n = b if rows is None else len(rows)
+        w = weights[index, :, :, : v.shape[0]].transpose(0, 1).reshape(kv_heads, -1, v.shape[0])
+        part = w @ v.transpose(0, 1)  # [kv_heads, n * group, D]
+        out[index] += part.view(kv_heads, n, group, dim).transpose(0, 1)
     return out.reshape(b, heads * dim)
 
 

@@ -220,7 +220,7 @@ class Engine:
         if seq.num_generated >= seq.max_tokens:
             return self._finish(seq, "length")
         token, logprob = sample_token(row, seq.params, seq.generator)
-        if token in self.eos_ids:
+        if token in self.eos_ids and not seq.params.ignore_eos:
             return self._finish(seq, "stop")
         seq.tokens.append(token)
         seq.metrics.decode_tokens += 1

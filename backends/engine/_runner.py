@@ -60,6 +60,11 @@ class ModelRunner:
         key_pos = torch.tensor(shared)[:, None] * bs + torch.arange(own.shape[1] * bs)[None, :]
         offsets = torch.cumsum(query_lens, 0) - query_lens
         device = self.device
+        mask = (key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device)
+        bias = None
+        if step.kind == "decode":
+            bias = torch.zeros(mask.shape, dtype=self.model.lm_head.weight.dtype, device=device)
+            bias.masked_fill_(~mask, -torch.inf)  # [B, 1, 1, Lk]: one query per sequence
         return AttentionBatch(
             positions=query_pos[real].to(device),
             write_slots=slots.gather(1, query_pos)[real].to(device),
@@ -67,8 +72,12 @@ class ModelRunner:
             query_valid=real.flatten().nonzero().squeeze(1).to(device),
             block_tables=own.to(device),
             block_size=bs,
-            mask=(key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device),
-            prefixes=[(rows.to(device), blocks.to(device)) for rows, blocks in prefixes],
+            mask=mask,
+            prefixes=[
+                (None if rows is None else rows.to(device), blocks.to(device))
+                for rows, blocks in prefixes
+            ],
+            bias=bias,
         )
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -91,7 +100,9 @@ def _pad(tables: list[list[int]]) -> Tensor:
     return torch.tensor([t + [0] * (width - len(t)) for t in tables])
 
 
-def _shared_prefixes(seqs: list[Sequence]) -> tuple[list[int], list[tuple[Tensor, Tensor]]]:
+def _shared_prefixes(
+    seqs: list[Sequence],
+) -> tuple[list[int], list[tuple[Tensor | None, Tensor]]]:
     """Leading blocks shared by sequences that start with the same block (forks of one prompt,
     or prompts behind one cached preamble): per sequence, how many; per group, (rows, blocks).
     A sequence's current block is its own after `append`, so shared blocks are full and fully
@@ -100,7 +111,7 @@ def _shared_prefixes(seqs: list[Sequence]) -> tuple[list[int], list[tuple[Tensor
     for row, seq in enumerate(seqs):
         groups.setdefault(seq.block_table[0], []).append(row)
     shared = [0] * len(seqs)
-    prefixes = []
+    prefixes: list[tuple[Tensor | None, Tensor]] = []
     for rows in groups.values():
         tables = [seqs[r].block_table for r in rows]
         length = 0
@@ -111,5 +122,8 @@ def _shared_prefixes(seqs: list[Sequence]) -> tuple[list[int], list[tuple[Tensor
         if length:
             for r in rows:
                 shared[r] = length
-            prefixes.append((torch.tensor(rows), torch.tensor(tables[0][:length])))
+            everyone = len(rows) == len(seqs)  # rows are ascending: all of them is in order
+            prefixes.append(
+                (None if everyone else torch.tensor(rows), torch.tensor(tables[0][:length]))
+            )
     return shared, prefixes

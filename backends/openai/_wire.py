@@ -207,4 +207,6 @@ def build_body(
         body["stop"] = list(params.stop)
     if params.top_k > 0:
         body["top_k"] = params.top_k  # not OpenAI's own; a server without it says so (400)
+    if params.ignore_eos:
+        body["ignore_eos"] = True  # vLLM's and llama.cpp's extension, likewise
     return body

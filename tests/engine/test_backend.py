@@ -143,3 +143,25 @@ async def test_a_failed_step_fails_the_requests_in_flight_and_forgets_the_cache(
     first = samples[0]
     assert isinstance(first, Sample) and first.usage.cached_input_tokens == 0
     assert engine.pool.num_free == engine.pool.num_blocks
+
+
+@pytest.mark.anyio
+async def test_ignore_eos_decodes_to_max_tokens_where_eos_would_stop_a_lane(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine()
+    engine.eos_ids = frozenset(range(engine.model.args.vocab_size))  # every token ends a lane
+    backend = EngineBackend(EngineConfig(block_size=16), engine=engine)
+    stopped = await backend.sample(request(3, max_tokens=5))
+    assert [(s.finish_reason, s.usage.output_tokens) for s in stopped if isinstance(s, Sample)] == [
+        ("stop", 0)
+    ] * 3
+    through = SampleRequest(
+        prompt=PROMPT,
+        params=SamplingParams(temperature=0.9, max_tokens=5, ignore_eos=True),
+        lanes=tuple(LaneRequest(i, 1000 + i, 5) for i in range(3)),
+    )
+    samples = await backend.sample(through)
+    assert [(s.finish_reason, s.usage.output_tokens) for s in samples if isinstance(s, Sample)] == [
+        ("length", 5)
+    ] * 3

@@ -82,3 +82,18 @@ def test_served_smollm2_matches_in_process(tmp_path: Path, smollm2: Engine) -> N
     # bill says so; either way the prompt is counted once for the four lanes.
     assert (remote.usage.prefill_tokens + remote.usage.cached_prefill_tokens
             == local.usage.prefill_tokens)
+
+
+def test_served_engine_honours_ignore_eos(make_engine: Callable[..., Engine]) -> None:
+    import httpx
+
+    engine = make_engine()
+    engine.eos_ids = frozenset(range(engine.model.args.vocab_size))  # every token ends a lane
+    with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
+        body = {"prompt": "What is 7 + 8?", "n": 4, "max_tokens": 6, "temperature": 0.9}
+        short = httpx.post(f"{server.base_url}/completions", json=body, timeout=60).json()
+        body["ignore_eos"] = True
+        full = httpx.post(f"{server.base_url}/completions", json=body, timeout=60).json()
+    assert short["usage"]["completion_tokens"] == 0
+    assert [c["finish_reason"] for c in full["choices"]] == ["length"] * 4
+    assert full["usage"]["completion_tokens"] == 4 * 6

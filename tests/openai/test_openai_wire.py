@@ -59,7 +59,7 @@ async def test_chat_body(stub: tuple[Stub, str]) -> None:
 
 async def test_completions_body(stub: tuple[Stub, str]) -> None:
     server, url = stub
-    params = SamplingParams(max_tokens=24, logprobs=True, top_k=5)
+    params = SamplingParams(max_tokens=24, logprobs=True, top_k=5, ignore_eos=True)
     async with make_backend(url, api="completions") as b:
         out = await b.sample(req(3, params))
     (rec,) = server.requests
@@ -69,6 +69,7 @@ async def test_completions_body(stub: tuple[Stub, str]) -> None:
     assert rec.body["n"] == 3
     assert rec.body["logprobs"] == 1
     assert rec.body["top_k"] == 5
+    assert rec.body["ignore_eos"] is True
     assert "stop" not in rec.body
     assert "authorization" not in rec.headers
     assert [s.text for s in out if isinstance(s, Sample)] == [
