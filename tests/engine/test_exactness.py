@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from reference import reference_logits
-from tiny import tiny_checkpoint
+from tiny import TINY, tiny_checkpoint
 
 from backends.engine._engine import Engine
 from backends.engine._scheduler import Step
@@ -97,3 +97,18 @@ def test_preempted_branches_recompute_to_the_same_result(
     assert [s.output_ids for s in tight.sequences] == [s.output_ids for s in roomy.sequences]
     assert tight_engine.pool.num_free == tight_engine.pool.num_blocks
     assert_matches_reference(seen)
+
+
+def test_a_large_vocabulary_head_taken_in_slices_equals_one_product() -> None:
+    from dataclasses import replace
+
+    import torch.nn.functional as F
+
+    from backends.engine._model import build_model
+
+    args = replace(TINY, vocab_size=5000)  # over two slices of 2048 rows
+    model = build_model(tiny_checkpoint(args=args), torch.device("cpu"), torch.float32)
+    hidden = torch.randn(8, args.hidden_size, generator=torch.Generator().manual_seed(3))
+    logits = model.logits(hidden)
+    assert logits.shape == (8, 5000)
+    torch.testing.assert_close(logits, F.linear(hidden, model.lm_head.weight), atol=1e-5, rtol=0)
