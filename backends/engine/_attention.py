@@ -15,7 +15,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ("AttentionBatch", "paged_attention")
+__all__ = ("AttentionBatch", "Prefix", "paged_attention")
+
+
+@dataclass(slots=True)
+class Prefix:
+    """Leading blocks a group of decode sequences shares, and their K/V laid out for products.
+
+    `rows` None means every sequence of the step, in order (K forks of one prompt). `keys`
+    `[layers, kv_heads, D, Lp]` and `values` `[layers, kv_heads, Lp, D]` are set where the runner
+    gathered the prefix once for every layer (and keeps it while the group decodes); otherwise
+    each layer gathers it from the cache.
+    """
+
+    rows: Tensor | None
+    blocks: Tensor
+    keys: Tensor | None = None
+    values: Tensor | None = None
+
+    def kv(self, layer: int, k_cache: Tensor, v_cache: Tensor, block_size: int) -> tuple[
+        Tensor, Tensor
+    ]:
+        """This layer's prefix keys `[kv_heads, D, Lp]` and values `[kv_heads, Lp, D]`."""
+        if self.keys is not None and self.values is not None:
+            return self.keys[layer], self.values[layer]
+        k = _gather(k_cache, self.blocks[None], block_size)[0]  # [Lp, kv_heads, D]
+        v = _gather(v_cache, self.blocks[None], block_size)[0]
+        return k.permute(1, 2, 0), v.transpose(0, 1)
 
 
 @dataclass(slots=True)
@@ -26,9 +52,8 @@ class AttentionBatch:
     `[B, Lq]` picks each sequence's new tokens, `block_tables` `[B, blocks]` its context (its
     own blocks only, after any shared prefix; `Lk = blocks * block_size`), `mask`
     `[B, 1, Lq, Lk]` causality and padding, `query_valid` `[B * Lq]` un-pads the output.
-    `prefixes` (decode only) are `(rows, blocks)`: sequences and the leading blocks they share;
-    `rows` is None where the group is every sequence of the step, in order (K forks of one
-    prompt). `bias` (decode only) is `mask` as 0 / -inf, added to the scores.
+    `prefixes` (decode only) are the groups of sequences sharing leading blocks; `bias` (decode
+    only) is `mask` as 0 / -inf, added to the scores.
     """
 
     positions: Tensor
@@ -38,14 +63,16 @@ class AttentionBatch:
     block_tables: Tensor
     block_size: int
     mask: Tensor
-    prefixes: list[tuple[Tensor | None, Tensor]] = field(default_factory=list)
+    prefixes: list[Prefix] = field(default_factory=list)
     bias: Tensor | None = None
 
 
-def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch) -> Tensor:
-    """Attention output `[N, heads * D]` for the flat queries `q` `[N, heads, D]`."""
+def paged_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, layer: int = 0
+) -> Tensor:
+    """Attention output `[N, heads * D]` for the flat queries `q` `[N, heads, D]` of `layer`."""
     if batch.prefixes:
-        return _shared_prefix_decode(q, k_cache, v_cache, batch)
+        return _shared_prefix_decode(q, k_cache, v_cache, batch, layer)
     b, lq = batch.query_index.shape
     qp = q[batch.query_index].transpose(1, 2)  # [B, heads, Lq, D]
     kp = _gather(k_cache, batch.block_tables, batch.block_size).transpose(1, 2)
@@ -57,7 +84,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: Attentio
 
 
 def _shared_prefix_decode(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, layer: int
 ) -> Tensor:
     b, heads, dim = q.shape  # one query per sequence
     kv_heads = k_cache.shape[1]
@@ -67,36 +94,34 @@ def _shared_prefix_decode(
     own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(q.dtype).transpose(1, 2)
     own = qg @ own_k.permute(0, 2, 3, 1)  # [B, kv_heads, group, Lo]
     own = own + batch.bias if batch.bias is not None else own.masked_fill(~batch.mask, -torch.inf)
-    shared_k, shared_v = [], []
-    for _, blocks in batch.prefixes:  # [Lp, kv_heads, D] each
-        shared_k.append(_gather(k_cache, blocks[None], batch.block_size)[0].to(q.dtype))
-        shared_v.append(_gather(v_cache, blocks[None], batch.block_size)[0].to(q.dtype))
-    if len(batch.prefixes) == 1 and batch.prefixes[0][0] is None:
+    shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
+    if len(batch.prefixes) == 1 and batch.prefixes[0].rows is None:
         # K forks of one prompt: all B * group queries of a KV head meet the prompt in one product.
-        k, v = shared_k[0], shared_v[0]
-        width = k.shape[0]
+        k, v = shared[0]  # [kv_heads, D, Lp], [kv_heads, Lp, D]
+        width = k.shape[-1]
         queries = qg.transpose(0, 1).reshape(kv_heads, b * group, dim)
-        shared = (queries @ k.permute(1, 2, 0)).view(kv_heads, b, group, width).transpose(0, 1)
-        weights = torch.cat((shared, own), dim=-1).softmax(dim=-1)
+        scores = (queries @ k).view(kv_heads, b, group, width).transpose(0, 1)
+        weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
         out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
         w = weights[..., :width].transpose(0, 1).reshape(kv_heads, b * group, width)
-        out += (w @ v.transpose(0, 1)).view(kv_heads, b, group, dim).transpose(0, 1)
+        out += (w @ v).view(kv_heads, b, group, dim).transpose(0, 1)
         return out.reshape(b, heads * dim)
-    width = max(k.shape[0] for k in shared_k)
+    width = max(k.shape[-1] for k, _ in shared)
     scores = own.new_full((b, kv_heads, group, width), -torch.inf)
-    for (rows, _), k in zip(batch.prefixes, shared_k, strict=True):
-        index = rows if rows is not None else slice(None)
-        n = b if rows is None else len(rows)
+    for prefix, (k, _) in zip(batch.prefixes, shared, strict=True):
+        index = prefix.rows if prefix.rows is not None else slice(None)
+        n = b if prefix.rows is None else len(prefix.rows)
         queries = qg[index].transpose(0, 1).reshape(kv_heads, n * group, dim)
-        part = (queries @ k.permute(1, 2, 0)).view(kv_heads, n, group, -1).transpose(0, 1)
-        scores[index, :, :, : k.shape[0]] = part
+        part = (queries @ k.to(q.dtype)).view(kv_heads, n, group, -1).transpose(0, 1)
+        scores[index, :, :, : k.shape[-1]] = part
     weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
     out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
-    for (rows, _), v in zip(batch.prefixes, shared_v, strict=True):
-        index = rows if rows is not None else slice(None)
-        n = b if rows is None else len(rows)
-        w = weights[index, :, :, : v.shape[0]].transpose(0, 1).reshape(kv_heads, -1, v.shape[0])
-        part = w @ v.transpose(0, 1)  # [kv_heads, n * group, D]
+    for prefix, (_, v) in zip(batch.prefixes, shared, strict=True):
+        index = prefix.rows if prefix.rows is not None else slice(None)
+        n = b if prefix.rows is None else len(prefix.rows)
+        lp = v.shape[1]
+        w = weights[index, :, :, :lp].transpose(0, 1).reshape(kv_heads, n * group, lp)
+        part = w @ v.to(q.dtype)  # [kv_heads, n * group, D]
         out[index] += part.view(kv_heads, n, group, dim).transpose(0, 1)
     return out.reshape(b, heads * dim)
 

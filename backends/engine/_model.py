@@ -81,6 +81,7 @@ class Attention(nn.Module):
         rope: tuple[Tensor, Tensor],
         cache: tuple[Tensor, Tensor],
         batch: AttentionBatch,
+        layer: int,
     ) -> Tensor:
         n = x.shape[0]
         q = _rotate(self.q_proj(x).view(n, self.heads, self.head_dim), rope)
@@ -89,7 +90,7 @@ class Attention(nn.Module):
         k_cache, v_cache = cache
         k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
-        out: Tensor = self.o_proj(paged_attention(q, k_cache, v_cache, batch))
+        out: Tensor = self.o_proj(paged_attention(q, k_cache, v_cache, batch, layer))
         return out
 
 
@@ -123,8 +124,9 @@ class DecoderLayer(nn.Module):
         rope: tuple[Tensor, Tensor],
         cache: tuple[Tensor, Tensor],
         batch: AttentionBatch,
+        layer: int,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, batch)
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, batch, layer)
         out: Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
 
@@ -158,7 +160,7 @@ class CausalLM(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [N, 1, head_dim]
         rope = (angles.cos(), angles.sin())
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, (cache.k[i], cache.v[i]), batch)
+            x = layer(x, rope, (cache.k[i], cache.v[i]), batch, i)
         out: Tensor = self.model.norm(x)
         return out
 

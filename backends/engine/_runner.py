@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from backends.engine._attention import AttentionBatch
+from backends.engine._attention import AttentionBatch, Prefix
 from backends.engine._model import CausalLM, KVCache
 from backends.engine._scheduler import Step
 from backends.engine._sequence import Sequence
@@ -24,11 +24,19 @@ class ModelRunner:
         self.device = model.lm_head.weight.device
         self.cache = KVCache.empty(model.args, num_blocks * block_size, kv_dtype, self.device)
         self.block_bytes = self.cache.k[:, :block_size].nbytes * 2
+        # Shared prompts gathered once for every layer, laid out for the products, kept while
+        # their groups decode: full shared blocks are never written, and a block can only come
+        # back with other contents through a prefill, which clears this. Capped at an eighth of
+        # the pool's memory; groups past the cap gather layer by layer.
+        self._prefix_kv: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
+        self._prefix_cap = (self.cache.k.nbytes + self.cache.v.nbytes) // 8
 
     def run(self, step: Step) -> Tensor:
         """Make the step's block copies, compute its tokens; fp32 logits `[sequences, vocab]`."""
         self._copy_blocks(step.copies)
         prefill = step.kind == "prefill"
+        if prefill:
+            self._prefix_kv.clear()
         starts = [s.num_computed if prefill else len(s.tokens) - 1 for s in step.sequences]
         input_ids = torch.tensor(
             [t for s, a in zip(step.sequences, starts, strict=True) for t in s.tokens[a:]],
@@ -73,12 +81,41 @@ class ModelRunner:
             block_tables=own.to(device),
             block_size=bs,
             mask=mask,
-            prefixes=[
-                (None if rows is None else rows.to(device), blocks.to(device))
-                for rows, blocks in prefixes
-            ],
+            prefixes=self._prefixes(prefixes),
             bias=bias,
         )
+
+    def _prefixes(self, groups: list[tuple[list[int] | None, list[int]]]) -> list[Prefix]:
+        """The step's groups as `Prefix`es, each gathered for every layer once while it lasts."""
+        kept: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
+        used = 0
+        out = []
+        for rows, blocks in groups:
+            key = tuple(blocks)
+            kv = kept.get(key) or self._prefix_kv.get(key)
+            size = self.block_bytes * len(blocks)
+            if kv is None and used + size <= self._prefix_cap:
+                kv = self._gather_prefix(blocks)
+            if kv is not None and key not in kept:
+                used += size
+                kept[key] = kv
+            out.append(
+                Prefix(
+                    rows=None if rows is None else torch.tensor(rows, device=self.device),
+                    blocks=torch.tensor(blocks, device=self.device),
+                    keys=None if kv is None else kv[0],
+                    values=None if kv is None else kv[1],
+                )
+            )
+        self._prefix_kv = kept
+        return out
+
+    def _gather_prefix(self, blocks: list[int]) -> tuple[Tensor, Tensor]:
+        bs = self.block_size
+        slots = (torch.tensor(blocks)[:, None] * bs + torch.arange(bs)).flatten().to(self.device)
+        k = self.cache.k.index_select(1, slots)  # [layers, Lp, kv_heads, D]
+        v = self.cache.v.index_select(1, slots)
+        return k.permute(0, 2, 3, 1).contiguous(), v.permute(0, 2, 1, 3).contiguous()
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -102,7 +139,7 @@ def _pad(tables: list[list[int]]) -> Tensor:
 
 def _shared_prefixes(
     seqs: list[Sequence],
-) -> tuple[list[int], list[tuple[Tensor | None, Tensor]]]:
+) -> tuple[list[int], list[tuple[list[int] | None, list[int]]]]:
     """Leading blocks shared by sequences that start with the same block (forks of one prompt,
     or prompts behind one cached preamble): per sequence, how many; per group, (rows, blocks).
     A sequence's current block is its own after `append`, so shared blocks are full and fully
@@ -111,7 +148,7 @@ def _shared_prefixes(
     for row, seq in enumerate(seqs):
         groups.setdefault(seq.block_table[0], []).append(row)
     shared = [0] * len(seqs)
-    prefixes: list[tuple[Tensor | None, Tensor]] = []
+    prefixes: list[tuple[list[int] | None, list[int]]] = []
     for rows in groups.values():
         tables = [seqs[r].block_table for r in rows]
         length = 0
@@ -123,7 +160,5 @@ def _shared_prefixes(
             for r in rows:
                 shared[r] = length
             everyone = len(rows) == len(seqs)  # rows are ascending: all of them is in order
-            prefixes.append(
-                (None if everyone else torch.tensor(rows), torch.tensor(tables[0][:length]))
-            )
+            prefixes.append((None if everyone else rows, tables[0][:length]))
     return shared, prefixes
