@@ -83,6 +83,28 @@ def test_prefix_cache_hit_and_concurrent_requests_match_full_recompute(
     assert_matches_reference(seen)
 
 
+@pytest.mark.parametrize("prefix_cap", [1 << 30, 0])
+def test_forks_of_requests_arriving_mid_decode_match_full_recompute(
+    make_engine: Callable[..., Engine], prefix_cap: int
+) -> None:
+    # A small pool, so the second wave reuses the blocks the first freed; a request arriving
+    # mid-decode puts a prefill between decodes and two groups of forks in one step. The
+    # runner's all-layer copies of shared prompts are kept (no cap) or never made (cap 0).
+    engine = make_engine(block_size=4, num_blocks=40)
+    engine.runner._prefix_cap = prefix_cap
+    seen = record_steps(engine)
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    engine.generate(PROMPT[::-1], params, [LaneRequest(i, i, 8) for i in range(3)])
+    first = engine.add_request(PROMPT, params, [LaneRequest(i, 10 + i, 8) for i in range(3)])
+    for _ in range(3):
+        engine.step()
+    second = engine.add_request(PROMPT[5:], params, [LaneRequest(i, 20 + i, 8) for i in range(3)])
+    while not (first.finished and second.finished):
+        engine.step()
+    assert engine.pool.num_free == engine.pool.num_blocks
+    assert_matches_reference(seen)
+
+
 def test_preempted_branches_recompute_to_the_same_result(
     make_engine: Callable[..., Engine],
 ) -> None:
