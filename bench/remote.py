@@ -259,8 +259,6 @@ def main(argv: list[str]) -> int:
         engine = next(name for name in walls if name != "llama-server")
         print(f"\nwall time, merged: {engine} / llama-server = "
               f"{walls[engine] / walls['llama-server']:.2f}")
-    notes += [f"{row.name}: no way to ignore EOS, so a lane may stop before T (see decode)"
-              for row in found if not row.extra_body]
     for note in notes:
         print(f"note: {note}")
     return 0

@@ -52,8 +52,8 @@ class AttentionBatch:
     `[B, Lq]` picks each sequence's new tokens, `block_tables` `[B, blocks]` its context (its
     own blocks only, after any shared prefix; `Lk = blocks * block_size`), `mask`
     `[B, 1, Lq, Lk]` causality and padding, `query_valid` `[B * Lq]` un-pads the output.
-    `prefixes` (decode only) are the groups of sequences sharing leading blocks; `bias` (decode
-    only) is `mask` as 0 / -inf, added to the scores.
+    `prefixes` (decode only) are the groups of sequences sharing leading blocks; `bias` (set
+    with them) is `mask` as 0 / -inf, added to the scores.
     """
 
     positions: Tensor
@@ -92,8 +92,8 @@ def _shared_prefix_decode(
     qg = (q * dim**-0.5).view(b, kv_heads, group, dim)
     own_k = _gather(k_cache, batch.block_tables, batch.block_size).to(q.dtype)  # [B, Lo, kvh, D]
     own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(q.dtype).transpose(1, 2)
-    own = qg @ own_k.permute(0, 2, 3, 1)  # [B, kv_heads, group, Lo]
-    own = own + batch.bias if batch.bias is not None else own.masked_fill(~batch.mask, -torch.inf)
+    assert batch.bias is not None, "the runner sets a bias wherever it sets prefixes"
+    own = qg @ own_k.permute(0, 2, 3, 1) + batch.bias  # [B, kv_heads, group, Lo]
     shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
     if len(batch.prefixes) == 1 and batch.prefixes[0].rows is None:
         # K forks of one prompt: all B * group queries of a KV head meet the prompt in one product.

@@ -70,7 +70,7 @@ class ModelRunner:
         device = self.device
         mask = (key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device)
         bias = None
-        if step.kind == "decode":
+        if prefixes:  # the shared-prefix decode adds the mask as a bias; SDPA takes it as it is
             bias = torch.zeros(mask.shape, dtype=self.model.lm_head.weight.dtype, device=device)
             bias.masked_fill_(~mask, -torch.inf)  # [B, 1, 1, Lk]: one query per sequence
         return AttentionBatch(
@@ -92,11 +92,11 @@ class ModelRunner:
         out = []
         for rows, blocks in groups:
             key = tuple(blocks)
-            kv = kept.get(key) or self._prefix_kv.get(key)
+            kv = self._prefix_kv.get(key)  # groups differ in their first block, so keys are unique
             size = self.block_bytes * len(blocks)
             if kv is None and used + size <= self._prefix_cap:
                 kv = self._gather_prefix(blocks)
-            if kv is not None and key not in kept:
+            if kv is not None:
                 used += size
                 kept[key] = kv
             out.append(
