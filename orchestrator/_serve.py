@@ -9,19 +9,20 @@ maps back to the status a client's OpenAI backend maps to the same error class.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from orchestrator._serve_wire import ChatBody, CompletionBody, flatten_messages
@@ -41,12 +42,15 @@ from primitives import (
     SampleRequest,
     SamplingParams,
     ServerError,
+    StreamingBackend,
+    TextDelta,
     Usage,
 )
 
 __all__ = ("create_app", "serve", "serve_async")
 
 _Body = TypeVar("_Body", bound=BaseModel)
+_Item = TypeVar("_Item")
 
 # BackendError class -> (status, OpenAI error type, code); first match in MRO order wins.
 _BACKEND_STATUS: dict[type[BackendError], tuple[int, str, str | None]] = {
@@ -92,17 +96,29 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(exc.status, str(exc), param=exc.param, code=exc.code)
 
 
-async def _on_library_error(request: Request, exc: Exception) -> JSONResponse:
+def _error_fields(exc: LanefoldError) -> tuple[int, str, str | None, dict[str, str] | None]:
+    """A library error as (status, OpenAI error type, code, headers)."""
     if isinstance(exc, ConfigError):
-        return _error(400, str(exc))
+        return 400, "invalid_request_error", None, None
     if not isinstance(exc, BackendError):
-        return _error(500, "the run failed", kind="server_error")
+        return 500, "server_error", None, None
     cls = next(c for c in type(exc).__mro__ if c in _BACKEND_STATUS)
     status, kind, code = _BACKEND_STATUS[cls]
     headers = None
     if exc.retry_after is not None:
         headers = {"Retry-After": str(math.ceil(exc.retry_after))}
-    return _error(status, str(exc), kind=kind, code=code, headers=headers)
+    return status, kind, code, headers
+
+
+async def _on_library_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, LanefoldError)
+    status, kind, code, headers = _error_fields(exc)
+    return _error(status, _public_message(exc), kind=kind, code=code, headers=headers)
+
+
+def _public_message(exc: LanefoldError) -> str:
+    """What a client is told: a backend's or a config's own words, else nothing internal."""
+    return str(exc) if isinstance(exc, ConfigError | BackendError) else "the run failed"
 
 
 async def _on_crash(request: Request, exc: Exception) -> JSONResponse:
@@ -122,6 +138,63 @@ async def _parse(request: Request, model: type[_Body]) -> _Body:
         raise _HTTPError(400, f"{param}: {first['msg']}", param=param) from None
 
 
+def _whole_lanes(request: SampleRequest, outcomes: Sequence[Sample | BackendError]) -> list[Sample]:
+    """A backend's outcomes as one Sample per lane of `request`; a failed lane fails them all."""
+    if len(outcomes) != len(request.lanes):
+        raise BadResponseError(f"{len(outcomes)} outcomes for {len(request.lanes)} lanes")
+    got: list[Sample] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BackendError):
+            raise outcome
+        got.append(outcome)
+    return got
+
+
+def _bill(samples: list[Sample]) -> Usage:
+    """One backend request's usage: its first lane's prompt, every lane's output."""
+    first = min(samples, key=lambda s: s.lane).usage
+    output = sum(s.usage.output_tokens for s in samples)
+    return Usage(first.input_tokens, first.cached_input_tokens, output)
+
+
+def _usage_body(billed: Usage) -> dict[str, Any]:
+    prompt_tokens = billed.input_tokens + billed.cached_input_tokens
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": billed.output_tokens,
+        "total_tokens": prompt_tokens + billed.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": billed.cached_input_tokens},
+    }
+
+
+def _stream_of(backend: Backend, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
+    """`backend.stream(request)`, or each lane's whole text as one delta once `sample` returns."""
+    if isinstance(backend, StreamingBackend):
+        return backend.stream(request)
+    return _all_at_once(backend, request)
+
+
+async def _all_at_once(backend: Backend, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
+    for sample in _whole_lanes(request, await backend.sample(request)):
+        if sample.text:
+            yield TextDelta(sample.lane, sample.text)
+        yield sample
+
+
+@contextlib.asynccontextmanager
+async def _closing(
+    iterator: AsyncIterator[_Item],
+) -> AsyncIterator[AsyncIterator[_Item]]:
+    """Close an async generator on the way out (an early exit cancels what it was doing)."""
+    try:
+        yield iterator
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            with anyio.CancelScope(shield=True):
+                await close()
+
+
 def create_app(
     backend: Backend,
     *,
@@ -138,15 +211,18 @@ def create_app(
     """
     draw_seed = seed_source or (lambda: secrets.randbelow(2**31))
 
-    async def sample(
+    def plan(
         body: ChatBody | CompletionBody, prompt: str, max_tokens: int | None, logprobs: bool
-    ) -> tuple[list[Sample], dict[str, Any]]:
+    ) -> list[SampleRequest]:
+        """The backend requests answering `body`: its `n` lanes, at most a backend's worth each."""
         if body.model is not None and body.model != model_name:
             raise _HTTPError(
                 404, f"model {body.model!r} not found", param="model", code="model_not_found"
             )
-        if body.stream:
-            raise _HTTPError(400, "streaming is not supported", param="stream")
+        if body.stream_options is not None and not body.stream:
+            raise _HTTPError(
+                400, "stream_options is only allowed with stream", param="stream_options"
+            )
         if body.n > max_n:
             raise _HTTPError(400, f"n may be at most {max_n}", param="n")
         ceiling = max_tokens or default_max_tokens
@@ -162,29 +238,102 @@ def create_app(
         )
         lanes = [LaneRequest(lane=i, seed=seed + i, max_tokens=ceiling) for i in range(body.n)]
         step = backend.max_lanes_per_request or body.n
+        return [
+            SampleRequest(prompt, params, tuple(lanes[i : i + step]), share_prefix=True)
+            for i in range(0, body.n, step)
+        ]
+
+    async def sample(requests: list[SampleRequest]) -> tuple[list[Sample], dict[str, Any]]:
         samples: list[Sample] = []
-        billed = Usage()  # per backend request: its first lane's prompt, every lane's output
-        for start in range(0, body.n, step):
-            chunk = tuple(lanes[start : start + step])
-            outcomes = await backend.sample(SampleRequest(prompt, params, chunk, share_prefix=True))
-            if len(outcomes) != len(chunk):
-                raise BadResponseError(f"{len(outcomes)} outcomes for {len(chunk)} lanes")
-            got: list[Sample] = []
-            for outcome in outcomes:
-                if isinstance(outcome, BackendError):
-                    raise outcome
-                got.append(outcome)
-            first = got[0].usage
-            output = sum(s.usage.output_tokens for s in got)
-            billed += Usage(first.input_tokens, first.cached_input_tokens, output)
+        billed = Usage()
+        for request in requests:
+            outcomes = await backend.sample(request)
+            got = _whole_lanes(request, outcomes)
+            billed += _bill(got)
             samples += got
-        prompt_tokens = billed.input_tokens + billed.cached_input_tokens
-        return samples, {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": billed.output_tokens,
-            "total_tokens": prompt_tokens + billed.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": billed.cached_input_tokens},
-        }
+        return samples, _usage_body(billed)
+
+    async def items(
+        requests: list[SampleRequest], billed: list[Usage]
+    ) -> AsyncGenerator[TextDelta | Sample, None]:
+        """Every request's deltas and samples in turn; each request's bill lands in `billed`."""
+        for request in requests:
+            got: list[Sample] = []
+            async with _closing(_stream_of(backend, request)) as stream:
+                async for item in stream:
+                    if isinstance(item, Sample):
+                        got.append(item)
+                    yield item
+            billed.append(_bill(_whole_lanes(request, got)))
+
+    async def streamed(
+        body: ChatBody | CompletionBody,
+        requests: list[SampleRequest],
+        kind: str,
+        prefix: str,
+        delta: Callable[[int, str], dict[str, Any]],
+        final: Callable[[Sample], dict[str, Any]],
+        opening: list[dict[str, Any]],
+    ) -> StreamingResponse:
+        """Server-sent events: a chunk per delta, one closing each choice, usage, `[DONE]`."""
+        rid, created = f"{prefix}-{uuid.uuid4().hex}", int(clock())
+        with_usage = body.stream_options is not None and body.stream_options.include_usage
+        billed: list[Usage] = []
+        source = items(requests, billed)
+        try:  # the first item before the status line: an early error keeps its own status
+            first: TextDelta | Sample | None = await anext(source)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await source.aclose()
+            raise
+
+        def frame(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+            chunk: dict[str, Any] = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model_name,
+                "choices": choices,
+            }
+            if with_usage:
+                chunk["usage"] = usage
+            return f"data: {json.dumps(chunk)}\n\n"
+
+        def render(item: TextDelta | Sample) -> str:
+            if isinstance(item, TextDelta):
+                return frame([delta(item.lane, item.text)])
+            return frame([final(item)])
+
+        async def events() -> AsyncIterator[str]:
+            async with _closing(source):
+                if opening:
+                    yield frame(opening)
+                try:
+                    if first is not None:
+                        yield render(first)
+                    async for item in source:
+                        yield render(item)
+                except Exception as exc:  # the status line has gone: report it in-band
+                    if isinstance(exc, LanefoldError):
+                        status, kind_, code, _ = _error_fields(exc)
+                        message = _public_message(exc)
+                    else:
+                        status, kind_, code = 500, "server_error", None
+                        message = "internal server error"
+                    error = {"message": message, "type": kind_, "param": None, "code": code}
+                    yield f"data: {json.dumps({'error': error | {'status': status}})}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+            if with_usage:
+                yield frame([], _usage_body(sum(billed, Usage())))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(
+            events(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     def envelope(
         kind: str, prefix: str, choices: list[dict[str, Any]], usage: dict[str, Any]
@@ -204,39 +353,85 @@ def create_app(
         entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "lanefold"}
         return JSONResponse({"object": "list", "data": [entry]})
 
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionBody)
         prompt = body.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:
                 raise _HTTPError(400, "one prompt per request", param="prompt")
             prompt = prompt[0]
-        samples, usage = await sample(body, prompt, body.max_tokens, body.logprobs is not None)
-        choices = [
-            {
-                "index": i,
-                "text": s.text,
-                "finish_reason": s.finish_reason,
+        requests = plan(body, prompt, body.max_tokens, body.logprobs is not None)
+
+        def choice(index: int, text: str, sample: Sample | None) -> dict[str, Any]:
+            logprobs = None if sample is None or sample.logprobs is None else sample.logprobs
+            return {
+                "index": index,
+                "text": text,
+                "finish_reason": None if sample is None else sample.finish_reason,
                 # Sample carries the values, not the token strings, so only these are sent.
-                "logprobs": None if s.logprobs is None else {"token_logprobs": list(s.logprobs)},
+                "logprobs": None if logprobs is None else {"token_logprobs": list(logprobs)},
             }
-            for i, s in enumerate(samples)
-        ]
+
+        if body.stream:
+            return await streamed(
+                body,
+                requests,
+                "text_completion",
+                "cmpl",
+                lambda lane, text: choice(lane, text, None),
+                lambda s: choice(s.lane, "", s),
+                [],
+            )
+        samples, usage = await sample(requests)
+        choices = [choice(i, s.text, s) for i, s in enumerate(samples)]
         return envelope("text_completion", "cmpl", choices, usage)
 
-    async def chat(request: Request) -> JSONResponse:
+    async def chat(request: Request) -> Response:
         body = await _parse(request, ChatBody)
         prompt = flatten_messages([(m.role, m.text()) for m in body.messages])
         ceiling = body.max_completion_tokens or body.max_tokens
-        samples, usage = await sample(body, prompt, ceiling, body.logprobs)
+        requests = plan(body, prompt, ceiling, body.logprobs)
+
+        def logprobs_of(sample: Sample) -> dict[str, Any] | None:
+            if sample.logprobs is None:
+                return None
+            return {"content": [{"logprob": v} for v in sample.logprobs]}
+
+        if body.stream:
+            return await streamed(
+                body,
+                requests,
+                "chat.completion.chunk",
+                "chatcmpl",
+                lambda lane, text: {
+                    "index": lane,
+                    "delta": {"content": text},
+                    "logprobs": None,
+                    "finish_reason": None,
+                },
+                lambda s: {
+                    "index": s.lane,
+                    "delta": {},
+                    "logprobs": logprobs_of(s),
+                    "finish_reason": s.finish_reason,
+                },
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    for i in range(body.n)
+                ],
+            )
+        samples, usage = await sample(requests)
         choices = [
             {
                 "index": i,
                 "message": {"role": "assistant", "content": s.text},
                 "finish_reason": s.finish_reason,
-                "logprobs": None
-                if s.logprobs is None
-                else {"content": [{"logprob": v} for v in s.logprobs]},
+                "logprobs": logprobs_of(s),
             }
             for i, s in enumerate(samples)
         ]

@@ -11,9 +11,18 @@ __all__ = (
     "ChatBody",
     "ChatMessageIn",
     "CompletionBody",
+    "StreamOptions",
     "TextPart",
     "flatten_messages",
 )
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: `include_usage` adds a last chunk carrying the request's usage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
 
 
 class _Body(BaseModel):
@@ -29,6 +38,7 @@ class _Body(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False  # vLLM's and llama.cpp's extension: decode through end-of-sequence
 

@@ -7,7 +7,16 @@ fold, the Backend seam, and the pure answer/vote/judge functions.
 from __future__ import annotations
 
 from primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
-from primitives._backend import Backend, LaneRequest, Sample, SampleRequest, SamplingParams, Usage
+from primitives._backend import (
+    Backend,
+    LaneRequest,
+    Sample,
+    SampleRequest,
+    SamplingParams,
+    StreamingBackend,
+    TextDelta,
+    Usage,
+)
 from primitives._budget import Hold, Ledger, Limits, Pricing, Spend, cost_of
 from primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
 from primitives._errors import (
@@ -91,6 +100,8 @@ __all__ = (
     "SamplingParams",
     "ServerError",
     "Spend",
+    "StreamingBackend",
+    "TextDelta",
     "TornTail",
     "Usage",
     "VoteResult",

@@ -6,7 +6,7 @@ outcome per lane. Retries, budget, timeouts and logging live in the dispatch pat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -18,6 +18,8 @@ __all__ = (
     "Sample",
     "SampleRequest",
     "SamplingParams",
+    "StreamingBackend",
+    "TextDelta",
     "Usage",
 )
 
@@ -102,6 +104,14 @@ class Sample:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Text one lane produced since its previous delta (streaming)."""
+
+    lane: int
+    text: str
+
+
 LaneOutcome = Sample | BackendError
 
 
@@ -139,4 +149,18 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release connections, threads or device memory."""
+        ...
+
+
+@runtime_checkable
+class StreamingBackend(Backend, Protocol):
+    """A Backend that can also hand out each lane's text while the lane is being generated."""
+
+    def stream(self, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
+        """One attempt at every lane of `request`, as it happens.
+
+        Yields a lane's `TextDelta`s in order, then its `Sample`; lanes interleave. A lane's
+        deltas joined equal its Sample's text. An error that sinks the request is raised.
+        Closing the iterator early cancels what is left of the request.
+        """
         ...

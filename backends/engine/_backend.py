@@ -10,7 +10,7 @@ Requests that arrive meanwhile join the running batch at the next step.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -29,6 +29,7 @@ from primitives import (
     Sample,
     SampleRequest,
     ServerError,
+    TextDelta,
     Usage,
 )
 
@@ -62,6 +63,7 @@ class EngineBackend:
         self._changed: anyio.Event | None = None
         self._driving = False
         self._closed = False
+        self._streams = 0  # live `stream` calls: while any, the driver hands back after each step
 
     @property
     def name(self) -> str:
@@ -89,22 +91,52 @@ class EngineBackend:
 
     async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
         """Generate every lane of `request`; one Sample per lane, in lane order."""
-        await self._load()
-        ticket = _Ticket(request, self._encode(request.prompt))
-        if not ticket.prompt_ids:
-            raise RequestRejectedError("the prompt encodes to no tokens")
-        with self._inbox_lock:
-            self._inbox.append(ticket)
+        ticket = await self._submit(request)
         try:
-            await self._wait(ticket)
+            while not ticket.done:
+                await self._advance()
         finally:
-            if not ticket.done:  # cancelled: the engine thread drops it at its next step
-                ticket.cancelled = True
-                with self._inbox_lock:
-                    self._inbox.append(ticket)
+            self._withdraw(ticket)
         if ticket.error is not None:
             raise ticket.error
         return ticket.samples
+
+    async def stream(self, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
+        """Generate every lane of `request`, yielding each lane's new text after every step.
+
+        Text that may still turn out to be the start of a stop string, or half of a character
+        spread over two tokens, is held back until the next step settles it. A lane's Sample
+        follows its last delta once the whole request is done. Closing the iterator early
+        aborts the request.
+        """
+        ticket = await self._submit(request)
+        tokenizer = self._tokenizer
+        assert tokenizer is not None
+        sent = {lane.lane: "" for lane in request.lanes}
+        self._streams += 1
+        try:
+            while not ticket.done:
+                await self._advance()
+                if ticket.done or ticket.engine_request is None:
+                    continue
+                for seq in list(ticket.engine_request.sequences):
+                    if seq.finish_reason is not None:  # finished in this step: text is final
+                        text = seq.text
+                    else:
+                        text = settled_text(tokenizer.decode(seq.output_ids), request.params.stop)
+                    old = sent[seq.lane]
+                    if len(text) > len(old) and text.startswith(old):
+                        sent[seq.lane] = text
+                        yield TextDelta(seq.lane, text[len(old) :])
+            if ticket.error is not None:
+                raise ticket.error
+            for sample in ticket.samples:
+                if len(sample.text) > len(sent[sample.lane]):
+                    yield TextDelta(sample.lane, sample.text[len(sent[sample.lane]) :])
+                yield sample
+        finally:
+            self._streams -= 1
+            self._withdraw(ticket)
 
     async def aclose(self) -> None:
         """Drop the engine and its KV memory. Call it once no `sample` is in flight."""
@@ -128,19 +160,34 @@ class EngineBackend:
         tokenizer: Tokenizer = self._tokenizer
         return tokenizer.encode(prompt, chat=self.config.chat_template)
 
-    async def _wait(self, ticket: _Ticket) -> None:
-        while not ticket.done:
-            self._changed = self._changed or anyio.Event()
-            if self._driving:
-                await self._changed.wait()
-                continue
-            self._driving = True
-            try:
-                await anyio.to_thread.run_sync(self._drive)
-            finally:
-                self._driving = False
-                changed, self._changed = self._changed, anyio.Event()
-                changed.set()
+    async def _submit(self, request: SampleRequest) -> _Ticket:
+        await self._load()
+        ticket = _Ticket(request, self._encode(request.prompt))
+        if not ticket.prompt_ids:
+            raise RequestRejectedError("the prompt encodes to no tokens")
+        with self._inbox_lock:
+            self._inbox.append(ticket)
+        return ticket
+
+    def _withdraw(self, ticket: _Ticket) -> None:
+        if not ticket.done:  # cancelled: the engine thread drops it at its next step
+            ticket.cancelled = True
+            with self._inbox_lock:
+                self._inbox.append(ticket)
+
+    async def _advance(self) -> None:
+        """Return once the engine has moved: drive it one round, or wait out another's round."""
+        self._changed = self._changed or anyio.Event()
+        if self._driving:
+            await self._changed.wait()
+            return
+        self._driving = True
+        try:
+            await anyio.to_thread.run_sync(self._drive)
+        finally:
+            self._driving = False
+            changed, self._changed = self._changed, anyio.Event()
+            changed.set()
 
     def _drive(self) -> None:
         """In the worker thread: step the engine until some request finishes or none is left."""
@@ -159,7 +206,7 @@ class EngineBackend:
                 ticket = self._tickets.pop(engine_request)
                 ticket.samples = _samples(ticket.request, engine_request)
                 ticket.done = True
-            if finished:
+            if finished or self._streams:
                 return
 
     def _take_inbox(self, engine: Engine) -> bool:
@@ -189,6 +236,24 @@ class EngineBackend:
         for ticket in self._tickets.values():
             ticket.error, ticket.done = error, True
         self._tickets.clear()
+
+
+def settled_text(text: str, stops: Sequence[str]) -> str:
+    """The part of a lane's text so far that no later token can change.
+
+    Drops a trailing U+FFFD (a character whose bytes are not all decoded yet) and the longest
+    tail that a stop string could still begin with (the engine would cut the text there).
+    """
+    end = len(text)
+    while end and text[end - 1] == "\ufffd":
+        end -= 1
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, end), held, -1):
+            if text.endswith(stop[:k], 0, end):
+                held = k
+                break
+    return text[: end - held]
 
 
 def _samples(request: SampleRequest, done: EngineRequest) -> list[Sample]:

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
 import pytest
 
 from backends.engine import EngineBackend, EngineConfig
+from backends.engine._backend import settled_text
 from backends.engine._engine import Engine
 from primitives import (
     Backend,
+    BackendError,
     ContextLengthError,
     LaneRequest,
     Sample,
     SampleRequest,
     SamplingParams,
     ServerError,
+    StreamingBackend,
+    TextDelta,
 )
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 2  # 90 byte tokens
@@ -165,3 +169,91 @@ async def test_ignore_eos_decodes_to_max_tokens_where_eos_would_stop_a_lane(
     assert [(s.finish_reason, s.usage.output_tokens) for s in samples if isinstance(s, Sample)] == [
         ("length", 5)
     ] * 3
+
+
+async def collect(stream: AsyncIterator[TextDelta | Sample]) -> tuple[dict[int, list[str]], list[Sample]]:
+    deltas: dict[int, list[str]] = {}
+    samples: list[Sample] = []
+    async for item in stream:
+        if isinstance(item, TextDelta):
+            assert item.lane not in {s.lane for s in samples}, "a delta after its lane's Sample"
+            deltas.setdefault(item.lane, []).append(item.text)
+        else:
+            samples.append(item)
+    return deltas, samples
+
+
+@pytest.mark.anyio
+async def test_stream_yields_text_as_it_is_made_and_ends_as_sample_does(
+    make_engine: Callable[..., Engine],
+) -> None:
+    whole = await EngineBackend(engine=make_engine()).sample(request(4, max_tokens=20))
+    backend = EngineBackend(engine=make_engine())
+    assert isinstance(backend, StreamingBackend)
+    deltas, samples = await collect(backend.stream(request(4, max_tokens=20)))
+    def key(s: Sample | BackendError) -> object:
+        assert isinstance(s, Sample)
+        u = s.usage
+        return s.lane, s.text, s.finish_reason, s.logprobs, u.input_tokens, u.cached_input_tokens, \
+            u.output_tokens
+
+    assert [key(s) for s in samples] == [key(s) for s in whole]  # what `sample` gives
+    for sample in samples:
+        assert "".join(deltas[sample.lane]) == sample.text
+        assert len(deltas[sample.lane]) > 5  # step by step, not all at the end
+        assert all(deltas[sample.lane])
+
+
+@pytest.mark.anyio
+async def test_stream_holds_back_what_a_stop_string_may_still_cut(
+    make_engine: Callable[..., Engine],
+) -> None:
+    free = await EngineBackend(engine=make_engine()).sample(request(1, max_tokens=30))
+    text = free[0].text if isinstance(free[0], Sample) else ""
+    stop = text[10:13]  # a stop string the lane is known to reach at character 10
+    assert len(stop) == 3 and text.find(stop) == 10
+    stopped = SampleRequest(
+        prompt=PROMPT,
+        params=SamplingParams(temperature=0.9, max_tokens=30, logprobs=True, stop=(stop,)),
+        lanes=(LaneRequest(0, 1000, 30),),
+    )
+    deltas, samples = await collect(EngineBackend(engine=make_engine()).stream(stopped))
+    assert samples[0].text == text[:10] and samples[0].finish_reason == "stop"
+    assert "".join(deltas[0]) == text[:10]  # no piece of the stop string ever went out
+
+
+def test_settled_text() -> None:
+    assert settled_text("an answer: 4", ()) == "an answer: 4"
+    assert settled_text("an answer: 4\nQ", ("\nQuestion",)) == "an answer: 4"
+    assert settled_text("an answer: 4\nQ", ("\n\n", "\nQu")) == "an answer: 4"
+    assert settled_text("an answer: 4\nX", ("\nQuestion",)) == "an answer: 4\nX"
+    assert settled_text("price: 5 \ufffd", ()) == "price: 5 "  # half a character so far
+    assert settled_text("\ufffd\ufffd", ("ab",)) == ""
+    assert settled_text("xa", ("ab", "b")) == "x"
+
+
+@pytest.mark.anyio
+async def test_a_stream_closed_early_aborts_its_request_and_others_go_on(
+    make_engine: Callable[..., Engine],
+) -> None:
+    alone = await EngineBackend(engine=make_engine()).sample(request(2, prompt="xyz " * 5))
+    engine = make_engine()
+    backend = EngineBackend(engine=engine)
+    other: list[Sample | BackendError] = []
+
+    async def sample_meanwhile() -> None:
+        other.extend(await backend.sample(request(2, prompt="xyz " * 5)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sample_meanwhile)
+        stream = backend.stream(request(4, max_tokens=400))
+        seen = 0
+        async for item in stream:
+            seen += isinstance(item, TextDelta)
+            if seen >= 8:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+    assert [s.text for s in other] == [s.text for s in alone]  # type: ignore[union-attr]
+    await backend.sample(request(1, max_tokens=2))  # the next call drops the abandoned stream
+    assert engine.metrics.steps < 400
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.has_work()

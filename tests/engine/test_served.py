@@ -97,3 +97,83 @@ def test_served_engine_honours_ignore_eos(make_engine: Callable[..., Engine]) ->
     assert short["usage"]["completion_tokens"] == 0
     assert [c["finish_reason"] for c in full["choices"]] == ["length"] * 4
     assert full["usage"]["completion_tokens"] == 4 * 6
+
+
+def sse_chunks(response: Any) -> list[dict[str, Any]]:
+    """The JSON chunks of a server-sent-events answer, read as they arrive; ends with [DONE]."""
+    chunks: list[dict[str, Any]] = []
+    done = False
+    for line in response.iter_lines():
+        if not line:
+            continue
+        assert line.startswith("data: ") and not done
+        if line == "data: [DONE]":
+            done = True
+        else:
+            chunks.append(json.loads(line.removeprefix("data: ")))
+    assert done
+    return chunks
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_served_engine_streams_what_it_would_answer_whole(
+        request: pytest.FixtureRequest, make_engine: Callable[..., Engine], which: str) -> None:
+    import httpx
+
+    engine = make_engine() if which == "tiny" else request.getfixturevalue("smollm2")
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "Name three colours."}],
+        "n": 3, "max_tokens": 24, "temperature": 0.8, "seed": 7, "stop": ["\n\n"]}
+    with Loopback(create_app(EngineBackend(engine=engine), model_name=which)) as server:
+        url = f"{server.base_url}/chat/completions"
+        whole = httpx.post(url, json=body, timeout=120).json()
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", url, json=body, timeout=120) as response:
+            assert response.status_code == 200
+            chunks = sse_chunks(response)
+    texts: dict[int, str] = {}
+    pieces: dict[int, int] = {}
+    finish: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            i = choice["index"]
+            content = choice["delta"].get("content") or ""
+            texts[i] = texts.get(i, "") + content
+            pieces[i] = pieces.get(i, 0) + bool(content)
+            if choice["finish_reason"]:
+                finish[i] = choice["finish_reason"]
+    expected = {c["index"]: c["message"]["content"] for c in whole["choices"]}
+    assert texts == expected
+    assert finish == {c["index"]: c["finish_reason"] for c in whole["choices"]}
+    assert all(pieces[i] > 1 for i, text in expected.items() if len(text) > 8)  # step by step
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == []
+    assert usage["completion_tokens"] == whole["usage"]["completion_tokens"]
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+
+
+def test_a_client_hanging_up_mid_stream_aborts_the_request(
+        make_engine: Callable[..., Engine]) -> None:
+    import time
+
+    import httpx
+
+    engine = make_engine()
+    body = {"prompt": "abc", "n": 2, "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
+        with httpx.stream("POST", f"{server.base_url}/completions", json=body,
+                          timeout=60) as response:
+            for i, _ in enumerate(response.iter_lines()):
+                if i == 10:
+                    break  # closing the response drops the connection
+        # Nobody drives the engine once the stream is gone (its abort is applied at the next
+        # step anyone takes), so the step count stops well short of 500.
+        time.sleep(0.5)
+        steps = engine.metrics.decode_steps
+        time.sleep(0.5)
+        assert engine.metrics.decode_steps == steps < 100
+        # The next request drops the abandoned one and runs alone.
+        done = httpx.post(f"{server.base_url}/completions", timeout=60,
+                          json={"prompt": "abc", "max_tokens": 3, "ignore_eos": True}).json()
+    assert done["usage"]["completion_tokens"] == 3
+    assert engine.pool.num_free == engine.pool.num_blocks

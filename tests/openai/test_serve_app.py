@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -32,6 +33,7 @@ from primitives import (
     SampleRequest,
     SamplingParams,
     ServerError,
+    TextDelta,
     Usage,
 )
 
@@ -45,6 +47,7 @@ class FakeBackend:
     """Lane i answers "<prompt>|seed=<seed>" in 3 tokens; lane 0 prefills, the rest fork."""
 
     name = "fake"
+    shares_prefix = True
 
     def __init__(
         self,
@@ -210,7 +213,9 @@ async def test_a_backend_smaller_than_n_gets_several_requests() -> None:
         ("/v1/completions", {"prompt": "Q", "n": 129}, None, 400, "n"),
         ("/v1/completions", {"prompt": "Q", "temperature": 3}, None, 400, "temperature"),
         ("/v1/completions", {"prompt": ["a", "b"]}, None, 400, "prompt"),
-        ("/v1/completions", {"prompt": "Q", "stream": True}, None, 400, "stream"),
+        ("/v1/completions", {"prompt": "Q", "stream_options": {}}, None, 400, "stream_options"),
+        ("/v1/completions", {"prompt": "Q", "stream": True, "stream_options": {"x": 1}}, None,
+         400, "stream_options.x"),
         ("/v1/completions", {"prompt": "Q", "model": "gpt-9"}, None, 404, "model"),
         ("/v1/chat/completions", {"messages": []}, None, 400, "messages"),
         ("/v1/chat/completions", {"prompt": "Q"}, None, 400, "messages"),
@@ -267,6 +272,121 @@ async def test_a_failed_lane_fails_the_response() -> None:
 async def test_a_backend_losing_lanes_is_a_bad_gateway() -> None:
     r = await call(app_for(FakeBackend(short=True)), "/v1/completions", {"prompt": "Q", "n": 2})
     assert r.status_code == 502
+
+
+# -- streaming -------------------------------------------------------------------------------------
+
+
+class StreamingFake(FakeBackend):
+    """Streams each lane's text a word at a time, lanes interleaved; can fail after `fail_after`
+    deltas."""
+
+    def __init__(self, *, fail_after: int | None = None,
+                 fail_with: Exception | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail_after = fail_after
+        self.fail_with = fail_with or ServerError("engine step failed")
+        self.closed_streams = 0
+
+    async def stream(self, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
+        samples = [s for s in await self.sample(request) if isinstance(s, Sample)]
+        words = {s.lane: [w + " " for w in s.text.split("|")] for s in samples}
+        sent = 0
+        try:
+            for position in range(max(len(w) for w in words.values())):
+                for lane, parts in words.items():
+                    if position < len(parts):
+                        if self.fail_after is not None and sent == self.fail_after:
+                            raise self.fail_with
+                        sent += 1
+                        yield TextDelta(lane, parts[position])
+            for sample in samples:
+                yield Sample(sample.lane, "".join(words[sample.lane]), "length", sample.usage,
+                             sample.logprobs)
+        finally:
+            self.closed_streams += 1
+
+
+def events_of(r: httpx.Response) -> list[Any]:
+    assert r.headers["content-type"].startswith("text/event-stream")
+    frames = [f for f in r.text.split("\n\n") if f]
+    assert all(f.startswith("data: ") for f in frames)
+    assert frames[-1] == "data: [DONE]"
+    return [json.loads(f.removeprefix("data: ")) for f in frames[:-1]]
+
+
+def joined(chunks: list[Any], field: Callable[[dict[str, Any]], str | None]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            out[choice["index"]] = out.get(choice["index"], "") + (field(choice) or "")
+    return out
+
+
+async def test_stream_completions_from_a_streaming_backend() -> None:
+    fake = StreamingFake()
+    r = await call(app_for(fake), "/v1/completions", {
+        "prompt": "Q", "n": 3, "seed": 5, "stream": True, "logprobs": 0,
+        "stream_options": {"include_usage": True}})
+    assert r.status_code == 200
+    chunks = events_of(r)
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert joined(chunks, lambda c: c["text"]) == {i: f"Q seed={5 + i} " for i in range(3)}
+    finals = [c for chunk in chunks for c in chunk["choices"] if c["finish_reason"]]
+    assert [(c["index"], c["finish_reason"]) for c in finals] == [(i, "length") for i in range(3)]
+    assert all(c["logprobs"] == {"token_logprobs": [-0.25, -0.5, -0.75]} for c in finals)
+    # Every chunk carries "usage": null but the last, which has no choices and the request's bill.
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": PROMPT_TOKENS, "completion_tokens": 9, "total_tokens": PROMPT_TOKENS + 9,
+        "prompt_tokens_details": {"cached_tokens": CACHED}}
+    assert fake.closed_streams == 1
+
+
+async def test_stream_chat_from_a_backend_without_streaming() -> None:
+    fake = FakeBackend(max_lanes=2)  # n = 3 -> two backend requests, streamed one after the other
+    r = await call(app_for(fake), "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Q"}], "n": 3, "seed": 0, "stream": True})
+    chunks = events_of(r)
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert all("usage" not in c for c in chunks)  # not asked for
+    assert chunks[0]["choices"] == [
+        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+         "finish_reason": None} for i in range(3)]
+    # Without `stream` on the backend, each lane's whole text arrives as one delta.
+    assert joined(chunks, lambda c: c["delta"].get("content")) == {
+        i: f"Q|seed={i}" for i in range(3)}
+    assert len(fake.requests) == 2
+
+
+async def test_stream_error_before_the_first_chunk_keeps_its_status() -> None:
+    fake = StreamingFake(error=RateLimitError("busy", retry_after=2))
+    r = await call(app_for(fake), "/v1/completions", {"prompt": "Q", "stream": True})
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "2"
+    assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    r = await call(app_for(FakeBackend(short=True)), "/v1/completions",
+                   {"prompt": "Q", "n": 2, "stream": True})
+    assert r.status_code == 502
+
+
+async def test_stream_error_midway_is_reported_in_band_and_closes_the_stream() -> None:
+    fake = StreamingFake(fail_after=2)
+    r = await call(app_for(fake), "/v1/completions", {"prompt": "Q", "n": 2, "stream": True})
+    assert r.status_code == 200
+    chunks = events_of(r)
+    assert joined(chunks[:-1], lambda c: c["text"]) == {0: "Q ", 1: "Q "}
+    assert chunks[-1]["error"]["type"] == "server_error"
+    assert chunks[-1]["error"]["status"] == 503
+    assert "engine step failed" in chunks[-1]["error"]["message"]
+    assert fake.closed_streams == 1
+    crash = StreamingFake(fail_after=1, fail_with=RuntimeError("bug in line 3"))
+    r = await call(app_for(crash), "/v1/completions", {"prompt": "Q", "stream": True})
+    error = events_of(r)[-1]["error"]
+    assert (error["status"], error["message"]) == (500, "internal server error")
+    assert "bug" not in r.text
 
 
 def wave(k: int, logprobs: bool = False) -> SampleRequest:
