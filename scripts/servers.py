@@ -33,8 +33,11 @@ import httpx
 
 CACHE = Path(os.environ.get("LANEFOLD_CACHE") or Path.home() / ".cache" / "lanefold")
 # Portable x86-64 builds with the vector units every machine here has; GGML_NATIVE=OFF keeps the
-# cached products usable on another host of the same family.
-CPU_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+# cached products usable on another host of the same family. LANEFOLD_NATIVE=1 builds for this
+# CPU alone (AVX-512 and the like where it has them): give it a LANEFOLD_CACHE of its own.
+PORTABLE = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+NATIVE = os.environ.get("LANEFOLD_NATIVE") == "1"
+CPU_FLAGS = ["-DGGML_NATIVE=ON"] if NATIVE else PORTABLE
 JOBS = os.environ.get("LANEFOLD_BUILD_JOBS") or str(os.cpu_count() or 2)
 NICE = ["nice", "-n", "19"]  # the build machines are shared; builds yield to everything else
 
