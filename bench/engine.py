@@ -4,10 +4,12 @@ For each shape (prompt P tokens, K samples, T new tokens) it runs, interleaved, 
 (prompt prefilled once, K forked branches), `generate(num_return_sequences=K)` and, where the
 installed transformers has it, `generate_batch` (continuous batching), and prints each row with
 HF generate beside it: tokens pushed through the model (counted by a forward hook, not assumed),
-peak KV bytes, median wall time, and ratios measured in this run. fp32 on CPU.
+peak KV bytes, median wall time, and ratios measured in this run. fp32 on CPU by default;
+`--dtype bfloat16` runs every system in bf16 and adds our engine in fp32 as a row of its own.
 
     python bench/engine.py            # SmolLM2-135M and a tiny random Llama, all shapes
     python bench/engine.py --quick    # the tiny Llama, small shapes, one quick pass
+    python bench/engine.py --dtype bfloat16 --threads 2 --models smollm2 --shapes 512,8,32
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def tiny_checkpoint() -> Checkpoint:
     )
 
 
-def hf_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, list[int]]:
+def hf_model(
+    checkpoint: Checkpoint, dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, list[int]]:
     """`LlamaForCausalLM` holding the very same tensors, and a counter of tokens it computes."""
     import transformers
 
@@ -95,6 +99,7 @@ def hf_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, list[int]]:
     )
     model = transformers.LlamaForCausalLM(config).eval()
     missing, unexpected = model.load_state_dict(checkpoint.tensors, strict=False)
+    model.to(dtype)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     counter = [0]
 
@@ -106,7 +111,9 @@ def hf_model(checkpoint: Checkpoint) -> tuple[torch.nn.Module, list[int]]:
     return model, counter
 
 
-def run_ours(engine: Engine, prompt: list[int], k: int, t: int, seed: int) -> Run:
+def run_ours(
+    engine: Engine, prompt: list[int], k: int, t: int, seed: int, system: str = "engine"
+) -> Run:
     before = engine.metrics.tokens_computed
     engine.pool.peak_used = 0
     params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=t, ignore_eos=True)
@@ -115,7 +122,7 @@ def run_ours(engine: Engine, prompt: list[int], k: int, t: int, seed: int) -> Ru
     wall = time.perf_counter() - start
     assert all(s.num_generated == t for s in request.sequences)
     return Run(
-        "engine",
+        system,
         [wall],
         engine.metrics.tokens_computed - before,
         engine.pool.peak_used * engine.runner.block_bytes,
@@ -181,15 +188,22 @@ def bench_model(
     shapes: list[tuple[int, int, int]],
     reps: int,
     with_batch: bool,
+    dtype: torch.dtype = torch.float32,
 ) -> list[tuple[str, tuple[int, int, int], list[Run]]]:
-    model = build_model(checkpoint, torch.device("cpu"), torch.float32)
     blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
-    engine = Engine(model, num_blocks=blocks, block_size=16)
-    reference, counter = hf_model(checkpoint)
+    engine = Engine(build_model(checkpoint, torch.device("cpu"), dtype), num_blocks=blocks,
+                    block_size=16)
+    reference, counter = hf_model(checkpoint, dtype)
     systems: list[tuple[str, Callable[[list[int], int, int, int], Run]]] = [
         ("engine", lambda p, k, t, s: run_ours(engine, p, k, t, s)),
         ("hf generate", lambda p, k, t, s: run_generate(reference, counter, p, k, t)),
     ]
+    if dtype != torch.float32:  # what the dtype buys our engine, measured in the same run
+        fp32 = Engine(build_model(checkpoint, torch.device("cpu"), torch.float32),
+                      num_blocks=blocks, block_size=16)
+        run_ours(fp32, list(range(1, 33)), 2, 2, 0)
+        systems.insert(1, ("engine fp32", lambda p, k, t, s: run_ours(fp32, p, k, t, s,
+                                                                      "engine fp32")))
     if with_batch and hasattr(reference, "generate_batch"):
         systems.append(
             (
@@ -262,6 +276,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny model, small shapes, one rep")
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions per shape")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--models", default="smollm2,tiny", help="comma list of smollm2, tiny")
     parser.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch")
     parser.add_argument(
@@ -279,7 +294,8 @@ def main() -> None:
     models = ["tiny"] if args.quick else args.models.split(",")
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"{torch.get_num_threads()} threads, fp32 CPU, median of {reps} interleaved runs; "
+        f"{torch.get_num_threads()} threads, {args.dtype} CPU "
+        f"({torch.backends.cpu.get_cpu_capability()}), median of {reps} interleaved runs; "
         "'vs gen' = HF generate / this row (higher is better)"
     )
     for name in models:
@@ -294,6 +310,7 @@ def main() -> None:
             shapes,
             reps,
             with_batch=not args.no_generate_batch,
+            dtype=getattr(torch, args.dtype),
         )
 
 

@@ -30,7 +30,7 @@ def _one_thread() -> Iterator[None]:
 
 @pytest.fixture
 def make_engine() -> Callable[..., Engine]:
-    """Build an engine over the tiny model: `make_engine(block_size=.., num_blocks=..)`."""
+    """Build an engine over the tiny model: `make_engine(block_size=.., num_blocks=.., dtype=..)`."""
 
     def make(
         *,
@@ -39,8 +39,9 @@ def make_engine() -> Callable[..., Engine]:
         seed: int = 0,
         max_batch_lanes: int = 64,
         args: ModelArgs = TINY,
+        dtype: torch.dtype = torch.float32,
     ) -> Engine:
-        model = build_model(tiny_checkpoint(seed, args), torch.device("cpu"), torch.float32)
+        model = build_model(tiny_checkpoint(seed, args), torch.device("cpu"), dtype)
         return Engine(
             model,
             num_blocks=num_blocks,
