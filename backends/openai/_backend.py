@@ -88,7 +88,13 @@ class OpenAIBackend:
         self._client = httpx.AsyncClient(
             base_url=config.base_url + "/",
             headers=headers,
-            timeout=httpx.Timeout(config.timeout_s),
+            # timeout_s bounds connect, read and write; a wait for a free connection is a
+            # matter of max_connections and the loop's concurrency, not of the server.
+            timeout=httpx.Timeout(config.timeout_s, pool=None),
+            limits=httpx.Limits(
+                max_connections=config.max_connections,
+                max_keepalive_connections=config.max_connections,
+            ),
             transport=transport,
         )
         self._merging = config.n != "never"

@@ -41,7 +41,9 @@ class OpenAIConfig(BaseModel):
     the NAME of the environment variable holding the key; the key itself never enters config.
     `n` says whether a request's lanes are merged into one ``n > 1`` request: "auto" merges
     until the server shows it does not honour ``n``, "always" never falls back, "never" sends
-    one request per lane. `max_n` is the largest ``n`` of one request.
+    one request per lane. `max_n` is the largest ``n`` of one request. `max_connections` caps
+    the open connections; requests beyond it wait for one (the wait is not the server's fault,
+    so it is no timeout).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -57,6 +59,7 @@ class OpenAIConfig(BaseModel):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     n: Literal["auto", "always", "never"] = "auto"
     max_n: int = Field(default=16, ge=1)
+    max_connections: int = Field(default=100, ge=1)
 
     @field_validator("base_url")
     @classmethod

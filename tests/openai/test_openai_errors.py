@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from openai_stub import Recorded, Stub, make_backend
+from openai_stub import Recorded, Stub, choices_body, make_backend
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from backends.openai import OpenAIBackend, OpenAIConfig
@@ -24,6 +24,7 @@ from primitives import (
     LaneRequest,
     RateLimitError,
     RequestRejectedError,
+    Sample,
     SampleRequest,
     SamplingParams,
     ServerError,
@@ -278,3 +279,28 @@ async def test_the_key_never_appears_in_errors_events_or_reprs(stub: tuple[Stub,
     leaked = [t for t in texts if KEY in t]
     assert leaked == []
     assert any("[redacted]" in t for t in texts)
+
+
+async def test_requests_beyond_max_connections_wait_for_one(
+    stub: tuple[Stub, str],
+) -> None:
+    server, url = stub
+    live, peak = [0], [0]
+
+    async def slow(rec: Recorded) -> Response:
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        await server.hold(0.25)
+        live[0] -= 1
+        return JSONResponse(choices_body(rec, ["ok"]))
+
+    server.reply = slow
+    lanes = tuple(LaneRequest(i, i, 8) for i in range(6))
+    # The default transport, so the limit applies: six one-lane requests go through two
+    # connections in three rounds, the last two waiting 0.5 s for a connection.
+    config = OpenAIConfig(base_url=url, model="m", n="never", max_connections=2, timeout_s=0.4)
+    async with OpenAIBackend(config) as b:
+        out = await b.sample(SampleRequest("p", SamplingParams(max_tokens=8), lanes))
+    assert [isinstance(s, Sample) for s in out] == [True] * 6
+    assert len(server.requests) == 6
+    assert peak[0] == 2
