@@ -194,7 +194,7 @@ def report(name: str, by_mode: dict[str, list[Measure]]) -> list[str]:
         ms = by_mode[mode]
         label = f"n={mode}" + (" (merged)" if mode == "auto" else " (per lane)")
         best = min(m.wall_s for m in ms)
-        lines.append(f"{name:<28} {label:<20} {median(ms, 'wall_s'):>8.2f} {best:>8.2f} "
+        lines.append(f"{name:<30} {label:<20} {median(ms, 'wall_s'):>8.2f} {best:>8.2f} "
                      f"{median(ms, 'requests'):>9.0f} {median(ms, 'prompt_tokens'):>9.0f} "
                      f"{median(ms, 'cached_tokens'):>8.0f} {median(ms, 'decode_tokens'):>8.0f}")
     merged, single = by_mode["auto"], by_mode["never"]
@@ -204,7 +204,7 @@ def report(name: str, by_mode: dict[str, list[Measure]]) -> list[str]:
         return f"{median(merged, field) / bottom:.2f}" if bottom else "n/a"
 
     best = min(m.wall_s for m in merged) / min(m.wall_s for m in single)
-    lines.append(f"{name:<28} {'merged / per lane':<20} {ratio('wall_s'):>8} {best:>8.2f} "
+    lines.append(f"{name:<30} {'merged / per lane':<20} {ratio('wall_s'):>8} {best:>8.2f} "
                  f"{ratio('requests'):>9} {ratio('prompt_tokens'):>9}")
     return lines
 
@@ -253,7 +253,7 @@ def main(argv: list[str]) -> int:
           f"output tokens; medians of {args.rounds} ABBA rounds; /v1/completions; "
           f"1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
           f"on {os.cpu_count()} CPUs")
-    print(f"{'server':<28} {'mode':<20} {'wall_s':>8} {'best_s':>8} {'requests':>9} {'prompt':>9} "
+    print(f"{'server':<30} {'mode':<20} {'wall_s':>8} {'best_s':>8} {'requests':>9} {'prompt':>9} "
           f"{'cached':>8} {'decode':>8}")
     print("\n".join(table))
     print(f"llama-server built from {servers.CACHE} ({'native' if servers.NATIVE else 'portable'}"

@@ -295,3 +295,10 @@ def test_serve_with_a_bad_backend_config_exits_2(text: str, field: str, tmp_path
     assert out == ""
     assert str(path) in line
     assert _names(line, field), line
+
+
+def test_the_serve_example_is_a_backend_config() -> None:
+    from orchestrator._config import load_backend_config
+
+    backend = load_backend_config(ROOT / "examples" / "serve" / "engine.toml")
+    assert backend.kind == "engine"
