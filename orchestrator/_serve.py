@@ -16,6 +16,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -96,33 +97,36 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(exc.status, str(exc), param=exc.param, code=exc.code)
 
 
-def _error_fields(exc: LanefoldError) -> tuple[int, str, str | None, dict[str, str] | None]:
-    """A library error as (status, OpenAI error type, code, headers)."""
+@dataclass(frozen=True, slots=True)
+class _Told:
+    """What a client is told of a failure: a backend's or a config's own words, else nothing
+    internal."""
+
+    status: int
+    message: str
+    kind: str
+    code: str | None = None
+    headers: dict[str, str] | None = None
+
+
+def _told(exc: Exception) -> _Told:
     if isinstance(exc, ConfigError):
-        return 400, "invalid_request_error", None, None
-    if not isinstance(exc, BackendError):
-        return 500, "server_error", None, None
-    cls = next(c for c in type(exc).__mro__ if c in _BACKEND_STATUS)
-    status, kind, code = _BACKEND_STATUS[cls]
-    headers = None
-    if exc.retry_after is not None:
-        headers = {"Retry-After": str(math.ceil(exc.retry_after))}
-    return status, kind, code, headers
+        return _Told(400, str(exc), "invalid_request_error")
+    if isinstance(exc, BackendError):
+        cls = next(c for c in type(exc).__mro__ if c in _BACKEND_STATUS)
+        status, kind, code = _BACKEND_STATUS[cls]
+        headers = None
+        if exc.retry_after is not None:
+            headers = {"Retry-After": str(math.ceil(exc.retry_after))}
+        return _Told(status, str(exc), kind, code, headers)
+    if isinstance(exc, LanefoldError):
+        return _Told(500, "the run failed", "server_error")
+    return _Told(500, "internal server error", "server_error")
 
 
-async def _on_library_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, LanefoldError)
-    status, kind, code, headers = _error_fields(exc)
-    return _error(status, _public_message(exc), kind=kind, code=code, headers=headers)
-
-
-def _public_message(exc: LanefoldError) -> str:
-    """What a client is told: a backend's or a config's own words, else nothing internal."""
-    return str(exc) if isinstance(exc, ConfigError | BackendError) else "the run failed"
-
-
-async def _on_crash(request: Request, exc: Exception) -> JSONResponse:
-    return _error(500, "internal server error", kind="server_error")
+async def _on_error(request: Request, exc: Exception) -> JSONResponse:
+    told = _told(exc)
+    return _error(told.status, told.message, kind=told.kind, code=told.code, headers=told.headers)
 
 
 async def _parse(request: Request, model: type[_Body]) -> _Body:
@@ -315,14 +319,10 @@ def create_app(
                     async for item in source:
                         yield render(item)
                 except Exception as exc:  # the status line has gone: report it in-band
-                    if isinstance(exc, LanefoldError):
-                        status, kind_, code, _ = _error_fields(exc)
-                        message = _public_message(exc)
-                    else:
-                        status, kind_, code = 500, "server_error", None
-                        message = "internal server error"
-                    error = {"message": message, "type": kind_, "param": None, "code": code}
-                    yield f"data: {json.dumps({'error': error | {'status': status}})}\n\n"
+                    told = _told(exc)
+                    error = {"message": told.message, "type": told.kind, "param": None,
+                             "code": told.code, "status": told.status}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
                     yield "data: [DONE]\n\n"
                     return
             if with_usage:
@@ -363,7 +363,7 @@ def create_app(
         requests = plan(body, prompt, body.max_tokens, body.logprobs is not None)
 
         def choice(index: int, text: str, sample: Sample | None) -> dict[str, Any]:
-            logprobs = None if sample is None or sample.logprobs is None else sample.logprobs
+            logprobs = None if sample is None else sample.logprobs
             return {
                 "index": index,
                 "text": text,
@@ -445,8 +445,8 @@ def create_app(
         ],
         exception_handlers={
             _HTTPError: _on_http_error,
-            LanefoldError: _on_library_error,
-            Exception: _on_crash,
+            LanefoldError: _on_error,  # answered in place
+            Exception: _on_error,  # answered, then re-raised by starlette to be logged
         },
     )
 
