@@ -191,17 +191,23 @@ def bench_model(
     dtype: torch.dtype = torch.float32,
 ) -> list[tuple[str, tuple[int, int, int], list[Run]]]:
     blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
-    engine = Engine(build_model(checkpoint, torch.device("cpu"), dtype), num_blocks=blocks,
-                    block_size=16)
+
+    def warm_engine(model_dtype: torch.dtype) -> Engine:
+        engine = Engine(build_model(checkpoint, torch.device("cpu"), model_dtype),
+                        num_blocks=blocks, block_size=16)
+        warm = torch.Generator().manual_seed(99)
+        run_ours(engine, torch.randint(1, checkpoint.args.vocab_size, (32,),
+                                       generator=warm).tolist(), 2, 2, 0)
+        return engine
+
+    engine = warm_engine(dtype)
     reference, counter = hf_model(checkpoint, dtype)
     systems: list[tuple[str, Callable[[list[int], int, int, int], Run]]] = [
         ("engine", lambda p, k, t, s: run_ours(engine, p, k, t, s)),
         ("hf generate", lambda p, k, t, s: run_generate(reference, counter, p, k, t)),
     ]
     if dtype != torch.float32:  # what the dtype buys our engine, measured in the same run
-        fp32 = Engine(build_model(checkpoint, torch.device("cpu"), torch.float32),
-                      num_blocks=blocks, block_size=16)
-        run_ours(fp32, list(range(1, 33)), 2, 2, 0)
+        fp32 = warm_engine(torch.float32)
         systems.insert(1, ("engine fp32", lambda p, k, t, s: run_ours(fp32, p, k, t, s,
                                                                       "engine fp32")))
     if with_batch and hasattr(reference, "generate_batch"):
@@ -212,14 +218,6 @@ def bench_model(
             )
         )
     rows = []
-    warm = torch.Generator().manual_seed(99)
-    run_ours(
-        engine,
-        torch.randint(1, checkpoint.args.vocab_size, (32,), generator=warm).tolist(),
-        2,
-        2,
-        0,
-    )
     for p, k, t in shapes:
         runs: dict[str, Run] = {}
         for rep in range(reps):  # interleaved, each rep with a fresh prompt (no prefix-cache reuse)
