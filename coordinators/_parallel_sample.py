@@ -51,7 +51,12 @@ Verifier = Callable[[str, str, str | None], float | Awaitable[float | None] | No
 
 @dataclass(frozen=True, slots=True)
 class LoopOutcome:
-    """What a loop decided; the runner adds the bill and the run's identity."""
+    """What a loop decided; the runner adds the bill and the run's identity.
+
+    `status` is "answered" or "no_answer" (no lane gave an extractable answer, or no candidate
+    got a score), with `reason` saying why. `agreement` is the winner's share of the answered
+    lanes; `margin` the winner's lead over the runner-up (in votes, or in judge score).
+    """
 
     answer: str | None
     winner_lane: int | None
@@ -62,6 +67,11 @@ class LoopOutcome:
     lanes_completed: int
     lanes_failed: int
     texts: dict[int, str] = field(default_factory=dict)
+    status: Literal["answered", "no_answer"] = "answered"
+    reason: str | None = None
+    winner_text: str | None = None
+    agreement: float | None = None
+    margin: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +161,9 @@ class ParallelSample:
                                        detail="" if score is not None else "no score in output")
                 elif lane.final:
                     self._record_score(dispatcher, lane.lane, None, "llm", detail="judge failed")
+        judge_wave = state.waves.get(JUDGE_WAVE)
+        unmatched = [s.text or "" for s in judge_wave.completed()
+                     if parse_score(s.text or "") is None] if judge_wave is not None else []
         scores = {lane: state.scores.get(lane) for lane in sorted(state.scores)}
         result = judge_argmax(scores, tie_break="random" if self.tie_break == "random"
                               else "first_lane", seed=self.seed)
@@ -162,7 +175,7 @@ class ParallelSample:
             reducer="judge_argmax", winner=winner, winner_lane=result.winner_lane, scores=scores,
             tie_break=result.tie_break, tied=list(result.tied), abstentions=result.abstentions)
         self._record_reduce(dispatcher, data)
-        return self._outcome(data, wave)
+        return self._outcome(data, wave, unmatched)
 
     async def _verify(self, question: str, lane: LaneState) -> tuple[float | None, str]:
         """Call the Python verifier; one that raises or returns a non-number abstains."""
@@ -191,9 +204,45 @@ class ParallelSample:
         if dispatcher.recorder.state.reduce is None:
             dispatcher.recorder.emit(ReduceCompleted, data)  # made durable with the run's end
 
-    def _outcome(self, data: ReduceCompletedData, wave: WaveState) -> LoopOutcome:
+    def _outcome(self, data: ReduceCompletedData, wave: WaveState,
+                 unmatched: list[str] | None = None) -> LoopOutcome:
+        completed = wave.completed()
+        winner = wave.lanes.get(data.winner_lane) if data.winner_lane is not None else None
+        answers = [normalize_answer(s.answer) for s in completed if s.answer is not None]
+        answers = [a for a in answers if a]
+        agreement = margin = None
+        if data.reducer == "majority_vote" and data.votes:
+            ranked = sorted(data.votes.values(), reverse=True)
+            agreement = ranked[0] / math.fsum(ranked) if math.fsum(ranked) > 0 else None
+            margin = ranked[0] - (ranked[1] if len(ranked) > 1 else 0.0)
+        elif data.reducer == "judge_argmax":
+            if data.winner is not None and answers:
+                agreement = answers.count(data.winner) / len(answers)
+            ranked = sorted((v for v in data.scores.values() if v is not None), reverse=True)
+            if ranked:
+                margin = ranked[0] - (ranked[1] if len(ranked) > 1 else 0.0)
+        answered = data.winner_lane is not None
         return LoopOutcome(
             answer=data.winner, winner_lane=data.winner_lane, reducer=data.reducer,
             votes=dict(data.votes), scores=dict(data.scores), tie_break=data.tie_break,
-            lanes_completed=len(wave.completed()), lanes_failed=len(wave.failed()),
-            texts={lane.lane: lane.text or "" for lane in wave.completed()})
+            lanes_completed=len(completed), lanes_failed=len(wave.failed()),
+            texts={lane.lane: lane.text or "" for lane in completed},
+            status="answered" if answered else "no_answer",
+            reason=None if answered else _why_no_answer(
+                data, len(completed), unmatched if unmatched is not None
+                else [s.text or "" for s in completed if not s.answer]),
+            winner_text=winner.text if winner is not None else None,
+            agreement=agreement, margin=margin)
+
+def _why_no_answer(data: ReduceCompletedData, completed: int, unmatched: list[str]) -> str:
+    """How many lanes abstained, and a shortened example of what did not match."""
+    example = f"; e.g. {_shorten(unmatched[0])!r}" if unmatched else ""
+    if data.reducer == "judge_argmax":
+        return (f"no candidate got a score ({len(data.scores)} judged, all abstained)"
+                f"{example}")
+    return f"{data.abstentions} of {completed} completed lanes gave no answer{example}"
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,29 +1,38 @@
 """The `orchestrator` command: run, resume, tail, show, validate, schema, serve.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
-quorum. Errors are one line on stderr naming the place (file, field, line).
+quorum, 4 the run ended without an answer, 130/143 interrupted by SIGINT/SIGTERM (resumable).
+Errors are one line on stderr naming the place (file, field, line).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio
-import structlog
+from anyio.abc import TaskStatus
 
-from orchestrator._config import LoopConfig, load_backend_config, load_config
+from orchestrator._config import LoopConfig, load_backend_config, load_config, preflight
 from orchestrator._display import Progress, describe, summary
 from orchestrator._result import RunResult
-from orchestrator._runner import build_backend, resume, run
+from orchestrator._runner import _resume, _run, build_backend
 from orchestrator._store import RunStore
-from primitives import ConfigError, JsonlEventLog, LanefoldError, fold
+from primitives import ConfigError, JsonlEventLog, LanefoldError, RunState, apply
 from primitives._events import AnyEvent
 
 __all__ = ("main",)
+
+T = TypeVar("T")
+EXIT_NO_ANSWER = 4
+_SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,38 +40,43 @@ def _parser() -> argparse.ArgumentParser:
         "Governed coordination loops for LLM inference: sample K lanes, join, reduce."))
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def runs_dir(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--runs-dir", default="runs", help="where run logs live (default ./runs)")
+    def common(p: argparse.ArgumentParser, *, runs: bool = True) -> None:
+        if runs:
+            p.add_argument("--runs-dir", default="runs", help="where run logs live (default ./runs)")
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="log details (dispatch, retries) to stderr")
 
     p = sub.add_parser("run", help="run a loop config on one question")
     p.add_argument("config")
     p.add_argument("--question", required=True)
-    runs_dir(p)
+    common(p)
     p.add_argument("--run-id")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("-v", "--verbose", action="store_true", help="log dispatch details to stderr")
 
     p = sub.add_parser("resume", help="continue a run from its event log")
     p.add_argument("run_id")
-    runs_dir(p)
+    common(p)
     p.add_argument("--json", action="store_true")
-    p.add_argument("-v", "--verbose", action="store_true")
 
     p = sub.add_parser("tail", help="print a run's events")
     p.add_argument("run_id")
-    runs_dir(p)
+    common(p)
     p.add_argument("--follow", "-f", action="store_true", help="wait for new events")
+    p.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
+                   help="with --follow: how long to wait for a run that has not started (30)")
     p.add_argument("--json", action="store_true", help="raw JSON lines")
 
     p = sub.add_parser("show", help="summarise a run")
     p.add_argument("run_id")
-    runs_dir(p)
+    common(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("validate", help="check a loop config file")
     p.add_argument("config")
+    common(p, runs=False)
 
-    sub.add_parser("schema", help="print the config JSON Schema")
+    p = sub.add_parser("schema", help="print the config JSON Schema")
+    common(p, runs=False)
 
     p = sub.add_parser("serve", help="serve a backend as an OpenAI-compatible HTTP server")
     p.add_argument("--backend-config", required=True,
@@ -70,108 +84,205 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="default loopback")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", help="the model id clients ask for (default: the backend's)")
+    common(p, runs=False)
     return parser
+
+
+class _Interrupted(Exception):
+    """A run stopped by a signal; the log says so and `resume` continues it."""
+
+    def __init__(self, signal_name: str, run_id: str | None) -> None:
+        super().__init__(signal_name)
+        self.signal_name, self.run_id = signal_name, run_id
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _configure_logging(getattr(args, "verbose", False))
+    _configure_logging(args.verbose)
     handler: Callable[[argparse.Namespace], int] = _COMMANDS[args.command]
     try:
         return handler(args)
     except LanefoldError as exc:
-        print(f"orchestrator {args.command}: {exc}", file=sys.stderr)
+        _error(args.command, str(exc))
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"orchestrator {args.command}: interrupted", file=sys.stderr)
+    except _Interrupted as stop:
+        resume = f"orchestrator resume {stop.run_id}" + (
+            f" --runs-dir {args.runs_dir}" if getattr(args, "runs_dir", "runs") != "runs" else "")
+        _error(args.command, f"interrupted by {stop.signal_name}" + (
+            f"; continue with: {resume}" if stop.run_id else " before the run started"))
+        return _SIGNAL_EXIT.get(stop.signal_name, 130)
+    except KeyboardInterrupt:  # before the event loop took the signals over
+        _error(args.command, "interrupted")
         return 130
+
+
+def _error(command: str, message: str) -> None:
+    line = " ".join(message.split())  # one line, whatever the message held
+    print(f"orchestrator {command}: {line}", file=sys.stderr)
 
 
 def _configure_logging(verbose: bool) -> None:
     # The application, not the library, decides where logs go: stderr, warnings unless -v.
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(10 if verbose else 30),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    logger = logging.getLogger("lanefold")
+    if not any(getattr(h, "_lanefold_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler._lanefold_cli = True  # type: ignore[attr-defined]  # our own handler, once
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
-def _emit_result(result: RunResult, as_json: bool) -> None:
+def _on_path(config: str | Path) -> None:
+    """`module:function` verifiers resolve from the config file's folder and the working
+    directory, as a user expects of a file that sits beside its config."""
+    for folder in (str(Path(config).resolve().parent), str(Path.cwd())):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+
+
+def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
+                   run_id: Callable[[], str | None]) -> T:
+    """Run `call` with SIGINT and SIGTERM turned into a clean stop (the run records it)."""
+    stopped: list[str] = []
+    outcome: list[T] = []
+    failure: list[Exception] = []
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            async def watch(*, task_status: TaskStatus[None]) -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    task_status.started()
+                    async for signum in signals:
+                        stopped.append(signal.Signals(signum).name)
+                        tg.cancel_scope.cancel()
+                        return
+
+            await tg.start(watch)
+            try:
+                outcome.append(await call(lambda: stopped[0] if stopped else "cancelled"))
+            except Exception as exc:  # raised below, outside the task group's exception group
+                failure.append(exc)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    if failure:
+        raise failure[0]
+    if stopped or not outcome:
+        raise _Interrupted(stopped[0] if stopped else "SIGINT", run_id())
+    return outcome[0]
+
+
+def _emit_result(result: RunResult, as_json: bool) -> int:
     if as_json:
         print(json.dumps(result.model_dump(mode="json")))
     else:
         summary(result)
+    return EXIT_NO_ANSWER if result.status == "no_answer" else 0
 
 
-def _live(as_json: bool) -> Progress | None:
-    return Progress() if (not as_json and sys.stdout.isatty()) else None
+@contextlib.contextmanager
+def _live(as_json: bool) -> Iterator[Callable[[AnyEvent], None] | None]:
+    progress = Progress() if (not as_json and sys.stdout.isatty()) else None
+    if progress is None:
+        yield None
+        return
+    with progress:
+        yield progress.observe
+
+
+class _RunId:
+    """Learns the run id from the first event it sees (a new run's id is made inside `run`)."""
+
+    def __init__(self, observer: Callable[[AnyEvent], None] | None, known: str | None) -> None:
+        self.value, self._observer = known, observer
+
+    def __call__(self, event: AnyEvent) -> None:
+        self.value = self.value or event.run_id
+        if self._observer is not None:
+            self._observer(event)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    _on_path(args.config)
     config = load_config(args.config)
-    progress = _live(args.json)
-    with progress or _Null():
-        result = anyio.run(lambda: run(config, args.question, runs_dir=args.runs_dir,
-                                       run_id=args.run_id,
-                                       observer=progress.observe if progress else None))
-    _emit_result(result, args.json)
-    return 0
+    preflight(config, args.config)
+    with _live(args.json) as observer:
+        seen = _RunId(observer, args.run_id)
+        result = _interruptible(lambda reason: _run(
+            config, args.question, runs_dir=args.runs_dir, run_id=args.run_id, observer=seen,
+            stop_reason=reason), lambda: seen.value)
+    return _emit_result(result, args.json)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    progress = _live(args.json)
-    with progress or _Null():
-        result = anyio.run(lambda: resume(args.run_id, runs_dir=args.runs_dir,
-                                          observer=progress.observe if progress else None))
-    _emit_result(result, args.json)
-    return 0
+    with _live(args.json) as observer:
+        result = _interruptible(lambda reason: _resume(
+            args.run_id, runs_dir=args.runs_dir, observer=observer, stop_reason=reason),
+            lambda: args.run_id)
+    return _emit_result(result, args.json)
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    path = RunStore(args.runs_dir).events_path(args.run_id)
+    store = RunStore(args.runs_dir)
+    path = store.events_path(args.run_id)
     log = JsonlEventLog(path)
+    state = RunState(source=str(path), expected_run_id=args.run_id)
 
     def show(event: AnyEvent) -> None:
-        line = (event.model_dump_json(by_alias=True) if args.json
-                else describe(event))
-        print(line, flush=True)
+        apply(state, event)  # refuses a line that is not this run's own, naming it
+        print(event.model_dump_json(by_alias=True) if args.json else describe(event), flush=True)
 
     if not args.follow:
-        RunStore(args.runs_dir).existing(args.run_id)
-        for event in log.read():
+        store.existing(args.run_id)
+        events = list(log.read())
+        checked = RunState(source=str(path), expected_run_id=args.run_id)
+        for event in events:  # the whole log is checked before a line is printed
+            apply(checked, event)
+        for event in events:
             show(event)
         return 0
 
-    async def follow() -> None:
+    async def follow() -> int:
+        with anyio.move_on_after(args.wait):
+            while not path.exists():  # noqa: ASYNC110  # another process creates it: no event to wait on
+                await anyio.sleep(0.05)
+        if not path.exists():
+            raise ConfigError(f"{path}: run {args.run_id!r} did not appear within {args.wait:g} s")
         async for event in log.follow():
             show(event)
+        return 0
 
-    anyio.run(follow)
-    return 0
+    try:
+        return _interruptible(lambda _: follow(), lambda: None)
+    except _Interrupted:
+        return 0  # Ctrl-C is how a follower is meant to end
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    path = RunStore(args.runs_dir).existing(args.run_id)
-    events = list(JsonlEventLog(path).read())
-    started = next((e for e in events if e.type == "run.started"), None)
-    if started is None:
-        raise ConfigError(f"{path}: the log has no run.started event")
-    state = fold(events, LoopConfig.model_validate(started.data.config).pricing)
+    store = RunStore(args.runs_dir)
+    state, _ = store.read(args.run_id)
     if state.result is not None:
-        _emit_result(RunResult.model_validate(state.result), args.json)
-        return 0
+        return _emit_result(RunResult.model_validate(state.result), args.json)
+    status = ("failed" if state.failure else "interrupted" if state.interrupted
+              else "unfinished")
     partial: dict[str, Any] = {
-        "run_id": state.run_id, "status": "failed" if state.failure else "unfinished",
+        "run_id": state.run_id, "status": status,
         "error": state.failure.message if state.failure else None,
         "lanes_completed": sum(len(w.completed()) for w in state.waves.values()),
         "lanes_failed": sum(len(w.failed()) for w in state.waves.values()),
-        "lanes_in_flight": len(state.in_flight()), "events": str(path)}
+        "lanes_in_flight": len(state.in_flight()),
+        "lanes_interrupted": sum(1 for w in state.waves.values() for s in w.lanes.values()
+                                 if s.status == "interrupted"),
+        "events": str(store.events_path(args.run_id))}
     print(json.dumps(partial) if args.json else
           "\n".join(f"{key}: {value}" for key, value in partial.items()))
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    _on_path(args.config)
     config = load_config(args.config)
+    preflight(config, args.config)
     print(f"{args.config}: ok ({config.loop.coordinator}, k={config.loop.k}, "
           f"backend={config.backend.kind}, reducer={config.loop.reducer})")
     return 0
@@ -188,14 +299,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_schema(args: argparse.Namespace) -> int:
     print(json.dumps(LoopConfig.model_json_schema(), indent=2))
     return 0
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

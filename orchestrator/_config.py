@@ -2,27 +2,40 @@
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 import json
+import math
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.engine import EngineConfig
+from backends.engine._config import resolve_model_path
 from backends.openai import OpenAIConfig
 from backends.simulated import SimulatedConfig
-from primitives import ConfigError, ExtractSpec, Limits, Pricing
+from primitives import ConfigError, ExtractSpec, Limits, Pricing, hash_config
+
+if TYPE_CHECKING:
+    from coordinators import Verifier
+    from primitives import RunState
 
 __all__ = (
+    "VERSION",
     "BackendConfig",
     "LoopConfig",
     "config_hash",
+    "import_verifier",
     "load_backend_config",
     "load_config",
     "parse_config",
+    "preflight",
+    "recorded_config",
 )
+
+VERSION = "0.1.0"  # recorded in every run.started: which version wrote a log
 
 BackendConfig = Annotated[SimulatedConfig | EngineConfig | OpenAIConfig,
                           Field(discriminator="kind")]
@@ -116,7 +129,8 @@ class LoopConfig(_Section):
     prompt: PromptSection = PromptSection()
     sampling: SamplingSection = SamplingSection()
     extract: ExtractSpec = ExtractSpec(regex=r"Answer:\s*(.+)")
-    backend: BackendConfig = SimulatedConfig()
+    # The embedded default: the bundled engine on its bundled model (no server, no key).
+    backend: BackendConfig = EngineConfig()
     budget: Limits = Limits()
     pricing: Pricing = Pricing()
     retry: RetrySection = RetrySection()
@@ -131,6 +145,12 @@ class LoopConfig(_Section):
         if (self.loop.reducer == "judge_argmax" and self.judge.template is None
                 and self.judge.verifier is None):
             raise ValueError("judge: reducer judge_argmax needs judge.template or judge.verifier")
+        ignored = sorted(key for key in self.judge.model_fields_set
+                         if getattr(self.judge, key) != JudgeSection.model_fields[key].default)
+        if self.loop.reducer != "judge_argmax" and ignored:
+            key = ignored[0]
+            raise ValueError(f"judge.{key}: the {self.loop.reducer} reducer ignores [judge]; "
+                             f"set loop.reducer = \"judge_argmax\" or remove it")
         return self
 
 
@@ -139,6 +159,9 @@ def parse_config(raw: dict[str, Any], *, source: str = "<config>") -> LoopConfig
 
     Validation is strict, as for JSON: `k = true` or `k = "8"` is an error, not a coercion.
     """
+    bad = _non_finite(raw)
+    if bad is not None:
+        raise ConfigError(f"{source}: {bad or '(top level)'}: must be a finite number")
     try:
         document = json.dumps(raw, default=str)
     except (TypeError, ValueError) as exc:
@@ -158,6 +181,22 @@ def parse_config(raw: dict[str, Any], *, source: str = "<config>") -> LoopConfig
             where, _, message = str(error["ctx"]["error"]).partition(": ")
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ConfigError(f"{source}: {where or '(top level)'}: {message}{more}") from None
+
+
+def _non_finite(value: object, where: str = "") -> str | None:
+    """The dotted place of the first NaN or infinity in a config (TOML has `nan` and `inf`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items: list[tuple[object, object]] = []
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = list(enumerate(value))
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def _location(loc: tuple[int | str, ...]) -> list[str]:
@@ -206,7 +245,46 @@ def _read(path: Path) -> dict[str, Any]:
     return raw
 
 
+def preflight(config: LoopConfig, source: str = "<config>") -> None:
+    """What validation alone cannot see, checked before a run is created: the verifier
+    imports, and each engine model exists."""
+    if config.judge.verifier is not None:
+        try:
+            import_verifier(config.judge.verifier)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    for where, backend in (("backend", config.backend), ("judge.backend", config.judge.backend)):
+        if isinstance(backend, EngineConfig):
+            try:
+                resolve_model_path(backend.model)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {where}.model: {exc}") from None
+
+
+def import_verifier(spec: str) -> Verifier:
+    """The callable a `module:function` verifier names."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        target: Any = getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # a user's module may fail to import in any way
+        raise ConfigError(f"judge.verifier: cannot import {spec!r}: "
+                          f"{type(exc).__name__}: {exc}") from None
+    if not callable(target):
+        raise ConfigError(f"judge.verifier: {spec!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def recorded_config(state: RunState, source: str) -> LoopConfig:
+    """The config a log recorded, validated by this version; names the field and the
+    version that wrote it when it no longer validates."""
+    assert state.started is not None
+    try:
+        return parse_config(state.started.config, source=f"{source}:1: recorded config")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (written by lanefold {state.started.library_version}, this is "
+                          f"{VERSION})") from None
+
+
 def config_hash(config: LoopConfig) -> str:
     """sha256 of the resolved config's canonical JSON: two runs with one hash ran one config."""
-    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return hash_config(config.model_dump(mode="json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import TracebackType
 
 from rich.console import Console
@@ -11,16 +12,27 @@ from rich.table import Table
 from orchestrator._result import RunResult
 from primitives._events import AnyEvent
 
-__all__ = ("Progress", "describe", "summary")
+__all__ = ("Progress", "describe", "summary", "tally")
 
 
 def describe(event: AnyEvent) -> str:
-    """One line an operator can read: sequence, time, type, where, and the gist."""
-    where = "".join(f" {key}={value}" for key, value in
-                    (("wave", event.wave), ("lane", event.lane), ("attempt", event.attempt))
-                    if value is not None)
+    """One line an operator can read: sequence, time, type, where, and the gist; the columns
+    line up from one event to the next."""
+    where = " ".join(f"{key}={value}" for key, value in
+                     (("wave", event.wave), ("lane", event.lane), ("attempt", event.attempt))
+                     if value is not None)
     stamp = f"{event.time:%H:%M:%S.%f}"[:-3]  # milliseconds
-    return f"#{event.sequence:<5} {stamp} {event.type:<18}{where}  {_gist(event)}"
+    return f"#{event.sequence:<5} {stamp} {event.type:<18} {where:<24} {_gist(event)}".rstrip()
+
+
+def tally(votes: dict[str, float]) -> str:
+    """`15 ×5 · 14 ×2`: answers by weight, integers when the vote was unweighted."""
+    ranked = sorted(votes.items(), key=lambda item: -item[1])
+    return " · ".join(f"{answer} ×{_number(weight)}" for answer, weight in ranked)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
 
 
 def _gist(event: AnyEvent) -> str:
@@ -31,6 +43,8 @@ def _gist(event: AnyEvent) -> str:
         case "run.resumed":
             return (f"after #{d.resumed_after_sequence}, {len(d.in_flight)} in flight"  # type: ignore[union-attr]
                     + (f", cut {d.torn_tail_bytes} torn bytes" if d.torn_tail_bytes else ""))  # type: ignore[union-attr]
+        case "run.interrupted":
+            return f"by {d.reason}, {len(d.in_flight)} lanes cut off; resume continues it"  # type: ignore[union-attr]
         case "wave.started":
             return (f"{d.purpose} k={d.k}/{d.k_requested} reserve {d.reservation.tokens} tok "  # type: ignore[union-attr]
                     f"${d.reservation.cost_usd:.6f}")  # type: ignore[union-attr]
@@ -41,20 +55,24 @@ def _gist(event: AnyEvent) -> str:
                     f"${d.cost_usd:.6f} {d.finish_reason}")  # type: ignore[union-attr]
         case "lane.failed":
             return f"{d.error}: {d.message}{' (final)' if d.final else ' (will retry)'}"  # type: ignore[union-attr]
+        case "lane.interrupted":
+            return f"{d.reason}: charged its hold, dispatched again on resume"  # type: ignore[union-attr]
         case "wave.barrier":
             return f"completed={len(d.completed)} failed={len(d.failed)}"  # type: ignore[union-attr]
         case "judge.completed":
             return f"candidate {d.candidate_lane} score={d.score} by {d.judge}"  # type: ignore[union-attr]
         case "reduce.completed":
-            shown = d.votes or d.scores  # type: ignore[union-attr]
+            shown = (tally(d.votes) if d.votes else  # type: ignore[union-attr]
+                     str(d.scores) if d.scores else "no votes")  # type: ignore[union-attr]
             return f"{d.reducer} winner={d.winner!r} lane={d.winner_lane} {shown} tie_break={d.tie_break}"  # type: ignore[union-attr]
         case "run.completed":
             r = d.result  # type: ignore[union-attr]
-            return f"answer={r.get('answer')!r} cost=${r.get('cost', {}).get('total', 0):.6f}"
+            return (f"{r.get('status', 'answered')} answer={r.get('answer')!r} "
+                    f"cost=${r.get('cost', {}).get('total', 0):.6f}")
         case "run.failed":
             return f"{d.error}: {d.message} (exit {d.exit_code})"  # type: ignore[union-attr]
         case _:
-            return str(d.model_dump(by_alias=True))
+            return json.dumps(event.model_dump(mode="json", by_alias=True)["data"])
 
 
 class Progress:
@@ -95,11 +113,19 @@ class Progress:
 def summary(result: RunResult, console: Console | None = None) -> None:
     """The answer, the tally and the bill, for a person."""
     console = console or Console()
-    console.print(f"[bold]answer[/]: {result.answer!r}  (lane {result.winner_lane}, "
-                  f"{result.reducer}, tie-break {result.tie_break})")
-    tally: dict[str, float | None] = (dict(result.votes) if result.votes
-                                      else {str(k): v for k, v in result.scores.items()})
-    console.print("votes: " if result.votes else "scores: ", tally)
+    if result.status == "no_answer":
+        console.print(f"[bold]no answer[/]: {result.reason}", soft_wrap=True)
+    else:
+        console.print(f"[bold]answer[/]: {result.answer!r}  (lane {result.winner_lane}, "
+                      f"{result.reducer}, tie-break {result.tie_break})", soft_wrap=True)
+    if result.reducer == "majority_vote":
+        console.print(f"votes: {tally(result.votes) if result.votes else 'no votes'}"
+                      + (f"  (agreement {result.agreement:.0%})"
+                         if result.agreement is not None else ""), soft_wrap=True)
+    else:
+        scored = " · ".join(f"lane {lane}: {_number(score) if score is not None else '-'}"
+                            for lane, score in sorted(result.scores.items()))
+        console.print(f"scores: {scored or 'none'}", soft_wrap=True)
     console.print(f"lanes: {result.lanes_completed} completed, {result.lanes_failed} failed"
                   f"{f', resumed {result.resumes}x' if result.resumes else ''}"
                   f" · {result.elapsed_s:.2f} s")
@@ -112,6 +138,9 @@ def summary(result: RunResult, console: Console | None = None) -> None:
     bill.add_row("decode", str(u.decode_tokens), f"{c.decode:.6f}")
     bill.add_row("kv residency", f"{u.kv_token_seconds:.1f} tok·s", f"{c.kv_residency:.6f}")
     bill.add_row("verifier", str(u.verifier_tokens), f"{c.verifier:.6f}")
+    if u.cut_off_tokens or c.cut_off:
+        bill.add_row("cut off (holds charged)", str(u.cut_off_tokens), f"{c.cut_off:.6f}")
     bill.add_row("[bold]total[/]", "", f"[bold]{c.total:.6f}[/]")
     console.print(bill)
-    console.print(f"run {result.run_id} · log {result.events}")
+    # One line whatever the terminal's width: a path is copied, not read.
+    console.print(f"run {result.run_id} · log {result.events}", soft_wrap=True, highlight=False)

@@ -46,6 +46,7 @@ from primitives import (
     StreamingBackend,
     TextDelta,
     Usage,
+    sample_all,
 )
 
 __all__ = ("create_app", "serve", "serve_async")
@@ -172,14 +173,18 @@ def _usage_body(billed: Usage) -> dict[str, Any]:
 
 
 def _stream_of(backend: Backend, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
-    """`backend.stream(request)`, or each lane's whole text as one delta once `sample` returns."""
+    """`backend.stream(request)`, or each lane's whole text as one delta once every lane of
+    `backend.sample(request)` has landed."""
     if isinstance(backend, StreamingBackend):
         return backend.stream(request)
     return _all_at_once(backend, request)
 
 
 async def _all_at_once(backend: Backend, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
-    for sample in _whole_lanes(request, await backend.sample(request)):
+    # Collected whole, not relayed lane by lane: `sample`'s caller may do only synchronous work
+    # between lanes and must close it in its own task, and a response stream awaits the client
+    # between chunks and is read by another task than the one that opened it.
+    for sample in _whole_lanes(request, await sample_all(backend, request)):
         if sample.text:
             yield TextDelta(sample.lane, sample.text)
         yield sample
@@ -251,8 +256,7 @@ def create_app(
         samples: list[Sample] = []
         billed = Usage()
         for request in requests:
-            outcomes = await backend.sample(request)
-            got = _whole_lanes(request, outcomes)
+            got = _whole_lanes(request, await sample_all(backend, request))
             billed += _bill(got)
             samples += got
         return samples, _usage_body(billed)

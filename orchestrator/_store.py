@@ -6,8 +6,8 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
-from primitives import RunNotFoundError
-from primitives._eventlog import validate_run_id
+from orchestrator._config import LoopConfig, recorded_config
+from primitives import ConfigError, JsonlEventLog, RunNotFoundError, RunState, fold, validate_run_id
 
 __all__ = ("RunStore",)
 
@@ -34,3 +34,23 @@ class RunStore:
         if not path.is_file():
             raise RunNotFoundError(f"{path}: no run {run_id!r} in {self.root}")
         return path
+
+    def read(self, run_id: str) -> tuple[RunState, LoopConfig]:
+        """A run's state folded from its log, and the config it recorded; no lock is taken.
+
+        Refuses (LogCorruptError, exit 2) a log with a bad line or a line that is not the
+        run's own, and (ConfigError) a recorded config this version cannot validate.
+        """
+        path = self.existing(run_id)
+        events = list(JsonlEventLog(path).read())
+        state = fold(events, source=str(path), run_id=run_id)
+        if state.started is None:
+            raise ConfigError(f"{path}: the log has no run.started event")
+        config = recorded_config(state, str(path))
+        if config.pricing != state.pricing:
+            state = fold(events, config.pricing, source=str(path), run_id=run_id)
+        return state, config
+
+    def read_state(self, run_id: str) -> RunState:
+        """`read` without the config."""
+        return self.read(run_id)[0]

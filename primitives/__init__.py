@@ -9,6 +9,8 @@ from __future__ import annotations
 from primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
 from primitives._backend import (
     Backend,
+    LaneFailure,
+    LaneOutcome,
     LaneRequest,
     Sample,
     SampleRequest,
@@ -16,6 +18,8 @@ from primitives._backend import (
     StreamingBackend,
     TextDelta,
     Usage,
+    closing,
+    sample_all,
 )
 from primitives._budget import Hold, Ledger, Limits, Pricing, Spend, cost_of
 from primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
@@ -29,10 +33,12 @@ from primitives._errors import (
     ContextLengthError,
     LanefoldError,
     LogCorruptError,
+    LogWriteError,
     QuorumNotMetError,
     RateLimitError,
     RequestRejectedError,
     RunError,
+    RunInUseError,
     RunNotFoundError,
     ServerError,
 )
@@ -41,10 +47,11 @@ from primitives._eventlog import (
     FsyncPolicy,
     JsonlEventLog,
     MemoryEventLog,
+    RunLock,
     TornTail,
     validate_run_id,
 )
-from primitives._events import AnyEvent, Event, parse_event
+from primitives._events import AnyEvent, Event, hash_config, parse_event
 from primitives._judge import (
     JudgeResult,
     JudgeTieBreak,
@@ -53,6 +60,7 @@ from primitives._judge import (
     render_judge_prompt,
     render_prompt,
 )
+from primitives._logging import get_logger
 from primitives._record import Recorder
 from primitives._state import LaneState, RunState, WaveState, apply, fold
 from primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_weight, vote_fold
@@ -78,13 +86,16 @@ __all__ = (
     "JsonlEventLog",
     "JudgeResult",
     "JudgeTieBreak",
+    "LaneFailure",
     "LaneJob",
+    "LaneOutcome",
     "LaneRequest",
     "LaneState",
     "LanefoldError",
     "Ledger",
     "Limits",
     "LogCorruptError",
+    "LogWriteError",
     "MemoryEventLog",
     "Pricing",
     "QuorumNotMetError",
@@ -93,6 +104,8 @@ __all__ = (
     "RequestRejectedError",
     "RetryPolicy",
     "RunError",
+    "RunInUseError",
+    "RunLock",
     "RunNotFoundError",
     "RunState",
     "Sample",
@@ -109,9 +122,12 @@ __all__ = (
     "WaveSpec",
     "WaveState",
     "apply",
+    "closing",
     "cost_of",
     "extract_answer",
     "fold",
+    "get_logger",
+    "hash_config",
     "judge_argmax",
     "lane_seed",
     "logprob_weight",
@@ -120,6 +136,7 @@ __all__ = (
     "parse_score",
     "render_judge_prompt",
     "render_prompt",
+    "sample_all",
     "validate_run_id",
     "vote_fold",
 )

@@ -1,19 +1,23 @@
 """The Backend seam: what crosses between the dispatch path and an inference backend.
 
-A backend makes ONE attempt at a request of K lanes that share a prompt and returns one
-outcome per lane. Retries, budget, timeouts and logging live in the dispatch path above it.
+A backend makes ONE attempt at a request of K lanes that share a prompt and hands back each
+lane's outcome as soon as that lane lands. Retries, budget, timeouts and logging live in the
+dispatch path above it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from primitives._errors import BackendError
+from primitives._errors import BackendError, BadResponseError
 
 __all__ = (
     "Backend",
+    "LaneFailure",
+    "LaneOutcome",
     "LaneRequest",
     "Sample",
     "SampleRequest",
@@ -21,6 +25,8 @@ __all__ = (
     "StreamingBackend",
     "TextDelta",
     "Usage",
+    "closing",
+    "sample_all",
 )
 
 Purpose = Literal["sample", "judge"]
@@ -112,7 +118,15 @@ class TextDelta:
     text: str
 
 
-LaneOutcome = Sample | BackendError
+@dataclass(frozen=True, slots=True)
+class LaneFailure:
+    """One lane's attempt failed on its own; the other lanes of its request may still land."""
+
+    lane: int
+    error: BackendError
+
+
+LaneOutcome = Sample | LaneFailure
 
 
 @runtime_checkable
@@ -139,11 +153,14 @@ class Backend(Protocol):
         """Exact prompt tokens before dispatch where the backend can count them, else None."""
         ...
 
-    async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
-        """Run one attempt of every lane in `request`; one outcome per lane, in lane order.
+    def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
+        """One attempt at every lane of `request`, each lane's outcome as soon as it lands.
 
-        A lane that failed on its own is returned as a BackendError in its place; an error
-        that sinks the whole request is raised.
+        Yields one `Sample` or `LaneFailure` per lane, in the order the lanes finish; a
+        backend that cannot tell lanes apart before the end yields them all at the end. An
+        error that sinks what is left of the request is raised (lanes already yielded stand).
+        The caller does only synchronous work between items and closes the iterator
+        (`contextlib.aclosing`) when it stops early, which cancels the lanes still running.
         """
         ...
 
@@ -164,3 +181,30 @@ class StreamingBackend(Backend, Protocol):
         Closing the iterator early cancels what is left of the request.
         """
         ...
+
+
+@contextlib.asynccontextmanager
+async def closing(outcomes: AsyncIterator[LaneOutcome]) -> AsyncIterator[AsyncIterator[LaneOutcome]]:
+    """`contextlib.aclosing` for any async iterator: closes it (when it can be closed) however
+    the block ends, so a backend's generator never outlives the request it serves."""
+    try:
+        yield outcomes
+    finally:
+        aclose = getattr(outcomes, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def sample_all(backend: Backend, request: SampleRequest) -> list[Sample | BackendError]:
+    """Every lane's outcome of one `backend.sample` call, in lane order (for callers that want
+    the whole request at once, such as a server answering `n` choices).
+
+    A lane the backend never answered gets a `BadResponseError`; a request-sinking error is
+    raised as the backend raised it.
+    """
+    landed: dict[int, Sample | BackendError] = {}
+    async with closing(backend.sample(request)) as outcomes:
+        async for outcome in outcomes:
+            landed[outcome.lane] = outcome if isinstance(outcome, Sample) else outcome.error
+    missing = BadResponseError(f"{backend.name} returned no outcome for the lane")
+    return [landed.get(lane.lane, missing) for lane in request.lanes]

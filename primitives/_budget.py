@@ -55,7 +55,12 @@ class Pricing(BaseModel):
 
 @dataclass(slots=True)
 class Spend:
-    """Tokens and USD by line of the bill."""
+    """Tokens and USD by line of the bill.
+
+    `cut_off_*` is the line of holds charged whole for attempts cut off before they answered
+    (a crash, an interrupt, a timeout, the deadline): the backend may have billed them, so they
+    are never charged zero, but they are not decode tokens any lane reported.
+    """
 
     prefill_tokens: int = 0
     cached_prefill_tokens: int = 0
@@ -68,16 +73,24 @@ class Spend:
     decode_usd: float = 0.0
     kv_residency_usd: float = 0.0
     verifier_usd: float = 0.0
+    cut_off_tokens: int = 0
+    cut_off_usd: float = 0.0
 
     @property
     def tokens(self) -> int:
-        """Tokens computed: the figure `max_tokens` limits."""
-        return self.prefill_tokens + self.decode_tokens + self.verifier_tokens
+        """Tokens computed (or charged as possibly computed): the figure `max_tokens` limits."""
+        return self.prefill_tokens + self.decode_tokens + self.verifier_tokens + self.cut_off_tokens
 
     @property
     def cost_usd(self) -> float:
         return (self.prefill_usd + self.cached_prefill_usd + self.decode_usd
-                + self.kv_residency_usd + self.verifier_usd)
+                + self.kv_residency_usd + self.verifier_usd + self.cut_off_usd)
+
+    def add_cut_off(self, hold: Hold) -> None:
+        """Charge a cut-off attempt its whole hold, on its own line."""
+        self.cut_off_tokens += hold.tokens
+        self.cut_off_usd += hold.cost_usd
+        self.requests += hold.requests
 
     def add(self, usage: Usage, purpose: Purpose, pricing: Pricing, requests: int = 0) -> None:
         """Add one lane's usage, priced line by line."""
@@ -162,10 +175,12 @@ class Ledger:
     reserved_cost_usd: float = 0.0
     reserved_requests: int = 0
     elapsed_before: float = 0.0  # active seconds of earlier segments of a resumed run
-    started_at: float = field(default=0.0)
+    started_at: float | None = None  # the clock starts at the first dispatch, not at model load
 
-    def __post_init__(self) -> None:
-        self.started_at = self.clock()
+    def start(self) -> None:
+        """Start the `max_seconds` clock (once; later calls do nothing)."""
+        if self.started_at is None:
+            self.started_at = self.clock()
 
     # -- worst cases ----------------------------------------------------------------------------
 
@@ -232,6 +247,11 @@ class Ledger:
         self.reserved_cost_usd -= hold.cost_usd
         self.reserved_requests -= hold.requests
 
+    def charge_cut_off(self, hold: Hold) -> None:
+        """Replace a hold by itself, charged whole: the attempt was cut off before it answered."""
+        self.release(hold)
+        self.spent.add_cut_off(hold)
+
     def settle(self, hold: Hold, actual: Usage, *, requests: int | None = None) -> list[Overrun]:
         """Replace a hold by what the lane actually spent; report any overrun of the hold."""
         self.release(hold)
@@ -250,6 +270,9 @@ class Ledger:
     # -- time -----------------------------------------------------------------------------------
 
     def elapsed(self) -> float:
+        """Active seconds: earlier segments plus this one since its first dispatch."""
+        if self.started_at is None:
+            return self.elapsed_before
         return self.elapsed_before + (self.clock() - self.started_at)
 
     def seconds_left(self) -> float | None:

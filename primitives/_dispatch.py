@@ -10,10 +10,11 @@ the lanes a crash left unfinished. The barrier closes the wave.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -21,7 +22,15 @@ import anyio
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from primitives._backend import Backend, LaneRequest, Sample, SampleRequest, SamplingParams, Usage
+from primitives._backend import (
+    Backend,
+    LaneRequest,
+    Sample,
+    SampleRequest,
+    SamplingParams,
+    Usage,
+    closing,
+)
 from primitives._barrier import close_wave
 from primitives._budget import Hold, Ledger, cost_of
 from primitives._errors import (
@@ -50,6 +59,7 @@ from primitives._events import (
     WaveStarted,
     WaveStartedData,
 )
+from primitives._logging import get_logger
 from primitives._record import Recorder
 from primitives._retry import Backoff, LaneSlots, RetryLanes, RetryPolicy
 from primitives._state import LaneState, WaveState
@@ -106,23 +116,28 @@ class Dispatcher:
                  max_concurrency: int, retry: RetryPolicy | None = None,
                  timeout_s: float | None = None, limiter: anyio.CapacityLimiter | None = None,
                  sleep: Callable[[float], object] = anyio.sleep, rng: random.Random | None = None,
-                 logger: structlog.typing.FilteringBoundLogger | None = None) -> None:
+                 logger: structlog.stdlib.BoundLogger | None = None) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
         self.max_concurrency = max_concurrency
         self._slots = LaneSlots(limiter or anyio.CapacityLimiter(max_concurrency))
         self._sleep = sleep
         self._rng = rng or random.Random(run_seed)
-        self._log = logger or structlog.get_logger("lanefold.dispatch")
+        self._log = logger or get_logger("lanefold.dispatch")
         self._token_cache: dict[str, int] = {}
 
     # -- the wave -------------------------------------------------------------------------------
 
     async def run_wave(self, spec: WaveSpec) -> WaveState:
-        """Dispatch a wave (or finish one a crash interrupted), close it at the barrier."""
+        """Dispatch a wave (or finish one a crash interrupted), close it at the barrier.
+
+        A cancellation from outside (an interrupt) leaves the lanes in flight as they are, for
+        the caller to record as interrupted; the deadline and a fatal error fail them for good.
+        """
         state = self.recorder.state.waves.get(spec.wave)
         if state is not None and state.barrier:
             return state
+        self.ledger.start()
         if state is None:
             groups = self._start(spec)
         else:  # a wave a crash interrupted: its first k jobs, less the lanes already done
@@ -143,8 +158,12 @@ class Dispatcher:
                         tg.start_soon(worker)
             except* BackendError as eg:
                 fatal = eg.exceptions[0]
-                self._abandon(spec, groups, f"wave cancelled by {type(fatal).__name__}")
+                reason = f"wave cancelled by {type(fatal).__name__}"
+                self._cut_off(spec, reason)
+                self._abandon(spec, groups, reason)
                 raise fatal from None
+        if scope.cancelled_caught:
+            self._cut_off(spec, "max_seconds reached")
         self._abandon(spec, groups, "max_seconds reached before dispatch")
         state = self.recorder.state.waves[spec.wave]
         close_wave(self.recorder, state, min_quorum=spec.min_quorum,
@@ -256,6 +275,8 @@ class Dispatcher:
                 return []
         holds = dict(zip((j.lane for j in group.jobs), group.holds, strict=True))
         borrowers = await self._slots.acquire(len(group.jobs))
+        group.last = {}
+        again: list[LaneJob] = []
         try:
             lanes = []
             for job in group.jobs:
@@ -272,51 +293,66 @@ class Dispatcher:
             request = SampleRequest(group.prompt, spec.params, tuple(lanes),
                                     share_prefix=self._shared(spec), purpose=spec.purpose,
                                     wave=spec.wave)
-            outcomes = await self._call(request, wave)
+            jobs = {job.lane: job for job in group.jobs}
+            fatal: list[BackendError] = []
+
+            def land(lane_no: int, outcome: Sample | BackendError) -> bool:
+                """Record one lane's outcome the moment it arrives (synchronous); False once
+                a fatal error means the rest of the request is not worth waiting for."""
+                job = jobs.pop(lane_no)
+                lane = wave.lane(lane_no)
+                if isinstance(outcome, Sample):
+                    self._complete(spec, lane, outcome)
+                    return True
+                final = (not outcome.retryable) or lane.failures + 1 >= self.retry.max_attempts
+                self._fail(spec, lane, outcome, type(outcome).__name__, str(outcome),
+                           final=final, cut_off=isinstance(outcome, BackendTimeoutError))
+                if outcome.fatal:
+                    fatal.append(outcome)
+                elif not final:
+                    group.last[lane_no] = outcome
+                    again.append(job)
+                return not fatal
+
+            await self._call(request, jobs, land)
         finally:
             self._slots.release(borrowers)
-        group.last = {}
-        again = []
-        for job, outcome in zip(group.jobs, outcomes, strict=True):
-            lane = wave.lane(job.lane)
-            if isinstance(outcome, Sample):
-                self._complete(spec, lane, outcome)
-                continue
-            final = (not outcome.retryable) or lane.attempts >= self.retry.max_attempts
-            billed = holds[job.lane].usage if isinstance(outcome, BackendTimeoutError) else None
-            self._fail(spec, lane, outcome, type(outcome).__name__, str(outcome), final=final,
-                       billed=billed)
-            if outcome.fatal:
-                raise outcome
-            if not final:
-                group.last[job.lane] = outcome
-                again.append(job)
-        return again
+        if fatal:
+            raise fatal[0]  # the wave stops: no lane can succeed
+        return sorted(again, key=lambda j: j.lane)
 
-    async def _call(self, request: SampleRequest,
-                    wave: WaveState) -> Sequence[Sample | BackendError]:
-        n = len(request.lanes)
+    async def _call(self, request: SampleRequest, jobs: dict[int, LaneJob],
+                    land: Callable[[int, Sample | BackendError], bool]) -> None:
+        """Feed each lane's outcome to `land` as the backend hands it over.
+
+        Lanes the backend never answered fail with the error that ended the request (a
+        timeout, a request-sinking error) or as a short response. A cancellation leaves the
+        lanes still in flight dispatched, for the wave or the run to record.
+        """
+        ended: BackendError | None = None
         try:
-            if self.timeout_s is None:
-                outcomes = await self.backend.sample(request)
-            else:
-                with anyio.fail_after(self.timeout_s):
-                    outcomes = await self.backend.sample(request)
+            with anyio.fail_after(self.timeout_s) if self.timeout_s is not None else _no_limit():
+                async with closing(self.backend.sample(request)) as outcomes:
+                    async for outcome in outcomes:
+                        if outcome.lane not in jobs:  # a lane twice, or one never asked for
+                            self._log.warning("backend.unexpected_lane", lane=outcome.lane)
+                            continue
+                        landed = outcome if isinstance(outcome, Sample) else outcome.error
+                        if not land(outcome.lane, landed):
+                            ended = landed if isinstance(landed, BackendError) else None
+                            break  # closing the iterator cancels the rest of the request
         except TimeoutError:
-            return [BackendTimeoutError(f"no answer within {self.timeout_s} s")] * n
+            ended = BackendTimeoutError(f"no answer within {self.timeout_s} s")
         except BackendError as exc:
-            return [exc] * n
-        except anyio.get_cancelled_exc_class():
-            for lane in request.lanes:  # synchronous: nothing here can be cancelled again
-                state = wave.lane(lane.lane)
-                if state.status == "dispatched" and state.hold is not None:
-                    self._fail_cancelled(request, state)
-            raise
+            ended = exc
         finally:
             self._drain_backend_events(request.wave)
-        if len(outcomes) != n:
-            return [BadResponseError(f"backend returned {len(outcomes)} of {n} lanes")] * n
-        return outcomes
+        if jobs and ended is None:
+            ended = BadResponseError(
+                f"backend returned {len(request.lanes) - len(jobs)} of {len(request.lanes)} lanes")
+        for lane_no in sorted(jobs):
+            assert ended is not None
+            land(lane_no, ended)
 
     def _drain_backend_events(self, wave: int) -> None:
         """Record what a backend learnt about its server (e.g. that `n > 1` is refused)."""
@@ -327,14 +363,6 @@ class Dispatcher:
             if note.type == "backend.n_unsupported":
                 self.recorder.emit(BackendNoted, BackendNotedData(
                     note=note.type, detail=dict(note.data)), wave=wave)
-
-    def _fail_cancelled(self, request: SampleRequest, lane: LaneState) -> None:
-        hold = lane.hold
-        assert hold is not None
-        left = self.ledger.seconds_left()
-        reason = "max_seconds reached" if left is not None and left <= 0 else "wave cancelled"
-        self._fail_raw(request.wave, request.purpose, lane, "Cancelled", reason, retryable=False,
-                       final=True, billed=hold.usage)
 
     # -- outcomes ---------------------------------------------------------------------------------
 
@@ -358,27 +386,34 @@ class Dispatcher:
                 wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
 
     def _fail(self, spec: WaveSpec, lane: LaneState, error: BackendError | None, name: str,
-              message: str, *, final: bool, billed: Usage | None = None) -> None:
+              message: str, *, final: bool, cut_off: bool = False) -> None:
+        """Record a failed attempt; a cut-off one (no answer came) is charged its whole hold."""
         retryable = bool(error and error.retryable)
-        if lane.hold is None:  # the attempt was never dispatched (no budget for it)
+        hold = lane.hold
+        if hold is None:  # the attempt was never dispatched (no budget for it)
             self.recorder.emit(LaneFailed, LaneFailedData(
                 error=name, message=message, retryable=False, final=True,
             ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts + 1)
             return
-        self._fail_raw(spec.wave, spec.purpose, lane, name, message, retryable=retryable,
-                       final=final, billed=billed or Usage())
-
-    def _fail_raw(self, wave: int, purpose: Purpose, lane: LaneState, name: str, message: str,
-                  *, retryable: bool, final: bool, billed: Usage) -> None:
-        hold = lane.hold
-        assert hold is not None
-        self.ledger.settle(hold, billed)
+        if cut_off:
+            billed, cost = hold.usage, hold.cost_usd
+            self.ledger.charge_cut_off(hold)
+        else:
+            billed, cost = Usage(), 0.0
+            self.ledger.settle(hold, billed)
         self.recorder.emit(LaneFailed, LaneFailedData(
             error=name, message=message, retryable=retryable, final=final,
-            billed=UsageData.of(billed), billed_cost_usd=_cost(self.ledger, billed, hold),
-        ), wave=wave, lane=lane.lane, attempt=lane.attempts)
-        self._log.debug("lane.failed", wave=wave, lane=lane.lane, attempt=lane.attempts,
-                       error=name, final=final)
+            billed=UsageData.of(billed), billed_cost_usd=cost, cut_off=cut_off,
+        ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
+        self._log.debug("lane.failed", wave=spec.wave, lane=lane.lane, attempt=lane.attempts,
+                        error=name, final=final)
+
+    def _cut_off(self, spec: WaveSpec, reason: str) -> None:
+        """Attempts still in flight when their wave was stopped fail for good, charged whole."""
+        wave = self.recorder.state.waves[spec.wave]
+        for lane in sorted(wave.lanes.values(), key=lambda s: s.lane):
+            if lane.status == "dispatched":
+                self._fail(spec, lane, None, "Cancelled", reason, final=True, cut_off=True)
 
     def _abandon(self, spec: WaveSpec, groups: list[_Group], reason: str) -> None:
         """Lanes cancelled before they were dispatched fail for good; their holds return."""
@@ -386,14 +421,21 @@ class Dispatcher:
         for group in groups:
             for i, job in enumerate(group.jobs):
                 lane = wave.lane(job.lane)
-                if lane.status != "pending" and not (lane.status == "failed" and not lane.final):
+                if lane.status not in ("pending", "interrupted") and not (
+                        lane.status == "failed" and not lane.final):
                     continue
                 if group.holds is not None:
                     self.ledger.release(group.holds[i])
                 self._fail(spec, lane, None, "Cancelled", reason, final=True)
 
+
 def _done(lane: LaneState | None) -> bool:
-    return lane is not None and (lane.status == "completed" or (lane.status == "failed" and lane.final))
+    return lane is not None and lane.done
+
+
+@contextlib.contextmanager
+def _no_limit() -> Iterator[None]:
+    yield
 
 
 def _cost(ledger: Ledger, usage: Usage, hold: Hold) -> float:

@@ -2,9 +2,11 @@
 
     LanefoldError
     ├── ConfigError                 misuse: bad config, bad call, bad input (exit 2)
-    │   └── RunNotFoundError        resume/show of a run id with no log
-    ├── LogCorruptError             a bad line inside an event log (exit 2)
+    │   ├── RunNotFoundError        resume/show of a run id with no log
+    │   └── RunInUseError           another process is writing the run (exit 2)
+    ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     └── RunError                    run-time failure of a run (exit 1)
+        ├── LogWriteError           the log could not be written mid-run (disk full, I/O error)
         ├── BudgetExhaustedError    the budget cannot fund the quorum (exit 3)
         ├── QuorumNotMetError       too few lanes completed to reduce
         └── BackendError            one backend attempt failed
@@ -34,10 +36,12 @@ __all__ = (
     "ContextLengthError",
     "LanefoldError",
     "LogCorruptError",
+    "LogWriteError",
     "QuorumNotMetError",
     "RateLimitError",
     "RequestRejectedError",
     "RunError",
+    "RunInUseError",
     "RunNotFoundError",
     "ServerError",
 )
@@ -59,6 +63,16 @@ class RunNotFoundError(ConfigError):
     """No event log exists for the run id."""
 
 
+class RunInUseError(ConfigError):
+    """Another process holds the run's writer lock: one writer per run."""
+
+    def __init__(self, run_id: str, pid: int | None) -> None:
+        who = f" (pid {pid})" if pid is not None else ""
+        super().__init__(f"run {run_id} is being written by another process{who}")
+        self.run_id = run_id
+        self.pid = pid
+
+
 class LogCorruptError(LanefoldError):
     """An event log has a bad line that is not a torn tail; names the line."""
 
@@ -72,6 +86,10 @@ class LogCorruptError(LanefoldError):
 
 class RunError(LanefoldError):
     """A run failed while running."""
+
+
+class LogWriteError(RunError):
+    """An append to the event log failed mid-run; what was written before it stands."""
 
 
 class BudgetExhaustedError(RunError):

@@ -7,6 +7,8 @@ line is forced to disk: every append (`always`), at barriers and run end (`barri
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -17,7 +19,13 @@ from typing import Literal, Protocol
 import anyio
 from pydantic import ValidationError
 
-from primitives._errors import ConfigError, LogCorruptError, RunNotFoundError
+from primitives._errors import (
+    ConfigError,
+    LogCorruptError,
+    LogWriteError,
+    RunInUseError,
+    RunNotFoundError,
+)
 from primitives._events import AnyEvent, Event, parse_event
 
 __all__ = (
@@ -25,13 +33,15 @@ __all__ = (
     "FsyncPolicy",
     "JsonlEventLog",
     "MemoryEventLog",
+    "RunLock",
     "TornTail",
     "validate_run_id",
 )
 
 FsyncPolicy = Literal["always", "barrier", "never"]
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_TERMINAL = frozenset({"run.completed", "run.failed"})
+# Where a follower stops: the run ended, or its writer stopped (resume starts a new writer).
+_ENDS = frozenset({"run.completed", "run.failed", "run.interrupted"})
 
 
 def validate_run_id(run_id: str) -> str:
@@ -93,7 +103,7 @@ class MemoryEventLog:
                 event = self.events[index]
                 index += 1
                 yield event
-                if event.type in _TERMINAL:
+                if event.type in _ENDS:
                     return
             await self._changed.wait()
 
@@ -109,104 +119,216 @@ class TornTail:
     bytes: int
 
 
+class RunLock:
+    """The one writer's lock on a run: `flock` on the `lock` file in the run's folder.
+
+    The OS releases it when the process dies, so a SIGKILL never leaves a stale lock. The
+    holder's pid is written in the file for the error a second writer gets.
+    """
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self._fd: int | None = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, folder: Path, run_id: str) -> RunLock:
+        """Take the run's lock now or raise RunInUseError (never waits)."""
+        path = folder / "lock"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"{folder}: cannot create the run folder: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise RunInUseError(run_id, int(holder) if holder.isdigit() else None) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(fd, path)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor drops the flock
+            self._fd = None
+
+
 class JsonlEventLog:
     """The embedded default: an append-only JSON Lines file per run.
 
     Use `create` for a new run and `open_for_resume` to continue one (which repairs a torn
-    tail and refuses a log corrupt anywhere else); `read`/`follow` only read.
+    tail and refuses a log corrupt anywhere else); both hold the run's `RunLock` until `close`.
+    `read`/`follow` only read and take no lock.
     """
 
     def __init__(self, path: str | Path, *, fsync: FsyncPolicy = "barrier", _fd: int | None = None,
-                 _last: int = 0, torn_tail: TornTail | None = None) -> None:
+                 _last: int = 0, torn_tail: TornTail | None = None, _lock: RunLock | None = None,
+                 _unpublished: Path | None = None) -> None:
         self.path = Path(path)
         self.fsync = fsync
         self._fd = _fd
         self._last = _last
         self.torn_tail = torn_tail
+        self._lock = _lock
+        self._unpublished = _unpublished  # a new log lives here until its first line is down
+        self._broken: str | None = None
+        self._cut_at: int | None = None
 
     @classmethod
     def create(cls, path: Path, *, fsync: FsyncPolicy = "barrier") -> JsonlEventLog:
-        """Start a new log; refuses to overwrite an existing one."""
+        """Start a new log; refuses to overwrite an existing one.
+
+        The log appears at `path` with its first line or not at all: that line is written to
+        a file beside it, forced to disk and renamed into place (under the run's lock).
+        """
+        lock = RunLock.acquire(path.parent, path.parent.name)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        except FileExistsError:
-            raise ConfigError(f"{path}: a run with this id already exists") from None
+            if path.exists():
+                raise ConfigError(f"{path}: a run with this id already exists")
+            draft = path.with_name(f".{path.name}.new")
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         except OSError as exc:
+            lock.release()
             raise ConfigError(f"{path}: cannot create the run log: {exc.strerror}") from None
-        return cls(path, fsync=fsync, _fd=fd)
+        except BaseException:
+            lock.release()
+            raise
+        return cls(path, fsync=fsync, _fd=fd, _lock=lock, _unpublished=draft)
 
     @classmethod
     def open_for_resume(cls, path: Path, *, fsync: FsyncPolicy = "barrier") -> JsonlEventLog:
-        """Open an existing log to append to it; a torn last line is cut off and reported."""
+        """Open an existing log to append to it; a torn last line is cut off and reported.
+
+        Takes the run's lock first (RunInUseError if another process writes the run), so
+        nothing is touched while another writer is live.
+        """
         if not path.is_file():
             raise RunNotFoundError(f"{path}: no event log for this run id")
-        data = path.read_bytes()
-        last, good_end, torn = _scan(path, data)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        if good_end != len(data):
-            os.ftruncate(fd, good_end)
-            os.fsync(fd)
-        return cls(path, fsync=fsync, _fd=fd, _last=last, torn_tail=torn)
+        lock = RunLock.acquire(path.parent, path.parent.name)
+        try:
+            data = path.read_bytes()
+            last, good_end, torn = _scan(path, data)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            lock.release()
+            raise ConfigError(f"{path}: cannot open the run log for writing: {exc.strerror}") from None
+        except BaseException:
+            lock.release()
+            raise
+        log = cls(path, fsync=fsync, _fd=fd, _last=last, torn_tail=torn, _lock=lock)
+        log._cut_at = good_end if torn is not None else None  # the torn tail goes at the first write
+        return log
 
     @property
     def last_sequence(self) -> int:
         return self._last
 
     def append(self, event: Event) -> None:
+        """Write one whole line. An I/O failure (disk full) raises LogWriteError and leaves at
+        most a torn last line, which resume cuts off."""
         if self._fd is None:
             raise RuntimeError(f"{self.path}: log is not open for writing")
+        if self._broken is not None:
+            raise LogWriteError(self._broken)
         _check_order(self._last, event)
         line = event.model_dump_json(by_alias=True).encode() + b"\n"
-        os.write(self._fd, line)  # O_APPEND and one write: a reader never sees half of two lines
+        try:
+            if self._cut_at is not None:  # a refused resume changes nothing: cut only to write
+                os.ftruncate(self._fd, self._cut_at)
+                os.fsync(self._fd)
+                self._cut_at = None
+            # O_APPEND and one write: a reader never sees half of two lines.
+            written = os.write(self._fd, line)
+            while written < len(line):  # a short write (disk filling up): finish or fail
+                written += os.write(self._fd, line[written:])
+            if self.fsync == "always" or (self._unpublished is not None and self.fsync != "never"):
+                os.fsync(self._fd)
+            if self._unpublished is not None:
+                os.rename(self._unpublished, self.path)
+                self._unpublished = None
+        except OSError as exc:
+            self._broken = f"{self.path}: cannot append to the run log: {exc.strerror}"
+            if self._unpublished is not None:  # the run never appeared: leave nothing behind
+                with contextlib.suppress(OSError):
+                    os.unlink(self._unpublished)
+            raise LogWriteError(self._broken) from None
         self._last = event.sequence
-        if self.fsync == "always":
-            os.fsync(self._fd)
 
     def sync(self) -> None:
         """A durability point (barrier, run end): fsync unless the policy is `never`."""
-        if self._fd is not None and self.fsync != "never":
-            os.fsync(self._fd)
+        if self._fd is not None and self.fsync != "never" and self._broken is None:
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                self._broken = f"{self.path}: cannot sync the run log: {exc.strerror}"
+                raise LogWriteError(self._broken) from None
+
+    @property
+    def broken(self) -> bool:
+        """Whether an append or sync failed: nothing more can be recorded."""
+        return self._broken is not None
 
     def read(self, from_sequence: int = 1) -> Iterator[AnyEvent]:
         """Every complete event from `from_sequence` on; a partial last line is not yet an event."""
-        if not self.path.is_file():
-            raise RunNotFoundError(f"{self.path}: no event log for this run id")
-        data = self.path.read_bytes()
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            raise RunNotFoundError(f"{self.path}: no event log for this run id") from None
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot read the run log: {exc.strerror}") from None
         for _, event in _lines(self.path, data, tolerate_partial_tail=True):
             if event.sequence >= from_sequence:
                 yield event
 
     async def follow(self, from_sequence: int = 1, *, poll_s: float = 0.05) -> AsyncIterator[AnyEvent]:
-        """Yield events as they land; waits for the file to appear; ends after the run's end."""
+        """Yield events as they land; waits for the file to appear; ends after the run's end
+        (completed, failed or interrupted).
+
+        It reads on from the end of the last whole line each time, so a torn tail that a
+        resume cuts off under it is never taken for a line.
+        """
         # Another process creates the file: there is no in-process event to wait on.
         while not self.path.exists():  # noqa: ASYNC110
             await anyio.sleep(poll_s)
-        offset, pending, lineno, last = 0, b"", 0, 0
+        offset, lineno, last = 0, 0, 0
         while True:
-            with self.path.open("rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-            offset += len(chunk)
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            for raw in complete:
+            try:
+                with self.path.open("rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read()
+            except OSError as exc:
+                raise ConfigError(f"{self.path}: cannot read the run log: {exc.strerror}") from None
+            whole = chunk.rfind(b"\n") + 1
+            for raw in chunk[:whole].split(b"\n")[:-1]:
                 lineno += 1
                 event = _parse(self.path, lineno, raw)
-                if event.sequence <= last:
-                    raise LogCorruptError(str(self.path), lineno, "sequence does not increase")
+                if event.sequence != last + 1:
+                    raise LogCorruptError(str(self.path), lineno,
+                                          f"sequence {event.sequence} after {last}")
                 last = event.sequence
                 if event.sequence >= from_sequence:
                     yield event
-                if event.type in _TERMINAL:
+                if event.type in _ENDS:
                     return
+            offset += whole
             await anyio.sleep(poll_s)
 
     def close(self) -> None:
+        """Force what was written to disk, stop writing and release the run's lock."""
         if self._fd is not None:
-            self.sync()
+            with contextlib.suppress(LogWriteError):
+                self.sync()
             os.close(self._fd)
             self._fd = None
+        if self._unpublished is not None:  # closed before its first line: no run appears
+            with contextlib.suppress(OSError):
+                os.unlink(self._unpublished)
+            self._unpublished = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def _parse(path: Path, lineno: int, raw: bytes) -> AnyEvent:

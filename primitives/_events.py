@@ -8,6 +8,8 @@ OpenTelemetry GenAI attribute names.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -26,15 +28,18 @@ __all__ = (
     "LaneCompleted",
     "LaneDispatched",
     "LaneFailed",
+    "LaneInterrupted",
     "ReduceCompleted",
     "ReservationData",
     "RunCompleted",
     "RunFailed",
+    "RunInterrupted",
     "RunResumed",
     "RunStarted",
     "UsageData",
     "WaveBarrier",
     "WaveStarted",
+    "hash_config",
     "parse_event",
 )
 
@@ -89,6 +94,12 @@ class Event(_Frozen):
 # -- run --------------------------------------------------------------------------------------
 
 
+def hash_config(config: dict[str, Any]) -> str:
+    """sha256 of a resolved config's canonical JSON: two runs with one hash ran one config."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
 class RunStartedData(_Frozen):
     config: dict[str, Any]
     config_hash: str
@@ -105,7 +116,8 @@ class RunStarted(Event):
 
 class RunResumedData(_Frozen):
     resumed_after_sequence: int
-    in_flight: list[tuple[int, int]] = []  # (wave, lane) dispatched but never landed
+    # (wave, lane) dispatched but never landed: a crash cut them off; each is charged its hold
+    in_flight: list[tuple[int, int]] = []
     torn_tail_bytes: int = 0  # bytes of a half-written last line that were cut off
     torn_tail_line: int | None = None
     active_seconds_before: float = 0.0  # wall time the run ran before this resume
@@ -134,6 +146,19 @@ class RunFailedData(_Frozen):
 class RunFailed(Event):
     type: Literal["run.failed"] = "run.failed"
     data: RunFailedData
+
+
+class RunInterruptedData(_Frozen):
+    reason: str  # "SIGINT", "SIGTERM" or "cancelled"
+    in_flight: list[tuple[int, int]] = []  # (wave, lane) recorded as lane.interrupted
+
+
+class RunInterrupted(Event):
+    """The run was stopped from outside (Ctrl-C, SIGTERM, a caller's cancellation): not a
+    failure. `resume` continues it; the lanes it cut off are dispatched again."""
+
+    type: Literal["run.interrupted"] = "run.interrupted"
+    data: RunInterruptedData
 
 
 # -- waves and lanes ----------------------------------------------------------------------------
@@ -198,11 +223,27 @@ class LaneFailedData(_Frozen):
     final: bool  # no further attempt will be made
     billed: UsageData = UsageData()
     billed_cost_usd: float = 0.0
+    # The attempt was cut off before it answered (a timeout, the deadline, a fatal error in
+    # its wave): `billed` is its whole hold, on the bill's cut-off line, not as decode.
+    cut_off: bool = Field(False, exclude_if=lambda v: not v)
 
 
 class LaneFailed(Event):
     type: Literal["lane.failed"] = "lane.failed"
     data: LaneFailedData
+
+
+class LaneInterruptedData(_Frozen):
+    """An attempt in flight when the run was interrupted: charged its hold, run again on resume."""
+
+    reason: str
+    billed: UsageData = UsageData()
+    billed_cost_usd: float = 0.0
+
+
+class LaneInterrupted(Event):
+    type: Literal["lane.interrupted"] = "lane.interrupted"
+    data: LaneInterruptedData
 
 
 class WaveBarrierData(_Frozen):
@@ -301,10 +342,12 @@ AnyEvent = Annotated[
     | RunResumed
     | RunCompleted
     | RunFailed
+    | RunInterrupted
     | WaveStarted
     | LaneDispatched
     | LaneCompleted
     | LaneFailed
+    | LaneInterrupted
     | WaveBarrier
     | JudgeCompleted
     | ReduceCompleted

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
+from primitives._errors import LogWriteError
 from primitives._eventlog import EventLog
 from primitives._events import AnyEvent, Event
 from primitives._state import RunState, apply
@@ -32,9 +33,12 @@ class Recorder:
         self.log = log
         self.run_id = run_id
         self.state = state
+        if self.log_path is not None and state.source == "<log>":
+            state.source = self.log_path
         self._now = now
         self._observer = observer
         self._source = f"lanefold:run/{run_id}"
+        self.broken = False  # an append failed: the log ends where it is
 
     @property
     def log_path(self) -> str | None:
@@ -52,8 +56,15 @@ class Recorder:
             sequence=sequence, run_id=self.run_id, wave=wave, lane=lane, attempt=attempt,
             data=data,
         ))
-        self.log.append(event)
+        if self.broken:
+            raise LogWriteError(f"run {self.run_id}: the log failed earlier; nothing more is recorded")
+        # Folded first: an event that does not follow from the state is refused unwritten.
         apply(self.state, event)  # type: ignore[arg-type]  # every Event kind is in AnyEvent
+        try:
+            self.log.append(event)
+        except BaseException:
+            self.broken = True  # the state is ahead of the log now: write nothing more
+            raise
         if self._observer is not None:
             self._observer(event)  # type: ignore[arg-type]
         return event

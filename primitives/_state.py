@@ -2,6 +2,11 @@
 
 `fold(events)` is pure: it replays `apply` over the log. The live run keeps its state with the
 same `apply` as it emits each event, so what resume rebuilds is what the run held.
+
+`apply` also refuses an event that is not the run's own or does not follow from the state so
+far (another run's id, a config that does not match its hash, a lane of a wave never started,
+a completion without a dispatch, a second completion of a lane, anything after the run ended):
+it raises `LogCorruptError` naming the log and the event's line (line N holds sequence N).
 """
 
 from __future__ import annotations
@@ -13,27 +18,33 @@ from typing import Any, Literal
 
 from primitives._backend import Usage
 from primitives._budget import Hold, Pricing, Spend
+from primitives._errors import LogCorruptError
 from primitives._events import (
     AnyEvent,
     JudgeCompleted,
     LaneCompleted,
     LaneDispatched,
     LaneFailed,
+    LaneInterrupted,
+    ReduceCompleted,
     ReduceCompletedData,
     RunCompleted,
     RunFailed,
     RunFailedData,
+    RunInterrupted,
+    RunInterruptedData,
     RunResumed,
     RunStarted,
     RunStartedData,
     WaveBarrier,
     WaveStarted,
     WaveStartedData,
+    hash_config,
 )
 
 __all__ = ("LaneState", "RunState", "WaveState", "apply", "fold")
 
-LaneStatus = Literal["pending", "dispatched", "completed", "failed"]
+LaneStatus = Literal["pending", "dispatched", "completed", "failed", "interrupted"]
 
 
 @dataclass(slots=True)
@@ -42,7 +53,8 @@ class LaneState:
 
     lane: int
     status: LaneStatus = "pending"
-    attempts: int = 0
+    attempts: int = 0  # dispatches, cut-off ones included (the envelope's attempt number)
+    failures: int = 0  # attempts that failed: what `retry.max_attempts` counts
     seed: int | None = None
     hold: Hold | None = None  # the reservation of the attempt in flight
     text: str | None = None
@@ -52,6 +64,12 @@ class LaneState:
     logprob_mean: float | None = None
     error: str | None = None
     final: bool = False  # failed for good
+    landed_at: int | None = None  # sequence of its lane.completed
+
+    @property
+    def done(self) -> bool:
+        """Completed, or failed for good: no attempt will be made again."""
+        return self.status == "completed" or (self.status == "failed" and self.final)
 
 
 @dataclass(slots=True)
@@ -79,23 +97,28 @@ class RunState:
     """Everything resume needs: waves and lanes, judge scores, the reduce, the spend."""
 
     pricing: Pricing = field(default_factory=Pricing)
+    source: str = "<log>"  # where the events come from, for errors naming a line
+    expected_run_id: str | None = None  # the id the store knows the run by
     run_id: str | None = None
     started: RunStartedData | None = None
     waves: dict[int, WaveState] = field(default_factory=dict)
     scores: dict[int, float | None] = field(default_factory=dict)
     reduce: ReduceCompletedData | None = None
+    reduce_sequence: int | None = None
     result: dict[str, Any] | None = None
+    result_sequence: int | None = None
     failure: RunFailedData | None = None
+    interrupted: RunInterruptedData | None = None  # set until the next resume
     spend: Spend = field(default_factory=Spend)
     last_sequence: int = 0
     first_time: datetime | None = None
     last_time: datetime | None = None
-    active_seconds_before: float = 0.0  # wall time of segments before the last resume
-    segment_start: datetime | None = None
+    active_seconds_before: float = 0.0  # sampling time of segments before the last resume
+    segment_start: datetime | None = None  # first dispatch of the current segment
     resumes: int = 0
 
     def in_flight(self) -> list[tuple[int, LaneState]]:
-        """Lanes dispatched whose attempt never landed: a crash came between."""
+        """Lanes dispatched whose attempt never landed: a crash or an interrupt came between."""
         return [(w.wave, s) for w in self.waves.values() for s in w.lanes.values()
                 if s.status == "dispatched"]
 
@@ -104,84 +127,202 @@ class RunState:
         return self.result is not None or self.failure is not None
 
     def active_seconds(self) -> float:
-        """Wall time the run has been running, summed over segments."""
+        """Sampling time of the run, summed over segments (model loading excluded)."""
         if self.segment_start is None or self.last_time is None:
             return self.active_seconds_before
         return self.active_seconds_before + (self.last_time - self.segment_start).total_seconds()
 
 
+class _Refused(Exception):
+    """An event that does not follow from the state so far; `apply` names its line."""
+
+
 def apply(state: RunState, event: AnyEvent) -> None:
-    """Fold one event into the state."""
+    """Fold one event into the state; refuse (LogCorruptError) one that is not the run's own."""
+    try:
+        _check_envelope(state, event)
+        _apply(state, event)
+    except _Refused as refused:
+        raise LogCorruptError(state.source, event.sequence, str(refused)) from None
     state.last_sequence = event.sequence
     state.last_time = event.time
     if state.first_time is None:
         state.first_time = event.time
+
+
+def _check_envelope(state: RunState, event: AnyEvent) -> None:
+    if isinstance(event, RunStarted):
+        if state.started is not None:
+            raise _Refused("a second run.started")
+        if state.expected_run_id is not None and event.run_id != state.expected_run_id:
+            raise _Refused(f"run_id {event.run_id!r} is not this run's ({state.expected_run_id!r})")
+        if hash_config(event.data.config) != event.data.config_hash:
+            raise _Refused("the recorded config does not match its config_hash (edited?)")
+        run_id = event.run_id
+    else:
+        if state.started is None or state.run_id is None:
+            raise _Refused(f"{event.type} before run.started")
+        run_id = state.run_id
+        if event.run_id != run_id:
+            raise _Refused(f"run_id {event.run_id!r} is not this run's ({run_id!r})")
+        if state.finished:
+            raise _Refused(f"{event.type} after the run ended")
+        if state.interrupted is not None and not isinstance(event, RunResumed):
+            raise _Refused(f"{event.type} after run.interrupted without a run.resumed")
+    if event.source != f"lanefold:run/{run_id}" or event.id != f"{run_id}:{event.sequence}":
+        raise _Refused(f"source {event.source!r} / id {event.id!r} are not this run's")
+    if event.sequence != state.last_sequence + 1:
+        raise _Refused(f"sequence {event.sequence} after {state.last_sequence}")
+
+
+def _wave(state: RunState, event: AnyEvent) -> WaveState:
+    wave = state.waves.get(event.wave) if event.wave is not None else None
+    if wave is None:
+        raise _Refused(f"{event.type} for wave {event.wave}, which was never started")
+    if event.lane is None:
+        raise _Refused(f"{event.type} without a lane")
+    return wave
+
+
+def _landing(state: RunState, event: AnyEvent) -> LaneState:
+    """The lane an attempt's outcome lands on: it must be in flight, with this attempt number."""
+    lane = _wave(state, event).lane(event.lane or 0)
+    if lane.status != "dispatched" or lane.hold is None:
+        raise _Refused(f"{event.type} of wave {event.wave} lane {event.lane} without a dispatch"
+                       f" (the lane is {lane.status})")
+    if event.attempt != lane.attempts:
+        raise _Refused(f"{event.type} for attempt {event.attempt} of wave {event.wave} lane "
+                       f"{event.lane}, whose attempt in flight is {lane.attempts}")
+    return lane
+
+
+def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event type
     if isinstance(event, LaneDispatched):
-        lane = state.waves[event.wave or 0].lane(event.lane or 0)
+        wave = _wave(state, event)
+        if wave.barrier:
+            raise _Refused(f"lane.dispatched in wave {event.wave} after its barrier")
+        lane = wave.lane(event.lane or 0)
+        if lane.status == "dispatched" or lane.done:
+            raise _Refused(f"lane.dispatched of wave {event.wave} lane {event.lane}, which is "
+                           f"{'in flight' if lane.status == 'dispatched' else lane.status}")
+        if event.attempt != lane.attempts + 1:
+            raise _Refused(f"attempt {event.attempt} of wave {event.wave} lane {event.lane} "
+                           f"after attempt {lane.attempts}")
         data = event.data
-        usage = data.reserved.to_usage()
         lane.status = "dispatched"
-        lane.attempts = event.attempt or lane.attempts + 1
+        lane.attempts = lane.attempts + 1
         lane.seed = data.seed
-        lane.hold = Hold(usage, data.reserved_cost_usd, data.reserved_requests,
-                         state.waves[event.wave or 0].info.purpose)
+        lane.hold = Hold(data.reserved.to_usage(), data.reserved_cost_usd, data.reserved_requests,
+                         wave.info.purpose)
+        if state.segment_start is None:
+            state.segment_start = event.time
     elif isinstance(event, LaneCompleted):
-        lane = state.waves[event.wave or 0].lane(event.lane or 0)
+        lane = _landing(state, event)
         done = event.data
         lane.status = "completed"
         lane.text, lane.answer, lane.finish_reason = done.text, done.answer, done.finish_reason
         lane.usage, lane.logprob_mean = done.usage.to_usage(), done.logprob_mean
+        lane.landed_at = event.sequence
         _settle(state, lane)
     elif isinstance(event, LaneFailed):
-        lane = state.waves[event.wave or 0].lane(event.lane or 0)
+        wave = _wave(state, event)
+        lane = wave.lane(event.lane or 0)
+        if lane.status == "dispatched":
+            lane = _landing(state, event)
+        elif lane.done or not event.data.final or event.attempt != lane.attempts + 1:
+            # An attempt refused before dispatch (no budget for it) fails for good, unsent.
+            raise _Refused(f"lane.failed of wave {event.wave} lane {event.lane} without a "
+                           f"dispatch (the lane is {lane.status})")
         lane.status = "failed"
         lane.error, lane.final = f"{event.data.error}: {event.data.message}", event.data.final
+        lane.failures += 1
         lane.usage = event.data.billed.to_usage()
-        _settle(state, lane)
+        if event.data.cut_off:
+            _cut_off(state, lane)
+        else:
+            _settle(state, lane)
+    elif isinstance(event, LaneInterrupted):
+        lane = _landing(state, event)
+        lane.status, lane.error = "interrupted", f"Interrupted: {event.data.reason}"
+        _cut_off(state, lane)
     elif isinstance(event, WaveStarted):
-        state.waves[event.wave or 0] = WaveState(event.wave or 0, event.data)
+        if event.wave is None or event.wave in state.waves:
+            raise _Refused(f"wave.started for wave {event.wave}, which "
+                           f"{'has no number' if event.wave is None else 'was started before'}")
+        state.waves[event.wave] = WaveState(event.wave, event.data)
     elif isinstance(event, WaveBarrier):
-        state.waves[event.wave or 0].barrier = True
+        closing = state.waves.get(event.wave) if event.wave is not None else None
+        if closing is None or closing.barrier:
+            raise _Refused(f"wave.barrier for wave {event.wave}, which "
+                           f"{'was never started' if closing is None else 'was closed before'}")
+        if any(s.status == "dispatched" for s in closing.lanes.values()):
+            raise _Refused(f"wave.barrier for wave {event.wave} while lanes are in flight")
+        closing.barrier = True
     elif isinstance(event, JudgeCompleted):
+        if event.data.candidate_lane in state.scores:
+            raise _Refused(f"a second judge.completed for candidate {event.data.candidate_lane}")
         state.scores[event.data.candidate_lane] = event.data.score
-    elif event.type == "reduce.completed":
-        state.reduce = event.data
+    elif isinstance(event, ReduceCompleted):
+        if state.reduce is not None:
+            raise _Refused("a second reduce.completed")
+        state.reduce, state.reduce_sequence = event.data, event.sequence
     elif isinstance(event, RunStarted):
+        if event.sequence != 1:
+            raise _Refused("run.started is not the first event")
         state.run_id, state.started = event.run_id, event.data
-        state.segment_start = event.time
     elif isinstance(event, RunResumed):
         _resume(state, event)
+    elif isinstance(event, RunInterrupted):
+        if state.in_flight():
+            raise _Refused("run.interrupted while lanes are still in flight")
+        state.interrupted = event.data
     elif isinstance(event, RunCompleted):
-        state.result = event.data.result
+        state.result, state.result_sequence = event.data.result, event.sequence
     elif isinstance(event, RunFailed):
         state.failure = event.data
 
 
-def _settle(state: RunState, lane: LaneState, usage: Usage | None = None) -> None:
-    """Bill the lane's attempt (its usage, or `usage` given) and drop its hold."""
+def _settle(state: RunState, lane: LaneState) -> None:
+    """Bill the lane's attempt its reported usage and drop its hold."""
     hold = lane.hold
     if hold is None:
         return
-    state.spend.add(usage or lane.usage or Usage(), hold.purpose, state.pricing, hold.requests)
+    state.spend.add(lane.usage or Usage(), hold.purpose, state.pricing, hold.requests)
     lane.hold = None
 
 
+def _cut_off(state: RunState, lane: LaneState) -> None:
+    """Charge an attempt cut off before it answered its whole hold, on the cut-off line."""
+    if lane.hold is not None:
+        state.spend.add_cut_off(lane.hold)
+        lane.hold = None
+
+
 def _resume(state: RunState, event: RunResumed) -> None:
-    """A resume charges each in-flight attempt its whole hold (it may have been billed)."""
+    """A resume charges each attempt a crash cut off its whole hold (it may have been billed)."""
+    flying = {(wave, lane.lane) for wave, lane in state.in_flight()}
+    if set(map(tuple, event.data.in_flight)) != flying:
+        raise _Refused(f"run.resumed names lanes in flight {sorted(event.data.in_flight)}, "
+                       f"the log has {sorted(flying)}")
     for wave, lane_no in event.data.in_flight:
         lane = state.waves[wave].lane(lane_no)
-        if lane.hold is not None:
-            _settle(state, lane, lane.hold.usage)
-        lane.status, lane.final = "failed", False
+        _cut_off(state, lane)
+        lane.status = "interrupted"
         lane.error = "Interrupted: the run stopped while this attempt was in flight"
+    state.interrupted = None
     state.active_seconds_before = event.data.active_seconds_before
-    state.segment_start = event.time
+    state.segment_start = None
     state.resumes += 1
 
 
-def fold(events: Iterable[AnyEvent], pricing: Pricing | None = None) -> RunState:
-    """Rebuild a run's state from its events (pure)."""
-    state = RunState(pricing=pricing or Pricing())
+def fold(events: Iterable[AnyEvent], pricing: Pricing | None = None, *, source: str = "<log>",
+         run_id: str | None = None) -> RunState:
+    """Rebuild a run's state from its events (pure).
+
+    `source` names the log in errors; `run_id`, where given, is the id the run must carry.
+    Raises LogCorruptError at the first event that is not the run's own.
+    """
+    state = RunState(pricing=pricing or Pricing(), source=source, expected_run_id=run_id)
     for event in events:
         apply(state, event)
     return state

@@ -119,8 +119,20 @@ def test_limits_refuse_negative_values() -> None:
 def test_seconds_left_counts_earlier_segments() -> None:
     now = [100.0]
     book = Ledger(Limits(max_seconds=10), PRICES, clock=lambda: now[0], elapsed_before=4.0)
+    book.start()
     now[0] = 103.0
     assert book.seconds_left() == pytest.approx(3.0)
+
+
+def test_the_clock_starts_at_the_first_dispatch_not_at_model_load() -> None:
+    now = [100.0]
+    book = Ledger(Limits(max_seconds=10), PRICES, clock=lambda: now[0])
+    now[0] = 160.0  # a minute of model loading
+    assert book.seconds_left() == pytest.approx(10.0)
+    book.start()
+    now[0] = 161.0
+    book.start()  # a second wave does not restart it
+    assert book.seconds_left() == pytest.approx(9.0)
 
 
 @settings(max_examples=200, deadline=None)

@@ -122,6 +122,19 @@ def events_path(runs: Path, run_id: str) -> Path:
     return runs / run_id / "events.jsonl"
 
 
+def relabel(lines: list[str], run_id: str) -> list[str]:
+    """Another run's log lines as if run `run_id` had written them (a log refuses lines that
+    carry another run's id)."""
+    out = []
+    for line in lines:
+        event = json.loads(line)
+        old = event["run_id"]
+        event.update(run_id=run_id, source=f"lanefold:run/{run_id}",
+                     id=event["id"].replace(old, run_id, 1))
+        out.append(json.dumps(event))
+    return out
+
+
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"
@@ -362,7 +375,7 @@ def _corrupt(lines: list[str], kind: str, at: int) -> list[str]:
 def test_a_corrupt_log_makes_resume_and_show_exit_2_naming_the_line(
         finished: Outcome, kind: str, finished_log: bool, runs: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    lines = log_lines(events_path(runs, "done"))
+    lines = relabel(log_lines(events_path(runs, "done")), "bad")
     if not finished_log:
         lines = lines[:12]  # a crash after some lanes landed: resumable, were it not corrupt
     log = events_path(runs, "bad")
@@ -373,13 +386,13 @@ def test_a_corrupt_log_makes_resume_and_show_exit_2_naming_the_line(
         outcome = cli(capsys, subcommand, "bad", "--runs-dir", runs, "--json")
         assert outcome.code == 2, subcommand
         assert re.search(r"events\.jsonl:5\b", outcome.error_line), outcome.error_line
-        assert outcome.out == "" or subcommand == "tail"
+        assert outcome.out == ""
     assert log.read_bytes() == before, "a corrupt log is left as it was found"
 
 
 def test_resume_cuts_a_torn_tail_and_finishes(finished: Outcome, runs: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    lines = log_lines(events_path(runs, "done"))
+    lines = relabel(log_lines(events_path(runs, "done")), "torn")
     half = lines[12][: len(lines[12]) // 2]
     log = events_path(runs, "torn")
     log.parent.mkdir()
@@ -465,12 +478,13 @@ def test_tail_follow_waits_for_a_run_that_has_not_started(
     assert json.loads(out.splitlines()[-1])["type"] == "run.completed"
 
 
-@pytest.mark.timeout(60)  # a follower that never ends must fail, not hang
-def test_tail_follow_ends_on_ctrl_c_without_a_traceback(finished: Outcome, runs: Path) -> None:
-    # A run that has started and not ended: the follower waits for more.
+def test_tail_follow_ends_on_ctrl_c_quietly_with_exit_0(finished: Outcome, runs: Path) -> None:
+    # A run that has started and not ended: the follower waits for more. Every wait below is
+    # on something the follower does (a line it prints), never on a clock: load cannot flake it.
     log = events_path(runs, "waiting")
     log.parent.mkdir()
-    log.write_text(log_lines(events_path(runs, "done"))[0] + "\n", encoding="utf-8")
+    log.write_text(relabel(log_lines(events_path(runs, "done")), "waiting")[0] + "\n",
+                   encoding="utf-8")
     follower = subprocess.Popen(
         [sys.executable, "-m", "orchestrator._cli", "tail", "waiting", "--runs-dir", str(runs),
          "--follow"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -479,14 +493,13 @@ def test_tail_follow_ends_on_ctrl_c_without_a_traceback(finished: Outcome, runs:
         first = follower.stdout.readline()  # printed from inside the follow loop
         assert first.startswith("#1 ") and "run.started" in first
         follower.send_signal(signal.SIGINT)
-        out, err = follower.communicate(timeout=30)
+        out, err = follower.communicate()
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.communicate()
-    assert follower.returncode == 130
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1
+    assert follower.returncode == 0, err
+    assert err == ""
     assert out == ""
 
 
@@ -640,15 +653,15 @@ def test_a_verifier_that_raises_leaves_a_complete_log(
                       "--run-id", "broken")
     finally:
         events = log_events(events_path(runs, "broken"))
-    # Whether a raising verifier abstains or fails the run is policy; either way the log ends
-    # in a terminal event, the exit code says which, and stderr holds one line, no traceback.
+    # A verifier that raises abstains, with its reason in the record; with every candidate
+    # abstaining the run ends without an answer: completed, status no_answer, exit 4.
     last = events[-1]
-    assert last["type"] in {"run.completed", "run.failed"}
-    expected = 0 if last["type"] == "run.completed" else last["data"]["exit_code"]
-    assert outcome.code == expected
-    if outcome.code:
-        assert "verifier" in outcome.error_line
-    # The policy chosen: a verifier that raises abstains, and the reason is in the record.
+    assert last["type"] == "run.completed"
+    assert last["data"]["result"]["status"] == "no_answer"
+    assert last["data"]["result"]["answer"] is None
+    assert "no candidate got a score" in last["data"]["result"]["reason"]
+    assert outcome.code == 4
+    assert outcome.err == ""
     judged = [e["data"] for e in events if e["type"] == "judge.completed"]
     assert judged and all(j["score"] is None and "verifier raised" in j["detail"] for j in judged)
 

@@ -110,8 +110,11 @@ def test_sigkill_then_resume_finishes_without_redoing_completed_lanes(tmp_path: 
     completed_out = sum(e["data"]["usage"]["gen_ai.usage.output_tokens"]  # type: ignore[index]
                         for e in after if e["type"] == "lane.completed")
     assert len([e for e in after if e["type"] == "lane.completed"]) == 12
-    assert result.usage.decode_tokens == completed_out + 64 * len(in_flight)
-    assert result.usage.decode_tokens >= baseline.usage.decode_tokens
+    # The bill shows what the crash cut off as its own line: each in-flight attempt's whole
+    # hold (prompt 64 + max_tokens 64), never as decode tokens no lane decoded.
+    assert result.usage.decode_tokens == completed_out == baseline.usage.decode_tokens
+    assert result.usage.cut_off_tokens == (64 + 64) * len(in_flight)
+    assert result.cost.cut_off > 0
     folded = orchestrator.fold(JsonlEventLog(runs / "crash" / "events.jsonl").read(),
                                orchestrator.load_config(config).pricing)
     assert orchestrator.UsageBreakdown.of(folded.spend) == result.usage

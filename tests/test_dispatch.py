@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -17,7 +17,9 @@ from primitives import (
     BackendError,
     BudgetExhaustedError,
     Dispatcher,
+    LaneFailure,
     LaneJob,
+    LaneOutcome,
     Ledger,
     Limits,
     MemoryEventLog,
@@ -34,9 +36,13 @@ from primitives import (
     ServerError,
     Usage,
     WaveSpec,
+    closing,
     fold,
+    hash_config,
     lane_seed,
+    sample_all,
 )
+from primitives._events import RunResumed, RunResumedData, RunStarted, RunStartedData
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +74,7 @@ class ScriptedBackend:
     def count_prompt_tokens(self, prompt: str) -> int | None:
         return 10
 
-    async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
+    async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         self.requests.append(request)
         self.in_flight += len(request.lanes)
         self.peak = max(self.peak, self.in_flight)
@@ -76,14 +82,12 @@ class ScriptedBackend:
             await anyio.sleep(self.delay)
         finally:
             self.in_flight -= len(request.lanes)
-        out: list[Sample | BackendError] = []
         for i, lane in enumerate(request.lanes):
             decided = self.decide(lane.lane, lane.attempt)
             if decided is None:
                 usage = Usage(0, 10, 5) if (request.share_prefix and i) else Usage(10, 0, 5)
                 decided = Sample(lane.lane, f"Answer: {lane.lane % 2}", "stop", usage)
-            out.append(decided)
-        return out
+            yield decided if isinstance(decided, Sample) else LaneFailure(lane.lane, decided)
 
     async def aclose(self) -> None:
         pass
@@ -95,6 +99,7 @@ def make(backend: object, *, limits: Limits | None = None, concurrency: int = 64
          limiter: anyio.CapacityLimiter | None = None) -> Dispatcher:
     state = RunState(pricing=Pricing(input_per_mtok=1, output_per_mtok=2))
     recorder = Recorder(MemoryEventLog(), "t", state)
+    started(recorder)
 
     async def fake_sleep(seconds: float) -> None:
         if sleeps is not None:
@@ -107,6 +112,13 @@ def make(backend: object, *, limits: Limits | None = None, concurrency: int = 64
                       sleep=fake_sleep if sleeps is not None else anyio.sleep)
 
 
+def started(recorder: Recorder) -> None:
+    """Every log opens with run.started; the dispatcher's waves follow it."""
+    recorder.emit(RunStarted, RunStartedData(
+        config={}, config_hash=hash_config({}), question="q", coordinator="test",
+        backend="scripted", library_version="test"))
+
+
 def spec(k: int, quorum: int = 1, max_tokens: int = 5) -> WaveSpec:
     return WaveSpec(1, "sample", tuple(LaneJob(i, "p") for i in range(k)),
                     SamplingParams(max_tokens=max_tokens), min_quorum=quorum,
@@ -114,7 +126,8 @@ def spec(k: int, quorum: int = 1, max_tokens: int = 5) -> WaveSpec:
 
 
 def types(d: Dispatcher) -> list[str]:
-    return [e.type for e in d.recorder.log.read()]
+    """The event types the dispatcher wrote (after the run.started every log opens with)."""
+    return [e.type for e in d.recorder.log.read()][1:]
 
 
 async def test_lanes_with_one_prompt_travel_in_one_request_and_prefill_once() -> None:
@@ -206,10 +219,12 @@ async def test_a_fatal_error_cancels_the_rest_of_the_wave() -> None:
 
     backend = ScriptedBackend(decide=decide, lanes_per_request=1)
 
-    async def slow_unless_first(request: SampleRequest) -> Sequence[Sample | BackendError]:
+    async def slow_unless_first(request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         if request.lanes[0].lane != 0:
             await anyio.sleep(10)
-        return await ScriptedBackend.sample(backend, request)
+        async with closing(ScriptedBackend.sample(backend, request)) as outcomes:
+            async for outcome in outcomes:
+                yield outcome
 
     backend.sample = slow_unless_first  # type: ignore[method-assign]
     d = make(backend)
@@ -254,13 +269,19 @@ async def test_a_resumed_wave_dispatches_only_unfinished_lanes() -> None:
     d = make(backend, attempts=1)
     with pytest.raises(QuorumNotMetError):
         await d.run_wave(spec(4, quorum=4))
-    # Same log and state, a fresh dispatcher, the wave re-run after dropping its barrier:
-    state = fold(d.recorder.log.read(), d.recorder.state.pricing)
-    state.waves[1].barrier = False
-    state.waves[1].lanes[3].final = False
+    # The same log cut where a crash would have left it: lane 3 dispatched, never landed.
+    events = list(d.recorder.log.read())
+    cut = next(i for i, e in enumerate(events) if e.type == "lane.failed" and e.lane == 3)
+    log = MemoryEventLog()
+    for event in events[:cut]:
+        log.append(event)
+    state = fold(log.read(), d.recorder.state.pricing)
+    recorder = Recorder(log, "t", state)
+    recorder.emit(RunResumed, RunResumedData(resumed_after_sequence=state.last_sequence,
+                                             in_flight=[(1, 3)]))
     backend2 = ScriptedBackend()
-    d2 = make(backend2)
-    d2.recorder.state = state
+    d2 = Dispatcher(backend2, recorder, Ledger(Limits(), state.pricing, spent=state.spend),  # type: ignore[arg-type]
+                    run_seed=1, max_concurrency=64)
     wave = await d2.run_wave(spec(4, quorum=4))
     assert [lane.lane for r in backend2.requests for lane in r.lanes] == [3]
     assert backend2.requests[0].lanes[0].attempt == 2
@@ -296,7 +317,7 @@ async def test_simulated_text_is_the_same_when_a_lane_is_dispatched_again() -> N
     from primitives import LaneRequest
 
     async def one(attempt: int) -> str:
-        (out,) = await backend.sample(SampleRequest(
+        (out,) = await sample_all(backend, SampleRequest(
             "q", params, (LaneRequest(4, lane_seed(3, 1, 4), 100, attempt),)))
         assert isinstance(out, Sample)
         return out.text

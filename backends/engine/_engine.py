@@ -1,7 +1,9 @@
-"""The synchronous engine: requests in, one scheduled model step at a time, results out.
+"""The synchronous engine: requests in, one scheduled model step at a time, lanes out.
 
 A request's prompt is prefilled once by its leading lane; the other lanes are forked from it
 (sharing its KV blocks) and every running lane of every request decodes in one batch per step.
+Each step hands back the lanes that finished in it, so a caller can deliver a short lane while
+the long lanes of its request decode on.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Engine:
         self._clock = clock
         self._mark: float | None = None
         self._live: list[EngineRequest] = []
+        self._finished: list[Sequence] = []  # lanes finished in the step under way
 
     @classmethod
     def from_config(cls, config: EngineConfig, tokenizer: Tokenizer | None = None) -> Engine:
@@ -134,6 +137,7 @@ class Engine:
         For after a failed step: blocks allocated for it were hashed but never computed.
         """
         dropped, self._live = self._live, []
+        self._finished = []
         self.pool = BlockPool(self.pool.num_blocks, self.pool.block_size)
         self.scheduler = Scheduler(self.pool, self.scheduler.max_lanes)
         self._mark = None
@@ -143,8 +147,11 @@ class Engine:
         """Whether a step would compute anything."""
         return self.scheduler.has_work()
 
-    def step(self) -> list[EngineRequest]:
-        """Run one model step; returns the requests that finished in it."""
+    def step(self) -> list[Sequence]:
+        """Run one model step; returns the lanes that finished in it, in the order they did.
+
+        A request whose lanes have all finished leaves the engine with its last lane.
+        """
         plan = self.scheduler.schedule()
         if plan is None:
             self._mark = None
@@ -163,9 +170,9 @@ class Engine:
         else:
             for seq, row in zip(plan.sequences, logits, strict=True):
                 self._emit(seq, row)
-        done = [r for r in self._live if r.finished]
         self._live = [r for r in self._live if not r.finished]
-        return done
+        finished, self._finished = self._finished, []
+        return finished
 
     def generate(
         self,
@@ -241,6 +248,7 @@ class Engine:
         seq.text = text or ""
         seq.status, seq.finish_reason = Status.FINISHED, reason
         self.scheduler.remove(seq)
+        self._finished.append(seq)
 
 
 def load_tokenizer(config: EngineConfig) -> Tokenizer:

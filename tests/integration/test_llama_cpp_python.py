@@ -20,6 +20,7 @@ from primitives import (
     SampleRequest,
     SamplingParams,
     ServerError,
+    sample_all,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -37,7 +38,8 @@ async def test_a_run_completes_through_the_fallback(
     tap = Tap()
     result, events = await run_loop(loop_config(llama_cpp_python_url, k=k), tap, tmp_path)
 
-    assert (result.status, result.lanes_completed, result.lanes_failed) == ("completed", k, 0)
+    # Every lane landed; whether the small model gave a number (`status`) is not the point.
+    assert (result.lanes_completed, result.lanes_failed) == (k, 0)
     (noted,) = of_type(events, "backend.n_unsupported")
     assert noted.data.detail["reason"] == "fewer_choices"
     assert (noted.data.detail["requested_n"], noted.data.detail["received_choices"]) == (k, 1)
@@ -67,7 +69,7 @@ async def test_a_prompt_longer_than_the_context_is_a_context_length_error(
     tap = Tap()
     async with backend(llama_cpp_python_url, tap) as b:
         with pytest.raises(ContextLengthError) as caught:
-            await b.sample(wave("hello " * 3000, k=2))  # --n_ctx 2048
+            await sample_all(b, wave("hello " * 3000, k=2))  # --n_ctx 2048
         assert b.merging  # a context error says nothing about n
     assert not caught.value.retryable
     assert "context" in str(caught.value).lower()
@@ -82,7 +84,7 @@ async def test_a_field_of_the_wrong_type_is_an_error_carrying_the_servers_messag
     tap = Tap()
     async with backend(llama_cpp_python_url, tap, extra_body={"repeat_penalty": "lots"}) as b:
         with pytest.raises((ServerError, RequestRejectedError)) as caught:
-            await b.sample(wave(QUESTION, k=1))
+            await sample_all(b, wave(QUESTION, k=1))
     (exchange,) = tap.exchanges
     assert exchange.status in (400, 422, 500)
     assert "repeat_penalty" in str(caught.value)
@@ -96,7 +98,7 @@ async def test_a_body_that_is_not_json_is_rejected_with_the_servers_text(
     tap = Tap(rewrite=lambda body: body[: len(body) // 2])  # the request cut short
     async with backend(llama_cpp_python_url, tap) as b:
         with pytest.raises((RequestRejectedError, ServerError)) as caught:
-            await b.sample(wave(QUESTION, k=1))
+            await sample_all(b, wave(QUESTION, k=1))
     (exchange,) = tap.exchanges
     assert exchange.status >= 400
     detail = exchange.body if isinstance(exchange.body, str) else json.dumps(exchange.body)
@@ -106,7 +108,7 @@ async def test_a_body_that_is_not_json_is_rejected_with_the_servers_text(
 async def test_a_single_lane_is_billed_as_the_server_reports(llama_cpp_python_url: str) -> None:
     tap = Tap()
     async with backend(llama_cpp_python_url, tap) as b:
-        (sample,) = await b.sample(wave(QUESTION, k=1))
+        (sample,) = await sample_all(b, wave(QUESTION, k=1))
     (exchange,) = tap.exchanges
     assert "n" not in exchange.request  # n = 1 is left out
     assert not isinstance(sample, Exception)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from remote_tap import Tap, backend, loop_config, of_type, run_loop
 
-from primitives import ContextLengthError, LaneRequest, SampleRequest, SamplingParams
+from primitives import ContextLengthError, LaneRequest, SampleRequest, SamplingParams, sample_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -37,7 +37,8 @@ async def test_k8_goes_out_as_one_request_of_n8(llama_server_url: str, tmp_path:
     tap = Tap()
     result, events = await run_loop(loop_config(llama_server_url, k=8), tap, tmp_path)
 
-    assert (result.status, result.lanes_completed, result.lanes_failed) == ("completed", 8, 0)
+    # Every lane landed; whether the small model gave a number (`status`) is not the point.
+    assert (result.lanes_completed, result.lanes_failed) == (8, 0)
     assert of_type(events, "backend.n_unsupported") == []
     (exchange,) = tap.exchanges
     assert (exchange.status, exchange.n, len(exchange.choices)) == (200, 8, 8)
@@ -102,7 +103,7 @@ async def test_context_overflow_is_a_context_length_error(llama_server_url: str)
     request = SampleRequest("hello " * 10_000, SamplingParams(max_tokens=8), lanes)
     async with backend(llama_server_url, tap) as b:
         with pytest.raises(ContextLengthError) as caught:
-            await b.sample(request)
+            await sample_all(b, request)
         assert b.merging
     assert not caught.value.retryable
     (exchange,) = tap.exchanges

@@ -44,6 +44,11 @@ class Recorded:
     path: str
     body: Any  # the parsed JSON, or the raw text when it was not JSON
     headers: dict[str, str]
+    request: Request | None = field(default=None, repr=False, compare=False)
+
+    async def gone(self) -> bool:
+        """Whether the client has closed the connection (e.g. cancelled the request)."""
+        return self.request is not None and await self.request.is_disconnected()
 
     @property
     def n(self) -> int:
@@ -118,7 +123,7 @@ class Stub:
                 body: Any = json.loads(raw)
             except ValueError:
                 body = raw
-            rec = Recorded(request.url.path, body, dict(request.headers))
+            rec = Recorded(request.url.path, body, dict(request.headers), request)
             self.requests.append(rec)
             out = self.reply(rec)
             return await out if inspect.isawaitable(out) else out

@@ -28,6 +28,7 @@ from primitives import (
     SampleRequest,
     SamplingParams,
     ServerError,
+    sample_all,
 )
 
 pytestmark = pytest.mark.anyio
@@ -132,7 +133,7 @@ async def test_status_maps_to_the_library_error(
     b._clock = lambda: NOW  # the HTTP-date case measures from a fixed now
     async with b:
         with pytest.raises(BackendError) as caught:
-            await b.sample(one_lane())
+            await sample_all(b, one_lane())
     err = caught.value
     assert type(err) is cls
     assert err.retry_after == retry_after
@@ -180,7 +181,7 @@ async def test_malformed_body_is_a_bad_response(stub: tuple[Stub, str], body: by
     server.reply = lambda rec: Response(body, media_type="application/json")
     async with make_backend(url) as b:
         with pytest.raises(BadResponseError) as caught:
-            await b.sample(one_lane())
+            await sample_all(b, one_lane())
     assert caught.value.retryable
 
 
@@ -189,7 +190,7 @@ async def test_a_200_without_choices_for_a_lane_is_a_bad_response(stub: tuple[St
     server.reply = lambda rec: JSONResponse({"choices": [], "usage": None})
     async with make_backend(url) as b:
         with pytest.raises(BadResponseError, match="no choice"):
-            await b.sample(one_lane())
+            await sample_all(b, one_lane())
 
 
 async def test_slow_server_times_out(stub: tuple[Stub, str]) -> None:
@@ -202,7 +203,7 @@ async def test_slow_server_times_out(stub: tuple[Stub, str]) -> None:
     server.reply = slow
     async with make_backend(url, timeout_s=0.1) as b:
         with pytest.raises(BackendTimeoutError, match=r"no answer within 0\.1 s"):
-            await b.sample(one_lane())
+            await sample_all(b, one_lane())
 
 
 async def test_connection_dropped_before_an_answer_is_a_server_error(
@@ -210,7 +211,7 @@ async def test_connection_dropped_before_an_answer_is_a_server_error(
 ) -> None:
     async with make_backend(raw_server(b"")) as b:
         with pytest.raises(ServerError) as caught:
-            await b.sample(one_lane())
+            await sample_all(b, one_lane())
     assert caught.value.retryable
 
 
@@ -219,7 +220,7 @@ async def test_body_cut_short_is_a_bad_response(raw_server: Callable[[bytes], st
     url = raw_server(head + b'{"choices": [{"index": 0, "mess')
     async with make_backend(url) as b:
         with pytest.raises(BadResponseError, match="truncated body"):
-            await b.sample(one_lane())
+            await sample_all(b, one_lane())
 
 
 async def test_nothing_listening_is_a_server_error() -> None:
@@ -228,7 +229,7 @@ async def test_nothing_listening_is_a_server_error() -> None:
         port = sock.getsockname()[1]
     async with make_backend(f"http://127.0.0.1:{port}/v1") as b:
         with pytest.raises(ServerError):
-            await b.sample(one_lane())
+            await sample_all(b, one_lane())
 
 
 def test_the_guard_refuses_anything_but_loopback() -> None:
@@ -265,7 +266,7 @@ async def test_the_key_never_appears_in_errors_events_or_reprs(stub: tuple[Stub,
     async with b:
         for request in [one_lane()] * 6 + [two]:
             try:
-                outcomes = list(await b.sample(request))
+                outcomes = list(await sample_all(b, request))
             except BackendError as err:
                 outcomes = [err]
             for out in outcomes:
@@ -300,7 +301,7 @@ async def test_requests_beyond_max_connections_wait_for_one(
     # connections in three rounds, the last two waiting 0.5 s for a connection.
     config = OpenAIConfig(base_url=url, model="m", n="never", max_connections=2, timeout_s=0.4)
     async with OpenAIBackend(config) as b:
-        out = await b.sample(SampleRequest("p", SamplingParams(max_tokens=8), lanes))
+        out = await sample_all(b, SampleRequest("p", SamplingParams(max_tokens=8), lanes))
     assert [isinstance(s, Sample) for s in out] == [True] * 6
     assert len(server.requests) == 6
     assert peak[0] == 2

@@ -23,6 +23,7 @@ from primitives import (
     SampleRequest,
     SamplingParams,
     ServerError,
+    sample_all,
 )
 
 pytestmark = pytest.mark.anyio
@@ -78,7 +79,7 @@ async def test_backend_satisfies_the_protocol(stub: tuple[Stub, str]) -> None:
 async def test_k8_against_a_server_honouring_n_is_one_request(stub: tuple[Stub, str]) -> None:
     server, url = stub
     async with backend(url) as b:
-        out = samples(await b.sample(wave(8)))
+        out = samples(await sample_all(b, wave(8)))
         assert b.merging
         assert b.drain_events() == ()
     assert len(server.requests) == 1
@@ -94,7 +95,7 @@ async def test_max_n_splits_into_requests_each_seeded_by_its_first_lane(
 ) -> None:
     server, url = stub
     async with backend(url, max_n=3) as b:
-        out = samples(await b.sample(wave(8)))
+        out = samples(await sample_all(b, wave(8)))
     got = sorted((r.body["seed"], r.n) for r in server.requests)
     assert got == [(1000, 3), (1003, 3), (1006, 2)]
     assert [s.text for s in out] == [f"seed {1000 + 3 * (i // 3)} choice {i % 3}" for i in range(8)]
@@ -106,7 +107,7 @@ async def test_refusal_costs_one_probe_then_single_lane_requests_forever(
     server, url = stub
     server.reply = refuse_n
     async with backend(url) as b:
-        out = samples(await b.sample(wave(8)))
+        out = samples(await sample_all(b, wave(8)))
         assert len(server.requests) == 9
         assert server.requests[0].n == 8
         singles = server.requests[1:]
@@ -120,7 +121,7 @@ async def test_refusal_costs_one_probe_then_single_lane_requests_forever(
         assert event.data["requested_n"] == 8
         assert "Only one completion choice" in str(event.data["message"])
 
-        await b.sample(wave(8))  # no probe any more, and no second event
+        await sample_all(b, wave(8))  # no probe any more, and no second event
         assert len(server.requests) == 17
         assert all("n" not in r.body for r in server.requests[9:])
         assert b.drain_events() == ()
@@ -138,7 +139,7 @@ async def test_unexplained_400_on_merge_is_confirmed_with_one_lane_first(
 
     server.reply = reply
     async with backend(url) as b:
-        out = samples(await b.sample(wave(8)))
+        out = samples(await sample_all(b, wave(8)))
         (event,) = b.drain_events()
     assert event.data["reason"] == "refused"
     assert len(server.requests) == 9  # probe, the first lane alone, then the other 7
@@ -155,7 +156,7 @@ async def test_a_400_that_is_not_about_n_is_raised_and_keeps_merging(
     )
     async with backend(url) as b:
         with pytest.raises(RequestRejectedError, match="temperature must be at most 2"):
-            await b.sample(wave(8))
+            await sample_all(b, wave(8))
         assert b.merging
         assert b.drain_events() == ()
     assert [r.n for r in server.requests] == [8, 1]
@@ -168,7 +169,7 @@ async def test_a_context_error_on_a_merged_request_is_not_probed(stub: tuple[Stu
     )
     async with backend(url) as b:
         with pytest.raises(ContextLengthError):
-            await b.sample(wave(8))
+            await sample_all(b, wave(8))
         assert b.merging
     assert len(server.requests) == 1
 
@@ -177,7 +178,7 @@ async def test_fewer_choices_than_n_rerequests_the_missing_lanes(stub: tuple[Stu
     server, url = stub
     server.reply = one_choice_only
     async with backend(url) as b:
-        out = samples(await b.sample(wave(8)))
+        out = samples(await sample_all(b, wave(8)))
         (event,) = b.drain_events()
         assert not b.merging
     assert event.data["reason"] == "fewer_choices"
@@ -195,7 +196,7 @@ async def test_always_reports_missing_choices_as_lane_errors(stub: tuple[Stub, s
     server, url = stub
     server.reply = one_choice_only
     async with backend(url, n="always") as b:
-        out = await b.sample(wave(4))
+        out = await sample_all(b, wave(4))
         assert b.merging
         assert b.drain_events() == ()
     assert len(server.requests) == 1
@@ -208,12 +209,12 @@ async def test_n_above_a_stated_limit_is_split_not_given_up(stub: tuple[Stub, st
     server, url = stub
     server.reply = refuse_n_above_3
     async with backend(url) as b:
-        out = samples(await b.sample(wave(8)))
+        out = samples(await sample_all(b, wave(8)))
         assert server.requests[0].n == 8
         assert sorted(r.n for r in server.requests[1:]) == [2, 3, 3]
         assert len(out) == 8 and b.merging and b.max_lanes_per_request == 3
         assert b.drain_events() == ()  # n is supported: nothing to record
-        await b.sample(wave(6))
+        await sample_all(b, wave(6))
         assert [r.n for r in server.requests[4:]] == [3, 3]  # the limit is remembered
 
 
@@ -222,14 +223,14 @@ async def test_always_raises_a_refusal(stub: tuple[Stub, str]) -> None:
     server.reply = refuse_n
     async with backend(url, n="always") as b:
         with pytest.raises(RequestRejectedError, match="Only one completion choice"):
-            await b.sample(wave(4))
+            await sample_all(b, wave(4))
     assert len(server.requests) == 1
 
 
 async def test_never_sends_one_request_per_lane(stub: tuple[Stub, str]) -> None:
     server, url = stub
     async with backend(url, n="never") as b:
-        out = samples(await b.sample(wave(8)))
+        out = samples(await sample_all(b, wave(8)))
     assert len(server.requests) == 8
     assert all("n" not in r.body for r in server.requests)
     assert [s.text for s in out] == [f"seed {1000 + i} choice 0" for i in range(8)]
@@ -241,7 +242,7 @@ async def test_no_merging_where_the_request_forbids_sharing_the_prefix(
     server, url = stub
     request = dataclasses.replace(wave(4), share_prefix=False)
     async with backend(url) as b:
-        samples(await b.sample(request))
+        samples(await sample_all(b, request))
         assert b.merging
     assert [r.n for r in server.requests] == [1, 1, 1, 1]
 
@@ -252,7 +253,7 @@ async def test_outcomes_follow_the_requests_lane_order(stub: tuple[Stub, str]) -
     request = SampleRequest("p", SamplingParams(), lanes)
     for mode in ("auto", "never"):
         async with backend(url, n=mode) as b:
-            out = samples(await b.sample(request))
+            out = samples(await sample_all(b, request))
         assert [s.lane for s in out] == [5, 2, 9]
 
 
@@ -260,7 +261,7 @@ async def test_merged_request_asks_for_the_smallest_allotment(stub: tuple[Stub, 
     server, url = stub
     lanes = (LaneRequest(0, 1, 40), LaneRequest(1, 2, 37), LaneRequest(2, 3, 40))
     async with backend(url) as b:
-        await b.sample(SampleRequest("p", SamplingParams(max_tokens=40), lanes))
+        await sample_all(b, SampleRequest("p", SamplingParams(max_tokens=40), lanes))
     assert server.requests[0].body["max_tokens"] == 37
 
 
@@ -277,16 +278,26 @@ async def test_a_failed_lane_holds_its_error_in_place(stub: tuple[Stub, str]) ->
     server, url = stub
     server.reply = fail_seeds({1002}, 500)
     async with backend(url, n="never") as b:
-        out = await b.sample(wave(4))
+        out = await sample_all(b, wave(4))
     assert [type(o) for o in out] == [Sample, Sample, ServerError, Sample]
 
 
-async def test_every_lane_failing_raises(stub: tuple[Stub, str]) -> None:
+async def test_lanes_failing_one_by_one_each_hold_their_own_error(stub: tuple[Stub, str]) -> None:
     server, url = stub
     server.reply = fail_seeds({1000, 1001, 1002}, 500)
     async with backend(url, n="never") as b:
-        with pytest.raises(ServerError):
-            await b.sample(wave(3))
+        out = await sample_all(b, wave(3))
+    assert [type(o) for o in out] == [ServerError] * 3
+    assert len({id(o) for o in out}) == 3  # each lane's own answer
+
+
+async def test_one_error_for_every_lane_at_once_is_raised(stub: tuple[Stub, str]) -> None:
+    server, url = stub
+    server.reply = fail_seeds({1000}, 500)  # the merged request carries the first lane's seed
+    async with backend(url) as b:
+        with pytest.raises(ServerError, match="HTTP 500"):
+            await sample_all(b, wave(3))
+    assert [r.n for r in server.requests] == [3]
 
 
 async def test_an_authentication_failure_sinks_the_whole_request(stub: tuple[Stub, str]) -> None:
@@ -294,7 +305,7 @@ async def test_an_authentication_failure_sinks_the_whole_request(stub: tuple[Stu
     server.reply = fail_seeds({1001}, 401)
     async with backend(url, n="never") as b:
         with pytest.raises(AuthenticationError):
-            await b.sample(wave(3))
+            await sample_all(b, wave(3))
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
@@ -302,6 +313,6 @@ async def test_runs_on_trio_too(stub: tuple[Stub, str]) -> None:
     server, url = stub
     server.reply = refuse_n
     async with backend(url) as b:
-        out = samples(await b.sample(wave(4)))
+        out = samples(await sample_all(b, wave(4)))
     assert len(out) == 4
     assert len(server.requests) == 5

@@ -11,7 +11,7 @@ from openai_stub import Recorded, Stub, make_backend, usage
 from starlette.responses import JSONResponse, Response
 
 from backends.openai._usage import Tally, apportion, split
-from primitives import LaneRequest, Sample, SampleRequest, SamplingParams, Usage
+from primitives import LaneRequest, Sample, SampleRequest, SamplingParams, Usage, sample_all
 
 pytestmark = pytest.mark.anyio
 
@@ -42,7 +42,7 @@ async def run(stub: tuple[Stub, str], reply: Any, req: SampleRequest) -> list[Sa
     server, url = stub
     server.reply = reply
     async with make_backend(url, n="always") as b:
-        out = list(await b.sample(req))
+        out = list(await sample_all(b, req))
     assert all(isinstance(o, Sample) for o in out)
     return out  # type: ignore[return-value]
 
@@ -118,7 +118,7 @@ async def test_fallback_lanes_each_carry_their_own_prompt(stub: tuple[Stub, str]
 
     server.reply = one
     async with make_backend(url) as b:
-        out = list(await b.sample(request(3)))
+        out = list(await sample_all(b, request(3)))
     assert len(server.requests) == 3  # 1 merged (1 choice) + 2 singles
     assert [s.usage.input_tokens for s in out if isinstance(s, Sample)] == [20, 20, 20]
     assert [s.usage.cached_input_tokens for s in out if isinstance(s, Sample)] == [10, 10, 10]

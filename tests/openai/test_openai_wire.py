@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 import backends.openai
 from backends.openai import OpenAIConfig
-from primitives import LaneRequest, Sample, SampleRequest, SamplingParams
+from primitives import LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +33,7 @@ async def test_chat_body(stub: tuple[Stub, str]) -> None:
         environ={"K": "secret"},
     )
     async with b:
-        (out,) = await b.sample(req())
+        (out,) = await sample_all(b, req())
     (rec,) = server.requests
     assert rec.path == "/v1/chat/completions"
     assert rec.body == {
@@ -61,7 +61,7 @@ async def test_completions_body(stub: tuple[Stub, str]) -> None:
     server, url = stub
     params = SamplingParams(max_tokens=24, logprobs=True, top_k=5, ignore_eos=True)
     async with make_backend(url, api="completions") as b:
-        out = await b.sample(req(3, params))
+        out = await sample_all(b, req(3, params))
     (rec,) = server.requests
     assert rec.path == "/v1/completions"
     assert rec.body["prompt"] == "Q?"
@@ -82,7 +82,7 @@ async def test_completions_body(stub: tuple[Stub, str]) -> None:
 async def test_chat_logprobs_requested_and_returned(stub: tuple[Stub, str]) -> None:
     server, url = stub
     async with make_backend(url) as b:
-        (out,) = await b.sample(req(1, SamplingParams(logprobs=True)))
+        (out,) = await sample_all(b, req(1, SamplingParams(logprobs=True)))
     assert server.requests[0].body["logprobs"] is True
     assert isinstance(out, Sample)
     assert out.logprobs == (-0.5,) * 4
@@ -113,6 +113,9 @@ def test_config_defaults() -> None:
         ({"timeout_s": 0}, "greater than 0"),
         ({"api_key_env": "sk-abc123"}, "pattern"),
         ({"headers": {"Authorization": "Bearer x"}}, "api_key_env"),
+        ({"headers": {"X-Team": "lanes\r"}}, "printable ASCII"),
+        ({"headers": {"X-Team": "lané"}}, "printable ASCII"),
+        ({"headers": {"X Team": "lanes"}}, "not a valid header name"),
         ({"extra_body": {"n": 4}}, "extra_body may not set"),
         ({"extra_body": {"max_tokens": 4}}, "extra_body may not set"),
     ],

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -26,6 +26,8 @@ from primitives import (
     BadResponseError,
     ConfigError,
     ContextLengthError,
+    LaneFailure,
+    LaneOutcome,
     LaneRequest,
     RateLimitError,
     RequestRejectedError,
@@ -35,6 +37,7 @@ from primitives import (
     ServerError,
     TextDelta,
     Usage,
+    sample_all,
 )
 
 pytestmark = pytest.mark.anyio
@@ -71,11 +74,11 @@ class FakeBackend:
     def count_prompt_tokens(self, prompt: str) -> int | None:
         return PROMPT_TOKENS
 
-    async def sample(self, request: SampleRequest) -> Sequence[Sample | BackendError]:
+    async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         self.requests.append(request)
         if self.error is not None:
             raise self.error
-        out: list[Sample | BackendError] = []
+        out: list[LaneOutcome] = []
         for i, lane in enumerate(request.lanes):
             first = i == 0
             use = Usage(
@@ -87,8 +90,9 @@ class FakeBackend:
             text = f"{request.prompt}|seed={lane.seed}"
             out.append(Sample(lane.lane, text, "stop", use, logprobs))
         if self.lane_error is not None:
-            out[-1] = self.lane_error
-        return out[:-1] if self.short else out
+            out[-1] = LaneFailure(out[-1].lane, self.lane_error)
+        for outcome in out[:-1] if self.short else out:
+            yield outcome
 
     async def aclose(self) -> None:
         self.closed = True
@@ -289,7 +293,7 @@ class StreamingFake(FakeBackend):
         self.closed_streams = 0
 
     async def stream(self, request: SampleRequest) -> AsyncIterator[TextDelta | Sample]:
-        samples = [s for s in await self.sample(request) if isinstance(s, Sample)]
+        samples = [s for s in await sample_all(self, request) if isinstance(s, Sample)]
         words = {s.lane: [w + " " for w in s.text.split("|")] for s in samples}
         sent = 0
         try:
@@ -401,7 +405,7 @@ async def test_openai_backend_end_to_end(
     fake = FakeBackend()
     server = loopback(create_app(fake, model_name="tiny"))
     async with make_backend(server.base_url, model="tiny", api=api) as b:
-        out = await b.sample(wave(8, logprobs))
+        out = await sample_all(b, wave(8, logprobs))
         assert b.merging
     (sent,) = fake.requests  # n = 8 arrived as ONE request of 8 lanes
     assert len(sent.lanes) == 8
@@ -431,7 +435,7 @@ async def test_errors_cross_the_wire_as_their_class(
     server = loopback(create_app(FakeBackend(error=error), model_name="tiny"))
     async with make_backend(server.base_url, model="tiny") as b:
         with pytest.raises(BackendError) as caught:
-            await b.sample(wave(2))
+            await sample_all(b, wave(2))
     assert type(caught.value) is cls
     assert caught.value.retry_after == error.retry_after
     assert b.merging  # an error that is not about n leaves merging on
