@@ -45,7 +45,7 @@ import anyio
 
 import orchestrator
 from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import LaneRequest, Sample, SampleRequest, SamplingParams
+from primitives import LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
 
 try:
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -107,7 +107,7 @@ async def run_bare(k: int, scratch: Path) -> Timing:
     samples: list[Sample] = []
 
     async def lane(i: int) -> None:
-        out = await backend.sample(SampleRequest(PROMPT, PARAMS, (LaneRequest(i, i, 256),)))
+        out = await sample_all(backend, SampleRequest(PROMPT, PARAMS, (LaneRequest(i, i, 256),)))
         samples.append(out[0])  # type: ignore[arg-type]  # no faults at failure_rate 0
 
     with stopwatch() as timing:
@@ -132,7 +132,7 @@ class _Lane(TypedDict):
 def _langgraph(backend: SimulatedBackend) -> Any:
     async def lane(state: _Lane) -> dict[str, list[str]]:
         i = state["lane"]
-        out = await backend.sample(SampleRequest(PROMPT, PARAMS, (LaneRequest(i, i, 256),)))
+        out = await sample_all(backend, SampleRequest(PROMPT, PARAMS, (LaneRequest(i, i, 256),)))
         return {"texts": [out[0].text]}  # type: ignore[union-attr]
 
     def fan_out(state: _Graph) -> list[Any]:

@@ -55,7 +55,8 @@ class LoopOutcome:
 
     `status` is "answered" or "no_answer" (no lane gave an extractable answer, or no candidate
     got a score), with `reason` saying why. `agreement` is the winner's share of the answered
-    lanes; `margin` the winner's lead over the runner-up (in votes, or in judge score).
+    lanes; `margin` the winner's lead over the runner-up (in votes, an unopposed answer leading
+    by its own; or in judge score, None when no other candidate was scored).
     """
 
     answer: str | None
@@ -208,38 +209,47 @@ class ParallelSample:
                  unmatched: list[str] | None = None) -> LoopOutcome:
         completed = wave.completed()
         winner = wave.lanes.get(data.winner_lane) if data.winner_lane is not None else None
-        answers = [normalize_answer(s.answer) for s in completed if s.answer is not None]
-        answers = [a for a in answers if a]
         agreement = margin = None
-        if data.reducer == "majority_vote" and data.votes:
-            ranked = sorted(data.votes.values(), reverse=True)
-            agreement = ranked[0] / math.fsum(ranked) if math.fsum(ranked) > 0 else None
-            margin = ranked[0] - (ranked[1] if len(ranked) > 1 else 0.0)
-        elif data.reducer == "judge_argmax":
+        if data.reducer == "majority_vote" and data.winner is not None:
+            total = math.fsum(data.votes.values())
+            ours = data.votes.get(data.winner, 0.0)
+            others = [v for answer, v in data.votes.items() if answer != data.winner]
+            agreement = ours / total if total > 0 else None
+            margin = ours - max(others, default=0.0)  # an unopposed answer leads by its votes
+        elif data.reducer == "judge_argmax" and data.winner_lane is not None:
+            answers = [a for a in (normalize_answer(s.answer) for s in completed
+                                   if s.answer is not None) if a]
             if data.winner is not None and answers:
                 agreement = answers.count(data.winner) / len(answers)
-            ranked = sorted((v for v in data.scores.values() if v is not None), reverse=True)
-            if ranked:
-                margin = ranked[0] - (ranked[1] if len(ranked) > 1 else 0.0)
+            best = data.scores.get(data.winner_lane)
+            others = [v for lane, v in data.scores.items()
+                      if v is not None and lane != data.winner_lane]
+            if best is not None and others:  # no runner-up, no lead: a score has no zero
+                margin = best - max(others)
         answered = data.winner_lane is not None
+        if not answered and not unmatched:
+            # Lanes with no extractable answer; or, with no judge output to show (a Python
+            # verifier), the candidates left unscored.
+            unmatched = [s.text or "" for s in completed
+                         if (not s.answer if data.reducer == "majority_vote"
+                             else data.scores.get(s.lane) is None)]
         return LoopOutcome(
             answer=data.winner, winner_lane=data.winner_lane, reducer=data.reducer,
             votes=dict(data.votes), scores=dict(data.scores), tie_break=data.tie_break,
             lanes_completed=len(completed), lanes_failed=len(wave.failed()),
             texts={lane.lane: lane.text or "" for lane in completed},
             status="answered" if answered else "no_answer",
-            reason=None if answered else _why_no_answer(
-                data, len(completed), unmatched if unmatched is not None
-                else [s.text or "" for s in completed if not s.answer]),
+            reason=None if answered else _why_no_answer(data, len(completed), unmatched or []),
             winner_text=winner.text if winner is not None else None,
             agreement=agreement, margin=margin)
+
 
 def _why_no_answer(data: ReduceCompletedData, completed: int, unmatched: list[str]) -> str:
     """How many lanes abstained, and a shortened example of what did not match."""
     example = f"; e.g. {_shorten(unmatched[0])!r}" if unmatched else ""
     if data.reducer == "judge_argmax":
-        return (f"no candidate got a score ({len(data.scores)} judged, all abstained)"
-                f"{example}")
+        return (f"no candidate got a score ({data.abstentions} of {len(data.scores)} judged "
+                f"candidates abstained){example}")
     return f"{data.abstentions} of {completed} completed lanes gave no answer{example}"
 
 

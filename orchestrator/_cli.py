@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -98,7 +99,16 @@ class _Interrupted(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _configure_logging(args.verbose)
+    with _logging_to_stderr(args.verbose):
+        try:
+            return _main(args)
+        except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+
+
+def _main(args: argparse.Namespace) -> int:
     handler: Callable[[argparse.Namespace], int] = _COMMANDS[args.command]
     try:
         return handler(args)
@@ -121,15 +131,33 @@ def _error(command: str, message: str) -> None:
     print(f"orchestrator {command}: {line}", file=sys.stderr)
 
 
-def _configure_logging(verbose: bool) -> None:
-    # The application, not the library, decides where logs go: stderr, warnings unless -v.
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is at the time (a test's capture, a redirect)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _logging_to_stderr(verbose: bool) -> Iterator[None]:
+    """The application, not the library, decides where logs go: stderr, warnings unless -v;
+    for this command only, so nothing is left configured after `main` returns."""
     logger = logging.getLogger("lanefold")
-    if not any(getattr(h, "_lanefold_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        handler._lanefold_cli = True  # type: ignore[attr-defined]  # our own handler, once
-        logger.addHandler(handler)
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _on_path(config: str | Path) -> None:
@@ -233,12 +261,8 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         print(event.model_dump_json(by_alias=True) if args.json else describe(event), flush=True)
 
     if not args.follow:
-        store.existing(args.run_id)
-        events = list(log.read())
-        checked = RunState(source=str(path), expected_run_id=args.run_id)
-        for event in events:  # the whole log is checked before a line is printed
-            apply(checked, event)
-        for event in events:
+        store.read(args.run_id)  # the whole log is checked, as show checks it, before a line
+        for event in log.read():
             show(event)
         return 0
 
@@ -254,7 +278,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
     try:
         return _interruptible(lambda _: follow(), lambda: None)
-    except _Interrupted:
+    except (_Interrupted, KeyboardInterrupt):  # the latter: Ctrl-C before the loop took signals
         return 0  # Ctrl-C is how a follower is meant to end
 
 

@@ -7,6 +7,7 @@ from types import TracebackType
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator._result import RunResult
@@ -15,14 +16,21 @@ from primitives._events import AnyEvent
 __all__ = ("Progress", "describe", "summary", "tally")
 
 
+# Column widths that hold every value a valid log can carry, so `tail` lines up whatever the
+# run: types up to `backend.n_unsupported`, lanes up to k = 100000, attempts up to 100.
+_TYPE_WIDTH = 21
+_WHERE = (("wave", 7), ("lane", 10), ("attempt", 11))
+
+
 def describe(event: AnyEvent) -> str:
     """One line an operator can read: sequence, time, type, where, and the gist; the columns
     line up from one event to the next."""
-    where = " ".join(f"{key}={value}" for key, value in
-                     (("wave", event.wave), ("lane", event.lane), ("attempt", event.attempt))
-                     if value is not None)
+    values = {"wave": event.wave, "lane": event.lane, "attempt": event.attempt}
+    where = " ".join(("" if values[key] is None else f"{key}={values[key]}").ljust(width)
+                     for key, width in _WHERE)
     stamp = f"{event.time:%H:%M:%S.%f}"[:-3]  # milliseconds
-    return f"#{event.sequence:<5} {stamp} {event.type:<18} {where:<24} {_gist(event)}".rstrip()
+    gist = " ".join(_gist(event).splitlines())  # a multi-line error message stays one line
+    return f"#{event.sequence:<6} {stamp} {event.type:<{_TYPE_WIDTH}} {where} {gist}".rstrip()
 
 
 def tally(votes: dict[str, float]) -> str:
@@ -32,7 +40,10 @@ def tally(votes: dict[str, float]) -> str:
 
 
 def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
+    if float(value).is_integer():
+        return str(int(value))
+    text = f"{value:.3g}"
+    return f"{value:.0f}" if "e+" in text else text  # 1234.5 reads as 1234, not 1.23e+03
 
 
 def _gist(event: AnyEvent) -> str:
@@ -63,7 +74,8 @@ def _gist(event: AnyEvent) -> str:
             return f"candidate {d.candidate_lane} score={d.score} by {d.judge}"  # type: ignore[union-attr]
         case "reduce.completed":
             shown = (tally(d.votes) if d.votes else  # type: ignore[union-attr]
-                     str(d.scores) if d.scores else "no votes")  # type: ignore[union-attr]
+                     _scores(d.scores) if d.scores else  # type: ignore[union-attr]
+                     "no scores" if d.reducer == "judge_argmax" else "no votes")  # type: ignore[union-attr]
             return f"{d.reducer} winner={d.winner!r} lane={d.winner_lane} {shown} tie_break={d.tie_break}"  # type: ignore[union-attr]
         case "run.completed":
             r = d.result  # type: ignore[union-attr]
@@ -73,6 +85,12 @@ def _gist(event: AnyEvent) -> str:
             return f"{d.error}: {d.message} (exit {d.exit_code})"  # type: ignore[union-attr]
         case _:
             return json.dumps(event.model_dump(mode="json", by_alias=True)["data"])
+
+
+def _scores(scores: dict[int, float | None]) -> str:
+    """`lane 0: 7 · lane 1: -`: judge scores by lane, `-` for an abstention."""
+    return " · ".join(f"lane {lane}: {_number(score) if score is not None else '-'}"
+                      for lane, score in sorted(scores.items()))
 
 
 class Progress:
@@ -113,19 +131,21 @@ class Progress:
 def summary(result: RunResult, console: Console | None = None) -> None:
     """The answer, the tally and the bill, for a person."""
     console = console or Console()
+    # Answers and lane texts are model output: escaped, so `[b]` in one is not markup.
     if result.status == "no_answer":
-        console.print(f"[bold]no answer[/]: {result.reason}", soft_wrap=True)
+        console.print(f"[bold]no answer[/]: {escape(result.reason or '')}", soft_wrap=True)
     else:
-        console.print(f"[bold]answer[/]: {result.answer!r}  (lane {result.winner_lane}, "
-                      f"{result.reducer}, tie-break {result.tie_break})", soft_wrap=True)
+        console.print(f"[bold]answer[/]: {escape(repr(result.answer))}  (lane "
+                      f"{result.winner_lane}, {result.reducer}, tie-break {result.tie_break})",
+                      soft_wrap=True)
     if result.reducer == "majority_vote":
-        console.print(f"votes: {tally(result.votes) if result.votes else 'no votes'}"
+        console.print(f"votes: {escape(tally(result.votes)) if result.votes else 'no votes'}"
                       + (f"  (agreement {result.agreement:.0%})"
                          if result.agreement is not None else ""), soft_wrap=True)
     else:
-        scored = " · ".join(f"lane {lane}: {_number(score) if score is not None else '-'}"
-                            for lane, score in sorted(result.scores.items()))
-        console.print(f"scores: {scored or 'none'}", soft_wrap=True)
+        console.print(f"scores: {_scores(result.scores) or 'none'}"
+                      + (f"  (margin {_number(result.margin)})" if result.margin is not None
+                         else ""), soft_wrap=True)
     console.print(f"lanes: {result.lanes_completed} completed, {result.lanes_failed} failed"
                   f"{f', resumed {result.resumes}x' if result.resumes else ''}"
                   f" · {result.elapsed_s:.2f} s")
@@ -143,4 +163,5 @@ def summary(result: RunResult, console: Console | None = None) -> None:
     bill.add_row("[bold]total[/]", "", f"[bold]{c.total:.6f}[/]")
     console.print(bill)
     # One line whatever the terminal's width: a path is copied, not read.
-    console.print(f"run {result.run_id} · log {result.events}", soft_wrap=True, highlight=False)
+    console.print(f"run {result.run_id}" + (f" · log {result.events}" if result.events else ""),
+                  soft_wrap=True, highlight=False, markup=False)

@@ -34,7 +34,7 @@ from orchestrator._config import (
     recorded_config,
 )
 from orchestrator._result import RunResult, result_from_state
-from orchestrator._store import RunStore
+from orchestrator._store import RunStore, check_claims
 from primitives import (
     Backend,
     ConfigError,
@@ -46,7 +46,6 @@ from primitives import (
     Recorder,
     RetryPolicy,
     RunError,
-    RunInUseError,
     RunState,
     SamplingParams,
     fold,
@@ -178,14 +177,13 @@ async def _resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backen
                   stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
     store = RunStore(runs_dir)
     if log is None:
-        path = store.existing(run_id)
-        try:
-            log = JsonlEventLog.open_for_resume(path, fsync="barrier")
-        except RunInUseError:
-            peek = store.read_state(run_id)  # a finished run needs no writer: its record stands
-            if peek.result is None:
-                raise
+        # A finished run needs no writer (nor a writable disk): its record stands as read.
+        peek = store.read_state(run_id)
+        if peek.result is not None:
             return RunResult.model_validate(peek.result)
+        if peek.failure is not None:
+            raise _recorded_failure(peek)
+        log = JsonlEventLog.open_for_resume(store.existing(run_id), fsync="barrier")
     owned: list[Backend] = []
     try:
         events = list(log.read())
@@ -194,6 +192,7 @@ async def _resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backen
             raise ConfigError(f"{_source(log)}: the log has no run.started event")
         config = recorded_config(state, _source(log))
         state = fold(events, config.pricing, source=_source(log), run_id=run_id)
+        check_claims(state, config, _source(log))
         if state.result is not None:
             log.close()
             return RunResult.model_validate(state.result)

@@ -6,10 +6,27 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
+from coordinators import audit
 from orchestrator._config import LoopConfig, recorded_config
-from primitives import ConfigError, JsonlEventLog, RunNotFoundError, RunState, fold, validate_run_id
+from primitives import (
+    ConfigError,
+    JsonlEventLog,
+    LogCorruptError,
+    RunNotFoundError,
+    RunState,
+    fold,
+    validate_run_id,
+)
 
-__all__ = ("RunStore",)
+__all__ = ("RunStore", "check_claims")
+
+
+def check_claims(state: RunState, config: LoopConfig, source: str) -> None:
+    """Refuse a log whose answers, reduce or result do not follow from it, naming the line."""
+    wrong = audit(state, extract=config.extract, tie_break=config.loop.tie_break,
+                  weighting=config.loop.weighting, seed=config.loop.seed)
+    if wrong is not None:
+        raise LogCorruptError(source, *wrong)
 
 
 class RunStore:
@@ -49,6 +66,7 @@ class RunStore:
         config = recorded_config(state, str(path))
         if config.pricing != state.pricing:
             state = fold(events, config.pricing, source=str(path), run_id=run_id)
+        check_claims(state, config, str(path))
         return state, config
 
     def read_state(self, run_id: str) -> RunState:

@@ -209,6 +209,9 @@ class Dispatcher:
         size = self.max_concurrency
         if self.backend.max_lanes_per_request is not None:
             size = min(size, self.backend.max_lanes_per_request)
+        total = self._slots.limiter.total_tokens
+        if math.isfinite(total):  # a request takes its lanes' slots at once: never more than exist
+            size = max(1, min(size, int(total)))
         if not spec.share_prefix:
             size = 1
         by_prompt: dict[str, list[LaneJob]] = {}

@@ -145,8 +145,12 @@ class RunLock:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
             raise RunInUseError(run_id, int(holder) if holder.isdigit() else None) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # The pid only names the holder in a second writer's error; the flock is the lock. A
+        # full disk (or a file-size limit) must not turn into a traceback here: the run goes on
+        # and fails at its first append with one line, leaving no log behind.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(fd, path)
 
     def release(self) -> None:

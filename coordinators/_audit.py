@@ -1,0 +1,75 @@
+"""The audit of a parallel-sample log: what its events claim must follow from what it holds.
+
+The fold already refuses a line that is not the run's own (another run's id, a lane never
+dispatched, a second completion). This goes one level up, to what only the loop knows: each
+lane's answer is what the extractor finds in its text, the reduce is what the lanes' answers
+(or the judges' scores) give, and the result is the reduce's. An edited answer, vote or
+result is named by its line instead of being believed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from primitives import (
+    Ballot,
+    ExtractSpec,
+    RunState,
+    extract_answer,
+    judge_argmax,
+    vote_fold,
+)
+
+__all__ = ("audit",)
+
+SAMPLE_WAVE = 1
+
+
+def audit(state: RunState, *, extract: ExtractSpec,
+          tie_break: Literal["first_lane", "lexicographic", "random"] = "first_lane",
+          weighting: Literal["none", "mean_logprob"] = "none",
+          seed: int = 0) -> tuple[int, str] | None:
+    """The first claim of the log that does not follow from it: (line, what is wrong)."""
+    wave = state.waves.get(SAMPLE_WAVE)
+    if wave is None or wave.info.purpose != "sample":
+        return None
+    for lane in wave.completed():
+        found = extract_answer(lane.text or "", extract)
+        if found != lane.answer:
+            return (lane.landed_at or 0, f"lane {lane.lane}'s answer {lane.answer!r} is not what "
+                    f"the extractor finds in its text ({found!r})")
+    reduce = state.reduce
+    if reduce is None or state.reduce_sequence is None:
+        return None
+    if reduce.reducer == "majority_vote":
+        ballots = [Ballot(s.lane, s.answer if s.status == "completed" else None,
+                          math.exp(s.logprob_mean) if weighting == "mean_logprob"
+                          and s.logprob_mean is not None else 1.0)
+                   for _, s in sorted(wave.lanes.items())]
+        vote = vote_fold(ballots, tie_break=tie_break, seed=seed)
+        if (vote.winner, vote.winner_lane, dict(vote.votes)) != (
+                reduce.winner, reduce.winner_lane, dict(reduce.votes)):
+            return (state.reduce_sequence, "reduce.completed does not follow from the lanes' "
+                    f"answers (they give {vote.winner!r} at lane {vote.winner_lane})")
+    elif reduce.reducer == "judge_argmax":
+        scores = dict(state.scores)
+        best = judge_argmax(scores, tie_break="random" if tie_break == "random" else "first_lane",
+                            seed=seed)
+        if best.winner_lane != reduce.winner_lane or scores != dict(reduce.scores):
+            return (state.reduce_sequence, "reduce.completed does not follow from the judges' "
+                    f"scores (they give lane {best.winner_lane})")
+    result = state.result
+    if result is None or state.result_sequence is None:
+        return None
+    claims = {"run_id": state.run_id, "answer": reduce.winner, "winner_lane": reduce.winner_lane,
+              "votes": dict(reduce.votes),
+              "question": state.started.question if state.started else None}
+    for key, expected in claims.items():
+        if result.get(key) != expected:
+            return (state.result_sequence, f"run.completed says {key} = {result.get(key)!r}, the "
+                    f"log gives {expected!r}")
+    recorded_scores = {int(k): v for k, v in (result.get("scores") or {}).items()}
+    if recorded_scores != dict(reduce.scores):
+        return (state.result_sequence, "run.completed's scores are not the reduce's")
+    return None
