@@ -209,11 +209,14 @@ def _emit_result(result: RunResult, as_json: bool) -> int:
 
 
 @contextlib.contextmanager
-def _live(as_json: bool) -> Iterator[Callable[[AnyEvent], None] | None]:
+def _live(as_json: bool, resuming: Callable[[], RunState] | None = None,
+          ) -> Iterator[Callable[[AnyEvent], None] | None]:
     progress = Progress() if (not as_json and sys.stdout.isatty()) else None
     if progress is None:
         yield None
         return
+    if resuming is not None:
+        progress.resume_from(resuming())
     with progress:
         yield progress.observe
 
@@ -243,7 +246,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    with _live(args.json) as observer:
+    with _live(args.json, lambda: RunStore(args.runs_dir).read_state(args.run_id)) as observer:
         result = _interruptible(lambda reason: _resume(
             args.run_id, runs_dir=args.runs_dir, observer=observer, stop_reason=reason),
             lambda: args.run_id)

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator._result import RunResult
+from primitives import RunState
 from primitives._events import AnyEvent
 
 __all__ = ("Progress", "describe", "summary", "tally")
@@ -111,6 +112,14 @@ class Progress:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._live.__exit__(exc_type, exc, tb)
+
+    def resume_from(self, state: RunState) -> None:
+        """Start from what the log holds: a resumed wave shows the lanes it already landed."""
+        if state.waves:
+            wave = state.waves[max(state.waves)]
+            self.k, self.phase = wave.info.k, wave.info.purpose
+            self.done, self.failed = len(wave.completed()), len(wave.failed())
+        self.cost, self.tokens = state.spend.cost_usd, state.spend.tokens
 
     def observe(self, event: AnyEvent) -> None:
         d = event.data

@@ -107,10 +107,11 @@ def result_from_state(state: RunState, outcome: LoopOutcome, spend: Spend, elaps
     """Assemble the result from the loop's outcome and the ledger's bill."""
     wave = state.waves.get(SAMPLE_WAVE)
     lanes = [] if wave is None else [
-        LaneResult(lane=s.lane, status=s.status, answer=s.answer, score=outcome.scores.get(s.lane),
-                   finish_reason=s.finish_reason,
-                   tokens=s.usage.output_tokens if s.status == "completed" and s.usage else 0,
-                   attempts=s.attempts)
+        LaneResult.model_construct(  # our own values: thousands of lanes skip re-validation
+            lane=s.lane, status=s.status, answer=s.answer, score=outcome.scores.get(s.lane),
+            finish_reason=s.finish_reason,
+            tokens=s.usage.output_tokens if s.status == "completed" and s.usage else 0,
+            attempts=s.attempts)
         for _, s in sorted(wave.lanes.items())]
     return RunResult(
         run_id=state.run_id or "", status=outcome.status, reason=outcome.reason,

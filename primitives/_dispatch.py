@@ -29,7 +29,6 @@ from primitives._backend import (
     SampleRequest,
     SamplingParams,
     Usage,
-    closing,
 )
 from primitives._barrier import close_wave
 from primitives._budget import Hold, Ledger, cost_of
@@ -322,7 +321,7 @@ class Dispatcher:
             self._slots.release(borrowers)
         if fatal:
             raise fatal[0]  # the wave stops: no lane can succeed
-        return sorted(again, key=lambda j: j.lane)
+        return sorted(again, key=lambda j: j.lane) if len(again) > 1 else again
 
     async def _call(self, request: SampleRequest, jobs: dict[int, LaneJob],
                     land: Callable[[int, Sample | BackendError], bool]) -> None:
@@ -335,7 +334,8 @@ class Dispatcher:
         ended: BackendError | None = None
         try:
             with anyio.fail_after(self.timeout_s) if self.timeout_s is not None else _no_limit():
-                async with closing(self.backend.sample(request)) as outcomes:
+                outcomes = self.backend.sample(request)
+                try:
                     async for outcome in outcomes:
                         if outcome.lane not in jobs:  # a lane twice, or one never asked for
                             self._log.warning("backend.unexpected_lane", lane=outcome.lane)
@@ -344,6 +344,10 @@ class Dispatcher:
                         if not land(outcome.lane, landed):
                             ended = landed if isinstance(landed, BackendError) else None
                             break  # closing the iterator cancels the rest of the request
+                finally:  # `closing()` inlined: this runs once per request
+                    aclose = getattr(outcomes, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
         except TimeoutError:
             ended = BackendTimeoutError(f"no answer within {self.timeout_s} s")
         except BackendError as exc:

@@ -59,7 +59,7 @@ class Recorder:
         if self.broken:
             raise LogWriteError(f"run {self.run_id}: the log failed earlier; nothing more is recorded")
         # Folded first: an event that does not follow from the state is refused unwritten.
-        apply(self.state, event)  # type: ignore[arg-type]  # every Event kind is in AnyEvent
+        apply(self.state, event, envelope=False)  # type: ignore[arg-type]  # the envelope is ours
         try:
             self.log.append(event)
         except BaseException:

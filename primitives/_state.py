@@ -137,10 +137,17 @@ class _Refused(Exception):
     """An event that does not follow from the state so far; `apply` names its line."""
 
 
-def apply(state: RunState, event: AnyEvent) -> None:
-    """Fold one event into the state; refuse (LogCorruptError) one that is not the run's own."""
+def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
+    """Fold one event into the state; refuse (LogCorruptError) one that is not the run's own.
+
+    `envelope=False` skips the checks of the envelope (run id, source, id, sequence) for the
+    writer that built it; what the event says is checked against the state either way.
+    """
     try:
-        _check_envelope(state, event)
+        if envelope or isinstance(event, RunStarted):
+            _check_envelope(state, event)
+        elif state.finished or (state.interrupted is not None and not isinstance(event, RunResumed)):
+            raise _Refused(f"{event.type} after the run ended or stopped")
         _apply(state, event)
     except _Refused as refused:
         raise LogCorruptError(state.source, event.sequence, str(refused)) from None

@@ -137,3 +137,19 @@ def test_a_signal_ends_the_run_cleanly_and_names_the_command_that_resumes_it(
     result = json.loads(out)
     assert (result["answer"], result["votes"]) == (baseline.answer, baseline.votes)
     assert result["lanes_failed"] == 0
+
+
+def test_the_live_display_of_a_resume_starts_from_what_the_log_holds(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from orchestrator._display import Progress
+
+    config = orchestrator.parse_config(RAW)
+    assert anyio.run(lambda: run_until(config, tmp_path, "shown", completions=3, resume=False))
+    state = orchestrator.RunStore(tmp_path).read_state("shown")
+    progress = Progress(Console(file=io.StringIO()))
+    progress.resume_from(state)
+    assert (progress.k, progress.phase) == (8, "sample")
+    assert progress.done == 3 and progress.tokens == state.spend.tokens > 0
