@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
-from orchestrator._result import CostBreakdown, RunResult, UsageBreakdown
+from orchestrator._result import CostBreakdown, LaneResult, RunResult, UsageBreakdown
 from orchestrator._runner import build_backend, resume, resume_sync, run, run_sync
 from orchestrator._store import RunStore
 from primitives import (
@@ -21,10 +21,12 @@ from primitives import (
     LanefoldError,
     Limits,
     LogCorruptError,
+    LogWriteError,
     MemoryEventLog,
     Pricing,
     QuorumNotMetError,
     RunError,
+    RunInUseError,
     RunNotFoundError,
     RunState,
     Sample,
@@ -44,14 +46,17 @@ __all__ = (
     "CostBreakdown",
     "EventLog",
     "JsonlEventLog",
+    "LaneResult",
     "LanefoldError",
     "Limits",
     "LogCorruptError",
+    "LogWriteError",
     "LoopConfig",
     "MemoryEventLog",
     "Pricing",
     "QuorumNotMetError",
     "RunError",
+    "RunInUseError",
     "RunNotFoundError",
     "RunResult",
     "RunState",
