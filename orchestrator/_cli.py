@@ -257,17 +257,17 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     store = RunStore(args.runs_dir)
     path = store.events_path(args.run_id)
     log = JsonlEventLog(path)
-    state = RunState(source=str(path), expected_run_id=args.run_id)
 
     def show(event: AnyEvent) -> None:
-        apply(state, event)  # refuses a line that is not this run's own, naming it
         print(event.model_dump_json(by_alias=True) if args.json else describe(event), flush=True)
 
     if not args.follow:
-        store.read(args.run_id)  # the whole log is checked, as show checks it, before a line
-        for event in log.read():
+        events, _, _ = store.read(args.run_id)  # checked as show checks it, before a line
+        for event in events:
             show(event)
         return 0
+
+    state = RunState(source=str(path), expected_run_id=args.run_id)
 
     async def follow() -> int:
         with anyio.move_on_after(args.wait):
@@ -276,6 +276,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         if not path.exists():
             raise ConfigError(f"{path}: run {args.run_id!r} did not appear within {args.wait:g} s")
         async for event in log.follow():
+            apply(state, event)  # refuses a line that is not this run's own, naming it
             show(event)
         return 0
 
@@ -287,7 +288,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     store = RunStore(args.runs_dir)
-    state, _ = store.read(args.run_id)
+    _, state, _ = store.read(args.run_id)
     if state.result is not None:
         return _emit_result(RunResult.model_validate(state.result), args.json)
     status = ("failed" if state.failure else "interrupted" if state.interrupted

@@ -31,10 +31,9 @@ from orchestrator._config import (
     import_verifier,
     load_config,
     preflight,
-    recorded_config,
 )
 from orchestrator._result import RunResult, result_from_state
-from orchestrator._store import RunStore, check_claims
+from orchestrator._store import RunStore, fold_record
 from primitives import (
     Backend,
     ConfigError,
@@ -48,7 +47,6 @@ from primitives import (
     RunError,
     RunState,
     SamplingParams,
-    fold,
     get_logger,
 )
 from primitives._dispatch import Dispatcher
@@ -133,12 +131,7 @@ async def _run(config: LoopConfig | str | Path, question: str, *, runs_dir: str 
     run_id = store.check_id(run_id) if run_id is not None else store.new_id()
     owned: list[Backend] = []
     try:
-        if backend is None:
-            backend = build_backend(config.backend)
-            owned.append(backend)
-        if judge_backend is None and config.judge.backend is not None:
-            judge_backend = build_backend(config.judge.backend)
-            owned.append(judge_backend)
+        backend, judge_backend = _backends(config, backend, judge_backend, owned)
         log = log or JsonlEventLog.create(store.events_path(run_id), fsync=config.log.fsync)
         recorder = Recorder(log, run_id, RunState(pricing=config.pricing), observer=observer)
         try:
@@ -186,13 +179,8 @@ async def _resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backen
         log = JsonlEventLog.open_for_resume(store.existing(run_id), fsync="barrier")
     owned: list[Backend] = []
     try:
-        events = list(log.read())
-        state = fold(events, source=_source(log), run_id=run_id)
-        if state.started is None:
-            raise ConfigError(f"{_source(log)}: the log has no run.started event")
-        config = recorded_config(state, _source(log))
-        state = fold(events, config.pricing, source=_source(log), run_id=run_id)
-        check_claims(state, config, _source(log))
+        # Read again under the lock: another writer may have moved on since the peek.
+        state, config = fold_record(list(log.read()), _source(log), run_id)
         if state.result is not None:
             log.close()
             return RunResult.model_validate(state.result)
@@ -200,12 +188,7 @@ async def _resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backen
             log.close()
             raise _recorded_failure(state)
         _set_fsync(log, config)
-        if backend is None:
-            backend = build_backend(config.backend)
-            owned.append(backend)
-        if judge_backend is None and config.judge.backend is not None:
-            judge_backend = build_backend(config.judge.backend)
-            owned.append(judge_backend)
+        backend, judge_backend = _backends(config, backend, judge_backend, owned)
         recorder = Recorder(log, state.run_id or run_id, state, observer=observer)
         torn = getattr(log, "torn_tail", None)
         recorder.emit(RunResumed, RunResumedData(
@@ -289,6 +272,19 @@ def _lanefold_error(exc: BaseException) -> LanefoldError:
     if isinstance(exc, LanefoldError):
         return exc
     return RunError(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _backends(config: LoopConfig, backend: Backend | None, judge_backend: Backend | None,
+              owned: list[Backend]) -> tuple[Backend, Backend | None]:
+    """The caller's backends, else built from the config; what is built joins `owned` (the
+    run closes those, never the caller's)."""
+    if backend is None:
+        backend = build_backend(config.backend)
+        owned.append(backend)
+    if judge_backend is None and config.judge.backend is not None:
+        judge_backend = build_backend(config.judge.backend)
+        owned.append(judge_backend)
+    return backend, judge_backend
 
 
 async def _load(backend: Backend | None) -> None:

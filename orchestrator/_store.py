@@ -9,6 +9,7 @@ from pathlib import Path
 from coordinators import audit
 from orchestrator._config import LoopConfig, recorded_config
 from primitives import (
+    AnyEvent,
     ConfigError,
     JsonlEventLog,
     LogCorruptError,
@@ -18,15 +19,27 @@ from primitives import (
     validate_run_id,
 )
 
-__all__ = ("RunStore", "check_claims")
+__all__ = ("RunStore", "fold_record")
 
 
-def check_claims(state: RunState, config: LoopConfig, source: str) -> None:
-    """Refuse a log whose answers, reduce or result do not follow from it, naming the line."""
+def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunState, LoopConfig]:
+    """A run's state and recorded config from its events, every claim checked.
+
+    Refuses (LogCorruptError, exit 2) a line that is not the run's own or a claim that does
+    not follow from the log (an answer, the reduce, the result), and (ConfigError) a
+    recorded config this version cannot validate. The config comes from `run.started`, so
+    the log is folded once, at the config's prices.
+    """
+    head = fold(events[:1], source=source, run_id=run_id)
+    if head.started is None:
+        raise ConfigError(f"{source}: the log has no run.started event")
+    config = recorded_config(head, source)
+    state = fold(events, config.pricing, source=source, run_id=run_id)
     wrong = audit(state, extract=config.extract, tie_break=config.loop.tie_break,
                   weighting=config.loop.weighting, seed=config.loop.seed)
     if wrong is not None:
         raise LogCorruptError(source, *wrong)
+    return state, config
 
 
 class RunStore:
@@ -52,23 +65,12 @@ class RunStore:
             raise RunNotFoundError(f"{path}: no run {run_id!r} in {self.root}")
         return path
 
-    def read(self, run_id: str) -> tuple[RunState, LoopConfig]:
-        """A run's state folded from its log, and the config it recorded; no lock is taken.
-
-        Refuses (LogCorruptError, exit 2) a log with a bad line or a line that is not the
-        run's own, and (ConfigError) a recorded config this version cannot validate.
-        """
+    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig]:
+        """A run's events, its state and the config it recorded (`fold_record`); no lock."""
         path = self.existing(run_id)
         events = list(JsonlEventLog(path).read())
-        state = fold(events, source=str(path), run_id=run_id)
-        if state.started is None:
-            raise ConfigError(f"{path}: the log has no run.started event")
-        config = recorded_config(state, str(path))
-        if config.pricing != state.pricing:
-            state = fold(events, config.pricing, source=str(path), run_id=run_id)
-        check_claims(state, config, str(path))
-        return state, config
+        return (events, *fold_record(events, str(path), run_id))
 
     def read_state(self, run_id: str) -> RunState:
-        """`read` without the config."""
-        return self.read(run_id)[0]
+        """`read`'s state alone."""
+        return self.read(run_id)[1]
