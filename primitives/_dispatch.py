@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -333,7 +333,7 @@ class Dispatcher:
         """
         ended: BackendError | None = None
         try:
-            with anyio.fail_after(self.timeout_s) if self.timeout_s is not None else _no_limit():
+            with anyio.fail_after(self.timeout_s) if self.timeout_s is not None else contextlib.nullcontext():
                 outcomes = self.backend.sample(request)
                 try:
                     async for outcome in outcomes:
@@ -438,11 +438,6 @@ class Dispatcher:
 
 def _done(lane: LaneState | None) -> bool:
     return lane is not None and lane.done
-
-
-@contextlib.contextmanager
-def _no_limit() -> Iterator[None]:
-    yield
 
 
 def _cost(ledger: Ledger, usage: Usage, hold: Hold) -> float:

@@ -153,6 +153,18 @@ class RunLock:
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(fd, path)
 
+    @contextlib.contextmanager
+    def kept_on_success(self, what: str) -> Iterator[None]:
+        """Give the lock back if the block fails; an OSError becomes `ConfigError("what: ...")`."""
+        try:
+            yield
+        except OSError as exc:
+            self.release()
+            raise ConfigError(f"{what}: {exc.strerror}") from None
+        except BaseException:
+            self.release()
+            raise
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the last descriptor drops the flock
@@ -188,17 +200,11 @@ class JsonlEventLog:
         a file beside it, forced to disk and renamed into place (under the run's lock).
         """
         lock = RunLock.acquire(path.parent, path.parent.name)
-        try:
+        with lock.kept_on_success(f"{path}: cannot create the run log"):
             if path.exists():
                 raise ConfigError(f"{path}: a run with this id already exists")
             draft = path.with_name(f".{path.name}.new")
             fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        except OSError as exc:
-            lock.release()
-            raise ConfigError(f"{path}: cannot create the run log: {exc.strerror}") from None
-        except BaseException:
-            lock.release()
-            raise
         return cls(path, fsync=fsync, _fd=fd, _lock=lock, _unpublished=draft)
 
     @classmethod
@@ -211,16 +217,10 @@ class JsonlEventLog:
         if not path.is_file():
             raise RunNotFoundError(f"{path}: no event log for this run id")
         lock = RunLock.acquire(path.parent, path.parent.name)
-        try:
+        with lock.kept_on_success(f"{path}: cannot open the run log for writing"):
             data = path.read_bytes()
             last, good_end, torn = _scan(path, data)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        except OSError as exc:
-            lock.release()
-            raise ConfigError(f"{path}: cannot open the run log for writing: {exc.strerror}") from None
-        except BaseException:
-            lock.release()
-            raise
         log = cls(path, fsync=fsync, _fd=fd, _last=last, torn_tail=torn, _lock=lock)
         log._cut_at = good_end if torn is not None else None  # the torn tail goes at the first write
         return log

@@ -141,13 +141,13 @@ def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
     """Fold one event into the state; refuse (LogCorruptError) one that is not the run's own.
 
     `envelope=False` skips the checks of the envelope (run id, source, id, sequence) for the
-    writer that built it; what the event says is checked against the state either way.
+    writer that built it; where the event falls in the run, and what it says, are checked
+    against the state either way.
     """
     try:
+        _check_place(state, event)
         if envelope or isinstance(event, RunStarted):
             _check_envelope(state, event)
-        elif state.finished or (state.interrupted is not None and not isinstance(event, RunResumed)):
-            raise _Refused(f"{event.type} after the run ended or stopped")
         _apply(state, event)
     except _Refused as refused:
         raise LogCorruptError(state.source, event.sequence, str(refused)) from None
@@ -157,25 +157,32 @@ def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
         state.first_time = event.time
 
 
-def _check_envelope(state: RunState, event: AnyEvent) -> None:
+def _check_place(state: RunState, event: AnyEvent) -> None:
+    """run.started first and once; nothing after the end; only a resume after an interrupt."""
     if isinstance(event, RunStarted):
         if state.started is not None:
             raise _Refused("a second run.started")
+    elif state.started is None or state.run_id is None:
+        raise _Refused(f"{event.type} before run.started")
+    elif state.finished:
+        raise _Refused(f"{event.type} after the run ended")
+    elif state.interrupted is not None and not isinstance(event, RunResumed):
+        raise _Refused(f"{event.type} after run.interrupted without a run.resumed")
+
+
+def _check_envelope(state: RunState, event: AnyEvent) -> None:
+    """The event carries this run's id, source, id and next sequence (and run.started a
+    config that matches its hash)."""
+    if isinstance(event, RunStarted):
         if state.expected_run_id is not None and event.run_id != state.expected_run_id:
             raise _Refused(f"run_id {event.run_id!r} is not this run's ({state.expected_run_id!r})")
         if hash_config(event.data.config) != event.data.config_hash:
             raise _Refused("the recorded config does not match its config_hash (edited?)")
         run_id = event.run_id
     else:
-        if state.started is None or state.run_id is None:
-            raise _Refused(f"{event.type} before run.started")
-        run_id = state.run_id
+        run_id = state.run_id or ""
         if event.run_id != run_id:
             raise _Refused(f"run_id {event.run_id!r} is not this run's ({run_id!r})")
-        if state.finished:
-            raise _Refused(f"{event.type} after the run ended")
-        if state.interrupted is not None and not isinstance(event, RunResumed):
-            raise _Refused(f"{event.type} after run.interrupted without a run.resumed")
     if event.source != f"lanefold:run/{run_id}" or event.id != f"{run_id}:{event.sequence}":
         raise _Refused(f"source {event.source!r} / id {event.id!r} are not this run's")
     if event.sequence != state.last_sequence + 1:
