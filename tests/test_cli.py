@@ -17,14 +17,13 @@ import subprocess
 import sys
 import tomllib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 import orchestrator
 from orchestrator._cli import main
@@ -37,14 +36,6 @@ RESULT_KEYS = {"run_id", "answer", "votes", "lanes_completed", "lanes_failed", "
 USAGE_KEYS = {"prefill_tokens", "cached_prefill_tokens", "decode_tokens", "verifier_tokens"}
 COST_KEYS = {"prefill", "cached_prefill", "decode", "kv_residency", "verifier", "total"}
 RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|\+00:00)")
-
-
-@pytest.fixture(autouse=True)
-def _restore_structlog() -> Iterator[None]:
-    # main() configures structlog for the process (the CLI is the application); undo it so a
-    # later test's logger does not write to this test's closed capture stream.
-    yield
-    structlog.reset_defaults()
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -148,7 +139,6 @@ def _finished_once(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["run", str(EXAMPLE), "--question", QUESTION, "--runs-dir", str(runs),
                      "--run-id", "done", "--json"])
-    structlog.reset_defaults()
     assert code == 0, err.getvalue()
     return runs, out.getvalue()
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 import orchestrator
 from orchestrator._cli import main
@@ -20,14 +18,6 @@ from orchestrator._cli import main
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
 SECTIONS = ("loop", "prompt", "sampling", "extract", "backend", "budget", "pricing", "judge", "log")
-
-
-@pytest.fixture(autouse=True)
-def _restore_structlog() -> Iterator[None]:
-    # main() configures structlog for the process (the CLI is the application); undo it so a
-    # later test's logger does not write to this test's closed capture stream.
-    yield
-    structlog.reset_defaults()
 
 
 class BadConfig:

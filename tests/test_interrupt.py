@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from test_writer_lock import start
 
 import orchestrator
 from orchestrator import AnyEvent
@@ -95,11 +94,6 @@ async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_ans
     assert result.cost.cut_off == pytest.approx(sum(e.data.billed_cost_usd  # type: ignore[union-attr]
                                                     for e in held))
     assert result.cost.total == pytest.approx(baseline.cost.total + result.cost.cut_off)
-
-
-def start(*argv: str | Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *map(str, argv)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow

@@ -16,55 +16,24 @@ from __future__ import annotations
 import errno
 import io
 import json
-import logging
 import os
 import resource
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli import Outcome, cli
 
 import orchestrator
-from orchestrator._cli import main
 from primitives import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "simulated.toml"  # 8 lanes: a log of about 12 kB
 QUESTION = "What is 17 * 23?"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def error_line(self) -> str:
-        assert "Traceback" not in self.err, self.err
-        lines = self.err.splitlines()
-        assert len(lines) == 1, f"expected one line on stderr, got {self.err!r}"
-        return lines[0]
-
-
-@pytest.fixture(autouse=True)
-def _drop_cli_log_handler() -> Iterator[None]:
-    # main() adds one stderr handler per process; it would hold this test's captured stream.
-    yield
-    logger = logging.getLogger("lanefold")
-    for handler in [h for h in logger.handlers if getattr(h, "_lanefold_cli", False)]:
-        logger.removeHandler(handler)
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Outcome:
-    code = main([str(arg) for arg in argv])
-    out, err = capsys.readouterr()
-    return Outcome(code, out, err)
 
 
 def command(*argv: str | bytes | Path, fsize: int | None = None) -> Outcome:

@@ -10,13 +10,11 @@ prints, a log's content, its exit), never on a clock, so load cannot flake it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,15 +40,6 @@ async def sleep(delay, *args, **kwargs):
 anyio.sleep = sleep
 sys.exit(main(sys.argv[1:]))
 """
-
-
-@pytest.fixture(autouse=True)
-def _drop_cli_log_handler() -> Iterator[None]:
-    # main() adds one stderr handler per process; it would hold this test's captured stream.
-    yield
-    logger = logging.getLogger("lanefold")
-    for handler in [h for h in logger.handlers if getattr(h, "_lanefold_cli", False)]:
-        logger.removeHandler(handler)
 
 
 def start(*argv: str | Path, wrapped: bool = False) -> subprocess.Popen[str]:

@@ -63,6 +63,17 @@ def test_the_package_imports_no_torch_and_exports_exactly_its_names() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 
+def fail_once(engine: Engine) -> Callable[[object], object]:
+    """A model runner that raises "device lost" once, then runs again."""
+    run = engine.runner.run
+
+    def broken(step: object) -> object:
+        engine.runner.run = run  # type: ignore[method-assign]
+        raise RuntimeError("device lost")
+
+    return broken
+
+
 @pytest.mark.anyio
 async def test_sample_prefills_the_prompt_once_and_bills_each_lane(
     make_engine: Callable[..., Engine],
@@ -148,11 +159,7 @@ async def test_a_failed_step_fails_the_requests_in_flight_and_forgets_the_cache(
 ) -> None:
     engine = make_engine()
     backend = EngineBackend(engine=engine)
-    run = engine.runner.run
-
-    def broken(step: object) -> object:
-        engine.runner.run = run  # type: ignore[method-assign]
-        raise RuntimeError("device lost")
+    broken = fail_once(engine)
 
     engine.runner.run = broken  # type: ignore[method-assign]
     with pytest.raises(ServerError, match="device lost"):
@@ -372,11 +379,7 @@ async def test_a_failed_step_raises_for_the_lanes_not_yet_landed(
 ) -> None:
     engine = make_engine()
     backend = EngineBackend(engine=engine)
-    run = engine.runner.run
-
-    def broken(step: object) -> object:
-        engine.runner.run = run  # type: ignore[method-assign]
-        raise RuntimeError("device lost")
+    broken = fail_once(engine)
 
     landed: list[int] = []
     with pytest.raises(ServerError, match="device lost"):
