@@ -9,26 +9,14 @@ result is named by its line instead of being believed.
 
 from __future__ import annotations
 
-import math
-from typing import Literal
-
-from primitives import (
-    Ballot,
-    ExtractSpec,
-    RunState,
-    extract_answer,
-    judge_argmax,
-    vote_fold,
-)
+from coordinators._parallel_sample import SAMPLE_WAVE, TieBreak, Weighting, judge_winner, vote
+from primitives import ExtractSpec, RunState, extract_answer
 
 __all__ = ("audit",)
 
-SAMPLE_WAVE = 1
-
 
 def audit(state: RunState, *, extract: ExtractSpec,
-          tie_break: Literal["first_lane", "lexicographic", "random"] = "first_lane",
-          weighting: Literal["none", "mean_logprob"] = "none",
+          tie_break: TieBreak = "first_lane", weighting: Weighting = "none",
           seed: int = 0) -> tuple[int, str] | None:
     """The first claim of the log that does not follow from it: (line, what is wrong)."""
     wave = state.waves.get(SAMPLE_WAVE)
@@ -43,19 +31,14 @@ def audit(state: RunState, *, extract: ExtractSpec,
     if reduce is None or state.reduce_sequence is None:
         return None
     if reduce.reducer == "majority_vote":
-        ballots = [Ballot(s.lane, s.answer if s.status == "completed" else None,
-                          math.exp(s.logprob_mean) if weighting == "mean_logprob"
-                          and s.logprob_mean is not None else 1.0)
-                   for _, s in sorted(wave.lanes.items())]
-        vote = vote_fold(ballots, tie_break=tie_break, seed=seed)
-        if (vote.winner, vote.winner_lane, dict(vote.votes)) != (
+        got = vote(wave, tie_break=tie_break, weighting=weighting, seed=seed)
+        if (got.winner, got.winner_lane, dict(got.votes)) != (
                 reduce.winner, reduce.winner_lane, dict(reduce.votes)):
             return (state.reduce_sequence, "reduce.completed does not follow from the lanes' "
-                    f"answers (they give {vote.winner!r} at lane {vote.winner_lane})")
+                    f"answers (they give {got.winner!r} at lane {got.winner_lane})")
     elif reduce.reducer == "judge_argmax":
         scores = dict(state.scores)
-        best = judge_argmax(scores, tie_break="random" if tie_break == "random" else "first_lane",
-                            seed=seed)
+        best = judge_winner(scores, tie_break=tie_break, seed=seed)
         if best.winner_lane != reduce.winner_lane or scores != dict(reduce.scores):
             return (state.reduce_sequence, "reduce.completed does not follow from the judges' "
                     f"scores (they give lane {best.winner_lane})")

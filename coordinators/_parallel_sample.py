@@ -18,8 +18,10 @@ from primitives import (
     Ballot,
     ConfigError,
     ExtractSpec,
+    JudgeResult,
     Sample,
     SamplingParams,
+    VoteResult,
     extract_answer,
     judge_argmax,
     normalize_answer,
@@ -39,6 +41,8 @@ from primitives._state import LaneState, WaveState
 
 __all__ = ("LoopOutcome", "ParallelSample", "Verifier")
 
+TieBreak = Literal["first_lane", "lexicographic", "random"]
+Weighting = Literal["none", "mean_logprob"]
 _ANY_NUMBER = ExtractSpec()
 _JUDGE_PARAMS = SamplingParams(temperature=0.0, max_tokens=64)
 
@@ -85,8 +89,8 @@ class ParallelSample:
     extract: ExtractSpec = _ANY_NUMBER
     reducer: Literal["majority_vote", "judge_argmax"] = "majority_vote"
     min_quorum: int = 1
-    tie_break: Literal["first_lane", "lexicographic", "random"] = "first_lane"
-    weighting: Literal["none", "mean_logprob"] = "none"
+    tie_break: TieBreak = "first_lane"
+    weighting: Weighting = "none"
     seed: int = 0
     judge_template: str | None = None
     judge_params: SamplingParams = _JUDGE_PARAMS
@@ -118,21 +122,13 @@ class ParallelSample:
     # -- majority vote ----------------------------------------------------------------------------
 
     def _vote(self, dispatcher: Dispatcher, wave: WaveState) -> LoopOutcome:
-        ballots = [Ballot(lane.lane, lane.answer if lane.status == "completed" else None,
-                          self._weight(lane))
-                   for lane in sorted(wave.lanes.values(), key=lambda s: s.lane)]
-        result = vote_fold(ballots, tie_break=self.tie_break, seed=self.seed)
+        result = vote(wave, tie_break=self.tie_break, weighting=self.weighting, seed=self.seed)
         data = ReduceCompletedData(
             reducer="majority_vote", winner=result.winner, winner_lane=result.winner_lane,
             votes=dict(result.votes), tie_break=result.tie_break, tied=list(result.tied),
             abstentions=result.abstentions)
         self._record_reduce(dispatcher, data)
         return self._outcome(data, wave)
-
-    def _weight(self, lane: LaneState) -> float:
-        if self.weighting == "mean_logprob" and lane.logprob_mean is not None:
-            return math.exp(lane.logprob_mean)
-        return 1.0
 
     # -- judge + argmax ---------------------------------------------------------------------------
 
@@ -166,8 +162,7 @@ class ParallelSample:
         unmatched = [s.text or "" for s in judge_wave.completed()
                      if parse_score(s.text or "") is None] if judge_wave is not None else []
         scores = {lane: state.scores.get(lane) for lane in sorted(state.scores)}
-        result = judge_argmax(scores, tie_break="random" if self.tie_break == "random"
-                              else "first_lane", seed=self.seed)
+        result = judge_winner(scores, tie_break=self.tie_break, seed=self.seed)
         winner = None
         if result.winner_lane is not None:
             raw = wave.lanes[result.winner_lane].answer
@@ -242,6 +237,23 @@ class ParallelSample:
             reason=None if answered else _why_no_answer(data, len(completed), unmatched or []),
             winner_text=winner.text if winner is not None else None,
             agreement=agreement, margin=margin)
+
+
+def vote(wave: WaveState, *, tie_break: TieBreak, weighting: Weighting, seed: int) -> VoteResult:
+    """The majority vote over a wave's lanes (a lane that did not complete abstains), each
+    weighted by exp(mean token logprob) under `mean_logprob`."""
+    ballots = [Ballot(s.lane, s.answer if s.status == "completed" else None,
+                      math.exp(s.logprob_mean) if weighting == "mean_logprob"
+                      and s.logprob_mean is not None else 1.0)
+               for _, s in sorted(wave.lanes.items())]
+    return vote_fold(ballots, tie_break=tie_break, seed=seed)
+
+
+def judge_winner(scores: dict[int, float | None], *, tie_break: TieBreak,
+                 seed: int) -> JudgeResult:
+    """The judges' argmax; ties go to the first lane unless the tie-break is random."""
+    return judge_argmax(scores, tie_break="random" if tie_break == "random" else "first_lane",
+                        seed=seed)
 
 
 def _why_no_answer(data: ReduceCompletedData, completed: int, unmatched: list[str]) -> str:

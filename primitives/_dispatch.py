@@ -321,7 +321,7 @@ class Dispatcher:
             self._slots.release(borrowers)
         if fatal:
             raise fatal[0]  # the wave stops: no lane can succeed
-        return sorted(again, key=lambda j: j.lane) if len(again) > 1 else again
+        return sorted(again, key=lambda j: j.lane)
 
     async def _call(self, request: SampleRequest, jobs: dict[int, LaneJob],
                     land: Callable[[int, Sample | BackendError], bool]) -> None:
@@ -354,11 +354,12 @@ class Dispatcher:
             ended = exc
         finally:
             self._drain_backend_events(request.wave)
-        if jobs and ended is None:
+        if not jobs:
+            return
+        if ended is None:
             ended = BadResponseError(
                 f"backend returned {len(request.lanes) - len(jobs)} of {len(request.lanes)} lanes")
         for lane_no in sorted(jobs):
-            assert ended is not None
             land(lane_no, ended)
 
     def _drain_backend_events(self, wave: int) -> None:
@@ -428,8 +429,7 @@ class Dispatcher:
         for group in groups:
             for i, job in enumerate(group.jobs):
                 lane = wave.lane(job.lane)
-                if lane.status not in ("pending", "interrupted") and not (
-                        lane.status == "failed" and not lane.final):
+                if lane.done or lane.status == "dispatched":
                     continue
                 if group.holds is not None:
                     self.ledger.release(group.holds[i])
