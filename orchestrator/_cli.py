@@ -235,12 +235,10 @@ class _RunId:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     _on_path(args.config)
-    config = load_config(args.config)
-    preflight(config, args.config)
     with _live(args.json) as observer:
         seen = _RunId(observer, args.run_id)
         result = _interruptible(lambda reason: _run(
-            config, args.question, runs_dir=args.runs_dir, run_id=args.run_id, observer=seen,
+            args.config, args.question, runs_dir=args.runs_dir, run_id=args.run_id, observer=seen,
             stop_reason=reason), lambda: seen.value)
     return _emit_result(result, args.json)
 

@@ -123,10 +123,11 @@ async def _run(config: LoopConfig | str | Path, question: str, *, runs_dir: str 
                limiter: anyio.CapacityLimiter | None = None, observer: Observer | None = None,
                log: EventLog | None = None,
                stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+    source = "<config>"
     if not isinstance(config, LoopConfig):
-        config = load_config(config)
+        source, config = str(config), load_config(config)
     check_question(question)
-    preflight(config)
+    preflight(config, source)
     store = RunStore(runs_dir)
     run_id = store.check_id(run_id) if run_id is not None else store.new_id()
     owned: list[Backend] = []
