@@ -269,11 +269,6 @@ class JsonlEventLog:
                 self._broken = f"{self.path}: cannot sync the run log: {exc.strerror}"
                 raise LogWriteError(self._broken) from None
 
-    @property
-    def broken(self) -> bool:
-        """Whether an append or sync failed: nothing more can be recorded."""
-        return self._broken is not None
-
     def read(self, from_sequence: int = 1) -> Iterator[AnyEvent]:
         """Every complete event from `from_sequence` on; a partial last line is not yet an event."""
         try:
