@@ -9,8 +9,18 @@ result is named by its line instead of being believed.
 
 from __future__ import annotations
 
-from coordinators._parallel_sample import SAMPLE_WAVE, TieBreak, Weighting, judge_winner, vote
-from primitives import ExtractSpec, RunState, extract_answer
+from coordinators._parallel_sample import TieBreak, Weighting
+from coordinators._reducers import logprob_weights, vote
+from primitives import (
+    ExtractSpec,
+    Lane,
+    RunState,
+    extract_answer,
+    judge_argmax,
+    normalize_answer,
+)
+
+SAMPLE_WAVE = 1
 
 __all__ = ("audit",)
 
@@ -31,14 +41,18 @@ def audit(state: RunState, *, extract: ExtractSpec,
     if reduce is None or state.reduce_sequence is None:
         return None
     if reduce.reducer == "majority_vote":
-        got = vote(wave, tie_break=tie_break, weighting=weighting, seed=seed)
+        lanes = [Lane.of(wave.wave, s) for _, s in sorted(wave.lanes.items())]
+        weights = logprob_weights(lanes) if weighting == "mean_logprob" else None
+        got = vote(lanes, tie_break=tie_break, seed=seed, weights=weights)
         if (got.winner, got.winner_lane, dict(got.votes)) != (
                 reduce.winner, reduce.winner_lane, dict(reduce.votes)):
             return (state.reduce_sequence, "reduce.completed does not follow from the lanes' "
                     f"answers (they give {got.winner!r} at lane {got.winner_lane})")
     elif reduce.reducer == "judge_argmax":
         scores = dict(state.scores)
-        best = judge_winner(scores, tie_break=tie_break, seed=seed)
+        answers = {s.lane: normalize_answer(s.answer) if s.answer else None
+                   for s in wave.completed()}
+        best = judge_argmax(scores, tie_break=tie_break, seed=seed, answers=answers)
         if best.winner_lane != reduce.winner_lane or scores != dict(reduce.scores):
             return (state.reduce_sequence, "reduce.completed does not follow from the judges' "
                     f"scores (they give lane {best.winner_lane})")

@@ -1,14 +1,20 @@
-"""lanefold's public facade: run and resume loops, load configs, read results and event logs.
+"""lanefold's public facade: run and resume loops, load configs, read results and event logs,
+and plug in loops, reducers and verifiers.
 
     import orchestrator
     result = orchestrator.run_sync(orchestrator.load_config("loop.toml"), question="...")
+
+    async with orchestrator.Session("loop.toml") as session:   # one model load, many runs
+        async for result in session.run_many(questions, concurrency=8):
+            ...
 """
 
 from __future__ import annotations
 
 from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
 from orchestrator._result import CostBreakdown, LaneResult, RunResult, UsageBreakdown
-from orchestrator._runner import build_backend, resume, resume_sync, run, run_sync
+from orchestrator._runner import build_backend
+from orchestrator._session import Session, resume, resume_sync, run, run_sync
 from orchestrator._store import RunStore
 from primitives import (
     AnyEvent,
@@ -18,13 +24,21 @@ from primitives import (
     ConfigError,
     EventLog,
     JsonlEventLog,
+    Lane,
     LanefoldError,
     Limits,
     LogCorruptError,
     LogWriteError,
+    Loop,
+    LoopContext,
     MemoryEventLog,
+    NonDeterminismError,
+    Outcome,
     Pricing,
     QuorumNotMetError,
+    ReduceOptions,
+    Reducer,
+    Reduction,
     RunError,
     RunInUseError,
     RunNotFoundError,
@@ -33,8 +47,12 @@ from primitives import (
     SampleRequest,
     SamplingParams,
     Usage,
+    Verdict,
+    Verifier,
     fold,
     parse_event,
+    register_loop,
+    register_reducer,
 )
 
 __all__ = (
@@ -46,15 +64,23 @@ __all__ = (
     "CostBreakdown",
     "EventLog",
     "JsonlEventLog",
+    "Lane",
     "LaneResult",
     "LanefoldError",
     "Limits",
     "LogCorruptError",
     "LogWriteError",
+    "Loop",
     "LoopConfig",
+    "LoopContext",
     "MemoryEventLog",
+    "NonDeterminismError",
+    "Outcome",
     "Pricing",
     "QuorumNotMetError",
+    "ReduceOptions",
+    "Reducer",
+    "Reduction",
     "RunError",
     "RunInUseError",
     "RunNotFoundError",
@@ -64,14 +90,19 @@ __all__ = (
     "Sample",
     "SampleRequest",
     "SamplingParams",
+    "Session",
     "Usage",
     "UsageBreakdown",
+    "Verdict",
+    "Verifier",
     "build_backend",
     "config_hash",
     "fold",
     "load_config",
     "parse_config",
     "parse_event",
+    "register_loop",
+    "register_reducer",
     "resume",
     "resume_sync",
     "run",

@@ -24,10 +24,20 @@ from anyio.abc import TaskStatus
 from orchestrator._config import LoopConfig, load_backend_config, load_config, preflight
 from orchestrator._display import Progress, describe, summary
 from orchestrator._result import RunResult
-from orchestrator._runner import _resume, _run, build_backend
+from orchestrator._runner import build_backend, check_question
+from orchestrator._session import Session
 from orchestrator._store import RunStore
-from primitives import ConfigError, JsonlEventLog, LanefoldError, RunState, apply
-from primitives._events import AnyEvent
+from primitives import (
+    ConfigError,
+    ExtractSpec,
+    JsonlEventLog,
+    LanefoldError,
+    RunState,
+    apply,
+    loop_names,
+    resolve_loop,
+)
+from primitives.events import AnyEvent
 
 __all__ = ("main",)
 
@@ -71,6 +81,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     common(p)
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("reduce", help="reduce a finished run's lanes again, without sampling")
+    p.add_argument("run_id")
+    p.add_argument("--reducer", required=True, help="a registered reducer (majority_vote, "
+                   "judge_argmax, weighted_vote, usc, any_pass) or module:Class")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--extract-regex", metavar="RE", help="read answers with this regex")
+    how.add_argument("--extract", metavar="METHOD",
+                     help="read answers with this method (regex, last_number, boxed, json_field)")
+    common(p)
+    p.add_argument("--json", action="store_true", help="print the new result as JSON")
 
     p = sub.add_parser("validate", help="check a loop config file")
     p.add_argument("config")
@@ -235,20 +256,58 @@ class _RunId:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     _on_path(args.config)
+    check_question(args.question)
+    session = Session(args.config, runs_dir=args.runs_dir)  # a bad config stops here
+    if args.run_id is not None:
+        session.store.check_id(args.run_id)
     with _live(args.json) as observer:
         seen = _RunId(observer, args.run_id)
-        result = _interruptible(lambda reason: _run(
-            args.config, args.question, runs_dir=args.runs_dir, run_id=args.run_id, observer=seen,
-            stop_reason=reason), lambda: seen.value)
+
+        async def go(reason: Callable[[], str]) -> RunResult:
+            async with session:
+                return await session.run(args.question, run_id=args.run_id, observer=seen,
+                                         stop_reason=reason)
+
+        result = _interruptible(go, lambda: seen.value)
     return _emit_result(result, args.json)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     with _live(args.json, lambda: RunStore(args.runs_dir).read_state(args.run_id)) as observer:
-        result = _interruptible(lambda reason: _resume(
-            args.run_id, runs_dir=args.runs_dir, observer=observer, stop_reason=reason),
-            lambda: args.run_id)
+
+        async def go(reason: Callable[[], str]) -> RunResult:
+            async with Session(runs_dir=args.runs_dir) as session:
+                return await session.resume(args.run_id, observer=observer, stop_reason=reason)
+
+        result = _interruptible(go, lambda: args.run_id)
     return _emit_result(result, args.json)
+
+
+def _cmd_reduce(args: argparse.Namespace) -> int:
+    extract = None
+    if args.extract_regex is not None:
+        extract = _extract_spec({"method": "regex", "regex": args.extract_regex})
+    elif args.extract is not None:
+        extract = _extract_spec({"method": args.extract})
+
+    async def go(reason: Callable[[], str]) -> RunResult:
+        async with Session(runs_dir=args.runs_dir) as session:
+            return await session.reduce(args.run_id, reducer=args.reducer, extract=extract,
+                                        stop_reason=reason)
+
+    result = _interruptible(go, lambda: args.run_id)
+    return _emit_result(result, args.json)
+
+
+def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:
+    from pydantic import ValidationError
+
+    try:
+        return ExtractSpec.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = "--extract-regex" if "regex" in raw and raw.get("method") == "regex" else "--extract"
+        raise ConfigError(f"{where}: {error['msg']}") from None
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
@@ -287,8 +346,17 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     store = RunStore(args.runs_dir)
     _, state, _ = store.read(args.run_id)
+    reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:
-        return _emit_result(RunResult.model_validate(state.result), args.json)
+        result = RunResult.model_validate(state.result)
+        if args.json:
+            print(json.dumps({**result.model_dump(mode="json"), "reductions": reductions}))
+        else:
+            summary(result)
+            for data in reductions[1:]:
+                print(f"reduction {data['reduction']}: {data['reducer']} -> "
+                      f"{data['winner']!r} (lane {data['winner_lane']})")
+        return EXIT_NO_ANSWER if result.status == "no_answer" else 0
     status = ("failed" if state.failure else "interrupted" if state.interrupted
               else "unfinished")
     partial: dict[str, Any] = {
@@ -299,7 +367,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         "lanes_in_flight": len(state.in_flight()),
         "lanes_interrupted": sum(1 for w in state.waves.values() for s in w.lanes.values()
                                  if s.status == "interrupted"),
-        "events": str(store.events_path(args.run_id))}
+        "events": str(store.events_path(args.run_id)), "reductions": reductions}
     print(json.dumps(partial) if args.json else
           "\n".join(f"{key}: {value}" for key, value in partial.items()))
     return 0
@@ -309,8 +377,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     _on_path(args.config)
     config = load_config(args.config)
     preflight(config, args.config)
-    print(f"{args.config}: ok ({config.loop.coordinator}, k={config.loop.k}, "
-          f"backend={config.backend.kind}, reducer={config.loop.reducer})")
+    keys = ", ".join(f"{key}={value}" for key, value in
+                     config.loop_params.model_dump(mode="json").items()
+                     if key in ("k", "reducer", "rule", "steps", "agents", "rounds"))
+    print(f"{args.config}: ok ({config.loop.coordinator}"
+          f"{', ' + keys if keys else ''}, backend={config.backend.kind})")
     return 0
 
 
@@ -323,13 +394,32 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(LoopConfig.model_json_schema(), indent=2))
+    print(json.dumps(config_schema(), indent=2))
     return 0
+
+
+def config_schema() -> dict[str, Any]:
+    """The config's JSON Schema, `[loop]` one of each registered loop's keys."""
+    schema = LoopConfig.model_json_schema()
+    defs = schema.setdefault("$defs", {})
+    shared = defs.get("LoopSection", {})
+    variants = []
+    for name in loop_names():
+        params = resolve_loop(name).Params.model_json_schema()
+        defs.update(params.pop("$defs", {}))
+        properties = {**shared.get("properties", {}), **params.get("properties", {})}
+        properties["coordinator"] = {"const": name, "default": "parallel_sample"}
+        variants.append({"title": f"[loop] of {name}", "type": "object",
+                         "properties": properties, "additionalProperties": False})
+    defs["LoopSection"] = {"title": "LoopSection", "description": shared.get("description", ""),
+                           "oneOf": variants}
+    return schema
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run, "resume": _cmd_resume, "tail": _cmd_tail, "show": _cmd_show,
     "validate": _cmd_validate, "schema": _cmd_schema, "serve": _cmd_serve,
+    "reduce": _cmd_reduce,
 }
 
 if __name__ == "__main__":  # pragma: no cover

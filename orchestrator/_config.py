@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import functools
 import json
 import math
 import tomllib
@@ -10,16 +10,36 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from backends.engine import EngineConfig
-from backends.engine._config import resolve_model_path
+import coordinators  # noqa: F401  # registers the built-in loops and reducers
+from backends.engine import EngineConfig, resolve_model_path
 from backends.openai import OpenAIConfig
 from backends.simulated import SimulatedConfig
-from primitives import ConfigError, ExtractSpec, Limits, Pricing, hash_config
+from primitives import (
+    ConfigError,
+    ExtractSpec,
+    JudgeSettings,
+    Limits,
+    Pricing,
+    SamplingParams,
+    compile_score_regex,
+    hash_config,
+    import_verifier,
+    resolve_loop,
+    resolve_reducer,
+)
 
 if TYPE_CHECKING:
-    from coordinators import Verifier
     from primitives import RunState
 
 __all__ = (
@@ -27,7 +47,6 @@ __all__ = (
     "BackendConfig",
     "LoopConfig",
     "config_hash",
-    "import_verifier",
     "load_backend_config",
     "load_config",
     "parse_config",
@@ -45,17 +64,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class LoopSection(_Section):
-    """`[loop]`: which coordinator, how many lanes, how many at once, the seed, the reducer."""
+class LoopSection(BaseModel):
+    """`[loop]`: the keys every loop shares (which coordinator, the seed, how many lanes at
+    once, the per-request timeout); every other key is the chosen loop's, validated by its
+    `Params` (and filled with its defaults, so a recorded config is whole)."""
 
-    coordinator: Literal["parallel_sample"] = "parallel_sample"
-    k: int = Field(8, ge=1, le=100_000)
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    coordinator: str = Field("parallel_sample",
+                             description="a registered loop's name, or 'module:Class'")
     max_concurrency: int = Field(16, ge=1)
     seed: int = 0
-    reducer: Literal["majority_vote", "judge_argmax"] = "majority_vote"
-    min_quorum: int = Field(1, ge=1)
-    tie_break: Literal["first_lane", "lexicographic", "random"] = "first_lane"
-    weighting: Literal["none", "mean_logprob"] = "none"
     timeout_s: float | None = Field(None, gt=0, description="per backend request")
 
 
@@ -93,13 +112,31 @@ class SamplingSection(_Section):
 
 
 class JudgeSection(_Section):
-    """`[judge]`: for `reducer = "judge_argmax"`: an LLM judge template or a Python verifier."""
+    """`[judge]`: what judging reducers use: an LLM judge (template, its sampling, its
+    backend), a verifier (`module:function` or a command), usc's template."""
 
     template: str | None = None
     verifier: str | None = Field(None, description="module:function returning a score")
+    verifier_command: list[str] | None = Field(
+        None, min_length=1, description="the candidate on stdin; exit 0 passes; a number on "
+        "stdout is the score")
+    verifier_timeout_s: float = Field(30.0, gt=0)
     backend: BackendConfig | None = None
     temperature: float = Field(0.0, ge=0, le=5)
     max_tokens: int = Field(64, ge=1)
+    stop: list[str] = []
+    score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
+    usc_template: str | None = Field(None, description="usc's prompt: {question}, {candidates}")
+
+    @field_validator("score_regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                compile_score_regex(value)
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("judge.score_regex: ")) from None
+        return value
 
     @field_validator("template")
     @classmethod
@@ -137,21 +174,77 @@ class LoopConfig(_Section):
     judge: JudgeSection = JudgeSection()
     log: LogSection = LogSection()
 
+    _loop_params: BaseModel | None = PrivateAttr(None)
+
     @model_validator(mode="after")
     def _consistent(self) -> LoopConfig:
-        if self.loop.min_quorum > self.loop.k:
-            raise ValueError(f"loop.min_quorum: {self.loop.min_quorum} is more than loop.k "
-                             f"({self.loop.k})")
-        if (self.loop.reducer == "judge_argmax" and self.judge.template is None
-                and self.judge.verifier is None):
-            raise ValueError("judge: reducer judge_argmax needs judge.template or judge.verifier")
-        ignored = sorted(key for key in self.judge.model_fields_set
-                         if getattr(self.judge, key) != JudgeSection.model_fields[key].default)
-        if self.loop.reducer != "judge_argmax" and ignored:
-            key = ignored[0]
-            raise ValueError(f"judge.{key}: the {self.loop.reducer} reducer ignores [judge]; "
-                             f"set loop.reducer = \"judge_argmax\" or remove it")
+        params = self.loop_params
+        reducer = getattr(params, "reducer", None)
+        if isinstance(reducer, str):
+            _check_judge(self.judge, reducer)
         return self
+
+    @property
+    def loop_params(self) -> BaseModel:
+        """The chosen loop's validated `Params` (its `[loop]` keys)."""
+        if self._loop_params is None:
+            self._loop_params = _loop_params(self.loop)
+        return self._loop_params
+
+    def loop_class(self) -> type[Any]:
+        return resolve_loop(self.loop.coordinator)
+
+    def judge_settings(self) -> JudgeSettings:
+        j = self.judge
+        return JudgeSettings(
+            template=j.template, params=SamplingParams(temperature=j.temperature,
+                                                       max_tokens=j.max_tokens, stop=tuple(j.stop)),
+            score_regex=j.score_regex, usc_template=j.usc_template)
+
+    def sampling_params(self) -> SamplingParams:
+        s = self.sampling
+        return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_tokens, tuple(s.stop),
+                              s.logprobs)
+
+
+_SHARED_LOOP_KEYS = frozenset(LoopSection.model_fields)
+
+
+def _loop_params(section: LoopSection) -> BaseModel:
+    """Validate the loop's own `[loop]` keys with its Params; fill in its defaults."""
+    try:
+        cls = resolve_loop(section.coordinator)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    extra = dict(section.__pydantic_extra__ or {})
+    try:
+        params: BaseModel = cls.Params.model_validate_json(json.dumps(extra), strict=True)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        if error["type"] == "value_error" and not where:
+            where, _, message = str(error["ctx"]["error"]).partition(": ")
+            where = where.removeprefix("loop.")
+        raise ValueError(f"loop.{where}: {message}") from None
+    # The recorded config is whole: the loop's defaults are written out as its keys.
+    if section.__pydantic_extra__ is not None:
+        section.__pydantic_extra__.update(params.model_dump(mode="json"))
+    return params
+
+
+def _check_judge(judge: JudgeSection, reducer: str) -> None:
+    """A reducer that needs a judge has one; [judge] keys no reducer reads are refused."""
+    cls = resolve_reducer(reducer)
+    keys: frozenset[str] | None = getattr(cls, "judge_keys", None)
+    if keys is None:
+        return
+    ignored = sorted(key for key in judge.model_fields_set - keys
+                     if getattr(judge, key) != JudgeSection.model_fields[key].default)
+    if ignored:
+        key = ignored[0]
+        raise ValueError(f"judge.{key}: the {reducer} reducer ignores it; set loop.reducer = "
+                         f"\"judge_argmax\" or remove it")
 
 
 def parse_config(raw: dict[str, Any], *, source: str = "<config>") -> LoopConfig:
@@ -166,21 +259,47 @@ def parse_config(raw: dict[str, Any], *, source: str = "<config>") -> LoopConfig
         document = json.dumps(raw, default=str)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: (top level): {exc}") from None
+    loop = raw.get("loop")
+    if isinstance(loop, dict):  # the shared keys and the loop's own, in one pass
+        coordinator = loop.get("coordinator", "parallel_sample")
+        if isinstance(coordinator, str):
+            try:
+                loop_class: Any = resolve_loop(coordinator)
+                section = _section_model(loop_class)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {exc}") from None
+            try:
+                section.model_validate_json(json.dumps(loop, default=str), strict=True)
+            except ValidationError as exc:
+                raise ConfigError(f"{source}: {_describe(exc, 'loop')}") from None
     try:
         return LoopConfig.model_validate_json(document, strict=True)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(_location(error["loc"]))
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            where += ".kind"
-        if error["type"] == "value_error" and not where:
-            # A check across sections names its own field: "loop.min_quorum: ...".
-            where, _, message = str(error["ctx"]["error"]).partition(": ")
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"{source}: {where or '(top level)'}: {message}{more}") from None
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError, prefix: str = "") -> str:
+    """`where: what (and N more)` for the first error of a validation."""
+    error = exc.errors()[0]
+    where = ".".join([prefix] * bool(prefix) + _location(error["loc"]))
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        where += ".kind"
+    if error["type"] == "value_error" and where in ("", prefix):
+        # A check across fields names its own field: "loop.min_quorum: ...".
+        where, _, message = str(error["ctx"]["error"]).partition(": ")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where or '(top level)'}: {message}{more}"
+
+
+@functools.cache
+def _section_model(loop: Any) -> type[BaseModel]:
+    """`[loop]` as one model for `loop`: its Params' keys, then the shared ones."""
+    shared: dict[str, Any] = {name: (field.annotation, field)
+                              for name, field in LoopSection.model_fields.items()}
+    return create_model(f"{loop.__name__}Section", __base__=loop.Params, **shared)
 
 
 def _non_finite(value: object, where: str = "") -> str | None:
@@ -245,9 +364,22 @@ def _read(path: Path) -> dict[str, Any]:
     return raw
 
 
-def preflight(config: LoopConfig, source: str = "<config>") -> None:
-    """What validation alone cannot see, checked before a run is created: the verifier
+def preflight(config: LoopConfig, source: str = "<config>", *,
+              verifier_given: bool = False) -> None:
+    """What validation alone cannot see, checked before a run is created: a reducer that
+    needs a judge has one (`verifier_given`: the caller passes a verifier), the verifier
     imports, and each engine model exists."""
+    reducer = getattr(config.loop_params, "reducer", None)
+    if isinstance(reducer, str):
+        cls = resolve_reducer(reducer)
+        j = config.judge
+        has_verifier = verifier_given or j.verifier is not None or j.verifier_command is not None
+        if getattr(cls, "needs_verifier", False) and not has_verifier:
+            raise ConfigError(f"{source}: judge.verifier: reducer {reducer} needs a verifier "
+                              f"(judge.verifier or judge.verifier_command)")
+        if getattr(cls, "needs_judge", False) and j.template is None and not has_verifier:
+            raise ConfigError(f"{source}: judge.template: reducer {reducer} needs "
+                              f"judge.template, judge.verifier or judge.verifier_command")
     if config.judge.verifier is not None:
         try:
             import_verifier(config.judge.verifier)
@@ -259,19 +391,6 @@ def preflight(config: LoopConfig, source: str = "<config>") -> None:
                 resolve_model_path(backend.model)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: {where}.model: {exc}") from None
-
-
-def import_verifier(spec: str) -> Verifier:
-    """The callable a `module:function` verifier names."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        target: Any = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # a user's module may fail to import in any way
-        raise ConfigError(f"judge.verifier: cannot import {spec!r}: "
-                          f"{type(exc).__name__}: {exc}") from None
-    if not callable(target):
-        raise ConfigError(f"judge.verifier: {spec!r} is not callable")
-    return target  # type: ignore[no-any-return]
 
 
 def recorded_config(state: RunState, source: str) -> LoopConfig:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from orchestrator._result import RunResult
 from primitives import RunState
-from primitives._events import AnyEvent
+from primitives.events import AnyEvent
 
 __all__ = ("Progress", "describe", "summary", "tally")
 
@@ -77,15 +77,20 @@ def _gist(event: AnyEvent) -> str:
             shown = (tally(d.votes) if d.votes else  # type: ignore[union-attr]
                      _scores(d.scores) if d.scores else  # type: ignore[union-attr]
                      "no scores" if d.reducer == "judge_argmax" else "no votes")  # type: ignore[union-attr]
-            return f"{d.reducer} winner={d.winner!r} lane={d.winner_lane} {shown} tie_break={d.tie_break}"  # type: ignore[union-attr]
+            number = f"#{d.reduction} " if d.reduction != 1 else ""  # type: ignore[union-attr]
+            return (f"{number}{d.reducer} winner={d.winner!r} lane={d.winner_lane} "  # type: ignore[union-attr]
+                    f"{shown} tie_break={d.tie_break}")  # type: ignore[union-attr]
+        case "reduce.started":
+            return f"reduction #{d.reduction} by {d.reducer} of wave {d.candidates_wave}"  # type: ignore[union-attr]
         case "run.completed":
             r = d.result  # type: ignore[union-attr]
             return (f"{r.get('status', 'answered')} answer={r.get('answer')!r} "
                     f"cost=${r.get('cost', {}).get('total', 0):.6f}")
         case "run.failed":
             return f"{d.error}: {d.message} (exit {d.exit_code})"  # type: ignore[union-attr]
-        case _:
-            return json.dumps(event.model_dump(mode="json", by_alias=True)["data"])
+        case _:  # a loop's own event, or one this version does not know: its data, shortened
+            text = json.dumps(event.model_dump(mode="json", by_alias=True)["data"])
+            return text if len(text) <= 160 else text[:159] + "…"
 
 
 def _scores(scores: dict[int, float | None]) -> str:

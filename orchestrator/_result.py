@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from coordinators import LoopOutcome
-from primitives import RunState, Spend
+from primitives import Outcome, RunState, Spend
 
 __all__ = ("CostBreakdown", "LaneResult", "RunResult", "UsageBreakdown", "result_from_state")
-
-SAMPLE_WAVE = 1
 
 
 class UsageBreakdown(BaseModel):
@@ -62,6 +60,7 @@ class LaneResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     lane: int
+    wave: int = 1
     status: str  # completed, failed, interrupted, pending
     answer: str | None
     score: float | None
@@ -75,6 +74,9 @@ class RunResult(BaseModel):
 
     `status` is "answered", or "no_answer" when no lane gave an extractable answer or no
     candidate got a score (then `answer` is None and `reason` says why; the CLI exits 4).
+    `reducer`, `votes`, `scores` and `tie_break` are the reduction's, where a reducer decided;
+    `outcome` is the loop's own detail; `lanes` are the lanes priced as samples, every wave's.
+    `index` is the question's position, in results from `Session.run_many`.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -86,10 +88,10 @@ class RunResult(BaseModel):
     answer: str | None
     winner_lane: int | None
     winner_text: str | None = None
-    reducer: str
-    votes: dict[str, float]
-    scores: dict[int, float | None]
-    tie_break: str
+    reducer: str = ""
+    votes: dict[str, float] = {}
+    scores: dict[int, float | None] = {}
+    tie_break: str = "none"
     agreement: float | None = None
     margin: float | None = None
     lanes_completed: int
@@ -100,25 +102,42 @@ class RunResult(BaseModel):
     elapsed_s: float
     resumes: int
     events: str | None
+    outcome: dict[str, Any] = {}
+    index: int | None = Field(None, exclude_if=lambda v: v is None)
 
 
-def result_from_state(state: RunState, outcome: LoopOutcome, spend: Spend, elapsed_s: float,
-                      events: str | None) -> RunResult:
+def result_from_state(state: RunState, outcome: Outcome, spend: Spend, elapsed_s: float,
+                      events: str | None, *, coordinator: str | None = None) -> RunResult:
     """Assemble the result from the loop's outcome and the ledger's bill."""
-    wave = state.waves.get(SAMPLE_WAVE)
-    lanes = [] if wave is None else [
+    waves = [w for _, w in sorted(state.waves.items()) if w.info.bill == "sample"]
+    lanes = [
         LaneResult.model_construct(  # our own values: thousands of lanes skip re-validation
-            lane=s.lane, status=s.status, answer=s.answer, score=outcome.scores.get(s.lane),
-            finish_reason=s.finish_reason,
+            lane=s.lane, wave=w.wave, status=s.status, answer=s.answer,
+            score=_score(outcome, w.wave, s.lane), finish_reason=s.finish_reason,
             tokens=s.usage.output_tokens if s.status == "completed" and s.usage else 0,
             attempts=s.attempts)
-        for _, s in sorted(wave.lanes.items())]
+        for w in waves for _, s in sorted(w.lanes.items())]
+    reduction = outcome.reduction
     return RunResult(
-        run_id=state.run_id or "", status=outcome.status, reason=outcome.reason,
+        run_id=state.run_id or "", status="answered" if outcome.answered else "no_answer",
+        reason=None if outcome.answered else outcome.reason or "the loop gave no answer",
         question=state.started.question if state.started else "",
         answer=outcome.answer, winner_lane=outcome.winner_lane, winner_text=outcome.winner_text,
-        reducer=outcome.reducer, votes=outcome.votes, scores=outcome.scores,
-        tie_break=outcome.tie_break, agreement=outcome.agreement, margin=outcome.margin,
-        lanes_completed=outcome.lanes_completed, lanes_failed=outcome.lanes_failed, lanes=lanes,
+        reducer=reduction.reducer if reduction else coordinator or (
+            state.started.coordinator if state.started else ""),
+        votes=dict(reduction.votes) if reduction else {},
+        scores=dict(reduction.scores) if reduction else {},
+        tie_break=reduction.tie_break if reduction else "none",
+        agreement=outcome.agreement, margin=outcome.margin,
+        lanes_completed=sum(len(w.completed()) for w in waves),
+        lanes_failed=sum(len(w.failed()) for w in waves), lanes=lanes,
         usage=UsageBreakdown.of(spend), cost=CostBreakdown.of(spend),
-        elapsed_s=round(elapsed_s, 6), resumes=state.resumes, events=events)
+        elapsed_s=round(elapsed_s, 6), resumes=state.resumes, events=events,
+        outcome=json.loads(json.dumps(dict(outcome.detail), default=str)))
+
+
+def _score(outcome: Outcome, wave: int, lane: int) -> float | None:
+    reduction = outcome.reduction
+    if reduction is None or reduction.wave not in (None, wave):
+        return None
+    return reduction.scores.get(lane)

@@ -6,7 +6,7 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
-from coordinators import audit
+from coordinators import ParallelSampleParams, audit
 from orchestrator._config import LoopConfig, recorded_config
 from primitives import (
     AnyEvent,
@@ -35,8 +35,11 @@ def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunSt
         raise ConfigError(f"{source}: the log has no run.started event")
     config = recorded_config(head, source)
     state = fold(events, config.pricing, source=source, run_id=run_id)
-    wrong = audit(state, extract=config.extract, tie_break=config.loop.tie_break,
-                  weighting=config.loop.weighting, seed=config.loop.seed)
+    wrong = None
+    params = config.loop_params
+    if isinstance(params, ParallelSampleParams) and params.weighting != "verifier":
+        wrong = audit(state, extract=config.extract, tie_break=params.tie_break,
+                      weighting=params.weighting, seed=config.loop.seed)
     if wrong is not None:
         raise LogCorruptError(source, *wrong)
     return state, config

@@ -1,7 +1,9 @@
 """The governed substrate shared by every loop. Imports no other package of ours.
 
-Events and event logs, the budget ledger, the dispatch path and its barrier, the run-state
-fold, the Backend seam, and the pure answer/vote/judge functions.
+Events (the public `primitives.events`) and event logs, the budget ledger, the dispatch path
+and its barrier, the run-state fold, the Backend seam, the loop seam (`Loop`, `LoopContext`,
+`Outcome`, `Reducer`, `Verifier` and their registries), and the pure answer/vote/judge
+functions.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from primitives._backend import (
     sample_all,
 )
 from primitives._budget import Hold, Ledger, Limits, Pricing, Spend, cost_of
+from primitives._context import RunBudget, RunContext, wave_fingerprint
 from primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
 from primitives._errors import (
     AuthenticationError,
@@ -34,6 +37,7 @@ from primitives._errors import (
     LanefoldError,
     LogCorruptError,
     LogWriteError,
+    NonDeterminismError,
     QuorumNotMetError,
     RateLimitError,
     RequestRejectedError,
@@ -51,19 +55,48 @@ from primitives._eventlog import (
     TornTail,
     validate_run_id,
 )
-from primitives._events import AnyEvent, Event, hash_config, parse_event
 from primitives._judge import (
     JudgeResult,
     JudgeTieBreak,
+    compile_score_regex,
     judge_argmax,
     parse_score,
     render_judge_prompt,
     render_prompt,
 )
 from primitives._logging import get_logger
+from primitives._loop import (
+    Budget,
+    JudgeSettings,
+    Lane,
+    Loop,
+    LoopContext,
+    Outcome,
+    ReduceOptions,
+    Reducer,
+    Reduction,
+    Remaining,
+)
 from primitives._record import Recorder
+from primitives._registry import (
+    loop_names,
+    reducer_names,
+    register_loop,
+    register_reducer,
+    resolve_loop,
+    resolve_reducer,
+)
 from primitives._state import LaneState, RunState, WaveState, apply, fold
+from primitives._verifier import (
+    CallableVerifier,
+    CommandVerifier,
+    Verdict,
+    Verifier,
+    as_verifier,
+    import_verifier,
+)
 from primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_weight, vote_fold
+from primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
     "AnyEvent",
@@ -73,7 +106,10 @@ __all__ = (
     "BackendTimeoutError",
     "BadResponseError",
     "Ballot",
+    "Budget",
     "BudgetExhaustedError",
+    "CallableVerifier",
+    "CommandVerifier",
     "ConfigError",
     "ContextLengthError",
     "Dispatcher",
@@ -85,7 +121,9 @@ __all__ = (
     "Hold",
     "JsonlEventLog",
     "JudgeResult",
+    "JudgeSettings",
     "JudgeTieBreak",
+    "Lane",
     "LaneFailure",
     "LaneJob",
     "LaneOutcome",
@@ -96,13 +134,23 @@ __all__ = (
     "Limits",
     "LogCorruptError",
     "LogWriteError",
+    "Loop",
+    "LoopContext",
     "MemoryEventLog",
+    "NonDeterminismError",
+    "Outcome",
     "Pricing",
     "QuorumNotMetError",
     "RateLimitError",
     "Recorder",
+    "ReduceOptions",
+    "Reducer",
+    "Reduction",
+    "Remaining",
     "RequestRejectedError",
     "RetryPolicy",
+    "RunBudget",
+    "RunContext",
     "RunError",
     "RunInUseError",
     "RunLock",
@@ -117,26 +165,38 @@ __all__ = (
     "TextDelta",
     "TornTail",
     "Usage",
+    "Verdict",
+    "Verifier",
     "VoteResult",
     "VoteTieBreak",
     "WaveSpec",
     "WaveState",
     "apply",
+    "as_verifier",
     "closing",
+    "compile_score_regex",
     "cost_of",
     "extract_answer",
     "fold",
     "get_logger",
     "hash_config",
+    "import_verifier",
     "judge_argmax",
     "lane_seed",
     "logprob_weight",
+    "loop_names",
     "normalize_answer",
     "parse_event",
     "parse_score",
+    "reducer_names",
+    "register_loop",
+    "register_reducer",
     "render_judge_prompt",
     "render_prompt",
+    "resolve_loop",
+    "resolve_reducer",
     "sample_all",
     "validate_run_id",
     "vote_fold",
+    "wave_fingerprint",
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from primitives._errors import BackendError, BadResponseError
 
@@ -28,9 +28,6 @@ __all__ = (
     "closing",
     "sample_all",
 )
-
-Purpose = Literal["sample", "judge"]
-
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -67,7 +64,7 @@ class SampleRequest:
     params: SamplingParams
     lanes: tuple[LaneRequest, ...]
     share_prefix: bool = True
-    purpose: Purpose = "sample"
+    purpose: str = "sample"  # what the loop calls the wave ("sample", "judge", ...)
     wave: int = 0
 
 

@@ -8,9 +8,9 @@ else a quorum error.
 from __future__ import annotations
 
 from primitives._errors import BudgetExhaustedError, QuorumNotMetError
-from primitives._events import BudgetExhausted, BudgetExhaustedData, WaveBarrier, WaveBarrierData
 from primitives._record import Recorder
 from primitives._state import WaveState
+from primitives.events import BudgetExhausted, BudgetExhaustedData, WaveBarrier, WaveBarrierData
 
 __all__ = ("close_wave",)
 

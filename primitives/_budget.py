@@ -22,7 +22,7 @@ from primitives._backend import Usage
 
 __all__ = ("Hold", "Ledger", "Limits", "Overrun", "Pricing", "Spend", "WaveFit")
 
-Purpose = Literal["sample", "judge"]
+Bill = Literal["sample", "verifier"]  # the line a lane is priced on
 
 
 class Limits(BaseModel):
@@ -92,13 +92,13 @@ class Spend:
         self.cut_off_usd += hold.cost_usd
         self.requests += hold.requests
 
-    def add(self, usage: Usage, purpose: Purpose, pricing: Pricing, requests: int = 0) -> None:
+    def add(self, usage: Usage, bill: Bill, pricing: Pricing, requests: int = 0) -> None:
         """Add one lane's usage, priced line by line."""
         per = 1e-6
         self.requests += requests
         self.kv_token_seconds += usage.kv_token_seconds
         self.kv_residency_usd += usage.kv_token_seconds * pricing.kv_per_mtok_s * per
-        if purpose == "judge":
+        if bill == "verifier":
             self.verifier_tokens += usage.input_tokens + usage.output_tokens
             self.cached_prefill_tokens += usage.cached_input_tokens
             if pricing.verifier_per_mtok is not None:
@@ -121,10 +121,10 @@ def _priced(usage: Usage, pricing: Pricing) -> float:
                    + usage.output_tokens * pricing.output_per_mtok)
 
 
-def cost_of(usage: Usage, purpose: Purpose, pricing: Pricing) -> float:
+def cost_of(usage: Usage, bill: Bill, pricing: Pricing) -> float:
     """USD for one lane's usage under `pricing`."""
     spend = Spend()
-    spend.add(usage, purpose, pricing)
+    spend.add(usage, bill, pricing)
     return spend.cost_usd
 
 
@@ -135,11 +135,11 @@ class Hold:
     usage: Usage
     cost_usd: float
     requests: int
-    purpose: Purpose
+    bill: Bill
 
     @property
     def tokens(self) -> int:
-        if self.purpose == "judge":
+        if self.bill == "verifier":
             return self.usage.input_tokens + self.usage.output_tokens
         return self.usage.computed_tokens
 
@@ -185,7 +185,7 @@ class Ledger:
     # -- worst cases ----------------------------------------------------------------------------
 
     def holds_for_request(self, prompt_tokens: int, max_tokens: Sequence[int], *,
-                          share_prefix: bool, purpose: Purpose) -> list[Hold]:
+                          share_prefix: bool, bill: Bill) -> list[Hold]:
         """Per-lane worst cases for one backend request of len(max_tokens) lanes.
 
         With a shared prefix the first lane carries the prompt as prefill and the others as
@@ -197,7 +197,7 @@ class Ledger:
                 usage = Usage(0, prompt_tokens, lane_max)
             else:
                 usage = Usage(prompt_tokens, 0, lane_max)
-            holds.append(Hold(usage, cost_of(usage, purpose, self.pricing), int(i == 0), purpose))
+            holds.append(Hold(usage, cost_of(usage, bill, self.pricing), int(i == 0), bill))
         return holds
 
     def fit(self, holds: Sequence[Hold]) -> WaveFit:
@@ -256,7 +256,7 @@ class Ledger:
         """Replace a hold by what the lane actually spent; report any overrun of the hold."""
         self.release(hold)
         before_tokens, before_cost = self.spent.tokens, self.spent.cost_usd
-        self.spent.add(actual, hold.purpose, self.pricing,
+        self.spent.add(actual, hold.bill, self.pricing,
                        hold.requests if requests is None else requests)
         overruns = []
         used_tokens = self.spent.tokens - before_tokens

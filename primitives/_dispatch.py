@@ -16,7 +16,6 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import anyio
 import structlog
@@ -38,9 +37,14 @@ from primitives._errors import (
     BadResponseError,
     BudgetExhaustedError,
 )
-from primitives._events import (
+from primitives._logging import get_logger
+from primitives._record import Recorder
+from primitives._retry import Backoff, LaneSlots, RetryLanes, RetryPolicy
+from primitives._state import LaneState, WaveState
+from primitives.events import (
     BackendNoted,
     BackendNotedData,
+    Bill,
     BudgetExhausted,
     BudgetExhaustedData,
     BudgetOverrun,
@@ -57,15 +61,11 @@ from primitives._events import (
     UsageData,
     WaveStarted,
     WaveStartedData,
+    bill_of,
 )
-from primitives._logging import get_logger
-from primitives._record import Recorder
-from primitives._retry import Backoff, LaneSlots, RetryLanes, RetryPolicy
-from primitives._state import LaneState, WaveState
 
 __all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "lane_seed")
 
-Purpose = Literal["sample", "judge"]
 # A backend that cannot count tokens gets a conservative estimate: a byte-level BPE token is
 # at least one byte, plus room for the chat template the server wraps around the prompt.
 _TEMPLATE_MARGIN = 32
@@ -88,12 +88,18 @@ class WaveSpec:
     """One wave: its lanes (each with its prompt), sampling settings and quorum."""
 
     wave: int
-    purpose: Purpose
+    purpose: str  # what the loop calls it: "sample", "judge", "critique", ...
     jobs: tuple[LaneJob, ...]
     params: SamplingParams
     min_quorum: int = 1
     share_prefix: bool = True
     annotate: Callable[[Sample], str | None] | None = None  # e.g. answer extraction
+    bill: Bill | None = None  # the bill line; by default judges are verifier passes
+    fingerprint: str | None = None  # recorded in wave.started, checked on resume
+
+    def __post_init__(self) -> None:
+        if self.bill is None:
+            object.__setattr__(self, "bill", bill_of(self.purpose))
 
 
 @dataclass(slots=True)
@@ -196,7 +202,8 @@ class Dispatcher:
             purpose=spec.purpose, k=sum(len(g.jobs) for g in groups), k_requested=len(spec.jobs),
             lane_max_tokens=spec.params.max_tokens,
             prompt_tokens=groups[0].prompt_tokens if groups else None,
-            share_prefix=self._shared(spec),
+            share_prefix=self._shared(spec), bill=spec.bill or "sample",
+            fingerprint=spec.fingerprint,
             reservation=ReservationData(
                 tokens=sum(h.tokens for h in kept), cost_usd=math.fsum(h.cost_usd for h in kept),
                 requests=sum(h.requests for h in kept)),
@@ -218,7 +225,7 @@ class Dispatcher:
             by_prompt.setdefault(job.prompt, []).append(job)
         groups: list[_Group] = []
         for prompt, lanes in by_prompt.items():
-            tokens = self._prompt_tokens(prompt)
+            tokens = self.prompt_tokens(prompt)
             for start in range(0, len(lanes), size):
                 groups.append(_Group(len(groups), prompt, tokens, lanes[start:start + size]))
         return groups
@@ -227,7 +234,9 @@ class Dispatcher:
         """Lanes of one request share the prefill only where both loop and backend say so."""
         return spec.share_prefix and self.backend.shares_prefix
 
-    def _prompt_tokens(self, prompt: str) -> int:
+    def prompt_tokens(self, prompt: str) -> int:
+        """The prompt's token count as the ledger reserves it (a conservative guess where the
+        backend cannot count)."""
         tokens = self._token_cache.get(prompt)
         if tokens is None:
             counted = self.backend.count_prompt_tokens(prompt)
@@ -239,7 +248,7 @@ class Dispatcher:
     def _holds(self, spec: WaveSpec, group: _Group, n: int) -> list[Hold]:
         return self.ledger.holds_for_request(
             group.prompt_tokens, [spec.params.max_tokens] * n,
-            share_prefix=self._shared(spec), purpose=spec.purpose)
+            share_prefix=self._shared(spec), bill=spec.bill or "sample")
 
     # -- one request's lanes, with retries --------------------------------------------------------
 
@@ -441,4 +450,4 @@ def _done(lane: LaneState | None) -> bool:
 
 
 def _cost(ledger: Ledger, usage: Usage, hold: Hold) -> float:
-    return cost_of(usage, hold.purpose, ledger.pricing)
+    return cost_of(usage, hold.bill, ledger.pricing)

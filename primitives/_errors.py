@@ -3,7 +3,8 @@
     LanefoldError
     ├── ConfigError                 misuse: bad config, bad call, bad input (exit 2)
     │   ├── RunNotFoundError        resume/show of a run id with no log
-    │   └── RunInUseError           another process is writing the run (exit 2)
+    │   ├── RunInUseError           another process is writing the run (exit 2)
+    │   └── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     └── RunError                    run-time failure of a run (exit 1)
         ├── LogWriteError           the log could not be written mid-run (disk full, I/O error)
@@ -37,6 +38,7 @@ __all__ = (
     "LanefoldError",
     "LogCorruptError",
     "LogWriteError",
+    "NonDeterminismError",
     "QuorumNotMetError",
     "RateLimitError",
     "RequestRejectedError",
@@ -71,6 +73,11 @@ class RunInUseError(ConfigError):
         super().__init__(f"run {run_id} is being written by another process{who}")
         self.run_id = run_id
         self.pid = pid
+
+
+class NonDeterminismError(ConfigError):
+    """A resumed loop asked for a wave whose spec differs from the one its log recorded: the
+    loop or its config changed since the crash. Refused rather than mixing two runs in one."""
 
 
 class LogCorruptError(LanefoldError):

@@ -26,7 +26,7 @@ from primitives._errors import (
     RunInUseError,
     RunNotFoundError,
 )
-from primitives._events import AnyEvent, Event, parse_event
+from primitives.events import AnyEvent, Event, parse_event
 
 __all__ = (
     "EventLog",

@@ -12,8 +12,8 @@ from typing import Any, TypeVar, cast
 
 from primitives._errors import LogWriteError
 from primitives._eventlog import EventLog
-from primitives._events import AnyEvent, Event
 from primitives._state import RunState, apply
+from primitives.events import AnyEvent, Event
 
 __all__ = ("Recorder",)
 
@@ -47,14 +47,16 @@ class Recorder:
         return str(path.resolve()) if path is not None else None
 
     def emit(self, kind: type[E], data: Any, *, wave: int | None = None, lane: int | None = None,
-             attempt: int | None = None) -> E:
+             attempt: int | None = None, event_type: str | None = None) -> E:
+        """Record one event of `kind` (`event_type` names a LoopEvent's `loop.<name>.<noun>`)."""
         sequence = self.log.last_sequence + 1
+        extra: dict[str, Any] = {"type": event_type} if event_type is not None else {}
         # The payload is a validated model already and the envelope is ours: skip re-validation
         # on this hot path (every log is read back through full validation).
-        event = cast(E, kind.model_construct(  # type: ignore[call-arg]  # kinds default `type`
+        event = cast(E, kind.model_construct(
             id=f"{self.run_id}:{sequence}", source=self._source, time=self._now(),
             sequence=sequence, run_id=self.run_id, wave=wave, lane=lane, attempt=attempt,
-            data=data,
+            data=data, **extra,
         ))
         if self.broken:
             raise LogWriteError(f"run {self.run_id}: the log failed earlier; nothing more is recorded")

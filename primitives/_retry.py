@@ -7,6 +7,7 @@ never shorter than the retry-after a server asked for; tenacity runs the loop.
 from __future__ import annotations
 
 import random
+import weakref
 from dataclasses import dataclass
 
 import anyio
@@ -50,16 +51,27 @@ class Backoff(wait_base):
         return float(max(wait, 0.0))
 
 
+# One queue per limiter, however many dispatchers (runs) take from it: a taker holding part of
+# what it needs while another holds the rest would wait for ever. Keyed weakly by the limiter,
+# so the queue lives exactly as long as the limiter it guards.
+_QUEUES: weakref.WeakKeyDictionary[anyio.CapacityLimiter, anyio.Lock] = weakref.WeakKeyDictionary()
+
+
 class LaneSlots:
     """A CapacityLimiter counted in lanes: a request of n lanes takes n tokens.
 
-    Takers queue on a lock, so two requests never hold part of what each needs (no deadlock);
-    the limiter may be shared by many dispatchers, bounding lanes across runs.
+    Takers of n > 1 tokens queue on one lock per limiter, shared by every LaneSlots over it, so
+    two requests (of one run or of two runs sharing the limiter) never each hold part of what
+    both need; a request never asks for more tokens than the limiter has (the dispatcher
+    splits larger ones).
     """
 
     def __init__(self, limiter: anyio.CapacityLimiter) -> None:
         self.limiter = limiter
-        self._lock = anyio.Lock()
+        lock = _QUEUES.get(limiter)
+        if lock is None:
+            lock = _QUEUES[limiter] = anyio.Lock()
+        self._lock = lock
 
     async def acquire(self, n: int) -> list[object]:
         """Take n lanes' worth; give them back with `release`."""

@@ -19,15 +19,19 @@ from typing import Any, Literal
 from primitives._backend import Usage
 from primitives._budget import Hold, Pricing, Spend
 from primitives._errors import LogCorruptError
-from primitives._events import (
+from primitives.events import (
     AnyEvent,
     JudgeCompleted,
+    JudgeCompletedData,
     LaneCompleted,
     LaneDispatched,
     LaneFailed,
     LaneInterrupted,
+    LoopEvent,
     ReduceCompleted,
     ReduceCompletedData,
+    ReduceStarted,
+    ReduceStartedData,
     RunCompleted,
     RunFailed,
     RunFailedData,
@@ -94,7 +98,12 @@ class WaveState:
 
 @dataclass(slots=True)
 class RunState:
-    """Everything resume needs: waves and lanes, judge scores, the reduce, the spend."""
+    """Everything resume needs: waves and lanes, verdicts, the loop's own events, the
+    reductions, the spend.
+
+    `scores` and `reduce` are the run's own reduce (reduction 1) over wave 1, as
+    parallel-sample reads them; `verdicts` and `reductions` hold every reduction's.
+    """
 
     pricing: Pricing = field(default_factory=Pricing)
     source: str = "<log>"  # where the events come from, for errors naming a line
@@ -103,8 +112,15 @@ class RunState:
     started: RunStartedData | None = None
     waves: dict[int, WaveState] = field(default_factory=dict)
     scores: dict[int, float | None] = field(default_factory=dict)
+    # (reduction, candidate wave, candidate lane) -> the verdict
+    verdicts: dict[tuple[int, int, int], JudgeCompletedData] = field(default_factory=dict)
     reduce: ReduceCompletedData | None = None
     reduce_sequence: int | None = None
+    reductions: dict[int, ReduceCompletedData] = field(default_factory=dict)
+    reduction_sequences: dict[int, int] = field(default_factory=dict)
+    reduction_waves: dict[int, int | None] = field(default_factory=dict)  # candidates' wave
+    open_reduction: ReduceStartedData | None = None  # a re-reduction under way
+    loop_events: list[LoopEvent] = field(default_factory=list)
     result: dict[str, Any] | None = None
     result_sequence: int | None = None
     failure: RunFailedData | None = None
@@ -165,9 +181,24 @@ def _check_place(state: RunState, event: AnyEvent) -> None:
     elif state.started is None or state.run_id is None:
         raise _Refused(f"{event.type} before run.started")
     elif state.finished:
-        raise _Refused(f"{event.type} after the run ended")
+        if not (state.result is not None and _after_end(state, event)):
+            raise _Refused(f"{event.type} after the run ended")
     elif state.interrupted is not None and not isinstance(event, RunResumed):
         raise _Refused(f"{event.type} after run.interrupted without a run.resumed")
+
+
+# What may follow a completed run: a re-reduction, opened by reduce.started and closed by its
+# reduce.completed, with the judge waves and verdicts it runs (and a resume of one a crash cut).
+_REDUCTION_EVENTS = frozenset({
+    "wave.started", "lane.dispatched", "lane.completed", "lane.failed", "lane.interrupted",
+    "wave.barrier", "judge.completed", "reduce.completed", "budget.wave_shrunk",
+    "budget.exhausted", "budget.overrun", "backend.n_unsupported", "run.resumed"})
+
+
+def _after_end(state: RunState, event: AnyEvent) -> bool:
+    if isinstance(event, ReduceStarted):
+        return state.open_reduction is None
+    return state.open_reduction is not None and event.type in _REDUCTION_EVENTS
 
 
 def _check_envelope(state: RunState, event: AnyEvent) -> None:
@@ -227,7 +258,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
         lane.attempts = lane.attempts + 1
         lane.seed = data.seed
         lane.hold = Hold(data.reserved.to_usage(), data.reserved_cost_usd, data.reserved_requests,
-                         wave.info.purpose)
+                         wave.info.bill)
         if state.segment_start is None:
             state.segment_start = event.time
     elif isinstance(event, LaneCompleted):
@@ -273,13 +304,39 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             raise _Refused(f"wave.barrier for wave {event.wave} while lanes are in flight")
         closing.barrier = True
     elif isinstance(event, JudgeCompleted):
-        if event.data.candidate_lane in state.scores:
-            raise _Refused(f"a second judge.completed for candidate {event.data.candidate_lane}")
-        state.scores[event.data.candidate_lane] = event.data.score
+        d = event.data
+        key = (d.reduction, d.candidate_wave, d.candidate_lane)
+        if key in state.verdicts:
+            raise _Refused(f"a second judge.completed for candidate {d.candidate_lane}"
+                           + (f" of wave {d.candidate_wave}" if d.candidate_wave != 1 else "")
+                           + (f" in reduction {d.reduction}" if d.reduction != 1 else ""))
+        state.verdicts[key] = d
+        if d.reduction == 1 and d.candidate_wave == 1:
+            state.scores[d.candidate_lane] = d.score
+    elif isinstance(event, ReduceStarted):
+        expected = max(state.reductions, default=0) + 1
+        if event.data.reduction != expected or expected < 2:
+            raise _Refused(f"reduce.started for reduction {event.data.reduction}, expected "
+                           f"{max(expected, 2)}")
+        state.open_reduction = event.data
     elif isinstance(event, ReduceCompleted):
-        if state.reduce is not None:
-            raise _Refused("a second reduce.completed")
-        state.reduce, state.reduce_sequence = event.data, event.sequence
+        number = event.data.reduction
+        if number in state.reductions:
+            raise _Refused(f"a second reduce.completed for reduction {number}")
+        opened = state.open_reduction
+        if state.result is not None and (opened is None or opened.reduction != number):
+            raise _Refused(f"reduce.completed for reduction {number}, which was never started")
+        if state.result is None and number != 1:
+            raise _Refused(f"reduce.completed for reduction {number} before the run ended")
+        state.reductions[number] = event.data
+        state.reduction_sequences[number] = event.sequence
+        state.reduction_waves[number] = event.wave if number == 1 else (
+            opened.candidates_wave if opened is not None else None)
+        state.open_reduction = None
+        if number == 1:
+            state.reduce, state.reduce_sequence = event.data, event.sequence
+    elif isinstance(event, LoopEvent):
+        state.loop_events.append(event)
     elif isinstance(event, RunStarted):
         if event.sequence != 1:
             raise _Refused("run.started is not the first event")
@@ -301,7 +358,7 @@ def _settle(state: RunState, lane: LaneState) -> None:
     hold = lane.hold
     if hold is None:
         return
-    state.spend.add(lane.usage or Usage(), hold.purpose, state.pricing, hold.requests)
+    state.spend.add(lane.usage or Usage(), hold.bill, state.pricing, hold.requests)
     lane.hold = None
 
 

@@ -17,21 +17,21 @@ def ledger(**limits: float) -> Ledger:
 
 
 def test_shared_prefix_prices_the_prompt_once() -> None:
-    holds = ledger().holds_for_request(100, [50, 50, 50], share_prefix=True, purpose="sample")
+    holds = ledger().holds_for_request(100, [50, 50, 50], share_prefix=True, bill="sample")
     assert [h.usage for h in holds] == [Usage(100, 0, 50), Usage(0, 100, 50), Usage(0, 100, 50)]
     assert [h.requests for h in holds] == [1, 0, 0]
     assert sum(h.tokens for h in holds) == 100 + 3 * 50
 
 
 def test_unshared_prompt_is_paid_by_every_lane() -> None:
-    holds = ledger().holds_for_request(100, [50, 50], share_prefix=False, purpose="sample")
+    holds = ledger().holds_for_request(100, [50, 50], share_prefix=False, bill="sample")
     assert [h.usage for h in holds] == [Usage(100, 0, 50), Usage(100, 0, 50)]
     assert sum(h.tokens for h in holds) == 300
 
 
 def test_fit_shrinks_to_what_the_token_limit_funds() -> None:
     book = ledger(max_tokens=100 + 4 * 50 + 49)
-    holds = book.holds_for_request(100, [50] * 8, share_prefix=True, purpose="sample")
+    holds = book.holds_for_request(100, [50] * 8, share_prefix=True, bill="sample")
     fit = book.fit(holds)
     assert (fit.k, fit.limit) == (4, "max_tokens")
     assert fit.needed == 350 and fit.available == 349
@@ -41,19 +41,19 @@ def test_fit_shrinks_to_what_the_token_limit_funds() -> None:
 def test_fit_by_cost_and_requests() -> None:
     one = cost_of(Usage(100, 0, 50), "sample", PRICES)
     book = ledger(max_cost_usd=one * 2.5)
-    holds = book.holds_for_request(100, [50] * 5, share_prefix=False, purpose="sample")
+    holds = book.holds_for_request(100, [50] * 5, share_prefix=False, bill="sample")
     assert (book.fit(holds).k, book.fit(holds).limit) == (2, "max_cost_usd")
     book = ledger(max_requests=3)
-    holds = book.holds_for_request(100, [50] * 5, share_prefix=False, purpose="sample")
+    holds = book.holds_for_request(100, [50] * 5, share_prefix=False, bill="sample")
     assert sum(h.requests for h in holds) == 1  # one request carrying five lanes
     singles = [h for _ in range(5)
-               for h in book.holds_for_request(100, [50], share_prefix=False, purpose="sample")]
+               for h in book.holds_for_request(100, [50], share_prefix=False, bill="sample")]
     assert (book.fit(singles).k, book.fit(singles).limit) == (3, "max_requests")
 
 
 def test_reserve_is_all_or_nothing() -> None:
     book = ledger(max_tokens=500)
-    holds = book.holds_for_request(100, [100] * 4, share_prefix=False, purpose="sample")
+    holds = book.holds_for_request(100, [100] * 4, share_prefix=False, bill="sample")
     assert book.try_reserve(holds[:2]) is None
     assert book.reserved_tokens == 400
     refused = book.try_reserve(holds[2:])
@@ -63,7 +63,7 @@ def test_reserve_is_all_or_nothing() -> None:
 
 def test_settle_returns_the_unused_part_to_the_pool() -> None:
     book = ledger(max_tokens=1000)
-    (hold,) = book.holds_for_request(100, [200], share_prefix=False, purpose="sample")
+    (hold,) = book.holds_for_request(100, [200], share_prefix=False, bill="sample")
     assert book.try_reserve([hold]) is None
     assert book.reserved_tokens == 300
     assert book.settle(hold, Usage(100, 0, 40)) == []
@@ -75,7 +75,7 @@ def test_settle_returns_the_unused_part_to_the_pool() -> None:
 
 def test_release_gives_back_a_hold_that_never_ran() -> None:
     book = ledger(max_tokens=1000)
-    holds = book.holds_for_request(10, [5, 5], share_prefix=True, purpose="sample")
+    holds = book.holds_for_request(10, [5, 5], share_prefix=True, bill="sample")
     book.try_reserve(holds)
     for hold in holds:
         book.release(hold)
@@ -86,7 +86,7 @@ def test_release_gives_back_a_hold_that_never_ran() -> None:
 
 def test_settle_reports_an_overrun_of_the_hold() -> None:
     book = ledger()
-    (hold,) = book.holds_for_request(10, [5], share_prefix=False, purpose="sample")
+    (hold,) = book.holds_for_request(10, [5], share_prefix=False, bill="sample")
     book.try_reserve([hold])
     overruns = book.settle(hold, Usage(30, 0, 5))
     assert [o.limit for o in overruns] == ["max_tokens", "max_cost_usd"]
@@ -95,7 +95,7 @@ def test_settle_reports_an_overrun_of_the_hold() -> None:
 
 def test_judge_tokens_are_the_verifier_line() -> None:
     spend = Spend()
-    spend.add(Usage(100, 20, 10, kv_token_seconds=1e6), "judge", PRICES, requests=1)
+    spend.add(Usage(100, 20, 10, kv_token_seconds=1e6), "verifier", PRICES, requests=1)
     assert (spend.verifier_tokens, spend.prefill_tokens, spend.decode_tokens) == (110, 0, 0)
     assert spend.cached_prefill_tokens == 20
     assert spend.verifier_usd == pytest.approx(130 * 1.0 / 1e6)
@@ -105,7 +105,7 @@ def test_judge_tokens_are_the_verifier_line() -> None:
 
 def test_judge_without_a_verifier_price_uses_token_prices() -> None:
     prices = PRICES.model_copy(update={"verifier_per_mtok": None})
-    assert cost_of(Usage(100, 20, 10), "judge", prices) == pytest.approx(
+    assert cost_of(Usage(100, 20, 10), "verifier", prices) == pytest.approx(
         (100 * 2 + 20 * 0.5 + 10 * 8) / 1e6)
 
 
@@ -149,7 +149,7 @@ def test_settled_plus_reserved_never_exceeds_the_limit(
     outstanding: list[Hold] = []
     for lanes, max_out, shared, used in requests:
         holds = book.holds_for_request(prompt, [max_out] * lanes, share_prefix=shared,
-                                       purpose="sample")
+                                       bill="sample")
         fit = book.fit(holds)
         holds = holds[: fit.k]
         if holds:

@@ -211,7 +211,10 @@ def test_schema_is_json_schema_of_every_section(capsys: pytest.CaptureFixture[st
     for name, definition in schema["$defs"].items():
         if definition.get("type") == "object":
             assert definition.get("additionalProperties") is False, name
-    loop = schema["$defs"]["LoopSection"]["properties"]
+    # [loop] is one of each registered loop's keys (shared ones included)
+    variants = {v["properties"]["coordinator"]["const"]: v
+                for v in schema["$defs"]["LoopSection"]["oneOf"]}
+    loop = variants["parallel_sample"]["properties"]
     assert loop["k"]["minimum"] == 1
     assert loop["max_concurrency"]["minimum"] == 1
 

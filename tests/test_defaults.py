@@ -23,7 +23,7 @@ from backends.engine import EngineBackend, EngineConfig
 from backends.simulated import SimulatedBackend, SimulatedConfig
 from orchestrator._cli import main
 from orchestrator._display import describe, summary, tally
-from primitives._events import BackendNoted, BackendNotedData
+from primitives.events import BackendNoted, BackendNotedData
 
 QUESTION = "What is 17 * 23?"
 VERIFIER = "def score(question, text, answer):\n    return 1.0\n"

@@ -42,7 +42,7 @@ from primitives import (
     lane_seed,
     sample_all,
 )
-from primitives._events import RunResumed, RunResumedData, RunStarted, RunStartedData
+from primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
 
 pytestmark = pytest.mark.anyio
 

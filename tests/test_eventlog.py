@@ -19,7 +19,7 @@ from primitives import (
     parse_event,
     validate_run_id,
 )
-from primitives._events import (
+from primitives.events import (
     RunCompleted,
     RunCompletedData,
     WaveBarrier,

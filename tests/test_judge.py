@@ -59,7 +59,6 @@ def test_parse_score(output: str, expected: float) -> None:
         "",
         "The candidate is good.",
         "Answer: 7",  # a candidate's answer line is not a score
-        "7/10",  # no marker
         "I would give it a 7.",
         "a score of 3 would be harsh",  # no separator: prose, not a verdict
         "final_score: 8",
@@ -105,9 +104,9 @@ candidate_text = st.text(
 
 @given(candidate_text, st.integers(0, 10))
 def test_candidate_text_never_yields_a_score(text: str, number: int) -> None:
-    # What a lane writes (rationale, "Answer: 7", fractions) holds no score marker; parse_score
-    # must abstain on it rather than mistake the answer for a grade.
-    candidate = f"{text}\nAnswer: {number}\nThat is {number}/10 of the way."
+    # What a lane writes (rationale, "Answer: 7") holds no score marker; parse_score must
+    # abstain on it rather than mistake the answer for a grade. (A bare "7/10" is a score.)
+    candidate = f"Reasoning: {text.replace('/', ' ')}\nAnswer: {number}"
     assert parse_score(candidate) is None
 
 
@@ -176,7 +175,7 @@ def test_argmax_zero_is_a_score_not_an_abstention() -> None:
 
 def test_argmax_rejects_unknown_tie_break() -> None:
     with pytest.raises(ConfigError):
-        judge_argmax({0: 1.0}, tie_break="lexicographic")  # type: ignore[arg-type]
+        judge_argmax({0: 1.0}, tie_break="majority")  # type: ignore[arg-type]
 
 
 score_maps = st.dictionaries(

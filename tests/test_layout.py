@@ -32,6 +32,19 @@ ALLOWED: dict[str, frozenset[str]] = {
 # The public names of `orchestrator`, pinned: changing them is a deliberate act, made here.
 PUBLIC_NAMES = frozenset({
     "AnyEvent",
+    "Lane",
+    "Loop",
+    "LoopContext",
+    "NonDeterminismError",
+    "Outcome",
+    "ReduceOptions",
+    "Reducer",
+    "Reduction",
+    "Session",
+    "Verdict",
+    "Verifier",
+    "register_loop",
+    "register_reducer",
     "Backend",
     "BackendError",
     "BudgetExhaustedError",
@@ -116,6 +129,45 @@ def test_imports_point_only_down(package: str) -> None:
         if name in OURS and name not in ALLOWED[package]
     )
     assert wrong == [], f"{package} may import only {sorted(ALLOWED[package])} of ours"
+
+
+def _private_imports(path: Path, own: tuple[str, ...] | None = None) -> list[tuple[str, int]]:
+    """(module, line) of each import of a private `_module` outside the file's own package."""
+    if own is None:
+        own = path.relative_to(ROOT).with_suffix("").parts[:-1]  # the package the file is in
+    found = []
+    for node in ast.walk(_tree(path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
+            if private is None or parts[0] not in OURS:
+                continue
+            if tuple(parts[:private]) != own[:private]:
+                found.append((name, node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_imports_another_packages_private_module(package: str) -> None:
+    wrong = sorted(f"{_rel(path)}:{line} imports {name}"
+                   for path in _modules(package) for name, line in _private_imports(path))
+    assert wrong == [], "import the package's public names instead"
+
+
+def test_private_import_scan(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text("from primitives._state import RunState\n"
+                      "from coordinators._reducers import vote\n"
+                      "import backends.engine._config\n"
+                      "from primitives import events\n")
+    found = {name for name, _ in _private_imports(source, own=("coordinators",))}
+    assert found == {"primitives._state", "primitives._state.RunState",
+                     "backends.engine._config"}
 
 
 def test_import_scan_sees_every_form(tmp_path: Path) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from backends.engine._config import EngineConfig
+from backends.engine._config import EngineConfig, resolve_model_path
 
 if TYPE_CHECKING:
     from backends.engine._backend import EngineBackend
 
-__all__ = ("EngineBackend", "EngineConfig")
+__all__ = ("EngineBackend", "EngineConfig", "resolve_model_path")
 
 
 def __getattr__(name: str) -> object:

@@ -1,4 +1,7 @@
-"""The event model: one frozen pydantic model per event type, in a discriminated union.
+"""The event model, public: one frozen pydantic model per event type, in a discriminated union.
+
+Loops and extenders import these to read a log (`parse_event`, `AnyEvent`) and to record
+their own events (`LoopEvent`, typed `loop.<name>.<noun>`).
 
 The envelope follows CloudEvents' JSON form where it fits (`specversion`, `id`, `source`,
 `type`, `time`) plus `sequence` (strictly increasing from 1 within a run), `run_id` and, where
@@ -10,35 +13,68 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from primitives._backend import Usage
 
 __all__ = (
+    "EVENT_TYPES",
     "AnyEvent",
     "BackendNoted",
+    "BackendNotedData",
+    "Bill",
     "BudgetExhausted",
+    "BudgetExhaustedData",
     "BudgetOverrun",
+    "BudgetOverrunData",
     "BudgetWaveShrunk",
+    "BudgetWaveShrunkData",
     "Event",
     "JudgeCompleted",
+    "JudgeCompletedData",
     "LaneCompleted",
+    "LaneCompletedData",
     "LaneDispatched",
+    "LaneDispatchedData",
     "LaneFailed",
+    "LaneFailedData",
     "LaneInterrupted",
+    "LaneInterruptedData",
+    "LoopEvent",
     "ReduceCompleted",
+    "ReduceCompletedData",
+    "ReduceStarted",
+    "ReduceStartedData",
     "ReservationData",
     "RunCompleted",
+    "RunCompletedData",
     "RunFailed",
+    "RunFailedData",
     "RunInterrupted",
+    "RunInterruptedData",
     "RunResumed",
+    "RunResumedData",
     "RunStarted",
+    "RunStartedData",
     "UsageData",
     "WaveBarrier",
+    "WaveBarrierData",
     "WaveStarted",
+    "WaveStartedData",
+    "bill_of",
     "hash_config",
     "parse_event",
 )
@@ -172,14 +208,33 @@ class ReservationData(_Frozen):
     requests: int = 0
 
 
+Bill = Literal["sample", "verifier"]
+
+
+def bill_of(purpose: str) -> Bill:
+    """The bill line a wave is priced on when it does not say: judges are verifier passes."""
+    return "verifier" if purpose == "judge" else "sample"
+
+
 class WaveStartedData(_Frozen):
-    purpose: Literal["sample", "judge"]
+    purpose: str  # what the loop calls the wave: "sample", "judge", "critique", ...
     k: int
     k_requested: int
     lane_max_tokens: int
     prompt_tokens: int | None
     share_prefix: bool
     reservation: ReservationData
+    bill: Bill = "sample"  # the bill line its lanes are priced on
+    # sha256 of the wave's spec (prompts and params): a resumed loop asking for another spec
+    # for this wave is refused, never silently mixed
+    fingerprint: str | None = Field(None, exclude_if=_absent)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_bill(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "bill" not in value and "purpose" in value:
+            value = {**value, "bill": bill_of(str(value["purpose"]))}
+        return value
 
 
 class WaveStarted(Event):
@@ -262,13 +317,32 @@ class WaveBarrier(Event):
 class JudgeCompletedData(_Frozen):
     candidate_lane: int
     score: float | None  # None: the judge's output held no score (an abstention)
-    judge: str  # "llm" or the verifier's "module:function"
+    judge: str  # "llm" or the verifier's name ("module:function", "command:...")
     detail: str = ""
+    candidate_wave: int = Field(1, exclude_if=lambda v: v == 1)
+    reduction: int = Field(1, exclude_if=lambda v: v == 1)  # which reduce it belongs to
+    passed: bool | None = Field(None, exclude_if=_absent)  # a verifier's pass/fail
+    error: str | None = Field(None, exclude_if=_absent)  # the verifier failed: how
 
 
 class JudgeCompleted(Event):
     type: Literal["judge.completed"] = "judge.completed"
     data: JudgeCompletedData
+
+
+class ReduceStartedData(_Frozen):
+    """A re-reduction of a finished run (`orchestrator reduce`): its number and settings."""
+
+    reduction: int
+    reducer: str
+    extract: dict[str, Any] | None = None  # the extractor it reads answers with, if not the run's
+    candidates_wave: int = 1  # the wave whose lanes it reduces
+    first_wave: int  # the number of the first wave it may start (a judge's, usc's)
+
+
+class ReduceStarted(Event):
+    type: Literal["reduce.started"] = "reduce.started"
+    data: ReduceStartedData
 
 
 class ReduceCompletedData(_Frozen):
@@ -280,6 +354,10 @@ class ReduceCompletedData(_Frozen):
     tie_break: str
     tied: list[Any] = []
     abstentions: int = 0
+    reduction: int = 1  # 1: the run's own; 2, 3, ...: `orchestrator reduce` afterwards
+    agreement: float | None = Field(None, exclude_if=_absent)
+    margin: float | None = Field(None, exclude_if=_absent)
+    detail: dict[str, Any] = Field({}, exclude_if=lambda v: not v)
 
 
 class ReduceCompleted(Event):
@@ -337,25 +415,64 @@ class BackendNoted(Event):
     data: BackendNotedData
 
 
+# -- a loop's own events -----------------------------------------------------------------------
+
+_LOOP_TYPE = re.compile(r"loop\.[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*")
+
+
+class LoopEvent(Event):
+    """An event a loop records for itself: `loop.<loop name>.<noun>` with a JSON data dict.
+
+    Folded like the rest (the state keeps them in order, for the loop to read on resume).
+    """
+
+    type: str
+    data: dict[str, Any]
+
+    @field_validator("type")
+    @classmethod
+    def _loop_type(cls, value: str) -> str:
+        if not _LOOP_TYPE.fullmatch(value):
+            raise ValueError(f"{value!r} is not a loop event type (loop.<name>.<noun>)")
+        return value
+
+
+_KINDS: tuple[type[Event], ...] = (
+    RunStarted, RunResumed, RunCompleted, RunFailed, RunInterrupted, WaveStarted, LaneDispatched,
+    LaneCompleted, LaneFailed, LaneInterrupted, WaveBarrier, JudgeCompleted, ReduceStarted,
+    ReduceCompleted, BudgetWaveShrunk, BudgetExhausted, BudgetOverrun, BackendNoted)
+EVENT_TYPES: frozenset[str] = frozenset(
+    kind.model_fields["type"].default for kind in _KINDS)
+
+
+def _tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if isinstance(kind, str) and kind.startswith("loop."):
+        return "loop"
+    return kind if isinstance(kind, str) else None
+
+
 AnyEvent = Annotated[
-    RunStarted
-    | RunResumed
-    | RunCompleted
-    | RunFailed
-    | RunInterrupted
-    | WaveStarted
-    | LaneDispatched
-    | LaneCompleted
-    | LaneFailed
-    | LaneInterrupted
-    | WaveBarrier
-    | JudgeCompleted
-    | ReduceCompleted
-    | BudgetWaveShrunk
-    | BudgetExhausted
-    | BudgetOverrun
-    | BackendNoted,
-    Field(discriminator="type"),
+    Annotated[RunStarted, Tag("run.started")]
+    | Annotated[RunResumed, Tag("run.resumed")]
+    | Annotated[RunCompleted, Tag("run.completed")]
+    | Annotated[RunFailed, Tag("run.failed")]
+    | Annotated[RunInterrupted, Tag("run.interrupted")]
+    | Annotated[WaveStarted, Tag("wave.started")]
+    | Annotated[LaneDispatched, Tag("lane.dispatched")]
+    | Annotated[LaneCompleted, Tag("lane.completed")]
+    | Annotated[LaneFailed, Tag("lane.failed")]
+    | Annotated[LaneInterrupted, Tag("lane.interrupted")]
+    | Annotated[WaveBarrier, Tag("wave.barrier")]
+    | Annotated[JudgeCompleted, Tag("judge.completed")]
+    | Annotated[ReduceStarted, Tag("reduce.started")]
+    | Annotated[ReduceCompleted, Tag("reduce.completed")]
+    | Annotated[BudgetWaveShrunk, Tag("budget.wave_shrunk")]
+    | Annotated[BudgetExhausted, Tag("budget.exhausted")]
+    | Annotated[BudgetOverrun, Tag("budget.overrun")]
+    | Annotated[BackendNoted, Tag("backend.n_unsupported")]
+    | Annotated[LoopEvent, Tag("loop")],
+    Discriminator(_tag),
 ]
 
 _ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)

@@ -1,0 +1,318 @@
+"""The reducers: majority_vote, weighted_vote, judge_argmax, usc, any_pass.
+
+Each turns a wave's lanes into one answer. The pure parts (vote fold, score parsing, argmax)
+live in primitives; a reducer that needs a model (the LLM judge, usc) asks for it through
+`ctx.wave`, so its calls are governed, priced on the verifier line and resumable, and a
+verifier's verdicts go through `ctx.verify`, recorded as `judge.completed`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from primitives import (
+    Ballot,
+    ConfigError,
+    Lane,
+    LaneJob,
+    LoopContext,
+    ReduceOptions,
+    Reduction,
+    Verdict,
+    VoteResult,
+    compile_score_regex,
+    judge_argmax,
+    normalize_answer,
+    parse_score,
+    register_reducer,
+    render_judge_prompt,
+    vote_fold,
+)
+
+__all__ = ("AnyPass", "JudgeArgmax", "MajorityVote", "UniversalSelfConsistency", "WeightedVote",
+           "vote")
+
+USC_TEMPLATE = (
+    "I have generated the following responses to the question: {question}\n\n{candidates}\n"
+    "Evaluate these responses. Select the most consistent response based on majority "
+    "consensus. Start your answer with \"The most consistent response is Response X\" "
+    "(without quotes).\n")
+JUDGE_TEMPLATE = (
+    "Question: {question}\n\nCandidate answer:\n{candidate}\n\nIs the candidate answer "
+    "correct? Reply with one line 'Score: N/10', where 10 is surely correct.\n")
+VERIFIER_KEYS = frozenset({"verifier", "verifier_command", "verifier_timeout_s"})
+_USC_CHOICE = re.compile(r"response\s*#?\s*(\d+)", re.IGNORECASE)
+
+
+def vote(lanes: Sequence[Lane], *, tie_break: str, seed: int,
+         weights: Mapping[int, float] | None = None) -> VoteResult:
+    """The vote over lanes: a lane that did not complete abstains; `weights` by lane."""
+    ballots = [Ballot(lane.lane, lane.answer if lane.completed else None,
+                      (weights or {}).get(lane.lane, 1.0))
+               for lane in sorted(lanes, key=lambda s: s.lane)]
+    return vote_fold(ballots, tie_break=tie_break, seed=seed)  # type: ignore[arg-type]
+
+
+def logprob_weights(lanes: Sequence[Lane]) -> dict[int, float]:
+    """exp(mean token logprob) per lane that has logprobs (the others weigh 1)."""
+    return {lane.lane: math.exp(lane.logprob_mean) for lane in lanes
+            if lane.logprob_mean is not None}
+
+
+def _one_wave(lanes: Sequence[Lane]) -> int | None:
+    waves = {lane.wave for lane in lanes}
+    return waves.pop() if len(waves) == 1 else None
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _example(texts: Sequence[str]) -> str:
+    return f"; e.g. {_shorten(texts[0])!r}" if texts else ""
+
+
+def _voted(name: str, lanes: Sequence[Lane], result: VoteResult) -> Reduction:
+    completed = [lane for lane in lanes if lane.completed]
+    agreement = margin = None
+    reason = None
+    if result.winner is not None:
+        total = math.fsum(result.votes.values())
+        ours = result.votes.get(result.winner, 0.0)
+        others = [v for answer, v in result.votes.items() if answer != result.winner]
+        agreement = ours / total if total > 0 else None
+        margin = ours - max(others, default=0.0)  # an unopposed answer leads by its votes
+    else:
+        unmatched = [lane.text or "" for lane in completed if not lane.answer]
+        reason = (f"{result.abstentions} of {len(completed)} completed lanes gave no answer"
+                  f"{_example(unmatched)}")
+    return Reduction(
+        reducer=name, winner=result.winner, winner_lane=result.winner_lane,
+        votes=dict(result.votes), tie_break=result.tie_break, tied=tuple(result.tied),
+        abstentions=result.abstentions, agreement=agreement, margin=margin, reason=reason,
+        wave=_one_wave(lanes))
+
+
+@register_reducer
+class MajorityVote:
+    """Self-consistency: the most agreed normalised answer wins (optionally logprob-weighted)."""
+
+    name: ClassVar[str] = "majority_vote"
+    needs_judge: ClassVar[bool] = False
+    judge_keys: ClassVar[frozenset[str]] = frozenset()  # the [judge] keys it reads
+
+    def __init__(self, options: ReduceOptions | None = None) -> None:
+        self.options = options or ReduceOptions()
+
+    async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
+        weights = logprob_weights(lanes) if self.options.weighting == "mean_logprob" else None
+        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed,
+                      weights=weights)
+        return _voted(self.name, lanes, result)
+
+
+@register_reducer
+class WeightedVote:
+    """A vote where each lane weighs its mean token probability (`weighting = "mean_logprob"`,
+    the default) or its verifier score (`weighting = "verifier"`, scores below 0 count 0)."""
+
+    name: ClassVar[str] = "weighted_vote"
+    needs_judge: ClassVar[bool] = False
+    judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
+
+    def __init__(self, options: ReduceOptions | None = None) -> None:
+        self.options = options or ReduceOptions()
+
+    async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
+        by = self.options.weighting if self.options.weighting != "none" else "mean_logprob"
+        if by == "verifier":
+            verdicts = await ctx.verify(lanes)
+            weights = {lane: max(v.score, 0.0) if v.score is not None else 0.0
+                       for lane, v in verdicts.items()}
+        else:
+            weights = logprob_weights(lanes)
+        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed,
+                      weights=weights)
+        reduction = _voted(self.name, lanes, result)
+        return Reduction(**{**_fields(reduction), "detail": {"weighting": by}})
+
+
+def _fields(reduction: Reduction) -> dict[str, Any]:
+    return {name: getattr(reduction, name) for name in reduction.__dataclass_fields__}
+
+
+@register_reducer
+class JudgeArgmax:
+    """Best-of-N: each candidate is scored (an LLM judge wave, or the verifier) and the best
+    score wins; ties by `tie_break` (first_lane, lexicographic on the answer, random)."""
+
+    name: ClassVar[str] = "judge_argmax"
+    needs_judge: ClassVar[bool] = True
+
+    def __init__(self, options: ReduceOptions | None = None) -> None:
+        self.options = options or ReduceOptions()
+
+    async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
+        candidates = [lane for lane in lanes if lane.completed]
+        keys = _candidate_keys(candidates)
+        unmatched: list[str] = []
+        if ctx.verifier is not None:
+            verdicts = await ctx.verify(candidates)
+            scores = {keys[id(lane)]: verdicts[lane.lane].score for lane in candidates
+                      if lane.lane in verdicts}
+        else:
+            scores, unmatched = await _llm_judge(ctx, candidates, keys)
+        answers = {keys[id(lane)]: (normalize_answer(lane.answer) if lane.answer else None)
+                   for lane in candidates}
+        tie_break = self.options.tie_break
+        result = judge_argmax(scores, tie_break=tie_break,  # type: ignore[arg-type]
+                              seed=self.options.seed, answers=answers)
+        by_key = {keys[id(lane)]: lane for lane in candidates}
+        winner_lane = by_key[result.winner_lane] if result.winner_lane is not None else None
+        winner = (normalize_answer(winner_lane.answer)
+                  if winner_lane is not None and winner_lane.answer is not None else None)
+        agreement = margin = None
+        reason = None
+        if winner_lane is not None:
+            given = [a for a in answers.values() if a]
+            if winner is not None and given:
+                agreement = given.count(winner) / len(given)
+            best = scores.get(result.winner_lane)  # type: ignore[arg-type]
+            others = [v for key, v in scores.items() if v is not None and key != result.winner_lane]
+            if best is not None and others:  # no runner-up, no lead: a score has no zero
+                margin = best - max(others)
+        else:
+            example = unmatched or [lane.text or "" for lane in candidates
+                                    if scores.get(keys[id(lane)]) is None]
+            reason = (f"no candidate got a score ({result.abstentions} of {len(scores)} judged "
+                      f"candidates abstained){_example(example)}")
+        return Reduction(
+            reducer=self.name, winner=winner,
+            winner_lane=winner_lane.lane if winner_lane is not None else None,
+            scores=scores, tie_break=result.tie_break, tied=tuple(result.tied),
+            abstentions=result.abstentions, agreement=agreement, margin=margin, reason=reason,
+            wave=_one_wave(lanes))
+
+
+def _candidate_keys(candidates: Sequence[Lane]) -> dict[int, int]:
+    """Candidates are keyed by lane number when they come from one wave, else by position."""
+    if _one_wave(candidates) is not None or not candidates:
+        return {id(lane): lane.lane for lane in candidates}
+    return {id(lane): i for i, lane in enumerate(candidates)}
+
+
+async def _llm_judge(ctx: LoopContext, candidates: Sequence[Lane],
+                     keys: Mapping[int, int]) -> tuple[dict[int, float | None], list[str]]:
+    """One judge request per candidate, through the governed path; outputs without a score
+    abstain. Returns the scores and the judge outputs that held none."""
+    # A run's config names its judge; a re-reduction of a run that had none uses this one.
+    template = ctx.judge.template or JUDGE_TEMPLATE
+    pattern = compile_score_regex(ctx.judge.score_regex) if ctx.judge.score_regex else None
+    jobs = [LaneJob(keys[id(lane)], render_judge_prompt(
+        template, question=ctx.question, candidate=lane.text or "")) for lane in candidates]
+    judged = await ctx.wave(jobs, params=ctx.judge.params, purpose="judge",
+                            quorum=min(1, len(jobs)), share_prefix=False, extract=False,
+                            backend="judge")
+    by_key = {keys[id(lane)]: lane for lane in candidates}
+    record = getattr(ctx, "record_verdict", None)
+    scores: dict[int, float | None] = {}
+    unmatched: list[str] = []
+    for out in sorted(judged, key=lambda s: s.lane):
+        if out.completed:
+            score = parse_score(out.text or "", pattern=pattern)
+            if score is None:
+                unmatched.append(out.text or "")
+            detail = "" if score is not None else "no score in output"
+        elif out.status == "failed":
+            score, detail = None, "judge failed"
+        else:
+            continue
+        scores[out.lane] = score
+        if record is not None:
+            record(by_key[out.lane], score, "llm", detail=detail, wave=out.wave)
+    return scores, unmatched
+
+
+@register_reducer
+class UniversalSelfConsistency:
+    """Universal self-consistency (Chen et al. 2023): one more governed call shows the model
+    every candidate and asks which is the most consistent; that one wins. Works where answers
+    cannot be extracted and compared (free text). Falls back to the vote, and says so, when
+    the choice cannot be read."""
+
+    name: ClassVar[str] = "usc"
+    needs_judge: ClassVar[bool] = False
+    judge_keys: ClassVar[frozenset[str]] = frozenset(
+        {"backend", "temperature", "max_tokens", "stop", "usc_template"})
+
+    def __init__(self, options: ReduceOptions | None = None) -> None:
+        self.options = options or ReduceOptions()
+
+    async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
+        candidates = [lane for lane in lanes if lane.completed]
+        fallback = _voted(self.name, lanes, vote(
+            lanes, tie_break=self.options.tie_break, seed=self.options.seed))
+        if len(candidates) < 2:  # nothing to choose between
+            return fallback
+        listing = "\n".join(f"Response {i}:\n{lane.text or ''}\n"
+                            for i, lane in enumerate(candidates))
+        template = ctx.judge.usc_template or USC_TEMPLATE
+        prompt = template.replace("{question}", ctx.question).replace("{candidates}", listing)
+        (out,) = await ctx.wave([prompt], params=ctx.judge.params, purpose="usc",
+                                bill="verifier", quorum=1, share_prefix=False, extract=False,
+                                backend="judge")
+        match = _USC_CHOICE.search(out.text or "")
+        choice = int(match.group(1)) if match else None
+        if choice is None or not 0 <= choice < len(candidates):
+            detail = {"fallback": "majority_vote",
+                      "output": _shorten(out.text or "", 200)}
+            return Reduction(**{**_fields(fallback), "detail": detail})
+        chosen = candidates[choice]
+        winner = normalize_answer(chosen.answer) if chosen.answer else None
+        given = [normalize_answer(lane.answer) for lane in candidates if lane.answer]
+        agreement = given.count(winner) / len(given) if winner and given else None
+        return Reduction(
+            reducer=self.name, winner=winner, winner_lane=chosen.lane, votes=fallback.votes,
+            tie_break="none", abstentions=fallback.abstentions, agreement=agreement,
+            reason=None if winner else "the chosen response has no extractable answer",
+            detail={"selected": choice, "selected_lane": chosen.lane},
+            wave=_one_wave(lanes))
+
+
+@register_reducer
+class AnyPass:
+    """The first lane (lowest index) the verifier accepts: for tasks with an oracle, such as
+    unit tests. No lane passing is no answer."""
+
+    name: ClassVar[str] = "any_pass"
+    needs_judge: ClassVar[bool] = True
+    needs_verifier: ClassVar[bool] = True
+    judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
+
+    def __init__(self, options: ReduceOptions | None = None) -> None:
+        self.options = options or ReduceOptions()
+
+    async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
+        if ctx.verifier is None:
+            raise ConfigError("judge.verifier: any_pass needs a verifier (judge.verifier or "
+                              "judge.verifier_command)")
+        verdicts: dict[int, Verdict] = await ctx.verify(lanes)
+        passing = [lane for lane in sorted(lanes, key=lambda s: s.lane)
+                   if lane.lane in verdicts and verdicts[lane.lane].passed]
+        scores = {lane: v.score for lane, v in verdicts.items()}
+        judged = len(verdicts)
+        if not passing:
+            return Reduction(reducer=self.name, winner=None, winner_lane=None, scores=scores,
+                             abstentions=judged, reason=f"no lane passed the verifier "
+                             f"({judged} judged)", wave=_one_wave(lanes),
+                             detail={"passed": 0, "judged": judged})
+        first = passing[0]
+        return Reduction(
+            reducer=self.name, winner=normalize_answer(first.answer) if first.answer else None,
+            winner_lane=first.lane, scores=scores, tie_break="first_lane",
+            abstentions=judged - len(passing), agreement=len(passing) / judged,
+            detail={"passed": len(passing), "judged": judged}, wave=_one_wave(lanes))

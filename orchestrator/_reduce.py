@@ -1,0 +1,143 @@
+"""Re-reduction: reduce a finished run's lanes again, from its log, without sampling.
+
+`orchestrator reduce RUN_ID --reducer NAME` and `Session.reduce`. The next reduction number
+is opened with `reduce.started` and closed with `reduce.completed`, appended under the run's
+lock. A reducer that needs a model (an LLM judge, usc) runs its own governed wave on the
+run's judge backend (or its backend); no other reducer builds a backend at all. A
+re-reduction cut off by a crash is continued by the same command (its waves replayed); asking
+for another reducer while one is unfinished is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from coordinators import outcome_of
+from orchestrator._result import RunResult, result_from_state
+from orchestrator._runner import (
+    Observer,
+    context,
+    question_of,
+    record_interrupt,
+    set_fsync,
+    source_of,
+)
+from orchestrator._store import fold_record
+from primitives import (
+    Backend,
+    ConfigError,
+    ExtractSpec,
+    JsonlEventLog,
+    Lane,
+    LaneFailure,
+    Ledger,
+    Outcome,
+    Recorder,
+    ReduceOptions,
+    RunError,
+    RunState,
+    Sample,
+    SampleRequest,
+    extract_answer,
+    get_logger,
+    resolve_reducer,
+)
+from primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
+
+if TYPE_CHECKING:
+    from orchestrator._session import Session
+
+__all__ = ("reduce_run",)
+
+
+class _NoSampling:
+    """Stands where a backend would for a reducer that needs none: sampling is refused."""
+
+    name = "none"
+    shares_prefix = False
+    max_lanes_per_request = None
+
+    def count_prompt_tokens(self, prompt: str) -> int | None:
+        return None
+
+    def sample(self, request: SampleRequest) -> AsyncIterator[Sample | LaneFailure]:
+        raise RunError("this reduction may not sample: its reducer needs no model")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def reduce_run(session: Session, run_id: str, *, reducer: str,
+                     extract: ExtractSpec | None = None, observer: Observer | None = None,
+                     stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+    cls = resolve_reducer(reducer, key="--reducer")
+    log = JsonlEventLog.open_for_resume(session.store.existing(run_id), fsync="barrier")
+    try:
+        state, config = fold_record(list(log.read()), source_of(log), run_id)
+        if state.result is None:
+            raise ConfigError(f"run {run_id} has not completed: resume it before reducing it again")
+        set_fsync(log, config)
+        recorder = Recorder(log, state.run_id or run_id, state, observer=observer)
+        spec = extract.model_dump(mode="json") if extract is not None else None
+        opened = state.open_reduction
+        if opened is not None and (opened.reducer, opened.extract) != (reducer, spec):
+            raise ConfigError(f"run {run_id}: reduction {opened.reduction} ({opened.reducer}) "
+                              f"was cut off; finish it first with --reducer {opened.reducer}")
+        if opened is None:
+            number = max(state.reductions, default=1) + 1
+            opened = recorder.emit(ReduceStarted, ReduceStartedData(
+                reduction=number, reducer=reducer, extract=spec,
+                candidates_wave=state.reduction_waves.get(1) or 1,
+                first_wave=max(state.waves, default=0) + 1)).data
+        else:
+            flying = state.in_flight()
+            if flying:  # a crash cut the last try: charge what it had in flight
+                recorder.emit(RunResumed, RunResumedData(
+                    resumed_after_sequence=state.last_sequence,
+                    in_flight=[(wave, lane.lane) for wave, lane in flying],
+                    active_seconds_before=state.active_seconds()))
+        needs_model = cls.name == "usc" or (getattr(cls, "needs_judge", False)
+                                           and session.verifier_for(config) is None)
+        backend: Backend
+        judge: Backend | None = None
+        if needs_model:
+            backend, judge = await session._backends(config)
+        else:
+            backend = _NoSampling()
+        ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend))
+        ctx = context(config, question_of(state), recorder, ledger, backend, judge,
+                      limiter=session.limiter, verifier=session.verifier_for(config),
+                      log=get_logger("lanefold.reduce", run_id=run_id),
+                      reduction=opened.reduction, first_wave=opened.first_wave)
+        lanes = _candidates(state, opened.candidates_wave, extract)
+        params = config.loop_params
+        options = ReduceOptions(tie_break=str(getattr(params, "tie_break", "first_lane")),
+                                weighting=str(getattr(params, "weighting", "none")),
+                                seed=config.loop.seed)
+        try:
+            reduction = await ctx.reduce(lanes, cls(options))
+        except anyio.get_cancelled_exc_class():
+            record_interrupt(recorder, ledger, stop_reason(), lanes_only=True)
+            raise
+    finally:
+        log.close()
+    outcome: Outcome = outcome_of(reduction, lanes)
+    return result_from_state(state, outcome, ledger.spent, state.active_seconds(),
+                             recorder.log_path).model_copy(update={"resumes": state.resumes})
+
+
+def _candidates(state: RunState, wave_no: int, extract: ExtractSpec | None) -> list[Lane]:
+    """The lanes the run's own reduce read, answers read again with `extract` if given."""
+    wave = state.waves.get(wave_no)
+    if wave is None:
+        raise ConfigError(f"run {state.run_id}: no wave {wave_no} to reduce")
+    lanes = [Lane.of(wave_no, s) for _, s in sorted(wave.lanes.items())]
+    if extract is not None:
+        lanes = [dataclasses.replace(lane, answer=extract_answer(lane.text or "", extract))
+                 if lane.completed else lane for lane in lanes]
+    return lanes

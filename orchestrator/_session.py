@@ -1,0 +1,324 @@
+"""The Session: many runs on backends built (and models loaded) once.
+
+    async with orchestrator.Session(config) as session:
+        result = await session.run("What is 17 * 23?")
+        async for result in session.run_many(questions, concurrency=8):
+            ...
+
+A Session closes what it built and never what it was given. Runs in flight at once share its
+backends (on the engine their lanes decode in the same batches) and its limiter.
+`orchestrator.run`, `resume` and the CLI are a Session of one run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+import sniffio
+
+from orchestrator._config import VERSION, LoopConfig, config_hash, load_config, preflight
+from orchestrator._reduce import reduce_run
+from orchestrator._result import RunResult
+from orchestrator._runner import (
+    Observer,
+    build_backend,
+    check_question,
+    close,
+    drive,
+    load,
+    question_of,
+    recorded_failure,
+    set_fsync,
+    source_of,
+)
+from orchestrator._store import RunStore, fold_record
+from primitives import (
+    Backend,
+    CommandVerifier,
+    ConfigError,
+    EventLog,
+    ExtractSpec,
+    JsonlEventLog,
+    Ledger,
+    Recorder,
+    RunState,
+    Verifier,
+    as_verifier,
+    import_verifier,
+)
+from primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
+
+__all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
+
+T = TypeVar("T")
+VerifierLike = Verifier | Callable[..., Any] | str | Sequence[str]
+
+
+class Session:
+    """Runs questions through one config's loop on backends it builds once.
+
+    `config` is a LoopConfig or a path to one (default: the embedded defaults). `backend`,
+    `judge_backend` and `limiter` replace what the config would build and are never closed
+    here; `verifier` (a callable, `module:function`, a command argv or a Verifier) replaces the
+    config's. A run resumed here whose recorded backend differs from the session's gets its
+    own, built for it and closed after it.
+    """
+
+    def __init__(self, config: LoopConfig | str | Path | None = None, *,
+                 backend: Backend | None = None, judge_backend: Backend | None = None,
+                 limiter: anyio.CapacityLimiter | None = None, runs_dir: str | Path = "runs",
+                 verifier: VerifierLike | None = None) -> None:
+        self.source = "<config>"
+        if config is not None and not isinstance(config, LoopConfig):
+            self.source, config = str(config), load_config(config)
+        self._config = config
+        self.store = RunStore(runs_dir)
+        self.limiter = limiter
+        self._given = (backend, judge_backend)
+        self._verifier = as_verifier(verifier) if verifier is not None else None
+        self._built: dict[str, Backend] = {}  # backend config JSON -> what this session built
+        self._loaded: set[int] = set()
+        self._lock = anyio.Lock()
+        if config is not None:
+            preflight(config, self.source, verifier_given=verifier is not None)
+
+    @property
+    def config(self) -> LoopConfig:
+        """The config new runs use (the embedded defaults when none was given)."""
+        if self._config is None:
+            self._config = LoopConfig()
+        return self._config
+
+    async def __aenter__(self) -> Session:
+        if self._config is not None:  # the model loads now, not at the first question
+            await self._backends(self._config)
+        await self._load_given()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the backends this session built (never the ones it was given)."""
+        built, self._built = list(self._built.values()), {}
+        await close(built)
+
+    # -- backends ---------------------------------------------------------------------------------
+
+    async def _backends(self, config: LoopConfig) -> tuple[Backend, Backend | None]:
+        given, given_judge = self._given
+        backend = given or await self._build(config.backend)
+        judge = given_judge
+        if judge is None and config.judge.backend is not None:
+            judge = await self._build(config.judge.backend)
+        return backend, judge
+
+    async def _build(self, section: Any) -> Backend:
+        key = section.model_dump_json()
+        async with self._lock:  # two runs starting at once build (and load) one backend
+            backend = self._built.get(key)
+            if backend is None:
+                backend = self._built[key] = build_backend(section)
+            if id(backend) not in self._loaded:
+                await load(backend)  # model loading is not sampling time (max_seconds)
+                self._loaded.add(id(backend))
+        return backend
+
+    async def _load_given(self) -> None:
+        for backend in self._given:
+            if backend is not None and id(backend) not in self._loaded:
+                await load(backend)
+                self._loaded.add(id(backend))
+
+    def verifier_for(self, config: LoopConfig) -> Verifier | None:
+        """The session's verifier, else the one the config names."""
+        if self._verifier is not None:
+            return self._verifier
+        judge = config.judge
+        if judge.verifier is not None:
+            return import_verifier(judge.verifier, timeout_s=judge.verifier_timeout_s)
+        if judge.verifier_command is not None:
+            return CommandVerifier(judge.verifier_command, timeout_s=judge.verifier_timeout_s,
+                                   max_concurrency=config.loop.max_concurrency)
+        return None
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    async def run(self, question: str, *, run_id: str | None = None,
+                  observer: Observer | None = None, log: EventLog | None = None,
+                  stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+        """Run the loop on one question; its log lands in `runs_dir/<run_id>/events.jsonl`.
+
+        Cancelling the call records the run as interrupted (resumable) and re-raises.
+        """
+        config = self.config
+        check_question(question)
+        run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
+        backend, judge_backend = await self._backends(config)
+        await self._load_given()
+        log = log or JsonlEventLog.create(self.store.events_path(run_id), fsync=config.log.fsync)
+        recorder = Recorder(log, run_id, RunState(pricing=config.pricing), observer=observer)
+        try:
+            recorder.emit(RunStarted, RunStartedData(
+                config=config.model_dump(mode="json"), config_hash=config_hash(config),
+                question=question, coordinator=config.loop.coordinator, backend=backend.name,
+                library_version=VERSION))
+        except BaseException:
+            log.close()
+            raise
+        ledger = Ledger(config.budget, config.pricing)
+        return await drive(config, question, recorder, ledger, backend, judge_backend,
+                           limiter=self.limiter, verifier=self.verifier_for(config),
+                           stop_reason=stop_reason)
+
+    async def run_many(self, questions: Iterable[str], *, concurrency: int = 8,
+                       run_ids: Sequence[str] | None = None) -> AsyncIterator[RunResult]:
+        """Run every question, up to `concurrency` at once; results in completion order.
+
+        Each result's `index` is its question's position. The first run that fails raises
+        here; the runs still in flight are then interrupted (recorded, resumable).
+        """
+        if concurrency < 1:
+            raise ConfigError(f"concurrency: must be at least 1, got {concurrency}")
+        todo = list(enumerate(questions))
+        if run_ids is not None and len(run_ids) != len(todo):
+            raise ConfigError(f"run_ids: {len(run_ids)} ids for {len(todo)} questions")
+        for _, question in todo:
+            check_question(question)
+        send, receive = anyio.create_memory_object_stream[RunResult](concurrency)
+        queue = iter(todo)
+
+        async def worker() -> None:
+            for index, question in queue:  # shared: each question taken by one worker
+                result = await self.run(question, run_id=run_ids[index] if run_ids else None)
+                await send.send(result.model_copy(update={"index": index}))
+
+        async def produce() -> None:
+            async with send:
+                async with anyio.create_task_group() as workers:
+                    for _ in range(min(concurrency, len(todo))):
+                        workers.start_soon(worker)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            async with receive:
+                async for result in receive:
+                    yield result
+
+    async def resume(self, run_id: str, *, observer: Observer | None = None,
+                     log: EventLog | None = None,
+                     stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+        """Continue a run from its log. A finished run returns its recorded result.
+
+        Completed lanes are kept; lanes in flight at a crash are charged their hold and, with
+        the lanes an interrupt cut off, dispatched again. Another process writing the run
+        raises RunInUseError before anything is touched.
+        """
+        if log is None:
+            # A finished run needs no writer (nor a writable disk): its record stands as read.
+            peek = self.store.read_state(run_id)
+            if peek.result is not None:
+                return RunResult.model_validate(peek.result)
+            if peek.failure is not None:
+                raise recorded_failure(peek)
+            log = JsonlEventLog.open_for_resume(self.store.existing(run_id), fsync="barrier")
+        try:
+            # Read again under the lock: another writer may have moved on since the peek.
+            state, config = fold_record(list(log.read()), source_of(log), run_id)
+            if state.result is not None:
+                log.close()
+                return RunResult.model_validate(state.result)
+            if state.failure is not None:
+                log.close()
+                raise recorded_failure(state)
+            set_fsync(log, config)
+            backend, judge_backend = await self._backends(config)
+            await self._load_given()
+            recorder = Recorder(log, state.run_id or run_id, state, observer=observer)
+            torn = getattr(log, "torn_tail", None)
+            recorder.emit(RunResumed, RunResumedData(
+                resumed_after_sequence=state.last_sequence,
+                in_flight=[(wave, lane.lane) for wave, lane in state.in_flight()],
+                torn_tail_bytes=torn.bytes if torn else 0,
+                torn_tail_line=torn.line if torn else None,
+                active_seconds_before=state.active_seconds()))
+        except BaseException:
+            log.close()
+            raise
+        ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend),
+                        elapsed_before=state.active_seconds_before)
+        return await drive(config, question_of(state), recorder, ledger, backend,
+                           judge_backend, limiter=self.limiter,
+                           verifier=self.verifier_for(config), stop_reason=stop_reason)
+
+    async def reduce(self, run_id: str, *, reducer: str, extract: ExtractSpec | None = None,
+                     observer: Observer | None = None,
+                     stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+        """Reduce a finished run's lanes again with `reducer`, without sampling.
+
+        Appends `reduce.started` and `reduce.completed` (the next reduction number) under
+        the run's lock; a judge or usc reducer runs only its own governed wave. Returns the
+        result as this reduction gives it (the run's recorded result is left as it was).
+        """
+        return await reduce_run(self, run_id, reducer=reducer, extract=extract,
+                                observer=observer, stop_reason=stop_reason)
+
+
+async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str | Path = "runs",
+              run_id: str | None = None, backend: Backend | None = None,
+              judge_backend: Backend | None = None, limiter: anyio.CapacityLimiter | None = None,
+              observer: Observer | None = None, log: EventLog | None = None,
+              verifier: VerifierLike | None = None) -> RunResult:
+    """Run a loop on one question (a Session of one run).
+
+    `backend`, `judge_backend`, `limiter` (shared across runs) and `log` (any EventLog) replace
+    what the config would build; what is given is never closed here. `observer` sees every
+    event as it is recorded. Cancelling the call records the run as interrupted (resumable)
+    and re-raises the cancellation.
+    """
+    check_question(question)
+    async with Session(config, backend=backend, judge_backend=judge_backend, limiter=limiter,
+                       runs_dir=runs_dir, verifier=verifier) as session:
+        return await session.run(question, run_id=run_id, observer=observer, log=log)
+
+
+async def resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backend | None = None,
+                 judge_backend: Backend | None = None,
+                 limiter: anyio.CapacityLimiter | None = None,
+                 observer: Observer | None = None, log: EventLog | None = None,
+                 verifier: VerifierLike | None = None) -> RunResult:
+    """Continue a run from its log (a Session of one resume). A finished run returns its
+    recorded result, calling nothing; its backends are built from the recorded config."""
+    # No config: the session builds what the run's recorded config names, when it needs it.
+    async with Session(backend=backend, judge_backend=judge_backend, limiter=limiter,
+                       runs_dir=runs_dir, verifier=verifier) as session:
+        return await session.resume(run_id, observer=observer, log=log)
+
+
+def _sync(call: Callable[[], Awaitable[T]]) -> T:
+    """Run `call` to the end from synchronous code, even where an event loop already runs in
+    this thread (a notebook): then on a fresh loop in a worker thread."""
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return anyio.run(call)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lanefold-sync") as pool:
+        return pool.submit(anyio.run, call).result()
+
+
+def run_sync(config: LoopConfig | str | Path, question: str, **kwargs: Any) -> RunResult:
+    """`run` for scripts and notebooks (works inside a running event loop too)."""
+    return _sync(functools.partial(run, config, question, **kwargs))
+
+
+def resume_sync(run_id: str, **kwargs: Any) -> RunResult:
+    """`resume` for scripts and notebooks."""
+    return _sync(functools.partial(resume, run_id, **kwargs))
