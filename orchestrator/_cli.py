@@ -182,11 +182,22 @@ def _logging_to_stderr(verbose: bool) -> Iterator[None]:
 
 
 def _on_path(config: str | Path) -> None:
-    """`module:function` verifiers resolve from the config file's folder and the working
+    """`module:...` loops and verifiers resolve from the config file's folder and the working
     directory, as a user expects of a file that sits beside its config."""
     for folder in (str(Path(config).resolve().parent), str(Path.cwd())):
         if folder not in sys.path:
             sys.path.insert(0, folder)
+
+
+def _on_path_of_run(runs_dir: str, run_id: str) -> None:
+    """For resume and reduce: the folder the run's config was in (its `run.started` says)."""
+    folder: Any = None
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, KeyError):
+        with RunStore(runs_dir).events_path(run_id).open("rb") as log:
+            folder = json.loads(log.readline())["data"].get("config_dir")
+    for each in ([folder] if isinstance(folder, str) else []) + [str(Path.cwd())]:
+        if each not in sys.path:
+            sys.path.insert(0, each)
 
 
 def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
@@ -273,6 +284,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
+    _on_path_of_run(args.runs_dir, args.run_id)
     with _live(args.json, lambda: RunStore(args.runs_dir).read_state(args.run_id)) as observer:
 
         async def go(reason: Callable[[], str]) -> RunResult:
@@ -284,6 +296,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_reduce(args: argparse.Namespace) -> int:
+    _on_path_of_run(args.runs_dir, args.run_id)
     extract = None
     if args.extract_regex is not None:
         extract = _extract_spec({"method": "regex", "regex": args.extract_regex})
@@ -311,6 +324,7 @@ def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
+    _on_path_of_run(args.runs_dir, args.run_id)
     store = RunStore(args.runs_dir)
     path = store.events_path(args.run_id)
     log = JsonlEventLog(path)
@@ -344,6 +358,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    _on_path_of_run(args.runs_dir, args.run_id)
     store = RunStore(args.runs_dir)
     _, state, _ = store.read(args.run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]

@@ -170,7 +170,7 @@ class Session:
             recorder.emit(RunStarted, RunStartedData(
                 config=config.model_dump(mode="json"), config_hash=config_hash(config),
                 question=question, coordinator=config.loop.coordinator, backend=backend.name,
-                library_version=VERSION))
+                library_version=VERSION, config_dir=self._config_dir()))
         except BaseException:
             log.close()
             raise
@@ -178,6 +178,11 @@ class Session:
         return await drive(config, question, recorder, ledger, backend, judge_backend,
                            limiter=self.limiter, verifier=self.verifier_for(config),
                            stop_reason=stop_reason)
+
+    def _config_dir(self) -> str | None:
+        if self.source == "<config>":
+            return None
+        return str(Path(self.source).resolve().parent)
 
     async def run_many(self, questions: Iterable[str], *, concurrency: int = 8,
                        run_ids: Sequence[str] | None = None) -> AsyncIterator[RunResult]:

@@ -143,6 +143,8 @@ class RunStartedData(_Frozen):
     coordinator: str
     backend: str
     library_version: str
+    # The config file's folder, where a `module:...` loop or verifier beside it is imported from
+    config_dir: str | None = Field(None, exclude_if=_absent)
 
 
 class RunStarted(Event):
