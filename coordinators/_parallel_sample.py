@@ -55,6 +55,9 @@ class ParallelSampleParams(BaseModel):
     def _quorum(self) -> ParallelSampleParams:
         if self.min_quorum > self.k:
             raise ValueError(f"loop.min_quorum: {self.min_quorum} is more than loop.k ({self.k})")
+        if self.weighting == "verifier" and self.reducer != "weighted_vote":
+            raise ValueError(f"loop.weighting: \"verifier\" weighs a weighted_vote; the "
+                             f"{self.reducer} reducer would ignore it")
         return self
 
 
@@ -71,12 +74,18 @@ class ParallelSample:
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         p = self.params
         params = ctx.sampling
-        if p.weighting == "mean_logprob" and not params.logprobs:
+        if _weighs_logprobs(p) and not params.logprobs:
             params = replace(params, logprobs=True)
         lanes = await ctx.wave([ctx.prompt(question)] * p.k, params=params, quorum=p.min_quorum)
         reduction = await ctx.reduce(lanes, p.reducer, options=ReduceOptions(
             tie_break=p.tie_break, weighting=p.weighting, seed=ctx.seed))
         return outcome_of(reduction, lanes)
+
+
+def _weighs_logprobs(p: ParallelSampleParams) -> bool:
+    """Whether the reducer weighs lanes by their mean token logprob (so must ask for them)."""
+    return p.weighting == "mean_logprob" or (p.reducer == "weighted_vote"
+                                             and p.weighting == "none")
 
 
 def outcome_of(reduction: Reduction, lanes: Sequence[Lane]) -> Outcome:

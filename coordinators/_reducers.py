@@ -129,16 +129,24 @@ class WeightedVote:
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
         by = self.options.weighting if self.options.weighting != "none" else "mean_logprob"
+        scores: dict[int, float | None] = {}
         if by == "verifier":
             verdicts = await ctx.verify(lanes)
-            weights = {lane: max(v.score, 0.0) if v.score is not None else 0.0
-                       for lane, v in verdicts.items()}
+            scores = {lane: v.score for lane, v in verdicts.items()}
+            # A lane the verifier gave nothing (or less than nothing) does not vote.
+            weights = {lane.lane: max(scores.get(lane.lane) or 0.0, 0.0) for lane in lanes}
+            lanes = [lane if weights[lane.lane] > 0 else _abstaining(lane) for lane in lanes]
         else:
             weights = logprob_weights(lanes)
         result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed,
                       weights=weights)
         reduction = _voted(self.name, lanes, result)
-        return Reduction(**{**_fields(reduction), "detail": {"weighting": by}})
+        return Reduction(**{**_fields(reduction), "scores": scores, "detail": {"weighting": by}})
+
+
+def _abstaining(lane: Lane) -> Lane:
+    return Lane(lane.wave, lane.lane, lane.status, lane.text, None, lane.logprob_mean,
+                lane.finish_reason, lane.error, lane.prompt)
 
 
 def _fields(reduction: Reduction) -> dict[str, Any]:

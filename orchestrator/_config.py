@@ -282,7 +282,7 @@ def _describe(exc: ValidationError, prefix: str = "") -> str:
     """`where: what (and N more)` for the first error of a validation."""
     error = exc.errors()[0]
     where = ".".join([prefix] * bool(prefix) + _location(error["loc"]))
-    message = error["msg"]
+    message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = "unknown key"
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
@@ -374,7 +374,9 @@ def preflight(config: LoopConfig, source: str = "<config>", *,
         cls = resolve_reducer(reducer)
         j = config.judge
         has_verifier = verifier_given or j.verifier is not None or j.verifier_command is not None
-        if getattr(cls, "needs_verifier", False) and not has_verifier:
+        needs_verifier = getattr(cls, "needs_verifier", False) or getattr(
+            config.loop_params, "weighting", None) == "verifier"
+        if needs_verifier and not has_verifier:
             raise ConfigError(f"{source}: judge.verifier: reducer {reducer} needs a verifier "
                               f"(judge.verifier or judge.verifier_command)")
         if getattr(cls, "needs_judge", False) and j.template is None and not has_verifier:

@@ -88,6 +88,14 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
         if opened is not None and (opened.reducer, opened.extract) != (reducer, spec):
             raise ConfigError(f"run {run_id}: reduction {opened.reduction} ({opened.reducer}) "
                               f"was cut off; finish it first with --reducer {opened.reducer}")
+        # Everything that can refuse is checked before the log is touched.
+        verifier = session.verifier_for(config)
+        params = config.loop_params
+        weighting = str(getattr(params, "weighting", "none"))
+        if verifier is None and (getattr(cls, "needs_verifier", False) or (
+                cls.name == "weighted_vote" and weighting == "verifier")):
+            raise ConfigError(f"--reducer: {reducer} needs a verifier, and run {run_id}'s config "
+                              f"has none (judge.verifier or judge.verifier_command)")
         if opened is None:
             number = max(state.reductions, default=1) + 1
             opened = recorder.emit(ReduceStarted, ReduceStartedData(
@@ -102,7 +110,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                     in_flight=[(wave, lane.lane) for wave, lane in flying],
                     active_seconds_before=state.active_seconds()))
         needs_model = cls.name == "usc" or (getattr(cls, "needs_judge", False)
-                                           and session.verifier_for(config) is None)
+                                           and verifier is None)
         backend: Backend
         judge: Backend | None = None
         if needs_model:
@@ -111,14 +119,12 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
             backend = _NoSampling()
         ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend))
         ctx = context(config, question_of(state), recorder, ledger, backend, judge,
-                      limiter=session.limiter, verifier=session.verifier_for(config),
+                      limiter=session.limiter, verifier=verifier,
                       log=get_logger("lanefold.reduce", run_id=run_id),
                       reduction=opened.reduction, first_wave=opened.first_wave)
         lanes = _candidates(state, opened.candidates_wave, extract)
-        params = config.loop_params
         options = ReduceOptions(tie_break=str(getattr(params, "tie_break", "first_lane")),
-                                weighting=str(getattr(params, "weighting", "none")),
-                                seed=config.loop.seed)
+                                weighting=weighting, seed=config.loop.seed)
         try:
             reduction = await ctx.reduce(lanes, cls(options))
         except anyio.get_cancelled_exc_class():

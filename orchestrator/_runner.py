@@ -28,6 +28,7 @@ from primitives import (
     LanefoldError,
     Ledger,
     LogWriteError,
+    NonDeterminismError,
     Outcome,
     Recorder,
     RetryPolicy,
@@ -123,6 +124,8 @@ async def drive(config: LoopConfig, question: str, recorder: Recorder, ledger: L
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         error = lanefold_error(exc)
+        if isinstance(error, NonDeterminismError):
+            raise error from exc  # nothing ran: the log stays resumable by the code that wrote it
         if not recorder.broken:
             try:  # the record must end, whatever ended the run
                 recorder.emit(RunFailed, RunFailedData(

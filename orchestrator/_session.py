@@ -32,6 +32,7 @@ from orchestrator._runner import (
     check_question,
     close,
     drive,
+    lanefold_error,
     load,
     question_of,
     recorded_failure,
@@ -67,8 +68,8 @@ class Session:
     `config` is a LoopConfig or a path to one (default: the embedded defaults). `backend`,
     `judge_backend` and `limiter` replace what the config would build and are never closed
     here; `verifier` (a callable, `module:function`, a command argv or a Verifier) replaces the
-    config's. A run resumed here whose recorded backend differs from the session's gets its
-    own, built for it and closed after it.
+    config's. A run resumed here whose recorded backend differs from the session's gets one
+    built for it, kept (for later runs of that backend) until the session closes.
     """
 
     def __init__(self, config: LoopConfig | str | Path | None = None, *,
@@ -82,7 +83,7 @@ class Session:
         self.store = RunStore(runs_dir)
         self.limiter = limiter
         self._given = (backend, judge_backend)
-        self._verifier = as_verifier(verifier) if verifier is not None else None
+        self._verifier = verifier  # made a Verifier with each config's timeout, when used
         self._built: dict[str, Backend] = {}  # backend config JSON -> what this session built
         self._loaded: set[int] = set()
         self._lock = anyio.Lock()
@@ -140,9 +141,10 @@ class Session:
 
     def verifier_for(self, config: LoopConfig) -> Verifier | None:
         """The session's verifier, else the one the config names."""
-        if self._verifier is not None:
-            return self._verifier
         judge = config.judge
+        if self._verifier is not None:
+            return as_verifier(self._verifier, timeout_s=judge.verifier_timeout_s,
+                               max_concurrency=config.loop.max_concurrency)
         if judge.verifier is not None:
             return import_verifier(judge.verifier, timeout_s=judge.verifier_timeout_s)
         if judge.verifier_command is not None:
@@ -189,7 +191,8 @@ class Session:
         """Run every question, up to `concurrency` at once; results in completion order.
 
         Each result's `index` is its question's position. The first run that fails raises
-        here; the runs still in flight are then interrupted (recorded, resumable).
+        its error here; the runs still in flight are then interrupted (recorded, resumable),
+        as they are when the caller stops iterating early.
         """
         if concurrency < 1:
             raise ConfigError(f"concurrency: must be at least 1, got {concurrency}")
@@ -200,6 +203,7 @@ class Session:
             check_question(question)
         send, receive = anyio.create_memory_object_stream[RunResult](concurrency)
         queue = iter(todo)
+        stopped = False
 
         async def worker() -> None:
             for index, question in queue:  # shared: each question taken by one worker
@@ -212,11 +216,21 @@ class Session:
                     for _ in range(min(concurrency, len(todo))):
                         workers.start_soon(worker)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(produce)
-            async with receive:
-                async for result in receive:
-                    yield result
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                async with receive:
+                    async for result in receive:
+                        try:
+                            yield result
+                        except GeneratorExit:  # the caller stopped early (break, aclose)
+                            stopped = True
+                            tg.cancel_scope.cancel()  # runs in flight record their interrupt
+                            break
+        except BaseExceptionGroup as group:
+            if stopped or not group.subgroup(Exception):
+                raise
+            raise lanefold_error(group) from None
 
     async def resume(self, run_id: str, *, observer: Observer | None = None,
                      log: EventLog | None = None,

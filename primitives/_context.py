@@ -139,11 +139,11 @@ class RunContext:
                    purpose: str = "sample", bill: Bill | None = None, quorum: int = 1,
                    share_prefix: bool = True, extract: ExtractSpec | bool | None = True,
                    backend: Literal["main", "judge"] = "main") -> list[Lane]:
+        if isinstance(prompts, str):
+            raise ConfigError("ctx.wave: give a list of prompts, not one string")
         jobs = tuple(p if isinstance(p, LaneJob) else LaneJob(i, p) for i, p in enumerate(prompts))
         if not jobs:
             return []
-        if isinstance(prompts, str):
-            raise ConfigError("ctx.wave: give a list of prompts, not one string")
         if len({job.lane for job in jobs}) != len(jobs):
             raise ConfigError("ctx.wave: two jobs with one lane number")
         if not 0 <= quorum <= len(jobs):
