@@ -109,6 +109,7 @@ class Progress:
         self.cost = 0.0
         self.tokens = 0
         self.phase = "starting"
+        self.last = ""  # the latest event the count does not show
 
     def __enter__(self) -> Progress:
         self._live.__enter__()
@@ -137,9 +138,16 @@ class Progress:
             self.tokens += d.usage.input_tokens + d.usage.output_tokens  # type: ignore[union-attr]
         elif event.type == "lane.failed" and d.final:  # type: ignore[union-attr]
             self.failed += 1
+        elif event.type not in _COUNTED:  # a loop's own event, say: its line, under the count
+            self.last = escape(describe(event))
         self._live.update(f"[bold]{self.phase}[/] lanes {self.done}/{self.k} landed"
                           f"{f', {self.failed} failed' if self.failed else ''} · "
-                          f"{self.tokens} tokens computed · ${self.cost:.6f}")
+                          f"{self.tokens} tokens computed · ${self.cost:.6f}"
+                          + (f"\n{self.last}" if self.last else ""))
+
+
+_COUNTED = frozenset({"wave.started", "lane.dispatched", "lane.completed", "lane.failed",
+                      "wave.barrier", "run.started", "run.completed", "run.resumed"})
 
 
 def summary(result: RunResult, console: Console | None = None) -> None:
@@ -152,14 +160,18 @@ def summary(result: RunResult, console: Console | None = None) -> None:
         console.print(f"[bold]answer[/]: {escape(repr(result.answer))}  (lane "
                       f"{result.winner_lane}, {result.reducer}, tie-break {result.tie_break})",
                       soft_wrap=True)
-    if result.reducer == "majority_vote":
+    if result.votes or result.reducer in ("majority_vote", "weighted_vote", "usc"):
         console.print(f"votes: {escape(tally(result.votes)) if result.votes else 'no votes'}"
                       + (f"  (agreement {result.agreement:.0%})"
                          if result.agreement is not None else ""), soft_wrap=True)
-    else:
+    elif result.scores or result.reducer in ("judge_argmax", "any_pass"):
         console.print(f"scores: {_scores(result.scores) or 'none'}"
                       + (f"  (margin {_number(result.margin)})" if result.margin is not None
                          else ""), soft_wrap=True)
+    if result.outcome:  # the loop's own account
+        text = json.dumps(result.outcome)
+        console.print(f"outcome: {escape(text if len(text) <= 200 else text[:199] + '…')}",
+                      soft_wrap=True, highlight=False)
     console.print(f"lanes: {result.lanes_completed} completed, {result.lanes_failed} failed"
                   f"{f', resumed {result.resumes}x' if result.resumes else ''}"
                   f" · {result.elapsed_s:.2f} s")
