@@ -90,7 +90,9 @@ def _weighs_logprobs(p: ParallelSampleParams) -> bool:
 
 def outcome_of(reduction: Reduction, lanes: Sequence[Lane]) -> Outcome:
     """The Outcome a reduction over `lanes` gives: its answer, winner, agreement and margin."""
-    winner = next((lane for lane in lanes if lane.lane == reduction.winner_lane), None)
+    wave = reduction.winner_wave
+    winner = next((lane for lane in lanes if lane.lane == reduction.winner_lane
+                   and wave in (None, lane.wave)), None)
     answered = reduction.winner_lane is not None
     return Outcome(
         answer=reduction.winner, winner_lane=reduction.winner_lane,

@@ -49,16 +49,27 @@ _USC_CHOICE = re.compile(r"response\s*#?\s*(\d+)", re.IGNORECASE)
 
 def vote(lanes: Sequence[Lane], *, tie_break: str, seed: int,
          weights: Mapping[int, float] | None = None) -> VoteResult:
-    """The vote over lanes: a lane that did not complete abstains; `weights` by lane."""
-    ballots = [Ballot(lane.lane, lane.answer if lane.completed else None,
-                      (weights or {}).get(lane.lane, 1.0))
-               for lane in sorted(lanes, key=lambda s: s.lane)]
+    """The vote over lanes: a lane that did not complete abstains; `weights` by lane.
+
+    Lanes of one wave vote by lane number; lanes of several waves (a debate's rounds, say)
+    by their position in `lanes`, so `winner_lane` is then a position (see `_voted`).
+    """
+    ballots = [Ballot(key, lane.answer if lane.completed else None,
+                      (weights or {}).get(key, 1.0))
+               for key, lane in sorted(_ballot_keys(lanes).items())]
     return vote_fold(ballots, tie_break=tie_break, seed=seed)  # type: ignore[arg-type]
 
 
+def _ballot_keys(lanes: Sequence[Lane]) -> dict[int, Lane]:
+    if _one_wave(lanes) is not None or not lanes:
+        return {lane.lane: lane for lane in lanes}
+    return dict(enumerate(lanes))
+
+
 def logprob_weights(lanes: Sequence[Lane]) -> dict[int, float]:
-    """exp(mean token logprob) per lane that has logprobs (the others weigh 1)."""
-    return {lane.lane: math.exp(lane.logprob_mean) for lane in lanes
+    """exp(mean token logprob) per lane that has logprobs (the others weigh 1), keyed as
+    `vote` keys ballots."""
+    return {key: math.exp(lane.logprob_mean) for key, lane in _ballot_keys(lanes).items()
             if lane.logprob_mean is not None}
 
 
@@ -78,6 +89,8 @@ def _example(texts: Sequence[str]) -> str:
 
 def _voted(name: str, lanes: Sequence[Lane], result: VoteResult) -> Reduction:
     completed = [lane for lane in lanes if lane.completed]
+    winner = _ballot_keys(lanes).get(result.winner_lane) if result.winner_lane is not None \
+        else None
     agreement = margin = None
     reason = None
     if result.winner is not None:
@@ -91,10 +104,11 @@ def _voted(name: str, lanes: Sequence[Lane], result: VoteResult) -> Reduction:
         reason = (f"{result.abstentions} of {len(completed)} completed lanes gave no answer"
                   f"{_example(unmatched)}")
     return Reduction(
-        reducer=name, winner=result.winner, winner_lane=result.winner_lane,
+        reducer=name, winner=result.winner,
+        winner_lane=winner.lane if winner is not None else None,
         votes=dict(result.votes), tie_break=result.tie_break, tied=tuple(result.tied),
         abstentions=result.abstentions, agreement=agreement, margin=margin, reason=reason,
-        wave=_one_wave(lanes))
+        wave=_one_wave(lanes), winner_wave=winner.wave if winner is not None else None)
 
 
 @register_reducer
@@ -104,6 +118,7 @@ class MajorityVote:
     name: ClassVar[str] = "majority_vote"
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = frozenset()  # the [judge] keys it reads
+    uses_model: ClassVar[bool] = False  # never samples (a re-reduction builds no backend)
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
@@ -123,6 +138,7 @@ class WeightedVote:
     name: ClassVar[str] = "weighted_vote"
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
+    uses_model: ClassVar[bool] = False
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
@@ -201,6 +217,7 @@ class JudgeArgmax:
         return Reduction(
             reducer=self.name, winner=winner,
             winner_lane=winner_lane.lane if winner_lane is not None else None,
+            winner_wave=winner_lane.wave if winner_lane is not None else None,
             scores=scores, tie_break=result.tie_break, tied=tuple(result.tied),
             abstentions=result.abstentions, agreement=agreement, margin=margin, reason=reason,
             wave=_one_wave(lanes))
@@ -288,7 +305,7 @@ class UniversalSelfConsistency:
             tie_break="none", abstentions=fallback.abstentions, agreement=agreement,
             reason=None if winner else "the chosen response has no extractable answer",
             detail={"selected": choice, "selected_lane": chosen.lane},
-            wave=_one_wave(lanes))
+            wave=_one_wave(lanes), winner_wave=chosen.wave)
 
 
 @register_reducer
@@ -300,6 +317,7 @@ class AnyPass:
     needs_judge: ClassVar[bool] = True
     needs_verifier: ClassVar[bool] = True
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
+    uses_model: ClassVar[bool] = False
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
@@ -315,12 +333,15 @@ class AnyPass:
         judged = len(verdicts)
         if not passing:
             return Reduction(reducer=self.name, winner=None, winner_lane=None, scores=scores,
-                             abstentions=judged, reason=f"no lane passed the verifier "
+                             abstentions=sum(1 for v in verdicts.values()
+                                             if v.passed is None or v.error),
+                             reason=f"no lane passed the verifier "
                              f"({judged} judged)", wave=_one_wave(lanes),
                              detail={"passed": 0, "judged": judged})
         first = passing[0]
+        abstained = sum(1 for v in verdicts.values() if v.passed is None or v.error)
         return Reduction(
             reducer=self.name, winner=normalize_answer(first.answer) if first.answer else None,
-            winner_lane=first.lane, scores=scores, tie_break="first_lane",
-            abstentions=judged - len(passing), agreement=len(passing) / judged,
+            winner_lane=first.lane, winner_wave=first.wave, scores=scores,
+            tie_break="first_lane", abstentions=abstained, agreement=len(passing) / judged,
             detail={"passed": len(passing), "judged": judged}, wave=_one_wave(lanes))

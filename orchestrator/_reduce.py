@@ -109,8 +109,9 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                     resumed_after_sequence=state.last_sequence,
                     in_flight=[(wave, lane.lane) for wave, lane in flying],
                     active_seconds_before=state.active_seconds()))
-        needs_model = cls.name == "usc" or (getattr(cls, "needs_judge", False)
-                                           and verifier is None)
+        # A reducer says whether it calls a model (a plug-in that does not say might).
+        needs_model = getattr(cls, "uses_model", True) and not (
+            getattr(cls, "needs_judge", False) and verifier is not None)
         backend: Backend
         judge: Backend | None = None
         if needs_model:
@@ -133,8 +134,10 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
     finally:
         log.close()
     outcome: Outcome = outcome_of(reduction, lanes)
-    return result_from_state(state, outcome, ledger.spent, state.active_seconds(),
-                             recorder.log_path).model_copy(update={"resumes": state.resumes})
+    # The run's own sampling time plus this reduction's (its judge wave, if any): not the idle
+    # time between the run and now.
+    elapsed = float(state.result.get("elapsed_s", 0.0)) + ledger.elapsed()
+    return result_from_state(state, outcome, ledger.spent, elapsed, recorder.log_path)
 
 
 def _candidates(state: RunState, wave_no: int, extract: ExtractSpec | None) -> list[Lane]:

@@ -52,7 +52,6 @@ from primitives import (
     RunState,
     Verifier,
     as_verifier,
-    import_verifier,
 )
 from primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
 
@@ -146,7 +145,8 @@ class Session:
             return as_verifier(self._verifier, timeout_s=judge.verifier_timeout_s,
                                max_concurrency=config.loop.max_concurrency)
         if judge.verifier is not None:
-            return import_verifier(judge.verifier, timeout_s=judge.verifier_timeout_s)
+            return as_verifier(judge.verifier, timeout_s=judge.verifier_timeout_s,
+                               max_concurrency=config.loop.max_concurrency)
         if judge.verifier_command is not None:
             return CommandVerifier(judge.verifier_command, timeout_s=judge.verifier_timeout_s,
                                    max_concurrency=config.loop.max_concurrency)

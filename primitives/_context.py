@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Literal
@@ -47,6 +48,8 @@ from primitives.events import (
 )
 
 __all__ = ("RunBudget", "RunContext", "wave_fingerprint")
+
+_NOUN = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def wave_fingerprint(purpose: str, bill: Bill, jobs: Sequence[LaneJob], params: SamplingParams,
@@ -224,6 +227,9 @@ class RunContext:
         verifier = self.verifier
         if verifier is None:
             raise ConfigError("judge.verifier: this loop needs a verifier and none is configured")
+        if len({lane.wave for lane in lanes}) > 1:
+            raise ConfigError("ctx.verify: give the lanes of one wave at a time (verdicts are "
+                              "returned by lane number)")
         verdicts: dict[int, Verdict] = {}
         todo = []
         for lane in lanes:
@@ -250,6 +256,9 @@ class RunContext:
 
     def record(self, noun: str, data: Mapping[str, Any], *, wave: int | None = None,
                lane: int | None = None) -> Mapping[str, Any]:
+        if not _NOUN.fullmatch(noun):
+            raise ConfigError(f"ctx.record: {noun!r} must be lower case letters, digits and '_' "
+                              f"(the event is loop.{self.loop_name}.<noun>)")
         kind = f"loop.{self.loop_name}.{noun}"
         index = self._records
         self._records += 1

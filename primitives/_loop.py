@@ -89,6 +89,7 @@ class Reduction:
     reason: str | None = None  # why there is no winner, when there is none
     detail: Mapping[str, Any] = field(default_factory=dict)
     wave: int | None = None  # the candidates' wave, when they came from one
+    winner_wave: int | None = None  # the winning lane's wave
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 from typing import Any, TypeVar
 
 from primitives._errors import ConfigError
@@ -29,13 +30,26 @@ _REDUCERS: dict[str, type[Any]] = {}
 _ENTRY_POINTS_LOADED: set[str] = set()
 
 
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
 def register_loop(cls: T) -> T:
-    """Class decorator: make a loop available by its `name` (`coordinator = "<name>"`)."""
+    """Class decorator: make a loop available by its `name` (`coordinator = "<name>"`).
+
+    The name is lower case, digits and `_` (it names the loop's events, `loop.<name>.<noun>`).
+    """
     for attr in ("name", "Params", "run"):
         if not hasattr(cls, attr):
             raise TypeError(f"{cls.__qualname__} is not a Loop: it has no {attr!r}")
+    _check_name(cls)
     _register(_LOOPS, cls, "loop")
     return cls
+
+
+def _check_name(cls: type[Any]) -> None:
+    if not isinstance(cls.name, str) or not _NAME.fullmatch(cls.name):
+        raise ConfigError(f"loop.coordinator: {cls.__qualname__}.name {cls.name!r} must be "
+                          f"lower case letters, digits and '_' (it names the loop's events)")
 
 
 def register_reducer(cls: T) -> T:
@@ -64,12 +78,19 @@ def _load_entry_points(group: str) -> None:
     if group in _ENTRY_POINTS_LOADED:
         return
     _ENTRY_POINTS_LOADED.add(group)
+    table = _LOOPS if group == "lanefold.loops" else _REDUCERS
     for entry in importlib.metadata.entry_points(group=group):
         try:
-            entry.load()  # importing the module runs its @register_* decorators
+            found = entry.load()  # importing the module also runs its @register_* decorators
         except Exception as exc:  # a broken plug-in must not break every other loop
             raise ConfigError(f"entry point {entry.name!r} in {group}: cannot load "
                               f"{entry.value!r}: {type(exc).__name__}: {exc}") from None
+        name = getattr(found, "name", None)
+        if isinstance(found, type) and isinstance(name, str):
+            if group == "lanefold.loops":
+                _check_name(found)
+            table.setdefault(name, found)
+            table.setdefault(entry.name, found)  # the entry point's name works too
 
 
 def _resolve(table: dict[str, type[Any]], spec: str, *, group: str, key: str,
@@ -101,6 +122,7 @@ def resolve_loop(spec: str) -> type[Any]:
     for attr in ("name", "Params", "run"):
         if not hasattr(cls, attr):
             raise ConfigError(f"loop.coordinator: {spec!r} is not a Loop (it has no {attr!r})")
+    _check_name(cls)
     return cls
 
 

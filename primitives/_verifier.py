@@ -245,7 +245,7 @@ def _check_limits(timeout_s: float | None, max_concurrency: int) -> None:
     if timeout_s is not None and not timeout_s > 0:  # `not >` also rejects NaN
         raise ConfigError(f"judge.verifier_timeout_s: must be > 0, got {timeout_s!r}")
     if max_concurrency < 1:
-        raise ConfigError(f"judge.verifier_max_concurrency: must be >= 1, got {max_concurrency!r}")
+        raise ConfigError(f"max_concurrency (of the verifier): must be >= 1, got {max_concurrency!r}")
 
 
 def _callable_name(fn: object) -> str:

@@ -33,6 +33,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 PUBLIC_NAMES = frozenset({
     "AnyEvent",
     "Lane",
+    "LaneJob",
     "Loop",
     "LoopContext",
     "NonDeterminismError",

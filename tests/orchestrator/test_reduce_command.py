@@ -537,3 +537,15 @@ def test_reduce_finds_a_module_verifier_beside_the_config_in_a_fresh_process(
     assert outcome.code == 0, outcome.err
     assert outcome.json["answer"] == "391"
     assert outcome.json["reducer"] == "judge_argmax"
+
+
+@pytest.mark.anyio
+async def test_a_re_reduction_reports_sampling_time_not_the_idle_time_since(
+        tmp_path: Path) -> None:
+    config = orchestrator.parse_config({
+        "loop": {"k": 3, "seed": 2}, "backend": {"kind": "simulated", "latency_ms": [0, 0]}})
+    async with orchestrator.Session(config, runs_dir=tmp_path) as session:
+        first = await session.run("q", run_id="idle")
+        await anyio.sleep(0.3)  # the run sits finished; a re-reduction later must not bill it
+        again = await session.reduce("idle", reducer="majority_vote")
+    assert again.elapsed_s == first.elapsed_s  # a vote dispatches nothing: no time added

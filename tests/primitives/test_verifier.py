@@ -216,7 +216,7 @@ async def test_max_concurrency_bounds_running_calls() -> None:
         ({"timeout_s": 0}, "judge.verifier_timeout_s: must be > 0"),
         ({"timeout_s": -1.0}, "judge.verifier_timeout_s: must be > 0"),
         ({"timeout_s": math.nan}, "judge.verifier_timeout_s: must be > 0"),
-        ({"max_concurrency": 0}, "judge.verifier_max_concurrency: must be >= 1"),
+        ({"max_concurrency": 0}, "max_concurrency (of the verifier): must be >= 1"),
     ],
 )
 def test_limits_are_validated(kwargs: dict[str, float], key: str) -> None:

@@ -1,0 +1,127 @@
+"""Registration of loops and reducers: decorator, entry point, `module:Class`, names checked."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+import orchestrator
+from coordinators import vote
+from primitives import ConfigError, Lane, resolve_loop, resolve_reducer
+from primitives import _registry as registry
+
+ENTRY_POINTS = """\
+[lanefold.loops]
+ep_plain = eploops:Plain
+
+[lanefold.reducers]
+ep_first = eploops:First
+"""
+
+MODULE = """\
+from pydantic import BaseModel
+from primitives import Outcome, Reduction
+
+
+class Plain:  # no decorator: the entry point alone registers it
+    name = "plain_ep"
+
+    class Params(BaseModel):
+        pass
+
+    def __init__(self, params):
+        self.params = params
+
+    async def run(self, ctx, question):
+        (lane,) = await ctx.wave([ctx.prompt(question)])
+        return Outcome(answer=lane.answer, winner_lane=lane.lane)
+
+
+class First:
+    name = "first_ep"
+    needs_judge = False
+
+    def __init__(self, options=None):
+        self.options = options
+
+    async def reduce(self, ctx, lanes):
+        lane = lanes[0]
+        return Reduction(reducer=self.name, winner=lane.answer, winner_lane=lane.lane)
+"""
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A plug-in 'installed' as a distribution on sys.path, with entry points only."""
+    info = tmp_path / "eploops-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: eploops\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    (tmp_path / "eploops.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", set())
+    monkeypatch.setattr(registry, "_LOOPS", dict(registry._LOOPS))
+    monkeypatch.setattr(registry, "_REDUCERS", dict(registry._REDUCERS))
+    yield tmp_path
+    sys.modules.pop("eploops", None)
+
+
+def test_an_entry_point_alone_registers_a_loop_and_a_reducer(installed: Path) -> None:
+    loop = resolve_loop("plain_ep")
+    assert loop.__name__ == "Plain"
+    assert resolve_loop("ep_plain") is loop  # by the entry point's name too
+    assert resolve_reducer("first_ep").__name__ == "First"
+    assert "plain_ep" in registry.loop_names()
+
+
+def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> None:
+    config = orchestrator.parse_config({
+        "loop": {"coordinator": "plain_ep", "seed": 1},
+        "backend": {"kind": "simulated", "answer": "42", "accuracy": 1.0}})
+    result = orchestrator.run_sync(config, "q", runs_dir=tmp_path / "runs")
+    assert (result.answer, result.reducer) == ("42", "plain_ep")
+
+
+def test_loop_names_must_name_events() -> None:
+    class Shouting:
+        name: ClassVar[str] = "Draft-Revise"
+        Params: ClassVar[type[BaseModel]] = BaseModel
+
+        async def run(self, ctx: object, question: str) -> None: ...
+
+    with pytest.raises(ConfigError, match="lower case"):
+        orchestrator.register_loop(Shouting)
+
+
+def test_a_record_noun_must_name_an_event(tmp_path: Path) -> None:
+    class Noisy:
+        name: ClassVar[str] = "noisy_test"
+
+        class Params(BaseModel):
+            pass
+
+        def __init__(self, params: BaseModel) -> None:
+            pass
+
+        async def run(self, ctx: orchestrator.LoopContext, question: str) -> orchestrator.Outcome:
+            ctx.record("Round", {})
+            return orchestrator.Outcome(answer="x")
+
+    orchestrator.register_loop(Noisy)
+    config = orchestrator.parse_config({"loop": {"coordinator": "noisy_test"},
+                                        "backend": {"kind": "simulated"}})
+    with pytest.raises(ConfigError, match=r"ctx\.record"):
+        orchestrator.run_sync(config, "q", runs_dir=tmp_path)
+
+
+def test_a_vote_over_lanes_of_two_waves_counts_every_lane() -> None:
+    lanes = [Lane(1, 0, "completed", "a", "7"), Lane(1, 1, "completed", "b", "8"),
+             Lane(2, 0, "completed", "c", "8"), Lane(2, 1, "failed")]
+    result = vote(lanes, tie_break="first_lane", seed=0)
+    assert result.votes == {"7": 1.0, "8": 2.0}
+    assert result.abstentions == 1
