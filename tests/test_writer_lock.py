@@ -98,7 +98,11 @@ def test_two_resumes_after_a_kill_one_writes_the_other_exits_2(config: Path,
 
 
 def test_a_resume_against_a_live_run_exits_2_and_readers_are_never_blocked(
-        config: Path, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
+    # Four processes start while the live run goes on: its lanes take long enough (about 15 s
+    # in all) that it is still writing when the last of them tries, even on a loaded machine.
+    config = tmp_path / "slower.toml"
+    config.write_text(CONFIG.replace("[1200, 1600]", "[4500, 5000]"))
     runs = tmp_path / "runs"
     log = runs / "live" / "events.jsonl"
     live = start("run", config, "--question", "17*23?", "--runs-dir", runs, "--run-id", "live",
