@@ -3,8 +3,11 @@ governed dispatch path); none builds a backend itself."""
 
 from __future__ import annotations
 
+from coordinators._adaptive_sample import AdaptiveSample
 from coordinators._audit import audit
+from coordinators._debate import Debate
 from coordinators._parallel_sample import ParallelSample, ParallelSampleParams, outcome_of
+from coordinators._plan_verify_replan import PlanVerifyReplan
 from coordinators._reducers import (
     AnyPass,
     JudgeArgmax,
@@ -13,13 +16,18 @@ from coordinators._reducers import (
     WeightedVote,
     vote,
 )
+from coordinators._sequential_refine import SequentialRefine
 
 __all__ = (
+    "AdaptiveSample",
     "AnyPass",
+    "Debate",
     "JudgeArgmax",
     "MajorityVote",
     "ParallelSample",
     "ParallelSampleParams",
+    "PlanVerifyReplan",
+    "SequentialRefine",
     "UniversalSelfConsistency",
     "WeightedVote",
     "audit",
