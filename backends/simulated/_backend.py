@@ -1,8 +1,11 @@
 """The simulated backend: a known answer distribution, latency and fault injection.
 
-Everything it does is a function of the lane's seed (itself derived from run seed, wave and
-lane) and the attempt number, so a re-dispatched lane says the same thing, and a fault on one
-attempt need not repeat on the next. Each lane of a request lands after its own latency.
+Everything it does is a function of the prompt, the lane's seed (itself derived from run seed,
+wave and lane) and the attempt number, so a re-dispatched lane says the same thing, and a fault
+on one attempt need not repeat on the next. Each lane of a request lands after its own latency.
+By purpose: "judge" scores the last `Answer:` in its prompt; "refine" may copy an earlier
+attempt; "debate" keeps its answer or adopts a peer's; `script` rules answer any purpose;
+everything else samples afresh.
 """
 
 from __future__ import annotations
@@ -10,11 +13,18 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import AsyncIterator
-from typing import Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from backends.simulated._config import SimulatedConfig
+from backends.simulated._prompt import (
+    debate_view,
+    earlier_answers,
+    explores,
+    first_line,
+    normalized,
+    question_keys,
+)
 from primitives import (
     BackendError,
     BackendTimeoutError,
@@ -37,35 +47,6 @@ _OPENERS = (
     "A quick estimate first, then the exact value.",
 )
 _ANSWER_IN_PROMPT = re.compile(r"Answer:\s*(.+)")
-
-
-class SimulatedConfig(BaseModel):
-    """`[backend] kind = "simulated"`: what the simulated sampler says, how fast, how often it fails."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["simulated"] = "simulated"
-    answer: str = "391"
-    accuracy: float = Field(0.6, ge=0, le=1)
-    distractors: list[str] = ["381", "401", "293"]
-    latency_ms: tuple[float, float] = (0.0, 0.0)
-    failure_rate: float = Field(0.0, ge=0, le=1)
-    prompt_tokens: int = Field(64, ge=0)
-    output_tokens: int = Field(48, ge=1)
-    shares_prefix: bool = True
-    judge_accuracy: float = Field(0.9, ge=0, le=1)
-    judge_output_tokens: int = Field(16, ge=1)
-    lanes_per_request: int | None = Field(None, ge=1)
-    call_log: str | None = None  # append "wave lane attempt" per lane attempt (tests count calls)
-
-    @model_validator(mode="after")
-    def _check(self) -> SimulatedConfig:
-        low, high = self.latency_ms
-        if low < 0 or high < low:
-            raise ValueError("latency_ms must be [min, max] with 0 <= min <= max")
-        if self.accuracy < 1 and not self.distractors:
-            raise ValueError("distractors must not be empty when accuracy < 1")
-        return self
 
 
 class SimulatedBackend:
@@ -121,25 +102,87 @@ class SimulatedBackend:
             return LaneFailure(lane.lane, fault)
         shared = request.share_prefix and i > 0
         usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
-        if request.purpose == "judge":
-            text, produced = self._judge(request.prompt, lane), cfg.judge_output_tokens
-        else:
-            text, produced = self._answer(lane), cfg.output_tokens
-        return self._sample(lane, text, usage_in, produced)
+        produced = cfg.judge_output_tokens if request.purpose == "judge" else cfg.output_tokens
+        return self._sample(lane, self._text(request, lane), usage_in, produced)
 
-    def _answer(self, lane: LaneRequest) -> str:
+    def accuracy_of(self, prompt: str) -> float:
+        """The chance a fresh sample for this prompt's question is right: `accuracy`, or with
+        `difficulty = [a, b]` a Beta(a, b) draw seeded by `seed` and the prompt's first line."""
         cfg = self.config
+        if cfg.difficulty is None:
+            return cfg.accuracy
+        a, b = cfg.difficulty
+        return random.Random(f"{cfg.seed}:{first_line(prompt)}").betavariate(a, b)
+
+    def answer_of(self, prompt: str) -> str:
+        """The gold answer of this prompt's question: from `answers` by its first line, else
+        `answer`."""
+        answers = self.config.answers
+        for key in question_keys(prompt) if answers else ():
+            if key in answers:
+                return answers[key]
+        return self.config.answer
+
+    def _text(self, request: SampleRequest, lane: LaneRequest) -> str:
+        prompt, purpose = request.prompt, request.purpose
+        for rule in self.config.script:
+            if rule.matches(purpose, prompt):
+                return rule.output
+        if purpose == "judge":
+            return self._judge(prompt, lane)
         rng = random.Random(lane.seed)
-        correct = rng.random() < cfg.accuracy
-        answer = cfg.answer if correct else rng.choice(cfg.distractors)
+        if purpose == "refine":
+            return self._refine(prompt, rng)
+        if purpose == "debate":
+            return self._debate(prompt, rng)
+        return self._fresh(prompt, rng)
+
+    def _fresh(self, prompt: str, rng: random.Random) -> str:
+        """A fresh sample: right with the question's accuracy, else a distractor."""
+        cfg, gold = self.config, self.answer_of(prompt)
+        correct = rng.random() < self.accuracy_of(prompt)
+        if correct:
+            answer = gold
+        else:  # a question's own gold is never one of its wrong answers
+            wrong = cfg.distractors if gold == cfg.answer else [
+                d for d in cfg.distractors if d != gold]
+            answer = rng.choice(wrong)
         return f"{rng.choice(_OPENERS)} Working it through gives {answer}.\nAnswer: {answer}"
+
+    def _refine(self, prompt: str, rng: random.Random) -> str:
+        """Copies one earlier attempt's answer with probability `copy_rate` (times
+        `explore_copy_factor` when asked for a different approach), else samples afresh."""
+        cfg, earlier = self.config, earlier_answers(prompt)
+        if not earlier:
+            return self._fresh(prompt, rng)
+        rate = cfg.copy_rate * (cfg.explore_copy_factor if explores(prompt) else 1.0)
+        if rng.random() >= rate:
+            return self._fresh(prompt, rng)
+        answer = rng.choice(earlier)
+        return f"Checking the earlier attempt again, it still gives {answer}.\nAnswer: {answer}"
+
+    def _debate(self, prompt: str, rng: random.Random) -> str:
+        """Keeps its own answer with probability `debate_keep`, else adopts a peer's: the
+        right one with probability `debate_bias` when a peer has it, else one at random."""
+        cfg = self.config
+        own, peers = debate_view(prompt)
+        if own is None:
+            return self._fresh(prompt, rng)
+        answer = own
+        if rng.random() >= cfg.debate_keep and peers:
+            gold = normalized(self.answer_of(prompt))
+            right = [p for p in peers if normalized(p) == gold]
+            biased = rng.random() < cfg.debate_bias
+            answer = right[0] if biased and right else rng.choice(peers)
+        verb = "I keep" if answer == own else "Having read the others, I now give"
+        return f"{verb} {answer}.\nAnswer: {answer}"
 
     def _judge(self, prompt: str, lane: LaneRequest) -> str:
         cfg = self.config
         rng = random.Random(lane.seed)
         found = _ANSWER_IN_PROMPT.findall(prompt)
         candidate = found[-1].strip().rstrip(".").lower() if found else ""
-        correct = candidate == cfg.answer.strip().lower()
+        correct = candidate == self.answer_of(prompt).strip().lower()
         if rng.random() >= cfg.judge_accuracy:
             correct = not correct
         score = rng.randint(7, 10) if correct else rng.randint(1, 4)

@@ -1,0 +1,110 @@
+"""`[backend] kind = "simulated"`: the keys, their defaults and their checks.
+
+Every key added for the loop library (`seed`, `difficulty`, `answers`, the refine and debate
+rates, `script`) defaults to "off", so a config without them says byte for byte what it said
+before they existed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+__all__ = ("ScriptRule", "SimulatedConfig")
+
+
+class ScriptRule(BaseModel):
+    """`[[backend.script]]`: a request of this `purpose` whose prompt `match`es gets `output`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    purpose: str = Field(min_length=1)
+    match: str | None = None  # a regex searched in the prompt; none matches every prompt
+    output: str
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    def matches(self, purpose: str, prompt: str) -> bool:
+        """Whether this rule answers a request of `purpose` with `prompt`."""
+        return purpose == self.purpose and (self.match is None
+                                            or re.search(self.match, prompt) is not None)
+
+
+class SimulatedConfig(BaseModel):
+    """`[backend] kind = "simulated"`: what the simulated sampler says, how fast, how often it fails."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["simulated"] = "simulated"
+    answer: str = "391"
+    accuracy: float = Field(0.6, ge=0, le=1)
+    distractors: list[str] = ["381", "401", "293"]
+    latency_ms: tuple[float, float] = (0.0, 0.0)
+    failure_rate: float = Field(0.0, ge=0, le=1)
+    prompt_tokens: int = Field(64, ge=0)
+    output_tokens: int = Field(48, ge=1)
+    shares_prefix: bool = True
+    judge_accuracy: float = Field(0.9, ge=0, le=1)
+    judge_output_tokens: int = Field(16, ge=1)
+    lanes_per_request: int | None = Field(None, ge=1)
+    call_log: str | None = None  # append "wave lane attempt" per lane attempt (tests count calls)
+    # Per question (keyed by the prompt's first line): its accuracy ~ Beta(a, b), its gold answer.
+    seed: int = 0
+    difficulty: tuple[float, float] | None = None
+    answers: dict[str, str] = {}
+    # purpose "refine": copy an earlier attempt's answer instead of sampling afresh.
+    copy_rate: float = Field(0.0, ge=0, le=1)
+    explore_copy_factor: float = Field(0.5, ge=0, le=1)
+    # purpose "debate": keep one's own answer, else adopt a peer's (biased toward the right one).
+    debate_keep: float = Field(0.5, ge=0, le=1)
+    debate_bias: float = Field(0.0, ge=0, le=1)
+    script: list[ScriptRule] = []
+
+    @field_validator("difficulty")
+    @classmethod
+    def _beta(cls, value: tuple[float, float] | None,
+              info: ValidationInfo) -> tuple[float, float] | None:
+        if value is None:
+            return value
+        if not (value[0] > 0 and value[1] > 0):
+            raise ValueError("must be [a, b] with a > 0 and b > 0 (a Beta distribution)")
+        if not info.data.get("distractors", True):
+            raise ValueError("needs distractors (a question's accuracy may be below 1)")
+        return value
+
+    @field_validator("answers")
+    @classmethod
+    def _golds(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        distractors = set(info.data.get("distractors", ()))
+        for question, gold in value.items():
+            if not question.strip() or not gold.strip():
+                raise ValueError("questions and their answers must not be empty")
+            if distractors and not distractors - {gold}:
+                raise ValueError(f"{question!r} has no distractor other than its answer {gold!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> SimulatedConfig:
+        low, high = self.latency_ms
+        if low < 0 or high < low:
+            raise ValueError("latency_ms must be [min, max] with 0 <= min <= max")
+        if self.accuracy < 1 and not self.distractors:
+            raise ValueError("distractors must not be empty when accuracy < 1")
+        return self
