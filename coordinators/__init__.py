@@ -7,7 +7,7 @@ from coordinators._adaptive_sample import AdaptiveSample
 from coordinators._audit import audit
 from coordinators._debate import Debate
 from coordinators._parallel_sample import ParallelSample, ParallelSampleParams, outcome_of
-from coordinators._plan_verify_replan import PlanVerifyReplan
+from coordinators._plan_verify_replan import PlanRejectedError, PlanVerifyReplan
 from coordinators._reducers import (
     AnyPass,
     JudgeArgmax,
@@ -26,6 +26,7 @@ __all__ = (
     "MajorityVote",
     "ParallelSample",
     "ParallelSampleParams",
+    "PlanRejectedError",
     "PlanVerifyReplan",
     "SequentialRefine",
     "UniversalSelfConsistency",
