@@ -369,7 +369,11 @@ def preflight(config: LoopConfig, source: str = "<config>", *,
     """What validation alone cannot see, checked before a run is created: a reducer that
     needs a judge has one (`verifier_given`: the caller passes a verifier), the verifier
     imports, and each engine model exists."""
-    reducer = getattr(config.loop_params, "reducer", None)
+    params = config.loop_params
+    reducer = getattr(params, "reducer", None)
+    if not isinstance(reducer, str):  # sequential_refine names it `reduce` ("last" or one)
+        reducer = getattr(params, "reduce", None)
+        reducer = reducer if isinstance(reducer, str) and reducer != "last" else None
     if isinstance(reducer, str):
         cls = resolve_reducer(reducer)
         j = config.judge

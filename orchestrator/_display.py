@@ -81,7 +81,8 @@ def _gist(event: AnyEvent) -> str:
             return (f"{number}{d.reducer} winner={d.winner!r} lane={d.winner_lane} "  # type: ignore[union-attr]
                     f"{shown} tie_break={d.tie_break}")  # type: ignore[union-attr]
         case "reduce.started":
-            return f"reduction #{d.reduction} by {d.reducer} of wave {d.candidates_wave}"  # type: ignore[union-attr]
+            waves = ", ".join(map(str, d.candidate_waves))  # type: ignore[union-attr]
+            return f"reduction #{d.reduction} by {d.reducer} of wave(s) {waves}"  # type: ignore[union-attr]
         case "run.completed":
             r = d.result  # type: ignore[union-attr]
             return (f"{r.get('status', 'answered')} answer={r.get('answer')!r} "

@@ -100,7 +100,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
             number = max(state.reductions, default=1) + 1
             opened = recorder.emit(ReduceStarted, ReduceStartedData(
                 reduction=number, reducer=reducer, extract=spec,
-                candidates_wave=state.reduction_waves.get(1) or 1,
+                candidate_waves=state.reduction_waves.get(1) or [1],
                 first_wave=max(state.waves, default=0) + 1)).data
         else:
             flying = state.in_flight()
@@ -123,7 +123,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                       limiter=session.limiter, verifier=verifier,
                       log=get_logger("lanefold.reduce", run_id=run_id),
                       reduction=opened.reduction, first_wave=opened.first_wave)
-        lanes = _candidates(state, opened.candidates_wave, extract)
+        lanes = _candidates(state, opened.candidate_waves, extract)
         options = ReduceOptions(tie_break=str(getattr(params, "tie_break", "first_lane")),
                                 weighting=weighting, seed=config.loop.seed)
         try:
@@ -140,12 +140,15 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
     return result_from_state(state, outcome, ledger.spent, elapsed, recorder.log_path)
 
 
-def _candidates(state: RunState, wave_no: int, extract: ExtractSpec | None) -> list[Lane]:
-    """The lanes the run's own reduce read, answers read again with `extract` if given."""
-    wave = state.waves.get(wave_no)
-    if wave is None:
-        raise ConfigError(f"run {state.run_id}: no wave {wave_no} to reduce")
-    lanes = [Lane.of(wave_no, s) for _, s in sorted(wave.lanes.items())]
+def _candidates(state: RunState, waves: list[int], extract: ExtractSpec | None) -> list[Lane]:
+    """The lanes the run's own reduce read (every wave of them), answers read again with
+    `extract` if given."""
+    lanes = []
+    for wave_no in waves:
+        wave = state.waves.get(wave_no)
+        if wave is None:
+            raise ConfigError(f"run {state.run_id}: no wave {wave_no} to reduce")
+        lanes += [Lane.of(wave_no, s) for _, s in sorted(wave.lanes.items())]
     if extract is not None:
         lanes = [dataclasses.replace(lane, answer=extract_answer(lane.text or "", extract))
                  if lane.completed else lane for lane in lanes]

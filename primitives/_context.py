@@ -88,10 +88,14 @@ class RunBudget:
         seconds = self._ledger.seconds_left()
         if seconds is not None and seconds <= 0:
             return False
-        shared = share_prefix and self._dispatcher.backend.shares_prefix
-        holds = self._ledger.holds_for_request(
-            self._dispatcher.prompt_tokens(prompt), [max_tokens] * n, share_prefix=shared,
-            bill=bill)
+        tokens = self._dispatcher.prompt_tokens(prompt)
+        if share_prefix:  # one request of n lanes (as many as the backend takes at once)
+            shared = self._dispatcher.backend.shares_prefix
+            holds = self._ledger.holds_for_request(tokens, [max_tokens] * n,
+                                                   share_prefix=shared, bill=bill)
+        else:  # lanes of their own prompts: a request each
+            holds = [hold for _ in range(n) for hold in self._ledger.holds_for_request(
+                tokens, [max_tokens], share_prefix=False, bill=bill)]
         return self._ledger.fit(holds).k == n
 
     @property
@@ -198,14 +202,15 @@ class RunContext:
         result = await chosen.reduce(self, lanes)
         self._reduced = result
         if recorded is None:
-            waves = {lane.wave for lane in lanes}
+            waves = sorted({lane.wave for lane in lanes})
             self._recorder.emit(ReduceCompleted, ReduceCompletedData(
                 reducer=result.reducer, winner=result.winner, winner_lane=result.winner_lane,
                 votes=dict(result.votes), scores=dict(result.scores), tie_break=result.tie_break,
                 tied=list(result.tied), abstentions=result.abstentions,
                 reduction=self.reduction, agreement=_finite(result.agreement),
                 margin=_finite(result.margin), detail=_jsonable(dict(result.detail)),
-            ), wave=waves.pop() if len(waves) == 1 else None)
+                candidate_waves=waves if len(waves) > 1 else [],
+            ), wave=waves[0] if len(waves) == 1 else None)
         return result
 
     def verdict(self, lane: Lane) -> JudgeCompletedData | None:

@@ -136,7 +136,9 @@ class Budget(Protocol):
 
     def can_afford(self, n: int, max_tokens: int, *, prompt: str = "",
                    bill: Bill = "sample", share_prefix: bool = True) -> bool:
-        """Whether a wave of `n` lanes of `max_tokens` each (on `prompt`) can be funded now."""
+        """Whether a wave of `n` lanes of `max_tokens` each (on `prompt`) can be funded now:
+        one shared request with `share_prefix`, else a request per lane (lanes with prompts
+        of their own, as a debate round's or a judge's)."""
         ...
 
     @property

@@ -118,7 +118,7 @@ class RunState:
     reduce_sequence: int | None = None
     reductions: dict[int, ReduceCompletedData] = field(default_factory=dict)
     reduction_sequences: dict[int, int] = field(default_factory=dict)
-    reduction_waves: dict[int, int | None] = field(default_factory=dict)  # candidates' wave
+    reduction_waves: dict[int, list[int]] = field(default_factory=dict)  # candidates' waves
     open_reduction: ReduceStartedData | None = None  # a re-reduction under way
     loop_events: list[LoopEvent] = field(default_factory=list)
     result: dict[str, Any] | None = None
@@ -330,8 +330,9 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             raise _Refused(f"reduce.completed for reduction {number} before the run ended")
         state.reductions[number] = event.data
         state.reduction_sequences[number] = event.sequence
-        state.reduction_waves[number] = event.wave if number == 1 else (
-            opened.candidates_wave if opened is not None else None)
+        state.reduction_waves[number] = (
+            list(event.data.candidate_waves) or ([event.wave] if event.wave is not None else [])
+            if number == 1 else list(opened.candidate_waves) if opened is not None else [])
         state.open_reduction = None
         if number == 1:
             state.reduce, state.reduce_sequence = event.data, event.sequence

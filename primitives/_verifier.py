@@ -172,8 +172,13 @@ class CommandVerifier:
         number = _number_on_last_line(out.decode("utf-8", "replace"))
         if code == 0:
             return Verdict(1.0 if number is None else number, True)
+        # The tail of stderr, else of stdout (where many test runners report), for the feedback
+        # a loop may show the model next; a stdout that is only the score says nothing more.
         detail = f"exit status {code}"
-        if tail := _shorten(err.decode("utf-8", "replace"), 180, keep_end=True):
+        said = out.decode("utf-8", "replace")
+        if number is not None and len(said.strip().splitlines()) == 1:
+            said = ""
+        if tail := _shorten(err.decode("utf-8", "replace") or said, 180, keep_end=True):
             detail += f": {tail}"
         return Verdict(0.0 if number is None else number, False, detail)
 

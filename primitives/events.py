@@ -338,7 +338,7 @@ class ReduceStartedData(_Frozen):
     reduction: int
     reducer: str
     extract: dict[str, Any] | None = None  # the extractor it reads answers with, if not the run's
-    candidates_wave: int = 1  # the wave whose lanes it reduces
+    candidate_waves: list[int] = [1]  # the waves whose lanes it reduces
     first_wave: int  # the number of the first wave it may start (a judge's, usc's)
 
 
@@ -357,6 +357,8 @@ class ReduceCompletedData(_Frozen):
     tied: list[Any] = []
     abstentions: int = 0
     reduction: int = 1  # 1: the run's own; 2, 3, ...: `orchestrator reduce` afterwards
+    # the waves its candidates came from, when more than one (else the envelope's `wave`)
+    candidate_waves: list[int] = Field([], exclude_if=lambda v: not v)
     agreement: float | None = Field(None, exclude_if=_absent)
     margin: float | None = Field(None, exclude_if=_absent)
     detail: dict[str, Any] = Field({}, exclude_if=lambda v: not v)
