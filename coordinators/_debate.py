@@ -1,0 +1,203 @@
+"""debate: agents answer, then revise for `rounds` rounds seeing each other's latest answers.
+
+Round 0 is one wave of `agents` lanes on the config's prompt; each later round (a *rebuttal*)
+is one wave of `agents` lanes, each with its own prompt: the question on the first line, the
+agent's previous answer, one line per visible peer, and an instruction to revise. The final
+round is reduced by any registered reducer. So a debate makes exactly `agents x (rounds + 1)`
+calls, fewer where every agent agrees early (`early_exit`) or the budget cannot fund a round.
+Du et al. (2023) count rounds including the first answer: their "2 rounds" is `rounds = 1`.
+
+Each round is recorded (`loop.debate.round`) with what the agents answered and what the loop
+decided next; a resumed run reads that decision back from the log instead of deciding again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from coordinators._parallel_sample import outcome_of
+from primitives import (
+    ConfigError,
+    Lane,
+    LaneJob,
+    LoopContext,
+    Outcome,
+    ReduceOptions,
+    normalize_answer,
+    register_loop,
+    resolve_reducer,
+)
+
+__all__ = ("Debate", "DebateParams", "debate_prompt", "visible_peers")
+
+Visibility = Literal["all", "neighbours"]
+TieBreak = Literal["first_lane", "lexicographic", "random"]
+Weighting = Literal["none", "mean_logprob", "verifier"]
+Stop = Literal["rounds", "agreed", "budget"]
+
+REVISE = ("Using the other agents' answers as additional information, check your previous "
+          "answer and give an updated one. End with 'Answer: <answer>'.")
+
+
+class DebateParams(BaseModel):
+    """`[loop]` keys of debate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agents: int = Field(3, ge=2, le=64, description="lanes per round, one per agent")
+    rounds: int = Field(1, ge=0, le=32,
+                        description="rebuttal rounds after the first answers (Du et al.'s "
+                                    "'2 rounds' is 1)")
+    visibility: Visibility = Field("all", description="whose answers an agent sees: every "
+                                                      "other agent's, or its two ring neighbours'")
+    early_exit: bool = Field(True, description="stop once every agent gives the same answer")
+    instruction: str = Field(REVISE, min_length=1,
+                             description="the rebuttal prompt's last line: what to do with the "
+                                         "answers shown")
+    reducer: str = Field("majority_vote", description="a registered reducer for the final round")
+    tie_break: TieBreak = "first_lane"
+    weighting: Weighting = "none"
+
+    @field_validator("reducer")
+    @classmethod
+    def _known_reducer(cls, value: str) -> str:
+        try:
+            resolve_reducer(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("loop.reducer: ")) from None
+        return value
+
+    @model_validator(mode="after")
+    def _weighting(self) -> DebateParams:
+        if self.weighting == "verifier" and self.reducer != "weighted_vote":
+            raise ValueError(f"loop.weighting: \"verifier\" weighs a weighted_vote; the "
+                             f"{self.reducer} reducer would ignore it")
+        return self
+
+
+def visible_peers(agent: int, agents: int, visibility: Visibility) -> list[int]:
+    """The agents whose answers `agent` sees: every other one, or its ring neighbours."""
+    if visibility == "all":
+        return [peer for peer in range(agents) if peer != agent]
+    return sorted({(agent - 1) % agents, (agent + 1) % agents})  # two agents: one neighbour
+
+
+def debate_prompt(question: str, previous: str | None, peers: Mapping[int, str], *,
+                  instruction: str = REVISE) -> str:
+    """A rebuttal prompt: the question on the first line, the agent's previous answer, one
+    line per peer (`Agent N answered: Y`, N counted from 1), then the instruction to revise."""
+    lines = [f"Question: {' '.join(question.split())}"]
+    if previous is not None:
+        lines.append(f"Your previous answer: {_one_line(previous)}")
+    lines += [f"Agent {peer + 1} answered: {_one_line(answer)}"
+              for peer, answer in sorted(peers.items())]
+    lines.append(instruction)
+    return "\n".join(lines)  # no newline after it: a completion model continues "Answer:"
+
+
+def _one_line(answer: str) -> str:
+    return " ".join(answer.split())
+
+
+@register_loop
+class Debate:
+    """Multi-agent debate (Du et al. 2023): answer, see the others' answers, revise, vote."""
+
+    name: ClassVar[str] = "debate"
+    Params: ClassVar[type[BaseModel]] = DebateParams
+
+    def __init__(self, params: DebateParams | None = None) -> None:
+        self.params = params or DebateParams()
+
+    async def run(self, ctx: LoopContext, question: str) -> Outcome:
+        p = self.params
+        sampling = ctx.sampling
+        if _weighs_logprobs(p) and not sampling.logprobs:
+            sampling = replace(sampling, logprobs=True)
+        latest: dict[int, str] = {}  # agent -> its latest answer
+        history: list[list[str | None]] = []
+        lanes = await ctx.wave([ctx.prompt(question)] * p.agents, params=sampling,
+                               purpose="debate")
+        stop: str | None = None
+        dispatched = 0
+        for round_ in range(p.rounds + 1):
+            answers = _answers(lanes, p.agents)
+            dispatched += len(lanes)
+            history.append(answers)
+            latest.update({agent: a for agent, a in enumerate(answers) if a is not None})
+            prompts = None
+            decided = self._decide(round_, latest)
+            if decided is None:
+                prompts = self._prompts(question, latest)
+                if not _can_fund(ctx, prompts, sampling.max_tokens):
+                    decided = "budget"
+            recorded = ctx.record("round", {
+                "round": round_, "answers": answers, "agreement": _agreement(answers),
+                "unanimous": _unanimous(latest, p.agents), "stop": decided,
+            }, wave=lanes[0].wave if lanes else None)
+            stop = recorded["stop"]  # on resume, the decision the log holds
+            if stop is not None:
+                break
+            prompts = prompts or self._prompts(question, latest)
+            lanes = await ctx.wave([LaneJob(agent, prompt) for agent, prompt in prompts.items()],
+                                   params=sampling, purpose="debate", share_prefix=False)
+        reduction = await ctx.reduce(lanes, p.reducer, options=ReduceOptions(
+            tie_break=p.tie_break, weighting=p.weighting, seed=ctx.seed))
+        outcome = outcome_of(reduction, lanes)
+        return replace(outcome, detail={
+            "rounds": len(history) - 1, "stop": stop, "lanes": dispatched,
+            "answers": history})
+
+    def _decide(self, round_: int, latest: Mapping[int, str]) -> Stop | None:
+        if round_ == self.params.rounds:
+            return "rounds"
+        if self.params.early_exit and _unanimous(latest, self.params.agents):
+            return "agreed"
+        return None
+
+    def _prompts(self, question: str, latest: Mapping[int, str]) -> dict[int, str]:
+        p = self.params
+        return {agent: debate_prompt(question, latest.get(agent), {
+            peer: latest[peer] for peer in visible_peers(agent, p.agents, p.visibility)
+            if peer in latest}, instruction=p.instruction) for agent in range(p.agents)}
+
+
+def _can_fund(ctx: LoopContext, prompts: Mapping[int, str], max_tokens: int) -> bool:
+    """Whether the budget funds a whole rebuttal round: each lane pays its own prompt (the
+    longest, to be safe) and, its prompt being its own, is a request of its own."""
+    requests = ctx.budget.remaining().requests
+    if requests is not None and requests < len(prompts):
+        return False  # can_afford counts one request for n lanes of one prompt
+    return ctx.budget.can_afford(len(prompts), max_tokens, share_prefix=False,
+                                 prompt=max(prompts.values(), key=len))
+
+
+def _answers(lanes: Sequence[Lane], agents: int) -> list[str | None]:
+    """Each agent's answer in one round (None: its lane failed, was cut, or said nothing)."""
+    by_agent: dict[int, str | None] = {lane.lane: lane.answer if lane.completed else None
+                                       for lane in lanes}
+    return [by_agent.get(agent) for agent in range(agents)]
+
+
+def _agreement(answers: Sequence[str | None]) -> float | None:
+    """The leading answer's share of the agents that answered."""
+    counts = Counter(normalize_answer(a) for a in answers if a is not None)
+    counts.pop("", None)
+    total = sum(counts.values())
+    return max(counts.values()) / total if total else None
+
+
+def _unanimous(latest: Mapping[int, str], agents: int) -> bool:
+    """Every agent has an answer and all of them normalise to the same one."""
+    normal = {normalize_answer(latest[agent]) for agent in range(agents) if agent in latest}
+    return len(latest) >= agents and len(normal) == 1 and "" not in normal
+
+
+def _weighs_logprobs(p: DebateParams) -> bool:
+    return p.weighting == "mean_logprob" or (p.reducer == "weighted_vote"
+                                             and p.weighting == "none")
