@@ -549,3 +549,17 @@ async def test_a_re_reduction_reports_sampling_time_not_the_idle_time_since(
         await anyio.sleep(0.3)  # the run sits finished; a re-reduction later must not bill it
         again = await session.reduce("idle", reducer="majority_vote")
     assert again.elapsed_s == first.elapsed_s  # a vote dispatches nothing: no time added
+
+
+@pytest.mark.anyio
+async def test_a_re_reduction_of_a_multi_wave_run_reads_every_wave(tmp_path: Path) -> None:
+    config = orchestrator.parse_config({
+        "loop": {"coordinator": "adaptive_sample", "window": 2, "max_lanes": 10, "rule": "beta",
+                 "threshold": 0.99, "seed": 4},
+        "backend": {"kind": "simulated", "accuracy": 0.5}})
+    async with orchestrator.Session(config, runs_dir=tmp_path) as session:
+        first = await session.run("q", run_id="waves")
+        again = await session.reduce("waves", reducer="majority_vote")
+    assert first.outcome["waves"] > 1
+    assert sum(again.votes.values()) == sum(first.votes.values()) == first.outcome["completed"]
+    assert (again.answer, again.votes) == (first.answer, first.votes)
