@@ -1,4 +1,5 @@
-"""The `orchestrator` command: run, resume, tail, show, validate, schema, serve.
+"""The `orchestrator` command: run, resume, reduce, tail, show, eval, compare, curve, validate,
+schema, serve.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
 quorum, 4 the run ended without an answer, 130/143 interrupted by SIGINT/SIGTERM (resumable).
@@ -27,6 +28,7 @@ from orchestrator._result import RunResult
 from orchestrator._runner import build_backend, check_question
 from orchestrator._session import Session
 from orchestrator._store import RunStore
+from orchestrator.evaluate import add_commands
 from primitives import (
     ConfigError,
     ExtractSpec,
@@ -99,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the config JSON Schema")
     common(p, runs=False)
+
+    _COMMANDS.update(add_commands(sub, common))  # eval, compare, curve
 
     p = sub.add_parser("serve", help="serve a backend as an OpenAI-compatible HTTP server")
     p.add_argument("--backend-config", required=True,

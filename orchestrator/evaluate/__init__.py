@@ -1,7 +1,66 @@
-"""Evaluating loops on datasets: `orchestrator eval`, `compare` and `curve`."""
+"""Evaluating loops on datasets: `orchestrator eval`, `compare` and `curve`.
+
+Each question is one governed run through one Session (the model loaded once); an eval's
+folder holds its manifest, per-question results and summary; `compare` runs several configs
+on the same questions, `curve` reads an eval's pool of lanes again without sampling.
+"""
 
 from __future__ import annotations
 
-from orchestrator.evaluate._item import Item
+import argparse
+from collections.abc import Callable
 
-__all__ = ("Item",)
+from orchestrator.evaluate import _compare_cli, _curve_cli, _eval_cli
+from orchestrator.evaluate._compare import Comparison, McNemar, run_compare
+from orchestrator.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
+from orchestrator.evaluate._datasets import DatasetSpec, load_dataset
+from orchestrator.evaluate._eval import run_eval
+from orchestrator.evaluate._eval_records import (
+    EvalManifest,
+    EvalSummary,
+    QuestionResult,
+    pass_at_k,
+    read_manifest,
+    read_results,
+    wilson_interval,
+)
+from orchestrator.evaluate._item import Item
+from orchestrator.evaluate._scoring import Score, Scorer, resolve_scorer
+
+__all__ = (
+    "Comparison",
+    "Curve",
+    "DatasetSpec",
+    "EvalManifest",
+    "EvalSummary",
+    "Item",
+    "McNemar",
+    "Pool",
+    "QuestionResult",
+    "Score",
+    "Scorer",
+    "add_commands",
+    "load_dataset",
+    "majority_at_k",
+    "pass_at_k",
+    "read_manifest",
+    "read_pool",
+    "read_results",
+    "resolve_scorer",
+    "run_compare",
+    "run_eval",
+    "scaling_curve",
+    "wilson_interval",
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_commands(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+                 common: Callable[[argparse.ArgumentParser], None]) -> dict[str, Handler]:
+    """Add `eval`, `compare` and `curve` to the CLI's subcommands; their handlers by name."""
+    handlers: dict[str, Handler] = {}
+    for name, module in (("eval", _eval_cli), ("compare", _compare_cli), ("curve", _curve_cli)):
+        module.add_parser(sub, common)
+        handlers[name] = module.command
+    return handlers

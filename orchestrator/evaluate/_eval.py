@@ -1,0 +1,329 @@
+"""Evaluating a loop on a dataset: every question one governed run, all through one Session.
+
+    items = load_dataset("questions.jsonl")
+    summary = await run_eval("loop.toml", items, eval_id="gsm-k8", concurrency=8)
+
+Question i is the run `<eval_id>-<i>`, run with the config's seed plus i (a seed-keyed sampler
+would otherwise draw the same numbers for every question, which ties the questions' outcomes
+together). The Session loads the model once; up to `concurrency` questions are in flight and on
+the engine their lanes share batches. The eval is resumable as the runs are: calling it again
+with the same id skips questions already recorded, records runs that finished without being
+recorded (a crash between the two), resumes interrupted runs and starts the rest. A run that
+fails (budget, quorum, backend) is a row with status "failed", not the end of the eval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from orchestrator._config import VERSION, LoopConfig, config_hash, parse_config
+from orchestrator._result import RunResult
+from orchestrator._runner import check_question, lanefold_error
+from orchestrator._session import Session
+from orchestrator._store import RunStore
+from orchestrator.evaluate._datasets import DatasetSpec
+from orchestrator.evaluate._eval_records import (
+    COST_LINES,
+    TOKEN_LINES,
+    EvalManifest,
+    EvalPaths,
+    EvalSummary,
+    QuestionResult,
+    append_result,
+    read_manifest,
+    read_results,
+    summarize,
+    write_csv,
+    write_json,
+)
+from orchestrator.evaluate._item import Item
+from orchestrator.evaluate._scoring import Score, Scorer, resolve_scorer
+from primitives import (
+    Backend,
+    ConfigError,
+    LanefoldError,
+    LogCorruptError,
+    LogWriteError,
+    RunInUseError,
+    RunLock,
+    RunState,
+    validate_run_id,
+)
+
+__all__ = ("EvalPaths", "questions_hash", "read_manifest", "run_eval")
+
+OnStart = Callable[[int, Sequence[QuestionResult]], None]
+OnResult = Callable[[QuestionResult], None]
+
+
+class _EvalSession(Session):
+    """One Session for the whole eval; a new run takes the config of its question (its seed),
+    set for the task that starts it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.question_config: ContextVar[LoopConfig | None] = ContextVar("question_config",
+                                                                         default=None)
+
+    @property
+    def config(self) -> LoopConfig:
+        return self.question_config.get() or super().config
+
+
+def questions_hash(items: Sequence[Item]) -> str:
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(json.dumps([item.index, item.question, item.answer]).encode())
+    return digest.hexdigest()
+
+
+def _seeded(config: LoopConfig, index: int) -> LoopConfig:
+    raw = config.model_dump(mode="json")
+    raw["loop"]["seed"] = config.loop.seed + index
+    return parse_config(raw)
+
+
+async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
+                   eval_id: str | None = None, runs_dir: str | Path = "runs",
+                   concurrency: int = 8, scorer: Scorer | str | None = None,
+                   dataset: DatasetSpec | None = None, backend: Backend | None = None,
+                   judge_backend: Backend | None = None, on_start: OnStart | None = None,
+                   on_result: OnResult | None = None,
+                   stop_reason: Callable[[], str] = lambda: "cancelled",
+                   clock: Callable[[], float] = time.monotonic) -> EvalSummary:
+    """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
+
+    `scorer` is a Scorer or a `--scorer` spec (None: by the items). `dataset` is what the
+    manifest records (so `orchestrator eval --resume` can load the items again). `backend`
+    and `judge_backend` replace what the config would build (and are not closed here).
+    `on_start(total, rows already recorded)` and `on_result(row)` feed a progress display.
+    Everything is checked before `runs_dir/<eval_id>/` is created; cancelling the call
+    interrupts the runs in flight (recorded, resumable) and re-raises.
+    """
+    started = clock()
+    if concurrency < 1:
+        raise ConfigError(f"--concurrency: must be at least 1, got {concurrency}")
+    if not items:
+        raise ConfigError("--dataset: no questions to evaluate")
+    dataset = dataset or DatasetSpec()
+    store = RunStore(runs_dir)
+    eval_id = validate_run_id(eval_id) if eval_id is not None else store.new_id()
+    indexes = [item.index for item in items]
+    if len(set(indexes)) != len(indexes):
+        raise ConfigError("--dataset: two items share an index")
+    validate_run_id(f"{eval_id}-{max(indexes)}")
+    for item in items:
+        try:
+            check_question(item.question)
+        except ConfigError as exc:
+            raise ConfigError(f"{item.source or f'item {item.index}'}: {exc}") from None
+    chosen = scorer if scorer is not None and not isinstance(scorer, str) else None
+    if chosen is None:
+        chosen = resolve_scorer(scorer if isinstance(scorer, str) else None, items)
+    else:
+        chosen.check(items)
+    session = _EvalSession(config, runs_dir=runs_dir, backend=backend,
+                           judge_backend=judge_backend, verifier=chosen.verifier(items))
+    manifest = EvalManifest(
+        eval_id=eval_id, created=datetime.now(UTC),
+        config_path=None if isinstance(config, LoopConfig) else str(config),
+        config=session.config.model_dump(mode="json"), config_hash=config_hash(session.config),
+        dataset=dataset.spec, question_field=dataset.question_field,
+        answer_field=dataset.answer_field, scorer=chosen.name, limit=dataset.limit,
+        questions=len(items), questions_hash=questions_hash(items), library_version=VERSION)
+    paths = EvalPaths(runs_dir, eval_id)
+    if (paths.folder / "events.jsonl").exists():
+        raise ConfigError(f"{paths.folder}: is a run's folder, not an eval's: choose another "
+                          f"--eval-id")
+    try:
+        lock = RunLock.acquire(paths.folder, eval_id)  # creates the folder: all checks are done
+    except RunInUseError as exc:
+        raise ConfigError(f"eval {eval_id} is being run by another process"
+                          f"{f' (pid {exc.pid})' if exc.pid else ''}") from None
+    try:
+        manifest = _check_manifest(paths, manifest)
+        eval_ = _Eval(session, chosen, paths, {item.index: item for item in items}, stop_reason)
+        await eval_.run(concurrency, on_start, on_result)
+        rows = [eval_.rows[index] for index in sorted(eval_.rows)]
+        before = 0.0
+        with contextlib.suppress(OSError, ValueError):
+            before = EvalSummary.model_validate_json(paths.summary.read_bytes()).wall_s
+        summary = summarize(rows, eval_id=eval_id, config=manifest.config_path or "<config>",
+                            loop=session.config.loop.coordinator, dataset=manifest.dataset,
+                            scorer=chosen.name, wall_s=before + clock() - started,
+                            results=str(paths.results))
+        write_csv(paths.csv, rows)
+        write_json(paths.summary, summary)
+        return summary
+    finally:
+        lock.release()
+
+
+def _check_manifest(paths: EvalPaths, manifest: EvalManifest) -> EvalManifest:
+    """Write the manifest of a new eval; refuse to continue one started otherwise. Returns
+    the manifest in force (the recorded one of an eval that goes on)."""
+    if not paths.manifest.exists():
+        write_json(paths.manifest, manifest)
+        return manifest
+    recorded = read_manifest(paths.folder.parent, manifest.eval_id)
+    for key, what in (("config_hash", "another config"), ("questions_hash", "other questions"),
+                      ("scorer", "another scorer")):
+        if getattr(recorded, key) != getattr(manifest, key):
+            raise ConfigError(f"{paths.manifest}: eval {manifest.eval_id} was started with "
+                              f"{what}; continue it with `orchestrator eval --resume "
+                              f"{manifest.eval_id}` or choose a new --eval-id")
+    return recorded
+
+
+class _Eval:
+    """One invocation of an eval: what is recorded, what is left, and the workers."""
+
+    def __init__(self, session: _EvalSession, scorer: Scorer, paths: EvalPaths,
+                 items: dict[int, Item], stop_reason: Callable[[], str]) -> None:
+        self.session, self.scorer, self.paths = session, scorer, paths
+        self.items, self.stop_reason = items, stop_reason
+        self.eval_id = paths.folder.name
+        self.rows = {index: row for index, row in read_results(paths.results, repair=True).items()
+                     if index in items}
+        self.on_result: OnResult | None = None
+
+    def run_id(self, item: Item) -> str:
+        return f"{self.eval_id}-{item.index}"
+
+    async def run(self, concurrency: int, on_start: OnStart | None,
+                  on_result: OnResult | None) -> None:
+        if on_start is not None:
+            on_start(len(self.items), [self.rows[i] for i in sorted(self.rows)])
+        self.on_result = on_result
+        todo: list[tuple[Item, bool]] = []  # (item, resume its run)
+        for index, item in sorted(self.items.items()):
+            if index in self.rows:
+                continue
+            store = self.session.store
+            if not store.events_path(self.run_id(item)).is_file():
+                todo.append((item, False))
+                continue
+            state = store.read_state(self.run_id(item))  # a finished run: recorded, not run
+            if state.result is not None:
+                result = RunResult.model_validate(state.result)
+                self.record(await self.scored(item, result, state))
+            elif state.failure is not None:
+                self.record(self.failed(item, f"{state.failure.error}: {state.failure.message}",
+                                        state))
+            else:
+                todo.append((item, True))
+        if not todo:
+            return  # nothing to sample: no model is loaded
+        queue = iter(todo)
+
+        async def worker() -> None:
+            for item, resume in queue:  # shared: each question taken by one worker
+                await self.question(item, resume)
+
+        try:
+            async with self.session, anyio.create_task_group() as tg:
+                for _ in range(min(concurrency, len(todo))):
+                    tg.start_soon(worker)
+        except BaseExceptionGroup as group:
+            if not group.subgroup(Exception):
+                raise
+            raise lanefold_error(group) from None
+
+    async def question(self, item: Item, resume: bool) -> None:
+        session, run_id = self.session, self.run_id(item)
+        try:
+            if resume:
+                result = await session.resume(run_id, stop_reason=self.stop_reason)
+            else:
+                token = session.question_config.set(_seeded(session.config, item.index))
+                try:
+                    result = await session.run(item.question, run_id=run_id,
+                                               stop_reason=self.stop_reason)
+                finally:
+                    session.question_config.reset(token)
+        except (ConfigError, LogCorruptError):
+            raise  # misuse or a log not the run's own: the eval cannot go on as asked
+        except LanefoldError as exc:
+            state = None
+            with contextlib.suppress(LanefoldError, OSError):
+                state = session.store.read_state(run_id)
+            self.record(self.failed(item, f"{type(exc).__name__}: {exc}", state))
+            return
+        self.record(await self.scored(item, result, None))
+
+    def record(self, row: QuestionResult) -> None:
+        try:
+            append_result(self.paths.results, row)
+        except OSError as exc:
+            raise LogWriteError(f"{self.paths.results}: cannot append: {exc.strerror}") from None
+        self.rows[row.index] = row
+        if self.on_result is not None:
+            self.on_result(row)
+
+    async def scored(self, item: Item, result: RunResult, state: RunState | None) -> QuestionResult:
+        scorer = self.scorer
+        if scorer.needs_text:
+            state = state or self.session.store.read_state(result.run_id)
+            lanes = [(s.answer, s.text) for _, w in sorted(state.waves.items())
+                     if w.info.bill == "sample" for s in w.completed()]
+        else:
+            lanes = [(lane.answer, None) for lane in result.lanes if lane.status == "completed"]
+        scores = await self._score_all(item, [*lanes, (result.answer, result.winner_text)],
+                                       answered=result.status == "answered")
+        final, lane_scores = scores[-1], scores[:-1]
+        usage, cost = result.usage, result.cost
+        return QuestionResult(
+            index=item.index, run_id=result.run_id, question=item.question,
+            answer=result.answer, gold=item.answer, correct=final.correct, score=final.value,
+            status=result.status, lanes=len(result.lanes),
+            lane_answers=[answer for answer, _ in lanes],
+            lane_correct=[score.correct for score in lane_scores],
+            tokens={"prefill": usage.prefill_tokens, "cached_prefill": usage.cached_prefill_tokens,
+                    "decode": usage.decode_tokens, "verifier": usage.verifier_tokens,
+                    "cut_off": usage.cut_off_tokens},
+            cost=cost.total, cost_by_line={line: getattr(cost, line) for line in COST_LINES},
+            seconds=result.elapsed_s, error=final.error)
+
+    async def _score_all(self, item: Item, pairs: list[tuple[str | None, str | None]], *,
+                         answered: bool) -> list[Score]:
+        """Each distinct (answer, text) scored once, concurrently (tests run in processes);
+        the last pair is the run's own answer, wrong when the run abstained."""
+        distinct = list(dict.fromkeys(pairs[:-1] + ([pairs[-1]] if answered else [])))
+        found: dict[tuple[str | None, str | None], Score] = {}
+
+        async def one(pair: tuple[str | None, str | None]) -> None:
+            found[pair] = await self.scorer.score(item, *pair)
+
+        async with anyio.create_task_group() as tg:
+            for pair in distinct:
+                tg.start_soon(one, pair)
+        return [found[pair] for pair in pairs[:-1]] + [found[pairs[-1]] if answered
+                                                       else Score(0.0)]
+
+    def failed(self, item: Item, error: str, state: RunState | None) -> QuestionResult:
+        spend = state.spend if state is not None else None
+        lanes = 0
+        if state is not None:
+            lanes = sum(len(w.lanes) for w in state.waves.values() if w.info.bill == "sample")
+        tokens = {line: getattr(spend, f"{line}_tokens", 0) if spend else 0 for line in TOKEN_LINES}
+        by_line = {line: getattr(spend, _USD[line], 0.0) if spend else 0.0 for line in COST_LINES}
+        return QuestionResult(
+            index=item.index, run_id=self.run_id(item), question=item.question, answer=None,
+            gold=item.answer, correct=False, score=0.0, status="failed", lanes=lanes,
+            tokens=tokens, cost=spend.cost_usd if spend else 0.0, cost_by_line=by_line,
+            seconds=round(state.active_seconds(), 6) if state is not None else 0.0,
+            error=" ".join(error.split()))
+
+
+_USD = {"prefill": "prefill_usd", "cached_prefill": "cached_prefill_usd", "decode": "decode_usd",
+        "kv_residency": "kv_residency_usd", "verifier": "verifier_usd", "cut_off": "cut_off_usd"}

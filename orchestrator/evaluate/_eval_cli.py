@@ -1,0 +1,148 @@
+"""`orchestrator eval`: run a loop config over a dataset, scored against gold answers.
+
+    orchestrator eval CONFIG --dataset PATH_OR_SPEC [--limit N] [--concurrency Q] [--eval-id ID]
+                      [--runs-dir DIR] [--question-field F] [--answer-field F] [--scorer S] [--json]
+    orchestrator eval --resume ID [--concurrency Q] [--runs-dir DIR] [--json]
+
+Exit codes as for `run`: 0 the eval finished (failed questions are rows, not an exit code),
+2 bad input (nothing written), 130/143 interrupted (continue with `--resume ID`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
+from orchestrator._store import RunStore
+from orchestrator.evaluate._datasets import DatasetSpec
+from orchestrator.evaluate._eval import run_eval
+from orchestrator.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
+from orchestrator.evaluate._progress import EvalProgress
+from primitives import ConfigError
+
+__all__ = ("add_parser", "command", "print_summary")
+
+
+def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+               common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add `eval` to the `orchestrator` command's subparsers."""
+    p = sub.add_parser("eval", help="run a loop config over a dataset and score it")
+    p.add_argument("config", nargs="?", help="the loop config (left out with --resume)")
+    p.add_argument("--dataset", metavar="PATH_OR_SPEC",
+                   help="a .jsonl or .csv file, bigbench:<task path>, or humaneval")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N questions")
+    p.add_argument("--concurrency", type=int, default=8, metavar="Q",
+                   help="questions in flight at once (default 8)")
+    p.add_argument("--eval-id", metavar="ID", help="name the eval (default: a new sortable id); "
+                   "the same id again continues it")
+    p.add_argument("--resume", metavar="ID",
+                   help="continue the eval ID with the config and dataset it was started with")
+    p.add_argument("--question-field", metavar="F", help="the question's field (default question)")
+    p.add_argument("--answer-field", metavar="F", help="the gold answer's field (default answer)")
+    p.add_argument("--scorer", metavar="S", help="exact (default), numeric[:TOL], "
+                   "humaneval[:SECONDS] or module:function")
+    common(p)
+    p.add_argument("--json", action="store_true", help="print summary.json")
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run (or continue) the eval and print its summary."""
+    # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
+    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible, _on_path
+
+    config: LoopConfig | str
+    if args.resume is not None:
+        eval_id = args.resume
+        _refuse_with_resume(args)
+        manifest = read_manifest(args.runs_dir, eval_id)
+        config = _recorded_config(manifest, _on_path)
+        dataset = DatasetSpec(manifest.dataset, manifest.question_field, manifest.answer_field,
+                              manifest.limit)
+        if dataset.spec == "<items>":
+            raise ConfigError(f"--resume: eval {eval_id} was given its questions in Python; "
+                              f"continue it with orchestrator.evaluate.run_eval")
+        scorer: str | None = manifest.scorer
+    else:
+        if args.config is None or args.dataset is None:
+            raise ConfigError("CONFIG and --dataset are required (or --resume ID)")
+        _on_path(args.config)
+        config = args.config
+        dataset = DatasetSpec(args.dataset, args.question_field, args.answer_field, args.limit)
+        eval_id = args.eval_id or RunStore(args.runs_dir).new_id()
+        scorer = args.scorer
+    items = dataset.load()
+    progress = EvalProgress() if not args.json and sys.stdout.isatty() else None
+
+    async def go(reason: Callable[[], str]) -> EvalSummary:
+        return await run_eval(
+            config, items, eval_id=eval_id, runs_dir=args.runs_dir,
+            concurrency=args.concurrency, scorer=scorer, dataset=dataset,
+            on_start=progress.start if progress else None,
+            on_result=progress.add if progress else None, stop_reason=reason)
+
+    try:
+        with progress or contextlib.nullcontext():
+            summary = _interruptible(go, lambda: eval_id)
+    except _Interrupted as stop:
+        where = f" --runs-dir {args.runs_dir}" if args.runs_dir != "runs" else ""
+        _error("eval", f"interrupted by {stop.signal_name}; continue with: "
+                       f"orchestrator eval --resume {eval_id}{where}")
+        return _SIGNAL_EXIT.get(stop.signal_name, 130)
+    if args.json:
+        print(json.dumps(summary.model_dump(mode="json")))
+    else:
+        print_summary(summary)
+    return 0
+
+
+def _refuse_with_resume(args: argparse.Namespace) -> None:
+    for flag, value in (("CONFIG", args.config), ("--dataset", args.dataset),
+                        ("--limit", args.limit), ("--eval-id", args.eval_id),
+                        ("--question-field", args.question_field),
+                        ("--answer-field", args.answer_field), ("--scorer", args.scorer)):
+        if value is not None:
+            raise ConfigError(f"--resume: {flag} comes from the eval's eval.json; leave it out")
+
+
+def _recorded_config(manifest: EvalManifest,
+                     on_path: Callable[[str | Path], None]) -> LoopConfig | str:
+    """The config file the eval started from while it still says the same, else the config
+    the manifest recorded (a file edited since is not what the eval ran)."""
+    path = manifest.config_path
+    if path is not None:
+        on_path(path)  # the config's `module:...` plug-ins, and a module:function scorer
+        with contextlib.suppress(ConfigError, OSError):
+            if config_hash(load_config(path)) == manifest.config_hash:
+                return path
+    return parse_config(dict(manifest.config), source=f"eval {manifest.eval_id}: eval.json")
+
+
+def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
+    """The summary as a table: accuracy with its interval, pass@k, lanes, tokens, spend."""
+    low, high = summary.interval
+    table = Table(title=f"eval {summary.eval_id}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("config", f"{summary.config} ({summary.loop})")
+    table.add_row("dataset", f"{summary.dataset}, scored {summary.scorer}")
+    table.add_row("questions", f"{summary.n}: {summary.correct} correct, {summary.abstentions} "
+                  f"abstained, {summary.failed} failed")
+    table.add_row("accuracy", f"{summary.accuracy:.3f}  (95% CI {low:.3f}-{high:.3f})")
+    if summary.pass_at_k:
+        table.add_row("pass@k", "  ".join(f"@{k} {value:.3f}"
+                                          for k, value in summary.pass_at_k.items()))
+    table.add_row("mean lanes", f"{summary.mean_lanes:.2f}")
+    table.add_row("tokens", "  ".join(f"{line} {summary.tokens[line]}" for line in TOKEN_LINES
+                                      if summary.tokens.get(line)) or "0")
+    table.add_row("cost", f"${summary.cost['total']:.6f} (${summary.mean_cost:.6f} a question)")
+    table.add_row("time", f"{summary.wall_s:.1f} s wall, {summary.seconds:.1f} s sampling")
+    table.add_row("results", summary.results)
+    (console or Console()).print(table)
