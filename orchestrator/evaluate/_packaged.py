@@ -108,11 +108,14 @@ def fetch_bigbench(cache_dir: Path) -> Path:
 def build_bigbench_archive(tasks_dir: Path, archive: Path) -> Path:
     """Zip every `task.json` under `tasks_dir` (a `bigbench/benchmark_tasks` folder) into
     `archive`, named by task path; written beside it and renamed, so a reader never sees half."""
-    partial = archive.with_name(archive.name + ".partial")
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        for path in sorted(tasks_dir.rglob("task.json")):
-            zf.write(path, path.relative_to(tasks_dir).as_posix())
-    os.replace(partial, archive)
+    partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")  # one per writer
+    try:
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+            for path in sorted(tasks_dir.rglob("task.json")):
+                zf.write(path, path.relative_to(tasks_dir).as_posix())
+        os.replace(partial, archive)
+    finally:
+        partial.unlink(missing_ok=True)
     return archive
 
 

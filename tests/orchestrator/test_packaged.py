@@ -256,6 +256,7 @@ def test_a_bigbench_eval_on_smollm2_loads_the_model_once(
     assert len(loads) == 1
     assert (summary["n"], summary["failed"], summary["mean_lanes"]) == (20, 0, 4)
     assert summary["correct"] >= 5  # "What is 0 plus 0?" and the like; greedy gets most
-    rows = [json.loads(line) for line in (tmp_path / "runs" / "bb" / "results.jsonl").open()]
+    rows = [json.loads(line) for line in
+            (tmp_path / "runs" / "bb" / "results.jsonl").read_text().splitlines()]
     assert sorted(row["index"] for row in rows) == list(range(20))
     assert all((tmp_path / "runs" / f"bb-{i}" / "events.jsonl").is_file() for i in range(20))
