@@ -21,34 +21,28 @@ from fractions import Fraction
 from math import comb
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from coordinators._parallel_sample import outcome_of
+from coordinators._reducer_keys import ReducerKeys
 from primitives import (
     BudgetExhaustedError,
-    ConfigError,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
     QuorumNotMetError,
-    ReduceOptions,
     normalize_answer,
     register_loop,
-    resolve_reducer,
 )
 
 __all__ = ("AdaptiveSample", "AdaptiveSampleParams", "majority_posterior", "settled", "top_two")
 
 Rule = Literal["esc", "beta", "margin"]
-TieBreak = Literal["first_lane", "lexicographic", "random"]
-Weighting = Literal["none", "mean_logprob", "verifier"]
 
 
-class AdaptiveSampleParams(BaseModel):
+class AdaptiveSampleParams(ReducerKeys):
     """`[loop]` keys of adaptive_sample."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     window: int = Field(4, ge=1, le=10_000, description="lanes per wave")
     max_lanes: int = Field(40, ge=1, le=10_000, description="lanes at most, over all waves")
@@ -56,17 +50,6 @@ class AdaptiveSampleParams(BaseModel):
     threshold: float = Field(0.95, gt=0.5, le=1, description="posterior the beta rule needs")
     reducer: str = Field("majority_vote", description="a registered reducer, over every lane")
     min_quorum: int = Field(1, ge=1, description="completed lanes before a rule may stop")
-    tie_break: TieBreak = "first_lane"
-    weighting: Weighting = "none"
-
-    @field_validator("reducer")
-    @classmethod
-    def _known_reducer(cls, value: str) -> str:
-        try:
-            resolve_reducer(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc).removeprefix("loop.reducer: ")) from None
-        return value
 
     @model_validator(mode="after")
     def _across_keys(self) -> AdaptiveSampleParams:
@@ -79,9 +62,6 @@ class AdaptiveSampleParams(BaseModel):
         if self.min_quorum > self.max_lanes:
             raise ValueError(f"loop.min_quorum: {self.min_quorum} is more than loop.max_lanes "
                              f"({self.max_lanes})")
-        if self.weighting == "verifier" and self.reducer != "weighted_vote":
-            raise ValueError(f"loop.weighting: \"verifier\" weighs a weighted_vote; the "
-                             f"{self.reducer} reducer would ignore it")
         return self
 
 
@@ -127,10 +107,7 @@ class AdaptiveSample:
 
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         p = self.params
-        sampling = ctx.sampling
-        if p.weighting == "mean_logprob" or (p.reducer == "weighted_vote"
-                                             and p.weighting == "none"):
-            sampling = replace(sampling, logprobs=True)
+        sampling = p.sampling(ctx.sampling)
         prompt = ctx.prompt(question)
         lanes: list[Lane] = []
         last: list[Lane] = []
@@ -158,8 +135,7 @@ class AdaptiveSample:
             if stopped_by == "budget":
                 raise BudgetExhaustedError(f"budget: {why}")
             raise QuorumNotMetError(why)
-        reduction = await ctx.reduce(lanes, p.reducer, options=ReduceOptions(
-            tie_break=p.tie_break, weighting=p.weighting, seed=ctx.seed))
+        reduction = await ctx.reduce(lanes, p.reducer, options=p.options(ctx.seed))
         return replace(outcome_of(reduction, lanes), detail={
             "lanes_used": len(lanes), "stopped_by": stopped_by, "waves": waves,
             "rule": p.rule, "completed": completed})

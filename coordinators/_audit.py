@@ -9,7 +9,7 @@ result is named by its line instead of being believed.
 
 from __future__ import annotations
 
-from coordinators._parallel_sample import TieBreak, Weighting
+from coordinators._reducer_keys import TieBreak, Weighting
 from coordinators._reducers import logprob_weights, vote
 from primitives import (
     ExtractSpec,

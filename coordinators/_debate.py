@@ -18,36 +18,30 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field
 
 from coordinators._parallel_sample import outcome_of
+from coordinators._reducer_keys import ReducerKeys
 from primitives import (
-    ConfigError,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
-    ReduceOptions,
     normalize_answer,
     register_loop,
-    resolve_reducer,
 )
 
 __all__ = ("Debate", "DebateParams", "debate_prompt", "visible_peers")
 
 Visibility = Literal["all", "neighbours"]
-TieBreak = Literal["first_lane", "lexicographic", "random"]
-Weighting = Literal["none", "mean_logprob", "verifier"]
 Stop = Literal["rounds", "agreed", "budget"]
 
 REVISE = ("Using the other agents' answers as additional information, check your previous "
           "answer and give an updated one. End with 'Answer: <answer>'.")
 
 
-class DebateParams(BaseModel):
+class DebateParams(ReducerKeys):
     """`[loop]` keys of debate."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     agents: int = Field(3, ge=2, le=64, description="lanes per round, one per agent")
     rounds: int = Field(1, ge=0, le=32,
@@ -60,24 +54,6 @@ class DebateParams(BaseModel):
                              description="the rebuttal prompt's last line: what to do with the "
                                          "answers shown")
     reducer: str = Field("majority_vote", description="a registered reducer for the final round")
-    tie_break: TieBreak = "first_lane"
-    weighting: Weighting = "none"
-
-    @field_validator("reducer")
-    @classmethod
-    def _known_reducer(cls, value: str) -> str:
-        try:
-            resolve_reducer(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc).removeprefix("loop.reducer: ")) from None
-        return value
-
-    @model_validator(mode="after")
-    def _weighting(self) -> DebateParams:
-        if self.weighting == "verifier" and self.reducer != "weighted_vote":
-            raise ValueError(f"loop.weighting: \"verifier\" weighs a weighted_vote; the "
-                             f"{self.reducer} reducer would ignore it")
-        return self
 
 
 def visible_peers(agent: int, agents: int, visibility: Visibility) -> list[int]:
@@ -116,9 +92,7 @@ class Debate:
 
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         p = self.params
-        sampling = ctx.sampling
-        if _weighs_logprobs(p) and not sampling.logprobs:
-            sampling = replace(sampling, logprobs=True)
+        sampling = p.sampling(ctx.sampling)
         latest: dict[int, str] = {}  # agent -> its latest answer
         history: list[list[str | None]] = []
         lanes = await ctx.wave([ctx.prompt(question)] * p.agents, params=sampling,
@@ -146,8 +120,7 @@ class Debate:
             prompts = prompts or self._prompts(question, latest)
             lanes = await ctx.wave([LaneJob(agent, prompt) for agent, prompt in prompts.items()],
                                    params=sampling, purpose="debate", share_prefix=False)
-        reduction = await ctx.reduce(lanes, p.reducer, options=ReduceOptions(
-            tie_break=p.tie_break, weighting=p.weighting, seed=ctx.seed))
+        reduction = await ctx.reduce(lanes, p.reducer, options=p.options(ctx.seed))
         outcome = outcome_of(reduction, lanes)
         return replace(outcome, detail={
             "rounds": len(history) - 1, "stop": stop, "lanes": dispatched,
@@ -196,8 +169,3 @@ def _unanimous(latest: Mapping[int, str], agents: int) -> bool:
     """Every agent has an answer and all of them normalise to the same one."""
     normal = {normalize_answer(latest[agent]) for agent in range(agents) if agent in latest}
     return len(latest) >= agents and len(normal) == 1 and "" not in normal
-
-
-def _weighs_logprobs(p: DebateParams) -> bool:
-    return p.weighting == "mean_logprob" or (p.reducer == "weighted_vote"
-                                             and p.weighting == "none")

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coordinators._parallel_sample import outcome_of
+from coordinators._reducer_keys import TieBreak, Weighting, known_reducer, with_logprobs
 from primitives import (
     ConfigError,
     Lane,
@@ -43,8 +44,6 @@ EXPLORE = ("Try a different approach from the earlier attempts: do not repeat th
            "or restate their answers without checking them.")
 CLOSING = "Correct any mistake you find, then end with 'Answer: <answer>'."
 
-TieBreak = Literal["first_lane", "lexicographic", "random"]
-Weighting = Literal["none", "mean_logprob", "verifier"]
 
 
 class TemperatureRamp(BaseModel):
@@ -79,12 +78,7 @@ class SequentialRefineParams(BaseModel):
     @field_validator("reduce")
     @classmethod
     def _known_reducer(cls, value: str) -> str:
-        if value != "last":
-            try:
-                resolve_reducer(value, key="loop.reduce")
-            except ConfigError as exc:
-                raise ValueError(str(exc).removeprefix("loop.reduce: ")) from None
-        return value
+        return value if value == "last" else known_reducer(value, "loop.reduce")
 
     @field_validator("temperature_schedule")
     @classmethod
@@ -184,8 +178,7 @@ class SequentialRefine:
         """Attempt `step`: its wave of one lane (lane number `step`), its verdict, its record."""
         p = self.params
         params = replace(ctx.sampling, temperature=p.temperature(step, ctx.sampling.temperature))
-        if _weighs_logprobs(p) and not params.logprobs:
-            params = replace(params, logprobs=True)
+        params = with_logprobs(params, p.reduce, p.weighting)
         lanes = await ctx.wave([LaneJob(step, prompt)], params=params, purpose="refine",
                                quorum=0)
         if not lanes:
@@ -261,10 +254,6 @@ def _last(attempts: Sequence[Lane], detail: dict[str, Any]) -> Outcome:
     last = answered[-1]
     return Outcome(answer=last.answer, winner_lane=last.lane, winner_wave=last.wave,
                    winner_text=last.text, detail=detail)
-
-
-def _weighs_logprobs(p: SequentialRefineParams) -> bool:
-    return p.weighting == "mean_logprob" or (p.reduce == "weighted_vote" and p.weighting == "none")
 
 
 class _OverAttempts:

@@ -17,10 +17,10 @@ from typing import Any
 
 import anyio
 import pytest
+from test_cli import Outcome, cli
 
 import orchestrator
 from backends.simulated import SimulatedBackend, SimulatedConfig
-from orchestrator._cli import main
 from primitives import (
     JsonlEventLog,
     LaneOutcome,
@@ -34,34 +34,6 @@ RUN = "r"
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cli:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> dict[str, Any]:
-        lines = self.out.splitlines()
-        assert len(lines) == 1, f"expected one JSON line on stdout, got {self.out!r}"
-        value = json.loads(lines[0])
-        assert isinstance(value, dict)
-        return value
-
-    @property
-    def error_line(self) -> str:
-        lines = self.err.splitlines()
-        assert len(lines) == 1, f"expected one line on stderr, got {self.err!r}"
-        assert "Traceback" not in self.err
-        return lines[0]
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Cli:
-    code = main([str(arg) for arg in argv])
-    out, err = capsys.readouterr()
-    return Cli(code, out, err)
 
 
 @dataclass
@@ -86,7 +58,7 @@ class Finished:
         return [tuple(map(int, line.split()))  # type: ignore[misc]
                 for line in self.calls.read_text(encoding="utf-8").splitlines()]
 
-    def reduce(self, capsys: pytest.CaptureFixture[str], reducer: str, *more: str) -> Cli:
+    def reduce(self, capsys: pytest.CaptureFixture[str], reducer: str, *more: str) -> Outcome:
         return cli(capsys, "reduce", RUN, "--reducer", reducer, "--runs-dir", self.runs, *more)
 
 
