@@ -13,8 +13,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -27,6 +25,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loop_processes import cli, completed_in, finish
 
 import orchestrator
 from backends.simulated import SimulatedBackend, SimulatedConfig
@@ -350,28 +349,10 @@ def test_a_log_cut_anywhere_resumes_to_the_uninterrupted_result(tmp_path: Path) 
         assert after.count(CHECKED) == base.outcome["waves"] + 1, cut
 
 
-def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *args], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
 
 
-def completions(log: Path, wave: int) -> int:
-    if not log.exists():
-        return 0
-    count = 0
-    for line in log.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:  # the line being written
-            continue
-        count += event["type"] == "lane.completed" and event.get("wave") == wave
-    return count
 
 
 @pytest.mark.slow
@@ -393,7 +374,7 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(tmp_path: Pa
     log = runs / "crash" / "events.jsonl"
     deadline = time.monotonic() + 60  # a bound on a hang, not a measured time
     try:
-        while completions(log, 2) < 1:
+        while completed_in(log, 2) < 1:
             if time.monotonic() > deadline or proc.poll() is not None:
                 pytest.fail(f"the run never reached wave 2 (exit {proc.poll()})")
             time.sleep(0.01)

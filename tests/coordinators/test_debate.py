@@ -13,8 +13,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
@@ -25,6 +23,7 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loop_processes import cli, completed_in, finish
 
 import coordinators._debate  # registers the loop
 import orchestrator
@@ -477,29 +476,10 @@ lanes_per_request = 1
 """
 
 
-def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *args], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
 
 
-def completed_in(log: Path, wave: int) -> int:
-    if not log.exists():
-        return 0
-    count = 0
-    for line in log.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:  # the line being written
-            continue
-        count += event["type"] == "lane.completed" and event.get("wave") == wave
-    return count
 
 
 @pytest.mark.slow

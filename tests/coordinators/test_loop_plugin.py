@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loop_processes import cli, finish
 
 from orchestrator._cli import main
 
@@ -172,20 +172,11 @@ def test_schema_lists_each_registered_loops_keys(capsys: pytest.CaptureFixture[s
 # -- a real crash: SIGKILL mid wave 2, then resume --------------------------------------------------
 
 
-def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
-    """`orchestrator ...` in a fresh process, from the plugin's folder (which `-m` puts on
-    sys.path); no bytecode cache, so an edited plugin is read as edited."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *args], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
 
 
-def wave_2_completions(log: Path) -> int:
+def wave_2_completed_in(log: Path) -> int:
     if not log.exists():
         return 0
     count = 0
@@ -220,7 +211,7 @@ def crashed(tmp_path: Path) -> Path:
     log = runs / "crash" / "events.jsonl"
     deadline = time.monotonic() + 60  # a bound on a hang, not a measured time
     try:
-        while wave_2_completions(log) < 1:
+        while wave_2_completed_in(log) < 1:
             if time.monotonic() > deadline or proc.poll() is not None:
                 pytest.fail(f"the run never reached wave 2 (exit {proc.poll()})")
             time.sleep(0.01)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loop_processes import cli, finish
 
 import coordinators._plan_verify_replan  # noqa: F401  # registers the loop
 import orchestrator
@@ -576,16 +575,8 @@ latency_ms = [{latency}]
 """ + toml_rules(REPLANNED)
 
 
-def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *args], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
 
 
 def read(log: Path) -> list[dict[str, Any]]:

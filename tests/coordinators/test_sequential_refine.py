@@ -12,8 +12,6 @@ import math
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loop_processes import cli, finish
 
 import coordinators._sequential_refine  # noqa: F401  # registers the loop
 import orchestrator
@@ -463,16 +462,8 @@ latency_ms = [{{latency}}]
 """
 
 
-def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *args], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
 
 
 def dispatched(log: Path, wave: int) -> bool:
