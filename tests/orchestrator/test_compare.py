@@ -8,7 +8,6 @@ lane's seed: rankings are exact for the seeds used, and resume counts backend ca
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -32,7 +31,7 @@ from orchestrator.evaluate._compare import (
     mcnemar_p,
     run_compare,
 )
-from orchestrator.evaluate._compare_cli import add_parser, command, print_comparison
+from orchestrator.evaluate._compare_cli import command, print_comparison
 from orchestrator.evaluate._equal_budget import (
     WorstCase,
     apply_limit,
@@ -70,20 +69,9 @@ def write_dataset(path: Path, n: int) -> Path:
     return path
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orchestrator")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--runs-dir", default="runs")
-        q.add_argument("-v", "--verbose", action="store_true")
-
-    add_parser(sub, common)
-    return p
-
-
 def compare_cli(*argv: str) -> int:
-    return command(parser().parse_args(["compare", *argv]))
+    """The `compare` command's handler on the CLI's own parser: errors arrive as exceptions."""
+    return command(cli._parser().parse_args(["compare", *argv]))
 
 
 # -- McNemar ----------------------------------------------------------------------------------

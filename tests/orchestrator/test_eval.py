@@ -7,7 +7,6 @@ calls (`call_log`) and compare run logs byte for byte, never timings.
 
 from __future__ import annotations
 
-import argparse
 import io
 import itertools
 import json
@@ -33,7 +32,7 @@ import orchestrator._cli as cli
 from backends.simulated import SimulatedBackend, SimulatedConfig
 from orchestrator.evaluate._datasets import DatasetSpec, load_dataset
 from orchestrator.evaluate._eval import run_eval
-from orchestrator.evaluate._eval_cli import add_parser, command
+from orchestrator.evaluate._eval_cli import command
 from orchestrator.evaluate._eval_records import (
     EvalSummary,
     QuestionResult,
@@ -67,30 +66,13 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orchestrator")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--runs-dir", default="runs")
-        q.add_argument("-v", "--verbose", action="store_true")
-
-    add_parser(sub, common)
-    return p
-
-
 def eval_cli(*argv: str) -> int:
-    return command(parser().parse_args(["eval", *argv]))
+    """The `eval` command's handler on the CLI's own parser: errors arrive as exceptions."""
+    return command(cli._parser().parse_args(["eval", *argv]))
 
 
 def run(coro_fn: Any) -> Any:
     return anyio.run(coro_fn)
-
-
-def _wired() -> bool:
-    """Whether `orchestrator eval` is a command of the CLI yet (its parser registers it)."""
-    cli._parser()
-    return "eval" in cli._COMMANDS
 
 
 class Counting(SimulatedBackend):
@@ -251,8 +233,6 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path,
 def test_bad_input_reaches_the_terminal_as_one_line_once_wired(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    if not _wired():
-        pytest.skip("`eval` is not wired into orchestrator._cli yet")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sim.toml").write_text('[backend]\nkind = "simulated"\n')
     code = cli.main(["eval", "sim.toml", "--dataset", "missing.jsonl"])
@@ -495,32 +475,7 @@ def test_a_humaneval_eval_scores_by_the_tests_and_hands_them_to_the_loop(
 
 # -- interrupts and crashes (subprocesses) ----------------------------------------------------
 
-_RUNNER = """\
-import argparse, sys
-from orchestrator.evaluate._eval_cli import add_parser, command
-from primitives import LanefoldError
-
-parser = argparse.ArgumentParser(prog="orchestrator")
-sub = parser.add_subparsers(dest="command", required=True)
-def common(p):
-    p.add_argument("--runs-dir", default="runs")
-    p.add_argument("-v", "--verbose", action="store_true")
-add_parser(sub, common)
-try:
-    sys.exit(command(parser.parse_args(sys.argv[1:])))
-except LanefoldError as exc:
-    print(f"orchestrator eval: {exc}", file=sys.stderr)
-    sys.exit(exc.exit_code)
-"""
-
-
-def _cli_argv(tmp: Path) -> list[str]:
-    """`python -m orchestrator` once `eval` is wired, else a runner of the same command."""
-    if _wired():
-        return [sys.executable, "-m", "orchestrator"]
-    runner = tmp / "runner.py"
-    runner.write_text(_RUNNER)
-    return [sys.executable, str(runner)]
+ORCHESTRATOR = [sys.executable, "-m", "orchestrator"]
 
 
 def _slow_eval(tmp: Path, questions: int) -> list[str]:
@@ -549,7 +504,7 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow
 def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
         tmp_path: Path) -> None:
-    argv = _cli_argv(tmp_path) + _slow_eval(tmp_path, 80)
+    argv = ORCHESTRATOR + _slow_eval(tmp_path, 80)
     results = tmp_path / "runs" / "e" / "results.jsonl"
     process = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
@@ -562,7 +517,7 @@ def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
     calls_before = (tmp_path / "calls.log").read_text().count("\n")
 
     resume = ["eval", "--resume", "e", "--runs-dir", str(tmp_path / "runs"), "--json"]
-    done = subprocess.run([*_cli_argv(tmp_path), *resume],
+    done = subprocess.run([*ORCHESTRATOR, *resume],
                           cwd=tmp_path, env=_env(), capture_output=True, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr
@@ -580,7 +535,7 @@ def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
 
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_with_a_resume_hint(tmp_path: Path) -> None:
-    argv = _cli_argv(tmp_path) + _slow_eval(tmp_path, 80)
+    argv = ORCHESTRATOR + _slow_eval(tmp_path, 80)
     results = tmp_path / "runs" / "e" / "results.jsonl"
     process = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
