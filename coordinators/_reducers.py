@@ -224,10 +224,9 @@ class JudgeArgmax:
 
 
 def _candidate_keys(candidates: Sequence[Lane]) -> dict[int, int]:
-    """Candidates are keyed by lane number when they come from one wave, else by position."""
-    if _one_wave(candidates) is not None or not candidates:
-        return {id(lane): lane.lane for lane in candidates}
-    return {id(lane): i for i, lane in enumerate(candidates)}
+    """Each candidate's key (by its identity), as `vote` keys ballots: the lane number when
+    they come from one wave, else the position."""
+    return {id(lane): key for key, lane in _ballot_keys(candidates).items()}
 
 
 async def _llm_judge(ctx: LoopContext, candidates: Sequence[Lane],
