@@ -44,6 +44,7 @@ from primitives.events import (
     LoopEvent,
     ReduceCompleted,
     ReduceCompletedData,
+    bill_of,
     hash_config,
 )
 
@@ -160,7 +161,7 @@ class RunContext:
         params = params or self.sampling
         dispatcher = (self._judge_dispatcher or self._dispatcher) if backend == "judge" \
             else self._dispatcher
-        bill = bill or ("verifier" if purpose == "judge" else "sample")
+        bill = bill or bill_of(purpose)
         number = self._next_wave
         self._next_wave += 1
         fingerprint = wave_fingerprint(purpose, bill, jobs, params, quorum=quorum,
