@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -23,7 +24,8 @@ from backends.engine._sampler import find_stop, new_generator, sample_token
 from backends.engine._scheduler import Scheduler, Step
 from backends.engine._sequence import EngineRequest, Sequence, Status
 from backends.engine._tokenizer import Tokenizer
-from backends.engine._weights import load_checkpoint, open_gguf, resolve_model_path
+from backends.engine._weight_cache import cached_checkpoint, cached_tokenizer, open_lazily
+from backends.engine._weights import load_checkpoint, resolve_model_path
 from primitives import ConfigError, ContextLengthError, LaneRequest, SamplingParams
 
 __all__ = ("Engine", "load_tokenizer")
@@ -65,10 +67,13 @@ class Engine:
         device = _device(config.device)
         dtype = _dtype(config.dtype, device)
         path = resolve_model_path(config.model)
-        reader = open_gguf(path) if path.is_file() else None
         if tokenizer is None:
-            tokenizer = Tokenizer.from_gguf(reader) if reader else Tokenizer.from_folder(path)
-        model = build_model(load_checkpoint(path, reader), device, dtype)
+            tokenizer = _load_tokenizer(path)
+        if path.is_file():  # a GGUF: dequantised once, then read back from the disk cache
+            checkpoint = cached_checkpoint(path, open_lazily(path))
+        else:
+            checkpoint = load_checkpoint(path)
+        model = build_model(checkpoint, device, dtype)
         num_blocks = config.num_blocks or _derive_num_blocks(model, config.block_size, device)
         return cls(
             model,
@@ -253,8 +258,13 @@ class Engine:
 
 def load_tokenizer(config: EngineConfig) -> Tokenizer:
     """The configured model's tokenizer alone (no weights are read)."""
-    path = resolve_model_path(config.model)
-    return Tokenizer.from_gguf(open_gguf(path)) if path.is_file() else Tokenizer.from_folder(path)
+    return _load_tokenizer(resolve_model_path(config.model))
+
+
+def _load_tokenizer(path: Path) -> Tokenizer:
+    if path.is_file():  # a GGUF: built from its metadata once, then read from the disk cache
+        return cached_tokenizer(path, open_lazily(path))
+    return Tokenizer.from_folder(path)
 
 
 def _device(choice: str) -> torch.device:
