@@ -26,6 +26,7 @@ from orchestrator._config import LoopConfig, load_backend_config, load_config, p
 from orchestrator._display import Progress, describe, summary
 from orchestrator._result import RunResult
 from orchestrator._runner import build_backend, check_question
+from orchestrator._serve_run import api_key_from, count, is_loopback, port_number, require_extra, serve
 from orchestrator._session import Session
 from orchestrator._store import RunStore
 from orchestrator.evaluate import add_commands
@@ -108,8 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-config", required=True,
                    help="a file with a [backend] table (or only the backend's keys)")
     p.add_argument("--host", default="127.0.0.1", help="default loopback")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000)
     p.add_argument("--model-name", help="the model id clients ask for (default: the backend's)")
+    p.add_argument("--api-key-env", metavar="NAME", help="clients must send 'Authorization: "
+                   "Bearer <key>' with this environment variable's value, else 401")
+    p.add_argument("--max-body-bytes", type=count, default=1 << 20, metavar="BYTES",
+                   help="larger request bodies get 413, cut off as they arrive (1 MiB)")
+    p.add_argument("--max-waiting", type=count, metavar="N", help="requests waiting beyond "
+                   "the backend's running batch; more get 429 with Retry-After (default: any)")
     common(p, runs=False)
     return parser
 
@@ -405,10 +412,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from orchestrator._serve import serve  # the `serve` extra: starlette and uvicorn
-
+    require_extra()  # starlette and uvicorn: the serve extra, or its install line
+    key = api_key_from(args.api_key_env)
+    if key is None and not is_loopback(args.host):
+        _error("serve", f"warning: listening on {args.host} without --api-key-env: anyone who "
+               "can reach this port can use the model")
     backend = build_backend(load_backend_config(args.backend_config))
-    serve(backend, model_name=args.model_name or backend.name, host=args.host, port=args.port)
+    serve(backend, model_name=args.model_name or backend.name, host=args.host, port=args.port,
+          api_key=key, max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting)
     return 0
 
 

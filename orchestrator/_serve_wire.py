@@ -1,18 +1,24 @@
-"""Request bodies the served app accepts, and the chat-messages-to-prompt flattening."""
+"""Request bodies the served app accepts, the chat-messages-to-prompt flattening, and the
+logprobs shapes it answers with."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from primitives import Sample
 
 __all__ = (
     "ChatBody",
     "ChatMessageIn",
     "CompletionBody",
     "StreamOptions",
+    "TextFormat",
     "TextPart",
+    "chat_logprobs",
+    "completion_logprobs",
     "flatten_messages",
 )
 
@@ -39,8 +45,26 @@ class _Body(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = None  # an end-user id for abuse tracking: accepted, not used
     ignore_eos: bool = False  # vLLM's and llama.cpp's extension: decode through end-of-sequence
+    # Knobs common clients send at their no-op values: accepted there, refused anywhere else.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float) -> float:
+        if value != 0:
+            raise ValueError("this server supports only 0 (no penalty)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("this server supports only {} (no bias)")
+        return value
 
     def stops(self) -> tuple[str, ...]:
         """`stop` as a tuple, whichever form it came in."""
@@ -53,7 +77,12 @@ class CompletionBody(_Body):
     """A `/v1/completions` request; one prompt (a list of one is accepted)."""
 
     prompt: str | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    # The sampled token's logprob only: 1 is accepted as clients (the `openai` backend too)
+    # send it to mean "on"; alternatives (top_logprobs) are not computed.
+    logprobs: int | None = Field(default=None, ge=0, le=1)
+    echo: Literal[False] = False
+    best_of: Literal[1] | None = None
+    suffix: None = None
 
 
 class TextPart(BaseModel):
@@ -63,6 +92,14 @@ class TextPart(BaseModel):
 
     type: Literal["text"]
     text: str
+
+
+class TextFormat(BaseModel):
+    """`response_format`: plain text only (no JSON mode or schema)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
 
 
 class ChatMessageIn(BaseModel):
@@ -87,19 +124,42 @@ class ChatBody(_Body):
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=0)  # alternatives are not computed
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    response_format: TextFormat | None = None
 
 
 def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
-    """Chat messages as one prompt for a Backend, whose request carries a prompt string.
+    """Chat messages as one prompt, for a backend that cannot template `SampleRequest.messages`.
 
-    A lone user message passes through verbatim, so a backend that applies its model's chat
-    template (the bundled engine does) sees exactly what an in-process run would send. Any
-    other conversation becomes a role-tagged transcript ending in an open assistant turn; a
-    structured `messages` field on SampleRequest would let the backend template it properly.
+    A lone user message passes through verbatim; any other conversation becomes a role-tagged
+    transcript ending in an open assistant turn.
     """
     if len(messages) == 1 and messages[0][0] == "user":
         return messages[0][1]
     turns = [f"{role}: {content}" for role, content in messages]
     return "\n\n".join([*turns, "assistant:"])
+
+
+def completion_logprobs(sample: Sample) -> dict[str, Any] | None:
+    """A completion choice's `logprobs` in OpenAI's legacy shape (no alternatives computed)."""
+    if sample.logprobs is None:
+        return None
+    tokens = list(sample.tokens) if sample.tokens is not None else None
+    offsets = None
+    if tokens is not None:
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    return {"tokens": tokens, "token_logprobs": list(sample.logprobs), "top_logprobs": None,
+            "text_offset": offsets}
+
+
+def chat_logprobs(sample: Sample) -> dict[str, Any] | None:
+    """A chat choice's `logprobs` in OpenAI's shape: one entry per token, no alternatives."""
+    if sample.logprobs is None:
+        return None
+    tokens = sample.tokens or ("",) * len(sample.logprobs)
+    content = [
+        {"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []}
+        for token, value in zip(tokens, sample.logprobs, strict=False)
+    ]
+    return {"content": content, "refusal": None}

@@ -11,6 +11,8 @@ from __future__ import annotations
 from primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
 from primitives._backend import (
     Backend,
+    ChatMessage,
+    ContextWindow,
     LaneFailure,
     LaneOutcome,
     LaneRequest,
@@ -109,9 +111,11 @@ __all__ = (
     "Budget",
     "BudgetExhaustedError",
     "CallableVerifier",
+    "ChatMessage",
     "CommandVerifier",
     "ConfigError",
     "ContextLengthError",
+    "ContextWindow",
     "Dispatcher",
     "Event",
     "EventLog",

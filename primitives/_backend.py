@@ -16,6 +16,8 @@ from primitives._errors import BackendError, BadResponseError
 
 __all__ = (
     "Backend",
+    "ChatMessage",
+    "ContextWindow",
     "LaneFailure",
     "LaneOutcome",
     "LaneRequest",
@@ -53,11 +55,22 @@ class LaneRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One turn of a conversation: `role` is "system", "developer", "user", "assistant" or
+    "tool"."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
 class SampleRequest:
     """K lanes that share one prompt.
 
     `share_prefix` says the backend may prefill the prompt once for all lanes; the ledger
-    then prices the prompt once as prefill and the rest as cached prefill.
+    then prices the prompt once as prefill and the rest as cached prefill. `messages`, where
+    set, is the conversation `prompt` was flattened from (a chat request): a backend that knows
+    its model's chat template renders the messages instead, one that does not sends `prompt`.
     """
 
     prompt: str
@@ -66,6 +79,7 @@ class SampleRequest:
     share_prefix: bool = True
     purpose: str = "sample"  # what the loop calls the wave ("sample", "judge", ...)
     wave: int = 0
+    messages: tuple[ChatMessage, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +119,7 @@ class Sample:
     usage: Usage
     logprobs: tuple[float, ...] | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    tokens: tuple[str, ...] | None = None  # each output token's text, beside `logprobs`
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +178,16 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release connections, threads or device memory."""
+        ...
+
+
+@runtime_checkable
+class ContextWindow(Protocol):
+    """A backend that knows its model's context window (the bundled engine does)."""
+
+    def context_left(self, request: SampleRequest) -> int | None:
+        """Tokens left for output after `request`'s prompt as this backend will encode it
+        (chat template and all); None where it cannot tell yet."""
         ...
 
 

@@ -10,6 +10,7 @@ next step.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import AsyncIterator
 
@@ -79,6 +80,12 @@ class EngineBackend:
     def count_prompt_tokens(self, prompt: str) -> int | None:
         """Exact prompt tokens (the first call reads the tokenizer from the model file)."""
         return len(self._encode(prompt))
+
+    def context_left(self, request: SampleRequest) -> int | None:
+        """Tokens the model's context holds after `request`'s prompt; None before `load`."""
+        if self._engine is None:
+            return None
+        return self._engine.model.args.max_position - len(self._prompt_ids(request))
 
     async def load(self) -> None:
         """Load the model now; `sample` loads it on first use otherwise.
@@ -160,9 +167,19 @@ class EngineBackend:
         tokenizer: Tokenizer = self._tokenizer
         return tokenizer.encode(prompt, chat=self.config.chat_template)
 
+    def _prompt_ids(self, request: SampleRequest) -> list[int]:
+        """A chat request's messages through the model's chat template (where it has one);
+        any other prompt as it is, or as one user turn with `chat_template = true`."""
+        if request.messages is not None:
+            tokenizer = self._tokenizer or load_tokenizer(self.config)
+            self._tokenizer = tokenizer
+            if tokenizer.chat_template:
+                return tokenizer.encode_chat([(m.role, m.content) for m in request.messages])
+        return self._encode(request.prompt)
+
     async def _submit(self, request: SampleRequest, *, streaming: bool = False) -> Ticket:
         await self.load()
-        ticket = Ticket(request, self._encode(request.prompt), streaming)
+        ticket = Ticket(request, self._prompt_ids(request), streaming)
         if not ticket.prompt_ids:
             raise RequestRejectedError("the prompt encodes to no tokens")
         with self._inbox_lock:
@@ -221,7 +238,12 @@ class EngineBackend:
             ticket = self._owners.pop(lane, None)
             if ticket is None or ticket.engine_request is None:
                 continue
-            ticket.landed.append(lane_sample(ticket.request, lane))
+            sample = lane_sample(ticket.request, lane)
+            if sample.logprobs is not None and self._tokenizer is not None:
+                decode = self._tokenizer.decode
+                tokens = tuple(decode([i]) for i in lane.output_ids[: len(sample.logprobs)])
+                sample = dataclasses.replace(sample, tokens=tokens)
+            ticket.landed.append(sample)
             ticket.done = ticket.engine_request.finished
             landed = True
         return landed

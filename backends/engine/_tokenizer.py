@@ -7,6 +7,7 @@ folder carries `tokenizer.json` and `tokenizer_config.json`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,12 +101,19 @@ class Tokenizer:
             text = self.render_chat(text)
         return self._prefix + self.backend.encode(text).ids
 
+    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """Token ids of a conversation of (role, content) turns rendered by the chat template,
+        ending where the assistant speaks."""
+        return self._prefix + self.backend.encode(self.render_chat(messages)).ids
+
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens left out."""
         return self.backend.decode(ids, skip_special_tokens=True)
 
-    def render_chat(self, prompt: str) -> str:
-        """The chat template applied to one user message, ending where the assistant speaks."""
+    def render_chat(self, prompt: str | Sequence[tuple[str, str]]) -> str:
+        """The chat template applied to one user message (or to (role, content) turns), ending
+        where the assistant speaks."""
+        turns = [("user", prompt)] if isinstance(prompt, str) else list(prompt)
         if not self.chat_template:
             raise ConfigError("chat_template = true but the model has no chat template")
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -118,7 +126,7 @@ class Tokenizer:
         )
         env.globals["raise_exception"] = raise_exception
         return env.from_string(self.chat_template).render(
-            messages=[{"role": "user", "content": prompt}],
+            messages=[{"role": role, "content": content} for role, content in turns],
             add_generation_prompt=True,
             bos_token="",
             eos_token="",

@@ -189,7 +189,12 @@ def build_body(
             if config.system_prompt is None
             else [{"role": "system", "content": config.system_prompt}]
         )
-        messages.append({"role": "user", "content": request.prompt})
+        if request.messages is None:
+            messages.append({"role": "user", "content": request.prompt})
+        else:  # a conversation goes as its own turns (a system turn replaces system_prompt)
+            if any(m.role in ("system", "developer") for m in request.messages):
+                messages = []
+            messages += [{"role": m.role, "content": m.content} for m in request.messages]
         body["messages"] = messages
         if logprobs:
             body["logprobs"] = True

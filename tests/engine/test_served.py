@@ -177,3 +177,92 @@ def test_a_client_hanging_up_mid_stream_aborts_the_request(
                           json={"prompt": "abc", "max_tokens": 3, "ignore_eos": True}).json()
     assert done["usage"]["completion_tokens"] == 3
     assert engine.pool.num_free == engine.pool.num_blocks
+
+
+def test_served_engine_refuses_max_tokens_beyond_the_context(
+        make_engine: Callable[..., Engine]) -> None:
+    import httpx
+
+    from primitives import LaneRequest, SampleRequest, SamplingParams
+
+    backend = EngineBackend(engine=make_engine())
+    probe = SampleRequest("abc", SamplingParams(), (LaneRequest(0, 0, 1),))
+    left = backend.context_left(probe)
+    assert left is not None and left < 512
+    with Loopback(create_app(backend, model_name="tiny")) as server:
+        body = {"prompt": "abc", "max_tokens": left + 1, "ignore_eos": True}
+        refused = httpx.post(f"{server.base_url}/completions", json=body, timeout=60)
+        body["max_tokens"] = left  # exactly the context: decoded to the end
+        whole = httpx.post(f"{server.base_url}/completions", json=body, timeout=120)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
+    assert refused.json()["error"]["param"] == "max_tokens"
+    assert whole.json()["usage"]["completion_tokens"] == left
+
+
+def test_a_client_leaving_a_whole_request_stops_its_lanes(
+        make_engine: Callable[..., Engine]) -> None:
+    import time
+
+    import httpx
+
+    engine = make_engine()
+    body = {"prompt": "abc", "n": 2, "max_tokens": 480, "ignore_eos": True}
+    with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
+        with pytest.raises(httpx.ReadTimeout):  # not streamed: nothing comes until the end
+            httpx.post(f"{server.base_url}/completions", json=body,
+                       timeout=httpx.Timeout(10, read=0.3))
+        deadline = time.monotonic() + 10
+        while engine.has_work() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        steps = engine.metrics.decode_steps
+        time.sleep(0.5)
+        assert engine.metrics.decode_steps == steps < 480  # the lanes stopped, not finished
+    assert engine.pool.num_free == engine.pool.num_blocks
+
+
+TINY_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_chat_messages_reach_the_engine_through_its_chat_template(
+        make_engine: Callable[..., Engine]) -> None:
+    import httpx
+
+    engine = make_engine()
+    engine.tokenizer.chat_template = TINY_TEMPLATE
+    turns = [("system", "Be terse."), ("user", "2+2?")]
+    templated = engine.tokenizer.encode_chat(turns)
+    assert len(templated) == len("<system>Be terse.\n<user>2+2?\n<assistant>")
+    with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
+        chat = httpx.post(f"{server.base_url}/chat/completions", timeout=60, json={
+            "messages": [{"role": r, "content": c} for r, c in turns], "max_tokens": 4,
+            "ignore_eos": True, "logprobs": True}).json()
+        raw = httpx.post(f"{server.base_url}/completions", timeout=60, json={
+            "prompt": "2+2?", "max_tokens": 4, "ignore_eos": True}).json()
+    assert chat["usage"]["prompt_tokens"] == len(templated)
+    assert raw["usage"]["prompt_tokens"] == len(engine.tokenizer.encode("2+2?"))  # as it is
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    assert all(set(c) == {"token", "logprob", "bytes", "top_logprobs"} for c in content)
+
+
+def test_the_shipped_example_answers_a_chat_question(smollm2: Engine) -> None:
+    import httpx
+
+    from backends.engine import EngineConfig
+    from orchestrator._config import load_backend_config
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "serve" / "engine.toml"
+    config = load_backend_config(example)
+    assert isinstance(config, EngineConfig) and not config.chat_template
+    backend = EngineBackend(config, engine=smollm2)
+    with Loopback(create_app(backend, model_name="smollm2")) as server:
+        r = httpx.post(f"{server.base_url}/chat/completions", timeout=120, json={
+            "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                         {"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 24, "temperature": 0, "logprobs": True})
+    choice = r.json()["choices"][0]
+    assert "Paris" in choice["message"]["content"]
+    tokens = [c["token"] for c in choice["logprobs"]["content"]]
+    assert "".join(tokens).strip() == choice["message"]["content"].strip()

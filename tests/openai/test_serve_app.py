@@ -24,6 +24,7 @@ from primitives import (
     BackendError,
     BackendTimeoutError,
     BadResponseError,
+    ChatMessage,
     ConfigError,
     ContextLengthError,
     LaneFailure,
@@ -88,7 +89,8 @@ class FakeBackend:
             )
             logprobs = (-0.25, -0.5, -0.75) if request.params.logprobs else None
             text = f"{request.prompt}|seed={lane.seed}"
-            out.append(Sample(lane.lane, text, "stop", use, logprobs))
+            tokens = (text[:1], text[1:3], text[3:]) if logprobs else None
+            out.append(Sample(lane.lane, text, "stop", use, logprobs, tokens=tokens))
         if self.lane_error is not None:
             out[-1] = LaneFailure(out[-1].lane, self.lane_error)
         for outcome in out[:-1] if self.short else out:
@@ -162,7 +164,7 @@ async def test_defaults_and_a_drawn_seed() -> None:
     assert sent.params == SamplingParams(temperature=1.0, top_p=1.0, max_tokens=256)
 
 
-async def test_chat_flattens_messages_and_returns_logprobs() -> None:
+async def test_chat_carries_messages_and_returns_logprobs() -> None:
     fake = FakeBackend()
     body = {
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
@@ -175,18 +177,42 @@ async def test_chat_flattens_messages_and_returns_logprobs() -> None:
     assert r.status_code == 200, r.text
     (sent,) = fake.requests
     assert sent.prompt == "Hi"
+    assert sent.messages == (ChatMessage("user", "Hi"),)
     assert sent.params.logprobs
     assert sent.params.stop == ("a", "b")
     assert sent.lanes[0].max_tokens == 9
     choice = r.json()["choices"][1]
     assert choice["message"] == {"role": "assistant", "content": f"Hi|seed={sent.lanes[1].seed}"}
-    assert choice["logprobs"] == {"content": [{"logprob": v} for v in (-0.25, -0.5, -0.75)]}
+    text = choice["message"]["content"]
+    tokens = [text[:1], text[1:3], text[3:]]
+    assert choice["logprobs"] == {"refusal": None, "content": [
+        {"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
+        for t, v in zip(tokens, (-0.25, -0.5, -0.75), strict=True)]}
     assert r.json()["object"] == "chat.completion"
 
 
+async def test_chat_keeps_a_system_turn_and_maps_developer_to_system() -> None:
+    fake = FakeBackend()
+    body = {"messages": [{"role": "developer", "content": "Be terse."},
+                         {"role": "user", "content": "2+2?"},
+                         {"role": "assistant", "content": "4"},
+                         {"role": "user", "content": "3+3?"}]}
+    r = await call(app_for(fake), "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    (sent,) = fake.requests
+    assert sent.messages == (ChatMessage("system", "Be terse."), ChatMessage("user", "2+2?"),
+                             ChatMessage("assistant", "4"), ChatMessage("user", "3+3?"))
+    assert sent.prompt.startswith("system: Be terse.")  # for a backend without a template
+
+
 async def test_completion_logprobs() -> None:
-    r = await call(app_for(FakeBackend()), "/v1/completions", {"prompt": "Q", "logprobs": 0})
-    assert r.json()["choices"][0]["logprobs"] == {"token_logprobs": [-0.25, -0.5, -0.75]}
+    fake = FakeBackend()
+    r = await call(app_for(fake), "/v1/completions", {"prompt": "Q", "logprobs": 0})
+    assert fake.requests[0].messages is None  # a completion's prompt goes as it is
+    text = r.json()["choices"][0]["text"]
+    assert r.json()["choices"][0]["logprobs"] == {
+        "tokens": [text[:1], text[1:3], text[3:]], "token_logprobs": [-0.25, -0.5, -0.75],
+        "top_logprobs": None, "text_offset": [0, 1, 3]}
 
 
 def test_flatten_messages() -> None:
@@ -194,6 +220,19 @@ def test_flatten_messages() -> None:
     assert flatten_messages([("system", "Be terse."), ("user", "2+2?")]) == (
         "system: Be terse.\n\nuser: 2+2?\n\nassistant:"
     )
+
+
+async def test_no_op_values_common_clients_send_are_accepted() -> None:
+    fake = FakeBackend()
+    noop = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "user": "u-1"}
+    r = await call(app_for(fake), "/v1/completions",
+                   {"prompt": "Q", "best_of": 1, "echo": False, "logprobs": 1, **noop})
+    assert r.status_code == 200, r.text
+    r = await call(app_for(fake), "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Q"}], "top_logprobs": 0,
+        "response_format": {"type": "text"}, **noop})
+    assert r.status_code == 200, r.text
+    assert len(fake.requests) == 2
 
 
 async def test_a_backend_smaller_than_n_gets_several_requests() -> None:
@@ -213,6 +252,19 @@ async def test_a_backend_smaller_than_n_gets_several_requests() -> None:
     [
         ("/v1/completions", None, b"{oops", 400, None),
         ("/v1/completions", {"prompt": "Q", "best_of": 2}, None, 400, "best_of"),
+        ("/v1/completions", {"prompt": "Q", "frequency_penalty": 0.5}, None, 400,
+         "frequency_penalty"),
+        ("/v1/completions", {"prompt": "Q", "presence_penalty": -1}, None, 400,
+         "presence_penalty"),
+        ("/v1/completions", {"prompt": "Q", "logit_bias": {"50256": -100}}, None, 400,
+         "logit_bias"),
+        ("/v1/completions", {"prompt": "Q", "logprobs": 5}, None, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "Q", "echo": True}, None, 400, "echo"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q"}],
+                                  "top_logprobs": 3}, None, 400, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q"}],
+                                  "response_format": {"type": "json_object"}}, None, 400,
+         "response_format.type"),
         ("/v1/completions", {"prompt": "Q", "n": 0}, None, 400, "n"),
         ("/v1/completions", {"prompt": "Q", "n": 129}, None, 400, "n"),
         ("/v1/completions", {"prompt": "Q", "temperature": 3}, None, 400, "temperature"),
@@ -339,7 +391,7 @@ async def test_stream_completions_from_a_streaming_backend() -> None:
     assert joined(chunks, lambda c: c["text"]) == {i: f"Q seed={5 + i} " for i in range(3)}
     finals = [c for chunk in chunks for c in chunk["choices"] if c["finish_reason"]]
     assert [(c["index"], c["finish_reason"]) for c in finals] == [(i, "length") for i in range(3)]
-    assert all(c["logprobs"] == {"token_logprobs": [-0.25, -0.5, -0.75]} for c in finals)
+    assert all(c["logprobs"]["token_logprobs"] == [-0.25, -0.5, -0.75] for c in finals)
     # Every chunk carries "usage": null but the last, which has no choices and the request's bill.
     assert all(c["usage"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"] == []
@@ -444,7 +496,7 @@ async def test_errors_cross_the_wire_as_their_class(
 SERVE_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-from orchestrator._serve import serve
+from orchestrator._serve_run import serve
 
 class Backend:
     name = "tiny"

@@ -1,0 +1,178 @@
+"""`orchestrator serve`'s server: the port bound up front (a taken port is one line), the backend
+loaded before the first request, uvicorn serving the app, and Ctrl-C or SIGTERM ending requests
+in flight at once and closing the backend."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import socket
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import anyio
+
+from primitives import Backend, ConfigError, LanefoldError
+
+__all__ = (
+    "ServeError",
+    "api_key_from",
+    "count",
+    "is_loopback",
+    "listen",
+    "port_number",
+    "require_extra",
+    "serve",
+    "serve_async",
+)
+
+
+class ServeError(LanefoldError):
+    """The server could not listen on its address (exit 1)."""
+
+    exit_code: ClassVar[int] = 1
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names only this machine ("localhost", 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port`, or a ServeError saying why not (taken, unknown host)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, OverflowError) as exc:
+        raise ServeError(f"cannot listen on {host}:{port}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+async def serve_async(
+    backend: Backend,
+    *,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    sock: socket.socket | None = None,
+    **app_options: Any,
+) -> None:
+    """Serve `backend` with uvicorn until SIGINT or SIGTERM, then close the backend.
+
+    `app_options` go to `create_app` (api_key, max_body_bytes, max_waiting, ...). A second
+    signal while requests are still closing forces the exit.
+    """
+    import uvicorn  # the `serve` extra; imported here so the package loads without it
+
+    from orchestrator._serve import create_app
+
+    sock = sock or listen(host, port)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # the signals are ours (below): uvicorn's would re-raise them at exit
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)  # says nothing when handed a bound socket
+            logging.getLogger("uvicorn.error").info("serving %s on %s (Ctrl-C to stop)",
+                                                    model_name, url)
+    app = create_app(backend, model_name=model_name, **app_options)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
+                            timeout_graceful_shutdown=5)
+    server = _Server(config)
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        if server.should_exit:
+                            server.force_exit = True
+                        server.should_exit = True
+                        app.state.stopping.stop()
+                        if not server.started:  # still loading: nothing to shut down
+                            tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            load = getattr(backend, "load", None)  # the engine: the model before the first client
+            if load is not None:
+                await load()
+            await server.serve(sockets=[sock])
+            tg.cancel_scope.cancel()
+    finally:
+        sock.close()
+        with anyio.CancelScope(shield=True):
+            await backend.aclose()
+
+
+def serve(
+    backend: Backend,
+    *,
+    model_name: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    **app_options: Any,
+) -> None:
+    """Blocking: serve `backend` on `host:port` (loopback by default) until Ctrl-C."""
+    sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
+    anyio.run(
+        lambda: serve_async(backend, model_name=model_name, host=host, port=port,
+                            log_level=log_level, sock=sock, **app_options),
+        backend="asyncio",  # uvicorn runs on asyncio only
+    )
+
+
+def require_extra() -> None:
+    """The `serve` extra's modules, or a ConfigError with the install line (exit 2)."""
+    for module in ("starlette", "uvicorn"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(f"orchestrator serve needs {module}, in the serve extra: "
+                              "pip install 'lanefold[serve]'") from None
+
+
+def api_key_from(variable: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The API key held by the environment variable `variable` (None: no key asked for)."""
+    if variable is None:
+        return None
+    key = environ.get(variable, "")
+    if not key.strip():
+        raise ConfigError(f"--api-key-env: the environment variable {variable} is unset or empty")
+    return key
+
+
+def port_number(text: str) -> int:
+    """argparse type of `--port`: 0 to 65535."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
+    return value
+
+
+def count(text: str) -> int:
+    """argparse type of a count: 0 or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value

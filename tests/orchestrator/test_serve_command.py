@@ -1,0 +1,150 @@
+"""`orchestrator serve` on the command line: its flags, one line and a distinct exit code for
+each way it cannot start, and Ctrl-C with requests in flight (a real process on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import orchestrator._cli as cli_module
+from orchestrator._cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "backend.toml"
+    path.write_text('[backend]\nkind = "simulated"\nlatency_ms = [60000, 60000]\n')
+    return path
+
+
+def one_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_a_port_out_of_range_is_a_usage_error(
+        config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--backend-config", str(config), "--port", "99999"])
+    assert exit_.value.code == 2
+    assert "99999 is not a port" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(
+        config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--backend-config", str(config), "--port", str(port)])
+    assert code == 1
+    assert one_line(capsys.readouterr().err) == (
+        f"orchestrator serve: cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_without_the_serve_extra_the_install_line(
+        config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` now fails as if absent
+    code = main(["serve", "--backend-config", str(config)])
+    assert code == 2
+    assert "pip install 'lanefold[serve]'" in one_line(capsys.readouterr().err)
+
+
+def test_an_unset_key_variable_is_a_config_error(
+        config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LANEFOLD_TEST_SERVE_KEY", raising=False)
+    code = main(["serve", "--backend-config", str(config),
+                 "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"])
+    assert code == 2
+    assert "LANEFOLD_TEST_SERVE_KEY" in one_line(capsys.readouterr().err)
+
+
+def test_flags_reach_the_server_and_an_open_host_without_a_key_is_warned(
+        config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: calls.append(kw))
+    assert main(["serve", "--backend-config", str(config), "--host", "0.0.0.0"]) == 0
+    assert "warning: listening on 0.0.0.0 without --api-key-env" in one_line(
+        capsys.readouterr().err)
+    assert calls[-1]["api_key"] is None
+    assert calls[-1]["max_body_bytes"] == 1 << 20
+    assert calls[-1]["max_waiting"] is None
+    monkeypatch.setenv("LANEFOLD_TEST_SERVE_KEY", "k-123")
+    assert main(["serve", "--backend-config", str(config), "--host", "0.0.0.0", "--api-key-env",
+                 "LANEFOLD_TEST_SERVE_KEY", "--max-body-bytes", "2048", "--max-waiting", "3"]) == 0
+    assert capsys.readouterr().err == ""
+    assert (calls[-1]["api_key"], calls[-1]["max_body_bytes"], calls[-1]["max_waiting"]) == (
+        "k-123", 2048, 3)
+    assert main(["serve", "--backend-config", str(config), "--host", "::1"]) == 0
+    assert capsys.readouterr().err == ""  # loopback: no warning
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_requests_in_flight_stops_quietly_within_seconds(config: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "LANEFOLD_TEST_SERVE_KEY": "k-123"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "serve", "--backend-config", str(config),
+         "--port", str(port), "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    auth = {"Authorization": "Bearer k-123"}
+    answers: dict[str, Any] = {}
+
+    def ask(name: str, stream: bool) -> None:
+        body = {"prompt": "Q", "max_tokens": 4, "stream": stream}
+        r = httpx.post(f"{url}/completions", json=body, headers=auth, timeout=60)
+        answers[name] = (r.status_code, r.text)
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"{url}/models", timeout=1).status_code == 401
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "serve did not come up"
+                time.sleep(0.1)
+        askers = [threading.Thread(target=ask, args=(name, name == "stream"))
+                  for name in ("whole", "stream")]
+        for asker in askers:
+            asker.start()
+        time.sleep(1.0)  # both are in flight: the backend takes 60 s per request
+        assert not answers
+        proc.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        out, err = proc.communicate(timeout=20)
+        took = time.monotonic() - stopped
+        for asker in askers:
+            asker.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert took < 10, took  # not the 60 s the requests would have taken
+    assert "Traceback" not in err + out
+    assert "ERROR" not in err
+    # Neither had its first token (the stream's status line waits for it): both are told why.
+    for name in ("whole", "stream"):
+        status, text = answers[name]
+        assert status == 503
+        assert json.loads(text)["error"]["code"] == "server_shutting_down"
