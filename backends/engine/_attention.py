@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ("AttentionBatch", "Prefix", "paged_attention")
+__all__ = ("AttentionBatch", "Prefix", "causal_attention", "paged_attention")
 
 
 @dataclass(slots=True)
@@ -53,7 +53,9 @@ class AttentionBatch:
     own blocks only, after any shared prefix; `Lk = blocks * block_size`), `mask`
     `[B, 1, Lq, Lk]` causality and padding, `query_valid` `[B * Lq]` un-pads the output.
     `prefixes` (decode only) are the groups of sequences sharing leading blocks; `bias` (set
-    with them) is `mask` as 0 / -inf, added to the scores.
+    with them) is `mask` as 0 / -inf, added to the scores. `spans` (a prefill where no sequence
+    has cached tokens) are each sequence's (offset, length) among the flat tokens: each attends
+    causally to its own new tokens alone, so no context is gathered and no mask is built.
     """
 
     positions: Tensor
@@ -62,9 +64,10 @@ class AttentionBatch:
     query_valid: Tensor
     block_tables: Tensor
     block_size: int
-    mask: Tensor
+    mask: Tensor | None
     prefixes: list[Prefix] = field(default_factory=list)
     bias: Tensor | None = None
+    spans: list[tuple[int, int]] | None = None
 
 
 def paged_attention(
@@ -81,6 +84,20 @@ def paged_attention(
         qp, kp.to(q.dtype), vp.to(q.dtype), attn_mask=batch.mask, enable_gqa=True
     )
     return out.transpose(1, 2).reshape(b * lq, -1)[batch.query_valid]
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]]) -> Tensor:
+    """Attention output `[N, heads * D]` of sequences that attend to their own new tokens only.
+
+    SDPA with `is_causal` and no mask, a sequence at a time (no padding, no dense mask: the
+    form the flash kernels take), straight from the step's fresh keys and values.
+    """
+    parts = []
+    for start, length in spans:
+        qs, ks, vs = (t[start : start + length].transpose(0, 1)[None] for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        parts.append(out[0].transpose(0, 1).reshape(length, -1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _shared_prefix_decode(

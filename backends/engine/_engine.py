@@ -20,7 +20,7 @@ from backends.engine._config import EngineConfig
 from backends.engine._metrics import EngineMetrics, RequestMetrics, charge_residency
 from backends.engine._model import CausalLM, build_model
 from backends.engine._runner import ModelRunner
-from backends.engine._sampler import find_stop, new_generator, sample_token
+from backends.engine._sampler import SamplingBatch, lane_key, sample
 from backends.engine._scheduler import Scheduler, Step
 from backends.engine._sequence import EngineRequest, Sequence, Status
 from backends.engine._tokenizer import Tokenizer
@@ -106,7 +106,7 @@ class Engine:
                 tokens=list(prompt),
                 num_prompt=len(prompt),
                 max_tokens=max(0, min(lane.max_tokens, limit - len(prompt))),
-                generator=new_generator(lane.seed),
+                key=lane_key(lane.seed),
                 metrics=metrics,
                 params=params,
             )
@@ -162,7 +162,7 @@ class Engine:
             self._mark = None
             return []
         self._mark = self._mark if self._mark is not None else self._clock()
-        logits = self.runner.run(plan).cpu()
+        logits = self.runner.run(plan)  # stays on the device: only the chosen ids leave it
         holders = (
             plan.sequences if plan.kind == "decode" else self.scheduler.running + plan.sequences
         )
@@ -171,10 +171,13 @@ class Engine:
         self._mark = now
         self._account(plan)
         if plan.kind == "prefill":
-            self._after_prefill(plan, logits)
+            lanes, rows = self._after_prefill(plan)
+            logits = logits[torch.tensor(rows, device=logits.device)]
         else:
-            for seq, row in zip(plan.sequences, logits, strict=True):
-                self._emit(seq, row)
+            lanes = plan.sequences
+        tokens, logprobs = self._sample(lanes, logits)
+        for seq, token, logprob in zip(lanes, tokens, logprobs, strict=True):
+            self._emit(seq, token, logprob)
         self._live = [r for r in self._live if not r.finished]
         finished, self._finished = self._finished, []
         return finished
@@ -205,8 +208,11 @@ class Engine:
         m.cow_block_copies = self.pool.copies
         m.preemptions = self.scheduler.preemptions
 
-    def _after_prefill(self, plan: Step, logits: Tensor) -> None:
-        for seq, row in zip(plan.sequences, logits, strict=True):
+    def _after_prefill(self, plan: Step) -> tuple[list[Sequence], list[int]]:
+        """Fork each prefilled prompt's followers; every branch and its row of the logits."""
+        lanes: list[Sequence] = []
+        rows: list[int] = []
+        for row, seq in enumerate(plan.sequences):
             computed = len(seq.tokens) - seq.num_computed
             if seq.num_generated == 0:
                 seq.input_tokens, seq.cached_input_tokens = computed, seq.num_computed
@@ -223,15 +229,28 @@ class Engine:
                 branches.append(follower)
             seq.followers = []
             self.scheduler.running.extend(branches)
-            for branch in branches:
-                self._emit(branch, row)
+            lanes += branches
+            rows += [row] * len(branches)
+        return lanes, rows
 
-    def _emit(self, seq: Sequence, row: Tensor) -> None:
-        """Sample a lane's next token from its logits and finish it when it is done."""
+    @staticmethod
+    def _sample(lanes: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
+        """Every lane's next token (and log-probability) in one batch on the logits' device."""
+        batch = SamplingBatch.build(
+            [s.params for s in lanes], [s.key for s in lanes], [s.num_generated for s in lanes],
+            logits.device,
+        )
+        tokens, logprobs = sample(logits, batch)
+        if logprobs is None:
+            return tokens.tolist(), [0.0] * len(lanes)
+        both = torch.stack((tokens.double(), logprobs.double())).cpu()  # one copy to the host
+        return [int(t) for t in both[0].tolist()], both[1].tolist()
+
+    def _emit(self, seq: Sequence, token: int, logprob: float) -> None:
+        """Take a lane's sampled token and finish the lane when it is done."""
         seq.num_computed = len(seq.tokens)
         if seq.num_generated >= seq.max_tokens:
             return self._finish(seq, "length")
-        token, logprob = sample_token(row, seq.params, seq.generator)
         if token in self.eos_ids and not seq.params.ignore_eos:
             return self._finish(seq, "stop")
         seq.tokens.append(token)
@@ -239,10 +258,10 @@ class Engine:
         if seq.params.logprobs:
             seq.logprobs.append(logprob)
         if seq.params.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_ids)
-            cut = find_stop(text, seq.params.stop)
+            new = seq.output.extend(self.tokenizer, seq.output_ids)
+            cut = seq.output.stop_at(new, seq.params.stop)
             if cut is not None:
-                return self._finish(seq, "stop", text[:cut])
+                return self._finish(seq, "stop", seq.output.text[:cut])
         if seq.num_generated >= seq.max_tokens:
             return self._finish(seq, "length")
         return None

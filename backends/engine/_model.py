@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backends.engine._attention import AttentionBatch, paged_attention
+from backends.engine._attention import AttentionBatch, causal_attention, paged_attention
 from backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
@@ -90,7 +90,11 @@ class Attention(nn.Module):
         k_cache, v_cache = cache
         k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
-        out: Tensor = self.o_proj(paged_attention(q, k_cache, v_cache, batch, layer))
+        if batch.spans is not None:
+            attended = causal_attention(q, k, v, batch.spans)
+        else:
+            attended = paged_attention(q, k_cache, v_cache, batch, layer)
+        out: Tensor = self.o_proj(attended)
         return out
 
 

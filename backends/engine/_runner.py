@@ -68,9 +68,14 @@ class ModelRunner:
         key_pos = torch.tensor(shared)[:, None] * bs + torch.arange(own.shape[1] * bs)[None, :]
         offsets = torch.cumsum(query_lens, 0) - query_lens
         device = self.device
-        mask = (key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device)
+        spans = None
+        if step.kind == "prefill" and not any(starts):  # nothing cached: causal over new tokens
+            spans = list(zip(offsets.tolist(), query_lens.tolist(), strict=True))
+        mask = (
+            None if spans else (key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device)
+        )
         bias = None
-        if prefixes:  # the shared-prefix decode adds the mask as a bias; SDPA takes it as it is
+        if prefixes and mask is not None:  # the shared-prefix decode adds the mask as a bias
             bias = torch.zeros(mask.shape, dtype=self.model.lm_head.weight.dtype, device=device)
             bias.masked_fill_(~mask, -torch.inf)  # [B, 1, 1, Lk]: one query per sequence
         return AttentionBatch(
@@ -83,6 +88,7 @@ class ModelRunner:
             mask=mask,
             prefixes=self._prefixes(prefixes),
             bias=bias,
+            spans=spans,
         )
 
     def _prefixes(self, groups: list[tuple[list[int] | None, list[int]]]) -> list[Prefix]:

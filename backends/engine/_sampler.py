@@ -1,71 +1,152 @@
-"""Choosing the next token of one branch from its logits.
+"""Choosing every lane's next token at once, on the device that holds the logits.
 
-Each branch draws from its own `torch.Generator`, one uniform number per token, so its tokens
-depend only on its seed and its logits, never on which other branches share the batch.
+Temperature, top-k and top-p are applied to the whole `[lanes, vocab]` batch, then one token per
+row is drawn by Gumbel-max: the argmax of the kept logits plus Gumbel noise is an exact draw from
+their softmax. The noise is not drawn from a random stream but hashed from (lane seed, position,
+token id), so a lane's tokens depend only on its seed and its logits, never on which lanes share
+the batch or in what order, and nothing per lane (no generator, no Python loop) is needed: the
+same few integer operations run on CPU or GPU, and only the chosen ids (and the log-probabilities
+asked for) leave the device.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from primitives import SamplingParams
 
-__all__ = ("find_stop", "new_generator", "sample_token")
+__all__ = ("SamplingBatch", "find_stop", "lane_key", "sample", "sample_token")
+
+_M32 = 0xFFFFFFFF
+# Odd multipliers below 2**31: a 32-bit value times one stays inside int64 on every device.
+_MUL = (0x7FEB352D, 0x4ADA6B45, 0x2C1B3C6D)
+_TOKEN_MUL = 0x27D4EB2F
 
 
-def new_generator(seed: int) -> torch.Generator:
-    """A CPU random stream for one branch.
-
-    The seed is mixed first (splitmix64): lanes usually get consecutive seeds, and the first
-    draws of Mersenne Twisters seeded 10, 11, 12... are visibly clustered.
-    """
-    return torch.Generator(device="cpu").manual_seed(_splitmix64(seed) >> 1)
-
-
-def _splitmix64(seed: int) -> int:
+def lane_key(seed: int) -> int:
+    """A lane's 32-bit noise key from its seed (splitmix64: lanes get consecutive seeds)."""
     mask = (1 << 64) - 1
     z = (seed + 0x9E3779B97F4A7C15) & mask
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return z ^ (z >> 31)
+    return (z ^ (z >> 31)) & _M32
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Each row's sampling parameters, as tensors on the logits' device.
+
+    `keys` are `lane_key`s, `positions` the index of the token being drawn in the lane's
+    output; the flags say which filters any row uses, so a batch without them sorts nothing.
+    """
+
+    temperature: Tensor
+    top_k: Tensor
+    top_p: Tensor
+    keys: Tensor
+    positions: Tensor
+    any_top_k: bool
+    any_top_p: bool
+    logprobs: bool
+
+    @classmethod
+    def build(
+        cls,
+        params: Seq[SamplingParams],
+        keys: Seq[int],
+        positions: Seq[int],
+        device: torch.device,
+    ) -> SamplingBatch:
+        """One host-to-device copy of every row's parameters."""
+        rows = torch.tensor(
+            [
+                (p.temperature, p.top_p, p.top_k, k, n)
+                for p, k, n in zip(params, keys, positions, strict=True)
+            ],
+            dtype=torch.float64,  # exact for 32-bit keys and any position
+        ).to(device)
+        return cls(
+            temperature=rows[:, 0].float(),
+            top_p=rows[:, 1].float(),
+            top_k=rows[:, 2].long(),
+            keys=rows[:, 3].long(),
+            positions=rows[:, 4].long(),
+            any_top_k=any(p.top_k > 0 for p in params),
+            any_top_p=any(p.top_p < 1.0 for p in params),
+            logprobs=any(p.logprobs for p in params),
+        )
+
+
+def sample(logits: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor | None]:
+    """Token ids `[B]` from fp32 logits `[B, vocab]`, and their log-probabilities under the
+    model's own distribution (before temperature and filters) where any row asked for them.
+
+    Temperature 0 is greedy.
+    """
+    greedy = batch.temperature <= 0.0
+    scaled = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
+    scaled = _filtered(scaled, batch)
+    noisy = scaled + _gumbel(batch.keys, batch.positions, logits.shape[1])
+    tokens = torch.where(greedy, logits.argmax(dim=1), noisy.argmax(dim=1))
+    if not batch.logprobs:
+        return tokens, None
+    logprobs = torch.log_softmax(logits, dim=1).gather(1, tokens[:, None])[:, 0]
+    return tokens, logprobs
 
 
 def sample_token(
-    logits: Tensor, params: SamplingParams, generator: torch.Generator
+    logits: Tensor, params: SamplingParams, seed: int, position: int = 0
 ) -> tuple[int, float]:
-    """Pick a token from one row of fp32 CPU logits; returns it and its log-probability.
+    """One row's token and log-probability (0.0 unless asked for): `sample` for a single lane."""
+    batch = SamplingBatch.build([params], [lane_key(seed)], [position], logits.device)
+    tokens, logprobs = sample(logits[None].float(), batch)
+    return int(tokens[0]), float(logprobs[0]) if logprobs is not None else 0.0
 
-    The log-probability is under the model's own distribution (before temperature, top-k, top-p).
-    Temperature 0 is greedy.
+
+def _filtered(scaled: Tensor, batch: SamplingBatch) -> Tensor:
+    """`scaled` with the tokens top-k and top-p drop set to -inf.
+
+    Top-k keeps every token at least as likely as the k-th (ties kept); top-p then keeps the
+    smallest most-likely prefix of what is left whose mass reaches p (at least one token).
     """
-    if params.temperature <= 0.0:
-        token = int(torch.argmax(logits))
-    else:
-        probs = _filtered_probs(logits / params.temperature, params.top_k, params.top_p)
-        cumulative = torch.cumsum(probs, dim=0)
-        draw = torch.rand((), generator=generator) * cumulative[-1]
-        token = min(int(torch.searchsorted(cumulative, draw, right=True)), logits.shape[0] - 1)
-        while probs[token] == 0:  # a draw on the exact upper edge of a kept token's interval
-            token -= 1
-    logprob = float(torch.log_softmax(logits, dim=0)[token]) if params.logprobs else 0.0
-    return token, logprob
+    if not (batch.any_top_k or batch.any_top_p):
+        return scaled
+    vocab = scaled.shape[1]
+    ordered, order = scaled.sort(dim=1, descending=True)
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    if batch.any_top_k:
+        k = torch.where((batch.top_k > 0) & (batch.top_k < vocab), batch.top_k, vocab)
+        keep &= ordered >= ordered.gather(1, (k - 1)[:, None])
+    if batch.any_top_p:
+        probs = ordered.masked_fill(~keep, -torch.inf).softmax(dim=1)
+        before = probs.cumsum(dim=1) - probs  # mass ranked above each token
+        keep &= (before < batch.top_p[:, None]) | (batch.top_p[:, None] >= 1.0)
+    kept = torch.zeros_like(keep).scatter_(1, order, keep)
+    return scaled.masked_fill(~kept, -torch.inf)
 
 
-def _filtered_probs(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
-    if top_k > 0 and top_k < scaled.shape[0]:
-        kth = torch.topk(scaled, top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=0)
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(sorted_probs, dim=0) - sorted_probs  # mass ranked above each token
-        drop = before >= top_p  # keep the smallest prefix reaching top_p (at least one token)
-        probs = probs.scatter(0, order[drop], 0.0)
-    return probs
+def _gumbel(keys: Tensor, positions: Tensor, vocab: int) -> Tensor:
+    """Gumbel noise `[B, vocab]` hashed from each row's key and position and each token id."""
+    row = _mix(keys ^ _mix(positions & _M32))  # [B]
+    token = (torch.arange(vocab, device=keys.device) * _TOKEN_MUL) & _M32
+    bits = _mix(row[:, None] ^ token[None, :])
+    uniform = ((bits >> 8).float() + 0.5) * 2.0**-24  # 24 bits, strictly inside (0, 1)
+    return -torch.log(-torch.log(uniform))
 
 
-def find_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    """Index where the earliest stop string starts in `text`, or None."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+def _mix(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) of non-negative int64 values < 2**32."""
+    for mul in _MUL:
+        x = x ^ (x >> 16)
+        x = (x * mul) & _M32
+    return x ^ (x >> 16)
+
+
+def find_stop(text: str, stops: tuple[str, ...], start: int = 0) -> int | None:
+    """Index where the earliest stop string starts in `text` at or after `start`, or None."""
+    found = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
     return min(found) if found else None

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-import torch
-
 from backends.engine._metrics import RequestMetrics
+from backends.engine._output_text import OutputText
 from primitives import SamplingParams
 
 __all__ = ("EngineRequest", "Sequence", "Status")
@@ -23,7 +22,7 @@ class Status(Enum):
 
 @dataclass(slots=True, eq=False)
 class Sequence:
-    """One lane: its tokens, its KV block table and its own random stream.
+    """One lane: its tokens, its KV block table and its noise key (`_sampler.lane_key`).
 
     `followers` are the other lanes of the request, forked from this one once its prompt is
     prefilled; they share its blocks and sample their first token from the same logits.
@@ -33,7 +32,7 @@ class Sequence:
     tokens: list[int]
     num_prompt: int
     max_tokens: int
-    generator: torch.Generator
+    key: int
     metrics: RequestMetrics
     params: SamplingParams
     status: Status = Status.WAITING
@@ -43,6 +42,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     text: str = ""
+    output: OutputText = field(default_factory=OutputText)  # grown a token at a time for stops
     kv_token_seconds: float = 0.0
     input_tokens: int = 0
     cached_input_tokens: int = 0
