@@ -324,13 +324,20 @@ class OpenAIBackend:
         samples: dict[int, Sample] = {}
         for (slot, order), lane_usage in zip(ordered, split.usages, strict=True):
             choice = choices[order]
+            text = self._redact(choice.text)  # a server may echo the key in a completion too
+            # Token texts only where they add up to the text as told: a redacted key's pieces
+            # must not survive in them.
+            tokens = choice.tokens if request.params.logprobs else None
+            if tokens is not None and "".join(tokens) != text:
+                tokens = None
             samples[positions[slot]] = Sample(
                 lane=lanes[slot].lane,
-                text=self._redact(choice.text),  # a server may echo the key in a completion too
+                text=text,
                 finish_reason=self._redact(choice.finish_reason),
                 usage=lane_usage,
                 logprobs=choice.logprobs if request.params.logprobs else None,
                 extra=dict(extra),
+                tokens=tokens,
             )
         return samples
 

@@ -117,6 +117,7 @@ class WireChoice:
     finish_reason: str
     logprobs: tuple[float, ...] | None
     token_count: int | None
+    tokens: tuple[str, ...] | None = None  # each token's text, where the server sent them all
 
     def tally(self) -> Tally:
         """What this choice evidently holds, for usage apportioning."""
@@ -133,6 +134,12 @@ def _finish(reason: str | None) -> str:
     return "stop" if reason in (None, "eos") else reason
 
 
+def _all_texts(tokens: list[str] | list[str | None] | None) -> tuple[str, ...] | None:
+    if tokens is None or any(token is None for token in tokens):
+        return None
+    return tuple(token for token in tokens if token is not None)
+
+
 def _from_chat(choice: ChatChoice) -> WireChoice:
     content = choice.logprobs.content if choice.logprobs is not None else None
     values = tuple(entry.logprob for entry in content) if content is not None else None
@@ -142,6 +149,7 @@ def _from_chat(choice: ChatChoice) -> WireChoice:
         finish_reason=_finish(choice.finish_reason),
         logprobs=values,
         token_count=len(content) if content is not None else None,
+        tokens=_all_texts([entry.token for entry in content] if content is not None else None),
     )
 
 
@@ -160,6 +168,7 @@ def _from_completion(choice: CompletionChoice) -> WireChoice:
         finish_reason=_finish(choice.finish_reason),
         logprobs=values,
         token_count=count,
+        tokens=_all_texts(lp.tokens if lp is not None else None),
     )
 
 

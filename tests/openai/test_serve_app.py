@@ -470,6 +470,24 @@ async def test_openai_backend_end_to_end(
     # the caller gets them back only where it asked.
     assert {s.extra["usage_apportioned_by"] for s in samples} == {"tokens"}
     assert all((s.logprobs is not None) == logprobs for s in samples)
+    # The served token texts come back through the wire where asked, adding up to the text.
+    assert all(s.tokens is None if not logprobs else "".join(s.tokens or ()) == s.text
+               for s in samples)
+
+
+async def test_a_conversation_crosses_the_wire_as_turns(
+    loopback: Callable[[Any], Loopback]
+) -> None:
+    fake = FakeBackend()
+    server = loopback(create_app(fake, model_name="tiny"))
+    turns = (ChatMessage("system", "Be terse."), ChatMessage("user", "2+2?"))
+    request = SampleRequest("flattened", SamplingParams(max_tokens=4),
+                            (LaneRequest(0, 1, 4),), messages=turns)
+    async with make_backend(server.base_url, model="tiny", api="chat") as b:
+        (out,) = await sample_all(b, request)
+    assert isinstance(out, Sample)
+    (sent,) = fake.requests
+    assert sent.messages == turns  # not the flattened prompt: the server templates the turns
 
 
 @pytest.mark.parametrize(

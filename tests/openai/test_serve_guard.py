@@ -24,6 +24,12 @@ from primitives import LaneOutcome, Sample, SampleRequest, TextDelta, Usage
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """The app is anyio throughout, so in-process it runs on trio too (uvicorn needs asyncio)."""
+    return str(request.param)
+
+
 class Blocking(FakeBackend):
     """Every request waits until `release` is set, counting starts and cancellations; with
     `stream`, one delta first."""
