@@ -266,3 +266,91 @@ def test_the_shipped_example_answers_a_chat_question(smollm2: Engine) -> None:
     assert "Paris" in choice["message"]["content"]
     tokens = [c["token"] for c in choice["logprobs"]["content"]]
     assert "".join(tokens).strip() == choice["message"]["content"].strip()
+
+
+CTRL_C_SCRIPT = """
+import dataclasses, sys
+sys.path[:0] = [{root!r}, {here!r}]
+import torch
+from tiny import TINY, byte_tokenizer, tiny_checkpoint
+from backends.engine import EngineBackend
+from backends.engine._engine import Engine
+from backends.engine._model import build_model
+from orchestrator._serve_run import serve
+
+torch.set_num_threads(1)
+args = dataclasses.replace(TINY, max_position=8192, hidden_size=256, intermediate_size=384,
+                           num_layers=4, head_dim=64)
+model = build_model(tiny_checkpoint(0, args), torch.device("cpu"), torch.float32)
+engine = Engine(model, num_blocks=2200, block_size=16, max_batch_lanes=8,
+                tokenizer=byte_tokenizer())
+serve(EngineBackend(engine=engine), model_name="tiny", port={port}, log_level="warning")
+print("steps", engine.metrics.decode_steps, "free", engine.pool.num_free,
+      engine.pool.num_blocks, flush=True)
+"""
+
+
+def test_ctrl_c_stops_the_engine_mid_request() -> None:
+    """A real engine decoding 4 x 8000 tokens: Ctrl-C stops its lanes at once (they do not
+    decode on), frees their KV blocks, answers the client 503 and exits 0 without a traceback."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = CTRL_C_SCRIPT.format(root=os.path.dirname(os.path.dirname(here)), here=here,
+                                port=port)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    answer: list[Any] = []
+
+    def ask() -> None:
+        body = {"prompt": "abc", "n": 4, "max_tokens": 8000, "ignore_eos": True}
+        try:
+            r = httpx.post(f"{url}/completions", json=body, timeout=120)
+        except httpx.TransportError as exc:
+            answer.append(repr(exc))
+        else:
+            answer.append((r.status_code, r.json()))
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/models", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "serve did not come up"
+                time.sleep(0.1)
+        asker = threading.Thread(target=ask)
+        asker.start()
+        time.sleep(1.5)
+        assert not answer  # still decoding
+        proc.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - stopped
+        asker.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert took < 10, took
+    status, body = answer[0]
+    assert (status, body["error"]["code"]) == (503, "server_shutting_down")
+    _, steps, _, free, total = out.split()
+    assert int(steps) < 8000  # its lanes stopped where they were
+    assert free == total  # and gave their KV blocks back
