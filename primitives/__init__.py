@@ -25,7 +25,17 @@ from primitives._backend import (
     closing,
     sample_all,
 )
-from primitives._budget import Hold, Ledger, Limits, Pricing, Spend, cost_of
+from primitives._budget import (
+    Hold,
+    Ledger,
+    Limits,
+    Pricing,
+    Refusal,
+    Room,
+    SharedPool,
+    Spend,
+    cost_of,
+)
 from primitives._context import RunBudget, RunContext, wave_fingerprint
 from primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
 from primitives._errors import (
@@ -88,6 +98,13 @@ from primitives._registry import (
     resolve_loop,
     resolve_reducer,
 )
+from primitives._shared_budget import (
+    BudgetView,
+    PgSharedPool,
+    connect_budgets,
+    read_budget,
+    set_budget,
+)
 from primitives._state import LaneState, RunState, WaveState, apply, fold
 from primitives._verifier import (
     CallableVerifier,
@@ -110,6 +127,7 @@ __all__ = (
     "Ballot",
     "Budget",
     "BudgetExhaustedError",
+    "BudgetView",
     "CallableVerifier",
     "ChatMessage",
     "CommandVerifier",
@@ -143,6 +161,7 @@ __all__ = (
     "MemoryEventLog",
     "NonDeterminismError",
     "Outcome",
+    "PgSharedPool",
     "Pricing",
     "QuorumNotMetError",
     "RateLimitError",
@@ -150,9 +169,11 @@ __all__ = (
     "ReduceOptions",
     "Reducer",
     "Reduction",
+    "Refusal",
     "Remaining",
     "RequestRejectedError",
     "RetryPolicy",
+    "Room",
     "RunBudget",
     "RunContext",
     "RunError",
@@ -164,6 +185,7 @@ __all__ = (
     "SampleRequest",
     "SamplingParams",
     "ServerError",
+    "SharedPool",
     "Spend",
     "StreamingBackend",
     "TextDelta",
@@ -179,6 +201,7 @@ __all__ = (
     "as_verifier",
     "closing",
     "compile_score_regex",
+    "connect_budgets",
     "cost_of",
     "extract_answer",
     "fold",
@@ -192,6 +215,7 @@ __all__ = (
     "normalize_answer",
     "parse_event",
     "parse_score",
+    "read_budget",
     "reducer_names",
     "register_loop",
     "register_reducer",
@@ -200,6 +224,7 @@ __all__ = (
     "resolve_loop",
     "resolve_reducer",
     "sample_all",
+    "set_budget",
     "validate_run_id",
     "vote_fold",
     "wave_fingerprint",

@@ -4,6 +4,10 @@ The ledger never lets `spent + reserved` pass a limit: a wave reserves its worst
 dispatch (`reserve`), each lane settles its actual usage after it lands (`settle`, the unused
 part returns to the pool) and a hold that never ran is given back (`release`).
 
+A run may also spend from a pool shared with other runs (`SharedPool`: a named budget in a
+database). The ledger forwards every settle, release and cut-off charge to it; the dispatcher
+awaits the shared reservation after the ledger's own (`try_reserve`, then `SharedPool.reserve`).
+
 Tokens counted against `max_tokens` are tokens computed: prefill, decode and verifier tokens.
 Cached prefill is not computed again; it is bounded through its price.
 """
@@ -14,13 +18,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from primitives._backend import Usage
 
-__all__ = ("Hold", "Ledger", "Limits", "Overrun", "Pricing", "Spend", "WaveFit")
+__all__ = ("Hold", "Ledger", "Limits", "Overrun", "Pricing", "Refusal", "Room", "SharedPool", "Spend",
+           "WaveFit")
 
 Bill = Literal["sample", "verifier"]  # the line a lane is priced on
 
@@ -115,6 +120,17 @@ class Spend:
         self.decode_usd += usage.output_tokens * pricing.output_per_mtok * per
 
 
+def _short_of_room(room: Room, tokens: int, cost: float,
+                   requests: int) -> tuple[str, float, float] | None:
+    if room.tokens is not None and tokens > room.tokens:
+        return "max_tokens", float(tokens), float(room.tokens)
+    if room.cost_usd is not None and cost > room.cost_usd + 1e-12:
+        return "max_cost_usd", cost, room.cost_usd
+    if room.requests is not None and requests > room.requests:
+        return "max_requests", float(requests), float(room.requests)
+    return None
+
+
 def _priced(usage: Usage, pricing: Pricing) -> float:
     return 1e-6 * (usage.input_tokens * pricing.input_per_mtok
                    + usage.cached_input_tokens * pricing.cached_input_per_mtok
@@ -161,6 +177,46 @@ class WaveFit:
     limit: str | None  # None: all asked lanes fit
     needed: float = 0.0
     available: float = 0.0
+    shared: str | None = None  # the shared budget's name, when its limit bound
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """What a shared pool can still fund (limit - spent - held); None where unlimited."""
+
+    tokens: int | None = None
+    cost_usd: float | None = None
+    requests: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A shared pool's no: the limit that refused, what was asked, and the room left."""
+
+    limit: str
+    needed: float
+    available: float
+    room: Room
+
+
+class SharedPool(Protocol):
+    """A budget other runs spend from too (e.g. in PostgreSQL). `reserve` is one transaction
+    (all or nothing); `settle`, `release` and `charge_cut_off` mirror the ledger's, are
+    synchronous (they run in the dispatch path's callbacks) and take effect in the pool at
+    the next `reserve` or `flush`. Until then the pool keeps counting the whole hold, so the
+    fleet's spend is never understated."""
+
+    name: str
+
+    async def reserve(self, holds: Sequence[Hold]) -> Refusal | None: ...
+
+    def settle(self, hold: Hold, tokens: int, cost_usd: float, requests: int) -> None: ...
+
+    def release(self, hold: Hold) -> None: ...
+
+    def charge_cut_off(self, hold: Hold) -> None: ...
+
+    async def flush(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -176,6 +232,7 @@ class Ledger:
     reserved_requests: int = 0
     elapsed_before: float = 0.0  # active seconds of earlier segments of a resumed run
     started_at: float | None = None  # the clock starts at the first dispatch, not at model load
+    shared: SharedPool | None = None  # a fleet's budget this run spends from too
 
     def start(self) -> None:
         """Start the `max_seconds` clock (once; later calls do nothing)."""
@@ -200,8 +257,9 @@ class Ledger:
             holds.append(Hold(usage, cost_of(usage, bill, self.pricing), int(i == 0), bill))
         return holds
 
-    def fit(self, holds: Sequence[Hold]) -> WaveFit:
-        """Largest prefix of `holds` the pool can fund now (at least 0 lanes)."""
+    def fit(self, holds: Sequence[Hold], room: Room | None = None) -> WaveFit:
+        """Largest prefix of `holds` the pool can fund now (at least 0 lanes); with `room`,
+        also within what the shared pool said it has left."""
         tokens, cost, requests = 0, 0.0, 0
         for k, hold in enumerate(holds):
             tokens, cost, requests = tokens + hold.tokens, cost + hold.cost_usd, requests + hold.requests
@@ -209,6 +267,12 @@ class Ledger:
             if short is not None:
                 limit, needed, available = short
                 return WaveFit(k, limit, needed, available)
+            if room is not None:
+                short = _short_of_room(room, tokens, cost, requests)
+                if short is not None:
+                    limit, needed, available = short
+                    return WaveFit(k, limit, needed, available,
+                                   self.shared.name if self.shared is not None else "")
         return WaveFit(len(holds), None)
 
     def _short(self, tokens: int, cost: float, requests: int) -> tuple[str, float, float] | None:
@@ -241,26 +305,40 @@ class Ledger:
             self.reserved_requests += requests
         return short
 
-    def release(self, hold: Hold) -> None:
-        """Give back a hold that never reached a backend."""
+    def unreserve(self, holds: Sequence[Hold]) -> None:
+        """Undo `try_reserve` here only (the shared pool refused the same holds)."""
+        for hold in holds:
+            self._drop(hold)
+
+    def _drop(self, hold: Hold) -> None:
         self.reserved_tokens -= hold.tokens
         self.reserved_cost_usd -= hold.cost_usd
         self.reserved_requests -= hold.requests
 
+    def release(self, hold: Hold) -> None:
+        """Give back a hold that never reached a backend."""
+        self._drop(hold)
+        if self.shared is not None:
+            self.shared.release(hold)
+
     def charge_cut_off(self, hold: Hold) -> None:
         """Replace a hold by itself, charged whole: the attempt was cut off before it answered."""
-        self.release(hold)
+        self._drop(hold)
         self.spent.add_cut_off(hold)
+        if self.shared is not None:
+            self.shared.charge_cut_off(hold)
 
     def settle(self, hold: Hold, actual: Usage, *, requests: int | None = None) -> list[Overrun]:
         """Replace a hold by what the lane actually spent; report any overrun of the hold."""
-        self.release(hold)
+        self._drop(hold)
         before_tokens, before_cost = self.spent.tokens, self.spent.cost_usd
-        self.spent.add(actual, hold.bill, self.pricing,
-                       hold.requests if requests is None else requests)
+        used_requests = hold.requests if requests is None else requests
+        self.spent.add(actual, hold.bill, self.pricing, used_requests)
         overruns = []
         used_tokens = self.spent.tokens - before_tokens
         used_cost = self.spent.cost_usd - before_cost
+        if self.shared is not None:
+            self.shared.settle(hold, used_tokens, used_cost, used_requests)
         if used_tokens > hold.tokens:
             overruns.append(Overrun("max_tokens", float(hold.tokens), float(used_tokens)))
         if used_cost > hold.cost_usd + 1e-12:

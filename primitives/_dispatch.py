@@ -30,7 +30,7 @@ from primitives._backend import (
     Usage,
 )
 from primitives._barrier import close_wave
-from primitives._budget import Hold, Ledger, cost_of
+from primitives._budget import Hold, Ledger, Room, WaveFit, cost_of
 from primitives._errors import (
     BackendError,
     BackendTimeoutError,
@@ -69,6 +69,9 @@ __all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "lane_seed")
 # A backend that cannot count tokens gets a conservative estimate: a byte-level BPE token is
 # at least one byte, plus room for the chat template the server wraps around the prompt.
 _TEMPLATE_MARGIN = 32
+# A wave refused by the shared pool this often (other runs keep taking the room between our
+# look and our ask) stops as exhausted rather than spinning.
+_MAX_REFUSALS = 50
 
 
 def lane_seed(run_seed: int, wave: int, lane: int) -> int:
@@ -144,7 +147,7 @@ class Dispatcher:
             return state
         self.ledger.start()
         if state is None:
-            groups = self._start(spec)
+            groups = await self._start(spec)
         else:  # a wave a crash interrupted: its first k jobs, less the lanes already done
             groups = self._groups(spec, [j for j in spec.jobs[:state.info.k]
                                          if not _done(state.lanes.get(j.lane))])
@@ -170,36 +173,38 @@ class Dispatcher:
         if scope.cancelled_caught:
             self._cut_off(spec, "max_seconds reached")
         self._abandon(spec, groups, "max_seconds reached before dispatch")
+        if self.ledger.shared is not None:
+            await self.ledger.shared.flush()
         state = self.recorder.state.waves[spec.wave]
         close_wave(self.recorder, state, min_quorum=spec.min_quorum,
                    deadline_hit=scope.cancelled_caught)
         return state
 
-    def _start(self, spec: WaveSpec) -> list[_Group]:
-        groups = self._groups(spec, list(spec.jobs))
-        for group in groups:
-            group.holds = self._holds(spec, group, len(group.jobs))
-        fit = self.ledger.fit([h for g in groups for h in g.holds or ()])
-        k = fit.k
-        if fit.limit is not None and k < len(spec.jobs):
-            # The shared prefix rides on a request's first lane: keep whole prefixes only.
-            if k < spec.min_quorum:
-                self.recorder.emit(BudgetExhausted, BudgetExhaustedData(
-                    limit=fit.limit, needed=fit.needed, available=fit.available, k_fit=k,
-                    min_quorum=spec.min_quorum), wave=spec.wave)
-                raise BudgetExhaustedError(
-                    f"budget {fit.limit}: wave {spec.wave} can fund {k} of {len(spec.jobs)} "
-                    f"lanes, below the quorum of {spec.min_quorum}")
-            self.recorder.emit(BudgetWaveShrunk, BudgetWaveShrunkData(
-                k_requested=len(spec.jobs), k=k, limit=fit.limit), wave=spec.wave)
-            groups = self._groups(spec, list(spec.jobs[:k]))
-            for group in groups:
-                group.holds = self._holds(spec, group, len(group.jobs))
+    async def _start(self, spec: WaveSpec) -> list[_Group]:
+        (groups, fit), refusals = self._fitted(spec, None), 0
         kept = [h for g in groups for h in g.holds or ()]
         refused = self.ledger.try_reserve(kept)
         assert refused is None, "fit() and try_reserve() disagree"
+        shared = self.ledger.shared
+        while shared is not None:  # the fleet's pool: one transaction, all or nothing
+            refusal = await shared.reserve(kept)
+            if refusal is None:
+                break
+            self.ledger.unreserve(kept)
+            refusals += 1
+            # Another run took the room between our look and our ask: look again, fit again.
+            room = refusal.room if refusals < _MAX_REFUSALS else Room(0, 0.0, 0)
+            groups, fit = self._fitted(spec, room)
+            kept = [h for g in groups for h in g.holds or ()]
+            refused = self.ledger.try_reserve(kept)
+            assert refused is None, "fit() and try_reserve() disagree"
+        k = sum(len(g.jobs) for g in groups)
+        if k < len(spec.jobs):
+            self.recorder.emit(BudgetWaveShrunk, BudgetWaveShrunkData(
+                k_requested=len(spec.jobs), k=k, limit=fit.limit or "", shared=fit.shared),
+                wave=spec.wave)
         self.recorder.emit(WaveStarted, WaveStartedData(
-            purpose=spec.purpose, k=sum(len(g.jobs) for g in groups), k_requested=len(spec.jobs),
+            purpose=spec.purpose, k=k, k_requested=len(spec.jobs),
             lane_max_tokens=spec.params.max_tokens,
             prompt_tokens=groups[0].prompt_tokens if groups else None,
             share_prefix=self._shared(spec), bill=spec.bill or "sample",
@@ -209,6 +214,29 @@ class Dispatcher:
                 requests=sum(h.requests for h in kept)),
         ), wave=spec.wave)
         return groups
+
+    def _fitted(self, spec: WaveSpec, room: Room | None) -> tuple[list[_Group], WaveFit]:
+        """The wave's groups and holds for as many lanes as fit (the ledger and, given its
+        `room`, the shared pool); below the quorum the run stops with a budget error."""
+        groups = self._groups(spec, list(spec.jobs))
+        for group in groups:
+            group.holds = self._holds(spec, group, len(group.jobs))
+        fit = self.ledger.fit([h for g in groups for h in g.holds or ()], room)
+        k = fit.k
+        if fit.limit is not None and k < len(spec.jobs):
+            # The shared prefix rides on a request's first lane: keep whole prefixes only.
+            if k < spec.min_quorum:
+                self.recorder.emit(BudgetExhausted, BudgetExhaustedData(
+                    limit=fit.limit, needed=fit.needed, available=fit.available, k_fit=k,
+                    min_quorum=spec.min_quorum, shared=fit.shared), wave=spec.wave)
+                where = f"shared budget {fit.shared!r} " if fit.shared is not None else "budget "
+                raise BudgetExhaustedError(
+                    f"{where}{fit.limit}: wave {spec.wave} can fund {k} of {len(spec.jobs)} "
+                    f"lanes, below the quorum of {spec.min_quorum}")
+            groups = self._groups(spec, list(spec.jobs[:k]))
+            for group in groups:
+                group.holds = self._holds(spec, group, len(group.jobs))
+        return groups, fit
 
     def _groups(self, spec: WaveSpec, jobs: list[LaneJob]) -> list[_Group]:
         """Lanes with one prompt share a request, up to the backend's and the limiter's size."""
@@ -279,6 +307,13 @@ class Dispatcher:
         if group.holds is None:
             group.holds = self._holds(spec, group, len(group.jobs))
             refused = self.ledger.try_reserve(group.holds)
+            shared = self.ledger.shared
+            if refused is None and shared is not None:
+                refusal = await shared.reserve(group.holds)
+                if refusal is not None:
+                    self.ledger.unreserve(group.holds)
+                    refused = (f"shared budget {shared.name!r} {refusal.limit}",
+                               refusal.needed, refusal.available)
             if refused is not None:
                 for job in group.jobs:
                     self._fail(spec, wave.lane(job.lane), None, "BudgetExhausted",
@@ -328,6 +363,8 @@ class Dispatcher:
             await self._call(request, jobs, land)
         finally:
             self._slots.release(borrowers)
+        if self.ledger.shared is not None:  # the lanes' settlements reach the fleet's pool
+            await self.ledger.shared.flush()
         if fatal:
             raise fatal[0]  # the wave stops: no lane can succeed
         return sorted(again, key=lambda j: j.lane)

@@ -376,6 +376,7 @@ class BudgetWaveShrunkData(_Frozen):
     k_requested: int
     k: int
     limit: str
+    shared: str | None = Field(None, exclude_if=_absent)  # the shared budget's name, if it bound
 
 
 class BudgetWaveShrunk(Event):
@@ -389,6 +390,7 @@ class BudgetExhaustedData(_Frozen):
     available: float
     k_fit: int
     min_quorum: int
+    shared: str | None = Field(None, exclude_if=_absent)  # the shared budget's name, if it bound
 
 
 class BudgetExhausted(Event):
