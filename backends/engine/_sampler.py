@@ -1,12 +1,12 @@
 """Choosing every lane's next token at once, on the device that holds the logits.
 
 Temperature, top-k and top-p are applied to the whole `[lanes, vocab]` batch, then one token per
-row is drawn by Gumbel-max: the argmax of the kept logits plus Gumbel noise is an exact draw from
-their softmax. The noise is not drawn from a random stream but hashed from (lane seed, position,
-token id), so a lane's tokens depend only on its seed and its logits, never on which lanes share
-the batch or in what order, and nothing per lane (no generator, no Python loop) is needed: the
-same few integer operations run on CPU or GPU, and only the chosen ids (and the log-probabilities
-asked for) leave the device.
+row is drawn by inverting its cumulative distribution at one uniform number. That number is not
+drawn from a random stream but hashed from (lane seed, position), so a lane's tokens depend only
+on its seed and its logits, never on which lanes share the batch or in what order, and nothing
+per lane (no generator, no Python loop) is needed: the same few integer operations run on CPU or
+GPU, and only the chosen ids (and the log-probabilities asked for) leave the device. (Gumbel-max,
+which needs a hashed number per vocabulary entry, measured 9x slower on CPU.)
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ __all__ = ("SamplingBatch", "find_stop", "lane_key", "sample", "sample_token")
 _M32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays inside int64 on every device.
 _MUL = (0x7FEB352D, 0x4ADA6B45, 0x2C1B3C6D)
-_TOKEN_MUL = 0x27D4EB2F
 
 
 def lane_key(seed: int) -> int:
@@ -52,6 +51,8 @@ class SamplingBatch:
     any_top_k: bool
     any_top_p: bool
     logprobs: bool
+    any_sampled: bool = True
+    any_greedy: bool = False
 
     @classmethod
     def build(
@@ -78,6 +79,8 @@ class SamplingBatch:
             any_top_k=any(p.top_k > 0 for p in params),
             any_top_p=any(p.top_p < 1.0 for p in params),
             logprobs=any(p.logprobs for p in params),
+            any_sampled=any(p.temperature > 0.0 for p in params),
+            any_greedy=any(p.temperature <= 0.0 for p in params),
         )
 
 
@@ -88,10 +91,20 @@ def sample(logits: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor | None]
     Temperature 0 is greedy.
     """
     greedy = batch.temperature <= 0.0
-    scaled = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
-    scaled = _filtered(scaled, batch)
-    noisy = scaled + _gumbel(batch.keys, batch.positions, logits.shape[1])
-    tokens = torch.where(greedy, logits.argmax(dim=1), noisy.argmax(dim=1))
+    tokens = logits.argmax(dim=1) if batch.any_greedy else None
+    if batch.any_sampled:
+        scaled = _filtered(logits / torch.where(greedy, 1.0, batch.temperature)[:, None], batch)
+        # unnormalised weights, cumulated in place: one [B, vocab] buffer, not three (on CPU
+        # every fresh buffer of that size is fresh pages, which cost more than the arithmetic)
+        cumulative = scaled.sub_(scaled.amax(dim=1, keepdim=True)).exp_().cumsum_(dim=1)
+        total = cumulative[:, -1:]
+        draw = _uniform(batch.keys, batch.positions)[:, None] * total
+        # strictly below the total: the first entry above the draw then has a weight > 0
+        draw = torch.minimum(draw, torch.nextafter(total, torch.zeros_like(total)))
+        drawn = torch.searchsorted(cumulative, draw, right=True)[:, 0]
+        drawn = drawn.clamp_(max=logits.shape[1] - 1)
+        tokens = drawn if tokens is None else torch.where(greedy, tokens, drawn)
+    assert tokens is not None, "a batch has a greedy or a sampled row"
     if not batch.logprobs:
         return tokens, None
     logprobs = torch.log_softmax(logits, dim=1).gather(1, tokens[:, None])[:, 0]
@@ -129,13 +142,10 @@ def _filtered(scaled: Tensor, batch: SamplingBatch) -> Tensor:
     return scaled.masked_fill(~kept, -torch.inf)
 
 
-def _gumbel(keys: Tensor, positions: Tensor, vocab: int) -> Tensor:
-    """Gumbel noise `[B, vocab]` hashed from each row's key and position and each token id."""
-    row = _mix(keys ^ _mix(positions & _M32))  # [B]
-    token = (torch.arange(vocab, device=keys.device) * _TOKEN_MUL) & _M32
-    bits = _mix(row[:, None] ^ token[None, :])
-    uniform = ((bits >> 8).float() + 0.5) * 2.0**-24  # 24 bits, strictly inside (0, 1)
-    return -torch.log(-torch.log(uniform))
+def _uniform(keys: Tensor, positions: Tensor) -> Tensor:
+    """One number per row in (0, 1), hashed from the row's key and position (24 bits, fp32)."""
+    bits = _mix(keys ^ _mix(positions & _M32))
+    return ((bits >> 8).float() + 0.5) * 2.0**-24
 
 
 def _mix(x: Tensor) -> Tensor:
