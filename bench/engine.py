@@ -6,10 +6,15 @@ installed transformers has it, `generate_batch` (continuous batching), and print
 HF generate beside it: tokens pushed through the model (counted by a forward hook, not assumed),
 peak KV bytes, median wall time, and ratios measured in this run. fp32 on CPU by default;
 `--dtype bfloat16` runs every system in bf16 and adds our engine in fp32 as a row of its own.
+On SmolLM2, vLLM (offline `LLM.generate`, n = K, prefix caching, same weights, dtype and thread
+count) is a row too, run in its own venv (`scripts/vllm_env.py` builds it) as a subprocess kept
+loaded through the run, and each engine row's wall time is printed over vLLM's; without that
+venv the row is skipped with a line saying so (`--no-vllm` skips it on purpose).
 
     python bench/engine.py            # SmolLM2-135M and a tiny random Llama, all shapes
     python bench/engine.py --quick    # the tiny Llama, small shapes, one quick pass
     python bench/engine.py --dtype bfloat16 --threads 2 --models smollm2 --shapes 512,8,32
+    python bench/engine.py --load     # SmolLM2 loaded cold (dequantised) and warm (cached)
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _engine_load import bench_load  # bench/_engine_load.py: the load rows (GGUF cache)
+from _vllm_offline import VllmOffline  # bench/_vllm_offline.py: the vLLM row's subprocess
 
 from backends.engine._engine import Engine
 from backends.engine._model import build_model
@@ -182,6 +190,35 @@ def run_generate_batch(
     return Run("hf generate_batch", [time.perf_counter() - start], counter[0])
 
 
+def run_vllm(client: VllmOffline, prompt: list[int], k: int, t: int, seed: int) -> Run:
+    """vLLM's `LLM.generate` with n = K on the same prompt, timed inside its own process."""
+    answer = client.generate(prompt, k, t, seed)
+    assert answer.tokens == k * t, f"vLLM generated {answer.tokens} tokens, not {k} x {t}"
+    return Run("vllm", [answer.wall])
+
+
+def print_vllm_ratios(runs: list[Run]) -> None:
+    """Each engine row's median wall time over vLLM's, measured in this run (< 1: ours faster)."""
+    theirs = next((r for r in runs if r.system == "vllm"), None)
+    if theirs is None:
+        return
+    for r in runs:
+        if r.system.startswith("engine"):
+            ratio = statistics.median(r.walls) / statistics.median(theirs.walls)
+            print(f"{'':<26} {r.system} / vllm wall = {ratio:.2f}")
+
+
+def start_vllm(args: argparse.Namespace, shapes: list[tuple[int, int, int]]) -> VllmOffline | None:
+    """The vLLM row's process, loaded with the converted SmolLM2; None (and a line) without it."""
+    # One context length for every shape, so vLLM's torch.compile cache (keyed by it) is reused.
+    started = VllmOffline.start(args.dtype, args.threads, max(4096, *(p + t for p, _, t in shapes)))
+    if isinstance(started, str):
+        print(started)
+        return None
+    print(started.describe)
+    return started
+
+
 def bench_model(
     name: str,
     checkpoint: Checkpoint,
@@ -189,6 +226,7 @@ def bench_model(
     reps: int,
     with_batch: bool,
     dtype: torch.dtype = torch.float32,
+    extra: list[tuple[str, Callable[[list[int], int, int, int], Run]]] | None = None,
 ) -> list[tuple[str, tuple[int, int, int], list[Run]]]:
     blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
 
@@ -217,6 +255,7 @@ def bench_model(
                 lambda p, k, t, s: run_generate_batch(reference, counter, p, k, t),
             )
         )
+    systems += extra or []  # other engines (vLLM), interleaved with ours on the same prompts
     rows = []
     for p, k, t in shapes:
         runs: dict[str, Run] = {}
@@ -256,11 +295,13 @@ def print_rows(rows: list[tuple[str, tuple[int, int, int], list[Run]]], header: 
                 else f"{'':>7}"
             )
             shape = f"{p},{k},{t}"
+            tokens = (f"{r.tokens:7d} {base.tokens / r.tokens:6.2f}x" if r.tokens
+                      else f"{'n/a':>7} {'':>7}")  # vLLM computes in another process, uncounted
             print(
                 f"{model:<13} {shape:<12} {r.system:<18} {wall:8.2f} {base_wall / wall:6.2f}x "
-                f"{r.tokens:7d} {base.tokens / max(r.tokens, 1):6.2f}x {kv} {kv_ratio} "
-                f"{k * t / wall:7.1f}"
+                f"{tokens} {kv} {kv_ratio} {k * t / wall:7.1f}"
             )
+        print_vllm_ratios(runs)
         sys.stdout.flush()
 
 
@@ -277,11 +318,17 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--models", default="smollm2,tiny", help="comma list of smollm2, tiny")
     parser.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM row (SmolLM2 only)")
+    parser.add_argument(
+        "--load", action="store_true", help="only the load rows: cold vs warm (weight cache)"
+    )
     parser.add_argument(
         "--shapes", help="semicolon list of P,K,T (default: 512,8,32;512,1,32;512,16,32;128,8,128)"
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.load:
+        return bench_load(args.reps, args.threads)
     warnings.simplefilter("ignore")
     import transformers
 
@@ -302,14 +349,22 @@ def main() -> None:
             if name == "tiny"
             else load_checkpoint(resolve_model_path("smollm2-135m"))
         )
-        bench_model(
-            "tiny-llama" if name == "tiny" else "smollm2-135m",
-            checkpoint,
-            shapes,
-            reps,
-            with_batch=not args.no_generate_batch,
-            dtype=getattr(torch, args.dtype),
-        )
+        # vLLM serves the SmolLM2 folder converted from the same GGUF; the tiny Llama has none.
+        vllm = start_vllm(args, shapes) if name == "smollm2" and not args.no_vllm else None
+        extra = [("vllm", lambda p, k, t, s, c=vllm: run_vllm(c, p, k, t, s))] if vllm else []
+        try:
+            bench_model(
+                "tiny-llama" if name == "tiny" else "smollm2-135m",
+                checkpoint,
+                shapes,
+                reps,
+                with_batch=not args.no_generate_batch,
+                dtype=getattr(torch, args.dtype),
+                extra=extra,
+            )
+        finally:
+            if vllm is not None:
+                vllm.close()
 
 
 if __name__ == "__main__":
