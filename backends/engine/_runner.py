@@ -38,20 +38,20 @@ class ModelRunner:
         if prefill:
             self._prefix_kv.clear()
         starts = [s.num_computed if prefill else len(s.tokens) - 1 for s in step.sequences]
-        input_ids = torch.tensor(
-            [t for s, a in zip(step.sequences, starts, strict=True) for t in s.tokens[a:]],
-            dtype=torch.long,
-        )
-        batch = self._batch(step, starts)
-        hidden = self.model(input_ids.to(self.device), self.cache, batch)
-        query_lens = torch.tensor(
-            [len(s.tokens) - a for s, a in zip(step.sequences, starts, strict=True)]
-        )
-        last = torch.cumsum(query_lens, 0) - 1
-        return self.model.logits(hidden[last.to(self.device)])
+        batch, input_ids, last = self._batch(step, starts)
+        hidden = self.model(input_ids, self.cache, batch)
+        return self.model.logits(hidden[last])
 
-    def _batch(self, step: Step, starts: list[int]) -> AttentionBatch:
+    def _batch(self, step: Step, starts: list[int]) -> tuple[AttentionBatch, Tensor, Tensor]:
+        """The step's attention batch, its input ids and each sequence's last token's row.
+
+        Every integer tensor is built on the host and crosses to the device in one copy; the
+        mask is computed there from the positions.
+        """
         bs, seqs = self.block_size, step.sequences
+        input_ids = torch.tensor(
+            [t for s, a in zip(seqs, starts, strict=True) for t in s.tokens[a:]], dtype=torch.long
+        )
         shared, prefixes = (
             _shared_prefixes(seqs) if step.kind == "decode" else ([0] * len(seqs), [])
         )
@@ -71,25 +71,46 @@ class ModelRunner:
         spans = None
         if step.kind == "prefill" and not any(starts):  # nothing cached: causal over new tokens
             spans = list(zip(offsets.tolist(), query_lens.tolist(), strict=True))
+        host = {
+            "input_ids": input_ids,
+            "positions": query_pos[real],
+            "write_slots": slots.gather(1, query_pos)[real],
+            "query_index": torch.where(real, offsets[:, None] + column, 0),
+            "query_valid": real.flatten().nonzero().squeeze(1),
+            "block_tables": own,
+            "last": offsets + query_lens - 1,
+            "key_pos": key_pos,
+            "query_pos": query_pos,
+        }
+        packed = torch.cat([t.flatten() for t in host.values()]).to(device)
+        on = {
+            name: part.view(t.shape)
+            for (name, t), part in zip(
+                host.items(), packed.split_with_sizes([t.numel() for t in host.values()]), strict=True
+            )
+        }
         mask = (
-            None if spans else (key_pos[:, None, :] <= query_pos[:, :, None])[:, None].to(device)
+            None
+            if spans
+            else (on["key_pos"][:, None, :] <= on["query_pos"][:, :, None])[:, None]
         )
         bias = None
         if prefixes and mask is not None:  # the shared-prefix decode adds the mask as a bias
             bias = torch.zeros(mask.shape, dtype=self.model.lm_head.weight.dtype, device=device)
             bias.masked_fill_(~mask, -torch.inf)  # [B, 1, 1, Lk]: one query per sequence
-        return AttentionBatch(
-            positions=query_pos[real].to(device),
-            write_slots=slots.gather(1, query_pos)[real].to(device),
-            query_index=torch.where(real, offsets[:, None] + column, 0).to(device),
-            query_valid=real.flatten().nonzero().squeeze(1).to(device),
-            block_tables=own.to(device),
+        batch = AttentionBatch(
+            positions=on["positions"],
+            write_slots=on["write_slots"],
+            query_index=on["query_index"],
+            query_valid=on["query_valid"],
+            block_tables=on["block_tables"],
             block_size=bs,
             mask=mask,
             prefixes=self._prefixes(prefixes),
             bias=bias,
             spans=spans,
         )
+        return batch, on["input_ids"], on["last"]
 
     def _prefixes(self, groups: list[tuple[list[int] | None, list[int]]]) -> list[Prefix]:
         """The step's groups as `Prefix`es, each gathered for every layer once while it lasts."""
