@@ -12,10 +12,11 @@ and plug in loops, reducers and verifiers.
 from __future__ import annotations
 
 from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
+from orchestrator._pgstore import PgStore
 from orchestrator._result import CostBreakdown, LaneResult, RunResult, UsageBreakdown
 from orchestrator._runner import build_backend
 from orchestrator._session import Session, resume, resume_sync, run, run_sync
-from orchestrator._store import RunStore
+from orchestrator._store import RunStore, Store, open_store
 from primitives import (
     AnyEvent,
     Backend,
@@ -78,6 +79,7 @@ __all__ = (
     "MemoryEventLog",
     "NonDeterminismError",
     "Outcome",
+    "PgStore",
     "Pricing",
     "QuorumNotMetError",
     "ReduceOptions",
@@ -93,6 +95,7 @@ __all__ = (
     "SampleRequest",
     "SamplingParams",
     "Session",
+    "Store",
     "Usage",
     "UsageBreakdown",
     "Verdict",
@@ -101,6 +104,7 @@ __all__ = (
     "config_hash",
     "fold",
     "load_config",
+    "open_store",
     "parse_config",
     "parse_event",
     "register_loop",

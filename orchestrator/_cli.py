@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,16 +28,16 @@ from orchestrator._result import RunResult
 from orchestrator._runner import build_backend, check_question
 from orchestrator._serve_run import api_key_from, count, is_loopback, port_number, require_extra, serve
 from orchestrator._session import Session
-from orchestrator._store import RunStore
+from orchestrator._store import Store, open_store
 from orchestrator.evaluate import add_commands
 from primitives import (
     ConfigError,
     ExtractSpec,
-    JsonlEventLog,
     LanefoldError,
     RunState,
     apply,
     loop_names,
+    redact_url,
     resolve_loop,
 )
 from primitives.events import AnyEvent
@@ -46,6 +46,7 @@ __all__ = ("main",)
 
 T = TypeVar("T")
 EXIT_NO_ANSWER = 4
+_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval"})
 _SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
 
@@ -57,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, *, runs: bool = True) -> None:
         if runs:
             p.add_argument("--runs-dir", default="runs", help="where run logs live (default ./runs)")
+        if p.prog.split()[-1] in _STORE_COMMANDS:
+            p.add_argument("--store", metavar="URL", help="record runs in this PostgreSQL "
+                           "database (postgresql://...; default: the config's [store] url, "
+                           "else files under --runs-dir)")
         p.add_argument("-v", "--verbose", action="store_true",
                        help="log details (dispatch, retries) to stderr")
 
@@ -150,6 +155,8 @@ def _main(args: argparse.Namespace) -> int:
     except _Interrupted as stop:
         resume = f"orchestrator resume {stop.run_id}" + (
             f" --runs-dir {args.runs_dir}" if getattr(args, "runs_dir", "runs") != "runs" else "")
+        if getattr(args, "store", None) is not None:
+            resume += f" --store {redact_url(args.store)}"
         _error(args.command, f"interrupted by {stop.signal_name}" + (
             f"; continue with: {resume}" if stop.run_id else " before the run started"))
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
@@ -200,12 +207,17 @@ def _on_path(config: str | Path) -> None:
             sys.path.insert(0, folder)
 
 
-def _on_path_of_run(runs_dir: str, run_id: str) -> None:
+def _store(args: argparse.Namespace) -> Store:
+    """The store a command without a config reads and writes: `--store`, else `--runs-dir`."""
+    return open_store(args.store, args.runs_dir)
+
+
+def _on_path_of_run(store: Store, run_id: str) -> None:
     """For resume and reduce: the folder the run's config was in (its `run.started` says)."""
     folder: Any = None
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, KeyError):
-        with RunStore(runs_dir).events_path(run_id).open("rb") as log:
-            folder = json.loads(log.readline())["data"].get("config_dir")
+    with contextlib.suppress(LanefoldError, OSError, ValueError, AttributeError):
+        first = next(iter(store.reader(run_id).read()), None)
+        folder = getattr(getattr(first, "data", None), "config_dir", None)
     for each in ([folder] if isinstance(folder, str) else []) + [str(Path.cwd())]:
         if each not in sys.path:
             sys.path.insert(0, each)
@@ -279,7 +291,7 @@ class _RunId:
 def _cmd_run(args: argparse.Namespace) -> int:
     _on_path(args.config)
     check_question(args.question)
-    session = Session(args.config, runs_dir=args.runs_dir)  # a bad config stops here
+    session = Session(args.config, runs_dir=args.runs_dir, store=args.store)  # a bad config stops here
     if args.run_id is not None:
         session.store.check_id(args.run_id)
     with _live(args.json) as observer:
@@ -295,11 +307,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    _on_path_of_run(args.runs_dir, args.run_id)
-    with _live(args.json, lambda: RunStore(args.runs_dir).read_state(args.run_id)) as observer:
+    store = _store(args)
+    _on_path_of_run(store, args.run_id)
+    with _live(args.json, lambda: store.read_state(args.run_id)) as observer:
 
         async def go(reason: Callable[[], str]) -> RunResult:
-            async with Session(runs_dir=args.runs_dir) as session:
+            async with Session(runs_dir=args.runs_dir, store=store) as session:
                 return await session.resume(args.run_id, observer=observer, stop_reason=reason)
 
         result = _interruptible(go, lambda: args.run_id)
@@ -307,7 +320,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_reduce(args: argparse.Namespace) -> int:
-    _on_path_of_run(args.runs_dir, args.run_id)
+    store = _store(args)
+    _on_path_of_run(store, args.run_id)
     extract = None
     if args.extract_regex is not None:
         extract = _extract_spec({"method": "regex", "regex": args.extract_regex})
@@ -315,7 +329,7 @@ def _cmd_reduce(args: argparse.Namespace) -> int:
         extract = _extract_spec({"method": args.extract})
 
     async def go(reason: Callable[[], str]) -> RunResult:
-        async with Session(runs_dir=args.runs_dir) as session:
+        async with Session(runs_dir=args.runs_dir, store=store) as session:
             return await session.reduce(args.run_id, reducer=args.reducer, extract=extract,
                                         stop_reason=reason)
 
@@ -335,10 +349,9 @@ def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    _on_path_of_run(args.runs_dir, args.run_id)
-    store = RunStore(args.runs_dir)
-    path = store.events_path(args.run_id)
-    log = JsonlEventLog(path)
+    store = _store(args)
+    _on_path_of_run(store, args.run_id)
+    log = store.reader(args.run_id)
 
     def show(event: AnyEvent) -> None:
         print(event.model_dump_json(by_alias=True) if args.json else describe(event), flush=True)
@@ -349,17 +362,26 @@ def _cmd_tail(args: argparse.Namespace) -> int:
             show(event)
         return 0
 
-    state = RunState(source=str(path), expected_run_id=args.run_id)
+    where = store.location(args.run_id)
+    state = RunState(source=where, expected_run_id=args.run_id)
 
     async def follow() -> int:
-        with anyio.move_on_after(args.wait):
-            while not path.exists():  # noqa: ASYNC110  # another process creates it: no event to wait on
-                await anyio.sleep(0.05)
-        if not path.exists():
-            raise ConfigError(f"{path}: run {args.run_id!r} did not appear within {args.wait:g} s")
-        async for event in log.follow():
-            apply(state, event)  # refuses a line that is not this run's own, naming it
-            show(event)
+        events = log.follow()
+        try:
+            first: list[AnyEvent] = []
+            with anyio.move_on_after(args.wait):  # the log waits for the run to appear
+                first.append(await anext(events))
+            if not first:
+                raise ConfigError(f"{where}: run {args.run_id!r} did not appear within "
+                                  f"{args.wait:g} s")
+            apply(state, first[0])  # refuses a line that is not this run's own, naming it
+            show(first[0])
+            async for event in events:
+                apply(state, event)
+                show(event)
+        finally:
+            if isinstance(events, AsyncGenerator):
+                await events.aclose()
         return 0
 
     try:
@@ -369,8 +391,8 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    _on_path_of_run(args.runs_dir, args.run_id)
-    store = RunStore(args.runs_dir)
+    store = _store(args)
+    _on_path_of_run(store, args.run_id)
     _, state, _ = store.read(args.run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:
@@ -393,7 +415,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         "lanes_in_flight": len(state.in_flight()),
         "lanes_interrupted": sum(1 for w in state.waves.values() for s in w.lanes.values()
                                  if s.status == "interrupted"),
-        "events": str(store.events_path(args.run_id)), "reductions": reductions}
+        "events": store.location(args.run_id), "reductions": reductions}
     print(json.dumps(partial) if args.json else
           "\n".join(f"{key}: {value}" for key, value in partial.items()))
     return 0

@@ -9,6 +9,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -159,6 +160,34 @@ class LogSection(_Section):
     fsync: Literal["always", "barrier", "never"] = "barrier"
 
 
+class StoreSection(_Section):
+    """`[store]`: where runs are recorded. Not part of the recorded config (a run is the same
+    run in any store), so no URL, let alone a password, is ever written to a log."""
+
+    url: str | None = None
+    password_env: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _postgresql(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError("must be a postgresql:// URL")
+        if parts.password is not None:
+            raise ValueError("put the password in the environment variable named by "
+                             "store.password_env")
+        return value
+
+    @field_validator("password_env")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not value.replace("_", "a").isalnum():
+            raise ValueError("must name an environment variable (letters, digits, _)")
+        return value
+
+
 class LoopConfig(_Section):
     """A whole loop config file."""
 
@@ -173,6 +202,7 @@ class LoopConfig(_Section):
     retry: RetrySection = RetrySection()
     judge: JudgeSection = JudgeSection()
     log: LogSection = LogSection()
+    store: StoreSection = Field(default=StoreSection(), exclude=True)
 
     _loop_params: BaseModel | None = PrivateAttr(None)
 

@@ -22,6 +22,7 @@ from orchestrator._result import RunResult, result_from_state
 from orchestrator._runner import (
     Observer,
     context,
+    events_of,
     question_of,
     record_interrupt,
     set_fsync,
@@ -32,7 +33,6 @@ from primitives import (
     Backend,
     ConfigError,
     ExtractSpec,
-    JsonlEventLog,
     Lane,
     LaneFailure,
     Ledger,
@@ -76,7 +76,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                      extract: ExtractSpec | None = None, observer: Observer | None = None,
                      stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
     cls = resolve_reducer(reducer, key="--reducer")
-    log = JsonlEventLog.open_for_resume(session.store.existing(run_id), fsync="barrier")
+    log = session.store.open_for_resume(run_id)
     try:
         state, config = fold_record(list(log.read()), source_of(log), run_id)
         if state.result is None:
@@ -137,7 +137,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
     # The run's own sampling time plus this reduction's (its judge wave, if any): not the idle
     # time between the run and now.
     elapsed = float(state.result.get("elapsed_s", 0.0)) + ledger.elapsed()
-    return result_from_state(state, outcome, ledger.spent, elapsed, recorder.log_path)
+    return result_from_state(state, outcome, ledger.spent, elapsed, events_of(recorder))
 
 
 def _candidates(state: RunState, waves: list[int], extract: ExtractSpec | None) -> list[Lane]:

@@ -30,6 +30,7 @@ from primitives import (
     LogWriteError,
     NonDeterminismError,
     Outcome,
+    PgEventLog,
     Recorder,
     RetryPolicy,
     RunContext,
@@ -58,6 +59,7 @@ __all__ = (
     "close",
     "context",
     "drive",
+    "events_of",
     "lanefold_error",
     "load",
     "question_of",
@@ -114,7 +116,7 @@ async def drive(config: LoopConfig, question: str, recorder: Recorder, ledger: L
             raise RunError(f"loop {loop_class.name!r} returned {type(outcome).__name__}, "
                            f"not an Outcome")
         result = result_from_state(recorder.state, outcome, ledger.spent, ledger.elapsed(),
-                                   recorder.log_path)
+                                   events_of(recorder))
         recorder.emit(RunCompleted, RunCompletedData(result=result.model_dump(mode="json")))
         return result
     except anyio.get_cancelled_exc_class():
@@ -202,13 +204,19 @@ async def close(owned: list[Backend]) -> None:
 
 
 def set_fsync(log: EventLog, config: LoopConfig) -> None:
-    if isinstance(log, JsonlEventLog):
+    if isinstance(log, JsonlEventLog | PgEventLog):
         log.fsync = config.log.fsync
 
 
 def source_of(log: EventLog) -> str:
-    path = getattr(log, "path", None)
-    return str(path) if path is not None else "<log>"
+    """Where a log is, for messages: its path, or its store's URL (no password) and run."""
+    where = getattr(log, "path", None) or getattr(log, "location", None)
+    return str(where) if where is not None else "<log>"
+
+
+def events_of(recorder: Recorder) -> str | None:
+    """What a result names as its log: the file's path, or the run in its database."""
+    return recorder.log_path or getattr(recorder.log, "location", None)
 
 
 def _dispatcher(config: LoopConfig, backend: Backend, recorder: Recorder, ledger: Ledger,

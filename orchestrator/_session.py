@@ -39,14 +39,13 @@ from orchestrator._runner import (
     set_fsync,
     source_of,
 )
-from orchestrator._store import RunStore, fold_record
+from orchestrator._store import Store, fold_record, open_store
 from primitives import (
     Backend,
     CommandVerifier,
     ConfigError,
     EventLog,
     ExtractSpec,
-    JsonlEventLog,
     Ledger,
     Recorder,
     RunState,
@@ -68,18 +67,21 @@ class Session:
     `judge_backend` and `limiter` replace what the config would build and are never closed
     here; `verifier` (a callable, `module:function`, a command argv or a Verifier) replaces the
     config's. A run resumed here whose recorded backend differs from the session's gets one
-    built for it, kept (for later runs of that backend) until the session closes.
+    built for it, kept (for later runs of that backend) until the session closes. `store` (a
+    `postgresql://` URL or a Store) is where runs are recorded; None: the config's `[store]
+    url` if it has one, else files under `runs_dir`.
     """
 
     def __init__(self, config: LoopConfig | str | Path | None = None, *,
                  backend: Backend | None = None, judge_backend: Backend | None = None,
                  limiter: anyio.CapacityLimiter | None = None, runs_dir: str | Path = "runs",
-                 verifier: VerifierLike | None = None) -> None:
+                 verifier: VerifierLike | None = None,
+                 store: str | Store | None = None) -> None:
         self.source = "<config>"
         if config is not None and not isinstance(config, LoopConfig):
             self.source, config = str(config), load_config(config)
         self._config = config
-        self.store = RunStore(runs_dir)
+        self.store = _store_of(store, config, runs_dir)
         self.limiter = limiter
         self._given = (backend, judge_backend)
         self._verifier = verifier  # made a Verifier with each config's timeout, when used
@@ -157,7 +159,8 @@ class Session:
     async def run(self, question: str, *, run_id: str | None = None,
                   observer: Observer | None = None, log: EventLog | None = None,
                   stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
-        """Run the loop on one question; its log lands in `runs_dir/<run_id>/events.jsonl`.
+        """Run the loop on one question; its log lands in the store (by default
+        `runs_dir/<run_id>/events.jsonl`).
 
         Cancelling the call records the run as interrupted (resumable) and re-raises.
         """
@@ -166,7 +169,7 @@ class Session:
         run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
         backend, judge_backend = await self._backends(config)
         await self._load_given()
-        log = log or JsonlEventLog.create(self.store.events_path(run_id), fsync=config.log.fsync)
+        log = log or self.store.create_log(run_id, config.log.fsync)
         recorder = Recorder(log, run_id, RunState(pricing=config.pricing), observer=observer)
         try:
             recorder.emit(RunStarted, RunStartedData(
@@ -248,7 +251,7 @@ class Session:
                 return RunResult.model_validate(peek.result)
             if peek.failure is not None:
                 raise recorded_failure(peek)
-            log = JsonlEventLog.open_for_resume(self.store.existing(run_id), fsync="barrier")
+            log = self.store.open_for_resume(run_id)
         try:
             # Read again under the lock: another writer may have moved on since the peek.
             state, config = fold_record(list(log.read()), source_of(log), run_id)
@@ -291,11 +294,20 @@ class Session:
                                 observer=observer, stop_reason=stop_reason)
 
 
+def _store_of(store: str | Store | None, config: LoopConfig | None, runs_dir: str | Path) -> Store:
+    if store is not None and not isinstance(store, str):
+        return store
+    section = config.store if config is not None else None
+    url = store if store is not None else section.url if section is not None else None
+    return open_store(url, runs_dir, section.password_env if section is not None else None)
+
+
 async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str | Path = "runs",
               run_id: str | None = None, backend: Backend | None = None,
               judge_backend: Backend | None = None, limiter: anyio.CapacityLimiter | None = None,
               observer: Observer | None = None, log: EventLog | None = None,
-              verifier: VerifierLike | None = None) -> RunResult:
+              verifier: VerifierLike | None = None,
+              store: str | Store | None = None) -> RunResult:
     """Run a loop on one question (a Session of one run).
 
     `backend`, `judge_backend`, `limiter` (shared across runs) and `log` (any EventLog) replace
@@ -305,7 +317,7 @@ async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str |
     """
     check_question(question)
     async with Session(config, backend=backend, judge_backend=judge_backend, limiter=limiter,
-                       runs_dir=runs_dir, verifier=verifier) as session:
+                       runs_dir=runs_dir, verifier=verifier, store=store) as session:
         return await session.run(question, run_id=run_id, observer=observer, log=log)
 
 
@@ -313,12 +325,13 @@ async def resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backend
                  judge_backend: Backend | None = None,
                  limiter: anyio.CapacityLimiter | None = None,
                  observer: Observer | None = None, log: EventLog | None = None,
-                 verifier: VerifierLike | None = None) -> RunResult:
+                 verifier: VerifierLike | None = None,
+                 store: str | Store | None = None) -> RunResult:
     """Continue a run from its log (a Session of one resume). A finished run returns its
     recorded result, calling nothing; its backends are built from the recorded config."""
     # No config: the session builds what the run's recorded config names, when it needs it.
     async with Session(backend=backend, judge_backend=judge_backend, limiter=limiter,
-                       runs_dir=runs_dir, verifier=verifier) as session:
+                       runs_dir=runs_dir, verifier=verifier, store=store) as session:
         return await session.resume(run_id, observer=observer, log=log)
 
 

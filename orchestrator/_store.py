@@ -1,16 +1,24 @@
-"""The run store: where runs live on disk (`./runs/<run_id>/events.jsonl` by default)."""
+"""The run store: where runs live. Files on disk (`./runs/<run_id>/events.jsonl`) by default;
+a PostgreSQL database (`orchestrator/_pgstore.py`) when `[store] url` or `--store` names one.
+
+Every command reaches a run through the `Store` seam, never a path, so both stores keep one
+contract: one writer per run, sequence strictly increasing, the same refusals on read.
+"""
 
 from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from coordinators import ParallelSampleParams, audit
 from orchestrator._config import LoopConfig, recorded_config
 from primitives import (
     AnyEvent,
     ConfigError,
+    EventLog,
+    FsyncPolicy,
     JsonlEventLog,
     LogCorruptError,
     RunNotFoundError,
@@ -19,7 +27,58 @@ from primitives import (
     validate_run_id,
 )
 
-__all__ = ("RunStore", "fold_record")
+__all__ = ("RunStore", "Store", "fold_record", "new_run_id", "open_store")
+
+
+class Store(Protocol):
+    """Where runs live: the one way the orchestrator opens, reads and follows a run's log."""
+
+    def new_id(self) -> str: ...
+
+    def check_id(self, run_id: str) -> str: ...
+
+    def create_log(self, run_id: str, fsync: FsyncPolicy = "barrier") -> EventLog:
+        """A new run's log, holding the run's writer lock until closed."""
+        ...
+
+    def open_for_resume(self, run_id: str) -> EventLog:
+        """An existing run's log to append to (RunInUseError while another writer holds it)."""
+        ...
+
+    def reader(self, run_id: str) -> EventLog:
+        """The run's log to read or follow, without a lock."""
+        ...
+
+    def exists(self, run_id: str) -> bool: ...
+
+    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig]: ...
+
+    def read_state(self, run_id: str) -> RunState: ...
+
+    def location(self, run_id: str) -> str:
+        """Where the run's log is, for messages (never holds a password)."""
+        ...
+
+    @property
+    def describe(self) -> str:
+        """The store itself, for messages and for the `--store`/`--runs-dir` a hint repeats."""
+        ...
+
+
+def new_run_id() -> str:
+    """A sortable, unique, plain run id: UTC time plus random hex."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def open_store(url: str | None, runs_dir: str | Path = "runs",
+               password_env: str | None = None) -> Store:
+    """The store a command or Session writes to: `url` a `postgresql://` URL (its password
+    from the environment variable `password_env`, if named), else files under `runs_dir`."""
+    if url is None:
+        return RunStore(runs_dir)
+    from orchestrator._pgstore import PgStore
+
+    return PgStore.from_url(url, password_env=password_env)
 
 
 def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunState, LoopConfig]:
@@ -53,7 +112,7 @@ class RunStore:
 
     def new_id(self) -> str:
         """A sortable, unique, plain run id: UTC time plus random hex."""
-        return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+        return new_run_id()
 
     def check_id(self, run_id: str) -> str:
         return validate_run_id(run_id)
@@ -67,6 +126,25 @@ class RunStore:
         if not path.is_file():
             raise RunNotFoundError(f"{path}: no run {run_id!r} in {self.root}")
         return path
+
+    def create_log(self, run_id: str, fsync: FsyncPolicy = "barrier") -> JsonlEventLog:
+        return JsonlEventLog.create(self.events_path(run_id), fsync=fsync)
+
+    def open_for_resume(self, run_id: str) -> JsonlEventLog:
+        return JsonlEventLog.open_for_resume(self.existing(run_id), fsync="barrier")
+
+    def reader(self, run_id: str) -> JsonlEventLog:
+        return JsonlEventLog(self.events_path(run_id))
+
+    def exists(self, run_id: str) -> bool:
+        return self.events_path(run_id).is_file()
+
+    def location(self, run_id: str) -> str:
+        return str(self.events_path(run_id))
+
+    @property
+    def describe(self) -> str:
+        return str(self.root)
 
     def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig]:
         """A run's events, its state and the config it recorded (`fold_record`); no lock."""

@@ -89,6 +89,7 @@ from primitives._loop import (
     Reduction,
     Remaining,
 )
+from primitives._pglog import PgDatabase, PgEventLog, redact_url
 from primitives._record import Recorder
 from primitives._registry import (
     loop_names,
@@ -161,6 +162,8 @@ __all__ = (
     "MemoryEventLog",
     "NonDeterminismError",
     "Outcome",
+    "PgDatabase",
+    "PgEventLog",
     "PgSharedPool",
     "Pricing",
     "QuorumNotMetError",
@@ -216,6 +219,7 @@ __all__ = (
     "parse_event",
     "parse_score",
     "read_budget",
+    "redact_url",
     "reducer_names",
     "register_loop",
     "register_reducer",

@@ -30,7 +30,7 @@ from orchestrator._config import VERSION, LoopConfig, config_hash, parse_config
 from orchestrator._result import RunResult
 from orchestrator._runner import check_question, lanefold_error
 from orchestrator._session import Session
-from orchestrator._store import RunStore
+from orchestrator._store import Store, new_run_id
 from orchestrator.evaluate._datasets import DatasetSpec
 from orchestrator.evaluate._eval_records import (
     COST_LINES,
@@ -100,7 +100,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
                    judge_backend: Backend | None = None, on_start: OnStart | None = None,
                    on_result: OnResult | None = None,
                    stop_reason: Callable[[], str] = lambda: "cancelled",
-                   clock: Callable[[], float] = time.monotonic) -> EvalSummary:
+                   clock: Callable[[], float] = time.monotonic,
+                   store: str | Store | None = None) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
 
     `scorer` is a Scorer or a `--scorer` spec (None: by the items). `dataset` is what the
@@ -108,7 +109,9 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     and `judge_backend` replace what the config would build (and are not closed here).
     `on_start(total, rows already recorded)` and `on_result(row)` feed a progress display.
     Everything is checked before `runs_dir/<eval_id>/` is created; cancelling the call
-    interrupts the runs in flight (recorded, resumable) and re-raises.
+    interrupts the runs in flight (recorded, resumable) and re-raises. `store` (a
+    `postgresql://` URL or a Store; default the config's `[store] url`, else `runs_dir`) is
+    where the question's runs are recorded; the eval's own files stay in `runs_dir/<eval_id>/`.
     """
     started = clock()
     if concurrency < 1:
@@ -116,8 +119,7 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     if not items:
         raise ConfigError("--dataset: no questions to evaluate")
     dataset = dataset or DatasetSpec()
-    store = RunStore(runs_dir)
-    eval_id = validate_run_id(eval_id) if eval_id is not None else store.new_id()
+    eval_id = validate_run_id(eval_id) if eval_id is not None else new_run_id()
     indexes = [item.index for item in items]
     if len(set(indexes)) != len(indexes):
         raise ConfigError("--dataset: two items share an index")
@@ -133,7 +135,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     else:
         chosen.check(items)
     session = _EvalSession(config, runs_dir=runs_dir, backend=backend,
-                           judge_backend=judge_backend, verifier=chosen.verifier(items))
+                           judge_backend=judge_backend, verifier=chosen.verifier(items),
+                           store=store)
     manifest = EvalManifest(
         eval_id=eval_id, created=datetime.now(UTC),
         config_path=None if isinstance(config, LoopConfig) else str(config),
@@ -210,7 +213,7 @@ class _Eval:
             if index in self.rows:
                 continue
             store = self.session.store
-            if not store.events_path(self.run_id(item)).is_file():
+            if not store.exists(self.run_id(item)):
                 todo.append((item, False))
                 continue
             state = store.read_state(self.run_id(item))  # a finished run: recorded, not run

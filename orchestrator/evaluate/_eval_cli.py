@@ -21,12 +21,12 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
-from orchestrator._store import RunStore
+from orchestrator._store import new_run_id
 from orchestrator.evaluate._datasets import DatasetSpec
 from orchestrator.evaluate._eval import run_eval
 from orchestrator.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
 from orchestrator.evaluate._progress import EvalProgress
-from primitives import ConfigError
+from primitives import ConfigError, redact_url
 
 __all__ = ("add_parser", "command", "print_summary")
 
@@ -76,7 +76,7 @@ def command(args: argparse.Namespace) -> int:
         _on_path(args.config)
         config = args.config
         dataset = DatasetSpec(args.dataset, args.question_field, args.answer_field, args.limit)
-        eval_id = args.eval_id or RunStore(args.runs_dir).new_id()
+        eval_id = args.eval_id or new_run_id()
         scorer = args.scorer
     items = dataset.load()
     progress = EvalProgress() if not args.json and sys.stdout.isatty() else None
@@ -86,13 +86,16 @@ def command(args: argparse.Namespace) -> int:
             config, items, eval_id=eval_id, runs_dir=args.runs_dir,
             concurrency=args.concurrency, scorer=scorer, dataset=dataset,
             on_start=progress.start if progress else None,
-            on_result=progress.add if progress else None, stop_reason=reason)
+            on_result=progress.add if progress else None, stop_reason=reason,
+            store=args.store)
 
     try:
         with progress or contextlib.nullcontext():
             summary = _interruptible(go, lambda: eval_id)
     except _Interrupted as stop:
         where = f" --runs-dir {args.runs_dir}" if args.runs_dir != "runs" else ""
+        if args.store is not None:
+            where += f" --store {redact_url(args.store)}"
         _error("eval", f"interrupted by {stop.signal_name}; continue with: "
                        f"orchestrator eval --resume {eval_id}{where}")
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
