@@ -227,6 +227,7 @@ def bench_model(
     with_batch: bool,
     dtype: torch.dtype = torch.float32,
     extra: list[tuple[str, Callable[[list[int], int, int, int], Run]]] | None = None,
+    with_generate: bool = True,
 ) -> list[tuple[str, tuple[int, int, int], list[Run]]]:
     blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
 
@@ -255,6 +256,8 @@ def bench_model(
                 lambda p, k, t, s: run_generate_batch(reference, counter, p, k, t),
             )
         )
+    if not with_generate:  # --no-generate: HF's rows take longest by far at long prompts x K
+        systems = [sys_ for sys_ in systems if not sys_[0].startswith("hf ")]
     systems += extra or []  # other engines (vLLM), interleaved with ours on the same prompts
     rows = []
     for p, k, t in shapes:
@@ -284,7 +287,8 @@ def print_rows(rows: list[tuple[str, tuple[int, int, int], list[Run]]], header: 
             f"{'tokens':>7} {'vs gen':>7} {'KV MiB':>8} {'vs gen':>7} {'tok/s':>7}"
         )
     for model, (p, k, t), runs in rows:
-        base = next(r for r in runs if r.system == "hf generate")
+        # without HF generate (--no-generate), the 'vs gen' columns are against our engine row
+        base = next((r for r in runs if r.system == "hf generate"), runs[0])
         base_wall = statistics.median(base.walls)
         for r in runs:
             wall = statistics.median(r.walls)
@@ -319,6 +323,8 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2,tiny", help="comma list of smollm2, tiny")
     parser.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM row (SmolLM2 only)")
+    parser.add_argument("--no-generate", action="store_true",
+                        help="skip HF generate (then 'vs gen' is against our engine row)")
     parser.add_argument(
         "--load", action="store_true", help="only the load rows: cold vs warm (weight cache)"
     )
@@ -361,6 +367,7 @@ def main() -> None:
                 with_batch=not args.no_generate_batch,
                 dtype=getattr(torch, args.dtype),
                 extra=extra,
+                with_generate=not args.no_generate,
             )
         finally:
             if vllm is not None:
