@@ -1,5 +1,5 @@
 """The `orchestrator` command: run, resume, reduce, tail, show, eval, compare, curve, validate,
-schema, serve.
+schema, serve, budget.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
 quorum, 4 the run ended without an answer, 130/143 interrupted by SIGINT/SIGTERM (resumable).
@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
+from orchestrator._budget_cli import add_commands as add_budget_commands
 from orchestrator._config import LoopConfig, load_backend_config, load_config, preflight
 from orchestrator._display import Progress, describe, summary
 from orchestrator._result import RunResult
@@ -109,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     common(p, runs=False)
 
     _COMMANDS.update(add_commands(sub, common))  # eval, compare, curve
+    _COMMANDS.update(add_budget_commands(sub))  # budget set, budget show
 
     p = sub.add_parser("serve", help="serve a backend as an OpenAI-compatible HTTP server")
     p.add_argument("--backend-config", required=True,

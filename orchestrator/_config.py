@@ -154,6 +154,15 @@ class JudgeSection(_Section):
         return value
 
 
+class BudgetSection(Limits):
+    """`[budget]`: the run's own limits, and `shared`: the name of a budget in the store
+    (`[store] url`) that every run naming it spends from too, on any machine."""
+
+    shared: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$", exclude_if=lambda v: v is None,
+        description="a named budget in the PostgreSQL store, shared by a fleet of runs")
+
+
 class LogSection(_Section):
     """`[log]`: when the event log is forced to disk."""
 
@@ -197,7 +206,7 @@ class LoopConfig(_Section):
     extract: ExtractSpec = ExtractSpec(regex=r"Answer:\s*(.+)")
     # The embedded default: the bundled engine on its bundled model (no server, no key).
     backend: BackendConfig = EngineConfig()
-    budget: Limits = Limits()
+    budget: BudgetSection = BudgetSection()
     pricing: Pricing = Pricing()
     retry: RetrySection = RetrySection()
     judge: JudgeSection = JudgeSection()

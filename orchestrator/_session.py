@@ -24,6 +24,7 @@ import anyio
 import sniffio
 
 from orchestrator._config import VERSION, LoopConfig, config_hash, load_config, preflight
+from orchestrator._fleet_budget import close_shared_budget, open_shared_budget
 from orchestrator._reduce import reduce_run
 from orchestrator._result import RunResult
 from orchestrator._runner import (
@@ -169,20 +170,25 @@ class Session:
         run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
         backend, judge_backend = await self._backends(config)
         await self._load_given()
-        log = log or self.store.create_log(run_id, config.log.fsync)
-        recorder = Recorder(log, run_id, RunState(pricing=config.pricing), observer=observer)
+        # A shared budget that does not exist is refused before the run does.
+        pool = await open_shared_budget(config, self.store, run_id)
         try:
-            recorder.emit(RunStarted, RunStartedData(
-                config=config.model_dump(mode="json"), config_hash=config_hash(config),
-                question=question, coordinator=config.loop.coordinator, backend=backend.name,
-                library_version=VERSION, config_dir=self._config_dir()))
-        except BaseException:
-            log.close()
-            raise
-        ledger = Ledger(config.budget, config.pricing)
-        return await drive(config, question, recorder, ledger, backend, judge_backend,
-                           limiter=self.limiter, verifier=self.verifier_for(config),
-                           stop_reason=stop_reason)
+            log = log or self.store.create_log(run_id, config.log.fsync)
+            recorder = Recorder(log, run_id, RunState(pricing=config.pricing), observer=observer)
+            try:
+                recorder.emit(RunStarted, RunStartedData(
+                    config=config.model_dump(mode="json"), config_hash=config_hash(config),
+                    question=question, coordinator=config.loop.coordinator, backend=backend.name,
+                    library_version=VERSION, config_dir=self._config_dir()))
+            except BaseException:
+                log.close()
+                raise
+            ledger = Ledger(config.budget, config.pricing, shared=pool)
+            return await drive(config, question, recorder, ledger, backend, judge_backend,
+                               limiter=self.limiter, verifier=self.verifier_for(config),
+                               stop_reason=stop_reason)
+        finally:
+            await close_shared_budget(pool)
 
     def _config_dir(self) -> str | None:
         if self.source == "<config>":
@@ -252,6 +258,7 @@ class Session:
             if peek.failure is not None:
                 raise recorded_failure(peek)
             log = self.store.open_for_resume(run_id)
+        pool = None
         try:
             # Read again under the lock: another writer may have moved on since the peek.
             state, config = fold_record(list(log.read()), source_of(log), run_id)
@@ -264,6 +271,7 @@ class Session:
             set_fsync(log, config)
             backend, judge_backend = await self._backends(config)
             await self._load_given()
+            pool = await open_shared_budget(config, self.store, state.run_id or run_id)
             recorder = Recorder(log, state.run_id or run_id, state, observer=observer)
             torn = getattr(log, "torn_tail", None)
             recorder.emit(RunResumed, RunResumedData(
@@ -274,12 +282,16 @@ class Session:
                 active_seconds_before=state.active_seconds()))
         except BaseException:
             log.close()
+            await close_shared_budget(pool)
             raise
         ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend),
-                        elapsed_before=state.active_seconds_before)
-        return await drive(config, question_of(state), recorder, ledger, backend,
-                           judge_backend, limiter=self.limiter,
-                           verifier=self.verifier_for(config), stop_reason=stop_reason)
+                        elapsed_before=state.active_seconds_before, shared=pool)
+        try:
+            return await drive(config, question_of(state), recorder, ledger, backend,
+                               judge_backend, limiter=self.limiter,
+                               verifier=self.verifier_for(config), stop_reason=stop_reason)
+        finally:
+            await close_shared_budget(pool)
 
     async def reduce(self, run_id: str, *, reducer: str, extract: ExtractSpec | None = None,
                      observer: Observer | None = None,
