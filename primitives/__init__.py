@@ -89,7 +89,8 @@ from primitives._loop import (
     Reduction,
     Remaining,
 )
-from primitives._pglog import PgDatabase, PgEventLog, redact_url
+from primitives._pgdatabase import PgDatabase, redact_url
+from primitives._pglog import PgEventLog
 from primitives._record import Recorder
 from primitives._registry import (
     loop_names,

@@ -19,111 +19,29 @@ import hashlib
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
 from primitives._errors import ConfigError, LogCorruptError, LogWriteError, RunInUseError, RunNotFoundError
 from primitives._eventlog import _ENDS, FsyncPolicy, _check_order, validate_run_id
+from primitives._pgdatabase import CHANNEL, PgDatabase, psycopg_module, reason
 from primitives.events import AnyEvent, Event, parse_event
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ("PgDatabase", "PgEventLog", "redact_url")
+__all__ = ("PgEventLog",)
 
-CHANNEL = "lanefold_events"
-_SCHEMA_LOCK = 0x6C616E65  # "lane": creators of the tables take turns
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS lanefold_runs ("
-    " run_id text PRIMARY KEY,"
-    " created timestamptz NOT NULL DEFAULT now())",
-    "CREATE TABLE IF NOT EXISTS lanefold_events ("
-    " run_id text NOT NULL REFERENCES lanefold_runs (run_id),"
-    " sequence bigint NOT NULL CHECK (sequence > 0),"
-    " type text NOT NULL,"
-    " body text NOT NULL,"
-    " PRIMARY KEY (run_id, sequence))",
-)
 _INSERT = "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)"
 _WRITER = "lanefold writer pid="
 _FOLLOWER = "lanefold follower"
-
-
-def redact_url(url: str) -> str:
-    """`url` with any password replaced by `***`: what may be printed or recorded."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError:
-        raise ConfigError("store.url: a postgresql:// store needs psycopg "
-                          "(pip install 'lanefold[scale]')") from None
-    return psycopg
-
-
-def _reason(exc: Exception) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _lock_key(run_id: str) -> int:
     """The run's advisory lock key: 64 bits of a hash, signed as PostgreSQL's bigint."""
     digest = hashlib.blake2b(f"lanefold.run:{run_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
-
-
-@dataclass(frozen=True)
-class PgDatabase:
-    """Where the record lives: a `postgresql://` URL and the password kept apart from it."""
-
-    url: str
-    password: str | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if urlsplit(self.url).scheme not in ("postgresql", "postgres"):
-            raise ConfigError(f"store.url: {redact_url(self.url)!r} is not a postgresql:// URL")
-
-    @property
-    def shown(self) -> str:
-        """The URL as it may be printed: no password."""
-        return redact_url(self.url)
-
-    def connect(self, *, name: str = "lanefold") -> psycopg.Connection[Any]:
-        """A new autocommit connection; a server that cannot be reached is a ConfigError."""
-        pg = _psycopg()
-        extra = {"password": self.password} if self.password is not None else {}
-        try:
-            conn: psycopg.Connection[Any] = pg.connect(
-                self.url, autocommit=True, application_name=name, connect_timeout=10, **extra)
-        except pg.Error as exc:
-            raise ConfigError(f"{self.shown}: cannot connect: {_reason(exc)}".replace(
-                self.password or "\0", "***")) from None
-        return conn
-
-    def ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            for statement in _SCHEMA:
-                conn.execute(statement)
-
-    def exists(self, run_id: str) -> bool:
-        """Whether a run has its first event in the database."""
-        with self.connect() as conn:
-            self.ensure_schema(conn)
-            row = conn.execute("SELECT 1 FROM lanefold_runs WHERE run_id = %s",
-                               (run_id,)).fetchone()
-        return row is not None
-
-    def where(self, run_id: str) -> str:
-        return f"{self.shown}#{run_id}"
 
 
 class PgEventLog:
@@ -229,7 +147,7 @@ class PgEventLog:
         """Commit whatever is queued, one transaction per batch (group commit)."""
         conn = self._conn
         assert conn is not None
-        psycopg = _psycopg()
+        psycopg = psycopg_module()
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
@@ -247,7 +165,7 @@ class PgEventLog:
                     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.run_id))
             except psycopg.Error as exc:
                 with self._cond:
-                    self._error = f"{self.location}: cannot append to the run log: {_reason(exc)}"
+                    self._error = f"{self.location}: cannot append to the run log: {reason(exc)}"
                     self._cond.notify_all()
                 return
             with self._cond:
@@ -259,8 +177,7 @@ class PgEventLog:
         """Every committed event from `from_sequence` on, checked for order (no lock)."""
         if self._thread is not None:
             self.sync()  # a writer reads what it wrote
-        with self.db.connect() as conn:
-            self.db.ensure_schema(conn)
+        with self.db.reading() as conn:
             rows = conn.execute("SELECT sequence, body FROM lanefold_events WHERE run_id = %s"
                                 " ORDER BY sequence", (self.run_id,)).fetchall()
         if not rows:

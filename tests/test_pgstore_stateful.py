@@ -1,0 +1,113 @@
+"""tests/test_resume_stateful.py's state machine on the PostgreSQL store: a run crashes at a
+random event (its log stops taking appends, as a killed process's would), is resumed, crashes
+again, and so on; no completed lane is dispatched again, the budget is never exceeded, and the
+log folds to the bill the run reported. A commit is whole, so there is no torn tail to cut here:
+`tear` is drawn and has nothing to tear.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
+from test_resume_stateful import CrashingLog, ResumeMachine
+
+import orchestrator
+from orchestrator import LanefoldError, PgStore
+from primitives import AnyEvent, PgEventLog
+
+pytestmark = pytest.mark.slow
+
+
+class PgResumeMachine(ResumeMachine):
+    url: ClassVar[str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = PgStore.from_url(self.url)
+        self.run_id = "r" + secrets.token_hex(4)  # one database, a run per example
+
+    def events(self) -> list[AnyEvent]:
+        return list(PgEventLog(self.store.db, self.run_id).read()) if self.store.exists(
+            self.run_id) else []
+
+    @precondition(lambda self: not self.started)
+    @rule(crash_at=st.integers(1, 60))
+    def start(self, crash_at: int) -> None:
+        self.started = True
+        log = CrashingLog(PgEventLog.create(self.store.db, self.run_id), crash_at)  # type: ignore[arg-type]
+        self._attempt(lambda: orchestrator.run(self.config, "q", run_id=self.run_id,
+                                               store=self.store, log=log))
+
+    @precondition(lambda self: self.started and not self.finished)
+    @rule(crash_at=st.integers(1, 60), tear=st.booleans())
+    def resume(self, crash_at: int, tear: bool) -> None:
+        if not self.store.exists(self.run_id):  # it crashed before its first commit
+            self.started = False
+            return
+        log = CrashingLog(PgEventLog.open_for_resume(self.store.db, self.run_id), crash_at)  # type: ignore[arg-type]
+        self._attempt(lambda: orchestrator.resume(self.run_id, store=self.store, log=log))
+
+    @precondition(lambda self: self.started and not self.finished)
+    @rule()
+    def resume_to_the_end(self) -> None:
+        if not self.store.exists(self.run_id):
+            self.started = False
+            return
+        self._attempt(lambda: orchestrator.resume(self.run_id, store=self.store))
+        assert self.finished
+
+    @precondition(lambda self: self.finished)
+    @rule()
+    def resume_a_finished_run(self) -> None:
+        """Resuming a finished run changes nothing and gives back what it gave."""
+        count = len(self.events())
+        try:
+            again: object = orchestrator.resume_sync(self.run_id, store=self.store)
+        except LanefoldError as exc:
+            again = exc
+        if isinstance(self.outcome, orchestrator.RunResult):
+            assert again == self.outcome
+        else:
+            assert isinstance(again, LanefoldError) and self.outcome is not None
+            assert again.exit_code == self.outcome.exit_code
+        assert len(self.events()) == count
+
+    @invariant()
+    def no_completed_lane_is_dispatched_again(self) -> None:
+        done: set[tuple[int | None, int | None]] = set()
+        for event in self.events():
+            key = (event.wave, event.lane)
+            if event.type == "lane.dispatched":
+                assert key not in done, f"lane {key} dispatched after it completed"
+            elif event.type == "lane.completed":
+                done.add(key)
+
+    @invariant()
+    def the_budget_is_never_exceeded(self) -> None:
+        if not self.started or self.config.budget.max_tokens is None:
+            return
+        state = orchestrator.fold(self.events(), self.config.pricing)
+        charged = sum(lane.hold.tokens for _, lane in state.in_flight() if lane.hold)
+        assert state.spend.tokens + charged <= self.config.budget.max_tokens
+
+    @invariant()
+    def the_log_folds_to_the_reported_bill(self) -> None:
+        if not isinstance(self.outcome, orchestrator.RunResult):
+            return
+        state = orchestrator.fold(self.events(), self.config.pricing)
+        assert state.result == self.outcome.model_dump(mode="json")
+        assert orchestrator.UsageBreakdown.of(state.spend) == self.outcome.usage
+        assert orchestrator.CostBreakdown.of(state.spend) == self.outcome.cost
+        assert state.reduce is not None and state.reduce.winner == self.outcome.answer
+
+
+def test_resume_state_machine_on_postgresql(pg_url: str, monkeypatch: Any) -> None:
+    monkeypatch.setattr(PgResumeMachine, "url", pg_url, raising=False)
+    run_state_machine_as_test(PgResumeMachine, settings=settings(
+        max_examples=25, stateful_step_count=8, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow]))
