@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from coordinators import outcome_of
+from orchestrator._fleet_budget import close_shared_budget, open_shared_budget
 from orchestrator._result import RunResult, result_from_state
 from orchestrator._runner import (
     Observer,
@@ -77,6 +78,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                      stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
     cls = resolve_reducer(reducer, key="--reducer")
     log = session.store.open_for_resume(run_id)
+    pool = None
     try:
         state, config = fold_record(list(log.read()), source_of(log), run_id)
         if state.result is None:
@@ -96,6 +98,11 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                 cls.name == "weighted_vote" and weighting == "verifier")):
             raise ConfigError(f"--reducer: {reducer} needs a verifier, and run {run_id}'s config "
                               f"has none (judge.verifier or judge.verifier_command)")
+        # A reducer says whether it calls a model (a plug-in that does not say might).
+        needs_model = getattr(cls, "uses_model", True) and not (
+            getattr(cls, "needs_judge", False) and verifier is not None)
+        if needs_model:  # its judge wave spends from the run's shared budget too
+            pool = await open_shared_budget(config, session.store, state.run_id or run_id)
         if opened is None:
             number = max(state.reductions, default=1) + 1
             opened = recorder.emit(ReduceStarted, ReduceStartedData(
@@ -109,16 +116,14 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                     resumed_after_sequence=state.last_sequence,
                     in_flight=[(wave, lane.lane) for wave, lane in flying],
                     active_seconds_before=state.active_seconds()))
-        # A reducer says whether it calls a model (a plug-in that does not say might).
-        needs_model = getattr(cls, "uses_model", True) and not (
-            getattr(cls, "needs_judge", False) and verifier is not None)
         backend: Backend
         judge: Backend | None = None
         if needs_model:
             backend, judge = await session._backends(config)
         else:
             backend = _NoSampling()
-        ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend))
+        ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend),
+                        shared=pool)
         ctx = context(config, question_of(state), recorder, ledger, backend, judge,
                       limiter=session.limiter, verifier=verifier,
                       log=get_logger("lanefold.reduce", run_id=run_id),
@@ -133,6 +138,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
             raise
     finally:
         log.close()
+        await close_shared_budget(pool)
     outcome: Outcome = outcome_of(reduction, lanes)
     # The run's own sampling time plus this reduction's (its judge wave, if any): not the idle
     # time between the run and now.

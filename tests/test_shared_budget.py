@@ -244,6 +244,28 @@ async def test_an_interrupt_charges_in_flight_holds_and_resume_spends_again(
     assert _show(pg_url).spent_tokens == 264 + 64 + 4 * 48
 
 
+async def test_a_judge_reduction_spends_from_the_shared_budget(pg_url: str,
+                                                                 tmp_path: Any) -> None:
+    import orchestrator
+    from orchestrator import parse_config
+
+    _budget(pg_url, max_tokens=100_000)
+    config = parse_config({
+        "loop": {"k": 4, "seed": 3, "reducer": "judge_argmax"}, "sampling": {"max_tokens": 50},
+        "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48},
+        "judge": {"template": "Q: {question}\nCandidate: {candidate}\nScore it.",
+                  "max_tokens": 32},
+        "budget": {"shared": "fleet"}})
+    async with orchestrator.Session(config, store=pg_url, runs_dir=tmp_path) as session:
+        await session.run("What is 17 * 23?", run_id="r")
+        before = _show(pg_url).spent_tokens
+        await session.reduce("r", reducer="judge_argmax")
+        spend = session.store.read_state("r").spend
+    view = _show(pg_url)
+    assert before > 64 + 4 * 48 and view.spent_tokens > before  # the run's judge, then ours
+    assert view.spent_tokens == spend.tokens and view.holders == 0
+
+
 # -- the command line ------------------------------------------------------------------------------
 
 CONFIG_TOML = """
