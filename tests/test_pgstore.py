@@ -7,6 +7,7 @@ never recorded or printed, and bad store settings are one line with exit 2.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,33 @@ async def test_follow_is_woken_by_notify_on_both_event_loops(pg_url: str) -> Non
         await orchestrator.run(config, "q", run_id="f", store=pg_url)
     assert seen == list(PgEventLog(db, "f").read())
     assert seen[-1].type == "run.completed"
+
+
+def test_an_eval_records_its_runs_in_the_store_and_its_own_files_on_disk(
+        pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    calls = tmp_path / "calls.log"
+    (tmp_path / "sim.toml").write_text(CONFIG + f'call_log = "{calls}"\n')
+    (tmp_path / "qs.jsonl").write_text("".join(
+        f'{{"question": "What is {i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(6)))
+    argv = ["eval", str(tmp_path / "sim.toml"), "--dataset", str(tmp_path / "qs.jsonl"),
+            "--eval-id", "ev", "--runs-dir", str(tmp_path / "runs"), "--store", pg_url, "--json"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ev"]  # the eval's files
+    store = open_store(pg_url)
+    run_ids = sorted(run for run, _, _ in bodies(pg_url) if run.startswith("ev-"))
+    assert len(set(run_ids)) == 6 and all(store.read_state(r).result for r in set(run_ids))
+    before = calls.read_text()
+    assert main(argv) == 0  # again: every run is recorded in the store, nothing is sampled
+    assert calls.read_text() == before
+    assert capsys.readouterr().out.count('"correct"') == first.count('"correct"')
+
+
+def test_without_psycopg_the_store_is_one_line_with_the_install_hint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the scale extra were missing
+    assert main(["show", "r", "--store", "postgresql://u@127.0.0.1:1/db"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("orchestrator show: store.url: a postgresql:// store needs psycopg "
+                   "(pip install 'lanefold[scale]')\n")
