@@ -12,7 +12,9 @@ and plug in loops, reducers and verifiers.
 from __future__ import annotations
 
 from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
+from orchestrator._executor import Executor
 from orchestrator._pgstore import PgStore
+from orchestrator._ray_executor import RayExecutor
 from orchestrator._result import CostBreakdown, LaneResult, RunResult, UsageBreakdown
 from orchestrator._runner import build_backend
 from orchestrator._session import Session, resume, resume_sync, run, run_sync
@@ -65,6 +67,7 @@ __all__ = (
     "ConfigError",
     "CostBreakdown",
     "EventLog",
+    "Executor",
     "JsonlEventLog",
     "Lane",
     "LaneJob",
@@ -82,6 +85,7 @@ __all__ = (
     "PgStore",
     "Pricing",
     "QuorumNotMetError",
+    "RayExecutor",
     "ReduceOptions",
     "Reducer",
     "Reduction",

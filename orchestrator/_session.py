@@ -13,6 +13,7 @@ backends (on the engine their lanes decode in the same batches) and its limiter.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -24,6 +25,7 @@ import anyio
 import sniffio
 
 from orchestrator._config import VERSION, LoopConfig, config_hash, load_config, preflight
+from orchestrator._executor import Executor, distribute, resolve_executor
 from orchestrator._fleet_budget import close_shared_budget, open_shared_budget
 from orchestrator._reduce import reduce_run
 from orchestrator._result import RunResult
@@ -68,7 +70,9 @@ class Session:
     `judge_backend` and `limiter` replace what the config would build and are never closed
     here; `verifier` (a callable, `module:function`, a command argv or a Verifier) replaces the
     config's. A run resumed here whose recorded backend differs from the session's gets one
-    built for it, kept (for later runs of that backend) until the session closes. `store` (a
+    built for it, kept (for later runs of that backend) until the session closes. With an
+    `executor` ("ray" or a RayExecutor) `run_many` sends its questions to workers, each holding
+    a Session of this config on this store; `run` and `resume` still run here. `store` (a
     `postgresql://` URL or a Store) is where runs are recorded; None: the config's `[store]
     url` if it has one, else files under `runs_dir`.
     """
@@ -77,6 +81,7 @@ class Session:
                  backend: Backend | None = None, judge_backend: Backend | None = None,
                  limiter: anyio.CapacityLimiter | None = None, runs_dir: str | Path = "runs",
                  verifier: VerifierLike | None = None,
+                 executor: Executor | str | None = None,
                  store: str | Store | None = None) -> None:
         self.source = "<config>"
         if config is not None and not isinstance(config, LoopConfig):
@@ -89,6 +94,7 @@ class Session:
         self._built: dict[str, Backend] = {}  # backend config JSON -> what this session built
         self._loaded: set[int] = set()
         self._lock = anyio.Lock()
+        self.executor = resolve_executor(executor)  # None: run_many runs here
         if config is not None:
             preflight(config, self.source, verifier_given=verifier is not None)
 
@@ -100,7 +106,7 @@ class Session:
         return self._config
 
     async def __aenter__(self) -> Session:
-        if self._config is not None:  # the model loads now, not at the first question
+        if self._config is not None and self.executor is None:  # the model loads now
             await self._backends(self._config)
         await self._load_given()
         return self
@@ -210,6 +216,13 @@ class Session:
             raise ConfigError(f"run_ids: {len(run_ids)} ids for {len(todo)} questions")
         for _, question in todo:
             check_question(question)
+        if self.executor is not None:  # each worker holds its own Session and backend
+            async with contextlib.aclosing(distribute(
+                    self, self.executor, [q for _, q in todo], concurrency=concurrency,
+                    run_ids=run_ids)) as remote:
+                async for result in remote:
+                    yield result
+            return
         send, receive = anyio.create_memory_object_stream[RunResult](concurrency)
         queue = iter(todo)
         stopped = False

@@ -70,6 +70,8 @@ PUBLIC_NAMES = frozenset({
     "RunStore",
     "PgStore",
     "Store",
+    "Executor",
+    "RayExecutor",
     "open_store",
     "Sample",
     "SampleRequest",

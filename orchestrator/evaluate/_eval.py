@@ -19,17 +19,16 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 
-from orchestrator._config import VERSION, LoopConfig, config_hash, parse_config
+from orchestrator._config import VERSION, LoopConfig, config_hash
+from orchestrator._executor import Executor, Job, with_seed, worker_spec
+from orchestrator._job_session import JobSession
 from orchestrator._result import RunResult
 from orchestrator._runner import check_question, lanefold_error
-from orchestrator._session import Session
 from orchestrator._store import Store, new_run_id
 from orchestrator.evaluate._datasets import DatasetSpec
 from orchestrator.evaluate._eval_records import (
@@ -66,20 +65,6 @@ OnStart = Callable[[int, Sequence[QuestionResult]], None]
 OnResult = Callable[[QuestionResult], None]
 
 
-class _EvalSession(Session):
-    """One Session for the whole eval; a new run takes the config of its question (its seed),
-    set for the task that starts it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.question_config: ContextVar[LoopConfig | None] = ContextVar("question_config",
-                                                                         default=None)
-
-    @property
-    def config(self) -> LoopConfig:
-        return self.question_config.get() or super().config
-
-
 def questions_hash(items: Sequence[Item]) -> str:
     digest = hashlib.sha256()
     for item in items:
@@ -88,9 +73,7 @@ def questions_hash(items: Sequence[Item]) -> str:
 
 
 def _seeded(config: LoopConfig, index: int) -> LoopConfig:
-    raw = config.model_dump(mode="json")
-    raw["loop"]["seed"] = config.loop.seed + index
-    return parse_config(raw)
+    return with_seed(config, config.loop.seed + index)
 
 
 async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
@@ -101,7 +84,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
                    on_result: OnResult | None = None,
                    stop_reason: Callable[[], str] = lambda: "cancelled",
                    clock: Callable[[], float] = time.monotonic,
-                   store: str | Store | None = None) -> EvalSummary:
+                   store: str | Store | None = None,
+                   executor: Executor | str | None = None) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
 
     `scorer` is a Scorer or a `--scorer` spec (None: by the items). `dataset` is what the
@@ -112,6 +96,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     interrupts the runs in flight (recorded, resumable) and re-raises. `store` (a
     `postgresql://` URL or a Store; default the config's `[store] url`, else `runs_dir`) is
     where the question's runs are recorded; the eval's own files stay in `runs_dir/<eval_id>/`.
+    `executor` ("ray" or a RayExecutor) runs the questions on workers, up to `concurrency` on
+    each, on the same store; their results are scored and recorded here.
     """
     started = clock()
     if concurrency < 1:
@@ -134,9 +120,9 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         chosen = resolve_scorer(scorer if isinstance(scorer, str) else None, items)
     else:
         chosen.check(items)
-    session = _EvalSession(config, runs_dir=runs_dir, backend=backend,
-                           judge_backend=judge_backend, verifier=chosen.verifier(items),
-                           store=store)
+    session = JobSession(config, runs_dir=runs_dir, backend=backend,
+                         judge_backend=judge_backend, verifier=chosen.verifier(items),
+                         store=store, executor=executor)
     manifest = EvalManifest(
         eval_id=eval_id, created=datetime.now(UTC),
         config_path=None if isinstance(config, LoopConfig) else str(config),
@@ -191,7 +177,7 @@ def _check_manifest(paths: EvalPaths, manifest: EvalManifest) -> EvalManifest:
 class _Eval:
     """One invocation of an eval: what is recorded, what is left, and the workers."""
 
-    def __init__(self, session: _EvalSession, scorer: Scorer, paths: EvalPaths,
+    def __init__(self, session: JobSession, scorer: Scorer, paths: EvalPaths,
                  items: dict[int, Item], stop_reason: Callable[[], str]) -> None:
         self.session, self.scorer, self.paths = session, scorer, paths
         self.items, self.stop_reason = items, stop_reason
@@ -227,6 +213,9 @@ class _Eval:
                 todo.append((item, True))
         if not todo:
             return  # nothing to sample: no model is loaded
+        if self.session.executor is not None:
+            await self.run_on(self.session.executor, [item for item, _ in todo], concurrency)
+            return
         queue = iter(todo)
 
         async def worker() -> None:
@@ -241,6 +230,21 @@ class _Eval:
             if not group.subgroup(Exception):
                 raise
             raise lanefold_error(group) from None
+
+    async def run_on(self, executor: Executor, items: list[Item], concurrency: int) -> None:
+        """The questions on the executor's workers; each outcome scored and recorded here."""
+        seed = self.session.config.loop.seed
+        jobs = [Job(item.index, item.question, self.run_id(item), seed + item.index)
+                for item in items]
+        async with contextlib.aclosing(executor.outcomes(worker_spec(self.session), jobs,
+                                                         concurrency)) as outcomes:
+            async for outcome in outcomes:
+                item = self.items[outcome.job.index]
+                if outcome.error is not None:
+                    self.failure(item, outcome.error)
+                else:
+                    assert outcome.result is not None
+                    self.record(await self.scored(item, outcome.result, None))
 
     async def question(self, item: Item, resume: bool) -> None:
         session, run_id = self.session, self.run_id(item)
@@ -257,12 +261,18 @@ class _Eval:
         except (ConfigError, LogCorruptError):
             raise  # misuse or a log not the run's own: the eval cannot go on as asked
         except LanefoldError as exc:
-            state = None
-            with contextlib.suppress(LanefoldError, OSError):
-                state = session.store.read_state(run_id)
-            self.record(self.failed(item, f"{type(exc).__name__}: {exc}", state))
+            self.failure(item, exc)
             return
         self.record(await self.scored(item, result, None))
+
+    def failure(self, item: Item, exc: LanefoldError) -> None:
+        """A run that failed, as a row; misuse, or a log not the run's own, ends the eval."""
+        if isinstance(exc, ConfigError | LogCorruptError):
+            raise exc
+        state = None
+        with contextlib.suppress(LanefoldError, OSError):
+            state = self.session.store.read_state(self.run_id(item))
+        self.record(self.failed(item, f"{type(exc).__name__}: {exc}", state))
 
     def record(self, row: QuestionResult) -> None:
         try:

@@ -3,6 +3,7 @@
     orchestrator eval CONFIG --dataset PATH_OR_SPEC [--limit N] [--concurrency Q] [--eval-id ID]
                       [--runs-dir DIR] [--question-field F] [--answer-field F] [--scorer S] [--json]
     orchestrator eval --resume ID [--concurrency Q] [--runs-dir DIR] [--json]
+    ... [--executor ray [--ray-address ADDR] [--workers N]]   (either form: questions on Ray)
 
 Exit codes as for `run`: 0 the eval finished (failed questions are rows, not an exit code),
 2 bad input (nothing written), 130/143 interrupted (continue with `--resume ID`).
@@ -13,9 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -27,6 +30,9 @@ from orchestrator.evaluate._eval import run_eval
 from orchestrator.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
 from orchestrator.evaluate._progress import EvalProgress
 from primitives import ConfigError, redact_url
+
+if TYPE_CHECKING:
+    from orchestrator._ray_executor import RayExecutor
 
 __all__ = ("add_parser", "command", "print_summary")
 
@@ -49,6 +55,12 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     p.add_argument("--answer-field", metavar="F", help="the gold answer's field (default answer)")
     p.add_argument("--scorer", metavar="S", help="exact (default), numeric[:TOL], "
                    "humaneval[:SECONDS] or module:function")
+    p.add_argument("--executor", default="local", metavar="{local,ray}",
+                   help="where questions run: this process (default) or Ray workers")
+    p.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the cluster "
+                   "to join ('auto': the one running here; default: start one on this machine)")
+    p.add_argument("--workers", type=int, metavar="N", help="with --executor ray: workers, "
+                   "each one Session and one loaded backend (default 2)")
     common(p)
     p.add_argument("--json", action="store_true", help="print summary.json")
 
@@ -78,6 +90,7 @@ def command(args: argparse.Namespace) -> int:
         dataset = DatasetSpec(args.dataset, args.question_field, args.answer_field, args.limit)
         eval_id = args.eval_id or new_run_id()
         scorer = args.scorer
+    executor = _executor(args)  # flags checked and Ray found before the dataset is read
     items = dataset.load()
     progress = EvalProgress() if not args.json and sys.stdout.isatty() else None
 
@@ -87,10 +100,12 @@ def command(args: argparse.Namespace) -> int:
             concurrency=args.concurrency, scorer=scorer, dataset=dataset,
             on_start=progress.start if progress else None,
             on_result=progress.add if progress else None, stop_reason=reason,
-            store=args.store)
+            store=args.store, executor=executor)
 
     try:
-        with progress or contextlib.nullcontext():
+        with progress or contextlib.nullcontext(), executor or contextlib.nullcontext():
+            if executor is not None:
+                executor.connect()  # a cluster not there is said before anything is written
             summary = _interruptible(go, lambda: eval_id)
     except _Interrupted as stop:
         where = f" --runs-dir {args.runs_dir}" if args.runs_dir != "runs" else ""
@@ -104,6 +119,25 @@ def command(args: argparse.Namespace) -> int:
     else:
         print_summary(summary)
     return 0
+
+
+def _executor(args: argparse.Namespace) -> RayExecutor | None:
+    """The executor the flags ask for (None: this process); bad flags are ConfigErrors."""
+    if args.executor not in ("local", "ray"):
+        raise ConfigError(f"--executor: {args.executor!r} is not one of local, ray")
+    if args.executor == "local":
+        for flag, value in (("--ray-address", args.ray_address), ("--workers", args.workers)):
+            if value is not None:
+                raise ConfigError(f"{flag}: only with --executor ray")
+        return None
+    from orchestrator._ray_executor import RayExecutor
+
+    executor = RayExecutor(args.ray_address, 2 if args.workers is None else args.workers)
+    # The terminal is the command's: Ray's notice that a local cluster has token auth on
+    # (it has; that is the safe default) is not the user's business on every eval.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR)
+    return executor
 
 
 def _refuse_with_resume(args: argparse.Namespace) -> None:

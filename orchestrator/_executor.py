@@ -1,0 +1,156 @@
+"""Where a Session's questions run: in this process (the default) or on a pool of workers.
+
+    executor = orchestrator.RayExecutor(workers=4)           # or address="auto" to join one
+    async with orchestrator.Session(config, executor=executor) as session:
+        async for result in session.run_many(questions):
+            ...
+
+An executor takes jobs (a question, its run id, its seed) and gives back outcomes (the run's
+result or its error) in completion order. A worker builds one Session from the driver's
+config, by value, on the same store, and runs each job through the same governed path; a job
+whose run already has a log resumes it, so a job handed again after its worker died keeps the
+lanes that worker completed. The default, `executor=None` ("local"), is the Session's own
+in-process path, untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from orchestrator._config import LoopConfig, parse_config
+from orchestrator._result import RunResult
+from orchestrator._store import RunStore, Store
+from primitives import ConfigError, LanefoldError
+
+if TYPE_CHECKING:
+    from orchestrator._session import Session
+
+__all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "resolve_executor",
+           "with_seed")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One question for a worker: question `index` of a batch, run as `run_id`; `seed` is the
+    loop seed of its run (None: the config's own)."""
+
+    index: int
+    question: str
+    run_id: str
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """A job's result, or the LanefoldError its run ended with (a failed run is an outcome)."""
+
+    job: Job
+    result: RunResult | None = None
+    error: LanefoldError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What a worker needs to build its Session, by value: no path it may not have."""
+
+    config: dict[str, Any]  # the LoopConfig as JSON
+    source: str  # the config's path on the driver ("<config>" when given as an object)
+    store: Store  # files under an absolute path (this machine, a shared filesystem), or
+    # PostgreSQL (any machine); it travels by pickle, a PgStore with its password
+    verifier: Any = None  # the Session's verifier (it travels by pickle)
+    paths: tuple[str, ...] = field(default=())  # import paths for `module:...` plug-ins
+
+    def loop_config(self) -> LoopConfig:
+        return parse_config(self.config, source=f"{self.source} (sent to a worker)")
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs jobs somewhere; yields each job's outcome in completion order."""
+
+    name: str
+
+    def outcomes(self, spec: WorkerSpec, jobs: Sequence[Job],
+                 concurrency: int) -> AsyncGenerator[JobOutcome, None]:
+        """Every job's outcome, each exactly once, up to `concurrency` jobs in flight on each
+        worker. A worker lost mid-job is replaced and its jobs handed out again (as resumes)."""
+        ...
+
+
+def resolve_executor(executor: Executor | str | None) -> Executor | None:
+    """None for the in-process path ("local" or None); "ray" is `RayExecutor()`."""
+    if executor is None or executor == "local":
+        return None
+    if executor == "ray":
+        from orchestrator._ray_executor import RayExecutor
+
+        return RayExecutor()
+    if isinstance(executor, str):
+        raise ConfigError(f"executor: {executor!r} is not one of 'local', 'ray'")
+    if not isinstance(executor, Executor):
+        raise ConfigError(f"executor: {type(executor).__name__} has no outcomes() method")
+    return executor
+
+
+def with_seed(config: LoopConfig, seed: int | None) -> LoopConfig:
+    """`config` with its loop seed set to `seed` (itself when `seed` is None)."""
+    if seed is None or seed == config.loop.seed:
+        return config
+    raw = config.model_dump(mode="json")
+    raw["loop"]["seed"] = seed
+    return parse_config(raw)
+
+
+def worker_spec(session: Session) -> WorkerSpec:
+    """The spec of workers that run `session`'s questions as it would."""
+    given = [name for name, value in zip(("backend", "judge_backend", "limiter"),
+                                         (*session._given, session.limiter), strict=True)
+             if value is not None]
+    if given:
+        raise ConfigError(f"executor: a Session given {', '.join(given)} cannot send it to "
+                          f"workers; name the backend in the config instead")
+    config = session.config
+    paths = [str(Path.cwd())]
+    if session.source != "<config>":
+        paths.insert(0, str(Path(session.source).resolve().parent))
+    store = session.store
+    if isinstance(store, RunStore):  # the same folder, whatever a worker's directory
+        store = RunStore(store.root.resolve())
+    return WorkerSpec(config=config.model_dump(mode="json"),
+                      source=(session.source if session.source == "<config>"
+                              else str(Path(session.source).resolve())),
+                      store=store, verifier=session._verifier,
+                      paths=tuple(dict.fromkeys(paths)))
+
+
+async def distribute(session: Session, executor: Executor, questions: Sequence[str], *,
+                     concurrency: int, run_ids: Sequence[str] | None
+                     ) -> AsyncGenerator[RunResult, None]:
+    """`Session.run_many` on an executor: run ids are chosen here, so a job handed again
+    resumes the same run; the first run that fails raises its error."""
+    ids = list(run_ids) if run_ids is not None else [session.store.new_id()
+                                                     for _ in questions]
+    jobs = [Job(index, question, session.store.check_id(run_id))
+            for index, (question, run_id) in enumerate(zip(questions, ids, strict=True))]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("run_ids: two questions share a run id")
+    outcomes = executor.outcomes(worker_spec(session), jobs, concurrency)
+    try:
+        async for outcome in outcomes:
+            if outcome.error is not None:
+                raise outcome.error
+            assert outcome.result is not None
+            yield outcome.result.model_copy(update={"index": outcome.job.index})
+    finally:
+        await outcomes.aclose()
+
+
+def import_paths(paths: Sequence[str]) -> None:
+    """Put the driver's plug-in folders on this worker's path (same machine or shared disk)."""
+    for path in reversed(paths):
+        if path not in sys.path and Path(path).is_dir():
+            sys.path.insert(0, path)

@@ -1,0 +1,223 @@
+"""Questions on a real local Ray cluster (started here, on loopback): the same eval as in one
+process, question for question; a worker killed by its pid mid-eval is replaced and its runs
+resume from the shared log, no completed lane dispatched again, no spend counted twice.
+
+The simulated backend's answers are a function of the prompt and the lane's seed (a
+re-dispatched lane says the same thing), so results compare exactly; nothing here times.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orchestrator
+import orchestrator._cli as cli
+from orchestrator._ray_executor import RayExecutor
+from orchestrator.evaluate._eval import run_eval
+from orchestrator.evaluate._eval_records import QuestionResult, read_results
+from orchestrator.evaluate._item import Item
+from primitives import ConfigError
+
+ray = pytest.importorskip("ray")
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    """One local cluster for the module: two CPUs, on 127.0.0.1, no dashboard."""
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False, logging_level=logging.WARNING,
+             object_store_memory=100 * 1024 * 1024)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # one backend per test for time; run_many's test runs on trio
+
+
+def config(latency_ms: tuple[float, float] = (1, 3), k: int = 4) -> orchestrator.LoopConfig:
+    return orchestrator.parse_config({
+        "loop": {"k": k, "seed": 3, "max_concurrency": k},
+        "backend": {"kind": "simulated", "accuracy": 0.6, "answer": "391",
+                    "distractors": ["381", "401"], "latency_ms": list(latency_ms)},
+        "log": {"fsync": "never"}})
+
+
+def items(n: int) -> list[Item]:
+    return [Item(i, f"Question number {i}?", "391", source=f"<test>:{i + 1}") for i in range(n)]
+
+
+def same(a: QuestionResult, b: QuestionResult) -> dict[str, Any]:
+    """What a question's row says, without where and how long it ran."""
+    keep = ("index", "answer", "correct", "status", "lanes", "lane_answers", "lane_correct",
+            "tokens", "cost")
+    assert a.run_id == b.run_id
+    return {key: getattr(a, key) for key in keep}
+
+
+def rows(folder: Path, eval_id: str) -> dict[int, QuestionResult]:
+    return read_results(folder / eval_id / "results.jsonl")
+
+
+def test_no_cluster_at_auto_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before the module's cluster starts (first in the file): "auto" finds none to join."""
+    if ray.is_initialized():
+        pytest.skip("a cluster of this process is running")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # not another process's cluster either
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text('{"question": "Q?", "answer": "391"}\n')
+    assert cli.main(["eval", "examples/simulated.toml", "--dataset", str(dataset), "--runs-dir",
+                     str(tmp_path / "runs"), "--executor", "ray", "--ray-address", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "--ray-address auto: Could not find any running Ray instance" in err, err
+    assert not (tmp_path / "runs").exists()  # said before anything was written
+
+
+@pytest.mark.anyio
+async def test_200_questions_on_two_workers_equal_one_process(cluster: Any,
+                                                              tmp_path: Path) -> None:
+    cfg, questions = config(), items(200)
+    await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "local", concurrency=8)
+    summary = await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "ray",
+                             concurrency=4, executor=RayExecutor(workers=2))
+    local, remote = rows(tmp_path / "local", "e"), rows(tmp_path / "ray", "e")
+    assert sorted(remote) == list(range(200)) and summary.n == 200
+    assert [same(remote[i], local[i]) for i in range(200)] == [
+        same(local[i], local[i]) for i in range(200)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("store", ["files", "postgresql"])
+async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
+        cluster: Any, tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
+    """On PostgreSQL the dead worker's writer lock is an advisory lock that dies with its
+    connection; on files, an OS lock that dies with its process."""
+    url = request.getfixturevalue("pg_url") if store == "postgresql" else None
+    cfg, questions = config(latency_ms=(20, 200)), items(32)  # lanes land far apart
+    await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "local", concurrency=8)
+    killed: list[int] = []
+
+    record = orchestrator.open_store(url, tmp_path / "ray")
+
+    def midway(run_id: str) -> bool:
+        """Some lane of the run completed, the run did not."""
+        if not record.exists(run_id):
+            return False
+        types = [event.type for event in record.read(run_id)[0]]
+        return "lane.completed" in types and "run.completed" not in types
+
+    def kill_one(row: QuestionResult) -> None:
+        if killed or len(rows(tmp_path / "ray", "e")) < 4:
+            return  # kill once, with questions done and others in flight
+        for name in sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                           if a["namespace"] == "lanefold"):
+            worker = ray.get_actor(name, namespace="lanefold")
+            pid = ray.get(worker.pid.remote())
+            if any(midway(run_id) for run_id in ray.get(worker.jobs.remote())):
+                os.kill(pid, signal.SIGKILL)  # a worker holding a run half done
+                killed.append(pid)
+                return
+
+    summary = await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "ray",
+                             concurrency=4, executor=RayExecutor(workers=2),
+                             on_result=kill_one, store=url)
+    assert killed and summary.n == 32 and summary.failed == 0
+    local, remote = rows(tmp_path / "local", "e"), rows(tmp_path / "ray", "e")
+    resumed = 0
+    assert (tmp_path / "ray" / "e-0").exists() == (url is None)  # the runs are where asked
+    for i in range(32):
+        events = record.read(f"e-{i}")[0]
+        completed: set[tuple[int, int]] = set()
+        dispatched_after = collections.Counter[tuple[int, int]]()
+        for event in events:
+            key = (event.wave or 0, event.lane or 0)
+            if event.type == "lane.completed":
+                completed.add(key)
+            elif event.type == "lane.dispatched" and key in completed:
+                dispatched_after[key] += 1
+        assert not dispatched_after, f"run e-{i}: completed lanes dispatched again"
+        resumed += any(event.type == "run.resumed" for event in events)
+        a, b = remote[i], local[i]
+        assert (a.answer, a.correct, a.lane_answers) == (b.answer, b.correct, b.lane_answers)
+        # Spend not doubled: decode as in one process (each completed lane billed once), the
+        # prompt tokens too, though a prompt sent again after the kill was computed again
+        # where one process found it cached; the holds of lanes cut off are `cut_off`.
+        prompt = a.tokens["prefill"] + a.tokens["cached_prefill"]
+        assert (a.tokens["decode"], a.tokens["verifier"], prompt) == (
+            b.tokens["decode"], b.tokens["verifier"],
+            b.tokens["prefill"] + b.tokens["cached_prefill"]), f"run e-{i}"
+        assert a.tokens["cut_off"] == 0 or any(e.type == "run.resumed" for e in events)
+    assert resumed >= 1  # the kill landed mid-run: some run went on from its log
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_session_run_many_on_workers(cluster: Any, tmp_path: Path) -> None:
+    questions = [f"Question number {i}?" for i in range(12)]
+    async with orchestrator.Session(config(), runs_dir=tmp_path / "l") as session:
+        local = {r.index: r async for r in session.run_many(questions, run_ids=[
+            f"q-{i}" for i in range(12)])}
+    async with orchestrator.Session(config(), runs_dir=tmp_path / "r",
+                                    executor=RayExecutor(workers=2)) as session:
+        remote = {r.index: r async for r in session.run_many(questions, concurrency=2,
+                                                             run_ids=[f"q-{i}" for i in
+                                                                      range(12)])}
+    assert sorted(remote) == list(range(12))
+    for i in range(12):
+        assert (remote[i].run_id, remote[i].answer, remote[i].usage) == (
+            local[i].run_id, local[i].answer, local[i].usage)
+
+
+def test_the_eval_command_on_workers(cluster: Any, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text("".join(f'{{"question": "Question number {i}?", "answer": "391"}}\n'
+                               for i in range(24)))
+    summaries = []
+    for executor in (["--executor", "local"], ["--executor", "ray", "--workers", "2",
+                                               "--ray-address", "auto"]):
+        folder = tmp_path / executor[1]
+        assert cli.main(["eval", "examples/simulated.toml", "--dataset", str(dataset),
+                         "--runs-dir", str(folder), "--eval-id", "e", "--json",
+                         *executor]) == 0
+        summaries.append(json.loads(capsys.readouterr().out))
+        assert len(rows(folder, "e")) == 24
+    local, remote = summaries
+    for key in ("n", "correct", "abstentions", "failed", "tokens", "cost", "pass_at_k"):
+        assert remote[key] == local[key], key
+
+
+def test_bad_executor_input(cluster: Any, tmp_path: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match="--workers: must be at least 1"):
+        RayExecutor(workers=0)
+    with pytest.raises(ConfigError, match="executor: 'dask' is not one of"):
+        orchestrator.Session(config(), executor="dask")
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text('{"question": "Q?", "answer": "391"}\n')
+    base = ["eval", "examples/simulated.toml", "--dataset", str(dataset),
+            "--runs-dir", str(tmp_path)]
+    for extra, message in ((["--executor", "spark"], "--executor: 'spark' is not one of"),
+                           (["--workers", "2"], "--workers: only with --executor ray"),
+                           (["--ray-address", "auto"], "--ray-address: only with"),
+                           (["--executor", "ray", "--workers", "0"], "--workers: must be")):
+        assert cli.main([*base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert not list(tmp_path.glob("*/eval.json"))  # nothing written
+
+
+def test_missing_ray_is_one_line_with_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)
+    with pytest.raises(ConfigError, match=r"pip install 'lanefold\[scale\]'"):
+        RayExecutor()
