@@ -231,3 +231,18 @@ def test_without_psycopg_the_store_is_one_line_with_the_install_hint(
     err = capsys.readouterr().err
     assert err == ("orchestrator show: store.url: a postgresql:// store needs psycopg "
                    "(pip install 'lanefold[scale]')\n")
+
+
+def test_fsync_always_commits_each_event_before_append_returns(pg_url: str) -> None:
+    config = orchestrator.parse_config({"loop": {"k": 3}, "backend": {"kind": "simulated"},
+                                        "log": {"fsync": "always"}})
+    committed: list[tuple[int, int]] = []
+
+    def seen(event: Any) -> None:  # called right after each append returns
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute("SELECT count(*) FROM lanefold_events WHERE run_id = 'al'"
+                               ).fetchone()
+        committed.append((event.sequence, row[0] if row else 0))
+
+    orchestrator.run_sync(config, "q", run_id="al", store=pg_url, observer=seen)
+    assert committed and all(sequence == rows for sequence, rows in committed)
