@@ -48,6 +48,23 @@ class KVCache:
         )
 
 
+class _Linear(nn.Linear):
+    """`nn.Linear` whose weights always come from a checkpoint: never randomly initialised.
+
+    Random init of a meta tensor imports `torch._dynamo` (2 s of CPU, most of a warm load).
+    """
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _Embedding(nn.Embedding):
+    """`nn.Embedding` whose weights always come from a checkpoint: never randomly initialised."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in fp32 as the reference does."""
 
@@ -70,10 +87,10 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_proj = nn.Linear(args.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
+        self.q_proj = _Linear(args.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = _Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = _Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = _Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
 
     def forward(
         self,
@@ -103,9 +120,9 @@ class MLP(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_proj = _Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = _Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = _Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -140,7 +157,7 @@ class Decoder(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed_tokens = _Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -154,7 +171,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.model = Decoder(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = _Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
 
     @torch.inference_mode()
@@ -208,5 +225,9 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:
     """RoPE inverse frequencies, computed in fp32 exactly as the reference implementation does."""
-    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.int64).float() / args.head_dim
+    # on the CPU even while a model is laid out on "meta": arithmetic on meta tensors imports
+    # torch._dynamo, 2 s of a warm load's CPU time
+    exponents = (
+        torch.arange(0, args.head_dim, 2, dtype=torch.int64, device="cpu").float() / args.head_dim
+    )
     return 1.0 / (args.rope_theta**exponents)
