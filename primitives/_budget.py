@@ -216,7 +216,8 @@ class SharedPool(Protocol):
 
     def charge_cut_off(self, hold: Hold) -> None: ...
 
-    async def flush(self) -> None: ...
+    async def flush(self, *, wait: bool = True) -> None:
+        """Write what is noted; `wait=False` leaves it to a write already under way."""
 
 
 @dataclass(slots=True)

@@ -364,7 +364,7 @@ class Dispatcher:
         finally:
             self._slots.release(borrowers)
         if self.ledger.shared is not None:  # the lanes' settlements reach the fleet's pool
-            await self.ledger.shared.flush()
+            await self.ledger.shared.flush(wait=False)
         if fatal:
             raise fatal[0]  # the wave stops: no lane can succeed
         return sorted(again, key=lambda j: j.lane)

@@ -127,11 +127,12 @@ def connect_budgets(url: str, password: str | None = None) -> Any:
         raise ConfigError(f"store.url: {where_of(url)}: cannot connect: {reason}") from None
     try:
         with conn.transaction():
-            conn.execute("SET tcp_keepalives_idle = 10")
-            conn.execute("SET tcp_keepalives_interval = 5")
-            conn.execute("SET tcp_keepalives_count = 3")
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            conn.execute(_SCHEMA)
+            conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
+                         "SET tcp_keepalives_count = 3")
+            row = conn.execute("SELECT to_regclass('lanefold_budget_holds')").fetchone()
+            if row is None or row[0] is None:  # the first worker to come creates the tables
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                conn.execute(_SCHEMA)
     except psycopg.Error as exc:
         conn.close()
         raise RunError(f"store {where_of(url)}: {_first_line(exc)}") from None
@@ -295,9 +296,13 @@ class PgSharedPool:
             raise RunError(f"shared budget {self.name!r}: this run's holds were charged as a "
                            f"dead worker's (its connection to the store was lost)")
 
-    async def flush(self) -> None:
-        """Write the settlements noted since the last write."""
+    async def flush(self, *, wait: bool = True) -> None:
+        """Write the settlements noted since the last write. `wait=False` (after each backend
+        request) skips it while another write is under way: lanes landing together then share
+        one round trip, and what is left goes with the next write (the wave's end waits)."""
         if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
+            return
+        if not wait and self._lock.locked():
             return
 
         def write(conn: Any, held: list[Any], spent: list[Any]) -> None:
