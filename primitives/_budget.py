@@ -207,6 +207,7 @@ class SharedPool(Protocol):
     fleet's spend is never understated."""
 
     name: str
+    room: Room | None  # what it had left at this run's last look, less what it holds since
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None: ...
 

@@ -97,7 +97,8 @@ class RunBudget:
         else:  # lanes of their own prompts: a request each
             holds = [hold for _ in range(n) for hold in self._ledger.holds_for_request(
                 tokens, [max_tokens], share_prefix=False, bill=bill)]
-        return self._ledger.fit(holds).k == n
+        pool = self._ledger.shared  # as of this run's last look: a loop stops in time
+        return self._ledger.fit(holds, pool.room if pool is not None else None).k == n
 
     @property
     def spent(self) -> Spend:

@@ -22,6 +22,7 @@ event loop never waits on the database.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -217,6 +218,7 @@ class PgSharedPool:
         self._lock = anyio.Lock()
         self._held = [0, 0.0, 0]  # pending change of this row's holds (tokens, cost, requests)
         self._spent = [0, 0.0, 0]  # pending spend to add to the budget
+        self.room: Room | None = None  # left at the last reservation, plus what came back since
 
     @classmethod
     async def open(cls, url: str, name: str, run_id: str, *,
@@ -252,11 +254,20 @@ class PgSharedPool:
         self._spent[0] += tokens
         self._spent[1] += cost_usd
         self._spent[2] += requests
+        self._grow(-tokens, -cost_usd, -requests)
 
     def release(self, hold: Hold) -> None:
         self._held[0] -= hold.tokens
         self._held[1] -= hold.cost_usd
         self._held[2] -= hold.requests
+        self._grow(hold.tokens, hold.cost_usd, hold.requests)
+
+    def _grow(self, tokens: int, cost_usd: float, requests: int) -> None:
+        room = self.room
+        if room is not None:
+            self.room = Room(None if room.tokens is None else room.tokens + tokens,
+                             None if room.cost_usd is None else room.cost_usd + cost_usd,
+                             None if room.requests is None else room.requests + requests)
 
     def charge_cut_off(self, hold: Hold) -> None:
         self.settle(hold, hold.tokens, hold.cost_usd, hold.requests)
@@ -316,7 +327,7 @@ class PgSharedPool:
         asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds),
                  sum(h.requests for h in holds))
 
-        def reserve(conn: Any, held: list[Any], spent: list[Any]) -> Refusal | None:
+        def reserve(conn: Any, held: list[Any], spent: list[Any]) -> tuple[Refusal | None, Room]:
             self._write(conn, held, spent)
             view = _view(conn, self.name)
             if view is None:
@@ -324,12 +335,14 @@ class PgSharedPool:
             room = _room(view)
             short = _short_of_room(room, *asked)
             if short is not None:
-                return Refusal(*short, room)
+                return Refusal(*short, room), room
             conn.execute("UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + %s,"
                          " requests = requests + %s WHERE id = %s", (*asked, self._row))
-            return None
+            return None, Room(*(None if left is None else left - ask
+                                for left, ask in zip(dataclasses.astuple(room), asked, strict=True)))
 
-        return await self._run(reserve)
+        refusal, self.room = await self._run(reserve)
+        return refusal
 
     async def aclose(self) -> None:
         """Write what is pending, charge any hold still outstanding whole, drop the row."""

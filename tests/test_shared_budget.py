@@ -197,6 +197,33 @@ async def test_a_wave_shrinks_to_the_shared_room(pg_url: str, tmp_path: Any) -> 
     assert _show(pg_url).spent_tokens == 64 + 2 * 48
 
 
+async def test_a_loop_stops_in_time_at_the_shared_limit(pg_url: str, tmp_path: Any) -> None:
+    """A loop that asks whether it can afford another wave sees the shared budget's room (as
+    of its last reservation, plus what its own lanes gave back) and stops there, as at its own
+    limit, instead of starting a wave the budget then shrinks to nothing."""
+    import orchestrator
+    from orchestrator import parse_config
+
+    # Two waves of 4 (264 held, 256 spent each) leave 108: not one more lane (64 + 50).
+    _budget(pg_url, max_tokens=620)
+    config = parse_config({
+        "loop": {"coordinator": "adaptive_sample", "window": 4, "max_lanes": 40,
+                 "threshold": 0.99, "seed": 3},
+        "sampling": {"max_tokens": 50},
+        "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48,
+                    "accuracy": 0.5},
+        "budget": {"shared": "fleet"}})
+    events: list[Any] = []
+    async with orchestrator.Session(config, store=pg_url, runs_dir=tmp_path) as session:
+        result = await session.run("What is 17 * 23?", observer=events.append)
+    assert result.answer is not None and result.lanes_completed == 8
+    # It saw the room was short before asking: no third wave, not even an empty one.
+    assert [e.type for e in events].count("wave.started") == 2
+    assert result.outcome is not None and result.outcome["stopped_by"] == "budget"
+    view = _show(pg_url)
+    assert (view.spent_tokens, view.holders) == (512, 0)
+
+
 async def test_two_runs_at_once_share_one_budget(pg_url: str, tmp_path: Any) -> None:
     import orchestrator
 
