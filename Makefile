@@ -39,7 +39,7 @@ bench: $(VENV)/.dev
 	$(BIN)/pip install -q -e '.[engine,serve,dev,bench]' $(TORCH)
 	$(BIN)/python bench/dispatch.py
 
-# Against servers nobody here wrote (llama-cpp-python's, llama.cpp's llama-server), built once into
+# Against servers nobody here wrote (llama-cpp-python's, llama.cpp's llama-server, vLLM's), built once into
 # ${LANEFOLD_CACHE:-~/.cache/lanefold} and reused; see docs/integration.md.
 integration: $(VENV)/.dev
 	$(BIN)/python scripts/integration.py

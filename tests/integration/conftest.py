@@ -1,7 +1,8 @@
 """Fixtures of the integration tests: servers nobody here wrote, started by `make integration`.
 
-`scripts/integration.py` builds llama-cpp-python's server and llama.cpp's `llama-server`, serves
-the SmolLM2 GGUF from each on loopback and passes their base URLs in the variables below. Without
+`scripts/integration.py` builds llama-cpp-python's server, llama.cpp's `llama-server` and vLLM's
+(`scripts/vllm_env.py`), serves SmolLM2 from each on loopback and passes their base URLs in the
+variables below (vLLM's tests read theirs in `test_vllm.py`). Without
 them (a plain `make test`) every test here is skipped, saying which variable is missing.
 """
 
