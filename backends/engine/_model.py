@@ -9,6 +9,7 @@ context from it: so a sequence may attend to blocks another sequence of the same
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -76,67 +77,34 @@ class _Embedding(nn.Embedding):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 as the reference does."""
+    """Root-mean-square norm's weight (the arithmetic is `_rms_norm`)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == torch.float32:  # one fused kernel, same arithmetic as below
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
 
 class Attention(nn.Module):
-    """Grouped-query self-attention over the paged KV cache."""
+    """Grouped-query self-attention's projections (the arithmetic is `_decoder_layer`)."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.q_proj = _Linear(args.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = _Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = _Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = _Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
-
-    def forward(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor],
-        cache: tuple[Tensor, Tensor],
-        batch: AttentionBatch,
-        layer: int,
-    ) -> Tensor:
-        n = x.shape[0]
-        q = _rotate(self.q_proj(x).view(n, self.heads, self.head_dim), rope)
-        k = _rotate(self.k_proj(x).view(n, self.kv_heads, self.head_dim), rope)
-        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
-        k_cache, v_cache = cache
-        k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
-        if batch.spans is not None:
-            attended = causal_attention(q, k, v, batch.spans)
-        else:
-            attended = paged_attention(q, k_cache, v_cache, batch, layer)
-        out: Tensor = self.o_proj(attended)
-        return out
+        heads, kv_heads, dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_proj = _Linear(args.hidden_size, heads * dim, bias=False)
+        self.k_proj = _Linear(args.hidden_size, kv_heads * dim, bias=False)
+        self.v_proj = _Linear(args.hidden_size, kv_heads * dim, bias=False)
+        self.o_proj = _Linear(heads * dim, args.hidden_size, bias=False)
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward."""
+    """SwiGLU feed-forward's projections."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.gate_proj = _Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.up_proj = _Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = _Linear(args.intermediate_size, args.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return out
 
 
 class DecoderLayer(nn.Module):
@@ -149,18 +117,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(
-        self,
-        x: Tensor,
-        rope: tuple[Tensor, Tensor],
-        cache: tuple[Tensor, Tensor],
-        batch: AttentionBatch,
-        layer: int,
-    ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, batch, layer)
-        out: Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
-
 
 class Decoder(nn.Module):
     """Embeddings, the layer stack and the final norm (HF's `model.` prefix)."""
@@ -172,8 +128,36 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
+class LayerWeights(NamedTuple):
+    """One decoder layer's tensors, as `_decoder_layer` reads them."""
+
+    input_norm: Tensor
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    post_norm: Tensor
+    gate: Tensor
+    up: Tensor
+    down: Tensor
+
+    @classmethod
+    def of(cls, layer: DecoderLayer) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        return cls(
+            layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
+            attn.v_proj.weight, attn.o_proj.weight, layer.post_attention_layernorm.weight,
+            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+        )
+
+
 class CausalLM(nn.Module):
-    """The decoder plus its LM head; `forward` returns the hidden states of the new tokens."""
+    """The decoder plus its LM head; `forward` returns the hidden states of the new tokens.
+
+    The modules hold the parameters under Hugging Face's names (so a state dict loads as it
+    is); a step runs as plain functions over their tensors: calling the ~360 modules of a
+    SmolLM2 step took about 5 ms of an 85 ms CPU decode step (cProfile) in Python alone.
+    """
 
     inv_freq: Tensor
 
@@ -183,17 +167,27 @@ class CausalLM(nn.Module):
         self.model = Decoder(args)
         self.lm_head = _Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        self._weights: list[LayerWeights] | None = None
+
+    def layer_weights(self) -> list[LayerWeights]:
+        """Every layer's tensors, read once (and again once `.to()` or a load replaced them)."""
+        first = cast(DecoderLayer, self.model.layers[0])
+        if self._weights is None or self._weights[0].q is not first.self_attn.q_proj.weight:
+            self._weights = [LayerWeights.of(cast(DecoderLayer, m)) for m in self.model.layers]
+        return self._weights
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, cache: KVCache, batch: AttentionBatch) -> Tensor:
-        x = self.model.embed_tokens(input_ids)
+        a = self.args
+        x = F.embedding(input_ids, self.model.embed_tokens.weight)
         freqs = batch.positions.float()[:, None] * self.inv_freq[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [N, 1, head_dim]
-        rope = (angles.cos(), angles.sin())
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, (cache.k[i], cache.v[i]), batch, i)
-        out: Tensor = self.model.norm(x)
-        return out
+        rope = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]  # [N, 1, head_dim / 2]
+        shape = (a.num_heads, a.num_kv_heads, a.head_dim)
+        for i, weights in enumerate(self.layer_weights()):
+            x = _decoder_layer(
+                weights, x, rope, (cache.k[i], cache.v[i]), batch, i, shape, a.rms_norm_eps
+            )
+        return _rms_norm(x, self.model.norm.weight, a.rms_norm_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
@@ -206,26 +200,88 @@ class CausalLM(nn.Module):
         if weight.device.type == "cpu" and weight.shape[0] > 2 * _HEAD_SLICE:
             parts = [F.linear(hidden, w) for w in torch.split(weight, _HEAD_SLICE)]
             return torch.cat(parts, dim=-1).float()
-        out: Tensor = self.lm_head(hidden)
-        return out.float()
+        return F.linear(hidden, weight).float()
 
 
-def _rotate(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
-    cos, sin = rope
+def _decoder_layer(
+    w: LayerWeights,
+    x: Tensor,
+    rope: Tensor,
+    cache: tuple[Tensor, Tensor],
+    batch: AttentionBatch,
+    layer: int,
+    shape: tuple[int, int, int],
+    eps: float,
+) -> Tensor:
+    """Pre-norm grouped-query attention over the paged cache, then the pre-norm SwiGLU MLP.
+
+    The step's new K/V go into the cache before attention, so a sequence may attend to blocks
+    another sequence of the same step wrote.
+    """
+    heads, kv_heads, dim = shape
+    n = x.shape[0]
+    h = _rms_norm(x, w.input_norm, eps)
+    q = _rotate(F.linear(h, w.q).view(n, heads, dim), rope)
+    k = _rotate(F.linear(h, w.k).view(n, kv_heads, dim), rope)
+    v = F.linear(h, w.v).view(n, kv_heads, dim)
+    k_cache, v_cache = cache
+    k_cache.index_copy_(0, batch.write_slots, _as(k, k_cache.dtype))
+    v_cache.index_copy_(0, batch.write_slots, _as(v, v_cache.dtype))
+    if batch.spans is not None:
+        attended = causal_attention(q, k, v, batch.spans)
+    else:
+        attended = paged_attention(q, k_cache, v_cache, batch, layer)
+    x = F.linear(attended, w.o).add_(x)
+    h = _rms_norm(x, w.post_norm, eps)
+    hidden = F.silu(F.linear(h, w.gate), inplace=True).mul_(F.linear(h, w.up))
+    return F.linear(hidden, w.down).add_(x)
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Root-mean-square norm, computed in fp32 as the reference does (in place where it can:
+    a fresh tensor per operation costs page faults at prefill sizes)."""
     x32 = x.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    scale = x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    if x.dtype == torch.float32:
+        return (x32 * scale).mul_(weight)
+    return weight * (x32 * scale).to(x.dtype)
+
+
+def _rotate(x: Tensor, rope: Tensor) -> Tensor:
+    """RoPE in fp32 as one complex product: `build_model` stores each head's Q/K rows with
+    the rotated pairs side by side (the GGUF's own order), which leaves q . k unchanged."""
+    x32 = x.float()
+    pairs = torch.view_as_complex(x32.view(*x.shape[:-1], -1, 2))
+    return _as(torch.view_as_real(pairs * rope).view(x.shape), x.dtype)
+
+
+def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _pair_rotated_rows(weight: Tensor, heads: int) -> Tensor:
+    """Q/K rows from rotate-half order (dims j and j + D/2 rotate together) to pairs side by
+    side (2j, 2j + 1), per head."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, -1).transpose(1, 2).reshape(weight.shape)
 
 
 def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> CausalLM:
     """Instantiate the decoder on `device` in `dtype` with the checkpoint's weights."""
     with torch.device("meta"):
         model = CausalLM(checkpoint.args)
-    tensors = dict(checkpoint.tensors)
-    if checkpoint.args.tie_embeddings:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-    state = {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
+    # copied even where nothing changes: read from the memory-mapped cache file, decode steps
+    # were slower and stalled now and then for most of a second (see docs/engine.md)
+    state = {
+        k: v.to(device=device, dtype=dtype, copy=True) for k, v in checkpoint.tensors.items()
+    }
+    a = checkpoint.args
+    if a.tie_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    for name in list(state):
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = a.num_heads if ".q_proj." in name else a.num_kv_heads
+            state[name] = _pair_rotated_rows(state[name], heads).contiguous()
     model.load_state_dict(state, strict=True, assign=True)
     if checkpoint.args.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

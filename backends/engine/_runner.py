@@ -53,7 +53,7 @@ class ModelRunner:
             [t for s, a in zip(seqs, starts, strict=True) for t in s.tokens[a:]], dtype=torch.long
         )
         shared, prefixes = (
-            _shared_prefixes(seqs) if step.kind == "decode" else ([0] * len(seqs), [])
+            _shared_prefixes(seqs, bs) if step.kind == "decode" else ([0] * len(seqs), [])
         )
         ends = torch.tensor([len(s.tokens) for s in seqs])
         start = torch.tensor(starts)
@@ -165,12 +165,13 @@ def _pad(tables: list[list[int]]) -> Tensor:
 
 
 def _shared_prefixes(
-    seqs: list[Sequence],
+    seqs: list[Sequence], block_size: int
 ) -> tuple[list[int], list[tuple[list[int] | None, list[int]]]]:
     """Leading blocks shared by sequences that start with the same block (forks of one prompt,
     or prompts behind one cached preamble): per sequence, how many; per group, (rows, blocks).
     A sequence's current block is its own after `append`, so shared blocks are full and fully
-    before its query."""
+    before its query. A step's only sequence is a group of one over its prompt's full blocks:
+    they are gathered once for every layer while it decodes, not once per layer each step."""
     groups: dict[int, list[int]] = {}
     for row, seq in enumerate(seqs):
         groups.setdefault(seq.block_table[0], []).append(row)
@@ -179,6 +180,8 @@ def _shared_prefixes(
     for rows in groups.values():
         tables = [seqs[r].block_table for r in rows]
         length = 0
+        if len(seqs) == 1:  # fixed while it decodes, so the gathered prompt is kept
+            length = min(len(tables[0]) - 1, seqs[0].num_prompt // block_size)
         while len(rows) > 1 and all(
             len(t) > length + 1 and t[length] == tables[0][length] for t in tables
         ):
