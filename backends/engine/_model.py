@@ -77,12 +77,11 @@ class _Embedding(nn.Embedding):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm's weight (the arithmetic is `_rms_norm`)."""
+    """Root-mean-square norm's weight (the arithmetic is `_rms_norm`, eps from `ModelArgs`)."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
 
 
 class Attention(nn.Module):
@@ -112,9 +111,9 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.input_layernorm = RMSNorm(args.hidden_size)
         self.self_attn = Attention(args)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size)
         self.mlp = MLP(args)
 
 
@@ -125,7 +124,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed_tokens = _Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.norm = RMSNorm(args.hidden_size)
 
 
 class LayerWeights(NamedTuple):
@@ -283,7 +282,7 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
             heads = a.num_heads if ".q_proj." in name else a.num_kv_heads
             state[name] = _pair_rotated_rows(state[name], heads).contiguous()
     model.load_state_dict(state, strict=True, assign=True)
-    if checkpoint.args.tie_embeddings:
+    if a.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
     return model.eval()
