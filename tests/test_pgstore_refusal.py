@@ -109,11 +109,7 @@ def test_an_edited_config_no_longer_matches_its_hash(pg: PgRuns,
     file_tests.test_an_edited_config_no_longer_matches_its_hash(pg, capsys)
 
 
-@pytest.mark.parametrize(("kind", "field", "value", "why"), [
-    ("lane.completed", "answer", "999", "is not what the extractor finds"),
-    ("reduce.completed", "winner", "999", "does not follow from the lanes' answers"),
-    ("run.completed", "answer", "999", "run.completed says answer"),
-])
+@pytest.mark.parametrize(("kind", "field", "value", "why"), file_tests.EDITED_FIELDS)
 def test_edited_answers_votes_and_results_are_named(
         pg: PgRuns, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str,
         why: str) -> None:

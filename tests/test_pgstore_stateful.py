@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 from test_resume_stateful import CrashingLog, ResumeMachine
 
 import orchestrator
@@ -76,34 +76,6 @@ class PgResumeMachine(ResumeMachine):
             assert isinstance(again, LanefoldError) and self.outcome is not None
             assert again.exit_code == self.outcome.exit_code
         assert len(self.events()) == count
-
-    @invariant()
-    def no_completed_lane_is_dispatched_again(self) -> None:
-        done: set[tuple[int | None, int | None]] = set()
-        for event in self.events():
-            key = (event.wave, event.lane)
-            if event.type == "lane.dispatched":
-                assert key not in done, f"lane {key} dispatched after it completed"
-            elif event.type == "lane.completed":
-                done.add(key)
-
-    @invariant()
-    def the_budget_is_never_exceeded(self) -> None:
-        if not self.started or self.config.budget.max_tokens is None:
-            return
-        state = orchestrator.fold(self.events(), self.config.pricing)
-        charged = sum(lane.hold.tokens for _, lane in state.in_flight() if lane.hold)
-        assert state.spend.tokens + charged <= self.config.budget.max_tokens
-
-    @invariant()
-    def the_log_folds_to_the_reported_bill(self) -> None:
-        if not isinstance(self.outcome, orchestrator.RunResult):
-            return
-        state = orchestrator.fold(self.events(), self.config.pricing)
-        assert state.result == self.outcome.model_dump(mode="json")
-        assert orchestrator.UsageBreakdown.of(state.spend) == self.outcome.usage
-        assert orchestrator.CostBreakdown.of(state.spend) == self.outcome.cost
-        assert state.reduce is not None and state.reduce.winner == self.outcome.answer
 
 
 def test_resume_state_machine_on_postgresql(pg_url: str, monkeypatch: Any) -> None:

@@ -111,17 +111,21 @@ def test_an_edited_config_no_longer_matches_its_hash(
     refused(runs, "a", capsys, 1, "config_hash")
 
 
+# (event type, field, forged value, what the refusal says): a field of an outcome edited
+EDITED_FIELDS = [
+    ("lane.completed", "answer", "999", "is not what the extractor finds"),
+    ("reduce.completed", "winner", "999", "does not follow from the lanes' answers"),
+    ("run.completed", "answer", "999", "run.completed says answer"),
+]
+
+
 def edit_first(events: Events, kind: str, change: Callable[[dict[str, Any]], None]) -> int:
     event = next(e for e in events if e["type"] == kind)
     change(event)
     return int(event["sequence"])
 
 
-@pytest.mark.parametrize(("kind", "field", "value", "why"), [
-    ("lane.completed", "answer", "999", "is not what the extractor finds"),
-    ("reduce.completed", "winner", "999", "does not follow from the lanes' answers"),
-    ("run.completed", "answer", "999", "run.completed says answer"),
-])
+@pytest.mark.parametrize(("kind", "field", "value", "why"), EDITED_FIELDS)
 def test_edited_answers_votes_and_results_are_named(
         runs: Path, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str,
         why: str) -> None:
