@@ -260,14 +260,14 @@ def bench_model(
         systems = [sys_ for sys_ in systems if not sys_[0].startswith("hf ")]
     systems += extra or []  # other engines (vLLM), interleaved with ours on the same prompts
     rows = []
-    for p, k, t in shapes:
+    for index, (p, k, t) in enumerate(shapes):
         runs: dict[str, Run] = {}
         for rep in range(reps):  # interleaved, each rep with a fresh prompt (no prefix-cache reuse)
+            # the shape's place in the list is in the seed: shapes alike but for T, or listed
+            # twice, would otherwise share prompts and meet them in the prefix cache
+            seed = 100_000_000 * index + 1000 * p + 10 * k + rep  # p < 100000, k < 100
             prompt = torch.randint(
-                1,
-                checkpoint.args.vocab_size,
-                (p,),
-                generator=torch.Generator().manual_seed(1000 * p + 10 * k + rep),
+                1, checkpoint.args.vocab_size, (p,), generator=torch.Generator().manual_seed(seed)
             ).tolist()
             for label, run in systems:
                 result = run(prompt, k, t, rep)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ("AttentionBatch", "Prefix", "causal_attention", "paged_attention")
+__all__ = ("AttentionBatch", "Lane", "Prefix", "causal_attention", "lane_attention", "paged_attention")
 
 
 @dataclass(slots=True)
@@ -45,6 +45,23 @@ class Prefix:
 
 
 @dataclass(slots=True)
+class Lane:
+    """A lone decoding sequence's whole context, contiguous for every layer.
+
+    `keys` and `values` `[layers, kv_heads, capacity, D]` hold its first `length` positions;
+    each layer of the step writes the new token's K/V at `length` (as well as into the paged
+    cache) and attends over the first `length + 1` in one fused kernel: no gather, no mask,
+    no split between a shared prefix and the sequence's own blocks. On a CPU they are fp32
+    whatever the model's dtype: without native bf16 arithmetic (AVX2), bf16 attention over 512
+    positions took 0.64 ms a layer against 0.1 ms in fp32, a fifth of a SmolLM2 decode step.
+    """
+
+    keys: Tensor
+    values: Tensor
+    length: int
+
+
+@dataclass(slots=True)
 class AttentionBatch:
     """Where one step's new tokens go and what each sequence attends to.
 
@@ -68,6 +85,23 @@ class AttentionBatch:
     prefixes: list[Prefix] = field(default_factory=list)
     bias: Tensor | None = None
     spans: list[tuple[int, int]] | None = None
+    lane: Lane | None = None
+
+
+def lane_attention(q: Tensor, k: Tensor, v: Tensor, lane: Lane, layer: int) -> Tensor:
+    """Attention output `[1, heads * D]` of a lone sequence's one new query `q` `[1, heads, D]`,
+    its new key and value `k`, `v` `[1, kv_heads, D]` appended to the lane first."""
+    n, heads, dim = lane.length, q.shape[1], q.shape[2]
+    keys, values = lane.keys[layer], lane.values[layer]
+    keys[:, n] = k[0]
+    values[:, n] = v[0]
+    out = F.scaled_dot_product_attention(
+        q.view(1, heads, 1, dim).to(keys.dtype),
+        keys[None, :, : n + 1],
+        values[None, :, : n + 1],
+        enable_gqa=True,
+    )
+    return out.view(1, heads * dim).to(q.dtype)
 
 
 def paged_attention(

@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backends.engine._attention import AttentionBatch, causal_attention, paged_attention
+from backends.engine._attention import (
+    AttentionBatch,
+    causal_attention,
+    lane_attention,
+    paged_attention,
+)
 from backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
@@ -226,7 +231,9 @@ def _decoder_layer(
     k_cache, v_cache = cache
     k_cache.index_copy_(0, batch.write_slots, _as(k, k_cache.dtype))
     v_cache.index_copy_(0, batch.write_slots, _as(v, v_cache.dtype))
-    if batch.spans is not None:
+    if batch.lane is not None:
+        attended = lane_attention(q, k, v, batch.lane, layer)
+    elif batch.spans is not None:
         attended = causal_attention(q, k, v, batch.spans)
     else:
         attended = paged_attention(q, k_cache, v_cache, batch, layer)

@@ -55,6 +55,43 @@ def test_greedy_decode_matches_full_recompute_at_every_step(
     assert_matches_reference(seen)
 
 
+@pytest.mark.parametrize("prefix_cap", [1 << 30, 0])
+def test_a_lone_lane_growing_and_rejoined_matches_full_recompute(
+    make_engine: Callable[..., Engine], prefix_cap: int
+) -> None:
+    # A short prompt with a long answer, so the lone sequence's contiguous context (its `Lane`)
+    # outgrows its capacity twice; another request arrives mid-decode (a prefill, then steps
+    # of two), finishes first, and the first decodes alone again from a lane gathered afresh.
+    # Cap 0: no lane is ever made, and the lone sequence decodes over the paged blocks.
+    engine = make_engine(block_size=4)
+    engine.runner._prefix_cap = prefix_cap
+    seen = record_steps(engine)
+    lanes: list[int] = []
+    run = engine.runner.run
+
+    def counting(step: Step) -> torch.Tensor:
+        logits = run(step)
+        lanes.append(0 if engine.runner._lane is None else engine.runner._lane[1].keys.shape[2])
+        return logits
+
+    engine.runner.run = counting  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    first = engine.add_request(PROMPT[:3], params, [LaneRequest(0, 0, 24)])
+    for _ in range(10):
+        engine.step()
+    short = SamplingParams(temperature=0.0, max_tokens=4)
+    second = engine.add_request(PROMPT[3:9], short, [LaneRequest(0, 0, 4)])
+    while not (first.finished and second.finished):
+        engine.step()
+    assert_matches_reference(seen)
+    if prefix_cap:
+        assert len(set(lanes) - {0}) >= 3  # grown at least twice while alone
+        assert lanes[10] == 0  # dropped at the second request's prefill
+        assert lanes[-1] > 0  # and gathered again once the first was alone
+    else:
+        assert set(lanes) == {0}
+
+
 @pytest.mark.parametrize("block_size", [1, 16, 5])
 def test_forked_sampled_branches_match_full_recompute(
     make_engine: Callable[..., Engine], block_size: int
