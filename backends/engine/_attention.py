@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from backends.engine._arith import compute_dtype
+
 __all__ = ("AttentionBatch", "Lane", "Prefix", "causal_attention", "lane_attention", "paged_attention")
 
 
@@ -51,9 +53,9 @@ class Lane:
     `keys` and `values` `[layers, kv_heads, capacity, D]` hold its first `length` positions;
     each layer of the step writes the new token's K/V at `length` (as well as into the paged
     cache) and attends over the first `length + 1` in one fused kernel: no gather, no mask,
-    no split between a shared prefix and the sequence's own blocks. On a CPU they are fp32
-    whatever the model's dtype: without native bf16 arithmetic (AVX2), bf16 attention over 512
-    positions took 0.64 ms a layer against 0.1 ms in fp32, a fifth of a SmolLM2 decode step.
+    no split between a shared prefix and the sequence's own blocks. They are in the dtype the
+    arithmetic runs in (`_arith.compute_dtype`): fp32 on a CPU that emulates bf16, where bf16
+    attention over 512 positions took 0.64 ms a layer against 0.1 ms in fp32.
     """
 
     keys: Tensor
@@ -111,13 +113,14 @@ def paged_attention(
     if batch.prefixes:
         return _shared_prefix_decode(q, k_cache, v_cache, batch, layer)
     b, lq = batch.query_index.shape
-    qp = q[batch.query_index].transpose(1, 2)  # [B, heads, Lq, D]
+    work = compute_dtype(q.dtype, q.device)
+    qp = q[batch.query_index].transpose(1, 2).to(work)  # [B, heads, Lq, D]
     kp = _gather(k_cache, batch.block_tables, batch.block_size).transpose(1, 2)
     vp = _gather(v_cache, batch.block_tables, batch.block_size).transpose(1, 2)
     out = F.scaled_dot_product_attention(
-        qp, kp.to(q.dtype), vp.to(q.dtype), attn_mask=batch.mask, enable_gqa=True
+        qp, kp.to(work), vp.to(work), attn_mask=batch.mask, enable_gqa=True
     )
-    return out.transpose(1, 2).reshape(b * lq, -1)[batch.query_valid]
+    return out.transpose(1, 2).reshape(b * lq, -1)[batch.query_valid].to(q.dtype)
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]]) -> Tensor:
@@ -126,12 +129,13 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int
     SDPA with `is_causal` and no mask, a sequence at a time (no padding, no dense mask: the
     form the flash kernels take), straight from the step's fresh keys and values.
     """
+    work = compute_dtype(q.dtype, q.device)
     parts = []
     for start, length in spans:
-        qs, ks, vs = (t[start : start + length].transpose(0, 1)[None] for t in (q, k, v))
+        qs, ks, vs = (t[start : start + length].transpose(0, 1)[None].to(work) for t in (q, k, v))
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         parts.append(out[0].transpose(0, 1).reshape(length, -1))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(q.dtype)
 
 
 def _shared_prefix_decode(
@@ -140,9 +144,10 @@ def _shared_prefix_decode(
     b, heads, dim = q.shape  # one query per sequence
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
-    qg = (q * dim**-0.5).view(b, kv_heads, group, dim)
-    own_k = _gather(k_cache, batch.block_tables, batch.block_size).to(q.dtype)  # [B, Lo, kvh, D]
-    own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(q.dtype).transpose(1, 2)
+    work = compute_dtype(q.dtype, q.device)
+    qg = (q.to(work) * dim**-0.5).view(b, kv_heads, group, dim)
+    own_k = _gather(k_cache, batch.block_tables, batch.block_size).to(work)  # [B, Lo, kvh, D]
+    own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(work).transpose(1, 2)
     assert batch.bias is not None, "the runner sets a bias wherever it sets prefixes"
     own = qg @ own_k.permute(0, 2, 3, 1) + batch.bias  # [B, kv_heads, group, Lo]
     shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
@@ -151,19 +156,19 @@ def _shared_prefix_decode(
         k, v = shared[0]  # [kv_heads, D, Lp], [kv_heads, Lp, D]
         width = k.shape[-1]
         queries = qg.transpose(0, 1).reshape(kv_heads, b * group, dim)
-        scores = (queries @ k).view(kv_heads, b, group, width).transpose(0, 1)
+        scores = (queries @ k.to(work)).view(kv_heads, b, group, width).transpose(0, 1)
         weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
         out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
         w = weights[..., :width].transpose(0, 1).reshape(kv_heads, b * group, width)
-        out += (w @ v).view(kv_heads, b, group, dim).transpose(0, 1)
-        return out.reshape(b, heads * dim)
+        out += (w @ v.to(work)).view(kv_heads, b, group, dim).transpose(0, 1)
+        return out.reshape(b, heads * dim).to(q.dtype)
     width = max(k.shape[-1] for k, _ in shared)
     scores = own.new_full((b, kv_heads, group, width), -torch.inf)
     for prefix, (k, _) in zip(batch.prefixes, shared, strict=True):
         index = prefix.rows if prefix.rows is not None else slice(None)
         n = b if prefix.rows is None else len(prefix.rows)
         queries = qg[index].transpose(0, 1).reshape(kv_heads, n * group, dim)
-        part = (queries @ k.to(q.dtype)).view(kv_heads, n, group, -1).transpose(0, 1)
+        part = (queries @ k.to(work)).view(kv_heads, n, group, -1).transpose(0, 1)
         scores[index, :, :, : k.shape[-1]] = part
     weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
     out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
@@ -172,9 +177,9 @@ def _shared_prefix_decode(
         n = b if prefix.rows is None else len(prefix.rows)
         lp = v.shape[1]
         w = weights[index, :, :, :lp].transpose(0, 1).reshape(kv_heads, n * group, lp)
-        part = w @ v.to(q.dtype)  # [kv_heads, n * group, D]
+        part = w @ v.to(work)  # [kv_heads, n * group, D]
         out[index] += part.view(kv_heads, n, group, dim).transpose(0, 1)
-    return out.reshape(b, heads * dim)
+    return out.reshape(b, heads * dim).to(q.dtype)
 
 
 def _gather(store: Tensor, tables: Tensor, block_size: int) -> Tensor:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from backends.engine._arith import compute_dtype, linear
 from backends.engine._attention import (
     AttentionBatch,
     causal_attention,
@@ -195,16 +196,19 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
-        """fp32 logits of the given hidden states.
+        """fp32 logits of the given hidden states (several rows of a dtype this CPU emulates
+        go in fp32 throughout, see `_arith`).
 
         On CPU the head goes in slices of rows: MKL multiplies a few hidden states by a
         49152-row head about 1.2x (8 rows) to 1.5x (16 rows) faster a slice at a time.
         """
         weight = self.lm_head.weight
+        work = compute_dtype(weight.dtype, weight.device) if hidden.shape[0] > 1 else weight.dtype
+        hidden = hidden.to(work)
         if weight.device.type == "cpu" and weight.shape[0] > 2 * _HEAD_SLICE:
-            parts = [F.linear(hidden, w) for w in torch.split(weight, _HEAD_SLICE)]
+            parts = [F.linear(hidden, w.to(work)) for w in torch.split(weight, _HEAD_SLICE)]
             return torch.cat(parts, dim=-1).float()
-        return F.linear(hidden, weight).float()
+        return F.linear(hidden, weight.to(work)).float()
 
 
 def _decoder_layer(
@@ -225,9 +229,9 @@ def _decoder_layer(
     heads, kv_heads, dim = shape
     n = x.shape[0]
     h = _rms_norm(x, w.input_norm, eps)
-    q = _rotate(F.linear(h, w.q).view(n, heads, dim), rope)
-    k = _rotate(F.linear(h, w.k).view(n, kv_heads, dim), rope)
-    v = F.linear(h, w.v).view(n, kv_heads, dim)
+    q = _rotate(linear(h, w.q).view(n, heads, dim), rope)
+    k = _rotate(linear(h, w.k).view(n, kv_heads, dim), rope)
+    v = linear(h, w.v).view(n, kv_heads, dim)
     k_cache, v_cache = cache
     k_cache.index_copy_(0, batch.write_slots, _as(k, k_cache.dtype))
     v_cache.index_copy_(0, batch.write_slots, _as(v, v_cache.dtype))
@@ -237,10 +241,10 @@ def _decoder_layer(
         attended = causal_attention(q, k, v, batch.spans)
     else:
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
-    x = F.linear(attended, w.o).add_(x)
+    x = linear(attended, w.o).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
-    hidden = F.silu(F.linear(h, w.gate), inplace=True).mul_(F.linear(h, w.up))
-    return F.linear(hidden, w.down).add_(x)
+    hidden = F.silu(linear(h, w.gate), inplace=True).mul_(linear(h, w.up))
+    return linear(hidden, w.down).add_(x)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

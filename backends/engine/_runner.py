@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from backends.engine._arith import compute_dtype
 from backends.engine._attention import AttentionBatch, Lane, Prefix
 from backends.engine._model import CausalLM, KVCache
 from backends.engine._scheduler import Step
@@ -24,6 +25,11 @@ class ModelRunner:
         self.device = model.lm_head.weight.device
         self.cache = KVCache.empty(model.args, num_blocks * block_size, kv_dtype, self.device)
         self.block_bytes = self.cache.k[:, :block_size].nbytes * 2
+        # what attention computes in, and so what kept prompts and lanes are stored in
+        self._work = compute_dtype(model.lm_head.weight.dtype, self.device)
+        self._kept_block_bytes = (
+            self.block_bytes * self._work.itemsize // self.cache.k.dtype.itemsize
+        )
         # Shared prompts gathered once for every layer, laid out for the products, kept while
         # their groups decode: full shared blocks are never written, and a block can only come
         # back with other contents through a prefill, which clears this. Capped at an eighth of
@@ -71,8 +77,8 @@ class ModelRunner:
     ) -> Lane | None:
         layers, _, kv_heads, dim = self.cache.k.shape
         shape = (layers, kv_heads, capacity, dim)
-        dtype = torch.float32 if self.device.type == "cpu" else self.model.lm_head.weight.dtype
-        size = 2 * torch.empty((), dtype=dtype).element_size() * layers * kv_heads * capacity * dim
+        dtype = self._work
+        size = 2 * dtype.itemsize * layers * kv_heads * capacity * dim
         if size > self._prefix_cap:
             return None
         keys = torch.empty(shape, dtype=dtype, device=self.device)
@@ -147,7 +153,7 @@ class ModelRunner:
         )
         bias = None
         if prefixes and mask is not None:  # the shared-prefix decode adds the mask as a bias
-            bias = torch.zeros(mask.shape, dtype=self.model.lm_head.weight.dtype, device=device)
+            bias = torch.zeros(mask.shape, dtype=self._work, device=device)
             bias.masked_fill_(~mask, -torch.inf)  # [B, 1, 1, Lk]: one query per sequence
         batch = AttentionBatch(
             positions=on["positions"],
@@ -172,7 +178,7 @@ class ModelRunner:
         for rows, blocks in groups:
             key = tuple(blocks)
             kv = self._prefix_kv.get(key)  # groups differ in their first block, so keys are unique
-            size = self.block_bytes * len(blocks)
+            size = self._kept_block_bytes * len(blocks)
             if kv is None and used + size <= self._prefix_cap:
                 kv = self._gather_prefix(blocks)
             if kv is not None:
@@ -194,7 +200,8 @@ class ModelRunner:
         slots = (torch.tensor(blocks)[:, None] * bs + torch.arange(bs)).flatten().to(self.device)
         k = self.cache.k.index_select(1, slots)  # [layers, Lp, kv_heads, D]
         v = self.cache.v.index_select(1, slots)
-        return k.permute(0, 2, 3, 1).contiguous(), v.permute(0, 2, 1, 3).contiguous()
+        work = self._work
+        return k.permute(0, 2, 3, 1).to(work).contiguous(), v.permute(0, 2, 1, 3).to(work).contiguous()
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:

@@ -179,16 +179,21 @@ def test_a_large_vocabulary_head_taken_in_slices_equals_one_product() -> None:
     torch.testing.assert_close(logits, F.linear(hidden, model.lm_head.weight), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-arithmetic", "fp32-arithmetic"])
 def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_reference(
-    make_engine: Callable[..., Engine],
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, native: bool
 ) -> None:
     # bf16 is the fast dtype on CPUs with AVX512-BF16 or AMX. The reference runs in fp32 on the
     # same bf16-rounded weights, so what is left is activation rounding: about 0.02 mean and
     # 0.09 max on logits of std ~1.2 here. Losing one of 40 context tokens moves them 0.2 mean
-    # and 0.7 max, so these bounds tell rounding from a wrong cache.
+    # and 0.7 max, so these bounds tell rounding from a wrong cache. Both ways a CPU may run
+    # bf16: its own bf16 products, or (where it would only emulate them) fp32 on upcasts.
+    import backends.engine._arith as arith
     from backends.engine._weights import Checkpoint
 
+    monkeypatch.setattr(arith, "native_half", lambda dtype: native)
     engine = make_engine(block_size=4, num_blocks=60, dtype=torch.bfloat16)
+    assert engine.runner._work == (torch.bfloat16 if native else torch.float32)
     seen = record_steps(engine)
     arrive_mid_decode(engine)
     exact = tiny_checkpoint(0)
@@ -198,3 +203,24 @@ def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_refe
         assert row.dtype == torch.float32  # logits leave the model in fp32 for the sampler
         error = (row - reference_logits(rounded, tokens)[-1]).abs()
         assert error.max() < 0.25 and error.mean() < 0.05, (len(tokens), error.max(), error.mean())
+
+
+def test_an_emulated_dtype_multiplies_several_rows_in_fp32_and_a_lone_row_in_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch.nn.functional as F
+
+    import backends.engine._arith as arith
+
+    monkeypatch.setattr(arith, "native_half", lambda dtype: False)
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(64, 32, generator=g).bfloat16()
+    rows = torch.randn(6, 32, generator=g).bfloat16()
+    exact = F.linear(rows.float(), weight.float()).bfloat16()
+    assert torch.equal(arith.linear(rows, weight), exact)
+    assert torch.equal(arith.linear(rows[:1], weight), F.linear(rows[:1], weight))
+    assert arith.compute_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
+    assert arith.compute_dtype(torch.float32, torch.device("cpu")) == torch.float32
+    assert arith.compute_dtype(torch.bfloat16, torch.device("meta")) == torch.bfloat16
+    monkeypatch.setattr(arith, "native_half", lambda dtype: True)
+    assert torch.equal(arith.linear(rows, weight), F.linear(rows, weight))
