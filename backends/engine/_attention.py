@@ -1,5 +1,8 @@
 """Attention over the paged KV cache, given one step's `AttentionBatch`.
 
+Queries, keys and values arrive in the dtype attention runs in (`_model` upcasts them where the
+CPU only emulates the model's dtype); what is read from the cache is converted to it.
+
 Prefill runs `scaled_dot_product_attention` over each sequence's gathered context. Decode is
 where forked branches pay off: the blocks a group of sequences shares (a prompt forked K ways,
 or a preamble served from the prefix cache) are gathered once, and all the group's queries meet
@@ -14,8 +17,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from backends.engine._arith import compute_dtype
 
 __all__ = ("AttentionBatch", "Lane", "Prefix", "causal_attention", "lane_attention", "paged_attention")
 
@@ -53,9 +54,10 @@ class Lane:
     `keys` and `values` `[layers, kv_heads, capacity, D]` hold its first `length` positions;
     each layer of the step writes the new token's K/V at `length` (as well as into the paged
     cache) and attends over the first `length + 1` in one fused kernel: no gather, no mask,
-    no split between a shared prefix and the sequence's own blocks. They are in the dtype the
-    arithmetic runs in (`_arith.compute_dtype`): fp32 on a CPU that emulates bf16, where bf16
-    attention over 512 positions took 0.64 ms a layer against 0.1 ms in fp32.
+    no split between a shared prefix and the sequence's own blocks. They are in the dtype
+    attention runs in (`_arith.compute_dtype`, the queries' dtype here): fp32 on a CPU that
+    emulates bf16, where bf16 attention over 512 positions took 0.64 ms a layer against 0.1 ms
+    in fp32.
     """
 
     keys: Tensor
@@ -98,12 +100,9 @@ def lane_attention(q: Tensor, k: Tensor, v: Tensor, lane: Lane, layer: int) -> T
     keys[:, n] = k[0]
     values[:, n] = v[0]
     out = F.scaled_dot_product_attention(
-        q.view(1, heads, 1, dim).to(keys.dtype),
-        keys[None, :, : n + 1],
-        values[None, :, : n + 1],
-        enable_gqa=True,
+        q.view(1, heads, 1, dim), keys[None, :, : n + 1], values[None, :, : n + 1], enable_gqa=True
     )
-    return out.view(1, heads * dim).to(q.dtype)
+    return out.view(1, heads * dim)
 
 
 def paged_attention(
@@ -113,14 +112,13 @@ def paged_attention(
     if batch.prefixes:
         return _shared_prefix_decode(q, k_cache, v_cache, batch, layer)
     b, lq = batch.query_index.shape
-    work = compute_dtype(q.dtype, q.device)
-    qp = q[batch.query_index].transpose(1, 2).to(work)  # [B, heads, Lq, D]
+    qp = q[batch.query_index].transpose(1, 2)  # [B, heads, Lq, D]
     kp = _gather(k_cache, batch.block_tables, batch.block_size).transpose(1, 2)
     vp = _gather(v_cache, batch.block_tables, batch.block_size).transpose(1, 2)
     out = F.scaled_dot_product_attention(
-        qp, kp.to(work), vp.to(work), attn_mask=batch.mask, enable_gqa=True
+        qp, kp.to(q.dtype), vp.to(q.dtype), attn_mask=batch.mask, enable_gqa=True
     )
-    return out.transpose(1, 2).reshape(b * lq, -1)[batch.query_valid].to(q.dtype)
+    return out.transpose(1, 2).reshape(b * lq, -1)[batch.query_valid]
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int]]) -> Tensor:
@@ -129,13 +127,12 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, spans: list[tuple[int, int
     SDPA with `is_causal` and no mask, a sequence at a time (no padding, no dense mask: the
     form the flash kernels take), straight from the step's fresh keys and values.
     """
-    work = compute_dtype(q.dtype, q.device)
     parts = []
     for start, length in spans:
-        qs, ks, vs = (t[start : start + length].transpose(0, 1)[None].to(work) for t in (q, k, v))
+        qs, ks, vs = (t[start : start + length].transpose(0, 1)[None] for t in (q, k, v))
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         parts.append(out[0].transpose(0, 1).reshape(length, -1))
-    return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(q.dtype)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _shared_prefix_decode(
@@ -144,10 +141,9 @@ def _shared_prefix_decode(
     b, heads, dim = q.shape  # one query per sequence
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
-    work = compute_dtype(q.dtype, q.device)
-    qg = (q.to(work) * dim**-0.5).view(b, kv_heads, group, dim)
-    own_k = _gather(k_cache, batch.block_tables, batch.block_size).to(work)  # [B, Lo, kvh, D]
-    own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(work).transpose(1, 2)
+    qg = (q * dim**-0.5).view(b, kv_heads, group, dim)
+    own_k = _gather(k_cache, batch.block_tables, batch.block_size).to(q.dtype)  # [B, Lo, kvh, D]
+    own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(q.dtype).transpose(1, 2)
     assert batch.bias is not None, "the runner sets a bias wherever it sets prefixes"
     own = qg @ own_k.permute(0, 2, 3, 1) + batch.bias  # [B, kv_heads, group, Lo]
     shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
@@ -156,19 +152,19 @@ def _shared_prefix_decode(
         k, v = shared[0]  # [kv_heads, D, Lp], [kv_heads, Lp, D]
         width = k.shape[-1]
         queries = qg.transpose(0, 1).reshape(kv_heads, b * group, dim)
-        scores = (queries @ k.to(work)).view(kv_heads, b, group, width).transpose(0, 1)
+        scores = (queries @ k.to(q.dtype)).view(kv_heads, b, group, width).transpose(0, 1)
         weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
         out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
         w = weights[..., :width].transpose(0, 1).reshape(kv_heads, b * group, width)
-        out += (w @ v.to(work)).view(kv_heads, b, group, dim).transpose(0, 1)
-        return out.reshape(b, heads * dim).to(q.dtype)
+        out += (w @ v.to(q.dtype)).view(kv_heads, b, group, dim).transpose(0, 1)
+        return out.reshape(b, heads * dim)
     width = max(k.shape[-1] for k, _ in shared)
     scores = own.new_full((b, kv_heads, group, width), -torch.inf)
     for prefix, (k, _) in zip(batch.prefixes, shared, strict=True):
         index = prefix.rows if prefix.rows is not None else slice(None)
         n = b if prefix.rows is None else len(prefix.rows)
         queries = qg[index].transpose(0, 1).reshape(kv_heads, n * group, dim)
-        part = (queries @ k.to(work)).view(kv_heads, n, group, -1).transpose(0, 1)
+        part = (queries @ k.to(q.dtype)).view(kv_heads, n, group, -1).transpose(0, 1)
         scores[index, :, :, : k.shape[-1]] = part
     weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
     out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
@@ -177,9 +173,9 @@ def _shared_prefix_decode(
         n = b if prefix.rows is None else len(prefix.rows)
         lp = v.shape[1]
         w = weights[index, :, :, :lp].transpose(0, 1).reshape(kv_heads, n * group, lp)
-        part = w @ v.to(work)  # [kv_heads, n * group, D]
+        part = w @ v.to(q.dtype)  # [kv_heads, n * group, D]
         out[index] += part.view(kv_heads, n, group, dim).transpose(0, 1)
-    return out.reshape(b, heads * dim).to(q.dtype)
+    return out.reshape(b, heads * dim)
 
 
 def _gather(store: Tensor, tables: Tensor, block_size: int) -> Tensor:

@@ -235,13 +235,15 @@ def _decoder_layer(
     k_cache, v_cache = cache
     k_cache.index_copy_(0, batch.write_slots, _as(k, k_cache.dtype))
     v_cache.index_copy_(0, batch.write_slots, _as(v, v_cache.dtype))
+    work = compute_dtype(x.dtype, x.device)  # fp32 where the CPU only emulates x's dtype
+    q, k, v = _as(q, work), _as(k, work), _as(v, work)
     if batch.lane is not None:
         attended = lane_attention(q, k, v, batch.lane, layer)
     elif batch.spans is not None:
         attended = causal_attention(q, k, v, batch.spans)
     else:
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
-    x = linear(attended, w.o).add_(x)
+    x = linear(_as(attended, x.dtype), w.o).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
     hidden = F.silu(linear(h, w.gate), inplace=True).mul_(linear(h, w.up))
     return linear(hidden, w.down).add_(x)
