@@ -27,6 +27,10 @@ from backends.engine._weights import Checkpoint, ModelArgs
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
 
 _HEAD_SLICE = 2048  # rows of the LM head a CPU matrix product takes at once
+# up to this many rows a fused (q|k|v, gate|up) matrix goes in one product; more rows go a
+# part at a time (SmolLM2 at 32 decoding lanes, one thread: 1.00-1.02x the old step against
+# 1.035-1.045x in one product)
+_FUSED_ROWS = 2
 
 
 @dataclass(slots=True)
@@ -121,6 +125,10 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.hidden_size)
         self.mlp = MLP(args)
+        # (q|k|v, gate|up) transposed into two matrices, the projections' weights views of
+        # them: set by `build_model`; neither parameters nor buffers, so `.to()` leaves
+        # them behind and `LayerWeights.of` then ignores them
+        self.fused: tuple[Tensor, Tensor] | None = None
 
 
 class Decoder(nn.Module):
@@ -134,7 +142,12 @@ class Decoder(nn.Module):
 
 
 class LayerWeights(NamedTuple):
-    """One decoder layer's tensors, as `_decoder_layer` reads them."""
+    """One decoder layer's tensors, as `_decoder_layer` reads them.
+
+    `qkv` `[hidden, q + k + v outputs]` and `gate_up` `[hidden, 2 * intermediate]`, where set,
+    are the same weights transposed side by side (see `_side_by_side`): each group is one
+    product for up to `_FUSED_ROWS` rows.
+    """
 
     input_norm: Tensor
     q: Tensor
@@ -145,15 +158,32 @@ class LayerWeights(NamedTuple):
     gate: Tensor
     up: Tensor
     down: Tensor
+    qkv: Tensor | None = None
+    gate_up: Tensor | None = None
 
     @classmethod
     def of(cls, layer: DecoderLayer) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
+        qkv = gate_up = None
+        if layer.fused is not None and _views_of(
+            layer.fused, (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+        ):
+            qkv, gate_up = layer.fused
         return cls(
             layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
             attn.v_proj.weight, attn.o_proj.weight, layer.post_attention_layernorm.weight,
-            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, qkv, gate_up,
         )
+
+
+def _views_of(fused: tuple[Tensor, Tensor], *groups: tuple[nn.Linear, ...]) -> bool:
+    """Whether each group's weights still live in its fused matrix (no `.to()` or assigning
+    load replaced them since)."""
+    return all(
+        m.weight.untyped_storage().data_ptr() == matrix.untyped_storage().data_ptr()
+        for matrix, group in zip(fused, groups, strict=True)
+        for m in group
+    )
 
 
 class CausalLM(nn.Module):
@@ -173,6 +203,9 @@ class CausalLM(nn.Module):
         self.lm_head = _Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self._weights: list[LayerWeights] | None = None
+        # (the head, its version counter then, a transposed copy of it) where `build_model`
+        # made one: see `logits`
+        self.head_t: tuple[Tensor, int, Tensor] | None = None
 
     def layer_weights(self) -> list[LayerWeights]:
         """Every layer's tensors, read once (and again once `.to()` or a load replaced them)."""
@@ -200,9 +233,17 @@ class CausalLM(nn.Module):
         go in fp32 throughout, see `_arith`).
 
         On CPU the head goes in slices of rows: MKL multiplies a few hidden states by a
-        49152-row head about 1.2x (8 rows) to 1.5x (16 rows) faster a slice at a time.
+        49152-row head about 1.2x (8 rows) to 1.5x (16 rows) faster a slice at a time. One or
+        two rows in fp32 go through the head's transposed copy instead, where `build_model`
+        keeps one: 4.4 against 8.8 ms for SmolLM2's head at one row, 9.0 against 14.9 at two;
+        from four rows up the copy was 1.4x slower. That copy costs the head's memory again
+        (113 MB for SmolLM2), bought for the decode step that reads every weight for a token.
         """
         weight = self.lm_head.weight
+        if hidden.shape[0] <= 2 and self.head_t is not None:
+            head, version, copy = self.head_t
+            if head is weight and weight._version == version:  # neither replaced nor rewritten
+                return torch.mm(hidden, copy)
         work = compute_dtype(weight.dtype, weight.device) if hidden.shape[0] > 1 else weight.dtype
         hidden = hidden.to(work)
         if weight.device.type == "cpu" and weight.shape[0] > 2 * _HEAD_SLICE:
@@ -229,9 +270,14 @@ def _decoder_layer(
     heads, kv_heads, dim = shape
     n = x.shape[0]
     h = _rms_norm(x, w.input_norm, eps)
-    q = _rotate(linear(h, w.q).view(n, heads, dim), rope)
-    k = _rotate(linear(h, w.k).view(n, kv_heads, dim), rope)
-    v = linear(h, w.v).view(n, kv_heads, dim)
+    if w.qkv is not None and n <= _FUSED_ROWS:
+        sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
+        q, k, v = torch.split(torch.mm(h, w.qkv), sizes, dim=-1)
+    else:
+        q, k, v = linear(h, w.q), linear(h, w.k), linear(h, w.v)
+    q = _rotate(q.view(n, heads, dim), rope)
+    k = _rotate(k.view(n, kv_heads, dim), rope)
+    v = v.view(n, kv_heads, dim)
     k_cache, v_cache = cache
     k_cache.index_copy_(0, batch.write_slots, _as(k, k_cache.dtype))
     v_cache.index_copy_(0, batch.write_slots, _as(v, v_cache.dtype))
@@ -245,7 +291,11 @@ def _decoder_layer(
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
     x = linear(_as(attended, x.dtype), w.o).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
-    hidden = F.silu(linear(h, w.gate), inplace=True).mul_(linear(h, w.up))
+    if w.gate_up is not None and n <= _FUSED_ROWS:
+        gate, up = torch.mm(h, w.gate_up).chunk(2, -1)
+    else:
+        gate, up = linear(h, w.gate), linear(h, w.up)
+    hidden = F.silu(gate, inplace=True).mul_(up)
     return linear(hidden, w.down).add_(x)
 
 
@@ -282,23 +332,71 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     """Instantiate the decoder on `device` in `dtype` with the checkpoint's weights."""
     with torch.device("meta"):
         model = CausalLM(checkpoint.args)
+    a = checkpoint.args
+    tensors = checkpoint.tensors
+    # laid out for one-row products where that was measured to pay: fp32 on a CPU
+    transposed = device.type == "cpu" and dtype == torch.float32
+    fused: list[tuple[Tensor, Tensor]] = []
+    state: dict[str, Tensor] = {}
+    if transposed:
+        heads = {"q_proj": a.num_heads, "k_proj": a.num_kv_heads}
+        for i in range(a.num_layers):
+            groups = []
+            for group in (("self_attn", ("q_proj", "k_proj", "v_proj")),
+                          ("mlp", ("gate_proj", "up_proj"))):
+                names = [f"model.layers.{i}.{group[0]}.{m}.weight" for m in group[1]]
+                parts = [(tensors[n], heads.get(m)) for n, m in zip(names, group[1], strict=True)]
+                matrix, views = _side_by_side(parts, device, dtype)
+                state.update(zip(names, views, strict=True))
+                groups.append(matrix)
+            fused.append((groups[0], groups[1]))
     # copied even where nothing changes: read from the memory-mapped cache file, decode steps
     # were slower and stalled now and then for most of a second (see docs/engine.md)
-    state = {
-        k: v.to(device=device, dtype=dtype, copy=True) for k, v in checkpoint.tensors.items()
-    }
-    a = checkpoint.args
+    for name, tensor in tensors.items():
+        if name in state:
+            continue
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            count = a.num_heads if ".q_proj." in name else a.num_kv_heads
+            tensor = _pair_rotated_rows(tensor, count)
+        state[name] = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
     if a.tie_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    for name in list(state):
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            heads = a.num_heads if ".q_proj." in name else a.num_kv_heads
-            state[name] = _pair_rotated_rows(state[name], heads).contiguous()
     model.load_state_dict(state, strict=True, assign=True)
     if a.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    for layer, matrices in zip(model.model.layers, fused, strict=False):
+        cast(DecoderLayer, layer).fused = matrices
+    if transposed:
+        head = model.lm_head.weight
+        copy = torch.empty(head.shape[::-1], dtype=dtype).copy_(head.t())
+        model.head_t = (head, head._version, copy)
     model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
     return model.eval()
+
+
+def _side_by_side(
+    parts: list[tuple[Tensor, int | None]], device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, list[Tensor]]:
+    """Weights `[out, in]` transposed side by side into one `[in, sum of outs]` matrix (rows
+    of those given a head count in pairs, see `_pair_rotated_rows`), in one copy each; and each
+    weight as a view of it.
+
+    For one or two rows on CPU in fp32, MKL streams a `[in, out]` matrix much faster than the
+    `[out, in]` one `F.linear` reads: a SmolLM2 layer's q, k, v, gate and up took 14.1 against
+    20.8 ms over 30 layers at one row, 21.7 against 36.8 at two, level from 8 rows up (one
+    thread; two alike). bf16 keeps `[out, in]`: there the transposed form was 4-7x slower.
+    """
+    width = parts[0][0].shape[1]
+    matrix = torch.empty((width, sum(w.shape[0] for w, _ in parts)), dtype=dtype, device=device)
+    views, start = [], 0
+    for weight, heads in parts:
+        rows = weight.shape[0]
+        if heads is not None:
+            weight = _pair_rotated_rows(weight, heads)
+        matrix[:, start : start + rows].copy_(weight.t())
+        views.append(matrix[:, start : start + rows].t())
+        start += rows
+    return matrix, views
 
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:

@@ -179,6 +179,44 @@ def test_a_large_vocabulary_head_taken_in_slices_equals_one_product() -> None:
     torch.testing.assert_close(logits, F.linear(hidden, model.lm_head.weight), atol=1e-5, rtol=0)
 
 
+def test_one_and_two_rows_through_the_transposed_layout_equal_the_plain_products(
+    make_engine: Callable[..., Engine],
+) -> None:
+    import torch.nn.functional as F
+
+    engine = make_engine()
+    model = engine.model
+    assert all(w.qkv is not None and w.gate_up is not None for w in model.layer_weights())
+    assert model.head_t is not None
+    hidden = torch.randn(3, TINY.hidden_size, generator=torch.Generator().manual_seed(4))
+    for rows in (1, 2, 3):  # the transposed head copy, then the head itself
+        expected = F.linear(hidden[:rows], model.lm_head.weight)
+        torch.testing.assert_close(model.logits(hidden[:rows]), expected, atol=1e-5, rtol=0)
+    seen = record_steps(engine)  # two lanes decode through the fused products
+    params = SamplingParams(temperature=0.8, max_tokens=6)
+    engine.generate(PROMPT, params, [LaneRequest(i, i, 6) for i in range(2)])
+    assert len(seen) == 1 + 2 * 5
+    assert_matches_reference(seen)
+
+
+def test_weights_replaced_or_rewritten_after_the_build_are_not_read_from_a_stale_layout() -> None:
+    import torch.nn.functional as F
+
+    from backends.engine._model import build_model
+
+    model = build_model(tiny_checkpoint(), torch.device("cpu"), torch.float32)
+    projection = model.model.layers[0].self_attn.q_proj
+    projection.weight = torch.nn.Parameter(projection.weight.detach() * 2, requires_grad=False)
+    weights = model.layer_weights()
+    assert weights[0].qkv is None and weights[0].q is projection.weight  # a part at a time
+    assert weights[1].qkv is not None
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2)  # in place: the transposed copy no longer holds it
+    hidden = torch.randn(1, TINY.hidden_size, generator=torch.Generator().manual_seed(4))
+    expected = F.linear(hidden, model.lm_head.weight)
+    torch.testing.assert_close(model.logits(hidden), expected, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["bf16-arithmetic", "fp32-arithmetic"])
 def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_reference(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, native: bool
