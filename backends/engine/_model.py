@@ -144,9 +144,9 @@ class Decoder(nn.Module):
 class LayerWeights(NamedTuple):
     """One decoder layer's tensors, as `_decoder_layer` reads them.
 
-    `qkv` `[hidden, q + k + v outputs]` and `gate_up` `[hidden, 2 * intermediate]`, where set,
-    are the same weights transposed side by side (see `_side_by_side`): each group is one
-    product for up to `_FUSED_ROWS` rows.
+    `qkv` `[hidden, q + k + v outputs]` and `gate_up` `[hidden, 2 * intermediate]` (or
+    `[2, hidden, intermediate]`, stacked), where set, are the same weights transposed side by
+    side (see `_side_by_side`): each group is one product for up to `_FUSED_ROWS` rows.
     """
 
     input_norm: Tensor
@@ -292,7 +292,10 @@ def _decoder_layer(
     x = linear(_as(attended, x.dtype), w.o).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
     if w.gate_up is not None and n <= _FUSED_ROWS:
-        gate, up = torch.mm(h, w.gate_up).chunk(2, -1)
+        if w.gate_up.dim() == 3:  # stacked: a matrix for each of two threads
+            gate, up = torch.bmm(h.expand(2, *h.shape), w.gate_up).unbind(0)
+        else:
+            gate, up = torch.mm(h, w.gate_up).chunk(2, -1)
     else:
         gate, up = linear(h, w.gate), linear(h, w.up)
     hidden = F.silu(gate, inplace=True).mul_(up)
@@ -346,7 +349,8 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
                           ("mlp", ("gate_proj", "up_proj"))):
                 names = [f"model.layers.{i}.{group[0]}.{m}.weight" for m in group[1]]
                 parts = [(tensors[n], heads.get(m)) for n, m in zip(names, group[1], strict=True)]
-                matrix, views = _side_by_side(parts, device, dtype)
+                stack = group[0] == "mlp" and torch.get_num_threads() > 1
+                matrix, views = _side_by_side(parts, device, dtype, stack)
                 state.update(zip(names, views, strict=True))
                 groups.append(matrix)
             fused.append((groups[0], groups[1]))
@@ -375,28 +379,34 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
 
 
 def _side_by_side(
-    parts: list[tuple[Tensor, int | None]], device: torch.device, dtype: torch.dtype
+    parts: list[tuple[Tensor, int | None]], device: torch.device, dtype: torch.dtype, stack: bool
 ) -> tuple[Tensor, list[Tensor]]:
     """Weights `[out, in]` transposed side by side into one `[in, sum of outs]` matrix (rows
     of those given a head count in pairs, see `_pair_rotated_rows`), in one copy each; and each
-    weight as a view of it.
+    weight as a view of it. `stack` (weights of one shape): `[parts, in, out]` instead.
 
     For one or two rows on CPU in fp32, MKL streams a `[in, out]` matrix much faster than the
     `[out, in]` one `F.linear` reads: a SmolLM2 layer's q, k, v, gate and up took 14.1 against
     20.8 ms over 30 layers at one row, 21.7 against 36.8 at two, level from 8 rows up (one
     thread; two alike). bf16 keeps `[out, in]`: there the transposed form was 4-7x slower.
+    A single-row product runs on one thread however many torch has; stacked, `bmm` gives each
+    thread a matrix: SmolLM2's gate and up at two threads took 7.2 against 10.0-10.4 ms over
+    30 layers at one row, 11.3-11.8 against 16.3-17.0 at two; at one thread stacking cost
+    about 1 ms, so it is chosen by the thread count when the model is built.
     """
     width = parts[0][0].shape[1]
-    matrix = torch.empty((width, sum(w.shape[0] for w, _ in parts)), dtype=dtype, device=device)
-    views, start = [], 0
-    for weight, heads in parts:
-        rows = weight.shape[0]
+    if stack:
+        matrix = torch.empty((len(parts), width, parts[0][0].shape[0]), dtype=dtype, device=device)
+        blocks = list(matrix)
+    else:
+        total = sum(w.shape[0] for w, _ in parts)
+        matrix = torch.empty((width, total), dtype=dtype, device=device)
+        blocks = list(torch.split(matrix, [w.shape[0] for w, _ in parts], dim=1))
+    for (weight, heads), block in zip(parts, blocks, strict=True):
         if heads is not None:
             weight = _pair_rotated_rows(weight, heads)
-        matrix[:, start : start + rows].copy_(weight.t())
-        views.append(matrix[:, start : start + rows].t())
-        start += rows
-    return matrix, views
+        block.copy_(weight.t())
+    return matrix, [block.t() for block in blocks]
 
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:

@@ -179,14 +179,19 @@ def test_a_large_vocabulary_head_taken_in_slices_equals_one_product() -> None:
     torch.testing.assert_close(logits, F.linear(hidden, model.lm_head.weight), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 def test_one_and_two_rows_through_the_transposed_layout_equal_the_plain_products(
-    make_engine: Callable[..., Engine],
+    make_engine: Callable[..., Engine], threads: int
 ) -> None:
     import torch.nn.functional as F
 
+    torch.set_num_threads(threads)  # built on two threads, gate and up are stacked (bmm)
     engine = make_engine()
     model = engine.model
     assert all(w.qkv is not None and w.gate_up is not None for w in model.layer_weights())
+    assert {w.gate_up.dim() for w in model.layer_weights() if w.gate_up is not None} == {
+        3 if threads > 1 else 2
+    }
     assert model.head_t is not None
     hidden = torch.randn(3, TINY.hidden_size, generator=torch.Generator().manual_seed(4))
     for rows in (1, 2, 3):  # the transposed head copy, then the head itself
