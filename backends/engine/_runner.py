@@ -68,17 +68,15 @@ class ModelRunner:
         if lane is not None and lane.length != length:
             lane = None  # it decoded among others since: gather afresh
         if lane is None or lane.keys.shape[2] <= length:
-            # a decoding sequence has len(tokens) = length + 1 <= num_prompt + max_tokens
-            capacity = min(seq.num_prompt + seq.max_tokens, 2 * (length + 1))
-            lane = self._gather_lane(seq, length, capacity, lane)
+            # a decoding sequence has len(tokens) = length + 1 <= num_prompt + max_tokens;
+            # doubled, but no further than the cap allows (then the paged path once it is full)
+            most = self._prefix_cap * self.block_size // self._kept_block_bytes
+            capacity = min(seq.num_prompt + seq.max_tokens, 2 * (length + 1), most)
+            lane = self._gather_lane(seq, length, capacity, lane) if capacity > length else None
         self._lane = None if lane is None else (seq, lane)
         return lane
 
-    def _gather_lane(
-        self, seq: Sequence, length: int, capacity: int, old: Lane | None
-    ) -> Lane | None:
-        if self._kept_block_bytes * capacity // self.block_size > self._prefix_cap:
-            return None
+    def _gather_lane(self, seq: Sequence, length: int, capacity: int, old: Lane | None) -> Lane:
         layers, _, kv_heads, dim = self.cache.k.shape
         shape = (layers, kv_heads, capacity, dim)
         keys = torch.empty(shape, dtype=self._work, device=self.device)

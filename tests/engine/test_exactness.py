@@ -55,16 +55,18 @@ def test_greedy_decode_matches_full_recompute_at_every_step(
     assert_matches_reference(seen)
 
 
-@pytest.mark.parametrize("prefix_cap", [1 << 30, 0])
+@pytest.mark.parametrize("cap_tokens", [1 << 20, 20, 0])
 def test_a_lone_lane_growing_and_rejoined_matches_full_recompute(
-    make_engine: Callable[..., Engine], prefix_cap: int
+    make_engine: Callable[..., Engine], cap_tokens: int
 ) -> None:
     # A short prompt with a long answer, so the lone sequence's contiguous context (its `Lane`)
     # outgrows its capacity twice; another request arrives mid-decode (a prefill, then steps
     # of two), finishes first, and the first decodes alone again from a lane gathered afresh.
+    # A cap of 20 tokens: the lane grows to 20, not past it, then the paged path takes over.
     # Cap 0: no lane is ever made, and the lone sequence decodes over the paged blocks.
     engine = make_engine(block_size=4)
-    engine.runner._prefix_cap = prefix_cap
+    runner = engine.runner
+    runner._prefix_cap = cap_tokens * runner._kept_block_bytes // runner.block_size
     seen = record_steps(engine)
     lanes: list[int] = []
     run = engine.runner.run
@@ -84,10 +86,13 @@ def test_a_lone_lane_growing_and_rejoined_matches_full_recompute(
     while not (first.finished and second.finished):
         engine.step()
     assert_matches_reference(seen)
-    if prefix_cap:
+    if cap_tokens > 20:
         assert len(set(lanes) - {0}) >= 3  # grown at least twice while alone
         assert lanes[10] == 0  # dropped at the second request's prefill
         assert lanes[-1] > 0  # and gathered again once the first was alone
+    elif cap_tokens:
+        assert max(lanes) == 20  # grown to the cap, not past it
+        assert lanes[-1] == 0  # past 20 tokens: the paged path
     else:
         assert set(lanes) == {0}
 
