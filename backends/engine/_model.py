@@ -336,40 +336,30 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     with torch.device("meta"):
         model = CausalLM(checkpoint.args)
     a = checkpoint.args
-    tensors = checkpoint.tensors
+    tensors = {name: _rope_paired(name, t, a) for name, t in checkpoint.tensors.items()}
+    state: dict[str, Tensor] = {}
     # laid out for one-row products where that was measured to pay: fp32 on a CPU
     transposed = device.type == "cpu" and dtype == torch.float32
-    fused: list[tuple[Tensor, Tensor]] = []
-    state: dict[str, Tensor] = {}
     if transposed:
-        heads = {"q_proj": a.num_heads, "k_proj": a.num_kv_heads}
-        for i in range(a.num_layers):
-            groups = []
-            for group in (("self_attn", ("q_proj", "k_proj", "v_proj")),
-                          ("mlp", ("gate_proj", "up_proj"))):
-                names = [f"model.layers.{i}.{group[0]}.{m}.weight" for m in group[1]]
-                parts = [(tensors[n], heads.get(m)) for n, m in zip(names, group[1], strict=True)]
-                stack = group[0] == "mlp" and torch.get_num_threads() > 1
-                matrix, views = _side_by_side(parts, device, dtype, stack)
-                state.update(zip(names, views, strict=True))
-                groups.append(matrix)
-            fused.append((groups[0], groups[1]))
+        stack = torch.get_num_threads() > 1
+        for i, layer in enumerate(model.model.layers):
+            attn = [f"model.layers.{i}.self_attn.{m}_proj.weight" for m in ("q", "k", "v")]
+            mlp = [f"model.layers.{i}.mlp.{m}_proj.weight" for m in ("gate", "up")]
+            qkv, views = _side_by_side([tensors[n] for n in attn], device, dtype, stack=False)
+            state.update(zip(attn, views, strict=True))
+            gate_up, views = _side_by_side([tensors[n] for n in mlp], device, dtype, stack)
+            state.update(zip(mlp, views, strict=True))
+            cast(DecoderLayer, layer).fused = (qkv, gate_up)
     # copied even where nothing changes: read from the memory-mapped cache file, decode steps
     # were slower and stalled now and then for most of a second (see docs/engine.md)
     for name, tensor in tensors.items():
-        if name in state:
-            continue
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            count = a.num_heads if ".q_proj." in name else a.num_kv_heads
-            tensor = _pair_rotated_rows(tensor, count)
-        state[name] = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
+        if name not in state:
+            state[name] = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
     if a.tie_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
     if a.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    for layer, matrices in zip(model.model.layers, fused, strict=False):
-        cast(DecoderLayer, layer).fused = matrices
     if transposed:
         head = model.lm_head.weight
         copy = torch.empty(head.shape[::-1], dtype=dtype).copy_(head.t())
@@ -378,12 +368,21 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     return model.eval()
 
 
+def _rope_paired(name: str, tensor: Tensor, args: ModelArgs) -> Tensor:
+    """A checkpoint tensor as the model keeps it: Q/K rows with rotated pairs side by side."""
+    if name.endswith("self_attn.q_proj.weight"):
+        return _pair_rotated_rows(tensor, args.num_heads)
+    if name.endswith("self_attn.k_proj.weight"):
+        return _pair_rotated_rows(tensor, args.num_kv_heads)
+    return tensor
+
+
 def _side_by_side(
-    parts: list[tuple[Tensor, int | None]], device: torch.device, dtype: torch.dtype, stack: bool
+    weights: list[Tensor], device: torch.device, dtype: torch.dtype, stack: bool
 ) -> tuple[Tensor, list[Tensor]]:
-    """Weights `[out, in]` transposed side by side into one `[in, sum of outs]` matrix (rows
-    of those given a head count in pairs, see `_pair_rotated_rows`), in one copy each; and each
-    weight as a view of it. `stack` (weights of one shape): `[parts, in, out]` instead.
+    """Weights `[out, in]` transposed side by side into one `[in, sum of outs]` matrix, in one
+    copy each; and each weight as a view of it. `stack` (weights of one shape): `[weights, in,
+    out]` instead.
 
     For one or two rows on CPU in fp32, MKL streams a `[in, out]` matrix much faster than the
     `[out, in]` one `F.linear` reads: a SmolLM2 layer's q, k, v, gate and up took 14.1 against
@@ -394,17 +393,15 @@ def _side_by_side(
     30 layers at one row, 11.3-11.8 against 16.3-17.0 at two; at one thread stacking cost
     about 1 ms, so it is chosen by the thread count when the model is built.
     """
-    width = parts[0][0].shape[1]
+    width = weights[0].shape[1]
     if stack:
-        matrix = torch.empty((len(parts), width, parts[0][0].shape[0]), dtype=dtype, device=device)
+        matrix = torch.empty((len(weights), width, weights[0].shape[0]), dtype=dtype, device=device)
         blocks = list(matrix)
     else:
-        total = sum(w.shape[0] for w, _ in parts)
+        total = sum(w.shape[0] for w in weights)
         matrix = torch.empty((width, total), dtype=dtype, device=device)
-        blocks = list(torch.split(matrix, [w.shape[0] for w, _ in parts], dim=1))
-    for (weight, heads), block in zip(parts, blocks, strict=True):
-        if heads is not None:
-            weight = _pair_rotated_rows(weight, heads)
+        blocks = list(torch.split(matrix, [w.shape[0] for w in weights], dim=1))
+    for weight, block in zip(weights, blocks, strict=True):
         block.copy_(weight.t())
     return matrix, [block.t() for block in blocks]
 
