@@ -69,7 +69,7 @@ class RunInUseError(ConfigError):
     """Another process holds the run's writer lock: one writer per run."""
 
     def __init__(self, run_id: str, pid: int | None) -> None:
-        who = f" (pid {pid})" if pid is not None else ""
+        who = f" (pid {pid})" if pid is not None else " (pid unknown)"
         super().__init__(f"run {run_id} is being written by another process{who}")
         self.run_id = run_id
         self.pid = pid

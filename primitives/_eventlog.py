@@ -11,7 +11,8 @@ import contextlib
 import fcntl
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -42,6 +43,9 @@ FsyncPolicy = Literal["always", "barrier", "never"]
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Where a follower stops: the run ended, or its writer stopped (resume starts a new writer).
 _ENDS = frozenset({"run.completed", "run.failed", "run.interrupted"})
+# How long a losing writer waits for the holder's pid to appear: 100 reads, 10 ms apart.
+_PID_READS = 100
+_PID_PAUSE_S = 0.01
 
 
 def validate_run_id(run_id: str) -> str:
@@ -122,8 +126,12 @@ class TornTail:
 class RunLock:
     """The one writer's lock on a run: `flock` on the `lock` file in the run's folder.
 
-    The OS releases it when the process dies, so a SIGKILL never leaves a stale lock. The
-    holder's pid is written in the file for the error a second writer gets.
+    The OS releases it when the process dies, so a SIGKILL never leaves a stale lock (the file
+    stays, holding the dead pid, and the next writer takes it over). The holder's pid is written
+    in the file for the error a second writer gets. A holder that gives the lock back (`release`)
+    removes the file while it still holds the flock, so a run folder keeps no `lock` after its
+    writer is done; a contender that opened the file just before it went notices (the inode it
+    locked is no longer the one at the path) and starts again.
     """
 
     def __init__(self, fd: int, path: Path) -> None:
@@ -131,27 +139,42 @@ class RunLock:
         self.path = path
 
     @classmethod
-    def acquire(cls, folder: Path, run_id: str) -> RunLock:
-        """Take the run's lock now or raise RunInUseError (never waits)."""
+    def acquire(cls, folder: Path, run_id: str, *,
+                sleep: Callable[[float], None] = time.sleep) -> RunLock:
+        """Take the run's lock now or raise RunInUseError naming the holder's pid.
+
+        Never waits for the lock itself. A holder writes its pid just after it wins the flock,
+        so a loser that reads too early (an empty file, or the dead pid of a killed writer the
+        holder is taking over from) re-reads, `_PID_READS` times at most `_PID_PAUSE_S` apart;
+        if no live pid shows up it says `(pid unknown)`.
+        """
         path = folder / "lock"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise ConfigError(f"{folder}: cannot create the run folder: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise RunInUseError(run_id, int(holder) if holder.isdigit() else None) from None
-        # The pid only names the holder in a second writer's error; the flock is the lock. A
-        # full disk (or a file-size limit) must not turn into a traceback here: the run goes on
-        # and fails at its first append with one line, leaving no log behind.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return cls(fd, path)
+        for _ in range(_PID_READS):
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise ConfigError(f"{folder}: cannot create the run folder: {exc.strerror}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                current = _names(fd, path)
+                holder = _holder(fd) if current else None
+                os.close(fd)
+                if holder is not None:
+                    raise RunInUseError(run_id, holder) from None
+                if current:  # its pid is not down yet: read again shortly
+                    sleep(_PID_PAUSE_S)
+                continue  # (else its holder removed it as it let go: try the new one)
+            if not _names(fd, path):  # locked a file its holder removed as it let go: again
+                os.close(fd)
+                continue
+            _write_pid(fd)
+            return cls(fd, path)
+        raise RunInUseError(run_id, None)
 
     @contextlib.contextmanager
     def kept_on_success(self, what: str) -> Iterator[None]:
@@ -166,9 +189,61 @@ class RunLock:
             raise
 
     def release(self) -> None:
+        """Give the lock back and remove the `lock` file: the writer is done with the run
+        (completed, failed, interrupted or refused). Only a process that dies leaves the file."""
         if self._fd is not None:
+            # Removed while the flock is still held, so no other writer can be holding it now.
+            with contextlib.suppress(OSError):
+                if _names(self._fd, self.path):
+                    os.unlink(self.path)
             os.close(self._fd)  # closing the last descriptor drops the flock
             self._fd = None
+
+
+def _names(fd: int, path: Path) -> bool:
+    """Whether `path` is still the file open as `fd` (not removed, not replaced)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _write_pid(fd: int) -> None:
+    """Write this process's pid over the file's start, then cut what follows: the file never
+    passes through empty, and its first line is always one whole pid."""
+    line = f"{os.getpid()}\n".encode()
+    # The pid only names the holder in a second writer's error; the flock is the lock. A full
+    # disk (or a file-size limit) must not turn into a traceback here: the run goes on and
+    # fails at its first append with one line, leaving no log behind.
+    with contextlib.suppress(OSError):
+        os.pwrite(fd, line, 0)
+        os.ftruncate(fd, len(line))
+
+
+def _holder(fd: int) -> int | None:
+    """The pid on the lock file's first whole line, if that process is alive: a dead one's
+    pid is what a killed writer left, about to be overwritten by the one taking over."""
+    with contextlib.suppress(OSError):
+        first, newline, _ = os.pread(fd, 64, 0).partition(b"\n")
+        if newline and first.isdigit() and _alive(int(first)):
+            return int(first)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not: it holds no locks any more)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process, alive
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True  # no /proc here: the signal said it exists
+    return stat.rpartition(b")")[2].split()[:1] not in ([b"Z"], [b"X"])
 
 
 class JsonlEventLog:
