@@ -7,6 +7,9 @@ and plug in loops, reducers and verifiers.
     async with orchestrator.Session("loop.toml") as session:   # one model load, many runs
         async for result in session.run_many(questions, concurrency=8):
             ...
+
+    with orchestrator.SyncSession("loop.toml") as session:     # the same, for sync code
+        result = session.run("...")
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from orchestrator._config import LoopConfig, config_hash, load_config, parse_con
 from orchestrator._executor import Executor
 from orchestrator._pgstore import PgStore
 from orchestrator._ray_executor import RayExecutor
-from orchestrator._result import CostBreakdown, LaneResult, RunResult, UsageBreakdown
+from orchestrator._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
 from orchestrator._runner import build_backend
 from orchestrator._session import Session, resume, resume_sync, run, run_sync
 from orchestrator._store import RunStore, Store, open_store
+from orchestrator._sync_session import SyncSession
 from primitives import (
     AnyEvent,
     Backend,
@@ -90,6 +94,7 @@ __all__ = (
     "Reducer",
     "Reduction",
     "RunError",
+    "RunFailure",
     "RunInUseError",
     "RunNotFoundError",
     "RunResult",
@@ -100,6 +105,7 @@ __all__ = (
     "SamplingParams",
     "Session",
     "Store",
+    "SyncSession",
     "Usage",
     "UsageBreakdown",
     "Verdict",

@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -201,28 +200,9 @@ def _logging_to_stderr(verbose: bool) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _on_path(config: str | Path) -> None:
-    """`module:...` loops and verifiers resolve from the config file's folder and the working
-    directory, as a user expects of a file that sits beside its config."""
-    for folder in (str(Path(config).resolve().parent), str(Path.cwd())):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-
-
 def _store(args: argparse.Namespace) -> Store:
     """The store a command without a config reads and writes: `--store`, else `--runs-dir`."""
     return open_store(args.store, args.runs_dir)
-
-
-def _on_path_of_run(store: Store, run_id: str) -> None:
-    """For resume and reduce: the folder the run's config was in (its `run.started` says)."""
-    folder: Any = None
-    with contextlib.suppress(LanefoldError, OSError, ValueError, AttributeError):
-        first = next(iter(store.reader(run_id).read()), None)
-        folder = getattr(getattr(first, "data", None), "config_dir", None)
-    for each in ([folder] if isinstance(folder, str) else []) + [str(Path.cwd())]:
-        if each not in sys.path:
-            sys.path.insert(0, each)
 
 
 def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
@@ -291,7 +271,6 @@ class _RunId:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    _on_path(args.config)
     check_question(args.question)
     session = Session(args.config, runs_dir=args.runs_dir, store=args.store)  # a bad config stops here
     if args.run_id is not None:
@@ -310,7 +289,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     store = _store(args)
-    _on_path_of_run(store, args.run_id)
     with _live(args.json, lambda: store.read_state(args.run_id)) as observer:
 
         async def go(reason: Callable[[], str]) -> RunResult:
@@ -323,7 +301,6 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 def _cmd_reduce(args: argparse.Namespace) -> int:
     store = _store(args)
-    _on_path_of_run(store, args.run_id)
     extract = None
     if args.extract_regex is not None:
         extract = _extract_spec({"method": "regex", "regex": args.extract_regex})
@@ -352,7 +329,6 @@ def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:
 
 def _cmd_tail(args: argparse.Namespace) -> int:
     store = _store(args)
-    _on_path_of_run(store, args.run_id)
     log = store.reader(args.run_id)
 
     def show(event: AnyEvent) -> None:
@@ -394,7 +370,6 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     store = _store(args)
-    _on_path_of_run(store, args.run_id)
     _, state, _ = store.read(args.run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:
@@ -424,7 +399,6 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    _on_path(args.config)
     config = load_config(args.config)
     preflight(config, args.config)
     keys = ", ".join(f"{key}={value}" for key, value in

@@ -36,6 +36,7 @@ from primitives import (
     compile_score_regex,
     hash_config,
     import_verifier,
+    plugin_folders,
     resolve_loop,
     resolve_reducer,
 )
@@ -214,6 +215,7 @@ class LoopConfig(_Section):
     store: StoreSection = Field(default=StoreSection(), exclude=True)
 
     _loop_params: BaseModel | None = PrivateAttr(None)
+    _folder: str | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _consistent(self) -> LoopConfig:
@@ -230,8 +232,23 @@ class LoopConfig(_Section):
             self._loop_params = _loop_params(self.loop)
         return self._loop_params
 
+    def __eq__(self, other: object) -> bool:
+        """Equal configs say the same; where each was read from is not part of what it says."""
+        if not isinstance(other, LoopConfig):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = _Section.__hash__
+
+    @property
+    def folder(self) -> str | None:
+        """The folder of the file this config was read from (None: built in code), where its
+        `module:attr` plug-ins are looked up first; runs record it."""
+        return self._folder
+
     def loop_class(self) -> type[Any]:
-        return resolve_loop(self.loop.coordinator)
+        with plugin_folders(self._folder):
+            return resolve_loop(self.loop.coordinator)
 
     def judge_settings(self) -> JudgeSettings:
         j = self.judge
@@ -257,6 +274,7 @@ def _loop_params(section: LoopSection) -> BaseModel:
         raise ValueError(str(exc)) from None
     extra = dict(section.__pydantic_extra__ or {})
     try:
+        _strict(cls.Params).model_validate_json(json.dumps(extra), strict=True)
         params: BaseModel = cls.Params.model_validate_json(json.dumps(extra), strict=True)
     except ValidationError as exc:
         error = exc.errors()[0]
@@ -286,11 +304,21 @@ def _check_judge(judge: JudgeSection, reducer: str) -> None:
                          f"\"judge_argmax\" or remove it")
 
 
-def parse_config(raw: dict[str, Any], *, source: str = "<config>") -> LoopConfig:
+def parse_config(raw: dict[str, Any], *, source: str = "<config>",
+                 folder: str | Path | None = None) -> LoopConfig:
     """Validate a config mapping; a bad one raises ConfigError naming source and field.
 
     Validation is strict, as for JSON: `k = true` or `k = "8"` is an error, not a coercion.
+    `folder` is where the config's `module:attr` plug-ins are looked up first (then the
+    working directory); `load_config` gives the file's own.
     """
+    with plugin_folders(folder):
+        config = _parse(raw, source)
+    config._folder = str(Path(folder).resolve()) if folder is not None else None
+    return config
+
+
+def _parse(raw: dict[str, Any], source: str) -> LoopConfig:
     bad = _non_finite(raw)
     if bad is not None:
         raise ConfigError(f"{source}: {bad or '(top level)'}: must be a finite number")
@@ -338,7 +366,18 @@ def _section_model(loop: Any) -> type[BaseModel]:
     """`[loop]` as one model for `loop`: its Params' keys, then the shared ones."""
     shared: dict[str, Any] = {name: (field.annotation, field)
                               for name, field in LoopSection.model_fields.items()}
-    return create_model(f"{loop.__name__}Section", __base__=loop.Params, **shared)
+    return create_model(f"{loop.__name__}Section", __base__=_strict(loop.Params), **shared)
+
+
+@functools.cache
+def _strict(params: type[BaseModel]) -> type[BaseModel]:
+    """`params` refusing unknown keys, whatever its own model config allows: a `[loop]` key
+    no loop reads is a typo to name, never a setting to drop."""
+    if params.model_config.get("extra") == "forbid":
+        return params
+    config = ConfigDict(**{**params.model_config, "extra": "forbid"})
+    return type(params.__name__, (params,), {"model_config": config,
+                                             "__module__": params.__module__})
 
 
 def _non_finite(value: object, where: str = "") -> str | None:
@@ -373,7 +412,7 @@ _BACKEND_KINDS = frozenset({"simulated", "engine", "openai"})
 def load_config(path: str | Path) -> LoopConfig:
     """Read a TOML (or `.json`) loop config file."""
     path = Path(path)
-    return parse_config(_read(path), source=str(path))
+    return parse_config(_read(path), source=str(path), folder=path.parent)
 
 
 def load_backend_config(path: str | Path) -> BackendConfig:
@@ -427,7 +466,8 @@ def preflight(config: LoopConfig, source: str = "<config>", *,
                               f"judge.template, judge.verifier or judge.verifier_command")
     if config.judge.verifier is not None:
         try:
-            import_verifier(config.judge.verifier)
+            with plugin_folders(config.folder):
+                import_verifier(config.judge.verifier)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     for where, backend in (("backend", config.backend), ("judge.backend", config.judge.backend)):
@@ -443,8 +483,13 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
     version that wrote it when it no longer validates."""
     assert state.started is not None
     try:
-        return parse_config(state.started.config, source=f"{source}:1: recorded config")
+        return parse_config(state.started.config, source=f"{source}:1: recorded config",
+                            folder=state.started.config_dir)
     except ConfigError as exc:
+        if "loop.coordinator: cannot import" in str(exc):
+            folder = state.started.config_dir or "the folder of its config"
+            raise ConfigError(f"{exc}; the loop must be importable to go on: run from {folder} "
+                              f"or put the folder that holds it on PYTHONPATH") from None
         raise ConfigError(f"{exc} (written by lanefold {state.started.library_version}, this is "
                           f"{VERSION})") from None
 

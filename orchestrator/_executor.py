@@ -63,9 +63,11 @@ class WorkerSpec:
     # PostgreSQL (any machine); it travels by pickle, a PgStore with its password
     verifier: Any = None  # the Session's verifier (it travels by pickle)
     paths: tuple[str, ...] = field(default=())  # import paths for `module:...` plug-ins
+    folder: str | None = None  # the config's folder on the driver (LoopConfig.folder)
 
     def loop_config(self) -> LoopConfig:
-        return parse_config(self.config, source=f"{self.source} (sent to a worker)")
+        return parse_config(self.config, source=f"{self.source} (sent to a worker)",
+                            folder=self.folder)
 
 
 @runtime_checkable
@@ -102,7 +104,7 @@ def with_seed(config: LoopConfig, seed: int | None) -> LoopConfig:
         return config
     raw = config.model_dump(mode="json")
     raw["loop"]["seed"] = seed
-    return parse_config(raw)
+    return parse_config(raw, folder=config.folder)
 
 
 def worker_spec(session: Session) -> WorkerSpec:
@@ -115,8 +117,8 @@ def worker_spec(session: Session) -> WorkerSpec:
                           f"workers; name the backend in the config instead")
     config = session.config
     paths = [str(Path.cwd())]
-    if session.source != "<config>":
-        paths.insert(0, str(Path(session.source).resolve().parent))
+    if config.folder is not None:
+        paths.insert(0, config.folder)
     store = session.store
     if isinstance(store, RunStore):  # the same folder, whatever a worker's directory
         store = RunStore(store.root.resolve())
@@ -124,27 +126,42 @@ def worker_spec(session: Session) -> WorkerSpec:
                       source=(session.source if session.source == "<config>"
                               else str(Path(session.source).resolve())),
                       store=store, verifier=session._verifier,
-                      paths=tuple(dict.fromkeys(paths)))
+                      paths=tuple(dict.fromkeys(paths)), folder=config.folder)
 
 
 async def distribute(session: Session, executor: Executor, questions: Sequence[str], *,
-                     concurrency: int, run_ids: Sequence[str] | None
-                     ) -> AsyncGenerator[RunResult, None]:
+                     concurrency: int, run_ids: Sequence[str] | None, resume: bool = False,
+                     errors: str = "raise") -> AsyncGenerator[RunResult, None]:
     """`Session.run_many` on an executor: run ids are chosen here, so a job handed again
-    resumes the same run; the first run that fails raises its error."""
+    resumes the same run. Without `resume` an id the store holds already is refused before
+    any job goes out; with `errors="return"` a failed run is a result, else it raises."""
     ids = list(run_ids) if run_ids is not None else [session.store.new_id()
                                                      for _ in questions]
     jobs = [Job(index, question, session.store.check_id(run_id))
             for index, (question, run_id) in enumerate(zip(questions, ids, strict=True))]
     if len(set(ids)) != len(ids):
         raise ConfigError("run_ids: two questions share a run id")
+    if run_ids is not None:
+        for job in jobs:
+            if session.store.exists(job.run_id):
+                if not resume:
+                    raise ConfigError(f"{session.store.location(job.run_id)}: a run with this "
+                                      f"id already exists (resume=True continues it)")
+                started = session.store.read_state(job.run_id).started
+                if started is not None and started.question != job.question:
+                    raise ConfigError(f"run_id {job.run_id!r}: the store holds a run of "
+                                      f"another question; choose another id")
     outcomes = executor.outcomes(worker_spec(session), jobs, concurrency)
     try:
         async for outcome in outcomes:
             if outcome.error is not None:
-                raise outcome.error
-            assert outcome.result is not None
-            yield outcome.result.model_copy(update={"index": outcome.job.index})
+                if errors == "raise" or type(outcome.error) is ConfigError:
+                    raise outcome.error
+                result = session._failed(outcome.job.run_id, outcome.job.question, outcome.error)
+            else:
+                assert outcome.result is not None
+                result = outcome.result
+            yield result.model_copy(update={"index": outcome.job.index})
     finally:
         await outcomes.aclose()
 

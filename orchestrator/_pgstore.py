@@ -11,7 +11,7 @@ import os
 from urllib.parse import urlsplit
 
 from orchestrator._config import LoopConfig
-from orchestrator._store import fold_record, new_run_id
+from orchestrator._store import fold_readable, new_run_id
 from primitives import (
     AnyEvent,
     ConfigError,
@@ -69,10 +69,10 @@ class PgStore:
     def describe(self) -> str:
         return self.db.shown
 
-    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig]:
-        """A run's events, its state and the config it recorded (`fold_record`); no lock."""
+    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig | None]:
+        """A run's events, its state and the config it recorded (`fold_readable`); no lock."""
         events = list(self.reader(run_id).read())
-        return (events, *fold_record(events, self.location(run_id), run_id))
+        return (events, *fold_readable(events, self.location(run_id), run_id))
 
     def read_state(self, run_id: str) -> RunState:
         return self.read(run_id)[1]

@@ -46,6 +46,7 @@ from primitives import (
     SampleRequest,
     extract_answer,
     get_logger,
+    plugin_folders,
     resolve_reducer,
 )
 from primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
@@ -76,11 +77,14 @@ class _NoSampling:
 async def reduce_run(session: Session, run_id: str, *, reducer: str,
                      extract: ExtractSpec | None = None, observer: Observer | None = None,
                      stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
-    cls = resolve_reducer(reducer, key="--reducer")
+    if ":" not in reducer:
+        resolve_reducer(reducer, key="--reducer")  # a name not registered: before the lock
     log = session.store.open_for_resume(run_id)
     pool = None
     try:
         state, config = fold_record(list(log.read()), source_of(log), run_id)
+        with plugin_folders(config.folder):  # `module:Class` beside the run's config first
+            cls = resolve_reducer(reducer, key="--reducer")
         if state.result is None:
             raise ConfigError(f"run {run_id} has not completed: resume it before reducing it again")
         set_fsync(log, config)

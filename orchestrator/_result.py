@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from primitives import Outcome, RunState, Spend
+from primitives import LanefoldError, Outcome, RunState, Spend
 
-__all__ = ("CostBreakdown", "LaneResult", "RunResult", "UsageBreakdown", "result_from_state")
+__all__ = ("CostBreakdown", "LaneResult", "RunFailure", "RunResult", "UsageBreakdown",
+           "failed_result", "result_from_state")
 
 
 class UsageBreakdown(BaseModel):
@@ -69,11 +70,24 @@ class LaneResult(BaseModel):
     attempts: int
 
 
+class RunFailure(BaseModel):
+    """Why a run failed, where a batch returns failures instead of raising them: the error's
+    class, the exit code the command line would give for it, and its one-line message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    exit_code: int
+    message: str
+
+
 class RunResult(BaseModel):
     """One finished run: the answer, how it was reached, what it cost, where its log is.
 
     `status` is "answered", or "no_answer" when no lane gave an extractable answer or no
-    candidate got a score (then `answer` is None and `reason` says why; the CLI exits 4).
+    candidate got a score (then `answer` is None and `reason` says why; the CLI exits 4), or
+    "failed" where a caller asked for failures as results (`errors="return"`): then `error`
+    says why, and usage, cost and lanes are what the run's log holds.
     `reducer`, `votes`, `scores` and `tie_break` are the reduction's, where a reducer decided;
     `outcome` is the loop's own detail; `lanes` are the lanes priced as samples, every wave's.
     `index` is the question's position, in results from `Session.run_many`.
@@ -82,8 +96,9 @@ class RunResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     run_id: str
-    status: Literal["answered", "no_answer"] = "answered"
+    status: Literal["answered", "no_answer", "failed"] = "answered"
     reason: str | None = None
+    error: RunFailure | None = Field(None, exclude_if=lambda v: v is None)
     question: str
     answer: str | None
     winner_lane: int | None
@@ -106,17 +121,45 @@ class RunResult(BaseModel):
     index: int | None = Field(None, exclude_if=lambda v: v is None)
 
 
+def _lanes(state: RunState, outcome: Outcome | None) -> list[LaneResult]:
+    return [
+        LaneResult.model_construct(  # our own values: thousands of lanes skip re-validation
+            lane=s.lane, wave=w.wave, status=s.status, answer=s.answer,
+            score=_score(outcome, w.wave, s.lane) if outcome is not None else None,
+            finish_reason=s.finish_reason,
+            tokens=s.usage.output_tokens if s.status == "completed" and s.usage else 0,
+            attempts=s.attempts)
+        for _, w in sorted(state.waves.items()) if w.info.bill == "sample"
+        for _, s in sorted(w.lanes.items())]
+
+
+def failed_result(run_id: str, question: str, error: LanefoldError, state: RunState | None,
+                  events: str | None) -> RunResult:
+    """A run that raised `error`, as a result: what its log (`state`, None when it has none)
+    says it spent and which lanes it ran. A run whose log records its failure is described
+    by that record (a failed run resumed says the same as when it failed)."""
+    state = state or RunState()
+    spend = state.spend
+    lanes = _lanes(state, None)
+    failure = state.failure
+    return RunResult(
+        run_id=run_id, status="failed", reason=None,
+        error=RunFailure(type=failure.error, exit_code=failure.exit_code,
+                         message=" ".join(failure.message.split())) if failure is not None else
+        RunFailure(type=type(error).__name__, exit_code=error.exit_code,
+                   message=" ".join(str(error).split())),
+        question=question, answer=None, winner_lane=None,
+        lanes_completed=sum(lane.status == "completed" for lane in lanes),
+        lanes_failed=sum(lane.status == "failed" for lane in lanes), lanes=lanes,
+        usage=UsageBreakdown.of(spend), cost=CostBreakdown.of(spend),
+        elapsed_s=round(state.active_seconds(), 6), resumes=state.resumes, events=events)
+
+
 def result_from_state(state: RunState, outcome: Outcome, spend: Spend, elapsed_s: float,
                       events: str | None, *, coordinator: str | None = None) -> RunResult:
     """Assemble the result from the loop's outcome and the ledger's bill."""
     waves = [w for _, w in sorted(state.waves.items()) if w.info.bill == "sample"]
-    lanes = [
-        LaneResult.model_construct(  # our own values: thousands of lanes skip re-validation
-            lane=s.lane, wave=w.wave, status=s.status, answer=s.answer,
-            score=_score(outcome, w.wave, s.lane), finish_reason=s.finish_reason,
-            tokens=s.usage.output_tokens if s.status == "completed" and s.usage else 0,
-            attempts=s.attempts)
-        for w in waves for _, s in sorted(w.lanes.items())]
+    lanes = _lanes(state, outcome)
     reduction = outcome.reduction
     return RunResult(
         run_id=state.run_id or "", status="answered" if outcome.answered else "no_answer",

@@ -16,10 +16,10 @@ import concurrent.futures
 import contextlib
 import copy
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import sniffio
@@ -28,7 +28,7 @@ from orchestrator._config import VERSION, LoopConfig, config_hash, load_config, 
 from orchestrator._executor import Executor, distribute, resolve_executor
 from orchestrator._fleet_budget import close_shared_budget, open_shared_budget
 from orchestrator._reduce import reduce_run
-from orchestrator._result import RunResult
+from orchestrator._result import RunResult, failed_result
 from orchestrator._runner import (
     Observer,
     build_backend,
@@ -49,17 +49,20 @@ from primitives import (
     ConfigError,
     EventLog,
     ExtractSpec,
+    LanefoldError,
     Ledger,
     Recorder,
     RunState,
     Verifier,
     as_verifier,
+    plugin_folders,
 )
 from primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 
 T = TypeVar("T")
+Errors = Literal["raise", "return"]
 VerifierLike = Verifier | Callable[..., Any] | str | Sequence[str]
 
 
@@ -150,12 +153,11 @@ class Session:
     def verifier_for(self, config: LoopConfig) -> Verifier | None:
         """The session's verifier, else the one the config names."""
         judge = config.judge
-        if self._verifier is not None:
-            return as_verifier(self._verifier, timeout_s=judge.verifier_timeout_s,
-                               max_concurrency=config.loop.max_concurrency)
-        if judge.verifier is not None:
-            return as_verifier(judge.verifier, timeout_s=judge.verifier_timeout_s,
-                               max_concurrency=config.loop.max_concurrency)
+        given = self._verifier if self._verifier is not None else judge.verifier
+        if given is not None:
+            with plugin_folders(config.folder):  # `module:function` beside the config first
+                return as_verifier(given, timeout_s=judge.verifier_timeout_s,
+                                   max_concurrency=config.loop.max_concurrency)
         if judge.verifier_command is not None:
             return CommandVerifier(judge.verifier_command, timeout_s=judge.verifier_timeout_s,
                                    max_concurrency=config.loop.max_concurrency)
@@ -163,17 +165,34 @@ class Session:
 
     # -- runs -------------------------------------------------------------------------------------
 
-    async def run(self, question: str, *, run_id: str | None = None,
-                  observer: Observer | None = None, log: EventLog | None = None,
+    async def run(self, question: str, *, run_id: str | None = None, resume: bool = False,
+                  errors: Errors = "raise", observer: Observer | None = None,
+                  log: EventLog | None = None,
                   stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`).
 
-        Cancelling the call records the run as interrupted (resumable) and re-raises.
+        With `resume=True` a `run_id` the store already holds is resumed instead (a finished
+        run returns its recorded result, sampling nothing); it must hold this question. With
+        `errors="return"` a run that fails comes back as a result with `status="failed"` and
+        its `error`, instead of raising (misuse of the call still raises). Cancelling the
+        call records the run as interrupted (resumable) and re-raises.
         """
-        config = self.config
         check_question(question)
+        _check_errors(errors)
         run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
+        try:
+            if resume and log is None and self.store.exists(run_id):
+                return await self._go_on(run_id, question, observer, stop_reason)
+            return await self._start(question, run_id, observer, log, stop_reason)
+        except LanefoldError as exc:
+            if errors == "raise" or type(exc) is ConfigError:
+                raise
+            return self._failed(run_id, question, exc)
+
+    async def _start(self, question: str, run_id: str, observer: Observer | None,
+                     log: EventLog | None, stop_reason: Callable[[], str]) -> RunResult:
+        config = self.config
         backend, judge_backend = await self._backends(config)
         await self._load_given()
         # A shared budget that does not exist is refused before the run does.
@@ -196,30 +215,56 @@ class Session:
         finally:
             await close_shared_budget(pool)
 
-    def _config_dir(self) -> str | None:
-        if self.source == "<config>":
-            return None
-        return str(Path(self.source).resolve().parent)
+    async def _go_on(self, run_id: str, question: str, observer: Observer | None,
+                     stop_reason: Callable[[], str]) -> RunResult:
+        """Resume `run_id`, which must be a run of `question` (an id reused for another
+        question is a mistake to name, not a run to continue)."""
+        recorded = self.store.read_state(run_id)
+        if recorded.started is not None and recorded.started.question != question:
+            raise ConfigError(f"run_id {run_id!r}: the store holds a run of another question "
+                              f"({_clip(recorded.started.question)}); choose another id")
+        return await self.resume(run_id, observer=observer, stop_reason=stop_reason)
+
+    def _failed(self, run_id: str, question: str, error: LanefoldError) -> RunResult:
+        """`error` as a failed run's result, with what its log (if any) says it spent."""
+        state = None
+        with contextlib.suppress(LanefoldError, OSError):
+            if self.store.exists(run_id):
+                state = self.store.read_state(run_id)
+        events = self.store.location(run_id) if state is not None else None
+        return failed_result(run_id, question, error, state, events)
+
+    def _config_dir(self) -> str:
+        """Where the run's `module:attr` plug-ins were looked up first: the config file's
+        folder, else the working directory (resume looks there again)."""
+        return self.config.folder or str(Path.cwd().resolve())
 
     async def run_many(self, questions: Iterable[str], *, concurrency: int = 8,
-                       run_ids: Sequence[str] | None = None) -> AsyncIterator[RunResult]:
+                       run_ids: Sequence[str] | None = None, resume: bool = False,
+                       errors: Errors = "raise") -> AsyncGenerator[RunResult, None]:
         """Run every question, up to `concurrency` at once; results in completion order.
 
-        Each result's `index` is its question's position. The first run that fails raises
-        its error here; the runs still in flight are then interrupted (recorded, resumable),
-        as they are when the caller stops iterating early.
+        Each result's `index` is its question's position. `resume=True`: an id in `run_ids`
+        that the store holds is resumed (a finished run gives its recorded result, sampling
+        nothing), so the same call after a crash finishes the batch. `errors="return"`: a run
+        that fails is a result with `status="failed"` and the batch goes on; with "raise"
+        (the default) the first failure raises here. Either way, the runs still in flight
+        when the batch stops early are interrupted (recorded, resumable).
         """
         if concurrency < 1:
             raise ConfigError(f"concurrency: must be at least 1, got {concurrency}")
+        _check_errors(errors)
         todo = list(enumerate(questions))
         if run_ids is not None and len(run_ids) != len(todo):
             raise ConfigError(f"run_ids: {len(run_ids)} ids for {len(todo)} questions")
+        if run_ids is not None and len(set(run_ids)) != len(run_ids):
+            raise ConfigError("run_ids: two questions share a run id")
         for _, question in todo:
             check_question(question)
         if self.executor is not None:  # each worker holds its own Session and backend
             async with contextlib.aclosing(distribute(
                     self, self.executor, [q for _, q in todo], concurrency=concurrency,
-                    run_ids=run_ids)) as remote:
+                    run_ids=run_ids, resume=resume, errors=errors)) as remote:
                 async for result in remote:
                     yield result
             return
@@ -229,7 +274,8 @@ class Session:
 
         async def worker() -> None:
             for index, question in queue:  # shared: each question taken by one worker
-                result = await self.run(question, run_id=run_ids[index] if run_ids else None)
+                result = await self.run(question, run_id=run_ids[index] if run_ids else None,
+                                        resume=resume, errors=errors)
                 await send.send(result.model_copy(update={"index": index}))
 
         async def produce() -> None:
@@ -317,6 +363,16 @@ class Session:
         """
         return await reduce_run(self, run_id, reducer=reducer, extract=extract,
                                 observer=observer, stop_reason=stop_reason)
+
+
+def _check_errors(errors: str) -> None:
+    if errors not in ("raise", "return"):
+        raise ConfigError(f"errors: {errors!r} is not 'raise' or 'return'")
+
+
+def _clip(text: str, width: int = 60) -> str:
+    line = " ".join(text.split())
+    return repr(line if len(line) <= width else line[:width - 3] + "...")
 
 
 def _store_of(store: str | Store | None, config: LoopConfig | None, runs_dir: str | Path) -> Store:

@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from pydantic import ValidationError
+
 from coordinators import ParallelSampleParams, audit
 from orchestrator._config import LoopConfig, recorded_config
 from primitives import (
@@ -21,13 +23,15 @@ from primitives import (
     FsyncPolicy,
     JsonlEventLog,
     LogCorruptError,
+    Pricing,
     RunNotFoundError,
     RunState,
     fold,
     validate_run_id,
+    without_plugin_imports,
 )
 
-__all__ = ("RunStore", "Store", "fold_record", "new_run_id", "open_store")
+__all__ = ("RunStore", "Store", "fold_readable", "fold_record", "new_run_id", "open_store")
 
 
 class Store(Protocol):
@@ -51,7 +55,10 @@ class Store(Protocol):
 
     def exists(self, run_id: str) -> bool: ...
 
-    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig]: ...
+    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig | None]:
+        """A run's events, state and recorded config (`fold_readable`); no lock, no plug-in
+        imported."""
+        ...
 
     def read_state(self, run_id: str) -> RunState: ...
 
@@ -104,6 +111,27 @@ def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunSt
     return state, config
 
 
+def fold_readable(events: list[AnyEvent], source: str,
+                  run_id: str) -> tuple[RunState, LoopConfig | None]:
+    """`fold_record` for a reader (`tail`, `show`), which imports no plug-in: where the
+    recorded config names a `module:attr` not imported here, the events are folded at the
+    recorded prices, every line still checked as the run's own, and the config is None."""
+    with without_plugin_imports() as skipped:
+        try:
+            return fold_record(events, source, run_id)
+        except ConfigError:
+            if not skipped:
+                raise
+    started = fold(events[:1], source=source, run_id=run_id).started
+    assert started is not None  # fold_record refused a log without one
+    try:
+        pricing = Pricing.model_validate(started.config.get("pricing", {}))
+    except ValidationError as exc:
+        raise ConfigError(f"{source}:1: recorded config: pricing: "
+                          f"{exc.errors()[0]['msg']}") from None
+    return fold(events, pricing, source=source, run_id=run_id), None
+
+
 class RunStore:
     """A folder of runs, one subfolder per run id."""
 
@@ -146,11 +174,11 @@ class RunStore:
     def describe(self) -> str:
         return str(self.root)
 
-    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig]:
-        """A run's events, its state and the config it recorded (`fold_record`); no lock."""
+    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig | None]:
+        """A run's events, its state and the config it recorded (`fold_readable`); no lock."""
         path = self.existing(run_id)
         events = list(JsonlEventLog(path).read())
-        return (events, *fold_record(events, str(path), run_id))
+        return (events, *fold_readable(events, str(path), run_id))
 
     def read_state(self, run_id: str) -> RunState:
         """`read`'s state alone."""

@@ -93,12 +93,15 @@ from primitives._pgdatabase import PgDatabase, redact_url
 from primitives._pglog import PgEventLog
 from primitives._record import Recorder
 from primitives._registry import (
+    import_object,
     loop_names,
+    plugin_folders,
     reducer_names,
     register_loop,
     register_reducer,
     resolve_loop,
     resolve_reducer,
+    without_plugin_imports,
 )
 from primitives._shared_budget import (
     BudgetView,
@@ -211,6 +214,7 @@ __all__ = (
     "fold",
     "get_logger",
     "hash_config",
+    "import_object",
     "import_verifier",
     "judge_argmax",
     "lane_seed",
@@ -219,6 +223,7 @@ __all__ = (
     "normalize_answer",
     "parse_event",
     "parse_score",
+    "plugin_folders",
     "read_budget",
     "redact_url",
     "reducer_names",
@@ -233,4 +238,5 @@ __all__ = (
     "validate_run_id",
     "vote_fold",
     "wave_fingerprint",
+    "without_plugin_imports",
 )

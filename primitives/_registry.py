@@ -3,24 +3,38 @@
 A loop or reducer is registered with a decorator (`@register_loop`, `@register_reducer`), by
 an installed package's entry point (groups `lanefold.loops` and `lanefold.reducers`, loaded on
 first lookup), or named in a config as `package.module:ClassName`, imported on demand.
+
+Every `module:attr` a config or a flag names (a loop, a reducer, a verifier, a scorer) is
+imported by `import_object`, which looks in the config's folder first, then the working
+directory, then the usual `sys.path`: the same for the command line and for Python.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
+import os
 import re
+import sys
+import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, TypeVar
 
 from primitives._errors import ConfigError
 
 __all__ = (
+    "import_object",
     "loop_names",
+    "plugin_folders",
     "reducer_names",
     "register_loop",
     "register_reducer",
     "resolve_loop",
     "resolve_reducer",
+    "without_plugin_imports",
 )
 
 T = TypeVar("T", bound=type[Any])
@@ -31,6 +45,74 @@ _ENTRY_POINTS_LOADED: set[str] = set()
 
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
+_FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("lanefold_plugin_folders", default=())
+_SKIPPED: ContextVar[list[str] | None] = ContextVar("lanefold_plugin_skipped", default=None)
+_PATH_LOCK = threading.RLock()  # sys.path is the process's: one temporary change at a time
+
+
+@contextlib.contextmanager
+def without_plugin_imports() -> Iterator[list[str]]:
+    """Within the block, `import_object` imports nothing new: a module not imported yet is a
+    ConfigError, its spec added to the list yielded. For readers of a record (`tail`, `show`),
+    which print what was recorded and never need to run a plug-in's code."""
+    skipped: list[str] = []
+    token = _SKIPPED.set(skipped)
+    try:
+        yield skipped
+    finally:
+        _SKIPPED.reset(token)
+
+
+@contextlib.contextmanager
+def plugin_folders(*folders: str | Path | None) -> Iterator[None]:
+    """Within the block, `import_object` looks in `folders` (a config's own folder) before
+    the working directory. Nested blocks look in the inner folders first."""
+    named = tuple(str(Path(f).resolve()) for f in folders if f)
+    token = _FOLDERS.set(tuple(dict.fromkeys((*named, *_FOLDERS.get()))))
+    try:
+        yield
+    finally:
+        _FOLDERS.reset(token)
+
+
+def import_object(spec: str, *, key: str) -> Any:
+    """The object `module:attr` names (`attr` may be dotted: `module:Class.method`).
+
+    The module is looked up in the folders of `plugin_folders`, then the working directory,
+    then `sys.path`; those folders are on the path only while it imports (a module beside its
+    config may import its own siblings). Any failure, an exit at import included, is a
+    ConfigError naming `key`.
+    """
+    module_name, colon, attr = spec.partition(":")
+    if not (module_name and colon and attr):
+        raise ConfigError(f"{key}: {spec!r} must look like 'module:attr'")
+    skipped = _SKIPPED.get()
+    if skipped is not None and module_name not in sys.modules:
+        skipped.append(spec)
+        raise ConfigError(f"{key}: {spec!r} is not imported by a reader of the record")
+    try:
+        found: Any = _import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except (Exception, SystemExit) as exc:  # a user's module may fail (or exit) in any way
+        raise ConfigError(f"{key}: cannot import {spec!r}: {type(exc).__name__}: "
+                          f"{exc}") from None
+    return found
+
+
+def _import_module(name: str) -> Any:
+    if name in sys.modules:
+        return sys.modules[name]
+    search = [*_FOLDERS.get(), os.getcwd()]
+    with _PATH_LOCK:
+        added = [folder for folder in dict.fromkeys(search) if folder not in sys.path]
+        sys.path[:0] = added
+        try:
+            return importlib.import_module(name)
+        finally:
+            for folder in added:
+                with contextlib.suppress(ValueError):
+                    sys.path.remove(folder)
 
 
 def register_loop(cls: T) -> T:
@@ -96,14 +178,7 @@ def _load_entry_points(group: str) -> None:
 def _resolve(table: dict[str, type[Any]], spec: str, *, group: str, key: str,
              what: str) -> type[Any]:
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        try:
-            found: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                found = getattr(found, part)
-        except Exception as exc:  # a user's module may fail to import in any way
-            raise ConfigError(f"{key}: cannot import {spec!r}: {type(exc).__name__}: "
-                              f"{exc}") from None
+        found = import_object(spec, key=key)
         if not isinstance(found, type):
             raise ConfigError(f"{key}: {spec!r} is not a class")
         return found

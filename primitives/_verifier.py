@@ -8,7 +8,6 @@ the run. Only misuse (a `ConfigError` at construction) and cancellation propagat
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -27,6 +26,7 @@ import anyio.to_thread
 
 from primitives._errors import ConfigError
 from primitives._logging import get_logger
+from primitives._registry import import_object
 
 __all__ = (
     "CallableVerifier",
@@ -230,16 +230,10 @@ def _import_callable(spec: str) -> VerifierFn:
     module_name, colon, attr = spec.partition(":")
     if not (module_name and colon and attr):
         raise ConfigError(f"judge.verifier: {spec!r} must look like 'module:function'")
-    try:
-        target: object = importlib.import_module(module_name)
-        for part in attr.split("."):  # `module:Class.method` reaches a nested attribute
-            target = getattr(target, part)
-    except Exception as exc:  # a user's module may fail to import in any way
-        raise ConfigError(f"judge.verifier: cannot import {spec!r}: "
-                          f"{type(exc).__name__}: {exc}") from None
+    target = import_object(spec, key="judge.verifier")  # `module:Class.method` reaches further
     if not callable(target):
         raise ConfigError(f"judge.verifier: {spec!r} is not callable")
-    return target  # callable() narrowed it; the signature is the user's to keep
+    return target  # type: ignore[no-any-return]  # callable; its signature is the user's to keep
 
 
 def _boxed(fn: VerifierFn, question: str, text: str, answer: str | None) -> tuple[object]:

@@ -42,6 +42,8 @@ PUBLIC_NAMES = frozenset({
     "Reducer",
     "Reduction",
     "Session",
+    "SyncSession",
+    "RunFailure",
     "Verdict",
     "Verifier",
     "register_loop",

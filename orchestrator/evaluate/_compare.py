@@ -35,7 +35,7 @@ from orchestrator.evaluate._eval import EvalPaths, questions_hash, read_manifest
 from orchestrator.evaluate._eval_records import QuestionResult, read_results, write_json
 from orchestrator.evaluate._item import Item
 from orchestrator.evaluate._scoring import resolve_scorer
-from primitives import ConfigError, validate_run_id
+from primitives import ConfigError, plugin_folders, validate_run_id
 
 __all__ = ("Compared", "Comparison", "EqualBudget", "McNemar", "arm_names", "mcnemar",
            "mcnemar_p", "run_compare")
@@ -207,7 +207,8 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     if concurrency < 1:
         raise ConfigError(f"--concurrency: must be at least 1, got {concurrency}")
     # The evals check these too, but each only as it starts: check every config now.
-    given = resolve_scorer(scorer, items).verifier(items) is not None
+    with plugin_folders(*(config.folder for _, _, config in arms)):  # as the CLI finds them
+        given = resolve_scorer(scorer, items).verifier(items) is not None
     for _, source, config in arms:
         preflight(config, source, verifier_given=given)
     if equal_budget is None and budget is not None:

@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
 def command(args: argparse.Namespace) -> int:
     """Run (or continue) the comparison and print its table."""
     # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
-    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible, _on_path
+    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible
 
     if len(args.configs) < 2:
         raise ConfigError(f"compare needs at least two configs, got {len(args.configs)}")
@@ -71,7 +71,6 @@ def command(args: argparse.Namespace) -> int:
     if args.budget is not None and args.equal_budget is None:
         raise ConfigError("--budget: applies with --equal-budget tokens|cost|lanes")
     for path in args.configs:  # before the dataset, which may be fetched
-        _on_path(path)
         load_config(path)
     compare_id = validate_run_id(args.compare_id or RunStore(args.runs_dir).new_id())
     dataset = DatasetSpec(args.dataset, args.question_field, args.answer_field, args.limit)

@@ -56,6 +56,7 @@ from primitives import (
     RunInUseError,
     RunLock,
     RunState,
+    plugin_folders,
     validate_run_id,
 )
 
@@ -116,8 +117,10 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         except ConfigError as exc:
             raise ConfigError(f"{item.source or f'item {item.index}'}: {exc}") from None
     chosen = scorer if scorer is not None and not isinstance(scorer, str) else None
-    if chosen is None:
-        chosen = resolve_scorer(scorer if isinstance(scorer, str) else None, items)
+    if chosen is None:  # a `module:function` scorer is looked up beside the config first
+        folder = config.folder if isinstance(config, LoopConfig) else Path(config).parent
+        with plugin_folders(folder):
+            chosen = resolve_scorer(scorer if isinstance(scorer, str) else None, items)
     else:
         chosen.check(items)
     session = JobSession(config, runs_dir=runs_dir, backend=backend,

@@ -68,14 +68,14 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
 def command(args: argparse.Namespace) -> int:
     """Run (or continue) the eval and print its summary."""
     # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
-    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible, _on_path
+    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible
 
     config: LoopConfig | str
     if args.resume is not None:
         eval_id = args.resume
         _refuse_with_resume(args)
         manifest = read_manifest(args.runs_dir, eval_id)
-        config = _recorded_config(manifest, _on_path)
+        config = _recorded_config(manifest)
         dataset = DatasetSpec(manifest.dataset, manifest.question_field, manifest.answer_field,
                               manifest.limit)
         if dataset.spec == "<items>":
@@ -85,7 +85,6 @@ def command(args: argparse.Namespace) -> int:
     else:
         if args.config is None or args.dataset is None:
             raise ConfigError("CONFIG and --dataset are required (or --resume ID)")
-        _on_path(args.config)
         config = args.config
         dataset = DatasetSpec(args.dataset, args.question_field, args.answer_field, args.limit)
         eval_id = args.eval_id or new_run_id()
@@ -149,17 +148,17 @@ def _refuse_with_resume(args: argparse.Namespace) -> None:
             raise ConfigError(f"--resume: {flag} comes from the eval's eval.json; leave it out")
 
 
-def _recorded_config(manifest: EvalManifest,
-                     on_path: Callable[[str | Path], None]) -> LoopConfig | str:
+def _recorded_config(manifest: EvalManifest) -> LoopConfig | str:
     """The config file the eval started from while it still says the same, else the config
-    the manifest recorded (a file edited since is not what the eval ran)."""
+    the manifest recorded (a file edited since is not what the eval ran), its plug-ins looked
+    up beside that file all the same."""
     path = manifest.config_path
     if path is not None:
-        on_path(path)  # the config's `module:...` plug-ins, and a module:function scorer
         with contextlib.suppress(ConfigError, OSError):
             if config_hash(load_config(path)) == manifest.config_hash:
                 return path
-    return parse_config(dict(manifest.config), source=f"eval {manifest.eval_id}: eval.json")
+    return parse_config(dict(manifest.config), source=f"eval {manifest.eval_id}: eval.json",
+                        folder=Path(path).parent if path is not None else None)
 
 
 def print_summary(summary: EvalSummary, console: Console | None = None) -> None:

@@ -19,7 +19,6 @@ is a number for `numeric`) is checked before anything runs.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -34,7 +33,14 @@ from typing import Any, Protocol
 import anyio
 
 from orchestrator.evaluate._item import Item
-from primitives import CommandVerifier, ConfigError, Verdict, Verifier, normalize_answer
+from primitives import (
+    CommandVerifier,
+    ConfigError,
+    Verdict,
+    Verifier,
+    import_object,
+    normalize_answer,
+)
 
 __all__ = ("CustomScorer", "ExactMatch", "HumanEvalTests", "NumericMatch", "Score", "Scorer",
            "humaneval_program", "resolve_scorer")
@@ -182,14 +188,7 @@ class CustomScorer:
 
 
 def _import(spec: str) -> Callable[..., Any]:
-    module_name, _, attr = spec.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except Exception as exc:  # a user's module may fail to import in any way
-        raise ConfigError(f"--scorer: cannot import {spec!r}: {type(exc).__name__}: "
-                          f"{exc}") from None
+    target = import_object(spec, key="--scorer")
     if not callable(target):
         raise ConfigError(f"--scorer: {spec!r} is not callable")
     return target  # type: ignore[no-any-return]

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from loop_processes import cli, finish
 
+import orchestrator
 from orchestrator._cli import main
 
 HERE = Path(__file__).resolve().parent
@@ -157,6 +158,112 @@ def test_an_unknown_loop_key_of_the_plugin_is_refused_naming_it(
     wrong.write_text(wrong.read_text().replace(f"drafts = {DRAFTS}", 'drafts = "3"'))
     assert main(["validate", str(wrong)]) == 2
     assert "loop.drafts" in capsys.readouterr().err
+
+
+def test_a_plugin_run_from_python_is_tailed_and_shown_by_the_cli_without_its_loop(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run from Python with the working directory elsewhere: the loop is found beside its
+    # config, as the CLI finds it, and the run records that folder.
+    elsewhere = folder / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    runs = folder / "runs"
+    config = orchestrator.load_config(write_config(folder, "py"))
+    result = orchestrator.run_sync(config, QUESTION, runs_dir=runs, run_id="py")
+    assert result.status == "answered"
+    assert events(runs, "py")[0]["data"]["config_dir"] == str(folder.resolve())
+
+    # Printing the record needs no loop: the loop's file is gone, a fresh process reads it.
+    (folder / "plugin_loop.py").unlink()
+    code, out, err = finish(cli(elsewhere, "tail", "py", "--runs-dir", str(runs)))
+    assert (code, err) == (0, "")
+    assert len(out.splitlines()) == len(events(runs, "py"))
+    code, out, err = finish(cli(elsewhere, "show", "py", "--runs-dir", str(runs), "--json"))
+    assert (code, err) == (0, "")
+    assert json.loads(out)["answer"] == result.answer
+    code, out, err = finish(cli(elsewhere, "resume", "py", "--runs-dir", str(runs), "--json"))
+    assert (code, err) == (0, ""), "a finished run returns its record, running no loop"
+
+
+def test_resuming_an_unfinished_plugin_run_without_its_loop_says_how_to_find_it(
+        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = folder / "runs"
+    config = write_config(folder, "cut")
+    assert main(["run", str(config), "--question", QUESTION, "--runs-dir", str(runs),
+                 "--run-id", "cut", "--json"]) == 0
+    capsys.readouterr()
+    log = runs / "cut" / "events.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    first_barrier = next(i for i, line in enumerate(lines) if '"type":"wave.barrier"' in line)
+    log.write_text("".join(lines[:first_barrier + 1]))  # as if killed after wave 1
+    moved = folder / "moved"
+    moved.mkdir()
+    (folder / "plugin_loop.py").rename(moved / "plugin_loop.py")
+    code, _, err = finish(cli(folder / "runs", "resume", "cut", "--runs-dir", str(runs)))
+    assert code == 2
+    [line] = err.splitlines()
+    assert "cannot import 'plugin_loop:CritiqueLoop'" in line
+    assert f"run from {folder.resolve()} or put the folder that holds it on PYTHONPATH" in line
+    assert len(log.read_text().splitlines()) == first_barrier + 1, "nothing written"
+    code, out, err = finish(cli(moved, "resume", "cut", "--runs-dir", str(runs), "--json"))
+    assert code == 0, err  # from the folder that holds the loop now, it goes on
+    assert json.loads(out)["resumes"] == 1
+
+
+def test_a_verifier_beside_a_config_is_found_from_python_as_from_the_cli(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (folder / "my_checks.py").write_text(
+        "def check(question, text, answer):\n    return 1.0 if answer == '391' else 0.0\n")
+    path = folder / "judged.toml"
+    path.write_text('[loop]\nk = 4\nreducer = "judge_argmax"\n[judge]\n'
+                    'verifier = "my_checks:check"\n[backend]\nkind = "simulated"\n')
+    elsewhere = folder / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    try:
+        result = orchestrator.run_sync(orchestrator.load_config(path), QUESTION,
+                                       runs_dir=folder / "runs")
+    finally:
+        sys.modules.pop("my_checks", None)
+    assert result.reducer == "judge_argmax" and result.answer == "391"
+    assert set(result.scores.values()) <= {0.0, 1.0}
+
+
+PLAIN_PARAMS = """
+from typing import ClassVar
+from pydantic import BaseModel
+from orchestrator import LoopContext, Outcome
+
+class Params(BaseModel):  # a plain model: pydantic's default ignores unknown keys
+    n: int = 1
+
+class Plain:
+    name: ClassVar[str] = "plain"
+    Params: ClassVar[type[BaseModel]] = Params
+
+    def __init__(self, params: Params) -> None:
+        self.params = params
+
+    async def run(self, ctx: LoopContext, question: str) -> Outcome:
+        raise AssertionError("never run")
+"""
+
+
+def test_an_unknown_loop_key_is_refused_whatever_the_plugins_params_allow(
+        folder: Path) -> None:
+    (folder / "plain_loop.py").write_text(PLAIN_PARAMS)
+    path = folder / "plain.toml"
+    path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nnn = 2\n'
+                    '[backend]\nkind = "simulated"\n')
+    try:
+        with pytest.raises(orchestrator.ConfigError) as caught:
+            orchestrator.load_config(path)
+        assert str(caught.value) == f"{path}: loop.nn: unknown key"
+        path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nn = 2\n'
+                        '[backend]\nkind = "simulated"\n')
+        assert orchestrator.load_config(path).loop_params.model_dump() == {"n": 2}
+    finally:
+        sys.modules.pop("plain_loop", None)
 
 
 def test_schema_lists_each_registered_loops_keys(capsys: pytest.CaptureFixture[str]) -> None:
