@@ -42,6 +42,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     ignore_eos: bool = False  # decode to max_tokens through end-of-sequence (benchmarks)
+    # With `logprobs`: also this many most likely tokens at each output position, under the
+    # same distribution as the sampled token's logprob (Sample.top_logprobs). 0: none.
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,9 @@ class Sample:
     logprobs: tuple[float, ...] | None = None
     extra: dict[str, object] = field(default_factory=dict)
     tokens: tuple[str, ...] | None = None  # each output token's text, beside `logprobs`
+    # Beside `logprobs`, where `params.top_logprobs` asked and the backend computes them: for
+    # each output token, the most likely tokens there as (text, logprob), most likely first.
+    top_logprobs: tuple[tuple[tuple[str, float], ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

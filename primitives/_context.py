@@ -57,9 +57,12 @@ def wave_fingerprint(purpose: str, bill: Bill, jobs: Sequence[LaneJob], params: 
                      *, quorum: int, share_prefix: bool, extract: ExtractSpec | None,
                      backend: str) -> str:
     """sha256 of what a wave asks for: its lanes' prompts, sampling, extractor and quorum."""
+    sampling = asdict(params)
+    if not sampling["top_logprobs"]:  # added later: left out at its default, so that logs
+        del sampling["top_logprobs"]  # recorded before it keep their fingerprints
     return hash_config({
         "purpose": purpose, "bill": bill, "backend": backend, "quorum": quorum,
-        "share_prefix": share_prefix, "params": asdict(params),
+        "share_prefix": share_prefix, "params": sampling,
         "extract": extract.model_dump(mode="json") if extract is not None else None,
         "lanes": [[job.lane, job.prompt] for job in jobs]})
 

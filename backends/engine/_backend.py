@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.from_thread
@@ -240,9 +240,13 @@ class EngineBackend:
                 continue
             sample = lane_sample(ticket.request, lane)
             if sample.logprobs is not None and self._tokenizer is not None:
-                decode = self._tokenizer.decode
-                tokens = tuple(decode([i]) for i in lane.output_ids[: len(sample.logprobs)])
-                sample = dataclasses.replace(sample, tokens=tokens)
+                text = _token_texts(self._tokenizer)
+                tokens = tuple(text(i) for i in lane.output_ids[: len(sample.logprobs)])
+                top = None
+                if ticket.request.params.top_logprobs:
+                    top = tuple(tuple((text(i), value) for i, value in step)
+                                for step in lane.top_logprobs[: len(sample.logprobs)])
+                sample = dataclasses.replace(sample, tokens=tokens, top_logprobs=top)
             ticket.landed.append(sample)
             ticket.done = ticket.engine_request.finished
             landed = True
@@ -292,3 +296,17 @@ class EngineBackend:
         for ticket in set(self._owners.values()):
             ticket.error, ticket.done = error, True
         self._owners.clear()
+
+
+def _token_texts(tokenizer: Tokenizer) -> Callable[[int], str]:
+    """Each token id's own text, decoded once per lane however often it recurs (alternatives
+    repeat the same few ids at many positions)."""
+    seen: dict[int, str] = {}
+
+    def text(token: int) -> str:
+        found = seen.get(token)
+        if found is None:
+            found = seen[token] = tokenizer.decode([token])
+        return found
+
+    return text

@@ -20,9 +20,9 @@ from backends.engine._config import EngineConfig
 from backends.engine._metrics import EngineMetrics, RequestMetrics, charge_residency
 from backends.engine._model import CausalLM, build_model
 from backends.engine._runner import ModelRunner
-from backends.engine._sampler import SamplingBatch, lane_key, sample
+from backends.engine._sampler import SamplingBatch, lane_key, sample, sample_with_alternatives
 from backends.engine._scheduler import Scheduler, Step
-from backends.engine._sequence import EngineRequest, Sequence, Status
+from backends.engine._sequence import Alternatives, EngineRequest, Sequence, Status
 from backends.engine._tokenizer import Tokenizer
 from backends.engine._weight_cache import cached_checkpoint, cached_tokenizer, open_lazily
 from backends.engine._weights import load_checkpoint, resolve_model_path
@@ -175,9 +175,9 @@ class Engine:
             logits = logits[torch.tensor(rows, device=logits.device)]
         else:
             lanes = plan.sequences
-        tokens, logprobs = self._sample(lanes, logits)
-        for seq, token, logprob in zip(lanes, tokens, logprobs, strict=True):
-            self._emit(seq, token, logprob)
+        tokens, logprobs, alternatives = self._sample(lanes, logits)
+        for seq, token, logprob, top in zip(lanes, tokens, logprobs, alternatives, strict=True):
+            self._emit(seq, token, logprob, top)
         self._live = [r for r in self._live if not r.finished]
         finished, self._finished = self._finished, []
         return finished
@@ -234,19 +234,31 @@ class Engine:
         return lanes, rows
 
     @staticmethod
-    def _sample(lanes: list[Sequence], logits: Tensor) -> tuple[list[int], list[float]]:
-        """Every lane's next token (and log-probability) in one batch on the logits' device."""
+    def _sample(
+        lanes: list[Sequence], logits: Tensor
+    ) -> tuple[list[int], list[float], list[Alternatives]]:
+        """Every lane's next token (and log-probability, and the most likely tokens where a
+        lane asked for them) in one batch on the logits' device."""
         batch = SamplingBatch.build(
             [s.params for s in lanes], [s.key for s in lanes], [s.num_generated for s in lanes],
             logits.device,
         )
-        tokens, logprobs = sample(logits, batch)
-        if logprobs is None:
-            return tokens.tolist(), [0.0] * len(lanes)
-        both = torch.stack((tokens.double(), logprobs.double())).cpu()  # one copy to the host
-        return [int(t) for t in both[0].tolist()], both[1].tolist()
+        none: list[Alternatives] = [()] * len(lanes)
+        if not batch.top_logprobs:  # no top-k taken: a batch without alternatives pays nothing
+            tokens, logprobs = sample(logits, batch)
+            if logprobs is None:
+                return tokens.tolist(), [0.0] * len(lanes), none
+            both = torch.stack((tokens.double(), logprobs.double())).cpu()  # one copy to the host
+            return [int(t) for t in both[0].tolist()], both[1].tolist(), none
+        drawn, chosen, values, ids = sample_with_alternatives(logits, batch)
+        rows = torch.cat((drawn.double()[:, None], chosen.double()[:, None], ids.double(),
+                          values.double()), dim=1).cpu().tolist()  # one copy to the host
+        n = ids.shape[1]
+        alternatives = [tuple(zip(map(int, row[2 : 2 + n]), row[2 + n :], strict=True))
+                        for row in rows]
+        return [int(row[0]) for row in rows], [row[1] for row in rows], alternatives
 
-    def _emit(self, seq: Sequence, token: int, logprob: float) -> None:
+    def _emit(self, seq: Sequence, token: int, logprob: float, top: Alternatives) -> None:
         """Take a lane's sampled token and finish the lane when it is done."""
         seq.num_computed = len(seq.tokens)
         if seq.num_generated >= seq.max_tokens:
@@ -257,6 +269,8 @@ class Engine:
         seq.metrics.decode_tokens += 1
         if seq.params.logprobs:
             seq.logprobs.append(logprob)
+            if seq.params.top_logprobs:
+                seq.top_logprobs.append(top[: seq.params.top_logprobs])
         if seq.params.stop and self.tokenizer is not None:
             new = seq.output.extend(self.tokenizer, seq.output_ids)
             cut = seq.output.stop_at(new, seq.params.stop)

@@ -19,7 +19,14 @@ from torch import Tensor
 
 from primitives import SamplingParams
 
-__all__ = ("SamplingBatch", "find_stop", "lane_key", "sample", "sample_token")
+__all__ = (
+    "SamplingBatch",
+    "find_stop",
+    "lane_key",
+    "sample",
+    "sample_token",
+    "sample_with_alternatives",
+)
 
 _M32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays inside int64 on every device.
@@ -53,6 +60,7 @@ class SamplingBatch:
     logprobs: bool
     any_sampled: bool = True
     any_greedy: bool = False
+    top_logprobs: int = 0  # the most alternatives any row asked for (0: none, no top-k taken)
 
     @classmethod
     def build(
@@ -81,6 +89,7 @@ class SamplingBatch:
             logprobs=any(p.logprobs for p in params),
             any_sampled=any(p.temperature > 0.0 for p in params),
             any_greedy=any(p.temperature <= 0.0 for p in params),
+            top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0),
         )
 
 
@@ -90,6 +99,30 @@ def sample(logits: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor | None]
 
     Temperature 0 is greedy.
     """
+    tokens = _draw(logits, batch)
+    if not batch.logprobs:
+        return tokens, None
+    logprobs = torch.log_softmax(logits, dim=1).gather(1, tokens[:, None])[:, 0]
+    return tokens, logprobs
+
+
+def sample_with_alternatives(
+    logits: Tensor, batch: SamplingBatch
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`sample` for a batch where some row asked for alternatives: token ids `[B]`, their
+    log-probabilities `[B]`, and each row's `batch.top_logprobs` most likely token ids and
+    log-probabilities `[B, N]` (most likely first), all from the one log-softmax the sampled
+    token's log-probability comes from (the model's own distribution, before temperature and
+    filters). A row that asked for fewer keeps the first of its N.
+    """
+    tokens = _draw(logits, batch)
+    every = torch.log_softmax(logits, dim=1)
+    top = every.topk(min(batch.top_logprobs, logits.shape[1]), dim=1)
+    return tokens, every.gather(1, tokens[:, None])[:, 0], top.values, top.indices
+
+
+def _draw(logits: Tensor, batch: SamplingBatch) -> Tensor:
+    """One token id per row: greedy at temperature 0, else drawn at the row's hashed uniform."""
     greedy = batch.temperature <= 0.0
     tokens = logits.argmax(dim=1) if batch.any_greedy else None
     if batch.any_sampled:
@@ -105,10 +138,7 @@ def sample(logits: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor | None]
         drawn = drawn.clamp_(max=logits.shape[1] - 1)
         tokens = drawn if tokens is None else torch.where(greedy, tokens, drawn)
     assert tokens is not None, "a batch has a greedy or a sampled row"
-    if not batch.logprobs:
-        return tokens, None
-    logprobs = torch.log_softmax(logits, dim=1).gather(1, tokens[:, None])[:, 0]
-    return tokens, logprobs
+    return tokens
 
 
 def sample_token(

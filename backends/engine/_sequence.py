@@ -9,7 +9,10 @@ from backends.engine._metrics import RequestMetrics
 from backends.engine._output_text import OutputText
 from primitives import SamplingParams
 
-__all__ = ("EngineRequest", "Sequence", "Status")
+__all__ = ("Alternatives", "EngineRequest", "Sequence", "Status")
+
+# The most likely tokens at one output position as (token id, logprob), most likely first.
+Alternatives = tuple[tuple[int, float], ...]
 
 
 class Status(Enum):
@@ -40,6 +43,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the pool
     followers: list[Sequence] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[Alternatives] = field(default_factory=list)  # beside `logprobs`, if asked
     finish_reason: str | None = None
     text: str = ""
     output: OutputText = field(default_factory=OutputText)  # grown a token at a time for stops

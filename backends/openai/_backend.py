@@ -330,6 +330,11 @@ class OpenAIBackend:
             tokens = choice.tokens if request.params.logprobs else None
             if tokens is not None and "".join(tokens) != text:
                 tokens = None
+            # Alternatives go with the token texts (the same redaction holds), trimmed to the
+            # number asked for; a server that sends none leaves them None.
+            top = None
+            if tokens is not None and request.params.top_logprobs and choice.top_logprobs:
+                top = tuple(step[: request.params.top_logprobs] for step in choice.top_logprobs)
             samples[positions[slot]] = Sample(
                 lane=lanes[slot].lane,
                 text=text,
@@ -338,6 +343,7 @@ class OpenAIBackend:
                 logprobs=choice.logprobs if request.params.logprobs else None,
                 extra=dict(extra),
                 tokens=tokens,
+                top_logprobs=top,
             )
         return samples
 

@@ -30,11 +30,19 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+class ChatTopLogprob(_Wire):
+    """One of the most likely tokens at a position of a chat choice."""
+
+    token: str
+    logprob: float
+
+
 class ChatTokenLogprob(_Wire):
-    """One sampled token of a chat choice's logprobs."""
+    """One sampled token of a chat choice's logprobs, and the most likely tokens there."""
 
     token: str | None = None
     logprob: float
+    top_logprobs: list[ChatTopLogprob] | None = None
 
 
 class ChatLogprobs(_Wire):
@@ -63,6 +71,7 @@ class CompletionLogprobs(_Wire):
 
     tokens: list[str] | None = None
     token_logprobs: list[float | None] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None  # {token: logprob} per position
 
 
 class CompletionChoice(_Wire):
@@ -118,6 +127,9 @@ class WireChoice:
     logprobs: tuple[float, ...] | None
     token_count: int | None
     tokens: tuple[str, ...] | None = None  # each token's text, where the server sent them all
+    # The most likely tokens at each position, most likely first, where the server sent them
+    # for every position (a completion's may include the sampled token beyond the N asked)
+    top_logprobs: tuple[tuple[tuple[str, float], ...], ...] | None = None
 
     def tally(self) -> Tally:
         """What this choice evidently holds, for usage apportioning."""
@@ -140,9 +152,23 @@ def _all_texts(tokens: list[str] | list[str | None] | None) -> tuple[str, ...] |
     return tuple(token for token in tokens if token is not None)
 
 
+def _likeliest_first(steps: list[list[tuple[str, float]] | None]) -> tuple[
+        tuple[tuple[str, float], ...], ...] | None:
+    """Every position's alternatives sorted, most likely first; None unless every position
+    has some (a server that sends none, or sends them for only part of the text)."""
+    if not steps or any(not step for step in steps):
+        return None
+    return tuple(tuple(sorted(step, key=lambda pair: -pair[1])) for step in steps if step)
+
+
 def _from_chat(choice: ChatChoice) -> WireChoice:
     content = choice.logprobs.content if choice.logprobs is not None else None
     values = tuple(entry.logprob for entry in content) if content is not None else None
+    top = None
+    if content is not None:
+        top = _likeliest_first([
+            None if entry.top_logprobs is None
+            else [(alt.token, alt.logprob) for alt in entry.top_logprobs] for entry in content])
     return WireChoice(
         index=choice.index,
         text=choice.message.content or "",
@@ -150,6 +176,7 @@ def _from_chat(choice: ChatChoice) -> WireChoice:
         logprobs=values,
         token_count=len(content) if content is not None else None,
         tokens=_all_texts([entry.token for entry in content] if content is not None else None),
+        top_logprobs=top,
     )
 
 
@@ -162,6 +189,10 @@ def _from_completion(choice: CompletionChoice) -> WireChoice:
         count = len(lp.token_logprobs)
     elif lp is not None and lp.tokens is not None:
         count = len(lp.tokens)
+    top = None
+    if lp is not None and lp.top_logprobs is not None:
+        top = _likeliest_first([None if step is None else list(step.items())
+                                for step in lp.top_logprobs])
     return WireChoice(
         index=choice.index,
         text=choice.text,
@@ -169,6 +200,7 @@ def _from_completion(choice: CompletionChoice) -> WireChoice:
         logprobs=values,
         token_count=count,
         tokens=_all_texts(lp.tokens if lp is not None else None),
+        top_logprobs=top,
     )
 
 
@@ -207,10 +239,12 @@ def build_body(
         body["messages"] = messages
         if logprobs:
             body["logprobs"] = True
+        if params.logprobs and params.top_logprobs:
+            body["top_logprobs"] = params.top_logprobs
     else:
         body["prompt"] = request.prompt
-        if logprobs:
-            body["logprobs"] = 1  # 1, not 0: some servers read 0 as "off"
+        if logprobs:  # 1, not 0: some servers read 0 as "off"
+            body["logprobs"] = max(1, params.top_logprobs if params.logprobs else 0)
     body["max_tokens"] = max_tokens
     body["temperature"] = params.temperature
     body["top_p"] = params.top_p

@@ -3,12 +3,21 @@ its seed, position and logits, and stop strings are found in text grown a token 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from tiny import byte_tokenizer
 
 from backends.engine._output_text import OutputText
-from backends.engine._sampler import SamplingBatch, find_stop, lane_key, sample, sample_token
+from backends.engine._sampler import (
+    SamplingBatch,
+    find_stop,
+    lane_key,
+    sample,
+    sample_token,
+    sample_with_alternatives,
+)
 from primitives import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
@@ -125,3 +134,32 @@ def test_text_grown_a_token_at_a_time_is_the_whole_decode_and_finds_stops_as_it_
             found, first = cut, find_stop(whole, stops)
     assert grown.text == text
     assert found == first == text.find("👋 w")
+
+
+def test_alternatives_are_the_top_of_the_distribution_the_logprob_comes_from() -> None:
+    logits = torch.randn(len(MIXED), 300, generator=torch.Generator().manual_seed(1)) * 3
+    asked = [dataclasses.replace(p, logprobs=True, top_logprobs=n)
+             for p, n in zip(MIXED, [5, 1, 20, 3, 2], strict=True)]
+    keys, positions = [lane_key(s) for s in range(5)], [0, 1, 2, 3, 4]
+    batch = SamplingBatch.build(asked, keys, positions, torch.device("cpu"))
+    assert batch.top_logprobs == 20
+    tokens, logprobs, values, ids = sample_with_alternatives(logits, batch)
+    plain, plain_logprobs = sample(logits, batch)
+    assert tokens.tolist() == plain.tolist()  # asking for alternatives changes no draw
+    assert plain_logprobs is not None
+    torch.testing.assert_close(logprobs, plain_logprobs)
+    every = torch.log_softmax(logits, dim=1)  # the model's own distribution, as the logprob
+    assert values.shape == ids.shape == (5, 20)
+    torch.testing.assert_close(values, every.gather(1, ids))
+    assert (values[:, :-1] >= values[:, 1:]).all()  # most likely first
+    torch.testing.assert_close(values[:, 0], every.max(dim=1).values)
+    assert ids[0, 0] == tokens[0]  # greedy: the sampled token is the likeliest
+    assert (logprobs <= values[:, 0] + 1e-6).all()
+
+
+def test_a_batch_without_alternatives_asks_for_no_top_k() -> None:
+    batch = SamplingBatch.build(MIXED, [lane_key(s) for s in range(5)], [0] * 5,
+                                torch.device("cpu"))
+    assert batch.top_logprobs == 0
+    unasked = SamplingParams(top_logprobs=5)  # without logprobs, alternatives are not asked for
+    assert SamplingBatch.build([unasked], [1], [0], torch.device("cpu")).top_logprobs == 0
