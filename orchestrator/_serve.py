@@ -56,7 +56,7 @@ from primitives import (
     sample_all,
 )
 
-__all__ = ("create_app",)
+__all__ = ("create_app", "served_names")
 
 _Body = TypeVar("_Body", bound=BaseModel)
 _Shape = Callable[[int, str, Sample | None], dict[str, Any]]  # (lane, text, final) -> choice
@@ -78,6 +78,16 @@ def _validated(data: Any, model: type[_Body]) -> _Body:
         raise HTTPError(400, "the request body's JSON is nested too deeply") from None
 
 
+def served_names(backend: Backend, model_name: str) -> frozenset[str]:
+    """The model ids a request may name: `model_name`, and where that is the backend's own
+    `kind:model` name (the default), the bare model too, the name configs and clients use
+    (`engine:smollm2-135m` answers to `smollm2-135m`; `openai:gpt-4o-mini` to `gpt-4o-mini`)."""
+    kind, colon, model = model_name.partition(":")
+    if model_name == backend.name and colon and kind and model:
+        return frozenset({model_name, model})
+    return frozenset({model_name})
+
+
 def create_app(
     backend: Backend,
     *,
@@ -91,7 +101,8 @@ def create_app(
     max_waiting: int | None = None,
     running_lanes: int | None = None,
 ) -> Starlette:
-    """An ASGI app serving `backend` as the model `model_name`.
+    """An ASGI app serving `backend` as the model `model_name` (also answering to the bare
+    model name where `model_name` is the backend's `kind:model`: `served_names`).
 
     The caller owns `backend` (the app never closes it). `seed_source` draws the seed of a
     request that sends none. `api_key`: every request must carry it as a Bearer token.
@@ -102,12 +113,13 @@ def create_app(
     draw_seed = seed_source or (lambda: secrets.randbelow(2**31))
     admission = Admission(running_lanes or backend.max_lanes_per_request, max_waiting)
     stopping = Stopping()  # `app.state.stopping.stop()` ends every request in flight
+    names = served_names(backend, model_name)
 
     def plan(body: ChatBody | CompletionBody, prompt: str,
              messages: tuple[ChatMessage, ...] | None, max_tokens: int | None, logprobs: bool,
-             ceiling_param: str = "max_tokens") -> list[SampleRequest]:
+             ceiling_param: str = "max_tokens", top_logprobs: int = 0) -> list[SampleRequest]:
         """The backend requests answering `body`: its `n` lanes, at most a backend's worth each."""
-        if body.model is not None and body.model != model_name:
+        if body.model is not None and body.model not in names:
             raise HTTPError(
                 404, f"model {body.model!r} not found", param="model", code="model_not_found"
             )
@@ -124,7 +136,7 @@ def create_app(
             params = SamplingParams(
                 temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
                 max_tokens=ceiling, stop=body.stops(), logprobs=logprobs,
-                ignore_eos=body.ignore_eos)
+                ignore_eos=body.ignore_eos, top_logprobs=top_logprobs)
             lanes = tuple(LaneRequest(i, seed + i, ceiling) for i in range(body.n))
             return SampleRequest(prompt, params, lanes, share_prefix=True, messages=messages)
 
@@ -262,12 +274,14 @@ def create_app(
             if len(prompt) != 1:
                 raise HTTPError(400, "one prompt per request", param="prompt")
             prompt = prompt[0]
-        requests = plan(body, prompt, None, body.max_tokens, body.logprobs is not None)
+        top = body.logprobs or 0
+        requests = plan(body, prompt, None, body.max_tokens, body.logprobs is not None,
+                        top_logprobs=top)
 
         def choice(index: int, text: str, sample: Sample | None) -> dict[str, Any]:
             return {"index": index, "text": text,
                     "finish_reason": None if sample is None else sample.finish_reason,
-                    "logprobs": None if sample is None else completion_logprobs(sample)}
+                    "logprobs": None if sample is None else completion_logprobs(sample, top)}
 
         return await answer(request, body, requests, "text_completion", "cmpl", choice, [])
 
@@ -278,11 +292,16 @@ def create_app(
         ceiling, param = body.max_tokens, "max_tokens"
         if body.max_completion_tokens is not None:
             ceiling, param = body.max_completion_tokens, "max_completion_tokens"
-        requests = plan(body, flatten_messages(turns), messages, ceiling, body.logprobs, param)
+        top = body.top_logprobs or 0
+        if top and not body.logprobs:
+            raise HTTPError(400, "top_logprobs: logprobs must be true to ask for top_logprobs",
+                            param="top_logprobs")
+        requests = plan(body, flatten_messages(turns), messages, ceiling, body.logprobs, param,
+                        top)
 
         def choice(index: int, text: str, sample: Sample | None) -> dict[str, Any]:
             finish = None if sample is None else sample.finish_reason
-            logprobs = None if sample is None else chat_logprobs(sample)
+            logprobs = None if sample is None else chat_logprobs(sample, top)
             if not body.stream:
                 assert sample is not None
                 return {"index": index, "message": {"role": "assistant", "content": text},

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from primitives import Sample
 
 __all__ = (
+    "MAX_CHAT_TOP_LOGPROBS",
+    "MAX_COMPLETION_LOGPROBS",
     "ChatBody",
     "ChatMessageIn",
     "CompletionBody",
@@ -21,6 +23,11 @@ __all__ = (
     "completion_logprobs",
     "flatten_messages",
 )
+
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs`, as OpenAI's legacy API
+MAX_CHAT_TOP_LOGPROBS = 20  # /v1/chat/completions' `top_logprobs`, as OpenAI and vLLM
+# JSON has no -inf: a token the model rules out is told at this logprob, as vLLM does.
+_FLOOR = -9999.0
 
 
 class StreamOptions(BaseModel):
@@ -77,9 +84,9 @@ class CompletionBody(_Body):
     """A `/v1/completions` request; one prompt (a list of one is accepted)."""
 
     prompt: str | list[str]
-    # The sampled token's logprob only: 1 is accepted as clients (the `openai` backend too)
-    # send it to mean "on"; alternatives (top_logprobs) are not computed.
-    logprobs: int | None = Field(default=None, ge=0, le=1)
+    # Each token's logprob and, from 1 on, that many most likely tokens at each position
+    # (OpenAI's legacy API allows up to 5).
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: Literal[False] = False
     best_of: Literal[1] | None = None
     suffix: None = None
@@ -124,7 +131,7 @@ class ChatBody(_Body):
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)  # alternatives are not computed
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)  # as OpenAI
     max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: TextFormat | None = None
 
@@ -141,25 +148,43 @@ def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
     return "\n\n".join([*turns, "assistant:"])
 
 
-def completion_logprobs(sample: Sample) -> dict[str, Any] | None:
-    """A completion choice's `logprobs` in OpenAI's legacy shape (no alternatives computed)."""
+def completion_logprobs(sample: Sample, top: int = 0) -> dict[str, Any] | None:
+    """A completion choice's `logprobs` in OpenAI's legacy shape.
+
+    With `top` (the request's `logprobs`) from 1 on, `top_logprobs` holds a {token: logprob}
+    object per token: the `top` most likely there and the sampled token (so up to top + 1, as
+    OpenAI). It is null where none were asked for, or the backend computes none.
+    """
     if sample.logprobs is None:
         return None
     tokens = list(sample.tokens) if sample.tokens is not None else None
     offsets = None
     if tokens is not None:
         offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
-    return {"tokens": tokens, "token_logprobs": list(sample.logprobs), "top_logprobs": None,
-            "text_offset": offsets}
+    alternatives = None
+    if top and sample.top_logprobs is not None and tokens is not None:
+        alternatives = []
+        for token, value, step in zip(tokens, sample.logprobs, sample.top_logprobs, strict=False):
+            entry: dict[str, float] = {}
+            for text, lp in (*step[:top], (token, value)):  # two ids of one text: the likelier
+                entry.setdefault(text, max(lp, _FLOOR))
+            alternatives.append(entry)
+    return {"tokens": tokens, "token_logprobs": [max(v, _FLOOR) for v in sample.logprobs],
+            "top_logprobs": alternatives, "text_offset": offsets}
 
 
-def chat_logprobs(sample: Sample) -> dict[str, Any] | None:
-    """A chat choice's `logprobs` in OpenAI's shape: one entry per token, no alternatives."""
+def chat_logprobs(sample: Sample, top: int = 0) -> dict[str, Any] | None:
+    """A chat choice's `logprobs` in OpenAI's shape: one entry per token, each with its `top`
+    most likely tokens (`top_logprobs`: [] where none were asked for or the backend computes
+    none)."""
     if sample.logprobs is None:
         return None
     tokens = sample.tokens or ("",) * len(sample.logprobs)
+    steps = sample.top_logprobs if top and sample.top_logprobs is not None else ()
     content = [
-        {"token": token, "logprob": value, "bytes": list(token.encode()), "top_logprobs": []}
-        for token, value in zip(tokens, sample.logprobs, strict=False)
+        {"token": token, "logprob": max(value, _FLOOR), "bytes": list(token.encode()),
+         "top_logprobs": [{"token": text, "logprob": max(lp, _FLOOR), "bytes": list(text.encode())}
+                          for text, lp in (steps[i][:top] if i < len(steps) else ())]}
+        for i, (token, value) in enumerate(zip(tokens, sample.logprobs, strict=False))
     ]
     return {"content": content, "refusal": None}
