@@ -22,7 +22,12 @@ import anyio
 from anyio.abc import TaskStatus
 
 from orchestrator._budget_cli import add_commands as add_budget_commands
-from orchestrator._config import LoopConfig, load_backend_config, load_config, preflight
+from orchestrator._config import (
+    LoopConfig,
+    config_errors,
+    load_backend_config,
+    load_config,
+)
 from orchestrator._display import Progress, describe, summary
 from orchestrator._result import RunResult
 from orchestrator._runner import build_backend, check_question
@@ -399,8 +404,14 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    errors = config_errors(args.config)
+    if errors:  # every one, a line each; the count once there are several
+        for error in errors:
+            _error("validate", error)
+        if len(errors) > 1:
+            _error("validate", f"{len(errors)} errors")
+        return ConfigError.exit_code
     config = load_config(args.config)
-    preflight(config, args.config)
     keys = ", ".join(f"{key}={value}" for key, value in
                      config.loop_params.model_dump(mode="json").items()
                      if key in ("k", "reducer", "rule", "steps", "agents", "rounds"))

@@ -6,7 +6,7 @@ import functools
 import json
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -42,12 +42,15 @@ from primitives import (
 )
 
 if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
     from primitives import RunState
 
 __all__ = (
     "VERSION",
     "BackendConfig",
     "LoopConfig",
+    "config_errors",
     "config_hash",
     "load_backend_config",
     "load_config",
@@ -319,13 +322,29 @@ def parse_config(raw: dict[str, Any], *, source: str = "<config>",
 
 
 def _parse(raw: dict[str, Any], source: str) -> LoopConfig:
-    bad = _non_finite(raw)
-    if bad is not None:
-        raise ConfigError(f"{source}: {bad or '(top level)'}: must be a finite number")
+    config, errors = _validate(raw, source)
+    if config is None:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(f"{errors[0]}{more}") from None
+    return config
+
+
+def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list[str]]:
+    """The config, or None and every error found, one `source: where: what` line each.
+
+    The `[loop]` keys (shared and the loop's own) are checked in one pass, then the rest; a
+    check across fields (a judge for a reducer, the quorum within k) runs once the fields it
+    reads are valid, so it can show up only when those are fixed.
+    """
+    bad = list(_non_finite(raw))
+    if bad:
+        return None, [f"{source}: {where or '(top level)'}: must be a finite number"
+                      for where in bad]
     try:
         document = json.dumps(raw, default=str)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: (top level): {exc}") from None
+        return None, [f"{source}: (top level): {exc}"]
+    errors: list[str] = []
     loop = raw.get("loop")
     if isinstance(loop, dict):  # the shared keys and the loop's own, in one pass
         coordinator = loop.get("coordinator", "parallel_sample")
@@ -333,21 +352,28 @@ def _parse(raw: dict[str, Any], source: str) -> LoopConfig:
             try:
                 loop_class: Any = resolve_loop(coordinator)
                 section = _section_model(loop_class)
-            except ConfigError as exc:
-                raise ConfigError(f"{source}: {exc}") from None
-            try:
                 section.model_validate_json(json.dumps(loop, default=str), strict=True)
+            except ConfigError as exc:
+                errors.append(f"{source}: {exc}")
             except ValidationError as exc:
-                raise ConfigError(f"{source}: {_describe(exc, 'loop')}") from None
+                errors += [f"{source}: {line}" for line in _described(exc, "loop")]
     try:
-        return LoopConfig.model_validate_json(document, strict=True)
+        config = LoopConfig.model_validate_json(document, strict=True)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
+        lines = _described(exc)
+        if errors:  # `[loop]` is told above already, in its loop's own words
+            lines = [line for line in lines if not line.startswith(("loop:", "loop."))]
+        return None, errors + [f"{source}: {line}" for line in lines]
+    return (None, errors) if errors else (config, [])
 
 
-def _describe(exc: ValidationError, prefix: str = "") -> str:
-    """`where: what (and N more)` for the first error of a validation."""
-    error = exc.errors()[0]
+def _described(exc: ValidationError, prefix: str = "") -> list[str]:
+    """`where: what` for each error of a validation, in its order."""
+    return [_describe(error, prefix) for error in exc.errors()]
+
+
+def _describe(error: ErrorDetails, prefix: str = "") -> str:
+    """`where: what` for one error of a validation."""
     where = ".".join([prefix] * bool(prefix) + _location(error["loc"]))
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
@@ -357,8 +383,7 @@ def _describe(exc: ValidationError, prefix: str = "") -> str:
     if error["type"] == "value_error" and where in ("", prefix):
         # A check across fields names its own field: "loop.min_quorum: ...".
         where, _, message = str(error["ctx"]["error"]).partition(": ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where or '(top level)'}: {message}{more}"
+    return f"{where or '(top level)'}: {message}"
 
 
 @functools.cache
@@ -380,20 +405,17 @@ def _strict(params: type[BaseModel]) -> type[BaseModel]:
                                              "__module__": params.__module__})
 
 
-def _non_finite(value: object, where: str = "") -> str | None:
-    """The dotted place of the first NaN or infinity in a config (TOML has `nan` and `inf`)."""
+def _non_finite(value: object, where: str = "") -> Iterator[str]:
+    """The dotted place of each NaN or infinity in a config (TOML has `nan` and `inf`)."""
     if isinstance(value, float) and not math.isfinite(value):
-        return where
+        yield where
     items: list[tuple[object, object]] = []
     if isinstance(value, Mapping):
         items = list(value.items())
     elif isinstance(value, list | tuple):
         items = list(enumerate(value))
     for key, item in items:
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
+        yield from _non_finite(item, f"{where}.{key}" if where else str(key))
 
 
 def _location(loc: tuple[int | str, ...]) -> list[str]:
@@ -446,7 +468,32 @@ def preflight(config: LoopConfig, source: str = "<config>", *,
               verifier_given: bool = False) -> None:
     """What validation alone cannot see, checked before a run is created: a reducer that
     needs a judge has one (`verifier_given`: the caller passes a verifier), the verifier
-    imports, and each engine model exists."""
+    imports, and each engine model exists. Raises ConfigError naming the first that fails."""
+    first = next(_preflight_errors(config, source, verifier_given=verifier_given), None)
+    if first is not None:
+        raise ConfigError(first)
+
+
+def config_errors(path: str | Path) -> list[str]:
+    """Every error of the config file at `path` that `load_config` and `preflight` would
+    refuse it for, one `file: where: what` line each (they raise only the first); [] when it
+    is valid. What `orchestrator validate` lists."""
+    path = Path(path)
+    try:
+        raw = _read(path)
+    except ConfigError as exc:
+        return [str(exc)]  # unreadable: nothing further to check
+    with plugin_folders(path.parent):
+        config, errors = _validate(raw, str(path))
+    if config is None:
+        return errors
+    config._folder = str(path.parent.resolve())
+    return list(_preflight_errors(config, str(path)))
+
+
+def _preflight_errors(config: LoopConfig, source: str, *,
+                      verifier_given: bool = False) -> Iterator[str]:
+    """Each of `preflight`'s refusals, one line each, in the order it checks them."""
     params = config.loop_params
     reducer = getattr(params, "reducer", None)
     if not isinstance(reducer, str):  # sequential_refine names it `reduce` ("last" or one)
@@ -459,23 +506,23 @@ def preflight(config: LoopConfig, source: str = "<config>", *,
         needs_verifier = getattr(cls, "needs_verifier", False) or getattr(
             config.loop_params, "weighting", None) == "verifier"
         if needs_verifier and not has_verifier:
-            raise ConfigError(f"{source}: judge.verifier: reducer {reducer} needs a verifier "
-                              f"(judge.verifier or judge.verifier_command)")
+            yield (f"{source}: judge.verifier: reducer {reducer} needs a verifier "
+                   f"(judge.verifier or judge.verifier_command)")
         if getattr(cls, "needs_judge", False) and j.template is None and not has_verifier:
-            raise ConfigError(f"{source}: judge.template: reducer {reducer} needs "
-                              f"judge.template, judge.verifier or judge.verifier_command")
+            yield (f"{source}: judge.template: reducer {reducer} needs "
+                   f"judge.template, judge.verifier or judge.verifier_command")
     if config.judge.verifier is not None:
         try:
             with plugin_folders(config.folder):
                 import_verifier(config.judge.verifier)
         except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+            yield f"{source}: {exc}"
     for where, backend in (("backend", config.backend), ("judge.backend", config.judge.backend)):
         if isinstance(backend, EngineConfig):
             try:
                 resolve_model_path(backend.model)
             except ConfigError as exc:
-                raise ConfigError(f"{source}: {where}.model: {exc}") from None
+                yield f"{source}: {where}.model: {exc}"
 
 
 def recorded_config(state: RunState, source: str) -> LoopConfig:

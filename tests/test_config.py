@@ -144,14 +144,21 @@ def test_directory_as_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert str(tmp_path) in _one_line(capsys.readouterr().err)
 
 
-def test_several_errors_still_make_one_line(tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_several_errors_make_one_line_for_run_and_a_list_for_validate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "many.toml"
     path.write_text("[loop]\nk = 0\nmax_concurrency = 0\nbogus = 1\n")
-    assert main(["validate", str(path)]) == 2
+    assert main(["run", str(path), "--question", "q", "--runs-dir", str(tmp_path / "runs")]) == 2
     line = _one_line(capsys.readouterr().err)
     assert _names(line, "loop.k")
     assert "2 more" in line
+    assert main(["validate", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    *errors, count = err.splitlines()
+    assert count == "orchestrator validate: 3 errors"
+    for error, field in zip(errors, ["loop.k", "loop.max_concurrency", "loop.bogus"], strict=True):
+        assert error.startswith(f"orchestrator validate: {path}: {field}: "), error
 
 
 # -- good configs -----------------------------------------------------------------------------------
