@@ -1,8 +1,9 @@
-"""Evaluating loops on datasets: `orchestrator eval`, `compare` and `curve`.
+"""Evaluating loops on datasets: `orchestrator eval`, `compare`, `curve` and `datasets`.
 
 Each question is one governed run through one Session (the model loaded once); an eval's
 folder holds its manifest, per-question results and summary; `compare` runs several configs
-on the same questions, `curve` reads an eval's pool of lanes again without sampling.
+on the same questions, `curve` reads an eval's pool of lanes again without sampling;
+`datasets` lists what `--dataset` can name here.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from orchestrator.evaluate import _compare_cli, _curve_cli, _eval_cli
+from orchestrator.evaluate import _compare_cli, _curve_cli, _datasets_cli, _eval_cli
 from orchestrator.evaluate._compare import Comparison, McNemar, run_compare
 from orchestrator.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
 from orchestrator.evaluate._datasets import DatasetSpec, load_dataset
@@ -58,9 +59,11 @@ Handler = Callable[[argparse.Namespace], int]
 
 def add_commands(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
                  common: Callable[[argparse.ArgumentParser], None]) -> dict[str, Handler]:
-    """Add `eval`, `compare` and `curve` to the CLI's subcommands; their handlers by name."""
+    """Add `eval`, `compare`, `curve` and `datasets` to the CLI's subcommands; their handlers
+    by name."""
     handlers: dict[str, Handler] = {}
-    for name, module in (("eval", _eval_cli), ("compare", _compare_cli), ("curve", _curve_cli)):
+    for name, module in (("eval", _eval_cli), ("compare", _compare_cli), ("curve", _curve_cli),
+                         ("datasets", _datasets_cli)):
         module.add_parser(sub, common)
         handlers[name] = module.command
     return handlers
