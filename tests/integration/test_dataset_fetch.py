@@ -1,0 +1,91 @@
+"""The real fetches of the packaged datasets, from the package index this machine is set up
+for, into a fresh cache: what `make test` never does (its tests build the archives themselves).
+
+`bigbench==1.0.0` is no longer served (the index lists 0.0.1 only), so the BIG-bench test expects
+the one-line refusal, exit 2; if the index serves it again, this test fails and should load a task
+instead. OpenAI's evals wheel (46 MB) is downloaded and read. No server is started: `make
+integration` (`scripts/integration.py`, its `datasets` part) sets LANEFOLD_FETCH_DATASETS, and
+without it every test here is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.evaluate._openai_evals import WHEEL_NAME, load_openai_evals
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = "the shipped sample examples/datasets/arithmetic/*.jsonl"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fetches_allowed() -> None:
+    if not os.environ.get("LANEFOLD_FETCH_DATASETS"):
+        pytest.skip("LANEFOLD_FETCH_DATASETS is not set: these tests reach the package index; "
+                    "`make integration` sets it")
+
+
+def orchestrator(*argv: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """The command in a process of its own, as a user runs it, on the cache `cache`."""
+    return subprocess.run([sys.executable, "-m", "orchestrator", *argv], cwd=ROOT, text=True,
+                          capture_output=True, timeout=900,
+                          env={**os.environ, "LANEFOLD_CACHE": str(cache)}, check=False)
+
+
+def test_bigbench_is_refused_in_one_line_naming_the_other_sources(tmp_path: Path) -> None:
+    done = orchestrator("eval", "examples/simulated.toml", "--dataset",
+                        "bigbench:arithmetic/1_digit_addition", "--runs-dir", str(tmp_path / "runs"),
+                        cache=tmp_path / "cache")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("orchestrator eval:")]
+    log = tmp_path / "cache" / "bigbench" / "fetch.log"
+    assert line.startswith("orchestrator eval: --dataset bigbench:arithmetic/1_digit_addition: "
+                           "the package index does not serve bigbench==1.0.0 (it has "), line
+    assert f"pip's log: {log})" in line and SHIPPED in line
+    assert "openai-evals:<name>, humaneval" in line
+    assert sorted(p.name for p in log.parent.iterdir()) == ["fetch.log"]
+
+
+@pytest.fixture(scope="module")
+def evals_cache(fetches_allowed: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh cache into which the first load downloads the wheel: once for this module."""
+    cache = tmp_path_factory.mktemp("cache")
+    items = load_openai_evals("arithmetic-expression", cache_dir=cache / "openai-evals")
+    assert len(items) == 15
+    return cache
+
+
+def test_the_evals_wheel_is_fetched_whole_and_a_set_loads(evals_cache: Path) -> None:
+    folder = evals_cache / "openai-evals"
+    assert sorted(p.name for p in folder.iterdir()) == [WHEEL_NAME, "fetch.log"]
+    assert (folder / WHEEL_NAME).stat().st_size > 40_000_000
+    items = load_openai_evals("arithmetic-expression", cache_dir=folder)
+    first = items[0]
+    assert [m["role"] for m in first.meta["messages"]] == ["system", "user"]
+    assert first.question.endswith("\n\nThe four numbers are: 1, 2, 3, 4")
+    assert {item.answer for item in items} == {"24"}
+    assert first.meta["answers"] == ["24"]
+    same = load_openai_evals("arithmetic-expression/samples.jsonl", cache_dir=folder)
+    assert [i.question for i in same] == [i.question for i in items]
+
+
+def test_the_fetched_registry_is_listed_and_evaluated(evals_cache: Path, tmp_path: Path) -> None:
+    listed = orchestrator("datasets", "--json", cache=evals_cache)
+    assert listed.returncode == 0, listed.stderr
+    source = {s["name"]: s for s in json.loads(listed.stdout)["sources"]}["openai-evals"]
+    assert source["status"] == "cached" and len(source["tasks"]) > 500
+    assert "openai-evals:arithmetic-expression" in source["tasks"]
+
+    done = orchestrator("eval", "examples/simulated.toml", "--dataset", "openai-evals:anagrams",
+                        "--limit", "5", "--runs-dir", str(tmp_path / "runs"), "--json",
+                        cache=evals_cache)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["n"] == 5
