@@ -87,7 +87,9 @@ def _example(texts: Sequence[str]) -> str:
     return f"; e.g. {_shorten(texts[0])!r}" if texts else ""
 
 
-def _voted(name: str, lanes: Sequence[Lane], result: VoteResult) -> Reduction:
+def _voted(name: str, lanes: Sequence[Lane], result: VoteResult, *, weighted: bool) -> Reduction:
+    """A vote as a Reduction: its `votes` are ballot counts (integers) where every ballot
+    counted one, else total weights; agreement and margin are in the vote's own terms."""
     completed = [lane for lane in lanes if lane.completed]
     winner = _ballot_keys(lanes).get(result.winner_lane) if result.winner_lane is not None \
         else None
@@ -106,7 +108,8 @@ def _voted(name: str, lanes: Sequence[Lane], result: VoteResult) -> Reduction:
     return Reduction(
         reducer=name, winner=result.winner,
         winner_lane=winner.lane if winner is not None else None,
-        votes=dict(result.votes), tie_break=result.tie_break, tied=tuple(result.tied),
+        votes=dict(result.votes) if weighted else dict(result.counts),
+        tie_break=result.tie_break, tied=tuple(result.tied),
         abstentions=result.abstentions, agreement=agreement, margin=margin, reason=reason,
         wave=_one_wave(lanes), winner_wave=winner.wave if winner is not None else None)
 
@@ -127,7 +130,7 @@ class MajorityVote:
         weights = logprob_weights(lanes) if self.options.weighting == "mean_logprob" else None
         result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed,
                       weights=weights)
-        return _voted(self.name, lanes, result)
+        return _voted(self.name, lanes, result, weighted=weights is not None)
 
 
 @register_reducer
@@ -156,7 +159,7 @@ class WeightedVote:
             weights = logprob_weights(lanes)
         result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed,
                       weights=weights)
-        reduction = _voted(self.name, lanes, result)
+        reduction = _voted(self.name, lanes, result, weighted=True)
         return Reduction(**{**_fields(reduction), "scores": scores, "detail": {"weighting": by}})
 
 
@@ -279,7 +282,7 @@ class UniversalSelfConsistency:
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
         candidates = [lane for lane in lanes if lane.completed]
         fallback = _voted(self.name, lanes, vote(
-            lanes, tie_break=self.options.tie_break, seed=self.options.seed))
+            lanes, tie_break=self.options.tie_break, seed=self.options.seed), weighted=False)
         if len(candidates) < 2:  # nothing to choose between
             return fallback
         listing = "\n".join(f"Response {i}:\n{lane.text or ''}\n"

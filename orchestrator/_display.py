@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from types import TracebackType
 
 from rich.console import Console
@@ -34,7 +35,7 @@ def describe(event: AnyEvent) -> str:
     return f"#{event.sequence:<6} {stamp} {event.type:<{_TYPE_WIDTH}} {where} {gist}".rstrip()
 
 
-def tally(votes: dict[str, float]) -> str:
+def tally(votes: Mapping[str, float]) -> str:
     """`15 ×5 · 14 ×2`: answers by weight, integers when the vote was unweighted."""
     ranked = sorted(votes.items(), key=lambda item: -item[1])
     return " · ".join(f"{answer} ×{_number(weight)}" for answer, weight in ranked)

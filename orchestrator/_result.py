@@ -88,7 +88,8 @@ class RunResult(BaseModel):
     candidate got a score (then `answer` is None and `reason` says why; the CLI exits 4), or
     "failed" where a caller asked for failures as results (`errors="return"`): then `error`
     says why, and usage, cost and lanes are what the run's log holds.
-    `reducer`, `votes`, `scores` and `tie_break` are the reduction's, where a reducer decided;
+    `reducer`, `votes`, `scores` and `tie_break` are the reduction's, where a reducer decided
+    (`votes`: each answer's ballot count, an integer, or its total weight in a weighted vote);
     `outcome` is the loop's own detail; `lanes` are the lanes priced as samples, every wave's.
     `index` is the question's position, in results from `Session.run_many`.
     """
@@ -104,7 +105,7 @@ class RunResult(BaseModel):
     winner_lane: int | None
     winner_text: str | None = None
     reducer: str = ""
-    votes: dict[str, float] = {}
+    votes: dict[str, int] | dict[str, float] = {}  # ballot counts; total weights if weighted
     scores: dict[int, float | None] = {}
     tie_break: str = "none"
     agreement: float | None = None

@@ -71,15 +71,16 @@ class Lane:
 class Reduction:
     """What a reducer decided over a set of lanes.
 
-    `votes` (answer -> weight) and `scores` (lane -> score, None an abstention) are filled by
-    the reducers that have them; `agreement` is the winner's share of the answered lanes,
-    `margin` its lead over the runner-up (in votes or in score).
+    `votes` (answer -> its ballots: a count for a plain vote, a total weight for a weighted
+    one) and `scores` (lane -> score, None an abstention) are filled by the reducers that have
+    them; `agreement` is the winner's share of the answered lanes, `margin` its lead over the
+    runner-up (in votes or in score).
     """
 
     reducer: str
     winner: str | None
     winner_lane: int | None
-    votes: Mapping[str, float] = field(default_factory=dict)
+    votes: Mapping[str, int] | Mapping[str, float] = field(default_factory=dict)
     scores: Mapping[int, float | None] = field(default_factory=dict)
     tie_break: str = "none"
     tied: tuple[Any, ...] = ()

@@ -351,7 +351,9 @@ class ReduceCompletedData(_Frozen):
     reducer: str
     winner: str | None
     winner_lane: int | None
-    votes: dict[str, float] = {}
+    # Ballot counts for a plain vote, total weights for a weighted one. Logs written before
+    # counts were integers hold them as floats (5.0), and still read.
+    votes: dict[str, int] | dict[str, float] = {}
     scores: dict[int, float | None] = {}
     tie_break: str
     tied: list[Any] = []

@@ -314,3 +314,65 @@ async def test_one_engine_backend_serves_two_runs(runs: Path) -> None:
             assert events(result)[-1]["type"] == "run.completed"
     finally:
         await backend.aclose()
+
+
+# -- votes: counts are integers, weights are not ----------------------------------------------------
+
+
+def int_counts(votes: dict[str, Any]) -> bool:
+    return bool(votes) and all(type(v) is int for v in votes.values())
+
+
+def test_a_plain_votes_are_ballot_counts_as_integers(runs: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    result = orchestrator.run_sync(config(), QUESTION, runs_dir=runs)
+    assert int_counts(result.votes)
+    assert sum(result.votes.values()) == result.lanes_completed  # every lane here answered
+    assert int_counts(json.loads(result.model_dump_json())["votes"])  # {"391": 5}, not 5.0
+    log = events(result)
+    (reduced,) = [e for e in log if e["type"] == "reduce.completed"]
+    assert int_counts(reduced["data"]["votes"])
+    assert int_counts(log[-1]["data"]["result"]["votes"])
+    assert main(["show", result.run_id, "--runs-dir", str(runs), "--json"]) == 0
+    assert int_counts(json.loads(capsys.readouterr().out)["votes"])
+
+
+def test_a_weighted_votes_are_total_weights(runs: Path, verifiers: str) -> None:
+    weighted = config(loop={"reducer": "weighted_vote", "weighting": "verifier"},
+                      judge={"verifier": f"{verifiers}:length"})
+    result = orchestrator.run_sync(weighted, QUESTION, runs_dir=runs)
+    assert result.votes and all(type(v) is float for v in result.votes.values())
+    assert any(not v.is_integer() or v > result.lanes_completed for v in result.votes.values())
+    (reduced,) = [e for e in events(result) if e["type"] == "reduce.completed"]
+    assert all(type(v) is float for v in reduced["data"]["votes"].values())
+
+
+def test_a_log_that_recorded_counts_as_floats_still_reads(runs: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # Logs written before counts were integers hold them as 5.0: they fold, pass the audit,
+    # show and resume as recorded; a re-reduction records integers.
+    result = orchestrator.run_sync(config(), QUESTION, runs_dir=runs)
+    assert result.events is not None
+    path = Path(result.events)
+    lines = []
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        votes = (event["data"] if event["type"] == "reduce.completed" else
+                 event["data"].get("result", {}) if event["type"] == "run.completed" else {})
+        if "votes" in votes:
+            votes["votes"] = {answer: float(count) for answer, count in votes["votes"].items()}
+            line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+        lines.append(line)
+    path.write_text("\n".join(lines) + "\n")
+    for command in ("show", "resume"):
+        assert main([command, result.run_id, "--runs-dir", str(runs), "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert err == ""
+        shown = json.loads(out)["votes"]
+        assert shown == result.votes and all(type(v) is float for v in shown.values())
+    assert main(["reduce", result.run_id, "--reducer", "majority_vote", "--runs-dir", str(runs),
+                 "--json"]) == 0
+    capsys.readouterr()
+    reductions = [json.loads(line) for line in path.read_text().splitlines()
+                  if '"reduce.completed"' in line]
+    assert [int_counts(e["data"]["votes"]) for e in reductions] == [False, True]
