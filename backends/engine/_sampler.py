@@ -78,6 +78,7 @@ class SamplingBatch:
             ],
             dtype=torch.float64,  # exact for 32-bit keys and any position
         ).to(device)
+        logprobs = any(p.logprobs for p in params)
         return cls(
             temperature=rows[:, 0].float(),
             top_p=rows[:, 1].float(),
@@ -86,10 +87,12 @@ class SamplingBatch:
             positions=rows[:, 4].long(),
             any_top_k=any(p.top_k > 0 for p in params),
             any_top_p=any(p.top_p < 1.0 for p in params),
-            logprobs=any(p.logprobs for p in params),
+            logprobs=logprobs,
             any_sampled=any(p.temperature > 0.0 for p in params),
             any_greedy=any(p.temperature <= 0.0 for p in params),
-            top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0),
+            # one more pass over the rows only where some asked for logprobs at all
+            top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0)
+            if logprobs else 0,
         )
 
 
