@@ -34,7 +34,7 @@ from orchestrator._runner import build_backend, check_question
 from orchestrator._serve_run import api_key_from, count, is_loopback, port_number, require_extra, serve
 from orchestrator._session import Session
 from orchestrator._store import Store, open_store
-from orchestrator.evaluate import add_commands
+from orchestrator.evaluate import add_commands, is_eval, show_eval, tail_eval
 from primitives import (
     ConfigError,
     ExtractSpec,
@@ -82,16 +82,17 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("tail", help="print a run's events")
-    p.add_argument("run_id")
+    p = sub.add_parser("tail", help="print a run's events (or an eval's finished questions)")
+    p.add_argument("run_id", metavar="RUN_ID|EVAL_ID")
     common(p)
     p.add_argument("--follow", "-f", action="store_true", help="wait for new events")
     p.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
-                   help="with --follow: how long to wait for a run that has not started (30)")
+                   help="with --follow: how long to wait for a run that has not started, or "
+                   "for an eval that no process is running (30)")
     p.add_argument("--json", action="store_true", help="raw JSON lines")
 
-    p = sub.add_parser("show", help="summarise a run")
-    p.add_argument("run_id")
+    p = sub.add_parser("show", help="summarise a run (or an eval)")
+    p.add_argument("run_id", metavar="RUN_ID|EVAL_ID")
     common(p)
     p.add_argument("--json", action="store_true")
 
@@ -333,6 +334,8 @@ def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
+    if is_eval(args.runs_dir, args.run_id):
+        return _follow_eval(args)
     store = _store(args)
     log = store.reader(args.run_id)
 
@@ -373,7 +376,19 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         return 0  # Ctrl-C is how a follower is meant to end
 
 
+def _follow_eval(args: argparse.Namespace) -> int:
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        return tail_eval(args, out)
+    except KeyboardInterrupt:
+        return 0  # Ctrl-C is how a follower is meant to end
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
+    if is_eval(args.runs_dir, args.run_id):
+        return show_eval(args, print)
     store = _store(args)
     _, state, _ = store.read(args.run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]

@@ -188,6 +188,19 @@ class RunLock:
             self.release()
             raise
 
+    @staticmethod
+    def holder(folder: Path) -> int | None:
+        """The live pid holding the lock on `folder`, read without locking (None: no writer,
+        or one whose pid is not down yet). For readers that follow a writer's progress."""
+        try:
+            fd = os.open(folder / "lock", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            return _holder(fd)
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         """Give the lock back and remove the `lock` file: the writer is done with the run
         (completed, failed, interrupted or refused). Only a process that dies leaves the file."""

@@ -15,6 +15,10 @@ import structlog
 
 __all__ = ("get_logger",)
 
+# As the logging HOWTO asks of a library: without this, a warning logged while the application
+# has configured nothing would reach stderr through logging's last-resort handler.
+logging.getLogger("lanefold").addHandler(logging.NullHandler())
+
 
 def _to_stdlib(logger: Any, method: str, event: MutableMapping[str, Any]) -> tuple[
         tuple[str], dict[str, Any]]:

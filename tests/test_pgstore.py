@@ -215,7 +215,7 @@ def test_an_eval_records_its_runs_in_the_store_and_its_own_files_on_disk(
     first = capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ev"]  # the eval's files
     store = open_store(pg_url)
-    run_ids = sorted(run for run, _, _ in bodies(pg_url) if run.startswith("ev-"))
+    run_ids = sorted(run for run, _, _ in bodies(pg_url) if run.startswith("ev."))
     assert len(set(run_ids)) == 6 and all(store.read_state(r).result for r in set(run_ids))
     before = calls.read_text()
     assert main(argv) == 0  # again: every run is recorded in the store, nothing is sampled

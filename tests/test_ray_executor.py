@@ -134,9 +134,9 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
     assert killed and summary.n == 32 and summary.failed == 0
     local, remote = rows(tmp_path / "local", "e"), rows(tmp_path / "ray", "e")
     resumed = 0
-    assert (tmp_path / "ray" / "e-0").exists() == (url is None)  # the runs are where asked
+    assert (tmp_path / "ray" / "e.0").exists() == (url is None)  # the runs are where asked
     for i in range(32):
-        events = record.read(f"e-{i}")[0]
+        events = record.read(f"e.{i}")[0]
         completed: set[tuple[int, int]] = set()
         dispatched_after = collections.Counter[tuple[int, int]]()
         for event in events:
@@ -145,7 +145,7 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
                 completed.add(key)
             elif event.type == "lane.dispatched" and key in completed:
                 dispatched_after[key] += 1
-        assert not dispatched_after, f"run e-{i}: completed lanes dispatched again"
+        assert not dispatched_after, f"run e.{i}: completed lanes dispatched again"
         resumed += any(event.type == "run.resumed" for event in events)
         a, b = remote[i], local[i]
         assert (a.answer, a.correct, a.lane_answers) == (b.answer, b.correct, b.lane_answers)
@@ -155,7 +155,7 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
         prompt = a.tokens["prefill"] + a.tokens["cached_prefill"]
         assert (a.tokens["decode"], a.tokens["verifier"], prompt) == (
             b.tokens["decode"], b.tokens["verifier"],
-            b.tokens["prefill"] + b.tokens["cached_prefill"]), f"run e-{i}"
+            b.tokens["prefill"] + b.tokens["cached_prefill"]), f"run e.{i}"
         assert a.tokens["cut_off"] == 0 or any(e.type == "run.resumed" for e in events)
     assert resumed >= 1  # the kill landed mid-run: some run went on from its log
 

@@ -10,6 +10,7 @@ everything else samples afresh.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from collections.abc import AsyncIterator
@@ -40,6 +41,8 @@ from primitives import (
 
 __all__ = ("SimulatedBackend", "SimulatedConfig")
 
+_log = logging.getLogger("lanefold.simulated")
+
 _OPENERS = (
     "Let me work through this step by step.",
     "First, restate the problem in simpler terms.",
@@ -57,6 +60,8 @@ class SimulatedBackend:
         self.requests = 0  # backend calls made, for tests
         self.lane_attempts = 0
         self.faults: list[tuple[int, int, int, str]] = []  # (wave, lane, attempt, error class)
+        self._unlisted: set[str] = set()  # questions asked that `answers` does not list
+        self._warned = False
 
     @property
     def name(self) -> str:
@@ -78,6 +83,8 @@ class SimulatedBackend:
         cfg = self.config
         self.requests += 1
         self.lane_attempts += len(request.lanes)
+        if not self._warned:
+            self._note(request)
         if cfg.call_log:
             async with await anyio.open_file(cfg.call_log, "a") as fh:
                 await fh.write("".join(f"{request.wave} {lane.lane} {lane.attempt}\n"
@@ -122,6 +129,22 @@ class SimulatedBackend:
             if key in answers:
                 return answers[key]
         return self.config.answer
+
+    def _note(self, request: SampleRequest) -> None:
+        """Say once, on the second question `answers` does not list, that this is no model:
+        a run's first wave asks one question, so two mean a batch or a dataset."""
+        answers = self.config.answers
+        if request.wave != 1 or request.purpose != "sample" or any(
+                key in answers for key in question_keys(request.prompt)):
+            return
+        self._unlisted.add(first_line(request.prompt))
+        if len(self._unlisted) == 2:
+            self._warned = True
+            self._unlisted.clear()
+            _log.warning(
+                "the simulated backend answers %r (its backend.answer) to every question that "
+                "backend.answers does not list, whatever the question; scored against a "
+                "dataset's own answers it is a test double, not a model", self.config.answer)
 
     def _text(self, request: SampleRequest, lane: LaneRequest) -> str:
         prompt, purpose = request.prompt, request.purpose

@@ -25,6 +25,7 @@ from orchestrator.evaluate._eval_records import (
     read_results,
     wilson_interval,
 )
+from orchestrator.evaluate._eval_view import is_eval, show_eval, tail_eval
 from orchestrator.evaluate._item import Item
 from orchestrator.evaluate._scoring import Score, Scorer, resolve_scorer
 
@@ -41,6 +42,7 @@ __all__ = (
     "Score",
     "Scorer",
     "add_commands",
+    "is_eval",
     "load_dataset",
     "majority_at_k",
     "pass_at_k",
@@ -51,6 +53,8 @@ __all__ = (
     "run_compare",
     "run_eval",
     "scaling_curve",
+    "show_eval",
+    "tail_eval",
     "wilson_interval",
 )
 

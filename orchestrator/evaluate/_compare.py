@@ -32,7 +32,13 @@ from orchestrator.evaluate._equal_budget import (
     lane_cap,
 )
 from orchestrator.evaluate._eval import EvalPaths, questions_hash, read_manifest, run_eval
-from orchestrator.evaluate._eval_records import QuestionResult, read_results, write_json
+from orchestrator.evaluate._eval_records import (
+    RUN_IDS,
+    QuestionResult,
+    check_eval_id,
+    read_results,
+    write_json,
+)
 from orchestrator.evaluate._item import Item
 from orchestrator.evaluate._scoring import resolve_scorer
 from primitives import ConfigError, plugin_folders, validate_run_id
@@ -237,8 +243,9 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     last = max((item.index for item in items), default=0)
     for name, _, config in arms:  # a changed config or limit: refused before anything runs
         eval_id = validate_run_id(f"{compare_id}-{name}")
-        validate_run_id(f"{eval_id}-{last}")
+        validate_run_id(RUN_IDS.format(eval_id=eval_id, index=last))
         if not EvalPaths(runs_dir, eval_id).manifest.exists():
+            check_eval_id(eval_id)
             continue
         recorded = read_manifest(runs_dir, eval_id)
         if recorded.config_hash != config_hash(config):

@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
                        "compare them")
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="two or more loop config files")
     p.add_argument("--dataset", required=True, metavar="PATH_OR_SPEC",
-                   help="a .jsonl or .csv file, bigbench:<task path>, or humaneval")
+                   help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
+                   "humaneval (`orchestrator datasets` lists them)")
     p.add_argument("--equal-budget", metavar="tokens|cost|lanes",
                    help="give every config the same per-question limit")
     p.add_argument("--budget", type=float, metavar="N", help="with --equal-budget: the limit "

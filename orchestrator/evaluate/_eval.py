@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -33,12 +34,14 @@ from orchestrator._store import Store, new_run_id
 from orchestrator.evaluate._datasets import DatasetSpec
 from orchestrator.evaluate._eval_records import (
     COST_LINES,
+    RUN_IDS,
     TOKEN_LINES,
     EvalManifest,
     EvalPaths,
     EvalSummary,
     QuestionResult,
     append_result,
+    check_eval_id,
     read_manifest,
     read_results,
     summarize,
@@ -57,10 +60,11 @@ from primitives import (
     RunLock,
     RunState,
     plugin_folders,
+    redact_url,
     validate_run_id,
 )
 
-__all__ = ("EvalPaths", "questions_hash", "read_manifest", "run_eval")
+__all__ = ("EvalPaths", "questions_hash", "read_manifest", "resume_hint", "run_eval")
 
 OnStart = Callable[[int, Sequence[QuestionResult]], None]
 OnResult = Callable[[QuestionResult], None]
@@ -110,7 +114,10 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     indexes = [item.index for item in items]
     if len(set(indexes)) != len(indexes):
         raise ConfigError("--dataset: two items share an index")
-    validate_run_id(f"{eval_id}-{max(indexes)}")
+    validate_run_id(RUN_IDS.format(eval_id=eval_id, index=max(indexes)))
+    paths = EvalPaths(runs_dir, eval_id)
+    if not paths.manifest.exists():
+        check_eval_id(eval_id)  # a new eval; one named otherwise before this rule goes on
     for item in items:
         try:
             check_question(item.question)
@@ -132,8 +139,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         config=session.config.model_dump(mode="json"), config_hash=config_hash(session.config),
         dataset=dataset.spec, question_field=dataset.question_field,
         answer_field=dataset.answer_field, scorer=chosen.name, limit=dataset.limit,
-        questions=len(items), questions_hash=questions_hash(items), library_version=VERSION)
-    paths = EvalPaths(runs_dir, eval_id)
+        questions=len(items), questions_hash=questions_hash(items), library_version=VERSION,
+        run_ids=RUN_IDS)
     if (paths.folder / "events.jsonl").exists():
         raise ConfigError(f"{paths.folder}: is a run's folder, not an eval's: choose another "
                           f"--eval-id")
@@ -143,8 +150,9 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         raise ConfigError(f"eval {eval_id} is being run by another process"
                           f"{f' (pid {exc.pid})' if exc.pid else ''}") from None
     try:
-        manifest = _check_manifest(paths, manifest)
-        eval_ = _Eval(session, chosen, paths, {item.index: item for item in items}, stop_reason)
+        manifest = _check_manifest(paths, manifest, items, resume_hint(eval_id, runs_dir, store))
+        eval_ = _Eval(session, chosen, paths, manifest, {item.index: item for item in items},
+                      stop_reason)
         await eval_.run(concurrency, on_start, on_result)
         rows = [eval_.rows[index] for index in sorted(eval_.rows)]
         before = 0.0
@@ -161,36 +169,60 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         lock.release()
 
 
-def _check_manifest(paths: EvalPaths, manifest: EvalManifest) -> EvalManifest:
+def resume_hint(eval_id: str, runs_dir: str | Path, store: str | Store | None) -> str:
+    """The command that continues the eval, as it can be pasted: its runs folder and store."""
+    hint = f"orchestrator eval --resume {eval_id}"
+    if Path(runs_dir) != Path("runs"):
+        hint += f" --runs-dir {shlex.quote(str(runs_dir))}"
+    if store is not None:
+        hint += f" --store {redact_url(store) if isinstance(store, str) else store.describe}"
+    return hint
+
+
+def _check_manifest(paths: EvalPaths, manifest: EvalManifest, items: Sequence[Item],
+                    hint: str) -> EvalManifest:
     """Write the manifest of a new eval; refuse to continue one started otherwise. Returns
-    the manifest in force (the recorded one of an eval that goes on)."""
+    the manifest in force: the recorded one of an eval that goes on, grown to more of the same
+    questions (a larger `--limit`) where it is given them."""
     if not paths.manifest.exists():
         write_json(paths.manifest, manifest)
         return manifest
     recorded = read_manifest(paths.folder.parent, manifest.eval_id)
-    for key, what in (("config_hash", "another config"), ("questions_hash", "other questions"),
-                      ("scorer", "another scorer")):
+    refuse = (f"continue it with `{hint}` or choose a new --eval-id")
+    for key, what in (("config_hash", "another config"), ("scorer", "another scorer")):
         if getattr(recorded, key) != getattr(manifest, key):
             raise ConfigError(f"{paths.manifest}: eval {manifest.eval_id} was started with "
-                              f"{what}; continue it with `orchestrator eval --resume "
-                              f"{manifest.eval_id}` or choose a new --eval-id")
-    return recorded
+                              f"{what}; {refuse}")
+    if recorded.questions_hash == manifest.questions_hash:
+        return recorded
+    same_start = questions_hash(items[:recorded.questions]) == recorded.questions_hash
+    if same_start and len(items) > recorded.questions:  # --limit grew: the first ones stay
+        grown = recorded.model_copy(update={"questions": len(items), "limit": manifest.limit,
+                                            "questions_hash": manifest.questions_hash})
+        write_json(paths.manifest, grown)
+        return grown
+    shrunk = manifest.limit is not None and manifest.limit < recorded.questions
+    if shrunk and manifest.dataset == recorded.dataset != "<items>":
+        raise ConfigError(f"{paths.manifest}: eval {manifest.eval_id} has "
+                          f"{recorded.questions} questions; --limit can grow it, not shrink it")
+    raise ConfigError(f"{paths.manifest}: eval {manifest.eval_id} was started with other "
+                      f"questions; {refuse}")
 
 
 class _Eval:
     """One invocation of an eval: what is recorded, what is left, and the workers."""
 
     def __init__(self, session: JobSession, scorer: Scorer, paths: EvalPaths,
-                 items: dict[int, Item], stop_reason: Callable[[], str]) -> None:
+                 manifest: EvalManifest, items: dict[int, Item],
+                 stop_reason: Callable[[], str]) -> None:
         self.session, self.scorer, self.paths = session, scorer, paths
-        self.items, self.stop_reason = items, stop_reason
-        self.eval_id = paths.folder.name
+        self.manifest, self.items, self.stop_reason = manifest, items, stop_reason
         self.rows = {index: row for index, row in read_results(paths.results, repair=True).items()
                      if index in items}
         self.on_result: OnResult | None = None
 
     def run_id(self, item: Item) -> str:
-        return f"{self.eval_id}-{item.index}"
+        return self.manifest.run_id(item.index)
 
     async def run(self, concurrency: int, on_start: OnStart | None,
                   on_result: OnResult | None) -> None:

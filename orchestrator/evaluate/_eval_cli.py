@@ -26,10 +26,10 @@ from rich.table import Table
 from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
 from orchestrator._store import new_run_id
 from orchestrator.evaluate._datasets import DatasetSpec
-from orchestrator.evaluate._eval import run_eval
+from orchestrator.evaluate._eval import resume_hint, run_eval
 from orchestrator.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
 from orchestrator.evaluate._progress import EvalProgress
-from primitives import ConfigError, redact_url
+from primitives import ConfigError
 
 if TYPE_CHECKING:
     from orchestrator._ray_executor import RayExecutor
@@ -43,8 +43,10 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     p = sub.add_parser("eval", help="run a loop config over a dataset and score it")
     p.add_argument("config", nargs="?", help="the loop config (left out with --resume)")
     p.add_argument("--dataset", metavar="PATH_OR_SPEC",
-                   help="a .jsonl or .csv file, bigbench:<task path>, or humaneval")
-    p.add_argument("--limit", type=int, metavar="N", help="only the first N questions")
+                   help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
+                   "humaneval (`orchestrator datasets` lists them)")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N questions (a larger "
+                   "N later, with the same --eval-id or --resume, grows the eval)")
     p.add_argument("--concurrency", type=int, default=8, metavar="Q",
                    help="questions in flight at once (default 8)")
     p.add_argument("--eval-id", metavar="ID", help="name the eval (default: a new sortable id); "
@@ -76,8 +78,9 @@ def command(args: argparse.Namespace) -> int:
         _refuse_with_resume(args)
         manifest = read_manifest(args.runs_dir, eval_id)
         config = _recorded_config(manifest)
+        limit = args.limit if args.limit is not None else manifest.limit  # --limit grows it
         dataset = DatasetSpec(manifest.dataset, manifest.question_field, manifest.answer_field,
-                              manifest.limit)
+                              limit)
         if dataset.spec == "<items>":
             raise ConfigError(f"--resume: eval {eval_id} was given its questions in Python; "
                               f"continue it with orchestrator.evaluate.run_eval")
@@ -107,11 +110,8 @@ def command(args: argparse.Namespace) -> int:
                 executor.connect()  # a cluster not there is said before anything is written
             summary = _interruptible(go, lambda: eval_id)
     except _Interrupted as stop:
-        where = f" --runs-dir {args.runs_dir}" if args.runs_dir != "runs" else ""
-        if args.store is not None:
-            where += f" --store {redact_url(args.store)}"
         _error("eval", f"interrupted by {stop.signal_name}; continue with: "
-                       f"orchestrator eval --resume {eval_id}{where}")
+                       f"{resume_hint(eval_id, args.runs_dir, args.store)}")
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
     if args.json:
         print(json.dumps(summary.model_dump(mode="json")))
@@ -141,7 +141,7 @@ def _executor(args: argparse.Namespace) -> RayExecutor | None:
 
 def _refuse_with_resume(args: argparse.Namespace) -> None:
     for flag, value in (("CONFIG", args.config), ("--dataset", args.dataset),
-                        ("--limit", args.limit), ("--eval-id", args.eval_id),
+                        ("--eval-id", args.eval_id),
                         ("--question-field", args.question_field),
                         ("--answer-field", args.answer_field), ("--scorer", args.scorer)):
         if value is not None:

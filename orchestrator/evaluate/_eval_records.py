@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -25,13 +26,27 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from primitives import ConfigError, validate_run_id
 
-__all__ = ("COST_LINES", "TOKEN_LINES", "EvalManifest", "EvalPaths", "EvalSummary",
-           "QuestionResult", "append_result", "pass_at_k", "read_manifest", "read_results",
-           "summarize", "wilson_interval", "write_csv", "write_json")
+__all__ = ("COST_LINES", "RUN_IDS", "TOKEN_LINES", "EvalManifest", "EvalPaths", "EvalSummary",
+           "QuestionResult", "append_result", "check_eval_id", "pass_at_k", "read_manifest",
+           "read_results", "summarize", "wilson_interval", "write_csv", "write_json")
 
 TOKEN_LINES = ("prefill", "cached_prefill", "decode", "verifier", "cut_off")
 COST_LINES = ("prefill", "cached_prefill", "decode", "kv_residency", "verifier", "cut_off")
 Z95 = NormalDist().inv_cdf(0.975)
+# Question i of eval E is the run `E.i`; no eval id may end in `.<digits>`, so no eval's folder
+# is another eval's run. (Evals before this rule named them `E-i`: their manifests say so.)
+RUN_IDS = "{eval_id}.{index}"
+_OLD_RUN_IDS = "{eval_id}-{index}"
+_LIKE_A_RUN = re.compile(r"\.[0-9]+$")
+
+
+def check_eval_id(eval_id: str) -> str:
+    """An eval id: a plain name (as a run id) that does not end like its questions' runs."""
+    validate_run_id(eval_id)
+    if _LIKE_A_RUN.search(eval_id) or eval_id.endswith("."):
+        raise ConfigError(f"eval id {eval_id!r} ends like a question's run id (<eval id>.<n>): "
+                          f"choose another")
+    return eval_id
 
 
 class EvalManifest(BaseModel):
@@ -54,6 +69,11 @@ class EvalManifest(BaseModel):
     questions: int
     questions_hash: str  # of every question and gold, in order
     library_version: str
+    run_ids: str = _OLD_RUN_IDS  # how its questions' runs are named (RUN_IDS for new evals)
+
+    def run_id(self, index: int) -> str:
+        """The run of question `index`."""
+        return self.run_ids.format(eval_id=self.eval_id, index=index)
 
 
 class QuestionResult(BaseModel):

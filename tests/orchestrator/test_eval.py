@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -349,7 +350,7 @@ async def test_accuracy_lies_in_the_wilson_interval_of_the_known_value(tmp_path:
     rows = read_results(tmp_path / "acc" / "results.jsonl")
     assert sorted(rows) == list(range(500))
     # Question i ran with seed 3 + i: the questions' draws are independent.
-    started = json.loads((tmp_path / "acc-41" / "events.jsonl").read_text().splitlines()[0])
+    started = json.loads((tmp_path / "acc.41" / "events.jsonl").read_text().splitlines()[0])
     assert started["data"]["config"]["loop"]["seed"] == 44
 
 
@@ -416,8 +417,106 @@ async def test_another_config_under_the_same_id_is_refused(tmp_path: Path) -> No
     await run_eval(config(), items(2), eval_id="one", runs_dir=tmp_path)
     with pytest.raises(ConfigError, match="started with another config"):
         await run_eval(config(k=2), items(2), eval_id="one", runs_dir=tmp_path)
-    with pytest.raises(ConfigError, match="started with other questions"):
-        await run_eval(config(), items(3), eval_id="one", runs_dir=tmp_path)
+    with pytest.raises(ConfigError, match="started with other questions") as caught:
+        await run_eval(config(), items(2, gold="7"), eval_id="one", runs_dir=tmp_path)
+    assert str(caught.value).endswith(
+        f"continue it with `orchestrator eval --resume one --runs-dir {tmp_path}` or choose a "
+        f"new --eval-id"), "a hint that works as pasted"
+
+
+@pytest.mark.anyio
+async def test_a_larger_limit_grows_an_eval_keeping_what_finished(tmp_path: Path) -> None:
+    first = await run_eval(config(), items(20)[:4], eval_id="grow", runs_dir=tmp_path,
+                           dataset=DatasetSpec("q.jsonl", limit=4))
+    logs = {i: (tmp_path / f"grow.{i}" / "events.jsonl").read_bytes() for i in range(4)}
+    grown = await run_eval(config(), items(20)[:10], eval_id="grow", runs_dir=tmp_path,
+                           dataset=DatasetSpec("q.jsonl", limit=10))
+    assert (first.n, grown.n) == (4, 10)
+    assert all((tmp_path / f"grow.{i}" / "events.jsonl").read_bytes() == log
+               for i, log in logs.items()), "finished questions are kept, not run again"
+    manifest = read_manifest(tmp_path, "grow")
+    assert (manifest.questions, manifest.limit) == (10, 10)
+    with pytest.raises(ConfigError, match="has 10 questions; --limit can grow it, not shrink it"):
+        await run_eval(config(), items(20)[:5], eval_id="grow", runs_dir=tmp_path,
+                       dataset=DatasetSpec("q.jsonl", limit=5))
+
+
+@pytest.mark.anyio
+async def test_an_evals_runs_never_take_another_evals_id(tmp_path: Path) -> None:
+    await run_eval(config(), items(3), eval_id="k8nt", runs_dir=tmp_path)
+    assert sorted([p.name async for p in anyio.Path(tmp_path).iterdir()]) == [
+        "k8nt", "k8nt.0", "k8nt.1", "k8nt.2"]
+    two = await run_eval(config(), items(2), eval_id="k8nt-2", runs_dir=tmp_path)
+    assert two.n == 2 and (tmp_path / "k8nt-2.1" / "events.jsonl").is_file()
+    with pytest.raises(ConfigError, match=r"eval id 'k8nt\.2' ends like a question's run id"):
+        await run_eval(config(), items(2), eval_id="k8nt.2", runs_dir=tmp_path)
+
+
+@pytest.mark.anyio
+async def test_an_eval_recorded_with_the_old_run_ids_goes_on_with_them(tmp_path: Path) -> None:
+    await run_eval(config(), items(2), eval_id="old", runs_dir=tmp_path)
+    manifest = tmp_path / "old" / "eval.json"
+    raw = json.loads(manifest.read_text())
+    assert raw.pop("run_ids") == "{eval_id}.{index}"
+    manifest.write_text(json.dumps(raw))  # as an eval started before the rule records it
+    for i in range(2):
+        shutil.rmtree(tmp_path / f"old.{i}")
+    (tmp_path / "old" / "results.jsonl").unlink()
+    summary = await run_eval(config(), items(2), eval_id="old", runs_dir=tmp_path)
+    assert summary.n == 2
+    rows = read_results(tmp_path / "old" / "results.jsonl").values()
+    assert sorted(row.run_id for row in rows) == ["old-0", "old-1"]
+    assert (tmp_path / "old-1" / "events.jsonl").is_file() and not (tmp_path / "old.0").exists()
+
+
+def test_eval_resume_with_a_larger_limit_grows_the_eval(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sim.toml").write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n')
+    write_jsonl(tmp_path / "q.jsonl", [{"question": f"Q{i}?", "answer": "391"} for i in range(9)])
+    assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--limit", "3", "--eval-id", "g",
+                    "--json") == 0
+    assert eval_cli("--resume", "g", "--limit", "7", "--json") == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["n"] == 7
+    assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--eval-id", "g", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 9, "no --limit: the whole dataset"
+
+
+def test_tail_and_show_take_an_eval_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sim.toml").write_text(
+        '[loop]\nk = 2\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n')
+    write_jsonl(tmp_path / "q.jsonl", [{"question": f"Q{i}?", "answer": "391"} for i in range(5)])
+    assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--eval-id", "ev", "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert cli.main(["tail", "ev"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5 and all(line.startswith("#") and "run=ev." in line for line in lines)
+    assert cli.main(["tail", "ev", "--follow", "--json"]) == 0, "all there: it ends"
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted(row["index"] for row in rows) == list(range(5))
+    assert cli.main(["show", "ev", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {k: shown[k] for k in summary} == summary
+    assert (shown["questions"], shown["running"]) == (5, False)
+    # An eval cut off: show gives the rows so far and says how many are left.
+    results = tmp_path / "runs" / "ev" / "results.jsonl"
+    results.write_text("".join(results.read_text().splitlines(keepends=True)[:3]))
+    assert cli.main(["show", "ev"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "3 of 5 questions finished"
+
+
+def test_the_simulated_backend_on_a_dataset_says_once_it_is_not_a_model(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run(lambda: run_eval(config(), items(6), eval_id="sim", runs_dir=tmp_path))
+    said = [r for r in caplog.records if r.name == "lanefold.simulated"]
+    assert len(said) == 1 and "test double, not a model" in said[0].getMessage()
+    caplog.clear()
+    listed = config(backend={"answers": {f"Question number {i}?": "391" for i in range(6)}})
+    run(lambda: run_eval(listed, items(6), eval_id="listed", runs_dir=tmp_path))
+    assert not [r for r in caplog.records if r.name == "lanefold.simulated"]
 
 
 def test_cli_prints_the_summary_table_or_its_json(tmp_path: Path,
@@ -513,7 +612,7 @@ def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
     process.wait(timeout=30)
     finished = read_results(results)
     assert 8 <= len(finished) < 80
-    logs = {i: (tmp_path / "runs" / f"e-{i}" / "events.jsonl").read_bytes() for i in finished}
+    logs = {i: (tmp_path / "runs" / f"e.{i}" / "events.jsonl").read_bytes() for i in finished}
     calls_before = (tmp_path / "calls.log").read_text().count("\n")
 
     resume = ["eval", "--resume", "e", "--runs-dir", str(tmp_path / "runs"), "--json"]
@@ -527,7 +626,7 @@ def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
     assert sorted(rows) == list(range(80))
     assert len(results.read_text().splitlines()) == 80  # one row each, no torn line
     for index, log in logs.items():  # finished runs were read, not run again
-        assert (tmp_path / "runs" / f"e-{index}" / "events.jsonl").read_bytes() == log
+        assert (tmp_path / "runs" / f"e.{index}" / "events.jsonl").read_bytes() == log
         assert rows[index] == finished[index]
     calls_after = (tmp_path / "calls.log").read_text().count("\n")
     assert calls_after - calls_before <= 4 * (80 - len(finished))
@@ -547,9 +646,9 @@ def test_ctrl_c_stops_cleanly_with_a_resume_hint(tmp_path: Path) -> None:
     assert err.decode().splitlines()[-1] == (
         f"orchestrator eval: interrupted by SIGINT; continue with: orchestrator eval --resume e "
         f"--runs-dir {tmp_path / 'runs'}")
-    interrupted = [path for path in (tmp_path / "runs").glob("e-*/events.jsonl")
+    interrupted = [path for path in (tmp_path / "runs").glob("e.*/events.jsonl")
                    if b'"run.interrupted"' in path.read_bytes()]
     finished = read_results(results)
-    assert all(int(path.parent.name.split("-")[1]) not in finished for path in interrupted)
+    assert all(int(path.parent.name.split(".")[1]) not in finished for path in interrupted)
     assert eval_cli("--resume", "e", "--runs-dir", str(tmp_path / "runs"), "--json") == 0
     assert sorted(read_results(results)) == list(range(80))

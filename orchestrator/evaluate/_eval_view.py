@@ -1,0 +1,99 @@
+"""`orchestrator tail EVAL_ID` and `orchestrator show EVAL_ID`: an eval read as a run is.
+
+`tail` prints one line per finished question (with `--follow`, as they land, until every
+question has its row or no process has run the eval for `--wait` seconds); `show` prints the
+eval's summary: `summary.json` once the eval has ended, else the summary of the rows so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+from orchestrator.evaluate._eval_cli import print_summary
+from orchestrator.evaluate._eval_records import (
+    EvalPaths,
+    EvalSummary,
+    QuestionResult,
+    read_manifest,
+    read_results,
+    summarize,
+)
+from primitives import ConfigError, RunLock
+
+__all__ = ("describe_row", "is_eval", "show_eval", "tail_eval")
+
+_POLL_S = 0.2
+
+
+def is_eval(runs_dir: str, name: str) -> bool:
+    """Whether `name` is an eval in `runs_dir` (its folder holds a manifest, not a run's log)."""
+    try:
+        paths = EvalPaths(runs_dir, name)
+    except ConfigError:
+        return False  # not a plain name: the run commands say so
+    return paths.manifest.is_file() and not (paths.folder / "events.jsonl").exists()
+
+
+def describe_row(row: QuestionResult) -> str:
+    """One finished question as `tail` prints it."""
+    verdict = "right" if row.correct else "wrong"
+    tokens = sum(row.tokens.values())
+    line = (f"#{row.index} {verdict} {row.status} answer={row.answer!r} gold={row.gold!r} "
+            f"lanes={row.lanes} tokens={tokens} cost=${row.cost:.6f} run={row.run_id}")
+    return f"{line} error={row.error!r}" if row.error else line
+
+
+def tail_eval(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """Print the eval's finished questions, and with `--follow` the ones still to come."""
+    eval_id, runs_dir = args.run_id, args.runs_dir
+    paths = EvalPaths(runs_dir, eval_id)
+    shown = 0
+    idle_since = time.monotonic()
+    while True:
+        rows = list(read_results(paths.results).values())  # in the order they landed
+        for row in rows[shown:]:
+            out(row.model_dump_json() if args.json else describe_row(row))
+        shown = len(rows)
+        if not args.follow or shown >= read_manifest(runs_dir, eval_id).questions:
+            return 0
+        if RunLock.holder(paths.folder) is not None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > args.wait:
+            return 0  # nothing runs the eval: what is recorded has been printed
+        time.sleep(_POLL_S)
+
+
+def show_eval(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """Print the eval's summary: its own once it has ended, else the rows' so far."""
+    eval_id, runs_dir = args.run_id, args.runs_dir
+    paths = EvalPaths(runs_dir, eval_id)
+    manifest = read_manifest(runs_dir, eval_id)
+    rows = read_results(paths.results)
+    summary: EvalSummary | None = None
+    try:
+        summary = EvalSummary.model_validate_json(paths.summary.read_bytes())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{paths.summary}: not an eval summary: {exc}") from None
+    if summary is None or summary.n != len(rows):  # running, or cut off: what is there so far
+        loop = manifest.config.get("loop")
+        summary = summarize([rows[i] for i in sorted(rows)], eval_id=eval_id,
+                            config=manifest.config_path or "<config>",
+                            loop=str(loop.get("coordinator") if isinstance(loop, dict) else loop),
+                            dataset=manifest.dataset, scorer=manifest.scorer,
+                            wall_s=summary.wall_s if summary is not None else 0.0,
+                            results=str(paths.results))
+    running = RunLock.holder(paths.folder) is not None
+    if args.json:
+        out(json.dumps({**summary.model_dump(mode="json"), "questions": manifest.questions,
+                        "running": running}))
+        return 0
+    print_summary(summary)
+    if summary.n < manifest.questions:
+        out(f"{summary.n} of {manifest.questions} questions finished"
+            f"{' (running)' if running else ''}")
+    return 0
