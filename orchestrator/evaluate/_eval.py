@@ -147,8 +147,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     try:
         lock = RunLock.acquire(paths.folder, eval_id)  # creates the folder: all checks are done
     except RunInUseError as exc:
-        raise ConfigError(f"eval {eval_id} is being run by another process"
-                          f"{f' (pid {exc.pid})' if exc.pid else ''}") from None
+        raise ConfigError(f"eval {eval_id} is being run by another process "
+                          f"(pid {exc.pid or 'unknown'})") from None
     try:
         manifest = _check_manifest(paths, manifest, items, resume_hint(eval_id, runs_dir, store))
         eval_ = _Eval(session, chosen, paths, manifest, {item.index: item for item in items},

@@ -45,7 +45,7 @@ from orchestrator.evaluate._eval_records import (
 from orchestrator.evaluate._item import Item
 from orchestrator.evaluate._progress import EvalProgress
 from orchestrator.evaluate._scoring import HumanEvalTests, Score, humaneval_program, resolve_scorer
-from primitives import ConfigError
+from primitives import ConfigError, RunLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -439,6 +439,18 @@ async def test_a_larger_limit_grows_an_eval_keeping_what_finished(tmp_path: Path
     with pytest.raises(ConfigError, match="has 10 questions; --limit can grow it, not shrink it"):
         await run_eval(config(), items(20)[:5], eval_id="grow", runs_dir=tmp_path,
                        dataset=DatasetSpec("q.jsonl", limit=5))
+
+
+@pytest.mark.anyio
+async def test_an_eval_another_process_runs_is_refused_naming_it(tmp_path: Path) -> None:
+    await run_eval(config(), items(2), eval_id="busy", runs_dir=tmp_path)
+    lock = RunLock.acquire(tmp_path / "busy", "busy")  # as the process running it holds it
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await run_eval(config(), items(2), eval_id="busy", runs_dir=tmp_path)
+    finally:
+        lock.release()
+    assert str(caught.value) == f"eval busy is being run by another process (pid {os.getpid()})"
 
 
 @pytest.mark.anyio
