@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
@@ -160,16 +161,36 @@ def _main(args: argparse.Namespace) -> int:
         _error(args.command, str(exc))
         return exc.exit_code
     except _Interrupted as stop:
-        resume = f"orchestrator resume {stop.run_id}" + (
-            f" --runs-dir {args.runs_dir}" if getattr(args, "runs_dir", "runs") != "runs" else "")
-        if getattr(args, "store", None) is not None:
-            resume += f" --store {redact_url(args.store)}"
         _error(args.command, f"interrupted by {stop.signal_name}" + (
-            f"; continue with: {resume}" if stop.run_id else " before the run started"))
+            f"; continue with: {_continuation(args, stop.run_id)}" if stop.run_id
+            else " before the run started"))
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
     except KeyboardInterrupt:  # before the event loop took the signals over
         _error(args.command, "interrupted")
         return 130
+
+
+def _continuation(args: argparse.Namespace, run_id: str) -> str:
+    """The command that finishes what a signal stopped, as it can be pasted: `resume` for a
+    run; for a re-reduction the same `reduce` again (it finishes the reduction it opened)."""
+    words = ["orchestrator", "resume", run_id]
+    if args.command == "reduce":
+        words = ["orchestrator", "reduce", run_id, "--reducer", args.reducer]
+        if args.extract_regex is not None:
+            words += ["--extract-regex", args.extract_regex]
+        if args.extract is not None:
+            words += ["--extract", args.extract]
+    return shlex.join(words + where(args))
+
+
+def where(args: argparse.Namespace) -> list[str]:
+    """`--runs-dir` and `--store` as given (the password never), for a hint to repeat."""
+    words = []
+    if getattr(args, "runs_dir", "runs") != "runs":
+        words += ["--runs-dir", str(args.runs_dir)]
+    if getattr(args, "store", None) is not None:
+        words += ["--store", redact_url(args.store)]
+    return words
 
 
 def _error(command: str, message: str) -> None:
@@ -219,28 +240,32 @@ def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
     failure: list[Exception] = []
 
     async def main() -> None:
+        work = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
             async def watch(*, task_status: TaskStatus[None]) -> None:
+                # Kept until the work has stopped: a second signal while the first one's stop is
+                # being recorded (lanes in flight, a judge's thread) is absorbed, not a traceback.
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     task_status.started()
                     async for signum in signals:
-                        stopped.append(signal.Signals(signum).name)
-                        tg.cancel_scope.cancel()
-                        return
+                        if not stopped:
+                            stopped.append(signal.Signals(signum).name)
+                            work.cancel()
 
             await tg.start(watch)
-            try:
-                outcome.append(await call(lambda: stopped[0] if stopped else "cancelled"))
-            except Exception as exc:  # raised below, outside the task group's exception group
-                failure.append(exc)
+            with work:
+                try:
+                    outcome.append(await call(lambda: stopped[0] if stopped else "cancelled"))
+                except Exception as exc:  # raised below, outside the task group's exception group
+                    failure.append(exc)
             tg.cancel_scope.cancel()
 
     anyio.run(main)
     if failure:
         raise failure[0]
-    if stopped or not outcome:
-        raise _Interrupted(stopped[0] if stopped else "SIGINT", run_id())
-    return outcome[0]
+    if outcome:  # it ended before a signal could stop it: the end it recorded stands
+        return outcome[0]
+    raise _Interrupted(stopped[0] if stopped else "SIGINT", run_id())
 
 
 def _emit_result(result: RunResult, as_json: bool) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -63,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
 def command(args: argparse.Namespace) -> int:
     """Run (or continue) the comparison and print its table."""
     # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
-    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible
+    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible, where
 
     if len(args.configs) < 2:
         raise ConfigError(f"compare needs at least two configs, got {len(args.configs)}")
@@ -90,14 +91,26 @@ def command(args: argparse.Namespace) -> int:
         with bars or contextlib.nullcontext():
             comparison = _interruptible(go, lambda: compare_id)
     except _Interrupted as stop:
-        _error("compare", f"interrupted by {stop.signal_name}; continue with the same command "
-                          f"and --compare-id {compare_id}")
+        _error("compare", f"interrupted by {stop.signal_name}; continue with: "
+                          f"{shlex.join(_again(args, compare_id, where(args)))}")
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
     if args.json:
         print(json.dumps(comparison.model_dump(mode="json")))
     else:
         print_comparison(comparison)
     return 0
+
+
+def _again(args: argparse.Namespace, compare_id: str, where: list[str]) -> list[str]:
+    """This comparison's command with its id: what continues it after an interrupt."""
+    words = ["orchestrator", "compare", *args.configs, "--dataset", args.dataset]
+    for flag, value in (("--limit", args.limit), ("--question-field", args.question_field),
+                        ("--answer-field", args.answer_field), ("--scorer", args.scorer),
+                        ("--equal-budget", args.equal_budget), ("--budget", args.budget),
+                        ("--concurrency", args.concurrency)):
+        if value is not None:
+            words += [flag, str(value)]
+    return [*words, "--compare-id", compare_id, *where]
 
 
 class _Bars:
