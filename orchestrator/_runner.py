@@ -128,6 +128,10 @@ async def drive(config: LoopConfig, question: str, recorder: Recorder, ledger: L
         error = lanefold_error(exc)
         if isinstance(error, NonDeterminismError):
             raise error from exc  # nothing ran: the log stays resumable by the code that wrote it
+        if error.machine_failure:  # the disk or the store failed, not the run: left resumable
+            if error is exc:
+                raise
+            raise error from exc
         if not recorder.broken:
             try:  # the record must end, whatever ended the run
                 recorder.emit(RunFailed, RunFailedData(

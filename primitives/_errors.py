@@ -7,7 +7,8 @@
     │   └── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     └── RunError                    run-time failure of a run (exit 1)
-        ├── LogWriteError           the log could not be written mid-run (disk full, I/O error)
+        ├── LogWriteError           a record could not be written (disk full, I/O error, a
+        │                           store gone): the machine's failure, not the run's
         ├── BudgetExhaustedError    the budget cannot fund the quorum (exit 3)
         ├── QuorumNotMetError       too few lanes completed to reduce
         └── BackendError            one backend attempt failed
@@ -19,7 +20,8 @@
             ├── RequestRejectedError    not retryable: 4xx carrying the server's message
             └── AuthenticationError     not retryable and fatal: cancels the wave
 
-Whether an error is retryable, and how long to wait, is data on the instance,
+Whether an error is the machine's (`machine_failure`: never a question's result, the run
+stays resumable), whether it is retryable, and how long to wait, is data on the instance,
 never a guess at the call site.
 """
 
@@ -53,6 +55,9 @@ class LanefoldError(Exception):
     """Root of every error the library raises on purpose."""
 
     exit_code: ClassVar[int] = 1
+    # The machine failed (a full disk, an I/O error, a store gone), not the run: its record is
+    # left open for resume, and an eval stops instead of scoring the question as failed.
+    machine_failure: ClassVar[bool] = False
 
 
 class ConfigError(LanefoldError):
@@ -96,7 +101,10 @@ class RunError(LanefoldError):
 
 
 class LogWriteError(RunError):
-    """An append to the event log failed mid-run; what was written before it stands."""
+    """A write of the record failed (an event log's append, an eval's results); what was
+    written before it stands."""
+
+    machine_failure: ClassVar[bool] = True
 
 
 class BudgetExhaustedError(RunError):

@@ -8,6 +8,7 @@ line is forced to disk: every append (`always`), at barriers and run end (`barri
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from primitives._errors import (
     ConfigError,
+    LanefoldError,
     LogCorruptError,
     LogWriteError,
     RunInUseError,
@@ -36,6 +38,7 @@ __all__ = (
     "MemoryEventLog",
     "RunLock",
     "TornTail",
+    "os_failure",
     "validate_run_id",
 )
 
@@ -123,6 +126,17 @@ class TornTail:
     bytes: int
 
 
+# What a full or failing disk says: the machine's failure (LogWriteError, exit 1, the run left
+# resumable), not the user's. Any other refusal (permissions, a name taken) is misuse.
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def os_failure(what: str, exc: OSError) -> LanefoldError:
+    """`exc` as one line: LogWriteError where the disk failed, else ConfigError."""
+    message = f"{what}: {exc.strerror or exc}"
+    return LogWriteError(message) if exc.errno in _MACHINE_ERRNOS else ConfigError(message)
+
+
 class RunLock:
     """The one writer's lock on a run: `flock` on the `lock` file in the run's folder.
 
@@ -152,12 +166,12 @@ class RunLock:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"{folder}: cannot create the run folder: {exc.strerror}") from None
+            raise os_failure(f"{folder}: cannot create the run folder", exc) from None
         for _ in range(_PID_READS):
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise ConfigError(f"{folder}: cannot create the run folder: {exc.strerror}") from None
+                raise os_failure(f"{folder}: cannot create the run folder", exc) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -183,7 +197,7 @@ class RunLock:
             yield
         except OSError as exc:
             self.release()
-            raise ConfigError(f"{what}: {exc.strerror}") from None
+            raise os_failure(what, exc) from None
         except BaseException:
             self.release()
             raise

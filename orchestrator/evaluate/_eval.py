@@ -55,7 +55,6 @@ from primitives import (
     ConfigError,
     LanefoldError,
     LogCorruptError,
-    LogWriteError,
     RunInUseError,
     RunLock,
     RunState,
@@ -293,16 +292,16 @@ class _Eval:
                                                stop_reason=self.stop_reason)
                 finally:
                     session.question_config.reset(token)
-        except (ConfigError, LogCorruptError):
-            raise  # misuse or a log not the run's own: the eval cannot go on as asked
         except LanefoldError as exc:
             self.failure(item, exc)
             return
         self.record(await self.scored(item, result, None))
 
     def failure(self, item: Item, exc: LanefoldError) -> None:
-        """A run that failed, as a row; misuse, or a log not the run's own, ends the eval."""
-        if isinstance(exc, ConfigError | LogCorruptError):
+        """A run that failed, as a row. Misuse, a log not the run's own, or a failure of the
+        machine (a full disk, a store gone) ends the eval instead: none is the question's, and
+        `--resume` goes on from the runs' records."""
+        if isinstance(exc, ConfigError | LogCorruptError) or exc.machine_failure:
             raise exc
         state = None
         with contextlib.suppress(LanefoldError, OSError):
@@ -310,10 +309,7 @@ class _Eval:
         self.record(self.failed(item, f"{type(exc).__name__}: {exc}", state))
 
     def record(self, row: QuestionResult) -> None:
-        try:
-            append_result(self.paths.results, row)
-        except OSError as exc:
-            raise LogWriteError(f"{self.paths.results}: cannot append: {exc.strerror}") from None
+        append_result(self.paths.results, row)  # a full disk: LogWriteError, the eval stops
         self.rows[row.index] = row
         if self.on_result is not None:
             self.on_result(row)

@@ -29,7 +29,7 @@ from orchestrator.evaluate._datasets import DatasetSpec
 from orchestrator.evaluate._eval import resume_hint, run_eval
 from orchestrator.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
 from orchestrator.evaluate._progress import EvalProgress
-from primitives import ConfigError
+from primitives import ConfigError, LanefoldError
 
 if TYPE_CHECKING:
     from orchestrator._ray_executor import RayExecutor
@@ -113,6 +113,13 @@ def command(args: argparse.Namespace) -> int:
         _error("eval", f"interrupted by {stop.signal_name}; continue with: "
                        f"{resume_hint(eval_id, args.runs_dir, args.store)}")
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
+    except LanefoldError as exc:
+        if not exc.machine_failure:
+            raise
+        # The finished questions are recorded; the rest resume from their runs' logs.
+        _error("eval", f"{exc}; the eval stopped: once that is mended, continue with: "
+                       f"{resume_hint(eval_id, args.runs_dir, args.store)}")
+        return exc.exit_code
     if args.json:
         print(json.dumps(summary.model_dump(mode="json")))
     else:

@@ -10,13 +10,15 @@ Rows, the manifest and the summary are pydantic models: what is read back is che
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from statistics import NormalDist
@@ -24,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from primitives import ConfigError, validate_run_id
+from primitives import ConfigError, LogWriteError, validate_run_id
 
 __all__ = ("COST_LINES", "RUN_IDS", "TOKEN_LINES", "EvalManifest", "EvalPaths", "EvalSummary",
            "QuestionResult", "append_result", "check_eval_id", "pass_at_k", "read_manifest",
@@ -252,13 +254,13 @@ def read_results(path: Path, *, repair: bool = False) -> dict[int, QuestionResul
             except ValidationError as exc:
                 if last:  # no newline after it: the append was cut short
                     if repair:  # a torn tail: cut it, as resume cuts an event log's
-                        with path.open("r+b") as fh:
+                        with _writing(path, "cut its torn last line"), path.open("r+b") as fh:
                             fh.truncate(offset)
                     break
                 raise ConfigError(f"{path}:{number}: not a result row: "
                                   f"{exc.errors()[0]['msg']}") from None
             if last and repair:  # whole, but its newline never landed
-                with path.open("ab") as fh:
+                with _writing(path, "end its last line"), path.open("ab") as fh:
                     fh.write(b"\n")
             rows.setdefault(row.index, row)
         offset += len(line) + 1
@@ -267,13 +269,27 @@ def read_results(path: Path, *, repair: bool = False) -> dict[int, QuestionResul
 
 def append_result(path: Path, row: QuestionResult) -> None:
     """Append one row as one write (O_APPEND), so a crash leaves whole rows and at most a torn
-    last one."""
+    last one (LogWriteError when the disk refuses it: the row is not there)."""
     line = row.model_dump_json().encode() + b"\n"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    with _writing(path, "append"):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):  # a full disk may take part of it: cut it, refuse
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _writing(path: Path, what: str) -> Iterator[None]:
+    """Every write of an eval's files fails the same way: one line, LogWriteError (exit 1),
+    the machine's failure and never a question's."""
     try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+        yield
+    except OSError as exc:
+        raise LogWriteError(f"{path}: cannot {what}: {exc.strerror or exc}") from None
 
 
 _CSV_COLUMNS = ("index", "run_id", "question", "answer", "gold", "correct", "score", "status",
@@ -301,5 +317,9 @@ def write_json(path: Path, model: BaseModel) -> None:
 
 def _replace(path: Path, text: str) -> None:
     draft = path.with_name(f".{path.name}.new")
-    draft.write_text(text, encoding="utf-8")
-    os.replace(draft, path)
+    with _writing(path, "write"):
+        try:
+            draft.write_text(text, encoding="utf-8")
+            os.replace(draft, path)
+        finally:
+            draft.unlink(missing_ok=True)
