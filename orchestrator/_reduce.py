@@ -24,6 +24,7 @@ from orchestrator._runner import (
     Observer,
     context,
     events_of,
+    lanefold_error,
     question_of,
     record_interrupt,
     set_fsync,
@@ -140,6 +141,10 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
         except anyio.get_cancelled_exc_class():
             record_interrupt(recorder, ledger, stop_reason(), lanes_only=True)
             raise
+        except BaseExceptionGroup as group:  # a judge wave's lanes: the caller gets one error
+            if not group.subgroup(Exception):
+                raise
+            raise lanefold_error(group) from None
     finally:
         log.close()
         await close_shared_budget(pool)

@@ -289,3 +289,67 @@ def test_a_question_of_invalid_bytes_is_refused_in_a_real_process(tmp_path: Path
     assert refused.code == 2
     assert "question" in refused.error_line and refused.out == ""
     assert not runs.exists()
+
+
+JUDGED = """
+[loop]
+k = 4
+seed = 1
+reducer = "judge_argmax"
+[judge]
+template = "Score it: {candidate}"
+[backend]
+kind = "simulated"
+"""
+
+
+@pytest.fixture
+def judged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, int]:
+    """A finished judge_argmax run `j`, and how many lines one re-reduction of it writes."""
+    config = tmp_path / "judged.toml"
+    config.write_text(JUDGED)
+    runs = tmp_path / "runs"
+    assert cli(capsys, "run", str(config), "--question", QUESTION, "--runs-dir", runs,
+               "--run-id", "j").code == 0
+    log = log_of(runs, "j")
+    before = log.read_bytes().count(b"\n")
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "j").mkdir()
+    (probe / "j" / "events.jsonl").write_bytes(log.read_bytes())
+    assert cli(capsys, "reduce", "j", "--reducer", "judge_argmax", "--runs-dir", probe).code == 0
+    return runs, log_of(probe, "j").read_bytes().count(b"\n") - before
+
+
+def test_a_reduce_that_meets_a_full_disk_exits_1_in_one_line_at_every_write(
+        judged: tuple[Path, int], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The disk fills at each line a re-reduction writes in turn (its start, its judge wave's
+    # lanes, its end): one line, exit 1, nothing recorded lost, and the same command, with room
+    # again, finishes that reduction.
+    runs, writes = judged
+    log = log_of(runs, "j")
+    pristine = log.read_bytes()
+    real_write = os.write
+    for nth in range(1, writes + 1):
+        log.write_bytes(pristine)
+        begun = [0]
+
+        def write(fd: int, data: bytes, nth: int = nth, begun: list[int] = begun) -> int:
+            if bytes(data).startswith(b'{"specversion"'):
+                begun[0] += 1
+                if begun[0] >= nth:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", write)
+        failed = cli(capsys, "reduce", "j", "--reducer", "judge_argmax", "--runs-dir", runs)
+        monkeypatch.undo()
+        assert failed.code == 1, (nth, failed.err)
+        assert failed.err.count("\n") == 1 and os.strerror(errno.ENOSPC) in failed.error_line
+        assert log.read_bytes().startswith(pristine), "nothing recorded is lost"
+        again = cli(capsys, "reduce", "j", "--reducer", "judge_argmax", "--runs-dir", runs)
+        assert again.code == 0, (nth, again.err)
+        reductions = [json.loads(line)["data"]["reduction"]
+                      for line in log.read_text().splitlines() if '"reduce.completed"' in line]
+        assert reductions == [1, 2], "the cut-off reduction was finished, not opened anew"
