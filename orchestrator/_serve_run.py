@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import anyio
 
+from backends.openai import read_api_key
 from primitives import Backend, ConfigError, LanefoldError
 
 __all__ = (
@@ -99,6 +100,7 @@ async def serve_async(
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
                             timeout_graceful_shutdown=5)
     server = _Server(config)
+    failure: list[LanefoldError] = []  # raised after the task group, not inside its group
     try:
         async with anyio.create_task_group() as tg:
 
@@ -115,13 +117,19 @@ async def serve_async(
             tg.start_soon(watch)
             load = getattr(backend, "load", None)  # the engine: the model before the first client
             if load is not None:
-                await load()
-            await server.serve(sockets=[sock])
+                try:
+                    await load()
+                except LanefoldError as exc:  # a model that cannot load: one line, its code
+                    failure.append(exc)
+            if not failure:
+                await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
     finally:
         sock.close()
         with anyio.CancelScope(shield=True):
             await backend.aclose()
+    if failure:
+        raise failure[0]
 
 
 def serve(
@@ -153,13 +161,15 @@ def require_extra() -> None:
 
 
 def api_key_from(variable: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The API key held by the environment variable `variable` (None: no key asked for)."""
+    """The API key held by the environment variable `variable` (None: no key asked for),
+    checked as the openai backend checks its `api_key_env` (`read_api_key`): a key with a CR,
+    LF or spaces at an end would start a server that answers 401 to every client."""
     if variable is None:
         return None
-    key = environ.get(variable, "")
-    if not key.strip():
-        raise ConfigError(f"--api-key-env: the environment variable {variable} is unset or empty")
-    return key
+    try:
+        return read_api_key(environ, variable)
+    except ConfigError as exc:
+        raise ConfigError(f"--api-key-env: {exc}") from None
 
 
 def port_number(text: str) -> int:

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from backends.openai._backend import BackendEvent, OpenAIBackend
-from backends.openai._config import OpenAIConfig
+from backends.openai._config import OpenAIConfig, read_api_key
 
-__all__ = ("BackendEvent", "OpenAIBackend", "OpenAIConfig")
+__all__ = ("BackendEvent", "OpenAIBackend", "OpenAIConfig", "read_api_key")

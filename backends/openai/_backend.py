@@ -25,7 +25,7 @@ import httpx
 from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import ValidationError
 
-from backends.openai._config import OpenAIConfig
+from backends.openai._config import OpenAIConfig, read_api_key
 from backends.openai._errors import (
     Redactor,
     error_from_status,
@@ -41,7 +41,6 @@ from primitives import (
     BackendError,
     BackendTimeoutError,
     BadResponseError,
-    ConfigError,
     LaneFailure,
     LaneOutcome,
     RequestRejectedError,
@@ -95,7 +94,7 @@ class OpenAIBackend:
         headers = dict(config.headers)
         key: str | None = None
         if config.api_key_env is not None:
-            key = _read_key(os.environ if environ is None else environ, config.api_key_env)
+            key = read_api_key(os.environ if environ is None else environ, config.api_key_env)
             headers["Authorization"] = f"Bearer {key}"
         self._redact = Redactor(key)
         self._path = "chat/completions" if config.api == "chat" else "completions"
@@ -385,26 +384,3 @@ def _sinking(batch: _Batch, count: int) -> BackendError | None:
     if len(errors) == len(batch) == count and all(err is errors[0] for err in errors):
         return errors[0]
     return None
-
-
-def _read_key(environ: Mapping[str, str], name: str) -> str:
-    """The API key in variable `name`, refused where it could not go in a header as it is.
-
-    The messages name the variable, never the value: a key is refused before it can reach a
-    header (whose errors would quote it) or a log.
-    """
-    key = environ.get(name)
-    if key is None:
-        raise ConfigError(f"environment variable {name} is not set")
-    if not key:
-        raise ConfigError(f"environment variable {name} is empty")
-    if key != key.strip():
-        raise ConfigError(
-            f"environment variable {name}: the key begins or ends with whitespace (a CRLF "
-            "line ending from a .env file?); strip it"
-        )
-    if any(c < " " or c == "\x7f" for c in key):
-        raise ConfigError(f"environment variable {name}: the key holds a control character")
-    if not key.isascii():
-        raise ConfigError(f"environment variable {name}: the key holds a non-ASCII character")
-    return key

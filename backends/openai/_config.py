@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ("RESERVED_BODY_KEYS", "OpenAIConfig")
+from primitives import ConfigError
+
+__all__ = ("RESERVED_BODY_KEYS", "OpenAIConfig", "read_api_key")
 
 # Fields the backend sets from the request; extra_body may not override them, or the
 # budget (max_tokens), the lane split (n) or the seeds would silently stop holding.
@@ -103,3 +106,29 @@ class OpenAIConfig(BaseModel):
         if clash:
             raise ValueError(f"extra_body may not set {clash}: the backend sets them per request")
         return value
+
+
+def read_api_key(environ: Mapping[str, str], name: str) -> str:
+    """The API key in the environment variable `name`, refused (ConfigError) where it could
+    not go in an `Authorization` header as it is: unset, empty, whitespace at either end (a
+    CRLF from a .env file), a control or a non-ASCII character.
+
+    The one check of a key read from the environment: the backend's `api_key_env`, `serve
+    --api-key-env`, and `validate` use it. The messages name the variable, never the value: a
+    key is refused before it can reach a header (whose errors would quote it) or a log.
+    """
+    key = environ.get(name)
+    if key is None:
+        raise ConfigError(f"environment variable {name} is not set")
+    if not key:
+        raise ConfigError(f"environment variable {name} is empty")
+    if key != key.strip():
+        raise ConfigError(
+            f"environment variable {name}: the key begins or ends with whitespace (a CRLF "
+            "line ending from a .env file?); strip it"
+        )
+    if any(c < " " or c == "\x7f" for c in key):
+        raise ConfigError(f"environment variable {name}: the key holds a control character")
+    if not key.isascii():
+        raise ConfigError(f"environment variable {name}: the key holds a non-ASCII character")
+    return key

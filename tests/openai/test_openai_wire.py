@@ -89,7 +89,9 @@ async def test_chat_logprobs_requested_and_returned(stub: tuple[Stub, str]) -> N
 
 
 def test_public_names() -> None:
-    assert backends.openai.__all__ == ("BackendEvent", "OpenAIBackend", "OpenAIConfig")
+    # read_api_key: the one check of a key from the environment (serve and validate use it)
+    assert backends.openai.__all__ == ("BackendEvent", "OpenAIBackend", "OpenAIConfig",
+                                       "read_api_key")
 
 
 def test_config_defaults() -> None:

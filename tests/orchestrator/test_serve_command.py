@@ -74,6 +74,37 @@ def test_an_unset_key_variable_is_a_config_error(
     assert "LANEFOLD_TEST_SERVE_KEY" in one_line(capsys.readouterr().err)
 
 
+BASE_KEY = "Sk-Live-9Qx7AbCdEfGhIjKl"
+BAD_KEYS = {  # what the openai backend refuses of its api_key_env; serve used to take each
+    "empty": "", "crlf": BASE_KEY + "\r\n", "cr": BASE_KEY + "\r", "lf": BASE_KEY + "\n",
+    "leading space": " " + BASE_KEY, "trailing space": BASE_KEY + " ", "tab": "\t" + BASE_KEY,
+    "non-ascii": BASE_KEY[:9] + "é" + BASE_KEY[9:], "control": BASE_KEY[:9] + "\x01" + BASE_KEY[9:],
+    "delete": BASE_KEY + "\x7f",
+}
+
+
+@pytest.mark.parametrize("value", BAD_KEYS.values(), ids=BAD_KEYS.keys())
+def test_a_key_the_openai_backend_refuses_is_refused_by_serve_too(
+        value: str, config: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Such a server used to start, then answer 401 to every client sending the key.
+    from backends.openai import OpenAIBackend, OpenAIConfig
+    from primitives import ConfigError
+
+    monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: pytest.fail("it started"))
+    monkeypatch.setenv("LANEFOLD_TEST_SERVE_KEY", value)
+    code = main(["serve", "--backend-config", str(config),
+                 "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"])
+    line = one_line(capsys.readouterr().err)
+    assert code == 2
+    with pytest.raises(ConfigError) as backend:  # the same check, the same words
+        OpenAIBackend(OpenAIConfig(base_url="http://127.0.0.1:9/v1", model="m",
+                                   api_key_env="LANEFOLD_TEST_SERVE_KEY"))
+    assert line == f"orchestrator serve: --api-key-env: {backend.value}"
+    assert "LANEFOLD_TEST_SERVE_KEY" in line
+    assert value.strip() not in line or not value.strip()  # the key itself is never shown
+
+
 def test_flags_reach_the_server_and_an_open_host_without_a_key_is_warned(
         config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
