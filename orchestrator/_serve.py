@@ -41,6 +41,7 @@ from orchestrator._serve_wire import (
     chat_logprobs,
     completion_logprobs,
     flatten_messages,
+    refusal,
 )
 from primitives import (
     Backend,
@@ -71,9 +72,8 @@ def _validated(data: Any, model: type[_Body]) -> _Body:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        raise HTTPError(400, f"{param}: {first['msg']}", param=param) from None
+        message, param = refusal(exc.errors())
+        raise HTTPError(400, message, param=param) from None
     except RecursionError:
         raise HTTPError(400, "the request body's JSON is nested too deeply") from None
 

@@ -3,12 +3,17 @@ logprobs shapes it answers with."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from primitives import Sample
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 __all__ = (
     "MAX_CHAT_TOP_LOGPROBS",
@@ -22,25 +27,36 @@ __all__ = (
     "chat_logprobs",
     "completion_logprobs",
     "flatten_messages",
+    "refusal",
 )
 
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions' `logprobs`, as OpenAI's legacy API
 MAX_CHAT_TOP_LOGPROBS = 20  # /v1/chat/completions' `top_logprobs`, as OpenAI and vLLM
 # JSON has no -inf: a token the model rules out is told at this logprob, as vLLM does.
 _FLOOR = -9999.0
+# Types as the JSON says them, as OpenAI checks them: "16" is a string, not an integer, and a
+# NaN or Infinity (which Python's JSON parser lets through) is no number a knob can take.
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+_JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
+               list: "an array", dict: "an object", type(None): "null"}
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean",
+             "string_type": "a string", "list_type": "an array", "dict_type": "an object",
+             "model_type": "an object"}
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "TextPart", "TextFormat",
+                        "StreamOptions"})
 
 
 class StreamOptions(BaseModel):
     """`stream_options`: `include_usage` adds a last chunk carrying the request's usage."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     include_usage: bool = False
 
 
 class _Body(BaseModel):
     # Unknown fields are refused, as OpenAI does: a silently ignored knob is a wrong answer.
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -95,7 +111,7 @@ class CompletionBody(_Body):
 class TextPart(BaseModel):
     """A text part of a chat message's content list."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     type: Literal["text"]
     text: str
@@ -104,7 +120,7 @@ class TextPart(BaseModel):
 class TextFormat(BaseModel):
     """`response_format`: plain text only (no JSON mode or schema)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     type: Literal["text"]
 
@@ -112,7 +128,7 @@ class TextFormat(BaseModel):
 class ChatMessageIn(BaseModel):
     """One chat message; content as a string or a list of text parts."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -134,6 +150,35 @@ class ChatBody(_Body):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)  # as OpenAI
     max_completion_tokens: int | None = Field(default=None, ge=1)
     response_format: TextFormat | None = None
+
+
+def refusal(errors: Sequence[ErrorDetails]) -> tuple[str, str | None]:
+    """(message, param) for a request body's validation errors, in words a client can act on:
+    the field, then what it got where the type is wrong, or that a NaN is not a number.
+
+    Of the errors about the first field wrong, the one reaching deepest is told: `"stop": [1]`
+    is about the 1 in the list (`stop.0`), not about `stop` not being a string.
+    """
+    first = errors[0]["loc"][:1]
+    error = max((e for e in errors if e["loc"][:1] == first), key=lambda e: len(_path(e)))
+    param = ".".join(_path(error)) or None
+    value = error.get("input")
+    where = f"{param}: " if param else ""
+    if error["type"] == "finite_number" and isinstance(value, float):
+        if math.isnan(value):
+            return f"{where}NaN is not a number", param
+        return f"{where}{'-' if value < 0 else ''}Infinity is not a finite number", param
+    expected = _EXPECTED.get(error["type"])
+    if expected is not None:
+        got = _JSON_TYPES.get(type(value), type(value).__name__)
+        return f"{where}{expected} was expected, got {got} ({json.dumps(value)[:40]})", param
+    return f"{where}{error['msg']}", param
+
+
+def _path(error: ErrorDetails) -> list[str]:
+    # pydantic names the member of a union it tried (`stop.str`); the client wrote no such key.
+    return [str(part) for part in error["loc"]
+            if not (isinstance(part, str) and (part in _TYPE_TAGS or "[" in part))]
 
 
 def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:

@@ -291,6 +291,44 @@ async def test_bad_requests_get_openai_shaped_errors(
 
 
 @pytest.mark.parametrize(
+    ("raw", "param", "message"),
+    [  # each used to be taken (a string coerced to 16) or told as a misleading bound
+        (b'{"prompt": "Q", "max_tokens": "16"}', "max_tokens",
+         'max_tokens: an integer was expected, got a string ("16")'),
+        (b'{"prompt": "Q", "max_tokens": 16.5}', "max_tokens",
+         "max_tokens: an integer was expected, got a number (16.5)"),
+        (b'{"prompt": "Q", "n": true}', "n", "n: an integer was expected, got a boolean (true)"),
+        (b'{"prompt": "Q", "stream": 1}', "stream",
+         "stream: a boolean was expected, got an integer (1)"),
+        (b'{"prompt": "Q", "temperature": "0.5"}', "temperature",
+         'temperature: a number was expected, got a string ("0.5")'),
+        (b'{"prompt": "Q", "temperature": NaN}', "temperature", "temperature: NaN is not a number"),
+        (b'{"prompt": "Q", "top_p": Infinity}', "top_p", "top_p: Infinity is not a finite number"),
+        (b'{"prompt": "Q", "stop": ["ok", 7]}', "stop.1",
+         "stop.1: a string was expected, got an integer (7)"),
+        (b'{"messages": [{"role": "user", "content": 5}]}', "messages.0.content",
+         "messages.0.content: a string was expected, got an integer (5)"),
+    ],
+)
+async def test_types_are_as_the_json_says_them(raw: bytes, param: str, message: str) -> None:
+    fake = FakeBackend()
+    path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+    r = await call(app_for(fake), path, raw=raw)
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": message, "type": "invalid_request_error",
+                                 "param": param, "code": None}
+    assert fake.requests == []
+
+
+async def test_a_whole_number_is_a_number_and_null_leaves_a_default() -> None:
+    fake = FakeBackend()
+    r = await call(app_for(fake), "/v1/completions",
+                   {"prompt": "Q", "temperature": 1, "top_p": 1, "max_tokens": None, "seed": 3})
+    assert r.status_code == 200, r.text
+    assert fake.requests[0].params.temperature == 1.0
+
+
+@pytest.mark.parametrize(
     ("error", "status", "code", "retry_after"),
     [
         (RateLimitError("busy", retry_after=2.5), 429, "rate_limit_exceeded", "3"),
