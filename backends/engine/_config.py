@@ -52,6 +52,7 @@ def resolve_model_path(model: str) -> Path:
         return files[0]
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        _check_gguf_header(path)
         return path
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -59,3 +60,20 @@ def resolve_model_path(model: str) -> Path:
         f"model {model!r} is neither {sorted(EMBEDDED)} nor a .gguf file nor a folder with "
         f"config.json (looked at {path.resolve()})"
     )
+
+
+_GGUF_HEADER = 24  # magic, version, tensor count, metadata count
+
+
+def _check_gguf_header(path: Path) -> None:
+    """A file named .gguf begins as one (b"GGUF", then its version and counts): a wrong file is
+    named before anything loads, by `validate` too. Reading the rest is the loader's."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(_GGUF_HEADER)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if head[:4] != b"GGUF":
+        raise ConfigError(f"{path}: not a GGUF file (it begins {head[:4]!r}, not b'GGUF')")
+    if len(head) < _GGUF_HEADER:
+        raise ConfigError(f"{path}: not a GGUF file ({len(head)} bytes, shorter than a header)")

@@ -83,17 +83,20 @@ class Tokenizer:
         """Load `tokenizer.json` (its post-processor adds BOS where the model wants it)."""
         from tokenizers import Tokenizer as Backend
 
-        if not (folder / "tokenizer.json").is_file():
-            raise ConfigError(f"{folder}: no tokenizer.json")
-        config_file = folder / "tokenizer_config.json"
-        config: dict[str, Any] = (
-            json.loads(config_file.read_text()) if config_file.is_file() else {}
-        )
-        template = config.get("chat_template")
-        return cls(
-            Backend.from_file(str(folder / "tokenizer.json")),
-            chat_template=template if isinstance(template, str) else None,
-        )
+        from backends.engine._weights import reading_model
+
+        with reading_model(folder):
+            if not (folder / "tokenizer.json").is_file():
+                raise ConfigError("no tokenizer.json")
+            config_file = folder / "tokenizer_config.json"
+            config: dict[str, Any] = (
+                json.loads(config_file.read_text()) if config_file.is_file() else {}
+            )
+            template = config.get("chat_template")
+            return cls(
+                Backend.from_file(str(folder / "tokenizer.json")),
+                chat_template=template if isinstance(template, str) else None,
+            )
 
     def encode(self, text: str, *, chat: bool = False) -> list[int]:
         """Token ids of `text`; `chat` wraps it as one user turn of the chat template first."""

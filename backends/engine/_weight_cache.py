@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backends.engine._tokenizer import Tokenizer
-from backends.engine._weights import Checkpoint, ModelArgs, gguf_field, load_checkpoint, open_gguf
+from backends.engine._weights import (
+    Checkpoint,
+    ModelArgs,
+    gguf_field,
+    load_checkpoint,
+    open_gguf,
+    reading_model,
+)
 from primitives import get_logger
 
 if TYPE_CHECKING:
@@ -54,16 +61,19 @@ def gguf_key(path: Path) -> str:
 
 def cached_checkpoint(path: Path, reader: Callable[[], GGUFReader]) -> Checkpoint:
     """The GGUF's checkpoint from the cache, or loaded from `reader()` and stored there."""
-    return _through_cache(
-        path, (_WEIGHTS,), _read_checkpoint, lambda: _write_checkpoint(path, reader())
-    )
+    with reading_model(path):
+        return _through_cache(
+            path, (_WEIGHTS,), _read_checkpoint, lambda: _write_checkpoint(path, reader())
+        )
 
 
 def cached_tokenizer(path: Path, reader: Callable[[], GGUFReader]) -> Tokenizer:
     """The GGUF's tokenizer from the cache, or built from `reader()` and stored there."""
-    return _through_cache(
-        path, (_TOKENIZER, _TOKENIZER_EXTRA), _read_tokenizer, lambda: _write_tokenizer(reader())
-    )
+    with reading_model(path):
+        return _through_cache(
+            path, (_TOKENIZER, _TOKENIZER_EXTRA), _read_tokenizer,
+            lambda: _write_tokenizer(reader()),
+        )
 
 
 def _through_cache(

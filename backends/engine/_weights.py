@@ -7,7 +7,9 @@ as a `Checkpoint` whose tensors carry the Hugging Face Llama names, so the model
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,13 +17,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from backends.engine._config import resolve_model_path
-from primitives import ConfigError
+from backends.engine import _config
+from primitives import ConfigError, get_logger
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-__all__ = ("Checkpoint", "ModelArgs", "load_checkpoint", "open_gguf", "resolve_model_path")
+__all__ = ("Checkpoint", "ModelArgs", "load_checkpoint", "open_gguf", "reading_model",
+           "resolve_model_path")
+
+_KEY = "backend.model: "
 
 
 _GGUF_GLOBAL = {
@@ -69,11 +74,44 @@ class Checkpoint:
     tensors: dict[str, torch.Tensor]
 
 
+@contextlib.contextmanager
+def reading_model(path: Path) -> Iterator[None]:
+    """Within the block, a model file that cannot be read as one (truncated, corrupt, not the
+    format it claims, a field of the wrong type) is a ConfigError naming `backend.model`, the
+    file and what is wrong with it, instead of whatever the parser raised. The parser's own
+    traceback is logged at debug level (`-v`)."""
+    try:
+        yield
+    except ConfigError as exc:
+        message = str(exc)
+        if message.startswith(_KEY):
+            raise
+        where = "" if message.startswith(str(path)) else f"{path}: "
+        raise ConfigError(f"{_KEY}{where}{message}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # the gguf, safetensors and tokenizers readers raise many kinds
+        get_logger("lanefold.engine", model=str(path)).debug("model file unreadable",
+                                                             exc_info=True)
+        what = " ".join(str(exc).split())[:200] or "no detail"
+        kind = "GGUF" if path.suffix == ".gguf" else "model"
+        raise ConfigError(f"{_KEY}{path} is not a readable {kind} file "
+                          f"({type(exc).__name__}: {what})") from None
+
+
+def resolve_model_path(model: str) -> Path:
+    """Where `model` is on disk (`backends.engine.resolve_model_path`), refused as every
+    refusal of the loader is: naming `backend.model`."""
+    with reading_model(Path(model)):
+        return _config.resolve_model_path(model)
+
+
 def open_gguf(path: Path) -> GGUFReader:
     """Open a GGUF file (memory-mapped; tensors are read when dequantised)."""
-    from gguf import GGUFReader
+    with reading_model(path):
+        from gguf import GGUFReader
 
-    return GGUFReader(path)
+        return GGUFReader(path)
 
 
 def gguf_field(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -84,9 +122,10 @@ def gguf_field(reader: GGUFReader, key: str, default: Any = None) -> Any:
 
 def load_checkpoint(path: Path, reader: GGUFReader | None = None) -> Checkpoint:
     """Load the architecture and tensors at `path` (a .gguf file or an HF folder)."""
-    if path.is_dir():
-        return _load_hf_folder(path)
-    return _load_gguf(reader if reader is not None else open_gguf(path))
+    with reading_model(path):
+        if path.is_dir():
+            return _load_hf_folder(path)
+        return _load_gguf(reader if reader is not None else open_gguf(path))
 
 
 def _load_gguf(reader: GGUFReader) -> Checkpoint:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +22,8 @@ from backends.engine._weight_cache import (
     gguf_key,
     open_lazily,
 )
-from primitives import LaneRequest, SamplingParams
+from backends.engine._weights import load_checkpoint
+from primitives import ConfigError, LaneRequest, SamplingParams
 
 gguf = pytest.importorskip("gguf")
 
@@ -159,3 +161,87 @@ def test_a_corrupt_entry_is_logged_once_and_rebuilt(
         cached_tokenizer(model_file, counted(model_file, opened))
     assert not caplog.records
     assert not opened
+
+
+# -- a model file that is not one is a config error naming backend.model ---------------------------
+
+
+def _damaged(data: bytes) -> dict[str, bytes]:
+    """The tiny GGUF broken the ways a download, a disk or a wrong file breaks one."""
+    return {
+        "empty": b"",
+        "not-gguf": b"PK\x03\x04" + data[4:],
+        "unknown-version": data[:4] + (99).to_bytes(4, "little") + data[8:],
+        "header-only": data[:24],
+        "cut-in-metadata": data[:200],
+        "cut-in-tensors": data[: len(data) // 2],
+        "last-bytes-lost": data[:-100],
+        "metadata-scrambled": data[:40] + bytes(b ^ 0xFF for b in data[40:80]) + data[80:],
+        "counts-absurd": data[:8] + b"\xff" * 8 + data[16:],
+    }
+
+
+DAMAGE = list(_damaged(b"\0" * 64))
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_gguf_is_a_config_error_naming_backend_model(
+        damage: str, model_file: Path, tmp_path: Path) -> None:
+    # It used to be whatever the gguf reader raised: ValueError, IndexError, a traceback.
+    path = tmp_path / f"{damage}.gguf"
+    path.write_bytes(_damaged(model_file.read_bytes())[damage])
+    config = EngineConfig(model=str(path), device="cpu", num_blocks=64)
+    for load in (lambda: Engine.from_config(config), lambda: load_tokenizer(config),
+                 lambda: cached_checkpoint(path, open_lazily(path))):
+        with pytest.raises(ConfigError) as caught:
+            load()
+        message = str(caught.value)
+        assert message.startswith(f"backend.model: {path}"), message
+        assert "\n" not in message and caught.value.__cause__ is None
+
+
+@pytest.mark.parametrize("damage", ["empty", "not-gguf", "header-only", "cut-in-tensors"])
+def test_the_command_says_so_in_one_line_and_creates_no_run(
+        damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator._cli import main
+
+    path = tmp_path / f"{damage}.gguf"
+    path.write_bytes(_damaged(model_file.read_bytes())[damage])
+    config = tmp_path / "loop.toml"
+    config.write_text(f'[loop]\nk = 2\n[backend]\nkind = "engine"\nmodel = "{path}"\n'
+                      'device = "cpu"\nnum_blocks = 64\n')
+    code = main(["run", str(config), "--question", "q?", "--runs-dir", str(tmp_path / "runs")])
+    _, err = capsys.readouterr()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "backend.model: " in err and str(path) in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+    if damage in ("empty", "not-gguf"):  # a wrong header: seen by validate (and preflight) too
+        assert main(["validate", str(config)]) == 2
+        assert f"{config}: backend.model: {path}: not a GGUF file" in capsys.readouterr().err
+
+
+def test_a_broken_hugging_face_folder_names_backend_model(tmp_path: Path) -> None:
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "vocab_size": ')
+    with pytest.raises(ConfigError, match=rf"^backend\.model: {re.escape(str(folder))}: no "
+                       r"tokenizer\.json$"):
+        Engine.from_config(EngineConfig(model=str(folder), device="cpu", num_blocks=64))
+    with pytest.raises(ConfigError, match=rf"^backend\.model: {re.escape(str(folder))} is not a "
+                       r"readable model file \(JSONDecodeError: "):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("damage", ["not-gguf", "cut-in-tensors"])
+def test_serve_says_so_in_one_line_before_serving(
+        damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator._cli import main
+
+    path = tmp_path / f"{damage}.gguf"
+    path.write_bytes(_damaged(model_file.read_bytes())[damage])
+    backend = tmp_path / "backend.toml"
+    backend.write_text(f'[backend]\nkind = "engine"\nmodel = "{path}"\ndevice = "cpu"\n')
+    assert main(["serve", "--backend-config", str(backend), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("orchestrator serve: ") and f"backend.model: {path}" in err
