@@ -156,7 +156,9 @@ def _qualified(cls: type[Any]) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _load_entry_points(group: str) -> None:
+def _load_entry_points(group: str, key: str | None = None) -> None:
+    """Register every entry point of `group`; one that fails (or exits) at import is a
+    ConfigError naming `key`, the config key that asked for the lookup, where there is one."""
     if group in _ENTRY_POINTS_LOADED:
         return
     _ENTRY_POINTS_LOADED.add(group)
@@ -164,8 +166,9 @@ def _load_entry_points(group: str) -> None:
     for entry in importlib.metadata.entry_points(group=group):
         try:
             found = entry.load()  # importing the module also runs its @register_* decorators
-        except Exception as exc:  # a broken plug-in must not break every other loop
-            raise ConfigError(f"entry point {entry.name!r} in {group}: cannot load "
+        except (Exception, SystemExit) as exc:  # a broken plug-in must not end the process
+            where = f"{key}: " if key else ""
+            raise ConfigError(f"{where}entry point {entry.name!r} in {group}: cannot load "
                               f"{entry.value!r}: {type(exc).__name__}: {exc}") from None
         name = getattr(found, "name", None)
         if isinstance(found, type) and isinstance(name, str):
@@ -183,7 +186,7 @@ def _resolve(table: dict[str, type[Any]], spec: str, *, group: str, key: str,
             raise ConfigError(f"{key}: {spec!r} is not a class")
         return found
     if spec not in table:
-        _load_entry_points(group)
+        _load_entry_points(group, key)
     cls = table.get(spec)
     if cls is None:
         raise ConfigError(f"{key}: unknown {what} {spec!r} (known: "

@@ -389,3 +389,37 @@ def test_a_refused_resume_leaves_the_run_resumable_with_the_code_that_started_it
     assert code == 0, err
     base = events(runs, "base")[-1]["data"]["result"]
     assert json.loads(out)["answer"] == base["answer"]
+
+
+PLUGIN_KEYS = {
+    "loop.coordinator": '[loop]\ncoordinator = "{module}:Loop"\n',
+    "loop.reducer": '[loop]\nreducer = "{module}:Reducer"\n',
+    "judge.verifier": '[loop]\nreducer = "judge_argmax"\n[judge]\nverifier = "{module}:score"\n',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.parametrize("body", ["import sys\nsys.exit(0)\n", "raise SystemExit('bye')\n"],
+                         ids=["sys.exit(0)", "SystemExit('bye')"])
+@pytest.mark.parametrize("key", PLUGIN_KEYS)
+def test_a_plugin_module_that_exits_at_import_is_a_config_error_naming_its_key(
+        key: str, body: str, command: str, tmp_path: Path) -> None:
+    # In a real process: an exit at import must not become the command's own exit (0, nothing
+    # created, no word said), whichever key names the module.
+    import subprocess
+
+    (tmp_path / "exits_at_import.py").write_text(body)
+    config = tmp_path / "loop.toml"
+    config.write_text(PLUGIN_KEYS[key].format(module="exits_at_import")
+                      + '[backend]\nkind = "simulated"\n')
+    argv = [command, str(config)] + (["--question", QUESTION, "--runs-dir", "runs"]
+                                     if command == "run" else [])
+    done = subprocess.run([sys.executable, "-m", "orchestrator._cli", *argv], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    (line,) = done.stderr.splitlines()
+    assert f"{key}: cannot import 'exits_at_import:" in line
+    assert "SystemExit" in line and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()

@@ -125,3 +125,13 @@ def test_a_vote_over_lanes_of_two_waves_counts_every_lane() -> None:
     result = vote(lanes, tie_break="first_lane", seed=0)
     assert result.votes == {"7": 1.0, "8": 2.0}
     assert result.abstentions == 1
+
+
+def test_an_entry_point_that_exits_at_import_is_a_config_error_naming_the_key(
+        installed: Path) -> None:
+    # A plug-in package's module that calls sys.exit() used to end the process (exit 0 and
+    # nothing said, from `orchestrator run`), not refuse the config.
+    (installed / "eploops.py").write_text("import sys\nsys.exit(0)\n")
+    with pytest.raises(ConfigError, match=r"^loop\.coordinator: entry point 'ep_plain' in "
+                       r"lanefold\.loops: cannot load 'eploops:Plain': SystemExit: 0$"):
+        resolve_loop("plain_ep")
