@@ -16,6 +16,7 @@ import collections
 import contextlib
 import functools
 import logging
+import math
 import os
 import secrets
 from collections.abc import AsyncGenerator, Sequence
@@ -28,6 +29,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 import primitives
 from orchestrator._executor import Job, JobOutcome, WorkerSpec, import_paths
 from orchestrator._job_session import JobSession
+from orchestrator._ray_connect import CONNECT_TIMEOUT_S, join_cluster
 from orchestrator._result import RunResult
 from primitives import ConfigError, LanefoldError, RunError, RunInUseError
 
@@ -105,7 +107,9 @@ class RayExecutor:
 
     `address`: None starts a local cluster (shut down by `close()`); "auto" joins the
     cluster running on this machine; else a cluster's address (`ray://host:10001` through
-    Ray's client). `num_cpus`/`num_gpus` are each actor's resources; `num_gpus=None` asks
+    Ray's client). Joining takes at most `connect_timeout_s` (an address nothing listens on
+    is said at once), else a ConfigError. `num_cpus`/`num_gpus` are each actor's resources;
+    `num_gpus=None` asks
     one GPU per worker (one engine per GPU) when the config's backend is the engine on "cuda",
     or on "auto" in a cluster with GPUs, else none. `runtime_env` ships code or packages to
     a remote cluster's workers. More than `max_replacements` dead workers end the batch.
@@ -115,13 +119,18 @@ class RayExecutor:
 
     def __init__(self, address: str | None = None, workers: int = 2, *, num_cpus: float = 1,
                  num_gpus: float | None = None, runtime_env: dict[str, Any] | None = None,
-                 max_replacements: int | None = None) -> None:
+                 max_replacements: int | None = None,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         if workers < 1:
             raise ConfigError(f"--workers: must be at least 1, got {workers}")
         if num_cpus < 0 or (num_gpus or 0) < 0:
             raise ConfigError("executor ray: num_cpus and num_gpus must not be negative")
+        if not (math.isfinite(connect_timeout_s) and connect_timeout_s > 0):
+            raise ConfigError(f"--ray-connect-timeout: must be a number of seconds above 0, "
+                              f"got {connect_timeout_s}")
         _ray()  # a missing Ray is said now, before anything is written
         self.address, self.workers = address, workers
+        self.connect_timeout_s = connect_timeout_s
         self.num_cpus, self.num_gpus, self.runtime_env = num_cpus, num_gpus, runtime_env
         self.max_replacements = 2 * workers + 2 if max_replacements is None else max_replacements
         self._started = False
@@ -139,11 +148,7 @@ class RayExecutor:
                      object_store_memory=200 * 1024 * 1024, **quiet)
             self._started = True
         else:
-            try:
-                ray.init(address=self.address, **quiet)
-            except ConnectionError as exc:  # no cluster there ("auto" found none running)
-                raise ConfigError(f"--ray-address {self.address}: {' '.join(str(exc).split())}"
-                                  ) from None
+            join_cluster(ray, self.address, quiet, self.connect_timeout_s)
 
     def gpus_for(self, spec: WorkerSpec) -> float:
         """Each worker's GPUs: as given, else one for the engine on a GPU."""

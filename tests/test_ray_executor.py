@@ -13,6 +13,9 @@ import json
 import logging
 import os
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from orchestrator.evaluate._item import Item
 from primitives import ConfigError
 
 ray = pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def cluster() -> Any:
@@ -221,3 +225,74 @@ def test_missing_ray_is_one_line_with_the_hint(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(__import__("sys").modules, "ray", None)
     with pytest.raises(ConfigError, match=r"pip install 'lanefold\[scale\]'"):
         RayExecutor()
+
+
+# -- an address that does not answer: one line, exit 2, within --ray-connect-timeout ----------------
+
+
+def _eval_joining(address: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`orchestrator eval --executor ray --ray-address ADDRESS` in its own process (Ray is the
+    process's: the module's cluster must not be the one found)."""
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text('{"question": "Q?", "answer": "391"}\n')
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator._cli", "eval", "examples/simulated.toml", "--dataset",
+         str(dataset), "--runs-dir", str(tmp_path / "runs"), "--executor", "ray",
+         "--ray-address", address, *flags],
+        cwd=ROOT, env={**env, "RAY_TMPDIR": str(tmp_path)}, capture_output=True, text=True,
+        timeout=240, check=False)  # a hang guard: today's bound is the flag's seconds
+
+
+@pytest.mark.slow
+def test_an_address_nothing_listens_on_is_one_line_at_once(tmp_path: Path) -> None:
+    # It used to retry for more than 240 s. Refused at the TCP probe: no wait for the bound.
+    done = _eval_joining("127.0.0.1:1", tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("orchestrator eval: --ray-address 127.0.0.1:1: nothing answers at ")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_an_address_that_is_not_ray_is_one_line_within_the_connect_timeout(
+        tmp_path: Path) -> None:
+    # A server that accepts and says nothing (not Ray's GCS): Ray would wait on it for
+    # minutes; the command gives up at --ray-connect-timeout. On 127.0.0.2, an address Ray
+    # dials as given (127.0.0.1 it would replace by this machine's address).
+    with socket.socket() as server:
+        try:
+            server.bind(("127.0.0.2", 0))
+        except OSError:
+            pytest.skip("127.0.0.2 is not a loopback address here")
+        server.listen(8)
+        address = f"127.0.0.2:{server.getsockname()[1]}"
+        done = _eval_joining(address, tmp_path, "--ray-connect-timeout", "2")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"orchestrator eval: --ray-address {address}: no Ray cluster answered within 2 s "
+        "(--ray-connect-timeout)"]  # Ray's own retry lines held back
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--ray-connect-timeout", "5"], "--ray-connect-timeout: only with --executor ray"),
+    (["--executor", "ray", "--ray-connect-timeout", "0"], "'0' is no time at all"),
+    (["--executor", "ray", "--ray-connect-timeout", "nan"], "'nan' is not a finite number"),
+    (["--executor", "ray", "--ray-connect-timeout", "-3"], "'-3' is negative"),
+])
+def test_the_connect_timeout_is_a_number_of_seconds_for_ray(
+        flags: list[str], said: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text('{"question": "Q?", "answer": "391"}\n')
+    argv = ["eval", "examples/simulated.toml", "--dataset", str(dataset), "--runs-dir",
+            str(tmp_path), *flags]
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse's usage error
+        code = exit_.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and err.count("\n") == 1, err
+    with pytest.raises(ConfigError, match="--ray-connect-timeout: must be a number of seconds"):
+        RayExecutor(connect_timeout_s=float("inf"))

@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
+from orchestrator._flags import some_seconds
+from orchestrator._ray_connect import CONNECT_TIMEOUT_S
 from orchestrator._store import new_run_id
 from orchestrator.evaluate._datasets import DatasetSpec
 from orchestrator.evaluate._eval import resume_hint, run_eval
@@ -63,6 +65,9 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
                    "to join ('auto': the one running here; default: start one on this machine)")
     p.add_argument("--workers", type=int, metavar="N", help="with --executor ray: workers, "
                    "each one Session and one loaded backend (default 2)")
+    p.add_argument("--ray-connect-timeout", type=some_seconds, metavar="SECONDS",
+                   help="with --ray-address: how long joining the cluster may take "
+                   f"(default {CONNECT_TIMEOUT_S:g})")
     common(p)
     p.add_argument("--json", action="store_true", help="print summary.json")
 
@@ -132,13 +137,16 @@ def _executor(args: argparse.Namespace) -> RayExecutor | None:
     if args.executor not in ("local", "ray"):
         raise ConfigError(f"--executor: {args.executor!r} is not one of local, ray")
     if args.executor == "local":
-        for flag, value in (("--ray-address", args.ray_address), ("--workers", args.workers)):
+        for flag, value in (("--ray-address", args.ray_address), ("--workers", args.workers),
+                            ("--ray-connect-timeout", args.ray_connect_timeout)):
             if value is not None:
                 raise ConfigError(f"{flag}: only with --executor ray")
         return None
     from orchestrator._ray_executor import RayExecutor
 
-    executor = RayExecutor(args.ray_address, 2 if args.workers is None else args.workers)
+    timeout = args.ray_connect_timeout
+    executor = RayExecutor(args.ray_address, 2 if args.workers is None else args.workers,
+                           connect_timeout_s=CONNECT_TIMEOUT_S if timeout is None else timeout)
     # The terminal is the command's: Ray's notice that a local cluster has token auth on
     # (it has; that is the safe default) is not the user's business on every eval.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
