@@ -8,56 +8,83 @@ Errors are one line on stderr naming the place (file, field, line).
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import logging
-import os
-import shlex
-import signal
-import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+try:  # the command's modules: half a second of imports, start-up as much as main() is
+    import argparse
+    import contextlib
+    import importlib.util
+    import json
+    import logging
+    import os
+    import shlex
+    import sys
+    from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+    from typing import Any, TypeVar
 
-import anyio
-from anyio.abc import TaskStatus
+    from orchestrator._signals import (
+        EXIT_CODES,
+        Watch,
+        command_signals,
+        decided,
+        importing_quietly,
+        pause_point,
+        watch,
+    )
 
-from orchestrator._budget_cli import add_commands as add_budget_commands
-from orchestrator._config import (
-    LoopConfig,
-    config_errors,
-    load_backend_config,
-    load_config,
-)
-from orchestrator._display import Progress, describe, summary
-from orchestrator._result import RunResult
-from orchestrator._runner import build_backend, check_question
-from orchestrator._serve_run import api_key_from, count, is_loopback, port_number, require_extra, serve
-from orchestrator._session import Session
-from orchestrator._store import Store, open_store
-from orchestrator.evaluate import add_commands, is_eval, show_eval, tail_eval
-from primitives import (
-    ConfigError,
-    ExtractSpec,
-    LanefoldError,
-    RunState,
-    apply,
-    loop_names,
-    redact_url,
-    resolve_loop,
-)
-from primitives.events import AnyEvent
+    with importing_quietly():
+        import anyio
+
+        from backends.engine import EngineConfig, resolve_model_path
+        from orchestrator._budget_cli import add_commands as add_budget_commands
+        from orchestrator._config import (
+            LoopConfig,
+            backend_errors,
+            config_errors,
+            load_backend_config,
+            load_config,
+        )
+        from orchestrator._display import Progress, describe, summary
+        from orchestrator._flags import Parser, seconds
+        from orchestrator._fleet_budget import database_of
+        from orchestrator._pgstore import PgStore
+        from orchestrator._result import RunResult
+        from orchestrator._runner import build_backend, check_question
+        from orchestrator._serve_run import (
+            api_key_from,
+            count,
+            is_loopback,
+            port_number,
+            require_extra,
+            serve,
+        )
+        from orchestrator._session import Session
+        from orchestrator._store import Store, open_store
+        from orchestrator.evaluate import add_commands, is_eval, show_eval, tail_eval
+        from primitives import (
+            ConfigError,
+            ExtractSpec,
+            LanefoldError,
+            RunState,
+            apply,
+            loop_names,
+            redact_url,
+            resolve_loop,
+        )
+        from primitives.events import AnyEvent
+
+        pause_point("import")
+except KeyboardInterrupt as stop:  # a signal while the command starts: nothing exists to tell of
+    raise SystemExit(getattr(stop, "exit_code", 130)) from None
 
 __all__ = ("main",)
 
 T = TypeVar("T")
 EXIT_NO_ANSWER = 4
-_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval"})
-_SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate"})
+_SIGNAL_EXIT = EXIT_CODES
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orchestrator", description=(
+    parser = Parser(prog="orchestrator", description=(
         "Governed coordination loops for LLM inference: sample K lanes, join, reduce."))
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -87,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", metavar="RUN_ID|EVAL_ID")
     common(p)
     p.add_argument("--follow", "-f", action="store_true", help="wait for new events")
-    p.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--wait", type=seconds, default=30.0, metavar="SECONDS",
                    help="with --follow: how long to wait for a run that has not started, or "
                    "for an eval that no process is running (30)")
     p.add_argument("--json", action="store_true", help="raw JSON lines")
@@ -143,14 +170,32 @@ class _Interrupted(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    with _logging_to_stderr(args.verbose):
+    """Run the `orchestrator` command on `argv`; its exit code.
+
+    `argv` None: this process's own command line, so the process is the command's: from here
+    to its exit a signal is answered as `orchestrator._signals` says (before anything is
+    recorded, exit 130/143 with at most a line; once the command's end is decided, ignored,
+    so a run whose record is complete exits with its own code). Given `argv` (a test, a
+    program), the signal handlers found are put back on return.
+    """
+    with command_signals(own_process=argv is None):
         try:
-            return _main(args)
-        except BrokenPipeError:  # `... | head`: the reader left; say nothing more
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+            pause_point("start")
+            args = _parser().parse_args(argv)
+            with _logging_to_stderr(args.verbose):
+                try:
+                    pause_point("command")
+                    code = _main(args)
+                    decided()
+                    pause_point("end")
+                    return code
+                except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+                    with contextlib.suppress(OSError):
+                        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                    return 0
+        except KeyboardInterrupt as stop:  # before the command was under way: nothing to tell
+            decided()
+            return _SIGNAL_EXIT.get(getattr(stop, "signal_name", "SIGINT"), 130)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -165,9 +210,11 @@ def _main(args: argparse.Namespace) -> int:
             f"; continue with: {_continuation(args, stop.run_id)}" if stop.run_id
             else " before the run started"))
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
-    except KeyboardInterrupt:  # before the event loop took the signals over
-        _error(args.command, "interrupted")
-        return 130
+    except KeyboardInterrupt as stop:  # while the command started, before its work began
+        decided()
+        name = getattr(stop, "signal_name", "SIGINT")
+        _error(args.command, f"interrupted by {name}")
+        return _SIGNAL_EXIT.get(name, 130)
 
 
 def _continuation(args: argparse.Namespace, run_id: str) -> str:
@@ -233,26 +280,30 @@ def _store(args: argparse.Namespace) -> Store:
 
 
 def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
-                   run_id: Callable[[], str | None]) -> T:
-    """Run `call` with SIGINT and SIGTERM turned into a clean stop (the run records it)."""
+                   run_id: Callable[[], str | None],
+                   ended: Callable[[], bool] = lambda: False) -> T:
+    """Run `call` with SIGINT and SIGTERM turned into a clean stop (the run records it).
+
+    `ended`: whether the record is complete (its last event written while `call` still
+    closes what it opened); a signal then, or once `call` returned, is ignored, and the
+    command ends as the record says.
+    """
     stopped: list[str] = []
     outcome: list[T] = []
     failure: list[Exception] = []
 
-    async def main() -> None:
+    async def main(signals: Watch) -> None:
         work = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
-            async def watch(*, task_status: TaskStatus[None]) -> None:
+            async def watch_signals() -> None:
                 # Kept until the work has stopped: a second signal while the first one's stop is
                 # being recorded (lanes in flight, a judge's thread) is absorbed, not a traceback.
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    task_status.started()
-                    async for signum in signals:
-                        if not stopped:
-                            stopped.append(signal.Signals(signum).name)
-                            work.cancel()
+                async for name in signals.arrivals():
+                    if not (stopped or outcome or ended()):
+                        stopped.append(name)
+                        work.cancel()
 
-            await tg.start(watch)
+            tg.start_soon(watch_signals)
             with work:
                 try:
                     outcome.append(await call(lambda: stopped[0] if stopped else "cancelled"))
@@ -260,7 +311,8 @@ def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
                     failure.append(exc)
             tg.cancel_scope.cancel()
 
-    anyio.run(main)
+    with watch() as signals:
+        anyio.run(main, signals)
     if failure:
         raise failure[0]
     if outcome:  # it ended before a signal could stop it: the end it recorded stands
@@ -290,15 +342,20 @@ def _live(as_json: bool, resuming: Callable[[], RunState] | None = None,
 
 
 class _RunId:
-    """Learns the run id from the first event it sees (a new run's id is made inside `run`)."""
+    """Learns the run id from the first event it sees (a new run's id is made inside `run`),
+    and whether the record is complete (its `run.completed` or `run.failed` written)."""
 
     def __init__(self, observer: Callable[[AnyEvent], None] | None, known: str | None) -> None:
         self.value, self._observer = known, observer
+        self.ended = False
 
     def __call__(self, event: AnyEvent) -> None:
         self.value = self.value or event.run_id
         if self._observer is not None:
             self._observer(event)
+        if event.type in ("run.completed", "run.failed"):
+            self.ended = True
+            pause_point("recorded")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -314,19 +371,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 return await session.run(args.question, run_id=args.run_id, observer=seen,
                                          stop_reason=reason)
 
-        result = _interruptible(go, lambda: seen.value)
+        result = _interruptible(go, lambda: seen.value, lambda: seen.ended)
     return _emit_result(result, args.json)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     store = _store(args)
     with _live(args.json, lambda: store.read_state(args.run_id)) as observer:
+        seen = _RunId(observer, args.run_id)
 
         async def go(reason: Callable[[], str]) -> RunResult:
             async with Session(runs_dir=args.runs_dir, store=store) as session:
-                return await session.resume(args.run_id, observer=observer, stop_reason=reason)
+                return await session.resume(args.run_id, observer=seen, stop_reason=reason)
 
-        result = _interruptible(go, lambda: args.run_id)
+        result = _interruptible(go, lambda: args.run_id, lambda: seen.ended)
     return _emit_result(result, args.json)
 
 
@@ -444,14 +502,25 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    """Every check `run` makes before it creates a run, without creating one or connecting
+    anywhere: the config, the preflight, what building its backends would refuse (API keys),
+    and its store (`--store` or `[store]`: the password's variable, a shared budget's need of
+    PostgreSQL). A shared budget's existence is the one check left to `run` (it needs the
+    database)."""
     errors = config_errors(args.config)
+    try:
+        config: LoopConfig | None = load_config(args.config)
+    except ConfigError:
+        config = None  # its errors are listed above
+    if config is not None:
+        errors += _store_errors(config, args.config, args.store)
     if errors:  # every one, a line each; the count once there are several
         for error in errors:
             _error("validate", error)
         if len(errors) > 1:
             _error("validate", f"{len(errors)} errors")
         return ConfigError.exit_code
-    config = load_config(args.config)
+    assert config is not None
     keys = ", ".join(f"{key}={value}" for key, value in
                      config.loop_params.model_dump(mode="json").items()
                      if key in ("k", "reducer", "rule", "steps", "agents", "rounds"))
@@ -460,13 +529,41 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_errors(config: LoopConfig, source: str, url: str | None) -> list[str]:
+    """What `run` refuses of the store before it creates the run, as the store is opened."""
+    errors = []
+    try:
+        store = open_store(url or config.store.url, ".", config.store.password_env)
+    except ConfigError as exc:
+        return [f"{source}: {exc}"]
+    if isinstance(store, PgStore) and importlib.util.find_spec("psycopg") is None:
+        errors.append(f"{source}: store.url: a postgresql:// store needs psycopg "
+                      "(pip install 'lanefold[scale]')")
+    if config.budget.shared is not None:
+        try:
+            database_of(store)
+        except ConfigError as exc:
+            errors.append(f"{source}: {exc}")
+    return errors
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     require_extra()  # starlette and uvicorn: the serve extra, or its install line
     key = api_key_from(args.api_key_env)
     if key is None and not is_loopback(args.host):
         _error("serve", f"warning: listening on {args.host} without --api-key-env: anyone who "
                "can reach this port can use the model")
-    backend = build_backend(load_backend_config(args.backend_config))
+    config = load_backend_config(args.backend_config)
+    # What a run's preflight would say, said before the model loads (or the server starts).
+    errors = list(backend_errors(config, args.backend_config))
+    if isinstance(config, EngineConfig):
+        try:
+            resolve_model_path(config.model)
+        except ConfigError as exc:
+            errors.append(f"{args.backend_config}: backend.model: {exc}")
+    if errors:
+        raise ConfigError(errors[0])
+    backend = build_backend(config)
     serve(backend, model_name=args.model_name or backend.name, host=args.host, port=args.port,
           api_key=key, max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting)
     return 0

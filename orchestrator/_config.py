@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import math
+import os
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,7 +26,7 @@ from pydantic import (
 
 import coordinators  # noqa: F401  # registers the built-in loops and reducers
 from backends.engine import EngineConfig, resolve_model_path
-from backends.openai import OpenAIConfig
+from backends.openai import OpenAIConfig, read_api_key
 from backends.simulated import SimulatedConfig
 from primitives import (
     ConfigError,
@@ -47,9 +49,12 @@ if TYPE_CHECKING:
     from primitives import RunState
 
 __all__ = (
+    "MAX_NESTING",
     "VERSION",
     "BackendConfig",
     "LoopConfig",
+    "backend_errors",
+    "build_errors",
     "config_errors",
     "config_hash",
     "load_backend_config",
@@ -60,6 +65,9 @@ __all__ = (
 )
 
 VERSION = "0.1.0"  # recorded in every run.started: which version wrote a log
+# How deep tables and arrays may nest in a config: a real one nests three or four deep; far
+# deeper is a mistake or an attack, and validating it would exhaust Python's stack.
+MAX_NESTING = 32
 
 BackendConfig = Annotated[SimulatedConfig | EngineConfig | OpenAIConfig,
                           Field(discriminator="kind")]
@@ -336,6 +344,9 @@ def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list
     check across fields (a judge for a reducer, the quorum within k) runs once the fields it
     reads are valid, so it can show up only when those are fixed.
     """
+    if _deeper_than(raw, MAX_NESTING):
+        return None, [f"{source}: nested deeper than {MAX_NESTING} levels (tables and arrays "
+                      f"within each other)"]
     bad = list(_non_finite(raw))
     if bad:
         return None, [f"{source}: {where or '(top level)'}: must be a finite number"
@@ -418,6 +429,24 @@ def _non_finite(value: object, where: str = "") -> Iterator[str]:
         yield from _non_finite(item, f"{where}.{key}" if where else str(key))
 
 
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether tables and arrays nest more than `limit` deep in `value`; walked without
+    recursion, so a document nested 100,000 deep is measured, not a RecursionError."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children: Iterator[object] | None = None
+        if isinstance(item, Mapping):
+            children = iter(item.values())
+        elif isinstance(item, list | tuple):
+            children = iter(item)
+        if children is not None:
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _location(loc: tuple[int | str, ...]) -> list[str]:
     # pydantic puts the union member's tag after `backend`; the user wrote no such key.
     parts: list[str] = []
@@ -454,14 +483,49 @@ def _read(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    too_deep = ConfigError(f"{path}: nested deeper than {MAX_NESTING} levels (tables and "
+                           f"arrays within each other)")
+    if path.suffix != ".json" and _longest_dotted_key(text) > MAX_NESTING:
+        raise too_deep  # before tomllib, whose time grows with the square of a key's parts
     try:
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: "
                           f"{exc}") from None
+    except RecursionError:  # the parsers recurse: nesting past Python's stack is refused here
+        raise too_deep from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: (top level): must be a table")
     return raw
+
+
+def _longest_dotted_key(text: str) -> int:
+    """The most dots in one run of a TOML text between `=`, `,`, brackets and line ends,
+    strings and comments skipped: a dotted key's parts less one (a value holds at most one,
+    `1.5`). A scan in one pass, so a key of 100,000 parts is refused at once."""
+    most = dots = i = 0
+    while i < len(text):
+        char = text[i]
+        if char in "\"'":
+            quote = char * 3 if text.startswith(char * 3, i) else char
+            i += len(quote)
+            while i < len(text) and not text.startswith(quote, i):
+                if len(quote) == 1 and text[i] == "\n":
+                    break  # an unclosed one-line string: tomllib will say so
+                i += 2 if char == '"' and text[i] == "\\" else 1
+            i += len(quote)
+            continue
+        if char == "#":
+            i = text.find("\n", i)
+            if i < 0:
+                break
+        elif char == ".":
+            dots += 1
+            most = max(most, dots)
+        elif char in "=,[]{}\n":
+            dots = 0
+        i += 1
+    return most
 
 
 def preflight(config: LoopConfig, source: str = "<config>", *,
@@ -475,9 +539,9 @@ def preflight(config: LoopConfig, source: str = "<config>", *,
 
 
 def config_errors(path: str | Path) -> list[str]:
-    """Every error of the config file at `path` that `load_config` and `preflight` would
-    refuse it for, one `file: where: what` line each (they raise only the first); [] when it
-    is valid. What `orchestrator validate` lists."""
+    """Every error of the config file at `path` that `load_config`, `preflight` and building
+    its backends would refuse it for, one `file: where: what` line each (they raise only the
+    first); [] when it is valid. What `orchestrator validate` lists, with the store's."""
     path = Path(path)
     try:
         raw = _read(path)
@@ -488,7 +552,42 @@ def config_errors(path: str | Path) -> list[str]:
     if config is None:
         return errors
     config._folder = str(path.parent.resolve())
-    return list(_preflight_errors(config, str(path)))
+    return [*_preflight_errors(config, str(path)), *build_errors(config, str(path))]
+
+
+_ENGINE_MODULES = ("torch", "numpy", "tokenizers", "gguf", "safetensors", "jinja2")
+
+
+def build_errors(config: LoopConfig, source: str = "<config>",
+                 environ: Mapping[str, str] = os.environ) -> Iterator[str]:
+    """What building the config's backends would refuse (a run builds them before it is
+    created), found without building anything: an API key the openai backend would not send
+    (`read_api_key`), the engine extra not installed (looked up, not imported)."""
+    for where, backend in (("backend", config.backend), ("judge.backend", config.judge.backend)):
+        if backend is not None:
+            yield from backend_errors(backend, source, where, environ)
+
+
+def backend_errors(backend: BackendConfig, source: str, where: str = "backend",
+                   environ: Mapping[str, str] = os.environ) -> Iterator[str]:
+    """`build_errors` of one backend section (`where`: its key), for `serve` too."""
+    if isinstance(backend, OpenAIConfig) and backend.api_key_env is not None:
+        try:
+            read_api_key(environ, backend.api_key_env)
+        except ConfigError as exc:
+            yield f"{source}: {where}.api_key_env: {exc}"
+    if isinstance(backend, EngineConfig):
+        missing = next((name for name in _ENGINE_MODULES if not _installed(name)), None)
+        if missing is not None:
+            yield (f"{source}: {where}.kind: 'engine' needs the engine extra (pip install "
+                   f"'lanefold[engine]'): No module named {missing!r}")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _preflight_errors(config: LoopConfig, source: str, *,

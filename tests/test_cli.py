@@ -473,6 +473,21 @@ def test_tail_follow_waits_for_a_run_that_has_not_started(
     assert json.loads(out.splitlines()[-1])["type"] == "run.completed"
 
 
+@pytest.mark.parametrize(("wait", "why"), [
+    ("nan", "is not a finite number of seconds"), ("inf", "is not a finite number of seconds"),
+    ("-inf", "is not a finite number of seconds"), ("1e999", "is not a finite number of seconds"),
+    ("-1", "is negative"), ("soon", "is not a number of seconds")])
+def test_tail_wait_takes_a_finite_number_of_seconds(
+        wait: str, why: str, runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--wait nan` used to reach anyio's move_on_after and end in a ValueError traceback.
+    with pytest.raises(SystemExit) as exit_:
+        main(["tail", "later", "--runs-dir", str(runs), "--follow", f"--wait={wait}"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.splitlines() == [f"orchestrator tail: error: argument --wait: {wait!r} {why} "
+                                f"(see orchestrator tail --help)"]
+
+
 def test_tail_follow_ends_on_ctrl_c_quietly_with_exit_0(finished: Outcome, runs: Path) -> None:
     # A run that has started and not ended: the follower waits for more. Every wait below is
     # on something the follower does (a line it prints), never on a clock: load cannot flake it.

@@ -14,6 +14,7 @@ import pytest
 
 import orchestrator
 from orchestrator._cli import main
+from orchestrator._config import MAX_NESTING
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
@@ -302,3 +303,61 @@ def test_the_serve_example_is_a_backend_config() -> None:
 
     backend = load_backend_config(ROOT / "examples" / "serve" / "engine.toml")
     assert backend.kind == "engine"
+
+
+# -- nesting is bounded ---------------------------------------------------------------------------
+
+DEEP = 100_000
+TOO_DEEP = f"nested deeper than {MAX_NESTING} levels (tables and arrays within each other)"
+NESTED = [
+    pytest.param(".json", '{"loop": ' + "[" * DEEP + "]" * DEEP + "}", id="json-arrays"),
+    pytest.param(".json", '{"loop": ' + '{"a": ' * DEEP + "1" + "}" * DEEP + "}",
+                 id="json-objects"),
+    pytest.param(".json", '{"backend": {"headers": ' + "[" * 40 + "]" * 40 + "}}",
+                 id="json-just-past-the-bound"),
+    pytest.param(".toml", "x = " + "[" * DEEP + "]" * DEEP + "\n", id="toml-arrays"),
+    pytest.param(".toml", "x = " + "{a = " * 2000 + "1" + "}" * 2000 + "\n",
+                 id="toml-inline-tables"),
+    pytest.param(".toml", ".".join(["a"] * DEEP) + " = 1\n", id="toml-dotted-key"),
+    pytest.param(".toml", "[" + ".".join(["a"] * DEEP) + "]\nx = 1\n", id="toml-table-header"),
+]
+
+
+@pytest.mark.timeout(60)  # a dotted key of 100,000 parts took tomllib minutes: refused first
+@pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.parametrize(("suffix", "text"), NESTED)
+def test_a_config_nested_past_the_bound_is_one_line_naming_the_file(
+        suffix: str, text: str, command: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # 100,000 deep used to end in a RecursionError traceback (or tomllib's quadratic time).
+    path = tmp_path / f"deep{suffix}"
+    path.write_text(text)
+    argv = ["run", str(path), "--question", "q?", "--runs-dir", str(tmp_path / "runs")]
+    code = main(argv if command == "run" else ["validate", str(path)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert _one_line(err) == f"orchestrator {command}: {path}: {TOO_DEEP}"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_nesting_is_bounded_in_python_too_and_the_bound_is_roomy(tmp_path: Path) -> None:
+    deep: dict[str, object] = {}
+    inner = deep
+    for _ in range(5000):  # a dict built in code, as deep as Python's stack allows to build
+        inner["a"] = inner = {}
+    with pytest.raises(orchestrator.ConfigError, match=re.escape(f"inline: {TOO_DEEP}")):
+        orchestrator.parse_config({"backend": {"kind": "simulated", "x": deep}},
+                                  source="inline")
+    # At the bound, a config is read as ever (and refused for what it says, not its depth).
+    within: object = 1
+    for _ in range(MAX_NESTING - 2):
+        within = [within]
+    path = tmp_path / "within.json"
+    path.write_text(json.dumps({"backend": {"kind": "simulated", "x": within}}))
+    with pytest.raises(orchestrator.ConfigError, match=r"backend\.x: unknown key"):
+        orchestrator.load_config(path)
+    # A URL, a regex and a dotted template are text: their dots are no nesting.
+    path = tmp_path / "dots.toml"
+    path.write_text('[prompt]\ntemplate = "' + "a." * 200 + '{question}"\n'
+                    "[extract]\nregex = '" + r"(\d+)\." * 100 + "'\n  # " + "." * 300 + "\n")
+    assert orchestrator.load_config(path).prompt.template.startswith("a.a.")

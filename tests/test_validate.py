@@ -131,3 +131,82 @@ def test_a_valid_config_prints_as_before(capsys: pytest.CaptureFixture[str]) -> 
     assert (code, lines) == (0, [])
     assert out.startswith(f"{path}: ok (parallel_sample") and out.endswith(
         "backend=simulated)\n")
+
+
+# -- validate makes every check run makes before a run is created ----------------------------------
+
+VAR = "LF_TEST_VALIDATE_KEY"
+BASE = "Sk-Live-9Qx7AbCdEfGhIjKl"
+KEYS = {  # each one `run` refuses (exit 2) when it builds the openai backend; validate passed all
+    "unset": None, "empty": "", "crlf": BASE + "\r\n", "cr": BASE + "\r", "lf": BASE + "\n",
+    "leading space": " " + BASE, "trailing space": BASE + " ", "tab": "\t" + BASE,
+    "non-ascii": BASE[:9] + "é" + BASE[9:], "control": BASE[:9] + "\x01" + BASE[9:],
+    "delete": BASE + "\x7f",
+}
+OPENAI = f'kind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\napi_key_env = "{VAR}"\n'
+WHERE = {
+    "backend": f"[loop]\nk = 2\n[backend]\n{OPENAI}",
+    "judge.backend": ('[loop]\nk = 2\nreducer = "judge_argmax"\n[judge]\ntemplate = "{candidate}"\n'
+                      f'[backend]\nkind = "simulated"\n[judge.backend]\n{OPENAI}'),
+}
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("key", KEYS.values(), ids=KEYS.keys())
+def test_validate_refuses_every_key_run_refuses(
+        key: str | None, where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(WHERE[where])
+    if key is None:
+        monkeypatch.delenv(VAR, raising=False)
+    else:
+        monkeypatch.setenv(VAR, key)
+    runs = tmp_path / "runs"
+    assert main(["run", str(path), "--question", "q?", "--runs-dir", str(runs)]) == 2
+    ran = capsys.readouterr().err
+    assert VAR in ran and not list(runs.glob("*/events.jsonl"))
+    code, lines, out = validate(capsys, path)
+    assert (code, out) == (2, "")
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"orchestrator validate: {path}: {where}.api_key_env: "
+                               f"environment variable {VAR}")
+    assert ran.rstrip("\n").split(f"environment variable {VAR}")[1] in lines[0]  # run's words
+    monkeypatch.setenv(VAR, BASE)
+    assert validate(capsys, path)[0] == 0
+
+
+STORE = '[store]\nurl = "postgresql://lanefold@127.0.0.1:9/db"\npassword_env = "LF_TEST_PG_PW"\n'
+
+
+@pytest.mark.parametrize(("text", "flags", "said"), [
+    (STORE, [], "store.password_env: the environment variable LF_TEST_PG_PW is not set"),
+    ('[budget]\nshared = "fleet"\n', [], "budget.shared: a shared budget lives in a PostgreSQL "
+     "store"),
+    ('[budget]\nshared = "fleet"\n[store]\nurl = "mysql://h/db"\n', [],
+     "store.url: must be a postgresql:// URL"),
+])
+def test_validate_checks_the_store_as_run_does_without_connecting(
+        text: str, flags: list[str], said: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LF_TEST_PG_PW", raising=False)
+    path = tmp_path / "store.toml"
+    path.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n' + text)
+    runs = tmp_path / "runs"
+    assert main(["run", str(path), "--question", "q?", "--runs-dir", str(runs), *flags]) == 2
+    assert said.split(":")[0] in capsys.readouterr().err and not runs.exists()
+    code, lines, _ = validate(capsys, path)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"orchestrator validate: {path}: {said}"), lines
+
+
+def test_a_shared_budget_with_a_store_flag_validates_without_a_connection(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n[budget]\nshared = "fleet"\n')
+    assert validate(capsys, path)[0] == 2
+    # Nothing listens at port 9: validate does not connect (whether the budget exists is run's).
+    code = main(["validate", str(path), "--store", "postgresql://lanefold@127.0.0.1:9/db"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, ""), err
+    assert out.startswith(f"{path}: ok")
