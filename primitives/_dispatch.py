@@ -208,7 +208,7 @@ class Dispatcher:
             lane_max_tokens=spec.params.max_tokens,
             prompt_tokens=groups[0].prompt_tokens if groups else None,
             share_prefix=self._shared(spec), bill=spec.bill or "sample",
-            fingerprint=spec.fingerprint,
+            fingerprint=spec.fingerprint, lanes=sorted(j.lane for g in groups for j in g.jobs),
             reservation=ReservationData(
                 tokens=sum(h.tokens for h in kept), cost_usd=math.fsum(h.cost_usd for h in kept),
                 requests=sum(h.requests for h in kept)),

@@ -83,6 +83,15 @@ def _absent(value: object) -> bool:
     return value is None
 
 
+# The largest quantity a bill holds: 2**53, the last integer a JSON number carries exactly
+# (RFC 7493, I-JSON), so a count or amount past it is no backend's and no ledger's.
+MAX_QUANTITY = 2**53
+# A count (tokens, requests, a wave's lanes): a non-negative integer a bill can add up.
+Count = Annotated[int, Field(ge=0, le=MAX_QUANTITY)]
+# An amount (USD, token-seconds, seconds): a finite non-negative number.
+Amount = Annotated[float, Field(ge=0, le=MAX_QUANTITY, allow_inf_nan=False)]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -90,10 +99,10 @@ class _Frozen(BaseModel):
 class UsageData(_Frozen):
     """Usage in OpenTelemetry GenAI names (plus KV residency, which GenAI does not name)."""
 
-    input_tokens: int = Field(0, alias="gen_ai.usage.input_tokens")
-    output_tokens: int = Field(0, alias="gen_ai.usage.output_tokens")
-    cached_input_tokens: int = Field(0, alias="gen_ai.usage.cache_read.input_tokens")
-    kv_token_seconds: float = Field(0.0, alias="lanefold.usage.kv_token_seconds")
+    input_tokens: Count = Field(0, alias="gen_ai.usage.input_tokens")
+    output_tokens: Count = Field(0, alias="gen_ai.usage.output_tokens")
+    cached_input_tokens: Count = Field(0, alias="gen_ai.usage.cache_read.input_tokens")
+    kv_token_seconds: Amount = Field(0.0, alias="lanefold.usage.kv_token_seconds")
 
     @classmethod
     def of(cls, usage: Usage) -> UsageData:
@@ -153,12 +162,12 @@ class RunStarted(Event):
 
 
 class RunResumedData(_Frozen):
-    resumed_after_sequence: int
+    resumed_after_sequence: Count
     # (wave, lane) dispatched but never landed: a crash cut them off; each is charged its hold
     in_flight: list[tuple[int, int]] = []
-    torn_tail_bytes: int = 0  # bytes of a half-written last line that were cut off
-    torn_tail_line: int | None = None
-    active_seconds_before: float = 0.0  # wall time the run ran before this resume
+    torn_tail_bytes: Count = 0  # bytes of a half-written last line that were cut off
+    torn_tail_line: int | None = Field(None, ge=1)
+    active_seconds_before: Amount = 0.0  # wall time the run ran before this resume
 
 
 class RunResumed(Event):
@@ -205,9 +214,9 @@ class RunInterrupted(Event):
 class ReservationData(_Frozen):
     """Worst-case spend set aside before dispatch."""
 
-    tokens: int = 0
-    cost_usd: float = 0.0
-    requests: int = 0
+    tokens: Count = 0
+    cost_usd: Amount = 0.0
+    requests: Count = 0
 
 
 Bill = Literal["sample", "verifier"]
@@ -220,13 +229,16 @@ def bill_of(purpose: str) -> Bill:
 
 class WaveStartedData(_Frozen):
     purpose: str  # what the loop calls the wave: "sample", "judge", "critique", ...
-    k: int
-    k_requested: int
-    lane_max_tokens: int
-    prompt_tokens: int | None
+    k: Count
+    k_requested: Count
+    lane_max_tokens: Count
+    prompt_tokens: Count | None
     share_prefix: bool
     reservation: ReservationData
     bill: Bill = "sample"  # the bill line its lanes are priced on
+    # The lane numbers the wave was given (k of them; a loop may number lanes itself): no
+    # other lane is ever dispatched in it. Logs written before it was recorded leave it out.
+    lanes: list[int] | None = Field(None, exclude_if=_absent)
     # sha256 of the wave's spec (prompts and params): a resumed loop asking for another spec
     # for this wave is refused, never silently mixed
     fingerprint: str | None = Field(None, exclude_if=_absent)
@@ -238,6 +250,15 @@ class WaveStartedData(_Frozen):
             value = {**value, "bill": bill_of(str(value["purpose"]))}
         return value
 
+    @model_validator(mode="after")
+    def _k_lanes(self) -> WaveStartedData:
+        if self.k > self.k_requested:
+            raise ValueError(f"k {self.k} is more than the {self.k_requested} lanes asked for")
+        if self.lanes is not None and (len(self.lanes) != self.k
+                                       or len(set(self.lanes)) != self.k):
+            raise ValueError(f"lanes {self.lanes} are not {self.k} distinct lane numbers")
+        return self
+
 
 class WaveStarted(Event):
     type: Literal["wave.started"] = "wave.started"
@@ -246,11 +267,11 @@ class WaveStarted(Event):
 
 class LaneDispatchedData(_Frozen):
     seed: int
-    max_tokens: int
-    request: int  # which backend request of the wave carries this lane
+    max_tokens: Count
+    request: Count  # which backend request of the wave carries this lane
     reserved: UsageData  # the worst case this attempt may spend
-    reserved_cost_usd: float
-    reserved_requests: int  # 1 on the lane that pays for the request, else 0
+    reserved_cost_usd: Amount
+    reserved_requests: int = Field(ge=0, le=1)  # 1 on the lane that pays for the request
 
 
 class LaneDispatched(Event):
@@ -263,7 +284,7 @@ class LaneCompletedData(_Frozen):
     answer: str | None = None
     finish_reason: str
     usage: UsageData
-    cost_usd: float
+    cost_usd: Amount
     logprob_mean: float | None = None
     backend: dict[str, Any] = {}
 
@@ -279,7 +300,7 @@ class LaneFailedData(_Frozen):
     retryable: bool
     final: bool  # no further attempt will be made
     billed: UsageData = UsageData()
-    billed_cost_usd: float = 0.0
+    billed_cost_usd: Amount = 0.0
     # The attempt was cut off before it answered (a timeout, the deadline, a fatal error in
     # its wave): `billed` is its whole hold, on the bill's cut-off line, not as decode.
     cut_off: bool = Field(False, exclude_if=lambda v: not v)
@@ -295,7 +316,7 @@ class LaneInterruptedData(_Frozen):
 
     reason: str
     billed: UsageData = UsageData()
-    billed_cost_usd: float = 0.0
+    billed_cost_usd: Amount = 0.0
 
 
 class LaneInterrupted(Event):
@@ -375,8 +396,8 @@ class ReduceCompleted(Event):
 
 
 class BudgetWaveShrunkData(_Frozen):
-    k_requested: int
-    k: int
+    k_requested: Count
+    k: Count
     limit: str
     shared: str | None = Field(None, exclude_if=_absent)  # the shared budget's name, if it bound
 
@@ -388,10 +409,10 @@ class BudgetWaveShrunk(Event):
 
 class BudgetExhaustedData(_Frozen):
     limit: str
-    needed: float
-    available: float
-    k_fit: int
-    min_quorum: int
+    needed: Amount
+    available: float = Field(allow_inf_nan=False)  # below 0 where an overrun spent past it
+    k_fit: Count
+    min_quorum: Count
     shared: str | None = Field(None, exclude_if=_absent)  # the shared budget's name, if it bound
 
 
@@ -402,8 +423,8 @@ class BudgetExhausted(Event):
 
 class BudgetOverrunData(_Frozen):
     limit: str
-    reserved: float
-    actual: float
+    reserved: Amount
+    actual: Amount
 
 
 class BudgetOverrun(Event):
