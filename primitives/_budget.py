@@ -91,6 +91,21 @@ class Spend:
         return (self.prefill_usd + self.cached_prefill_usd + self.decode_usd
                 + self.kv_residency_usd + self.verifier_usd + self.cut_off_usd)
 
+    def usage_lines(self) -> dict[str, int | float]:
+        """Tokens by line of the bill, named as a run's result names them."""
+        return {"prefill_tokens": self.prefill_tokens,
+                "cached_prefill_tokens": self.cached_prefill_tokens,
+                "decode_tokens": self.decode_tokens, "verifier_tokens": self.verifier_tokens,
+                "cut_off_tokens": self.cut_off_tokens, "kv_token_seconds": self.kv_token_seconds,
+                "requests": self.requests}
+
+    def cost_lines(self) -> dict[str, float]:
+        """USD by line of the bill and in total, named as a run's result names them."""
+        return {"prefill": self.prefill_usd, "cached_prefill": self.cached_prefill_usd,
+                "decode": self.decode_usd, "kv_residency": self.kv_residency_usd,
+                "verifier": self.verifier_usd, "cut_off": self.cut_off_usd,
+                "total": self.cost_usd}
+
     def add_cut_off(self, hold: Hold) -> None:
         """Charge a cut-off attempt its whole hold, on its own line."""
         self.cut_off_tokens += hold.tokens

@@ -5,8 +5,10 @@ same `apply` as it emits each event, so what resume rebuilds is what the run hel
 
 `apply` also refuses an event that is not the run's own or does not follow from the state so
 far (another run's id, a config that does not match its hash, a lane of a wave never started,
-a completion without a dispatch, a second completion of a lane, anything after the run ended):
-it raises `LogCorruptError` naming the log and the event's line (line N holds sequence N).
+a completion without a dispatch, a second completion of a lane, anything after the run ended)
+or whose claims the events before it do not give (a lane its wave was not given, a bill, a
+reducer, a result: `primitives/_checks.py`): it raises `LogCorruptError` naming the log and
+the event's line (line N holds sequence N), and changes nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from primitives import _checks as checks
 from primitives._backend import Usage
 from primitives._budget import Hold, Pricing, Spend
+from primitives._checks import Refused
 from primitives._errors import LogCorruptError
 from primitives.events import (
     AnyEvent,
@@ -43,7 +47,6 @@ from primitives.events import (
     WaveBarrier,
     WaveStarted,
     WaveStartedData,
-    hash_config,
 )
 
 __all__ = ("LaneState", "RunState", "WaveState", "apply", "fold")
@@ -82,6 +85,12 @@ class WaveState:
     info: WaveStartedData
     lanes: dict[int, LaneState] = field(default_factory=dict)
     barrier: bool = False
+    given: frozenset[int] | None = None  # the lanes wave.started gave it, where it says
+    prompts: dict[int, int] = field(default_factory=dict)  # request -> its prompt's tokens
+
+    def __post_init__(self) -> None:
+        if self.given is None and self.info.lanes is not None:
+            self.given = frozenset(self.info.lanes)
 
     def lane(self, lane: int) -> LaneState:
         state = self.lanes.get(lane)
@@ -103,11 +112,19 @@ class RunState:
 
     `scores` and `reduce` are the run's own reduce (reduction 1) over wave 1, as
     parallel-sample reads them; `verdicts` and `reductions` hold every reduction's.
+
+    `priced`: `pricing` is the run's own (read from the recorded config where none was
+    given; given prices, where the config records none or the same), so claims of cost are
+    checked against it; a fold at other prices bills at them and checks no cost. `reducer`: the reducer
+    the run's config names for its own reduce ("" where its loop reduces nothing; None where
+    the caller does not know, as for a plug-in loop).
     """
 
     pricing: Pricing = field(default_factory=Pricing)
     source: str = "<log>"  # where the events come from, for errors naming a line
     expected_run_id: str | None = None  # the id the store knows the run by
+    priced: bool = False
+    reducer: str | None = None
     run_id: str | None = None
     started: RunStartedData | None = None
     waves: dict[int, WaveState] = field(default_factory=dict)
@@ -143,14 +160,12 @@ class RunState:
         return self.result is not None or self.failure is not None
 
     def active_seconds(self) -> float:
-        """Sampling time of the run, summed over segments (model loading excluded)."""
+        """Sampling time of the run, summed over segments (model loading excluded). A clock
+        stepped back (or a time edited back) never gives a segment less than no time."""
         if self.segment_start is None or self.last_time is None:
             return self.active_seconds_before
-        return self.active_seconds_before + (self.last_time - self.segment_start).total_seconds()
-
-
-class _Refused(Exception):
-    """An event that does not follow from the state so far; `apply` names its line."""
+        segment = (self.last_time - self.segment_start).total_seconds()
+        return self.active_seconds_before + max(segment, 0.0)
 
 
 def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
@@ -161,11 +176,11 @@ def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
     against the state either way.
     """
     try:
-        _check_place(state, event)
+        checks.check_place(state, event)
         if envelope or isinstance(event, RunStarted):
-            _check_envelope(state, event)
+            checks.check_envelope(state, event)
         _apply(state, event)
-    except _Refused as refused:
+    except Refused as refused:
         raise LogCorruptError(state.source, event.sequence, str(refused)) from None
     state.last_sequence = event.sequence
     state.last_time = event.time
@@ -173,59 +188,13 @@ def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
         state.first_time = event.time
 
 
-def _check_place(state: RunState, event: AnyEvent) -> None:
-    """run.started first and once; nothing after the end; only a resume after an interrupt."""
-    if isinstance(event, RunStarted):
-        if state.started is not None:
-            raise _Refused("a second run.started")
-    elif state.started is None or state.run_id is None:
-        raise _Refused(f"{event.type} before run.started")
-    elif state.finished:
-        if not (state.result is not None and _after_end(state, event)):
-            raise _Refused(f"{event.type} after the run ended")
-    elif state.interrupted is not None and not isinstance(event, RunResumed):
-        raise _Refused(f"{event.type} after run.interrupted without a run.resumed")
-
-
-# What may follow a completed run: a re-reduction, opened by reduce.started and closed by its
-# reduce.completed, with the judge waves and verdicts it runs (and a resume of one a crash cut).
-_REDUCTION_EVENTS = frozenset({
-    "wave.started", "lane.dispatched", "lane.completed", "lane.failed", "lane.interrupted",
-    "wave.barrier", "judge.completed", "reduce.completed", "budget.wave_shrunk",
-    "budget.exhausted", "budget.overrun", "backend.n_unsupported", "run.resumed"})
-
-
-def _after_end(state: RunState, event: AnyEvent) -> bool:
-    if isinstance(event, ReduceStarted):
-        return state.open_reduction is None
-    return state.open_reduction is not None and event.type in _REDUCTION_EVENTS
-
-
-def _check_envelope(state: RunState, event: AnyEvent) -> None:
-    """The event carries this run's id, source, id and next sequence (and run.started a
-    config that matches its hash)."""
-    if isinstance(event, RunStarted):
-        if state.expected_run_id is not None and event.run_id != state.expected_run_id:
-            raise _Refused(f"run_id {event.run_id!r} is not this run's ({state.expected_run_id!r})")
-        if hash_config(event.data.config) != event.data.config_hash:
-            raise _Refused("the recorded config does not match its config_hash (edited?)")
-        run_id = event.run_id
-    else:
-        run_id = state.run_id or ""
-        if event.run_id != run_id:
-            raise _Refused(f"run_id {event.run_id!r} is not this run's ({run_id!r})")
-    if event.source != f"lanefold:run/{run_id}" or event.id != f"{run_id}:{event.sequence}":
-        raise _Refused(f"source {event.source!r} / id {event.id!r} are not this run's")
-    if event.sequence != state.last_sequence + 1:
-        raise _Refused(f"sequence {event.sequence} after {state.last_sequence}")
-
-
 def _wave(state: RunState, event: AnyEvent) -> WaveState:
     wave = state.waves.get(event.wave) if event.wave is not None else None
     if wave is None:
-        raise _Refused(f"{event.type} for wave {event.wave}, which was never started")
+        raise Refused(f"{event.type} for wave {event.wave}, which was never started")
     if event.lane is None:
-        raise _Refused(f"{event.type} without a lane")
+        raise Refused(f"{event.type} without a lane")
+    checks.check_lane(wave, event.lane, event.type)
     return wave
 
 
@@ -233,11 +202,11 @@ def _landing(state: RunState, event: AnyEvent) -> LaneState:
     """The lane an attempt's outcome lands on: it must be in flight, with this attempt number."""
     lane = _wave(state, event).lane(event.lane or 0)
     if lane.status != "dispatched" or lane.hold is None:
-        raise _Refused(f"{event.type} of wave {event.wave} lane {event.lane} without a dispatch"
-                       f" (the lane is {lane.status})")
+        raise Refused(f"{event.type} of wave {event.wave} lane {event.lane} without a dispatch"
+                      f" (the lane is {lane.status})")
     if event.attempt != lane.attempts:
-        raise _Refused(f"{event.type} for attempt {event.attempt} of wave {event.wave} lane "
-                       f"{event.lane}, whose attempt in flight is {lane.attempts}")
+        raise Refused(f"{event.type} for attempt {event.attempt} of wave {event.wave} lane "
+                      f"{event.lane}, whose attempt in flight is {lane.attempts}")
     return lane
 
 
@@ -245,15 +214,16 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
     if isinstance(event, LaneDispatched):
         wave = _wave(state, event)
         if wave.barrier:
-            raise _Refused(f"lane.dispatched in wave {event.wave} after its barrier")
+            raise Refused(f"lane.dispatched in wave {event.wave} after its barrier")
         lane = wave.lane(event.lane or 0)
         if lane.status == "dispatched" or lane.done:
-            raise _Refused(f"lane.dispatched of wave {event.wave} lane {event.lane}, which is "
-                           f"{'in flight' if lane.status == 'dispatched' else lane.status}")
+            raise Refused(f"lane.dispatched of wave {event.wave} lane {event.lane}, which is "
+                          f"{'in flight' if lane.status == 'dispatched' else lane.status}")
         if event.attempt != lane.attempts + 1:
-            raise _Refused(f"attempt {event.attempt} of wave {event.wave} lane {event.lane} "
-                           f"after attempt {lane.attempts}")
+            raise Refused(f"attempt {event.attempt} of wave {event.wave} lane {event.lane} "
+                          f"after attempt {lane.attempts}")
         data = event.data
+        checks.check_hold(state, wave, data)
         lane.status = "dispatched"
         lane.attempts = lane.attempts + 1
         lane.seed = data.seed
@@ -264,6 +234,8 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
     elif isinstance(event, LaneCompleted):
         lane = _landing(state, event)
         done = event.data
+        checks.check_priced(state, done.usage, lane.hold.bill if lane.hold else "sample",
+                            done.cost_usd, "lane.completed's cost_usd")
         lane.status = "completed"
         lane.text, lane.answer, lane.finish_reason = done.text, done.answer, done.finish_reason
         lane.usage, lane.logprob_mean = done.usage.to_usage(), done.logprob_mean
@@ -272,12 +244,20 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
     elif isinstance(event, LaneFailed):
         wave = _wave(state, event)
         lane = wave.lane(event.lane or 0)
+        failed = event.data
         if lane.status == "dispatched":
             lane = _landing(state, event)
-        elif lane.done or not event.data.final or event.attempt != lane.attempts + 1:
+            if failed.cut_off:
+                checks.check_billed("lane.failed", failed.billed, failed.billed_cost_usd, lane.hold)
+            else:
+                checks.check_priced(state, failed.billed, wave.info.bill,
+                                    failed.billed_cost_usd, "lane.failed's billed_cost_usd")
+        elif lane.done or not failed.final or event.attempt != lane.attempts + 1:
             # An attempt refused before dispatch (no budget for it) fails for good, unsent.
-            raise _Refused(f"lane.failed of wave {event.wave} lane {event.lane} without a "
-                           f"dispatch (the lane is {lane.status})")
+            raise Refused(f"lane.failed of wave {event.wave} lane {event.lane} without a "
+                          f"dispatch (the lane is {lane.status})")
+        else:
+            checks.check_billed("lane.failed", failed.billed, failed.billed_cost_usd, None)
         lane.status = "failed"
         lane.error, lane.final = f"{event.data.error}: {event.data.message}", event.data.final
         lane.failures += 1
@@ -288,51 +268,58 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             _settle(state, lane)
     elif isinstance(event, LaneInterrupted):
         lane = _landing(state, event)
+        checks.check_billed("lane.interrupted", event.data.billed, event.data.billed_cost_usd,
+                            lane.hold)
         lane.status, lane.error = "interrupted", f"Interrupted: {event.data.reason}"
         _cut_off(state, lane)
     elif isinstance(event, WaveStarted):
         if event.wave is None or event.wave in state.waves:
-            raise _Refused(f"wave.started for wave {event.wave}, which "
-                           f"{'has no number' if event.wave is None else 'was started before'}")
+            raise Refused(f"wave.started for wave {event.wave}, which "
+                          f"{'has no number' if event.wave is None else 'was started before'}")
         state.waves[event.wave] = WaveState(event.wave, event.data)
     elif isinstance(event, WaveBarrier):
         closing = state.waves.get(event.wave) if event.wave is not None else None
         if closing is None or closing.barrier:
-            raise _Refused(f"wave.barrier for wave {event.wave}, which "
-                           f"{'was never started' if closing is None else 'was closed before'}")
+            raise Refused(f"wave.barrier for wave {event.wave}, which "
+                          f"{'was never started' if closing is None else 'was closed before'}")
         if any(s.status == "dispatched" for s in closing.lanes.values()):
-            raise _Refused(f"wave.barrier for wave {event.wave} while lanes are in flight")
+            raise Refused(f"wave.barrier for wave {event.wave} while lanes are in flight")
+        checks.check_barrier(closing, event.data)
         closing.barrier = True
     elif isinstance(event, JudgeCompleted):
         d = event.data
+        checks.check_verdict(state, d.reduction, d.candidate_wave, d.candidate_lane)
         key = (d.reduction, d.candidate_wave, d.candidate_lane)
         if key in state.verdicts:
-            raise _Refused(f"a second judge.completed for candidate {d.candidate_lane}"
-                           + (f" of wave {d.candidate_wave}" if d.candidate_wave != 1 else "")
-                           + (f" in reduction {d.reduction}" if d.reduction != 1 else ""))
+            raise Refused(f"a second judge.completed for candidate {d.candidate_lane}"
+                          + (f" of wave {d.candidate_wave}" if d.candidate_wave != 1 else "")
+                          + (f" in reduction {d.reduction}" if d.reduction != 1 else ""))
         state.verdicts[key] = d
         if d.reduction == 1 and d.candidate_wave == 1:
             state.scores[d.candidate_lane] = d.score
     elif isinstance(event, ReduceStarted):
         expected = max(state.reductions, default=0) + 1
         if event.data.reduction != expected or expected < 2:
-            raise _Refused(f"reduce.started for reduction {event.data.reduction}, expected "
-                           f"{max(expected, 2)}")
+            raise Refused(f"reduce.started for reduction {event.data.reduction}, expected "
+                          f"{max(expected, 2)}")
+        checks.check_reduce_started(state, event.data)
         state.open_reduction = event.data
     elif isinstance(event, ReduceCompleted):
         number = event.data.reduction
         if number in state.reductions:
-            raise _Refused(f"a second reduce.completed for reduction {number}")
+            raise Refused(f"a second reduce.completed for reduction {number}")
         opened = state.open_reduction
         if state.result is not None and (opened is None or opened.reduction != number):
-            raise _Refused(f"reduce.completed for reduction {number}, which was never started")
+            raise Refused(f"reduce.completed for reduction {number}, which was never started")
         if state.result is None and number != 1:
-            raise _Refused(f"reduce.completed for reduction {number} before the run ended")
+            raise Refused(f"reduce.completed for reduction {number} before the run ended")
+        waves = (list(event.data.candidate_waves) or ([event.wave] if event.wave is not None
+                                                      else [])
+                 if number == 1 else list(opened.candidate_waves) if opened is not None else [])
+        checks.check_reduction(state, event.data, waves)
         state.reductions[number] = event.data
         state.reduction_sequences[number] = event.sequence
-        state.reduction_waves[number] = (
-            list(event.data.candidate_waves) or ([event.wave] if event.wave is not None else [])
-            if number == 1 else list(opened.candidate_waves) if opened is not None else [])
+        state.reduction_waves[number] = waves
         state.open_reduction = None
         if number == 1:
             state.reduce, state.reduce_sequence = event.data, event.sequence
@@ -340,15 +327,21 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
         state.loop_events.append(event)
     elif isinstance(event, RunStarted):
         if event.sequence != 1:
-            raise _Refused("run.started is not the first event")
+            raise Refused("run.started is not the first event")
         state.run_id, state.started = event.run_id, event.data
+        recorded = checks.recorded_pricing(event.data.config)
+        if recorded is not None and state.priced:  # given prices: checked against if the run's
+            state.priced = state.pricing == recorded
+        elif recorded is not None and state.pricing in (Pricing(), recorded):
+            state.pricing, state.priced = recorded, True  # none given: the run's own
     elif isinstance(event, RunResumed):
         _resume(state, event)
     elif isinstance(event, RunInterrupted):
         if state.in_flight():
-            raise _Refused("run.interrupted while lanes are still in flight")
+            raise Refused("run.interrupted while lanes are still in flight")
         state.interrupted = event.data
     elif isinstance(event, RunCompleted):
+        checks.check_result(state, event.data.result)
         state.result, state.result_sequence = event.data.result, event.sequence
     elif isinstance(event, RunFailed):
         state.failure = event.data
@@ -372,15 +365,18 @@ def _cut_off(state: RunState, lane: LaneState) -> None:
 
 def _resume(state: RunState, event: RunResumed) -> None:
     """A resume charges each attempt a crash cut off its whole hold (it may have been billed)."""
+    checks.check_resumed(state, event.data)
     flying = {(wave, lane.lane) for wave, lane in state.in_flight()}
     if set(map(tuple, event.data.in_flight)) != flying:
-        raise _Refused(f"run.resumed names lanes in flight {sorted(event.data.in_flight)}, "
-                       f"the log has {sorted(flying)}")
+        raise Refused(f"run.resumed names lanes in flight {sorted(event.data.in_flight)}, "
+                      f"the log has {sorted(flying)}")
     for wave, lane_no in event.data.in_flight:
         lane = state.waves[wave].lane(lane_no)
         _cut_off(state, lane)
         lane.status = "interrupted"
         lane.error = "Interrupted: the run stopped while this attempt was in flight"
+    for started in state.waves.values():
+        started.prompts.clear()  # the dispatcher numbers its requests afresh
     state.interrupted = None
     state.active_seconds_before = event.data.active_seconds_before
     state.segment_start = None
@@ -388,13 +384,17 @@ def _resume(state: RunState, event: RunResumed) -> None:
 
 
 def fold(events: Iterable[AnyEvent], pricing: Pricing | None = None, *, source: str = "<log>",
-         run_id: str | None = None) -> RunState:
+         run_id: str | None = None, reducer: str | None = None) -> RunState:
     """Rebuild a run's state from its events (pure).
 
-    `source` names the log in errors; `run_id`, where given, is the id the run must carry.
-    Raises LogCorruptError at the first event that is not the run's own.
+    `pricing`: the prices to bill at (by default the run's, from its recorded config; claims
+    of cost are checked only at the run's own). `source` names the log in errors; `run_id`,
+    where given, is the id the run must carry; `reducer`, where given, the reducer its config
+    names for its own reduce ("" for a loop that reduces nothing). Raises LogCorruptError at
+    the first event that is not the run's own.
     """
-    state = RunState(pricing=pricing or Pricing(), source=source, expected_run_id=run_id)
+    state = RunState(pricing=pricing or Pricing(), source=source, expected_run_id=run_id,
+                     priced=pricing is not None, reducer=reducer)
     for event in events:
         apply(state, event)
     return state

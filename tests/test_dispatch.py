@@ -278,7 +278,8 @@ async def test_a_resumed_wave_dispatches_only_unfinished_lanes() -> None:
     state = fold(log.read(), d.recorder.state.pricing)
     recorder = Recorder(log, "t", state)
     recorder.emit(RunResumed, RunResumedData(resumed_after_sequence=state.last_sequence,
-                                             in_flight=[(1, 3)]))
+                                             in_flight=[(1, 3)],
+                                             active_seconds_before=state.active_seconds()))
     backend2 = ScriptedBackend()
     d2 = Dispatcher(backend2, recorder, Ledger(Limits(), state.pricing, spent=state.spend),  # type: ignore[arg-type]
                     run_seed=1, max_concurrency=64)
