@@ -4,7 +4,7 @@ governed dispatch path); none builds a backend itself."""
 from __future__ import annotations
 
 from coordinators._adaptive_sample import AdaptiveSample
-from coordinators._audit import audit
+from coordinators._audit import audit, configured_reducer
 from coordinators._debate import Debate
 from coordinators._parallel_sample import ParallelSample, ParallelSampleParams, outcome_of
 from coordinators._plan_verify_replan import PlanRejectedError, PlanVerifyReplan
@@ -32,6 +32,7 @@ __all__ = (
     "UniversalSelfConsistency",
     "WeightedVote",
     "audit",
+    "configured_reducer",
     "outcome_of",
     "vote",
 )

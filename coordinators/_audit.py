@@ -9,8 +9,14 @@ result is named by its line instead of being believed.
 
 from __future__ import annotations
 
-from coordinators._reducer_keys import TieBreak, Weighting
+from typing import Any
+
+from pydantic import BaseModel
+
+from coordinators._plan_verify_replan import PlanVerifyReplanParams
+from coordinators._reducer_keys import ReducerKeys, TieBreak, Weighting
 from coordinators._reducers import logprob_weights, vote
+from coordinators._sequential_refine import SequentialRefineParams
 from primitives import (
     ExtractSpec,
     Lane,
@@ -18,11 +24,28 @@ from primitives import (
     extract_answer,
     judge_argmax,
     normalize_answer,
+    resolve_reducer,
 )
 
 SAMPLE_WAVE = 1
 
-__all__ = ("audit",)
+__all__ = ("audit", "configured_reducer")
+
+
+def configured_reducer(params: BaseModel) -> str | None:
+    """The reducer a loop's `[loop]` keys name for the run's own reduce, by the name its
+    `reduce.completed` records; "" for a loop configured to answer without one; None where
+    the loop (a plug-in) picks reducers itself. `fold` refuses a reduce by another."""
+    if isinstance(params, ReducerKeys):
+        name = params.reducer
+    elif isinstance(params, SequentialRefineParams):
+        name = "" if params.reduce == "last" else params.reduce
+    elif isinstance(params, PlanVerifyReplanParams):
+        name = ""  # it answers from its synthesis or a sub-question, never by a reducer
+    else:
+        return None
+    # A `module:attr` reducer records its class's name (imported already: the config named it).
+    return str(resolve_reducer(name).name) if ":" in name else name
 
 
 def audit(state: RunState, *, extract: ExtractSpec,
@@ -44,8 +67,8 @@ def audit(state: RunState, *, extract: ExtractSpec,
         lanes = [Lane.of(wave.wave, s) for _, s in sorted(wave.lanes.items())]
         weights = logprob_weights(lanes) if weighting == "mean_logprob" else None
         got = vote(lanes, tie_break=tie_break, seed=seed, weights=weights)
-        if (got.winner, got.winner_lane, dict(got.votes)) != (
-                reduce.winner, reduce.winner_lane, dict(reduce.votes)):
+        if (got.winner, got.winner_lane, dict(got.votes), got.abstentions) != (
+                reduce.winner, reduce.winner_lane, dict(reduce.votes), reduce.abstentions):
             return (state.reduce_sequence, "reduce.completed does not follow from the lanes' "
                     f"answers (they give {got.winner!r} at lane {got.winner_lane})")
     elif reduce.reducer == "judge_argmax":
@@ -53,14 +76,15 @@ def audit(state: RunState, *, extract: ExtractSpec,
         answers = {s.lane: normalize_answer(s.answer) if s.answer else None
                    for s in wave.completed()}
         best = judge_argmax(scores, tie_break=tie_break, seed=seed, answers=answers)
-        if best.winner_lane != reduce.winner_lane or scores != dict(reduce.scores):
+        if (best.winner_lane, best.abstentions) != (reduce.winner_lane, reduce.abstentions) \
+                or scores != dict(reduce.scores):
             return (state.reduce_sequence, "reduce.completed does not follow from the judges' "
                     f"scores (they give lane {best.winner_lane})")
     result = state.result
     if result is None or state.result_sequence is None:
         return None
     claims = {"run_id": state.run_id, "answer": reduce.winner, "winner_lane": reduce.winner_lane,
-              "votes": dict(reduce.votes),
+              "votes": dict(reduce.votes), "agreement": reduce.agreement, "margin": reduce.margin,
               "question": state.started.question if state.started else None}
     for key, expected in claims.items():
         if result.get(key) != expected:
@@ -69,4 +93,8 @@ def audit(state: RunState, *, extract: ExtractSpec,
     recorded_scores = {int(k): v for k, v in (result.get("scores") or {}).items()}
     if recorded_scores != dict(reduce.scores):
         return (state.result_sequence, "run.completed's scores are not the reduce's")
+    reported: list[dict[str, Any]] = result.get("lanes") or []  # the fold checked their shape
+    if [lane.get("score") for lane in reported] != [reduce.scores.get(lane.get("lane", -1))
+                                                    for lane in reported]:
+        return (state.result_sequence, "run.completed's lane scores are not the reduce's")
     return None

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from coordinators import ParallelSampleParams, audit
+from coordinators import ParallelSampleParams, audit, configured_reducer
 from orchestrator._config import LoopConfig, recorded_config
 from primitives import (
     AnyEvent,
@@ -27,6 +27,7 @@ from primitives import (
     RunNotFoundError,
     RunState,
     fold,
+    plugin_folders,
     validate_run_id,
     without_plugin_imports,
 )
@@ -92,23 +93,41 @@ def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunSt
     """A run's state and recorded config from its events, every claim checked.
 
     Refuses (LogCorruptError, exit 2) a line that is not the run's own or a claim that does
-    not follow from the log (an answer, the reduce, the result), and (ConfigError) a
-    recorded config this version cannot validate. The config comes from `run.started`, so
-    the log is folded once, at the config's prices.
+    not follow from the log (an answer, a bill, the reducer, the reduce, the result), naming
+    the first such line, and (ConfigError) a recorded config this version cannot validate.
+    The config comes from `run.started`, so the log is folded once, at the config's prices
+    and with the reducer it names.
     """
     head = fold(events[:1], source=source, run_id=run_id)
     if head.started is None:
         raise ConfigError(f"{source}: the log has no run.started event")
     config = recorded_config(head, source)
-    state = fold(events, config.pricing, source=source, run_id=run_id)
-    wrong = None
-    params = config.loop_params
-    if isinstance(params, ParallelSampleParams) and params.weighting != "verifier":
-        wrong = audit(state, extract=config.extract, tie_break=params.tie_break,
-                      weighting=params.weighting, seed=config.loop.seed)
+    with plugin_folders(config.folder):
+        reducer = configured_reducer(config.loop_params)
+    try:
+        state = fold(events, config.pricing, source=source, run_id=run_id, reducer=reducer)
+    except LogCorruptError as refused:
+        # A claim the loop's audit refuses on an earlier line is the first wrong line (an
+        # edited answer, say, that the result repeats further down).
+        before = fold(events[:refused.line - 1], config.pricing, source=source, run_id=run_id,
+                      reducer=reducer)
+        wrong = _audit(before, config)
+        if wrong is not None and wrong[0] < refused.line:
+            raise LogCorruptError(source, *wrong) from None
+        raise
+    wrong = _audit(state, config)
     if wrong is not None:
         raise LogCorruptError(source, *wrong)
     return state, config
+
+
+def _audit(state: RunState, config: LoopConfig) -> tuple[int, str] | None:
+    """What only the loop knows: a parallel-sample log's answers, reduce and result."""
+    params = config.loop_params
+    if isinstance(params, ParallelSampleParams) and params.weighting != "verifier":
+        return audit(state, extract=config.extract, tie_break=params.tie_break,
+                     weighting=params.weighting, seed=config.loop.seed)
+    return None
 
 
 def fold_readable(events: list[AnyEvent], source: str,
