@@ -1,6 +1,7 @@
-"""tests/test_record_refusal.py on the PostgreSQL store: the same spliced, copied, edited and
-inconsistent logs, and the same fuzzing, with the runs as rows of `lanefold_events` and every
-reader (`resume`, `show`, `tail`) given `--store`. Each refusal is exit 2 and one line naming
+"""tests/test_record_refusal.py on the PostgreSQL store: the same spliced, copied, edited,
+forged and inconsistent logs, the same edits of every number and the same fuzzing, with the
+runs as rows of `lanefold_events` and every reader (`resume`, `show`, `tail`, `reduce`) given
+`--store`. Each refusal is exit 2 and one line naming
 `URL#run:sequence` and what is wrong, and leaves the rows as they were.
 
 The file tests run here as they are written, their `read`, `write`, `refused` and `main`
@@ -17,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 import test_record_refusal as file_tests
-from test_record_refusal import COMMANDS, source  # noqa: F401  # the two finished runs, as files
+from test_record_refusal import RUNS, readers, source  # noqa: F401  # the finished runs, as files
 
 from orchestrator._cli import main
 from primitives import PgDatabase, redact_url
@@ -69,8 +70,8 @@ class PgRuns:
         """`file_tests.refused` for rows: exit 2, one line naming `URL#run:line`, no change."""
         before = self.rows(run_id)
         where = re.escape(f"{redact_url(self.url)}#{run_id}:{line}: ")
-        for command in COMMANDS:
-            code = main([command, run_id, "--store", self.url, "--json"])
+        for command in readers(run_id):
+            code = main([*command, "--store", self.url, "--json"])
             out, err = capsys.readouterr()
             assert code == 2, (command, out, err)
             assert out == "", command
@@ -82,7 +83,7 @@ class PgRuns:
 @pytest.fixture
 def pg(pg_url: str, source: Path, monkeypatch: pytest.MonkeyPatch) -> PgRuns:  # noqa: F811
     runs = PgRuns(pg_url)
-    for run_id in ("a", "b"):
+    for run_id in RUNS:
         runs.write(run_id, FILE_READ(source, run_id))
     monkeypatch.setattr(file_tests, "read", lambda where, run_id: (
         runs.read(run_id) if isinstance(where, PgRuns) else FILE_READ(where, run_id)))
@@ -132,3 +133,22 @@ def test_no_mutation_of_the_rows_ever_shows_a_traceback(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The file test's fuzzing, each mutated log written to the database and read from it."""
     file_tests.test_no_mutation_of_a_log_ever_shows_a_traceback(source, tmp_path_factory, capsys)
+
+
+@pytest.mark.parametrize("name", file_tests.FORGERIES)
+def test_forgeries_are_refused_at_their_line(pg: PgRuns, capsys: pytest.CaptureFixture[str],
+                                             name: str) -> None:
+    file_tests.test_forgeries_are_refused_at_their_line(pg, capsys, name)
+
+
+def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
+        pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    file_tests.test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(pg, capsys)
+
+
+def test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
+        source: Path, pg: PgRuns, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The file test's numeric edits, each edited log written to the database and read there."""
+    file_tests.test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
+        source, tmp_path_factory, capsys)

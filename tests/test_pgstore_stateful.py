@@ -1,20 +1,23 @@
 """tests/test_resume_stateful.py's state machine on the PostgreSQL store: a run crashes at a
 random event (its log stops taking appends, as a killed process's would), is resumed, crashes
 again, and so on; no completed lane is dispatched again, the budget is never exceeded, and the
-log folds to the bill the run reported. A commit is whole, so there is no torn tail to cut here:
+log folds to the bill the run reported, and a forged copy of the log, as rows, is refused. A
+commit is whole, so there is no torn tail to cut here:
 `tear` is drawn and has nothing to tear.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Any, ClassVar
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
-from test_resume_stateful import CrashingLog, ResumeMachine
+from test_resume_stateful import CrashingLog, Events, ResumeMachine
 
 import orchestrator
 from orchestrator import LanefoldError, PgStore
@@ -34,6 +37,26 @@ class PgResumeMachine(ResumeMachine):
     def events(self) -> list[AnyEvent]:
         return list(PgEventLog(self.store.db, self.run_id).read()) if self.store.exists(
             self.run_id) else []
+
+    def copy_id(self, name: str) -> str:
+        return f"{self.run_id}-{name}"  # one database: a copy per example too
+
+    def write_copy(self, run_id: str, events: Events) -> None:
+        with psycopg.connect(self.url) as conn:
+            conn.execute("INSERT INTO lanefold_runs (run_id) VALUES (%s)", (run_id,))
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO lanefold_events (run_id, sequence, type, body) "
+                    "VALUES (%s, %s, %s, %s)",
+                    [(run_id, e["sequence"], e["type"], json.dumps(e)) for e in events])
+
+    def copy_record(self, run_id: str) -> object:
+        with psycopg.connect(self.url) as conn:
+            return conn.execute("SELECT sequence, body FROM lanefold_events WHERE run_id = %s "
+                                "ORDER BY sequence", (run_id,)).fetchall()
+
+    def resume_copy(self, run_id: str) -> object:
+        return orchestrator.resume_sync(run_id, store=self.store)
 
     @precondition(lambda self: not self.started)
     @rule(crash_at=st.integers(1, 60))

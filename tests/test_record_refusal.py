@@ -1,25 +1,33 @@
 """A record that refuses what is not its own: spliced, copied, edited or inconsistent logs.
 
 Each refusal is exit 2 and one line naming `file:line` and what is wrong, from `resume`,
-`show` and `tail` alike, and never changes the log. A Hypothesis test mutates logs at random
-and checks that no traceback (KeyError, pydantic ValidationError, ...) ever reaches the user.
+`show`, `tail` and `reduce` alike, and never changes the log. The forgeries of issue 23 (a lane
+outside its wave, negative or non-finite usage and cost, an edited bill, another reducer's
+tail) are a table every store runs. Hypothesis edits every numeric field of real logs: an
+edit of the bill is refused; a field that is no part of the bill is listed, with why, and its
+edit leaves the bill as it was. Another mutates logs at random and checks that no traceback
+(KeyError, pydantic ValidationError, ...) ever reaches the user.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_resume_stateful import CrashingLog, crashed
 
+import orchestrator
 from orchestrator._cli import main
-from primitives import hash_config
+from primitives import JsonlEventLog, Pricing, Usage, cost_of, hash_config
 
 CONFIG = """
 [loop]
@@ -35,20 +43,65 @@ accuracy = 0.6
 input_per_mtok = 1.0
 output_per_mtok = 2.0
 """
+# The same run as `a`, best-of-N: its sample wave is `a`'s lane for lane.
+JUDGE_CONFIG = CONFIG.replace("min_quorum = 2\n", 'min_quorum = 2\nreducer = "judge_argmax"\n') + """
+[judge]
+template = "Question: {question}\\nCandidate: {candidate}\\nScore (0-10):"
+"""
+# `r`: lanes that fail and retry, a crash with lanes in flight, an interrupt, two resumes.
+RESUMED_CONFIG: dict[str, Any] = {
+    "loop": {"k": 6, "seed": 3, "min_quorum": 1, "max_concurrency": 6},
+    "backend": {"kind": "simulated", "accuracy": 0.6, "failure_rate": 0.3,
+                "lanes_per_request": 1},
+    "retry": {"max_attempts": 3, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001},
+    "pricing": {"input_per_mtok": 1.0, "cached_input_per_mtok": 0.25, "output_per_mtok": 2.0,
+                "kv_per_mtok_s": 0.5}}
 COMMANDS = ("resume", "show", "tail")
+RUNS = ("a", "b", "j", "r")  # the source runs: what a store's copy of them holds
 Events = list[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two finished runs, `a` and `b` (other questions), in one runs dir."""
+    """Finished runs in one runs dir: `a` and `b` (other questions), `j` (`a` best-of-N) and
+    `r` (a run that failed lanes, crashed, was interrupted and resumed)."""
     root = tmp_path_factory.mktemp("refusal")
-    config = root / "loop.toml"
-    config.write_text(CONFIG)
-    for run_id, question in (("a", "17 * 23?"), ("b", "What is 6 * 7?")):
-        assert main(["run", str(config), "--question", question, "--runs-dir", str(root / "runs"),
-                     "--run-id", run_id, "--json"]) == 0
+    for name, text in (("loop.toml", CONFIG), ("judge.toml", JUDGE_CONFIG)):
+        (root / name).write_text(text)
+    for run_id, question, config in (("a", "17 * 23?", "loop.toml"), ("b", "What is 6 * 7?",
+                                     "loop.toml"), ("j", "17 * 23?", "judge.toml")):
+        assert main(["run", str(root / config), "--question", question, "--runs-dir",
+                     str(root / "runs"), "--run-id", run_id, "--json"]) == 0
+    resumed_run(root / "runs")
     return root / "runs"
+
+
+def resumed_run(runs: Path) -> None:
+    """`r`: crashed with five lanes in flight, resumed and interrupted, resumed to the end."""
+    config = orchestrator.parse_config(RESUMED_CONFIG)
+    path = runs / "r" / "events.jsonl"
+    try:
+        anyio.run(lambda: orchestrator.run(config, "17 * 23?", runs_dir=runs, run_id="r",
+                                           log=CrashingLog(JsonlEventLog.create(path), 9)))
+    except BaseException as exc:  # the crash, as a killed process's
+        assert crashed(exc), exc
+
+    async def interrupted() -> None:
+        with anyio.CancelScope() as scope:
+            dispatched = []
+
+            def observe(event: object) -> None:
+                if getattr(event, "type", None) == "lane.dispatched":
+                    dispatched.append(event)
+                    if len(dispatched) == 2:  # an interrupt with lanes in flight
+                        scope.cancel()
+
+            await orchestrator.resume("r", runs_dir=runs, observer=observe)
+
+    anyio.run(interrupted)
+    orchestrator.resume_sync("r", runs_dir=runs)
+    kinds = {json.loads(line)["type"] for line in path.read_text().splitlines()}
+    assert {"run.resumed", "lane.failed", "lane.interrupted", "run.completed"} <= kinds
 
 
 @pytest.fixture
@@ -75,13 +128,19 @@ def renumber(events: Events) -> Events:
     return events
 
 
+def readers(run_id: str) -> list[list[str]]:
+    """The commands that read a run's record: each must refuse a forged one."""
+    return [*([command, run_id] for command in COMMANDS),
+            ["reduce", run_id, "--reducer", "majority_vote"]]
+
+
 def refused(runs: Path, run_id: str, capsys: pytest.CaptureFixture[str], line: int,
             why: str) -> None:
     """Every reader refuses the log with exit 2 and one line naming `line`; nothing changes."""
     path = runs / run_id / "events.jsonl"
     before = path.read_bytes()
-    for command in COMMANDS:
-        code = main([command, run_id, "--runs-dir", str(runs), "--json"])
+    for command in readers(run_id):
+        code = main([*command, "--runs-dir", str(runs), "--json"])
         out, err = capsys.readouterr()
         assert code == 2, (command, out, err)
         assert out == "", command
@@ -175,6 +234,244 @@ def test_a_recorded_config_this_version_cannot_validate_names_field_and_version(
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1
         assert "loop.k" in err and "0.0.9" in err, err
+
+
+# -- the forgeries of issue 23 --------------------------------------------------------------------
+
+Forgery = tuple[str, Events, int, str]  # the run written, its events, the line named, why
+
+
+def first(events: Events, kind: str, **where: Any) -> dict[str, Any]:
+    return next(e for e in events if e["type"] == kind and all(e.get(k) == v
+                                                                 for k, v in where.items()))
+
+
+def a_lane_outside_its_wave(lane: int) -> Callable[[Path], Forgery]:
+    """A crashed run's log (wave 1 dispatched, nothing landed) given one more dispatch, of a
+    lane its 6-lane wave never had: resume would bill its hold as cut-off spend."""
+    def forge(runs: Path) -> Forgery:
+        events = read(runs, "a")
+        landed = events.index(first(events, "lane.completed"))
+        extra = json.loads(json.dumps(events[landed - 1]))
+        extra["lane"], extra["attempt"] = lane, 1
+        events = renumber([*events[:landed], extra])
+        return "a", events, len(events), f"lane {lane} of wave 1, which was given lanes 0\\.\\.5"
+    return forge
+
+
+def edited(run_id: str, kind: str, path: str, value: Any, why: str, *,
+           index: int = 0) -> Callable[[Path], Forgery]:
+    """The `index`-th `kind` event of `run_id` with the field at `path` (dots) set to `value`
+    (or to what `value` makes of the old one, if it is callable)."""
+    def forge(runs: Path) -> Forgery:
+        events = read(runs, run_id)
+        event = [e for e in events if e["type"] == kind][index]
+        node, (*parents, leaf) = event, [key.replace("\x00", ".") for key in path.split(".")]
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[leaf] = value(node[leaf]) if callable(value) else value
+        return run_id, events, event["sequence"], why
+    return forge
+
+
+TOKENS = "data.usage.gen_ai\x00usage\x00output_tokens"  # a key with dots: \x00 stands for them
+
+
+def usage_and_cost_edited_together(runs: Path) -> Forgery:
+    """A lane's usage and its price edited alike: the lane is consistent, the bill is not."""
+    events = read(runs, "a")
+    lane = first(events, "lane.completed")
+    usage = lane["data"]["usage"]
+    usage["gen_ai.usage.output_tokens"] += 100
+    lane["data"]["cost_usd"] = cost_of(Usage(usage["gen_ai.usage.input_tokens"],
+                                             usage["gen_ai.usage.cache_read.input_tokens"],
+                                             usage["gen_ai.usage.output_tokens"]), "sample",
+                                       Pricing(input_per_mtok=1.0, output_per_mtok=2.0))
+    return "a", events, first(events, "run.completed")["sequence"], \
+        "run.completed says usage.decode_tokens = 288, the fold of the log gives 388"
+
+
+def a_judge_run_with_a_majority_votes_tail(runs: Path) -> Forgery:
+    """`j` (config: judge_argmax) up to its sample wave's barrier, then `a`'s majority-vote
+    reduce and result, run ids rewritten: the same lanes, a judge that never ran."""
+    head, tail = read(runs, "j"), read(runs, "a")
+    cut = tail.index(first(tail, "reduce.completed"))
+    assert head[:cut][-1]["type"] == "wave.barrier"
+    events = json.loads(json.dumps(head[:cut] + tail[cut:]).replace('"a"', '"j"')
+                        .replace("lanefold:run/a", "lanefold:run/j").replace('/a/', '/j/'))
+    return "j", renumber(events), cut + 1, \
+        "reduce.completed by majority_vote, the config's reducer is judge_argmax"
+
+
+FORGERIES: dict[str, Callable[[Path], Forgery]] = {
+    "lane 99 dispatched in a 6-lane wave": a_lane_outside_its_wave(99),
+    "lane -1 dispatched in a 6-lane wave": a_lane_outside_its_wave(-1),
+    "negative decode tokens": edited(
+        "a", "lane.completed", TOKENS, -99580, "greater than or equal to 0"),
+    "NaN cost": edited("a", "lane.completed", "data.cost_usd", math.nan, "finite number"),
+    "infinite hold": edited("a", "lane.dispatched", "data.reserved_cost_usd", math.inf,
+                            "finite number"),
+    "1e30 USD": edited("a", "lane.completed", "data.cost_usd", 1e30, "less than or equal to"),
+    "1e30 tokens": edited("a", "lane.completed", TOKENS, 10**30, "less than or equal to"),
+    "negative time": edited("r", "run.resumed", "data.active_seconds_before", -60.0,
+                            "greater than or equal to 0"),
+    "a hold that reserves nothing": edited(
+        "a", "lane.dispatched", "data.reserved.gen_ai\x00usage\x00output_tokens", 0,
+        "reserves 0 output tokens"),
+    "an interrupted lane billed less than its hold": edited(
+        "r", "lane.interrupted", "data.billed.gen_ai\x00usage\x00output_tokens", 1, "not its hold"),
+    "a resume that forgets time ran": edited(
+        "r", "run.resumed", "data.active_seconds_before", 0.0, "the log gives", index=1),
+    "a lane's usage edited": edited(
+        "a", "lane.completed", TOKENS, lambda v: v + 100, "not the price of its usage"),
+    "a lane's cost_usd edited": edited(
+        "a", "lane.completed", "data.cost_usd", lambda v: v / 10, "not the price of its usage"),
+    "a lane's usage and cost edited together": usage_and_cost_edited_together,
+    "the run's usage edited": edited(
+        "a", "run.completed", "data.result.usage.decode_tokens", lambda v: v - 100,
+        "run.completed says usage.decode_tokens = 188, the fold of the log gives 288"),
+    "the run's cost edited": edited(
+        "a", "run.completed", "data.result.cost.total", lambda v: v / 2,
+        "run.completed says cost.total"),
+    "a lane's tokens in the result edited": edited(
+        "a", "run.completed", "data.result.lanes.0.tokens", 1, "lanes are not the lanes of the log"),
+    "the run's reducer edited": edited(
+        "a", "run.completed", "data.result.reducer", "judge_argmax",
+        "names reducer 'judge_argmax', the log's reduce is by majority_vote"),
+    "a judge run with a majority vote's tail": a_judge_run_with_a_majority_votes_tail,
+}
+
+
+@pytest.mark.parametrize("name", FORGERIES)
+def test_forgeries_are_refused_at_their_line(runs: Path, capsys: pytest.CaptureFixture[str],
+                                             name: str) -> None:
+    run_id, events, line, why = FORGERIES[name](runs)
+    write(runs, run_id, events)
+    refused(runs, run_id, capsys, line, why)
+
+
+def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
+        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reduce", "a", "--reducer", "majority_vote", "--runs-dir", str(runs)]) == 0
+    capsys.readouterr()
+    events = read(runs, "a")
+    reduced = [e for e in events if e["type"] == "reduce.completed"][-1]
+    assert reduced["data"]["reduction"] == 2
+    reduced["data"]["reducer"] = "weighted_vote"
+    write(runs, "a", events)
+    refused(runs, "a", capsys, reduced["sequence"],
+            "by weighted_vote, reduction 2 was opened for majority_vote")
+
+
+# -- every numeric field, edited ---------------------------------------------------------------
+
+# Numbers that are no line of the bill, and why an edit of one changes no charge. Any other
+# number in a log is part of the bill or of what it is derived from, and an edit is refused.
+# (event type, path pattern) -> why
+HARMLESS: dict[tuple[str, str], str] = {
+    ("wave.started", r"data\.reservation\..*"):
+        "the wave's total set aside at dispatch: each lane's hold is in its lane.dispatched",
+    ("wave.started", r"data\.prompt_tokens"):
+        "the first request's prompt size, a report: each hold carries its own prompt",
+    ("wave.started", r"data\.k_requested"):
+        "what the loop asked for: k and the lanes given are what ran (below k it is refused)",
+    ("lane.dispatched", r"data\.(request|seed)"):
+        "which request carried the lane and its sampling seed: no line of the bill",
+    ("run.resumed", r"data\.torn_tail_(bytes|line)"):
+        "what the resume cut off a torn tail, a report",
+    ("run.interrupted", r"data\.in_flight\..*"):
+        "which lanes the interrupt cut off, a report: each is its own lane.interrupted",
+    ("reduce.completed", r"data\.(agreement|margin|tied\..*)"):
+        "the reducer's summary of the winner, votes and scores it checks alike",
+    ("run.completed", r"data\.result\.elapsed_s"):
+        "the writer's monotonic clock, not in the log: bounded below by the time before the "
+        "last resume, and no charge depends on it",
+    ("budget.wave_shrunk", r"data\..*"): "a report of the limit that bound",
+    ("budget.exhausted", r"data\..*"): "a report of the limit that bound",
+    ("budget.overrun", r"data\..*"): "a report: the lane's usage, which the bill reads, is checked",
+}
+ENVELOPE = frozenset({"sequence", "wave", "lane", "attempt"})  # where an event falls: checked
+
+
+def numbers(node: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...],
+                                                                       int | float]]:
+    """Every number in a JSON value, with its path (booleans are no numbers)."""
+    if isinstance(node, dict):
+        return [found for key, value in node.items() if not (path == () and key in ENVELOPE)
+                for found in numbers(value, (*path, key))]
+    if isinstance(node, list):
+        return [found for i, value in enumerate(node) for found in numbers(value, (*path, i))]
+    if isinstance(node, int | float) and not isinstance(node, bool):
+        return [(path, node)]
+    return []
+
+
+def harmless(kind: str, path: tuple[str | int, ...]) -> str | None:
+    dotted = ".".join(map(str, path))
+    return next((why for (event, pattern), why in HARMLESS.items()
+                 if event == kind and re.fullmatch(pattern, dotted)), None)
+
+
+@st.composite
+def numeric_edits(draw: st.DrawFn, logs: dict[str, Events]) -> tuple[str, int, tuple[Any, ...],
+                                                                     int | float]:
+    """A run, one of its events, a number in it, and another value for that number: off by
+    one, negative, not a number, infinite, past 2**53, a fraction, anything."""
+    run_id = draw(st.sampled_from(sorted(logs)))
+    fields = [(i, path, value) for i, event in enumerate(logs[run_id])
+              for path, value in numbers(event)]
+    at, path, old = draw(st.sampled_from(fields))
+    new = draw(st.one_of(
+        st.sampled_from([old + 1, old - 1, -old - 1, old * 2, old + 1e-9, 0, 0.5, 2**53 + 1,
+                         10**30, 1e30, math.nan, math.inf, -math.inf]),
+        st.integers(), st.floats()).filter(lambda v: not v == old))
+    return run_id, at, path, new
+
+
+def with_number(events: Events, at: int, path: tuple[Any, ...], value: int | float) -> Events:
+    edited_events = json.loads(json.dumps(events))
+    node = edited_events[at]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return edited_events
+
+
+def test_the_edited_logs_hold_every_kind_of_event_that_carries_numbers(source: Path) -> None:
+    """The logs the edits draw from hold every kind of event they are meant to (a new number
+    in an event model lands in one list or the other here)."""
+    kinds = {e["type"] for run_id in RUNS for e in read(source, run_id)}
+    assert {"run.started", "wave.started", "lane.dispatched", "lane.completed", "lane.failed",
+            "lane.interrupted", "run.interrupted", "run.resumed", "wave.barrier",
+            "judge.completed", "reduce.completed", "run.completed"} <= kinds
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
+        source: Path, tmp_path_factory: pytest.TempPathFactory,
+        capsys: pytest.CaptureFixture[str], data: st.DataObject) -> None:
+    logs = {run_id: read(source, run_id) for run_id in RUNS}
+    run_id, at, path, value = data.draw(numeric_edits(logs))
+    events = logs[run_id]
+    runs = tmp_path_factory.mktemp("numbers") / "runs"
+    write(runs, run_id, with_number(events, at, path, value))
+    original = events[-1]["data"]["result"]
+    why = harmless(events[at]["type"], path)
+    for command in ("show", "resume"):
+        code = main([command, run_id, "--runs-dir", str(runs), "--json"])
+        out, err = capsys.readouterr()
+        assert len(err.splitlines()) == (code != 0) and "Traceback" not in err, err
+        if why is None:  # the bill, or what it is derived from: refused at the line or after
+            assert code == 2, (events[at]["type"], path, value, out)
+            named = re.search(r":(\d+): corrupt event log line: ", err)
+            assert named and int(named[1]) >= at + 1, err
+        else:  # no part of the bill: refused where the model refuses it, else the same bill
+            assert code in (0, 2), err
+            if code == 0:
+                shown = json.loads(out)
+                assert (shown["usage"], shown["cost"]) == (original["usage"], original["cost"])
 
 
 MUTATIONS = ("delete", "duplicate", "swap", "field")

@@ -3,17 +3,21 @@
 A run is started, crashes at a random event (its log stops accepting writes, as a killed
 process would), is resumed, crashes again, and so on, with random faults, concurrency and
 budgets. Throughout: no completed lane is dispatched again, the budget is never exceeded, and
-the log folds to the bill the run reported.
+the log folds to the bill the run reported. At any point, a copy of the log with a forgery in
+it (a lane its wave was not given, a negative or edited usage, a shrunk hold, an edited bill)
+is refused by resume with exit 2, naming the forged line, and left as it was.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -64,6 +68,67 @@ class CrashingLog:
         return getattr(self.inner, name)
 
 
+Events = list[dict[str, Any]]
+TOKENS = "gen_ai.usage.output_tokens"
+
+
+def _first(events: Events, kind: str) -> int | None:
+    return next((i for i, e in enumerate(events) if e["type"] == kind), None)
+
+
+def _outside_its_wave(events: Events) -> int | None:
+    """One more dispatch, right after a wave starts, of a lane the wave was not given."""
+    at = _first(events, "wave.started")
+    dispatched = next((e for e in events if e["type"] == "lane.dispatched"
+                       and at is not None and e["wave"] == events[at]["wave"]), None)
+    if at is None or dispatched is None:
+        return None
+    extra = json.loads(json.dumps(dispatched))
+    extra["lane"], extra["attempt"] = max(events[at]["data"]["lanes"]) + 1, 1
+    events.insert(at + 1, extra)
+    return at + 2
+
+
+def _edit(kind: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Events], int | None]:
+    def forge(events: Events) -> int | None:
+        at = _first(events, kind)
+        if at is None:
+            return None
+        change(events[at]["data"])
+        return at + 1
+    return forge
+
+
+def _usage(data: dict[str, Any], by: int) -> None:
+    data["usage"][TOKENS] += by
+
+
+def _bill(data: dict[str, Any]) -> None:
+    data["result"]["usage"]["decode_tokens"] += 1
+
+
+# forgery -> what it does to a log's events (in place), and the line it forged (None: nothing
+# in this log to forge)
+FORGERIES: dict[str, Callable[[Events], int | None]] = {
+    "a lane outside its wave": _outside_its_wave,
+    "a negative usage": _edit("lane.completed", lambda d: d["usage"].update({TOKENS: -1})),
+    "a lane's usage edited": _edit("lane.completed", lambda d: _usage(d, 1)),
+    "a hold shrunk": _edit("lane.dispatched", lambda d: d["reserved"].update(
+        {TOKENS: d["reserved"][TOKENS] - 1})),
+    "the bill edited": _edit("run.completed", _bill),
+}
+
+
+def as_run(events: Events, run_id: str) -> Events:
+    """The events as another run's, numbered 1..n as a writer numbers them."""
+    for sequence, event in enumerate(events, 1):
+        event.update(run_id=run_id, id=f"{run_id}:{sequence}", sequence=sequence,
+                     source=f"lanefold:run/{run_id}")
+        if event["type"] == "run.completed":
+            event["data"]["result"]["run_id"] = run_id
+    return events
+
+
 def crashed(exc: BaseException) -> bool:
     if isinstance(exc, Crash):
         return True
@@ -78,6 +143,7 @@ class ResumeMachine(RuleBasedStateMachine):
         self.runs = Path(tempfile.mkdtemp()) / "runs"
         self.started = self.finished = False
         self.outcome: orchestrator.RunResult | LanefoldError | None = None
+        self.forged = 0
 
     @initialize(k=st.integers(2, 9), failure=st.sampled_from([0.0, 0.25, 0.5]),
                 per_request=st.sampled_from([None, 1, 3]), concurrency=st.integers(1, 6),
@@ -151,6 +217,41 @@ class ResumeMachine(RuleBasedStateMachine):
         if not self.started or not self.path.exists():
             return []
         return list(JsonlEventLog(self.path).read())
+
+    @precondition(lambda self: self.started)
+    @rule(forgery=st.sampled_from(sorted(FORGERIES)))
+    def a_forged_copy_is_refused(self, forgery: str) -> None:
+        """A copy of the log as it stands, forged: resume refuses it, naming the forged line,
+        and writes nothing to it."""
+        events = [json.loads(e.model_dump_json(by_alias=True)) for e in self.events()]
+        line = FORGERIES[forgery](events)
+        if line is None:
+            return
+        copy = self.copy_id(f"forged{self.forged}")
+        self.forged += 1
+        self.write_copy(copy, as_run(events, copy))
+        before = self.copy_record(copy)
+        with pytest.raises(LanefoldError) as refused:
+            self.resume_copy(copy)
+        assert refused.value.exit_code == 2, refused.value
+        assert f":{line}: corrupt event log line" in str(refused.value), (forgery, refused.value)
+        assert self.copy_record(copy) == before
+
+    def copy_id(self, name: str) -> str:
+        """The run id a copy of the log is written under (subclasses share one store)."""
+        return name
+
+    def write_copy(self, run_id: str, events: Events) -> None:
+        """A run's log holding `events` (subclasses write other stores)."""
+        path = self.runs / run_id / "events.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    def copy_record(self, run_id: str) -> object:
+        return (self.runs / run_id / "events.jsonl").read_bytes()
+
+    def resume_copy(self, run_id: str) -> object:
+        return orchestrator.resume_sync(run_id, runs_dir=self.runs)
 
     @invariant()
     def no_completed_lane_is_dispatched_again(self) -> None:
