@@ -84,7 +84,8 @@ def _outside_its_wave(events: Events) -> int | None:
     if at is None or dispatched is None:
         return None
     extra = json.loads(json.dumps(dispatched))
-    extra["lane"], extra["attempt"] = max(events[at]["data"]["lanes"]) + 1, 1
+    given = events[at]["data"].get("lanes") or range(events[at]["data"]["k"])
+    extra["lane"], extra["attempt"] = max(given) + 1, 1
     events.insert(at + 1, extra)
     return at + 2
 
