@@ -153,10 +153,19 @@ def _priced(usage: Usage, pricing: Pricing) -> float:
 
 
 def cost_of(usage: Usage, bill: Bill, pricing: Pricing) -> float:
-    """USD for one lane's usage under `pricing`."""
-    spend = Spend()
-    spend.add(usage, bill, pricing)
-    return spend.cost_usd
+    """USD for one lane's usage under `pricing`: bit for bit `Spend().add(...)`'s `cost_usd`
+    (the lines added in its order, the empty ones left out as adding 0.0 changes nothing),
+    without building a Spend: the dispatch path and the fold price every lane with it."""
+    per = 1e-6
+    kv = usage.kv_token_seconds * pricing.kv_per_mtok_s * per
+    if bill == "verifier":
+        if pricing.verifier_per_mtok is not None:
+            all_tokens = usage.input_tokens + usage.cached_input_tokens + usage.output_tokens
+            return kv + all_tokens * pricing.verifier_per_mtok * per
+        return kv + _priced(usage, pricing)
+    return (usage.input_tokens * pricing.input_per_mtok * per
+            + usage.cached_input_tokens * pricing.cached_input_per_mtok * per
+            + usage.output_tokens * pricing.output_per_mtok * per + kv)
 
 
 @dataclass(frozen=True, slots=True)

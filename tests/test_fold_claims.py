@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import orchestrator
@@ -29,6 +31,7 @@ from primitives import (
     RunState,
     Spend,
     Usage,
+    cost_of,
     fold,
     hash_config,
     parse_event,
@@ -179,6 +182,25 @@ def test_the_bill_lines_a_fold_checks_are_the_ones_a_result_names() -> None:
     spend.add(Usage(5, 0, 7), "verifier", Pricing(**PRICING), 1)
     assert spend.usage_lines() == orchestrator.UsageBreakdown.of(spend).model_dump()
     assert spend.cost_lines() == orchestrator.CostBreakdown.of(spend).model_dump()
+
+
+PRICES = st.floats(0, 1000, allow_nan=False, allow_infinity=False)
+TOKENS = st.integers(0, 2**40)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(usage=st.builds(Usage, TOKENS, TOKENS, TOKENS, st.floats(0, 1e9)),
+       bill=st.sampled_from(["sample", "verifier"]),
+       pricing=st.builds(Pricing, input_per_mtok=PRICES, cached_input_per_mtok=PRICES,
+                         output_per_mtok=PRICES, verifier_per_mtok=st.none() | PRICES,
+                         kv_per_mtok_s=PRICES))
+def test_a_lanes_price_is_what_the_ledger_adds_bit_for_bit(usage: Usage, bill: str,
+                                                           pricing: Pricing) -> None:
+    """The fold compares costs exactly: `cost_of` (what a lane's cost_usd and a hold's price
+    are) must be the float the ledger's `Spend.add` makes of the same usage."""
+    spend = Spend()
+    spend.add(usage, bill, pricing)  # type: ignore[arg-type]
+    assert cost_of(usage, bill, pricing).hex() == spend.cost_usd.hex()  # type: ignore[arg-type]
 
 
 def test_an_elapsed_time_below_zero_is_refused(tmp_path: Path,
