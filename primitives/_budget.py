@@ -146,13 +146,29 @@ def _short_of_room(room: Room, tokens: int, cost: float,
     return None
 
 
-def _priced(usage: Usage, pricing: Pricing) -> float:
+def _priced(usage: Counts, pricing: Pricing) -> float:
     return 1e-6 * (usage.input_tokens * pricing.input_per_mtok
                    + usage.cached_input_tokens * pricing.cached_input_per_mtok
                    + usage.output_tokens * pricing.output_per_mtok)
 
 
-def cost_of(usage: Usage, bill: Bill, pricing: Pricing) -> float:
+class Counts(Protocol):
+    """A usage's counts, read-only: a `Usage`, or its record in an event (`UsageData`)."""
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def cached_input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+    @property
+    def kv_token_seconds(self) -> float: ...
+
+
+def cost_of(usage: Counts, bill: Bill, pricing: Pricing) -> float:
     """USD for one lane's usage under `pricing`: bit for bit `Spend().add(...)`'s `cost_usd`
     (the lines added in its order, the empty ones left out as adding 0.0 changes nothing),
     without building a Spend: the dispatch path and the fold price every lane with it."""

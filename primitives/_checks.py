@@ -31,6 +31,7 @@ finite and no less than the time recorded before the last resume; no charge depe
 from __future__ import annotations
 
 import math
+import operator
 from typing import TYPE_CHECKING, Any
 
 from primitives._backend import Usage
@@ -179,7 +180,7 @@ def check_hold(state: RunState, wave: WaveState, data: LaneDispatchedData) -> No
 def check_priced(state: RunState, usage: UsageData, bill: Bill, cost: float, what: str) -> None:
     """`cost` is `usage` at the run's prices, where the fold knows them."""
     if state.priced:
-        expected = cost_of(usage.to_usage(), bill, state.pricing)
+        expected = cost_of(usage, bill, state.pricing)
         if cost != expected:
             raise Refused(f"{what} {cost!r} is not the price of its usage ({expected!r})")
 
@@ -301,18 +302,23 @@ def _check_bill(state: RunState, result: dict[str, Any]) -> None:
                               f"gives {value!r}")
 
 
+_LANE_CLAIMS = operator.itemgetter("lane", "wave", "status", "answer", "finish_reason", "tokens",
+                                   "attempts")
+
+
 def _check_lanes(state: RunState, result: dict[str, Any]) -> None:
     """The lanes priced as samples, every wave's, as the result reports them (less the
     scores, which are the loop's reading of its reduction)."""
-    keys = ("lane", "wave", "status", "answer", "finish_reason", "tokens", "attempts")
     expected = [
         (s.lane, w.wave, s.status, s.answer, s.finish_reason,
          s.usage.output_tokens if s.status == "completed" and s.usage else 0, s.attempts)
         for _, w in sorted(state.waves.items()) if w.info.bill == "sample"
         for _, s in sorted(w.lanes.items())]
     lanes = result.get("lanes")
-    claimed = [tuple(lane.get(key) for key in keys) if isinstance(lane, dict) else None
-               for lane in lanes] if isinstance(lanes, list) else None
+    try:
+        claimed = list(map(_LANE_CLAIMS, lanes)) if isinstance(lanes, list) else None
+    except (KeyError, TypeError):  # a lane that is not one, or lacks a claim
+        claimed = None
     if claimed != expected:
         raise Refused("run.completed's lanes are not the lanes of the log")
     counts = {"lanes_completed": sum(row[2] == "completed" for row in expected),
