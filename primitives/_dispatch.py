@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import structlog
+from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from primitives._backend import (
@@ -348,8 +349,14 @@ class Dispatcher:
                 job = jobs.pop(lane_no)
                 lane = wave.lane(lane_no)
                 if isinstance(outcome, Sample):
-                    self._complete(spec, lane, outcome)
-                    return True
+                    try:  # a count the log cannot hold (negative, not finite) is a bad answer
+                        usage = UsageData.of(outcome.usage)
+                    except ValidationError as exc:
+                        outcome = BadResponseError(f"usage {outcome.usage}: "
+                                                   f"{exc.errors()[0]['msg']}")
+                    else:
+                        self._complete(spec, lane, outcome, usage)
+                        return True
                 final = (not outcome.retryable) or lane.failures + 1 >= self.retry.max_attempts
                 self._fail(spec, lane, outcome, type(outcome).__name__, str(outcome),
                            final=final, cut_off=isinstance(outcome, BackendTimeoutError))
@@ -420,7 +427,8 @@ class Dispatcher:
 
     # -- outcomes ---------------------------------------------------------------------------------
 
-    def _complete(self, spec: WaveSpec, lane: LaneState, sample: Sample) -> None:
+    def _complete(self, spec: WaveSpec, lane: LaneState, sample: Sample,
+                  recorded: UsageData) -> None:
         hold = lane.hold
         assert hold is not None
         usage = sample.usage
@@ -430,7 +438,7 @@ class Dispatcher:
         answer = spec.annotate(sample) if spec.annotate else None
         self.recorder.emit(LaneCompleted, LaneCompletedData(
             text=sample.text, answer=answer, finish_reason=sample.finish_reason,
-            usage=UsageData.of(usage),
+            usage=recorded,
             cost_usd=_cost(self.ledger, usage, hold),
             logprob_mean=logprob_mean, backend=dict(sample.extra),
         ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts)

@@ -8,6 +8,7 @@ The forgeries themselves, on every store, are in tests/test_record_refusal.py.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,14 @@ from coordinators._plan_verify_replan import PlanVerifyReplanParams
 from coordinators._sequential_refine import SequentialRefineParams
 from orchestrator._cli import main
 from primitives import (
+    LaneOutcome,
     LogCorruptError,
     MemoryEventLog,
     Pricing,
     Recorder,
     RunState,
+    Sample,
+    SampleRequest,
     Spend,
     Usage,
     cost_of,
@@ -252,3 +256,37 @@ def test_a_reduce_by_a_loop_that_reduces_nothing_is_refused(tmp_path: Path) -> N
                                               "reduces nothing"):
         fold(events, reducer="")
     assert fold(events, reducer="majority_vote").result is not None
+
+
+# -- what a backend reports ------------------------------------------------------------------------
+
+
+class NegativeOnce:
+    """A plug-in backend that reports a negative usage on each lane's first attempt."""
+
+    name = "negative-once"
+    shares_prefix = False
+    max_lanes_per_request = None
+
+    def count_prompt_tokens(self, prompt: str) -> int | None:
+        return 4
+
+    async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
+        for lane in request.lanes:
+            tokens = -5 if lane.attempt == 1 else 4
+            yield Sample(lane.lane, "Answer: 7", "stop", Usage(tokens, 0, 3))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_usage_the_log_cannot_hold_is_a_bad_answer_retried_not_a_crash(tmp_path: Path) -> None:
+    config = orchestrator.parse_config({
+        "loop": {"k": 2}, "backend": {"kind": "simulated"},
+        "retry": {"max_attempts": 2, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001}})
+    result = orchestrator.run_sync(config, "q", runs_dir=tmp_path, backend=NegativeOnce(),
+                                   run_id="r")
+    assert result.answer == "7" and [lane.attempts for lane in result.lanes] == [2, 2]
+    failed = [e for e in read(tmp_path / "r" / "events.jsonl") if e["type"] == "lane.failed"]
+    assert [e["data"]["error"] for e in failed] == ["BadResponseError"] * 2
+    assert "greater than or equal to 0" in failed[0]["data"]["message"]
