@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _SCRIPT = """
 import json, time
 t0 = time.perf_counter()
-from backends.engine import EngineConfig
-from backends.engine._engine import Engine
+from lanefold.backends.engine import EngineConfig
+from lanefold.backends.engine._engine import Engine
 t1, c1 = time.perf_counter(), time.process_time()
 Engine.from_config(EngineConfig(model="smollm2-135m", device="cpu", threads={threads}))
 print(json.dumps({{"load": time.perf_counter() - t1, "cpu": time.process_time() - c1}}))

@@ -43,9 +43,9 @@ from typing import Annotated, Any, TypedDict
 
 import anyio
 
-import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
 
 try:
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -86,13 +86,13 @@ def stopwatch() -> Iterator[Timing]:
 
 
 async def run_ours(k: int, scratch: Path, fsync: str = "barrier") -> Timing:
-    config = orchestrator.parse_config({
+    config = lanefold.parse_config({
         "loop": {"k": k, "max_concurrency": k},
         "backend": INSTANT.model_dump(mode="json"),
         "log": {"fsync": fsync},
     })
     with stopwatch() as timing:
-        result = await orchestrator.run(config, QUESTION, runs_dir=scratch)
+        result = await lanefold.run(config, QUESTION, runs_dir=scratch)
     if result.lanes_completed != k or result.answer is None:
         raise RuntimeError(f"ours: {result.lanes_completed} of {k} lanes completed")
     return timing

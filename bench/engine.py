@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _engine_load import bench_load  # bench/_engine_load.py: the load rows (GGUF cache)
 from _vllm_offline import VllmOffline  # bench/_vllm_offline.py: the vLLM row's subprocess
 
-from backends.engine._engine import Engine
-from backends.engine._model import build_model
-from backends.engine._weights import Checkpoint, ModelArgs, load_checkpoint, resolve_model_path
-from primitives import LaneRequest, SamplingParams
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._model import build_model
+from lanefold.backends.engine._weights import Checkpoint, ModelArgs, load_checkpoint, resolve_model_path
+from lanefold.primitives import LaneRequest, SamplingParams
 
 TINY = ModelArgs(
     vocab_size=4096,
@@ -68,7 +68,7 @@ class Run:
 def tiny_checkpoint() -> Checkpoint:
     g = torch.Generator().manual_seed(0)
     with torch.device("meta"):
-        from backends.engine._model import CausalLM
+        from lanefold.backends.engine._model import CausalLM
 
         shapes = {k: v.shape for k, v in CausalLM(TINY).state_dict().items()}
     return Checkpoint(

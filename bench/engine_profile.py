@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import backends.engine._model as model_module
-from backends.engine._engine import Engine
-from backends.engine._model import build_model
-from backends.engine._weights import load_checkpoint, resolve_model_path
-from primitives import LaneRequest, SamplingParams
+import lanefold.backends.engine._model as model_module
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._model import build_model
+from lanefold.backends.engine._weights import load_checkpoint, resolve_model_path
+from lanefold.primitives import LaneRequest, SamplingParams
 
 PARTS = ("batch tensors", "layers", "attention", "LM head", "sampling", "rest of step")
 
@@ -53,7 +53,7 @@ def instrument(engine: Engine, spent: dict[str, float]) -> None:
     if hasattr(engine, "_sample"):  # batched sampling
         engine._sample = timed(spent, "sampling", engine._sample)  # type: ignore[method-assign]
     else:  # a checkout from before it: a Python call per lane
-        import backends.engine._engine as engine_module
+        import lanefold.backends.engine._engine as engine_module
 
         sampler = engine_module.sample_token  # type: ignore[attr-defined]
         engine_module.sample_token = timed(spent, "sampling", sampler)  # type: ignore[attr-defined]

@@ -39,11 +39,11 @@ from typing import Any
 
 import anyio
 
-import orchestrator
-from backends.simulated import SimulatedConfig
-from orchestrator.evaluate import Item
-from orchestrator.evaluate._eval import run_eval
-from primitives import Backend, ConfigError
+import lanefold
+from lanefold.backends.simulated import SimulatedConfig
+from lanefold.evaluate import Item
+from lanefold.evaluate._eval import run_eval
+from lanefold.primitives import Backend, ConfigError
 
 INSTANT = SimulatedConfig(answer="391", accuracy=0.7, latency_ms=(0.0, 0.0), failure_rate=0.0,
                           seed=0)
@@ -64,8 +64,8 @@ async def stopwatch(work: Callable[[], Awaitable[Any]]) -> Timing:
     return Timing(time.perf_counter() - wall, time.process_time() - cpu)
 
 
-def sim_config(k: int) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({"loop": {"k": k, "max_concurrency": k},
+def sim_config(k: int) -> lanefold.LoopConfig:
+    return lanefold.parse_config({"loop": {"k": k, "max_concurrency": k},
                                       "backend": INSTANT.model_dump(mode="json")})
 
 
@@ -73,7 +73,7 @@ def sim_items(n: int) -> list[Item]:
     return [Item(i, f"What is 17 * 23? (question {i})", "391") for i in range(n)]
 
 
-async def eval_side(config: orchestrator.LoopConfig, items: list[Item], scratch: Path,
+async def eval_side(config: lanefold.LoopConfig, items: list[Item], scratch: Path,
                     concurrency: int = 1, backend: Backend | None = None) -> Timing:
     async def work() -> None:
         summary = await run_eval(config, items, eval_id="bench", runs_dir=scratch,
@@ -84,9 +84,9 @@ async def eval_side(config: orchestrator.LoopConfig, items: list[Item], scratch:
     return await stopwatch(work)
 
 
-async def loop_side(config: orchestrator.LoopConfig, items: list[Item], scratch: Path) -> Timing:
+async def loop_side(config: lanefold.LoopConfig, items: list[Item], scratch: Path) -> Timing:
     async def work() -> None:
-        async with orchestrator.Session(config, runs_dir=scratch) as session:
+        async with lanefold.Session(config, runs_dir=scratch) as session:
             for item in items:
                 result = await session.run(item.question, run_id=f"bench-{item.index}")
                 if result.answer is None:
@@ -135,10 +135,10 @@ async def sharing(n: int, repeats: int) -> None:
     print(f"\n2. one engine shared: SmolLM2-135M, K = 4, {n} questions, questions/s at Q = 1 "
           f"and Q = 8, median of {repeats}")
     try:
-        from backends.engine import EngineBackend, EngineConfig
+        from lanefold.backends.engine import EngineBackend, EngineConfig
 
         backend = EngineBackend(EngineConfig(model="smollm2-135m"))
-        config = orchestrator.parse_config({
+        config = lanefold.parse_config({
             "loop": {"k": 4, "seed": 0}, "prompt": {"template": TEMPLATE},
             "sampling": {"temperature": 0.8, "max_tokens": 8, "stop": ["\n"]},
             "extract": {"method": "last_number"}, "backend": {"kind": "engine"}})

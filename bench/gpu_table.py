@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import TEMPERATURE, hf_model  # bench/engine.py: the same HF model and counter
 
-from backends.engine._engine import Engine
-from backends.engine._model import build_model
-from backends.engine._weights import Checkpoint, load_checkpoint, resolve_model_path
-from primitives import LaneRequest, SamplingParams
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._model import build_model
+from lanefold.backends.engine._weights import Checkpoint, load_checkpoint, resolve_model_path
+from lanefold.primitives import LaneRequest, SamplingParams
 
 
 def _sync(device: torch.device) -> None:

@@ -56,9 +56,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import servers  # noqa: E402  # scripts/servers.py: builds, caches and starts the servers
 import vllm_env  # noqa: E402  # scripts/vllm_env.py: vLLM's venv and the converted model
 
-from backends.openai import OpenAIBackend, OpenAIConfig  # noqa: E402
-from orchestrator import parse_config, run  # noqa: E402
-from orchestrator._config import load_backend_config  # noqa: E402
+from lanefold import parse_config, run  # noqa: E402
+from lanefold._config import load_backend_config  # noqa: E402
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig  # noqa: E402
 
 MODES = ("auto", "never")  # n-merged, one request per lane
 PASSAGE = (
@@ -131,7 +131,7 @@ def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "orchestrator-serve.log").open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator._cli", "serve", "--backend-config", str(config),
+            [sys.executable, "-m", "lanefold._cli", "serve", "--backend-config", str(config),
              "--host", "127.0.0.1", "--port", str(port), "--model-name", "smollm2-135m"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:

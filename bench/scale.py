@@ -35,20 +35,20 @@ from typing import Any
 
 import anyio
 
-import orchestrator
-from orchestrator.evaluate import Item
-from orchestrator.evaluate._eval import run_eval
+import lanefold
+from lanefold.evaluate import Item
+from lanefold.evaluate._eval import run_eval
 
 
-def config(latency_ms: float) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(latency_ms: float) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": 4, "seed": 3, "max_concurrency": 4},
         "backend": {"kind": "simulated", "accuracy": 0.6, "answer": "391",
                     "distractors": ["381", "401"], "latency_ms": [latency_ms, latency_ms]},
         "log": {"fsync": "never"}})
 
 
-async def one(cfg: orchestrator.LoopConfig, items: list[Item], folder: Path,
+async def one(cfg: lanefold.LoopConfig, items: list[Item], folder: Path,
               concurrency: int, executor: Any) -> tuple[float, float]:
     """(questions/s over the whole call, questions/s from the quarter mark to the end)."""
     seen: list[float] = []
@@ -82,8 +82,8 @@ def main() -> None:
     items = [Item(i, f"Question number {i}?", "391") for i in range(args.questions)]
     sides: dict[str, Callable[[], Any]] = {
         "local": lambda: None,
-        "ray-1": lambda: orchestrator.RayExecutor(workers=1),
-        "ray-2": lambda: orchestrator.RayExecutor(workers=2),
+        "ray-1": lambda: lanefold.RayExecutor(workers=1),
+        "ray-2": lambda: lanefold.RayExecutor(workers=2),
     }
     root = Path(tempfile.mkdtemp(prefix="lanefold-bench-scale-"))
     try:

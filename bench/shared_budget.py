@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import orchestrator
-from primitives import connect_budgets, set_budget
+import lanefold
+from lanefold.primitives import connect_budgets, set_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -32,8 +32,8 @@ from pgserver import PgServer  # noqa: E402  # the tests' real server, started t
 QUESTION = "What is 17 * 23?"
 
 
-def config(k: int, per_request: int | None, shared: bool) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(k: int, per_request: int | None, shared: bool) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": k, "max_concurrency": k},
         "backend": {"kind": "simulated", "latency_ms": [0, 0], "lanes_per_request": per_request},
         "budget": {"shared": "bench"} if shared else {},
@@ -53,7 +53,7 @@ def measure(url: str, ks: list[int], reps: int) -> dict[tuple[str, int, str], li
                     n += 1
                     cfg = config(k, per_request, side == "shared")
                     wall, cpu = time.perf_counter(), time.process_time()
-                    orchestrator.run_sync(cfg, QUESTION, store=url, run_id=f"b{n}")
+                    lanefold.run_sync(cfg, QUESTION, store=url, run_id=f"b{n}")
                     if rep:
                         times.setdefault((shape, k, side), []).append(
                             (time.perf_counter() - wall, time.process_time() - cpu))

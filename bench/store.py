@@ -30,8 +30,8 @@ from pathlib import Path
 
 import psycopg
 
-import orchestrator
-from primitives import AnyEvent, JsonlEventLog, MemoryEventLog, PgDatabase, PgEventLog
+import lanefold
+from lanefold.primitives import AnyEvent, JsonlEventLog, MemoryEventLog, PgDatabase, PgEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -40,8 +40,8 @@ from pgserver import PgServer  # noqa: E402  # the tests' real server, started t
 QUESTION = "What is 17 * 23?"
 
 
-def config(k: int) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(k: int) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": k, "max_concurrency": k},
         "backend": {"kind": "simulated", "latency_ms": [0, 0], "lanes_per_request": 1},
     })
@@ -49,7 +49,7 @@ def config(k: int) -> orchestrator.LoopConfig:
 
 def events_of(k: int) -> list[AnyEvent]:
     log = MemoryEventLog()
-    orchestrator.run_sync(config(k), QUESTION, log=log)
+    lanefold.run_sync(config(k), QUESTION, log=log)
     return list(log.events)
 
 
@@ -90,9 +90,9 @@ def one_round(clock: Clock, url: str, scratch: Path, n: int, k: int,
     clock.time(("log", "pg", k), count,
                lambda: replay(PgEventLog.create(PgDatabase(url), run_id), events))
     clock.time(("run", "jsonl", k), count, functools.partial(
-        orchestrator.run_sync, config(k), QUESTION, runs_dir=scratch / "runs", run_id=f"f{n}"))
+        lanefold.run_sync, config(k), QUESTION, runs_dir=scratch / "runs", run_id=f"f{n}"))
     clock.time(("run", "pg", k), count, functools.partial(
-        orchestrator.run_sync, config(k), QUESTION, store=url, run_id=f"p{n}"))
+        lanefold.run_sync, config(k), QUESTION, store=url, run_id=f"p{n}"))
 
 
 def measure(url: str, scratch: Path, ks: list[int], reps: int) -> tuple[Clock, dict[int, int]]:

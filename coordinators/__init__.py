@@ -3,12 +3,12 @@ governed dispatch path); none builds a backend itself."""
 
 from __future__ import annotations
 
-from coordinators._adaptive_sample import AdaptiveSample
-from coordinators._audit import audit, configured_reducer
-from coordinators._debate import Debate
-from coordinators._parallel_sample import ParallelSample, ParallelSampleParams, outcome_of
-from coordinators._plan_verify_replan import PlanRejectedError, PlanVerifyReplan
-from coordinators._reducers import (
+from lanefold.coordinators._adaptive_sample import AdaptiveSample
+from lanefold.coordinators._audit import audit, configured_reducer
+from lanefold.coordinators._debate import Debate
+from lanefold.coordinators._parallel_sample import ParallelSample, ParallelSampleParams, outcome_of
+from lanefold.coordinators._plan_verify_replan import PlanRejectedError, PlanVerifyReplan
+from lanefold.coordinators._reducers import (
     AnyPass,
     JudgeArgmax,
     MajorityVote,
@@ -16,7 +16,7 @@ from coordinators._reducers import (
     WeightedVote,
     vote,
 )
-from coordinators._sequential_refine import SequentialRefine
+from lanefold.coordinators._sequential_refine import SequentialRefine
 
 __all__ = (
     "AdaptiveSample",

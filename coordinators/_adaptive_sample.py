@@ -23,9 +23,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from coordinators._parallel_sample import outcome_of
-from coordinators._reducer_keys import ReducerKeys
-from primitives import (
+from lanefold.coordinators._parallel_sample import outcome_of
+from lanefold.coordinators._reducer_keys import ReducerKeys
+from lanefold.primitives import (
     BudgetExhaustedError,
     Lane,
     LaneJob,

@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from coordinators._plan_verify_replan import PlanVerifyReplanParams
-from coordinators._reducer_keys import ReducerKeys, TieBreak, Weighting
-from coordinators._reducers import logprob_weights, vote
-from coordinators._sequential_refine import SequentialRefineParams
-from primitives import (
+from lanefold.coordinators._plan_verify_replan import PlanVerifyReplanParams
+from lanefold.coordinators._reducer_keys import ReducerKeys, TieBreak, Weighting
+from lanefold.coordinators._reducers import logprob_weights, vote
+from lanefold.coordinators._sequential_refine import SequentialRefineParams
+from lanefold.primitives import (
     ExtractSpec,
     Lane,
     RunState,

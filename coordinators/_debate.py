@@ -20,9 +20,9 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from coordinators._parallel_sample import outcome_of
-from coordinators._reducer_keys import ReducerKeys
-from primitives import (
+from lanefold.coordinators._parallel_sample import outcome_of
+from lanefold.coordinators._reducer_keys import ReducerKeys
+from lanefold.primitives import (
     Lane,
     LaneJob,
     LoopContext,

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
-from coordinators._reducer_keys import ReducerKeys
-from primitives import Lane, LoopContext, Outcome, Reduction, register_loop
+from lanefold.coordinators._reducer_keys import ReducerKeys
+from lanefold.primitives import Lane, LoopContext, Outcome, Reduction, register_loop
 
 __all__ = ("ParallelSample", "ParallelSampleParams", "outcome_of")
 

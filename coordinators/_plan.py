@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from primitives import Lane
+from lanefold.primitives import Lane
 
 __all__ = (
     "OPTIONAL_RULES",

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from coordinators._plan import (
+from lanefold.coordinators._plan import (
     OPTIONAL_RULES,
     Attempt,
     Node,
@@ -34,7 +34,7 @@ from coordinators._plan import (
     parse_verdict,
     stop_rule,
 )
-from primitives import (
+from lanefold.primitives import (
     BudgetExhaustedError,
     Lane,
     LaneJob,
@@ -43,7 +43,7 @@ from primitives import (
     RunError,
     register_loop,
 )
-from primitives.events import Bill
+from lanefold.primitives.events import Bill
 
 __all__ = ("PlanRejectedError", "PlanVerifyReplan", "PlanVerifyReplanParams")
 

@@ -11,7 +11,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from primitives import ConfigError, ReduceOptions, SamplingParams, resolve_reducer
+from lanefold.primitives import ConfigError, ReduceOptions, SamplingParams, resolve_reducer
 
 __all__ = ("ReducerKeys", "TieBreak", "Weighting", "known_reducer", "with_logprobs")
 

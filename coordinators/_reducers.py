@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from primitives import (
+from lanefold.primitives import (
     Ballot,
     ConfigError,
     Lane,

@@ -21,9 +21,9 @@ from typing import Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from coordinators._parallel_sample import outcome_of
-from coordinators._reducer_keys import TieBreak, Weighting, known_reducer, with_logprobs
-from primitives import (
+from lanefold.coordinators._parallel_sample import outcome_of
+from lanefold.coordinators._reducer_keys import TieBreak, Weighting, known_reducer, with_logprobs
+from lanefold.primitives import (
     ConfigError,
     Lane,
     LaneJob,

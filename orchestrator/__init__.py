@@ -1,33 +1,45 @@
 """lanefold's public facade: run and resume loops, load configs, read results and event logs,
 and plug in loops, reducers and verifiers.
 
-    import orchestrator
-    result = orchestrator.run_sync(orchestrator.load_config("loop.toml"), question="...")
+    import lanefold
+    result = lanefold.run_sync(lanefold.load_config("loop.toml"), question="...")
 
-    async with orchestrator.Session("loop.toml") as session:   # one model load, many runs
+    async with lanefold.Session("loop.toml") as session:   # one model load, many runs
         async for result in session.run_many(questions, concurrency=8):
             ...
 
-    with orchestrator.SyncSession("loop.toml") as session:     # the same, for sync code
+    with lanefold.SyncSession("loop.toml") as session:     # the same, for sync code
         result = session.run("...")
+
+Extenders import the layers: `lanefold.primitives` (protocols, events, errors, registries),
+`lanefold.backends`, `lanefold.coordinators`. `import orchestrator`, this package's name before
+0.2, still works for one minor release and warns.
 """
 
 from __future__ import annotations
+
+import contextlib
+
+if __name__ == "orchestrator":  # the package's name before 0.2 (a repository checkout, a shim)
+    import warnings
+
+    warnings.warn("the package `orchestrator` is now `lanefold`: import lanefold (the "
+                  "`orchestrator` name goes in 0.3)", DeprecationWarning, stacklevel=2)
 
 TYPE_CHECKING = False  # not typing's: `import orchestrator` imports nothing before it is used
 if TYPE_CHECKING:
     from typing import Any
 
-    from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
-    from orchestrator._executor import Executor
-    from orchestrator._pgstore import PgStore
-    from orchestrator._ray_executor import RayExecutor
-    from orchestrator._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
-    from orchestrator._runner import build_backend
-    from orchestrator._session import Session, resume, resume_sync, run, run_sync
-    from orchestrator._store import RunStore, Store, open_store
-    from orchestrator._sync_session import SyncSession
-    from primitives import (
+    from lanefold._config import LoopConfig, config_hash, load_config, parse_config
+    from lanefold._executor import Executor
+    from lanefold._pgstore import PgStore
+    from lanefold._ray_executor import RayExecutor
+    from lanefold._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
+    from lanefold._runner import build_backend
+    from lanefold._session import Session, resume, resume_sync, run, run_sync
+    from lanefold._store import RunStore, Store, open_store
+    from lanefold._sync_session import SyncSession
+    from lanefold.primitives import (
         AnyEvent,
         Backend,
         BackendError,
@@ -71,17 +83,17 @@ if TYPE_CHECKING:
 # orchestrator` costs nothing until a name is used, so the `orchestrator` command starts in
 # a few milliseconds and a Ctrl-C while it imports the rest is its own to answer.
 _HOMES: dict[str, tuple[str, ...]] = {
-    "orchestrator._config": ("LoopConfig", "config_hash", "load_config", "parse_config"),
-    "orchestrator._executor": ("Executor",),
-    "orchestrator._pgstore": ("PgStore",),
-    "orchestrator._ray_executor": ("RayExecutor",),
-    "orchestrator._result": ("CostBreakdown", "LaneResult", "RunFailure", "RunResult",
+    "lanefold._config": ("LoopConfig", "config_hash", "load_config", "parse_config"),
+    "lanefold._executor": ("Executor",),
+    "lanefold._pgstore": ("PgStore",),
+    "lanefold._ray_executor": ("RayExecutor",),
+    "lanefold._result": ("CostBreakdown", "LaneResult", "RunFailure", "RunResult",
         "UsageBreakdown"),
-    "orchestrator._runner": ("build_backend",),
-    "orchestrator._session": ("Session", "resume", "resume_sync", "run", "run_sync"),
-    "orchestrator._store": ("RunStore", "Store", "open_store"),
-    "orchestrator._sync_session": ("SyncSession",),
-    "primitives": ("AnyEvent", "Backend", "BackendError", "BudgetExhaustedError", "ConfigError",
+    "lanefold._runner": ("build_backend",),
+    "lanefold._session": ("Session", "resume", "resume_sync", "run", "run_sync"),
+    "lanefold._store": ("RunStore", "Store", "open_store"),
+    "lanefold._sync_session": ("SyncSession",),
+    "lanefold.primitives": ("AnyEvent", "Backend", "BackendError", "BudgetExhaustedError", "ConfigError",
         "EventLog", "JsonlEventLog", "Lane", "LaneJob", "LanefoldError", "Limits",
         "LogCorruptError", "LogWriteError", "Loop", "LoopContext", "MemoryEventLog",
         "NonDeterminismError", "Outcome", "Pricing", "QuorumNotMetError", "ReduceOptions",
@@ -155,12 +167,21 @@ __all__ = (
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        globals()[name] = found = version("lanefold")  # written once, in pyproject.toml
+        return found
     module = _HOME_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
     value = getattr(importlib.import_module(module), name)
+    if getattr(value, "__module__", "").startswith("lanefold.") and not isinstance(value, str):
+        # As httpx and anyio do: a public name says it is the facade's (where users find it).
+        with contextlib.suppress(AttributeError, TypeError):
+            value.__module__ = "lanefold"
     globals()[name] = value  # found once; later lookups do not come here
     return value
 

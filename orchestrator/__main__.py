@@ -2,6 +2,6 @@
 
 import sys
 
-from orchestrator._cli import main
+from lanefold._cli import main
 
 sys.exit(main())

@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator._fleet_budget import database_of
-from orchestrator._store import open_store
-from primitives import BudgetView, ConfigError, connect_budgets, read_budget, set_budget
+from lanefold._fleet_budget import database_of
+from lanefold._store import open_store
+from lanefold.primitives import BudgetView, ConfigError, connect_budgets, read_budget, set_budget
 
 __all__ = ("add_commands", "render")
 

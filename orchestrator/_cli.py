@@ -20,7 +20,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
     from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
     from typing import Any, TypeVar
 
-    from orchestrator._signals import (
+    from lanefold._signals import (
         EXIT_CODES,
         Watch,
         command_signals,
@@ -33,22 +33,22 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
     with importing_quietly():
         import anyio
 
-        from backends.engine import EngineConfig, resolve_model_path
-        from orchestrator._budget_cli import add_commands as add_budget_commands
-        from orchestrator._config import (
+        from lanefold._budget_cli import add_commands as add_budget_commands
+        from lanefold._config import (
+            VERSION,
             LoopConfig,
             backend_errors,
             config_errors,
             load_backend_config,
             load_config,
         )
-        from orchestrator._display import Progress, describe, summary
-        from orchestrator._flags import Parser, seconds
-        from orchestrator._fleet_budget import database_of
-        from orchestrator._pgstore import PgStore
-        from orchestrator._result import RunResult
-        from orchestrator._runner import build_backend, check_question
-        from orchestrator._serve_run import (
+        from lanefold._display import Progress, describe, summary
+        from lanefold._flags import Parser, seconds
+        from lanefold._fleet_budget import database_of
+        from lanefold._pgstore import PgStore
+        from lanefold._result import RunResult
+        from lanefold._runner import build_backend, check_question
+        from lanefold._serve_run import (
             api_key_from,
             count,
             is_loopback,
@@ -56,10 +56,11 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             require_extra,
             serve,
         )
-        from orchestrator._session import Session
-        from orchestrator._store import Store, open_store
-        from orchestrator.evaluate import add_commands, is_eval, show_eval, tail_eval
-        from primitives import (
+        from lanefold._session import Session
+        from lanefold._store import Store, open_store
+        from lanefold.backends.engine import EngineConfig, resolve_model_path
+        from lanefold.evaluate import add_commands, is_eval, show_eval, tail_eval
+        from lanefold.primitives import (
             ConfigError,
             ExtractSpec,
             LanefoldError,
@@ -69,7 +70,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             redact_url,
             resolve_loop,
         )
-        from primitives.events import AnyEvent
+        from lanefold.primitives.events import AnyEvent
 
         pause_point("import")
 except KeyboardInterrupt as stop:  # a signal while the command starts: nothing exists to tell of
@@ -84,8 +85,10 @@ _SIGNAL_EXIT = EXIT_CODES
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="orchestrator", description=(
+    called = os.path.basename(sys.argv[0]) if sys.argv else ""
+    parser = Parser(prog="lanefold" if called == "lanefold" else "orchestrator", description=(
         "Governed coordination loops for LLM inference: sample K lanes, join, reduce."))
+    parser.add_argument("--version", action="version", version=f"lanefold {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, *, runs: bool = True) -> None:

@@ -9,6 +9,7 @@ import math
 import os
 import tomllib
 from collections.abc import Iterator, Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -24,11 +25,11 @@ from pydantic import (
     model_validator,
 )
 
-import coordinators  # noqa: F401  # registers the built-in loops and reducers
-from backends.engine import EngineConfig, resolve_model_path
-from backends.openai import OpenAIConfig, read_api_key
-from backends.simulated import SimulatedConfig
-from primitives import (
+import lanefold.coordinators  # noqa: F401  # registers the built-in loops and reducers
+from lanefold.backends.engine import EngineConfig, resolve_model_path
+from lanefold.backends.openai import OpenAIConfig, read_api_key
+from lanefold.backends.simulated import SimulatedConfig
+from lanefold.primitives import (
     ConfigError,
     ExtractSpec,
     JudgeSettings,
@@ -46,7 +47,7 @@ from primitives import (
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
-    from primitives import RunState
+    from lanefold.primitives import RunState
 
 __all__ = (
     "MAX_NESTING",
@@ -64,7 +65,7 @@ __all__ = (
     "recorded_config",
 )
 
-VERSION = "0.1.0"  # recorded in every run.started: which version wrote a log
+VERSION = metadata.version("lanefold")  # in every run.started: which version wrote a log
 # How deep tables and arrays may nest in a config: a real one nests three or four deep; far
 # deeper is a mistake or an attack, and validating it would exhaust Python's stack.
 MAX_NESTING = 32

@@ -11,9 +11,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator._result import RunResult
-from primitives import RunState
-from primitives.events import AnyEvent
+from lanefold._result import RunResult
+from lanefold.primitives import RunState
+from lanefold.primitives.events import AnyEvent
 
 __all__ = ("Progress", "describe", "summary", "tally")
 

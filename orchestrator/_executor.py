@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from orchestrator._config import LoopConfig, parse_config
-from orchestrator._result import RunResult
-from orchestrator._store import RunStore, Store
-from primitives import ConfigError, LanefoldError
+from lanefold._config import LoopConfig, parse_config
+from lanefold._result import RunResult
+from lanefold._store import RunStore, Store
+from lanefold.primitives import ConfigError, LanefoldError
 
 if TYPE_CHECKING:
-    from orchestrator._session import Session
+    from lanefold._session import Session
 
 __all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "resolve_executor",
            "with_seed")
@@ -88,7 +88,7 @@ def resolve_executor(executor: Executor | str | None) -> Executor | None:
     if executor is None or executor == "local":
         return None
     if executor == "ray":
-        from orchestrator._ray_executor import RayExecutor
+        from lanefold._ray_executor import RayExecutor
 
         return RayExecutor()
     if isinstance(executor, str):

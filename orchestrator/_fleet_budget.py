@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator._config import LoopConfig
-from orchestrator._pgstore import PgStore
-from primitives import ConfigError, PgSharedPool
+from lanefold._config import LoopConfig
+from lanefold._pgstore import PgStore
+from lanefold.primitives import ConfigError, PgSharedPool
 
 __all__ = ("close_shared_budget", "database_of", "open_shared_budget")
 

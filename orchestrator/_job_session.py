@@ -12,10 +12,10 @@ from typing import Any
 
 import anyio.to_thread
 
-from orchestrator._config import LoopConfig
-from orchestrator._executor import Job, with_seed
-from orchestrator._result import RunResult
-from orchestrator._session import Session
+from lanefold._config import LoopConfig
+from lanefold._executor import Job, with_seed
+from lanefold._result import RunResult
+from lanefold._session import Session
 
 __all__ = ("JobSession",)
 

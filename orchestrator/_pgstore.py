@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from orchestrator._config import LoopConfig
-from orchestrator._store import fold_readable, new_run_id
-from primitives import (
+from lanefold._config import LoopConfig
+from lanefold._store import fold_readable, new_run_id
+from lanefold.primitives import (
     AnyEvent,
     ConfigError,
     FsyncPolicy,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from primitives import ConfigError
+from lanefold.primitives import ConfigError
 
 __all__ = ("CONNECT_TIMEOUT_S", "join_cluster")
 

@@ -26,12 +26,12 @@ import anyio
 import anyio.to_thread
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-import primitives
-from orchestrator._executor import Job, JobOutcome, WorkerSpec, import_paths
-from orchestrator._job_session import JobSession
-from orchestrator._ray_connect import CONNECT_TIMEOUT_S, join_cluster
-from orchestrator._result import RunResult
-from primitives import ConfigError, LanefoldError, RunError, RunInUseError
+from lanefold import primitives
+from lanefold._executor import Job, JobOutcome, WorkerSpec, import_paths
+from lanefold._job_session import JobSession
+from lanefold._ray_connect import CONNECT_TIMEOUT_S, join_cluster
+from lanefold._result import RunResult
+from lanefold.primitives import ConfigError, LanefoldError, RunError, RunInUseError
 
 __all__ = ("RayExecutor",)
 

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from coordinators import outcome_of
-from orchestrator._fleet_budget import close_shared_budget, open_shared_budget
-from orchestrator._result import RunResult, result_from_state
-from orchestrator._runner import (
+from lanefold._fleet_budget import close_shared_budget, open_shared_budget
+from lanefold._result import RunResult, result_from_state
+from lanefold._runner import (
     Observer,
     context,
     events_of,
@@ -30,8 +29,9 @@ from orchestrator._runner import (
     set_fsync,
     source_of,
 )
-from orchestrator._store import fold_record
-from primitives import (
+from lanefold._store import fold_record
+from lanefold.coordinators import outcome_of
+from lanefold.primitives import (
     Backend,
     ConfigError,
     ExtractSpec,
@@ -50,10 +50,10 @@ from primitives import (
     plugin_folders,
     resolve_reducer,
 )
-from primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
+from lanefold.primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
 
 if TYPE_CHECKING:
-    from orchestrator._session import Session
+    from lanefold._session import Session
 
 __all__ = ("reduce_run",)
 

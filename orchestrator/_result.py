@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from primitives import LanefoldError, Outcome, RunState, Spend
+from lanefold.primitives import LanefoldError, Outcome, RunState, Spend
 
 __all__ = ("CostBreakdown", "LaneResult", "RunFailure", "RunResult", "UsageBreakdown",
            "failed_result", "result_from_state")

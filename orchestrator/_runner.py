@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 import anyio
 import structlog
 
-from backends.engine import EngineConfig
-from backends.openai import OpenAIBackend, OpenAIConfig
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from orchestrator._config import BackendConfig, LoopConfig
-from orchestrator._result import RunResult, result_from_state
-from primitives import (
+from lanefold._config import BackendConfig, LoopConfig
+from lanefold._result import RunResult, result_from_state
+from lanefold.backends.engine import EngineConfig
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import (
     Backend,
     ConfigError,
     Dispatcher,
@@ -39,7 +39,7 @@ from primitives import (
     Verifier,
     get_logger,
 )
-from primitives.events import (
+from lanefold.primitives.events import (
     AnyEvent,
     LaneInterrupted,
     LaneInterruptedData,
@@ -80,7 +80,7 @@ def build_backend(config: BackendConfig) -> Backend:
         return OpenAIBackend(config)
     if isinstance(config, EngineConfig):
         try:
-            from backends.engine import EngineBackend  # torch: only when the engine is used
+            from lanefold.backends.engine import EngineBackend  # torch: only when the engine is used
         except ImportError as exc:
             raise ConfigError(f"backend.kind: 'engine' needs the engine extra "
                               f"(pip install 'lanefold[engine]'): {exc}") from None

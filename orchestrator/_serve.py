@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from orchestrator._serve_guard import (
+from lanefold._serve_guard import (
     Admission,
     HTTPError,
     KeyCheck,
@@ -34,8 +34,8 @@ from orchestrator._serve_guard import (
     read_json,
     unless_disconnected,
 )
-from orchestrator._serve_outcomes import bill, closing, on_error, stream_of, told, usage_body, whole
-from orchestrator._serve_wire import (
+from lanefold._serve_outcomes import bill, closing, on_error, stream_of, told, usage_body, whole
+from lanefold._serve_wire import (
     ChatBody,
     CompletionBody,
     chat_logprobs,
@@ -43,7 +43,7 @@ from orchestrator._serve_wire import (
     flatten_messages,
     refusal,
 )
-from primitives import (
+from lanefold.primitives import (
     Backend,
     ChatMessage,
     ContextWindow,

@@ -17,8 +17,8 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from orchestrator._serve_guard import error_response
-from primitives import (
+from lanefold._serve_guard import error_response
+from lanefold.primitives import (
     AuthenticationError,
     Backend,
     BackendError,

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import anyio
 
-from backends.openai import read_api_key
-from primitives import Backend, ConfigError, LanefoldError
+from lanefold.backends.openai import read_api_key
+from lanefold.primitives import Backend, ConfigError, LanefoldError
 
 __all__ = (
     "ServeError",
@@ -82,7 +82,7 @@ async def serve_async(
     """
     import uvicorn  # the `serve` extra; imported here so the package loads without it
 
-    from orchestrator._serve import create_app
+    from lanefold._serve import create_app
 
     sock = sock or listen(host, port)
     url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from primitives import Sample
+from lanefold.primitives import Sample
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails

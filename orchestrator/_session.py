@@ -24,12 +24,12 @@ from typing import Any, Literal, TypeVar
 import anyio
 import sniffio
 
-from orchestrator._config import VERSION, LoopConfig, config_hash, load_config, preflight
-from orchestrator._executor import Executor, distribute, resolve_executor
-from orchestrator._fleet_budget import close_shared_budget, open_shared_budget
-from orchestrator._reduce import reduce_run
-from orchestrator._result import RunResult, failed_result
-from orchestrator._runner import (
+from lanefold._config import VERSION, LoopConfig, config_hash, load_config, preflight
+from lanefold._executor import Executor, distribute, resolve_executor
+from lanefold._fleet_budget import close_shared_budget, open_shared_budget
+from lanefold._reduce import reduce_run
+from lanefold._result import RunResult, failed_result
+from lanefold._runner import (
     Observer,
     build_backend,
     check_question,
@@ -42,8 +42,8 @@ from orchestrator._runner import (
     set_fsync,
     source_of,
 )
-from orchestrator._store import Store, fold_record, open_store
-from primitives import (
+from lanefold._store import Store, fold_record, open_store
+from lanefold.primitives import (
     Backend,
     CommandVerifier,
     ConfigError,
@@ -57,7 +57,7 @@ from primitives import (
     as_verifier,
     plugin_folders,
 )
-from primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
+from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 

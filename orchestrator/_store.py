@@ -14,9 +14,9 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from coordinators import ParallelSampleParams, audit, configured_reducer
-from orchestrator._config import LoopConfig, recorded_config
-from primitives import (
+from lanefold._config import LoopConfig, recorded_config
+from lanefold.coordinators import ParallelSampleParams, audit, configured_reducer
+from lanefold.primitives import (
     AnyEvent,
     ConfigError,
     EventLog,
@@ -84,7 +84,7 @@ def open_store(url: str | None, runs_dir: str | Path = "runs",
     from the environment variable `password_env`, if named), else files under `runs_dir`."""
     if url is None:
         return RunStore(runs_dir)
-    from orchestrator._pgstore import PgStore
+    from lanefold._pgstore import PgStore
 
     return PgStore.from_url(url, password_env=password_env)
 

@@ -27,9 +27,9 @@ from typing import Any, Generic, TypeVar
 
 import anyio.from_thread
 
-from orchestrator._config import LoopConfig
-from orchestrator._result import RunResult
-from orchestrator._session import Session
+from lanefold._config import LoopConfig
+from lanefold._result import RunResult
+from lanefold._session import Session
 
 __all__ = ("SyncSession",)
 

@@ -8,8 +8,8 @@ functions.
 
 from __future__ import annotations
 
-from primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
-from primitives._backend import (
+from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
+from lanefold.primitives._backend import (
     Backend,
     ChatMessage,
     ContextWindow,
@@ -25,7 +25,7 @@ from primitives._backend import (
     closing,
     sample_all,
 )
-from primitives._budget import (
+from lanefold.primitives._budget import (
     Hold,
     Ledger,
     Limits,
@@ -36,9 +36,9 @@ from primitives._budget import (
     Spend,
     cost_of,
 )
-from primitives._context import RunBudget, RunContext, wave_fingerprint
-from primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
-from primitives._errors import (
+from lanefold.primitives._context import RunBudget, RunContext, wave_fingerprint
+from lanefold.primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
+from lanefold.primitives._errors import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,
@@ -58,7 +58,7 @@ from primitives._errors import (
     RunNotFoundError,
     ServerError,
 )
-from primitives._eventlog import (
+from lanefold.primitives._eventlog import (
     EventLog,
     FsyncPolicy,
     JsonlEventLog,
@@ -67,7 +67,7 @@ from primitives._eventlog import (
     TornTail,
     validate_run_id,
 )
-from primitives._judge import (
+from lanefold.primitives._judge import (
     JudgeResult,
     JudgeTieBreak,
     compile_score_regex,
@@ -76,8 +76,8 @@ from primitives._judge import (
     render_judge_prompt,
     render_prompt,
 )
-from primitives._logging import get_logger
-from primitives._loop import (
+from lanefold.primitives._logging import get_logger
+from lanefold.primitives._loop import (
     Budget,
     JudgeSettings,
     Lane,
@@ -89,10 +89,10 @@ from primitives._loop import (
     Reduction,
     Remaining,
 )
-from primitives._pgdatabase import PgDatabase, redact_url
-from primitives._pglog import PgEventLog
-from primitives._record import Recorder
-from primitives._registry import (
+from lanefold.primitives._pgdatabase import PgDatabase, redact_url
+from lanefold.primitives._pglog import PgEventLog
+from lanefold.primitives._record import Recorder
+from lanefold.primitives._registry import (
     import_object,
     loop_names,
     plugin_folders,
@@ -103,15 +103,15 @@ from primitives._registry import (
     resolve_reducer,
     without_plugin_imports,
 )
-from primitives._shared_budget import (
+from lanefold.primitives._shared_budget import (
     BudgetView,
     PgSharedPool,
     connect_budgets,
     read_budget,
     set_budget,
 )
-from primitives._state import LaneState, RunState, WaveState, apply, fold
-from primitives._verifier import (
+from lanefold.primitives._state import LaneState, RunState, WaveState, apply, fold
+from lanefold.primitives._verifier import (
     CallableVerifier,
     CommandVerifier,
     Verdict,
@@ -119,8 +119,8 @@ from primitives._verifier import (
     as_verifier,
     import_verifier,
 )
-from primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_weight, vote_fold
-from primitives.events import AnyEvent, Event, hash_config, parse_event
+from lanefold.primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_weight, vote_fold
+from lanefold.primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
     "AnyEvent",

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from primitives._errors import BackendError, BadResponseError
+from lanefold.primitives._errors import BackendError, BadResponseError
 
 __all__ = (
     "Backend",

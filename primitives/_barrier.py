@@ -7,10 +7,10 @@ else a quorum error.
 
 from __future__ import annotations
 
-from primitives._errors import BudgetExhaustedError, QuorumNotMetError
-from primitives._record import Recorder
-from primitives._state import WaveState
-from primitives.events import BudgetExhausted, BudgetExhaustedData, WaveBarrier, WaveBarrierData
+from lanefold.primitives._errors import BudgetExhaustedError, QuorumNotMetError
+from lanefold.primitives._record import Recorder
+from lanefold.primitives._state import WaveState
+from lanefold.primitives.events import BudgetExhausted, BudgetExhaustedData, WaveBarrier, WaveBarrierData
 
 __all__ = ("close_wave",)
 

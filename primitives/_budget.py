@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from primitives._backend import Usage
+from lanefold.primitives._backend import Usage
 
 __all__ = ("Hold", "Ledger", "Limits", "Overrun", "Pricing", "Refusal", "Room", "SharedPool", "Spend",
            "WaveFit")

@@ -34,9 +34,9 @@ import math
 import operator
 from typing import TYPE_CHECKING, Any
 
-from primitives._backend import Usage
-from primitives._budget import Hold, Pricing, Spend, cost_of
-from primitives.events import (
+from lanefold.primitives._backend import Usage
+from lanefold.primitives._budget import Hold, Pricing, Spend, cost_of
+from lanefold.primitives.events import (
     AnyEvent,
     Bill,
     LaneDispatchedData,
@@ -52,7 +52,7 @@ from primitives.events import (
 )
 
 if TYPE_CHECKING:
-    from primitives._state import RunState, WaveState
+    from lanefold.primitives._state import RunState, WaveState
 
 __all__ = ("Refused", "check_barrier", "check_billed", "check_envelope", "check_hold", "check_lane",
            "check_place", "check_priced", "check_reduce_started", "check_reduction",

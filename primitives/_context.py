@@ -19,13 +19,13 @@ from typing import Any, Literal
 
 import anyio
 
-from primitives._answers import ExtractSpec, extract_answer
-from primitives._backend import Backend, Sample, SamplingParams
-from primitives._budget import Ledger, Spend
-from primitives._dispatch import Dispatcher, LaneJob, WaveSpec
-from primitives._errors import ConfigError, NonDeterminismError, RunError
-from primitives._judge import render_prompt
-from primitives._loop import (
+from lanefold.primitives._answers import ExtractSpec, extract_answer
+from lanefold.primitives._backend import Backend, Sample, SamplingParams
+from lanefold.primitives._budget import Ledger, Spend
+from lanefold.primitives._dispatch import Dispatcher, LaneJob, WaveSpec
+from lanefold.primitives._errors import ConfigError, NonDeterminismError, RunError
+from lanefold.primitives._judge import render_prompt
+from lanefold.primitives._loop import (
     JudgeSettings,
     Lane,
     ReduceOptions,
@@ -33,11 +33,11 @@ from primitives._loop import (
     Reduction,
     Remaining,
 )
-from primitives._record import Recorder
-from primitives._registry import resolve_reducer
-from primitives._state import RunState
-from primitives._verifier import Verdict, Verifier
-from primitives.events import (
+from lanefold.primitives._record import Recorder
+from lanefold.primitives._registry import resolve_reducer
+from lanefold.primitives._state import RunState
+from lanefold.primitives._verifier import Verdict, Verifier
+from lanefold.primitives.events import (
     Bill,
     JudgeCompleted,
     JudgeCompletedData,

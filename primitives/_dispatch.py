@@ -22,7 +22,7 @@ import structlog
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from primitives._backend import (
+from lanefold.primitives._backend import (
     Backend,
     LaneRequest,
     Sample,
@@ -30,19 +30,19 @@ from primitives._backend import (
     SamplingParams,
     Usage,
 )
-from primitives._barrier import close_wave
-from primitives._budget import Hold, Ledger, Room, WaveFit, cost_of
-from primitives._errors import (
+from lanefold.primitives._barrier import close_wave
+from lanefold.primitives._budget import Hold, Ledger, Room, WaveFit, cost_of
+from lanefold.primitives._errors import (
     BackendError,
     BackendTimeoutError,
     BadResponseError,
     BudgetExhaustedError,
 )
-from primitives._logging import get_logger
-from primitives._record import Recorder
-from primitives._retry import Backoff, LaneSlots, RetryLanes, RetryPolicy
-from primitives._state import LaneState, WaveState
-from primitives.events import (
+from lanefold.primitives._logging import get_logger
+from lanefold.primitives._record import Recorder
+from lanefold.primitives._retry import Backoff, LaneSlots, RetryLanes, RetryPolicy
+from lanefold.primitives._state import LaneState, WaveState
+from lanefold.primitives.events import (
     BackendNoted,
     BackendNotedData,
     Bill,

@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 import anyio
 from pydantic import ValidationError
 
-from primitives._errors import (
+from lanefold.primitives._errors import (
     ConfigError,
     LanefoldError,
     LogCorruptError,
@@ -29,7 +29,7 @@ from primitives._errors import (
     RunInUseError,
     RunNotFoundError,
 )
-from primitives.events import AnyEvent, Event, parse_event
+from lanefold.primitives.events import AnyEvent, Event, parse_event
 
 __all__ = (
     "EventLog",

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from primitives._errors import ConfigError
+from lanefold.primitives._errors import ConfigError
 
 __all__ = (
     "JudgeResult",

@@ -17,13 +17,13 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from primitives._answers import ExtractSpec
-from primitives._backend import Backend, SamplingParams
-from primitives._budget import Spend
-from primitives._dispatch import LaneJob
-from primitives._state import LaneState, RunState
-from primitives._verifier import Verdict, Verifier
-from primitives.events import Bill
+from lanefold.primitives._answers import ExtractSpec
+from lanefold.primitives._backend import Backend, SamplingParams
+from lanefold.primitives._budget import Spend
+from lanefold.primitives._dispatch import LaneJob
+from lanefold.primitives._state import LaneState, RunState
+from lanefold.primitives._verifier import Verdict, Verifier
+from lanefold.primitives.events import Bill
 
 __all__ = (
     "Budget",

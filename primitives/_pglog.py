@@ -23,10 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from primitives._errors import ConfigError, LogCorruptError, LogWriteError, RunInUseError, RunNotFoundError
-from primitives._eventlog import _ENDS, FsyncPolicy, _check_order, validate_run_id
-from primitives._pgdatabase import CHANNEL, PgDatabase, psycopg_module, reason
-from primitives.events import AnyEvent, Event, parse_event
+from lanefold.primitives._errors import (
+    ConfigError,
+    LogCorruptError,
+    LogWriteError,
+    RunInUseError,
+    RunNotFoundError,
+)
+from lanefold.primitives._eventlog import _ENDS, FsyncPolicy, _check_order, validate_run_id
+from lanefold.primitives._pgdatabase import CHANNEL, PgDatabase, psycopg_module, reason
+from lanefold.primitives.events import AnyEvent, Event, parse_event
 
 if TYPE_CHECKING:
     import psycopg

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
-from primitives._errors import LogWriteError
-from primitives._eventlog import EventLog
-from primitives._state import RunState, apply
-from primitives.events import AnyEvent, Event
+from lanefold.primitives._errors import LogWriteError
+from lanefold.primitives._eventlog import EventLog
+from lanefold.primitives._state import RunState, apply
+from lanefold.primitives.events import AnyEvent, Event
 
 __all__ = ("Recorder",)
 

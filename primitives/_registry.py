@@ -23,7 +23,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
-from primitives._errors import ConfigError
+from lanefold.primitives._errors import ConfigError
 
 __all__ = (
     "import_object",

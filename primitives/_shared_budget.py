@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from primitives._budget import Hold, Refusal, Room, _short_of_room
-from primitives._errors import ConfigError, RunError
+from lanefold.primitives._budget import Hold, Refusal, Room, _short_of_room
+from lanefold.primitives._errors import ConfigError, RunError
 
 __all__ = ("BudgetView", "PgSharedPool", "connect_budgets", "read_budget", "set_budget")
 

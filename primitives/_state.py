@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from primitives import _checks as checks
-from primitives._backend import Usage
-from primitives._budget import Hold, Pricing, Spend
-from primitives._checks import Refused
-from primitives._errors import LogCorruptError
-from primitives.events import (
+from lanefold.primitives import _checks as checks
+from lanefold.primitives._backend import Usage
+from lanefold.primitives._budget import Hold, Pricing, Spend
+from lanefold.primitives._checks import Refused
+from lanefold.primitives._errors import LogCorruptError
+from lanefold.primitives.events import (
     AnyEvent,
     JudgeCompleted,
     JudgeCompletedData,

@@ -24,9 +24,9 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from primitives._errors import ConfigError
-from primitives._logging import get_logger
-from primitives._registry import import_object
+from lanefold.primitives._errors import ConfigError
+from lanefold.primitives._logging import get_logger
+from lanefold.primitives._registry import import_object
 
 __all__ = (
     "CallableVerifier",

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from primitives._answers import normalize_answer
-from primitives._errors import ConfigError
+from lanefold.primitives._answers import normalize_answer
+from lanefold.primitives._errors import ConfigError
 
 __all__ = ("Ballot", "VoteResult", "VoteTieBreak", "logprob_weight", "vote_fold")
 

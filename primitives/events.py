@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from primitives._backend import Usage
+from lanefold.primitives._backend import Usage
 
 __all__ = (
     "EVENT_TYPES",

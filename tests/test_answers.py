@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from primitives import ExtractSpec, extract_answer, normalize_answer
+from lanefold.primitives import ExtractSpec, extract_answer, normalize_answer
 
 ANSWER_LINE = r"Answer:\s*(.+)"
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primitives import Hold, Ledger, Limits, Pricing, Spend, Usage, cost_of
+from lanefold.primitives import Hold, Ledger, Limits, Pricing, Spend, Usage, cost_of
 
 PRICES = Pricing(input_per_mtok=2.0, cached_input_per_mtok=0.5, output_per_mtok=8.0,
                  verifier_per_mtok=1.0, kv_per_mtok_s=0.01)

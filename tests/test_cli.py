@@ -1,6 +1,6 @@
 """The `orchestrator` command and the Python API, end to end over the simulated backend.
 
-Most tests call `orchestrator._cli.main` in-process (what the `orchestrator` script calls); a
+Most tests call `lanefold._cli.main` in-process (what the `orchestrator` script calls); a
 few run the command in a subprocess where only a real process shows the behaviour (a second
 process following a log, Ctrl-C, a clean stdout).
 """
@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-import orchestrator
-from orchestrator._cli import main
+import lanefold
+from lanefold._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "simulated.toml"
@@ -70,7 +70,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Outcome:
 
 
 def command(*argv: str | Path, timeout: float = 60) -> Outcome:
-    done = subprocess.run([sys.executable, "-m", "orchestrator._cli", *map(str, argv)],
+    done = subprocess.run([sys.executable, "-m", "lanefold._cli", *map(str, argv)],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
     return Outcome(done.returncode, done.stdout, done.stderr)
 
@@ -450,7 +450,7 @@ def test_tail_follow_waits_for_a_run_that_has_not_started(
         runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A wrapper that says "ready" once imports are done, so the follower is surely waiting
     # before the run exists; it then runs exactly what the `orchestrator` script runs.
-    code = ("import sys; from orchestrator._cli import main; print('ready', flush=True); "
+    code = ("import sys; from lanefold._cli import main; print('ready', flush=True); "
             "sys.exit(main(sys.argv[1:]))")
     follower = subprocess.Popen(
         [sys.executable, "-c", code, "tail", "later", "--runs-dir", str(runs), "--follow",
@@ -496,7 +496,7 @@ def test_tail_follow_ends_on_ctrl_c_quietly_with_exit_0(finished: Outcome, runs:
     log.write_text(relabel(log_lines(events_path(runs, "done")), "waiting")[0] + "\n",
                    encoding="utf-8")
     follower = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator._cli", "tail", "waiting", "--runs-dir", str(runs),
+        [sys.executable, "-m", "lanefold._cli", "tail", "waiting", "--runs-dir", str(runs),
          "--follow"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert follower.stdout is not None
@@ -713,13 +713,13 @@ def test_run_started_holds_the_resolved_config_and_its_hash(finished: Outcome,
                                                             runs: Path) -> None:
     started = log_events(events_path(runs, "done"))[0]
     assert started["type"] == "run.started"
-    config = orchestrator.load_config(EXAMPLE)
+    config = lanefold.load_config(EXAMPLE)
     assert started["data"]["config"] == config.model_dump(mode="json")
-    assert started["data"]["config_hash"] == orchestrator.config_hash(config)
+    assert started["data"]["config_hash"] == lanefold.config_hash(config)
     assert started["data"]["question"] == QUESTION
     # resolved: the recorded config alone rebuilds the same config
-    again = orchestrator.parse_config(started["data"]["config"])
-    assert orchestrator.config_hash(again) == started["data"]["config_hash"]
+    again = lanefold.parse_config(started["data"]["config"])
+    assert lanefold.config_hash(again) == started["data"]["config_hash"]
 
 
 def test_run_completed_holds_the_printed_result(finished: Outcome, runs: Path) -> None:
@@ -731,12 +731,12 @@ def test_run_completed_holds_the_printed_result(finished: Outcome, runs: Path) -
 
 
 def test_run_sync_returns_a_run_result(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    result = orchestrator.run_sync(orchestrator.load_config(EXAMPLE), QUESTION, runs_dir=runs)
-    assert isinstance(result, orchestrator.RunResult)
+    result = lanefold.run_sync(lanefold.load_config(EXAMPLE), QUESTION, runs_dir=runs)
+    assert isinstance(result, lanefold.RunResult)
     assert result.answer == "391"
     assert sum(result.votes.values()) == result.lanes_completed
-    assert isinstance(result.usage, orchestrator.UsageBreakdown)
-    assert isinstance(result.cost, orchestrator.CostBreakdown)
+    assert isinstance(result.usage, lanefold.UsageBreakdown)
+    assert isinstance(result.cost, lanefold.CostBreakdown)
     assert result.usage.prefill_tokens == 40
     assert result.cost.total > 0
     assert result.events is not None and Path(result.events).is_file()
@@ -746,30 +746,30 @@ def test_run_sync_returns_a_run_result(runs: Path, capsys: pytest.CaptureFixture
     shown_json = shown.json
     assert shown_json.pop("reductions")[0]["reducer"] == "majority_vote"
     assert shown_json == result.model_dump(mode="json")
-    again = orchestrator.resume_sync(result.run_id, runs_dir=runs)
+    again = lanefold.resume_sync(result.run_id, runs_dir=runs)
     assert again == result
 
 
 def test_run_sync_raises_the_error_tree(runs: Path, tmp_path: Path) -> None:
-    config = orchestrator.load_config(example_variant(tmp_path, {"budget": {"max_tokens": 50}}))
-    with pytest.raises(orchestrator.BudgetExhaustedError) as caught:
-        orchestrator.run_sync(config, QUESTION, runs_dir=runs)
+    config = lanefold.load_config(example_variant(tmp_path, {"budget": {"max_tokens": 50}}))
+    with pytest.raises(lanefold.BudgetExhaustedError) as caught:
+        lanefold.run_sync(config, QUESTION, runs_dir=runs)
     assert caught.value.exit_code == 3
-    with pytest.raises(orchestrator.RunNotFoundError):
-        orchestrator.resume_sync("never-ran", runs_dir=runs)
-    with pytest.raises(orchestrator.ConfigError):
-        orchestrator.run_sync(config, QUESTION, runs_dir=runs, run_id="../escape")
+    with pytest.raises(lanefold.RunNotFoundError):
+        lanefold.resume_sync("never-ran", runs_dir=runs)
+    with pytest.raises(lanefold.ConfigError):
+        lanefold.run_sync(config, QUESTION, runs_dir=runs, run_id="../escape")
 
 
 @pytest.mark.anyio
 async def test_async_run_and_resume(runs: Path) -> None:
-    config = orchestrator.load_config(EXAMPLE)
-    result = await orchestrator.run(config, QUESTION, runs_dir=runs, run_id="async")
-    assert isinstance(result, orchestrator.RunResult)
+    config = lanefold.load_config(EXAMPLE)
+    result = await lanefold.run(config, QUESTION, runs_dir=runs, run_id="async")
+    assert isinstance(result, lanefold.RunResult)
     assert result.run_id == "async"
     assert result.answer == "391"
     assert result.votes and result.usage.decode_tokens == result.lanes_completed * 60
-    assert await orchestrator.resume("async", runs_dir=runs) == result
+    assert await lanefold.resume("async", runs_dir=runs) == result
     # a path is accepted where a config is
-    other = await orchestrator.run(EXAMPLE, QUESTION, runs_dir=runs, run_id="by-path")
+    other = await lanefold.run(EXAMPLE, QUESTION, runs_dir=runs, run_id="by-path")
     assert (other.answer, other.votes) == (result.answer, result.votes)

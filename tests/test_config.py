@@ -1,6 +1,6 @@
 """Config files: bad ones exit 2 with one line naming the file and the field; good ones validate.
 
-The CLI runs in-process (`orchestrator._cli.main`), which is what the `orchestrator` script calls.
+The CLI runs in-process (`lanefold._cli.main`), which is what the `orchestrator` script calls.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import orchestrator
-from orchestrator._cli import main
-from orchestrator._config import MAX_NESTING
+import lanefold
+from lanefold._cli import main
+from lanefold._config import MAX_NESTING
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
@@ -181,7 +181,7 @@ def test_every_example_validates(path: Path, capsys: pytest.CaptureFixture[str])
 def test_example_values_survive_loading(path: Path) -> None:
     # Every value the file states is the value the resolved config holds (nothing dropped).
     raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    resolved = orchestrator.load_config(path).model_dump(mode="json")
+    resolved = lanefold.load_config(path).model_dump(mode="json")
     for section, values in raw.items():
         for key, value in values.items():
             got = resolved[section][key]
@@ -196,14 +196,14 @@ def test_json_config_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path.write_text(json.dumps(raw))
     assert main(["validate", str(path)]) == 0
     assert "k=8" in capsys.readouterr().out
-    assert orchestrator.load_config(path) == orchestrator.load_config(source)
+    assert lanefold.load_config(path) == lanefold.load_config(source)
 
 
 def test_defaults_make_a_valid_config(tmp_path: Path) -> None:
     path = tmp_path / "empty.toml"
     path.write_text("")
-    config = orchestrator.load_config(path)
-    assert config == orchestrator.parse_config({})
+    config = lanefold.load_config(path)
+    assert config == lanefold.parse_config({})
     assert config.loop.k >= 1 and config.loop.min_quorum <= config.loop.k
 
 
@@ -241,15 +241,15 @@ def test_schema_refs_resolve(capsys: pytest.CaptureFixture[str]) -> None:
 def test_load_config_raises_config_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[loop]\nk = 0\n")
-    with pytest.raises(orchestrator.ConfigError, match=r"loop\.k") as caught:
-        orchestrator.load_config(path)
+    with pytest.raises(lanefold.ConfigError, match=r"loop\.k") as caught:
+        lanefold.load_config(path)
     assert str(path) in str(caught.value)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
-    with pytest.raises(orchestrator.ConfigError, match="cannot read"):
-        orchestrator.load_config(tmp_path / "missing.toml")
+    with pytest.raises(lanefold.ConfigError, match="cannot read"):
+        lanefold.load_config(tmp_path / "missing.toml")
     (tmp_path / "broken.toml").write_text("k = = 1\n")
-    with pytest.raises(orchestrator.ConfigError, match="TOML"):
-        orchestrator.load_config(tmp_path / "broken.toml")
+    with pytest.raises(lanefold.ConfigError, match="TOML"):
+        lanefold.load_config(tmp_path / "broken.toml")
 
 
 @pytest.mark.parametrize(("raw", "field"), [
@@ -261,8 +261,8 @@ def test_load_config_raises_config_error(tmp_path: Path) -> None:
 ])
 def test_parse_config_raises_config_error_naming_source(raw: dict[str, object],
                                                         field: str) -> None:
-    with pytest.raises(orchestrator.ConfigError) as caught:
-        orchestrator.parse_config(raw, source="inline")
+    with pytest.raises(lanefold.ConfigError) as caught:
+        lanefold.parse_config(raw, source="inline")
     message = str(caught.value)
     assert message.startswith("inline: ")
     assert _names(message, field)
@@ -271,14 +271,14 @@ def test_parse_config_raises_config_error_naming_source(raw: dict[str, object],
 
 
 def test_config_hash_tracks_the_resolved_config() -> None:
-    base = orchestrator.parse_config({})
-    assert orchestrator.config_hash(base) == orchestrator.config_hash(orchestrator.parse_config({}))
+    base = lanefold.parse_config({})
+    assert lanefold.config_hash(base) == lanefold.config_hash(lanefold.parse_config({}))
     # stating a default explicitly resolves to the same config, so to the same hash
-    same = orchestrator.parse_config({"loop": {"k": base.loop.k}})
-    assert orchestrator.config_hash(same) == orchestrator.config_hash(base)
-    other = orchestrator.parse_config({"loop": {"k": base.loop.k + 1}})
-    assert orchestrator.config_hash(other) != orchestrator.config_hash(base)
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", orchestrator.config_hash(base))
+    same = lanefold.parse_config({"loop": {"k": base.loop.k}})
+    assert lanefold.config_hash(same) == lanefold.config_hash(base)
+    other = lanefold.parse_config({"loop": {"k": base.loop.k + 1}})
+    assert lanefold.config_hash(other) != lanefold.config_hash(base)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", lanefold.config_hash(base))
 
 
 @pytest.mark.parametrize(("text", "field"), [
@@ -299,7 +299,7 @@ def test_serve_with_a_bad_backend_config_exits_2(text: str, field: str, tmp_path
 
 
 def test_the_serve_example_is_a_backend_config() -> None:
-    from orchestrator._config import load_backend_config
+    from lanefold._config import load_backend_config
 
     backend = load_backend_config(ROOT / "examples" / "serve" / "engine.toml")
     assert backend.kind == "engine"
@@ -345,8 +345,8 @@ def test_nesting_is_bounded_in_python_too_and_the_bound_is_roomy(tmp_path: Path)
     inner = deep
     for _ in range(5000):  # a dict built in code, as deep as Python's stack allows to build
         inner["a"] = inner = {}
-    with pytest.raises(orchestrator.ConfigError, match=re.escape(f"inline: {TOO_DEEP}")):
-        orchestrator.parse_config({"backend": {"kind": "simulated", "x": deep}},
+    with pytest.raises(lanefold.ConfigError, match=re.escape(f"inline: {TOO_DEEP}")):
+        lanefold.parse_config({"backend": {"kind": "simulated", "x": deep}},
                                   source="inline")
     # At the bound, a config is read as ever (and refused for what it says, not its depth).
     within: object = 1
@@ -354,10 +354,10 @@ def test_nesting_is_bounded_in_python_too_and_the_bound_is_roomy(tmp_path: Path)
         within = [within]
     path = tmp_path / "within.json"
     path.write_text(json.dumps({"backend": {"kind": "simulated", "x": within}}))
-    with pytest.raises(orchestrator.ConfigError, match=r"backend\.x: unknown key"):
-        orchestrator.load_config(path)
+    with pytest.raises(lanefold.ConfigError, match=r"backend\.x: unknown key"):
+        lanefold.load_config(path)
     # A URL, a regex and a dotted template are text: their dots are no nesting.
     path = tmp_path / "dots.toml"
     path.write_text('[prompt]\ntemplate = "' + "a." * 200 + '{question}"\n'
                     "[extract]\nregex = '" + r"(\d+)\." * 100 + "'\n  # " + "." * 300 + "\n")
-    assert orchestrator.load_config(path).prompt.template.startswith("a.a.")
+    assert lanefold.load_config(path).prompt.template.startswith("a.a.")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import orchestrator
-from primitives import JsonlEventLog
+import lanefold
+from lanefold.primitives import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def events(runs: Path, run_id: str) -> list[dict[str, object]]:
 
 def kill_after_completions(config: Path, runs: Path, run_id: str, completions: int) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator._cli", "run", str(config), "--question", "17*23?",
+        [sys.executable, "-m", "lanefold._cli", "run", str(config), "--question", "17*23?",
          "--runs-dir", str(runs), "--run-id", run_id],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = runs / run_id / "events.jsonl"
@@ -78,7 +78,7 @@ def completed_lanes(evs: list[dict[str, object]]) -> set[int]:
 
 def test_sigkill_then_resume_finishes_without_redoing_completed_lanes(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    baseline = orchestrator.run_sync(write_config(tmp_path, "base"), "17*23?",
+    baseline = lanefold.run_sync(write_config(tmp_path, "base"), "17*23?",
                                      runs_dir=runs, run_id="base")
 
     config = write_config(tmp_path, "crash")
@@ -89,7 +89,7 @@ def test_sigkill_then_resume_finishes_without_redoing_completed_lanes(tmp_path: 
     assert before[-1]["type"] not in ("run.completed", "run.failed")
     calls_before = (tmp_path / "crash.calls").read_text().splitlines()
 
-    result = orchestrator.resume_sync("crash", runs_dir=runs)
+    result = lanefold.resume_sync("crash", runs_dir=runs)
 
     # Completed lanes were never dispatched again: count the backend's own calls.
     calls_after = (tmp_path / "crash.calls").read_text().splitlines()[len(calls_before):]
@@ -115,9 +115,9 @@ def test_sigkill_then_resume_finishes_without_redoing_completed_lanes(tmp_path: 
     assert result.usage.decode_tokens == completed_out == baseline.usage.decode_tokens
     assert result.usage.cut_off_tokens == (64 + 64) * len(in_flight)
     assert result.cost.cut_off > 0
-    folded = orchestrator.fold(JsonlEventLog(runs / "crash" / "events.jsonl").read(),
-                               orchestrator.load_config(config).pricing)
-    assert orchestrator.UsageBreakdown.of(folded.spend) == result.usage
+    folded = lanefold.fold(JsonlEventLog(runs / "crash" / "events.jsonl").read(),
+                               lanefold.load_config(config).pricing)
+    assert lanefold.UsageBreakdown.of(folded.spend) == result.usage
 
 
 def test_a_kill_mid_write_leaves_a_torn_tail_that_resume_cuts_and_records(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_a_kill_mid_write_leaves_a_torn_tail_that_resume_cuts_and_records(tmp_pa
     torn = lines[-1][: len(lines[-1]) // 2]
     log.write_bytes(b"".join(lines[:-1]) + torn)
 
-    result = orchestrator.resume_sync("torn", runs_dir=runs)
+    result = lanefold.resume_sync("torn", runs_dir=runs)
     assert result.answer is not None
     after = events(runs, "torn")
     resumed = next(e for e in after if e["type"] == "run.resumed")
@@ -144,10 +144,10 @@ def test_a_kill_mid_write_leaves_a_torn_tail_that_resume_cuts_and_records(tmp_pa
 def test_resume_of_a_finished_run_returns_the_record_and_calls_nothing(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     config = write_config(tmp_path, "done")
-    first = orchestrator.run_sync(config, "17*23?", runs_dir=runs, run_id="done")
+    first = lanefold.run_sync(config, "17*23?", runs_dir=runs, run_id="done")
     size = (runs / "done" / "events.jsonl").stat().st_size
     calls = (tmp_path / "done.calls").read_text()
-    again = orchestrator.resume_sync("done", runs_dir=runs)
+    again = lanefold.resume_sync("done", runs_dir=runs)
     assert again == first
     assert (runs / "done" / "events.jsonl").stat().st_size == size
     assert (tmp_path / "done.calls").read_text() == calls

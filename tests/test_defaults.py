@@ -18,12 +18,12 @@ import anyio
 import pytest
 from rich.console import Console
 
-import orchestrator
-from backends.engine import EngineBackend, EngineConfig
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from orchestrator._cli import main
-from orchestrator._display import describe, summary, tally
-from primitives.events import BackendNoted, BackendNotedData
+import lanefold
+from lanefold._cli import main
+from lanefold._display import describe, summary, tally
+from lanefold.backends.engine import EngineBackend, EngineConfig
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives.events import BackendNoted, BackendNotedData
 
 QUESTION = "What is 17 * 23?"
 VERIFIER = "def score(question, text, answer):\n    return 1.0\n"
@@ -50,11 +50,11 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str
     return code, out, err
 
 
-def simulated(**sections: dict[str, Any]) -> orchestrator.LoopConfig:
+def simulated(**sections: dict[str, Any]) -> lanefold.LoopConfig:
     raw: dict[str, Any] = {"loop": {"k": 4}, "backend": {"kind": "simulated"}}
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
-    return orchestrator.parse_config(raw)
+    return lanefold.parse_config(raw)
 
 
 # -- the embedded default ---------------------------------------------------------------------------
@@ -62,11 +62,11 @@ def simulated(**sections: dict[str, Any]) -> orchestrator.LoopConfig:
 
 def test_a_config_without_a_backend_runs_on_the_bundled_engine(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    backend = orchestrator.parse_config({}).backend
+    backend = lanefold.parse_config({}).backend
     assert isinstance(backend, EngineConfig)
     assert (backend.kind, backend.model) == ("engine", "smollm2-135m")
-    assert isinstance(orchestrator.build_backend(backend), EngineBackend)  # built, not loaded
-    named = orchestrator.parse_config({"backend": {"kind": "simulated"}}).backend
+    assert isinstance(lanefold.build_backend(backend), EngineBackend)  # built, not loaded
+    named = lanefold.parse_config({"backend": {"kind": "simulated"}}).backend
     assert isinstance(named, SimulatedConfig)
     path = tmp_path / "bare.toml"
     path.write_text("[loop]\nk = 2\n")
@@ -83,7 +83,7 @@ def test_a_bare_config_samples_the_bundled_model(tmp_path: Path,
     code, out, err = cli(capsys, "run", path, "--question", "What is 2 + 2?",
                          "--runs-dir", tmp_path / "runs", "--json")
     assert code in (0, 4), err  # four tokens may hold no answer: the run completed either way
-    started = orchestrator.parse_event(Path(json.loads(out)["events"]).read_text().splitlines()[0])
+    started = lanefold.parse_event(Path(json.loads(out)["events"]).read_text().splitlines()[0])
     assert started.data.backend == "engine:smollm2-135m"  # type: ignore[union-attr]
 
 
@@ -144,9 +144,9 @@ def test_validate_and_run_refuse_a_bad_config_naming_the_field(
 
 
 def test_run_from_python_refuses_before_creating_the_run(tmp_path: Path) -> None:
-    config = orchestrator.parse_config({"backend": {"kind": "engine", "model": "/nope/x.gguf"}})
-    with pytest.raises(orchestrator.ConfigError, match=r"backend\.model: .*/nope/x\.gguf"):
-        orchestrator.run_sync(config, QUESTION, runs_dir=tmp_path / "runs")
+    config = lanefold.parse_config({"backend": {"kind": "engine", "model": "/nope/x.gguf"}})
+    with pytest.raises(lanefold.ConfigError, match=r"backend\.model: .*/nope/x\.gguf"):
+        lanefold.run_sync(config, QUESTION, runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
 
 
@@ -166,16 +166,16 @@ class SlowToLoad(SimulatedBackend):
 def test_max_seconds_starts_at_the_first_dispatch(tmp_path: Path) -> None:
     backend = SlowToLoad(SimulatedConfig())
     config = simulated(budget={"max_seconds": 0.3})
-    result = orchestrator.run_sync(config, QUESTION, runs_dir=tmp_path, backend=backend)
+    result = lanefold.run_sync(config, QUESTION, runs_dir=tmp_path, backend=backend)
     assert backend.loaded
     assert (result.status, result.lanes_completed) == ("answered", 4)
 
 
 def test_sampling_past_max_seconds_still_stops_the_run(tmp_path: Path) -> None:
     config = simulated(budget={"max_seconds": 0.05}, backend={"latency_ms": [500, 500]})
-    with pytest.raises(orchestrator.BudgetExhaustedError):
-        orchestrator.run_sync(config, QUESTION, runs_dir=tmp_path, run_id="slow")
-    log = [orchestrator.parse_event(line)
+    with pytest.raises(lanefold.BudgetExhaustedError):
+        lanefold.run_sync(config, QUESTION, runs_dir=tmp_path, run_id="slow")
+    log = [lanefold.parse_event(line)
            for line in (tmp_path / "slow" / "events.jsonl").read_text().splitlines()]
     assert [e.type for e in log[-2:]] == ["budget.exhausted", "run.failed"]
     assert log[-2].data.limit == "max_seconds"  # type: ignore[union-attr]
@@ -190,7 +190,7 @@ def test_tally_prints_integers_for_unweighted_votes_and_decimals_for_weighted() 
     assert tally({"7": 1234.5}) == "7 ×1234"  # never 1.23e+03
 
 
-def rendered(result: orchestrator.RunResult, width: int = 200) -> list[str]:
+def rendered(result: lanefold.RunResult, width: int = 200) -> list[str]:
     buffer = io.StringIO()
     summary(result, Console(width=width, file=buffer))
     return buffer.getvalue().splitlines()
@@ -198,7 +198,7 @@ def rendered(result: orchestrator.RunResult, width: int = 200) -> list[str]:
 
 def test_the_summary_shows_the_tally_and_keeps_the_log_path_whole(tmp_path: Path) -> None:
     runs = tmp_path / "a-folder-name-long-enough-to-overflow-a-narrow-terminal" / "runs"
-    result = orchestrator.run_sync(simulated(loop={"k": 8}), QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(simulated(loop={"k": 8}), QUESTION, runs_dir=runs)
     votes = next(line for line in rendered(result) if line.startswith("votes: "))
     assert re.fullmatch(r"votes: \d+ ×\d+( · \d+ ×\d+)*  \(agreement \d+%\)", votes), votes
     assert f"{result.answer} ×{int(result.votes[result.answer or ''])}" in votes
@@ -208,12 +208,12 @@ def test_the_summary_shows_the_tally_and_keeps_the_log_path_whole(tmp_path: Path
 
 
 def test_a_majority_run_with_no_votes_says_so(tmp_path: Path) -> None:
-    result = orchestrator.run_sync(simulated(extract={"regex": r"NEVER-(\d+)"}), QUESTION,
+    result = lanefold.run_sync(simulated(extract={"regex": r"NEVER-(\d+)"}), QUESTION,
                                    runs_dir=tmp_path)
     text = "\n".join(rendered(result))
     assert "votes: no votes" in text and "scores: {}" not in text
     assert result.events is not None
-    reduce = [describe(e) for e in map(orchestrator.parse_event,
+    reduce = [describe(e) for e in map(lanefold.parse_event,
                                        Path(result.events).read_text().splitlines())
               if e.type == "reduce.completed"]
     assert len(reduce) == 1 and "no votes" in reduce[0] and "{}" not in reduce[0]
@@ -233,9 +233,9 @@ def test_tail_lines_have_aligned_columns(tmp_path: Path) -> None:
                        retry={"max_attempts": 4, "initial_backoff_s": 0.0},
                        budget={"max_tokens": 3200},
                        judge={"template": "Q: {question}\nA: {candidate}\nScore:"})
-    result = orchestrator.run_sync(config, QUESTION, runs_dir=tmp_path)
+    result = lanefold.run_sync(config, QUESTION, runs_dir=tmp_path)
     assert result.events is not None
-    events = [orchestrator.parse_event(line)
+    events = [lanefold.parse_event(line)
               for line in Path(result.events).read_text().splitlines()]
     assert {e.type for e in events} >= set(GIST_STARTS) - {"backend.n_unsupported"}
     assert any(e.lane is not None and e.lane >= 10 for e in events)

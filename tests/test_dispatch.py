@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import (
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import (
     AuthenticationError,
     BackendError,
     BudgetExhaustedError,
@@ -42,7 +42,7 @@ from primitives import (
     lane_seed,
     sample_all,
 )
-from primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
+from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
 
 pytestmark = pytest.mark.anyio
 
@@ -315,7 +315,7 @@ def test_lane_seeds_are_stable_and_distinct() -> None:
 async def test_simulated_text_is_the_same_when_a_lane_is_dispatched_again() -> None:
     backend = SimulatedBackend(SimulatedConfig())
     params = SamplingParams(max_tokens=100)
-    from primitives import LaneRequest
+    from lanefold.primitives import LaneRequest
 
     async def one(attempt: int) -> str:
         (out,) = await sample_all(backend, SampleRequest(

@@ -33,7 +33,7 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_every_config_key_is_documented() -> None:
-    from orchestrator import LoopConfig
+    from lanefold import LoopConfig
 
     text = (ROOT / "docs" / "config.md").read_text()
     for section, field in LoopConfig.model_fields.items():
@@ -45,7 +45,7 @@ def test_every_config_key_is_documented() -> None:
 
 def test_every_loop_key_is_documented() -> None:
     """The built-in loops' own `[loop]` keys (their Params) are on the config page too."""
-    from primitives import loop_names, resolve_loop
+    from lanefold.primitives import loop_names, resolve_loop
 
     text = (ROOT / "docs" / "config.md").read_text()
     for name in loop_names():
@@ -58,7 +58,7 @@ def test_every_loop_key_is_documented() -> None:
 
 
 def test_every_event_type_is_documented() -> None:
-    from primitives.events import EVENT_TYPES
+    from lanefold.primitives.events import EVENT_TYPES
 
     text = (ROOT / "docs" / "eventlog.md").read_text()
     for name in sorted(EVENT_TYPES):
@@ -67,7 +67,7 @@ def test_every_event_type_is_documented() -> None:
 
 
 def test_every_reducer_is_documented() -> None:
-    from primitives import reducer_names, resolve_reducer
+    from lanefold.primitives import reducer_names, resolve_reducer
 
     text = (ROOT / "docs" / "reducers.md").read_text()
     for name in reducer_names():

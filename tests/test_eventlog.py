@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from primitives import (
+from lanefold.primitives import (
     ConfigError,
     JsonlEventLog,
     LogCorruptError,
@@ -19,7 +19,7 @@ from primitives import (
     parse_event,
     validate_run_id,
 )
-from primitives.events import (
+from lanefold.primitives.events import (
     RunCompleted,
     RunCompletedData,
     WaveBarrier,

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-import orchestrator
-from backends.simulated import SimulatedBackend
-from primitives import JsonlEventLog, QuorumNotMetError
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend
+from lanefold.primitives import JsonlEventLog, QuorumNotMetError
 
 
-def config(**backend: object) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(**backend: object) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": 24, "max_concurrency": 6, "seed": 3, "min_quorum": 12},
         "backend": {"kind": "simulated", "lanes_per_request": 2, **backend},
         "retry": {"max_attempts": 4, "initial_backoff_s": 0.001, "max_backoff_s": 0.01},
@@ -23,7 +23,7 @@ def test_thirty_percent_faults_finish_with_quorum_and_every_fault_is_logged(
         tmp_path: Path) -> None:
     cfg = config(failure_rate=0.3, latency_ms=[0, 2])
     backend = SimulatedBackend(cfg.backend)
-    result = orchestrator.run_sync(cfg, "17*23?", runs_dir=tmp_path, run_id="flaky",
+    result = lanefold.run_sync(cfg, "17*23?", runs_dir=tmp_path, run_id="flaky",
                                    backend=backend)
     assert result.lanes_completed >= 12
     assert len(backend.faults) >= 5  # 30% of 24+ lane attempts: the test exercised faults
@@ -37,7 +37,7 @@ def test_thirty_percent_faults_finish_with_quorum_and_every_fault_is_logged(
 def test_faults_beyond_the_retries_fail_the_run_with_a_complete_log(tmp_path: Path) -> None:
     cfg = config(failure_rate=1.0)
     with pytest.raises(QuorumNotMetError):
-        orchestrator.run_sync(cfg, "17*23?", runs_dir=tmp_path, run_id="down")
+        lanefold.run_sync(cfg, "17*23?", runs_dir=tmp_path, run_id="down")
     events = list(JsonlEventLog(tmp_path / "down" / "events.jsonl").read())
     assert events[-1].type == "run.failed" and events[-1].data.exit_code == 1
     assert events[-2].type == "wave.barrier" and len(events[-2].data.failed) == 24

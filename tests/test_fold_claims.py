@@ -17,14 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-import orchestrator
-from coordinators import configured_reducer
-from coordinators._adaptive_sample import AdaptiveSampleParams
-from coordinators._parallel_sample import ParallelSampleParams
-from coordinators._plan_verify_replan import PlanVerifyReplanParams
-from coordinators._sequential_refine import SequentialRefineParams
-from orchestrator._cli import main
-from primitives import (
+import lanefold
+from lanefold._cli import main
+from lanefold.coordinators import configured_reducer
+from lanefold.coordinators._adaptive_sample import AdaptiveSampleParams
+from lanefold.coordinators._parallel_sample import ParallelSampleParams
+from lanefold.coordinators._plan_verify_replan import PlanVerifyReplanParams
+from lanefold.coordinators._sequential_refine import SequentialRefineParams
+from lanefold.primitives import (
     LaneOutcome,
     LogCorruptError,
     MemoryEventLog,
@@ -40,7 +40,7 @@ from primitives import (
     hash_config,
     parse_event,
 )
-from primitives.events import (
+from lanefold.primitives.events import (
     LaneDispatched,
     LaneDispatchedData,
     ReservationData,
@@ -56,9 +56,9 @@ Events = list[dict[str, Any]]
 
 
 def finished(runs: Path, loop: dict[str, Any], run_id: str = "r") -> Path:
-    config = orchestrator.parse_config({"loop": loop, "backend": {"kind": "simulated"},
+    config = lanefold.parse_config({"loop": loop, "backend": {"kind": "simulated"},
                                         "pricing": PRICING})
-    orchestrator.run_sync(config, "17 * 23?", runs_dir=runs, run_id=run_id)
+    lanefold.run_sync(config, "17 * 23?", runs_dir=runs, run_id=run_id)
     return runs / run_id / "events.jsonl"
 
 
@@ -184,8 +184,8 @@ def test_the_bill_lines_a_fold_checks_are_the_ones_a_result_names() -> None:
     spend = Spend()
     spend.add(Usage(10, 20, 30, 0.5), "sample", Pricing(**PRICING, kv_per_mtok_s=1.0), 1)
     spend.add(Usage(5, 0, 7), "verifier", Pricing(**PRICING), 1)
-    assert spend.usage_lines() == orchestrator.UsageBreakdown.of(spend).model_dump()
-    assert spend.cost_lines() == orchestrator.CostBreakdown.of(spend).model_dump()
+    assert spend.usage_lines() == lanefold.UsageBreakdown.of(spend).model_dump()
+    assert spend.cost_lines() == lanefold.CostBreakdown.of(spend).model_dump()
 
 
 PRICES = st.floats(0, 1000, allow_nan=False, allow_infinity=False)
@@ -281,10 +281,10 @@ class NegativeOnce:
 
 
 def test_a_usage_the_log_cannot_hold_is_a_bad_answer_retried_not_a_crash(tmp_path: Path) -> None:
-    config = orchestrator.parse_config({
+    config = lanefold.parse_config({
         "loop": {"k": 2}, "backend": {"kind": "simulated"},
         "retry": {"max_attempts": 2, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001}})
-    result = orchestrator.run_sync(config, "q", runs_dir=tmp_path, backend=NegativeOnce(),
+    result = lanefold.run_sync(config, "q", runs_dir=tmp_path, backend=NegativeOnce(),
                                    run_id="r")
     assert result.answer == "7" and [lane.attempts for lane in result.lanes] == [2, 2]
     failed = [e for e in read(tmp_path / "r" / "events.jsonl") if e["type"] == "lane.failed"]

@@ -19,9 +19,9 @@ import anyio
 import pytest
 from test_writer_lock import start
 
-import orchestrator
-from orchestrator import AnyEvent
-from primitives import JsonlEventLog
+import lanefold
+from lanefold import AnyEvent
+from lanefold.primitives import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW: dict[str, Any] = {
@@ -36,7 +36,7 @@ def events(path: Path | str) -> list[AnyEvent]:
     return list(JsonlEventLog(Path(path)).read())
 
 
-async def run_until(config: orchestrator.LoopConfig, runs: Path, run_id: str,
+async def run_until(config: lanefold.LoopConfig, runs: Path, run_id: str,
                     completions: int, resume: bool) -> bool:
     """Run (or resume) and cancel from outside once `completions` more lanes landed;
     True when the call was cancelled (it re-raised the cancellation)."""
@@ -49,9 +49,9 @@ async def run_until(config: orchestrator.LoopConfig, runs: Path, run_id: str,
                     scope.cancel()
 
         if resume:
-            await orchestrator.resume(run_id, runs_dir=runs, observer=observe)
+            await lanefold.resume(run_id, runs_dir=runs, observer=observe)
         else:
-            await orchestrator.run(config, "17*23?", runs_dir=runs, run_id=run_id,
+            await lanefold.run(config, "17*23?", runs_dir=runs, run_id=run_id,
                                    observer=observe)
     return scope.cancelled_caught
 
@@ -59,8 +59,8 @@ async def run_until(config: orchestrator.LoopConfig, runs: Path, run_id: str,
 @pytest.mark.anyio
 async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_answer(
         tmp_path: Path) -> None:
-    config = orchestrator.parse_config(RAW)
-    baseline = await orchestrator.run(config, "17*23?", runs_dir=tmp_path, run_id="base")
+    config = lanefold.parse_config(RAW)
+    baseline = await lanefold.run(config, "17*23?", runs_dir=tmp_path, run_id="base")
 
     assert await run_until(config, tmp_path, "cut", completions=2, resume=False)
     first = events(tmp_path / "cut" / "events.jsonl")
@@ -73,7 +73,7 @@ async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_ans
 
     # Interrupted again while resuming: still nothing fails, with max_attempts = 1.
     assert await run_until(config, tmp_path, "cut", completions=2, resume=True)
-    result = await orchestrator.resume("cut", runs_dir=tmp_path)
+    result = await lanefold.resume("cut", runs_dir=tmp_path)
 
     assert (result.answer, result.votes) == (baseline.answer, baseline.votes)
     assert result.lanes_completed == 8 and result.lanes_failed == 0
@@ -105,7 +105,7 @@ def test_a_signal_ends_the_run_cleanly_and_names_the_command_that_resumes_it(
     config = tmp_path / "loop.json"
     config.write_text(json.dumps(raw))
     runs = tmp_path / "runs"
-    baseline = orchestrator.run_sync(orchestrator.load_config(config), "17*23?",
+    baseline = lanefold.run_sync(lanefold.load_config(config), "17*23?",
                                      runs_dir=tmp_path / "base")
     log = runs / "sig" / "events.jsonl"
     proc = start("run", config, "--question", "17*23?", "--runs-dir", runs, "--run-id", "sig")
@@ -138,11 +138,11 @@ def test_the_live_display_of_a_resume_starts_from_what_the_log_holds(tmp_path: P
 
     from rich.console import Console
 
-    from orchestrator._display import Progress
+    from lanefold._display import Progress
 
-    config = orchestrator.parse_config(RAW)
+    config = lanefold.parse_config(RAW)
     assert anyio.run(lambda: run_until(config, tmp_path, "shown", completions=3, resume=False))
-    state = orchestrator.RunStore(tmp_path).read_state("shown")
+    state = lanefold.RunStore(tmp_path).read_state("shown")
     progress = Progress(Console(file=io.StringIO()))
     progress.resume_from(state)
     assert (progress.k, progress.phase) == (8, "sample")

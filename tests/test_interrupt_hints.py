@@ -39,7 +39,7 @@ JUDGED = 'reducer = "judge_argmax"\n[judge]\ntemplate = "Score it: {candidate}"\
 def cli(folder: Path, *argv: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *argv], cwd=folder,
+    return subprocess.Popen([sys.executable, "-m", "lanefold._cli", *argv], cwd=folder,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from test_cli import Outcome, cli
 
-import orchestrator
-from primitives import JsonlEventLog
+import lanefold
+from lanefold.primitives import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "simulated.toml"  # 8 lanes: a log of about 12 kB
@@ -44,7 +44,7 @@ def command(*argv: str | bytes | Path, fsize: int | None = None) -> Outcome:
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator._cli", *(a if isinstance(a, bytes) else str(a)
+        [sys.executable, "-m", "lanefold._cli", *(a if isinstance(a, bytes) else str(a)
                                                       for a in argv)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
@@ -276,9 +276,9 @@ def test_a_question_with_a_lone_surrogate_is_refused_before_anything_is_created(
     assert refused.code == 2
     assert "question" in refused.error_line and refused.out == ""
     assert not runs.exists()
-    config = orchestrator.load_config(EXAMPLE)
-    with pytest.raises(orchestrator.ConfigError, match="question"):
-        orchestrator.run_sync(config, "\ud800", runs_dir=runs, run_id="bad")
+    config = lanefold.load_config(EXAMPLE)
+    with pytest.raises(lanefold.ConfigError, match="question"):
+        lanefold.run_sync(config, "\ud800", runs_dir=runs, run_id="bad")
     assert not runs.exists()
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from primitives import (
+from lanefold.primitives import (
     ConfigError,
     JudgeResult,
     JudgeTieBreak,
@@ -18,7 +18,7 @@ from primitives import (
     parse_score,
     render_judge_prompt,
 )
-from primitives import render_prompt as render_sample_prompt
+from lanefold.primitives import render_prompt as render_sample_prompt
 
 # --- parse_score -------------------------------------------------------------------------------
 

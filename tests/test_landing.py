@@ -21,8 +21,8 @@ import anyio
 import pytest
 from test_dispatch import make, spec
 
-import orchestrator
-from primitives import LaneOutcome, Sample, SampleRequest, Usage
+import lanefold
+from lanefold.primitives import LaneOutcome, Sample, SampleRequest, Usage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ async def test_a_lane_is_recorded_and_settled_while_its_request_is_still_running
     backend = GatedBackend()
     d = make(backend)
 
-    def observe(event: orchestrator.AnyEvent) -> None:
+    def observe(event: lanefold.AnyEvent) -> None:
         if event.type == "lane.completed" and event.lane == 0:
             backend.spent_when_first_landed = d.ledger.spent.tokens
             backend.gate.set()
@@ -77,13 +77,13 @@ async def test_a_lane_is_recorded_and_settled_while_its_request_is_still_running
 
 @pytest.mark.anyio
 async def test_lanes_of_one_request_land_in_the_order_they_finish(tmp_path: Path) -> None:
-    config = orchestrator.parse_config({
+    config = lanefold.parse_config({
         "loop": {"k": 6, "seed": 4},
         "backend": {"kind": "simulated", "latency_ms": [5, 200]},  # one request, six lanes
     })
-    result = await orchestrator.run(config, "q", runs_dir=tmp_path, run_id="order")
+    result = await lanefold.run(config, "q", runs_dir=tmp_path, run_id="order")
     assert result.lanes_completed == 6
-    log = list(orchestrator.JsonlEventLog(result.events or "").read())
+    log = list(lanefold.JsonlEventLog(result.events or "").read())
     dispatched = [e for e in log if e.type == "lane.dispatched"]
     assert len({e.data.request for e in dispatched}) == 1  # type: ignore[union-attr]
     landed = [e.lane for e in log if e.type == "lane.completed"]
@@ -107,7 +107,7 @@ call_log = "{calls}"
     runs = tmp_path / "runs"
     log = runs / "r" / "events.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator._cli", "run", str(config), "--question", "q",
+        [sys.executable, "-m", "lanefold._cli", "run", str(config), "--question", "q",
          "--runs-dir", str(runs), "--run-id", "r"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -116,15 +116,15 @@ call_log = "{calls}"
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = [e for e in orchestrator.JsonlEventLog(log).read()]
+    before = [e for e in lanefold.JsonlEventLog(log).read()]
     landed = {e.lane for e in before if e.type == "lane.completed"}
     assert 2 <= len(landed) < 8, "the request was cut with lanes done and lanes running"
     first_calls = calls.read_text().splitlines()
 
-    result = orchestrator.resume_sync("r", runs_dir=runs)
+    result = lanefold.resume_sync("r", runs_dir=runs)
     assert result.lanes_completed == 8
     again = {int(line.split()[1]) for line in calls.read_text().splitlines()[len(first_calls):]}
     assert again == set(range(8)) - landed  # only the lanes still running were dispatched again
-    completions = Counter(e.lane for e in orchestrator.JsonlEventLog(log).read()
+    completions = Counter(e.lane for e in lanefold.JsonlEventLog(log).read()
                           if e.type == "lane.completed")
     assert set(completions.values()) == {1}

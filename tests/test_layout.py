@@ -1,8 +1,9 @@
 """The shape of the distribution: import arrows, typed packages, the pinned public names.
 
-Arrows only point down: orchestrator -> coordinators -> primitives <- backends. These tests read
-the source with `ast` (nothing is imported to check an arrow), so a new module is covered the
-moment it is written.
+Arrows only point down: orchestrator (the facade, `lanefold`) -> coordinators, backends ->
+primitives, each under one import name (`lanefold.primitives`, ...). These tests read the source
+with `ast` (nothing is imported to check an arrow), so a new module is covered the moment it is
+written.
 """
 
 from __future__ import annotations
@@ -20,6 +21,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("primitives", "backends", "coordinators", "orchestrator")
 OURS = frozenset({*PACKAGES, "tests", "bench"})
+# The folder each package lives in, and the name it is imported by.
+IMPORT_NAME = {"primitives": "lanefold.primitives", "backends": "lanefold.backends",
+               "coordinators": "lanefold.coordinators", "orchestrator": "lanefold"}
+LAYERS = ("primitives", "backends", "coordinators")
+
+
+def _layered(name: str) -> str:
+    """A dotted import name with `lanefold` read as the folder it maps to:
+    `lanefold.primitives._state` -> `primitives._state`, `lanefold._cli` -> `orchestrator._cli`."""
+    parts = name.split(".")
+    if parts[0] != "lanefold":
+        return name
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return ".".join(parts[1:])
+    return ".".join(["orchestrator", *parts[1:]])
 
 # Which of our top-level packages each package may import (itself always).
 ALLOWED: dict[str, frozenset[str]] = {
@@ -112,12 +128,27 @@ def _imported_top_levels(path: Path, package: str) -> set[tuple[str, int]]:
     found: set[tuple[str, int]] = set()
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
-            found.update((alias.name.split(".")[0], node.lineno) for alias in node.names)
+            found.update((_layered(alias.name).split(".")[0], node.lineno)
+                         for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: stays inside its own package
                 found.add((package, node.lineno))
             elif node.module:
-                found.add((node.module.split(".")[0], node.lineno))
+                found.add((_layered(node.module).split(".")[0], node.lineno))
+    return found
+
+
+def _bare_imports(path: Path) -> list[tuple[str, int]]:
+    """Imports of our packages by their folder names (`from primitives import ...`): in an
+    installed library those names are whatever a user's project calls its own packages."""
+    found = []
+    for node in ast.walk(_tree(path)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        found += [(name, node.lineno) for name in names if name.split(".")[0] in PACKAGES]
     return found
 
 
@@ -150,7 +181,7 @@ def _private_imports(path: Path, own: tuple[str, ...] | None = None) -> list[tup
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        for name in names:
+        for name in map(_layered, names):
             parts = name.split(".")
             private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
             if private is None or parts[0] not in OURS:
@@ -167,15 +198,24 @@ def test_no_package_imports_another_packages_private_module(package: str) -> Non
     assert wrong == [], "import the package's public names instead"
 
 
+@pytest.mark.parametrize("package", [*PACKAGES, "tests", "bench", "scripts"])
+def test_our_code_imports_our_packages_through_lanefold(package: str) -> None:
+    wrong = sorted(f"{_rel(path)}:{line} imports {name}"
+                   for path in sorted((ROOT / package).rglob("*.py"))
+                   for name, line in _bare_imports(path))
+    assert wrong == [], "import lanefold, lanefold.primitives, ... (a user may own `backends`)"
+
+
 def test_private_import_scan(tmp_path: Path) -> None:
     source = tmp_path / "probe.py"
-    source.write_text("from primitives._state import RunState\n"
-                      "from coordinators._reducers import vote\n"
-                      "import backends.engine._config\n"
-                      "from primitives import events\n")
+    source.write_text("from lanefold.primitives._state import RunState\n"
+                      "from lanefold.coordinators._reducers import vote\n"
+                      "import lanefold.backends.engine._config\n"
+                      "from lanefold.primitives import events\n"
+                      "from lanefold._cli import main\n")
     found = {name for name, _ in _private_imports(source, own=("coordinators",))}
     assert found == {"primitives._state", "primitives._state.RunState",
-                     "backends.engine._config"}
+                     "backends.engine._config", "orchestrator._cli", "orchestrator._cli.main"}
 
 
 def test_import_scan_sees_every_form(tmp_path: Path) -> None:
@@ -185,8 +225,8 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
         "import os.path\n"
         "from . import sibling\n"
         "def f():\n"
-        "    from backends.simulated import SimulatedBackend\n"
-        "    import orchestrator._cli as cli\n"
+        "    from lanefold.backends.simulated import SimulatedBackend\n"
+        "    import lanefold._cli as cli\n"
     )
     found = {name for name, _ in _imported_top_levels(source, "coordinators")}
     assert found == {"os", "coordinators", "backends", "orchestrator"}
@@ -198,7 +238,7 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_package_is_typed_with_tuple_all(package: str) -> None:
     assert (ROOT / package / "py.typed").is_file()
-    module = importlib.import_module(package)
+    module = importlib.import_module(IMPORT_NAME[package])
     exported = module.__all__
     assert isinstance(exported, tuple)
     assert all(isinstance(name, str) for name in exported)
@@ -256,33 +296,33 @@ def test_every_module_all_is_a_tuple_of_its_own_names(path: Path) -> None:
 
 
 def test_orchestrator_public_names_are_pinned() -> None:
-    import orchestrator
+    import lanefold
 
-    assert set(orchestrator.__all__) == PUBLIC_NAMES
-    assert len(orchestrator.__all__) == len(PUBLIC_NAMES)
+    assert set(lanefold.__all__) == PUBLIC_NAMES
+    assert len(lanefold.__all__) == len(PUBLIC_NAMES)
 
 
 def test_orchestrator_exports_what_a_user_needs() -> None:
-    import orchestrator
+    import lanefold
 
     needed = {"run", "run_sync", "resume", "resume_sync", "load_config", "RunResult",
               "ConfigError"}
-    assert needed <= set(orchestrator.__all__)
-    assert inspect.iscoroutinefunction(orchestrator.run)
-    assert inspect.iscoroutinefunction(orchestrator.resume)
-    assert not inspect.iscoroutinefunction(orchestrator.run_sync)
-    assert not inspect.iscoroutinefunction(orchestrator.resume_sync)
-    assert issubclass(orchestrator.ConfigError, orchestrator.LanefoldError)
-    assert issubclass(orchestrator.RunError, orchestrator.LanefoldError)
-    assert not issubclass(orchestrator.ConfigError, orchestrator.RunError)
+    assert needed <= set(lanefold.__all__)
+    assert inspect.iscoroutinefunction(lanefold.run)
+    assert inspect.iscoroutinefunction(lanefold.resume)
+    assert not inspect.iscoroutinefunction(lanefold.run_sync)
+    assert not inspect.iscoroutinefunction(lanefold.resume_sync)
+    assert issubclass(lanefold.ConfigError, lanefold.LanefoldError)
+    assert issubclass(lanefold.RunError, lanefold.LanefoldError)
+    assert not issubclass(lanefold.ConfigError, lanefold.RunError)
 
 
 def test_orchestrator_public_classes_and_functions_have_docstrings() -> None:
-    import orchestrator
+    import lanefold
 
     undocumented = sorted(
-        name for name in orchestrator.__all__
-        if (inspect.isclass(obj := getattr(orchestrator, name)) or inspect.isfunction(obj))
+        name for name in lanefold.__all__
+        if (inspect.isclass(obj := getattr(lanefold, name)) or inspect.isfunction(obj))
         and not (obj.__doc__ or "").strip()
     )
     assert undocumented == []
@@ -293,7 +333,7 @@ def test_orchestrator_public_classes_and_functions_have_docstrings() -> None:
 
 def test_importing_orchestrator_does_not_import_torch() -> None:
     heavy = ("torch", "transformers", "tokenizers", "safetensors", "gguf")
-    code = ("import orchestrator, sys; "
+    code = ("import lanefold, sys; "
             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, check=False)

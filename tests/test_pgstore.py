@@ -15,10 +15,10 @@ import anyio
 import psycopg
 import pytest
 
-import orchestrator
-from orchestrator import PgStore, RunInUseError, RunNotFoundError, open_store
-from orchestrator._cli import main
-from primitives import PgDatabase, PgEventLog, redact_url
+import lanefold
+from lanefold import PgStore, RunInUseError, RunNotFoundError, open_store
+from lanefold._cli import main
+from lanefold.primitives import PgDatabase, PgEventLog, redact_url
 
 pytestmark = pytest.mark.slow
 
@@ -49,10 +49,10 @@ def bodies(url: str) -> list[tuple[str, int, str]]:
 @pytest.mark.anyio
 async def test_a_run_in_postgresql_folds_to_what_it_reported_and_follows(
         pg_url: str, tmp_path: Path) -> None:
-    config = orchestrator.parse_config({"loop": {"k": 4, "seed": 3},
+    config = lanefold.parse_config({"loop": {"k": 4, "seed": 3},
                                         "backend": {"kind": "simulated"}})
     live: list[Any] = []
-    result = await orchestrator.run(config, "17*23?", run_id="a", store=pg_url,
+    result = await lanefold.run(config, "17*23?", run_id="a", store=pg_url,
                                     runs_dir=tmp_path / "runs", observer=live.append)
     assert not (tmp_path / "runs").exists()  # nothing went to files
     store = open_store(pg_url)
@@ -65,11 +65,11 @@ async def test_a_run_in_postgresql_folds_to_what_it_reported_and_follows(
     followed = [event async for event in store.reader("a").follow()]
     assert followed == events
     # A finished run resumes to its record, calling nothing.
-    assert await orchestrator.resume("a", store=pg_url) == result
+    assert await lanefold.resume("a", store=pg_url) == result
 
 
 def test_the_database_refuses_a_second_event_at_a_sequence(pg_url: str) -> None:
-    orchestrator.run_sync(orchestrator.parse_config({"backend": {"kind": "simulated"}}), "q",
+    lanefold.run_sync(lanefold.parse_config({"backend": {"kind": "simulated"}}), "q",
                           run_id="dup", store=pg_url)
     with psycopg.connect(pg_url) as conn, pytest.raises(psycopg.errors.UniqueViolation):
         conn.execute("INSERT INTO lanefold_events (run_id, sequence, type, body) "
@@ -79,9 +79,9 @@ def test_the_database_refuses_a_second_event_at_a_sequence(pg_url: str) -> None:
 
 def test_a_spliced_or_foreign_event_is_refused_naming_run_and_sequence(
         pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    config = orchestrator.parse_config({"loop": {"k": 3}, "backend": {"kind": "simulated"}})
+    config = lanefold.parse_config({"loop": {"k": 3}, "backend": {"kind": "simulated"}})
     for run_id in ("a", "b"):
-        orchestrator.run_sync(config, "q", run_id=run_id, store=pg_url)
+        lanefold.run_sync(config, "q", run_id=run_id, store=pg_url)
     with psycopg.connect(pg_url) as conn:  # b's 4th event pasted into a's log
         conn.execute("UPDATE lanefold_events SET body = (SELECT body FROM lanefold_events "
                      "WHERE run_id = 'b' AND sequence = 4) WHERE run_id = 'a' AND sequence = 4")
@@ -176,19 +176,19 @@ def test_a_missing_run_and_a_held_run(pg_url: str) -> None:
 
 
 def test_a_failed_commit_is_a_log_write_error_at_the_next_sync(pg_url: str) -> None:
-    config = orchestrator.parse_config({"backend": {"kind": "simulated"}})
+    config = lanefold.parse_config({"backend": {"kind": "simulated"}})
     log = PgEventLog.create(PgDatabase(pg_url), "broken")
     with psycopg.connect(pg_url) as conn:  # the table refuses every insert from now on
         conn.execute("ALTER TABLE lanefold_events ADD CONSTRAINT no CHECK (sequence < 0) NOT VALID")
-    with pytest.raises(orchestrator.LogWriteError, match="cannot append to the run log"):
-        orchestrator.run_sync(config, "q", run_id="broken", log=log)
+    with pytest.raises(lanefold.LogWriteError, match="cannot append to the run log"):
+        lanefold.run_sync(config, "q", run_id="broken", log=log)
 
 
 @pytest.mark.anyio
 async def test_follow_is_woken_by_notify_on_both_event_loops(pg_url: str) -> None:
     """A follower started before the run sees every event as it commits, without sleeping."""
     db = PgDatabase(pg_url)
-    config = orchestrator.parse_config({"loop": {"k": 3, "seed": 1},
+    config = lanefold.parse_config({"loop": {"k": 3, "seed": 1},
                                         "backend": {"kind": "simulated", "latency_ms": [20, 40]}})
     seen: list[Any] = []
 
@@ -198,7 +198,7 @@ async def test_follow_is_woken_by_notify_on_both_event_loops(pg_url: str) -> Non
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(follow)  # before the run exists: it waits for it to appear
-        await orchestrator.run(config, "q", run_id="f", store=pg_url)
+        await lanefold.run(config, "q", run_id="f", store=pg_url)
     assert seen == list(PgEventLog(db, "f").read())
     assert seen[-1].type == "run.completed"
 
@@ -234,7 +234,7 @@ def test_without_psycopg_the_store_is_one_line_with_the_install_hint(
 
 
 def test_fsync_always_commits_each_event_before_append_returns(pg_url: str) -> None:
-    config = orchestrator.parse_config({"loop": {"k": 3}, "backend": {"kind": "simulated"},
+    config = lanefold.parse_config({"loop": {"k": 3}, "backend": {"kind": "simulated"},
                                         "log": {"fsync": "always"}})
     committed: list[tuple[int, int]] = []
 
@@ -244,5 +244,5 @@ def test_fsync_always_commits_each_event_before_append_returns(pg_url: str) -> N
                                ).fetchone()
         committed.append((event.sequence, row[0] if row else 0))
 
-    orchestrator.run_sync(config, "q", run_id="al", store=pg_url, observer=seen)
+    lanefold.run_sync(config, "q", run_id="al", store=pg_url, observer=seen)
     assert committed and all(sequence == rows for sequence, rows in committed)

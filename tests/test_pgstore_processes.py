@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
-import orchestrator
-from orchestrator import PgStore
+import lanefold
+from lanefold import PgStore
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ password_env = "LANEFOLD_PG_PASSWORD"
 # on the connection's socket for a NOTIFY, never on a timer.
 FOLLOWER = """\
 import sys, anyio
-from orchestrator._cli import main
+from lanefold._cli import main
 real_sleep = anyio.sleep
 async def sleep(delay, *args, **kwargs):
     print("slept", flush=True)
@@ -82,7 +82,7 @@ def config(db: dict[str, Any], name: str, latency: str = "1200, 1600") -> Path:
     return path
 
 
-def start(db: dict[str, Any], *argv: str | Path, head: tuple[str, ...] = ("-m", "orchestrator._cli"),
+def start(db: dict[str, Any], *argv: str | Path, head: tuple[str, ...] = ("-m", "lanefold._cli"),
           ) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, *head, *map(str, argv)], cwd=ROOT, env=db["env"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -169,7 +169,7 @@ def test_one_writer_across_processes_and_a_sigkill_frees_the_run(db: dict[str, A
 
 def test_sigkill_mid_run_then_resume_redoes_no_completed_lane(db: dict[str, Any]) -> None:
     url = db["url"]
-    baseline = orchestrator.run_sync(config(db, "base", "150, 250"), "17*23?", run_id="base",
+    baseline = lanefold.run_sync(config(db, "base", "150, 250"), "17*23?", run_id="base",
                                       store=url)
     crash = config(db, "crash", "150, 250")
     proc = start(db, "run", crash, "--question", "17*23?", "--run-id", "crash")
@@ -184,7 +184,7 @@ def test_sigkill_mid_run_then_resume_redoes_no_completed_lane(db: dict[str, Any]
     assert 3 <= len(done_before) < 6
     calls_before = (db["tmp"] / "crash.calls").read_text().splitlines()
 
-    result = orchestrator.resume_sync("crash", store=url)  # another process: this one
+    result = lanefold.resume_sync("crash", store=url)  # another process: this one
 
     calls_after = (db["tmp"] / "crash.calls").read_text().splitlines()[len(calls_before):]
     redone = {int(line.split()[1]) for line in calls_after}
@@ -194,7 +194,7 @@ def test_sigkill_mid_run_then_resume_redoes_no_completed_lane(db: dict[str, Any]
     store = PgStore.from_url(url)
     _, state, _ = store.read("crash")
     assert state.result == result.model_dump(mode="json")
-    assert orchestrator.UsageBreakdown.of(state.spend) == result.usage
+    assert lanefold.UsageBreakdown.of(state.spend) == result.usage
     assert result.usage.decode_tokens == baseline.usage.decode_tokens
 
 

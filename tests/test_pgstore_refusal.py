@@ -20,8 +20,8 @@ import pytest
 import test_record_refusal as file_tests
 from test_record_refusal import RUNS, readers, source  # noqa: F401  # the finished runs, as files
 
-from orchestrator._cli import main
-from primitives import PgDatabase, redact_url
+from lanefold._cli import main
+from lanefold.primitives import PgDatabase, redact_url
 
 pytestmark = pytest.mark.slow
 FILE_READ = file_tests.read

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 from test_resume_stateful import CrashingLog, Events, ResumeMachine
 
-import orchestrator
-from orchestrator import LanefoldError, PgStore
-from primitives import AnyEvent, PgEventLog
+import lanefold
+from lanefold import LanefoldError, PgStore
+from lanefold.primitives import AnyEvent, PgEventLog
 
 pytestmark = pytest.mark.slow
 
@@ -56,14 +56,14 @@ class PgResumeMachine(ResumeMachine):
                                 "ORDER BY sequence", (run_id,)).fetchall()
 
     def resume_copy(self, run_id: str) -> object:
-        return orchestrator.resume_sync(run_id, store=self.store)
+        return lanefold.resume_sync(run_id, store=self.store)
 
     @precondition(lambda self: not self.started)
     @rule(crash_at=st.integers(1, 60))
     def start(self, crash_at: int) -> None:
         self.started = True
         log = CrashingLog(PgEventLog.create(self.store.db, self.run_id), crash_at)  # type: ignore[arg-type]
-        self._attempt(lambda: orchestrator.run(self.config, "q", run_id=self.run_id,
+        self._attempt(lambda: lanefold.run(self.config, "q", run_id=self.run_id,
                                                store=self.store, log=log))
 
     @precondition(lambda self: self.started and not self.finished)
@@ -73,7 +73,7 @@ class PgResumeMachine(ResumeMachine):
             self.started = False
             return
         log = CrashingLog(PgEventLog.open_for_resume(self.store.db, self.run_id), crash_at)  # type: ignore[arg-type]
-        self._attempt(lambda: orchestrator.resume(self.run_id, store=self.store, log=log))
+        self._attempt(lambda: lanefold.resume(self.run_id, store=self.store, log=log))
 
     @precondition(lambda self: self.started and not self.finished)
     @rule()
@@ -81,7 +81,7 @@ class PgResumeMachine(ResumeMachine):
         if not self.store.exists(self.run_id):
             self.started = False
             return
-        self._attempt(lambda: orchestrator.resume(self.run_id, store=self.store))
+        self._attempt(lambda: lanefold.resume(self.run_id, store=self.store))
         assert self.finished
 
     @precondition(lambda self: self.finished)
@@ -90,10 +90,10 @@ class PgResumeMachine(ResumeMachine):
         """Resuming a finished run changes nothing and gives back what it gave."""
         count = len(self.events())
         try:
-            again: object = orchestrator.resume_sync(self.run_id, store=self.store)
+            again: object = lanefold.resume_sync(self.run_id, store=self.store)
         except LanefoldError as exc:
             again = exc
-        if isinstance(self.outcome, orchestrator.RunResult):
+        if isinstance(self.outcome, lanefold.RunResult):
             assert again == self.outcome
         else:
             assert isinstance(again, LanefoldError) and self.outcome is not None

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-import orchestrator
-import orchestrator._cli as cli
-from orchestrator._ray_executor import RayExecutor
-from orchestrator.evaluate._eval import run_eval
-from orchestrator.evaluate._eval_records import QuestionResult, read_results
-from orchestrator.evaluate._item import Item
-from primitives import ConfigError
+import lanefold
+import lanefold._cli as cli
+from lanefold._ray_executor import RayExecutor
+from lanefold.evaluate._eval import run_eval
+from lanefold.evaluate._eval_records import QuestionResult, read_results
+from lanefold.evaluate._item import Item
+from lanefold.primitives import ConfigError
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,8 +47,8 @@ def anyio_backend() -> str:
     return "asyncio"  # one backend per test for time; run_many's test runs on trio
 
 
-def config(latency_ms: tuple[float, float] = (1, 3), k: int = 4) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(latency_ms: tuple[float, float] = (1, 3), k: int = 4) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": k, "seed": 3, "max_concurrency": k},
         "backend": {"kind": "simulated", "accuracy": 0.6, "answer": "391",
                     "distractors": ["381", "401"], "latency_ms": list(latency_ms)},
@@ -111,7 +111,7 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
     await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "local", concurrency=8)
     killed: list[int] = []
 
-    record = orchestrator.open_store(url, tmp_path / "ray")
+    record = lanefold.open_store(url, tmp_path / "ray")
 
     def midway(run_id: str) -> bool:
         """Some lane of the run completed, the run did not."""
@@ -168,10 +168,10 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_session_run_many_on_workers(cluster: Any, tmp_path: Path) -> None:
     questions = [f"Question number {i}?" for i in range(12)]
-    async with orchestrator.Session(config(), runs_dir=tmp_path / "l") as session:
+    async with lanefold.Session(config(), runs_dir=tmp_path / "l") as session:
         local = {r.index: r async for r in session.run_many(questions, run_ids=[
             f"q-{i}" for i in range(12)])}
-    async with orchestrator.Session(config(), runs_dir=tmp_path / "r",
+    async with lanefold.Session(config(), runs_dir=tmp_path / "r",
                                     executor=RayExecutor(workers=2)) as session:
         remote = {r.index: r async for r in session.run_many(questions, concurrency=2,
                                                              run_ids=[f"q-{i}" for i in
@@ -206,7 +206,7 @@ def test_bad_executor_input(cluster: Any, tmp_path: Path,
     with pytest.raises(ConfigError, match="--workers: must be at least 1"):
         RayExecutor(workers=0)
     with pytest.raises(ConfigError, match="executor: 'dask' is not one of"):
-        orchestrator.Session(config(), executor="dask")
+        lanefold.Session(config(), executor="dask")
     dataset = tmp_path / "q.jsonl"
     dataset.write_text('{"question": "Q?", "answer": "391"}\n')
     base = ["eval", "examples/simulated.toml", "--dataset", str(dataset),
@@ -237,7 +237,7 @@ def _eval_joining(address: str, tmp_path: Path, *flags: str) -> subprocess.Compl
     dataset.write_text('{"question": "Q?", "answer": "391"}\n')
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator._cli", "eval", "examples/simulated.toml", "--dataset",
+        [sys.executable, "-m", "lanefold._cli", "eval", "examples/simulated.toml", "--dataset",
          str(dataset), "--runs-dir", str(tmp_path / "runs"), "--executor", "ray",
          "--ray-address", address, *flags],
         cwd=ROOT, env={**env, "RAY_TMPDIR": str(tmp_path)}, capture_output=True, text=True,

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_resume_stateful import CrashingLog, crashed
 
-import orchestrator
-from orchestrator._cli import main
-from primitives import JsonlEventLog, Pricing, Usage, cost_of, hash_config
+import lanefold
+from lanefold._cli import main
+from lanefold.primitives import JsonlEventLog, Pricing, Usage, cost_of, hash_config
 
 CONFIG = """
 [loop]
@@ -78,10 +78,10 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def resumed_run(runs: Path) -> None:
     """`r`: crashed with five lanes in flight, resumed and interrupted, resumed to the end."""
-    config = orchestrator.parse_config(RESUMED_CONFIG)
+    config = lanefold.parse_config(RESUMED_CONFIG)
     path = runs / "r" / "events.jsonl"
     try:
-        anyio.run(lambda: orchestrator.run(config, "17 * 23?", runs_dir=runs, run_id="r",
+        anyio.run(lambda: lanefold.run(config, "17 * 23?", runs_dir=runs, run_id="r",
                                            log=CrashingLog(JsonlEventLog.create(path), 9)))
     except BaseException as exc:  # the crash, as a killed process's
         assert crashed(exc), exc
@@ -96,10 +96,10 @@ def resumed_run(runs: Path) -> None:
                     if len(dispatched) == 2:  # an interrupt with lanes in flight
                         scope.cancel()
 
-            await orchestrator.resume("r", runs_dir=runs, observer=observe)
+            await lanefold.resume("r", runs_dir=runs, observer=observe)
 
     anyio.run(interrupted)
-    orchestrator.resume_sync("r", runs_dir=runs)
+    lanefold.resume_sync("r", runs_dir=runs)
     kinds = {json.loads(line)["type"] for line in path.read_text().splitlines()}
     assert {"run.resumed", "lane.failed", "lane.interrupted", "run.completed"} <= kinds
 

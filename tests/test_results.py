@@ -19,10 +19,10 @@ from typing import Any
 import anyio
 import pytest
 
-import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from orchestrator._cli import main
-from primitives import LaneOutcome, SampleRequest
+import lanefold
+from lanefold._cli import main
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import LaneOutcome, SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "What is 17 * 23?"
@@ -33,14 +33,14 @@ VERIFIERS = "def none(q, text, answer):\n    return None\n\n\ndef length(q, text
             "    return float(len(text))\n"
 
 
-def config(**sections: dict[str, Any]) -> orchestrator.LoopConfig:
+def config(**sections: dict[str, Any]) -> lanefold.LoopConfig:
     raw: dict[str, Any] = {"loop": {"k": 6, "seed": 3}, "backend": dict(SIMULATED)}
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
-    return orchestrator.parse_config(raw)
+    return lanefold.parse_config(raw)
 
 
-def events(result: orchestrator.RunResult) -> list[dict[str, Any]]:
+def events(result: lanefold.RunResult) -> list[dict[str, Any]]:
     assert result.events is not None
     return [json.loads(line) for line in Path(result.events).read_text().splitlines()]
 
@@ -84,7 +84,7 @@ def test_a_library_run_prints_nothing_and_logs_under_lanefold(
     root_handlers = list(logging.getLogger().handlers)
     failing = config(backend={"failure_rate": 0.5},
                      retry={**FAST_RETRY, "max_attempts": 6})
-    result = orchestrator.run_sync(failing, QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(failing, QUESTION, runs_dir=runs)
     failed = [e for e in events(result) if e["type"] == "lane.failed"]
     assert failed, "the seed must make some lanes fail"
     assert capsys.readouterr() == ("", ""), "the library prints nothing"
@@ -107,7 +107,7 @@ def failing_toml(tmp_path: Path) -> Path:
 def test_the_cli_shows_the_librarys_log_on_stderr_only_with_verbose(
         failing_toml: Path, runs: Path) -> None:
     def command(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator._cli", "run", str(failing_toml),
+        return subprocess.run([sys.executable, "-m", "lanefold._cli", "run", str(failing_toml),
                                "--question", QUESTION, "--runs-dir", str(runs), "--json", *extra],
                               cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
 
@@ -137,7 +137,7 @@ def test_each_cli_call_logs_to_the_stderr_it_was_given(
 
 
 def test_no_extractable_answer_completes_without_an_answer(runs: Path) -> None:
-    result = orchestrator.run_sync(config(extract=NEVER), QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(config(extract=NEVER), QUESTION, runs_dir=runs)
     log = events(result)
     assert log[-1]["type"] == "run.completed"
     assert log[-1]["data"]["result"] == result.model_dump(mode="json")
@@ -152,7 +152,7 @@ def test_no_extractable_answer_completes_without_an_answer(runs: Path) -> None:
 def test_a_judge_whose_scores_all_abstain_completes_without_an_answer(
         runs: Path, verifiers: str) -> None:
     judged = config(loop={"reducer": "judge_argmax"}, judge={"verifier": f"{verifiers}:none"})
-    result = orchestrator.run_sync(judged, QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(judged, QUESTION, runs_dir=runs)
     assert events(result)[-1]["type"] == "run.completed"
     assert (result.status, result.answer, result.winner_lane) == ("no_answer", None, None)
     assert result.reason is not None and "no candidate got a score" in result.reason
@@ -189,7 +189,7 @@ def test_the_cli_exits_4_without_an_answer(text: str, said: str, runs: Path, tmp
 def test_a_majority_result_matches_its_log(runs: Path) -> None:
     flaky = config(loop={"k": 12, "min_quorum": 1}, backend={"failure_rate": 0.3},
                    retry={**FAST_RETRY, "max_attempts": 2})
-    result = orchestrator.run_sync(flaky, QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(flaky, QUESTION, runs_dir=runs)
     log = events(result)
     completed = {e["lane"]: e for e in sample_lanes(log, "lane.completed")}
     dispatched = [e["lane"] for e in sample_lanes(log, "lane.dispatched")]
@@ -217,7 +217,7 @@ def test_a_judge_result_has_its_scores_margin_and_winner_text(runs: Path,
     # The text's length is the score: free-form, no extractable answer, still a winner.
     judged = config(loop={"reducer": "judge_argmax"}, extract=NEVER,
                     judge={"verifier": f"{verifiers}:length"})
-    result = orchestrator.run_sync(judged, QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(judged, QUESTION, runs_dir=runs)
     texts = {e["lane"]: e["data"]["text"] for e in sample_lanes(events(result), "lane.completed")}
     assert (result.status, result.answer) == ("answered", None)
     assert result.winner_lane is not None
@@ -228,7 +228,7 @@ def test_a_judge_result_has_its_scores_margin_and_winner_text(runs: Path,
     assert {lane.lane: lane.score for lane in result.lanes} == result.scores
     alone = config(loop={"reducer": "judge_argmax", "k": 1},
                    judge={"verifier": f"{verifiers}:length"})
-    lone = orchestrator.run_sync(alone, QUESTION, runs_dir=runs)
+    lone = lanefold.run_sync(alone, QUESTION, runs_dir=runs)
     assert (lone.winner_lane, lone.margin) == (0, None), "no runner-up: no lead to report"
 
 
@@ -257,9 +257,9 @@ async def test_what_the_caller_gives_is_never_closed(runs: Path) -> None:
     judged = config(loop={"reducer": "judge_argmax"},
                     judge={"template": "Q: {question}\nA: {candidate}\nScore:"})
     backend, judge, limiter = Borrowed(), Borrowed(), anyio.CapacityLimiter(8)
-    first = await orchestrator.run(judged, QUESTION, runs_dir=runs, backend=backend,
+    first = await lanefold.run(judged, QUESTION, runs_dir=runs, backend=backend,
                                    judge_backend=judge, limiter=limiter)
-    second = await orchestrator.run(judged, QUESTION, runs_dir=runs, backend=backend,
+    second = await lanefold.run(judged, QUESTION, runs_dir=runs, backend=backend,
                                     judge_backend=judge, limiter=limiter)
     assert first.status == second.status == "answered"
     assert judge.requests > 0, "the judge wave went to the judge backend"
@@ -273,7 +273,7 @@ async def test_what_the_caller_gives_is_never_closed(runs: Path) -> None:
 async def test_a_shared_limiter_smaller_than_k_bounds_lanes_without_deadlock(runs: Path) -> None:
     limiter = anyio.CapacityLimiter(2)  # shared by runs; k = 6 lanes must take turns
     with anyio.fail_after(10):  # milliseconds of work; a deadlock fails instead of hanging
-        result = await orchestrator.run(config(), QUESTION, runs_dir=runs, limiter=limiter)
+        result = await lanefold.run(config(), QUESTION, runs_dir=runs, limiter=limiter)
     assert result.lanes_completed == 6
     assert limiter.borrowed_tokens == 0
 
@@ -282,9 +282,9 @@ async def test_a_shared_limiter_smaller_than_k_bounds_lanes_without_deadlock(run
 def test_a_backend_bug_reaches_the_caller_as_a_run_error(error: type[BaseException],
                                                          runs: Path) -> None:
     backend = Borrowed(fail_with=error)
-    with pytest.raises(orchestrator.RunError) as caught:
-        orchestrator.run_sync(config(), QUESTION, runs_dir=runs, run_id="bug", backend=backend)
-    assert isinstance(caught.value, orchestrator.LanefoldError)
+    with pytest.raises(lanefold.RunError) as caught:
+        lanefold.run_sync(config(), QUESTION, runs_dir=runs, run_id="bug", backend=backend)
+    assert isinstance(caught.value, lanefold.LanefoldError)
     assert not isinstance(caught.value, BaseExceptionGroup)
     assert error.__name__ in str(caught.value)
     log = (runs / "bug" / "events.jsonl").read_text().splitlines()
@@ -294,21 +294,21 @@ def test_a_backend_bug_reaches_the_caller_as_a_run_error(error: type[BaseExcepti
 
 @pytest.mark.anyio
 async def test_run_sync_works_inside_a_running_event_loop(runs: Path) -> None:
-    result = orchestrator.run_sync(config(), QUESTION, runs_dir=runs)  # a notebook's cell
-    assert isinstance(result, orchestrator.RunResult) and result.status == "answered"
+    result = lanefold.run_sync(config(), QUESTION, runs_dir=runs)  # a notebook's cell
+    assert isinstance(result, lanefold.RunResult) and result.status == "answered"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.anyio
 async def test_one_engine_backend_serves_two_runs(runs: Path) -> None:
-    from backends.engine import EngineBackend, EngineConfig
+    from lanefold.backends.engine import EngineBackend, EngineConfig
 
-    small = orchestrator.parse_config({"loop": {"k": 2}, "sampling": {"max_tokens": 4}})
+    small = lanefold.parse_config({"loop": {"k": 2}, "sampling": {"max_tokens": 4}})
     backend = EngineBackend(EngineConfig())
     try:
         for _ in range(2):
-            result = await orchestrator.run(small, "What is 2 + 2?", runs_dir=runs,
+            result = await lanefold.run(small, "What is 2 + 2?", runs_dir=runs,
                                             backend=backend)
             assert result.lanes_completed == 2
             assert events(result)[-1]["type"] == "run.completed"
@@ -325,7 +325,7 @@ def int_counts(votes: dict[str, Any]) -> bool:
 
 def test_a_plain_votes_are_ballot_counts_as_integers(runs: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    result = orchestrator.run_sync(config(), QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(config(), QUESTION, runs_dir=runs)
     assert int_counts(result.votes)
     assert sum(result.votes.values()) == result.lanes_completed  # every lane here answered
     assert int_counts(json.loads(result.model_dump_json())["votes"])  # {"391": 5}, not 5.0
@@ -340,7 +340,7 @@ def test_a_plain_votes_are_ballot_counts_as_integers(runs: Path,
 def test_a_weighted_votes_are_total_weights(runs: Path, verifiers: str) -> None:
     weighted = config(loop={"reducer": "weighted_vote", "weighting": "verifier"},
                       judge={"verifier": f"{verifiers}:length"})
-    result = orchestrator.run_sync(weighted, QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(weighted, QUESTION, runs_dir=runs)
     assert result.votes and all(type(v) is float for v in result.votes.values())
     assert any(not v.is_integer() or v > result.lanes_completed for v in result.votes.values())
     (reduced,) = [e for e in events(result) if e["type"] == "reduce.completed"]
@@ -351,7 +351,7 @@ def test_a_log_that_recorded_counts_as_floats_still_reads(runs: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     # Logs written before counts were integers hold them as 5.0: they fold, pass the audit,
     # show and resume as recorded; a re-reduction records integers.
-    result = orchestrator.run_sync(config(), QUESTION, runs_dir=runs)
+    result = lanefold.run_sync(config(), QUESTION, runs_dir=runs)
     assert result.events is not None
     path = Path(result.events)
     lines = []

@@ -8,8 +8,8 @@ import anyio
 import pytest
 from test_resume_stateful import CrashingLog, crashed
 
-import orchestrator
-from primitives import JsonlEventLog
+import lanefold
+from lanefold.primitives import JsonlEventLog
 
 CONFIG = {
     "loop": {"k": 6, "seed": 4, "reducer": "judge_argmax", "min_quorum": 2},
@@ -23,15 +23,15 @@ CONFIG = {
 @pytest.mark.parametrize("crash_at", [14, 22, 26, 30, 34, 36, 38, 40])
 def test_a_crash_in_the_judge_wave_resumes_to_the_uninterrupted_winner(
         tmp_path: Path, crash_at: int) -> None:
-    config = orchestrator.parse_config(CONFIG)
-    baseline = orchestrator.run_sync(config, "17*23?", runs_dir=tmp_path, run_id="base")
+    config = lanefold.parse_config(CONFIG)
+    baseline = lanefold.run_sync(config, "17*23?", runs_dir=tmp_path, run_id="base")
     path = tmp_path / "crash" / "events.jsonl"
     log = CrashingLog(JsonlEventLog.create(path), crash_at)
     with pytest.raises(Exception) as info:  # any error whose cause is the crash
-        anyio.run(lambda: orchestrator.run(config, "17*23?", runs_dir=tmp_path, run_id="crash",
+        anyio.run(lambda: lanefold.run(config, "17*23?", runs_dir=tmp_path, run_id="crash",
                                            log=log))
     assert crashed(info.value)
-    result = orchestrator.resume_sync("crash", runs_dir=tmp_path)
+    result = lanefold.resume_sync("crash", runs_dir=tmp_path)
     assert (result.answer, result.winner_lane) == (baseline.answer, baseline.winner_lane)
     assert result.scores == baseline.scores
     events = list(JsonlEventLog(path).read())

@@ -28,8 +28,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-import orchestrator
-from primitives import AnyEvent, Event, JsonlEventLog, LanefoldError
+import lanefold
+from lanefold.primitives import AnyEvent, Event, JsonlEventLog, LanefoldError
 
 
 class Crash(Exception):
@@ -143,7 +143,7 @@ class ResumeMachine(RuleBasedStateMachine):
         super().__init__()
         self.runs = Path(tempfile.mkdtemp()) / "runs"
         self.started = self.finished = False
-        self.outcome: orchestrator.RunResult | LanefoldError | None = None
+        self.outcome: lanefold.RunResult | LanefoldError | None = None
         self.forged = 0
 
     @initialize(k=st.integers(2, 9), failure=st.sampled_from([0.0, 0.25, 0.5]),
@@ -152,7 +152,7 @@ class ResumeMachine(RuleBasedStateMachine):
                 seed=st.integers(0, 5))
     def setup(self, k: int, failure: float, per_request: int | None, concurrency: int,
               budget: int | None, attempts: int, seed: int) -> None:
-        self.config = orchestrator.parse_config({
+        self.config = lanefold.parse_config({
             "loop": {"k": k, "max_concurrency": concurrency, "seed": seed, "min_quorum": 1},
             "sampling": {"max_tokens": 40},
             "backend": {"kind": "simulated", "failure_rate": failure, "prompt_tokens": 30,
@@ -180,7 +180,7 @@ class ResumeMachine(RuleBasedStateMachine):
     def start(self, crash_at: int) -> None:
         self.started = True
         log = CrashingLog(JsonlEventLog.create(self.path), crash_at)
-        self._attempt(lambda: orchestrator.run(self.config, "q", runs_dir=self.runs, run_id="r",
+        self._attempt(lambda: lanefold.run(self.config, "q", runs_dir=self.runs, run_id="r",
                                                log=log))
 
     @precondition(lambda self: self.started and not self.finished)
@@ -190,12 +190,12 @@ class ResumeMachine(RuleBasedStateMachine):
             data = self.path.read_bytes()
             self.path.write_bytes(data[:-7])  # the last line was being written when it died
         log = CrashingLog(JsonlEventLog.open_for_resume(self.path), crash_at)
-        self._attempt(lambda: orchestrator.resume("r", runs_dir=self.runs, log=log))
+        self._attempt(lambda: lanefold.resume("r", runs_dir=self.runs, log=log))
 
     @precondition(lambda self: self.started and not self.finished)
     @rule()
     def resume_to_the_end(self) -> None:
-        self._attempt(lambda: orchestrator.resume("r", runs_dir=self.runs))
+        self._attempt(lambda: lanefold.resume("r", runs_dir=self.runs))
         assert self.finished
 
     @precondition(lambda self: self.finished)
@@ -204,10 +204,10 @@ class ResumeMachine(RuleBasedStateMachine):
         """Resuming a finished run changes nothing and gives back what it gave."""
         size = self.path.stat().st_size
         try:
-            again: object = orchestrator.resume_sync("r", runs_dir=self.runs)
+            again: object = lanefold.resume_sync("r", runs_dir=self.runs)
         except LanefoldError as exc:
             again = exc
-        if isinstance(self.outcome, orchestrator.RunResult):
+        if isinstance(self.outcome, lanefold.RunResult):
             assert again == self.outcome
         else:
             assert isinstance(again, LanefoldError) and again.exit_code == self.outcome.exit_code
@@ -252,7 +252,7 @@ class ResumeMachine(RuleBasedStateMachine):
         return (self.runs / run_id / "events.jsonl").read_bytes()
 
     def resume_copy(self, run_id: str) -> object:
-        return orchestrator.resume_sync(run_id, runs_dir=self.runs)
+        return lanefold.resume_sync(run_id, runs_dir=self.runs)
 
     @invariant()
     def no_completed_lane_is_dispatched_again(self) -> None:
@@ -268,18 +268,18 @@ class ResumeMachine(RuleBasedStateMachine):
     def the_budget_is_never_exceeded(self) -> None:
         if not self.started or self.config.budget.max_tokens is None:
             return
-        state = orchestrator.fold(self.events(), self.config.pricing)
+        state = lanefold.fold(self.events(), self.config.pricing)
         charged = sum(lane.hold.tokens for _, lane in state.in_flight() if lane.hold)
         assert state.spend.tokens + charged <= self.config.budget.max_tokens
 
     @invariant()
     def the_log_folds_to_the_reported_bill(self) -> None:
-        if not isinstance(self.outcome, orchestrator.RunResult):
+        if not isinstance(self.outcome, lanefold.RunResult):
             return
-        state = orchestrator.fold(self.events(), self.config.pricing)
+        state = lanefold.fold(self.events(), self.config.pricing)
         assert state.result == self.outcome.model_dump(mode="json")
-        assert orchestrator.UsageBreakdown.of(state.spend) == self.outcome.usage
-        assert orchestrator.CostBreakdown.of(state.spend) == self.outcome.cost
+        assert lanefold.UsageBreakdown.of(state.spend) == self.outcome.usage
+        assert lanefold.CostBreakdown.of(state.spend) == self.outcome.cost
         assert state.reduce is not None and state.reduce.winner == self.outcome.answer
 
 

@@ -17,8 +17,8 @@ import anyio
 import psycopg
 import pytest
 
-from primitives import Hold, Ledger, Limits, Pricing, Usage
-from primitives._shared_budget import PgSharedPool, connect_budgets, read_budget, set_budget
+from lanefold.primitives import Hold, Ledger, Limits, Pricing, Usage
+from lanefold.primitives._shared_budget import PgSharedPool, connect_budgets, read_budget, set_budget
 
 pytestmark = pytest.mark.anyio
 
@@ -126,7 +126,7 @@ async def test_a_dead_owners_holds_are_charged_whole(pg_url: str) -> None:
 
 
 async def test_an_unknown_budget_is_refused_naming_budget_shared(pg_url: str) -> None:
-    from primitives import ConfigError
+    from lanefold.primitives import ConfigError
 
     with pytest.raises(ConfigError, match=r"^budget\.shared: no budget named 'nope'"):
         await PgSharedPool.open(pg_url, "nope", "run-a")
@@ -150,7 +150,7 @@ def test_the_tables_take_concurrent_creators(pg_url: str) -> None:
 
 def _config(*, shared: str | None = "fleet", k: int = 4, min_quorum: int = 2,
             coordinator: str = "parallel_sample", **backend: Any) -> Any:
-    from orchestrator import parse_config
+    from lanefold import parse_config
 
     loop: dict[str, Any] = {"coordinator": coordinator, "seed": 3}
     if coordinator == "parallel_sample":
@@ -163,13 +163,13 @@ def _config(*, shared: str | None = "fleet", k: int = 4, min_quorum: int = 2,
 
 
 async def test_a_run_stops_at_the_shared_limit(pg_url: str, tmp_path: Any) -> None:
-    import orchestrator
-    from primitives import BudgetExhaustedError
+    import lanefold
+    from lanefold.primitives import BudgetExhaustedError
 
     # A wave of 4 holds 64 + 4 * 50 = 264 tokens and spends 64 + 4 * 48 = 256: one run fits
     # in 400, the second can fund 1 lane (114 of the 144 left), below its quorum of 2.
     _budget(pg_url, max_tokens=400)
-    async with orchestrator.Session(_config(), store=pg_url, runs_dir=tmp_path) as session:
+    async with lanefold.Session(_config(), store=pg_url, runs_dir=tmp_path) as session:
         first = await session.run("What is 17 * 23?", run_id="first")
         assert first.usage.prefill_tokens + first.usage.decode_tokens == 256
         events: list[Any] = []
@@ -184,11 +184,11 @@ async def test_a_run_stops_at_the_shared_limit(pg_url: str, tmp_path: Any) -> No
 
 
 async def test_a_wave_shrinks_to_the_shared_room(pg_url: str, tmp_path: Any) -> None:
-    import orchestrator
+    import lanefold
 
     _budget(pg_url, max_tokens=64 + 50 * 2)  # room for 2 lanes of 4
     events: list[Any] = []
-    async with orchestrator.Session(_config(min_quorum=1), store=pg_url,
+    async with lanefold.Session(_config(min_quorum=1), store=pg_url,
                                     runs_dir=tmp_path) as session:
         result = await session.run("What is 17 * 23?", observer=events.append)
     shrunk = [e for e in events if e.type == "budget.wave_shrunk"]
@@ -201,8 +201,8 @@ async def test_a_loop_stops_in_time_at_the_shared_limit(pg_url: str, tmp_path: A
     """A loop that asks whether it can afford another wave sees the shared budget's room (as
     of its last reservation, plus what its own lanes gave back) and stops there, as at its own
     limit, instead of starting a wave the budget then shrinks to nothing."""
-    import orchestrator
-    from orchestrator import parse_config
+    import lanefold
+    from lanefold import parse_config
 
     # Two waves of 4 (264 held, 256 spent each) leave 108: not one more lane (64 + 50).
     _budget(pg_url, max_tokens=620)
@@ -214,7 +214,7 @@ async def test_a_loop_stops_in_time_at_the_shared_limit(pg_url: str, tmp_path: A
                     "accuracy": 0.5},
         "budget": {"shared": "fleet"}})
     events: list[Any] = []
-    async with orchestrator.Session(config, store=pg_url, runs_dir=tmp_path) as session:
+    async with lanefold.Session(config, store=pg_url, runs_dir=tmp_path) as session:
         result = await session.run("What is 17 * 23?", observer=events.append)
     assert result.answer is not None and result.lanes_completed == 8
     # It saw the room was short before asking: no third wave, not even an empty one.
@@ -225,25 +225,25 @@ async def test_a_loop_stops_in_time_at_the_shared_limit(pg_url: str, tmp_path: A
 
 
 async def test_two_runs_at_once_share_one_budget(pg_url: str, tmp_path: Any) -> None:
-    import orchestrator
+    import lanefold
 
     _budget(pg_url, max_tokens=100_000, max_requests=5)
     results: list[Any] = []
     config = _config(coordinator="adaptive_sample", failure_rate=0.2, latency_ms=[1.0, 5.0])
 
     async def one(run_id: str) -> None:
-        async with orchestrator.Session(config, store=pg_url, runs_dir=tmp_path) as session:
+        async with lanefold.Session(config, store=pg_url, runs_dir=tmp_path) as session:
             with contextlib.suppress(BudgetExhaustedError):
                 results.append(await session.run("What is 17 * 23?", run_id=run_id))
 
-    from primitives import BudgetExhaustedError
+    from lanefold.primitives import BudgetExhaustedError
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, "a")
         tg.start_soon(one, "b")
     view = _show(pg_url)
     assert view.spent_requests <= 5 and view.holders == 0
-    store = orchestrator.open_store(pg_url, tmp_path)
+    store = lanefold.open_store(pg_url, tmp_path)
     spent = [store.read_state(run_id).spend for run_id in ("a", "b")]
     assert view.spent_tokens == sum(s.tokens for s in spent)
     assert view.spent_requests == sum(s.requests for s in spent)
@@ -252,11 +252,11 @@ async def test_two_runs_at_once_share_one_budget(pg_url: str, tmp_path: Any) -> 
 
 async def test_an_interrupt_charges_in_flight_holds_and_resume_spends_again(
         pg_url: str, tmp_path: Any) -> None:
-    import orchestrator
+    import lanefold
 
     _budget(pg_url, max_tokens=100_000)
     config = _config(latency_ms=[50.0, 50.0])
-    async with orchestrator.Session(config, store=pg_url, runs_dir=tmp_path) as session:
+    async with lanefold.Session(config, store=pg_url, runs_dir=tmp_path) as session:
         with anyio.CancelScope() as scope:  # interrupted once its lanes are dispatched
             await session.run("What is 17 * 23?", run_id="cut", observer=lambda event: (
                 scope.cancel() if event.type == "lane.dispatched" else None))
@@ -273,8 +273,8 @@ async def test_an_interrupt_charges_in_flight_holds_and_resume_spends_again(
 
 async def test_a_judge_reduction_spends_from_the_shared_budget(pg_url: str,
                                                                  tmp_path: Any) -> None:
-    import orchestrator
-    from orchestrator import parse_config
+    import lanefold
+    from lanefold import parse_config
 
     _budget(pg_url, max_tokens=100_000)
     config = parse_config({
@@ -283,7 +283,7 @@ async def test_a_judge_reduction_spends_from_the_shared_budget(pg_url: str,
         "judge": {"template": "Q: {question}\nCandidate: {candidate}\nScore it.",
                   "max_tokens": 32},
         "budget": {"shared": "fleet"}})
-    async with orchestrator.Session(config, store=pg_url, runs_dir=tmp_path) as session:
+    async with lanefold.Session(config, store=pg_url, runs_dir=tmp_path) as session:
         await session.run("What is 17 * 23?", run_id="r")
         before = _show(pg_url).spent_tokens
         await session.reduce("r", reducer="judge_argmax")
@@ -315,7 +315,7 @@ shared = "fleet"
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from orchestrator._cli import main
+    from lanefold._cli import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -422,13 +422,13 @@ fsync = "always"
 WORKER = """
 import sys
 import anyio
-import orchestrator
-from primitives import LanefoldError
+import lanefold
+from lanefold.primitives import LanefoldError
 
 url, config, worker, runs, concurrency, runs_dir = sys.argv[1:]
 
 async def main():
-    async with orchestrator.Session(config, store=url, runs_dir=runs_dir) as session:
+    async with lanefold.Session(config, store=url, runs_dir=runs_dir) as session:
         limiter = anyio.CapacityLimiter(int(concurrency))
 
         async def one(i):
@@ -475,7 +475,7 @@ def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: A
     import subprocess
     import sys
 
-    import orchestrator
+    import lanefold
 
     rng = random.Random(seed)
     _budget(pg_url, **LIMITS)
@@ -525,7 +525,7 @@ def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: A
     assert view.spent_requests <= LIMITS["max_requests"]
     assert view.spent_cost_usd <= LIMITS["max_cost_usd"] + 1e-9
     # What the logs say: every run's spend, and the holds of the lanes a kill left in flight.
-    store = orchestrator.open_store(pg_url, tmp_path)
+    store = lanefold.open_store(pg_url, tmp_path)
     logged = [0, 0.0, 0]
     in_flight = [0, 0.0, 0]
     for w in range(4):

@@ -28,7 +28,7 @@ SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
 
 
 SCRIPT = shutil.which("orchestrator", path=str(Path(sys.executable).parent))
-ENTRIES = {"python -m orchestrator._cli": [sys.executable, "-m", "orchestrator._cli"],
+ENTRIES = {"python -m orchestrator._cli": [sys.executable, "-m", "lanefold._cli"],
            "python -m orchestrator": [sys.executable, "-m", "orchestrator"]}
 if SCRIPT is not None:  # the console script, as installed
     ENTRIES["the orchestrator script"] = [SCRIPT]
@@ -110,7 +110,7 @@ def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str,
     config.write_text(SIMULATED.replace("[1, 5]", "[200, 600]"))
     runs, log = tmp_path / "r", tmp_path / "r" / "again" / "events.jsonl"
     # A run interrupted once a lane has landed, then resumed: resume writes run.completed.
-    first = subprocess.Popen([sys.executable, "-m", "orchestrator._cli", "run", str(config),
+    first = subprocess.Popen([sys.executable, "-m", "lanefold._cli", "run", str(config),
                               "--question", "q?", "--runs-dir", str(runs), "--run-id", "again"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120  # a hang guard only
@@ -138,9 +138,9 @@ def test_importing_orchestrator_runs_none_of_its_modules() -> None:
                           timeout=60, check=False)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
     # ... and every public name is still there, found on first use.
-    import orchestrator
+    import lanefold
 
-    assert all(getattr(orchestrator, name) is not None for name in orchestrator.__all__)
-    assert set(orchestrator.__all__) <= set(dir(orchestrator))
+    assert all(getattr(lanefold, name) is not None for name in lanefold.__all__)
+    assert set(lanefold.__all__) <= set(dir(lanefold))
     with pytest.raises(AttributeError, match="no_such_name"):
-        _ = orchestrator.no_such_name  # type: ignore[attr-defined]
+        _ = lanefold.no_such_name  # type: ignore[attr-defined]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import orchestrator
-from orchestrator._cli import main
-from orchestrator._config import config_errors
+import lanefold
+from lanefold._cli import main
+from lanefold._config import config_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,8 +61,8 @@ def test_the_first_error_alone_is_what_load_config_raises(tmp_path: Path) -> Non
     path = tmp_path / "many.toml"
     path.write_text(MANY.replace("nan", "0.5"))
     errors = config_errors(path)
-    with pytest.raises(orchestrator.ConfigError) as caught:
-        orchestrator.load_config(path)
+    with pytest.raises(lanefold.ConfigError) as caught:
+        lanefold.load_config(path)
     assert str(caught.value) == f"{errors[0]} (and {len(errors) - 1} more)"
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from primitives import (
+from lanefold.primitives import (
     Ballot,
     ConfigError,
     VoteResult,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from primitives import JsonlEventLog, fold
+from lanefold.primitives import JsonlEventLog, fold
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ lanes_per_request = 1
 
 
 def start(*argv: str | Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *map(str, argv)],
+    return subprocess.Popen([sys.executable, "-m", "lanefold._cli", *map(str, argv)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

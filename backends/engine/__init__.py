@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from backends.engine._config import EngineConfig, resolve_model_path
+from lanefold.backends.engine._config import EngineConfig, resolve_model_path
 
 if TYPE_CHECKING:
-    from backends.engine._backend import EngineBackend
+    from lanefold.backends.engine._backend import EngineBackend
 
 __all__ = ("EngineBackend", "EngineConfig", "resolve_model_path")
 
 
 def __getattr__(name: str) -> object:
     if name == "EngineBackend":
-        from backends.engine._backend import EngineBackend
+        from lanefold.backends.engine._backend import EngineBackend
 
         return EngineBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,12 +18,12 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
-from backends.engine._config import EngineConfig
-from backends.engine._engine import Engine, load_tokenizer
-from backends.engine._sequence import Sequence as Lane
-from backends.engine._ticket import Ticket, lane_sample, settled_text
-from backends.engine._tokenizer import Tokenizer
-from primitives import (
+from lanefold.backends.engine._config import EngineConfig
+from lanefold.backends.engine._engine import Engine, load_tokenizer
+from lanefold.backends.engine._sequence import Sequence as Lane
+from lanefold.backends.engine._ticket import Ticket, lane_sample, settled_text
+from lanefold.backends.engine._tokenizer import Tokenizer
+from lanefold.primitives import (
     BackendError,
     ConfigError,
     LanefoldError,

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from primitives import ConfigError
+from lanefold.primitives import ConfigError
 
 __all__ = ("EMBEDDED", "EngineConfig", "resolve_model_path")
 

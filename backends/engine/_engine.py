@@ -15,18 +15,18 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from backends.engine._blocks import BlockPool
-from backends.engine._config import EngineConfig
-from backends.engine._metrics import EngineMetrics, RequestMetrics, charge_residency
-from backends.engine._model import CausalLM, build_model
-from backends.engine._runner import ModelRunner
-from backends.engine._sampler import SamplingBatch, lane_key, sample, sample_with_alternatives
-from backends.engine._scheduler import Scheduler, Step
-from backends.engine._sequence import Alternatives, EngineRequest, Sequence, Status
-from backends.engine._tokenizer import Tokenizer
-from backends.engine._weight_cache import cached_checkpoint, cached_tokenizer, open_lazily
-from backends.engine._weights import load_checkpoint, resolve_model_path
-from primitives import ConfigError, ContextLengthError, LaneRequest, SamplingParams
+from lanefold.backends.engine._blocks import BlockPool
+from lanefold.backends.engine._config import EngineConfig
+from lanefold.backends.engine._metrics import EngineMetrics, RequestMetrics, charge_residency
+from lanefold.backends.engine._model import CausalLM, build_model
+from lanefold.backends.engine._runner import ModelRunner
+from lanefold.backends.engine._sampler import SamplingBatch, lane_key, sample, sample_with_alternatives
+from lanefold.backends.engine._scheduler import Scheduler, Step
+from lanefold.backends.engine._sequence import Alternatives, EngineRequest, Sequence, Status
+from lanefold.backends.engine._tokenizer import Tokenizer
+from lanefold.backends.engine._weight_cache import cached_checkpoint, cached_tokenizer, open_lazily
+from lanefold.backends.engine._weights import load_checkpoint, resolve_model_path
+from lanefold.primitives import ConfigError, ContextLengthError, LaneRequest, SamplingParams
 
 __all__ = ("Engine", "load_tokenizer")
 

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from backends.engine._blocks import BlockPool
-    from backends.engine._sequence import Sequence
+    from lanefold.backends.engine._blocks import BlockPool
+    from lanefold.backends.engine._sequence import Sequence
 
 __all__ = ("EngineMetrics", "RequestMetrics", "charge_residency")
 

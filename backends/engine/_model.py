@@ -15,14 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backends.engine._arith import compute_dtype, linear
-from backends.engine._attention import (
+from lanefold.backends.engine._arith import compute_dtype, linear
+from lanefold.backends.engine._attention import (
     AttentionBatch,
     causal_attention,
     lane_attention,
     paged_attention,
 )
-from backends.engine._weights import Checkpoint, ModelArgs
+from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
 

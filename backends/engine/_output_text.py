@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from backends.engine._sampler import find_stop
+from lanefold.backends.engine._sampler import find_stop
 
 __all__ = ("Decoder", "OutputText")
 

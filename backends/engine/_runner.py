@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from backends.engine._arith import compute_dtype
-from backends.engine._attention import AttentionBatch, Lane, Prefix
-from backends.engine._model import CausalLM, KVCache
-from backends.engine._scheduler import Step
-from backends.engine._sequence import Sequence
+from lanefold.backends.engine._arith import compute_dtype
+from lanefold.backends.engine._attention import AttentionBatch, Lane, Prefix
+from lanefold.backends.engine._model import CausalLM, KVCache
+from lanefold.backends.engine._scheduler import Step
+from lanefold.backends.engine._sequence import Sequence
 
 __all__ = ("ModelRunner",)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from primitives import SamplingParams
+from lanefold.primitives import SamplingParams
 
 __all__ = (
     "SamplingBatch",

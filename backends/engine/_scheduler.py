@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from backends.engine._blocks import BlockPool
-from backends.engine._sequence import Sequence, Status
+from lanefold.backends.engine._blocks import BlockPool
+from lanefold.backends.engine._sequence import Sequence, Status
 
 __all__ = ("PREFILL_TOKEN_BUDGET", "Scheduler", "Step")
 

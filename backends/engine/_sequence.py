@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from backends.engine._metrics import RequestMetrics
-from backends.engine._output_text import OutputText
-from primitives import SamplingParams
+from lanefold.backends.engine._metrics import RequestMetrics
+from lanefold.backends.engine._output_text import OutputText
+from lanefold.primitives import SamplingParams
 
 __all__ = ("Alternatives", "EngineRequest", "Sequence", "Status")
 

@@ -8,9 +8,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from backends.engine._sequence import EngineRequest
-from backends.engine._sequence import Sequence as Lane
-from primitives import Sample, SampleRequest, Usage
+from lanefold.backends.engine._sequence import EngineRequest
+from lanefold.backends.engine._sequence import Sequence as Lane
+from lanefold.primitives import Sample, SampleRequest, Usage
 
 __all__ = ("Ticket", "lane_sample", "settled_text")
 

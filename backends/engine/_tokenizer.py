@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from primitives import ConfigError
+from lanefold.primitives import ConfigError
 
 if TYPE_CHECKING:
     import tokenizers
@@ -44,7 +44,7 @@ class Tokenizer:
         from tokenizers import AddedToken, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as Backend
 
-        from backends.engine._weights import gguf_field
+        from lanefold.backends.engine._weights import gguf_field
 
         kind, pre = (
             gguf_field(reader, "tokenizer.ggml.model"),
@@ -83,7 +83,7 @@ class Tokenizer:
         """Load `tokenizer.json` (its post-processor adds BOS where the model wants it)."""
         from tokenizers import Tokenizer as Backend
 
-        from backends.engine._weights import reading_model
+        from lanefold.backends.engine._weights import reading_model
 
         with reading_model(folder):
             if not (folder / "tokenizer.json").is_file():

@@ -19,8 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from backends.engine._tokenizer import Tokenizer
-from backends.engine._weights import (
+from lanefold.backends.engine._tokenizer import Tokenizer
+from lanefold.backends.engine._weights import (
     Checkpoint,
     ModelArgs,
     gguf_field,
@@ -28,7 +28,7 @@ from backends.engine._weights import (
     open_gguf,
     reading_model,
 )
-from primitives import get_logger
+from lanefold.primitives import get_logger
 
 if TYPE_CHECKING:
     from gguf import GGUFReader

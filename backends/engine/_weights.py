@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from backends.engine import _config
-from primitives import ConfigError, get_logger
+from lanefold.backends.engine import _config
+from lanefold.primitives import ConfigError, get_logger
 
 if TYPE_CHECKING:
     from gguf import GGUFReader

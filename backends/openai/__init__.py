@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.openai._backend import BackendEvent, OpenAIBackend
-from backends.openai._config import OpenAIConfig, read_api_key
+from lanefold.backends.openai._backend import BackendEvent, OpenAIBackend
+from lanefold.backends.openai._config import OpenAIConfig, read_api_key
 
 __all__ = ("BackendEvent", "OpenAIBackend", "OpenAIConfig", "read_api_key")

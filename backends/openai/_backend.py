@@ -25,8 +25,8 @@ import httpx
 from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import ValidationError
 
-from backends.openai._config import OpenAIConfig, read_api_key
-from backends.openai._errors import (
+from lanefold.backends.openai._config import OpenAIConfig, read_api_key
+from lanefold.backends.openai._errors import (
     Redactor,
     error_from_status,
     first_line,
@@ -35,9 +35,9 @@ from backends.openai._errors import (
     refuses_n,
     server_message,
 )
-from backends.openai._usage import apportion
-from backends.openai._wire import build_body, parse_response
-from primitives import (
+from lanefold.backends.openai._usage import apportion
+from lanefold.backends.openai._wire import build_body, parse_response
+from lanefold.primitives import (
     BackendError,
     BackendTimeoutError,
     BadResponseError,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from primitives import ConfigError
+from lanefold.primitives import ConfigError
 
 __all__ = ("RESERVED_BODY_KEYS", "OpenAIConfig", "read_api_key")
 

@@ -25,7 +25,7 @@ from email.utils import parsedate_to_datetime
 
 from pydantic import ValidationError
 
-from primitives import (
+from lanefold.primitives import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,

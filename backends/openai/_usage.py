@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from primitives import Usage
+from lanefold.primitives import Usage
 
 __all__ = ("Apportioned", "Tally", "apportion", "split")
 

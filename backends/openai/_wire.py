@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends.openai._config import OpenAIConfig
-from backends.openai._usage import Tally
-from primitives import SampleRequest
+from lanefold.backends.openai._config import OpenAIConfig
+from lanefold.backends.openai._usage import Tally
+from lanefold.primitives import SampleRequest
 
 __all__ = (
     "ChatResponse",

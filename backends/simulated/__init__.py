@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from backends.simulated._backend import SimulatedBackend, SimulatedConfig
+from lanefold.backends.simulated._backend import SimulatedBackend, SimulatedConfig
 
 __all__ = ("SimulatedBackend", "SimulatedConfig")

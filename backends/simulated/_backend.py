@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from backends.simulated._config import SimulatedConfig
-from backends.simulated._prompt import (
+from lanefold.backends.simulated._config import SimulatedConfig
+from lanefold.backends.simulated._prompt import (
     debate_view,
     earlier_answers,
     explores,
@@ -26,7 +26,7 @@ from backends.simulated._prompt import (
     normalized,
     question_keys,
 )
-from primitives import (
+from lanefold.primitives import (
     BackendError,
     BackendTimeoutError,
     LaneFailure,

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from orchestrator.evaluate import _compare_cli, _curve_cli, _datasets_cli, _eval_cli
-from orchestrator.evaluate._compare import Comparison, McNemar, run_compare
-from orchestrator.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
-from orchestrator.evaluate._datasets import DatasetSpec, load_dataset
-from orchestrator.evaluate._eval import run_eval
-from orchestrator.evaluate._eval_records import (
+from lanefold.evaluate import _compare_cli, _curve_cli, _datasets_cli, _eval_cli
+from lanefold.evaluate._compare import Comparison, McNemar, run_compare
+from lanefold.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
+from lanefold.evaluate._datasets import DatasetSpec, load_dataset
+from lanefold.evaluate._eval import run_eval
+from lanefold.evaluate._eval_records import (
     EvalManifest,
     EvalSummary,
     QuestionResult,
@@ -25,9 +25,9 @@ from orchestrator.evaluate._eval_records import (
     read_results,
     wilson_interval,
 )
-from orchestrator.evaluate._eval_view import is_eval, show_eval, tail_eval
-from orchestrator.evaluate._item import Item
-from orchestrator.evaluate._scoring import Score, Scorer, resolve_scorer
+from lanefold.evaluate._eval_view import is_eval, show_eval, tail_eval
+from lanefold.evaluate._item import Item
+from lanefold.evaluate._scoring import Score, Scorer, resolve_scorer
 
 __all__ = (
     "Comparison",

@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.evaluate._fetch import SHIPPED_SAMPLE
-from orchestrator.evaluate._openai_evals import EVALS_VERSION, WHEEL_NAME, openai_evals_cache, read_registry
-from orchestrator.evaluate._packaged import (
+from lanefold.evaluate._fetch import SHIPPED_SAMPLE
+from lanefold.evaluate._openai_evals import EVALS_VERSION, WHEEL_NAME, openai_evals_cache, read_registry
+from lanefold.evaluate._packaged import (
     ARCHIVE_NAME,
     BIGBENCH_VERSION,
     bigbench_cache,
     bigbench_tasks,
     humaneval_file,
 )
-from primitives import ConfigError
+from lanefold.primitives import ConfigError
 
 __all__ = ("SOURCE_NAMES", "Source", "find_source", "list_sources", "shipped_sample")
 

@@ -22,26 +22,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator._config import LoopConfig, config_hash, load_config, preflight
-from orchestrator.evaluate._datasets import DatasetSpec
-from orchestrator.evaluate._equal_budget import (
+from lanefold._config import LoopConfig, config_hash, load_config, preflight
+from lanefold.evaluate._datasets import DatasetSpec
+from lanefold.evaluate._equal_budget import (
     BUDGET_MODES,
     BudgetMode,
     apply_limit,
     equal_limit,
     lane_cap,
 )
-from orchestrator.evaluate._eval import EvalPaths, questions_hash, read_manifest, run_eval
-from orchestrator.evaluate._eval_records import (
+from lanefold.evaluate._eval import EvalPaths, questions_hash, read_manifest, run_eval
+from lanefold.evaluate._eval_records import (
     RUN_IDS,
     QuestionResult,
     check_eval_id,
     read_results,
     write_json,
 )
-from orchestrator.evaluate._item import Item
-from orchestrator.evaluate._scoring import resolve_scorer
-from primitives import ConfigError, plugin_folders, validate_run_id
+from lanefold.evaluate._item import Item
+from lanefold.evaluate._scoring import resolve_scorer
+from lanefold.primitives import ConfigError, plugin_folders, validate_run_id
 
 __all__ = ("Compared", "Comparison", "EqualBudget", "McNemar", "arm_names", "mcnemar",
            "mcnemar_p", "run_compare")

@@ -23,14 +23,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator._config import load_config
-from orchestrator._store import RunStore
-from orchestrator.evaluate._compare import Compared, Comparison, run_compare
-from orchestrator.evaluate._datasets import DatasetSpec
-from orchestrator.evaluate._equal_budget import BUDGET_MODES
-from orchestrator.evaluate._eval_records import TOKEN_LINES, QuestionResult
-from orchestrator.evaluate._progress import EvalProgress
-from primitives import ConfigError, validate_run_id
+from lanefold._config import load_config
+from lanefold._store import RunStore
+from lanefold.evaluate._compare import Compared, Comparison, run_compare
+from lanefold.evaluate._datasets import DatasetSpec
+from lanefold.evaluate._equal_budget import BUDGET_MODES
+from lanefold.evaluate._eval_records import TOKEN_LINES, QuestionResult
+from lanefold.evaluate._progress import EvalProgress
+from lanefold.primitives import ConfigError, validate_run_id
 
 __all__ = ("add_parser", "command", "print_comparison")
 
@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
 def command(args: argparse.Namespace) -> int:
     """Run (or continue) the comparison and print its table."""
     # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
-    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible, where
+    from lanefold._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible, where
 
     if len(args.configs) < 2:
         raise ConfigError(f"compare needs at least two configs, got {len(args.configs)}")

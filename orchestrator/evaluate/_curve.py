@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.evaluate._eval import EvalPaths, read_manifest
-from orchestrator.evaluate._eval_records import pass_at_k, read_results
-from primitives import ConfigError, RunNotFoundError, normalize_answer
+from lanefold.evaluate._eval import EvalPaths, read_manifest
+from lanefold.evaluate._eval_records import pass_at_k, read_results
+from lanefold.primitives import ConfigError, RunNotFoundError, normalize_answer
 
 __all__ = ("EXACT_LIMIT", "REDUCERS", "SUBSAMPLES", "Curve", "Estimate", "Point", "Pool",
            "PoolQuestion", "curve_seed", "majority_at_k", "pass_at_k", "read_pool",

@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.evaluate._curve import REDUCERS, Curve, read_pool, scaling_curve
-from primitives import ConfigError
+from lanefold.evaluate._curve import REDUCERS, Curve, read_pool, scaling_curve
+from lanefold.primitives import ConfigError
 
 __all__ = ("add_parser", "command", "parse_ks", "plot_curve")
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.evaluate._item import Item
-from primitives import ConfigError
+from lanefold.evaluate._item import Item
+from lanefold.primitives import ConfigError
 
 __all__ = ("DEFAULT_ANSWER_FIELD", "DEFAULT_QUESTION_FIELD", "DatasetSpec", "load_dataset",
            "load_file")
@@ -67,15 +67,15 @@ def load_dataset(spec: str, *, question_field: str | None = None,
         which = "--question-field" if question_field is not None else "--answer-field"
         raise ConfigError(f"{which}: applies to JSONL and CSV files, not to {spec!r}")
     if spec == "humaneval":
-        from orchestrator.evaluate._packaged import load_humaneval  # its loader, on demand
+        from lanefold.evaluate._packaged import load_humaneval  # its loader, on demand
 
         items = load_humaneval()
     elif spec.startswith("bigbench:"):
-        from orchestrator.evaluate._packaged import load_bigbench
+        from lanefold.evaluate._packaged import load_bigbench
 
         items = load_bigbench(spec.removeprefix("bigbench:"), cache_dir=cache_dir)
     elif spec.startswith("openai-evals:"):
-        from orchestrator.evaluate._openai_evals import load_openai_evals
+        from lanefold.evaluate._openai_evals import load_openai_evals
 
         items = load_openai_evals(spec.removeprefix("openai-evals:"), cache_dir=cache_dir)
     else:

@@ -12,8 +12,8 @@ import json
 import sys
 from collections.abc import Callable
 
-from orchestrator.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
-from orchestrator.evaluate._fetch import cache_root
+from lanefold.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
+from lanefold.evaluate._fetch import cache_root
 
 __all__ = ("add_parser", "command")
 

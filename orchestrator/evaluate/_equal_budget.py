@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator._config import LoopConfig, parse_config
-from primitives import ConfigError, Pricing
+from lanefold._config import LoopConfig, parse_config
+from lanefold.primitives import ConfigError, Pricing
 
 __all__ = ("BUDGET_MODES", "BudgetMode", "WorstCase", "apply_limit", "equal_limit", "lane_cap",
            "need", "prompt_tokens", "worst_case")

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import anyio
 
-from orchestrator._config import VERSION, LoopConfig, config_hash
-from orchestrator._executor import Executor, Job, with_seed, worker_spec
-from orchestrator._job_session import JobSession
-from orchestrator._result import RunResult
-from orchestrator._runner import check_question, lanefold_error
-from orchestrator._store import Store, new_run_id
-from orchestrator.evaluate._datasets import DatasetSpec
-from orchestrator.evaluate._eval_records import (
+from lanefold._config import VERSION, LoopConfig, config_hash
+from lanefold._executor import Executor, Job, with_seed, worker_spec
+from lanefold._job_session import JobSession
+from lanefold._result import RunResult
+from lanefold._runner import check_question, lanefold_error
+from lanefold._store import Store, new_run_id
+from lanefold.evaluate._datasets import DatasetSpec
+from lanefold.evaluate._eval_records import (
     COST_LINES,
     RUN_IDS,
     TOKEN_LINES,
@@ -48,9 +48,9 @@ from orchestrator.evaluate._eval_records import (
     write_csv,
     write_json,
 )
-from orchestrator.evaluate._item import Item
-from orchestrator.evaluate._scoring import Score, Scorer, resolve_scorer
-from primitives import (
+from lanefold.evaluate._item import Item
+from lanefold.evaluate._scoring import Score, Scorer, resolve_scorer
+from lanefold.primitives import (
     Backend,
     ConfigError,
     LanefoldError,

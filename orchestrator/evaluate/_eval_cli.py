@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator._config import LoopConfig, config_hash, load_config, parse_config
-from orchestrator._flags import some_seconds
-from orchestrator._ray_connect import CONNECT_TIMEOUT_S
-from orchestrator._store import new_run_id
-from orchestrator.evaluate._datasets import DatasetSpec
-from orchestrator.evaluate._eval import resume_hint, run_eval
-from orchestrator.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
-from orchestrator.evaluate._progress import EvalProgress
-from primitives import ConfigError, LanefoldError
+from lanefold._config import LoopConfig, config_hash, load_config, parse_config
+from lanefold._flags import some_seconds
+from lanefold._ray_connect import CONNECT_TIMEOUT_S
+from lanefold._store import new_run_id
+from lanefold.evaluate._datasets import DatasetSpec
+from lanefold.evaluate._eval import resume_hint, run_eval
+from lanefold.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
+from lanefold.evaluate._progress import EvalProgress
+from lanefold.primitives import ConfigError, LanefoldError
 
 if TYPE_CHECKING:
-    from orchestrator._ray_executor import RayExecutor
+    from lanefold._ray_executor import RayExecutor
 
 __all__ = ("add_parser", "command", "print_summary")
 
@@ -75,7 +75,7 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
 def command(args: argparse.Namespace) -> int:
     """Run (or continue) the eval and print its summary."""
     # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
-    from orchestrator._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible
+    from lanefold._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible
 
     config: LoopConfig | str
     if args.resume is not None:
@@ -142,7 +142,7 @@ def _executor(args: argparse.Namespace) -> RayExecutor | None:
             if value is not None:
                 raise ConfigError(f"{flag}: only with --executor ray")
         return None
-    from orchestrator._ray_executor import RayExecutor
+    from lanefold._ray_executor import RayExecutor
 
     timeout = args.ray_connect_timeout
     executor = RayExecutor(args.ray_address, 2 if args.workers is None else args.workers,

@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from primitives import ConfigError, LogWriteError, validate_run_id
+from lanefold.primitives import ConfigError, LogWriteError, validate_run_id
 
 __all__ = ("COST_LINES", "RUN_IDS", "TOKEN_LINES", "EvalManifest", "EvalPaths", "EvalSummary",
            "QuestionResult", "append_result", "check_eval_id", "pass_at_k", "read_manifest",

@@ -12,8 +12,8 @@ import json
 import time
 from collections.abc import Callable
 
-from orchestrator.evaluate._eval_cli import print_summary
-from orchestrator.evaluate._eval_records import (
+from lanefold.evaluate._eval_cli import print_summary
+from lanefold.evaluate._eval_records import (
     EvalPaths,
     EvalSummary,
     QuestionResult,
@@ -21,7 +21,7 @@ from orchestrator.evaluate._eval_records import (
     read_results,
     summarize,
 )
-from primitives import ConfigError, RunLock
+from lanefold.primitives import ConfigError, RunLock
 
 __all__ = ("describe_row", "is_eval", "show_eval", "tail_eval")
 

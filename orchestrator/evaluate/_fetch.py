@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from primitives import ConfigError
+from lanefold.primitives import ConfigError
 
 __all__ = ("ALTERNATIVES", "SHIPPED_SAMPLE", "cache_root", "fetch_refused", "pip_download",
            "source_cache")

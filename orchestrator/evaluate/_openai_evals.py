@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from orchestrator.evaluate._fetch import fetch_refused, pip_download, source_cache
-from orchestrator.evaluate._item import Item
-from primitives import ConfigError, LanefoldError, get_logger
+from lanefold.evaluate._fetch import fetch_refused, pip_download, source_cache
+from lanefold.evaluate._item import Item
+from lanefold.primitives import ConfigError, LanefoldError, get_logger
 
 __all__ = ("EVALS_VERSION", "WHEEL_NAME", "Registry", "fetch_openai_evals", "load_openai_evals",
            "openai_evals_cache", "read_registry")

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from orchestrator.evaluate._fetch import fetch_refused, pip_download, source_cache
-from orchestrator.evaluate._item import Item
-from primitives import ConfigError, LanefoldError, get_logger
+from lanefold.evaluate._fetch import fetch_refused, pip_download, source_cache
+from lanefold.evaluate._item import Item
+from lanefold.primitives import ConfigError, LanefoldError, get_logger
 
 __all__ = ("ARCHIVE_NAME", "BIGBENCH_VERSION", "bigbench_cache", "bigbench_tasks",
            "build_bigbench_archive", "fetch_bigbench", "humaneval_file", "load_bigbench",

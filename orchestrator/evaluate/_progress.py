@@ -15,7 +15,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from orchestrator.evaluate._eval_records import QuestionResult
+from lanefold.evaluate._eval_records import QuestionResult
 
 __all__ = ("EvalProgress",)
 

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 import anyio
 
-from orchestrator.evaluate._item import Item
-from primitives import (
+from lanefold.evaluate._item import Item
+from lanefold.primitives import (
     CommandVerifier,
     ConfigError,
     Verdict,

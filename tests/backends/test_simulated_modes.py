@@ -16,9 +16,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import LaneRequest, Sample, SampleRequest, SamplingParams
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import LaneRequest, Sample, SampleRequest, SamplingParams
 
 TEMPLATE = "Question: {question}\nThink briefly, then end with 'Answer: <answer>'.\n"
 PARAMS = SamplingParams(max_tokens=256)
@@ -336,11 +336,11 @@ output = '{"subquestions": []}'
 def test_the_new_keys_load_from_toml_and_a_run_uses_them(tmp_path: Path) -> None:
     path = tmp_path / "modes.toml"
     path.write_text(GOOD)
-    config = orchestrator.load_config(path)
+    config = lanefold.load_config(path)
     backend = config.backend
     assert isinstance(backend, SimulatedConfig)
     assert backend.difficulty == (2.0, 3.0) and backend.script[0].match == r"7 \+ 8"
-    result = orchestrator.run_sync(config, "What is 7 + 8?", runs_dir=str(tmp_path / "runs"))
+    result = lanefold.run_sync(config, "What is 7 + 8?", runs_dir=str(tmp_path / "runs"))
     assert result.answer in {"15", "381", "401", "293"}
 
 
@@ -363,6 +363,6 @@ def test_a_bad_new_key_is_refused_by_name(text: str, where: str, tmp_path: Path)
     path = tmp_path / "bad.toml"
     path.write_text(f"[loop]\ncoordinator = 'parallel_sample'\n[backend]\nkind = 'simulated'\n"
                     f"{text}\n")
-    with pytest.raises(orchestrator.ConfigError) as caught:
-        orchestrator.load_config(path)
+    with pytest.raises(lanefold.ConfigError) as caught:
+        lanefold.load_config(path)
     assert f": {where}" in str(caught.value)

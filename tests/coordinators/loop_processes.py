@@ -16,7 +16,7 @@ def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
     beside a config is found); no bytecode cache, so an edited module is read as edited."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator._cli", *args], cwd=folder,
+    return subprocess.Popen([sys.executable, "-m", "lanefold._cli", *args], cwd=folder,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

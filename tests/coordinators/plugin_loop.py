@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator import LoopContext, Outcome
+from lanefold import LoopContext, Outcome
 
 CRITIQUE = "Earlier drafts answered: {answers}. Check them, then end with 'Answer: <answer>'."
 

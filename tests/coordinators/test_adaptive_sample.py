@@ -27,16 +27,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loop_processes import cli, completed_in, finish
 
-import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from coordinators._adaptive_sample import (
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.coordinators._adaptive_sample import (
     AdaptiveSample,
     AdaptiveSampleParams,
     majority_posterior,
     settled,
     top_two,
 )
-from primitives import (
+from lanefold.primitives import (
     BudgetExhaustedError,
     JsonlEventLog,
     QuorumNotMetError,
@@ -44,30 +44,30 @@ from primitives import (
     SampleRequest,
     Usage,
 )
-from primitives.events import WaveStarted
+from lanefold.primitives.events import WaveStarted
 
 QUESTION = "What is 17 * 23?"
 CHECKED = "loop.adaptive_sample.checked"
 
 
 def config(loop: dict[str, Any], backend: dict[str, Any] | None = None,
-           **sections: dict[str, Any]) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+           **sections: dict[str, Any]) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"coordinator": "adaptive_sample", **loop},
         "backend": {"kind": "simulated", **(backend or {})}, **sections})
 
 
-def run(cfg: orchestrator.LoopConfig, runs: Path, run_id: str | None = None,
-        **kwargs: Any) -> orchestrator.RunResult:
-    return orchestrator.run_sync(cfg, QUESTION, runs_dir=runs, run_id=run_id, **kwargs)
+def run(cfg: lanefold.LoopConfig, runs: Path, run_id: str | None = None,
+        **kwargs: Any) -> lanefold.RunResult:
+    return lanefold.run_sync(cfg, QUESTION, runs_dir=runs, run_id=run_id, **kwargs)
 
 
-def events(result: orchestrator.RunResult) -> list[Any]:
+def events(result: lanefold.RunResult) -> list[Any]:
     assert result.events is not None
     return list(JsonlEventLog(result.events).read())
 
 
-def checks(result: orchestrator.RunResult) -> list[dict[str, Any]]:
+def checks(result: lanefold.RunResult) -> list[dict[str, Any]]:
     return [dict(e.data) for e in events(result) if e.type == CHECKED]
 
 
@@ -129,21 +129,21 @@ def test_top_two_counts_the_first_counted_of_a_tied_lead_first() -> None:
     ({"windows": 4}, "loop.windows: unknown key"),
 ])
 def test_keys_are_validated_naming_them(keys: dict[str, Any], error: str) -> None:
-    with pytest.raises(orchestrator.ConfigError) as caught:
-        orchestrator.parse_config({"loop": {"coordinator": "adaptive_sample", **keys}},
+    with pytest.raises(lanefold.ConfigError) as caught:
+        lanefold.parse_config({"loop": {"coordinator": "adaptive_sample", **keys}},
                                   source="adaptive.toml")
     assert str(caught.value).startswith(f"adaptive.toml: {error}"), caught.value
 
 
 def test_the_recorded_config_holds_every_default() -> None:
-    cfg = orchestrator.parse_config({"loop": {"coordinator": "adaptive_sample"}})
+    cfg = lanefold.parse_config({"loop": {"coordinator": "adaptive_sample"}})
     assert cfg.loop_params == AdaptiveSampleParams()
     assert cfg.model_dump()["loop"] == {
         "coordinator": "adaptive_sample", "max_concurrency": 16, "seed": 0, "timeout_s": None,
         "window": 4, "max_lanes": 40, "rule": "beta", "threshold": 0.95,
         "reducer": "majority_vote", "min_quorum": 1, "tie_break": "first_lane",
         "weighting": "none"}
-    assert orchestrator.parse_config(cfg.model_dump()).loop_params == cfg.loop_params
+    assert lanefold.parse_config(cfg.model_dump()).loop_params == cfg.loop_params
     assert AdaptiveSample().params == AdaptiveSampleParams()
 
 
@@ -313,11 +313,11 @@ def test_the_budget_is_never_exceeded(window: int, extra: int, rule: str, thresh
         retry={"max_attempts": attempts, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001})
     with tempfile.TemporaryDirectory() as runs:
         try:
-            result: orchestrator.RunResult | None = run(cfg, Path(runs), run_id="r")
+            result: lanefold.RunResult | None = run(cfg, Path(runs), run_id="r")
         except (BudgetExhaustedError, QuorumNotMetError):
             result = None
         log = list(JsonlEventLog(Path(runs) / "r" / "events.jsonl").read())
-    state = orchestrator.fold(log, cfg.pricing)
+    state = lanefold.fold(log, cfg.pricing)
     assert state.spend.tokens <= limit
     started = sum(e.data.k for e in log if isinstance(e, WaveStarted))
     assert started <= max_lanes
@@ -342,7 +342,7 @@ def test_a_log_cut_anywhere_resumes_to_the_uninterrupted_result(tmp_path: Path) 
         run(cfg, tmp_path, run_id=run_id)  # the same run under its own id, then the crash:
         log = tmp_path / run_id / "events.jsonl"
         log.write_text("".join(log.read_text().splitlines(keepends=True)[:cut]))
-        again = orchestrator.resume_sync(run_id, runs_dir=tmp_path)
+        again = lanefold.resume_sync(run_id, runs_dir=tmp_path)
         assert (again.answer, again.votes, again.outcome) == (
             base.answer, base.votes, base.outcome), cut
         after = [e.type for e in JsonlEventLog(log).read()]
@@ -432,13 +432,13 @@ def mixture() -> dict[str, tuple[int, float]]:
     found: dict[str, tuple[int, float]] = {}
     with tempfile.TemporaryDirectory() as runs:
         for name, loop in loops.items():
-            cfg = orchestrator.parse_config({
+            cfg = lanefold.parse_config({
                 "loop": {**loop, "max_concurrency": MAX_LANES},
                 "backend": {"kind": "simulated", "difficulty": [2.0, 1.0]},
                 "log": {"fsync": "never"}})
             lanes = right = 0
             for i in range(QUESTIONS):
-                result = orchestrator.run_sync(cfg, f"Question {i}: what is 17 * 23?",
+                result = lanefold.run_sync(cfg, f"Question {i}: what is 17 * 23?",
                                                runs_dir=runs, backend=backend)
                 lanes += len(result.lanes)
                 right += result.answer == "391"
@@ -484,4 +484,4 @@ class ScriptedBackend:
 
 
 def test_the_scripted_backend_is_a_backend() -> None:
-    assert isinstance(ScriptedBackend("A"), orchestrator.Backend)
+    assert isinstance(ScriptedBackend("A"), lanefold.Backend)

@@ -25,13 +25,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loop_processes import cli, completed_in, finish
 
-import coordinators._debate  # registers the loop
-import orchestrator
-from backends.simulated import SimulatedBackend
-from backends.simulated._config import SimulatedConfig
-from coordinators import ParallelSample, ParallelSampleParams
-from coordinators._debate import Debate, DebateParams, debate_prompt, visible_peers
-from primitives import (
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend
+from lanefold.backends.simulated._config import SimulatedConfig
+from lanefold.coordinators import (
+    ParallelSample,
+    ParallelSampleParams,
+    _debate,  # registers the loop
+)
+from lanefold.coordinators._debate import Debate, DebateParams, debate_prompt, visible_peers
+from lanefold.primitives import (
     Dispatcher,
     JsonlEventLog,
     LanefoldError,
@@ -49,7 +52,7 @@ from primitives import (
     SamplingParams,
     hash_config,
 )
-from primitives.events import RunStarted, RunStartedData
+from lanefold.primitives.events import RunStarted, RunStartedData
 
 QUESTION = "What is 17 * 23?"
 PEER = re.compile(r"^Agent (\d+) answered: (.+)$", re.MULTILINE)
@@ -72,19 +75,19 @@ class Recording(SimulatedBackend):
                 for lane in request.lanes}
 
 
-def config(loop: Mapping[str, Any] | None = None, **backend: Any) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(loop: Mapping[str, Any] | None = None, **backend: Any) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"coordinator": "debate", **(loop or {})},
         "sampling": {"max_tokens": 64},
         "backend": {"kind": "simulated", **backend}})
 
 
-def log_of(result: orchestrator.RunResult) -> Path:
+def log_of(result: lanefold.RunResult) -> Path:
     assert result.events is not None
     return Path(result.events)
 
 
-def events(result: orchestrator.RunResult) -> list[Any]:
+def events(result: lanefold.RunResult) -> list[Any]:
     return list(JsonlEventLog(log_of(result)).read())
 
 
@@ -108,22 +111,22 @@ def rounds_of(log: list[Any]) -> list[dict[str, Any]]:
     ({"agent": 3}, "loop.agent: unknown key"),
 ])
 def test_keys_are_validated_naming_the_key(keys: dict[str, Any], error: str) -> None:
-    with pytest.raises(orchestrator.ConfigError) as caught:
-        orchestrator.parse_config({"loop": {"coordinator": "debate", **keys}}, source="d.toml")
+    with pytest.raises(lanefold.ConfigError) as caught:
+        lanefold.parse_config({"loop": {"coordinator": "debate", **keys}}, source="d.toml")
     assert str(caught.value).startswith(f"d.toml: {error}"), caught.value
 
 
 def test_the_recorded_config_holds_the_defaults() -> None:
-    loop = orchestrator.parse_config({"loop": {"coordinator": "debate"}}).model_dump()["loop"]
+    loop = lanefold.parse_config({"loop": {"coordinator": "debate"}}).model_dump()["loop"]
     assert loop == {"coordinator": "debate", "max_concurrency": 16, "seed": 0, "timeout_s": None,
                     "agents": 3, "rounds": 1, "visibility": "all", "early_exit": True,
-                    "instruction": coordinators._debate.REVISE,
+                    "instruction": _debate.REVISE,
                     "reducer": "majority_vote", "tie_break": "first_lane", "weighting": "none"}
 
 
 def test_a_judging_reducer_needs_its_judge() -> None:
-    with pytest.raises(orchestrator.ConfigError, match=r"judge\.template"):
-        orchestrator.Session(config({"reducer": "judge_argmax"}))
+    with pytest.raises(lanefold.ConfigError, match=r"judge\.template"):
+        lanefold.Session(config({"reducer": "judge_argmax"}))
 
 
 # -- prompts and peers -----------------------------------------------------------------------------
@@ -152,7 +155,7 @@ def test_each_agent_sees_its_previous_answer_and_only_its_visible_peers(
         visibility: str, tmp_path: Path) -> None:
     agents = 5
     backend = Recording(accuracy=0.4)
-    result = orchestrator.run_sync(
+    result = lanefold.run_sync(
         config({"agents": agents, "rounds": 2, "visibility": visibility, "early_exit": False,
                 "seed": 4}), QUESTION, runs_dir=tmp_path, backend=backend)
     answers = rounds_of(events(result))
@@ -172,7 +175,7 @@ def test_each_agent_sees_its_previous_answer_and_only_its_visible_peers(
 
 def test_round_zero_is_one_wave_of_one_prompt(tmp_path: Path) -> None:
     backend = Recording(accuracy=0.5)
-    orchestrator.run_sync(config({"agents": 4, "rounds": 0}), QUESTION, runs_dir=tmp_path,
+    lanefold.run_sync(config({"agents": 4, "rounds": 0}), QUESTION, runs_dir=tmp_path,
                           backend=backend)
     assert [(r.wave, r.purpose, len(r.lanes)) for r in backend.seen] == [(1, "debate", 4)]
     assert backend.seen[0].prompt.startswith(f"Question: {QUESTION}\n")
@@ -187,7 +190,7 @@ def test_round_zero_is_one_wave_of_one_prompt(tmp_path: Path) -> None:
 def test_calls_are_exactly_agents_times_rounds_plus_one(
         agents: int, rounds: int, visibility: str, tmp_path: Path) -> None:
     calls = tmp_path / "calls.txt"
-    result = orchestrator.run_sync(
+    result = lanefold.run_sync(
         config({"agents": agents, "rounds": rounds, "visibility": visibility,
                 "early_exit": False}, accuracy=0.9, call_log=str(calls)),
         QUESTION, runs_dir=tmp_path / "runs")
@@ -210,14 +213,14 @@ def test_calls_are_exactly_agents_times_rounds_plus_one(
 
 
 def test_early_exit_stops_once_every_agent_agrees(tmp_path: Path) -> None:
-    agreed = orchestrator.run_sync(config({"rounds": 3}, accuracy=1.0), QUESTION,
+    agreed = lanefold.run_sync(config({"rounds": 3}, accuracy=1.0), QUESTION,
                                    runs_dir=tmp_path)
     assert agreed.outcome["stop"] == "agreed" and agreed.outcome["rounds"] == 0
     assert agreed.outcome["lanes"] == 3 and agreed.answer == "391"
     [note] = rounds_of(events(agreed))
     assert note == {"round": 0, "answers": ["391"] * 3, "agreement": 1.0, "unanimous": True,
                     "stop": "agreed"}
-    kept_on = orchestrator.run_sync(config({"rounds": 3, "early_exit": False}, accuracy=1.0),
+    kept_on = lanefold.run_sync(config({"rounds": 3, "early_exit": False}, accuracy=1.0),
                                     QUESTION, runs_dir=tmp_path)
     assert kept_on.outcome["lanes"] == 12 and kept_on.outcome["stop"] == "rounds"
 
@@ -225,7 +228,7 @@ def test_early_exit_stops_once_every_agent_agrees(tmp_path: Path) -> None:
 def test_early_exit_after_a_rebuttal_round(tmp_path: Path) -> None:
     # Round 0 disagrees; every rebuttal says 391, so the debate stops after round 1.
     script = [{"purpose": "debate", "match": "Your previous answer", "output": "Answer: 391"}]
-    result = orchestrator.run_sync(
+    result = lanefold.run_sync(
         config({"agents": 4, "rounds": 5, "seed": 3}, accuracy=0.3, script=script),
         QUESTION, runs_dir=tmp_path)
     recorded = rounds_of(events(result))
@@ -238,7 +241,7 @@ def test_answers_agree_as_the_vote_counts_them(tmp_path: Path) -> None:
     # "391." and "391" are one answer to the vote, so they are agreement too.
     script = [{"purpose": "debate", "match": "Agent 1 answered", "output": "Answer: 391."},
               {"purpose": "debate", "match": "Your previous answer", "output": "Answer: 391"}]
-    result = orchestrator.run_sync(
+    result = lanefold.run_sync(
         config({"agents": 3, "rounds": 4, "seed": 3}, accuracy=0.3, script=script),
         QUESTION, runs_dir=tmp_path)
     first, second = rounds_of(events(result))
@@ -366,18 +369,18 @@ def test_a_correction_biased_debate_beats_it(measured: dict[str, tuple[float, fl
 def test_a_round_the_budget_cannot_fund_is_not_started(tmp_path: Path) -> None:
     # 64 prompt + 40 output tokens a lane: round 0 (3 lanes, one shared prompt) costs 248,
     # a rebuttal (3 prompts) 312. A limit of 600 funds round 0 and one rebuttal, not two.
-    cfg = orchestrator.parse_config({
+    cfg = lanefold.parse_config({
         "loop": {"coordinator": "debate", "rounds": 3, "early_exit": False},
         "sampling": {"max_tokens": 40}, "budget": {"max_tokens": 600},
         "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 40}})
-    result = orchestrator.run_sync(cfg, QUESTION, runs_dir=tmp_path)
+    result = lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path)
     assert result.status == "answered"
     assert result.outcome["stop"] == "budget" and result.outcome["rounds"] == 1
     log = events(result)
     assert [e.wave for e in log if e.type == "wave.started"] == [1, 2]
     assert not any(e.type == "budget.wave_shrunk" for e in log), "no round was cut short"
     assert next(e for e in log if e.type == "reduce.completed").wave == 2
-    state = orchestrator.fold(events(result), cfg.pricing)
+    state = lanefold.fold(events(result), cfg.pricing)
     assert state.spend.tokens <= 600
 
 
@@ -392,7 +395,7 @@ def test_the_budget_is_never_exceeded(tmp_path: Path, agents: int, rounds: int, 
                                       early_exit: bool, failure: float, limit: int,
                                       requests: int | None, per_request: int | None,
                                       seed: int) -> None:
-    cfg = orchestrator.parse_config({
+    cfg = lanefold.parse_config({
         "loop": {"coordinator": "debate", "agents": agents, "rounds": rounds, "seed": seed,
                  "visibility": visibility, "early_exit": early_exit},
         "sampling": {"max_tokens": 30},
@@ -402,13 +405,13 @@ def test_the_budget_is_never_exceeded(tmp_path: Path, agents: int, rounds: int, 
                     "prompt_tokens": 20, "output_tokens": 25, "lanes_per_request": per_request}})
     run_id = f"b{len(list(tmp_path.glob('*')))}"
     try:
-        result: orchestrator.RunResult | None = orchestrator.run_sync(
+        result: lanefold.RunResult | None = lanefold.run_sync(
             cfg, QUESTION, runs_dir=tmp_path, run_id=run_id)
     except LanefoldError as exc:  # round 0 unfunded, or every lane of a round faulted
         assert type(exc).__name__ in ("BudgetExhaustedError", "QuorumNotMetError"), exc
         result = None
     log: list[Any] = list(JsonlEventLog(tmp_path / run_id / "events.jsonl").read())
-    state = orchestrator.fold(log, cfg.pricing)
+    state = lanefold.fold(log, cfg.pricing)
     assert state.spend.tokens <= limit
     assert requests is None or state.spend.requests <= requests
     waves = [e for e in log if e.type == "wave.started"]
@@ -427,14 +430,14 @@ def test_the_budget_is_never_exceeded(tmp_path: Path, agents: int, rounds: int, 
 def test_a_log_cut_at_any_event_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
     cfg = config({"agents": 3, "rounds": 2, "seed": 5, "early_exit": False,
                   "max_concurrency": 2}, accuracy=0.5, lanes_per_request=1)
-    base = orchestrator.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="base")
+    base = lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="base")
     lines = log_of(base).read_text().splitlines(keepends=True)
     for cut in range(1, len(lines) - 1):
         run_id = f"cut{cut}"
-        orchestrator.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id=run_id)
+        lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id=run_id)
         log = tmp_path / run_id / "events.jsonl"
         log.write_text("".join(log.read_text().splitlines(keepends=True)[:cut]))
-        again = orchestrator.resume_sync(run_id, runs_dir=tmp_path)
+        again = lanefold.resume_sync(run_id, runs_dir=tmp_path)
         assert (again.answer, again.votes, again.outcome) == (
             base.answer, base.votes, base.outcome), cut
         types = [e.type for e in JsonlEventLog(log).read()]
@@ -444,18 +447,18 @@ def test_a_log_cut_at_any_event_resumes_to_the_uninterrupted_result(tmp_path: Pa
 def test_resume_keeps_the_recorded_budget_decision(tmp_path: Path) -> None:
     # The run stopped for budget after round 1. A resume from just after that decision sees
     # every round's spend in the ledger, and must not decide again from it.
-    cfg = orchestrator.parse_config({
+    cfg = lanefold.parse_config({
         "loop": {"coordinator": "debate", "rounds": 3, "early_exit": False},
         "sampling": {"max_tokens": 40}, "budget": {"max_tokens": 600},
         "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 40}})
-    base = orchestrator.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="base")
+    base = lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="base")
     log = log_of(base)
     lines = log.read_text().splitlines(keepends=True)
     first = next(i for i, line in enumerate(lines) if '"loop.debate.round"' in line)
-    orchestrator.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="cut")
+    lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="cut")
     cut = tmp_path / "cut" / "events.jsonl"
     cut.write_text("".join(cut.read_text().splitlines(keepends=True)[:first + 1]))
-    again = orchestrator.resume_sync("cut", runs_dir=tmp_path)
+    again = lanefold.resume_sync("cut", runs_dir=tmp_path)
     assert (again.answer, again.outcome) == (base.answer, base.outcome)
 
 
@@ -526,11 +529,11 @@ def test_sigkill_mid_rebuttal_then_resume_gives_the_uninterrupted_result(tmp_pat
 def test_the_example_runs_its_loop_on_the_simulated_backend(tmp_path: Path) -> None:
     """examples/debate.toml names the bundled engine; here its loop, prompt, sampling and
     extractor run on the simulated backend instead (the engine run is checked by hand)."""
-    raw = orchestrator.load_config(ROOT / "examples" / "debate.toml").model_dump(mode="json")
+    raw = lanefold.load_config(ROOT / "examples" / "debate.toml").model_dump(mode="json")
     assert raw["loop"]["coordinator"] == "debate" and raw["backend"]["kind"] == "engine"
     raw["backend"] = {"kind": "simulated", "answer": "15", "distractors": ["14", "16"],
                       "accuracy": 0.6}
     raw["sampling"]["max_tokens"] = 48  # the simulated text is longer than a small model's
-    result = orchestrator.run_sync(orchestrator.parse_config(raw), "What is 7 + 8?",
+    result = lanefold.run_sync(lanefold.parse_config(raw), "What is 7 + 8?",
                                    runs_dir=tmp_path)
     assert result.status == "answered" and result.answer in ("14", "15", "16")

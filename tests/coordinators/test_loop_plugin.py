@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from loop_processes import cli, finish
 
-import orchestrator
-from orchestrator._cli import main
+import lanefold
+from lanefold._cli import main
 
 HERE = Path(__file__).resolve().parent
 QUESTION = "What is 17 * 23?"
@@ -168,8 +168,8 @@ def test_a_plugin_run_from_python_is_tailed_and_shown_by_the_cli_without_its_loo
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     runs = folder / "runs"
-    config = orchestrator.load_config(write_config(folder, "py"))
-    result = orchestrator.run_sync(config, QUESTION, runs_dir=runs, run_id="py")
+    config = lanefold.load_config(write_config(folder, "py"))
+    result = lanefold.run_sync(config, QUESTION, runs_dir=runs, run_id="py")
     assert result.status == "answered"
     assert events(runs, "py")[0]["data"]["config_dir"] == str(folder.resolve())
 
@@ -221,7 +221,7 @@ def test_a_verifier_beside_a_config_is_found_from_python_as_from_the_cli(
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     try:
-        result = orchestrator.run_sync(orchestrator.load_config(path), QUESTION,
+        result = lanefold.run_sync(lanefold.load_config(path), QUESTION,
                                        runs_dir=folder / "runs")
     finally:
         sys.modules.pop("my_checks", None)
@@ -232,7 +232,7 @@ def test_a_verifier_beside_a_config_is_found_from_python_as_from_the_cli(
 PLAIN_PARAMS = """
 from typing import ClassVar
 from pydantic import BaseModel
-from orchestrator import LoopContext, Outcome
+from lanefold import LoopContext, Outcome
 
 class Params(BaseModel):  # a plain model: pydantic's default ignores unknown keys
     n: int = 1
@@ -256,12 +256,12 @@ def test_an_unknown_loop_key_is_refused_whatever_the_plugins_params_allow(
     path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nnn = 2\n'
                     '[backend]\nkind = "simulated"\n')
     try:
-        with pytest.raises(orchestrator.ConfigError) as caught:
-            orchestrator.load_config(path)
+        with pytest.raises(lanefold.ConfigError) as caught:
+            lanefold.load_config(path)
         assert str(caught.value) == f"{path}: loop.nn: unknown key"
         path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nn = 2\n'
                         '[backend]\nkind = "simulated"\n')
-        assert orchestrator.load_config(path).loop_params.model_dump() == {"n": 2}
+        assert lanefold.load_config(path).loop_params.model_dump() == {"n": 2}
     finally:
         sys.modules.pop("plain_loop", None)
 
@@ -415,7 +415,7 @@ def test_a_plugin_module_that_exits_at_import_is_a_config_error_naming_its_key(
                       + '[backend]\nkind = "simulated"\n')
     argv = [command, str(config)] + (["--question", QUESTION, "--runs-dir", "runs"]
                                      if command == "run" else [])
-    done = subprocess.run([sys.executable, "-m", "orchestrator._cli", *argv], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "lanefold._cli", *argv], cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)

@@ -24,9 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loop_processes import cli, finish
 
-import coordinators._plan_verify_replan  # noqa: F401  # registers the loop
-import orchestrator
-from coordinators._plan import (
+import lanefold
+import lanefold.coordinators._plan_verify_replan  # registers the loop
+from lanefold._cli import main
+from lanefold.coordinators._plan import (
     PlanError,
     Progress,
     StopRules,
@@ -38,9 +39,8 @@ from coordinators._plan import (
     parse_verdict,
     stop_rule,
 )
-from coordinators._plan_verify_replan import PlanVerifyReplanParams
-from orchestrator._cli import main
-from primitives import AnyEvent, BudgetExhaustedError, JsonlEventLog
+from lanefold.coordinators._plan_verify_replan import PlanVerifyReplanParams
+from lanefold.primitives import AnyEvent, BudgetExhaustedError, JsonlEventLog
 
 QUESTION = "What is 17 * 23?"
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,20 +74,20 @@ def about(question: str) -> str:
 
 
 def config(script: list[dict[str, Any]], loop: dict[str, Any] | None = None,
-           backend: dict[str, Any] | None = None, **sections: Any) -> orchestrator.LoopConfig:
+           backend: dict[str, Any] | None = None, **sections: Any) -> lanefold.LoopConfig:
     raw: dict[str, Any] = {
         "loop": {"coordinator": NAME, **(loop or {})},
         "sampling": {"max_tokens": 64}, "log": {"fsync": "never"},
         "backend": {"kind": "simulated", "accuracy": 1.0, "script": script, **(backend or {})}}
     raw.update(sections)
-    return orchestrator.parse_config(raw)
+    return lanefold.parse_config(raw)
 
 
-def run(cfg: orchestrator.LoopConfig, runs: Path, **kwargs: Any) -> orchestrator.RunResult:
-    return orchestrator.run_sync(cfg, QUESTION, runs_dir=runs, **kwargs)
+def run(cfg: lanefold.LoopConfig, runs: Path, **kwargs: Any) -> lanefold.RunResult:
+    return lanefold.run_sync(cfg, QUESTION, runs_dir=runs, **kwargs)
 
 
-def events(result: orchestrator.RunResult) -> list[AnyEvent]:
+def events(result: lanefold.RunResult) -> list[AnyEvent]:
     assert result.events is not None
     return list(JsonlEventLog(result.events).read())
 
@@ -122,13 +122,13 @@ def waves(log: list[AnyEvent]) -> list[tuple[str, str, int]]:
     ({"verifier_backend": "other"}, "loop.verifier_backend: Input should be 'main' or 'judge'"),
 ])
 def test_keys_are_validated_naming_the_key(keys: dict[str, Any], error: str) -> None:
-    with pytest.raises(orchestrator.ConfigError) as caught:
-        orchestrator.parse_config({"loop": {"coordinator": NAME, **keys}}, source="pvr.toml")
+    with pytest.raises(lanefold.ConfigError) as caught:
+        lanefold.parse_config({"loop": {"coordinator": NAME, **keys}}, source="pvr.toml")
     assert str(caught.value) == f"pvr.toml: {error}"
 
 
 def test_the_defaults_are_vmaos_and_recorded_whole() -> None:
-    cfg = orchestrator.parse_config({"loop": {"coordinator": NAME}})
+    cfg = lanefold.parse_config({"loop": {"coordinator": NAME}})
     assert cfg.loop_params == PlanVerifyReplanParams()
     rules = PlanVerifyReplanParams().rules()
     assert (rules.ready, rules.confidence, rules.confidence_complete, rules.min_gain,
@@ -270,7 +270,7 @@ def test_the_loop_plans_answers_in_dependency_waves_verifies_and_synthesizes(
 @pytest.mark.anyio
 async def test_the_loop_runs_on_either_event_loop(tmp_path: Path) -> None:
     cfg = config([on("plan", THREE), on("verify", verdict("complete", 1.0))])
-    result = await orchestrator.run(cfg, QUESTION, runs_dir=tmp_path)
+    result = await lanefold.run(cfg, QUESTION, runs_dir=tmp_path)
     assert result.status == "answered" and result.outcome["stop"] == "ready"
 
 
@@ -325,7 +325,7 @@ def test_the_budget_stops_the_loop_cleanly_and_is_never_exceeded(tmp_path: Path)
     cfg = config(PARTIAL, {"json_max_tokens": 64}, budget={"max_tokens": 700})
     result = run(cfg, tmp_path)
     log = events(result)
-    assert orchestrator.fold(log, cfg.pricing).spend.tokens == 5 * 112 <= 700
+    assert lanefold.fold(log, cfg.pricing).spend.tokens == 5 * 112 <= 700
     assert [p for p, _, _ in waves(log)] == ["plan", "sample", "sample", "synthesize"]
     assert [a["nodes"] for a in mine(log, "answering")] == [["q1", "q2"], ["q3"]]
     assert mine(log, "verifying") == [{"iteration": 1, "nodes": [],
@@ -513,7 +513,7 @@ def test_the_budget_is_never_exceeded(
         log = list(JsonlEventLog(runs / "r" / "events.jsonl").read())
         assert not any(e.type == "wave.started" for e in log), "refused before any call"
         return
-    state = orchestrator.fold(JsonlEventLog(runs / "r" / "events.jsonl").read(), cfg.pricing)
+    state = lanefold.fold(JsonlEventLog(runs / "r" / "events.jsonl").read(), cfg.pricing)
     if limit is not None:
         assert state.spend.tokens <= limit
     assert result.status in ("answered", "no_answer")
@@ -540,7 +540,7 @@ def test_a_run_cut_at_any_event_resumes_to_the_uninterrupted_result(tmp_path: Pa
         run(cfg, tmp_path, run_id=f"cut{cut}")
         log = tmp_path / f"cut{cut}" / "events.jsonl"
         log.write_text("".join(log.read_text().splitlines(keepends=True)[:cut]))
-        again = orchestrator.resume_sync(f"cut{cut}", runs_dir=tmp_path)
+        again = lanefold.resume_sync(f"cut{cut}", runs_dir=tmp_path)
         assert (again.answer, again.winner_lane, again.outcome) == (
             base.answer, base.winner_lane, base.outcome), cut
         after = list(JsonlEventLog(log).read())
@@ -560,7 +560,7 @@ def toml_rules(rules: list[dict[str, Any]]) -> str:
 
 CRASH_CONFIG = """
 [loop]
-coordinator = "coordinators._plan_verify_replan:PlanVerifyReplan"
+coordinator = "lanefold.coordinators._plan_verify_replan:PlanVerifyReplan"
 seed = 7
 max_concurrency = 1
 
@@ -643,7 +643,7 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(crashed: Pat
 
 
 def test_the_example_config_validates() -> None:
-    cfg = orchestrator.load_config(ROOT / "examples" / "plan_verify_replan.toml")
+    cfg = lanefold.load_config(ROOT / "examples" / "plan_verify_replan.toml")
     assert cfg.loop.coordinator == NAME
     assert cfg.backend.kind == "engine"
     assert cfg.loop_params.on_bad_plan == "direct"  # type: ignore[attr-defined]

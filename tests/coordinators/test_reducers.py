@@ -21,15 +21,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from coordinators import (
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.coordinators import (
     AnyPass,
     JudgeArgmax,
     MajorityVote,
     UniversalSelfConsistency,
     WeightedVote,
 )
-from primitives import (
+from lanefold.primitives import (
     CallableVerifier,
     ConfigError,
     Dispatcher,
@@ -56,7 +56,7 @@ from primitives import (
     reducer_names,
     resolve_reducer,
 )
-from primitives.events import RunStarted, RunStartedData
+from lanefold.primitives.events import RunStarted, RunStartedData
 
 QUESTION = "What is 17 * 23?"
 EXTRACT = ExtractSpec(regex=r"Answer:\s*(\S+)")

@@ -10,10 +10,10 @@ from typing import ClassVar
 import pytest
 from pydantic import BaseModel
 
-import orchestrator
-from coordinators import vote
-from primitives import ConfigError, Lane, resolve_loop, resolve_reducer
-from primitives import _registry as registry
+import lanefold
+from lanefold.coordinators import vote
+from lanefold.primitives import ConfigError, Lane, resolve_loop, resolve_reducer
+from lanefold.primitives import _registry as registry
 
 ENTRY_POINTS = """\
 [lanefold.loops]
@@ -25,7 +25,7 @@ ep_first = eploops:First
 
 MODULE = """\
 from pydantic import BaseModel
-from primitives import Outcome, Reduction
+from lanefold.primitives import Outcome, Reduction
 
 
 class Plain:  # no decorator: the entry point alone registers it
@@ -80,10 +80,10 @@ def test_an_entry_point_alone_registers_a_loop_and_a_reducer(installed: Path) ->
 
 
 def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> None:
-    config = orchestrator.parse_config({
+    config = lanefold.parse_config({
         "loop": {"coordinator": "plain_ep", "seed": 1},
         "backend": {"kind": "simulated", "answer": "42", "accuracy": 1.0}})
-    result = orchestrator.run_sync(config, "q", runs_dir=tmp_path / "runs")
+    result = lanefold.run_sync(config, "q", runs_dir=tmp_path / "runs")
     assert (result.answer, result.reducer) == ("42", "plain_ep")
 
 
@@ -95,7 +95,7 @@ def test_loop_names_must_name_events() -> None:
         async def run(self, ctx: object, question: str) -> None: ...
 
     with pytest.raises(ConfigError, match="lower case"):
-        orchestrator.register_loop(Shouting)
+        lanefold.register_loop(Shouting)
 
 
 def test_a_record_noun_must_name_an_event(tmp_path: Path) -> None:
@@ -108,15 +108,15 @@ def test_a_record_noun_must_name_an_event(tmp_path: Path) -> None:
         def __init__(self, params: BaseModel) -> None:
             pass
 
-        async def run(self, ctx: orchestrator.LoopContext, question: str) -> orchestrator.Outcome:
+        async def run(self, ctx: lanefold.LoopContext, question: str) -> lanefold.Outcome:
             ctx.record("Round", {})
-            return orchestrator.Outcome(answer="x")
+            return lanefold.Outcome(answer="x")
 
-    orchestrator.register_loop(Noisy)
-    config = orchestrator.parse_config({"loop": {"coordinator": "noisy_test"},
+    lanefold.register_loop(Noisy)
+    config = lanefold.parse_config({"loop": {"coordinator": "noisy_test"},
                                         "backend": {"kind": "simulated"}})
     with pytest.raises(ConfigError, match=r"ctx\.record"):
-        orchestrator.run_sync(config, "q", runs_dir=tmp_path)
+        lanefold.run_sync(config, "q", runs_dir=tmp_path)
 
 
 def test_a_vote_over_lanes_of_two_waves_counts_every_lane() -> None:

@@ -23,16 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loop_processes import cli, finish
 
-import coordinators._sequential_refine  # noqa: F401  # registers the loop
-import orchestrator
-from backends.simulated import SimulatedBackend
-from backends.simulated._config import SimulatedConfig
-from coordinators._sequential_refine import (
+import lanefold
+import lanefold.coordinators._sequential_refine  # registers the loop
+from lanefold.backends.simulated import SimulatedBackend
+from lanefold.backends.simulated._config import SimulatedConfig
+from lanefold.coordinators._sequential_refine import (
     SequentialRefineParams,
     TemperatureRamp,
     feedback_line,
 )
-from primitives import JsonlEventLog, LaneOutcome, MemoryEventLog, SampleRequest, Verdict
+from lanefold.primitives import JsonlEventLog, LaneOutcome, MemoryEventLog, SampleRequest, Verdict
 
 QUESTION = "What is 17 * 23?"
 ANSWER_LINE = re.compile(r"^Answer:\s*(.+)$", re.MULTILINE)
@@ -67,19 +67,19 @@ class Checker:
         return Verdict(0.0, False, f"test_multiply failed: expected 391, got {answer}")
 
 
-def config(loop: dict[str, Any] | None = None, **sections: Any) -> orchestrator.LoopConfig:
+def config(loop: dict[str, Any] | None = None, **sections: Any) -> lanefold.LoopConfig:
     raw: dict[str, Any] = {"loop": {"coordinator": "sequential_refine", **(loop or {})},
                            "sampling": {"max_tokens": 64}, "log": {"fsync": "never"},
                            "backend": {"kind": "simulated", "accuracy": 0.3}}
     raw.update(sections)
-    return orchestrator.parse_config(raw)
+    return lanefold.parse_config(raw)
 
 
-def run(cfg: orchestrator.LoopConfig, runs: Path, **kwargs: Any) -> orchestrator.RunResult:
-    return orchestrator.run_sync(cfg, QUESTION, runs_dir=runs, **kwargs)
+def run(cfg: lanefold.LoopConfig, runs: Path, **kwargs: Any) -> lanefold.RunResult:
+    return lanefold.run_sync(cfg, QUESTION, runs_dir=runs, **kwargs)
 
 
-def events(result: orchestrator.RunResult) -> list[Any]:
+def events(result: lanefold.RunResult) -> list[Any]:
     assert result.events is not None
     return list(JsonlEventLog(result.events).read())
 
@@ -113,8 +113,8 @@ def earlier(prompt: str) -> list[str]:
     ({"step": 4}, "loop.step: unknown key"),
 ])
 def test_keys_are_validated_naming_the_key(keys: dict[str, Any], error: str) -> None:
-    with pytest.raises(orchestrator.ConfigError) as caught:
-        orchestrator.parse_config({"loop": {"coordinator": "sequential_refine", **keys}},
+    with pytest.raises(lanefold.ConfigError) as caught:
+        lanefold.parse_config({"loop": {"coordinator": "sequential_refine", **keys}},
                                   source="refine.toml")
     message = str(caught.value)
     assert message.startswith(f"refine.toml: {error}"), message
@@ -122,7 +122,7 @@ def test_keys_are_validated_naming_the_key(keys: dict[str, Any], error: str) -> 
 
 
 def test_defaults_are_recorded_whole() -> None:
-    cfg = orchestrator.parse_config({"loop": {"coordinator": "sequential_refine"}})
+    cfg = lanefold.parse_config({"loop": {"coordinator": "sequential_refine"}})
     assert cfg.loop_params == SequentialRefineParams()
     assert cfg.model_dump()["loop"] == {
         "coordinator": "sequential_refine", "max_concurrency": 16, "seed": 0, "timeout_s": None,
@@ -158,7 +158,7 @@ def test_feedback_lines() -> None:
 def test_each_attempt_is_one_refine_lane_showing_the_earlier_ones(mode: str, tmp_path: Path) -> None:
     backend = Recording(accuracy=0.3)
     result = run(config({"steps": 5, "mode": mode, "seed": 3}), tmp_path, backend=backend)
-    base = orchestrator.parse_config({}).prompt.template.replace("{question}", QUESTION)
+    base = lanefold.parse_config({}).prompt.template.replace("{question}", QUESTION)
 
     assert [(r.wave, r.purpose, [lane.lane for lane in r.lanes]) for r in backend.seen] == [
         (w, "refine", [w - 1]) for w in range(1, 6)], "attempt i: wave i+1, its lane i"
@@ -294,7 +294,7 @@ def test_verifier_reducers_score_attempts_of_many_waves(keys: dict[str, Any],
 
 def test_a_reducer_that_needs_a_verifier_is_refused_without_one(tmp_path: Path) -> None:
     # Refused by the preflight, before a run (or its log) exists.
-    with pytest.raises(orchestrator.ConfigError,
+    with pytest.raises(lanefold.ConfigError,
                        match=r"judge\.verifier: reducer any_pass needs a verifier"):
         run(config({"reduce": "any_pass"}), tmp_path, run_id="refused")
     assert not (tmp_path / "refused" / "events.jsonl").exists()
@@ -325,7 +325,7 @@ def coverage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
     for name, loop in loops.items():
         covered = 0
         for seed in range(SEEDS):
-            cfg = orchestrator.parse_config({"loop": {**loop, "seed": seed}, "backend": backend})
+            cfg = lanefold.parse_config({"loop": {**loop, "seed": seed}, "backend": backend})
             result = run(cfg, runs, log=MemoryEventLog())  # nothing to read back: no file
             assert len(result.lanes) == N
             covered += any(lane.answer == "391" for lane in result.lanes)
@@ -392,7 +392,7 @@ def test_the_budget_is_never_exceeded(tmp_path_factory: pytest.TempPathFactory, 
                         "max_backoff_s": 0.0002})
     # Never a failure: the chain stops (answered or not) where the budget ends.
     result = run(cfg, runs, verifier=Checker() if verify else None)
-    state = orchestrator.fold(JsonlEventLog(result.events or "").read(), cfg.pricing)
+    state = lanefold.fold(JsonlEventLog(result.events or "").read(), cfg.pricing)
     if limit is not None:
         assert state.spend.tokens <= limit
     if requests is not None:
@@ -405,7 +405,7 @@ def test_the_budget_is_never_exceeded(tmp_path_factory: pytest.TempPathFactory, 
 # -- resume --------------------------------------------------------------------------------------
 
 
-def seen(result: orchestrator.RunResult) -> list[tuple[int, int, str, str | None]]:
+def seen(result: lanefold.RunResult) -> list[tuple[int, int, str, str | None]]:
     """What each attempt said (a lane cut off by the crash is sent again: its attempts differ)."""
     return [(lane.wave, lane.lane, lane.status, lane.answer) for lane in result.lanes]
 
@@ -429,7 +429,7 @@ def test_a_run_cut_at_any_event_resumes_to_the_uninterrupted_result(
         run(cfg, tmp_path, run_id=f"cut{cut}", verifier=Checker())
         log = tmp_path / f"cut{cut}" / "events.jsonl"
         log.write_text("".join(log.read_text().splitlines(keepends=True)[:cut]))
-        again = orchestrator.resume_sync(f"cut{cut}", runs_dir=tmp_path, verifier=Checker())
+        again = lanefold.resume_sync(f"cut{cut}", runs_dir=tmp_path, verifier=Checker())
         assert (again.answer, again.votes, again.outcome, seen(again)) == (
             base.answer, base.votes, base.outcome, seen(base)), cut
         after = list(JsonlEventLog(log).read())
@@ -445,7 +445,7 @@ def test_a_run_cut_at_any_event_resumes_to_the_uninterrupted_result(
 STEPS = 6
 CONFIG = f"""
 [loop]
-coordinator = "coordinators._sequential_refine:SequentialRefine"
+coordinator = "lanefold.coordinators._sequential_refine:SequentialRefine"
 seed = 7
 steps = {STEPS}
 stop_on_pass = false
@@ -537,7 +537,7 @@ def test_sigkill_mid_chain_then_resume_gives_the_uninterrupted_answer(crashed: P
 
 
 def test_the_example_config_validates() -> None:
-    cfg = orchestrator.load_config(ROOT / "examples" / "sequential_refine.toml")
+    cfg = lanefold.load_config(ROOT / "examples" / "sequential_refine.toml")
     assert cfg.loop.coordinator == "sequential_refine"
     assert cfg.backend.kind == "engine"
     assert math.isfinite(cfg.sampling.max_tokens)

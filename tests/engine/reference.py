@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from backends.engine._weights import Checkpoint
+from lanefold.backends.engine._weights import Checkpoint
 
 
 def reference_logits(checkpoint: Checkpoint, tokens: list[int]) -> Tensor:

@@ -11,10 +11,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from backends.engine import EngineBackend, EngineConfig
-from backends.engine._engine import Engine
-from backends.engine._ticket import settled_text
-from primitives import (
+from lanefold.backends.engine import EngineBackend, EngineConfig
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._ticket import settled_text
+from lanefold.primitives import (
     Backend,
     BackendError,
     ConfigError,

@@ -10,9 +10,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from backends.engine._blocks import BlockPool
-from backends.engine._engine import Engine
-from primitives import ContextLengthError, LaneRequest, SamplingParams
+from lanefold.backends.engine._blocks import BlockPool
+from lanefold.backends.engine._engine import Engine
+from lanefold.primitives import ContextLengthError, LaneRequest, SamplingParams
 
 
 def test_fork_shares_every_block_and_allocates_nothing() -> None:

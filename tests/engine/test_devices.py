@@ -11,9 +11,9 @@ from reference import reference_logits
 from test_exactness import ATOL, record_steps
 from tiny import byte_tokenizer, tiny_checkpoint
 
-from backends.engine._engine import Engine
-from backends.engine._model import build_model
-from primitives import LaneRequest, SamplingParams
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._model import build_model
+from lanefold.primitives import LaneRequest, SamplingParams
 
 DEVICES = [
     "cpu",

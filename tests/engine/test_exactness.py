@@ -9,9 +9,9 @@ import torch
 from reference import reference_logits
 from tiny import TINY, tiny_checkpoint
 
-from backends.engine._engine import Engine
-from backends.engine._scheduler import Step
-from primitives import LaneRequest, SamplingParams
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._scheduler import Step
+from lanefold.primitives import LaneRequest, SamplingParams
 
 ATOL = 1e-4
 
@@ -174,7 +174,7 @@ def test_a_large_vocabulary_head_taken_in_slices_equals_one_product() -> None:
 
     import torch.nn.functional as F
 
-    from backends.engine._model import build_model
+    from lanefold.backends.engine._model import build_model
 
     args = replace(TINY, vocab_size=5000)  # over two slices of 2048 rows
     model = build_model(tiny_checkpoint(args=args), torch.device("cpu"), torch.float32)
@@ -212,7 +212,7 @@ def test_one_and_two_rows_through_the_transposed_layout_equal_the_plain_products
 def test_weights_replaced_or_rewritten_after_the_build_are_not_read_from_a_stale_layout() -> None:
     import torch.nn.functional as F
 
-    from backends.engine._model import build_model
+    from lanefold.backends.engine._model import build_model
 
     model = build_model(tiny_checkpoint(), torch.device("cpu"), torch.float32)
     projection = model.model.layers[0].self_attn.q_proj
@@ -236,8 +236,8 @@ def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_refe
     # 0.09 max on logits of std ~1.2 here. Losing one of 40 context tokens moves them 0.2 mean
     # and 0.7 max, so these bounds tell rounding from a wrong cache. Both ways a CPU may run
     # bf16: its own bf16 products, or (where it would only emulate them) fp32 on upcasts.
-    import backends.engine._arith as arith
-    from backends.engine._weights import Checkpoint
+    import lanefold.backends.engine._arith as arith
+    from lanefold.backends.engine._weights import Checkpoint
 
     monkeypatch.setattr(arith, "native_half", lambda dtype: native)
     engine = make_engine(block_size=4, num_blocks=60, dtype=torch.bfloat16)
@@ -258,7 +258,7 @@ def test_an_emulated_dtype_multiplies_several_rows_in_fp32_and_a_lone_row_in_its
 ) -> None:
     import torch.nn.functional as F
 
-    import backends.engine._arith as arith
+    import lanefold.backends.engine._arith as arith
 
     monkeypatch.setattr(arith, "native_half", lambda dtype: False)
     g = torch.Generator().manual_seed(5)

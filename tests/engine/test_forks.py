@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from backends.engine._engine import Engine
-from primitives import LaneRequest, SamplingParams
+from lanefold.backends.engine._engine import Engine
+from lanefold.primitives import LaneRequest, SamplingParams
 
 PROMPT = [(11 * i + 5) % 256 for i in range(29)]
 

@@ -13,10 +13,10 @@ from reference import reference_logits
 from test_exactness import record_steps
 from tiny import TINY, tiny_checkpoint
 
-from backends.engine._engine import Engine
-from backends.engine._model import build_model
-from backends.engine._weights import load_checkpoint
-from primitives import LaneRequest, SamplingParams
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._model import build_model
+from lanefold.backends.engine._weights import load_checkpoint
+from lanefold.primitives import LaneRequest, SamplingParams
 
 PROMPT = [(13 * i + 1) % 256 for i in range(21)]
 
@@ -146,9 +146,9 @@ def test_gguf_file_loads_dequantised_and_unpermuted(tmp_path: Path) -> None:
 
 
 def test_engine_errors_name_the_problem(tmp_path: Path, make_engine: Callable[..., Engine]) -> None:
-    from backends.engine import EngineConfig
-    from backends.engine._weights import resolve_model_path
-    from primitives import ConfigError, ContextLengthError
+    from lanefold.backends.engine import EngineConfig
+    from lanefold.backends.engine._weights import resolve_model_path
+    from lanefold.primitives import ConfigError, ContextLengthError
 
     with pytest.raises(ConfigError, match="neither"):
         resolve_model_path(str(tmp_path / "missing.gguf"))

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tiny import byte_tokenizer
 
-from backends.engine._output_text import OutputText
-from backends.engine._sampler import (
+from lanefold.backends.engine._output_text import OutputText
+from lanefold.backends.engine._sampler import (
     SamplingBatch,
     find_stop,
     lane_key,
@@ -18,7 +18,7 @@ from backends.engine._sampler import (
     sample_token,
     sample_with_alternatives,
 )
-from primitives import SamplingParams
+from lanefold.primitives import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 from loopback import Loopback
 
-import orchestrator
-from backends.engine import EngineBackend
-from backends.engine._engine import Engine
-from orchestrator._serve import create_app
+import lanefold
+from lanefold._serve import create_app
+from lanefold.backends.engine import EngineBackend
+from lanefold.backends.engine._engine import Engine
 
 pytestmark = pytest.mark.slow
 
 
 def config(backend: dict[str, Any], *, k: int, temperature: float, template: str,
-           max_tokens: int) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+           max_tokens: int) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": k, "seed": 11, "max_concurrency": k},
         "prompt": {"template": template},
         "sampling": {"temperature": temperature, "max_tokens": max_tokens, "stop": ["\n"]},
@@ -30,7 +30,7 @@ def config(backend: dict[str, Any], *, k: int, temperature: float, template: str
     })
 
 
-def lane_texts(result: orchestrator.RunResult) -> dict[int, str]:
+def lane_texts(result: lanefold.RunResult) -> dict[int, str]:
     assert result.events is not None
     events = [json.loads(line) for line in Path(result.events).read_text().splitlines()]
     return {e["lane"]: e["data"]["text"] for e in events if e["type"] == "lane.completed"}
@@ -38,13 +38,13 @@ def lane_texts(result: orchestrator.RunResult) -> dict[int, str]:
 
 def compare(tmp_path: Path, in_process: Engine, served: Engine, *, n: str, temperature: float,
             template: str, model: str, k: int = 8, max_tokens: int = 8) -> tuple[
-                orchestrator.RunResult, orchestrator.RunResult]:
-    local = orchestrator.run_sync(
+                lanefold.RunResult, lanefold.RunResult]:
+    local = lanefold.run_sync(
         config({"kind": "engine"}, k=k, temperature=temperature, template=template,
                max_tokens=max_tokens),
         "What is 7 + 8?", runs_dir=tmp_path, backend=EngineBackend(engine=in_process))
     with Loopback(create_app(EngineBackend(engine=served), model_name=model)) as server:
-        remote = orchestrator.run_sync(
+        remote = lanefold.run_sync(
             config({"kind": "openai", "base_url": server.base_url, "model": model,
                     "api": "completions", "n": n}, k=k, temperature=temperature,
                    template=template, max_tokens=max_tokens),
@@ -183,7 +183,7 @@ def test_served_engine_refuses_max_tokens_beyond_the_context(
         make_engine: Callable[..., Engine]) -> None:
     import httpx
 
-    from primitives import LaneRequest, SampleRequest, SamplingParams
+    from lanefold.primitives import LaneRequest, SampleRequest, SamplingParams
 
     backend = EngineBackend(engine=make_engine())
     probe = SampleRequest("abc", SamplingParams(), (LaneRequest(0, 0, 1),))
@@ -250,8 +250,8 @@ def test_chat_messages_reach_the_engine_through_its_chat_template(
 def test_the_shipped_example_answers_a_chat_question(smollm2: Engine) -> None:
     import httpx
 
-    from backends.engine import EngineConfig
-    from orchestrator._config import load_backend_config
+    from lanefold._config import load_backend_config
+    from lanefold.backends.engine import EngineConfig
 
     example = Path(__file__).resolve().parents[2] / "examples" / "serve" / "engine.toml"
     config = load_backend_config(example)
@@ -273,10 +273,10 @@ import dataclasses, sys
 sys.path[:0] = [{root!r}, {here!r}]
 import torch
 from tiny import TINY, byte_tokenizer, tiny_checkpoint
-from backends.engine import EngineBackend
-from backends.engine._engine import Engine
-from backends.engine._model import build_model
-from orchestrator._serve_run import serve
+from lanefold.backends.engine import EngineBackend
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._model import build_model
+from lanefold._serve_run import serve
 
 torch.set_num_threads(1)
 args = dataclasses.replace(TINY, max_position=8192, hidden_size=256, intermediate_size=384,

@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import orchestrator  # noqa: E402
-from backends.engine import EngineBackend  # noqa: E402
-from backends.engine._engine import Engine  # noqa: E402
+import lanefold  # noqa: E402
+from lanefold.backends.engine import EngineBackend  # noqa: E402
+from lanefold.backends.engine._engine import Engine  # noqa: E402
 
 CONFIG = {
     "loop": {"k": 4, "seed": 5},
@@ -25,10 +25,10 @@ QUESTIONS = ["abc " * 9, "xyz " * 5]
 
 async def answers(engine: Engine, questions: list[str], runs: Path, *,
                   concurrency: int) -> dict[int, list[str | None]]:
-    config = orchestrator.parse_config(CONFIG)
+    config = lanefold.parse_config(CONFIG)
     backend = EngineBackend(engine=engine)
     texts: dict[int, list[str | None]] = {}
-    async with orchestrator.Session(config, backend=backend, runs_dir=runs) as session:
+    async with lanefold.Session(config, backend=backend, runs_dir=runs) as session:
         async for result in session.run_many(questions, concurrency=concurrency):
             assert result.index is not None
             texts[result.index] = [lane.answer for lane in result.lanes]

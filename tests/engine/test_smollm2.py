@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 import torch
 
-from backends.engine._engine import Engine
-from backends.engine._weights import resolve_model_path
-from primitives import ConfigError, LaneRequest, SamplingParams
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._weights import resolve_model_path
+from lanefold.primitives import ConfigError, LaneRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -13,17 +13,17 @@ import pytest
 import torch
 from tiny import TINY, tiny_checkpoint
 
-from backends.engine import EngineConfig
-from backends.engine._engine import Engine, load_tokenizer
-from backends.engine._weight_cache import (
+from lanefold.backends.engine import EngineConfig
+from lanefold.backends.engine._engine import Engine, load_tokenizer
+from lanefold.backends.engine._weight_cache import (
     cache_dir,
     cached_checkpoint,
     cached_tokenizer,
     gguf_key,
     open_lazily,
 )
-from backends.engine._weights import load_checkpoint
-from primitives import ConfigError, LaneRequest, SamplingParams
+from lanefold.backends.engine._weights import load_checkpoint
+from lanefold.primitives import ConfigError, LaneRequest, SamplingParams
 
 gguf = pytest.importorskip("gguf")
 
@@ -203,7 +203,7 @@ def test_a_damaged_gguf_is_a_config_error_naming_backend_model(
 @pytest.mark.parametrize("damage", ["empty", "not-gguf", "header-only", "cut-in-tensors"])
 def test_the_command_says_so_in_one_line_and_creates_no_run(
         damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator._cli import main
+    from lanefold._cli import main
 
     path = tmp_path / f"{damage}.gguf"
     path.write_bytes(_damaged(model_file.read_bytes())[damage])
@@ -235,7 +235,7 @@ def test_a_broken_hugging_face_folder_names_backend_model(tmp_path: Path) -> Non
 @pytest.mark.parametrize("damage", ["not-gguf", "cut-in-tensors"])
 def test_serve_says_so_in_one_line_before_serving(
         damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator._cli import main
+    from lanefold._cli import main
 
     path = tmp_path / f"{damage}.gguf"
     path.write_bytes(_damaged(model_file.read_bytes())[damage])

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from backends.engine._model import CausalLM
-from backends.engine._tokenizer import Tokenizer
-from backends.engine._weights import Checkpoint, ModelArgs
+from lanefold.backends.engine._model import CausalLM
+from lanefold.backends.engine._tokenizer import Tokenizer
+from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("TINY", "byte_tokenizer", "tiny_checkpoint")
 

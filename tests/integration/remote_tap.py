@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from backends.openai import OpenAIBackend, OpenAIConfig
-from orchestrator import LoopConfig, RunResult, parse_config, run
-from primitives import AnyEvent, JsonlEventLog
+from lanefold import LoopConfig, RunResult, parse_config, run
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.primitives import AnyEvent, JsonlEventLog
 
 MODEL = "smollm2-135m"  # both servers serve the one model they were started with, whatever it is named
 QUESTION = "What is 17 * 23?"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.evaluate._openai_evals import WHEEL_NAME, load_openai_evals
+from lanefold.evaluate._openai_evals import WHEEL_NAME, load_openai_evals
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def fetches_allowed() -> None:
                     "`make integration` sets it")
 
 
-def orchestrator(*argv: str, cache: Path) -> subprocess.CompletedProcess[str]:
+def lanefold(*argv: str, cache: Path) -> subprocess.CompletedProcess[str]:
     """The command in a process of its own, as a user runs it, on the cache `cache`."""
     return subprocess.run([sys.executable, "-m", "orchestrator", *argv], cwd=ROOT, text=True,
                           capture_output=True, timeout=900,
@@ -40,7 +40,7 @@ def orchestrator(*argv: str, cache: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_bigbench_is_refused_in_one_line_naming_the_other_sources(tmp_path: Path) -> None:
-    done = orchestrator("eval", "examples/simulated.toml", "--dataset",
+    done = lanefold("eval", "examples/simulated.toml", "--dataset",
                         "bigbench:arithmetic/1_digit_addition", "--runs-dir", str(tmp_path / "runs"),
                         cache=tmp_path / "cache")
     assert done.returncode == 2, done.stderr
@@ -78,13 +78,13 @@ def test_the_evals_wheel_is_fetched_whole_and_a_set_loads(evals_cache: Path) -> 
 
 
 def test_the_fetched_registry_is_listed_and_evaluated(evals_cache: Path, tmp_path: Path) -> None:
-    listed = orchestrator("datasets", "--json", cache=evals_cache)
+    listed = lanefold("datasets", "--json", cache=evals_cache)
     assert listed.returncode == 0, listed.stderr
     source = {s["name"]: s for s in json.loads(listed.stdout)["sources"]}["openai-evals"]
     assert source["status"] == "cached" and len(source["tasks"]) > 500
     assert "openai-evals:arithmetic-expression" in source["tasks"]
 
-    done = orchestrator("eval", "examples/simulated.toml", "--dataset", "openai-evals:anagrams",
+    done = lanefold("eval", "examples/simulated.toml", "--dataset", "openai-evals:anagrams",
                         "--limit", "5", "--runs-dir", str(tmp_path / "runs"), "--json",
                         cache=evals_cache)
     assert done.returncode == 0, done.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from remote_tap import QUESTION, Tap, backend, loop_config, of_type, run_loop
 
-from primitives import (
+from lanefold.primitives import (
     ContextLengthError,
     LaneRequest,
     RequestRejectedError,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from remote_tap import Tap, backend, loop_config, of_type, run_loop
 
-from primitives import ContextLengthError, LaneRequest, SampleRequest, SamplingParams, sample_all
+from lanefold.primitives import ContextLengthError, LaneRequest, SampleRequest, SamplingParams, sample_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from remote_tap import Tap, backend, loop_config, of_type, run_loop
 
-from primitives import ContextLengthError, LaneRequest, SampleRequest, SamplingParams, sample_all
+from lanefold.primitives import ContextLengthError, LaneRequest, SampleRequest, SamplingParams, sample_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -189,7 +189,7 @@ def test_self_consistency_end_to_end(vllm_url: str, tmp_path: Path) -> None:
     config = tmp_path / "self_consistency_vllm.json"
     config.write_text(json.dumps(raw))
     done = subprocess.run(
-        [sys.executable, "-m", "orchestrator._cli", "run", str(config), "--question", "What is 7 + 8?",
+        [sys.executable, "-m", "lanefold._cli", "run", str(config), "--question", "What is 7 + 8?",
          "--runs-dir", str(tmp_path / "runs"), "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
 
 _TLS = ssl.create_default_context()
 

@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from openai_stub import Recorded, Stub, choices_body, make_backend
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-import orchestrator
-from backends.openai import OpenAIBackend, OpenAIConfig
-from backends.openai._errors import Redactor
-from orchestrator._serve import create_app
-from primitives import ConfigError, LanefoldError
+import lanefold
+from lanefold._serve import create_app
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.backends.openai._errors import Redactor
+from lanefold.primitives import ConfigError, LanefoldError
 
 pytestmark = pytest.mark.anyio
 
@@ -173,7 +173,7 @@ async def test_a_malformed_key_is_a_config_error_naming_only_the_variable(
     caplog.set_level(logging.DEBUG)
     monkeypatch.setenv(VAR, value)
     with pytest.raises(ConfigError, match=VAR) as through_run:
-        await orchestrator.run(orchestrator.parse_config(raw_config("http://127.0.0.1:9/v1")), "Q",
+        await lanefold.run(lanefold.parse_config(raw_config("http://127.0.0.1:9/v1")), "Q",
                                runs_dir=tmp_path)
     texts = [str(direct.value), str(through_run.value), *log_texts(tmp_path)]
     texts += ["".join(traceback.format_exception(e)) for e in (direct.value, through_run.value)]
@@ -188,7 +188,7 @@ def test_a_valid_key_is_sent_and_hidden_from_reprs() -> None:
     assert_no_leak([repr(b), repr(vars(b)), repr(client), repr(client.headers), repr(b._redact)])
 
 
-# -- (a) through orchestrator.run ------------------------------------------------------------------
+# -- (a) through lanefold.run ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ECHOES)
@@ -203,7 +203,7 @@ async def test_an_echoed_key_leaks_into_no_output_of_a_run(
     caplog.set_level(logging.DEBUG, logger="lanefold")
     texts: list[str] = []
     try:
-        result = await orchestrator.run(orchestrator.parse_config(raw_config(url)), "Q?",
+        result = await lanefold.run(lanefold.parse_config(raw_config(url)), "Q?",
                                         runs_dir=tmp_path)
         texts.append(result.model_dump_json())
     except LanefoldError as exc:
@@ -223,7 +223,7 @@ async def test_an_echoed_key_leaks_into_no_output_of_a_run(
 
 def cli(*args: str, value: str = KEY) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, VAR: value, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "orchestrator._cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "lanefold._cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
 
 

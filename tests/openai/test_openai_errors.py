@@ -12,9 +12,9 @@ import pytest
 from openai_stub import Recorded, Stub, choices_body, make_backend
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from backends.openai import OpenAIBackend, OpenAIConfig
-from backends.openai._errors import parse_retry_after
-from primitives import (
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.backends.openai._errors import parse_retry_after
+from lanefold.primitives import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,

@@ -15,7 +15,14 @@ import pytest
 from openai_stub import Recorded, Stub, honour_n, make_backend
 from starlette.responses import JSONResponse, Response
 
-from primitives import AuthenticationError, LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
+from lanefold.primitives import (
+    AuthenticationError,
+    LaneRequest,
+    Sample,
+    SampleRequest,
+    SamplingParams,
+    sample_all,
+)
 
 pytestmark = pytest.mark.anyio
 

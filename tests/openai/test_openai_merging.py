@@ -11,8 +11,8 @@ from openai_stub import Recorded, Stub, choices_body, honour_n
 from openai_stub import make_backend as backend
 from starlette.responses import JSONResponse, Response
 
-from backends.openai import OpenAIBackend, OpenAIConfig
-from primitives import (
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.primitives import (
     AuthenticationError,
     Backend,
     BadResponseError,

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from openai_stub import Recorded, Stub, make_backend, usage
 from starlette.responses import JSONResponse, Response
 
-from backends.openai._usage import Tally, apportion, split
-from primitives import LaneRequest, Sample, SampleRequest, SamplingParams, Usage, sample_all
+from lanefold.backends.openai._usage import Tally, apportion, split
+from lanefold.primitives import LaneRequest, Sample, SampleRequest, SamplingParams, Usage, sample_all
 
 pytestmark = pytest.mark.anyio
 

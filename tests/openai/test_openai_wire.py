@@ -8,9 +8,9 @@ import pytest
 from openai_stub import Stub, make_backend
 from pydantic import ValidationError
 
-import backends.openai
-from backends.openai import OpenAIConfig
-from primitives import LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
+from lanefold.backends import openai as openai_backend
+from lanefold.backends.openai import OpenAIConfig
+from lanefold.primitives import LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
 
 pytestmark = pytest.mark.anyio
 
@@ -90,7 +90,7 @@ async def test_chat_logprobs_requested_and_returned(stub: tuple[Stub, str]) -> N
 
 def test_public_names() -> None:
     # read_api_key: the one check of a key from the environment (serve and validate use it)
-    assert backends.openai.__all__ == ("BackendEvent", "OpenAIBackend", "OpenAIConfig",
+    assert openai_backend.__all__ == ("BackendEvent", "OpenAIBackend", "OpenAIConfig",
                                        "read_api_key")
 
 

@@ -17,9 +17,9 @@ import pytest
 from loopback import Loopback
 from openai_stub import make_backend
 
-from orchestrator._serve import create_app
-from orchestrator._serve_wire import flatten_messages
-from primitives import (
+from lanefold._serve import create_app
+from lanefold._serve_wire import flatten_messages
+from lanefold.primitives import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,
@@ -552,7 +552,7 @@ async def test_errors_cross_the_wire_as_their_class(
 SERVE_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-from orchestrator._serve_run import serve
+from lanefold._serve_run import serve
 
 class Backend:
     name = "tiny"

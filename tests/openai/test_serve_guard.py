@@ -18,8 +18,8 @@ import pytest
 from loopback import Loopback
 from test_serve_app import FakeBackend, call
 
-from orchestrator._serve import create_app
-from primitives import LaneOutcome, Sample, SampleRequest, TextDelta, Usage
+from lanefold._serve import create_app
+from lanefold.primitives import LaneOutcome, Sample, SampleRequest, TextDelta, Usage
 
 pytestmark = pytest.mark.anyio
 

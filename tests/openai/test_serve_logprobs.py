@@ -12,9 +12,9 @@ import pytest
 from loopback import Loopback
 from openai_stub import make_backend
 
-from orchestrator._serve import create_app
-from orchestrator._serve_wire import chat_logprobs, completion_logprobs
-from primitives import (
+from lanefold._serve import create_app
+from lanefold._serve_wire import chat_logprobs, completion_logprobs
+from lanefold.primitives import (
     LaneOutcome,
     LaneRequest,
     Sample,

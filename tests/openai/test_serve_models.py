@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator._serve import create_app, served_names
-from primitives import LaneOutcome, Sample, SampleRequest, Usage
+from lanefold._serve import create_app, served_names
+from lanefold.primitives import LaneOutcome, Sample, SampleRequest, Usage
 
 pytestmark = pytest.mark.anyio
 
@@ -80,7 +80,7 @@ async def test_models_lists_the_served_id() -> None:
 
 def test_orchestrator_serve_answers_to_the_bare_name_a_config_uses(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator._cli as cli_module
+    import lanefold._cli as cli_module
 
     config = tmp_path / "backend.toml"  # a config names its model bare, as every config does
     config.write_text('[backend]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'

@@ -20,17 +20,17 @@ from typing import Any
 import anyio
 import pytest
 
-import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import LaneFailure, LaneOutcome, SampleRequest, ServerError
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import LaneFailure, LaneOutcome, SampleRequest, ServerError
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = [f"What is {i} + {i}?" for i in range(20)]
 FAILING = {3, 7, 8, 15}
 
 
-def config(**loop: Any) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(**loop: Any) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": 3, "seed": 7, "min_quorum": 2, **loop},
         "backend": {"kind": "simulated", "accuracy": 0.7},
         "prompt": {"template": "{question}"}, "retry": {"max_attempts": 1}})
@@ -67,7 +67,7 @@ def faulty() -> Faulty:
 @pytest.mark.anyio
 async def test_a_batch_with_failures_returns_every_result_with_errors_return(runs: Path) -> None:
     ids = [f"b{i}" for i in range(20)]
-    async with orchestrator.Session(config(), backend=faulty(), runs_dir=runs) as session:
+    async with lanefold.Session(config(), backend=faulty(), runs_dir=runs) as session:
         results = [r async for r in session.run_many(QUESTIONS, concurrency=4, run_ids=ids,
                                                       errors="return")]
     assert sorted(r.index for r in results if r.index is not None) == list(range(20))
@@ -86,8 +86,8 @@ async def test_a_batch_with_failures_returns_every_result_with_errors_return(run
 
 @pytest.mark.anyio
 async def test_the_default_still_raises_the_first_failure(runs: Path) -> None:
-    async with orchestrator.Session(config(), backend=faulty(), runs_dir=runs) as session:
-        with pytest.raises(orchestrator.QuorumNotMetError):
+    async with lanefold.Session(config(), backend=faulty(), runs_dir=runs) as session:
+        with pytest.raises(lanefold.QuorumNotMetError):
             async for _ in session.run_many(QUESTIONS[:4], concurrency=1):
                 pass
 
@@ -96,10 +96,10 @@ async def test_the_default_still_raises_the_first_failure(runs: Path) -> None:
 async def test_resume_true_finishes_a_batch_and_samples_nothing_twice(runs: Path) -> None:
     ids = [f"r{i}" for i in range(6)]
     backend = faulty()
-    async with orchestrator.Session(config(), backend=backend, runs_dir=runs) as session:
+    async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
         first = {r.index: r async for r in session.run_many(QUESTIONS[:6], run_ids=ids,
                                                              errors="return")}
-        with pytest.raises(orchestrator.ConfigError, match="a run with this id already exists"):
+        with pytest.raises(lanefold.ConfigError, match="a run with this id already exists"):
             async for _ in session.run_many(QUESTIONS[:6], run_ids=ids):
                 pass  # the default is as before: an id is a new run
         sampled = len(backend.sampled)
@@ -109,7 +109,7 @@ async def test_resume_true_finishes_a_batch_and_samples_nothing_twice(runs: Path
         assert again == first  # the recorded failure too, with what it spent
         one = await session.run(QUESTIONS[0], run_id="r0", resume=True)
         assert one == first[0].model_copy(update={"index": None})
-        with pytest.raises(orchestrator.ConfigError, match="holds a run of another question"):
+        with pytest.raises(lanefold.ConfigError, match="holds a run of another question"):
             await session.run(QUESTIONS[1], run_id="r0", resume=True)
         fresh = await session.run(QUESTIONS[1], run_id="new", resume=True)  # not there: a run
         assert fresh.status == "answered"
@@ -117,10 +117,10 @@ async def test_resume_true_finishes_a_batch_and_samples_nothing_twice(runs: Path
 
 @pytest.mark.anyio
 async def test_errors_must_be_raise_or_return(runs: Path) -> None:
-    async with orchestrator.Session(config(), backend=faulty(), runs_dir=runs) as session:
-        with pytest.raises(orchestrator.ConfigError, match="errors: 'ignore'"):
+    async with lanefold.Session(config(), backend=faulty(), runs_dir=runs) as session:
+        with pytest.raises(lanefold.ConfigError, match="errors: 'ignore'"):
             await session.run("q", errors="ignore")  # type: ignore[arg-type]
-        with pytest.raises(orchestrator.ConfigError, match="run_ids: two questions"):
+        with pytest.raises(lanefold.ConfigError, match="run_ids: two questions"):
             async for _ in session.run_many(["q", "r"], run_ids=["a", "a"]):
                 pass
 
@@ -129,14 +129,14 @@ async def test_errors_must_be_raise_or_return(runs: Path) -> None:
 
 BATCH = """
 import sys
-import orchestrator
+import lanefold
 
-config = orchestrator.parse_config({
+config = lanefold.parse_config({
     "loop": {"k": 4, "max_concurrency": 4, "seed": 3},
     "backend": {"kind": "simulated", "latency_ms": [40, 160], "lanes_per_request": 1},
     "prompt": {"template": "{question}"}})
 questions = [f"What is {i} + {i}?" for i in range(20)]
-with orchestrator.SyncSession(config, runs_dir=sys.argv[1]) as session:
+with lanefold.SyncSession(config, runs_dir=sys.argv[1]) as session:
     for result in session.run_many(questions, concurrency=4, run_ids=[f"b{i}" for i in range(20)],
                                    resume=True, errors="return"):
         print(result.index, result.status, result.resumes, flush=True)
@@ -200,22 +200,22 @@ def test_a_sync_session_keeps_its_backend_across_calls(runs: Path,
         built.append(faulty())
         return built[-1]
 
-    monkeypatch.setattr("orchestrator._session.build_backend", build)
-    with orchestrator.SyncSession(config(), runs_dir=runs) as session:
+    monkeypatch.setattr("lanefold._session.build_backend", build)
+    with lanefold.SyncSession(config(), runs_dir=runs) as session:
         answers = [session.run(question, errors="return").status for question in QUESTIONS[:10]]
         results = list(session.run_many(QUESTIONS[10:], errors="return"))
     assert len(built) == 1, "one backend for every call"
     assert answers.count("failed") == 3 and answers.count("answered") == 7
     assert sorted(r.index for r in results if r.index is not None) == list(range(10))
-    with orchestrator.SyncSession(config(), runs_dir=runs) as session, \
-            pytest.raises(orchestrator.QuorumNotMetError):
+    with lanefold.SyncSession(config(), runs_dir=runs) as session, \
+            pytest.raises(lanefold.QuorumNotMetError):
         session.run(QUESTIONS[3])
 
 
 @pytest.mark.anyio
 async def test_a_sync_session_works_inside_a_running_event_loop(runs: Path) -> None:
     backend = faulty()
-    with orchestrator.SyncSession(config(), backend=backend, runs_dir=runs) as session:
+    with lanefold.SyncSession(config(), backend=backend, runs_dir=runs) as session:
         result = session.run(QUESTIONS[0], run_id="nb")
         again = session.resume("nb")
     assert result == again and result.status == "answered"
@@ -223,7 +223,7 @@ async def test_a_sync_session_works_inside_a_running_event_loop(runs: Path) -> N
 
 
 def test_leaving_a_sync_run_many_early_interrupts_the_runs_in_flight(runs: Path) -> None:
-    slow = orchestrator.parse_config({
+    slow = lanefold.parse_config({
         "loop": {"k": 2, "seed": 1}, "prompt": {"template": "{question}"},
         "backend": {"kind": "simulated", "latency_ms": [0, 0]}})
     latency = {QUESTIONS[0]: 0.0, QUESTIONS[1]: 30.0}
@@ -234,7 +234,7 @@ def test_leaving_a_sync_run_many_early_interrupts_the_runs_in_flight(runs: Path)
             async for outcome in super().sample(request):
                 yield outcome
 
-    with orchestrator.SyncSession(slow, backend=Slow(SimulatedConfig()), runs_dir=runs) as s:
+    with lanefold.SyncSession(slow, backend=Slow(SimulatedConfig()), runs_dir=runs) as s:
         for result in s.run_many(QUESTIONS[:2], concurrency=2, run_ids=["fast", "slow"]):
             assert result.index == 0
             break
@@ -245,12 +245,12 @@ def test_leaving_a_sync_run_many_early_interrupts_the_runs_in_flight(runs: Path)
 @pytest.mark.slow
 def test_a_sync_agent_loop_of_ten_questions_loads_the_model_once(
         runs: Path, smollm2_loads: list[Any]) -> None:
-    agent = orchestrator.parse_config({
+    agent = lanefold.parse_config({
         "loop": {"k": 2, "seed": 0}, "sampling": {"max_tokens": 4, "stop": ["\n"]},
         "prompt": {"template": "Question: What is 2 plus 2?\nAnswer: 4\n\n"
                                "Question: {question}\nAnswer:"},
         "extract": {"method": "last_number"}})
-    with orchestrator.SyncSession(agent, runs_dir=runs) as session:
+    with lanefold.SyncSession(agent, runs_dir=runs) as session:
         results = [session.run(f"What is {i} plus 1?") for i in range(10)]
     assert len(smollm2_loads) == 1
     assert [r.status for r in results].count("answered") >= 5

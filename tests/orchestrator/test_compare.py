@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-import orchestrator
-import orchestrator._cli as cli
-from orchestrator.evaluate._compare import (
+import lanefold
+import lanefold._cli as cli
+from lanefold.evaluate._compare import (
     EXACT_BELOW,
     Comparison,
     arm_names,
@@ -31,8 +31,8 @@ from orchestrator.evaluate._compare import (
     mcnemar_p,
     run_compare,
 )
-from orchestrator.evaluate._compare_cli import command, print_comparison
-from orchestrator.evaluate._equal_budget import (
+from lanefold.evaluate._compare_cli import command, print_comparison
+from lanefold.evaluate._equal_budget import (
     WorstCase,
     apply_limit,
     equal_limit,
@@ -40,16 +40,16 @@ from orchestrator.evaluate._equal_budget import (
     need,
     worst_case,
 )
-from orchestrator.evaluate._eval import read_manifest
-from orchestrator.evaluate._eval_records import read_results
-from orchestrator.evaluate._item import Item
-from primitives import ConfigError, Pricing
+from lanefold.evaluate._eval import read_manifest
+from lanefold.evaluate._eval_records import read_results
+from lanefold.evaluate._item import Item
+from lanefold.primitives import ConfigError, Pricing
 
 
-def config(**sections: Any) -> orchestrator.LoopConfig:
+def config(**sections: Any) -> lanefold.LoopConfig:
     loop = {"seed": 3, **sections.pop("loop", {})}
     backend = {"kind": "simulated", "accuracy": 0.6, **sections.pop("backend", {})}
-    return orchestrator.parse_config({"loop": loop, "backend": backend,
+    return lanefold.parse_config({"loop": loop, "backend": backend,
                                       "log": {"fsync": "never"}, **sections})
 
 
@@ -163,7 +163,7 @@ def test_worst_case_cost_prices_every_line() -> None:
 
 
 def test_prompts_a_backend_cannot_count_are_bytes_plus_a_margin() -> None:
-    engine = orchestrator.parse_config({"loop": {"k": 2},
+    engine = lanefold.parse_config({"loop": {"k": 2},
                                         "prompt": {"template": "Q: {question}\n"},
                                         "sampling": {"max_tokens": 10}})
     questions = ["short?", "a longer question?"]

@@ -22,12 +22,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import orchestrator
-import orchestrator._cli as cli
-import orchestrator._runner
-import orchestrator._session
-from backends.simulated import SimulatedBackend
-from orchestrator.evaluate._curve import (
+import lanefold
+import lanefold._cli as cli
+import lanefold._runner
+import lanefold._session
+from lanefold.backends.simulated import SimulatedBackend
+from lanefold.evaluate._curve import (
     Pool,
     PoolQuestion,
     curve_seed,
@@ -36,11 +36,11 @@ from orchestrator.evaluate._curve import (
     read_pool,
     scaling_curve,
 )
-from orchestrator.evaluate._curve_cli import parse_ks
-from orchestrator.evaluate._eval import run_eval
-from orchestrator.evaluate._eval_records import QuestionResult, append_result
-from orchestrator.evaluate._item import Item
-from primitives import Ballot, ConfigError, vote_fold
+from lanefold.evaluate._curve_cli import parse_ks
+from lanefold.evaluate._eval import run_eval
+from lanefold.evaluate._eval_records import QuestionResult, append_result
+from lanefold.evaluate._item import Item
+from lanefold.primitives import Ballot, ConfigError, vote_fold
 
 EVAL = "binary"
 LANES = 16
@@ -119,7 +119,7 @@ def test_pass_at_k_refuses_what_is_not_a_pool(n: int, c: int, k: int) -> None:
 def test_majority_at_k_matches_every_subset_voted(answers: list[str | None], right: set[str],
                                                   data: st.DataObject) -> None:
     """Each answer right or wrong as a whole (an exact-match scorer): counted exactly."""
-    from primitives import normalize_answer
+    from lanefold.primitives import normalize_answer
 
     correct = [a is not None and normalize_answer(a) in right for a in answers]
     k = data.draw(st.integers(1, len(answers)))
@@ -176,8 +176,8 @@ def test_a_large_pool_is_subsampled_with_a_standard_error() -> None:
 # -- the pool and the curve -----------------------------------------------------------------------
 
 
-def binary_config() -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def binary_config() -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": LANES, "seed": 0},
         "backend": {"kind": "simulated", "accuracy": 0.7, "distractors": ["381"]},
         "log": {"fsync": "never"}})
@@ -203,8 +203,8 @@ def no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the curve called a backend")
 
-    monkeypatch.setattr(orchestrator._runner, "build_backend", refuse)
-    monkeypatch.setattr(orchestrator._session, "build_backend", refuse)
+    monkeypatch.setattr(lanefold._runner, "build_backend", refuse)
+    monkeypatch.setattr(lanefold._session, "build_backend", refuse)
     monkeypatch.setattr(SimulatedBackend, "sample", refuse)
 
 

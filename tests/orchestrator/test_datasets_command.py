@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator._cli import main
-from orchestrator.evaluate._catalog import SOURCE_NAMES, find_source
-from orchestrator.evaluate._openai_evals import WHEEL_NAME
-from orchestrator.evaluate._packaged import ARCHIVE_NAME, build_bigbench_archive, humaneval_file
-from primitives import ConfigError
+from lanefold._cli import main
+from lanefold.evaluate._catalog import SOURCE_NAMES, find_source
+from lanefold.evaluate._openai_evals import WHEEL_NAME
+from lanefold.evaluate._packaged import ARCHIVE_NAME, build_bigbench_archive, humaneval_file
+from lanefold.primitives import ConfigError
 from tests.orchestrator.archives import build_evals_wheel, tasks_tree
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,13 +28,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-import orchestrator
-import orchestrator._cli as cli
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from orchestrator.evaluate._datasets import DatasetSpec, load_dataset
-from orchestrator.evaluate._eval import run_eval
-from orchestrator.evaluate._eval_cli import command
-from orchestrator.evaluate._eval_records import (
+import lanefold
+import lanefold._cli as cli
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.evaluate._datasets import DatasetSpec, load_dataset
+from lanefold.evaluate._eval import run_eval
+from lanefold.evaluate._eval_cli import command
+from lanefold.evaluate._eval_records import (
     EvalSummary,
     QuestionResult,
     pass_at_k,
@@ -42,17 +42,17 @@ from orchestrator.evaluate._eval_records import (
     read_results,
     wilson_interval,
 )
-from orchestrator.evaluate._item import Item
-from orchestrator.evaluate._progress import EvalProgress
-from orchestrator.evaluate._scoring import HumanEvalTests, Score, humaneval_program, resolve_scorer
-from primitives import ConfigError, RunLock
+from lanefold.evaluate._item import Item
+from lanefold.evaluate._progress import EvalProgress
+from lanefold.evaluate._scoring import HumanEvalTests, Score, humaneval_program, resolve_scorer
+from lanefold.primitives import ConfigError, RunLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def config(*, k: int = 1, backend: dict[str, Any] | None = None, **extra: Any,
-           ) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+           ) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": k, "seed": 3, **extra.pop("loop", {})},
         "backend": {"kind": "simulated", "accuracy": 0.7, **(backend or {})},
         "log": {"fsync": "never"}, **extra})
@@ -568,7 +568,7 @@ def test_progress_counts_done_accuracy_and_spend() -> None:
 @pytest.mark.slow
 def test_a_humaneval_eval_scores_by_the_tests_and_hands_them_to_the_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.evaluate._packaged import load_humaneval
+    from lanefold.evaluate._packaged import load_humaneval
 
     problems = load_humaneval()[:3]
     script = [{"purpose": "sample", "match": f"def {p.meta['entry_point']}\\(",

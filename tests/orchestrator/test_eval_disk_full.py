@@ -42,7 +42,7 @@ answers = {answers}
 def cli(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "orchestrator._cli", *argv], cwd=folder, env=env,
+    return subprocess.run([sys.executable, "-m", "lanefold._cli", *argv], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.evaluate import load_dataset
-from orchestrator.evaluate._openai_evals import (
+from lanefold.evaluate import load_dataset
+from lanefold.evaluate._openai_evals import (
     WHEEL_NAME,
     fetch_openai_evals,
     load_openai_evals,
     openai_evals_cache,
 )
-from primitives import ConfigError, LanefoldError
+from lanefold.primitives import ConfigError, LanefoldError
 from tests.orchestrator.archives import SYSTEM, build_evals_wheel
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -158,7 +158,7 @@ def test_load_dataset_reads_the_spec_and_refuses_field_names(cache: Path) -> Non
 
 def test_an_eval_runs_on_a_cached_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator._cli import main
+    from lanefold._cli import main
 
     build_evals_wheel(tmp_path / "cache" / "openai-evals" / WHEEL_NAME)
     monkeypatch.setenv("LANEFOLD_CACHE", str(tmp_path / "cache"))

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.evaluate._packaged import (
+from lanefold.evaluate._packaged import (
     ARCHIVE_NAME,
     bigbench_cache,
     build_bigbench_archive,
     load_bigbench,
     load_humaneval,
 )
-from primitives import ConfigError, LanefoldError
+from lanefold.primitives import ConfigError, LanefoldError
 from tests.orchestrator.archives import tasks_tree
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -171,7 +171,7 @@ def test_a_failed_fetch_is_one_line_naming_the_other_sources_and_leaves_no_archi
 
 def test_the_cli_refuses_an_unserved_bigbench_in_one_line_with_exit_2(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator._cli import main
+    from lanefold._cli import main
 
     monkeypatch.setenv("LANEFOLD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(subprocess, "run", fake_pip(None, PIP_NOT_SERVED))
@@ -249,7 +249,7 @@ def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
         smollm2_loads: list[Any]) -> None:
     """20 questions of the shipped 1-digit addition through `orchestrator eval` on the real
     model: one load, 20 runs, and nothing fetched (pip would fail the test)."""
-    from orchestrator._cli import main
+    from lanefold._cli import main
 
     def no_pip(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a shipped file needs no fetch")

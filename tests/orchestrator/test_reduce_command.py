@@ -19,9 +19,9 @@ import anyio
 import pytest
 from test_cli import Outcome, cli
 
-import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import (
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import (
     JsonlEventLog,
     LaneOutcome,
     RunLock,
@@ -153,8 +153,8 @@ def test_a_majority_re_reduction_builds_no_backend_and_appends_its_reduction(
     def no_backend(section: Any) -> Any:
         raise AssertionError("a majority_vote re-reduction built a backend")
 
-    monkeypatch.setattr("orchestrator._session.build_backend", no_backend)
-    monkeypatch.setattr("orchestrator._runner.build_backend", no_backend)
+    monkeypatch.setattr("lanefold._session.build_backend", no_backend)
+    monkeypatch.setattr("lanefold._runner.build_backend", no_backend)
     outcome = finished.reduce(capsys, "majority_vote", "--json")
     assert outcome.code == 0, outcome.err
     assert outcome.err == ""
@@ -175,7 +175,7 @@ def test_a_majority_re_reduction_builds_no_backend_and_appends_its_reduction(
 @pytest.mark.anyio
 async def test_session_reduce_sends_no_sample_request(finished: Finished) -> None:
     backend = Counting()
-    async with orchestrator.Session(backend=backend, runs_dir=finished.runs) as session:
+    async with lanefold.Session(backend=backend, runs_dir=finished.runs) as session:
         result = await session.reduce(RUN, reducer="majority_vote")
         assert backend.requests == []
         judged = await session.reduce(RUN, reducer="judge_argmax")
@@ -274,7 +274,7 @@ def test_every_reduction_is_numbered_listed_and_the_log_still_folds(
     assert sorted(state.reductions) == [1, 2, 3, 4, 5]
     assert state.open_reduction is None
     assert state.result is not None and state.result["reducer"] == "majority_vote"
-    resumed = orchestrator.resume_sync(RUN, runs_dir=finished.runs)
+    resumed = lanefold.resume_sync(RUN, runs_dir=finished.runs)
     assert resumed.reducer == "majority_vote"  # a finished run returns its own result
     assert resumed.answer == finished.result["answer"]
 
@@ -340,10 +340,10 @@ def test_a_bad_extract_regex_is_refused_before_the_log_is_touched(
 
 
 def test_session_reduce_takes_an_extract_spec(finished: Finished) -> None:
-    from primitives import ExtractSpec
+    from lanefold.primitives import ExtractSpec
 
-    async def go() -> orchestrator.RunResult:
-        async with orchestrator.Session(runs_dir=finished.runs) as session:
+    async def go() -> lanefold.RunResult:
+        async with lanefold.Session(runs_dir=finished.runs) as session:
             return await session.reduce(RUN, reducer="majority_vote",
                                         extract=ExtractSpec(regex=r"gives (\d)"))
 
@@ -468,8 +468,8 @@ def test_session_reduce_with_a_verifier_callable(finished: Finished) -> None:
         seen.append(answer)
         return answer == "391"
 
-    async def go() -> orchestrator.RunResult:
-        async with orchestrator.Session(runs_dir=finished.runs, verifier=check) as session:
+    async def go() -> lanefold.RunResult:
+        async with lanefold.Session(runs_dir=finished.runs, verifier=check) as session:
             return await session.reduce(RUN, reducer="any_pass")
 
     calls = finished.calls_made()
@@ -514,9 +514,9 @@ def test_reduce_finds_a_module_verifier_beside_the_config_in_a_fresh_process(
 @pytest.mark.anyio
 async def test_a_re_reduction_reports_sampling_time_not_the_idle_time_since(
         tmp_path: Path) -> None:
-    config = orchestrator.parse_config({
+    config = lanefold.parse_config({
         "loop": {"k": 3, "seed": 2}, "backend": {"kind": "simulated", "latency_ms": [0, 0]}})
-    async with orchestrator.Session(config, runs_dir=tmp_path) as session:
+    async with lanefold.Session(config, runs_dir=tmp_path) as session:
         first = await session.run("q", run_id="idle")
         await anyio.sleep(0.3)  # the run sits finished; a re-reduction later must not bill it
         again = await session.reduce("idle", reducer="majority_vote")
@@ -525,11 +525,11 @@ async def test_a_re_reduction_reports_sampling_time_not_the_idle_time_since(
 
 @pytest.mark.anyio
 async def test_a_re_reduction_of_a_multi_wave_run_reads_every_wave(tmp_path: Path) -> None:
-    config = orchestrator.parse_config({
+    config = lanefold.parse_config({
         "loop": {"coordinator": "adaptive_sample", "window": 2, "max_lanes": 10, "rule": "beta",
                  "threshold": 0.99, "seed": 4},
         "backend": {"kind": "simulated", "accuracy": 0.5}})
-    async with orchestrator.Session(config, runs_dir=tmp_path) as session:
+    async with lanefold.Session(config, runs_dir=tmp_path) as session:
         first = await session.run("q", run_id="waves")
         again = await session.reduce("waves", reducer="majority_vote")
     assert first.outcome["waves"] > 1

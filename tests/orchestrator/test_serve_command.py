@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-import orchestrator._cli as cli_module
-from orchestrator._cli import main
+import lanefold._cli as cli_module
+from lanefold._cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,8 +88,8 @@ def test_a_key_the_openai_backend_refuses_is_refused_by_serve_too(
         value: str, config: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Such a server used to start, then answer 401 to every client sending the key.
-    from backends.openai import OpenAIBackend, OpenAIConfig
-    from primitives import ConfigError
+    from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+    from lanefold.primitives import ConfigError
 
     monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: pytest.fail("it started"))
     monkeypatch.setenv("LANEFOLD_TEST_SERVE_KEY", value)

@@ -15,16 +15,16 @@ from typing import Any
 import anyio
 import pytest
 
-import orchestrator
-import orchestrator._session as session_module
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import LaneOutcome, SampleRequest
+import lanefold
+import lanefold._session as session_module
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import LaneOutcome, SampleRequest
 
 SIMULATED = {"kind": "simulated", "accuracy": 0.6}
 
 
-def config(**loop: Any) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(**loop: Any) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": 3, "seed": 7, **loop}, "backend": dict(SIMULATED),
         "prompt": {"template": "{question}"},  # the prompt is the question: gates find it
         "retry": {"max_attempts": 1}})
@@ -109,7 +109,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[Counting]:
 @pytest.mark.anyio
 async def test_a_given_backend_is_loaded_once_and_never_closed(runs: Path) -> None:
     backend = Counting()
-    async with orchestrator.Session(config(), backend=backend, runs_dir=runs) as session:
+    async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
         assert backend.loads == 1, "loaded on entry, before the first question"
         first = await session.run("What is 17 * 23?")
         second = await session.run("What is 17 * 23?")
@@ -122,7 +122,7 @@ async def test_a_given_backend_is_loaded_once_and_never_closed(runs: Path) -> No
 @pytest.mark.anyio
 async def test_two_runs_share_one_built_backend_loaded_once_and_closed_on_exit(
         runs: Path, built: list[Counting]) -> None:
-    async with orchestrator.Session(config(), runs_dir=runs) as session:
+    async with lanefold.Session(config(), runs_dir=runs) as session:
         assert len(built) == 1 and built[0].loads == 1
         await session.run("What is 17 * 23?")
         await session.run("What is 17 * 23?")
@@ -139,16 +139,16 @@ async def test_concurrent_resumes_in_a_session_without_config_build_one_backend(
     held = Gated(questions)
     async with anyio.create_task_group() as tg:
         for question in questions:
-            tg.start_soon(lambda q=question: orchestrator.run(
+            tg.start_soon(lambda q=question: lanefold.run(
                 config(), q, runs_dir=runs, run_id=q.split()[0], backend=held))
         with anyio.fail_after(30):
             await held.until_waiting(2)
         tg.cancel_scope.cancel()
     assert [log_types(runs, r)[-1] for r in ("first", "second")] == ["run.interrupted"] * 2
 
-    async with orchestrator.Session(runs_dir=runs) as session:  # no config: builds on demand
+    async with lanefold.Session(runs_dir=runs) as session:  # no config: builds on demand
         assert built == []
-        results: dict[str, orchestrator.RunResult] = {}
+        results: dict[str, lanefold.RunResult] = {}
 
         async def resume(run_id: str) -> None:
             results[run_id] = await session.resume(run_id)
@@ -168,18 +168,18 @@ async def test_a_resumed_run_with_another_backend_gets_its_own_closed_with_the_s
     # Session's docstring: "A run resumed here whose recorded backend differs from the
     # session's gets one built for it, kept (for later runs of that backend) until the
     # session closes."
-    other = orchestrator.parse_config({
+    other = lanefold.parse_config({
         "loop": {"k": 3, "seed": 7}, "backend": {**SIMULATED, "answer": "42"},
         "prompt": {"template": "{question}"}})
     held = Gated(["old question"])
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: orchestrator.run(other, "old question", runs_dir=runs,
+        tg.start_soon(lambda: lanefold.run(other, "old question", runs_dir=runs,
                                                run_id="old", backend=held))
         with anyio.fail_after(30):
             await held.until_waiting(1)
         tg.cancel_scope.cancel()
 
-    async with orchestrator.Session(config(), runs_dir=runs) as session:
+    async with lanefold.Session(config(), runs_dir=runs) as session:
         [own] = built
         result = await session.resume("old")
         assert result.resumes == 1
@@ -200,7 +200,7 @@ async def test_run_many_yields_each_index_once_in_completion_order(runs: Path) -
     finishing = [2, 0, 3, 1]  # the order the test opens the gates in
     seen: list[int] = []
     with anyio.fail_after(30):
-        async with orchestrator.Session(config(), backend=backend, runs_dir=runs) as session:
+        async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
             backend.gates[questions[finishing[0]]].set()
             async for result in session.run_many(questions, concurrency=4):
                 seen.append(result.index)
@@ -218,7 +218,7 @@ async def test_run_many_runs_at_most_concurrency_questions_at_once(runs: Path) -
     backend = Gated(questions)
     seen: list[int] = []
     with anyio.fail_after(30):
-        async with orchestrator.Session(config(), backend=backend, runs_dir=runs) as session:
+        async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
 
             async def release() -> None:
                 await backend.until_waiting(2)  # two held: the bound is reached ...
@@ -241,8 +241,8 @@ async def test_run_many_raises_the_failing_runs_error_and_interrupts_the_rest(ru
     backend = Gated(questions)
     backend.fail.add("bad question")
     with anyio.fail_after(30):
-        async with orchestrator.Session(config(), backend=backend, runs_dir=runs) as session:
-            with pytest.raises(orchestrator.RunError, match="a bug on 'bad question'"):
+        async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
+            with pytest.raises(lanefold.RunError, match="a bug on 'bad question'"):
                 try:
                     async for _ in session.run_many(questions, concurrency=2,
                                                     run_ids=["held", "bad"]):
@@ -259,7 +259,7 @@ async def test_breaking_out_of_run_many_interrupts_the_runs_in_flight(runs: Path
     backend = Gated(questions)
     backend.gates["fast question"].set()
     with anyio.fail_after(30):
-        async with orchestrator.Session(config(), backend=backend, runs_dir=runs) as session:
+        async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
             results = session.run_many(questions, concurrency=2, run_ids=["fast", "held"])
             try:
                 async for result in results:
@@ -276,14 +276,14 @@ async def test_breaking_out_of_run_many_interrupts_the_runs_in_flight(runs: Path
 
 @pytest.mark.anyio
 async def test_run_many_refuses_bad_arguments_before_any_run(runs: Path) -> None:
-    async with orchestrator.Session(config(), backend=Counting(), runs_dir=runs) as session:
-        with pytest.raises(orchestrator.ConfigError, match="concurrency"):
+    async with lanefold.Session(config(), backend=Counting(), runs_dir=runs) as session:
+        with pytest.raises(lanefold.ConfigError, match="concurrency"):
             async for _ in session.run_many(["q"], concurrency=0):
                 pass
-        with pytest.raises(orchestrator.ConfigError, match="run_ids"):
+        with pytest.raises(lanefold.ConfigError, match="run_ids"):
             async for _ in session.run_many(["q", "r"], run_ids=["only-one"]):
                 pass
-        with pytest.raises(orchestrator.ConfigError, match="question"):
+        with pytest.raises(lanefold.ConfigError, match="question"):
             async for _ in session.run_many(["q", "  "]):
                 pass
     assert not await anyio.Path(runs).exists()
@@ -293,10 +293,10 @@ async def test_run_many_refuses_bad_arguments_before_any_run(runs: Path) -> None
 
 
 def test_run_sync_runs_one_question(runs: Path) -> None:
-    result = orchestrator.run_sync(config(), "What is 17 * 23?", runs_dir=runs, run_id="sync")
+    result = lanefold.run_sync(config(), "What is 17 * 23?", runs_dir=runs, run_id="sync")
     assert result.run_id == "sync" and result.answer is not None
     assert log_types(runs, "sync")[-1] == "run.completed"
-    again = orchestrator.resume_sync("sync", runs_dir=runs)
+    again = lanefold.resume_sync("sync", runs_dir=runs)
     assert again == result, "a finished run's resume returns its recorded result"
 
 
@@ -304,7 +304,7 @@ def test_run_sync_runs_one_question(runs: Path) -> None:
 async def test_run_sync_works_inside_a_running_event_loop(runs: Path) -> None:
     # A notebook cell: an event loop already runs in this thread.
     backend = Counting()
-    result = orchestrator.run_sync(config(), "What is 17 * 23?", runs_dir=runs, run_id="nb",
+    result = lanefold.run_sync(config(), "What is 17 * 23?", runs_dir=runs, run_id="nb",
                                    backend=backend)
     assert result.answer is not None
     assert (backend.requests, backend.closes) == (1, 0)

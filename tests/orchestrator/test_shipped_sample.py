@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from orchestrator.evaluate import load_dataset
+from lanefold.evaluate import load_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "datasets" / "arithmetic"
@@ -60,7 +60,7 @@ def test_each_file_loads_with_right_answers(name: str, word: str, digits: range)
 
 def test_the_sample_evals_offline_on_the_simulated_backend(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator._cli import main
+    from lanefold._cli import main
 
     code = main(["eval", str(ROOT / "examples" / "simulated.toml"), "--dataset",
                  str(SAMPLE / "1_digit_multiplication.jsonl"), "--limit", "5",

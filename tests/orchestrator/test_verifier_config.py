@@ -1,7 +1,7 @@
 """Verifiers and the `[judge]` section, from config (and from a caller) to the log.
 
 A verifier is a Python callable passed directly (`Session(..., verifier=fn)`,
-`orchestrator.run(..., verifier=fn)`), `[judge] verifier = "module:function"`, or
+`lanefold.run(..., verifier=fn)`), `[judge] verifier = "module:function"`, or
 `[judge] verifier_command` (the candidate on stdin, exit 0 passes, a number on stdout is the
 score, `verifier_timeout_s`, several at once up to `loop.max_concurrency`). Every verdict, and
 every failure of a verifier, is a `judge.completed` event. The LLM judge's `[judge]` keys
@@ -23,9 +23,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-import orchestrator
-from orchestrator._cli import main
-from primitives import ConfigError, JsonlEventLog, Sample, SampleRequest, Usage
+import lanefold
+from lanefold._cli import main
+from lanefold.primitives import ConfigError, JsonlEventLog, Sample, SampleRequest, Usage
 
 QUESTION = "What is 17 * 23?"
 RUN = "v"
@@ -51,8 +51,8 @@ def raw_config(**sections: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def config(**sections: dict[str, Any]) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config(raw_config(**sections))
+def config(**sections: dict[str, Any]) -> lanefold.LoopConfig:
+    return lanefold.parse_config(raw_config(**sections))
 
 
 def config_file(folder: Path, **sections: dict[str, Any]) -> Path:
@@ -72,7 +72,7 @@ def verdicts(path: Path | str) -> dict[int, Any]:
     return by_lane
 
 
-def answers(result: orchestrator.RunResult) -> dict[int, str | None]:
+def answers(result: lanefold.RunResult) -> dict[int, str | None]:
     return {lane.lane: lane.answer for lane in result.lanes if lane.status == "completed"}
 
 
@@ -177,11 +177,11 @@ def test_the_keys_a_reducer_reads_are_accepted(sections: dict[str, dict[str, Any
 def test_a_reducer_that_needs_a_verifier_is_refused_before_the_run_without_one(
         tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"judge\.verifier: reducer any_pass needs a verifier"):
-        orchestrator.Session(config(loop={"reducer": "any_pass"}), runs_dir=tmp_path)
+        lanefold.Session(config(loop={"reducer": "any_pass"}), runs_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"judge\.template: reducer judge_argmax needs"):
-        orchestrator.Session(config(loop={"reducer": "judge_argmax"}), runs_dir=tmp_path)
+        lanefold.Session(config(loop={"reducer": "judge_argmax"}), runs_dir=tmp_path)
     # a verifier given by the caller is enough
-    orchestrator.Session(config(loop={"reducer": "any_pass"}), runs_dir=tmp_path,
+    lanefold.Session(config(loop={"reducer": "any_pass"}), runs_dir=tmp_path,
                          verifier=lambda q, t, a: True)
 
 
@@ -189,14 +189,14 @@ def test_weighting_by_verifier_without_a_verifier_is_refused_before_sampling(
         tmp_path: Path) -> None:
     cfg = config(loop={"reducer": "weighted_vote", "weighting": "verifier"})
     with pytest.raises(ConfigError, match=r"judge\.verifier"):
-        orchestrator.Session(cfg, runs_dir=tmp_path)
+        lanefold.Session(cfg, runs_dir=tmp_path)
 
 
 def test_a_verifier_that_does_not_import_is_refused_before_the_run(tmp_path: Path) -> None:
     cfg = config(loop={"reducer": "any_pass"},
                  judge={"verifier": "lanefold_no_such_module_here:check"})
     with pytest.raises(ConfigError, match=r"judge\.verifier: cannot import"):
-        orchestrator.Session(cfg, runs_dir=tmp_path)
+        lanefold.Session(cfg, runs_dir=tmp_path)
 
 
 # -- a callable passed directly -------------------------------------------------------------------
@@ -209,7 +209,7 @@ def only_391(question: str, text: str, answer: str | None) -> bool:
 
 
 def test_orchestrator_run_takes_a_verifier_callable(tmp_path: Path) -> None:
-    result = orchestrator.run_sync(config(loop={"reducer": "any_pass"}), QUESTION,
+    result = lanefold.run_sync(config(loop={"reducer": "any_pass"}), QUESTION,
                                    runs_dir=tmp_path, run_id=RUN, verifier=only_391)
     lanes = answers(result)
     assert result.reducer == "any_pass"
@@ -235,7 +235,7 @@ async def test_a_session_takes_a_verifier_callable_in_place_of_the_configs(
         await anyio.lowlevel.checkpoint()
         return scores[answer or ""]
 
-    async with orchestrator.Session(cfg, runs_dir=tmp_path, verifier=score) as session:
+    async with lanefold.Session(cfg, runs_dir=tmp_path, verifier=score) as session:
         result = await session.run(QUESTION, run_id=RUN)
     lanes = answers(result)
     assert result.scores == {lane: scores[a or ""] for lane, a in lanes.items()}
@@ -255,7 +255,7 @@ def test_a_sync_callable_runs_in_a_worker_thread(tmp_path: Path) -> None:
 
     async def go() -> None:
         loop_threads.append(threading.get_ident())
-        await orchestrator.run(config(loop={"reducer": "any_pass"}), QUESTION,
+        await lanefold.run(config(loop={"reducer": "any_pass"}), QUESTION,
                                runs_dir=tmp_path, run_id=RUN, verifier=check)
 
     anyio.run(go)
@@ -272,7 +272,7 @@ def test_a_hung_sync_callable_times_out_after_verifier_timeout_s(tmp_path: Path)
 
     cfg = config(loop={"reducer": "any_pass"}, judge={"verifier_timeout_s": 0.3})
     try:
-        result = orchestrator.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id=RUN,
+        result = lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id=RUN,
                                        verifier=hang)
     finally:
         release.set()
@@ -290,7 +290,7 @@ def test_every_failure_of_a_callable_is_a_judge_completed_event(tmp_path: Path) 
             raise RuntimeError("checker crashed")
         return "maybe"
 
-    result = orchestrator.run_sync(config(loop={"reducer": "any_pass"}), QUESTION,
+    result = lanefold.run_sync(config(loop={"reducer": "any_pass"}), QUESTION,
                                    runs_dir=tmp_path, run_id=RUN, verifier=moody)
     lanes = answers(result)
     assert set(lanes.values()) >= {"391", "381"}, "the seed must give both answers"
@@ -504,7 +504,7 @@ async def test_the_judges_stop_and_sampling_reach_its_requests(tmp_path: Path) -
                  judge={"template": "Q: {question}\nC: {candidate}\n", "stop": ["\n\n", "###"],
                         "temperature": 0.0, "max_tokens": 24},
                  sampling={"stop": ["STOP"], "temperature": 0.9, "max_tokens": 64})
-    async with orchestrator.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
+    async with lanefold.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
         await session.run(QUESTION, run_id=RUN)
     judged = backend.of("judge")
     assert len({lane.lane for r in judged for lane in r.lanes}) == 4
@@ -521,7 +521,7 @@ async def test_the_usc_call_uses_the_judges_sampling(tmp_path: Path) -> None:
                        reply=judge_says({}))
     cfg = config(loop={"reducer": "usc"},
                  judge={"stop": ["\n\n"], "temperature": 0.0, "max_tokens": 16})
-    async with orchestrator.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
+    async with lanefold.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
         result = await session.run(QUESTION, run_id=RUN)
     (usc,) = backend.of("usc")
     assert usc.params.stop == ("\n\n",) and usc.params.temperature == 0.0
@@ -539,7 +539,7 @@ async def test_score_regex_and_the_built_in_reading_from_config(tmp_path: Path,
     texts = [said(a) for a in ("391", "381", "401", "293")]
     template = "Q: {question}\nC: {candidate}" + template_end
     backend = Scripted(texts, reply=judge_says(outputs))
-    async with orchestrator.Session(
+    async with lanefold.Session(
             config(loop={"reducer": "judge_argmax"}, judge={"template": template}),
             backend=backend, runs_dir=tmp_path) as session:
         plain = await session.run(QUESTION, run_id="plain")
@@ -547,7 +547,7 @@ async def test_score_regex_and_the_built_in_reading_from_config(tmp_path: Path,
     assert (plain.answer, plain.winner_lane, plain.margin) == ("391", 0, 2.0)
     assert plain.agreement == pytest.approx(1 / 4)
     backend = Scripted(texts, reply=judge_says(outputs))
-    async with orchestrator.Session(
+    async with lanefold.Session(
             config(loop={"reducer": "judge_argmax"},
                    judge={"template": template, "score_regex": r"VERDICT=(\d+)"}),
             backend=backend, runs_dir=tmp_path) as session:
@@ -566,7 +566,7 @@ async def test_tie_break_from_config_works_under_the_judge(tmp_path: Path, tie_b
                        reply=judge_says(outputs))
     cfg = config(loop={"reducer": "judge_argmax", "tie_break": tie_break},
                  judge={"template": "{question} {candidate}"})
-    async with orchestrator.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
+    async with lanefold.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
         result = await session.run(QUESTION, run_id=RUN)
     assert (result.answer, result.winner_lane, result.tie_break) == (answer, lane, tie_break)
     assert result.margin == pytest.approx(0.0)
@@ -584,7 +584,7 @@ async def test_weighted_vote_asks_the_backend_for_logprobs(tmp_path: Path,
     if weighting is not None:
         loop["weighting"] = weighting
     cfg = config(loop=loop)
-    async with orchestrator.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
+    async with lanefold.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
         result = await session.run(QUESTION, run_id=RUN)
     assert all(r.params.logprobs for r in backend.of("sample"))
     assert (result.answer, result.winner_lane) == ("391", 2)

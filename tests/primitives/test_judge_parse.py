@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from primitives._errors import ConfigError
-from primitives._judge import compile_score_regex, judge_argmax, parse_score
+from lanefold.primitives._errors import ConfigError
+from lanefold.primitives._judge import compile_score_regex, judge_argmax, parse_score
 
 # --- built-in markers --------------------------------------------------------------------------
 

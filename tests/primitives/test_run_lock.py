@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from primitives import JsonlEventLog, RunInUseError, RunLock
-from primitives.events import WaveBarrier, WaveBarrierData
+from lanefold.primitives import JsonlEventLog, RunInUseError, RunLock
+from lanefold.primitives.events import WaveBarrier, WaveBarrierData
 
 
 def dead_pid() -> int:

@@ -14,9 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-import orchestrator
-from backends.simulated import SimulatedBackend, SimulatedConfig
-from primitives import LaneOutcome, SampleRequest
+import lanefold
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.primitives import LaneOutcome, SampleRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -24,8 +24,8 @@ QUESTION = "What is 17 * 23?"
 DEADLOCK = 60  # seconds: the runs take milliseconds; only a deadlock reaches this
 
 
-def config(k: int, *, max_concurrency: int = 16, seed: int = 0) -> orchestrator.LoopConfig:
-    return orchestrator.parse_config({
+def config(k: int, *, max_concurrency: int = 16, seed: int = 0) -> lanefold.LoopConfig:
+    return lanefold.parse_config({
         "loop": {"k": k, "seed": seed, "max_concurrency": max_concurrency},
         "backend": {"kind": "simulated"}})
 
@@ -58,11 +58,11 @@ class Spy(SimulatedBackend):
 
 
 async def run_all(runs: Path, limiter: anyio.CapacityLimiter, backend: Spy,
-                  configs: list[orchestrator.LoopConfig]) -> list[orchestrator.RunResult]:
-    results: list[orchestrator.RunResult | None] = [None] * len(configs)
+                  configs: list[lanefold.LoopConfig]) -> list[lanefold.RunResult]:
+    results: list[lanefold.RunResult | None] = [None] * len(configs)
 
     async def one(i: int) -> None:
-        results[i] = await orchestrator.run(configs[i], QUESTION, runs_dir=runs, run_id=f"r{i}",
+        results[i] = await lanefold.run(configs[i], QUESTION, runs_dir=runs, run_id=f"r{i}",
                                             backend=backend, limiter=limiter)
 
     with anyio.fail_after(DEADLOCK):
@@ -94,7 +94,7 @@ async def test_a_session_shares_its_limiter_between_concurrent_runs(tmp_path: Pa
     limiter = anyio.CapacityLimiter(4)
     backend = Spy(limiter)
     with anyio.fail_after(DEADLOCK):
-        async with orchestrator.Session(config(3), backend=backend, limiter=limiter,
+        async with lanefold.Session(config(3), backend=backend, limiter=limiter,
                                         runs_dir=tmp_path) as session:
             results = [r async for r in session.run_many([QUESTION] * 4, concurrency=4)]
     assert sorted(r.index for r in results) == [0, 1, 2, 3]

@@ -15,8 +15,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from primitives._errors import ConfigError
-from primitives._verifier import (
+from lanefold.primitives._errors import ConfigError
+from lanefold.primitives._verifier import (
     CallableVerifier,
     CommandVerifier,
     Verdict,

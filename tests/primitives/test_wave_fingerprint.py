@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from primitives import SamplingParams
-from primitives._context import wave_fingerprint
-from primitives._dispatch import LaneJob
+from lanefold.primitives import SamplingParams
+from lanefold.primitives._context import wave_fingerprint
+from lanefold.primitives._dispatch import LaneJob
 
 PARAMS = SamplingParams(temperature=0.7, max_tokens=64, logprobs=True)
 
