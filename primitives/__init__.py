@@ -35,6 +35,7 @@ from lanefold.primitives._budget import (
     SharedPool,
     Spend,
     cost_of,
+    short_of_room,
 )
 from lanefold.primitives._context import RunBudget, RunContext, wave_fingerprint
 from lanefold.primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
@@ -59,12 +60,13 @@ from lanefold.primitives._errors import (
     ServerError,
 )
 from lanefold.primitives._eventlog import (
+    END_TYPES,
     EventLog,
     FsyncPolicy,
-    JsonlEventLog,
     MemoryEventLog,
-    RunLock,
     TornTail,
+    check_next_sequence,
+    os_failure,
     validate_run_id,
 )
 from lanefold.primitives._judge import (
@@ -89,10 +91,12 @@ from lanefold.primitives._loop import (
     Reduction,
     Remaining,
 )
-from lanefold.primitives._pgdatabase import PgDatabase, redact_url
-from lanefold.primitives._pglog import PgEventLog
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._registry import (
+    LOOPS,
+    REDUCERS,
+    NotOfKindError,
+    Registry,
     import_object,
     loop_names,
     plugin_folders,
@@ -103,14 +107,17 @@ from lanefold.primitives._registry import (
     resolve_reducer,
     without_plugin_imports,
 )
-from lanefold.primitives._shared_budget import (
-    BudgetView,
-    PgSharedPool,
-    connect_budgets,
-    read_budget,
-    set_budget,
-)
 from lanefold.primitives._state import LaneState, RunState, WaveState, apply, fold
+from lanefold.primitives._store import (
+    BudgetStore,
+    BudgetView,
+    RunStatus,
+    RunSummary,
+    Store,
+    new_run_id,
+    select_runs,
+    summarize_run,
+)
 from lanefold.primitives._verifier import (
     CallableVerifier,
     CommandVerifier,
@@ -123,6 +130,9 @@ from lanefold.primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_
 from lanefold.primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
+    "END_TYPES",
+    "LOOPS",
+    "REDUCERS",
     "AnyEvent",
     "AuthenticationError",
     "Backend",
@@ -132,6 +142,7 @@ __all__ = (
     "Ballot",
     "Budget",
     "BudgetExhaustedError",
+    "BudgetStore",
     "BudgetView",
     "CallableVerifier",
     "ChatMessage",
@@ -146,7 +157,6 @@ __all__ = (
     "ExtractSpec",
     "FsyncPolicy",
     "Hold",
-    "JsonlEventLog",
     "JudgeResult",
     "JudgeSettings",
     "JudgeTieBreak",
@@ -165,10 +175,8 @@ __all__ = (
     "LoopContext",
     "MemoryEventLog",
     "NonDeterminismError",
+    "NotOfKindError",
     "Outcome",
-    "PgDatabase",
-    "PgEventLog",
-    "PgSharedPool",
     "Pricing",
     "QuorumNotMetError",
     "RateLimitError",
@@ -177,6 +185,7 @@ __all__ = (
     "Reducer",
     "Reduction",
     "Refusal",
+    "Registry",
     "Remaining",
     "RequestRejectedError",
     "RetryPolicy",
@@ -185,15 +194,17 @@ __all__ = (
     "RunContext",
     "RunError",
     "RunInUseError",
-    "RunLock",
     "RunNotFoundError",
     "RunState",
+    "RunStatus",
+    "RunSummary",
     "Sample",
     "SampleRequest",
     "SamplingParams",
     "ServerError",
     "SharedPool",
     "Spend",
+    "Store",
     "StreamingBackend",
     "TextDelta",
     "TornTail",
@@ -206,9 +217,9 @@ __all__ = (
     "WaveState",
     "apply",
     "as_verifier",
+    "check_next_sequence",
     "closing",
     "compile_score_regex",
-    "connect_budgets",
     "cost_of",
     "extract_answer",
     "fold",
@@ -220,12 +231,12 @@ __all__ = (
     "lane_seed",
     "logprob_weight",
     "loop_names",
+    "new_run_id",
     "normalize_answer",
+    "os_failure",
     "parse_event",
     "parse_score",
     "plugin_folders",
-    "read_budget",
-    "redact_url",
     "reducer_names",
     "register_loop",
     "register_reducer",
@@ -234,7 +245,9 @@ __all__ = (
     "resolve_loop",
     "resolve_reducer",
     "sample_all",
-    "set_budget",
+    "select_runs",
+    "short_of_room",
+    "summarize_run",
     "validate_run_id",
     "vote_fold",
     "wave_fingerprint",

@@ -1,8 +1,10 @@
-"""Registries of loops and reducers: the names config files use.
+"""Registries of plug-ins: the names config files use, one `Registry` per kind.
 
-A loop or reducer is registered with a decorator (`@register_loop`, `@register_reducer`), by
-an installed package's entry point (groups `lanefold.loops` and `lanefold.reducers`, loaded on
-first lookup), or named in a config as `package.module:ClassName`, imported on demand.
+Every kind (loops, reducers, backends, stores, executors, scorers, verifiers, hooks) is found
+the same three ways: registered by a decorator (`@register_loop`, `@register_backend("kind")`,
+...), by an installed package's entry point (group `lanefold.<kind>s`, loaded on first lookup
+of a name not registered yet), or named in a config as `package.module:attr`, imported on
+demand.
 
 Every `module:attr` a config or a flag names (a loop, a reducer, a verifier, a scorer) is
 imported by `import_object`, which looks in the config's folder first, then the working
@@ -18,14 +20,18 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from lanefold.primitives._errors import ConfigError
 
 __all__ = (
+    "LOOPS",
+    "REDUCERS",
+    "NotOfKindError",
+    "Registry",
     "import_object",
     "loop_names",
     "plugin_folders",
@@ -37,11 +43,8 @@ __all__ = (
     "without_plugin_imports",
 )
 
-T = TypeVar("T", bound=type[Any])
-
-_LOOPS: dict[str, type[Any]] = {}
-_REDUCERS: dict[str, type[Any]] = {}
-_ENTRY_POINTS_LOADED: set[str] = set()
+T = TypeVar("T")
+C = TypeVar("C", bound=type[Any])
 
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -115,109 +118,197 @@ def _import_module(name: str) -> Any:
                     sys.path.remove(folder)
 
 
-def register_loop(cls: T) -> T:
+class Registry(Generic[T]):
+    """The plug-ins of one kind by name: `register` (a decorator), the kind's entry-point group
+    (`lanefold.<kind>s`, loaded once, on the first lookup of a name not registered), and
+    `module:attr` (imported by `import_object`, looked up beside the config first).
+
+    `check(obj, where)` refuses what is not of the kind (a ConfigError naming `where`, or a
+    TypeError at registration); `name_of(obj)` gives the name of an object registered without
+    one (a loop's or reducer's `name` attribute).
+    """
+
+    def __init__(self, kind: str, *, key: str,
+                 check: Callable[[Any, str], None] | None = None,
+                 name_of: Callable[[Any], str | None] | None = None) -> None:
+        self.kind = kind
+        self.key = key  # the config key that names one, for messages
+        self.group = f"lanefold.{kind}s"
+        self._check = check
+        self._name_of = name_of or (lambda obj: getattr(obj, "name", None))
+        self._table: dict[str, T] = {}
+        self._loaded = False
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {sorted(self._table)})"
+
+    @overload
+    def register(self, obj: str, /) -> Callable[[Any], Any]: ...
+
+    @overload
+    def register(self, obj: Any, /) -> Any: ...
+
+    def register(self, obj: Any, /) -> Any:
+        """`@registry.register` (the object's own `name`) or `@registry.register("name")`."""
+        if isinstance(obj, str):
+            given = obj
+
+            def named(found: Any) -> Any:
+                self.add(given, found)
+                return found
+            return named
+        own = self._name_of(obj)
+        if not isinstance(own, str):
+            raise TypeError(f"{_qualified(obj)} has no name to register it by: give one "
+                            f"(@register_{self.kind}(\"name\"))")
+        self.add(own, obj)
+        return obj
+
+    def add(self, name: str, obj: Any) -> None:
+        """Register `obj` as `name`; a second, different object under one name is refused."""
+        if self._check is not None:
+            try:
+                self._check(obj, self.key)
+            except NotOfKindError as exc:  # a programming error, found at import
+                raise TypeError(str(exc)) from None
+        with self._lock:
+            known = self._table.get(name)
+            if known is not None and known is not obj and _qualified(known) != _qualified(obj):
+                raise ConfigError(f"{self.kind} {name!r} is registered twice: "
+                                  f"{_qualified(known)} and {_qualified(obj)}")
+            self._table[name] = obj
+
+    def resolve(self, spec: str, *, key: str | None = None) -> T:
+        """What `spec` names: a registered name, an entry point's, or `module:attr`. Unknown,
+        or not of the kind, is a ConfigError naming `key` (the config key that named it)."""
+        where = key or self.key
+        if ":" in spec:
+            found: Any = import_object(spec, key=where)
+        else:
+            if spec not in self._table:
+                self.load_entry_points(where)
+            found = self._table.get(spec)
+            if found is None:
+                known = ", ".join(sorted(self._table)) or "none"
+                raise ConfigError(f"{where}: unknown {self.kind} {spec!r} (known: {known}; or "
+                                  f"give 'module:attr')")
+        if self._check is not None:
+            self._check(found, where)
+        return found  # type: ignore[no-any-return]
+
+    def get(self, name: str) -> T | None:
+        """The object registered as `name` (entry points loaded), or None."""
+        if name not in self._table:
+            self.load_entry_points()
+        return self._table.get(name)
+
+    def names(self) -> list[str]:
+        """Every registered name, entry points included."""
+        self.load_entry_points()
+        return sorted(self._table)
+
+    def items(self) -> list[tuple[str, T]]:
+        self.load_entry_points()
+        return sorted(self._table.items(), key=lambda item: item[0])
+
+    def load_entry_points(self, key: str | None = None) -> None:
+        """Register every entry point of the kind's group, once; one that fails (or exits) at
+        import is a ConfigError naming `key`, where a config key asked for the lookup."""
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+        for entry in importlib.metadata.entry_points(group=self.group):
+            try:
+                found = entry.load()  # importing the module also runs its decorators
+            except (Exception, SystemExit) as exc:  # a broken plug-in must not end the process
+                where = f"{key}: " if key else ""
+                raise ConfigError(f"{where}entry point {entry.name!r} in {self.group}: cannot "
+                                  f"load {entry.value!r}: {type(exc).__name__}: {exc}") from None
+            try:
+                if self._check is not None:
+                    self._check(found, key or self.key)
+            except ConfigError:
+                continue  # a module registering by decorator may point its entry at anything
+            with self._lock:
+                name = self._name_of(found)
+                if isinstance(name, str):
+                    self._table.setdefault(name, found)
+                self._table.setdefault(entry.name, found)  # the entry point's name works too
+
+    def snapshot(self) -> tuple[dict[str, T], bool]:
+        """The table and whether entry points were loaded (tests restore them)."""
+        return dict(self._table), self._loaded
+
+    def restore(self, saved: tuple[dict[str, T], bool]) -> None:
+        with self._lock:
+            self._table, self._loaded = dict(saved[0]), saved[1]
+
+
+class NotOfKindError(ConfigError):
+    """What a config or decorator names is not of the registry's kind (not a class, or lacking
+    what the kind needs): a ConfigError where a config names it, a TypeError at registration."""
+
+
+def _check_loop(obj: Any, key: str) -> None:
+    if not isinstance(obj, type):
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
+    for attr in ("name", "Params", "run"):
+        if not hasattr(obj, attr):
+            raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Loop (it has no {attr!r})")
+    name: Any = getattr(obj, "name", None)
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"loop.coordinator: {obj.__qualname__}.name {name!r} must be "
+                          f"lower case letters, digits and '_' (it names the loop's events)")
+
+
+def _check_reducer(obj: Any, key: str) -> None:
+    if not isinstance(obj, type):
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
+    for attr in ("name", "reduce"):
+        if not hasattr(obj, attr):
+            raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Reducer (it has no "
+                                 f"{attr!r})")
+
+
+LOOPS: Registry[type[Any]] = Registry("loop", key="loop.coordinator", check=_check_loop)
+REDUCERS: Registry[type[Any]] = Registry("reducer", key="loop.reducer", check=_check_reducer)
+
+
+def register_loop(cls: C) -> C:
     """Class decorator: make a loop available by its `name` (`coordinator = "<name>"`).
 
     The name is lower case, digits and `_` (it names the loop's events, `loop.<name>.<noun>`).
     """
-    for attr in ("name", "Params", "run"):
-        if not hasattr(cls, attr):
-            raise TypeError(f"{cls.__qualname__} is not a Loop: it has no {attr!r}")
-    _check_name(cls)
-    _register(_LOOPS, cls, "loop")
+    LOOPS.register(cls)
     return cls
 
 
-def _check_name(cls: type[Any]) -> None:
-    if not isinstance(cls.name, str) or not _NAME.fullmatch(cls.name):
-        raise ConfigError(f"loop.coordinator: {cls.__qualname__}.name {cls.name!r} must be "
-                          f"lower case letters, digits and '_' (it names the loop's events)")
-
-
-def register_reducer(cls: T) -> T:
+def register_reducer(cls: C) -> C:
     """Class decorator: make a reducer available by its `name` (`reducer = "<name>"`)."""
-    for attr in ("name", "reduce"):
-        if not hasattr(cls, attr):
-            raise TypeError(f"{cls.__qualname__} is not a Reducer: it has no {attr!r}")
-    _register(_REDUCERS, cls, "reducer")
+    REDUCERS.register(cls)
     return cls
 
 
-def _register(table: dict[str, type[Any]], cls: type[Any], what: str) -> None:
-    name = cls.name
-    known = table.get(name)
-    if known is not None and known is not cls and _qualified(known) != _qualified(cls):
-        raise ConfigError(f"{what} {name!r} is registered twice: {_qualified(known)} and "
-                          f"{_qualified(cls)}")
-    table[name] = cls
-
-
-def _qualified(cls: type[Any]) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _load_entry_points(group: str, key: str | None = None) -> None:
-    """Register every entry point of `group`; one that fails (or exits) at import is a
-    ConfigError naming `key`, the config key that asked for the lookup, where there is one."""
-    if group in _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED.add(group)
-    table = _LOOPS if group == "lanefold.loops" else _REDUCERS
-    for entry in importlib.metadata.entry_points(group=group):
-        try:
-            found = entry.load()  # importing the module also runs its @register_* decorators
-        except (Exception, SystemExit) as exc:  # a broken plug-in must not end the process
-            where = f"{key}: " if key else ""
-            raise ConfigError(f"{where}entry point {entry.name!r} in {group}: cannot load "
-                              f"{entry.value!r}: {type(exc).__name__}: {exc}") from None
-        name = getattr(found, "name", None)
-        if isinstance(found, type) and isinstance(name, str):
-            if group == "lanefold.loops":
-                _check_name(found)
-            table.setdefault(name, found)
-            table.setdefault(entry.name, found)  # the entry point's name works too
-
-
-def _resolve(table: dict[str, type[Any]], spec: str, *, group: str, key: str,
-             what: str) -> type[Any]:
-    if ":" in spec:
-        found = import_object(spec, key=key)
-        if not isinstance(found, type):
-            raise ConfigError(f"{key}: {spec!r} is not a class")
-        return found
-    if spec not in table:
-        _load_entry_points(group, key)
-    cls = table.get(spec)
-    if cls is None:
-        raise ConfigError(f"{key}: unknown {what} {spec!r} (known: "
-                          f"{', '.join(sorted(table)) or 'none'}; or give 'module:Class')")
-    return cls
+def _qualified(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
 
 
 def resolve_loop(spec: str) -> type[Any]:
     """The loop class a `coordinator` value names (a registered name or `module:Class`)."""
-    cls = _resolve(_LOOPS, spec, group="lanefold.loops", key="loop.coordinator", what="loop")
-    for attr in ("name", "Params", "run"):
-        if not hasattr(cls, attr):
-            raise ConfigError(f"loop.coordinator: {spec!r} is not a Loop (it has no {attr!r})")
-    _check_name(cls)
-    return cls
+    return LOOPS.resolve(spec)
 
 
 def resolve_reducer(spec: str, *, key: str = "loop.reducer") -> type[Any]:
     """The reducer class a `reducer` value names (a registered name or `module:Class`)."""
-    cls = _resolve(_REDUCERS, spec, group="lanefold.reducers", key=key, what="reducer")
-    if not hasattr(cls, "reduce"):
-        raise ConfigError(f"{key}: {spec!r} is not a Reducer (it has no 'reduce')")
-    return cls
+    return REDUCERS.resolve(spec, key=key)
 
 
 def loop_names() -> list[str]:
     """Every registered loop, entry points included."""
-    _load_entry_points("lanefold.loops")
-    return sorted(_LOOPS)
+    return LOOPS.names()
 
 
 def reducer_names() -> list[str]:
-    _load_entry_points("lanefold.reducers")
-    return sorted(_REDUCERS)
+    return REDUCERS.names()

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 import lanefold
 from lanefold.coordinators import vote
-from lanefold.primitives import ConfigError, Lane, resolve_loop, resolve_reducer
+from lanefold.primitives import LOOPS, REDUCERS, ConfigError, Lane, resolve_loop, resolve_reducer
 from lanefold.primitives import _registry as registry
 
 ENTRY_POINTS = """\
@@ -64,10 +64,12 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     (info / "entry_points.txt").write_text(ENTRY_POINTS)
     (tmp_path / "eploops.py").write_text(MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", set())
-    monkeypatch.setattr(registry, "_LOOPS", dict(registry._LOOPS))
-    monkeypatch.setattr(registry, "_REDUCERS", dict(registry._REDUCERS))
+    saved = [(kind, kind.snapshot()) for kind in (LOOPS, REDUCERS)]
+    for kind, (table, _) in saved:
+        kind.restore((table, False))  # as if no entry point had been loaded yet
     yield tmp_path
+    for kind, state in saved:
+        kind.restore(state)
     sys.modules.pop("eploops", None)
 
 
