@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import lanefold
-from lanefold.primitives import connect_budgets, set_budget
+from lanefold.stores.postgres import PgDatabase, connect_budgets, set_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -41,7 +41,7 @@ def config(k: int, per_request: int | None, shared: bool) -> lanefold.LoopConfig
 
 
 def measure(url: str, ks: list[int], reps: int) -> dict[tuple[str, int, str], list[tuple[float, float]]]:
-    conn = connect_budgets(url)
+    conn = connect_budgets(PgDatabase(url))
     set_budget(conn, "bench", max_tokens=10**15)
     conn.close()
     times: dict[tuple[str, int, str], list[tuple[float, float]]] = {}

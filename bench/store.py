@@ -31,7 +31,9 @@ from pathlib import Path
 import psycopg
 
 import lanefold
-from lanefold.primitives import AnyEvent, JsonlEventLog, MemoryEventLog, PgDatabase, PgEventLog
+from lanefold.primitives import AnyEvent, MemoryEventLog
+from lanefold.stores.files import JsonlEventLog
+from lanefold.stores.postgres import PgDatabase, PgEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -32,12 +32,11 @@ if TYPE_CHECKING:
 
     from lanefold._config import LoopConfig, config_hash, load_config, parse_config
     from lanefold._executor import Executor
-    from lanefold._pgstore import PgStore
     from lanefold._ray_executor import RayExecutor
     from lanefold._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
     from lanefold._runner import build_backend
     from lanefold._session import Session, resume, resume_sync, run, run_sync
-    from lanefold._store import RunStore, Store, open_store
+    from lanefold._store import RunStore, Store, open_store, read_run, read_state
     from lanefold._sync_session import SyncSession
     from lanefold.primitives import (
         AnyEvent,
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
         BudgetExhaustedError,
         ConfigError,
         EventLog,
-        JsonlEventLog,
         Lane,
         LanefoldError,
         LaneJob,
@@ -78,6 +76,8 @@ if TYPE_CHECKING:
         register_loop,
         register_reducer,
     )
+    from lanefold.stores.files import JsonlEventLog
+    from lanefold.stores.postgres import PgStore
 
 # Each public name and the module it comes from, imported on first use (PEP 562): `import
 # orchestrator` costs nothing until a name is used, so the `orchestrator` command starts in
@@ -85,16 +85,17 @@ if TYPE_CHECKING:
 _HOMES: dict[str, tuple[str, ...]] = {
     "lanefold._config": ("LoopConfig", "config_hash", "load_config", "parse_config"),
     "lanefold._executor": ("Executor",),
-    "lanefold._pgstore": ("PgStore",),
+    "lanefold.stores.files": ("JsonlEventLog",),
+    "lanefold.stores.postgres": ("PgStore",),
     "lanefold._ray_executor": ("RayExecutor",),
     "lanefold._result": ("CostBreakdown", "LaneResult", "RunFailure", "RunResult",
         "UsageBreakdown"),
     "lanefold._runner": ("build_backend",),
     "lanefold._session": ("Session", "resume", "resume_sync", "run", "run_sync"),
-    "lanefold._store": ("RunStore", "Store", "open_store"),
+    "lanefold._store": ("RunStore", "Store", "open_store", "read_run", "read_state"),
     "lanefold._sync_session": ("SyncSession",),
     "lanefold.primitives": ("AnyEvent", "Backend", "BackendError", "BudgetExhaustedError", "ConfigError",
-        "EventLog", "JsonlEventLog", "Lane", "LaneJob", "LanefoldError", "Limits",
+        "EventLog", "Lane", "LaneJob", "LanefoldError", "Limits",
         "LogCorruptError", "LogWriteError", "Loop", "LoopContext", "MemoryEventLog",
         "NonDeterminismError", "Outcome", "Pricing", "QuorumNotMetError", "ReduceOptions",
         "Reducer", "Reduction", "RunError", "RunInUseError", "RunNotFoundError", "RunState",
@@ -157,6 +158,8 @@ __all__ = (
     "open_store",
     "parse_config",
     "parse_event",
+    "read_run",
+    "read_state",
     "register_loop",
     "register_reducer",
     "resume",

@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from lanefold._fleet_budget import database_of
+from lanefold._fleet_budget import budget_store
 from lanefold._store import open_store
-from lanefold.primitives import BudgetView, ConfigError, connect_budgets, read_budget, set_budget
+from lanefold.primitives import BudgetView, ConfigError
 
 __all__ = ("add_commands", "render")
 
@@ -59,23 +59,20 @@ _UNSET: Any = object()
 
 
 def _budget(args: argparse.Namespace) -> int:
-    db = database_of(open_store(args.store, "runs"), "--store")
-    conn = connect_budgets(db.url, db.password)
-    try:
-        if args.verb == "set":
-            limits = {key: getattr(args, key) for key in ("max_tokens", "max_cost_usd",
-                                                          "max_requests")
-                      if getattr(args, key) is not _UNSET}
-            view = set_budget(conn, args.name, **limits)
-        else:
-            found = read_budget(conn, args.name)
-            if found is None:
-                raise ConfigError(f"budget {args.name!r}: no such budget in {db.shown} (create "
-                                  f"it with: orchestrator budget set {args.name} --max-tokens N "
-                                  f"--store URL)")
-            view = found
-    finally:
-        conn.close()
+    opened = open_store(args.store, "runs")
+    store = budget_store(opened, "--store")
+    if args.verb == "set":
+        limits = {key: getattr(args, key) for key in ("max_tokens", "max_cost_usd",
+                                                      "max_requests")
+                  if getattr(args, key) is not _UNSET}
+        view = store.set_budget(args.name, **limits)
+    else:
+        found = store.read_budget(args.name)
+        if found is None:
+            raise ConfigError(f"budget {args.name!r}: no such budget in {opened.describe} "
+                              f"(create it with: orchestrator budget set {args.name} "
+                              f"--max-tokens N --store URL)")
+        view = found
     print(json.dumps(view.to_json()) if args.json else render(view))
     return 0
 

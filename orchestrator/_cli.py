@@ -1,5 +1,5 @@
-"""The `orchestrator` command: run, resume, reduce, tail, show, eval, compare, curve, validate,
-schema, serve, budget.
+"""The `orchestrator` command: run, resume, reduce, tail, show, list, eval, compare, curve,
+validate, schema, serve, budget.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
 quorum, 4 the run ended without an answer, 130/143 interrupted by SIGINT/SIGTERM (resumable).
@@ -11,7 +11,6 @@ from __future__ import annotations
 try:  # the command's modules: half a second of imports, start-up as much as main() is
     import argparse
     import contextlib
-    import importlib.util
     import json
     import logging
     import os
@@ -44,8 +43,8 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         )
         from lanefold._display import Progress, describe, summary
         from lanefold._flags import Parser, seconds
-        from lanefold._fleet_budget import database_of
-        from lanefold._pgstore import PgStore
+        from lanefold._fleet_budget import budget_store
+        from lanefold._list_cli import add_commands as add_list_commands
         from lanefold._result import RunResult
         from lanefold._runner import build_backend, check_question
         from lanefold._serve_run import (
@@ -57,7 +56,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             serve,
         )
         from lanefold._session import Session
-        from lanefold._store import Store, open_store
+        from lanefold._store import Store, open_store, read_run, read_state
         from lanefold.backends.engine import EngineConfig, resolve_model_path
         from lanefold.evaluate import add_commands, is_eval, show_eval, tail_eval
         from lanefold.primitives import (
@@ -67,10 +66,10 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             RunState,
             apply,
             loop_names,
-            redact_url,
             resolve_loop,
         )
         from lanefold.primitives.events import AnyEvent
+        from lanefold.stores.postgres import redact_url
 
         pause_point("import")
 except KeyboardInterrupt as stop:  # a signal while the command starts: nothing exists to tell of
@@ -80,7 +79,8 @@ __all__ = ("main",)
 
 T = TypeVar("T")
 EXIT_NO_ANSWER = 4
-_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate"})
+_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate",
+                            "list"})
 _SIGNAL_EXIT = EXIT_CODES
 
 
@@ -147,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _COMMANDS.update(add_commands(sub, common))  # eval, compare, curve
     _COMMANDS.update(add_budget_commands(sub))  # budget set, budget show
+    _COMMANDS.update(add_list_commands(sub, common))  # list
 
     p = sub.add_parser("serve", help="serve a backend as an OpenAI-compatible HTTP server")
     p.add_argument("--backend-config", required=True,
@@ -380,7 +381,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     store = _store(args)
-    with _live(args.json, lambda: store.read_state(args.run_id)) as observer:
+    with _live(args.json, lambda: read_state(store, args.run_id)) as observer:
         seen = _RunId(observer, args.run_id)
 
         async def go(reason: Callable[[], str]) -> RunResult:
@@ -429,7 +430,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         print(event.model_dump_json(by_alias=True) if args.json else describe(event), flush=True)
 
     if not args.follow:
-        events, _, _ = store.read(args.run_id)  # checked as show checks it, before a line
+        events, _, _ = read_run(store, args.run_id)  # checked as show checks it, before a line
         for event in events:
             show(event)
         return 0
@@ -476,7 +477,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if is_eval(args.runs_dir, args.run_id):
         return show_eval(args, print)
     store = _store(args)
-    _, state, _ = store.read(args.run_id)
+    _, state, _ = read_run(store, args.run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:
         result = RunResult.model_validate(state.result)
@@ -539,12 +540,10 @@ def _store_errors(config: LoopConfig, source: str, url: str | None) -> list[str]
         store = open_store(url or config.store.url, ".", config.store.password_env)
     except ConfigError as exc:
         return [f"{source}: {exc}"]
-    if isinstance(store, PgStore) and importlib.util.find_spec("psycopg") is None:
-        errors.append(f"{source}: store.url: a postgresql:// store needs psycopg "
-                      "(pip install 'lanefold[scale]')")
+    errors += [f"{source}: {missing}" for missing in store.missing()]
     if config.budget.shared is not None:
         try:
-            database_of(store)
+            budget_store(store)
         except ConfigError as exc:
             errors.append(f"{source}: {exc}")
     return errors

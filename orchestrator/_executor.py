@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lanefold._config import LoopConfig, parse_config
 from lanefold._result import RunResult
-from lanefold._store import RunStore, Store
+from lanefold._store import RunStore, Store, read_state
 from lanefold.primitives import ConfigError, LanefoldError
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ async def distribute(session: Session, executor: Executor, questions: Sequence[s
                 if not resume:
                     raise ConfigError(f"{session.store.location(job.run_id)}: a run with this "
                                       f"id already exists (resume=True continues it)")
-                started = session.store.read_state(job.run_id).started
+                started = read_state(session.store, job.run_id).started
                 if started is not None and started.question != job.question:
                     raise ConfigError(f"run_id {job.run_id!r}: the store holds a run of "
                                       f"another question; choose another id")

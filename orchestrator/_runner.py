@@ -24,13 +24,11 @@ from lanefold.primitives import (
     ConfigError,
     Dispatcher,
     EventLog,
-    JsonlEventLog,
     LanefoldError,
     Ledger,
     LogWriteError,
     NonDeterminismError,
     Outcome,
-    PgEventLog,
     Recorder,
     RetryPolicy,
     RunContext,
@@ -51,6 +49,8 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
+from lanefold.stores.files import JsonlEventLog
+from lanefold.stores.postgres import PgEventLog
 
 __all__ = (
     "Observer",

@@ -42,7 +42,7 @@ from lanefold._runner import (
     set_fsync,
     source_of,
 )
-from lanefold._store import Store, fold_record, open_store
+from lanefold._store import Store, fold_record, open_store, read_state
 from lanefold.primitives import (
     Backend,
     CommandVerifier,
@@ -219,7 +219,7 @@ class Session:
                      stop_reason: Callable[[], str]) -> RunResult:
         """Resume `run_id`, which must be a run of `question` (an id reused for another
         question is a mistake to name, not a run to continue)."""
-        recorded = self.store.read_state(run_id)
+        recorded = read_state(self.store, run_id)
         if recorded.started is not None and recorded.started.question != question:
             raise ConfigError(f"run_id {run_id!r}: the store holds a run of another question "
                               f"({_clip(recorded.started.question)}); choose another id")
@@ -230,7 +230,7 @@ class Session:
         state = None
         with contextlib.suppress(LanefoldError, OSError):
             if self.store.exists(run_id):
-                state = self.store.read_state(run_id)
+                state = read_state(self.store, run_id)
         events = self.store.location(run_id) if state is not None else None
         return failed_result(run_id, question, error, state, events)
 
@@ -311,7 +311,7 @@ class Session:
         """
         if log is None:
             # A finished run needs no writer (nor a writable disk): its record stands as read.
-            peek = self.store.read_state(run_id)
+            peek = read_state(self.store, run_id)
             if peek.result is not None:
                 return RunResult.model_validate(peek.result)
             if peek.failure is not None:

@@ -1,16 +1,15 @@
-"""The run store: where runs live. Files on disk (`./runs/<run_id>/events.jsonl`) by default;
-a PostgreSQL database (`orchestrator/_pgstore.py`) when `[store] url` or `--store` names one.
+"""The facade's side of the run store: which store a command opens, and reading a run from any
+store, every line checked (`fold_record`). The stores themselves are `lanefold.stores`: files on
+disk (`./runs/<run_id>/events.jsonl`) by default, PostgreSQL when `[store] url` or `--store`
+names one.
 
-Every command reaches a run through the `Store` seam, never a path, so both stores keep one
+Every command reaches a run through the `Store` seam, never a path, so every store keeps one
 contract: one writer per run, sequence strictly increasing, the same refusals on read.
 """
 
 from __future__ import annotations
 
-import secrets
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -19,63 +18,20 @@ from lanefold.coordinators import ParallelSampleParams, audit, configured_reduce
 from lanefold.primitives import (
     AnyEvent,
     ConfigError,
-    EventLog,
-    FsyncPolicy,
-    JsonlEventLog,
     LogCorruptError,
     Pricing,
     RunNotFoundError,
     RunState,
+    Store,
     fold,
+    new_run_id,
     plugin_folders,
-    validate_run_id,
     without_plugin_imports,
 )
+from lanefold.stores.files import RunStore
 
-__all__ = ("RunStore", "Store", "fold_readable", "fold_record", "new_run_id", "open_store")
-
-
-class Store(Protocol):
-    """Where runs live: the one way the orchestrator opens, reads and follows a run's log."""
-
-    def new_id(self) -> str: ...
-
-    def check_id(self, run_id: str) -> str: ...
-
-    def create_log(self, run_id: str, fsync: FsyncPolicy = "barrier") -> EventLog:
-        """A new run's log, holding the run's writer lock until closed."""
-        ...
-
-    def open_for_resume(self, run_id: str) -> EventLog:
-        """An existing run's log to append to (RunInUseError while another writer holds it)."""
-        ...
-
-    def reader(self, run_id: str) -> EventLog:
-        """The run's log to read or follow, without a lock."""
-        ...
-
-    def exists(self, run_id: str) -> bool: ...
-
-    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig | None]:
-        """A run's events, state and recorded config (`fold_readable`); no lock, no plug-in
-        imported."""
-        ...
-
-    def read_state(self, run_id: str) -> RunState: ...
-
-    def location(self, run_id: str) -> str:
-        """Where the run's log is, for messages (never holds a password)."""
-        ...
-
-    @property
-    def describe(self) -> str:
-        """The store itself, for messages and for the `--store`/`--runs-dir` a hint repeats."""
-        ...
-
-
-def new_run_id() -> str:
-    """A sortable, unique, plain run id: UTC time plus random hex."""
-    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+__all__ = ("RunStore", "Store", "fold_readable", "fold_record", "new_run_id", "open_store",
+           "read_run", "read_state")
 
 
 def open_store(url: str | None, runs_dir: str | Path = "runs",
@@ -84,7 +40,7 @@ def open_store(url: str | None, runs_dir: str | Path = "runs",
     from the environment variable `password_env`, if named), else files under `runs_dir`."""
     if url is None:
         return RunStore(runs_dir)
-    from lanefold._pgstore import PgStore
+    from lanefold.stores.postgres import PgStore
 
     return PgStore.from_url(url, password_env=password_env)
 
@@ -151,54 +107,15 @@ def fold_readable(events: list[AnyEvent], source: str,
     return fold(events, pricing, source=source, run_id=run_id), None
 
 
-class RunStore:
-    """A folder of runs, one subfolder per run id."""
+def read_run(store: Store, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig | None]:
+    """A run's events, its state and the config it recorded (`fold_readable`): no lock, no
+    plug-in imported. RunNotFoundError where the store has no such run."""
+    if not store.exists(run_id):
+        raise RunNotFoundError(f"{store.location(run_id)}: no run {run_id!r} in {store.describe}")
+    events = list(store.reader(run_id).read())
+    return (events, *fold_readable(events, store.location(run_id), run_id))
 
-    def __init__(self, root: str | Path = "runs") -> None:
-        self.root = Path(root)
 
-    def new_id(self) -> str:
-        """A sortable, unique, plain run id: UTC time plus random hex."""
-        return new_run_id()
-
-    def check_id(self, run_id: str) -> str:
-        return validate_run_id(run_id)
-
-    def events_path(self, run_id: str) -> Path:
-        return self.root / validate_run_id(run_id) / "events.jsonl"
-
-    def existing(self, run_id: str) -> Path:
-        """The log of a run that must exist (resume, show)."""
-        path = self.events_path(run_id)
-        if not path.is_file():
-            raise RunNotFoundError(f"{path}: no run {run_id!r} in {self.root}")
-        return path
-
-    def create_log(self, run_id: str, fsync: FsyncPolicy = "barrier") -> JsonlEventLog:
-        return JsonlEventLog.create(self.events_path(run_id), fsync=fsync)
-
-    def open_for_resume(self, run_id: str) -> JsonlEventLog:
-        return JsonlEventLog.open_for_resume(self.existing(run_id), fsync="barrier")
-
-    def reader(self, run_id: str) -> JsonlEventLog:
-        return JsonlEventLog(self.events_path(run_id))
-
-    def exists(self, run_id: str) -> bool:
-        return self.events_path(run_id).is_file()
-
-    def location(self, run_id: str) -> str:
-        return str(self.events_path(run_id))
-
-    @property
-    def describe(self) -> str:
-        return str(self.root)
-
-    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig | None]:
-        """A run's events, its state and the config it recorded (`fold_readable`); no lock."""
-        path = self.existing(run_id)
-        events = list(JsonlEventLog(path).read())
-        return (events, *fold_readable(events, str(path), run_id))
-
-    def read_state(self, run_id: str) -> RunState:
-        """`read`'s state alone."""
-        return self.read(run_id)[1]
+def read_state(store: Store, run_id: str) -> RunState:
+    """`read_run`'s state alone."""
+    return read_run(store, run_id)[1]

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanefold.primitives._backend import Usage
 
 __all__ = ("Hold", "Ledger", "Limits", "Overrun", "Pricing", "Refusal", "Room", "SharedPool", "Spend",
-           "WaveFit")
+           "WaveFit", "short_of_room")
 
 Bill = Literal["sample", "verifier"]  # the line a lane is priced on
 
@@ -135,8 +135,10 @@ class Spend:
         self.decode_usd += usage.output_tokens * pricing.output_per_mtok * per
 
 
-def _short_of_room(room: Room, tokens: int, cost: float,
-                   requests: int) -> tuple[str, float, float] | None:
+def short_of_room(room: Room, tokens: int, cost: float,
+                  requests: int) -> tuple[str, float, float] | None:
+    """The first limit `tokens`, `cost` and `requests` would pass in `room`: (limit, asked,
+    left), or None where all fit."""
     if room.tokens is not None and tokens > room.tokens:
         return "max_tokens", float(tokens), float(room.tokens)
     if room.cost_usd is not None and cost > room.cost_usd + 1e-12:
@@ -310,7 +312,7 @@ class Ledger:
                 limit, needed, available = short
                 return WaveFit(k, limit, needed, available)
             if room is not None:
-                short = _short_of_room(room, tokens, cost, requests)
+                short = short_of_room(room, tokens, cost, requests)
                 if short is not None:
                     limit, needed, available = short
                     return WaveFit(k, limit, needed, available,

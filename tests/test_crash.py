@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import lanefold
-from lanefold.primitives import JsonlEventLog
+from lanefold.stores.files import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -12,7 +12,6 @@ import pytest
 
 from lanefold.primitives import (
     ConfigError,
-    JsonlEventLog,
     LogCorruptError,
     MemoryEventLog,
     RunNotFoundError,
@@ -25,6 +24,7 @@ from lanefold.primitives.events import (
     WaveBarrier,
     WaveBarrierData,
 )
+from lanefold.stores.files import JsonlEventLog
 
 
 def barrier(seq: int, run_id: str = "r") -> WaveBarrier:

@@ -8,7 +8,8 @@ import pytest
 
 import lanefold
 from lanefold.backends.simulated import SimulatedBackend
-from lanefold.primitives import JsonlEventLog, QuorumNotMetError
+from lanefold.primitives import QuorumNotMetError
+from lanefold.stores.files import JsonlEventLog
 
 
 def config(**backend: object) -> lanefold.LoopConfig:

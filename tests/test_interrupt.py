@@ -20,8 +20,8 @@ import pytest
 from test_writer_lock import start
 
 import lanefold
-from lanefold import AnyEvent
-from lanefold.primitives import JsonlEventLog
+from lanefold import AnyEvent, read_state
+from lanefold.stores.files import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW: dict[str, Any] = {
@@ -142,7 +142,7 @@ def test_the_live_display_of_a_resume_starts_from_what_the_log_holds(tmp_path: P
 
     config = lanefold.parse_config(RAW)
     assert anyio.run(lambda: run_until(config, tmp_path, "shown", completions=3, resume=False))
-    state = lanefold.RunStore(tmp_path).read_state("shown")
+    state = read_state(lanefold.RunStore(tmp_path), "shown")
     progress = Progress(Console(file=io.StringIO()))
     progress.resume_from(state)
     assert (progress.k, progress.phase) == (8, "sample")

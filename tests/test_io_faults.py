@@ -29,7 +29,7 @@ import pytest
 from test_cli import Outcome, cli
 
 import lanefold
-from lanefold.primitives import JsonlEventLog
+from lanefold.stores.files import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "simulated.toml"  # 8 lanes: a log of about 12 kB

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("primitives", "backends", "coordinators", "orchestrator")
+PACKAGES = ("primitives", "backends", "coordinators", "stores", "orchestrator")
 OURS = frozenset({*PACKAGES, "tests", "bench"})
 # The folder each package lives in, and the name it is imported by.
 IMPORT_NAME = {"primitives": "lanefold.primitives", "backends": "lanefold.backends",
-               "coordinators": "lanefold.coordinators", "orchestrator": "lanefold"}
-LAYERS = ("primitives", "backends", "coordinators")
+               "coordinators": "lanefold.coordinators", "stores": "lanefold.stores",
+               "orchestrator": "lanefold"}
+LAYERS = ("primitives", "backends", "coordinators", "stores")
 
 
 def _layered(name: str) -> str:
@@ -42,6 +43,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "primitives": frozenset({"primitives"}),
     "backends": frozenset({"backends", "primitives"}),
     "coordinators": frozenset({"coordinators", "primitives"}),
+    "stores": frozenset({"stores", "primitives"}),
     "orchestrator": frozenset(PACKAGES),
 }
 
@@ -102,6 +104,8 @@ PUBLIC_NAMES = frozenset({
     "load_config",
     "parse_config",
     "parse_event",
+    "read_run",
+    "read_state",
     "resume",
     "resume_sync",
     "run",

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 import lanefold
-from lanefold import PgStore, RunInUseError, RunNotFoundError, open_store
+from lanefold import PgStore, RunInUseError, RunNotFoundError, open_store, read_run, read_state
 from lanefold._cli import main
-from lanefold.primitives import PgDatabase, PgEventLog, redact_url
+from lanefold.stores.postgres import PgDatabase, PgEventLog, redact_url
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ async def test_a_run_in_postgresql_folds_to_what_it_reported_and_follows(
     assert not (tmp_path / "runs").exists()  # nothing went to files
     store = open_store(pg_url)
     assert isinstance(store, PgStore) and store.exists("a") and not store.exists("b")
-    events, state, recorded = store.read("a")
+    events, state, recorded = read_run(store, "a")
     assert [e.model_dump_json() for e in events] == [e.model_dump_json() for e in live]
     assert state.result == result.model_dump(mode="json")
     assert recorded == config
@@ -216,7 +216,7 @@ def test_an_eval_records_its_runs_in_the_store_and_its_own_files_on_disk(
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ev"]  # the eval's files
     store = open_store(pg_url)
     run_ids = sorted(run for run, _, _ in bodies(pg_url) if run.startswith("ev."))
-    assert len(set(run_ids)) == 6 and all(store.read_state(r).result for r in set(run_ids))
+    assert len(set(run_ids)) == 6 and all(read_state(store, r).result for r in set(run_ids))
     before = calls.read_text()
     assert main(argv) == 0  # again: every run is recorded in the store, nothing is sampled
     assert calls.read_text() == before

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 import lanefold
-from lanefold import PgStore
+from lanefold import PgStore, read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -192,7 +192,7 @@ def test_sigkill_mid_run_then_resume_redoes_no_completed_lane(db: dict[str, Any]
     assert (result.answer, result.votes) == (baseline.answer, baseline.votes)
     assert result.resumes == 1
     store = PgStore.from_url(url)
-    _, state, _ = store.read("crash")
+    _, state, _ = read_run(store, "crash")
     assert state.result == result.model_dump(mode="json")
     assert lanefold.UsageBreakdown.of(state.spend) == result.usage
     assert result.usage.decode_tokens == baseline.usage.decode_tokens

@@ -21,7 +21,8 @@ from test_resume_stateful import CrashingLog, Events, ResumeMachine
 
 import lanefold
 from lanefold import LanefoldError, PgStore
-from lanefold.primitives import AnyEvent, PgEventLog
+from lanefold.primitives import AnyEvent
+from lanefold.stores.postgres import PgEventLog
 
 pytestmark = pytest.mark.slow
 

@@ -23,6 +23,7 @@ import pytest
 
 import lanefold
 import lanefold._cli as cli
+from lanefold import read_run
 from lanefold._ray_executor import RayExecutor
 from lanefold.evaluate._eval import run_eval
 from lanefold.evaluate._eval_records import QuestionResult, read_results
@@ -117,7 +118,7 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
         """Some lane of the run completed, the run did not."""
         if not record.exists(run_id):
             return False
-        types = [event.type for event in record.read(run_id)[0]]
+        types = [event.type for event in read_run(record, run_id)[0]]
         return "lane.completed" in types and "run.completed" not in types
 
     def kill_one(row: QuestionResult) -> None:
@@ -140,7 +141,7 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
     resumed = 0
     assert (tmp_path / "ray" / "e.0").exists() == (url is None)  # the runs are where asked
     for i in range(32):
-        events = record.read(f"e.{i}")[0]
+        events = read_run(record, f"e.{i}")[0]
         completed: set[tuple[int, int]] = set()
         dispatched_after = collections.Counter[tuple[int, int]]()
         for event in events:

@@ -27,7 +27,8 @@ from test_resume_stateful import CrashingLog, crashed
 
 import lanefold
 from lanefold._cli import main
-from lanefold.primitives import JsonlEventLog, Pricing, Usage, cost_of, hash_config
+from lanefold.primitives import Pricing, Usage, cost_of, hash_config
+from lanefold.stores.files import JsonlEventLog
 
 CONFIG = """
 [loop]

@@ -9,7 +9,7 @@ import pytest
 from test_resume_stateful import CrashingLog, crashed
 
 import lanefold
-from lanefold.primitives import JsonlEventLog
+from lanefold.stores.files import JsonlEventLog
 
 CONFIG = {
     "loop": {"k": 6, "seed": 4, "reducer": "judge_argmax", "min_quorum": 2},

@@ -29,7 +29,8 @@ from hypothesis.stateful import (
 )
 
 import lanefold
-from lanefold.primitives import AnyEvent, Event, JsonlEventLog, LanefoldError
+from lanefold.primitives import AnyEvent, Event, LanefoldError
+from lanefold.stores.files import JsonlEventLog
 
 
 class Crash(Exception):

@@ -17,8 +17,9 @@ import anyio
 import psycopg
 import pytest
 
+from lanefold import read_run, read_state
 from lanefold.primitives import Hold, Ledger, Limits, Pricing, Usage
-from lanefold.primitives._shared_budget import PgSharedPool, connect_budgets, read_budget, set_budget
+from lanefold.stores.postgres import PgDatabase, PgSharedPool, connect_budgets, read_budget, set_budget
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +32,7 @@ def _hold(prompt: int, out: int, requests: int = 1) -> Hold:
 
 
 def _budget(url: str, name: str = "fleet", **limits: Any) -> Any:
-    conn = connect_budgets(url)
+    conn = connect_budgets(PgDatabase(url))
     try:
         return set_budget(conn, name, **limits)
     finally:
@@ -39,7 +40,7 @@ def _budget(url: str, name: str = "fleet", **limits: Any) -> Any:
 
 
 def _show(url: str, name: str = "fleet") -> Any:
-    conn = connect_budgets(url)
+    conn = connect_budgets(PgDatabase(url))
     try:
         return read_budget(conn, name)
     finally:
@@ -59,7 +60,7 @@ def _settled_show(url: str, name: str = "fleet", timeout: float = 20.0) -> Any:
 
 async def test_reserve_settle_release_mirror_the_ledger(pg_url: str) -> None:
     _budget(pg_url, max_tokens=1000, max_requests=10)
-    pool = await PgSharedPool.open(pg_url, "fleet", "run-a")
+    pool = await PgSharedPool.open(PgDatabase(pg_url), "fleet", "run-a")
     ledger = Ledger(Limits(), PRICING, shared=pool)
     try:
         holds = [_hold(100, 200), _hold(0, 200, 0), _hold(0, 200, 0)]
@@ -84,7 +85,7 @@ async def test_reserve_settle_release_mirror_the_ledger(pg_url: str) -> None:
 
 async def test_a_reservation_beyond_the_limit_is_refused_whole(pg_url: str) -> None:
     _budget(pg_url, max_tokens=500, max_cost_usd=1.0)
-    pool = await PgSharedPool.open(pg_url, "fleet", "run-a")
+    pool = await PgSharedPool.open(PgDatabase(pg_url), "fleet", "run-a")
     try:
         assert await pool.reserve([_hold(100, 200)]) is None
         refusal = await pool.reserve([_hold(100, 200)])
@@ -98,8 +99,8 @@ async def test_a_reservation_beyond_the_limit_is_refused_whole(pg_url: str) -> N
 
 async def test_two_pools_share_one_limit(pg_url: str) -> None:
     _budget(pg_url, max_requests=3)
-    a = await PgSharedPool.open(pg_url, "fleet", "run-a")
-    b = await PgSharedPool.open(pg_url, "fleet", "run-b")
+    a = await PgSharedPool.open(PgDatabase(pg_url), "fleet", "run-a")
+    b = await PgSharedPool.open(PgDatabase(pg_url), "fleet", "run-b")
     try:
         assert await a.reserve([_hold(1, 1), _hold(1, 1)]) is None
         refusal = await b.reserve([_hold(1, 1), _hold(1, 1)])
@@ -116,7 +117,7 @@ async def test_two_pools_share_one_limit(pg_url: str) -> None:
 
 async def test_a_dead_owners_holds_are_charged_whole(pg_url: str) -> None:
     _budget(pg_url, max_tokens=1000)
-    pool = await PgSharedPool.open(pg_url, "fleet", "run-dead")
+    pool = await PgSharedPool.open(PgDatabase(pg_url), "fleet", "run-dead")
     assert await pool.reserve([_hold(100, 300)]) is None
     pool.settle(_hold(100, 300), 120, 0.0, 1)  # noted only: the owner dies before writing it
     pool._conn.close()  # the process's connection dies with it
@@ -129,7 +130,7 @@ async def test_an_unknown_budget_is_refused_naming_budget_shared(pg_url: str) ->
     from lanefold.primitives import ConfigError
 
     with pytest.raises(ConfigError, match=r"^budget\.shared: no budget named 'nope'"):
-        await PgSharedPool.open(pg_url, "nope", "run-a")
+        await PgSharedPool.open(PgDatabase(pg_url), "nope", "run-a")
 
 
 def test_the_tables_take_concurrent_creators(pg_url: str) -> None:
@@ -137,7 +138,7 @@ def test_the_tables_take_concurrent_creators(pg_url: str) -> None:
 
     # Many workers starting at once each create the tables if they are missing.
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        for conn in pool.map(lambda _: connect_budgets(pg_url), range(4)):
+        for conn in pool.map(lambda _: connect_budgets(PgDatabase(pg_url)), range(4)):
             conn.close()
     with psycopg.connect(pg_url) as conn:
         names = {r[0] for r in conn.execute(
@@ -244,7 +245,7 @@ async def test_two_runs_at_once_share_one_budget(pg_url: str, tmp_path: Any) -> 
     view = _show(pg_url)
     assert view.spent_requests <= 5 and view.holders == 0
     store = lanefold.open_store(pg_url, tmp_path)
-    spent = [store.read_state(run_id).spend for run_id in ("a", "b")]
+    spent = [read_state(store, run_id).spend for run_id in ("a", "b")]
     assert view.spent_tokens == sum(s.tokens for s in spent)
     assert view.spent_requests == sum(s.requests for s in spent)
     assert view.spent_cost_usd == pytest.approx(sum(s.cost_usd for s in spent))
@@ -263,9 +264,9 @@ async def test_an_interrupt_charges_in_flight_holds_and_resume_spends_again(
         view = _show(pg_url)
         # Interrupted with its wave in flight: the whole hold (64 + 4 x 50) is charged, as the
         # run's own log charges it, and nothing is left held.
-        state = session.store.read_state("cut")
+        state = read_state(session.store, "cut")
         assert (view.spent_tokens, view.held_tokens, view.holders, state.spend.tokens) == (
-            264, 0, 0, 264), [e.type for e in session.store.read("cut")[0]]
+            264, 0, 0, 264), [e.type for e in read_run(session.store, "cut")[0]]
         result = await session.resume("cut")
     assert result.lanes_completed == 4
     assert _show(pg_url).spent_tokens == 264 + 64 + 4 * 48
@@ -287,7 +288,7 @@ async def test_a_judge_reduction_spends_from_the_shared_budget(pg_url: str,
         await session.run("What is 17 * 23?", run_id="r")
         before = _show(pg_url).spent_tokens
         await session.reduce("r", reducer="judge_argmax")
-        spend = session.store.read_state("r").spend
+        spend = read_state(session.store, "r").spend
     view = _show(pg_url)
     assert before > 64 + 4 * 48 and view.spent_tokens > before  # the run's judge, then ours
     assert view.spent_tokens == spend.tokens and view.holders == 0
@@ -532,7 +533,7 @@ def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: A
         for i in range(runs[w]):
             if not store.exists(f"w{w}-r{i}"):
                 continue
-            state = store.read_state(f"w{w}-r{i}")
+            state = read_state(store, f"w{w}-r{i}")
             logged = [logged[0] + state.spend.tokens, logged[1] + state.spend.cost_usd,
                       logged[2] + state.spend.requests]
             for _, lane in state.in_flight():

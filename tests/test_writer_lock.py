@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from lanefold.primitives import JsonlEventLog, fold
+from lanefold.primitives import fold
+from lanefold.stores.files import JsonlEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

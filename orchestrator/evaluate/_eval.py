@@ -30,7 +30,7 @@ from lanefold._executor import Executor, Job, with_seed, worker_spec
 from lanefold._job_session import JobSession
 from lanefold._result import RunResult
 from lanefold._runner import check_question, lanefold_error
-from lanefold._store import Store, new_run_id
+from lanefold._store import Store, new_run_id, read_state
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._eval_records import (
     COST_LINES,
@@ -56,12 +56,12 @@ from lanefold.primitives import (
     LanefoldError,
     LogCorruptError,
     RunInUseError,
-    RunLock,
     RunState,
     plugin_folders,
-    redact_url,
     validate_run_id,
 )
+from lanefold.stores.files import RunLock
+from lanefold.stores.postgres import redact_url
 
 __all__ = ("EvalPaths", "questions_hash", "read_manifest", "resume_hint", "run_eval")
 
@@ -236,7 +236,7 @@ class _Eval:
             if not store.exists(self.run_id(item)):
                 todo.append((item, False))
                 continue
-            state = store.read_state(self.run_id(item))  # a finished run: recorded, not run
+            state = read_state(store, self.run_id(item))  # a finished run: recorded, not run
             if state.result is not None:
                 result = RunResult.model_validate(state.result)
                 self.record(await self.scored(item, result, state))
@@ -305,7 +305,7 @@ class _Eval:
             raise exc
         state = None
         with contextlib.suppress(LanefoldError, OSError):
-            state = self.session.store.read_state(self.run_id(item))
+            state = read_state(self.session.store, self.run_id(item))
         self.record(self.failed(item, f"{type(exc).__name__}: {exc}", state))
 
     def record(self, row: QuestionResult) -> None:
@@ -317,7 +317,7 @@ class _Eval:
     async def scored(self, item: Item, result: RunResult, state: RunState | None) -> QuestionResult:
         scorer = self.scorer
         if scorer.needs_text:
-            state = state or self.session.store.read_state(result.run_id)
+            state = state or read_state(self.session.store, result.run_id)
             lanes = [(s.answer, s.text) for _, w in sorted(state.waves.items())
                      if w.info.bill == "sample" for s in w.completed()]
         else:

@@ -21,7 +21,8 @@ from lanefold.evaluate._eval_records import (
     read_results,
     summarize,
 )
-from lanefold.primitives import ConfigError, RunLock
+from lanefold.primitives import ConfigError
+from lanefold.stores.files import RunLock
 
 __all__ = ("describe_row", "is_eval", "show_eval", "tail_eval")
 

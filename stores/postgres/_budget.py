@@ -25,16 +25,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from types import ModuleType
 from typing import Any, TypeVar
 
 import anyio
 
-from lanefold.primitives._budget import Hold, Refusal, Room, _short_of_room
-from lanefold.primitives._errors import ConfigError, RunError
+from lanefold.primitives import BudgetView, ConfigError, Hold, Refusal, Room, RunError, short_of_room
+from lanefold.stores.postgres._database import PgDatabase, psycopg_module
 
-__all__ = ("BudgetView", "PgSharedPool", "connect_budgets", "read_budget", "set_budget")
+__all__ = ("PgSharedPool", "check_name", "connect_budgets", "read_budget", "set_budget")
 
 T = TypeVar("T")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -85,15 +83,6 @@ _LOCK = """SELECT max_tokens, max_cost_usd, max_requests, spent_tokens, spent_co
     FROM lanefold_budgets WHERE name = %s FOR UPDATE"""
 
 
-def _psycopg() -> ModuleType:
-    try:
-        import psycopg
-    except ImportError:
-        raise ConfigError("budget.shared: a shared budget needs psycopg "
-                          "(pip install 'lanefold[scale]')") from None
-    return psycopg
-
-
 def check_name(name: str, where: str = "budget.shared") -> str:
     """A budget's name: letters, digits and `._:-`, at most 128 characters."""
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
@@ -102,30 +91,14 @@ def check_name(name: str, where: str = "budget.shared") -> str:
     return name
 
 
-def where_of(url: str) -> str:
-    """The URL as it may be shown: host, port and database, never the password."""
-    psycopg = _psycopg()
-    try:
-        parts = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        return "postgresql://(unparsable URL)"
-    return f"postgresql://{parts.get('host', '')}:{parts.get('port', '5432')}/{parts.get('dbname', '')}"
-
-
-def connect_budgets(url: str, password: str | None = None) -> Any:
-    """A connection (autocommit; transactions are explicit) with the budget tables in place.
+def connect_budgets(db: PgDatabase) -> Any:
+    """A connection of the store's own (autocommit; transactions are explicit) with the budget
+    tables in place.
 
     The server learns of a dead peer on another machine through TCP keepalives: ask for them
     often, so a dead worker's holds are charged within a minute, not hours.
     """
-    psycopg = _psycopg()
-    extra = {"password": password} if password is not None else {}
-    try:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=10,
-                               application_name="lanefold-budget", **extra)
-    except psycopg.Error as exc:
-        reason = _first_line(exc).replace(password or "\0", "***")
-        raise ConfigError(f"store.url: {where_of(url)}: cannot connect: {reason}") from None
+    conn = db.connect(name="lanefold-budget")
     try:
         with conn.transaction():
             conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
@@ -134,38 +107,14 @@ def connect_budgets(url: str, password: str | None = None) -> Any:
             if row is None or row[0] is None:  # the first worker to come creates the tables
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 conn.execute(_SCHEMA)
-    except psycopg.Error as exc:
+    except psycopg_module().Error as exc:
         conn.close()
-        raise RunError(f"store {where_of(url)}: {_first_line(exc)}") from None
+        raise RunError(f"store {db.shown}: {_first_line(exc)}") from None
     return conn
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetView:
-    """A shared budget as `budget show` prints it: limits (None: unlimited), spent, held by
-    live runs, and the part of spent charged whole for holds of dead workers."""
-
-    name: str
-    max_tokens: int | None
-    max_cost_usd: float | None
-    max_requests: int | None
-    spent_tokens: int
-    spent_cost_usd: float
-    spent_requests: int
-    held_tokens: int
-    held_cost_usd: float
-    held_requests: int
-    charged_tokens: int
-    charged_cost_usd: float
-    charged_requests: int
-    holders: int  # run segments holding part of it now
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _view(conn: Any, name: str) -> BudgetView | None:
@@ -208,7 +157,7 @@ def set_budget(conn: Any, name: str, *, max_tokens: int | None = _KEEP,
 class PgSharedPool:
     """A run segment's side of a shared budget: one row of holds, one connection.
 
-    Open it with `await PgSharedPool.open(url, name, run_id)`; `aclose()` writes what is
+    Open it with `await PgSharedPool.open(db, name, run_id)`; `aclose()` writes what is
     pending, charges any hold left (none, after a run that ended cleanly) and drops the row.
     """
 
@@ -221,19 +170,18 @@ class PgSharedPool:
         self.room: Room | None = None  # left at the last reservation, plus what came back since
 
     @classmethod
-    async def open(cls, url: str, name: str, run_id: str, *,
-                   password: str | None = None) -> PgSharedPool:
+    async def open(cls, db: PgDatabase, name: str, run_id: str) -> PgSharedPool:
         """Connect and take a row of holds; a budget that does not exist is a ConfigError
         naming `budget.shared`, raised before any dispatch."""
         check_name(name)
 
         def opened() -> PgSharedPool:
-            conn = connect_budgets(url, password)
+            conn = connect_budgets(db)
             try:
                 with conn.transaction():
                     if conn.execute(_LOCK, (name,)).fetchone() is None:
                         raise ConfigError(
-                            f"budget.shared: no budget named {name!r} in {where_of(url)} (create "
+                            f"budget.shared: no budget named {name!r} in {db.shown} (create "
                             f"it with: orchestrator budget set {name} --max-tokens N --store URL)")
                     row = conn.execute(
                         "INSERT INTO lanefold_budget_holds (name, run_id, pid, backend_start) "
@@ -280,7 +228,7 @@ class PgSharedPool:
         async with self._lock:
             held, spent = self._held, self._spent
             self._held, self._spent = [0, 0.0, 0], [0, 0.0, 0]
-            psycopg = _psycopg()
+            psycopg = psycopg_module()
 
             def transaction() -> T:
                 with self._conn.transaction():
@@ -333,7 +281,7 @@ class PgSharedPool:
             if view is None:
                 raise RunError(f"shared budget {self.name!r}: deleted while in use")
             room = _room(view)
-            short = _short_of_room(room, *asked)
+            short = short_of_room(room, *asked)
             if short is not None:
                 return Refusal(*short, room), room
             conn.execute("UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + %s,"

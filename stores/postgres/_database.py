@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from lanefold.primitives._errors import ConfigError
+from lanefold.primitives import ConfigError
 
 if TYPE_CHECKING:
     import psycopg

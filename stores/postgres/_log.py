@@ -23,28 +23,31 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from lanefold.primitives._errors import (
+from lanefold.primitives import (
+    END_TYPES,
     ConfigError,
+    FsyncPolicy,
     LogCorruptError,
     LogWriteError,
     RunInUseError,
     RunNotFoundError,
+    check_next_sequence,
+    validate_run_id,
 )
-from lanefold.primitives._eventlog import _ENDS, FsyncPolicy, _check_order, validate_run_id
-from lanefold.primitives._pgdatabase import CHANNEL, PgDatabase, psycopg_module, reason
 from lanefold.primitives.events import AnyEvent, Event, parse_event
+from lanefold.stores.postgres._database import CHANNEL, PgDatabase, psycopg_module, reason
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ("PgEventLog",)
+__all__ = ("PgEventLog", "lock_key")
 
 _INSERT = "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)"
 _WRITER = "lanefold writer pid="
 _FOLLOWER = "lanefold follower"
 
 
-def _lock_key(run_id: str) -> int:
+def lock_key(run_id: str) -> int:
     """The run's advisory lock key: 64 bits of a hash, signed as PostgreSQL's bigint."""
     digest = hashlib.blake2b(f"lanefold.run:{run_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
@@ -88,7 +91,7 @@ class PgEventLog:
         conn = db.connect(name=f"{_WRITER}{os.getpid()}")
         try:
             db.ensure_schema(conn)
-            key = _lock_key(run_id)
+            key = lock_key(run_id)
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
             if not (row and row[0]):
                 raise RunInUseError(run_id, _holder(conn, key))
@@ -130,7 +133,7 @@ class PgEventLog:
             raise RuntimeError(f"{self.location}: log is not open for writing")
         if self._error is not None:
             raise LogWriteError(self._error)
-        _check_order(self._last, event)
+        check_next_sequence(self._last, event)
         body = event.model_dump_json(by_alias=True)
         with self._cond:
             self._queue.append((self.run_id, event.sequence, event.type, body))
@@ -226,7 +229,7 @@ class PgEventLog:
                     last = event.sequence
                     if event.sequence >= from_sequence:
                         yield event
-                    if event.type in _ENDS:
+                    if event.type in END_TYPES:
                         return
                 # Until this run commits again: what arrived during the read (psycopg keeps
                 # it), else whatever comes on the connection's socket.

@@ -7,27 +7,47 @@ URL is printed shows it with its password as `***`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from datetime import datetime
+from typing import Any
 from urllib.parse import urlsplit
 
-from lanefold._config import LoopConfig
-from lanefold._store import fold_readable, new_run_id
 from lanefold.primitives import (
-    AnyEvent,
+    BudgetView,
     ConfigError,
     FsyncPolicy,
-    PgDatabase,
-    PgEventLog,
-    RunState,
+    RunSummary,
+    new_run_id,
+    parse_event,
+    select_runs,
+    summarize_run,
     validate_run_id,
 )
+from lanefold.stores.postgres._budget import (
+    PgSharedPool,
+    connect_budgets,
+    read_budget,
+    set_budget,
+)
+from lanefold.stores.postgres._database import PgDatabase
+from lanefold.stores.postgres._log import PgEventLog, lock_key
 
 __all__ = ("PgStore",)
+
+_HEADS_AND_TAILS = (
+    "SELECT r.run_id, f.body, t.body FROM lanefold_runs r"
+    " JOIN lanefold_events f ON f.run_id = r.run_id AND f.sequence = 1"
+    " JOIN LATERAL (SELECT body FROM lanefold_events e WHERE e.run_id = r.run_id"
+    "               ORDER BY e.sequence DESC LIMIT 1) t ON true"
+    " WHERE %(prefix)s::text IS NULL OR starts_with(r.run_id, %(prefix)s::text)")
+_WRITERS = ("SELECT l.classid::bigint, l.objid::bigint FROM pg_locks l"
+            " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1")
 
 
 class PgStore:
     """Runs in a PostgreSQL database: `lanefold_runs` and `lanefold_events`, one writer per
-    run by an advisory lock, `follow` woken by LISTEN/NOTIFY."""
+    run by an advisory lock, `follow` woken by LISTEN/NOTIFY; shared budgets beside them."""
 
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
@@ -69,10 +89,46 @@ class PgStore:
     def describe(self) -> str:
         return self.db.shown
 
-    def read(self, run_id: str) -> tuple[list[AnyEvent], RunState, LoopConfig | None]:
-        """A run's events, its state and the config it recorded (`fold_readable`); no lock."""
-        events = list(self.reader(run_id).read())
-        return (events, *fold_readable(events, self.location(run_id), run_id))
+    def missing(self) -> list[str]:
+        if importlib.util.find_spec("psycopg") is None:
+            return ["store.url: a postgresql:// store needs psycopg (pip install 'lanefold[scale]')"]
+        return []
 
-    def read_state(self, run_id: str) -> RunState:
-        return self.read(run_id)[1]
+    def list_runs(self, *, status: str | None = None, loop: str | None = None,
+                  eval_id: str | None = None, since: datetime | None = None,
+                  limit: int | None = None) -> list[RunSummary]:
+        with self.db.reading() as conn:
+            rows = conn.execute(_HEADS_AND_TAILS, {"prefix": None if eval_id is None
+                                                   else eval_id + "."}).fetchall()
+            locks = {(int(a), int(b)) for a, b in conn.execute(_WRITERS).fetchall()}
+        found = []
+        for run_id, head, tail in rows:
+            key = lock_key(run_id) & 0xFFFFFFFFFFFFFFFF
+            try:
+                summary = summarize_run(parse_event(head), parse_event(tail),
+                                        writing=(key >> 32, key & 0xFFFFFFFF) in locks)
+            except ValueError:  # a row that is not a run's event: `show` names it
+                continue
+            if summary is not None:
+                found.append(summary)
+        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since,
+                           limit=limit)
+
+    # -- shared budgets (BudgetStore) ------------------------------------------------------------
+
+    async def open_shared_pool(self, name: str, run_id: str) -> PgSharedPool:
+        return await PgSharedPool.open(self.db, name, run_id)
+
+    def read_budget(self, name: str) -> BudgetView | None:
+        conn = connect_budgets(self.db)
+        try:
+            return read_budget(conn, name)
+        finally:
+            conn.close()
+
+    def set_budget(self, name: str, **limits: Any) -> BudgetView:
+        conn = connect_budgets(self.db)
+        try:
+            return set_budget(conn, name, **limits)
+        finally:
+            conn.close()

@@ -36,15 +36,9 @@ from lanefold.coordinators._adaptive_sample import (
     settled,
     top_two,
 )
-from lanefold.primitives import (
-    BudgetExhaustedError,
-    JsonlEventLog,
-    QuorumNotMetError,
-    Sample,
-    SampleRequest,
-    Usage,
-)
+from lanefold.primitives import BudgetExhaustedError, QuorumNotMetError, Sample, SampleRequest, Usage
 from lanefold.primitives.events import WaveStarted
+from lanefold.stores.files import JsonlEventLog
 
 QUESTION = "What is 17 * 23?"
 CHECKED = "loop.adaptive_sample.checked"

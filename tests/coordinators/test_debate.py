@@ -36,7 +36,6 @@ from lanefold.coordinators import (
 from lanefold.coordinators._debate import Debate, DebateParams, debate_prompt, visible_peers
 from lanefold.primitives import (
     Dispatcher,
-    JsonlEventLog,
     LanefoldError,
     LaneOutcome,
     Ledger,
@@ -53,6 +52,7 @@ from lanefold.primitives import (
     hash_config,
 )
 from lanefold.primitives.events import RunStarted, RunStartedData
+from lanefold.stores.files import JsonlEventLog
 
 QUESTION = "What is 17 * 23?"
 PEER = re.compile(r"^Agent (\d+) answered: (.+)$", re.MULTILINE)

@@ -40,7 +40,8 @@ from lanefold.coordinators._plan import (
     stop_rule,
 )
 from lanefold.coordinators._plan_verify_replan import PlanVerifyReplanParams
-from lanefold.primitives import AnyEvent, BudgetExhaustedError, JsonlEventLog
+from lanefold.primitives import AnyEvent, BudgetExhaustedError
+from lanefold.stores.files import JsonlEventLog
 
 QUESTION = "What is 17 * 23?"
 ROOT = Path(__file__).resolve().parents[2]

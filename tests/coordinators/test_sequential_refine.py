@@ -32,7 +32,8 @@ from lanefold.coordinators._sequential_refine import (
     TemperatureRamp,
     feedback_line,
 )
-from lanefold.primitives import JsonlEventLog, LaneOutcome, MemoryEventLog, SampleRequest, Verdict
+from lanefold.primitives import LaneOutcome, MemoryEventLog, SampleRequest, Verdict
+from lanefold.stores.files import JsonlEventLog
 
 QUESTION = "What is 17 * 23?"
 ANSWER_LINE = re.compile(r"^Answer:\s*(.+)$", re.MULTILINE)

@@ -16,7 +16,8 @@ import httpx
 
 from lanefold import LoopConfig, RunResult, parse_config, run
 from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
-from lanefold.primitives import AnyEvent, JsonlEventLog
+from lanefold.primitives import AnyEvent
+from lanefold.stores.files import JsonlEventLog
 
 MODEL = "smollm2-135m"  # both servers serve the one model they were started with, whatever it is named
 QUESTION = "What is 17 * 23?"

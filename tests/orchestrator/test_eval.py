@@ -45,7 +45,8 @@ from lanefold.evaluate._eval_records import (
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._progress import EvalProgress
 from lanefold.evaluate._scoring import HumanEvalTests, Score, humaneval_program, resolve_scorer
-from lanefold.primitives import ConfigError, RunLock
+from lanefold.primitives import ConfigError
+from lanefold.stores.files import RunLock
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,13 +21,8 @@ from test_cli import Outcome, cli
 
 import lanefold
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
-from lanefold.primitives import (
-    JsonlEventLog,
-    LaneOutcome,
-    RunLock,
-    SampleRequest,
-    fold,
-)
+from lanefold.primitives import LaneOutcome, SampleRequest, fold
+from lanefold.stores.files import JsonlEventLog, RunLock
 
 QUESTION = "What is 17 * 23?"
 RUN = "r"

@@ -25,7 +25,8 @@ import pytest
 
 import lanefold
 from lanefold._cli import main
-from lanefold.primitives import ConfigError, JsonlEventLog, Sample, SampleRequest, Usage
+from lanefold.primitives import ConfigError, Sample, SampleRequest, Usage
+from lanefold.stores.files import JsonlEventLog
 
 QUESTION = "What is 17 * 23?"
 RUN = "v"

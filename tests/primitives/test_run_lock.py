@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from lanefold.primitives import JsonlEventLog, RunInUseError, RunLock
+from lanefold.primitives import RunInUseError
 from lanefold.primitives.events import WaveBarrier, WaveBarrierData
+from lanefold.stores.files import JsonlEventLog, RunLock
 
 
 def dead_pid() -> int:
@@ -192,7 +193,7 @@ def test_a_refused_create_removes_the_lock_it_took(tmp_path: Path) -> None:
 
 def test_a_writer_that_dies_leaves_the_file_and_the_next_takes_it_over(tmp_path: Path) -> None:
     folder = tmp_path / "r"
-    code = ("import sys; from pathlib import Path; from primitives import RunLock;"
+    code = ("import sys; from pathlib import Path; from lanefold.stores.files import RunLock;"
             "RunLock.acquire(Path(sys.argv[1]), 'r'); import os; os._exit(0)")
     proc = subprocess.run([sys.executable, "-c", code, str(folder)], check=True,
                           cwd=Path(__file__).resolve().parents[2])

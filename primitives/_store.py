@@ -1,0 +1,176 @@
+"""The store seam: where runs live. `lanefold.stores` holds the implementations (`files`, the
+embedded default, and `postgres`); a store of your own is one class registered as a store.
+
+A store keeps logs, never meaning: it creates, opens and lists runs' event logs, and the facade
+folds and checks what it reads. Every store keeps one contract: one writer per run, sequence
+strictly increasing, and the same refusals on read (the store conformance suite checks it).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from lanefold.primitives._budget import SharedPool
+from lanefold.primitives._eventlog import EventLog, FsyncPolicy
+from lanefold.primitives.events import AnyEvent, RunCompleted, RunStarted
+
+__all__ = ("BudgetStore", "BudgetView", "RunStatus", "RunSummary", "Store", "new_run_id",
+           "select_runs", "summarize_run")
+
+# What `list` says of a run: how it ended, or "running" (a writer holds it) or "stopped" (no
+# writer and no end: killed or crashed; `resume` continues it).
+RunStatus = Literal["answered", "no_answer", "failed", "interrupted", "running", "stopped"]
+
+
+def new_run_id() -> str:
+    """A sortable, unique, plain run id: UTC time plus random hex."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run as a list shows it, read from its first and last events (not folded: a list of a
+    thousand runs reads two thousand events, and `show` checks a run whole)."""
+
+    run_id: str
+    loop: str
+    status: RunStatus
+    question: str
+    answer: str | None
+    lanes: int  # lanes that completed
+    tokens: int  # tokens paid: prefill, decode and verifier (cached prefill at its own price)
+    cost_usd: float
+    started: datetime
+    ended: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        found = asdict(self)
+        found["started"] = self.started.isoformat()
+        found["ended"] = self.ended.isoformat() if self.ended else None
+        return found
+
+
+def summarize_run(first: AnyEvent, last: AnyEvent, *, writing: bool) -> RunSummary | None:
+    """A run's summary from its first and last events; None where the first is not a
+    `run.started` (not a run's log). `writing`: a writer holds the run now."""
+    if not isinstance(first, RunStarted):
+        return None
+    data = first.data
+    result: dict[str, Any] = {}
+    status: RunStatus = "running" if writing else "stopped"
+    if isinstance(last, RunCompleted):
+        result = last.data.result
+        status = "no_answer" if result.get("status") == "no_answer" else "answered"
+    elif last.type == "run.failed":
+        status = "failed"
+    elif last.type == "run.interrupted" and not writing:
+        status = "interrupted"
+    usage = result.get("usage") or {}
+    tokens = sum(int(usage.get(key) or 0) for key in ("prefill_tokens", "decode_tokens",
+                                                      "verifier_tokens", "cut_off_tokens"))
+    ended = last.time if status not in ("running", "stopped") else None
+    return RunSummary(run_id=first.run_id, loop=data.coordinator, status=status,
+                      question=data.question, answer=result.get("answer"),
+                      lanes=int(result.get("lanes_completed") or 0), tokens=tokens,
+                      cost_usd=float((result.get("cost") or {}).get("total") or 0.0),
+                      started=first.time, ended=ended)
+
+
+def select_runs(found: Iterable[RunSummary], *, status: str | None = None,
+                loop: str | None = None, eval_id: str | None = None,
+                since: datetime | None = None, limit: int | None = None) -> list[RunSummary]:
+    """`list_runs`'s filters over summaries, newest first: the one place they mean what they
+    say, whichever store read the summaries. An eval's runs are `<eval_id>.<i>`."""
+    chosen = [s for s in found
+              if (status is None or s.status == status)
+              and (loop is None or s.loop == loop)
+              and (eval_id is None or s.run_id.startswith(eval_id + "."))
+              and (since is None or s.started >= since)]
+    chosen.sort(key=lambda s: (s.started, s.run_id), reverse=True)
+    return chosen if limit is None else chosen[:limit]
+
+
+class Store(Protocol):
+    """Where runs live: the one way the orchestrator creates, opens, lists and follows a run's
+    log. A store holds logs; the facade folds and checks what it reads."""
+
+    def new_id(self) -> str: ...
+
+    def check_id(self, run_id: str) -> str: ...
+
+    def create_log(self, run_id: str, fsync: FsyncPolicy = "barrier") -> EventLog:
+        """A new run's log, holding the run's writer lock until closed."""
+        ...
+
+    def open_for_resume(self, run_id: str) -> EventLog:
+        """An existing run's log to append to (RunInUseError while another writer holds it)."""
+        ...
+
+    def reader(self, run_id: str) -> EventLog:
+        """The run's log to read or follow, without a lock."""
+        ...
+
+    def exists(self, run_id: str) -> bool: ...
+
+    def location(self, run_id: str) -> str:
+        """Where the run's log is, for messages (never holds a password)."""
+        ...
+
+    @property
+    def describe(self) -> str:
+        """The store itself, for messages and for the `--store`/`--runs-dir` a hint repeats."""
+        ...
+
+    def list_runs(self, *, status: str | None = None, loop: str | None = None,
+                  eval_id: str | None = None, since: datetime | None = None,
+                  limit: int | None = None) -> list[RunSummary]:
+        """Runs newest first, filtered (`select_runs` says what each filter means)."""
+        ...
+
+    def missing(self) -> list[str]:
+        """What this store needs that is not installed, a line each naming the config key
+        (`validate` and `run` say it before anything starts); empty when it is ready."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetView:
+    """A shared budget as `budget show` prints it: limits (None: unlimited), spent, held by
+    live runs, and the part of spent charged whole for holds of dead workers."""
+
+    name: str
+    max_tokens: int | None
+    max_cost_usd: float | None
+    max_requests: int | None
+    spent_tokens: int
+    spent_cost_usd: float
+    spent_requests: int
+    held_tokens: int
+    held_cost_usd: float
+    held_requests: int
+    charged_tokens: int
+    charged_cost_usd: float
+    charged_requests: int
+    holders: int  # run segments holding part of it now
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class BudgetStore(Protocol):
+    """A store that also keeps shared budgets (`[budget] shared`): a fleet's runs spend from one
+    named budget, never over it."""
+
+    async def open_shared_pool(self, name: str, run_id: str) -> SharedPool:
+        """The run segment's side of budget `name` (a `SharedPool`); ConfigError if unknown."""
+        ...
+
+    def read_budget(self, name: str) -> BudgetView | None: ...
+
+    def set_budget(self, name: str, **limits: Any) -> BudgetView: ...
+

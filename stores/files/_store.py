@@ -1,0 +1,118 @@
+"""Runs as files: a folder per run under a root (`./runs/<run_id>/events.jsonl`), the
+embedded default."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import datetime
+from pathlib import Path
+
+from lanefold.primitives import (
+    AnyEvent,
+    FsyncPolicy,
+    RunNotFoundError,
+    RunSummary,
+    new_run_id,
+    parse_event,
+    select_runs,
+    summarize_run,
+    validate_run_id,
+)
+from lanefold.stores.files._log import JsonlEventLog, RunLock
+
+__all__ = ("RunStore",)
+
+_TAIL_BYTES = 1 << 16  # read back from the end for the last line; a longer one reads more
+
+
+class RunStore:
+    """A folder of runs, one subfolder per run id."""
+
+    def __init__(self, root: str | Path = "runs") -> None:
+        self.root = Path(root)
+
+    def new_id(self) -> str:
+        """A sortable, unique, plain run id: UTC time plus random hex."""
+        return new_run_id()
+
+    def check_id(self, run_id: str) -> str:
+        return validate_run_id(run_id)
+
+    def events_path(self, run_id: str) -> Path:
+        return self.root / validate_run_id(run_id) / "events.jsonl"
+
+    def existing(self, run_id: str) -> Path:
+        """The log of a run that must exist (resume, show)."""
+        path = self.events_path(run_id)
+        if not path.is_file():
+            raise RunNotFoundError(f"{path}: no run {run_id!r} in {self.root}")
+        return path
+
+    def create_log(self, run_id: str, fsync: FsyncPolicy = "barrier") -> JsonlEventLog:
+        return JsonlEventLog.create(self.events_path(run_id), fsync=fsync)
+
+    def open_for_resume(self, run_id: str) -> JsonlEventLog:
+        return JsonlEventLog.open_for_resume(self.existing(run_id), fsync="barrier")
+
+    def reader(self, run_id: str) -> JsonlEventLog:
+        return JsonlEventLog(self.events_path(run_id))
+
+    def exists(self, run_id: str) -> bool:
+        return self.events_path(run_id).is_file()
+
+    def location(self, run_id: str) -> str:
+        return str(self.events_path(run_id))
+
+    @property
+    def describe(self) -> str:
+        return str(self.root)
+
+    def missing(self) -> list[str]:
+        return []
+
+    def list_runs(self, *, status: str | None = None, loop: str | None = None,
+                  eval_id: str | None = None, since: datetime | None = None,
+                  limit: int | None = None) -> list[RunSummary]:
+        found = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in os.scandir(self.root):
+                if eval_id is not None and not entry.name.startswith(eval_id + "."):
+                    continue
+                summary = _summary(Path(entry.path))
+                if summary is not None:
+                    found.append(summary)
+        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since,
+                           limit=limit)
+
+
+def _summary(folder: Path) -> RunSummary | None:
+    """A run folder's summary from its first and last whole lines; None for a folder that is
+    not a readable run's (`show` names what is wrong with it)."""
+    try:
+        with (folder / "events.jsonl").open("rb") as f:
+            first = f.readline()
+            size = f.seek(0, os.SEEK_END)
+            back = _TAIL_BYTES
+            while True:
+                f.seek(max(size - back, 0))
+                lines = f.read().split(b"\n")
+                whole = [line for line in lines[:-1] if line.strip()]  # a torn tail is no line
+                if whole and (len(lines) > 2 or back >= size):
+                    break
+                if back >= size:
+                    return None
+                back *= 4
+        head, tail = _event(first), _event(whole[-1])
+    except (OSError, ValueError):
+        return None
+    if head is None or tail is None:
+        return None
+    return summarize_run(head, tail, writing=RunLock.holder(folder) is not None)
+
+
+def _event(line: bytes) -> AnyEvent | None:
+    try:
+        return parse_event(line)
+    except ValueError:
+        return None

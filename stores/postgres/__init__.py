@@ -1,0 +1,11 @@
+"""Runs in PostgreSQL (`[store] url`, `--store postgresql://...`): the event log, the run store
+and shared budgets over one connection layer (`PgDatabase`). psycopg (the `scale` extra) is
+imported when first used."""
+
+from lanefold.stores.postgres._budget import PgSharedPool, connect_budgets, read_budget, set_budget
+from lanefold.stores.postgres._database import PgDatabase, redact_url
+from lanefold.stores.postgres._log import PgEventLog
+from lanefold.stores.postgres._store import PgStore
+
+__all__ = ("PgDatabase", "PgEventLog", "PgSharedPool", "PgStore", "connect_budgets", "read_budget",
+           "redact_url", "set_budget")
