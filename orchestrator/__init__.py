@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from lanefold._session import Session, resume, resume_sync, run, run_sync
     from lanefold._store import RunStore, Store, open_store, read_run, read_state
     from lanefold._sync_session import SyncSession
+    from lanefold.evaluate import register_scorer
     from lanefold.primitives import (
         AnyEvent,
         Backend,
@@ -94,6 +95,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "lanefold._session": ("Session", "resume", "resume_sync", "run", "run_sync"),
     "lanefold._store": ("RunStore", "Store", "open_store", "read_run", "read_state"),
     "lanefold._sync_session": ("SyncSession",),
+    "lanefold.evaluate": ("register_scorer",),
     "lanefold.primitives": ("AnyEvent", "Backend", "BackendError", "BudgetExhaustedError", "ConfigError",
         "EventLog", "Lane", "LaneJob", "LanefoldError", "Limits",
         "LogCorruptError", "LogWriteError", "Loop", "LoopContext", "MemoryEventLog",
@@ -162,6 +164,7 @@ __all__ = (
     "read_state",
     "register_loop",
     "register_reducer",
+    "register_scorer",
     "resume",
     "resume_sync",
     "run",

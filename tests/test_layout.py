@@ -66,6 +66,7 @@ PUBLIC_NAMES = frozenset({
     "Verifier",
     "register_loop",
     "register_reducer",
+    "register_scorer",
     "Backend",
     "BackendError",
     "BudgetExhaustedError",

@@ -27,9 +27,10 @@ from lanefold.evaluate._eval_records import (
 )
 from lanefold.evaluate._eval_view import is_eval, show_eval, tail_eval
 from lanefold.evaluate._item import Item
-from lanefold.evaluate._scoring import Score, Scorer, resolve_scorer
+from lanefold.evaluate._scoring import SCORERS, Score, Scorer, register_scorer, resolve_scorer
 
 __all__ = (
+    "SCORERS",
     "Comparison",
     "Curve",
     "DatasetSpec",
@@ -49,6 +50,7 @@ __all__ = (
     "read_manifest",
     "read_pool",
     "read_results",
+    "register_scorer",
     "resolve_scorer",
     "run_compare",
     "run_eval",

@@ -1,6 +1,7 @@
 """Scorers: is a run's answer right? Exact match, numeric tolerance, a user's function, tests.
 
-`--scorer` picks one by a spec string:
+Scorers are a plug-in kind (`SCORERS`): `--scorer NAME[:ARG]` picks a registered one, given
+`ARG` (or none) when it is made:
 
     exact            the answer equals a gold answer once both are normalised as the vote
                      normalises them (`normalize_answer`: case, spaces, `1,000` = `1000`)
@@ -8,7 +9,12 @@
                      abs_tol=TOL)` (default TOL 1e-6)
     humaneval[:S]    the code in the winning lane's text passes the problem's tests, run in a
                      subprocess killed after S seconds (default 10)
-    module:function  `function(gold, answer, item)` returns a bool, or a float in [0, 1]
+    module:attr      a Scorer class (made with no argument) or instance, or a function
+                     `function(gold, answer, item)` returning a bool, or a float in [0, 1]
+
+A scorer of your own is a class with `name`, `needs_text`, `check`, `score` and `verifier`
+(the `Scorer` protocol) and a constructor taking the spec's argument (a string, or None),
+registered with `@register_scorer("name")` or the entry-point group `lanefold.scorers`.
 
 Without a spec: `humaneval` where every item carries tests (`meta` has `test` and
 `entry_point`), else `exact`. A scorer never raises for a bad answer: it returns a `Score`
@@ -36,14 +42,16 @@ from lanefold.evaluate._item import Item
 from lanefold.primitives import (
     CommandVerifier,
     ConfigError,
+    NotOfKindError,
+    Registry,
     Verdict,
     Verifier,
     import_object,
     normalize_answer,
 )
 
-__all__ = ("CustomScorer", "ExactMatch", "HumanEvalTests", "NumericMatch", "Score", "Scorer",
-           "humaneval_program", "resolve_scorer")
+__all__ = ("SCORERS", "CustomScorer", "ExactMatch", "HumanEvalTests", "NumericMatch", "Score",
+           "Scorer", "humaneval_program", "register_scorer", "resolve_scorer")
 
 PASS_MARK = 0.5  # a float score counts as correct from here up
 
@@ -81,6 +89,25 @@ class Scorer(Protocol):
         ...
 
 
+_SCORER_PARTS = ("check", "score", "verifier")
+
+
+def _check_scorer(obj: Any, key: str) -> None:
+    """A registered scorer is a class making a Scorer from the spec's argument; `module:attr`
+    may also name a Scorer instance or a plain function (wrapped by `resolve_scorer`)."""
+    if isinstance(obj, type):
+        missing = [part for part in _SCORER_PARTS if not hasattr(obj, part)]
+        if missing:
+            raise NotOfKindError(f"{key}: {obj.__module__}:{obj.__qualname__} is not a Scorer "
+                                 f"(it has no {missing[0]!r})")
+    elif not callable(obj) and not all(hasattr(obj, part) for part in _SCORER_PARTS):
+        raise NotOfKindError(f"{key}: {obj!r} is not a Scorer, a Scorer class or a function")
+
+
+SCORERS: Registry[Any] = Registry("scorer", key="--scorer", check=_check_scorer)
+register_scorer = SCORERS.register
+
+
 def _golds(item: Item) -> list[str]:
     answers = item.meta.get("answers")
     if isinstance(answers, list) and answers:
@@ -95,6 +122,7 @@ def _need_golds(items: Sequence[Item], name: str) -> None:
                               f"{name} scorer")
 
 
+@register_scorer("exact")
 class ExactMatch:
     """Right when the answer equals any gold answer, both normalised as the vote does."""
 
@@ -122,6 +150,7 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+@register_scorer("numeric")
 class NumericMatch:
     """Right when the answer and a gold are numbers within `tolerance` (relative or
     absolute, whichever is looser: `math.isclose(..., rel_tol=t, abs_tol=t)`)."""
@@ -133,6 +162,10 @@ class NumericMatch:
             raise ConfigError(f"--scorer: numeric tolerance must be a number >= 0, got {tolerance}")
         self.tolerance = tolerance
         self.name = f"numeric:{tolerance:g}"
+
+    @classmethod
+    def from_spec(cls, argument: str | None) -> NumericMatch:
+        return cls(_number_argument(argument, 1e-6, f"numeric:{argument}"))
 
     def check(self, items: Sequence[Item]) -> None:
         _need_golds(items, "numeric")
@@ -218,6 +251,7 @@ def humaneval_program(item: Item, completion: str) -> str:
     return (f"{meta['prompt']}{code}\n\n{meta['test']}\n\ncheck({meta['entry_point']})\n")
 
 
+@register_scorer("humaneval")
 class HumanEvalTests:
     """HumanEval's tests as the scorer and as the runs' verifier: the program runs in a fresh
     `python -I` in a temporary folder, killed (with its children) after `timeout_s`.
@@ -233,6 +267,10 @@ class HumanEvalTests:
         self.timeout_s = timeout_s
         self.name = f"humaneval:{timeout_s:g}"
         self._limiter = anyio.CapacityLimiter(max_concurrency)
+
+    @classmethod
+    def from_spec(cls, argument: str | None) -> HumanEvalTests:
+        return cls(_number_argument(argument, 10.0, f"humaneval:{argument}"))
 
     def check(self, items: Sequence[Item]) -> None:
         for item in items:
@@ -289,17 +327,43 @@ def _scorer(spec: str | None, items: Sequence[Item]) -> Scorer:
         tests = bool(items) and all("test" in i.meta and "entry_point" in i.meta for i in items)
         return HumanEvalTests() if tests else ExactMatch()
     name, colon, argument = spec.partition(":")
-    if name == "exact" and not colon:
-        return ExactMatch()
-    if name in ("numeric", "humaneval"):
-        value = 1e-6 if name == "numeric" else 10.0
-        if colon:
-            try:
-                value = float(argument)
-            except ValueError:
-                raise ConfigError(f"--scorer: {spec!r}: {argument!r} is not a number") from None
-        return NumericMatch(value) if name == "numeric" else HumanEvalTests(value)
+    registered = SCORERS.get(name) if name else None
+    if registered is not None:
+        return _made(registered, argument if colon else None, spec)
     if colon and name and argument:
-        return CustomScorer(spec)
-    raise ConfigError(f"--scorer: unknown scorer {spec!r}: exact, numeric[:TOL], "
-                      f"humaneval[:SECONDS] or module:function")
+        found = SCORERS.resolve(spec)  # module:attr, imported beside the config first
+        if isinstance(found, type):
+            return _made(found, None, spec)
+        if all(hasattr(found, part) for part in _SCORER_PARTS):
+            return found  # type: ignore[no-any-return]  # a Scorer instance
+        return CustomScorer(spec, found)
+    raise ConfigError(f"--scorer: unknown scorer {spec!r}: "
+                      f"{', '.join(_forms())} or module:function")
+
+
+def _forms() -> list[str]:
+    shown = {"numeric": "numeric[:TOL]", "humaneval": "humaneval[:SECONDS]"}
+    return [shown.get(name, name) for name in SCORERS.names()]
+
+
+def _made(cls: Any, argument: str | None, spec: str) -> Scorer:
+    """A scorer class made from a spec's argument: its `from_spec(argument)` where it has one,
+    else `cls()` (an argument given to a scorer taking none is refused)."""
+    make = getattr(cls, "from_spec", None)
+    if make is not None:
+        made: Scorer = make(argument)
+        return made
+    if argument is not None:
+        raise ConfigError(f"--scorer: {spec!r}: the {spec.partition(':')[0]} scorer takes no "
+                          f"argument")
+    made = cls()
+    return made
+
+
+def _number_argument(argument: str | None, default: float, spec: str) -> float:
+    if argument is None:
+        return default
+    try:
+        return float(argument)
+    except ValueError:
+        raise ConfigError(f"--scorer: {spec!r}: {argument!r} is not a number") from None
