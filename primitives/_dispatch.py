@@ -119,7 +119,12 @@ class _Group:
 
 
 class Dispatcher:
-    """Runs waves for one run. Policy lives here; the backend only makes attempts."""
+    """Runs waves for one run. Policy lives here; the backend only makes attempts.
+
+    Three jobs, one object each: plan (group the lanes, carve and fit the holds, record the
+    wave's start), attempt (requests, landing, retries) and settle (record each outcome and
+    settle its hold). The dispatcher runs a wave through them and closes it at the barrier.
+    """
 
     def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *, run_seed: int,
                  max_concurrency: int, retry: RetryPolicy | None = None,
@@ -129,11 +134,20 @@ class Dispatcher:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
         self.max_concurrency = max_concurrency
-        self._slots = LaneSlots(limiter or anyio.CapacityLimiter(max_concurrency))
-        self._sleep = sleep
-        self._rng = rng or random.Random(run_seed)
-        self._log = logger or get_logger("lanefold.dispatch")
-        self._token_cache: dict[str, int] = {}
+        slots = LaneSlots(limiter or anyio.CapacityLimiter(max_concurrency))
+        log = logger or get_logger("lanefold.dispatch")
+        self._plan = _Planner(backend, recorder, ledger, max_concurrency=max_concurrency,
+                              slots=slots)
+        self._settle = _Settler(recorder, ledger, log)
+        self._attempts = _Attempts(backend, recorder, ledger, run_seed=run_seed, retry=self.retry,
+                                   timeout_s=timeout_s, slots=slots, sleep=sleep,
+                                   rng=rng or random.Random(run_seed), logger=log,
+                                   plan=self._plan, settle=self._settle)
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """The prompt's token count as the ledger reserves it (a conservative guess where the
+        backend cannot count)."""
+        return self._plan.prompt_tokens(prompt)
 
     # -- the wave -------------------------------------------------------------------------------
 
@@ -148,16 +162,16 @@ class Dispatcher:
             return state
         self.ledger.start()
         if state is None:
-            groups = await self._start(spec)
+            groups = await self._plan.start(spec)
         else:  # a wave a crash interrupted: its first k jobs, less the lanes already done
-            groups = self._groups(spec, [j for j in spec.jobs[:state.info.k]
+            groups = self._plan.groups(spec, [j for j in spec.jobs[:state.info.k]
                                          if not _done(state.lanes.get(j.lane))])
         deadline = self.ledger.seconds_left()
         queue = iter(groups)
 
         async def worker() -> None:
             for group in queue:  # shared: each group is taken by exactly one worker
-                await self._run_group(spec, group)
+                await self._attempts.run_group(spec, group)
 
         with anyio.move_on_after(math.inf if deadline is None else max(deadline, 0.0)) as scope:
             try:
@@ -168,12 +182,12 @@ class Dispatcher:
             except* BackendError as eg:
                 fatal = eg.exceptions[0]
                 reason = f"wave cancelled by {type(fatal).__name__}"
-                self._cut_off(spec, reason)
-                self._abandon(spec, groups, reason)
+                self._settle.cut_off(spec, reason)
+                self._settle.abandon(spec, groups, reason)
                 raise fatal from None
         if scope.cancelled_caught:
-            self._cut_off(spec, "max_seconds reached")
-        self._abandon(spec, groups, "max_seconds reached before dispatch")
+            self._settle.cut_off(spec, "max_seconds reached")
+        self._settle.abandon(spec, groups, "max_seconds reached before dispatch")
         if self.ledger.shared is not None:
             await self.ledger.shared.flush()
         state = self.recorder.state.waves[spec.wave]
@@ -181,8 +195,19 @@ class Dispatcher:
                    deadline_hit=scope.cancelled_caught)
         return state
 
-    async def _start(self, spec: WaveSpec) -> list[_Group]:
-        (groups, fit), refusals = self._fitted(spec, None), 0
+
+class _Planner:
+    """Plan: a wave's lanes grouped into requests, their holds carved from the budget (fitted
+    to what the ledger and the fleet's pool have), the wave's start recorded."""
+
+    def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *,
+                 max_concurrency: int, slots: LaneSlots) -> None:
+        self.backend, self.recorder, self.ledger = backend, recorder, ledger
+        self.max_concurrency, self._slots = max_concurrency, slots
+        self._token_cache: dict[str, int] = {}
+
+    async def start(self, spec: WaveSpec) -> list[_Group]:
+        (groups, fit), refusals = self.fitted(spec, None), 0
         kept = [h for g in groups for h in g.holds or ()]
         refused = self.ledger.try_reserve(kept)
         assert refused is None, "fit() and try_reserve() disagree"
@@ -195,7 +220,7 @@ class Dispatcher:
             refusals += 1
             # Another run took the room between our look and our ask: look again, fit again.
             room = refusal.room if refusals < _MAX_REFUSALS else Room(0, 0.0, 0)
-            groups, fit = self._fitted(spec, room)
+            groups, fit = self.fitted(spec, room)
             kept = [h for g in groups for h in g.holds or ()]
             refused = self.ledger.try_reserve(kept)
             assert refused is None, "fit() and try_reserve() disagree"
@@ -208,7 +233,7 @@ class Dispatcher:
             purpose=spec.purpose, k=k, k_requested=len(spec.jobs),
             lane_max_tokens=spec.params.max_tokens,
             prompt_tokens=groups[0].prompt_tokens if groups else None,
-            share_prefix=self._shared(spec), bill=spec.bill or "sample",
+            share_prefix=self.shared(spec), bill=spec.bill or "sample",
             fingerprint=spec.fingerprint, lanes=sorted(j.lane for g in groups for j in g.jobs),
             reservation=ReservationData(
                 tokens=sum(h.tokens for h in kept), cost_usd=math.fsum(h.cost_usd for h in kept),
@@ -216,12 +241,12 @@ class Dispatcher:
         ), wave=spec.wave)
         return groups
 
-    def _fitted(self, spec: WaveSpec, room: Room | None) -> tuple[list[_Group], WaveFit]:
+    def fitted(self, spec: WaveSpec, room: Room | None) -> tuple[list[_Group], WaveFit]:
         """The wave's groups and holds for as many lanes as fit (the ledger and, given its
         `room`, the shared pool); below the quorum the run stops with a budget error."""
-        groups = self._groups(spec, list(spec.jobs))
+        groups = self.groups(spec, list(spec.jobs))
         for group in groups:
-            group.holds = self._holds(spec, group, len(group.jobs))
+            group.holds = self.holds(spec, group, len(group.jobs))
         fit = self.ledger.fit([h for g in groups for h in g.holds or ()], room)
         k = fit.k
         if fit.limit is not None and k < len(spec.jobs):
@@ -234,12 +259,12 @@ class Dispatcher:
                 raise BudgetExhaustedError(
                     f"{where}{fit.limit}: wave {spec.wave} can fund {k} of {len(spec.jobs)} "
                     f"lanes, below the quorum of {spec.min_quorum}")
-            groups = self._groups(spec, list(spec.jobs[:k]))
+            groups = self.groups(spec, list(spec.jobs[:k]))
             for group in groups:
-                group.holds = self._holds(spec, group, len(group.jobs))
+                group.holds = self.holds(spec, group, len(group.jobs))
         return groups, fit
 
-    def _groups(self, spec: WaveSpec, jobs: list[LaneJob]) -> list[_Group]:
+    def groups(self, spec: WaveSpec, jobs: list[LaneJob]) -> list[_Group]:
         """Lanes with one prompt share a request, up to the backend's and the limiter's size."""
         size = self.max_concurrency
         if self.backend.max_lanes_per_request is not None:
@@ -259,7 +284,7 @@ class Dispatcher:
                 groups.append(_Group(len(groups), prompt, tokens, lanes[start:start + size]))
         return groups
 
-    def _shared(self, spec: WaveSpec) -> bool:
+    def shared(self, spec: WaveSpec) -> bool:
         """Lanes of one request share the prefill only where both loop and backend say so."""
         return spec.share_prefix and self.backend.shares_prefix
 
@@ -274,14 +299,26 @@ class Dispatcher:
             tokens = self._token_cache[prompt] = counted
         return tokens
 
-    def _holds(self, spec: WaveSpec, group: _Group, n: int) -> list[Hold]:
+    def holds(self, spec: WaveSpec, group: _Group, n: int) -> list[Hold]:
         return self.ledger.holds_for_request(
             group.prompt_tokens, [spec.params.max_tokens] * n,
-            share_prefix=self._shared(spec), bill=spec.bill or "sample")
+            share_prefix=self.shared(spec), bill=spec.bill or "sample")
 
-    # -- one request's lanes, with retries --------------------------------------------------------
 
-    async def _run_group(self, spec: WaveSpec, group: _Group) -> None:
+class _Attempts:
+    """Attempt: one backend request for a group's pending lanes, each lane's outcome landed the
+    moment it arrives, retryable failures retried with backoff (tenacity)."""
+
+    def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *, run_seed: int,
+                 retry: RetryPolicy, timeout_s: float | None, slots: LaneSlots,
+                 sleep: Callable[[float], object], rng: random.Random,
+                 logger: structlog.stdlib.BoundLogger, plan: _Planner, settle: _Settler) -> None:
+        self.backend, self.recorder, self.ledger = backend, recorder, ledger
+        self.run_seed, self.retry, self.timeout_s = run_seed, retry, timeout_s
+        self._slots, self._sleep, self._rng, self._log = slots, sleep, rng, logger
+        self._plan, self._settle = plan, settle
+
+    async def run_group(self, spec: WaveSpec, group: _Group) -> None:
         """The first attempt goes straight out; only lanes that failed retryably meet tenacity."""
         again: list[LaneJob] | None = await self._attempt(spec, group)
         if not again:
@@ -306,7 +343,7 @@ class Dispatcher:
         """One backend request for the group's pending lanes; returns the lanes to retry."""
         wave = self.recorder.state.waves[spec.wave]
         if group.holds is None:
-            group.holds = self._holds(spec, group, len(group.jobs))
+            group.holds = self._plan.holds(spec, group, len(group.jobs))
             refused = self.ledger.try_reserve(group.holds)
             shared = self.ledger.shared
             if refused is None and shared is not None:
@@ -317,7 +354,7 @@ class Dispatcher:
                                refusal.needed, refusal.available)
             if refused is not None:
                 for job in group.jobs:
-                    self._fail(spec, wave.lane(job.lane), None, "BudgetExhausted",
+                    self._settle.fail(spec, wave.lane(job.lane), None, "BudgetExhausted",
                                f"{refused[0]}: cannot fund another attempt", final=True)
                 return []
         holds = dict(zip((j.lane for j in group.jobs), group.holds, strict=True))
@@ -338,7 +375,7 @@ class Dispatcher:
                 ), wave=spec.wave, lane=job.lane, attempt=attempt)
                 lanes.append(LaneRequest(job.lane, seed, spec.params.max_tokens, attempt))
             request = SampleRequest(group.prompt, spec.params, tuple(lanes),
-                                    share_prefix=self._shared(spec), purpose=spec.purpose,
+                                    share_prefix=self._plan.shared(spec), purpose=spec.purpose,
                                     wave=spec.wave)
             jobs = {job.lane: job for job in group.jobs}
             fatal: list[BackendError] = []
@@ -355,10 +392,10 @@ class Dispatcher:
                         outcome = BadResponseError(f"usage {outcome.usage}: "
                                                    f"{exc.errors()[0]['msg']}")
                     else:
-                        self._complete(spec, lane, outcome, usage)
+                        self._settle.complete(spec, lane, outcome, usage)
                         return True
                 final = (not outcome.retryable) or lane.failures + 1 >= self.retry.max_attempts
-                self._fail(spec, lane, outcome, type(outcome).__name__, str(outcome),
+                self._settle.fail(spec, lane, outcome, type(outcome).__name__, str(outcome),
                            final=final, cut_off=isinstance(outcome, BackendTimeoutError))
                 if outcome.fatal:
                     fatal.append(outcome)
@@ -425,9 +462,16 @@ class Dispatcher:
                 self.recorder.emit(BackendNoted, BackendNotedData(
                     note=note.type, detail=dict(note.data)), wave=wave)
 
-    # -- outcomes ---------------------------------------------------------------------------------
 
-    def _complete(self, spec: WaveSpec, lane: LaneState, sample: Sample,
+class _Settler:
+    """Settle: each attempt's outcome recorded and its hold settled, released or charged whole
+    (an attempt cut off: no answer came, so the ledger assumes the worst)."""
+
+    def __init__(self, recorder: Recorder, ledger: Ledger,
+                 logger: structlog.stdlib.BoundLogger) -> None:
+        self.recorder, self.ledger, self._log = recorder, ledger, logger
+
+    def complete(self, spec: WaveSpec, lane: LaneState, sample: Sample,
                   recorded: UsageData) -> None:
         hold = lane.hold
         assert hold is not None
@@ -447,7 +491,7 @@ class Dispatcher:
                 limit=over.limit, reserved=over.reserved, actual=over.actual),
                 wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
 
-    def _fail(self, spec: WaveSpec, lane: LaneState, error: BackendError | None, name: str,
+    def fail(self, spec: WaveSpec, lane: LaneState, error: BackendError | None, name: str,
               message: str, *, final: bool, cut_off: bool = False) -> None:
         """Record a failed attempt; a cut-off one (no answer came) is charged its whole hold."""
         retryable = bool(error and error.retryable)
@@ -470,14 +514,14 @@ class Dispatcher:
         self._log.debug("lane.failed", wave=spec.wave, lane=lane.lane, attempt=lane.attempts,
                         error=name, final=final)
 
-    def _cut_off(self, spec: WaveSpec, reason: str) -> None:
+    def cut_off(self, spec: WaveSpec, reason: str) -> None:
         """Attempts still in flight when their wave was stopped fail for good, charged whole."""
         wave = self.recorder.state.waves[spec.wave]
         for lane in sorted(wave.lanes.values(), key=lambda s: s.lane):
             if lane.status == "dispatched":
-                self._fail(spec, lane, None, "Cancelled", reason, final=True, cut_off=True)
+                self.fail(spec, lane, None, "Cancelled", reason, final=True, cut_off=True)
 
-    def _abandon(self, spec: WaveSpec, groups: list[_Group], reason: str) -> None:
+    def abandon(self, spec: WaveSpec, groups: list[_Group], reason: str) -> None:
         """Lanes cancelled before they were dispatched fail for good; their holds return."""
         wave = self.recorder.state.waves[spec.wave]
         for group in groups:
@@ -487,7 +531,7 @@ class Dispatcher:
                     continue
                 if group.holds is not None:
                     self.ledger.release(group.holds[i])
-                self._fail(spec, lane, None, "Cancelled", reason, final=True)
+                self.fail(spec, lane, None, "Cancelled", reason, final=True)
 
 
 def _done(lane: LaneState | None) -> bool:
