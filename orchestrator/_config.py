@@ -271,8 +271,8 @@ class LoopConfig(_Section):
 
     def sampling_params(self) -> SamplingParams:
         s = self.sampling
-        return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_tokens, tuple(s.stop),
-                              s.logprobs)
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              max_tokens=s.max_tokens, stop=tuple(s.stop), logprobs=s.logprobs)
 
 
 _SHARED_LOOP_KEYS = frozenset(LoopSection.model_fields)

@@ -127,7 +127,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
             backend, judge = await session._backends(config)
         else:
             backend = _NoSampling()
-        ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend),
+        ledger = Ledger(limits=config.budget, pricing=config.pricing, spent=copy.deepcopy(state.spend),
                         shared=pool)
         ctx = context(config, question_of(state), recorder, ledger, backend, judge,
                       limiter=session.limiter, verifier=verifier,

@@ -230,8 +230,9 @@ def _dispatcher(config: LoopConfig, backend: Backend, recorder: Recorder, ledger
     return Dispatcher(
         backend, recorder, ledger, run_seed=config.loop.seed,
         max_concurrency=config.loop.max_concurrency,
-        retry=RetryPolicy(retry.max_attempts, retry.initial_backoff_s, retry.max_backoff_s,
-                          retry.jitter),
+        retry=RetryPolicy(max_attempts=retry.max_attempts,
+                          initial_backoff_s=retry.initial_backoff_s,
+                          max_backoff_s=retry.max_backoff_s, jitter=retry.jitter),
         timeout_s=config.loop.timeout_s, limiter=limiter,
         rng=random.Random(config.loop.seed), logger=log)
 

@@ -208,7 +208,7 @@ class Session:
             except BaseException:
                 log.close()
                 raise
-            ledger = Ledger(config.budget, config.pricing, shared=pool)
+            ledger = Ledger(limits=config.budget, pricing=config.pricing, shared=pool)
             return await drive(config, question, recorder, ledger, backend, judge_backend,
                                limiter=self.limiter, verifier=self.verifier_for(config),
                                stop_reason=stop_reason)
@@ -343,7 +343,7 @@ class Session:
             log.close()
             await close_shared_budget(pool)
             raise
-        ledger = Ledger(config.budget, config.pricing, spent=copy.deepcopy(state.spend),
+        ledger = Ledger(limits=config.budget, pricing=config.pricing, spent=copy.deepcopy(state.spend),
                         elapsed_before=state.active_seconds_before, shared=pool)
         try:
             return await drive(config, question_of(state), recorder, ledger, backend,

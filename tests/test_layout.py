@@ -377,3 +377,35 @@ def test_network_guard_refuses_remote_and_allows_loopback() -> None:
         server.listen(1)
         with socket.create_connection(server.getsockname(), timeout=5):
             pass
+
+
+# -- (e) config values reach runtime types by keyword ---------------------------------------------
+
+# The runtime types a config's values are copied into: a field added, removed or reordered in
+# one of them must never shift a value into the wrong field.
+RUNTIME_TYPES = frozenset({"SamplingParams", "RetryPolicy", "Ledger", "JudgeSettings",
+                           "ReduceOptions", "ExtractSpec", "Limits", "Pricing", "WaveSpec"})
+
+
+def _positional_calls(path: Path) -> list[tuple[str, int]]:
+    found = []
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Call) and node.args:
+            name = (node.func.id if isinstance(node.func, ast.Name)
+                    else node.func.attr if isinstance(node.func, ast.Attribute) else "")
+            if name in RUNTIME_TYPES:
+                found.append((name, node.lineno))
+    return found
+
+
+def test_the_facade_fills_runtime_types_by_keyword() -> None:
+    wrong = sorted(f"{_rel(path)}:{line} {name}(positional ...)"
+                   for path in _modules("orchestrator") for name, line in _positional_calls(path))
+    assert wrong == [], "pass config values by keyword"
+
+
+def test_positional_scan_sees_calls(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("a = SamplingParams(0.7, 1.0)\nb = p.RetryPolicy(3)\n"
+                      "c = SamplingParams(temperature=0.7)\n")
+    assert _positional_calls(source) == [("SamplingParams", 1), ("RetryPolicy", 2)]
