@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lanefold.coordinators._adaptive_sample import AdaptiveSample
 from lanefold.coordinators._audit import audit, configured_reducer
+from lanefold.coordinators._command_verifier import CommandVerifier, as_verifier
 from lanefold.coordinators._debate import Debate
 from lanefold.coordinators._parallel_sample import ParallelSample, ParallelSampleParams, outcome_of
 from lanefold.coordinators._plan_verify_replan import PlanRejectedError, PlanVerifyReplan
@@ -21,6 +22,7 @@ from lanefold.coordinators._sequential_refine import SequentialRefine
 __all__ = (
     "AdaptiveSample",
     "AnyPass",
+    "CommandVerifier",
     "Debate",
     "JudgeArgmax",
     "MajorityVote",
@@ -31,6 +33,7 @@ __all__ = (
     "SequentialRefine",
     "UniversalSelfConsistency",
     "WeightedVote",
+    "as_verifier",
     "audit",
     "configured_reducer",
     "outcome_of",

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from importlib import metadata
@@ -130,7 +131,8 @@ class JudgeSection(_Section):
     backend), a verifier (`module:function` or a command), usc's template."""
 
     template: str | None = None
-    verifier: str | None = Field(None, description="module:function returning a score")
+    verifier: str | None = Field(None, description="a registered verifier's name, or "
+                                 "module:function returning a score")
     verifier_command: list[str] | None = Field(
         None, min_length=1, description="the candidate on stdin; exit 0 passes; a number on "
         "stdout is the score")
@@ -162,8 +164,10 @@ class JudgeSection(_Section):
     @field_validator("verifier")
     @classmethod
     def _module_function(cls, value: str | None) -> str | None:
-        if value is not None and (value.count(":") != 1 or not all(value.split(":"))):
-            raise ValueError("verifier must look like 'module:function'")
+        named = value is not None and re.fullmatch(r"[a-z][a-z0-9_]*", value) is not None
+        if value is not None and not named and (value.count(":") != 1 or not all(value.split(":"))):
+            raise ValueError("verifier must look like 'module:function' (or a registered "
+                             "verifier's name)")
         return value
 
 

@@ -43,9 +43,9 @@ from lanefold._runner import (
     source_of,
 )
 from lanefold._store import Store, fold_record, open_store, read_state
+from lanefold.coordinators import CommandVerifier, as_verifier
 from lanefold.primitives import (
     Backend,
-    CommandVerifier,
     ConfigError,
     EventLog,
     ExtractSpec,
@@ -54,7 +54,6 @@ from lanefold.primitives import (
     Recorder,
     RunState,
     Verifier,
-    as_verifier,
     plugin_folders,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData

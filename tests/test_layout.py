@@ -409,3 +409,18 @@ def test_positional_scan_sees_calls(tmp_path: Path) -> None:
     source.write_text("a = SamplingParams(0.7, 1.0)\nb = p.RetryPolicy(3)\n"
                       "c = SamplingParams(temperature=0.7)\n")
     assert _positional_calls(source) == [("SamplingParams", 1), ("RetryPolicy", 2)]
+
+
+# -- (f) primitives: protocols and the governed core, no I/O drivers -----------------------------
+
+# Stores own their drivers and processes are started by plug-ins (a command verifier, a test
+# scorer): the substrate every loop imports starts nothing and connects to nothing.
+PRIMITIVES_MAY_NOT_IMPORT = ("subprocess", "psycopg", "multiprocessing")
+
+
+def test_primitives_import_no_process_or_database_driver() -> None:
+    wrong = sorted(f"{_rel(path)}:{line} imports {name}"
+                   for path in _modules("primitives")
+                   for name, line in _imported_top_levels(path, "primitives")
+                   if name in PRIMITIVES_MAY_NOT_IMPORT)
+    assert wrong == []

@@ -38,9 +38,9 @@ from typing import Any, Protocol
 
 import anyio
 
+from lanefold.coordinators import CommandVerifier
 from lanefold.evaluate._item import Item
 from lanefold.primitives import (
-    CommandVerifier,
     ConfigError,
     NotOfKindError,
     Registry,

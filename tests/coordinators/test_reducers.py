@@ -28,6 +28,7 @@ from lanefold.coordinators import (
     MajorityVote,
     UniversalSelfConsistency,
     WeightedVote,
+    as_verifier,
 )
 from lanefold.primitives import (
     CallableVerifier,
@@ -50,7 +51,6 @@ from lanefold.primitives import (
     SamplingParams,
     Usage,
     Verifier,
-    as_verifier,
     fold,
     hash_config,
     reducer_names,

@@ -590,3 +590,29 @@ async def test_weighted_vote_asks_the_backend_for_logprobs(tmp_path: Path,
     assert all(r.params.logprobs for r in backend.of("sample"))
     assert (result.answer, result.winner_lane) == ("391", 2)
     assert result.agreement is not None and result.agreement > 0.5
+
+
+# -- verifiers are a plug-in kind -------------------------------------------------------------
+
+
+def test_a_registered_verifier_is_named_in_config(tmp_path: Path) -> None:
+    from lanefold.primitives import VERIFIERS, register_verifier
+
+    @register_verifier("test_only_391")
+    def only_391(question: str, text: str, answer: str | None) -> bool:
+        return answer == "391"
+
+    assert "test_only_391" in VERIFIERS.names()
+    cfg = config(loop={"reducer": "any_pass"}, judge={"verifier": "test_only_391"})
+    result = lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id=RUN)
+    assert result.answer == "391"
+    judged = [e for e in JsonlEventLog(tmp_path / RUN / "events.jsonl").read()
+              if e.type == "judge.completed"]
+    assert judged and all(e.data.judge == "test_only_391" for e in judged)
+
+
+def test_an_unknown_verifier_name_lists_the_registered_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"judge.verifier: 'nope_not_here' must look like "
+                                          r"'module:function' \(or name a registered verifier"):
+        lanefold.run_sync(config(loop={"reducer": "any_pass"}, judge={"verifier": "nope_not_here"}),
+                          QUESTION, runs_dir=tmp_path)

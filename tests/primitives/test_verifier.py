@@ -15,15 +15,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from lanefold.coordinators import CommandVerifier, as_verifier
+from lanefold.primitives import CallableVerifier, Verdict, Verifier, import_verifier
 from lanefold.primitives._errors import ConfigError
-from lanefold.primitives._verifier import (
-    CallableVerifier,
-    CommandVerifier,
-    Verdict,
-    Verifier,
-    as_verifier,
-    import_verifier,
-)
 
 
 def python(code: str) -> list[str]:
