@@ -346,7 +346,11 @@ class _Eval:
         found: dict[tuple[str | None, str | None], Score] = {}
 
         async def one(pair: tuple[str | None, str | None]) -> None:
-            found[pair] = await self.scorer.score(item, *pair)
+            try:
+                found[pair] = await self.scorer.score(item, *pair)
+            except Exception as exc:  # a plug-in scorer that raises: that answer's score fails
+                found[pair] = Score(0.0, f"scorer {self.scorer.name} raised "
+                                         f"{type(exc).__name__}: {exc}")
 
         async with anyio.create_task_group() as tg:
             for pair in distinct:

@@ -31,7 +31,7 @@ class EndsWith:
         pass
 
     async def score(self, item: Item, answer: str | None, text: str | None) -> Score:
-        want = self.suffix or (item.gold or "")
+        want = self.suffix or (item.answer or "")
         return Score(1.0 if answer is not None and answer.endswith(want) else 0.0)
 
     def verifier(self, items: Sequence[Item]) -> Verifier | None:
@@ -97,3 +97,20 @@ def test_an_unknown_scorer_lists_the_registered_ones() -> None:
     message = str(caught.value)
     assert message.startswith("--scorer: unknown scorer 'nope': ")
     assert "numeric[:TOL]" in message and "ends_with" in message and "\n" not in message
+
+
+@register_scorer("test_raises")
+class Raises(EndsWith):
+    async def score(self, item: Item, answer: str | None, text: str | None) -> Score:
+        raise KeyError("gold")
+
+
+@pytest.mark.anyio
+async def test_a_scorer_that_raises_scores_zero_with_its_error(tmp_path: Path) -> None:
+    from lanefold.evaluate import read_results
+
+    summary = await run_eval(_config(), _items(), eval_id="raises", runs_dir=tmp_path,
+                             scorer="test_raises")
+    assert (summary.n, summary.correct) == (3, 0)
+    rows = read_results(tmp_path / "raises" / "results.jsonl")
+    assert all("raised KeyError" in (row.error or "") for row in rows.values())

@@ -1,0 +1,162 @@
+"""A package outside the library adds plug-ins of every kind, each one module plus its entry
+point, and the command line uses them by name: nothing under orchestrator/ knows them.
+
+The package is built here, into a temporary folder: its modules and a `.dist-info` with
+`entry_points.txt` (what pip would install), found on PYTHONPATH by a fresh `orchestrator`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXTERNAL = ("lanefold_ext",)
+
+MODULES = {
+    # A loop: ask once per phrasing, the first answer wins. One module, one entry point.
+    "lanefold_ext/loop.py": '''
+        from typing import ClassVar
+
+        from pydantic import BaseModel, ConfigDict, Field
+
+        from lanefold.primitives import LoopContext, Outcome
+
+
+        class Params(BaseModel):
+            model_config = ConfigDict(extra="forbid", frozen=True)
+            phrasings: int = Field(2, ge=1)
+
+
+        class FirstOfPhrasings:
+            name: ClassVar[str] = "ext_first"
+            Params: ClassVar[type[BaseModel]] = Params
+
+            def __init__(self, params: Params) -> None:
+                self.params = params
+
+            async def run(self, ctx: LoopContext, question: str) -> Outcome:
+                prompts = [ctx.prompt(f"{question} (take {i + 1})")
+                           for i in range(self.params.phrasings)]
+                lanes = await ctx.wave(prompts)
+                best = next((lane for lane in lanes if lane.answer), None)
+                if best is None:
+                    return Outcome(reason="no phrasing gave an answer")
+                return Outcome(answer=best.answer, winner_lane=best.lane,
+                               winner_text=best.text)
+    ''',
+    # A scorer: right when the answer has the gold's last digit.
+    "lanefold_ext/scorer.py": '''
+        from lanefold.evaluate import Score
+
+
+        class LastDigit:
+            name = "ext_last_digit"
+            needs_text = False
+
+            def check(self, items):
+                pass
+
+            async def score(self, item, answer, text):
+                right = bool(answer) and bool(item.answer) and answer[-1] == item.answer[-1]
+                return Score(1.0 if right else 0.0)
+
+            def verifier(self, items):
+                return None
+    ''',
+    # A verifier: passes an answer ending in 1.
+    "lanefold_ext/verifier.py": '''
+        def ends_in_one(question, text, answer):
+            return bool(answer) and answer.endswith("1")
+    ''',
+}
+ENTRY_POINTS = """\
+[lanefold.loops]
+ext_first = lanefold_ext.loop:FirstOfPhrasings
+
+[lanefold.scorers]
+ext_last_digit = lanefold_ext.scorer:LastDigit
+
+[lanefold.verifiers]
+ext_ends_in_one = lanefold_ext.verifier:ends_in_one
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    for name, text in MODULES.items():
+        path = site / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    (site / "lanefold_ext" / "__init__.py").write_text("")
+    info = site / "lanefold_ext-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lanefold-ext\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(ENTRY_POINTS)
+    return site
+
+
+def orchestrator(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.run([str(Path(sys.executable).with_name("orchestrator")), *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _config(folder: Path, name: str, loop: str, **sections: str) -> Path:
+    text = f"[loop]\n{loop}\n\n[backend]\nkind = \"simulated\"\naccuracy = 1.0\n"
+    for section, body in sections.items():
+        text += f"\n[{section}]\n{body}\n"
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def _dataset(folder: Path) -> Path:
+    path = folder / "qs.jsonl"
+    path.write_text("".join(json.dumps({"question": f"Question {i}?", "answer": "391"}) + "\n"
+                            for i in range(3)))
+    return path
+
+
+def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> None:
+    config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"\nphrasings = 3')
+    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?",
+                        "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["answer"], len(result["lanes"])) == ("391", 3)
+
+
+def test_an_eval_scores_with_an_entry_points_scorer(installed: Path, tmp_path: Path) -> None:
+    config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"')
+    done = orchestrator(installed, tmp_path, "eval", str(config), "--dataset",
+                        str(_dataset(tmp_path)), "--scorer", "ext_last_digit", "--eval-id", "e",
+                        "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["correct"] == 3
+
+
+def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) -> None:
+    config = _config(tmp_path, "vote.toml", 'k = 4\nreducer = "any_pass"',
+                     judge='verifier = "ext_ends_in_one"')
+    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?",
+                        "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answer"] == "391"
+
+
+def test_the_facade_names_none_of_them() -> None:
+    names = [name for module in MODULES.values() for name in ("ext_first", "ext_last_digit",
+                                                               "ext_ends_in_one")
+             if name in module] + list(EXTERNAL)
+    named = sorted(f"{path.relative_to(ROOT)}: {name}"
+                   for path in (ROOT / "orchestrator").rglob("*.py") for name in set(names)
+                   if name in path.read_text())
+    assert named == []
