@@ -49,8 +49,6 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
-from lanefold.stores.files import JsonlEventLog
-from lanefold.stores.postgres import PgEventLog
 
 __all__ = (
     "Observer",
@@ -208,19 +206,17 @@ async def close(owned: list[Backend]) -> None:
 
 
 def set_fsync(log: EventLog, config: LoopConfig) -> None:
-    if isinstance(log, JsonlEventLog | PgEventLog):
-        log.fsync = config.log.fsync
+    log.fsync = config.log.fsync
 
 
 def source_of(log: EventLog) -> str:
     """Where a log is, for messages: its path, or its store's URL (no password) and run."""
-    where = getattr(log, "path", None) or getattr(log, "location", None)
-    return str(where) if where is not None else "<log>"
+    return log.location
 
 
 def events_of(recorder: Recorder) -> str | None:
     """What a result names as its log: the file's path, or the run in its database."""
-    return recorder.log_path or getattr(recorder.log, "location", None)
+    return recorder.log_path or recorder.log.location
 
 
 def _dispatcher(config: LoopConfig, backend: Backend, recorder: Recorder, ledger: Ledger,

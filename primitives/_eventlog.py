@@ -48,7 +48,20 @@ def validate_run_id(run_id: str) -> str:
 
 
 class EventLog(Protocol):
-    """Where a run's events go. Append is synchronous and ordered; `sync` is a durability point."""
+    """Where a run's events go. Append is synchronous and ordered; `sync` is a durability point.
+
+    A log also says where it is (`location`, for messages: never a password), what a resume
+    found half-written at its end and cut off (`torn_tail`), and when an append is forced to
+    durable storage (`fsync`, settable: a resumed run applies its config's policy).
+    """
+
+    fsync: FsyncPolicy
+
+    @property
+    def location(self) -> str: ...
+
+    @property
+    def torn_tail(self) -> TornTail | None: ...
 
     @property
     def last_sequence(self) -> int: ...
@@ -73,8 +86,12 @@ def check_next_sequence(last: int, event: Event) -> None:
 class MemoryEventLog:
     """An in-memory log for tests and for embedding without a disk."""
 
+    location = "<memory>"
+    torn_tail: TornTail | None = None
+
     def __init__(self) -> None:
         self.events: list[AnyEvent] = []
+        self.fsync: FsyncPolicy = "never"  # nothing to force: memory is gone with the process
         self._changed = anyio.Event()
 
     @property

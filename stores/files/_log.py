@@ -197,6 +197,10 @@ class JsonlEventLog:
         self._broken: str | None = None
         self._cut_at: int | None = None
 
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
     @classmethod
     def create(cls, path: Path, *, fsync: FsyncPolicy = "barrier") -> JsonlEventLog:
         """Start a new log; refuses to overwrite an existing one.
