@@ -28,6 +28,7 @@ from lanefold.coordinators._reducer_keys import (
     known_reducer,
     with_logprobs,
 )
+from lanefold.coordinators._reducers import VERIFIER_KEYS
 from lanefold.primitives import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
@@ -196,7 +197,8 @@ class SequentialRefine:
         """`reduce = "last"` answers without a reducer (its choice is "")."""
         name = "" if params.reduce == "last" else params.reduce
         return ReducerChoice(name, ReduceOptions(tie_break=params.tie_break,
-                                                 weighting=params.weighting))
+                                                 weighting=params.weighting),
+                             judge_keys=VERIFIER_KEYS)  # its feedback and stop_on_pass
 
     def _may_start(self, ctx: LoopContext, prompt: str, attempts: Sequence[Lane]) -> bool:
         """Whether the next attempt runs: as the log says where it already decided (a wave it

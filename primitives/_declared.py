@@ -81,10 +81,12 @@ class Allowance:
 class ReducerChoice:
     """The reducer a loop's params name for its own reduce, as configured (a registered name
     or `module:Class`; "" where it answers without one), and the options it runs it with
-    (seed 0: the run's seed is the config's)."""
+    (seed 0: the run's seed is the config's); `judge_keys`, the `[judge]` keys the loop itself
+    reads besides its reducer's (a verifier for feedback, say)."""
 
     name: str
     options: ReduceOptions = field(default_factory=ReduceOptions)
+    judge_keys: frozenset[str] = frozenset()  # `[judge]` keys the loop reads itself
 
 
 def cost_shape(loop: type[Any], params: BaseModel, *, prompt_tokens: int,
