@@ -144,7 +144,8 @@ class JudgeSection(_Section):
     max_tokens: int = Field(64, ge=1)
     stop: list[str] = []
     score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
-    usc_template: str | None = Field(None, description="usc's prompt: {question}, {candidates}")
+    usc_template: str | None = Field(None, description="universal self-consistency's prompt: "
+                                         "{question}, {candidates}")
 
     @field_validator("score_regex")
     @classmethod
