@@ -67,7 +67,6 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             RunState,
             apply,
             loop_names,
-            reducer_names,
             resolve_loop,
         )
         from lanefold.primitives.events import AnyEvent
@@ -131,8 +130,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reduce", help="reduce a finished run's lanes again, without sampling")
     p.add_argument("run_id")
-    p.add_argument("--reducer", required=True, help=f"a registered reducer "
-                   f"({', '.join(reducer_names())}) or module:Class")
+    p.add_argument("--reducer", required=True,
+                   help="a registered reducer's name (docs/reducers.md) or module:Class")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--extract-regex", metavar="RE", help="read answers with this regex")
     how.add_argument("--extract", metavar="METHOD",
