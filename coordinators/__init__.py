@@ -4,8 +4,9 @@ governed dispatch path); none builds a backend itself."""
 from __future__ import annotations
 
 from lanefold.coordinators._adaptive_sample import AdaptiveSample
-from lanefold.coordinators._audit import audit, configured_reducer
+from lanefold.coordinators._audit import audit
 from lanefold.coordinators._command_verifier import CommandVerifier, as_verifier
+from lanefold.coordinators._configured import configured_reducer
 from lanefold.coordinators._debate import Debate
 from lanefold.coordinators._parallel_sample import ParallelSample, ParallelSampleParams, outcome_of
 from lanefold.coordinators._plan_verify_replan import PlanRejectedError, PlanVerifyReplan

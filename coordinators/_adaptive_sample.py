@@ -26,12 +26,15 @@ from pydantic import BaseModel, Field, model_validator
 from lanefold.coordinators._parallel_sample import outcome_of
 from lanefold.coordinators._reducer_keys import ReducerKeys
 from lanefold.primitives import (
+    Allowance,
     BudgetExhaustedError,
+    CostShape,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
     QuorumNotMetError,
+    ReducerChoice,
     normalize_answer,
     register_loop,
 )
@@ -139,6 +142,27 @@ class AdaptiveSample:
         return replace(outcome_of(reduction, lanes), detail={
             "lanes_used": len(lanes), "stopped_by": stopped_by, "waves": waves,
             "rule": p.rule, "completed": completed})
+
+    @staticmethod
+    def cost_shape(params: AdaptiveSampleParams, *, prompt_tokens: int,
+                   max_tokens: int) -> CostShape:
+        """At most max_lanes lanes of the one prompt, every one a candidate."""
+        return CostShape(params.max_lanes, params.max_lanes * prompt_tokens, params.max_lanes)
+
+    @staticmethod
+    def fit(params: AdaptiveSampleParams, budget: Allowance) -> AdaptiveSampleParams:
+        """Under a lane budget, max_lanes at most the budget (window and quorum with it);
+        under tokens or cost, as configured: the loop stops when the budget cannot fund a
+        wave."""
+        if budget.unit != "lanes":
+            return params
+        most = min(params.max_lanes, int(budget.amount))
+        return params.model_copy(update={"max_lanes": most, "window": min(params.window, most),
+                                         "min_quorum": min(params.min_quorum, most)})
+
+    @staticmethod
+    def reducer(params: AdaptiveSampleParams) -> ReducerChoice:
+        return params.choice()
 
     def _check(self, ctx: LoopContext, prompt: str, lanes: Sequence[Lane],
                last: Sequence[Lane], cut: bool, max_tokens: int) -> dict[str, Any]:

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
-from lanefold.coordinators._plan_verify_replan import PlanVerifyReplanParams
-from lanefold.coordinators._reducer_keys import ReducerKeys, TieBreak, Weighting
+from lanefold.coordinators._reducer_keys import TieBreak, Weighting
 from lanefold.coordinators._reducers import logprob_weights, vote
-from lanefold.coordinators._sequential_refine import SequentialRefineParams
 from lanefold.primitives import (
     ExtractSpec,
     Lane,
@@ -24,28 +20,11 @@ from lanefold.primitives import (
     extract_answer,
     judge_argmax,
     normalize_answer,
-    resolve_reducer,
 )
 
 SAMPLE_WAVE = 1
 
-__all__ = ("audit", "configured_reducer")
-
-
-def configured_reducer(params: BaseModel) -> str | None:
-    """The reducer a loop's `[loop]` keys name for the run's own reduce, by the name its
-    `reduce.completed` records; "" for a loop configured to answer without one; None where
-    the loop (a plug-in) picks reducers itself. `fold` refuses a reduce by another."""
-    if isinstance(params, ReducerKeys):
-        name = params.reducer
-    elif isinstance(params, SequentialRefineParams):
-        name = "" if params.reduce == "last" else params.reduce
-    elif isinstance(params, PlanVerifyReplanParams):
-        name = ""  # it answers from its synthesis or a sub-question, never by a reducer
-    else:
-        return None
-    # A `module:attr` reducer records its class's name (imported already: the config named it).
-    return str(resolve_reducer(name).name) if ":" in name else name
+__all__ = ("audit",)
 
 
 def audit(state: RunState, *, extract: ExtractSpec,

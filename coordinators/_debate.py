@@ -23,10 +23,16 @@ from pydantic import BaseModel, Field
 from lanefold.coordinators._parallel_sample import outcome_of
 from lanefold.coordinators._reducer_keys import ReducerKeys
 from lanefold.primitives import (
+    FRAME_TOKENS,
+    TEMPLATE_TOKENS,
+    Allowance,
+    ConfigError,
+    CostShape,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
+    ReducerChoice,
     normalize_answer,
     register_loop,
 )
@@ -125,6 +131,33 @@ class Debate:
         return replace(outcome, detail={
             "rounds": len(history) - 1, "stop": stop, "lanes": dispatched,
             "answers": history})
+
+    @staticmethod
+    def cost_shape(params: DebateParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
+        """agents x (rounds + 1) lanes; each later round's prompt quotes the answers its
+        agent sees; the final round's agents are the candidates."""
+        quoted = max_tokens + FRAME_TOKENS  # one earlier answer, quoted in a later prompt
+        seen = params.agents if params.visibility == "all" else min(params.agents, 3)
+        prompts = params.agents * prompt_tokens + params.agents * params.rounds * (
+            prompt_tokens + TEMPLATE_TOKENS + seen * quoted)
+        return CostShape(params.agents * (params.rounds + 1), prompts, params.agents)
+
+    @staticmethod
+    def fit(params: DebateParams, budget: Allowance) -> DebateParams:
+        """Under a lane budget, agents x (rounds + 1) within it (agents first, then rounds);
+        under tokens or cost, as configured: a round the budget cannot fund is not run."""
+        if budget.unit != "lanes":
+            return params
+        lanes = int(budget.amount)
+        if lanes < 2:
+            raise ConfigError(f"--budget: a debate needs at least 2 lanes, got {lanes}")
+        agents = min(params.agents, lanes)
+        return params.model_copy(update={"agents": agents,
+                                         "rounds": min(params.rounds, lanes // agents - 1)})
+
+    @staticmethod
+    def reducer(params: DebateParams) -> ReducerChoice:
+        return params.choice()
 
     def _decide(self, round_: int, latest: Mapping[int, str]) -> Stop | None:
         if round_ == self.params.rounds:

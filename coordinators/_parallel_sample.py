@@ -13,11 +13,23 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
+from lanefold.coordinators._audit import audit
 from lanefold.coordinators._reducer_keys import ReducerKeys
-from lanefold.primitives import Lane, LoopContext, Outcome, Reduction, register_loop
+from lanefold.primitives import (
+    Allowance,
+    AuditFinding,
+    CostShape,
+    ExtractSpec,
+    Lane,
+    LoopContext,
+    Outcome,
+    ReducerChoice,
+    Reduction,
+    RunState,
+    register_loop,
+)
 
 __all__ = ("ParallelSample", "ParallelSampleParams", "outcome_of")
-
 
 
 class ParallelSampleParams(ReducerKeys):
@@ -49,6 +61,35 @@ class ParallelSample:
                                quorum=p.min_quorum)
         reduction = await ctx.reduce(lanes, p.reducer, options=p.options(ctx.seed))
         return outcome_of(reduction, lanes)
+
+    @staticmethod
+    def cost_shape(params: ParallelSampleParams, *, prompt_tokens: int,
+                   max_tokens: int) -> CostShape:
+        """k lanes of the one prompt, every one a candidate."""
+        return CostShape(params.k, params.k * prompt_tokens, params.k)
+
+    @staticmethod
+    def fit(params: ParallelSampleParams, budget: Allowance) -> ParallelSampleParams:
+        """Under a lane budget, k at most the budget (the quorum with it); under tokens or
+        cost, k as configured: the per-question limit shrinks a wave it cannot fund."""
+        if budget.unit != "lanes":
+            return params
+        k = min(params.k, int(budget.amount))
+        return params.model_copy(update={"k": k, "min_quorum": min(params.min_quorum, k)})
+
+    @staticmethod
+    def reducer(params: ParallelSampleParams) -> ReducerChoice:
+        return params.choice()
+
+    @staticmethod
+    def audit(params: ParallelSampleParams, state: RunState, *, extract: ExtractSpec,
+              seed: int) -> AuditFinding | None:
+        """Each lane's answer, the vote or the judges' argmax, and the result, recomputed
+        from the log (a verifier's weights are not in it, so that vote is not)."""
+        if params.weighting == "verifier":
+            return None
+        return audit(state, extract=extract, tie_break=params.tie_break,
+                     weighting=params.weighting, seed=seed)
 
 
 def outcome_of(reduction: Reduction, lanes: Sequence[Lane]) -> Outcome:

@@ -35,11 +35,15 @@ from lanefold.coordinators._plan import (
     stop_rule,
 )
 from lanefold.primitives import (
+    Allowance,
     BudgetExhaustedError,
+    ConfigError,
+    CostShape,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
+    ReducerChoice,
     RunError,
     register_loop,
 )
@@ -152,6 +156,28 @@ class PlanVerifyReplan:
 
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         return await _Run(self.params, ctx, question).run()
+
+    @staticmethod
+    def cost_shape(params: PlanVerifyReplanParams, *, prompt_tokens: int,
+                   max_tokens: int) -> CostShape | None:
+        """Not known before it runs: its plan decides how many sub-questions it answers."""
+        return None
+
+    @staticmethod
+    def fit(params: PlanVerifyReplanParams, budget: Allowance) -> PlanVerifyReplanParams:
+        """Under tokens or cost, as configured (the per-question limit binds as it runs; its
+        own `token_budget` is left as given); a lane budget is refused, as its plan, not a
+        key, decides its lanes."""
+        if budget.unit == "lanes":
+            raise ConfigError("loop.coordinator: --equal-budget lanes cannot cap the lanes of "
+                              "'plan_verify_replan' (its plan decides them); equalise tokens "
+                              "or cost")
+        return params
+
+    @staticmethod
+    def reducer(params: PlanVerifyReplanParams) -> ReducerChoice:
+        """It answers from its synthesis or a sub-question, never by a reducer."""
+        return ReducerChoice("")
 
 
 class _Run:

@@ -11,9 +11,16 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lanefold.primitives import ConfigError, ReduceOptions, SamplingParams, resolve_reducer
+from lanefold.primitives import (
+    ConfigError,
+    ReduceOptions,
+    ReducerChoice,
+    SamplingParams,
+    resolve_reducer,
+)
 
-__all__ = ("ReducerKeys", "TieBreak", "Weighting", "known_reducer", "with_logprobs")
+__all__ = ("ReducerKeys", "TieBreak", "Weighting", "known_reducer", "recorded_name",
+           "with_logprobs")
 
 TieBreak = Literal["first_lane", "lexicographic", "random"]
 Weighting = Literal["none", "mean_logprob", "verifier"]
@@ -27,6 +34,12 @@ def known_reducer(value: str, key: str) -> str:
     except ConfigError as exc:
         raise ValueError(str(exc).removeprefix(f"{key}: ")) from None
     return value
+
+
+def recorded_name(reducer: str) -> str:
+    """The name a run's `reduce.completed` records for `reducer`: a `module:attr` reducer
+    records its class's name (imported already: the config named it)."""
+    return str(resolve_reducer(reducer).name) if ":" in reducer else reducer
 
 
 def with_logprobs(sampling: SamplingParams, reducer: str, weighting: str) -> SamplingParams:
@@ -60,6 +73,10 @@ class ReducerKeys(BaseModel):
     def options(self, seed: int) -> ReduceOptions:
         """The reducer's options for a run of `seed`."""
         return ReduceOptions(tie_break=self.tie_break, weighting=self.weighting, seed=seed)
+
+    def choice(self) -> ReducerChoice:
+        """The reducer these keys name, as a loop declares it (`Loop.reducer`)."""
+        return ReducerChoice(self.reducer, self.options(0))
 
     def sampling(self, sampling: SamplingParams) -> SamplingParams:
         return with_logprobs(sampling, self.reducer, self.weighting)

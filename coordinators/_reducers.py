@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from lanefold.primitives import (
+    TEMPLATE_TOKENS,
     Ballot,
     ConfigError,
+    JudgeCall,
     Lane,
     LaneJob,
     LoopContext,
@@ -29,7 +31,9 @@ from lanefold.primitives import (
     parse_score,
     register_reducer,
     render_judge_prompt,
+    score_summary,
     vote_fold,
+    vote_summary,
 )
 
 __all__ = ("AnyPass", "JudgeArgmax", "MajorityVote", "UniversalSelfConsistency", "WeightedVote",
@@ -122,6 +126,8 @@ class MajorityVote:
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = frozenset()  # the [judge] keys it reads
     uses_model: ClassVar[bool] = False  # never samples (a re-reduction builds no backend)
+    needs_verifier: ClassVar[bool] = False
+    summary = staticmethod(vote_summary)
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
@@ -142,6 +148,9 @@ class WeightedVote:
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
     uses_model: ClassVar[bool] = False
+    needs_verifier: ClassVar[bool] = False
+    verifier_weighting: ClassVar[bool] = True  # `weighting = "verifier"` needs a verifier
+    summary = staticmethod(vote_summary)
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
@@ -179,6 +188,17 @@ class JudgeArgmax:
 
     name: ClassVar[str] = "judge_argmax"
     needs_judge: ClassVar[bool] = True
+    needs_verifier: ClassVar[bool] = False  # a verifier or an LLM judge ([judge] template)
+    uses_model: ClassVar[bool] = True  # the LLM judge, where no verifier is configured
+    summary = staticmethod(score_summary)
+
+    @staticmethod
+    def judge_tokens(call: JudgeCall) -> tuple[int, int]:
+        """An LLM judge call per candidate, each quoting it; none where a verifier judges."""
+        if not call.template or call.verifier:
+            return 0, 0
+        return (call.candidates * (call.prompt_tokens + TEMPLATE_TOKENS + call.answer_tokens),
+                call.candidates * call.max_tokens)
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
@@ -245,7 +265,6 @@ async def _llm_judge(ctx: LoopContext, candidates: Sequence[Lane],
                             quorum=min(1, len(jobs)), share_prefix=False, extract=False,
                             backend="judge")
     by_key = {keys[id(lane)]: lane for lane in candidates}
-    record = getattr(ctx, "record_verdict", None)
     scores: dict[int, float | None] = {}
     unmatched: list[str] = []
     for out in sorted(judged, key=lambda s: s.lane):
@@ -259,8 +278,7 @@ async def _llm_judge(ctx: LoopContext, candidates: Sequence[Lane],
         else:
             continue
         scores[out.lane] = score
-        if record is not None:
-            record(by_key[out.lane], score, "llm", detail=detail, wave=out.wave)
+        ctx.record_verdict(by_key[out.lane], score, "llm", detail=detail, wave=out.wave)
     return scores, unmatched
 
 
@@ -273,6 +291,15 @@ class UniversalSelfConsistency:
 
     name: ClassVar[str] = "usc"
     needs_judge: ClassVar[bool] = False
+    needs_verifier: ClassVar[bool] = False
+    uses_model: ClassVar[bool] = True
+    summary = staticmethod(vote_summary)
+
+    @staticmethod
+    def judge_tokens(call: JudgeCall) -> tuple[int, int]:
+        """One call that quotes every candidate."""
+        return (call.prompt_tokens + TEMPLATE_TOKENS + call.candidates * call.answer_tokens,
+                call.max_tokens)
     judge_keys: ClassVar[frozenset[str]] = frozenset(
         {"backend", "temperature", "max_tokens", "stop", "usc_template"})
 
@@ -320,6 +347,7 @@ class AnyPass:
     needs_verifier: ClassVar[bool] = True
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
     uses_model: ClassVar[bool] = False
+    summary = staticmethod(score_summary)
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()

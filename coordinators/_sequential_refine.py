@@ -22,17 +22,29 @@ from typing import Any, ClassVar, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lanefold.coordinators._parallel_sample import outcome_of
-from lanefold.coordinators._reducer_keys import TieBreak, Weighting, known_reducer, with_logprobs
+from lanefold.coordinators._reducer_keys import (
+    TieBreak,
+    Weighting,
+    known_reducer,
+    with_logprobs,
+)
+from lanefold.coordinators._reducers import VERIFIER_KEYS
 from lanefold.primitives import (
+    FRAME_TOKENS,
+    TEMPLATE_TOKENS,
+    Allowance,
     ConfigError,
+    CostShape,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
     ReduceOptions,
     Reducer,
+    ReducerChoice,
     Reduction,
     Verdict,
+    reducer_traits,
     register_loop,
     resolve_reducer,
 )
@@ -128,8 +140,8 @@ class SequentialRefine:
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         p = self.params
         reducer = None if p.reduce == "last" else resolve_reducer(p.reduce, key="loop.reduce")
-        if ctx.verifier is None and (p.weighting == "verifier"
-                                     or getattr(reducer, "needs_verifier", False)):
+        if ctx.verifier is None and (p.weighting == "verifier" or (
+                reducer is not None and reducer_traits(reducer).needs_verifier)):
             raise ConfigError(f"judge.verifier: reduce = \"{p.reduce}\" needs a verifier "
                               f"(judge.verifier or judge.verifier_command)")
         base = ctx.prompt(question)
@@ -161,6 +173,32 @@ class SequentialRefine:
                                                    seed=ctx.seed)))
         reduction = await ctx.reduce(attempts, cast(Reducer, over))
         return replace(outcome_of(reduction, attempts), detail=detail)
+
+    @staticmethod
+    def cost_shape(params: SequentialRefineParams, *, prompt_tokens: int,
+                   max_tokens: int) -> CostShape:
+        """`steps` lanes, one a step; each prompt after the first quotes the earlier
+        attempts (markov: the last one; autoregressive: all), every attempt a candidate."""
+        quoted = max_tokens + FRAME_TOKENS  # one earlier answer, quoted in a later prompt
+        shown = [i if params.mode == "autoregressive" else min(i, 1) for i in range(params.steps)]
+        prompts = sum(prompt_tokens + (TEMPLATE_TOKENS + n * quoted if n else 0) for n in shown)
+        return CostShape(params.steps, prompts, params.steps)
+
+    @staticmethod
+    def fit(params: SequentialRefineParams, budget: Allowance) -> SequentialRefineParams:
+        """Under a lane budget, steps at most the budget; under tokens or cost, as
+        configured: the chain stops when the budget cannot fund the next attempt."""
+        if budget.unit != "lanes":
+            return params
+        return params.model_copy(update={"steps": min(params.steps, int(budget.amount))})
+
+    @staticmethod
+    def reducer(params: SequentialRefineParams) -> ReducerChoice:
+        """`reduce = "last"` answers without a reducer (its choice is "")."""
+        name = "" if params.reduce == "last" else params.reduce
+        return ReducerChoice(name, ReduceOptions(tie_break=params.tie_break,
+                                                 weighting=params.weighting),
+                             judge_keys=VERIFIER_KEYS)  # its feedback and stop_on_pass
 
     def _may_start(self, ctx: LoopContext, prompt: str, attempts: Sequence[Lane]) -> bool:
         """Whether the next attempt runs: as the log says where it already decided (a wave it

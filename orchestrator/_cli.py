@@ -41,6 +41,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             load_backend_config,
             load_config,
         )
+        from lanefold._defaults import DEFAULT_LOOP
         from lanefold._display import Progress, describe, summary
         from lanefold._flags import Parser, seconds
         from lanefold._fleet_budget import budget_store
@@ -129,8 +130,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reduce", help="reduce a finished run's lanes again, without sampling")
     p.add_argument("run_id")
-    p.add_argument("--reducer", required=True, help="a registered reducer (majority_vote, "
-                   "judge_argmax, weighted_vote, usc, any_pass) or module:Class")
+    p.add_argument("--reducer", required=True,
+                   help="a registered reducer's name (docs/reducers.md) or module:Class")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--extract-regex", metavar="RE", help="read answers with this regex")
     how.add_argument("--extract", metavar="METHOD",
@@ -586,7 +587,7 @@ def config_schema() -> dict[str, Any]:
         params = resolve_loop(name).Params.model_json_schema()
         defs.update(params.pop("$defs", {}))
         properties = {**shared.get("properties", {}), **params.get("properties", {})}
-        properties["coordinator"] = {"const": name, "default": "parallel_sample"}
+        properties["coordinator"] = {"const": name, "default": DEFAULT_LOOP}
         variants.append({"title": f"[loop] of {name}", "type": "object",
                          "properties": properties, "additionalProperties": False})
     defs["LoopSection"] = {"title": "LoopSection", "description": shared.get("description", ""),

@@ -27,10 +27,12 @@ from pydantic import (
 )
 
 import lanefold.coordinators  # noqa: F401  # registers the built-in loops and reducers
+from lanefold._defaults import DEFAULT_LOOP
 from lanefold.backends.engine import EngineConfig, resolve_model_path
 from lanefold.backends.openai import OpenAIConfig, read_api_key
 from lanefold.backends.simulated import SimulatedConfig
 from lanefold.primitives import (
+    REDUCERS,
     ConfigError,
     ExtractSpec,
     JudgeSettings,
@@ -40,7 +42,9 @@ from lanefold.primitives import (
     compile_score_regex,
     hash_config,
     import_verifier,
+    loop_reducer,
     plugin_folders,
+    reducer_traits,
     resolve_loop,
     resolve_reducer,
 )
@@ -86,7 +90,7 @@ class LoopSection(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    coordinator: str = Field("parallel_sample",
+    coordinator: str = Field(DEFAULT_LOOP,
                              description="a registered loop's name, or 'module:Class'")
     max_concurrency: int = Field(16, ge=1)
     seed: int = 0
@@ -142,7 +146,8 @@ class JudgeSection(_Section):
     max_tokens: int = Field(64, ge=1)
     stop: list[str] = []
     score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
-    usc_template: str | None = Field(None, description="usc's prompt: {question}, {candidates}")
+    usc_template: str | None = Field(None, description="universal self-consistency's prompt: "
+                                         "{question}, {candidates}")
 
     @field_validator("score_regex")
     @classmethod
@@ -235,10 +240,9 @@ class LoopConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> LoopConfig:
-        params = self.loop_params
-        reducer = getattr(params, "reducer", None)
-        if isinstance(reducer, str):
-            _check_judge(self.judge, reducer)
+        choice = loop_reducer(resolve_loop(self.loop.coordinator), self.loop_params)
+        if choice is not None and choice.name:
+            _check_judge(self.judge, choice.name, choice.judge_keys)
         return self
 
     @property
@@ -306,18 +310,19 @@ def _loop_params(section: LoopSection) -> BaseModel:
     return params
 
 
-def _check_judge(judge: JudgeSection, reducer: str) -> None:
+def _check_judge(judge: JudgeSection, reducer: str, loop_keys: frozenset[str]) -> None:
     """A reducer that needs a judge has one; [judge] keys no reducer reads are refused."""
-    cls = resolve_reducer(reducer)
-    keys: frozenset[str] | None = getattr(cls, "judge_keys", None)
+    keys = reducer_traits(resolve_reducer(reducer)).judge_keys
     if keys is None:
         return
-    ignored = sorted(key for key in judge.model_fields_set - keys
+    ignored = sorted(key for key in judge.model_fields_set - keys - loop_keys
                      if getattr(judge, key) != JudgeSection.model_fields[key].default)
     if ignored:
         key = ignored[0]
-        raise ValueError(f"judge.{key}: the {reducer} reducer ignores it; set loop.reducer = "
-                         f"\"judge_argmax\" or remove it")
+        readers = [name for name, cls in REDUCERS.items()
+                   if key in (reducer_traits(cls).judge_keys or {key})]
+        raise ValueError(f"judge.{key}: the {reducer} reducer ignores it; set loop.reducer to "
+                         f"one that reads it ({', '.join(readers)}) or remove it")
 
 
 def parse_config(raw: dict[str, Any], *, source: str = "<config>",
@@ -363,7 +368,7 @@ def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list
     errors: list[str] = []
     loop = raw.get("loop")
     if isinstance(loop, dict):  # the shared keys and the loop's own, in one pass
-        coordinator = loop.get("coordinator", "parallel_sample")
+        coordinator = loop.get("coordinator", DEFAULT_LOOP)
         if isinstance(coordinator, str):
             try:
                 loop_class: Any = resolve_loop(coordinator)
@@ -598,21 +603,19 @@ def _installed(module: str) -> bool:
 def _preflight_errors(config: LoopConfig, source: str, *,
                       verifier_given: bool = False) -> Iterator[str]:
     """Each of `preflight`'s refusals, one line each, in the order it checks them."""
-    params = config.loop_params
-    reducer = getattr(params, "reducer", None)
-    if not isinstance(reducer, str):  # sequential_refine names it `reduce` ("last" or one)
-        reducer = getattr(params, "reduce", None)
-        reducer = reducer if isinstance(reducer, str) and reducer != "last" else None
-    if isinstance(reducer, str):
-        cls = resolve_reducer(reducer)
+    choice = loop_reducer(config.loop_class(), config.loop_params)
+    if choice is not None and choice.name:
+        reducer = choice.name
+        traits = reducer_traits(resolve_reducer(reducer))
         j = config.judge
         has_verifier = verifier_given or j.verifier is not None or j.verifier_command is not None
-        needs_verifier = getattr(cls, "needs_verifier", False) or getattr(
-            config.loop_params, "weighting", None) == "verifier"
+        # weighting = "verifier" needs one whatever the reducer (the loop's keys allow it only
+        # where the reducer reads it)
+        needs_verifier = traits.needs_verifier or choice.options.weighting == "verifier"
         if needs_verifier and not has_verifier:
             yield (f"{source}: judge.verifier: reducer {reducer} needs a verifier "
                    f"(judge.verifier or judge.verifier_command)")
-        if getattr(cls, "needs_judge", False) and j.template is None and not has_verifier:
+        if traits.needs_judge and j.template is None and not has_verifier:
             yield (f"{source}: judge.template: reducer {reducer} needs "
                    f"judge.template, judge.verifier or judge.verifier_command")
     if config.judge.verifier is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from types import TracebackType
 
 from rich.console import Console
@@ -12,10 +11,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from lanefold._result import RunResult
-from lanefold.primitives import RunState
+from lanefold.primitives import (
+    REDUCERS,
+    Reduction,
+    RunState,
+    reducer_traits,
+    score_summary,
+    scores_line,
+    tally,
+    vote_summary,
+)
 from lanefold.primitives.events import AnyEvent
 
-__all__ = ("Progress", "describe", "summary", "tally")
+__all__ = ("Progress", "describe", "result_line", "summary", "tally")
 
 
 # Column widths that hold every value a valid log can carry, so `tail` lines up whatever the
@@ -35,17 +43,16 @@ def describe(event: AnyEvent) -> str:
     return f"#{event.sequence:<6} {stamp} {event.type:<{_TYPE_WIDTH}} {where} {gist}".rstrip()
 
 
-def tally(votes: Mapping[str, float]) -> str:
-    """`15 ×5 · 14 ×2`: answers by weight, integers when the vote was unweighted."""
-    ranked = sorted(votes.items(), key=lambda item: -item[1])
-    return " · ".join(f"{answer} ×{_number(weight)}" for answer, weight in ranked)
-
-
-def _number(value: float) -> str:
-    if float(value).is_integer():
-        return str(int(value))
-    text = f"{value:.3g}"
-    return f"{value:.0f}" if "e+" in text else text  # 1234.5 reads as 1234, not 1.23e+03
+def result_line(reduction: Reduction) -> str | None:
+    """The reducer's own one-line account of its result (its declared `summary`): votes or
+    scores, say. A reducer not registered here (a `module:Class` a reader does not import) is
+    shown by what it holds: its votes, else its scores."""
+    cls = REDUCERS.get(reduction.reducer)
+    if cls is not None:
+        return reducer_traits(cls).summary(reduction)
+    if reduction.votes:
+        return vote_summary(reduction)
+    return score_summary(reduction) if reduction.scores else None
 
 
 def _gist(event: AnyEvent) -> str:
@@ -76,8 +83,8 @@ def _gist(event: AnyEvent) -> str:
             return f"candidate {d.candidate_lane} score={d.score} by {d.judge}"  # type: ignore[union-attr]
         case "reduce.completed":
             shown = (tally(d.votes) if d.votes else  # type: ignore[union-attr]
-                     _scores(d.scores) if d.scores else  # type: ignore[union-attr]
-                     "no scores" if d.reducer == "judge_argmax" else "no votes")  # type: ignore[union-attr]
+                     scores_line(d.scores) if d.scores else  # type: ignore[union-attr]
+                     result_line(Reduction(d.reducer, None, None)) or "no votes")  # type: ignore[union-attr]
             number = f"#{d.reduction} " if d.reduction != 1 else ""  # type: ignore[union-attr]
             return (f"{number}{d.reducer} winner={d.winner!r} lane={d.winner_lane} "  # type: ignore[union-attr]
                     f"{shown} tie_break={d.tie_break}")  # type: ignore[union-attr]
@@ -93,12 +100,6 @@ def _gist(event: AnyEvent) -> str:
         case _:  # a loop's own event, or one this version does not know: its data, shortened
             text = json.dumps(event.model_dump(mode="json", by_alias=True)["data"])
             return text if len(text) <= 160 else text[:159] + "…"
-
-
-def _scores(scores: dict[int, float | None]) -> str:
-    """`lane 0: 7 · lane 1: -`: judge scores by lane, `-` for an abstention."""
-    return " · ".join(f"lane {lane}: {_number(score) if score is not None else '-'}"
-                      for lane, score in sorted(scores.items()))
 
 
 class Progress:
@@ -162,14 +163,11 @@ def summary(result: RunResult, console: Console | None = None) -> None:
         console.print(f"[bold]answer[/]: {escape(repr(result.answer))}  (lane "
                       f"{result.winner_lane}, {result.reducer}, tie-break {result.tie_break})",
                       soft_wrap=True)
-    if result.votes or result.reducer in ("majority_vote", "weighted_vote", "usc"):
-        console.print(f"votes: {escape(tally(result.votes)) if result.votes else 'no votes'}"
-                      + (f"  (agreement {result.agreement:.0%})"
-                         if result.agreement is not None else ""), soft_wrap=True)
-    elif result.scores or result.reducer in ("judge_argmax", "any_pass"):
-        console.print(f"scores: {_scores(result.scores) or 'none'}"
-                      + (f"  (margin {_number(result.margin)})" if result.margin is not None
-                         else ""), soft_wrap=True)
+    line = result_line(Reduction(
+        result.reducer or "", result.answer, result.winner_lane, votes=result.votes,
+        scores=result.scores, agreement=result.agreement, margin=result.margin))
+    if line is not None:
+        console.print(escape(line), soft_wrap=True)
     if result.outcome:  # the loop's own account
         text = json.dumps(result.outcome)
         console.print(f"outcome: {escape(text if len(text) <= 200 else text[:199] + '…')}",

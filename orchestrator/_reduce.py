@@ -47,7 +47,9 @@ from lanefold.primitives import (
     SampleRequest,
     extract_answer,
     get_logger,
+    loop_reducer,
     plugin_folders,
+    reducer_traits,
     resolve_reducer,
 )
 from lanefold.primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
@@ -97,15 +99,15 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                               f"was cut off; finish it first with --reducer {opened.reducer}")
         # Everything that can refuse is checked before the log is touched.
         verifier = session.verifier_for(config)
-        params = config.loop_params
-        weighting = str(getattr(params, "weighting", "none"))
-        if verifier is None and (getattr(cls, "needs_verifier", False) or (
-                cls.name == "weighted_vote" and weighting == "verifier")):
+        # The tie-break and weighting the run's loop reduced with (defaults where it says none).
+        choice = loop_reducer(config.loop_class(), config.loop_params)
+        configured = choice.options if choice is not None else ReduceOptions()
+        traits = reducer_traits(cls)
+        if verifier is None and traits.wants_verifier(configured.weighting):
             raise ConfigError(f"--reducer: {reducer} needs a verifier, and run {run_id}'s config "
                               f"has none (judge.verifier or judge.verifier_command)")
         # A reducer says whether it calls a model (a plug-in that does not say might).
-        needs_model = getattr(cls, "uses_model", True) and not (
-            getattr(cls, "needs_judge", False) and verifier is not None)
+        needs_model = traits.uses_model and not (traits.needs_judge and verifier is not None)
         if needs_model:  # its judge wave spends from the run's shared budget too
             pool = await open_shared_budget(config, session.store, state.run_id or run_id)
         if opened is None:
@@ -134,8 +136,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
                       log=get_logger("lanefold.reduce", run_id=run_id),
                       reduction=opened.reduction, first_wave=opened.first_wave)
         lanes = _candidates(state, opened.candidate_waves, extract)
-        options = ReduceOptions(tie_break=str(getattr(params, "tie_break", "first_lane")),
-                                weighting=weighting, seed=config.loop.seed)
+        options = dataclasses.replace(configured, seed=config.loop.seed)
         try:
             reduction = await ctx.reduce(lanes, cls(options))
         except anyio.get_cancelled_exc_class():

@@ -14,18 +14,21 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from lanefold._config import LoopConfig, recorded_config
-from lanefold.coordinators import ParallelSampleParams, audit, configured_reducer
 from lanefold.primitives import (
     AnyEvent,
+    AuditFinding,
     ConfigError,
     LogCorruptError,
     Pricing,
     RunNotFoundError,
     RunState,
     Store,
+    audit_run,
     fold,
+    loop_reducer,
     new_run_id,
     plugin_folders,
+    resolve_reducer,
     without_plugin_imports,
 )
 from lanefold.stores.files import RunStore
@@ -58,8 +61,7 @@ def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunSt
     if head.started is None:
         raise ConfigError(f"{source}: the log has no run.started event")
     config = recorded_config(head, source)
-    with plugin_folders(config.folder):
-        reducer = configured_reducer(config.loop_params)
+    reducer = _configured_reducer(config)
     try:
         state = fold(events, config.pricing, source=source, run_id=run_id, reducer=reducer)
     except LogCorruptError as refused:
@@ -77,13 +79,22 @@ def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunSt
     return state, config
 
 
-def _audit(state: RunState, config: LoopConfig) -> tuple[int, str] | None:
-    """What only the loop knows: a parallel-sample log's answers, reduce and result."""
-    params = config.loop_params
-    if isinstance(params, ParallelSampleParams) and params.weighting != "verifier":
-        return audit(state, extract=config.extract, tie_break=params.tie_break,
-                     weighting=params.weighting, seed=config.loop.seed)
-    return None
+def _configured_reducer(config: LoopConfig) -> str | None:
+    """The reducer the config's loop names for its own reduce, by the name `reduce.completed`
+    records (a `module:Class` records its class's name); "" for a loop that answers without
+    one; None where the loop picks its reducers itself."""
+    with plugin_folders(config.folder):
+        choice = loop_reducer(config.loop_class(), config.loop_params)
+        if choice is None or ":" not in choice.name:
+            return None if choice is None else choice.name
+        return str(resolve_reducer(choice.name).name)
+
+
+def _audit(state: RunState, config: LoopConfig) -> AuditFinding | None:
+    """What only the loop knows (its declared `audit`): a parallel-sample log's answers,
+    reduce and result, say."""
+    return audit_run(config.loop_class(), config.loop_params, state, extract=config.extract,
+                     seed=config.loop.seed)
 
 
 def fold_readable(events: list[AnyEvent], source: str,

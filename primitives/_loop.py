@@ -222,10 +222,26 @@ class LoopContext(Protocol):
         a replayed loop returns what the log holds instead of writing it again."""
         ...
 
+    def record_verdict(self, lane: Lane, score: float | None, judge: str, *, detail: str = "",
+                       passed: bool | None = None, error: str | None = None,
+                       wave: int | None = None) -> None:
+        """Record a judge's verdict on `lane` (`judge.completed`), once per lane and reduction
+        (a reducer that scores lanes itself, as an LLM judge does, records each score here)."""
+        ...
+
 
 @runtime_checkable
 class Loop(Protocol):
-    """A coordination loop: `Loop(params)` then `await loop.run(ctx, question)`."""
+    """A coordination loop: `Loop(params)` then `await loop.run(ctx, question)`.
+
+    What the facade needs besides, a loop declares on its class (each optional; the defaults
+    are `lanefold.primitives`' `cost_shape`, `fit_params`, `loop_reducer` and `audit_run`):
+    `cost_shape(params, *, prompt_tokens, max_tokens) -> CostShape | None` (its worst case for
+    a question), `fit(params, budget: Allowance) -> params` (how it spends a per-question
+    budget, for `compare --equal-budget`), `reducer(params) -> ReducerChoice | None` (the
+    reducer of its own reduce) and `audit(params, state, *, extract, seed)` (a claim of its
+    log that does not follow from it). So nothing outside the loop knows it by name.
+    """
 
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]]
@@ -239,6 +255,13 @@ class Reducer(Protocol):
 
     `needs_judge` reducers need `[judge] template` or a verifier. A reducer that calls a model
     (a judge, usc) does it through `ctx.wave`, so it is governed, priced and resumable.
+
+    It may declare besides (read with their defaults by `reducer_traits`): `needs_verifier`
+    (it ranks by a verifier's verdicts), `verifier_weighting` (it weighs lanes by a verifier's
+    scores under `weighting = "verifier"`), `uses_model` (it may call a model: a re-reduction
+    builds a backend for it), `judge_keys` (the `[judge]` keys it reads), `judge_tokens(call:
+    JudgeCall) -> (prompt, output)` (its judge's worst case for a question) and
+    `summary(reduction) -> str | None` (a one-line account of its result, for `show`).
     """
 
     name: ClassVar[str]

@@ -11,10 +11,12 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,6 +237,121 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
     )
     found = {name for name, _ in _imported_top_levels(source, "coordinators")}
     assert found == {"os", "coordinators", "backends", "orchestrator"}
+
+
+# -- (a2) the facade composes plug-ins by what they declare, never by name -------------------------
+
+# The built-in plug-ins' names: the facade (orchestrator/) names none of them as a string, except
+# in FACADE_DEFAULTS, where its defaults are named once. Another kind's names (backends, stores)
+# join as another tuple in BUILT_IN_NAMES.
+BUILT_IN_LOOPS = ("parallel_sample", "adaptive_sample", "sequential_refine", "debate",
+                  "plan_verify_replan")
+BUILT_IN_REDUCERS = ("majority_vote", "weighted_vote", "judge_argmax", "usc", "any_pass")
+BUILT_IN_NAMES: tuple[str, ...] = (*BUILT_IN_LOOPS, *BUILT_IN_REDUCERS)
+# Packages whose concrete classes the facade never tests with isinstance/issubclass.
+PLUG_IN_PACKAGES = ("lanefold.coordinators",)
+FACADE_DEFAULTS = ROOT / "orchestrator" / "_defaults.py"
+
+
+def _facade_modules() -> list[Path]:
+    """orchestrator/'s own modules (not the layers its folders link to)."""
+    return [path for path in _modules("orchestrator")
+            if path.relative_to(ROOT / "orchestrator").parts[0] not in LAYERS]
+
+
+def _where(path: Path) -> str:
+    return _rel(path) if path.is_relative_to(ROOT) else path.name
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _named_plug_ins(path: Path, names: tuple[str, ...] = BUILT_IN_NAMES) -> list[str]:
+    """Each string (docstrings aside) that is a built-in's name, or holds a snake_case one
+    as a word (a one-word name such as "debate" only where it is the whole string)."""
+    tree = _tree(path)
+    docs = _docstrings(tree)
+    words = [name for name in names if "_" in name]
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, words)) + r")\b") if words else None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str) \
+                or id(node) in docs:
+            continue
+        match = node.value if node.value in names else (
+            pattern.search(node.value) if pattern is not None else None)
+        if match:
+            found.append(f"{_where(path)}:{node.lineno} names {node.value[:60]!r}")
+    return found
+
+
+def _isinstance_on_plug_ins(path: Path, packages: tuple[str, ...] = PLUG_IN_PACKAGES) -> list[str]:
+    """Each isinstance/issubclass whose classes include one imported from a plug-in package."""
+    tree = _tree(path)
+    imported = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module
+                and node.module.startswith(packages) for alias in node.names}
+    aliases = {alias.asname or alias.name for node in ast.walk(tree)
+               if isinstance(node, ast.Import) for alias in node.names
+               if alias.name.startswith(packages)}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2):
+            continue
+        for part in ast.walk(node.args[1]):
+            named = part.id if isinstance(part, ast.Name) else None
+            dotted = ast.unparse(part) if isinstance(part, ast.Attribute) else ""
+            if named in imported or any(dotted.startswith(f"{a}.") for a in aliases):
+                found.append(f"{_where(path)}:{node.lineno} {ast.unparse(node)}")
+                break
+    return found
+
+
+def test_the_built_in_names_are_the_registered_ones() -> None:
+    from lanefold.primitives import LOOPS, REDUCERS
+
+    def built_in(registry: Any) -> set[str]:
+        return {name for name, cls in registry.items()
+                if cls.__module__.startswith("lanefold.coordinators")}
+
+    assert set(BUILT_IN_LOOPS) == built_in(LOOPS)
+    assert set(BUILT_IN_REDUCERS) == built_in(REDUCERS)
+
+
+def test_the_facade_names_no_built_in_plug_in() -> None:
+    wrong = sorted(line for path in _facade_modules() if path != FACADE_DEFAULTS
+                   for line in _named_plug_ins(path))
+    assert wrong == [], ("ask the registry and what the plug-in declares (lanefold.primitives' "
+                         "cost_shape, fit_params, reducer_traits, ...); defaults live in "
+                         "orchestrator/_defaults.py")
+    assert len(_named_plug_ins(FACADE_DEFAULTS)) == 2  # the default loop and reducer, once
+
+
+def test_the_facade_tests_no_plug_in_class() -> None:
+    wrong = sorted(line for path in _facade_modules() for line in _isinstance_on_plug_ins(path))
+    assert wrong == [], "a plug-in declares what the facade needs; the facade never tests its class"
+
+
+def test_the_plug_in_scans_see_names_and_classes(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text(
+        '"""A docstring may say parallel_sample."""\n'
+        "from lanefold.coordinators import ParallelSampleParams as P\n"
+        "import lanefold.coordinators as c\n"
+        "def f(params, name):\n"
+        '    """Nor is this one counted: majority_vote."""\n'
+        '    if name == "debate" or name in ("usc",):\n'
+        '        raise ValueError(f"a {name} is not a judge_argmax")\n'
+        '    x = "a debate, said in prose"\n'
+        "    return isinstance(params, P | int) or issubclass(params, c.Debate)\n")
+    assert [line.split(" names ")[1] for line in _named_plug_ins(source)] == [
+        "'debate'", "'usc'", "' is not a judge_argmax'"]
+    assert len(_isinstance_on_plug_ins(source)) == 2
 
 
 # -- (b) typed packages with a tuple __all__ ------------------------------------------------------

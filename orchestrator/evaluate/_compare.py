@@ -29,7 +29,7 @@ from lanefold.evaluate._equal_budget import (
     BudgetMode,
     apply_limit,
     equal_limit,
-    lane_cap,
+    fitted_keys,
 )
 from lanefold.evaluate._eval import EvalPaths, questions_hash, read_manifest, run_eval
 from lanefold.evaluate._eval_records import (
@@ -131,7 +131,7 @@ class Compared(BaseModel):
     mean_cost: float
     wall_s: float
     budget: dict[str, Any]
-    lane_cap: dict[str, int] = {}
+    lane_cap: dict[str, Any] = {}  # the loop keys its `fit` set to spend the equal budget
     against_best: McNemar | None  # None: this is the best
 
 
@@ -220,7 +220,7 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     if equal_budget is None and budget is not None:
         raise ConfigError("--budget: applies with --equal-budget tokens|cost|lanes")
     settled: EqualBudget | None = None
-    caps: list[dict[str, int]] = [{} for _ in arms]
+    caps: list[dict[str, Any]] = [{} for _ in arms]
     if equal_budget is not None:
         if equal_budget not in BUDGET_MODES:
             raise ConfigError(f"--equal-budget: unknown {equal_budget!r}: tokens, cost or lanes")
@@ -228,9 +228,10 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
         questions = [item.question for item in items]
         limit, needs = equal_limit([(source, c) for _, source, c in arms], mode, questions,
                                    budget)
-        if mode == "lanes":
-            caps = [lane_cap(c, int(limit), source) for _, source, c in arms]
-        arms = [(name, source, apply_limit(c, mode, limit, source)) for name, source, c in arms]
+        # Each loop's own fit says how it spends the limit (the keys it sets are recorded).
+        caps = [fitted_keys(c, mode, limit, source, questions) for _, source, c in arms]
+        arms = [(name, source, apply_limit(c, mode, limit, source, questions))
+                for name, source, c in arms]
         settled = EqualBudget(mode=mode, limit=limit,
                               source="largest need" if budget is None else "--budget",
                               needs={name: value for (name, _, _), value in zip(arms, needs,

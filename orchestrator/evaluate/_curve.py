@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lanefold._defaults import VOTE_REDUCER
 from lanefold.evaluate._eval import EvalPaths, read_manifest
 from lanefold.evaluate._eval_records import pass_at_k, read_results
 from lanefold.primitives import ConfigError, RunNotFoundError, normalize_answer
@@ -33,7 +34,7 @@ __all__ = ("EXACT_LIMIT", "REDUCERS", "SUBSAMPLES", "Curve", "Estimate", "Point"
 
 EXACT_LIMIT = 20_000  # vote-count patterns counted before majority@k is subsampled instead
 SUBSAMPLES = 2_000  # random k-subsets per question when it is
-REDUCERS = ("majority_vote", "pass")
+REDUCERS = (VOTE_REDUCER, "pass")
 _MAX_CLASSES = 200  # distinct answers beyond which the exact count (one level each) is not tried
 
 
@@ -289,10 +290,10 @@ def curve_seed(eval_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(eval_id.encode(), digest_size=8).digest(), "big") >> 1
 
 
-def scaling_curve(pool: Pool, ks: Iterable[int], *, reducer: str = "majority_vote",
+def scaling_curve(pool: Pool, ks: Iterable[int], *, reducer: str = VOTE_REDUCER,
                   seed: int | None = None, limit: int = EXACT_LIMIT,
                   samples: int = SUBSAMPLES) -> Curve:
-    """pass@k, and with reducer "majority_vote" majority@k, for each k over the pool's
+    """pass@k, and with the vote (`VOTE_REDUCER`, the default) majority@k, for each k over the pool's
     questions (`limit` and `samples` as `majority_at_k` takes them). Random subsets, where a
     question needs them, are seeded by (seed, question, k): the same pool and seed give the
     same curve; the seed defaults to a hash of the eval id."""
@@ -315,7 +316,7 @@ def scaling_curve(pool: Pool, ks: Iterable[int], *, reducer: str = "majority_vot
     points = []
     for k in ks:
         mean, se = _mean_se([pass_at_k(q.n, q.c, k) for q in questions])
-        if reducer != "majority_vote":
+        if reducer != VOTE_REDUCER:
             points.append(Point(k, mean, se))
             continue
         votes = [majority_at_k(q.answers, q.correct, k,

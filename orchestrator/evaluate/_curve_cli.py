@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from lanefold._defaults import VOTE_REDUCER
 from lanefold.evaluate._curve import REDUCERS, Curve, read_pool, scaling_curve
 from lanefold.primitives import ConfigError
 
@@ -29,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     p.add_argument("--k", required=True, metavar="K,K,...",
                    help="the k values, comma-separated (e.g. 1,2,4,8,16); each at most the "
                         "lanes of every question")
-    p.add_argument("--reducer", default="majority_vote",
-                   help="majority_vote (default: majority@k beside pass@k) or pass (pass@k only)")
+    p.add_argument("--reducer", default=VOTE_REDUCER,
+                   help=f"{VOTE_REDUCER} (default: majority@k beside pass@k) or pass (pass@k "
+                        "only)")
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed of the random subsets where majority@k is subsampled "
                         "(default: from the eval id)")
@@ -85,7 +87,7 @@ def _table(curve: Curve, written: list[Path]) -> None:
     scorer = f", scored {curve.scorer}" if curve.scorer else ""
     print(f"eval {curve.eval_id}: {curve.questions} questions{failed}, {lanes} each{scorer}; "
           "± is the standard error across questions")
-    voting = curve.reducer == "majority_vote"
+    voting = curve.reducer == VOTE_REDUCER
     print((f"{'k':>4}  {'pass@k':<15}" + ("  majority@k" if voting else "")).rstrip())
     sampled = False
     for p in curve.points:
@@ -121,7 +123,7 @@ def plot_curve(curve: Curve, path: Path) -> Path | None:
         ax.errorbar(ks, [p.pass_at_k for p in curve.points],
                     yerr=[p.pass_at_k_se for p in curve.points], marker="o", capsize=3,
                     label="pass@k")
-        if curve.reducer == "majority_vote":
+        if curve.reducer == VOTE_REDUCER:
             ax.errorbar(ks, [p.majority_at_k or 0.0 for p in curve.points],
                         yerr=[p.majority_at_k_se or 0.0 for p in curve.points], marker="s",
                         capsize=3, label="majority@k")

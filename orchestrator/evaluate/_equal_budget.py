@@ -1,13 +1,14 @@
-"""Equal budgets for `orchestrator compare`: what a config could spend on one question, and
-one per-question limit written into every config before it runs.
+"""Equal budgets for `orchestrator compare`: what a config could spend on one question, one
+per-question limit written into every config, and each loop fitted to it.
 
-"Needs" is each config's worst case, known from its keys before anything runs (no pilot):
-lanes are the loop's own bound (k, max_lanes, steps, agents x (rounds + 1)); tokens are
-those lanes' prompts and `max_tokens` outputs, with the earlier answers a refine or debate
-prompt quotes and the judge's calls; cost prices those tokens at the config's own rates. The
+"Needs" is each config's worst case, known from its keys before anything runs (no pilot): the
+loop declares its cost shape (lanes, their prompt tokens, the candidates its reducer judges, as
+a function of its params and the first prompt's tokens), each lane may write `max_tokens`, and
+the reducer declares its judge's tokens; cost prices those tokens at the config's own rates. The
 estimate errs high, so the default limit (the largest need) never shrinks a config's waves.
-Tokens and cost go into `[budget]` (`max_tokens`, `max_cost_usd`); lanes cap the loop's own
-keys, since `max_requests` counts requests and one request carries many lanes.
+Tokens and cost go into `[budget]` (`max_tokens`, `max_cost_usd`); then each loop's own `fit`
+says how it spends the limit (under lanes, capping its own keys, since `max_requests` counts
+requests and one request carries many lanes). Nothing here knows a loop or reducer by name.
 """
 
 from __future__ import annotations
@@ -17,19 +18,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lanefold._config import LoopConfig, parse_config
-from lanefold.primitives import ConfigError, Pricing
+from pydantic import BaseModel
 
-__all__ = ("BUDGET_MODES", "BudgetMode", "WorstCase", "apply_limit", "equal_limit", "lane_cap",
-           "need", "prompt_tokens", "worst_case")
+from lanefold._config import LoopConfig, parse_config
+from lanefold.primitives import (
+    FRAME_TOKENS,
+    Allowance,
+    ConfigError,
+    JudgeCall,
+    Pricing,
+    cost_shape,
+    fit_params,
+    loop_reducer,
+    plugin_folders,
+    reducer_traits,
+    resolve_reducer,
+)
+
+__all__ = ("BUDGET_MODES", "BudgetMode", "WorstCase", "apply_limit", "equal_limit", "fitted_keys",
+           "lane_cap", "need", "prompt_tokens", "worst_case")
 
 BudgetMode = Literal["tokens", "cost", "lanes"]
 BUDGET_MODES: tuple[BudgetMode, ...] = ("tokens", "cost", "lanes")
 
-# Generous allowances where a prompt holds more than the question: a loop's or a judge's own
-# template around it, and the framing of each earlier answer it quotes (labels, feedback).
-_TEMPLATE_TOKENS = 256
-_FRAME_TOKENS = 64
 _BYTE_MARGIN = 32  # as the dispatcher guesses a prompt it cannot count: bytes + 32
 
 
@@ -73,38 +84,36 @@ def prompt_tokens(config: LoopConfig, questions: Sequence[str]) -> int:
                default=len(template.encode())) + _BYTE_MARGIN
 
 
-def worst_case(config: LoopConfig, prompt: int) -> WorstCase | None:
-    """The worst case of one question under `config` with a first prompt of `prompt` tokens;
-    None for a loop whose lanes this cannot bound (plan_verify_replan, a `module:Class`)."""
-    p: Any = config.loop_params
+def worst_case(config: LoopConfig, prompt: int,
+               params: BaseModel | None = None) -> WorstCase | None:
+    """The worst case of one question under `config` (with `params` for its loop's, if given)
+    and a first prompt of `prompt` tokens; None where the loop declares no cost shape or
+    cannot bound its lanes."""
+    loop = config.loop_class()
+    params = params if params is not None else config.loop_params
     most = config.sampling.max_tokens
-    quoted = most + _FRAME_TOKENS  # one earlier answer, quoted in a later prompt
-    name = config.loop.coordinator
-    if name == "parallel_sample":
-        lanes, prompts, candidates = p.k, p.k * prompt, p.k
-    elif name == "adaptive_sample":
-        lanes, prompts, candidates = p.max_lanes, p.max_lanes * prompt, p.max_lanes
-    elif name == "sequential_refine":
-        shown = [i if p.mode == "autoregressive" else min(i, 1) for i in range(p.steps)]
-        lanes, candidates = p.steps, p.steps
-        prompts = sum(prompt + (_TEMPLATE_TOKENS + n * quoted if n else 0) for n in shown)
-    elif name == "debate":
-        seen = p.agents if p.visibility == "all" else min(p.agents, 3)
-        lanes, candidates = p.agents * (p.rounds + 1), p.agents
-        prompts = p.agents * prompt + p.agents * p.rounds * (
-            prompt + _TEMPLATE_TOKENS + seen * quoted)
-    else:
+    shape = cost_shape(loop, params, prompt_tokens=prompt, max_tokens=most)
+    if shape is None:
         return None
-    reducer = getattr(p, "reducer", None) or getattr(p, "reduce", None)
-    judge = config.judge
     judge_in = judge_out = 0
-    if reducer == "usc":
-        judge_in, judge_out = prompt + _TEMPLATE_TOKENS + candidates * quoted, judge.max_tokens
-    elif reducer == "judge_argmax" and judge.template is not None and judge.verifier is None \
-            and judge.verifier_command is None:
-        judge_in = candidates * (prompt + _TEMPLATE_TOKENS + quoted)
-        judge_out = candidates * judge.max_tokens
-    return WorstCase(lanes, prompts, lanes * most, judge_in, judge_out)
+    choice = loop_reducer(loop, params)
+    if choice is not None and choice.name:
+        with plugin_folders(config.folder):  # a `module:Class` reducer beside the config first
+            traits = reducer_traits(resolve_reducer(choice.name))
+        judge = config.judge
+        judge_in, judge_out = traits.judge_tokens(JudgeCall(
+            candidates=shape.candidates, prompt_tokens=prompt, answer_tokens=most + FRAME_TOKENS,
+            max_tokens=judge.max_tokens, template=judge.template is not None,
+            verifier=judge.verifier is not None or judge.verifier_command is not None))
+    return WorstCase(shape.lanes, shape.prompt_tokens, shape.lanes * most, judge_in, judge_out)
+
+
+def _in_mode(case: WorstCase, mode: BudgetMode, pricing: Pricing) -> float:
+    if mode == "lanes":
+        return float(case.lanes)
+    if mode == "tokens":
+        return float(case.tokens)
+    return case.cost_usd(pricing)
 
 
 def need(config: LoopConfig, mode: BudgetMode, questions: Sequence[str],
@@ -115,11 +124,7 @@ def need(config: LoopConfig, mode: BudgetMode, questions: Sequence[str],
         raise ConfigError(f"{source}: loop.coordinator: the worst case of "
                           f"{config.loop.coordinator!r} per question is not known; give "
                           f"--budget N for --equal-budget {mode}")
-    if mode == "lanes":
-        return float(case.lanes)
-    if mode == "tokens":
-        return float(case.tokens)
-    return case.cost_usd(config.pricing)
+    return _in_mode(case, mode, config.pricing)
 
 
 def equal_limit(configs: Sequence[tuple[str, LoopConfig]], mode: BudgetMode,
@@ -155,37 +160,42 @@ def _checked_budget(mode: BudgetMode, budget: float) -> float:
     return budget
 
 
-def apply_limit(config: LoopConfig, mode: BudgetMode, limit: float,
-                source: str) -> LoopConfig:
-    """`config` with the per-question limit written in: `[budget] max_tokens` or
-    `max_cost_usd`; for lanes, the loop's own lane keys capped so its worst case fits."""
+def apply_limit(config: LoopConfig, mode: BudgetMode, limit: float, source: str,
+                questions: Sequence[str] = ()) -> LoopConfig:
+    """`config` with the per-question limit written in (`[budget] max_tokens` or
+    `max_cost_usd`; none for lanes) and its loop's keys as the loop's `fit` sets them."""
     raw = config.model_dump(mode="json")
     if mode == "tokens":
         raw["budget"]["max_tokens"] = int(limit)
     elif mode == "cost":
         raw["budget"]["max_cost_usd"] = limit
-    else:
-        raw["loop"].update(lane_cap(config, int(limit), source))
-    return parse_config(raw, source=source)
+    raw["loop"].update(fitted_keys(config, mode, limit, source, questions))
+    return parse_config(raw, source=source, folder=config.folder)
 
 
-def lane_cap(config: LoopConfig, lanes: int, source: str) -> dict[str, int]:
+def fitted_keys(config: LoopConfig, mode: BudgetMode, limit: float, source: str,
+                questions: Sequence[str] = ()) -> dict[str, Any]:
+    """The `[loop]` keys the loop's `fit` sets to spend `limit` per question (those it gives
+    in `params.model_copy(update=...)`, or in a new params); {} where it keeps its params.
+    An error names `source`."""
+    params = config.loop_params
+    # Fitted from a copy that says no key was set, so the keys the fit sets are its own.
+    bare = type(params).model_construct(_fields_set=set(), **dict(params))
+    prompt = prompt_tokens(config, questions)
+
+    def price(candidate: BaseModel) -> float | None:
+        case = worst_case(config, prompt, candidate)
+        return None if case is None else _in_mode(case, mode, config.pricing)
+
+    allowance = Allowance(mode, limit if mode == "cost" else int(limit), price)
+    try:
+        fitted = fit_params(config.loop_class(), bare, allowance)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return {key: value for key, value in fitted.model_dump(mode="json").items()
+            if key in fitted.model_fields_set}
+
+
+def lane_cap(config: LoopConfig, lanes: int, source: str) -> dict[str, Any]:
     """The loop keys that keep its sampled lanes per question at or under `lanes`."""
-    p: Any = config.loop_params
-    name = config.loop.coordinator
-    if name == "parallel_sample":
-        k = min(p.k, lanes)
-        return {"k": k, "min_quorum": min(p.min_quorum, k)}
-    if name == "adaptive_sample":
-        most = min(p.max_lanes, lanes)
-        return {"max_lanes": most, "window": min(p.window, most),
-                "min_quorum": min(p.min_quorum, most)}
-    if name == "sequential_refine":
-        return {"steps": min(p.steps, lanes)}
-    if name == "debate":
-        if lanes < 2:
-            raise ConfigError(f"{source}: --budget: a debate needs at least 2 lanes, got {lanes}")
-        agents = min(p.agents, lanes)
-        return {"agents": agents, "rounds": min(p.rounds, lanes // agents - 1)}
-    raise ConfigError(f"{source}: loop.coordinator: --equal-budget lanes cannot cap the lanes "
-                      f"of {name!r}; equalise tokens or cost")
+    return fitted_keys(config, "lanes", lanes, source)
