@@ -25,7 +25,7 @@ MODULES = {
 
         from pydantic import BaseModel, ConfigDict, Field
 
-        from lanefold.primitives import LoopContext, Outcome
+        from lanefold.primitives import Allowance, CostShape, LoopContext, Outcome
 
 
         class Params(BaseModel):
@@ -39,6 +39,17 @@ MODULES = {
 
             def __init__(self, params: Params) -> None:
                 self.params = params
+
+            @staticmethod
+            def cost_shape(params: Params, *, prompt_tokens: int, max_tokens: int) -> CostShape:
+                return CostShape(params.phrasings, params.phrasings * (prompt_tokens + 8), 0)
+
+            @staticmethod
+            def fit(params: Params, budget: Allowance) -> Params:
+                n = params.phrasings
+                while n > 1 and (budget.price(params.model_copy(update={"phrasings": n})) or 0) > budget.amount:
+                    n -= 1
+                return params.model_copy(update={"phrasings": n})
 
             async def run(self, ctx: LoopContext, question: str) -> Outcome:
                 prompts = [ctx.prompt(f"{question} (take {i + 1})")
@@ -141,6 +152,22 @@ def test_an_eval_scores_with_an_entry_points_scorer(installed: Path, tmp_path: P
                         "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["correct"] == 3
+
+
+def test_compare_fits_the_external_loop_to_an_equal_token_budget(installed: Path,
+                                                                 tmp_path: Path) -> None:
+    wide = _config(tmp_path, "wide.toml", 'coordinator = "ext_first"\nphrasings = 8',
+                   sampling="max_tokens = 64")
+    narrow = _config(tmp_path, "narrow.toml", 'coordinator = "ext_first"\nphrasings = 2',
+                     sampling="max_tokens = 64")
+    done = orchestrator(installed, tmp_path, "compare", str(wide), str(narrow), "--dataset",
+                        str(_dataset(tmp_path)), "--equal-budget", "tokens", "--budget", "400",
+                        "--json")
+    assert done.returncode == 0, done.stderr
+    compared = json.loads(done.stdout.splitlines()[-1])
+    caps = [entry.get("lane_cap") or {} for entry in compared["configs"]]
+    assert caps[0].get("phrasings", 8) < 8, caps   # fitted down to what 400 tokens hold
+    assert all(entry["correct"] == 3 for entry in compared["configs"])
 
 
 def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) -> None:
