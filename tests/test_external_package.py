@@ -46,8 +46,11 @@ MODULES = {
 
             @staticmethod
             def fit(params: Params, budget: Allowance) -> Params:
+                def price(n: int) -> float:
+                    return budget.price(params.model_copy(update={"phrasings": n})) or 0
+
                 n = params.phrasings
-                while n > 1 and (budget.price(params.model_copy(update={"phrasings": n})) or 0) > budget.amount:
+                while n > 1 and price(n) > budget.amount:
                     n -= 1
                 return params.model_copy(update={"phrasings": n})
 
