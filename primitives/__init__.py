@@ -49,6 +49,7 @@ from lanefold.primitives._errors import (
     ContextLengthError,
     LanefoldError,
     LogCorruptError,
+    LogTooNewError,
     LogWriteError,
     NonDeterminismError,
     QuorumNotMetError,
@@ -67,6 +68,7 @@ from lanefold.primitives._eventlog import (
     TornTail,
     check_next_sequence,
     os_failure,
+    read_event,
     validate_run_id,
 )
 from lanefold.primitives._judge import (
@@ -170,6 +172,7 @@ __all__ = (
     "Ledger",
     "Limits",
     "LogCorruptError",
+    "LogTooNewError",
     "LogWriteError",
     "Loop",
     "LoopContext",
@@ -237,6 +240,7 @@ __all__ = (
     "parse_event",
     "parse_score",
     "plugin_folders",
+    "read_event",
     "reducer_names",
     "register_loop",
     "register_reducer",
