@@ -70,6 +70,7 @@ from lanefold.primitives._errors import (
     ContextLengthError,
     LanefoldError,
     LogCorruptError,
+    LogTooNewError,
     LogWriteError,
     NonDeterminismError,
     QuorumNotMetError,
@@ -88,6 +89,7 @@ from lanefold.primitives._eventlog import (
     TornTail,
     check_next_sequence,
     os_failure,
+    read_event,
     validate_run_id,
 )
 from lanefold.primitives._judge import (
@@ -201,6 +203,7 @@ __all__ = (
     "Ledger",
     "Limits",
     "LogCorruptError",
+    "LogTooNewError",
     "LogWriteError",
     "Loop",
     "LoopContext",
@@ -276,6 +279,7 @@ __all__ = (
     "parse_event",
     "parse_score",
     "plugin_folders",
+    "read_event",
     "readable_number",
     "reducer_names",
     "reducer_traits",

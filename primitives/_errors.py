@@ -6,6 +6,7 @@
     │   ├── RunInUseError           another process is writing the run (exit 2)
     │   └── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
+    │   └── LogTooNewError          a line written in a newer event schema than this reads
     └── RunError                    run-time failure of a run (exit 1)
         ├── LogWriteError           a record could not be written (disk full, I/O error, a
         │                           store gone): the machine's failure, not the run's
@@ -39,6 +40,7 @@ __all__ = (
     "ContextLengthError",
     "LanefoldError",
     "LogCorruptError",
+    "LogTooNewError",
     "LogWriteError",
     "NonDeterminismError",
     "QuorumNotMetError",
@@ -94,6 +96,18 @@ class LogCorruptError(LanefoldError):
         super().__init__(f"{path}:{line}: corrupt event log line: {reason}")
         self.path = path
         self.line = line
+
+
+class LogTooNewError(LogCorruptError):
+    """A line of an event log claims an event schema newer than this library reads: written
+    by a newer lanefold. Refused whole rather than misread; not corrupt, so it says so."""
+
+    def __init__(self, path: str, line: int, schema: int, reads_up_to: int) -> None:
+        LanefoldError.__init__(self, f"{path}:{line}: written by a newer lanefold: schema "
+                               f"{schema}, this reads up to {reads_up_to}")
+        self.path = path
+        self.line = line
+        self.schema = schema
 
 
 class RunError(LanefoldError):

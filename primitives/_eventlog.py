@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import anyio
+from pydantic import ValidationError
 
 from lanefold.primitives._errors import (
     ConfigError,
     LanefoldError,
+    LogCorruptError,
+    LogTooNewError,
     LogWriteError,
 )
-from lanefold.primitives.events import AnyEvent, Event
+from lanefold.primitives.events import SCHEMA_VERSION, AnyEvent, Event, newer_schema, parse_event
 
 __all__ = (
     "END_TYPES",
@@ -31,6 +34,7 @@ __all__ = (
     "TornTail",
     "check_next_sequence",
     "os_failure",
+    "read_event",
     "validate_run_id",
 )
 
@@ -81,6 +85,21 @@ def check_next_sequence(last: int, event: Event) -> None:
     """Refuse an append that does not follow the log's last sequence by one."""
     if event.sequence != last + 1:
         raise ValueError(f"event sequence {event.sequence} does not follow {last}")
+
+
+def read_event(raw: str | bytes, location: str, line: int) -> AnyEvent:
+    """One stored line of a log as its event, or one error naming `location:line`: the first
+    thing wrong with it (LogCorruptError), or that a newer lanefold wrote it (LogTooNewError)."""
+    try:
+        return parse_event(raw)
+    except ValidationError as exc:
+        schema = newer_schema(raw)
+        if schema is not None:
+            raise LogTooNewError(location, line, schema, SCHEMA_VERSION) from None
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise LogCorruptError(location, line,
+                              first["msg"] + (f" at {where}" if where else "")) from None
 
 
 class MemoryEventLog:

@@ -4,7 +4,8 @@ Loops and extenders import these to read a log (`parse_event`, `AnyEvent`) and t
 their own events (`LoopEvent`, typed `loop.<name>.<noun>`).
 
 The envelope follows CloudEvents' JSON form where it fits (`specversion`, `id`, `source`,
-`type`, `time`) plus `sequence` (strictly increasing from 1 within a run), `run_id` and, where
+`type`, `time`, and the extension attribute `schemaversion`: the version of these models a line
+was written in) plus `sequence` (strictly increasing from 1 within a run), `run_id` and, where
 they apply, `wave`, `lane` and `attempt`; the payload sits under `data`. Token usage uses the
 OpenTelemetry GenAI attribute names.
 """
@@ -32,6 +33,7 @@ from lanefold.primitives._backend import Usage
 
 __all__ = (
     "EVENT_TYPES",
+    "SCHEMA_VERSION",
     "AnyEvent",
     "BackendNoted",
     "BackendNotedData",
@@ -76,6 +78,7 @@ __all__ = (
     "WaveStartedData",
     "bill_of",
     "hash_config",
+    "newer_schema",
     "parse_event",
 )
 
@@ -119,10 +122,21 @@ class UsageData(_Frozen):
         )
 
 
+# The version of the event schema this library writes, and the newest it reads. It moves when
+# a change to the models would make an older reader misread a line (a field it would ignore or
+# refuse, a meaning changed); a field added the way `lanes` or `cut_off` were, left out where it
+# does not apply, does not move it. A line without `schemaversion` was written before the
+# envelope carried one: schema 1. (When this moves past 1, absent must still read as 1.)
+SCHEMA_VERSION = 1
+
+
 class Event(_Frozen):
     """The envelope shared by every event type."""
 
     specversion: Literal["1.0"] = "1.0"
+    # A CloudEvents extension attribute (lowercase alphanumerics): the schema the line was
+    # written in. A reader refuses a line newer than it reads rather than misread it.
+    schemaversion: int = Field(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION, strict=True)
     id: str
     source: str
     type: str
@@ -508,5 +522,21 @@ _ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
 
 
 def parse_event(line: str | bytes) -> AnyEvent:
-    """Validate one JSON line into its event model; raises pydantic.ValidationError."""
+    """Validate one JSON line into its event model; raises pydantic.ValidationError (a line
+    written in a newer schema than `SCHEMA_VERSION` too: `newer_schema` tells that one apart)."""
     return _ADAPTER.validate_json(line)
+
+
+def newer_schema(line: str | bytes) -> int | None:
+    """The schema version a line claims when it is newer than this library reads, else None.
+
+    For a reader to name why a line does not parse: a log written by a newer lanefold is not
+    corrupt, and its first unknown field is not the news. Only called on lines that failed.
+    """
+    try:
+        claimed = json.loads(line).get("schemaversion")
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        return None
+    if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed > SCHEMA_VERSION:
+        return claimed
+    return None

@@ -27,6 +27,7 @@ import pytest
 
 import lanefold
 from lanefold._cli import main
+from lanefold.primitives.events import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "simulated.toml"
@@ -685,6 +686,7 @@ def test_every_event_has_the_envelope(finished: Outcome, runs: Path) -> None:
     assert len({e["id"] for e in events}) == len(events)
     for event in events:
         assert event["specversion"] == "1.0"
+        assert event["schemaversion"] == SCHEMA_VERSION
         assert isinstance(event["id"], str) and event["id"]
         assert isinstance(event["source"], str) and event["source"]
         assert re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", event["type"])
@@ -692,8 +694,8 @@ def test_every_event_has_the_envelope(finished: Outcome, runs: Path) -> None:
         assert RFC3339_UTC.fullmatch(event["time"]), event["time"]
         when = datetime.fromisoformat(event["time"])
         assert when.utcoffset() == timedelta(0)
-        assert set(event) <= {"specversion", "id", "source", "type", "time", "sequence",
-                              "run_id", "wave", "lane", "attempt", "data"}
+        assert set(event) <= {"specversion", "schemaversion", "id", "source", "type", "time",
+                              "sequence", "run_id", "wave", "lane", "attempt", "data"}
         if event["type"].startswith("lane."):
             assert {"wave", "lane", "attempt"} <= set(event)
         if event["type"].startswith("run."):

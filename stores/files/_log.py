@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import anyio
-from pydantic import ValidationError
 
 from lanefold.primitives import (
     END_TYPES,
@@ -30,7 +29,7 @@ from lanefold.primitives import (
     TornTail,
     check_next_sequence,
     os_failure,
-    parse_event,
+    read_event,
 )
 
 __all__ = ("JsonlEventLog", "RunLock")
@@ -340,13 +339,7 @@ class JsonlEventLog:
 
 
 def _parse(path: Path, lineno: int, raw: bytes) -> AnyEvent:
-    try:
-        return parse_event(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        reason = f"{first['msg']}" + (f" at {where}" if where else "")
-        raise LogCorruptError(str(path), lineno, reason) from None
+    return read_event(raw, str(path), lineno)
 
 
 def _lines(path: Path, data: bytes, *, tolerate_partial_tail: bool) -> Iterator[tuple[int, AnyEvent]]:

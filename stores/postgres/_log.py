@@ -32,9 +32,10 @@ from lanefold.primitives import (
     RunInUseError,
     RunNotFoundError,
     check_next_sequence,
+    read_event,
     validate_run_id,
 )
-from lanefold.primitives.events import AnyEvent, Event, parse_event
+from lanefold.primitives.events import AnyEvent, Event
 from lanefold.stores.postgres._database import CHANNEL, PgDatabase, psycopg_module, reason
 
 if TYPE_CHECKING:
@@ -199,15 +200,7 @@ class PgEventLog:
                 yield event
 
     def _parse(self, sequence: int, body: str, last: int) -> AnyEvent:
-        from pydantic import ValidationError
-
-        try:
-            event = parse_event(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise LogCorruptError(self.location, sequence,
-                                  first["msg"] + (f" at {where}" if where else "")) from None
+        event = read_event(body, self.location, sequence)
         if event.sequence != sequence or sequence != last + 1:
             raise LogCorruptError(self.location, sequence,
                                   f"sequence {event.sequence} after {last}")
