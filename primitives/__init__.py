@@ -93,18 +93,23 @@ from lanefold.primitives._loop import (
 )
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._registry import (
+    EXECUTORS,
     LOOPS,
     REDUCERS,
+    STORES,
     NotOfKindError,
     Registry,
     import_object,
     loop_names,
     plugin_folders,
     reducer_names,
+    register_executor,
     register_loop,
     register_reducer,
+    register_store,
     resolve_loop,
     resolve_reducer,
+    store_for_url,
     without_plugin_imports,
 )
 from lanefold.primitives._state import LaneState, RunState, WaveState, apply, fold
@@ -131,8 +136,10 @@ from lanefold.primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
     "END_TYPES",
+    "EXECUTORS",
     "LOOPS",
     "REDUCERS",
+    "STORES",
     "AnyEvent",
     "AuthenticationError",
     "Backend",
@@ -238,8 +245,10 @@ __all__ = (
     "parse_score",
     "plugin_folders",
     "reducer_names",
+    "register_executor",
     "register_loop",
     "register_reducer",
+    "register_store",
     "render_judge_prompt",
     "render_prompt",
     "resolve_loop",
@@ -247,6 +256,7 @@ __all__ = (
     "sample_all",
     "select_runs",
     "short_of_room",
+    "store_for_url",
     "summarize_run",
     "validate_run_id",
     "vote_fold",

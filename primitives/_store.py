@@ -96,7 +96,12 @@ def select_runs(found: Iterable[RunSummary], *, status: str | None = None,
 
 class Store(Protocol):
     """Where runs live: the one way the orchestrator creates, opens, lists and follows a run's
-    log. A store holds logs; the facade folds and checks what it reads."""
+    log. A store holds logs; the facade folds and checks what it reads.
+
+    A store is registered (`@register_store("name")`) as a class with `schemes`, the URL
+    schemes it serves (none: the store opened without a URL), and `from_url(url, *,
+    runs_dir=, password_env=)`, which opens it.
+    """
 
     def new_id(self) -> str: ...
 
@@ -129,6 +134,11 @@ class Store(Protocol):
                   eval_id: str | None = None, since: datetime | None = None,
                   limit: int | None = None) -> list[RunSummary]:
         """Runs newest first, filtered (`select_runs` says what each filter means)."""
+        ...
+
+    def portable(self) -> Store:
+        """The same store as a worker elsewhere (another directory, another machine) opens
+        it: sent by pickle to an executor's workers."""
         ...
 
     def missing(self) -> list[str]:

@@ -66,6 +66,8 @@ PUBLIC_NAMES = frozenset({
     "Verifier",
     "register_loop",
     "register_reducer",
+    "register_store",
+    "register_executor",
     "Backend",
     "BackendError",
     "BudgetExhaustedError",
