@@ -421,9 +421,9 @@ def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    if is_eval(args.runs_dir, args.run_id):
-        return _follow_eval(args)
     store = _store(args)
+    if is_eval(store, args.run_id):
+        return _follow_eval(args, store)
     log = store.reader(args.run_id)
 
     def show(event: AnyEvent) -> None:
@@ -463,20 +463,20 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         return 0  # Ctrl-C is how a follower is meant to end
 
 
-def _follow_eval(args: argparse.Namespace) -> int:
+def _follow_eval(args: argparse.Namespace, store: Store) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
     try:
-        return tail_eval(args, out)
+        return tail_eval(args, out, store)
     except KeyboardInterrupt:
         return 0  # Ctrl-C is how a follower is meant to end
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    if is_eval(args.runs_dir, args.run_id):
-        return show_eval(args, print)
     store = _store(args)
+    if is_eval(store, args.run_id):
+        return show_eval(args, print, store)
     _, state, _ = read_run(store, args.run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:

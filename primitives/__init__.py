@@ -116,6 +116,7 @@ from lanefold.primitives._state import LaneState, RunState, WaveState, apply, fo
 from lanefold.primitives._store import (
     BudgetStore,
     BudgetView,
+    EvalRecord,
     RunStatus,
     RunSummary,
     Store,
@@ -158,6 +159,7 @@ __all__ = (
     "ContextLengthError",
     "ContextWindow",
     "Dispatcher",
+    "EvalRecord",
     "Event",
     "EventLog",
     "ExtractMethod",

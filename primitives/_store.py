@@ -9,17 +9,20 @@ strictly increasing, and the same refusals on read (the store conformance suite 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from lanefold.primitives._budget import SharedPool
 from lanefold.primitives._eventlog import EventLog, FsyncPolicy
 from lanefold.primitives.events import AnyEvent, RunCompleted, RunStarted
 
-__all__ = ("BudgetStore", "BudgetView", "RunStatus", "RunSummary", "Store", "new_run_id",
+__all__ = ("BudgetStore", "BudgetView", "EvalRecord", "RunStatus", "RunSummary", "Store", "new_run_id",
            "select_runs", "summarize_run")
+
+R = TypeVar("R")
 
 # What `list` says of a run: how it ended, or "running" (a writer holds it) or "stopped" (no
 # writer and no end: killed or crashed; `resume` continues it).
@@ -141,9 +144,72 @@ class Store(Protocol):
         it: sent by pickle to an executor's workers."""
         ...
 
+    def eval_record(self, eval_id: str) -> EvalRecord:
+        """The record of the eval `eval_id` (there or not yet), beside its questions' runs."""
+        ...
+
     def missing(self) -> list[str]:
         """What this store needs that is not installed, a line each naming the config key
         (`validate` and `run` say it before anything starts); empty when it is ready."""
+        ...
+
+
+class EvalRecord(Protocol):
+    """An eval's own record in a store, beside its questions' runs (`<eval_id>.<i>`): the
+    manifest, a row per question appended as each finishes (a crash keeps them), and the
+    summary. Bodies are JSON documents the facade validates; the store keeps them whole.
+    One writer per eval (`hold`), as per run."""
+
+    eval_id: str
+
+    @property
+    def location(self) -> str:
+        """Where the eval is, for messages (never a password)."""
+        ...
+
+    @property
+    def manifest_location(self) -> str: ...
+
+    @property
+    def results_location(self) -> str: ...
+
+    def exists(self) -> bool:
+        """Whether a manifest is recorded."""
+        ...
+
+    def is_run(self) -> bool:
+        """Whether the id names a run's log instead (an eval may not take it)."""
+        ...
+
+    def hold(self) -> AbstractContextManager[None]:
+        """The eval's writer lock for the block (RunInUseError while another holds it)."""
+        ...
+
+    def running(self) -> bool:
+        """Whether a writer holds the eval now."""
+        ...
+
+    def read_manifest(self) -> bytes | None: ...
+
+    def write_manifest(self, body: bytes) -> None:
+        """Record the manifest, replacing one (a grown eval), whole or not at all."""
+        ...
+
+    def read_rows(self, parse: Callable[[bytes], R], *, repair: bool = False) -> list[R]:
+        """Every row in the order they landed, each through `parse` (a ValueError is a
+        ConfigError naming the row). A row a crash tore is left out, and with `repair` cut
+        off so the next append starts whole."""
+        ...
+
+    def append_row(self, body: bytes) -> None:
+        """Append one row, whole or not at all (LogWriteError: it is not there)."""
+        ...
+
+    def read_summary(self) -> bytes | None: ...
+
+    def write_summary(self, body: bytes, *, table: str) -> None:
+        """Record the summary; `table` is the rows as CSV, which a store may keep beside it
+        (files: `results.csv`)."""
         ...
 
 

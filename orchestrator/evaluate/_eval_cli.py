@@ -28,7 +28,7 @@ from lanefold._defaults import DEFAULT_EXECUTOR
 from lanefold._executor import resolve_executor
 from lanefold._flags import some_seconds
 from lanefold._ray_connect import CONNECT_TIMEOUT_S
-from lanefold._store import new_run_id
+from lanefold._store import new_run_id, open_store
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._eval import resume_hint, run_eval
 from lanefold.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
@@ -84,7 +84,7 @@ def command(args: argparse.Namespace) -> int:
     if args.resume is not None:
         eval_id = args.resume
         _refuse_with_resume(args)
-        manifest = read_manifest(args.runs_dir, eval_id)
+        manifest = read_manifest(open_store(args.store, args.runs_dir), eval_id)
         config = _recorded_config(manifest)
         limit = args.limit if args.limit is not None else manifest.limit  # --limit grows it
         dataset = DatasetSpec(manifest.dataset, manifest.question_field, manifest.answer_field,

@@ -22,6 +22,7 @@ from lanefold.primitives import (
     summarize_run,
     validate_run_id,
 )
+from lanefold.stores.files._evals import FileEvalRecord
 from lanefold.stores.files._log import JsonlEventLog, RunLock
 
 __all__ = ("RunStore",)
@@ -86,6 +87,9 @@ class RunStore:
     @property
     def describe(self) -> str:
         return str(self.root)
+
+    def eval_record(self, eval_id: str) -> FileEvalRecord:
+        return FileEvalRecord(self.root, eval_id)
 
     def missing(self) -> list[str]:
         return []

@@ -33,6 +33,7 @@ from lanefold.stores.postgres._budget import (
     set_budget,
 )
 from lanefold.stores.postgres._database import PgDatabase
+from lanefold.stores.postgres._evals import PgEvalRecord
 from lanefold.stores.postgres._log import PgEventLog, lock_key
 
 __all__ = ("PgStore",)
@@ -96,6 +97,9 @@ class PgStore:
     @property
     def describe(self) -> str:
         return self.db.shown
+
+    def eval_record(self, eval_id: str) -> PgEvalRecord:
+        return PgEvalRecord(self.db, eval_id)
 
     def portable(self) -> PgStore:
         """The same store for a worker on any machine (it travels with its password)."""
