@@ -92,7 +92,7 @@ def test_executors_resolve_through_the_registry(registries: None) -> None:
     assert isinstance(resolve_executor("here"), _Here)
     assert isinstance(resolve_executor(f"{__name__}:make_here"), _Here)
     given = _Here()
-    assert resolve_executor(given) is given  # type: ignore[arg-type]
+    assert resolve_executor(given) is given
 
 
 def test_an_unknown_executor_or_option_is_one_line(registries: None) -> None:
