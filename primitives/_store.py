@@ -148,6 +148,10 @@ class Store(Protocol):
         """The record of the eval `eval_id` (there or not yet), beside its questions' runs."""
         ...
 
+    def list_evals(self) -> list[str]:
+        """The ids of the evals recorded here (a manifest each), newest first."""
+        ...
+
     def missing(self) -> list[str]:
         """What this store needs that is not installed, a line each naming the config key
         (`validate` and `run` say it before anything starts); empty when it is ready."""

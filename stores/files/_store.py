@@ -91,6 +91,17 @@ class RunStore:
     def eval_record(self, eval_id: str) -> FileEvalRecord:
         return FileEvalRecord(self.root, eval_id)
 
+    def list_evals(self) -> list[str]:
+        found = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in os.scandir(self.root):
+                folder = Path(entry.path)
+                manifest = folder / "eval.json"
+                if manifest.is_file() and not (folder / "events.jsonl").exists():
+                    with contextlib.suppress(OSError):
+                        found.append((manifest.stat().st_mtime_ns, entry.name))
+        return [name for _, name in sorted(found, reverse=True)]
+
     def missing(self) -> list[str]:
         return []
 

@@ -101,6 +101,12 @@ class PgStore:
     def eval_record(self, eval_id: str) -> PgEvalRecord:
         return PgEvalRecord(self.db, eval_id)
 
+    def list_evals(self) -> list[str]:
+        with self.db.reading() as conn:
+            rows = conn.execute("SELECT eval_id FROM lanefold_evals"
+                                " ORDER BY created DESC, eval_id DESC").fetchall()
+        return [str(row[0]) for row in rows]
+
     def portable(self) -> PgStore:
         """The same store for a worker on any machine (it travels with its password)."""
         return self

@@ -248,3 +248,12 @@ def test_an_eval_record_round_trips_with_one_writer(store: Store) -> None:
         record.read_rows(lambda _: (_ for _ in ()).throw(ValueError("bad")))
     write(store, "r9", [started("r9")])
     assert store.eval_record("r9").is_run()
+
+
+def test_list_evals_newest_first(store: Store) -> None:
+    assert store.list_evals() == []
+    for eval_id in ("e1", "e2"):  # a tie in time (a coarse clock) goes by id, newest first
+        with store.eval_record(eval_id).hold():
+            store.eval_record(eval_id).write_manifest(b"{}")
+    write(store, "r1", [started("r1")])  # a run is no eval
+    assert store.list_evals() == ["e2", "e1"]
