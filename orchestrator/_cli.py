@@ -66,10 +66,10 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             RunState,
             apply,
             loop_names,
+            redact_url,
             resolve_loop,
         )
         from lanefold.primitives.events import AnyEvent
-        from lanefold.stores.postgres import redact_url
 
         pause_point("import")
 except KeyboardInterrupt as stop:  # a signal while the command starts: nothing exists to tell of

@@ -193,7 +193,7 @@ class StoreSection(_Section):
 
     @field_validator("url")
     @classmethod
-    def _postgresql(cls, value: str | None) -> str | None:
+    def _served(cls, value: str | None) -> str | None:
         if value is None:
             return value
         try:

@@ -121,6 +121,7 @@ from lanefold.primitives._store import (
     RunSummary,
     Store,
     new_run_id,
+    redact_url,
     select_runs,
     summarize_run,
 )
@@ -246,6 +247,7 @@ __all__ = (
     "parse_event",
     "parse_score",
     "plugin_folders",
+    "redact_url",
     "reducer_names",
     "register_executor",
     "register_loop",

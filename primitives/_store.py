@@ -14,19 +14,30 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 from lanefold.primitives._budget import SharedPool
 from lanefold.primitives._eventlog import EventLog, FsyncPolicy
 from lanefold.primitives.events import AnyEvent, RunCompleted, RunStarted
 
-__all__ = ("BudgetStore", "BudgetView", "EvalRecord", "RunStatus", "RunSummary", "Store", "new_run_id",
-           "select_runs", "summarize_run")
+__all__ = ("BudgetStore", "BudgetView", "EvalRecord", "RunStatus", "RunSummary", "Store",
+           "new_run_id", "redact_url", "select_runs", "summarize_run")
 
 R = TypeVar("R")
 
 # What `list` says of a run: how it ended, or "running" (a writer holds it) or "stopped" (no
 # writer and no end: killed or crashed; `resume` continues it).
 RunStatus = Literal["answered", "no_answer", "failed", "interrupted", "running", "stopped"]
+
+
+def redact_url(url: str) -> str:
+    """`url` with any password replaced by `***`: what may be printed or recorded of a store's
+    URL, whichever store serves it."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def new_run_id() -> str:

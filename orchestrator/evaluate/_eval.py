@@ -59,9 +59,9 @@ from lanefold.primitives import (
     RunInUseError,
     RunState,
     plugin_folders,
+    redact_url,
     validate_run_id,
 )
-from lanefold.stores.postgres import redact_url
 
 __all__ = ("questions_hash", "read_manifest", "resume_hint", "run_eval")
 

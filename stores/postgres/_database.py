@@ -15,9 +15,9 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from lanefold.primitives import ConfigError
+from lanefold.primitives import ConfigError, redact_url
 
 if TYPE_CHECKING:
     import psycopg
@@ -49,15 +49,6 @@ _SCHEMA = (
     " PRIMARY KEY (eval_id, position))",
 )
 _INSERT = "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)"
-
-def redact_url(url: str) -> str:
-    """`url` with any password replaced by `***`: what may be printed or recorded."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
 
 def psycopg_module() -> Any:
     try:
