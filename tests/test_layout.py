@@ -378,3 +378,21 @@ def test_network_guard_refuses_remote_and_allows_loopback() -> None:
         server.listen(1)
         with socket.create_connection(server.getsockname(), timeout=5):
             pass
+
+
+def test_the_facade_names_no_built_in_store_but_in_its_defaults() -> None:
+    """A store is found by its URL scheme through the registry: under `orchestrator/`, only
+    `_defaults.py` names one (the store opened without a URL)."""
+    import lanefold._store  # noqa: F401  (registers the built-in stores)
+    from lanefold.primitives import STORES
+
+    names = set(STORES.names())
+    linked = {"primitives", "backends", "coordinators", "stores"}
+    found = []
+    for path in sorted((ROOT / "orchestrator").rglob("*.py")):
+        if path.relative_to(ROOT / "orchestrator").parts[0] in linked or path.name == "_defaults.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, found

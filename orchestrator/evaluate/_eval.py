@@ -151,7 +151,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         raise ConfigError(f"eval {eval_id} is being run by another process "
                           f"(pid {exc.pid or 'unknown'})") from None
     with held:
-        manifest = _check_manifest(record, manifest, items, resume_hint(eval_id, runs_dir, store))
+        hint = resume_hint(eval_id, runs_dir, store if store is not None else session.config.store.url)
+        manifest = _check_manifest(record, manifest, items, hint)
         eval_ = _Eval(session, chosen, record, manifest, {item.index: item for item in items},
                       stop_reason)
         await eval_.run(concurrency, on_start, on_result)
