@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from lanefold._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
     from lanefold._runner import build_backend
     from lanefold._session import Session, resume, resume_sync, run, run_sync
-    from lanefold._store import RunStore, Store, open_store, read_run, read_state
+    from lanefold._store import Store, open_store, read_run, read_state
     from lanefold._sync_session import SyncSession
     from lanefold.evaluate import register_scorer
     from lanefold.primitives import (
@@ -74,10 +74,12 @@ if TYPE_CHECKING:
         Verifier,
         fold,
         parse_event,
+        register_executor,
         register_loop,
         register_reducer,
+        register_store,
     )
-    from lanefold.stores.files import JsonlEventLog
+    from lanefold.stores.files import JsonlEventLog, RunStore
     from lanefold.stores.postgres import PgStore
 
 # Each public name and the module it comes from, imported on first use (PEP 562): `import
@@ -86,14 +88,14 @@ if TYPE_CHECKING:
 _HOMES: dict[str, tuple[str, ...]] = {
     "lanefold._config": ("LoopConfig", "config_hash", "load_config", "parse_config"),
     "lanefold._executor": ("Executor",),
-    "lanefold.stores.files": ("JsonlEventLog",),
+    "lanefold.stores.files": ("JsonlEventLog", "RunStore"),
     "lanefold.stores.postgres": ("PgStore",),
     "lanefold._ray_executor": ("RayExecutor",),
     "lanefold._result": ("CostBreakdown", "LaneResult", "RunFailure", "RunResult",
         "UsageBreakdown"),
     "lanefold._runner": ("build_backend",),
     "lanefold._session": ("Session", "resume", "resume_sync", "run", "run_sync"),
-    "lanefold._store": ("RunStore", "Store", "open_store", "read_run", "read_state"),
+    "lanefold._store": ("Store", "open_store", "read_run", "read_state"),
     "lanefold._sync_session": ("SyncSession",),
     "lanefold.evaluate": ("register_scorer",),
     "lanefold.primitives": ("AnyEvent", "Backend", "BackendError", "BudgetExhaustedError", "ConfigError",
@@ -102,7 +104,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "NonDeterminismError", "Outcome", "Pricing", "QuorumNotMetError", "ReduceOptions",
         "Reducer", "Reduction", "RunError", "RunInUseError", "RunNotFoundError", "RunState",
         "Sample", "SampleRequest", "SamplingParams", "Usage", "Verdict", "Verifier", "fold",
-        "parse_event", "register_loop", "register_reducer"),
+        "parse_event", "register_executor", "register_loop", "register_reducer",
+        "register_store"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -162,9 +165,11 @@ __all__ = (
     "parse_event",
     "read_run",
     "read_state",
+    "register_executor",
     "register_loop",
     "register_reducer",
     "register_scorer",
+    "register_store",
     "resume",
     "resume_sync",
     "run",

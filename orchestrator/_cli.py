@@ -67,10 +67,10 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             RunState,
             apply,
             loop_names,
+            redact_url,
             resolve_loop,
         )
         from lanefold.primitives.events import AnyEvent
-        from lanefold.stores.postgres import redact_url
 
         pause_point("import")
 except KeyboardInterrupt as stop:  # a signal while the command starts: nothing exists to tell of
@@ -422,9 +422,9 @@ def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    if is_eval(args.runs_dir, args.run_id):
-        return _follow_eval(args)
     store = _store(args)
+    if is_eval(store, args.run_id):
+        return _follow_eval(args, store)
     log = store.reader(args.run_id)
 
     def show(event: AnyEvent) -> None:
@@ -464,20 +464,20 @@ def _cmd_tail(args: argparse.Namespace) -> int:
         return 0  # Ctrl-C is how a follower is meant to end
 
 
-def _follow_eval(args: argparse.Namespace) -> int:
+def _follow_eval(args: argparse.Namespace, store: Store) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
     try:
-        return tail_eval(args, out)
+        return tail_eval(args, out, store)
     except KeyboardInterrupt:
         return 0  # Ctrl-C is how a follower is meant to end
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    if is_eval(args.runs_dir, args.run_id):
-        return show_eval(args, print)
     store = _store(args)
+    if is_eval(store, args.run_id):
+        return show_eval(args, print, store)
     _, state, _ = read_run(store, args.run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:

@@ -26,7 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-import lanefold.coordinators  # noqa: F401  # registers the built-in loops and reducers
+import lanefold.coordinators  # registers the built-in loops and reducers
+import lanefold.stores  # noqa: F401  # registers the built-in stores
 from lanefold._defaults import DEFAULT_LOOP
 from lanefold.backends.engine import EngineConfig, resolve_model_path
 from lanefold.backends.openai import OpenAIConfig, read_api_key
@@ -47,6 +48,7 @@ from lanefold.primitives import (
     reducer_traits,
     resolve_loop,
     resolve_reducer,
+    store_for_url,
 )
 
 if TYPE_CHECKING:
@@ -200,12 +202,14 @@ class StoreSection(_Section):
 
     @field_validator("url")
     @classmethod
-    def _postgresql(cls, value: str | None) -> str | None:
+    def _served(cls, value: str | None) -> str | None:
         if value is None:
             return value
+        try:
+            store_for_url(value)  # a scheme some registered store serves
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("store.url: ")) from None
         parts = urlsplit(value)
-        if parts.scheme not in ("postgresql", "postgres"):
-            raise ValueError("must be a postgresql:// URL")
         if parts.password is not None:
             raise ValueError("put the password in the environment variable named by "
                              "store.password_env")

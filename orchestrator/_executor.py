@@ -11,10 +11,15 @@ config, by value, on the same store, and runs each job through the same governed
 whose run already has a log resumes it, so a job handed again after its worker died keeps the
 lanes that worker completed. The default, `executor=None` ("local"), is the Session's own
 in-process path, untouched.
+
+Executors are a registry kind (`EXECUTORS`, `@register_executor("name")`, entry points
+`lanefold.executors`): a name resolves to an Executor or to what makes one from its options;
+"local" makes None (this process), "ray" is `RayExecutor`, and `module:attr` names your own.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -22,15 +27,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lanefold._config import LoopConfig, parse_config
+from lanefold._defaults import DEFAULT_EXECUTOR
 from lanefold._result import RunResult
-from lanefold._store import RunStore, Store, read_state
-from lanefold.primitives import ConfigError, LanefoldError
+from lanefold._store import Store, read_state
+from lanefold.primitives import EXECUTORS, ConfigError, LanefoldError, register_executor
 
 if TYPE_CHECKING:
     from lanefold._session import Session
 
-__all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "resolve_executor",
-           "with_seed")
+__all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "local",
+           "resolve_executor", "with_seed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,19 +89,55 @@ class Executor(Protocol):
         ...
 
 
-def resolve_executor(executor: Executor | str | None) -> Executor | None:
-    """None for the in-process path ("local" or None); "ray" is `RayExecutor()`."""
-    if executor is None or executor == "local":
-        return None
-    if executor == "ray":
-        from lanefold._ray_executor import RayExecutor
+@register_executor("local")
+def local() -> None:
+    """This process: the Session's own in-process path (no executor)."""
+    return None
 
-        return RayExecutor()
-    if isinstance(executor, str):
-        raise ConfigError(f"executor: {executor!r} is not one of 'local', 'ray'")
-    if not isinstance(executor, Executor):
-        raise ConfigError(f"executor: {type(executor).__name__} has no outcomes() method")
-    return executor
+
+# Ray's module imports the Session (its workers hold one), which imports this module: the
+# name is registered here, the class imported on its first lookup.
+EXECUTORS.add_lazy("ray", "lanefold._ray_executor:RayExecutor")
+
+
+def resolve_executor(executor: Executor | str | None, *, key: str = "executor",
+                     options: dict[str, tuple[str, Any]] | None = None) -> Executor | None:
+    """The executor `executor` names (None: the default, this process): a registered name
+    or `module:attr`, made with `options` (keyword -> (the flag or key that gave it, its
+    value)), or an Executor itself. None is the in-process path. An unknown name, or an
+    option the executor does not take, is a one-line ConfigError naming `key` or the flag."""
+    if not isinstance(executor, str | None):
+        if not isinstance(executor, Executor):
+            raise ConfigError(f"{key}: {type(executor).__name__} has no outcomes() method")
+        return executor
+    name = DEFAULT_EXECUTOR if executor is None else executor
+    found: Any = EXECUTORS.resolve(name, key=key)
+    given = options or {}
+    if isinstance(found, Executor) and not isinstance(found, type):  # an executor itself
+        made: Any = found
+        if given:
+            flag = next(iter(given.values()))[0]
+            raise ConfigError(f"{flag}: executor {name!r} takes no options")
+    else:
+        for keyword, (flag, _) in given.items():
+            if not _takes(found, keyword):
+                takers = [n for n in EXECUTORS.names() if _takes(EXECUTORS.get(n), keyword)]
+                where = " or ".join(f"{key} {n}" for n in takers) or "another executor"
+                raise ConfigError(f"{flag}: only with {where}")
+        made = found(**{keyword: value for keyword, (_, value) in given.items()})
+    if made is not None and not isinstance(made, Executor):
+        raise ConfigError(f"{key}: {name!r} made a {type(made).__name__}, not an Executor "
+                          f"(no outcomes() method)")
+    return made
+
+
+def _takes(maker: Any, keyword: str) -> bool:
+    """Whether `maker` (an executor's class or function) takes the keyword option."""
+    try:
+        parameters = inspect.signature(maker).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def with_seed(config: LoopConfig, seed: int | None) -> LoopConfig:
@@ -119,9 +161,7 @@ def worker_spec(session: Session) -> WorkerSpec:
     paths = [str(Path.cwd())]
     if config.folder is not None:
         paths.insert(0, config.folder)
-    store = session.store
-    if isinstance(store, RunStore):  # the same folder, whatever a worker's directory
-        store = RunStore(store.root.resolve())
+    store = session.store.portable()  # files: the same folder, whatever a worker's directory
     return WorkerSpec(config=config.model_dump(mode="json"),
                       source=(session.source if session.source == "<config>"
                               else str(Path(session.source).resolve())),

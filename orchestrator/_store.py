@@ -1,7 +1,7 @@
 """The facade's side of the run store: which store a command opens, and reading a run from any
 store, every line checked (`fold_record`). The stores themselves are `lanefold.stores`: files on
-disk (`./runs/<run_id>/events.jsonl`) by default, PostgreSQL when `[store] url` or `--store`
-names one.
+disk (`./runs/<run_id>/events.jsonl`) by default, else the registered store serving the scheme
+of `[store] url` or `--store` (`postgresql://`: PostgreSQL).
 
 Every command reaches a run through the `Store` seam, never a path, so every store keeps one
 contract: one writer per run, sequence strictly increasing, the same refusals on read.
@@ -13,8 +13,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+import lanefold.stores  # noqa: F401  (the built-in stores register themselves)
 from lanefold._config import LoopConfig, recorded_config
+from lanefold._defaults import DEFAULT_STORE
 from lanefold.primitives import (
+    STORES,
     AnyEvent,
     AuditFinding,
     ConfigError,
@@ -29,23 +32,23 @@ from lanefold.primitives import (
     new_run_id,
     plugin_folders,
     resolve_reducer,
+    store_for_url,
     without_plugin_imports,
 )
-from lanefold.stores.files import RunStore
 
-__all__ = ("RunStore", "Store", "fold_readable", "fold_record", "new_run_id", "open_store",
+__all__ = ("Store", "fold_readable", "fold_record", "new_run_id", "open_store",
            "read_run", "read_state")
 
 
 def open_store(url: str | None, runs_dir: str | Path = "runs",
                password_env: str | None = None) -> Store:
-    """The store a command or Session writes to: `url` a `postgresql://` URL (its password
-    from the environment variable `password_env`, if named), else files under `runs_dir`."""
-    if url is None:
-        return RunStore(runs_dir)
-    from lanefold.stores.postgres import PgStore
-
-    return PgStore.from_url(url, password_env=password_env)
+    """The store a command or Session writes to: the registered store serving `url`'s scheme
+    (`postgresql://`; its password from the environment variable `password_env`, if named),
+    else the default store (files under `runs_dir`). An unknown scheme is a ConfigError
+    naming `store.url`."""
+    cls = STORES.resolve(DEFAULT_STORE) if url is None else store_for_url(url)
+    store: Store = cls.from_url(url, runs_dir=runs_dir, password_env=password_env)
+    return store
 
 
 def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunState, LoopConfig]:

@@ -28,18 +28,23 @@ from typing import Any, Generic, TypeVar, overload
 from lanefold.primitives._errors import ConfigError
 
 __all__ = (
+    "EXECUTORS",
     "LOOPS",
     "REDUCERS",
+    "STORES",
     "NotOfKindError",
     "Registry",
     "import_object",
     "loop_names",
     "plugin_folders",
     "reducer_names",
+    "register_executor",
     "register_loop",
     "register_reducer",
+    "register_store",
     "resolve_loop",
     "resolve_reducer",
+    "store_for_url",
     "without_plugin_imports",
 )
 
@@ -137,6 +142,7 @@ class Registry(Generic[T]):
         self._check = check
         self._name_of = name_of or (lambda obj: getattr(obj, "name", None))
         self._table: dict[str, T] = {}
+        self._lazy: dict[str, str] = {}  # name -> `module:attr`, imported on first lookup
         self._loaded = False
         self._lock = threading.RLock()
 
@@ -179,6 +185,17 @@ class Registry(Generic[T]):
                                   f"{_qualified(known)} and {_qualified(obj)}")
             self._table[name] = obj
 
+    def add_lazy(self, name: str, spec: str) -> None:
+        """Register `name` as the object `spec` (`module:attr`) names, imported on its first
+        lookup: for a built-in whose module imports what imports the registry's user."""
+        with self._lock:
+            self._lazy[name] = spec
+
+    def _materialize(self, name: str, key: str | None) -> None:
+        spec = self._lazy.get(name)
+        if spec is not None and name not in self._table:
+            self.add(name, import_object(spec, key=key or self.key))
+
     def resolve(self, spec: str, *, key: str | None = None) -> T:
         """What `spec` names: a registered name, an entry point's, or `module:attr`. Unknown,
         or not of the kind, is a ConfigError naming `key` (the config key that named it)."""
@@ -186,11 +203,12 @@ class Registry(Generic[T]):
         if ":" in spec:
             found: Any = import_object(spec, key=where)
         else:
+            self._materialize(spec, where)
             if spec not in self._table:
                 self.load_entry_points(where)
             found = self._table.get(spec)
             if found is None:
-                known = ", ".join(sorted(self._table)) or "none"
+                known = ", ".join(sorted({*self._table, *self._lazy})) or "none"
                 raise ConfigError(f"{where}: unknown {self.kind} {spec!r} (known: {known}; or "
                                   f"give 'module:attr')")
         if self._check is not None:
@@ -199,6 +217,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T | None:
         """The object registered as `name` (entry points loaded), or None."""
+        self._materialize(name, None)
         if name not in self._table:
             self.load_entry_points()
         return self._table.get(name)
@@ -206,9 +225,11 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         """Every registered name, entry points included."""
         self.load_entry_points()
-        return sorted(self._table)
+        return sorted({*self._table, *self._lazy})
 
     def items(self) -> list[tuple[str, T]]:
+        for name in list(self._lazy):
+            self._materialize(name, None)
         self.load_entry_points()
         return sorted(self._table.items(), key=lambda item: item[0])
 
@@ -272,8 +293,32 @@ def _check_reducer(obj: Any, key: str) -> None:
                                  f"{attr!r})")
 
 
+def _check_store(obj: Any, key: str) -> None:
+    if not isinstance(obj, type):
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
+    for attr in ("schemes", "from_url"):
+        if not hasattr(obj, attr):
+            raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Store (it has no "
+                                 f"{attr!r})")
+    schemes: Any = getattr(obj, "schemes", None)
+    if not isinstance(schemes, tuple) or not all(isinstance(s, str) for s in schemes):
+        raise NotOfKindError(f"{key}: {_qualified(obj)}.schemes must be a tuple of URL "
+                             f"schemes")
+
+
+def _check_executor(obj: Any, key: str) -> None:
+    if not callable(obj) and not hasattr(obj, "outcomes"):
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is neither an Executor nor makes one")
+
+
 LOOPS: Registry[type[Any]] = Registry("loop", key="loop.coordinator", check=_check_loop)
 REDUCERS: Registry[type[Any]] = Registry("reducer", key="loop.reducer", check=_check_reducer)
+# A store class: `schemes` (the URL schemes it serves; none: it is opened without a URL) and
+# `from_url(url, *, runs_dir=, password_env=)`.
+STORES: Registry[type[Any]] = Registry("store", key="store.url", check=_check_store)
+# What makes an executor from its options (`RayExecutor`), or an Executor itself; a maker may
+# give None: the Session's own in-process path ("local").
+EXECUTORS: Registry[Any] = Registry("executor", key="executor", check=_check_executor)
 
 
 def register_loop(cls: C) -> C:
@@ -289,6 +334,38 @@ def register_reducer(cls: C) -> C:
     """Class decorator: make a reducer available by its `name` (`reducer = "<name>"`)."""
     REDUCERS.register(cls)
     return cls
+
+
+def register_store(name: str) -> Callable[[C], C]:
+    """Class decorator: make a store available by `name`, and by the URL schemes its
+    `schemes` names (`[store] url`, `--store`)."""
+
+    def named(cls: C) -> C:
+        STORES.add(name, cls)
+        return cls
+    return named
+
+
+def register_executor(name: str) -> Callable[[T], T]:
+    """Decorator: make an executor (or what makes one from its options) available by `name`
+    (`Session(executor="<name>")`, `eval --executor <name>`)."""
+
+    def named(obj: T) -> T:
+        EXECUTORS.add(name, obj)
+        return obj
+    return named
+
+
+def store_for_url(url: str, *, key: str = "store.url") -> type[Any]:
+    """The registered store serving `url`'s scheme; an unknown scheme is a ConfigError naming
+    `key`."""
+    scheme, sep, _ = url.partition("://")
+    served = {s: cls for _, cls in STORES.items() for s in cls.schemes}
+    if not sep or scheme.lower() not in served:
+        known = ", ".join(f"{s}://" for s in sorted(served)) or "none"
+        what = f"{scheme}:// URLs" if sep else "a value that is not a URL"  # never a password
+        raise ConfigError(f"{key}: no store serves {what} (known: {known})")
+    return served[scheme.lower()]
 
 
 def _qualified(obj: Any) -> str:

@@ -9,21 +9,35 @@ strictly increasing, and the same refusals on read (the store conformance suite 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 from lanefold.primitives._budget import SharedPool
 from lanefold.primitives._eventlog import EventLog, FsyncPolicy
 from lanefold.primitives.events import AnyEvent, RunCompleted, RunStarted
 
-__all__ = ("BudgetStore", "BudgetView", "RunStatus", "RunSummary", "Store", "new_run_id",
-           "select_runs", "summarize_run")
+__all__ = ("BudgetStore", "BudgetView", "EvalRecord", "RunStatus", "RunSummary", "Store",
+           "new_run_id", "redact_url", "select_runs", "summarize_run")
+
+R = TypeVar("R")
 
 # What `list` says of a run: how it ended, or "running" (a writer holds it) or "stopped" (no
 # writer and no end: killed or crashed; `resume` continues it).
 RunStatus = Literal["answered", "no_answer", "failed", "interrupted", "running", "stopped"]
+
+
+def redact_url(url: str) -> str:
+    """`url` with any password replaced by `***`: what may be printed or recorded of a store's
+    URL, whichever store serves it."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def new_run_id() -> str:
@@ -96,7 +110,12 @@ def select_runs(found: Iterable[RunSummary], *, status: str | None = None,
 
 class Store(Protocol):
     """Where runs live: the one way the orchestrator creates, opens, lists and follows a run's
-    log. A store holds logs; the facade folds and checks what it reads."""
+    log. A store holds logs; the facade folds and checks what it reads.
+
+    A store is registered (`@register_store("name")`) as a class with `schemes`, the URL
+    schemes it serves (none: the store opened without a URL), and `from_url(url, *,
+    runs_dir=, password_env=)`, which opens it.
+    """
 
     def new_id(self) -> str: ...
 
@@ -131,9 +150,81 @@ class Store(Protocol):
         """Runs newest first, filtered (`select_runs` says what each filter means)."""
         ...
 
+    def portable(self) -> Store:
+        """The same store as a worker elsewhere (another directory, another machine) opens
+        it: sent by pickle to an executor's workers."""
+        ...
+
+    def eval_record(self, eval_id: str) -> EvalRecord:
+        """The record of the eval `eval_id` (there or not yet), beside its questions' runs."""
+        ...
+
+    def list_evals(self) -> list[str]:
+        """The ids of the evals recorded here (a manifest each), newest first."""
+        ...
+
     def missing(self) -> list[str]:
         """What this store needs that is not installed, a line each naming the config key
         (`validate` and `run` say it before anything starts); empty when it is ready."""
+        ...
+
+
+class EvalRecord(Protocol):
+    """An eval's own record in a store, beside its questions' runs (`<eval_id>.<i>`): the
+    manifest, a row per question appended as each finishes (a crash keeps them), and the
+    summary. Bodies are JSON documents the facade validates; the store keeps them whole.
+    One writer per eval (`hold`), as per run."""
+
+    eval_id: str
+
+    @property
+    def location(self) -> str:
+        """Where the eval is, for messages (never a password)."""
+        ...
+
+    @property
+    def manifest_location(self) -> str: ...
+
+    @property
+    def results_location(self) -> str: ...
+
+    def exists(self) -> bool:
+        """Whether a manifest is recorded."""
+        ...
+
+    def is_run(self) -> bool:
+        """Whether the id names a run's log instead (an eval may not take it)."""
+        ...
+
+    def hold(self) -> AbstractContextManager[None]:
+        """The eval's writer lock for the block (RunInUseError while another holds it)."""
+        ...
+
+    def running(self) -> bool:
+        """Whether a writer holds the eval now."""
+        ...
+
+    def read_manifest(self) -> bytes | None: ...
+
+    def write_manifest(self, body: bytes) -> None:
+        """Record the manifest, replacing one (a grown eval), whole or not at all."""
+        ...
+
+    def read_rows(self, parse: Callable[[bytes], R], *, repair: bool = False) -> list[R]:
+        """Every row in the order they landed, each through `parse` (a ValueError is a
+        ConfigError naming the row). A row a crash tore is left out, and with `repair` cut
+        off so the next append starts whole."""
+        ...
+
+    def append_row(self, body: bytes) -> None:
+        """Append one row, whole or not at all (LogWriteError: it is not there)."""
+        ...
+
+    def read_summary(self) -> bytes | None: ...
+
+    def write_summary(self, body: bytes, *, table: str) -> None:
+        """Record the summary; `table` is the rows as CSV, which a store may keep beside it
+        (files: `results.csv`)."""
         ...
 
 

@@ -69,6 +69,8 @@ PUBLIC_NAMES = frozenset({
     "register_loop",
     "register_reducer",
     "register_scorer",
+    "register_store",
+    "register_executor",
     "Backend",
     "BackendError",
     "BudgetExhaustedError",
@@ -541,3 +543,21 @@ def test_primitives_import_no_process_or_database_driver() -> None:
                    for name, line in _imported_top_levels(path, "primitives")
                    if name in PRIMITIVES_MAY_NOT_IMPORT)
     assert wrong == []
+
+
+def test_the_facade_names_no_built_in_store_but_in_its_defaults() -> None:
+    """A store is found by its URL scheme through the registry: under `orchestrator/`, only
+    `_defaults.py` names one (the store opened without a URL)."""
+    import lanefold._store  # noqa: F401  (registers the built-in stores)
+    from lanefold.primitives import STORES
+
+    names = set(STORES.names())
+    linked = {"primitives", "backends", "coordinators", "stores"}
+    found = []
+    for path in sorted((ROOT / "orchestrator").rglob("*.py")):
+        if path.relative_to(ROOT / "orchestrator").parts[0] in linked or path.name == "_defaults.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, found

@@ -206,13 +206,13 @@ def test_bad_executor_input(cluster: Any, tmp_path: Path,
                             capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match="--workers: must be at least 1"):
         RayExecutor(workers=0)
-    with pytest.raises(ConfigError, match="executor: 'dask' is not one of"):
+    with pytest.raises(ConfigError, match="executor: unknown executor 'dask'"):
         lanefold.Session(config(), executor="dask")
     dataset = tmp_path / "q.jsonl"
     dataset.write_text('{"question": "Q?", "answer": "391"}\n')
     base = ["eval", "examples/simulated.toml", "--dataset", str(dataset),
             "--runs-dir", str(tmp_path)]
-    for extra, message in ((["--executor", "spark"], "--executor: 'spark' is not one of"),
+    for extra, message in ((["--executor", "spark"], "--executor: unknown executor 'spark'"),
                            (["--workers", "2"], "--workers: only with --executor ray"),
                            (["--ray-address", "auto"], "--ray-address: only with"),
                            (["--executor", "ray", "--workers", "0"], "--workers: must be")):

@@ -184,7 +184,7 @@ STORE = '[store]\nurl = "postgresql://lanefold@127.0.0.1:9/db"\npassword_env = "
     ('[budget]\nshared = "fleet"\n', [], "budget.shared: a shared budget lives in a PostgreSQL "
      "store"),
     ('[budget]\nshared = "fleet"\n[store]\nurl = "mysql://h/db"\n', [],
-     "store.url: must be a postgresql:// URL"),
+     "store.url: no store serves mysql:// URLs"),
 ])
 def test_validate_checks_the_store_as_run_does_without_connecting(
         text: str, flags: list[str], said: str, tmp_path: Path,

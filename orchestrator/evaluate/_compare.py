@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from lanefold._config import LoopConfig, config_hash, load_config, preflight
+from lanefold._store import open_store
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._equal_budget import (
     BUDGET_MODES,
@@ -31,17 +33,17 @@ from lanefold.evaluate._equal_budget import (
     equal_limit,
     fitted_keys,
 )
-from lanefold.evaluate._eval import EvalPaths, questions_hash, read_manifest, run_eval
+from lanefold.evaluate._eval import questions_hash, read_manifest, run_eval
 from lanefold.evaluate._eval_records import (
     RUN_IDS,
     QuestionResult,
+    as_json,
     check_eval_id,
     read_results,
-    write_json,
 )
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._scoring import resolve_scorer
-from lanefold.primitives import ConfigError, plugin_folders, validate_run_id
+from lanefold.primitives import ConfigError, LogWriteError, plugin_folders, validate_run_id
 
 __all__ = ("Compared", "Comparison", "EqualBudget", "McNemar", "arm_names", "mcnemar",
            "mcnemar_p", "run_compare")
@@ -245,10 +247,11 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     for name, _, config in arms:  # a changed config or limit: refused before anything runs
         eval_id = validate_run_id(f"{compare_id}-{name}")
         validate_run_id(RUN_IDS.format(eval_id=eval_id, index=last))
-        if not EvalPaths(runs_dir, eval_id).manifest.exists():
+        store = open_store(config.store.url, runs_dir, config.store.password_env)
+        if not store.eval_record(eval_id).exists():
             check_eval_id(eval_id)
             continue
-        recorded = read_manifest(runs_dir, eval_id)
+        recorded = read_manifest(store, eval_id)
         if recorded.config_hash != config_hash(config):
             raise ConfigError(f"compare {compare_id}: {name} was run with another config or "
                               f"budget; choose a new --compare-id")
@@ -269,7 +272,8 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
             stop_reason=stop_reason)
         chosen_scorer = summary.scorer
         wanted = {item.index for item in items}
-        rows = read_results(EvalPaths(runs_dir, eval_id).results)
+        store = open_store(config.store.url, runs_dir, config.store.password_env)
+        rows = read_results(store.eval_record(eval_id))  # where run_eval recorded it
         marks.append({i: row.correct for i, row in rows.items() if i in wanted})
         lines.append(Compared(
             name=name, config=source, eval_id=eval_id, loop=config.loop.coordinator,
@@ -292,7 +296,7 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     if plot:
         comparison = comparison.model_copy(update={"plot": draw(comparison,
                                                                 folder / "compare.png")})
-    write_json(folder / "compare.json", comparison)
+    _replace(folder / "compare.json", as_json(comparison))
     return comparison
 
 
@@ -338,3 +342,15 @@ def draw(comparison: Comparison, path: Path) -> str | None:
     finally:
         pyplot.close(figure)
     return str(path)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """The comparison's own file, replaced whole (written beside, then renamed)."""
+    draft = path.with_name(f".{path.name}.new")
+    try:
+        draft.write_bytes(data)
+        os.replace(draft, path)
+    except OSError as exc:
+        raise LogWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        draft.unlink(missing_ok=True)

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lanefold._config import load_config
-from lanefold._store import RunStore
+from lanefold._store import new_run_id
 from lanefold.evaluate._compare import Compared, Comparison, run_compare
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._equal_budget import BUDGET_MODES
@@ -74,7 +74,7 @@ def command(args: argparse.Namespace) -> int:
         raise ConfigError("--budget: applies with --equal-budget tokens|cost|lanes")
     for path in args.configs:  # before the dataset, which may be fetched
         load_config(path)
-    compare_id = validate_run_id(args.compare_id or RunStore(args.runs_dir).new_id())
+    compare_id = validate_run_id(args.compare_id or new_run_id())
     dataset = DatasetSpec(args.dataset, args.question_field, args.answer_field, args.limit)
     items = dataset.load()
     bars = _Bars(compare_id) if not args.json and sys.stdout.isatty() else None

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lanefold._defaults import VOTE_REDUCER
-from lanefold.evaluate._eval import EvalPaths, read_manifest
-from lanefold.evaluate._eval_records import pass_at_k, read_results
+from lanefold.evaluate._eval_records import EvalPaths, pass_at_k, read_manifest, read_results
 from lanefold.primitives import ConfigError, RunNotFoundError, normalize_answer
 
 __all__ = ("EXACT_LIMIT", "REDUCERS", "SUBSAMPLES", "Curve", "Estimate", "Point", "Pool",

@@ -37,33 +37,33 @@ from lanefold.evaluate._eval_records import (
     RUN_IDS,
     TOKEN_LINES,
     EvalManifest,
-    EvalPaths,
     EvalSummary,
     QuestionResult,
     append_result,
+    as_json,
     check_eval_id,
+    csv_table,
     read_manifest,
     read_results,
+    read_summary,
     summarize,
-    write_csv,
-    write_json,
 )
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._scoring import Score, Scorer, resolve_scorer
 from lanefold.primitives import (
     Backend,
     ConfigError,
+    EvalRecord,
     LanefoldError,
     LogCorruptError,
     RunInUseError,
     RunState,
     plugin_folders,
+    redact_url,
     validate_run_id,
 )
-from lanefold.stores.files import RunLock
-from lanefold.stores.postgres import redact_url
 
-__all__ = ("EvalPaths", "questions_hash", "read_manifest", "resume_hint", "run_eval")
+__all__ = ("questions_hash", "read_manifest", "resume_hint", "run_eval")
 
 OnStart = Callable[[int, Sequence[QuestionResult]], None]
 OnResult = Callable[[QuestionResult], None]
@@ -96,10 +96,11 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     manifest records (so `orchestrator eval --resume` can load the items again). `backend`
     and `judge_backend` replace what the config would build (and are not closed here).
     `on_start(total, rows already recorded)` and `on_result(row)` feed a progress display.
-    Everything is checked before `runs_dir/<eval_id>/` is created; cancelling the call
-    interrupts the runs in flight (recorded, resumable) and re-raises. `store` (a
-    `postgresql://` URL or a Store; default the config's `[store] url`, else `runs_dir`) is
-    where the question's runs are recorded; the eval's own files stay in `runs_dir/<eval_id>/`.
+    Everything is checked before the eval's record is created; cancelling the call
+    interrupts the runs in flight (recorded, resumable) and re-raises. `store` (a URL or a
+    Store; default the config's `[store] url`, else files under `runs_dir`) is where the
+    questions' runs are recorded, and the eval's own record beside them (files:
+    `runs_dir/<eval_id>/`; PostgreSQL: its eval tables).
     `executor` ("ray" or a RayExecutor) runs the questions on workers, up to `concurrency` on
     each, on the same store; their results are scored and recorded here.
     """
@@ -114,9 +115,6 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     if len(set(indexes)) != len(indexes):
         raise ConfigError("--dataset: two items share an index")
     validate_run_id(RUN_IDS.format(eval_id=eval_id, index=max(indexes)))
-    paths = EvalPaths(runs_dir, eval_id)
-    if not paths.manifest.exists():
-        check_eval_id(eval_id)  # a new eval; one named otherwise before this rule goes on
     for item in items:
         try:
             check_question(item.question)
@@ -132,6 +130,9 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     session = JobSession(config, runs_dir=runs_dir, backend=backend,
                          judge_backend=judge_backend, verifier=chosen.verifier(items),
                          store=store, executor=executor)
+    record = session.store.eval_record(eval_id)
+    if not record.exists():
+        check_eval_id(eval_id)  # a new eval; one named otherwise before this rule goes on
     manifest = EvalManifest(
         eval_id=eval_id, created=datetime.now(UTC),
         config_path=None if isinstance(config, LoopConfig) else str(config),
@@ -140,32 +141,32 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         answer_field=dataset.answer_field, scorer=chosen.name, limit=dataset.limit,
         questions=len(items), questions_hash=questions_hash(items), library_version=VERSION,
         run_ids=RUN_IDS)
-    if (paths.folder / "events.jsonl").exists():
-        raise ConfigError(f"{paths.folder}: is a run's folder, not an eval's: choose another "
+    if record.is_run():
+        raise ConfigError(f"{record.location}: is a run's, not an eval's: choose another "
                           f"--eval-id")
+    held = contextlib.ExitStack()
     try:
-        lock = RunLock.acquire(paths.folder, eval_id)  # creates the folder: all checks are done
+        held.enter_context(record.hold())  # creates the eval's folder (files): all is checked
     except RunInUseError as exc:
         raise ConfigError(f"eval {eval_id} is being run by another process "
                           f"(pid {exc.pid or 'unknown'})") from None
-    try:
-        manifest = _check_manifest(paths, manifest, items, resume_hint(eval_id, runs_dir, store))
-        eval_ = _Eval(session, chosen, paths, manifest, {item.index: item for item in items},
+    with held:
+        hint = resume_hint(eval_id, runs_dir, store if store is not None else session.config.store.url)
+        manifest = _check_manifest(record, manifest, items, hint)
+        eval_ = _Eval(session, chosen, record, manifest, {item.index: item for item in items},
                       stop_reason)
         await eval_.run(concurrency, on_start, on_result)
         rows = [eval_.rows[index] for index in sorted(eval_.rows)]
         before = 0.0
-        with contextlib.suppress(OSError, ValueError):
-            before = EvalSummary.model_validate_json(paths.summary.read_bytes()).wall_s
+        with contextlib.suppress(ConfigError):
+            ended = read_summary(record)
+            before = ended.wall_s if ended is not None else 0.0
         summary = summarize(rows, eval_id=eval_id, config=manifest.config_path or "<config>",
                             loop=session.config.loop.coordinator, dataset=manifest.dataset,
                             scorer=chosen.name, wall_s=before + clock() - started,
-                            results=str(paths.results))
-        write_csv(paths.csv, rows)
-        write_json(paths.summary, summary)
+                            results=record.results_location)
+        record.write_summary(as_json(summary), table=csv_table(rows))
         return summary
-    finally:
-        lock.release()
 
 
 def resume_hint(eval_id: str, runs_dir: str | Path, store: str | Store | None) -> str:
@@ -178,19 +179,24 @@ def resume_hint(eval_id: str, runs_dir: str | Path, store: str | Store | None) -
     return hint
 
 
-def _check_manifest(paths: EvalPaths, manifest: EvalManifest, items: Sequence[Item],
+def _check_manifest(record: EvalRecord, manifest: EvalManifest, items: Sequence[Item],
                     hint: str) -> EvalManifest:
     """Write the manifest of a new eval; refuse to continue one started otherwise. Returns
     the manifest in force: the recorded one of an eval that goes on, grown to more of the same
     questions (a larger `--limit`) where it is given them."""
-    if not paths.manifest.exists():
-        write_json(paths.manifest, manifest)
+    where = record.manifest_location
+    recorded_body = record.read_manifest()
+    if recorded_body is None:
+        record.write_manifest(as_json(manifest))
         return manifest
-    recorded = read_manifest(paths.folder.parent, manifest.eval_id)
+    try:
+        recorded = EvalManifest.model_validate_json(recorded_body)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not an eval manifest: {exc}") from None
     refuse = (f"continue it with `{hint}` or choose a new --eval-id")
     for key, what in (("config_hash", "another config"), ("scorer", "another scorer")):
         if getattr(recorded, key) != getattr(manifest, key):
-            raise ConfigError(f"{paths.manifest}: eval {manifest.eval_id} was started with "
+            raise ConfigError(f"{where}: eval {manifest.eval_id} was started with "
                               f"{what}; {refuse}")
     if recorded.questions_hash == manifest.questions_hash:
         return recorded
@@ -198,25 +204,25 @@ def _check_manifest(paths: EvalPaths, manifest: EvalManifest, items: Sequence[It
     if same_start and len(items) > recorded.questions:  # --limit grew: the first ones stay
         grown = recorded.model_copy(update={"questions": len(items), "limit": manifest.limit,
                                             "questions_hash": manifest.questions_hash})
-        write_json(paths.manifest, grown)
+        record.write_manifest(as_json(grown))
         return grown
     shrunk = manifest.limit is not None and manifest.limit < recorded.questions
     if shrunk and manifest.dataset == recorded.dataset != "<items>":
-        raise ConfigError(f"{paths.manifest}: eval {manifest.eval_id} has "
+        raise ConfigError(f"{where}: eval {manifest.eval_id} has "
                           f"{recorded.questions} questions; --limit can grow it, not shrink it")
-    raise ConfigError(f"{paths.manifest}: eval {manifest.eval_id} was started with other "
+    raise ConfigError(f"{where}: eval {manifest.eval_id} was started with other "
                       f"questions; {refuse}")
 
 
 class _Eval:
     """One invocation of an eval: what is recorded, what is left, and the workers."""
 
-    def __init__(self, session: JobSession, scorer: Scorer, paths: EvalPaths,
+    def __init__(self, session: JobSession, scorer: Scorer, record: EvalRecord,
                  manifest: EvalManifest, items: dict[int, Item],
                  stop_reason: Callable[[], str]) -> None:
-        self.session, self.scorer, self.paths = session, scorer, paths
+        self.session, self.scorer, self.kept = session, scorer, record
         self.manifest, self.items, self.stop_reason = manifest, items, stop_reason
-        self.rows = {index: row for index, row in read_results(paths.results, repair=True).items()
+        self.rows = {index: row for index, row in read_results(record, repair=True).items()
                      if index in items}
         self.on_result: OnResult | None = None
 
@@ -309,7 +315,7 @@ class _Eval:
         self.record(self.failed(item, f"{type(exc).__name__}: {exc}", state))
 
     def record(self, row: QuestionResult) -> None:
-        append_result(self.paths.results, row)  # a full disk: LogWriteError, the eval stops
+        append_result(self.kept, row)  # a full disk: LogWriteError, the eval stops
         self.rows[row.index] = row
         if self.on_result is not None:
             self.on_result(row)

@@ -24,9 +24,11 @@ from rich.console import Console
 from rich.table import Table
 
 from lanefold._config import LoopConfig, config_hash, load_config, parse_config
+from lanefold._defaults import DEFAULT_EXECUTOR
+from lanefold._executor import resolve_executor
 from lanefold._flags import some_seconds
 from lanefold._ray_connect import CONNECT_TIMEOUT_S
-from lanefold._store import new_run_id
+from lanefold._store import new_run_id, open_store
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._eval import resume_hint, run_eval
 from lanefold.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
@@ -34,7 +36,7 @@ from lanefold.evaluate._progress import EvalProgress
 from lanefold.primitives import ConfigError, LanefoldError
 
 if TYPE_CHECKING:
-    from lanefold._ray_executor import RayExecutor
+    from lanefold._executor import Executor
 
 __all__ = ("add_parser", "command", "print_summary")
 
@@ -59,8 +61,9 @@ def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     p.add_argument("--answer-field", metavar="F", help="the gold answer's field (default answer)")
     p.add_argument("--scorer", metavar="S", help="exact (default), numeric[:TOL], "
                    "humaneval[:SECONDS] or module:function")
-    p.add_argument("--executor", default="local", metavar="{local,ray}",
-                   help="where questions run: this process (default) or Ray workers")
+    p.add_argument("--executor", default=DEFAULT_EXECUTOR, metavar="NAME",
+                   help="where questions run: local (this process, the default), ray (Ray "
+                   "workers), another registered executor or module:attr")
     p.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the cluster "
                    "to join ('auto': the one running here; default: start one on this machine)")
     p.add_argument("--workers", type=int, metavar="N", help="with --executor ray: workers, "
@@ -81,7 +84,7 @@ def command(args: argparse.Namespace) -> int:
     if args.resume is not None:
         eval_id = args.resume
         _refuse_with_resume(args)
-        manifest = read_manifest(args.runs_dir, eval_id)
+        manifest = read_manifest(open_store(args.store, args.runs_dir), eval_id)
         config = _recorded_config(manifest)
         limit = args.limit if args.limit is not None else manifest.limit  # --limit grows it
         dataset = DatasetSpec(manifest.dataset, manifest.question_field, manifest.answer_field,
@@ -110,9 +113,12 @@ def command(args: argparse.Namespace) -> int:
             store=args.store, executor=executor)
 
     try:
-        with progress or contextlib.nullcontext(), executor or contextlib.nullcontext():
-            if executor is not None:
-                executor.connect()  # a cluster not there is said before anything is written
+        held = (executor if isinstance(executor, contextlib.AbstractContextManager)
+                else contextlib.nullcontext())
+        with progress or contextlib.nullcontext(), held:
+            connect = getattr(executor, "connect", None)  # an executor may join a cluster
+            if connect is not None:
+                connect()  # a cluster not there is said before anything is written
             summary = _interruptible(go, lambda: eval_id)
     except _Interrupted as stop:
         _error("eval", f"interrupted by {stop.signal_name}; continue with: "
@@ -132,21 +138,14 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _executor(args: argparse.Namespace) -> RayExecutor | None:
-    """The executor the flags ask for (None: this process); bad flags are ConfigErrors."""
-    if args.executor not in ("local", "ray"):
-        raise ConfigError(f"--executor: {args.executor!r} is not one of local, ray")
-    if args.executor == "local":
-        for flag, value in (("--ray-address", args.ray_address), ("--workers", args.workers),
-                            ("--ray-connect-timeout", args.ray_connect_timeout)):
-            if value is not None:
-                raise ConfigError(f"{flag}: only with --executor ray")
-        return None
-    from lanefold._ray_executor import RayExecutor
-
-    timeout = args.ray_connect_timeout
-    executor = RayExecutor(args.ray_address, 2 if args.workers is None else args.workers,
-                           connect_timeout_s=CONNECT_TIMEOUT_S if timeout is None else timeout)
+def _executor(args: argparse.Namespace) -> Executor | None:
+    """The executor the flags ask for, through the registry (None: this process); an unknown
+    name, or a flag the executor does not take, is a ConfigError naming the flag."""
+    given = {keyword: (flag, value) for flag, keyword, value in (
+        ("--ray-address", "address", args.ray_address), ("--workers", "workers", args.workers),
+        ("--ray-connect-timeout", "connect_timeout_s", args.ray_connect_timeout))
+        if value is not None}
+    executor = resolve_executor(args.executor, key="--executor", options=given)
     # The terminal is the command's: Ray's notice that a local cluster has token auth on
     # (it has; that is the safe default) is not the user's business on every eval.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(

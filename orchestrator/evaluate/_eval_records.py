@@ -1,24 +1,23 @@
-"""What an eval writes in `runs/<eval_id>/`, and the statistics of its summary.
+"""What an eval records, through its store's `EvalRecord`, and the statistics of its summary.
 
-    eval.json       the manifest, written first: config, dataset, fields, scorer, limit
-    results.jsonl   one row per question, appended as each finishes (a crash keeps them)
-    results.csv     the same rows, flat, rewritten when the eval ends
-    summary.json    n, accuracy and its 95% Wilson interval, pass@k, spend, wall time
+    manifest    written first: config, dataset, fields, scorer, limit
+    results     one row per question, appended as each finishes (a crash keeps them)
+    summary     n, accuracy and its 95% Wilson interval, pass@k, spend, wall time
 
-Rows, the manifest and the summary are pydantic models: what is read back is checked.
+In the files store these are `runs/<eval_id>/eval.json`, `results.jsonl` (and `results.csv`,
+the rows flat) and `summary.json`; in PostgreSQL, rows of `lanefold_evals` and
+`lanefold_eval_results`. Rows, the manifest and the summary are pydantic models: what is read
+back is checked.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import errno
 import io
 import json
 import math
-import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from statistics import NormalDist
@@ -26,11 +25,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lanefold.primitives import ConfigError, LogWriteError, validate_run_id
+from lanefold._store import open_store
+from lanefold.primitives import ConfigError, EvalRecord, Store, validate_run_id
 
 __all__ = ("COST_LINES", "RUN_IDS", "TOKEN_LINES", "EvalManifest", "EvalPaths", "EvalSummary",
-           "QuestionResult", "append_result", "check_eval_id", "pass_at_k", "read_manifest",
-           "read_results", "summarize", "wilson_interval", "write_csv", "write_json")
+           "QuestionResult", "append_result", "as_json", "check_eval_id", "csv_table",
+           "eval_record", "pass_at_k", "read_manifest", "read_results", "read_summary",
+           "summarize", "wilson_interval")
 
 TOKEN_LINES = ("prefill", "cached_prefill", "decode", "verifier", "cut_off")
 COST_LINES = ("prefill", "cached_prefill", "decode", "kv_residency", "verifier", "cut_off")
@@ -205,10 +206,11 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else 0.0
 
 
-# -- files ------------------------------------------------------------------------------------
+# -- the record, through the store -----------------------------------------------------------
 
 class EvalPaths:
-    """The files of an eval: `runs_dir/<eval_id>/` and what it holds."""
+    """The files of an eval in a files store: `runs_dir/<eval_id>/` and what it holds (for
+    readers that read files only, as `curve` does)."""
 
     def __init__(self, runs_dir: str | Path, eval_id: str) -> None:
         self.folder = Path(runs_dir) / validate_run_id(eval_id)
@@ -218,78 +220,68 @@ class EvalPaths:
         self.summary = self.folder / "summary.json"
 
 
-def read_manifest(runs_dir: str | Path, eval_id: str) -> EvalManifest:
-    """An eval's `eval.json` (ConfigError when there is no such eval or it is unreadable)."""
-    path = EvalPaths(runs_dir, eval_id).manifest
+def eval_record(where: Store | str | Path, eval_id: str) -> EvalRecord:
+    """The record of `eval_id` in a store, or in the files under a runs folder."""
+    store = open_store(None, where) if isinstance(where, str | Path) else where
+    return store.eval_record(eval_id)
+
+
+def read_manifest(where: Store | str | Path, eval_id: str) -> EvalManifest:
+    """An eval's manifest (ConfigError when there is no such eval or it is unreadable);
+    `where` a store, or a runs folder (the files store)."""
+    record = eval_record(where, eval_id)
+    body = record.read_manifest()
+    if body is None:
+        shown = where if isinstance(where, str | Path) else where.describe
+        raise ConfigError(f"{record.manifest_location}: no eval {eval_id!r} in {shown}")
     try:
-        return EvalManifest.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no eval {eval_id!r} in {runs_dir}") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        return EvalManifest.model_validate_json(body)
     except ValueError as exc:
-        raise ConfigError(f"{path}: not an eval manifest: {exc}") from None
+        raise ConfigError(f"{record.manifest_location}: not an eval manifest: {exc}") from None
 
 
-def read_results(path: Path, *, repair: bool = False) -> dict[int, QuestionResult]:
-    """The rows of a `results.jsonl`, by question index (the first row of an index wins).
-
-    A torn last line (a crash mid-append) is ignored, and with `repair` cut off so the next
-    append starts a line of its own; a bad line anywhere else is refused, naming it.
-    """
+def read_summary(record: EvalRecord) -> EvalSummary | None:
+    """An eval's summary once it has ended (None before); ConfigError where unreadable."""
+    body = record.read_summary()
+    if body is None:
+        return None
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    lines = data.split(b"\n")
+        return EvalSummary.model_validate_json(body)
+    except ValueError as exc:
+        raise ConfigError(f"{record.location}: not an eval summary: {exc}") from None
+
+
+def _row(line: bytes) -> QuestionResult:
+    try:
+        return QuestionResult.model_validate_json(line)
+    except ValidationError as exc:
+        raise ValueError(exc.errors()[0]["msg"]) from None
+
+
+def read_results(source: EvalRecord | Path, *, repair: bool = False) -> dict[int, QuestionResult]:
+    """An eval's rows by question index, in the order they landed (the first row of an index
+    wins); `source` its record, or the path of a files store's `results.jsonl`.
+
+    A torn last row (a crash mid-append) is ignored, and with `repair` cut off so the next
+    append starts a row of its own; a bad row anywhere else is refused, naming it.
+    """
+    record = _record_of(source)
     rows: dict[int, QuestionResult] = {}
-    offset = 0
-    for number, line in enumerate(lines, start=1):
-        last = number == len(lines)
-        if line.strip():
-            try:
-                row = QuestionResult.model_validate_json(line)
-            except ValidationError as exc:
-                if last:  # no newline after it: the append was cut short
-                    if repair:  # a torn tail: cut it, as resume cuts an event log's
-                        with _writing(path, "cut its torn last line"), path.open("r+b") as fh:
-                            fh.truncate(offset)
-                    break
-                raise ConfigError(f"{path}:{number}: not a result row: "
-                                  f"{exc.errors()[0]['msg']}") from None
-            if last and repair:  # whole, but its newline never landed
-                with _writing(path, "end its last line"), path.open("ab") as fh:
-                    fh.write(b"\n")
-            rows.setdefault(row.index, row)
-        offset += len(line) + 1
+    for row in record.read_rows(_row, repair=repair):
+        rows.setdefault(row.index, row)
     return rows
 
 
-def append_result(path: Path, row: QuestionResult) -> None:
-    """Append one row as one write (O_APPEND), so a crash leaves whole rows and at most a torn
-    last one (LogWriteError when the disk refuses it: the row is not there)."""
-    line = row.model_dump_json().encode() + b"\n"
-    with _writing(path, "append"):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            written = os.write(fd, line)
-            if written != len(line):  # a full disk may take part of it: cut it, refuse
-                os.ftruncate(fd, os.fstat(fd).st_size - written)
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        finally:
-            os.close(fd)
+def append_result(target: EvalRecord | Path, row: QuestionResult) -> None:
+    """Append one row, whole or not at all (LogWriteError when the store refuses it);
+    `target` the record, or the path of a files store's `results.jsonl`."""
+    _record_of(target).append_row(row.model_dump_json().encode())
 
 
-@contextlib.contextmanager
-def _writing(path: Path, what: str) -> Iterator[None]:
-    """Every write of an eval's files fails the same way: one line, LogWriteError (exit 1),
-    the machine's failure and never a question's."""
-    try:
-        yield
-    except OSError as exc:
-        raise LogWriteError(f"{path}: cannot {what}: {exc.strerror or exc}") from None
+def _record_of(source: EvalRecord | Path) -> EvalRecord:
+    if isinstance(source, Path):  # `<runs_dir>/<eval_id>/results.jsonl`
+        return eval_record(source.parent.parent, source.parent.name)
+    return source
 
 
 _CSV_COLUMNS = ("index", "run_id", "question", "answer", "gold", "correct", "score", "status",
@@ -297,7 +289,7 @@ _CSV_COLUMNS = ("index", "run_id", "question", "answer", "gold", "correct", "sco
                 "seconds", "error")
 
 
-def write_csv(path: Path, rows: Iterable[QuestionResult]) -> None:
+def csv_table(rows: Iterable[QuestionResult]) -> str:
     """`results.csv`: a row per question, tokens by bill line flattened into columns."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -307,19 +299,9 @@ def write_csv(path: Path, rows: Iterable[QuestionResult]) -> None:
                          row.correct, row.score, row.status, row.lanes, sum(row.lane_correct),
                          *(row.tokens.get(line, 0) for line in TOKEN_LINES), row.cost,
                          row.seconds, row.error])
-    _replace(path, out.getvalue())
+    return out.getvalue()
 
 
-def write_json(path: Path, model: BaseModel) -> None:
-    """A model as indented JSON, replaced whole (written beside, then renamed)."""
-    _replace(path, json.dumps(model.model_dump(mode="json"), indent=2) + "\n")
-
-
-def _replace(path: Path, text: str) -> None:
-    draft = path.with_name(f".{path.name}.new")
-    with _writing(path, "write"):
-        try:
-            draft.write_text(text, encoding="utf-8")
-            os.replace(draft, path)
-        finally:
-            draft.unlink(missing_ok=True)
+def as_json(model: BaseModel) -> bytes:
+    """A model as indented JSON, as the manifest and summary are kept."""
+    return (json.dumps(model.model_dump(mode="json"), indent=2) + "\n").encode()

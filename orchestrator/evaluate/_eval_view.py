@@ -2,7 +2,8 @@
 
 `tail` prints one line per finished question (with `--follow`, as they land, until every
 question has its row or no process has run the eval for `--wait` seconds); `show` prints the
-eval's summary: `summary.json` once the eval has ended, else the summary of the rows so far.
+eval's summary: its own once the eval has ended, else the summary of the rows so far. Both
+read the eval's record from the store it is in (`--store`, else files under `--runs-dir`).
 """
 
 from __future__ import annotations
@@ -14,28 +15,27 @@ from collections.abc import Callable
 
 from lanefold.evaluate._eval_cli import print_summary
 from lanefold.evaluate._eval_records import (
-    EvalPaths,
     EvalSummary,
     QuestionResult,
     read_manifest,
     read_results,
+    read_summary,
     summarize,
 )
-from lanefold.primitives import ConfigError
-from lanefold.stores.files import RunLock
+from lanefold.primitives import ConfigError, Store
 
 __all__ = ("describe_row", "is_eval", "show_eval", "tail_eval")
 
 _POLL_S = 0.2
 
 
-def is_eval(runs_dir: str, name: str) -> bool:
-    """Whether `name` is an eval in `runs_dir` (its folder holds a manifest, not a run's log)."""
+def is_eval(store: Store, name: str) -> bool:
+    """Whether `name` is an eval in `store` (a manifest is recorded, not a run's log)."""
     try:
-        paths = EvalPaths(runs_dir, name)
+        record = store.eval_record(name)
     except ConfigError:
         return False  # not a plain name: the run commands say so
-    return paths.manifest.is_file() and not (paths.folder / "events.jsonl").exists()
+    return record.exists() and not record.is_run()
 
 
 def describe_row(row: QuestionResult) -> str:
@@ -47,39 +47,33 @@ def describe_row(row: QuestionResult) -> str:
     return f"{line} error={row.error!r}" if row.error else line
 
 
-def tail_eval(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def tail_eval(args: argparse.Namespace, out: Callable[[str], None], store: Store) -> int:
     """Print the eval's finished questions, and with `--follow` the ones still to come."""
-    eval_id, runs_dir = args.run_id, args.runs_dir
-    paths = EvalPaths(runs_dir, eval_id)
+    eval_id = args.run_id
+    record = store.eval_record(eval_id)
     shown = 0
     idle_since = time.monotonic()
     while True:
-        rows = list(read_results(paths.results).values())  # in the order they landed
+        rows = list(read_results(record).values())  # in the order they landed
         for row in rows[shown:]:
             out(row.model_dump_json() if args.json else describe_row(row))
         shown = len(rows)
-        if not args.follow or shown >= read_manifest(runs_dir, eval_id).questions:
+        if not args.follow or shown >= read_manifest(store, eval_id).questions:
             return 0
-        if RunLock.holder(paths.folder) is not None:
+        if record.running():
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > args.wait:
             return 0  # nothing runs the eval: what is recorded has been printed
         time.sleep(_POLL_S)
 
 
-def show_eval(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def show_eval(args: argparse.Namespace, out: Callable[[str], None], store: Store) -> int:
     """Print the eval's summary: its own once it has ended, else the rows' so far."""
-    eval_id, runs_dir = args.run_id, args.runs_dir
-    paths = EvalPaths(runs_dir, eval_id)
-    manifest = read_manifest(runs_dir, eval_id)
-    rows = read_results(paths.results)
-    summary: EvalSummary | None = None
-    try:
-        summary = EvalSummary.model_validate_json(paths.summary.read_bytes())
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{paths.summary}: not an eval summary: {exc}") from None
+    eval_id = args.run_id
+    record = store.eval_record(eval_id)
+    manifest = read_manifest(store, eval_id)
+    rows = read_results(record)
+    summary: EvalSummary | None = read_summary(record)
     if summary is None or summary.n != len(rows):  # running, or cut off: what is there so far
         loop = manifest.config.get("loop")
         summary = summarize([rows[i] for i in sorted(rows)], eval_id=eval_id,
@@ -87,8 +81,8 @@ def show_eval(args: argparse.Namespace, out: Callable[[str], None]) -> int:
                             loop=str(loop.get("coordinator") if isinstance(loop, dict) else loop),
                             dataset=manifest.dataset, scorer=manifest.scorer,
                             wall_s=summary.wall_s if summary is not None else 0.0,
-                            results=str(paths.results))
-    running = RunLock.holder(paths.folder) is not None
+                            results=record.results_location)
+    running = record.running()
     if args.json:
         out(json.dumps({**summary.model_dump(mode="json"), "questions": manifest.questions,
                         "running": running}))

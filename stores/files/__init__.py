@@ -1,7 +1,8 @@
 """Runs as files (the embedded default): `runs/<run_id>/events.jsonl`, one writer per run by an
 OS lock that dies with its process."""
 
+from lanefold.stores.files._evals import FileEvalRecord
 from lanefold.stores.files._log import JsonlEventLog, RunLock
 from lanefold.stores.files._store import RunStore
 
-__all__ = ("JsonlEventLog", "RunLock", "RunStore")
+__all__ = ("FileEvalRecord", "JsonlEventLog", "RunLock", "RunStore")

@@ -7,18 +7,22 @@ import contextlib
 import os
 from datetime import datetime
 from pathlib import Path
+from typing import ClassVar
 
 from lanefold.primitives import (
     AnyEvent,
+    ConfigError,
     FsyncPolicy,
     RunNotFoundError,
     RunSummary,
     new_run_id,
     parse_event,
+    register_store,
     select_runs,
     summarize_run,
     validate_run_id,
 )
+from lanefold.stores.files._evals import FileEvalRecord
 from lanefold.stores.files._log import JsonlEventLog, RunLock
 
 __all__ = ("RunStore",)
@@ -26,11 +30,27 @@ __all__ = ("RunStore",)
 _TAIL_BYTES = 1 << 16  # read back from the end for the last line; a longer one reads more
 
 
+@register_store("files")
 class RunStore:
-    """A folder of runs, one subfolder per run id."""
+    """A folder of runs, one subfolder per run id: the store opened without a URL."""
+
+    schemes: ClassVar[tuple[str, ...]] = ()  # no URL: `runs_dir`
 
     def __init__(self, root: str | Path = "runs") -> None:
         self.root = Path(root)
+
+    @classmethod
+    def from_url(cls, url: str | None, *, runs_dir: str | Path = "runs",
+                 password_env: str | None = None) -> RunStore:
+        """The folder `runs_dir`; this store serves no URL."""
+        if url is not None:
+            raise ConfigError("store.url: the files store takes no URL (runs_dir names its "
+                              "folder)")
+        return cls(runs_dir)
+
+    def portable(self) -> RunStore:
+        """The same store for a worker in another directory: the folder made absolute."""
+        return RunStore(self.root.resolve())
 
     def new_id(self) -> str:
         """A sortable, unique, plain run id: UTC time plus random hex."""
@@ -67,6 +87,20 @@ class RunStore:
     @property
     def describe(self) -> str:
         return str(self.root)
+
+    def eval_record(self, eval_id: str) -> FileEvalRecord:
+        return FileEvalRecord(self.root, eval_id)
+
+    def list_evals(self) -> list[str]:
+        found = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for entry in os.scandir(self.root):
+                folder = Path(entry.path)
+                manifest = folder / "eval.json"
+                if manifest.is_file() and not (folder / "events.jsonl").exists():
+                    with contextlib.suppress(OSError):
+                        found.append((manifest.stat().st_mtime_ns, entry.name))
+        return [name for _, name in sorted(found, reverse=True)]
 
     def missing(self) -> list[str]:
         return []

@@ -4,8 +4,9 @@ imported when first used."""
 
 from lanefold.stores.postgres._budget import PgSharedPool, connect_budgets, read_budget, set_budget
 from lanefold.stores.postgres._database import PgDatabase, redact_url
+from lanefold.stores.postgres._evals import PgEvalRecord
 from lanefold.stores.postgres._log import PgEventLog
 from lanefold.stores.postgres._store import PgStore
 
-__all__ = ("PgDatabase", "PgEventLog", "PgSharedPool", "PgStore", "connect_budgets", "read_budget",
-           "redact_url", "set_budget")
+__all__ = ("PgDatabase", "PgEvalRecord", "PgEventLog", "PgSharedPool", "PgStore",
+           "connect_budgets", "read_budget", "redact_url", "set_budget")

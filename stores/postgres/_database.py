@@ -1,6 +1,7 @@
 """The PostgreSQL database that holds the record: its URL and password kept apart, its two
 tables (created on first use), and the one kept connection short reads share.
 
+`lanefold_evals` and `lanefold_eval_results` hold evals' own records (`_evals`).
 `lanefold_runs` has a row per run; `lanefold_events` a row per event, its body the event's JSON
 exactly as the file log writes it, `PRIMARY KEY (run_id, sequence)` so the database itself
 refuses a second event at a sequence. psycopg (the `scale` extra) is imported when first used.
@@ -14,9 +15,9 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from lanefold.primitives import ConfigError
+from lanefold.primitives import ConfigError, redact_url
 
 if TYPE_CHECKING:
     import psycopg
@@ -35,17 +36,19 @@ _SCHEMA = (
     " type text NOT NULL,"
     " body text NOT NULL,"
     " PRIMARY KEY (run_id, sequence))",
+    # An eval's record: its manifest and summary (JSON), and its questions' rows in order.
+    "CREATE TABLE IF NOT EXISTS lanefold_evals ("
+    " eval_id text PRIMARY KEY,"
+    " manifest text NOT NULL,"
+    " summary text,"
+    " created timestamptz NOT NULL DEFAULT now())",
+    "CREATE TABLE IF NOT EXISTS lanefold_eval_results ("
+    " eval_id text NOT NULL REFERENCES lanefold_evals (eval_id),"
+    " position bigint NOT NULL CHECK (position > 0),"
+    " body text NOT NULL,"
+    " PRIMARY KEY (eval_id, position))",
 )
 _INSERT = "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)"
-
-def redact_url(url: str) -> str:
-    """`url` with any password replaced by `***`: what may be printed or recorded."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
 
 def psycopg_module() -> Any:
     try:

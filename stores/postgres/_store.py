@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 from datetime import datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from lanefold.primitives import (
@@ -20,6 +21,7 @@ from lanefold.primitives import (
     RunSummary,
     new_run_id,
     parse_event,
+    register_store,
     select_runs,
     summarize_run,
     validate_run_id,
@@ -31,6 +33,7 @@ from lanefold.stores.postgres._budget import (
     set_budget,
 )
 from lanefold.stores.postgres._database import PgDatabase
+from lanefold.stores.postgres._evals import PgEvalRecord
 from lanefold.stores.postgres._log import PgEventLog, lock_key
 
 __all__ = ("PgStore",)
@@ -45,17 +48,23 @@ _WRITERS = ("SELECT l.classid::bigint, l.objid::bigint FROM pg_locks l"
             " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1")
 
 
+@register_store("postgres")
 class PgStore:
     """Runs in a PostgreSQL database: `lanefold_runs` and `lanefold_events`, one writer per
     run by an advisory lock, `follow` woken by LISTEN/NOTIFY; shared budgets beside them."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
 
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
 
     @classmethod
-    def from_url(cls, url: str, *, password_env: str | None = None) -> PgStore:
+    def from_url(cls, url: str | None, *, runs_dir: str | Path | None = None,
+                 password_env: str | None = None) -> PgStore:
         """A store at `url`; `password_env` names the environment variable with its password
-        (needed unless the URL carries one, as a `--store` URL may)."""
+        (needed unless the URL carries one, as a `--store` URL may). `runs_dir` is not used."""
+        if url is None:
+            raise ConfigError("store.url: a postgres store needs a postgresql:// URL")
         password = None
         if password_env is not None:
             password = os.environ.get(password_env)
@@ -88,6 +97,19 @@ class PgStore:
     @property
     def describe(self) -> str:
         return self.db.shown
+
+    def eval_record(self, eval_id: str) -> PgEvalRecord:
+        return PgEvalRecord(self.db, eval_id)
+
+    def list_evals(self) -> list[str]:
+        with self.db.reading() as conn:
+            rows = conn.execute("SELECT eval_id FROM lanefold_evals"
+                                " ORDER BY created DESC, eval_id DESC").fetchall()
+        return [str(row[0]) for row in rows]
+
+    def portable(self) -> PgStore:
+        """The same store for a worker on any machine (it travels with its password)."""
+        return self
 
     def missing(self) -> list[str]:
         if importlib.util.find_spec("psycopg") is None:
