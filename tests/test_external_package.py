@@ -83,6 +83,22 @@ MODULES = {
             def verifier(self, items):
                 return None
     ''',
+    # A store: runs as files under the folder an `ext://` URL names (a RunStore of its own).
+    "lanefold_ext/store.py": '''
+        from pathlib import Path
+        from typing import ClassVar
+        from urllib.parse import urlsplit
+
+        from lanefold.stores.files import RunStore
+
+
+        class ExtStore(RunStore):
+            schemes: ClassVar[tuple[str, ...]] = ("ext",)
+
+            @classmethod
+            def from_url(cls, url, *, runs_dir="runs", password_env=None):
+                return cls(Path(urlsplit(url).path))
+    ''',
     # A verifier: passes an answer ending in 1.
     "lanefold_ext/verifier.py": '''
         def ends_in_one(question, text, answer):
@@ -95,6 +111,9 @@ ext_first = lanefold_ext.loop:FirstOfPhrasings
 
 [lanefold.scorers]
 ext_last_digit = lanefold_ext.scorer:LastDigit
+
+[lanefold.stores]
+ext_store = lanefold_ext.store:ExtStore
 
 [lanefold.verifiers]
 ext_ends_in_one = lanefold_ext.verifier:ends_in_one
@@ -148,6 +167,20 @@ def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> Non
     assert (result["answer"], len(result["lanes"])) == ("391", 3)
 
 
+def test_runs_land_in_an_entry_points_store_and_list_reads_them(installed: Path,
+                                                                  tmp_path: Path) -> None:
+    config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"')
+    url = f"ext://{tmp_path / 'elsewhere'}"
+    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?",
+                        "--run-id", "r1", "--store", url)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "elsewhere" / "r1" / "events.jsonl").is_file()
+    assert not (tmp_path / "runs").exists()
+    listed = orchestrator(installed, tmp_path, "list", "--store", url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["run_id"] for line in listed.stdout.splitlines()] == ["r1"]
+
+
 def test_an_eval_scores_with_an_entry_points_scorer(installed: Path, tmp_path: Path) -> None:
     config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"')
     done = orchestrator(installed, tmp_path, "eval", str(config), "--dataset",
@@ -184,7 +217,7 @@ def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) 
 
 def test_the_facade_names_none_of_them() -> None:
     names = [name for module in MODULES.values() for name in ("ext_first", "ext_last_digit",
-                                                               "ext_ends_in_one")
+                                                               "ext_ends_in_one", "ExtStore")
              if name in module] + list(EXTERNAL)
     named = sorted(f"{path.relative_to(ROOT)}: {name}"
                    for path in (ROOT / "orchestrator").rglob("*.py") for name in set(names)
