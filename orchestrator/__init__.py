@@ -1,5 +1,5 @@
 """lanefold's public facade: run and resume loops, load configs, read results and event logs,
-and plug in loops, reducers and verifiers.
+and plug in loops, reducers, backends and verifiers.
 
     import lanefold
     result = lanefold.run_sync(lanefold.load_config("loop.toml"), question="...")
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
         Verifier,
         fold,
         parse_event,
+        register_backend,
         register_executor,
         register_loop,
         register_reducer,
@@ -104,8 +105,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "NonDeterminismError", "Outcome", "Pricing", "QuorumNotMetError", "ReduceOptions",
         "Reducer", "Reduction", "RunError", "RunInUseError", "RunNotFoundError", "RunState",
         "Sample", "SampleRequest", "SamplingParams", "Usage", "Verdict", "Verifier", "fold",
-        "parse_event", "register_executor", "register_loop", "register_reducer",
-        "register_store"),
+        "parse_event", "register_backend", "register_executor", "register_loop",
+        "register_reducer", "register_store"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -165,6 +166,7 @@ __all__ = (
     "parse_event",
     "read_run",
     "read_state",
+    "register_backend",
     "register_executor",
     "register_loop",
     "register_reducer",

@@ -37,6 +37,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             VERSION,
             LoopConfig,
             backend_errors,
+            backend_preflight_errors,
             config_errors,
             load_backend_config,
             load_config,
@@ -58,9 +59,9 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         )
         from lanefold._session import Session
         from lanefold._store import Store, open_store, read_run, read_state
-        from lanefold.backends.engine import EngineConfig, resolve_model_path
         from lanefold.evaluate import add_commands, is_eval, show_eval, tail_eval
         from lanefold.primitives import (
+            BACKENDS,
             ConfigError,
             ExtractSpec,
             LanefoldError,
@@ -558,12 +559,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                "can reach this port can use the model")
     config = load_backend_config(args.backend_config)
     # What a run's preflight would say, said before the model loads (or the server starts).
-    errors = list(backend_errors(config, args.backend_config))
-    if isinstance(config, EngineConfig):
-        try:
-            resolve_model_path(config.model)
-        except ConfigError as exc:
-            errors.append(f"{args.backend_config}: backend.model: {exc}")
+    errors = [*backend_errors(config, args.backend_config),
+              *backend_preflight_errors(config, args.backend_config)]
     if errors:
         raise ConfigError(errors[0])
     backend = build_backend(config)
@@ -578,7 +575,8 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def config_schema() -> dict[str, Any]:
-    """The config's JSON Schema, `[loop]` one of each registered loop's keys."""
+    """The config's JSON Schema: `[loop]` one of each registered loop's keys, `[backend]`
+    (and `[judge.backend]`) one of each registered backend's."""
     schema = LoopConfig.model_json_schema()
     defs = schema.setdefault("$defs", {})
     shared = defs.get("LoopSection", {})
@@ -592,7 +590,29 @@ def config_schema() -> dict[str, Any]:
                          "properties": properties, "additionalProperties": False})
     defs["LoopSection"] = {"title": "LoopSection", "description": shared.get("description", ""),
                            "oneOf": variants}
+    defs["BackendSection"] = {"title": "BackendSection", "oneOf": backend_variants(defs),
+                              "description": "a registered backend's keys, by kind"}
+    ref = {"$ref": "#/$defs/BackendSection"}
+    schema["properties"]["backend"] = ref
+    judge = defs["JudgeSection"]["properties"]
+    judge["backend"] = {"anyOf": [ref, {"type": "null"}], "default": None}
     return schema
+
+
+def backend_variants(defs: dict[str, Any]) -> list[dict[str, Any]]:
+    """One schema for each registered backend's keys (`kind` its name); its definitions are
+    added to `defs`."""
+    variants = []
+    for name, model in BACKENDS.items():
+        keys = model.model_json_schema()
+        defs.update(keys.pop("$defs", {}))
+        properties = {**keys.get("properties", {}), "kind": {"const": name}}
+        variants.append({"title": f"[backend] of {name}", "type": "object",
+                         "description": keys.get("description", ""),
+                         "properties": properties, "required": sorted({"kind",
+                                                                        *keys.get("required", ())}),
+                         "additionalProperties": False})
+    return variants
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import math
 import os
@@ -12,34 +11,38 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     PrivateAttr,
     ValidationError,
+    WithJsonSchema,
     create_model,
     field_validator,
     model_validator,
 )
 
+import lanefold.backends  # registers the built-in backends
 import lanefold.coordinators  # registers the built-in loops and reducers
 import lanefold.stores  # noqa: F401  # registers the built-in stores
 from lanefold._defaults import DEFAULT_LOOP
-from lanefold.backends.engine import EngineConfig, resolve_model_path
-from lanefold.backends.openai import OpenAIConfig, read_api_key
-from lanefold.backends.simulated import SimulatedConfig
 from lanefold.primitives import (
+    BACKENDS,
     REDUCERS,
+    BackendSpec,
     ConfigError,
     ExtractSpec,
     JudgeSettings,
     Limits,
     Pricing,
     SamplingParams,
+    backend_build_errors,
+    backend_preflight,
     compile_score_regex,
     hash_config,
     import_verifier,
@@ -57,11 +60,14 @@ if TYPE_CHECKING:
     from lanefold.primitives import RunState
 
 __all__ = (
+    "DEFAULT_BACKEND",
     "MAX_NESTING",
     "VERSION",
     "BackendConfig",
+    "JudgeBackendConfig",
     "LoopConfig",
     "backend_errors",
+    "backend_preflight_errors",
     "build_errors",
     "config_errors",
     "config_hash",
@@ -77,8 +83,71 @@ VERSION = metadata.version("lanefold")  # in every run.started: which version wr
 # deeper is a mistake or an attack, and validating it would exhaust Python's stack.
 MAX_NESTING = 32
 
-BackendConfig = Annotated[SimulatedConfig | EngineConfig | OpenAIConfig,
-                          Field(discriminator="kind")]
+# The facade's defaults, named once: a config without `[backend]` runs on the bundled engine
+# on its bundled model (no server, no key).
+DEFAULT_BACKEND: dict[str, Any] = {"kind": "engine"}
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _backend_section(where: str) -> Any:
+    """The validator of a `[backend]` table at `where`: its `kind` picks the registered model
+    (or names one as `module:Class`), which validates the rest; errors name `where.<key>`."""
+
+    def validate(value: Any) -> BackendSpec | None:
+        if value is None and where != "backend":
+            return None
+        if isinstance(value, BaseModel):  # built in Python: a backend's own config model
+            if not isinstance(value, BackendSpec):
+                raise ValueError(f"{where}: {type(value).__name__} is not a backend config "
+                                 f"(it has no 'kind' or no 'build')")
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: must be a table")
+        try:
+            return backend_of(value, where)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        except ValidationError as exc:  # each error, named by its place: one line each
+            raise ValueError("\n".join(_described(exc, where))) from None
+
+    return PlainValidator(validate)
+
+
+_BACKEND_SCHEMA = {"type": "object", "description": "a registered backend's keys, by kind"}
+BackendConfig = Annotated[BackendSpec, _backend_section("backend"),
+                          WithJsonSchema(_BACKEND_SCHEMA)]
+JudgeBackendConfig = Annotated[BackendSpec | None, _backend_section("judge.backend"),
+                               WithJsonSchema({"anyOf": [_BACKEND_SCHEMA, {"type": "null"}]})]
+
+
+def backend_of(raw: Mapping[str, Any], where: str = "backend") -> BackendSpec:
+    """A `[backend]` table validated by the model its `kind` names: a ConfigError naming
+    `where.kind` when that is unknown, a ValidationError for the rest."""
+    kind = raw.get("kind")
+    if not isinstance(kind, str):
+        known = ", ".join(BACKENDS.names())
+        said = "required" if kind is None else "must be a string"
+        raise ConfigError(f"{where}.kind: {said} (known: {known}; or give 'module:attr')")
+    found: type[BaseModel] = BACKENDS.resolve(kind, key=f"{where}.kind")
+    model = _kind_model(found, kind)
+    document = json.dumps(dict(raw), default=str)
+    strict = _strict(model)
+    if strict is not model:  # the plug-in's own model may allow unknown keys: refused here
+        strict.model_validate_json(document, strict=True)
+    spec: Any = model.model_validate_json(document, strict=True)  # a BackendSpec: registered
+    return cast(BackendSpec, spec)
+
+
+@functools.cache
+def _kind_model(model: type[BaseModel], kind: str) -> type[BaseModel]:
+    """`model`, its `kind` the name it was found by: a model named as `module:Class` (or
+    registered by a name not its own) records that name, so the record finds it again."""
+    if model.model_fields["kind"].default == kind:
+        return model
+    named: Any = Literal[kind]  # a Literal of a value known at run time
+    return create_model(model.__name__, __base__=model, __module__=model.__module__,
+                        kind=(named, kind))
 
 
 class _Section(BaseModel):
@@ -143,7 +212,7 @@ class JudgeSection(_Section):
         None, min_length=1, description="the candidate on stdin; exit 0 passes; a number on "
         "stdout is the score")
     verifier_timeout_s: float = Field(30.0, gt=0)
-    backend: BackendConfig | None = None
+    backend: JudgeBackendConfig = None
     temperature: float = Field(0.0, ge=0, le=5)
     max_tokens: int = Field(64, ge=1)
     stop: list[str] = []
@@ -230,8 +299,7 @@ class LoopConfig(_Section):
     prompt: PromptSection = PromptSection()
     sampling: SamplingSection = SamplingSection()
     extract: ExtractSpec = ExtractSpec(regex=r"Answer:\s*(.+)")
-    # The embedded default: the bundled engine on its bundled model (no server, no key).
-    backend: BackendConfig = EngineConfig()
+    backend: BackendConfig = Field(default_factory=lambda: backend_of(DEFAULT_BACKEND))
     budget: BudgetSection = BudgetSection()
     pricing: Pricing = Pricing()
     retry: RetrySection = RetrySection()
@@ -394,21 +462,25 @@ def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list
 
 def _described(exc: ValidationError, prefix: str = "") -> list[str]:
     """`where: what` for each error of a validation, in its order."""
-    return [_describe(error, prefix) for error in exc.errors()]
+    return [line for error in exc.errors() for line in _describe(error, prefix)]
 
 
-def _describe(error: ErrorDetails, prefix: str = "") -> str:
-    """`where: what` for one error of a validation."""
-    where = ".".join([prefix] * bool(prefix) + _location(error["loc"]))
+def _describe(error: ErrorDetails, prefix: str = "") -> list[str]:
+    """`where: what` for one error of a validation (a plug-in's section: one for each of its
+    errors)."""
+    where = ".".join([prefix] * bool(prefix) + [str(part) for part in error["loc"]])
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = "unknown key"
-    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        where += ".kind"
-    if error["type"] == "value_error" and where in ("", prefix):
-        # A check across fields names its own field: "loop.min_quorum: ...".
-        where, _, message = str(error["ctx"]["error"]).partition(": ")
-    return f"{where or '(top level)'}: {message}"
+    if error["type"] == "value_error":
+        said = str(error["ctx"]["error"])
+        if where and said.startswith((f"{where}.", f"{where}:")):
+            # A plug-in's section, validated by its own model: its lines name their keys.
+            return said.splitlines()
+        if where in ("", prefix):
+            # A check across fields names its own field: "loop.min_quorum: ...".
+            where, _, message = said.partition(": ")
+    return [f"{where or '(top level)'}: {message}"]
 
 
 @functools.cache
@@ -420,14 +492,16 @@ def _section_model(loop: Any) -> type[BaseModel]:
 
 
 @functools.cache
-def _strict(params: type[BaseModel]) -> type[BaseModel]:
-    """`params` refusing unknown keys, whatever its own model config allows: a `[loop]` key
-    no loop reads is a typo to name, never a setting to drop."""
+def _strict(params: type[M]) -> type[M]:
+    """A plug-in's model (a loop's `Params`, a backend's config) refusing unknown keys,
+    whatever its own model config allows: a key no plug-in reads is a typo to name, never a
+    setting to drop."""
     if params.model_config.get("extra") == "forbid":
         return params
     config = ConfigDict(**{**params.model_config, "extra": "forbid"})
-    return type(params.__name__, (params,), {"model_config": config,
-                                             "__module__": params.__module__})
+    strict: type[M] = type(params.__name__, (params,), {"model_config": config,
+                                                        "__module__": params.__module__})
+    return strict
 
 
 def _non_finite(value: object, where: str = "") -> Iterator[str]:
@@ -461,26 +535,13 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-def _location(loc: tuple[int | str, ...]) -> list[str]:
-    # pydantic puts the union member's tag after `backend`; the user wrote no such key.
-    parts: list[str] = []
-    for i, part in enumerate(loc):
-        if i > 0 and loc[i - 1] == "backend" and part in _BACKEND_KINDS:
-            continue
-        parts.append(str(part))
-    return parts
-
-
-_BACKEND_KINDS = frozenset({"simulated", "engine", "openai"})
-
-
 def load_config(path: str | Path) -> LoopConfig:
     """Read a TOML (or `.json`) loop config file."""
     path = Path(path)
     return parse_config(_read(path), source=str(path), folder=path.parent)
 
 
-def load_backend_config(path: str | Path) -> BackendConfig:
+def load_backend_config(path: str | Path) -> BackendSpec:
     """Read a backend config: a file holding a `[backend]` table, or only the backend's keys."""
     path = Path(path)
     raw = _read(path)
@@ -546,7 +607,8 @@ def preflight(config: LoopConfig, source: str = "<config>", *,
               verifier_given: bool = False) -> None:
     """What validation alone cannot see, checked before a run is created: a reducer that
     needs a judge has one (`verifier_given`: the caller passes a verifier), the verifier
-    imports, and each engine model exists. Raises ConfigError naming the first that fails."""
+    imports, and what each backend checks before a run (its `preflight`: an engine's model
+    exists). Raises ConfigError naming the first that fails."""
     first = next(_preflight_errors(config, source, verifier_given=verifier_given), None)
     if first is not None:
         raise ConfigError(first)
@@ -569,39 +631,34 @@ def config_errors(path: str | Path) -> list[str]:
     return [*_preflight_errors(config, str(path)), *build_errors(config, str(path))]
 
 
-_ENGINE_MODULES = ("torch", "numpy", "tokenizers", "gguf", "safetensors", "jinja2")
-
-
 def build_errors(config: LoopConfig, source: str = "<config>",
                  environ: Mapping[str, str] = os.environ) -> Iterator[str]:
     """What building the config's backends would refuse (a run builds them before it is
-    created), found without building anything: an API key the openai backend would not send
-    (`read_api_key`), the engine extra not installed (looked up, not imported)."""
-    for where, backend in (("backend", config.backend), ("judge.backend", config.judge.backend)):
-        if backend is not None:
-            yield from backend_errors(backend, source, where, environ)
+    created), found without building anything: each backend's own `build_errors` (an API key
+    it would not send, an optional extra not installed)."""
+    for where, backend in _backends(config):
+        yield from backend_errors(backend, source, where, environ)
 
 
-def backend_errors(backend: BackendConfig, source: str, where: str = "backend",
+def backend_errors(backend: BackendSpec, source: str, where: str = "backend",
                    environ: Mapping[str, str] = os.environ) -> Iterator[str]:
     """`build_errors` of one backend section (`where`: its key), for `serve` too."""
-    if isinstance(backend, OpenAIConfig) and backend.api_key_env is not None:
-        try:
-            read_api_key(environ, backend.api_key_env)
-        except ConfigError as exc:
-            yield f"{source}: {where}.api_key_env: {exc}"
-    if isinstance(backend, EngineConfig):
-        missing = next((name for name in _ENGINE_MODULES if not _installed(name)), None)
-        if missing is not None:
-            yield (f"{source}: {where}.kind: 'engine' needs the engine extra (pip install "
-                   f"'lanefold[engine]'): No module named {missing!r}")
+    for line in backend_build_errors(backend, environ):
+        yield f"{source}: {where}.{line}"
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+def backend_preflight_errors(backend: BackendSpec, source: str,
+                             where: str = "backend") -> Iterator[str]:
+    """The backend's own `preflight` lines (a model on disk), for `serve` too."""
+    for line in backend_preflight(backend):
+        yield f"{source}: {where}.{line}"
+
+
+def _backends(config: LoopConfig) -> Iterator[tuple[str, BackendSpec]]:
+    """Each backend section of the config and its key."""
+    yield "backend", config.backend
+    if config.judge.backend is not None:
+        yield "judge.backend", config.judge.backend
 
 
 def _preflight_errors(config: LoopConfig, source: str, *,
@@ -628,12 +685,8 @@ def _preflight_errors(config: LoopConfig, source: str, *,
                 import_verifier(config.judge.verifier)
         except ConfigError as exc:
             yield f"{source}: {exc}"
-    for where, backend in (("backend", config.backend), ("judge.backend", config.judge.backend)):
-        if isinstance(backend, EngineConfig):
-            try:
-                resolve_model_path(backend.model)
-            except ConfigError as exc:
-                yield f"{source}: {where}.model: {exc}"
+    for where, backend in _backends(config):
+        yield from backend_preflight_errors(backend, source, where)
 
 
 def recorded_config(state: RunState, source: str) -> LoopConfig:

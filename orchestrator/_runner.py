@@ -14,13 +14,11 @@ from collections.abc import Awaitable, Callable
 import anyio
 import structlog
 
-from lanefold._config import BackendConfig, LoopConfig
+from lanefold._config import LoopConfig
 from lanefold._result import RunResult, result_from_state
-from lanefold.backends.engine import EngineConfig
-from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
-from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
 from lanefold.primitives import (
     Backend,
+    BackendSpec,
     ConfigError,
     Dispatcher,
     EventLog,
@@ -70,20 +68,10 @@ __all__ = (
 Observer = Callable[[AnyEvent], None]
 
 
-def build_backend(config: BackendConfig) -> Backend:
-    """A Backend for a `[backend]` section. Optional extras are imported only when used."""
-    if isinstance(config, SimulatedConfig):
-        return SimulatedBackend(config)
-    if isinstance(config, OpenAIConfig):
-        return OpenAIBackend(config)
-    if isinstance(config, EngineConfig):
-        try:
-            from lanefold.backends.engine import EngineBackend  # torch: only when the engine is used
-        except ImportError as exc:
-            raise ConfigError(f"backend.kind: 'engine' needs the engine extra "
-                              f"(pip install 'lanefold[engine]'): {exc}") from None
-        return EngineBackend(config)
-    raise ConfigError(f"backend.kind: {config.kind!r} is not available")  # pragma: no cover
+def build_backend(config: BackendSpec) -> Backend:
+    """A Backend for a `[backend]` section, built by its registered model (which imports an
+    optional extra only when it is used, and says which one is missing)."""
+    return config.build()
 
 
 def check_question(question: str) -> str:

@@ -1,7 +1,8 @@
 """The governed substrate shared by every loop. Imports no other package of ours.
 
 Events (the public `primitives.events`) and event logs, the budget ledger, the dispatch path
-and its barrier, the run-state fold, the Backend seam, the loop seam (`Loop`, `LoopContext`,
+and its barrier, the run-state fold, the Backend seam and the registry of backends' config models
+(`BACKENDS`, `register_backend`), the loop seam (`Loop`, `LoopContext`,
 `Outcome`, `Reducer`, `Verifier` and their registries), and the pure answer/vote/judge
 functions.
 """
@@ -24,6 +25,13 @@ from lanefold.primitives._backend import (
     Usage,
     closing,
     sample_all,
+)
+from lanefold.primitives._backend_spec import (
+    BACKENDS,
+    BackendSpec,
+    backend_build_errors,
+    backend_preflight,
+    register_backend,
 )
 from lanefold.primitives._budget import (
     Hold,
@@ -163,6 +171,7 @@ from lanefold.primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_
 from lanefold.primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
+    "BACKENDS",
     "END_TYPES",
     "EXECUTORS",
     "FRAME_TOKENS",
@@ -177,6 +186,7 @@ __all__ = (
     "AuthenticationError",
     "Backend",
     "BackendError",
+    "BackendSpec",
     "BackendTimeoutError",
     "BadResponseError",
     "Ballot",
@@ -264,6 +274,8 @@ __all__ = (
     "WaveState",
     "apply",
     "audit_run",
+    "backend_build_errors",
+    "backend_preflight",
     "check_next_sequence",
     "check_verifier_limits",
     "closing",
@@ -294,6 +306,7 @@ __all__ = (
     "redact_url",
     "reducer_names",
     "reducer_traits",
+    "register_backend",
     "register_executor",
     "register_loop",
     "register_reducer",

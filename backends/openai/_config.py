@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lanefold.primitives import ConfigError
+from lanefold.primitives import ConfigError, register_backend
+
+if TYPE_CHECKING:
+    from lanefold.backends.openai._backend import OpenAIBackend
 
 __all__ = ("RESERVED_BODY_KEYS", "OpenAIConfig", "read_api_key")
 
@@ -39,6 +42,7 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 _HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
 
 
+@register_backend("openai")
 class OpenAIConfig(BaseModel):
     """Where and how to reach an OpenAI-compatible server (vLLM, SGLang, llama.cpp, OpenAI).
 
@@ -106,6 +110,23 @@ class OpenAIConfig(BaseModel):
         if clash:
             raise ValueError(f"extra_body may not set {clash}: the backend sets them per request")
         return value
+
+    def build(self) -> OpenAIBackend:
+        """The backend these settings describe (its API key read from the environment now)."""
+        # Imported here: the backend's module imports this one.
+        from lanefold.backends.openai._backend import OpenAIBackend
+
+        return OpenAIBackend(self)
+
+    def build_errors(self, environ: Mapping[str, str]) -> list[str]:
+        """What `build` would refuse, found without building: an API key it would not send."""
+        if self.api_key_env is None:
+            return []
+        try:
+            read_api_key(environ, self.api_key_env)
+        except ConfigError as exc:
+            return [f"api_key_env: {exc}"]
+        return []
 
 
 def read_api_key(environ: Mapping[str, str], name: str) -> str:

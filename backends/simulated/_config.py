@@ -8,7 +8,7 @@ before they existed.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,6 +18,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from lanefold.primitives import register_backend
+
+if TYPE_CHECKING:
+    from lanefold.backends.simulated._backend import SimulatedBackend
 
 __all__ = ("ScriptRule", "SimulatedConfig")
 
@@ -47,6 +52,7 @@ class ScriptRule(BaseModel):
                                             or re.search(self.match, prompt) is not None)
 
 
+@register_backend("simulated")
 class SimulatedConfig(BaseModel):
     """`[backend] kind = "simulated"`: what the simulated sampler says, how fast, how often it fails."""
 
@@ -108,3 +114,10 @@ class SimulatedConfig(BaseModel):
         if self.accuracy < 1 and not self.distractors:
             raise ValueError("distractors must not be empty when accuracy < 1")
         return self
+
+    def build(self) -> SimulatedBackend:
+        """The simulated backend these settings describe."""
+        # Imported here: the backend's module imports this one (its default config).
+        from lanefold.backends.simulated._backend import SimulatedBackend
+
+        return SimulatedBackend(self)

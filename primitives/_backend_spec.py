@@ -1,0 +1,85 @@
+"""The backend kind: what a `[backend]` table validates into, and the registry of them.
+
+A backend registers its config model, a pydantic model with a `kind` field, which declares how
+to build its Backend (`build`) and, optionally, what the facade checks before a run is created
+(`preflight`) and what building would refuse, found without building (`build_errors`). The
+facade knows no backend by name: `[backend] kind` picks the registered model (or names one as
+`module:Class`), validates the table with it, and asks it for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel
+
+from lanefold.primitives._backend import Backend
+from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
+
+__all__ = ("BACKENDS", "BackendSpec", "backend_build_errors", "backend_preflight",
+           "register_backend")
+
+M = TypeVar("M", bound=type[BaseModel])
+
+
+@runtime_checkable
+class BackendSpec(Protocol):
+    """A validated `[backend]` table: its `kind` and how to build its Backend.
+
+    Optional, where the backend has something to say before it is built (each returns one
+    `key: what` line per problem, `key` one of its own keys; [] when there is none):
+    `preflight() -> list[str]`, checked before a run is created (a model file exists), and
+    `build_errors(environ) -> list[str]`, what `build()` would refuse, found without building
+    (an API key, an optional extra), for `validate` and `serve`.
+    """
+
+    kind: str
+
+    def build(self) -> Backend:
+        """The Backend these settings describe, not loaded yet (heavy imports happen here)."""
+        ...
+
+
+def backend_preflight(spec: BackendSpec) -> list[str]:
+    """The backend's own `preflight()` lines ([] when it declares none)."""
+    hook: Callable[[], list[str]] | None = getattr(spec, "preflight", None)
+    return list(hook()) if hook is not None else []
+
+
+def backend_build_errors(spec: BackendSpec, environ: Mapping[str, str]) -> list[str]:
+    """The backend's own `build_errors(environ)` lines ([] when it declares none)."""
+    hook: Callable[[Mapping[str, str]], list[str]] | None = getattr(spec, "build_errors", None)
+    return list(hook(environ)) if hook is not None else []
+
+
+def _check_backend(obj: Any, key: str) -> None:
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a pydantic model")
+    if "kind" not in obj.model_fields:
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a backend config (it has no "
+                             f"'kind' field)")
+    if not callable(getattr(obj, "build", None)):
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a backend config (it has no "
+                             f"'build' method)")
+
+
+def _own_kind(obj: Any) -> str | None:
+    fields = getattr(obj, "model_fields", {})
+    kind = fields["kind"].default if "kind" in fields else None
+    return kind if isinstance(kind, str) else None
+
+
+BACKENDS: Registry[type[BaseModel]] = Registry("backend", key="backend.kind",
+                                               check=_check_backend, name_of=_own_kind)
+
+
+def register_backend(kind: str) -> Callable[[M], M]:
+    """Class decorator on a backend's config model: `[backend] kind = "<kind>"` validates with
+    it (unknown keys refused, whatever its own model config says) and builds its Backend."""
+
+    def add(model: M) -> M:
+        BACKENDS.add(kind, model)
+        return model
+
+    return add
