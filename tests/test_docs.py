@@ -43,6 +43,19 @@ def test_every_config_key_is_documented() -> None:
             assert f"`{key}`" in text, f"{section}.{key} is not in docs/config.md"
 
 
+def test_every_backend_key_is_documented() -> None:
+    """The built-in backends' own `[backend]` keys are on the config page too."""
+    from lanefold.primitives import BACKENDS
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    for name, model in BACKENDS.items():
+        if not model.__module__.startswith("lanefold.backends."):
+            continue  # a backend some other test or page registered
+        assert f'`kind = "{name}"`' in text, f"backend {name} is not in docs/config.md"
+        for key in model.model_fields:
+            assert f"`{key}`" in text, f"backend.{key} ({name}) is not in docs/config.md"
+
+
 def test_every_loop_key_is_documented() -> None:
     """The built-in loops' own `[loop]` keys (their Params) are on the config page too."""
     from lanefold.primitives import loop_names, resolve_loop
