@@ -99,6 +99,45 @@ MODULES = {
             def from_url(cls, url, *, runs_dir="runs", password_env=None):
                 return cls(Path(urlsplit(url).path))
     ''',
+    # A backend: every lane answers the number its config names, a token per character.
+    "lanefold_ext/backend.py": '''
+        from typing import Literal
+
+        from pydantic import BaseModel, ConfigDict
+
+        from lanefold.primitives import Sample, Usage
+
+
+        class ConstantBackend:
+            max_lanes_per_request = None
+            shares_prefix = False
+
+            def __init__(self, answer: str) -> None:
+                self.name = f"ext_constant:{answer}"
+                self.answer = answer
+
+            def count_prompt_tokens(self, prompt):
+                return len(prompt)
+
+            async def sample(self, request):
+                for lane in request.lanes:
+                    text = f"Answer: {self.answer}"
+                    yield Sample(lane=lane.lane, text=text, finish_reason="stop",
+                                 usage=Usage(input_tokens=len(request.prompt),
+                                             output_tokens=len(text)))
+
+            async def aclose(self):
+                pass
+
+
+        class ConstantConfig(BaseModel):
+            model_config = ConfigDict(extra="forbid", frozen=True)
+            kind: Literal["ext_constant"] = "ext_constant"
+            answer: str = "7"
+
+            def build(self):
+                return ConstantBackend(self.answer)
+    ''',
     # A verifier: passes an answer ending in 1.
     "lanefold_ext/verifier.py": '''
         def ends_in_one(question, text, answer):
@@ -111,6 +150,9 @@ ext_first = lanefold_ext.loop:FirstOfPhrasings
 
 [lanefold.scorers]
 ext_last_digit = lanefold_ext.scorer:LastDigit
+
+[lanefold.backends]
+ext_constant = lanefold_ext.backend:ConstantConfig
 
 [lanefold.stores]
 ext_store = lanefold_ext.store:ExtStore
@@ -167,6 +209,19 @@ def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> Non
     assert (result["answer"], len(result["lanes"])) == ("391", 3)
 
 
+def test_a_backend_from_an_entry_point_answers(installed: Path, tmp_path: Path) -> None:
+    config = tmp_path / "const.toml"
+    config.write_text('[loop]\ncoordinator = "ext_first"\n\n[backend]\nkind = "ext_constant"\n'
+                      'answer = "42"\n')
+    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "6 * 7?", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answer"] == "42"
+    config.write_text(config.read_text() + "answr = 1\n")
+    refused = orchestrator(installed, tmp_path, "run", str(config), "--question", "6 * 7?")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("backend.answr: unknown key"), refused.stderr
+
+
 def test_runs_land_in_an_entry_points_store_and_list_reads_them(installed: Path,
                                                                   tmp_path: Path) -> None:
     config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"')
@@ -217,7 +272,8 @@ def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) 
 
 def test_the_facade_names_none_of_them() -> None:
     names = [name for module in MODULES.values() for name in ("ext_first", "ext_last_digit",
-                                                               "ext_ends_in_one", "ExtStore")
+                                                               "ext_ends_in_one", "ExtStore",
+                                                               "ext_constant")
              if name in module] + list(EXTERNAL)
     named = sorted(f"{path.relative_to(ROOT)}: {name}"
                    for path in (ROOT / "orchestrator").rglob("*.py") for name in set(names)
