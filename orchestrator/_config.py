@@ -529,13 +529,14 @@ def load_config(path: str | Path) -> LoopConfig:
 
 
 def load_backend_config(path: str | Path) -> BackendSpec:
-    """Read a backend config: a file holding a `[backend]` table, or only the backend's keys."""
+    """Read a backend config: a file holding a `[backend]` table, or only the backend's keys
+    (a `kind = "module:Class"` is looked up beside the file first)."""
     path = Path(path)
     raw = _read(path)
     section = raw.get("backend", raw)
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: backend: must be a table")
-    return parse_config({"backend": section}, source=str(path)).backend
+    return parse_config({"backend": section}, source=str(path), folder=path.parent).backend
 
 
 def _read(path: Path) -> dict[str, Any]:
