@@ -98,7 +98,7 @@ def _backend_section(where: str) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: must be a table")
         try:
-            return backend_of(value, where)
+            return _backend_of(value, where)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         except ValidationError as exc:  # each error, named by its place: one line each
@@ -114,7 +114,7 @@ JudgeBackendConfig = Annotated[BackendSpec | None, _backend_section("judge.backe
                                WithJsonSchema({"anyOf": [_BACKEND_SCHEMA, {"type": "null"}]})]
 
 
-def backend_of(raw: Mapping[str, Any], where: str = "backend") -> BackendSpec:
+def _backend_of(raw: Mapping[str, Any], where: str = "backend") -> BackendSpec:
     """A `[backend]` table validated by the model its `kind` names: a ConfigError naming
     `where.kind` when that is unknown, a ValidationError for the rest."""
     kind = raw.get("kind")
@@ -286,7 +286,7 @@ class LoopConfig(_Section):
     prompt: PromptSection = PromptSection()
     sampling: SamplingSection = SamplingSection()
     extract: ExtractSpec = ExtractSpec(regex=r"Answer:\s*(.+)")
-    backend: BackendConfig = Field(default_factory=lambda: backend_of(DEFAULT_BACKEND))
+    backend: BackendConfig = Field(default_factory=lambda: _backend_of(DEFAULT_BACKEND))
     budget: BudgetSection = BudgetSection()
     pricing: Pricing = Pricing()
     retry: RetrySection = RetrySection()
