@@ -105,7 +105,7 @@ def _backend_section(where: str) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: must be a table")
         try:
-            return backend_of(value, where)
+            return _backend_of(value, where)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         except ValidationError as exc:  # each error, named by its place: one line each
@@ -121,7 +121,7 @@ JudgeBackendConfig = Annotated[BackendSpec | None, _backend_section("judge.backe
                                WithJsonSchema({"anyOf": [_BACKEND_SCHEMA, {"type": "null"}]})]
 
 
-def backend_of(raw: Mapping[str, Any], where: str = "backend") -> BackendSpec:
+def _backend_of(raw: Mapping[str, Any], where: str = "backend") -> BackendSpec:
     """A `[backend]` table validated by the model its `kind` names: a ConfigError naming
     `where.kind` when that is unknown, a ValidationError for the rest."""
     kind = raw.get("kind")
@@ -299,7 +299,7 @@ class LoopConfig(_Section):
     prompt: PromptSection = PromptSection()
     sampling: SamplingSection = SamplingSection()
     extract: ExtractSpec = ExtractSpec(regex=r"Answer:\s*(.+)")
-    backend: BackendConfig = Field(default_factory=lambda: backend_of(DEFAULT_BACKEND))
+    backend: BackendConfig = Field(default_factory=lambda: _backend_of(DEFAULT_BACKEND))
     budget: BudgetSection = BudgetSection()
     pricing: Pricing = Pricing()
     retry: RetrySection = RetrySection()
@@ -542,13 +542,14 @@ def load_config(path: str | Path) -> LoopConfig:
 
 
 def load_backend_config(path: str | Path) -> BackendSpec:
-    """Read a backend config: a file holding a `[backend]` table, or only the backend's keys."""
+    """Read a backend config: a file holding a `[backend]` table, or only the backend's keys
+    (a `kind = "module:Class"` is looked up beside the file first)."""
     path = Path(path)
     raw = _read(path)
     section = raw.get("backend", raw)
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: backend: must be a table")
-    return parse_config({"backend": section}, source=str(path)).backend
+    return parse_config({"backend": section}, source=str(path), folder=path.parent).backend
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -466,6 +466,25 @@ def test_importing_orchestrator_does_not_import_torch() -> None:
     assert done.stdout.strip() == "[]"
 
 
+# -- (d2) the facade knows no backend by its class --------------------------------------------------
+
+BUILT_IN_BACKEND_CLASSES = ("SimulatedConfig", "EngineConfig", "OpenAIConfig", "SimulatedBackend",
+                            "EngineBackend", "OpenAIBackend")
+
+
+def test_the_facade_names_no_built_in_backend_class() -> None:
+    # `[backend]` is validated and built through the registry (BACKENDS): each backend's config
+    # model builds it and says what it checks, so no isinstance chain over them is left.
+    named = sorted(
+        f"{_rel(path)}:{node.lineno} {node.id if isinstance(node, ast.Name) else node.attr}"
+        for path in _modules("orchestrator")
+        for node in ast.walk(_tree(path))
+        if (isinstance(node, ast.Name) and node.id in BUILT_IN_BACKEND_CLASSES)
+        or (isinstance(node, ast.Attribute) and node.attr in BUILT_IN_BACKEND_CLASSES)
+        or (isinstance(node, ast.alias) and node.name in BUILT_IN_BACKEND_CLASSES))
+    assert named == []
+
+
 # -- (e) anyio only -------------------------------------------------------------------------------
 
 
