@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         BudgetExhaustedError,
         ConfigError,
         EventLog,
+        Hook,
         Lane,
         LanefoldError,
         LaneJob,
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
         Verifier,
         fold,
         parse_event,
+        register_hook,
         register_loop,
         register_reducer,
     )
@@ -100,7 +102,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "NonDeterminismError", "Outcome", "Pricing", "QuorumNotMetError", "ReduceOptions",
         "Reducer", "Reduction", "RunError", "RunInUseError", "RunNotFoundError", "RunState",
         "Sample", "SampleRequest", "SamplingParams", "Usage", "Verdict", "Verifier", "fold",
-        "parse_event", "register_loop", "register_reducer"),
+        "parse_event", "register_loop", "register_reducer", "Hook", "register_hook"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -113,6 +115,7 @@ __all__ = (
     "CostBreakdown",
     "EventLog",
     "Executor",
+    "Hook",
     "JsonlEventLog",
     "Lane",
     "LaneJob",
@@ -160,6 +163,7 @@ __all__ = (
     "parse_event",
     "read_run",
     "read_state",
+    "register_hook",
     "register_loop",
     "register_reducer",
     "resume",

@@ -69,6 +69,16 @@ from lanefold.primitives._eventlog import (
     os_failure,
     validate_run_id,
 )
+from lanefold.primitives._hooks import (
+    END_TIMEOUT_S,
+    HOOKS,
+    QUEUE_LIMIT,
+    Hook,
+    HookRunner,
+    build_hook,
+    hook_params,
+    register_hook,
+)
 from lanefold.primitives._judge import (
     JudgeResult,
     JudgeTieBreak,
@@ -130,8 +140,11 @@ from lanefold.primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_
 from lanefold.primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
+    "END_TIMEOUT_S",
     "END_TYPES",
+    "HOOKS",
     "LOOPS",
+    "QUEUE_LIMIT",
     "REDUCERS",
     "AnyEvent",
     "AuthenticationError",
@@ -157,6 +170,8 @@ __all__ = (
     "ExtractSpec",
     "FsyncPolicy",
     "Hold",
+    "Hook",
+    "HookRunner",
     "JudgeResult",
     "JudgeSettings",
     "JudgeTieBreak",
@@ -217,6 +232,7 @@ __all__ = (
     "WaveState",
     "apply",
     "as_verifier",
+    "build_hook",
     "check_next_sequence",
     "closing",
     "compile_score_regex",
@@ -225,6 +241,7 @@ __all__ = (
     "fold",
     "get_logger",
     "hash_config",
+    "hook_params",
     "import_object",
     "import_verifier",
     "judge_argmax",
@@ -238,6 +255,7 @@ __all__ = (
     "parse_score",
     "plugin_folders",
     "reducer_names",
+    "register_hook",
     "register_loop",
     "register_reducer",
     "render_judge_prompt",

@@ -66,6 +66,8 @@ PUBLIC_NAMES = frozenset({
     "Verifier",
     "register_loop",
     "register_reducer",
+    "Hook",
+    "register_hook",
     "Backend",
     "BackendError",
     "BudgetExhaustedError",

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -89,7 +90,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
                    stop_reason: Callable[[], str] = lambda: "cancelled",
                    clock: Callable[[], float] = time.monotonic,
                    store: str | Store | None = None,
-                   executor: Executor | str | None = None) -> EvalSummary:
+                   executor: Executor | str | None = None,
+                   hooks: Sequence[Any] = ()) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
 
     `scorer` is a Scorer or a `--scorer` spec (None: by the items). `dataset` is what the
@@ -101,7 +103,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     `postgresql://` URL or a Store; default the config's `[store] url`, else `runs_dir`) is
     where the question's runs are recorded; the eval's own files stay in `runs_dir/<eval_id>/`.
     `executor` ("ray" or a RayExecutor) runs the questions on workers, up to `concurrency` on
-    each, on the same store; their results are scored and recorded here.
+    each, on the same store; their results are scored and recorded here. `hooks` (beside
+    the config's `[[hooks]]`) see every question's run (docs/hooks.md).
     """
     started = clock()
     if concurrency < 1:
@@ -131,7 +134,7 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         chosen.check(items)
     session = JobSession(config, runs_dir=runs_dir, backend=backend,
                          judge_backend=judge_backend, verifier=chosen.verifier(items),
-                         store=store, executor=executor)
+                         store=store, executor=executor, hooks=hooks)
     manifest = EvalManifest(
         eval_id=eval_id, created=datetime.now(UTC),
         config_path=None if isinstance(config, LoopConfig) else str(config),
