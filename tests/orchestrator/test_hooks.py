@@ -263,3 +263,18 @@ def test_a_registered_hook_is_built_from_its_name() -> None:
 def test_session_keeps_the_hooks_it_is_given() -> None:
     hook = Recording()
     assert session_module.Session(config(), hooks=[hook]).hooks == [hook]
+
+
+@pytest.mark.anyio
+async def test_the_live_display_is_a_hook(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from lanefold._display import Progress
+
+    progress = Progress(Console(file=io.StringIO()))
+    with progress:
+        await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r", hooks=[progress])
+    assert (progress.k, progress.done, progress.failed) == (5, 5, 0)
+    assert progress.tokens > 0
