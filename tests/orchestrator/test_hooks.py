@@ -278,3 +278,23 @@ async def test_the_live_display_is_a_hook(tmp_path: Path) -> None:
         await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r", hooks=[progress])
     assert (progress.k, progress.done, progress.failed) == (5, 5, 0)
     assert progress.tokens > 0
+
+
+def test_an_installed_hook_is_found_by_its_entry_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    (tmp_path / "installed_hook_for_test.py").write_text(
+        "class Installed:\n    def on_event(self, event):\n        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = importlib.metadata.EntryPoint(name="installed", group="lanefold.hooks",
+                                          value="installed_hook_for_test:Installed")
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [entry] if group == "lanefold.hooks" else [])
+    saved = HOOKS.snapshot()
+    HOOKS.restore(({}, False))
+    try:
+        [hook] = lanefold.parse_config({"hooks": [{"kind": "installed"}]}).build_hooks()
+        assert type(hook).__name__ == "Installed"
+    finally:
+        HOOKS.restore(saved)
