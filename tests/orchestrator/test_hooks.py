@@ -298,3 +298,19 @@ def test_an_installed_hook_is_found_by_its_entry_point(
         assert type(hook).__name__ == "Installed"
     finally:
         HOOKS.restore(saved)
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_run_with_hooks_is_recorded_interrupted(tmp_path: Path) -> None:
+    hook = Hanging()
+    with anyio.CancelScope() as scope:
+        def stop(event: Any) -> None:
+            if event.type == "lane.completed":
+                scope.cancel()
+        slow = config().model_dump(mode="json")
+        slow["backend"]["latency_ms"] = [5, 10]  # lanes still in flight at the first landing
+        await lanefold.run(lanefold.parse_config(slow), "q", runs_dir=tmp_path, run_id="r",
+                           hooks=[hook], observer=stop)
+    assert scope.cancelled_caught
+    types = [line["type"] for line in log_lines(tmp_path, "r")]
+    assert types[-1] == "run.interrupted"
