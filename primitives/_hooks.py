@@ -4,7 +4,7 @@ A hook has `on_event(event)` (every event as it is recorded) and `on_run_end(res
 run's result), each optional, each sync or async. The `HookRunner` gives each hook its own
 bounded queue, drained by its own task, so the dispatch path only ever puts an event in a queue:
 
-- a slow or hanging hook never stalls the run; past `QUEUE_LIMIT` events waiting for one hook,
+- a slow or hanging (async) hook never stalls the run; past `QUEUE_LIMIT` events waiting for one hook,
   later ones are dropped for it, counted (`HookRunner.dropped`) and logged once;
 - a hook that raises is logged once per hook and run (logger `lanefold.hooks`) and keeps getting
   later events; the run's answer, votes and log are the same as without it;
@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -40,11 +40,11 @@ C = TypeVar("C")
 _log = get_logger("lanefold.hooks")
 
 
-@runtime_checkable
 class Hook(Protocol):
     """Watches runs: `on_event(event)` for each recorded event, `on_run_end(result)` once per
-    run that returns a result. Either may be left out; either may be sync or async. What a
-    hook raises is logged, never raised into the run."""
+    run that returns a result. Either may be left out (so this is a description, not an
+    `isinstance` check); either may be sync or async. What a hook raises is logged, never
+    raised into the run."""
 
     def on_event(self, event: Any) -> Any: ...
 
