@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         BudgetExhaustedError,
         ConfigError,
         EventLog,
+        Hook,
         Lane,
         LanefoldError,
         LaneJob,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         parse_event,
         register_backend,
         register_executor,
+        register_hook,
         register_loop,
         register_reducer,
         register_store,
@@ -105,8 +107,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "NonDeterminismError", "Outcome", "Pricing", "QuorumNotMetError", "ReduceOptions",
         "Reducer", "Reduction", "RunError", "RunInUseError", "RunNotFoundError", "RunState",
         "Sample", "SampleRequest", "SamplingParams", "Usage", "Verdict", "Verifier", "fold",
-        "parse_event", "register_backend", "register_executor", "register_loop",
-        "register_reducer", "register_store"),
+        "parse_event", "register_backend", "register_executor", "register_hook",
+        "register_loop", "register_reducer", "register_store", "Hook"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
@@ -119,6 +121,7 @@ __all__ = (
     "CostBreakdown",
     "EventLog",
     "Executor",
+    "Hook",
     "JsonlEventLog",
     "Lane",
     "LaneJob",
@@ -168,6 +171,7 @@ __all__ = (
     "read_state",
     "register_backend",
     "register_executor",
+    "register_hook",
     "register_loop",
     "register_reducer",
     "register_scorer",

@@ -336,29 +336,29 @@ def _emit_result(result: RunResult, as_json: bool) -> int:
 
 @contextlib.contextmanager
 def _live(as_json: bool, resuming: Callable[[], RunState] | None = None,
-          ) -> Iterator[Callable[[AnyEvent], None] | None]:
+          ) -> Iterator[list[Progress]]:
+    """The live display, as the hooks to give the session (none for --json or a pipe)."""
     progress = Progress() if (not as_json and sys.stdout.isatty()) else None
     if progress is None:
-        yield None
+        yield []
         return
     if resuming is not None:
         progress.resume_from(resuming())
     with progress:
-        yield progress.observe
+        yield [progress]
 
 
 class _RunId:
     """Learns the run id from the first event it sees (a new run's id is made inside `run`),
-    and whether the record is complete (its `run.completed` or `run.failed` written)."""
+    and whether the record is complete (its `run.completed` or `run.failed` written). An
+    observer, called inline: the interrupt handling needs to know as each event is written."""
 
-    def __init__(self, observer: Callable[[AnyEvent], None] | None, known: str | None) -> None:
-        self.value, self._observer = known, observer
+    def __init__(self, known: str | None) -> None:
+        self.value = known
         self.ended = False
 
     def __call__(self, event: AnyEvent) -> None:
         self.value = self.value or event.run_id
-        if self._observer is not None:
-            self._observer(event)
         if event.type in ("run.completed", "run.failed"):
             self.ended = True
             pause_point("recorded")
@@ -369,8 +369,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     session = Session(args.config, runs_dir=args.runs_dir, store=args.store)  # a bad config stops here
     if args.run_id is not None:
         session.store.check_id(args.run_id)
-    with _live(args.json) as observer:
-        seen = _RunId(observer, args.run_id)
+    with _live(args.json) as display:
+        session.hooks += display
+        seen = _RunId(args.run_id)
 
         async def go(reason: Callable[[], str]) -> RunResult:
             async with session:
@@ -383,11 +384,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     store = _store(args)
-    with _live(args.json, lambda: read_state(store, args.run_id)) as observer:
-        seen = _RunId(observer, args.run_id)
+    with _live(args.json, lambda: read_state(store, args.run_id)) as display:
+        seen = _RunId(args.run_id)
 
         async def go(reason: Callable[[], str]) -> RunResult:
-            async with Session(runs_dir=args.runs_dir, store=store) as session:
+            async with Session(runs_dir=args.runs_dir, store=store, hooks=display) as session:
                 return await session.resume(args.run_id, observer=seen, stop_reason=reason)
 
         result = _interruptible(go, lambda: args.run_id, lambda: seen.ended)

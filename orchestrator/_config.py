@@ -33,6 +33,7 @@ import lanefold.stores  # noqa: F401  # registers the built-in stores
 from lanefold._defaults import DEFAULT_LOOP
 from lanefold.primitives import (
     BACKENDS,
+    HOOKS,
     REDUCERS,
     BackendSpec,
     ConfigError,
@@ -43,8 +44,10 @@ from lanefold.primitives import (
     SamplingParams,
     backend_build_errors,
     backend_preflight,
+    build_hook,
     compile_score_regex,
     hash_config,
+    hook_params,
     import_verifier,
     loop_reducer,
     plugin_folders,
@@ -292,6 +295,15 @@ class StoreSection(_Section):
         return value
 
 
+class HookSection(BaseModel):
+    """One `[[hooks]]` table: `kind` (a registered hook's name or `module:attr`) and the
+    hook's own keys, checked by its `Params` when the config is read (`_hook_errors`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    kind: str
+
+
 class LoopConfig(_Section):
     """A whole loop config file."""
 
@@ -306,6 +318,9 @@ class LoopConfig(_Section):
     judge: JudgeSection = JudgeSection()
     log: LogSection = LogSection()
     store: StoreSection = Field(default=StoreSection(), exclude=True)
+    # Recorded only when given (a config without hooks hashes as before), so a worker or a
+    # resume builds the same hooks from the recorded config.
+    hooks: list[HookSection] = Field(default=[], exclude_if=lambda v: not v)
 
     _loop_params: BaseModel | None = PrivateAttr(None)
     _folder: str | None = PrivateAttr(None)
@@ -337,6 +352,15 @@ class LoopConfig(_Section):
         """The folder of the file this config was read from (None: built in code), where its
         `module:attr` plug-ins are looked up first; runs record it."""
         return self._folder
+
+    def build_hooks(self) -> list[Any]:
+        """The hooks the `[[hooks]]` tables name, built fresh (one set per run)."""
+        built: list[Any] = []
+        with plugin_folders(self._folder):
+            for i, section in enumerate(self.hooks, 1):
+                found = HOOKS.resolve(section.kind, key=f"hooks[{i}].kind")
+                built.append(build_hook(found, section.__pydantic_extra__ or {}))
+        return built
 
     def loop_class(self) -> type[Any]:
         with plugin_folders(self._folder):
@@ -450,14 +474,46 @@ def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list
                 errors.append(f"{source}: {exc}")
             except ValidationError as exc:
                 errors += [f"{source}: {line}" for line in _described(exc, "loop")]
+    hooks = raw.get("hooks")
+    told = len(errors)
+    if isinstance(hooks, list):
+        for i, table in enumerate(hooks, 1):
+            if isinstance(table, Mapping):
+                errors += [f"{source}: {line}" for line in _hook_errors(table, i)]
     try:
         config = LoopConfig.model_validate_json(document, strict=True)
     except ValidationError as exc:
         lines = _described(exc)
-        if errors:  # `[loop]` is told above already, in its loop's own words
+        if told:  # `[loop]` is told above already, in its loop's own words
             lines = [line for line in lines if not line.startswith(("loop:", "loop."))]
+        if len(errors) > told:  # and the hooks, in their own
+            lines = [line for line in lines if not line.startswith("hooks.")]
         return None, errors + [f"{source}: {line}" for line in lines]
     return (None, errors) if errors else (config, [])
+
+
+def _hook_errors(table: Mapping[str, Any], i: int) -> list[str]:
+    """What is wrong with the `i`th `[[hooks]]` table (counted from 1, as in the file): its
+    `kind` unknown, or a key its hook's `Params` refuses (`hooks[i].<key>: ...`)."""
+    where = f"hooks[{i}]"
+    kind = table.get("kind")
+    if not isinstance(kind, str):
+        return [f"{where}.kind: a hook's name or 'module:attr' is required"]
+    try:
+        found = HOOKS.resolve(kind, key=f"{where}.kind")
+    except ConfigError as exc:
+        if "not imported by a reader of the record" in str(exc):
+            return []  # `tail`/`show` read a record and never run its hooks
+        return [str(exc)]
+    keys = {key: value for key, value in table.items() if key != "kind"}
+    params = hook_params(found)
+    if params is None:
+        return [f"{where}.{key}: unknown key ({kind} takes no keys)" for key in keys]
+    try:
+        _strict(params).model_validate_json(json.dumps(keys, default=str), strict=True)
+    except ValidationError as exc:
+        return _described(exc, where)
+    return []
 
 
 def _described(exc: ValidationError, prefix: str = "") -> list[str]:

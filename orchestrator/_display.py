@@ -103,7 +103,8 @@ def _gist(event: AnyEvent) -> str:
 
 
 class Progress:
-    """Live lanes-landed and spend on a terminal; fed by the recorder's observer hook."""
+    """Live lanes-landed and spend on a terminal: a hook (`on_event`), so a terminal that
+    draws slowly never holds up the run's lanes."""
 
     def __init__(self, console: Console | None = None) -> None:
         self._console = console or Console()
@@ -130,7 +131,8 @@ class Progress:
             self.done, self.failed = len(wave.completed()), len(wave.failed())
         self.cost, self.tokens = state.spend.cost_usd, state.spend.tokens
 
-    def observe(self, event: AnyEvent) -> None:
+    def on_event(self, event: AnyEvent) -> None:
+        """Count the event in and redraw the line."""
         d = event.data
         if event.type == "wave.started":
             self.k, self.done, self.failed = d.k, 0, 0  # type: ignore[union-attr]
@@ -147,6 +149,8 @@ class Progress:
                           f"{f', {self.failed} failed' if self.failed else ''} · "
                           f"{self.tokens} tokens computed · ${self.cost:.6f}"
                           + (f"\n{self.last}" if self.last else ""))
+
+    observe = on_event  # the name it had before it was a hook
 
 
 _COUNTED = frozenset({"wave.started", "lane.dispatched", "lane.completed", "lane.failed",

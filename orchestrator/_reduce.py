@@ -10,6 +10,7 @@ for another reducer while one is unfinished is refused.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +36,7 @@ from lanefold.primitives import (
     Backend,
     ConfigError,
     ExtractSpec,
+    HookRunner,
     Lane,
     LaneFailure,
     Ledger,
@@ -80,6 +82,16 @@ class _NoSampling:
 async def reduce_run(session: Session, run_id: str, *, reducer: str,
                      extract: ExtractSpec | None = None, observer: Observer | None = None,
                      stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+    async with contextlib.AsyncExitStack() as hooks:  # the session's and the run's config's
+        result, runner = await _reduce(session, run_id, reducer, extract, observer, stop_reason,
+                                       hooks)
+        await runner.end(result)
+        return result
+
+
+async def _reduce(session: Session, run_id: str, reducer: str, extract: ExtractSpec | None,
+                  observer: Observer | None, stop_reason: Callable[[], str],
+                  hooks: contextlib.AsyncExitStack) -> tuple[RunResult, HookRunner]:
     if ":" not in reducer:
         resolve_reducer(reducer, key="--reducer")  # a name not registered: before the lock
     log = session.store.open_for_resume(run_id)
@@ -91,7 +103,9 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
         if state.result is None:
             raise ConfigError(f"run {run_id} has not completed: resume it before reducing it again")
         set_fsync(log, config)
-        recorder = Recorder(log, state.run_id or run_id, state, observer=observer)
+        runner = await hooks.enter_async_context(
+            session.hook_runner(config, state.run_id or run_id))
+        recorder = Recorder(log, state.run_id or run_id, state, observer=runner.tapping(observer))
         spec = extract.model_dump(mode="json") if extract is not None else None
         opened = state.open_reduction
         if opened is not None and (opened.reducer, opened.extract) != (reducer, spec):
@@ -153,7 +167,7 @@ async def reduce_run(session: Session, run_id: str, *, reducer: str,
     # The run's own sampling time plus this reduction's (its judge wave, if any): not the idle
     # time between the run and now.
     elapsed = float(state.result.get("elapsed_s", 0.0)) + ledger.elapsed()
-    return result_from_state(state, outcome, ledger.spent, elapsed, events_of(recorder))
+    return result_from_state(state, outcome, ledger.spent, elapsed, events_of(recorder)), runner
 
 
 def _candidates(state: RunState, waves: list[int], extract: ExtractSpec | None) -> list[Lane]:

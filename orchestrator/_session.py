@@ -49,6 +49,7 @@ from lanefold.primitives import (
     ConfigError,
     EventLog,
     ExtractSpec,
+    HookRunner,
     LanefoldError,
     Ledger,
     Recorder,
@@ -76,7 +77,9 @@ class Session:
     `executor` ("ray" or a RayExecutor) `run_many` sends its questions to workers, each holding
     a Session of this config on this store; `run` and `resume` still run here. `store` (a
     `postgresql://` URL or a Store) is where runs are recorded; None: the config's `[store]
-    url` if it has one, else files under `runs_dir`.
+    url` if it has one, else files under `runs_dir`. `hooks` watch every run, resume and
+    reduction of this session (beside the `[[hooks]]` of the run's config; see docs/hooks.md);
+    they stay on this machine (an executor's workers build only the config's).
     """
 
     def __init__(self, config: LoopConfig | str | Path | None = None, *,
@@ -84,8 +87,9 @@ class Session:
                  limiter: anyio.CapacityLimiter | None = None, runs_dir: str | Path = "runs",
                  verifier: VerifierLike | None = None,
                  executor: Executor | str | None = None,
-                 store: str | Store | None = None) -> None:
+                 store: str | Store | None = None, hooks: Sequence[Any] = ()) -> None:
         self.source = "<config>"
+        self.hooks = list(hooks)
         if config is not None and not isinstance(config, LoopConfig):
             self.source, config = str(config), load_config(config)
         self._config = config
@@ -197,20 +201,26 @@ class Session:
         # A shared budget that does not exist is refused before the run does.
         pool = await open_shared_budget(config, self.store, run_id)
         try:
+            runner = self.hook_runner(config, run_id)
             log = log or self.store.create_log(run_id, config.log.fsync)
-            recorder = Recorder(log, run_id, RunState(pricing=config.pricing), observer=observer)
-            try:
-                recorder.emit(RunStarted, RunStartedData(
-                    config=config.model_dump(mode="json"), config_hash=config_hash(config),
-                    question=question, coordinator=config.loop.coordinator, backend=backend.name,
-                    library_version=VERSION, config_dir=self._config_dir()))
-            except BaseException:
-                log.close()
-                raise
-            ledger = Ledger(limits=config.budget, pricing=config.pricing, shared=pool)
-            return await drive(config, question, recorder, ledger, backend, judge_backend,
-                               limiter=self.limiter, verifier=self.verifier_for(config),
-                               stop_reason=stop_reason)
+            async with runner:
+                recorder = Recorder(log, run_id, RunState(pricing=config.pricing),
+                                    observer=runner.tapping(observer))
+                try:
+                    recorder.emit(RunStarted, RunStartedData(
+                        config=config.model_dump(mode="json"), config_hash=config_hash(config),
+                        question=question, coordinator=config.loop.coordinator,
+                        backend=backend.name, library_version=VERSION,
+                        config_dir=self._config_dir()))
+                except BaseException:
+                    log.close()
+                    raise
+                ledger = Ledger(limits=config.budget, pricing=config.pricing, shared=pool)
+                result = await drive(config, question, recorder, ledger, backend, judge_backend,
+                                     limiter=self.limiter, verifier=self.verifier_for(config),
+                                     stop_reason=stop_reason)
+                await runner.end(result)
+                return result
         finally:
             await close_shared_budget(pool)
 
@@ -316,40 +326,46 @@ class Session:
             if peek.failure is not None:
                 raise recorded_failure(peek)
             log = self.store.open_for_resume(run_id)
-        pool = None
-        try:
-            # Read again under the lock: another writer may have moved on since the peek.
-            state, config = fold_record(list(log.read()), source_of(log), run_id)
-            if state.result is not None:
+        async with contextlib.AsyncExitStack() as hooks:  # the session's and the config's
+            pool = None
+            try:
+                # Read again under the lock: another writer may have moved on since the peek.
+                state, config = fold_record(list(log.read()), source_of(log), run_id)
+                if state.result is not None:
+                    log.close()
+                    return RunResult.model_validate(state.result)
+                if state.failure is not None:
+                    log.close()
+                    raise recorded_failure(state)
+                set_fsync(log, config)
+                backend, judge_backend = await self._backends(config)
+                await self._load_given()
+                pool = await open_shared_budget(config, self.store, state.run_id or run_id)
+                runner = await hooks.enter_async_context(
+                    self.hook_runner(config, state.run_id or run_id))
+                recorder = Recorder(log, state.run_id or run_id, state,
+                                    observer=runner.tapping(observer))
+                torn = log.torn_tail
+                recorder.emit(RunResumed, RunResumedData(
+                    resumed_after_sequence=state.last_sequence,
+                    in_flight=[(wave, lane.lane) for wave, lane in state.in_flight()],
+                    torn_tail_bytes=torn.bytes if torn else 0,
+                    torn_tail_line=torn.line if torn else None,
+                    active_seconds_before=state.active_seconds()))
+            except BaseException:
                 log.close()
-                return RunResult.model_validate(state.result)
-            if state.failure is not None:
-                log.close()
-                raise recorded_failure(state)
-            set_fsync(log, config)
-            backend, judge_backend = await self._backends(config)
-            await self._load_given()
-            pool = await open_shared_budget(config, self.store, state.run_id or run_id)
-            recorder = Recorder(log, state.run_id or run_id, state, observer=observer)
-            torn = getattr(log, "torn_tail", None)
-            recorder.emit(RunResumed, RunResumedData(
-                resumed_after_sequence=state.last_sequence,
-                in_flight=[(wave, lane.lane) for wave, lane in state.in_flight()],
-                torn_tail_bytes=torn.bytes if torn else 0,
-                torn_tail_line=torn.line if torn else None,
-                active_seconds_before=state.active_seconds()))
-        except BaseException:
-            log.close()
-            await close_shared_budget(pool)
-            raise
-        ledger = Ledger(limits=config.budget, pricing=config.pricing, spent=copy.deepcopy(state.spend),
-                        elapsed_before=state.active_seconds_before, shared=pool)
-        try:
-            return await drive(config, question_of(state), recorder, ledger, backend,
-                               judge_backend, limiter=self.limiter,
-                               verifier=self.verifier_for(config), stop_reason=stop_reason)
-        finally:
-            await close_shared_budget(pool)
+                await close_shared_budget(pool)
+                raise
+            ledger = Ledger(limits=config.budget, pricing=config.pricing, spent=copy.deepcopy(state.spend),
+                            elapsed_before=state.active_seconds_before, shared=pool)
+            try:
+                result = await drive(config, question_of(state), recorder, ledger, backend,
+                                     judge_backend, limiter=self.limiter,
+                                     verifier=self.verifier_for(config), stop_reason=stop_reason)
+            finally:
+                await close_shared_budget(pool)
+            await runner.end(result)
+            return result
 
     async def reduce(self, run_id: str, *, reducer: str, extract: ExtractSpec | None = None,
                      observer: Observer | None = None,
@@ -362,6 +378,11 @@ class Session:
         """
         return await reduce_run(self, run_id, reducer=reducer, extract=extract,
                                 observer=observer, stop_reason=stop_reason)
+
+
+    def hook_runner(self, config: LoopConfig, run_id: str) -> HookRunner:
+        """The runner of this session's hooks and the `[[hooks]]` of `config` for one run."""
+        return HookRunner([*self.hooks, *config.build_hooks()], run_id)
 
 
 def _check_errors(errors: str) -> None:
@@ -387,17 +408,19 @@ async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str |
               judge_backend: Backend | None = None, limiter: anyio.CapacityLimiter | None = None,
               observer: Observer | None = None, log: EventLog | None = None,
               verifier: VerifierLike | None = None,
-              store: str | Store | None = None) -> RunResult:
+              store: str | Store | None = None, hooks: Sequence[Any] = ()) -> RunResult:
     """Run a loop on one question (a Session of one run).
 
     `backend`, `judge_backend`, `limiter` (shared across runs) and `log` (any EventLog) replace
     what the config would build; what is given is never closed here. `observer` sees every
-    event as it is recorded. Cancelling the call records the run as interrupted (resumable)
-    and re-raises the cancellation.
+    event as it is recorded, inline; `hooks` see them through queues and can never fail or
+    stall the run (docs/hooks.md). Cancelling the call records the run as interrupted
+    (resumable) and re-raises the cancellation.
     """
     check_question(question)
     async with Session(config, backend=backend, judge_backend=judge_backend, limiter=limiter,
-                       runs_dir=runs_dir, verifier=verifier, store=store) as session:
+                       runs_dir=runs_dir, verifier=verifier, store=store,
+                       hooks=hooks) as session:
         return await session.run(question, run_id=run_id, observer=observer, log=log)
 
 
@@ -406,12 +429,13 @@ async def resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backend
                  limiter: anyio.CapacityLimiter | None = None,
                  observer: Observer | None = None, log: EventLog | None = None,
                  verifier: VerifierLike | None = None,
-                 store: str | Store | None = None) -> RunResult:
+                 store: str | Store | None = None, hooks: Sequence[Any] = ()) -> RunResult:
     """Continue a run from its log (a Session of one resume). A finished run returns its
     recorded result, calling nothing; its backends are built from the recorded config."""
     # No config: the session builds what the run's recorded config names, when it needs it.
     async with Session(backend=backend, judge_backend=judge_backend, limiter=limiter,
-                       runs_dir=runs_dir, verifier=verifier, store=store) as session:
+                       runs_dir=runs_dir, verifier=verifier, store=store,
+                       hooks=hooks) as session:
         return await session.resume(run_id, observer=observer, log=log)
 
 

@@ -100,6 +100,16 @@ from lanefold.primitives._eventlog import (
     read_event,
     validate_run_id,
 )
+from lanefold.primitives._hooks import (
+    END_TIMEOUT_S,
+    HOOKS,
+    QUEUE_LIMIT,
+    Hook,
+    HookRunner,
+    build_hook,
+    hook_params,
+    register_hook,
+)
 from lanefold.primitives._judge import (
     JudgeResult,
     JudgeTieBreak,
@@ -172,10 +182,13 @@ from lanefold.primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
     "BACKENDS",
+    "END_TIMEOUT_S",
     "END_TYPES",
     "EXECUTORS",
     "FRAME_TOKENS",
+    "HOOKS",
     "LOOPS",
+    "QUEUE_LIMIT",
     "REDUCERS",
     "STORES",
     "TEMPLATE_TOKENS",
@@ -209,6 +222,8 @@ __all__ = (
     "ExtractSpec",
     "FsyncPolicy",
     "Hold",
+    "Hook",
+    "HookRunner",
     "JudgeCall",
     "JudgeResult",
     "JudgeSettings",
@@ -276,6 +291,7 @@ __all__ = (
     "audit_run",
     "backend_build_errors",
     "backend_preflight",
+    "build_hook",
     "check_next_sequence",
     "check_verifier_limits",
     "closing",
@@ -287,6 +303,7 @@ __all__ = (
     "fold",
     "get_logger",
     "hash_config",
+    "hook_params",
     "import_object",
     "import_verifier",
     "judge_argmax",
@@ -308,6 +325,7 @@ __all__ = (
     "reducer_traits",
     "register_backend",
     "register_executor",
+    "register_hook",
     "register_loop",
     "register_reducer",
     "register_store",

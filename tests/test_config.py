@@ -217,8 +217,10 @@ def test_schema_is_json_schema_of_every_section(capsys: pytest.CaptureFixture[st
     # editors flag unknown keys only if the schema forbids them, as the loader does
     assert schema["additionalProperties"] is False
     for name, definition in schema["$defs"].items():
-        if definition.get("type") == "object":
+        if definition.get("type") == "object" and name != "HookSection":
             assert definition.get("additionalProperties") is False, name
+    # a [[hooks]] table's keys are its hook's own (checked by its Params when the config loads)
+    assert schema["$defs"]["HookSection"]["required"] == ["kind"]
     # [loop] is one of each registered loop's keys (shared ones included)
     variants = {v["properties"]["coordinator"]["const"]: v
                 for v in schema["$defs"]["LoopSection"]["oneOf"]}

@@ -72,6 +72,8 @@ PUBLIC_NAMES = frozenset({
     "register_scorer",
     "register_store",
     "register_executor",
+    "Hook",
+    "register_hook",
     "Backend",
     "BackendError",
     "BudgetExhaustedError",

@@ -297,3 +297,39 @@ def test_the_connect_timeout_is_a_number_of_seconds_for_ray(
     assert code == 2 and said in err and err.count("\n") == 1, err
     with pytest.raises(ConfigError, match="--ray-connect-timeout: must be a number of seconds"):
         RayExecutor(connect_timeout_s=float("inf"))
+
+
+WRITING_HOOK = '''
+from pydantic import BaseModel
+
+
+class Writing:
+    """Appends each event's type to a file: a hook on a worker has no way back but the disk."""
+
+    class Params(BaseModel):
+        path: str
+
+    def __init__(self, params):
+        self.path = params.path
+
+    def on_event(self, event):
+        with open(self.path, "a") as file:
+            file.write(f"{event.run_id} {event.type}\\n")
+'''
+
+
+@pytest.mark.anyio
+async def test_config_hooks_are_built_on_the_workers(cluster: Any, tmp_path: Path) -> None:
+    (tmp_path / "ray_writing_hook.py").write_text(WRITING_HOOK)
+    seen = tmp_path / "seen.txt"
+    raw = config().model_dump(mode="json")
+    raw["hooks"] = [{"kind": "ray_writing_hook:Writing", "path": str(seen)}]
+    loop = lanefold.parse_config(raw, folder=tmp_path)
+    async with lanefold.Session(loop, runs_dir=tmp_path / "r",
+                                executor=RayExecutor(workers=2)) as session:
+        results = [r async for r in session.run_many([f"Q{i}?" for i in range(4)],
+                                                     concurrency=2)]
+    assert len(results) == 4
+    lines = seen.read_text().splitlines()
+    ended = sorted(line.split()[0] for line in lines if line.endswith(" run.completed"))
+    assert ended == sorted(r.run_id for r in results)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -89,7 +90,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
                    stop_reason: Callable[[], str] = lambda: "cancelled",
                    clock: Callable[[], float] = time.monotonic,
                    store: str | Store | None = None,
-                   executor: Executor | str | None = None) -> EvalSummary:
+                   executor: Executor | str | None = None,
+                   hooks: Sequence[Any] = ()) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
 
     `scorer` is a Scorer or a `--scorer` spec (None: by the items). `dataset` is what the
@@ -102,7 +104,8 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
     questions' runs are recorded, and the eval's own record beside them (files:
     `runs_dir/<eval_id>/`; PostgreSQL: its eval tables).
     `executor` ("ray" or a RayExecutor) runs the questions on workers, up to `concurrency` on
-    each, on the same store; their results are scored and recorded here.
+    each, on the same store; their results are scored and recorded here. `hooks` (beside
+    the config's `[[hooks]]`) see every question's run (docs/hooks.md).
     """
     started = clock()
     if concurrency < 1:
@@ -129,7 +132,7 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
         chosen.check(items)
     session = JobSession(config, runs_dir=runs_dir, backend=backend,
                          judge_backend=judge_backend, verifier=chosen.verifier(items),
-                         store=store, executor=executor)
+                         store=store, executor=executor, hooks=hooks)
     record = session.store.eval_record(eval_id)
     if not record.exists():
         check_eval_id(eval_id)  # a new eval; one named otherwise before this rule goes on

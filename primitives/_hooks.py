@@ -1,0 +1,221 @@
+"""Hooks: plug-ins that watch a run and can never break it.
+
+A hook has `on_event(event)` (every event as it is recorded) and `on_run_end(result)` (the
+run's result), each optional, each sync or async. The `HookRunner` gives each hook its own
+bounded queue, drained by its own task, so the dispatch path only ever puts an event in a queue:
+
+- a slow or hanging (async) hook never stalls the run; past `QUEUE_LIMIT` events waiting for one hook,
+  later ones are dropped for it, counted (`HookRunner.dropped`) and logged once;
+- a hook that raises is logged once per hook and run (logger `lanefold.hooks`) and keeps getting
+  later events; the run's answer, votes and log are the same as without it;
+- at the run's end each hook gets at most `END_TIMEOUT_S` seconds to finish its queue and its
+  `on_run_end`; what is left then is abandoned (and logged).
+
+A sync hook is called in the drain task (so a hook that blocks blocks that thread: do slow work
+in an async hook). Hooks are built by `HOOKS` (`@register_hook("name")`, entry points in group
+`lanefold.hooks`, or `module:attr`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from lanefold.primitives._logging import get_logger
+from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
+
+__all__ = ("END_TIMEOUT_S", "HOOKS", "QUEUE_LIMIT", "Hook", "HookRunner", "build_hook",
+           "hook_params", "register_hook")
+
+QUEUE_LIMIT = 10_000  # events waiting for one hook before later ones are dropped for it
+END_TIMEOUT_S = 5.0  # seconds each hook gets, at the run's end, to drain and run on_run_end
+
+C = TypeVar("C")
+_log = get_logger("lanefold.hooks")
+
+
+class Hook(Protocol):
+    """Watches runs: `on_event(event)` for each recorded event, `on_run_end(result)` once per
+    run that returns a result. Either may be left out (so this is a description, not an
+    `isinstance` check); either may be sync or async. What a hook raises is logged, never
+    raised into the run."""
+
+    def on_event(self, event: Any) -> Any: ...
+
+    def on_run_end(self, result: Any) -> Any: ...
+
+
+def _check_hook(obj: Any, key: str) -> None:
+    if not (hasattr(obj, "on_event") or hasattr(obj, "on_run_end")):
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Hook (it has neither "
+                             f"'on_event' nor 'on_run_end')")
+
+
+HOOKS: Registry[Any] = Registry("hook", key="hooks.kind", check=_check_hook,
+                                name_of=lambda obj: None)
+
+
+def register_hook(name: str) -> Callable[[C], C]:
+    """Class decorator: make a hook available as `kind = "<name>"` in a `[[hooks]]` table.
+    Its own keys are validated by its `Params` (a pydantic model) when it has one, and it
+    is built as `cls(params)` (`cls()` without one)."""
+    decorate: Callable[[C], C] = HOOKS.register(name)
+    return decorate
+
+
+def hook_params(found: Any) -> Any:
+    """The pydantic model a hook class validates its `[[hooks]]` keys with, or None (a hook
+    that takes no keys: a class without `Params`, or an object used as it is)."""
+    return getattr(found, "Params", None) if isinstance(found, type) else None
+
+
+def build_hook(found: Any, keys: Mapping[str, Any]) -> Any:
+    """The hook `found` (what a `kind` resolved to) makes with its table's `keys`: a class with
+    `Params` is built as `cls(Params(**keys))`, one without as `cls()`; anything else is the
+    hook itself."""
+    if not isinstance(found, type):
+        return found
+    params = hook_params(found)
+    return found(params.model_validate(dict(keys))) if params is not None else found()
+
+
+class _Slot:
+    """One hook's queue, its drain task's state and what it dropped."""
+
+    __slots__ = ("done", "dropped", "failed", "hook", "name", "receive", "send", "warned")
+
+    def __init__(self, hook: Any, limit: int) -> None:
+        self.hook = hook
+        self.name = _qualified(type(hook)) if not inspect.isfunction(hook) else _qualified(hook)
+        self.send: MemoryObjectSendStream[Any]
+        self.receive: MemoryObjectReceiveStream[Any]
+        self.send, self.receive = anyio.create_memory_object_stream[Any](limit)
+        self.done: anyio.Event | None = None  # set when its drain task has emptied the queue
+        self.dropped = 0
+        self.failed = False
+        self.warned = False
+
+
+class HookRunner:
+    """Feeds a run's events to its hooks, each through a bounded queue and its own task.
+
+    `async with HookRunner(hooks, run_id) as runner:` starts the drains; `runner.emit` (sync,
+    never blocks, never raises) is the recorder's observer; `await runner.end(result)` lets
+    each hook drain and see the result, bounded by `end_timeout_s`. Leaving the block early
+    (an error, a cancellation) cancels the drains.
+    """
+
+    def __init__(self, hooks: Sequence[Any], run_id: str = "", *, limit: int = QUEUE_LIMIT,
+                 end_timeout_s: float = END_TIMEOUT_S) -> None:
+        self.run_id = run_id
+        self._slots = [_Slot(hook, limit) for hook in hooks]
+        self._end_timeout_s = end_timeout_s
+        self._tg: TaskGroup | None = None
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Events dropped per hook (by its qualified name) because its queue was full."""
+        return {slot.name: slot.dropped for slot in self._slots if slot.dropped}
+
+    def __bool__(self) -> bool:
+        return bool(self._slots)
+
+    async def __aenter__(self) -> HookRunner:
+        if self._slots:
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            for slot in self._slots:
+                slot.done = anyio.Event()
+                self._tg.start_soon(self._drain, slot)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._tg is None:
+            return
+        for slot in self._slots:
+            slot.send.close()
+        self._tg.cancel_scope.cancel()  # end() let them finish; whatever is left is abandoned
+        tg, self._tg = self._tg, None
+        await tg.__aexit__(exc_type, exc, tb)
+        return None  # the run's own exception, if any, goes on as it was
+
+    def tapping(self, observer: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
+        """What a recorder calls with each event: `observer` (inline, as ever), then `emit`."""
+        if not self._slots:
+            return observer
+        if observer is None:
+            return self.emit
+        emit = self.emit
+
+        def both(event: Any) -> None:
+            observer(event)
+            emit(event)
+        return both
+
+    def emit(self, event: Any) -> None:
+        """Queue `event` for every hook; a full queue drops it for that hook (counted)."""
+        for slot in self._slots:
+            try:
+                slot.send.send_nowait(event)
+            except anyio.WouldBlock:
+                slot.dropped += 1
+                if not slot.warned:
+                    slot.warned = True
+                    _log.warning("hook.events_dropped", run_id=self.run_id, hook=slot.name,
+                                 limit=slot.send.statistics().max_buffer_size)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # the run has ended for this hook
+
+    async def end(self, result: Any) -> None:
+        """Close the queues; each hook drains what it has, then gets `on_run_end(result)`,
+        all of it within `end_timeout_s` (hooks run side by side, so the wait is one bound)."""
+        if self._tg is None:
+            return
+        for slot in self._slots:
+            slot.send.close()
+        with anyio.move_on_after(self._end_timeout_s) as scope:
+            async with anyio.create_task_group() as tg:
+                for slot in self._slots:
+                    tg.start_soon(self._finish, slot, result)
+        if scope.cancelled_caught:
+            _log.warning("hook.end_timed_out", run_id=self.run_id,
+                         timeout_s=self._end_timeout_s)
+        for slot in self._slots:
+            if slot.dropped:
+                _log.warning("hook.events_dropped_total", run_id=self.run_id, hook=slot.name,
+                             dropped=slot.dropped)
+
+    async def _drain(self, slot: _Slot) -> None:
+        on_event = getattr(slot.hook, "on_event", None)
+        async with slot.receive:
+            async for event in slot.receive:
+                if on_event is not None:
+                    await self._call(slot, on_event, event)
+        if slot.done is not None:
+            slot.done.set()
+
+    async def _finish(self, slot: _Slot, result: Any) -> None:
+        if slot.done is not None:
+            await slot.done.wait()  # its queue, closed, is drained first
+        on_run_end = getattr(slot.hook, "on_run_end", None)
+        if on_run_end is not None:
+            await self._call(slot, on_run_end, result)
+
+    async def _call(self, slot: _Slot, method: Callable[[Any], Any], arg: Any) -> None:
+        try:
+            found = method(arg)
+            if inspect.isawaitable(found):
+                await found
+        except Exception as exc:  # a hook's error is the hook's: logged once, never the run's
+            if not slot.failed:
+                slot.failed = True
+                _log.warning("hook.failed", run_id=self.run_id, hook=slot.name,
+                             error=f"{type(exc).__name__}: {exc}")
+
