@@ -11,19 +11,22 @@ bounded queue, drained by its own task, so the dispatch path only ever puts an e
 - at the run's end each hook gets at most `END_TIMEOUT_S` seconds to finish its queue and its
   `on_run_end`; what is left then is abandoned (and logged).
 
-A sync hook is called in the drain task (so a hook that blocks blocks that thread: do slow work
-in an async hook). Hooks are built by `HOOKS` (`@register_hook("name")`, entry points in group
-`lanefold.hooks`, or `module:attr`).
+A sync hook is called in a worker thread, the events that waited for it handed over in one
+batch, so one that blocks (a slow terminal, a network call, a `time.sleep`) holds up only itself;
+calls to one hook object never overlap, even from runs side by side. Hooks are built by `HOOKS`
+(`@register_hook("name")`, entry points in group `lanefold.hooks`, or `module:attr`).
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -38,6 +41,13 @@ END_TIMEOUT_S = 5.0  # seconds each hook gets, at the run's end, to drain and ru
 
 C = TypeVar("C")
 _log = get_logger("lanefold.hooks")
+_LOCKS: dict[int, threading.Lock] = {}  # one per sync hook object: its calls never overlap
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(hook: Any) -> threading.Lock:
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(id(hook), threading.Lock())
 
 
 class Hook(Protocol):
@@ -194,10 +204,21 @@ class HookRunner:
 
     async def _drain(self, slot: _Slot) -> None:
         on_event = getattr(slot.hook, "on_event", None)
+        threaded = on_event is not None and not _is_async(on_event)
         async with slot.receive:
             async for event in slot.receive:
-                if on_event is not None:
+                if on_event is None:
+                    continue
+                if not threaded:
                     await self._call(slot, on_event, event)
+                    continue
+                batch = [event]  # what waited meanwhile goes over in the same thread hop
+                while True:
+                    try:
+                        batch.append(slot.receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                await self._call_in_thread(slot, on_event, batch)
         if slot.done is not None:
             slot.done.set()
 
@@ -209,13 +230,46 @@ class HookRunner:
             await self._call(slot, on_run_end, result)
 
     async def _call(self, slot: _Slot, method: Callable[[Any], Any], arg: Any) -> None:
+        if not _is_async(method):
+            await self._call_in_thread(slot, method, [arg])
+            return
         try:
             found = method(arg)
             if inspect.isawaitable(found):
                 await found
         except Exception as exc:  # a hook's error is the hook's: logged once, never the run's
-            if not slot.failed:
-                slot.failed = True
-                _log.warning("hook.failed", run_id=self.run_id, hook=slot.name,
-                             error=f"{type(exc).__name__}: {exc}")
+            self._failed(slot, exc)
+
+    async def _call_in_thread(self, slot: _Slot, method: Callable[[Any], Any],
+                              args: list[Any]) -> None:
+        """A sync hook's calls, one after another, in a worker thread holding the hook's lock;
+        a call that never returns is abandoned when the run's end stops waiting for it."""
+        lock = _lock_of(slot.hook)
+
+        def calls() -> BaseException | None:
+            first: BaseException | None = None
+            with lock:
+                for arg in args:
+                    try:
+                        method(arg)
+                    except Exception as exc:  # the hook's own: reported once, never raised
+                        first = first or exc
+            return first
+
+        failed = await anyio.to_thread.run_sync(calls, abandon_on_cancel=True)
+        if failed is not None:
+            self._failed(slot, failed)
+
+    def _failed(self, slot: _Slot, exc: BaseException) -> None:
+        if not slot.failed:
+            slot.failed = True
+            _log.warning("hook.failed", run_id=self.run_id, hook=slot.name,
+                         error=f"{type(exc).__name__}: {exc}")
+
+
+def _is_async(method: Callable[[Any], Any]) -> bool:
+    """Whether calling `method` gives an awaitable to await (an `async def`, or an object whose
+    `__call__` is one); anything else is called in a worker thread."""
+    call = type(method).__dict__.get("__call__")  # an instance's own `async def __call__`
+    return inspect.iscoroutinefunction(method) or inspect.iscoroutinefunction(call)
 

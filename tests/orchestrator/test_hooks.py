@@ -146,6 +146,36 @@ async def test_a_hook_that_hangs_is_bounded_at_the_runs_end(
     assert any("hook.end_timed_out" in r.getMessage() for r in caplog.records)
 
 
+class Blocking:
+    """A sync hook that blocks its thread until the test lets it go: it must hold up nothing."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.calls = 0
+
+    def on_event(self, event: Any) -> None:
+        self.calls += 1
+        self.release.wait(60)  # a bound on a leak if the test fails, never reached when it passes
+
+
+@pytest.mark.anyio
+async def test_a_sync_hook_that_blocks_stalls_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(HookRunner.__init__, "__kwdefaults__",
+                        {"limit": 10_000, "end_timeout_s": 0.05})
+    blocking, seen = Blocking(), Recording()
+    try:
+        with anyio.fail_after(30):  # without the thread, the event loop itself would block
+            result = await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r",
+                                        hooks=[blocking, seen])
+    finally:
+        blocking.release.set()
+    assert result.status == "answered" and seen.ends == [result]
+    assert blocking.calls == 1  # its first call still blocked when the run ended
+
+
 @pytest.mark.anyio
 async def test_a_full_queue_drops_and_counts_and_says_so_once(
         caplog: pytest.LogCaptureFixture) -> None:
