@@ -138,6 +138,28 @@ MODULES = {
             def build(self):
                 return ConstantBackend(self.answer)
     ''',
+    # A hook: appends each event's type to the file its [[hooks]] table names, and raises on
+    # every event besides (a hook can never change a run).
+    "lanefold_ext/hook.py": '''
+        from pydantic import BaseModel, ConfigDict
+
+
+        class Params(BaseModel):
+            model_config = ConfigDict(extra="forbid", frozen=True)
+            path: str
+
+
+        class TypesToFile:
+            Params = Params
+
+            def __init__(self, params: Params) -> None:
+                self.path = params.path
+
+            def on_event(self, event) -> None:
+                with open(self.path, "a") as f:
+                    f.write(event.type + "\\n")
+                raise RuntimeError("a hook that raises on every event")
+    ''',
     # A verifier: passes an answer ending in 1.
     "lanefold_ext/verifier.py": '''
         def ends_in_one(question, text, answer):
@@ -153,6 +175,9 @@ ext_last_digit = lanefold_ext.scorer:LastDigit
 
 [lanefold.backends]
 ext_constant = lanefold_ext.backend:ConstantConfig
+
+[lanefold.hooks]
+ext_types = lanefold_ext.hook:TypesToFile
 
 [lanefold.stores]
 ext_store = lanefold_ext.store:ExtStore
@@ -222,6 +247,26 @@ def test_a_backend_from_an_entry_point_answers(installed: Path, tmp_path: Path) 
     assert refused.stderr.strip().endswith("backend.answr: unknown key"), refused.stderr
 
 
+def test_a_hook_from_an_entry_point_sees_the_run_and_changes_nothing(installed: Path,
+                                                                      tmp_path: Path) -> None:
+    seen = tmp_path / "types.txt"
+    plain = _config(tmp_path, "plain.toml", 'coordinator = "ext_first"')
+    hooked = tmp_path / "hooked.toml"
+    hooked.write_text(plain.read_text() + f'\n[[hooks]]\nkind = "ext_types"\npath = "{seen}"\n')
+    results = []
+    for config, run_id in ((plain, "plain"), (hooked, "hooked")):
+        done = orchestrator(installed, tmp_path, "run", str(config), "--question",
+                            "What is 17 * 23?", "--run-id", run_id, "--json")
+        assert done.returncode == 0, done.stderr
+        results.append(json.loads(done.stdout))
+    types = seen.read_text().split()
+    assert types[0] == "run.started" and types[-1] == "run.completed"
+    logged = [json.loads(line)["type"] for line in
+              (tmp_path / "runs" / "hooked" / "events.jsonl").read_text().splitlines()]
+    assert types == logged
+    assert (results[0]["answer"], results[0]["votes"]) == (results[1]["answer"], results[1]["votes"])
+
+
 def test_runs_land_in_an_entry_points_store_and_list_reads_them(installed: Path,
                                                                   tmp_path: Path) -> None:
     config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"')
@@ -273,7 +318,7 @@ def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) 
 def test_the_facade_names_none_of_them() -> None:
     names = [name for module in MODULES.values() for name in ("ext_first", "ext_last_digit",
                                                                "ext_ends_in_one", "ExtStore",
-                                                               "ext_constant")
+                                                               "ext_constant", "ext_types")
              if name in module] + list(EXTERNAL)
     named = sorted(f"{path.relative_to(ROOT)}: {name}"
                    for path in (ROOT / "orchestrator").rglob("*.py") for name in set(names)
