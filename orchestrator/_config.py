@@ -30,7 +30,7 @@ from pydantic import (
 import lanefold.backends  # registers the built-in backends
 import lanefold.coordinators  # registers the built-in loops and reducers
 import lanefold.stores  # noqa: F401  # registers the built-in stores
-from lanefold._defaults import DEFAULT_LOOP
+from lanefold._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP
 from lanefold.primitives import (
     BACKENDS,
     HOOKS,
@@ -88,7 +88,7 @@ MAX_NESTING = 32
 
 # The facade's defaults, named once: a config without `[backend]` runs on the bundled engine
 # on its bundled model (no server, no key).
-DEFAULT_BACKEND: dict[str, Any] = {"kind": "engine"}
+DEFAULT_BACKEND: dict[str, Any] = {"kind": DEFAULT_BACKEND_KIND}
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -31,7 +31,7 @@ from lanefold._executor import Job, JobOutcome, WorkerSpec, import_paths
 from lanefold._job_session import JobSession
 from lanefold._ray_connect import CONNECT_TIMEOUT_S, join_cluster
 from lanefold._result import RunResult
-from lanefold.primitives import ConfigError, LanefoldError, RunError, RunInUseError
+from lanefold.primitives import ConfigError, LanefoldError, RunError, RunInUseError, backend_gpus
 
 __all__ = ("RayExecutor",)
 
@@ -154,11 +154,9 @@ class RayExecutor:
         """Each worker's GPUs: as given, else one for the engine on a GPU."""
         if self.num_gpus is not None:
             return self.num_gpus
-        backend = spec.config.get("backend", {})
-        if backend.get("kind") != "engine" or backend.get("device") == "cpu":
-            return 0
-        if backend.get("device") == "cuda":
-            return 1
+        wants = backend_gpus(spec.loop_config().backend)
+        if wants is not None:
+            return wants
         return 1 if _ray().cluster_resources().get("GPU", 0) >= 1 else 0
 
     def close(self) -> None:

@@ -30,7 +30,9 @@ from lanefold.primitives._backend_spec import (
     BACKENDS,
     BackendSpec,
     backend_build_errors,
+    backend_gpus,
     backend_preflight,
+    backend_prompt_tokens,
     register_backend,
 )
 from lanefold.primitives._budget import (
@@ -290,7 +292,9 @@ __all__ = (
     "apply",
     "audit_run",
     "backend_build_errors",
+    "backend_gpus",
     "backend_preflight",
+    "backend_prompt_tokens",
     "build_hook",
     "check_next_sequence",
     "check_verifier_limits",

@@ -2,7 +2,9 @@
 
 A backend registers its config model, a pydantic model with a `kind` field, which declares how
 to build its Backend (`build`) and, optionally, what the facade checks before a run is created
-(`preflight`) and what building would refuse, found without building (`build_errors`). The
+(`preflight`), what building would refuse, found without building (`build_errors`), a prompt's
+token count known from the settings alone (`count_prompt_tokens`, a test double's fixed count) and the
+GPUs one worker of it needs (`gpus`). The
 facade knows no backend by name: `[backend] kind` picks the registered model (or names one as
 `module:Class`), validates the table with it, and asks it for the rest.
 """
@@ -17,8 +19,8 @@ from pydantic import BaseModel
 from lanefold.primitives._backend import Backend
 from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
 
-__all__ = ("BACKENDS", "BackendSpec", "backend_build_errors", "backend_preflight",
-           "register_backend")
+__all__ = ("BACKENDS", "BackendSpec", "backend_build_errors", "backend_gpus", "backend_preflight",
+           "backend_prompt_tokens", "register_backend")
 
 M = TypeVar("M", bound=type[BaseModel])
 
@@ -51,6 +53,21 @@ def backend_build_errors(spec: BackendSpec, environ: Mapping[str, str]) -> list[
     """The backend's own `build_errors(environ)` lines ([] when it declares none)."""
     hook: Callable[[Mapping[str, str]], list[str]] | None = getattr(spec, "build_errors", None)
     return list(hook(environ)) if hook is not None else []
+
+
+def backend_prompt_tokens(spec: BackendSpec, prompt: str) -> int | None:
+    """The prompt's token count as the backend's settings alone know it
+    (`count_prompt_tokens(text)`, e.g. a test double's fixed count), or None where it declares
+    none (count it otherwise)."""
+    hook: Callable[[str], int | None] | None = getattr(spec, "count_prompt_tokens", None)
+    return hook(prompt) if callable(hook) else None
+
+
+def backend_gpus(spec: BackendSpec) -> float | None:
+    """The GPUs one worker of this backend needs (`gpus()`): 0 where it declares none, None
+    where it takes one if the cluster has any."""
+    hook: Callable[[], float | None] | None = getattr(spec, "gpus", None)
+    return hook() if callable(hook) else 0
 
 
 def _check_backend(obj: Any, key: str) -> None:

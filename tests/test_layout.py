@@ -252,9 +252,12 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
 BUILT_IN_LOOPS = ("parallel_sample", "adaptive_sample", "sequential_refine", "debate",
                   "plan_verify_replan")
 BUILT_IN_REDUCERS = ("majority_vote", "weighted_vote", "judge_argmax", "usc", "any_pass")
-BUILT_IN_NAMES: tuple[str, ...] = (*BUILT_IN_LOOPS, *BUILT_IN_REDUCERS)
+BUILT_IN_BACKENDS = ("simulated", "engine", "openai")
+BUILT_IN_STORES = ("files", "postgres")
+BUILT_IN_NAMES: tuple[str, ...] = (*BUILT_IN_LOOPS, *BUILT_IN_REDUCERS, *BUILT_IN_BACKENDS,
+                                   *BUILT_IN_STORES)
 # Packages whose concrete classes the facade never tests with isinstance/issubclass.
-PLUG_IN_PACKAGES = ("lanefold.coordinators",)
+PLUG_IN_PACKAGES = ("lanefold.coordinators", "lanefold.backends", "lanefold.stores")
 FACADE_DEFAULTS = ROOT / "orchestrator" / "_defaults.py"
 
 
@@ -334,7 +337,8 @@ def test_the_facade_names_no_built_in_plug_in() -> None:
     assert wrong == [], ("ask the registry and what the plug-in declares (lanefold.primitives' "
                          "cost_shape, fit_params, reducer_traits, ...); defaults live in "
                          "orchestrator/_defaults.py")
-    assert len(_named_plug_ins(FACADE_DEFAULTS)) == 2  # the default loop and reducer, once
+    # the default loop, the reducer curve counts, the default backend and store: each once
+    assert len(_named_plug_ins(FACADE_DEFAULTS)) == 4
 
 
 def test_the_facade_tests_no_plug_in_class() -> None:

@@ -68,8 +68,9 @@ def same(a: QuestionResult, b: QuestionResult) -> dict[str, Any]:
     return {key: getattr(a, key) for key in keep}
 
 
-def rows(folder: Path, eval_id: str) -> dict[int, QuestionResult]:
-    return read_results(folder / eval_id / "results.jsonl")
+def rows(folder: Path, eval_id: str, url: str | None = None) -> dict[int, QuestionResult]:
+    """An eval's rows from its store: files under `folder`, or the database at `url`."""
+    return read_results(lanefold.open_store(url, folder).eval_record(eval_id))
 
 
 def test_no_cluster_at_auto_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -122,7 +123,7 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
         return "lane.completed" in types and "run.completed" not in types
 
     def kill_one(row: QuestionResult) -> None:
-        if killed or len(rows(tmp_path / "ray", "e")) < 4:
+        if killed or len(rows(tmp_path / "ray", "e", url)) < 4:
             return  # kill once, with questions done and others in flight
         for name in sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                            if a["namespace"] == "lanefold"):
@@ -137,7 +138,7 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
                              concurrency=4, executor=RayExecutor(workers=2),
                              on_result=kill_one, store=url)
     assert killed and summary.n == 32 and summary.failed == 0
-    local, remote = rows(tmp_path / "local", "e"), rows(tmp_path / "ray", "e")
+    local, remote = rows(tmp_path / "local", "e"), rows(tmp_path / "ray", "e", url)
     resumed = 0
     assert (tmp_path / "ray" / "e.0").exists() == (url is None)  # the runs are where asked
     for i in range(32):

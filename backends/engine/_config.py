@@ -45,6 +45,11 @@ class EngineConfig(BaseModel):
     chat_template: bool = False
     threads: int | None = Field(default=None, ge=1)
 
+    def gpus(self) -> float | None:
+        """A worker's GPUs: none on the CPU, one on CUDA, and for `auto` one where the cluster
+        has any."""
+        return {"cpu": 0.0, "cuda": 1.0}.get(self.device)
+
     def build(self) -> EngineBackend:
         """The engine backend, not loaded yet; torch is imported here, only when it is used."""
         try:

@@ -115,6 +115,10 @@ class SimulatedConfig(BaseModel):
             raise ValueError("distractors must not be empty when accuracy < 1")
         return self
 
+    def count_prompt_tokens(self, prompt: str) -> int:
+        """Every prompt is `prompt_tokens` long here, whatever its text (as the backend bills)."""
+        return self.prompt_tokens
+
     def build(self) -> SimulatedBackend:
         """The simulated backend these settings describe."""
         # Imported here: the backend's module imports this one (its default config).

@@ -27,6 +27,7 @@ from lanefold.primitives import (
     ConfigError,
     JudgeCall,
     Pricing,
+    backend_prompt_tokens,
     cost_shape,
     fit_params,
     loop_reducer,
@@ -74,14 +75,15 @@ class WorstCase:
 
 
 def prompt_tokens(config: LoopConfig, questions: Sequence[str]) -> int:
-    """The largest first prompt of these questions, in tokens: the simulated backend's own
-    count, else UTF-8 bytes + 32 (a byte-level tokenizer never makes more tokens than bytes)."""
-    backend = config.backend
-    if backend.kind == "simulated":
-        return int(getattr(backend, "prompt_tokens", 0))
+    """The largest first prompt of these questions, in tokens: the backend's own count where its
+    settings know it (a test double's fixed count), else UTF-8 bytes + 32 (a byte-level
+    tokenizer never makes more tokens than bytes)."""
     template = config.prompt.template
-    return max((len(template.replace("{question}", q).encode()) for q in questions),
-               default=len(template.encode())) + _BYTE_MARGIN
+    prompts = [template.replace("{question}", q) for q in questions] or [template]
+    declared = [backend_prompt_tokens(config.backend, prompt) for prompt in prompts]
+    if all(count is not None for count in declared):
+        return max(int(count or 0) for count in declared)
+    return max(len(prompt.encode()) for prompt in prompts) + _BYTE_MARGIN
 
 
 def worst_case(config: LoopConfig, prompt: int,
