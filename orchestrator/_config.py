@@ -373,6 +373,15 @@ class LoopConfig(_Section):
                                                        max_tokens=j.max_tokens, stop=tuple(j.stop)),
             score_regex=j.score_regex, usc_template=j.usc_template)
 
+    def with_seed(self, seed: int | None) -> LoopConfig:
+        """This config with its loop seed set to `seed` (itself when `seed` is None or the
+        same): a run's own seed, as an eval gives question i the seed `loop.seed + i`."""
+        if seed is None or seed == self.loop.seed:
+            return self
+        raw = self.model_dump(mode="json")
+        raw["loop"]["seed"] = seed
+        return parse_config(raw, folder=self.folder)
+
     def sampling_params(self) -> SamplingParams:
         s = self.sampling
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,

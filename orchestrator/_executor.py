@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from lanefold._session import Session
 
 __all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "local",
-           "resolve_executor", "with_seed")
+           "resolve_executor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,15 +138,6 @@ def _takes(maker: Any, keyword: str) -> bool:
     except (TypeError, ValueError):
         return False
     return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
-def with_seed(config: LoopConfig, seed: int | None) -> LoopConfig:
-    """`config` with its loop seed set to `seed` (itself when `seed` is None)."""
-    if seed is None or seed == config.loop.seed:
-        return config
-    raw = config.model_dump(mode="json")
-    raw["loop"]["seed"] = seed
-    return parse_config(raw, folder=config.folder)
 
 
 def worker_spec(session: Session) -> WorkerSpec:

@@ -169,11 +169,12 @@ class Session:
     # -- runs -------------------------------------------------------------------------------------
 
     async def run(self, question: str, *, run_id: str | None = None, resume: bool = False,
-                  errors: Errors = "raise", observer: Observer | None = None,
-                  log: EventLog | None = None,
+                  seed: int | None = None, errors: Errors = "raise",
+                  observer: Observer | None = None, log: EventLog | None = None,
                   stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
-        `runs_dir/<run_id>/events.jsonl`).
+        `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
+        config's `loop.seed`), recorded with its config like any other key.
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -187,15 +188,16 @@ class Session:
         try:
             if resume and log is None and self.store.exists(run_id):
                 return await self._go_on(run_id, question, observer, stop_reason)
-            return await self._start(question, run_id, observer, log, stop_reason)
+            return await self._start(question, run_id, observer, log, stop_reason, seed)
         except LanefoldError as exc:
             if errors == "raise" or type(exc) is ConfigError:
                 raise
             return self._failed(run_id, question, exc)
 
     async def _start(self, question: str, run_id: str, observer: Observer | None,
-                     log: EventLog | None, stop_reason: Callable[[], str]) -> RunResult:
-        config = self.config
+                     log: EventLog | None, stop_reason: Callable[[], str],
+                     seed: int | None = None) -> RunResult:
+        config = self.config.with_seed(seed)
         backend, judge_backend = await self._backends(config)
         await self._load_given()
         # A shared budget that does not exist is refused before the run does.

@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from lanefold._config import VERSION, LoopConfig, config_hash
-from lanefold._executor import Executor, Job, with_seed, worker_spec
+from lanefold._executor import Executor, Job, worker_spec
 from lanefold._job_session import JobSession
 from lanefold._result import RunResult
 from lanefold._runner import check_question, lanefold_error
@@ -77,8 +77,9 @@ def questions_hash(items: Sequence[Item]) -> str:
     return digest.hexdigest()
 
 
-def _seeded(config: LoopConfig, index: int) -> LoopConfig:
-    return with_seed(config, config.loop.seed + index)
+def _seed(config: LoopConfig, index: int) -> int:
+    """Question `index`'s loop seed: its own, so questions are independent draws."""
+    return config.loop.seed + index
 
 
 async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
@@ -295,12 +296,9 @@ class _Eval:
             if resume:
                 result = await session.resume(run_id, stop_reason=self.stop_reason)
             else:
-                token = session.question_config.set(_seeded(session.config, item.index))
-                try:
-                    result = await session.run(item.question, run_id=run_id,
-                                               stop_reason=self.stop_reason)
-                finally:
-                    session.question_config.reset(token)
+                result = await session.run(item.question, run_id=run_id,
+                                           seed=_seed(session.config, item.index),
+                                           stop_reason=self.stop_reason)
         except LanefoldError as exc:
             self.failure(item, exc)
             return

@@ -308,3 +308,17 @@ async def test_run_sync_works_inside_a_running_event_loop(runs: Path) -> None:
                                    backend=backend)
     assert result.answer is not None
     assert (backend.requests, backend.closes) == (1, 0)
+
+
+@pytest.mark.anyio
+async def test_a_run_given_a_seed_is_the_run_of_a_config_with_that_seed(tmp_path: Path) -> None:
+    async with lanefold.Session(config(k=8), runs_dir=tmp_path) as session:
+        given = await session.run("What is 17 * 23?", run_id="given", seed=11)
+        other = await session.run("What is 17 * 23?", run_id="other")
+    async with lanefold.Session(config(k=8, seed=11), runs_dir=tmp_path) as session:
+        configured = await session.run("What is 17 * 23?", run_id="configured")
+    assert given.votes == configured.votes and given.lanes == configured.lanes
+    assert [lane.answer for lane in given.lanes] != [lane.answer for lane in other.lanes]
+    started = json.loads((tmp_path / "given" / "events.jsonl").read_text().splitlines()[0])
+    assert started["data"]["config"]["loop"]["seed"] == 11  # recorded: a resume keeps it
+    assert lanefold.resume_sync("given", runs_dir=tmp_path) == given
