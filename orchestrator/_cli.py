@@ -66,12 +66,12 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
             ExtractSpec,
             LanefoldError,
             RunState,
-            apply,
             loop_names,
             redact_url,
             resolve_loop,
         )
         from lanefold.primitives.events import AnyEvent
+        from lanefold.primitives.internal import apply
 
         pause_point("import")
 except KeyboardInterrupt as stop:  # a signal while the command starts: nothing exists to tell of

@@ -36,12 +36,10 @@ from lanefold.primitives import (
     Backend,
     ConfigError,
     ExtractSpec,
-    HookRunner,
     Lane,
     LaneFailure,
     Ledger,
     Outcome,
-    Recorder,
     ReduceOptions,
     RunError,
     RunState,
@@ -55,6 +53,7 @@ from lanefold.primitives import (
     resolve_reducer,
 )
 from lanefold.primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
+from lanefold.primitives.internal import HookRunner, Recorder
 
 if TYPE_CHECKING:
     from lanefold._session import Session

@@ -20,16 +20,13 @@ from lanefold.primitives import (
     Backend,
     BackendSpec,
     ConfigError,
-    Dispatcher,
     EventLog,
     LanefoldError,
     Ledger,
     LogWriteError,
     NonDeterminismError,
     Outcome,
-    Recorder,
     RetryPolicy,
-    RunContext,
     RunError,
     RunState,
     Verifier,
@@ -47,6 +44,7 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
+from lanefold.primitives.internal import Dispatcher, Recorder, RunContext
 
 __all__ = (
     "Observer",

@@ -49,15 +49,14 @@ from lanefold.primitives import (
     ConfigError,
     EventLog,
     ExtractSpec,
-    HookRunner,
     LanefoldError,
     Ledger,
-    Recorder,
     RunState,
     Verifier,
     plugin_folders,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
+from lanefold.primitives.internal import HookRunner, Recorder
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 

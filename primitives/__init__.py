@@ -1,5 +1,9 @@
 """The governed substrate shared by every loop. Imports no other package of ours.
 
+What extenders use is here: the protocols, events, errors, the registries and the pure
+functions. What the facade drives (`Dispatcher`, `Recorder`, `WaveSpec`, `apply`, the run's
+context and hook runner) is `lanefold.primitives.internal`: it may change in any release.
+
 Events (the public `primitives.events`) and event logs, the budget ledger, the dispatch path
 and its barrier, the run-state fold, the Backend seam and the registry of backends' config models
 (`BACKENDS`, `register_backend`), the loop seam (`Loop`, `LoopContext`,
@@ -47,7 +51,7 @@ from lanefold.primitives._budget import (
     cost_of,
     short_of_room,
 )
-from lanefold.primitives._context import RunBudget, RunContext, wave_fingerprint
+from lanefold.primitives._context import wave_fingerprint
 from lanefold.primitives._declared import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
@@ -69,7 +73,7 @@ from lanefold.primitives._declared import (
     tally,
     vote_summary,
 )
-from lanefold.primitives._dispatch import Dispatcher, LaneJob, RetryPolicy, WaveSpec, lane_seed
+from lanefold.primitives._dispatch import LaneJob, RetryPolicy, lane_seed
 from lanefold.primitives._errors import (
     AuthenticationError,
     BackendError,
@@ -107,7 +111,6 @@ from lanefold.primitives._hooks import (
     HOOKS,
     QUEUE_LIMIT,
     Hook,
-    HookRunner,
     build_hook,
     hook_params,
     register_hook,
@@ -134,7 +137,6 @@ from lanefold.primitives._loop import (
     Reduction,
     Remaining,
 )
-from lanefold.primitives._record import Recorder
 from lanefold.primitives._registry import (
     EXECUTORS,
     LOOPS,
@@ -155,7 +157,7 @@ from lanefold.primitives._registry import (
     store_for_url,
     without_plugin_imports,
 )
-from lanefold.primitives._state import LaneState, RunState, WaveState, apply, fold
+from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
     BudgetView,
@@ -216,7 +218,6 @@ __all__ = (
     "ContextLengthError",
     "ContextWindow",
     "CostShape",
-    "Dispatcher",
     "EvalRecord",
     "Event",
     "EventLog",
@@ -225,7 +226,6 @@ __all__ = (
     "FsyncPolicy",
     "Hold",
     "Hook",
-    "HookRunner",
     "JudgeCall",
     "JudgeResult",
     "JudgeSettings",
@@ -251,7 +251,6 @@ __all__ = (
     "Pricing",
     "QuorumNotMetError",
     "RateLimitError",
-    "Recorder",
     "ReduceOptions",
     "Reducer",
     "ReducerChoice",
@@ -263,8 +262,6 @@ __all__ = (
     "RequestRejectedError",
     "RetryPolicy",
     "Room",
-    "RunBudget",
-    "RunContext",
     "RunError",
     "RunInUseError",
     "RunNotFoundError",
@@ -287,9 +284,7 @@ __all__ = (
     "VerifierFn",
     "VoteResult",
     "VoteTieBreak",
-    "WaveSpec",
     "WaveState",
-    "apply",
     "audit_run",
     "backend_build_errors",
     "backend_gpus",
@@ -352,3 +347,22 @@ __all__ = (
     "wave_fingerprint",
     "without_plugin_imports",
 )
+
+
+_MOVED_INTERNAL = frozenset({"Dispatcher", "HookRunner", "Recorder", "RunBudget", "RunContext",
+                             "WaveSpec", "apply"})
+
+
+def __getattr__(name: str) -> object:
+    """The facade's internals, found here before 0.2: still found, with a DeprecationWarning
+    naming where they are now (they go from here in 0.3)."""
+    if name in _MOVED_INTERNAL:
+        import warnings
+
+        from lanefold.primitives import internal
+
+        warnings.warn(f"lanefold.primitives.{name} is internal: import it from "
+                      f"lanefold.primitives.internal (it goes from lanefold.primitives in 0.3)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(internal, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,6 @@ from lanefold.primitives import (
     AuthenticationError,
     BackendError,
     BudgetExhaustedError,
-    Dispatcher,
     LaneFailure,
     LaneJob,
     LaneOutcome,
@@ -26,7 +25,6 @@ from lanefold.primitives import (
     Pricing,
     QuorumNotMetError,
     RateLimitError,
-    Recorder,
     RequestRejectedError,
     RetryPolicy,
     RunState,
@@ -35,7 +33,6 @@ from lanefold.primitives import (
     SamplingParams,
     ServerError,
     Usage,
-    WaveSpec,
     closing,
     fold,
     hash_config,
@@ -43,6 +40,7 @@ from lanefold.primitives import (
     sample_all,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
+from lanefold.primitives.internal import Dispatcher, Recorder, WaveSpec
 
 pytestmark = pytest.mark.anyio
 

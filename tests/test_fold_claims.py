@@ -29,7 +29,6 @@ from lanefold.primitives import (
     LogCorruptError,
     MemoryEventLog,
     Pricing,
-    Recorder,
     RunState,
     Sample,
     SampleRequest,
@@ -50,6 +49,7 @@ from lanefold.primitives.events import (
     WaveStarted,
     WaveStartedData,
 )
+from lanefold.primitives.internal import Recorder
 
 PRICING = {"input_per_mtok": 1.0, "cached_input_per_mtok": 0.5, "output_per_mtok": 2.0}
 Events = list[dict[str, Any]]

@@ -35,7 +35,6 @@ from lanefold.coordinators import (
 )
 from lanefold.coordinators._debate import Debate, DebateParams, debate_prompt, visible_peers
 from lanefold.primitives import (
-    Dispatcher,
     LanefoldError,
     LaneOutcome,
     Ledger,
@@ -44,14 +43,13 @@ from lanefold.primitives import (
     MemoryEventLog,
     Outcome,
     Pricing,
-    Recorder,
-    RunContext,
     RunState,
     SampleRequest,
     SamplingParams,
     hash_config,
 )
 from lanefold.primitives.events import RunStarted, RunStartedData
+from lanefold.primitives.internal import Dispatcher, Recorder, RunContext
 from lanefold.stores.files import JsonlEventLog
 
 QUESTION = "What is 17 * 23?"

@@ -33,7 +33,6 @@ from lanefold.coordinators import (
 from lanefold.primitives import (
     CallableVerifier,
     ConfigError,
-    Dispatcher,
     ExtractSpec,
     JudgeSettings,
     Lane,
@@ -41,10 +40,8 @@ from lanefold.primitives import (
     Limits,
     MemoryEventLog,
     Pricing,
-    Recorder,
     ReduceOptions,
     Reduction,
-    RunContext,
     RunState,
     Sample,
     SampleRequest,
@@ -57,6 +54,7 @@ from lanefold.primitives import (
     resolve_reducer,
 )
 from lanefold.primitives.events import RunStarted, RunStartedData
+from lanefold.primitives.internal import Dispatcher, Recorder, RunContext
 
 QUESTION = "What is 17 * 23?"
 EXTRACT = ExtractSpec(regex=r"Answer:\s*(\S+)")

@@ -251,7 +251,7 @@ def test_show_prints_a_plug_in_reducers_own_summary(tmp_path: Path,
 def test_the_loop_context_declares_record_verdict() -> None:
     """A reducer that scores lanes itself (an LLM judge) records each verdict through the
     protocol, not by looking for the method on whatever context it was given."""
-    from lanefold.primitives import RunContext
+    from lanefold.primitives.internal import RunContext
 
     assert "record_verdict" in LoopContext.__dict__
     assert callable(RunContext.record_verdict)

@@ -21,7 +21,8 @@ import lanefold
 import lanefold._session as session_module
 from lanefold.evaluate._eval import run_eval
 from lanefold.evaluate._item import Item
-from lanefold.primitives import HOOKS, HookRunner
+from lanefold.primitives import HOOKS
+from lanefold.primitives.internal import HookRunner
 
 SIMULATED = {"kind": "simulated", "accuracy": 0.6}
 

@@ -101,3 +101,16 @@ def test_the_version_is_written_once() -> None:
                                                            "coordinators")
                for path in (ROOT / folder).rglob("*.py") if f'"{version}"' in path.read_text()]
     assert spelled == []
+
+
+def test_the_facades_internals_moved_to_primitives_internal_and_warn_where_they_were() -> None:
+    import lanefold.primitives as primitives
+    from lanefold.primitives import internal
+
+    extenders = set(primitives.__all__)
+    assert not extenders & set(internal.__all__)  # extenders are not shown the internals
+    with pytest.warns(DeprecationWarning, match=r"lanefold\.primitives\.internal"):
+        found = primitives.Dispatcher
+    assert found is internal.Dispatcher
+    with pytest.raises(AttributeError):
+        _ = primitives.NoSuchName
