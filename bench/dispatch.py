@@ -64,7 +64,7 @@ DURABILITY = {
     "ours-always": "as ours, with fsync after every event (policy `always`; K=1000 only)",
     "bare": "none (no log, no budget, no record)",
     "langgraph": "AsyncSqliteSaver defaults (WAL, synchronous=FULL, durability='async'): "
-                 "one committed, fsynced write per lane, a checkpoint per superstep",
+    "one committed, fsynced write per lane, a checkpoint per superstep",
 }
 
 
@@ -86,11 +86,13 @@ def stopwatch() -> Iterator[Timing]:
 
 
 async def run_ours(k: int, scratch: Path, fsync: str = "barrier") -> Timing:
-    config = lanefold.parse_config({
-        "loop": {"k": k, "max_concurrency": k},
-        "backend": INSTANT.model_dump(mode="json"),
-        "log": {"fsync": fsync},
-    })
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": k, "max_concurrency": k},
+            "backend": INSTANT.model_dump(mode="json"),
+            "log": {"fsync": fsync},
+        }
+    )
     with stopwatch() as timing:
         result = await lanefold.run(config, QUESTION, runs_dir=scratch)
     if result.lanes_completed != k or result.answer is None:
@@ -165,7 +167,9 @@ async def run_langgraph(k: int, scratch: Path) -> Timing:
 
 
 SIDES: dict[str, Callable[[int, Path], Awaitable[Timing]]] = {
-    "ours": run_ours, "ours-always": run_ours_always, "bare": run_bare,
+    "ours": run_ours,
+    "ours-always": run_ours_always,
+    "bare": run_bare,
     "langgraph": run_langgraph,
 }
 
@@ -216,10 +220,16 @@ def measure_memory(jobs: list[tuple[str, int]]) -> dict[tuple[str, int], int | N
     The timings are done by now, so the children run side by side.
     """
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    children = {job: subprocess.Popen(
-        [sys.executable, __file__, "--memory-child", job[0], str(job[1])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": path}) for job in jobs}
+    children = {
+        job: subprocess.Popen(
+            [sys.executable, __file__, "--memory-child", job[0], str(job[1])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        for job in jobs
+    }
     peaks: dict[tuple[str, int], int | None] = {}
     for job, child in children.items():
         out, err = child.communicate(timeout=600)
@@ -264,14 +274,19 @@ class Results:
         if k > plan.max_langgraph_k:
             self.skipped[k] = f"above --max-langgraph-k {plan.max_langgraph_k}"
             return False
-        measured = [(kk, statistics.median(t.wall for t in v))
-                    for (side, kk), v in self.runs.items() if side == "langgraph" and kk < k]
+        measured = [
+            (kk, statistics.median(t.wall for t in v))
+            for (side, kk), v in self.runs.items()
+            if side == "langgraph" and kk < k
+        ]
         if measured and not self.runs.get(("langgraph", k)):
             kk, wall = max(measured)
             estimate = wall / kk * k * plan.reps_at(k)
             if estimate > plan.langgraph_budget_s:
-                self.skipped[k] = (f"~{estimate:.0f} s estimated for {plan.reps_at(k)} runs, "
-                                   f"over --langgraph-budget-s {plan.langgraph_budget_s:.0f}")
+                self.skipped[k] = (
+                    f"~{estimate:.0f} s estimated for {plan.reps_at(k)} runs, "
+                    f"over --langgraph-budget-s {plan.langgraph_budget_s:.0f}"
+                )
                 return False
         return True
 
@@ -284,7 +299,7 @@ async def measure(plan: Plan, sides: list[str]) -> Results:
         for k in plan.ks:
             if rep >= plan.reps_at(k):
                 continue
-            order = sides[rep % len(sides):] + sides[:rep % len(sides)]  # interleave the sides
+            order = sides[rep % len(sides) :] + sides[: rep % len(sides)]  # interleave the sides
             for side in order:
                 if side == "ours-always" and (k != 1000 or rep >= 2):
                     continue  # the matched-durability comparison: K = 1000, two runs at most
@@ -299,22 +314,27 @@ def verdict(ok: bool, what: str) -> None:
 
 
 def report(plan: Plan, res: Results, sides: list[str], seconds: float) -> None:
-    print(f"\nlanefold dispatch benchmark: {platform.python_implementation()} "
-          f"{platform.python_version()}, {os.cpu_count()} CPU cores, {plan.reps} repetition(s)"
-          f"{f' ({plan.reps_large} at K=10000)' if 10_000 in plan.ks else ''}, medians; "
-          f"timed runs took {seconds:.0f} s\n")
+    print(
+        f"\nlanefold dispatch benchmark: {platform.python_implementation()} "
+        f"{platform.python_version()}, {os.cpu_count()} CPU cores, {plan.reps} repetition(s)"
+        f"{f' ({plan.reps_large} at K=10000)' if 10_000 in plan.ks else ''}, medians; "
+        f"timed runs took {seconds:.0f} s\n"
+    )
     for cpu in (False, True):
         what = "process CPU time" if cpu else "wall time"
-        head = (f"{'K':>6} | {'ours us/lane':>12} | {'bare us/lane':>12} | {'ours/bare':>9} | "
-                f"{'LangGraph us/lane':>17} | {'LangGraph/ours':>14}   [{what}]")
+        head = (
+            f"{'K':>6} | {'ours us/lane':>12} | {'bare us/lane':>12} | {'ours/bare':>9} | "
+            f"{'LangGraph us/lane':>17} | {'LangGraph/ours':>14}   [{what}]"
+        )
         print(head)
         print("-" * len(head))
         for k in plan.ks:
             ours, bare = res.per_lane("ours", k, cpu), res.per_lane("bare", k, cpu)
             lg = res.per_lane("langgraph", k, cpu)
             assert ours is not None and bare is not None
-            lg_cells = (f"{lg:17.1f} | {lg / ours:13.2f}x" if lg is not None
-                        else f"{'skipped':>17} | {'-':>14}")
+            lg_cells = (
+                f"{lg:17.1f} | {lg / ours:13.2f}x" if lg is not None else f"{'skipped':>17} | {'-':>14}"
+            )
             print(f"{k:>6} | {ours:12.1f} | {bare:12.1f} | {ours / bare:8.2f}x | {lg_cells}")
         always = res.per_lane("ours-always", 1000, cpu)
         lg = res.per_lane("langgraph", 1000, cpu)
@@ -332,30 +352,41 @@ def report(plan: Plan, res: Results, sides: list[str], seconds: float) -> None:
     walls = {k: statistics.median(t.wall for t in res.runs["ours", k]) for k in plan.ks}
     big = [k for k in plan.ks if k >= 100]
     for lo, hi in itertools.pairwise(big):
-        print(f"  ours: {(walls[hi] - walls[lo]) / (hi - lo) * 1e6:.1f} us per added lane from "
-              f"K={lo} to K={hi}")
+        print(
+            f"  ours: {(walls[hi] - walls[lo]) / (hi - lo) * 1e6:.1f} us per added lane from K={lo} to K={hi}"
+        )
     small, ref = plan.ks[0], 1000 if 1000 in plan.ks else plan.ks[-1]
     fixed = walls[small] - small * walls[ref] / ref
-    print(f"  ours: fixed cost per run ~{fixed * 1e3:.1f} ms (K={small} less {small} lanes at the "
-          f"K={ref} rate): run store, config hash, run.started, three fsyncs, result")
+    print(
+        f"  ours: fixed cost per run ~{fixed * 1e3:.1f} ms (K={small} less {small} lanes at the "
+        f"K={ref} rate): run store, config hash, run.started, three fsyncs, result"
+    )
     lo, hi = big[-2], big[-1]
     growth = walls[hi] / hi / (walls[lo] / lo)
-    verdict(growth <= 1.5, f"overhead linear in K: ours us/lane at K={hi} is {growth:.2f}x "
-                           f"that at K={lo} (target <= 1.5x)")
+    verdict(
+        growth <= 1.5,
+        f"overhead linear in K: ours us/lane at K={hi} is {growth:.2f}x that at K={lo} (target <= 1.5x)",
+    )
     if 1000 in plan.ks:
         w = [res.per_lane(s, 1000) for s in ("ours", "bare", "langgraph")]
         c = [res.per_lane(s, 1000, cpu=True) for s in ("ours", "bare", "langgraph")]
         assert w[0] and w[1] and c[0] and c[1]
-        verdict(w[0] / w[1] <= 5, f"within 5x of bare at K=1000: {w[0] / w[1]:.2f}x wall "
-                                  f"({c[0] / c[1]:.2f}x CPU)")
+        verdict(
+            w[0] / w[1] <= 5, f"within 5x of bare at K=1000: {w[0] / w[1]:.2f}x wall ({c[0] / c[1]:.2f}x CPU)"
+        )
         if w[2] is not None and c[2] is not None:
-            verdict(w[2] / w[0] >= 5, f"at least 5x less per-lane overhead than LangGraph at "
-                                      f"K=1000: {w[2] / w[0]:.2f}x wall ({c[2] / c[0]:.2f}x CPU)")
+            verdict(
+                w[2] / w[0] >= 5,
+                f"at least 5x less per-lane overhead than LangGraph at "
+                f"K=1000: {w[2] / w[0]:.2f}x wall ({c[2] / c[0]:.2f}x CPU)",
+            )
         else:
             print("MISS  LangGraph at K=1000 not measured (langgraph missing or skipped)")
 
-    print("\npeak memory (growth of resident memory over one run, sampled every 2 ms, fresh "
-          "subprocess per side):")
+    print(
+        "\npeak memory (growth of resident memory over one run, sampled every 2 ms, fresh "
+        "subprocess per side):"
+    )
     if not Path("/proc/self/statm").exists():
         print("  unavailable: needs Linux /proc")
         return
@@ -375,16 +406,25 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="repetitions for K <= 1000")
     parser.add_argument("--reps-large", type=int, default=3, help="repetitions at K = 10000")
     parser.add_argument("--max-langgraph-k", type=int, default=1000)
-    parser.add_argument("--langgraph-budget-s", type=float, default=60.0,
-                        help="skip a LangGraph K whose runs are estimated to take longer")
+    parser.add_argument(
+        "--langgraph-budget-s",
+        type=float,
+        default=60.0,
+        help="skip a LangGraph K whose runs are estimated to take longer",
+    )
     parser.add_argument("--memory-child", nargs=2, metavar=("SIDE", "K"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
     reps = 1 if args.quick else args.reps
-    plan = Plan([10, 100, 1000] if args.quick else [10, 100, 1000, 10_000], reps,
-                min(reps, args.reps_large), args.max_langgraph_k, args.langgraph_budget_s)
+    plan = Plan(
+        [10, 100, 1000] if args.quick else [10, 100, 1000, 10_000],
+        reps,
+        min(reps, args.reps_large),
+        args.max_langgraph_k,
+        args.langgraph_budget_s,
+    )
     sides = ["ours", "bare", "ours-always"]
     if StateGraph is None:
         print("note: langgraph is not installed (pip install -e '.[bench]'); LangGraph skipped")

@@ -48,26 +48,36 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trees = {side: Path(tmp) / side for side in ("before", "after")}
         for side, tree in trees.items():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree),
-                            getattr(args, side)], check=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), getattr(args, side)],
+                check=True,
+            )
         try:
             samples: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
             for rep in range(args.reps):
-                for side in (("before", "after") if rep % 2 == 0 else ("after", "before")):
-                    out = subprocess.run([sys.executable, "-c", CHILD, str(trees[side]), str(args.k)],
-                                         capture_output=True, text=True, cwd=trees[side], check=True)
+                for side in ("before", "after") if rep % 2 == 0 else ("after", "before"):
+                    out = subprocess.run(
+                        [sys.executable, "-c", CHILD, str(trees[side]), str(args.k)],
+                        capture_output=True,
+                        text=True,
+                        cwd=trees[side],
+                        check=True,
+                    )
                     wall, cpu = map(float, out.stdout.split())
                     samples[side].append((wall, cpu))
         finally:
             for tree in trees.values():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                               check=False)
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False
+                )
     print(f"\ndispatch path, K = {args.k}, {args.reps} processes a side, medians (us per lane)")
     for i, name in enumerate(("wall", "process CPU")):
         before = statistics.median(s[i] for s in samples["before"])
         after = statistics.median(s[i] for s in samples["after"])
-        print(f"{name:>12}: {args.before} {before:.1f}  {args.after} {after:.1f}  "
-              f"after/before {after / before:.3f}")
+        print(
+            f"{name:>12}: {args.before} {before:.1f}  {args.after} {after:.1f}  "
+            f"after/before {after / before:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -74,17 +74,13 @@ def tiny_checkpoint() -> Checkpoint:
     return Checkpoint(
         TINY,
         {
-            k: (1 + 0.1 * torch.randn(s, generator=g))
-            if "norm" in k
-            else 0.05 * torch.randn(s, generator=g)
+            k: (1 + 0.1 * torch.randn(s, generator=g)) if "norm" in k else 0.05 * torch.randn(s, generator=g)
             for k, s in shapes.items()
         },
     )
 
 
-def hf_model(
-    checkpoint: Checkpoint, dtype: torch.dtype = torch.float32
-) -> tuple[torch.nn.Module, list[int]]:
+def hf_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, list[int]]:
     """`LlamaForCausalLM` holding the very same tensors, and a counter of tokens it computes."""
     import transformers
 
@@ -119,9 +115,7 @@ def hf_model(
     return model, counter
 
 
-def run_ours(
-    engine: Engine, prompt: list[int], k: int, t: int, seed: int, system: str = "engine"
-) -> Run:
+def run_ours(engine: Engine, prompt: list[int], k: int, t: int, seed: int, system: str = "engine") -> Run:
     before = engine.metrics.tokens_computed
     engine.pool.peak_used = 0
     params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=t, ignore_eos=True)
@@ -137,9 +131,7 @@ def run_ours(
     )
 
 
-def run_generate(
-    model: torch.nn.Module, counter: list[int], prompt: list[int], k: int, t: int
-) -> Run:
+def run_generate(model: torch.nn.Module, counter: list[int], prompt: list[int], k: int, t: int) -> Run:
     counter[0] = 0
     start = time.perf_counter()
     with torch.no_grad():
@@ -161,9 +153,7 @@ def run_generate(
     return Run("hf generate", [wall], counter[0], kv)
 
 
-def run_generate_batch(
-    model: torch.nn.Module, counter: list[int], prompt: list[int], k: int, t: int
-) -> Run:
+def run_generate_batch(model: torch.nn.Module, counter: list[int], prompt: list[int], k: int, t: int) -> Run:
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     counter[0] = 0
@@ -177,9 +167,7 @@ def run_generate_batch(
         pad_token_id=0,
     )
     # sized like our pool for this request; left to itself it sizes its cache for a GPU
-    paged = ContinuousBatchingConfig(
-        num_blocks=k * (-(-(len(prompt) + t) // 256)) + 4, max_batch_tokens=2048
-    )
+    paged = ContinuousBatchingConfig(num_blocks=k * (-(-(len(prompt) + t) // 256)) + 4, max_batch_tokens=2048)
     start = time.perf_counter()
     model.generate_batch(
         inputs=[list(prompt) for _ in range(k)],
@@ -232,11 +220,13 @@ def bench_model(
     blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
 
     def warm_engine(model_dtype: torch.dtype) -> Engine:
-        engine = Engine(build_model(checkpoint, torch.device("cpu"), model_dtype),
-                        num_blocks=blocks, block_size=16)
+        engine = Engine(
+            build_model(checkpoint, torch.device("cpu"), model_dtype), num_blocks=blocks, block_size=16
+        )
         warm = torch.Generator().manual_seed(99)
-        run_ours(engine, torch.randint(1, checkpoint.args.vocab_size, (32,),
-                                       generator=warm).tolist(), 2, 2, 0)
+        run_ours(
+            engine, torch.randint(1, checkpoint.args.vocab_size, (32,), generator=warm).tolist(), 2, 2, 0
+        )
         return engine
 
     engine = warm_engine(dtype)
@@ -247,8 +237,7 @@ def bench_model(
     ]
     if dtype != torch.float32:  # what the dtype buys our engine, measured in the same run
         fp32 = warm_engine(torch.float32)
-        systems.insert(1, ("engine fp32", lambda p, k, t, s: run_ours(fp32, p, k, t, s,
-                                                                      "engine fp32")))
+        systems.insert(1, ("engine fp32", lambda p, k, t, s: run_ours(fp32, p, k, t, s, "engine fp32")))
     if with_batch and hasattr(reference, "generate_batch"):
         systems.append(
             (
@@ -293,14 +282,11 @@ def print_rows(rows: list[tuple[str, tuple[int, int, int], list[Run]]], header: 
         for r in runs:
             wall = statistics.median(r.walls)
             kv = f"{r.kv_bytes / 2**20:8.2f}" if r.kv_bytes is not None else f"{'n/a':>8}"
-            kv_ratio = (
-                f"{base.kv_bytes / r.kv_bytes:6.1f}x"
-                if r.kv_bytes and base.kv_bytes
-                else f"{'':>7}"
-            )
+            kv_ratio = f"{base.kv_bytes / r.kv_bytes:6.1f}x" if r.kv_bytes and base.kv_bytes else f"{'':>7}"
             shape = f"{p},{k},{t}"
-            tokens = (f"{r.tokens:7d} {base.tokens / r.tokens:6.2f}x" if r.tokens
-                      else f"{'n/a':>7} {'':>7}")  # vLLM computes in another process, uncounted
+            tokens = (
+                f"{r.tokens:7d} {base.tokens / r.tokens:6.2f}x" if r.tokens else f"{'n/a':>7} {'':>7}"
+            )  # vLLM computes in another process, uncounted
             print(
                 f"{model:<13} {shape:<12} {r.system:<18} {wall:8.2f} {base_wall / wall:6.2f}x "
                 f"{tokens} {kv} {kv_ratio} {k * t / wall:7.1f}"
@@ -323,11 +309,12 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2,tiny", help="comma list of smollm2, tiny")
     parser.add_argument("--no-generate-batch", action="store_true", help="skip HF generate_batch")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM row (SmolLM2 only)")
-    parser.add_argument("--no-generate", action="store_true",
-                        help="skip HF generate (then 'vs gen' is against our engine row)")
     parser.add_argument(
-        "--load", action="store_true", help="only the load rows: cold vs warm (weight cache)"
+        "--no-generate",
+        action="store_true",
+        help="skip HF generate (then 'vs gen' is against our engine row)",
     )
+    parser.add_argument("--load", action="store_true", help="only the load rows: cold vs warm (weight cache)")
     parser.add_argument(
         "--shapes", help="semicolon list of P,K,T (default: 512,8,32;512,1,32;512,16,32;128,8,128)"
     )
@@ -351,9 +338,7 @@ def main() -> None:
     )
     for name in models:
         checkpoint = (
-            tiny_checkpoint()
-            if name == "tiny"
-            else load_checkpoint(resolve_model_path("smollm2-135m"))
+            tiny_checkpoint() if name == "tiny" else load_checkpoint(resolve_model_path("smollm2-135m"))
         )
         # vLLM serves the SmolLM2 folder converted from the same GGUF; the tiny Llama has none.
         vllm = start_vllm(args, shapes) if name == "smollm2" and not args.no_vllm else None

@@ -82,8 +82,9 @@ def main() -> None:
     table: dict[str, dict[str, list[float]]] = {"prefill": defaultdict(list), "decode": {}}
     table["decode"] = defaultdict(list)
     for rep in range(args.reps):
-        prompt = torch.randint(1, checkpoint.args.vocab_size, (p,),
-                               generator=torch.Generator().manual_seed(rep)).tolist()
+        prompt = torch.randint(
+            1, checkpoint.args.vocab_size, (p,), generator=torch.Generator().manual_seed(rep)
+        ).tolist()
         request = engine.add_request(prompt, params, [LaneRequest(i, i, t) for i in range(k)])
         kind, steps = "prefill", 0
         while not request.finished:
@@ -104,15 +105,16 @@ def main() -> None:
             for name, value in parts.items():
                 table[kind][name].append(value)
             kind, steps = "decode", steps + 1
-    print(f"torch {torch.__version__}, {args.dtype}, 1 thread, thread CPU time, "
-          f"P,K,T = {p},{k},{t}, medians over {args.reps} requests")
+    print(
+        f"torch {torch.__version__}, {args.dtype}, 1 thread, thread CPU time, "
+        f"P,K,T = {p},{k},{t}, medians over {args.reps} requests"
+    )
     print(f"{'part':<14} {'prefill ms':>11} {'share':>6} {'decode ms/step':>15} {'share':>6}")
     pre, dec = table["prefill"], table["decode"]
     pre_step, dec_step = statistics.median(pre["step"]), statistics.median(dec["step"])
     for name in (*PARTS, "step"):
         a, b = statistics.median(pre[name]), statistics.median(dec[name])
-        print(f"{name:<14} {1000 * a:11.1f} {a / pre_step:6.0%} {1000 * b:15.1f} "
-              f"{b / dec_step:6.0%}")
+        print(f"{name:<14} {1000 * a:11.1f} {a / pre_step:6.0%} {1000 * b:15.1f} {b / dec_step:6.0%}")
     print(f"request: prefill {pre_step:.2f} s + {t - 1} decode steps x {dec_step:.3f} s")
 
 

@@ -45,10 +45,11 @@ from lanefold.evaluate import Item
 from lanefold.evaluate._eval import run_eval
 from lanefold.primitives import Backend, ConfigError
 
-INSTANT = SimulatedConfig(answer="391", accuracy=0.7, latency_ms=(0.0, 0.0), failure_rate=0.0,
-                          seed=0)
-TEMPLATE = ("Question: What is 120 plus 35?\nAnswer: 155\n\n"
-            "Question: What is 25 times 3?\nAnswer: 75\n\nQuestion: {question}\nAnswer:")
+INSTANT = SimulatedConfig(answer="391", accuracy=0.7, latency_ms=(0.0, 0.0), failure_rate=0.0, seed=0)
+TEMPLATE = (
+    "Question: What is 120 plus 35?\nAnswer: 155\n\n"
+    "Question: What is 25 times 3?\nAnswer: 75\n\nQuestion: {question}\nAnswer:"
+)
 
 
 @dataclass(slots=True)
@@ -65,19 +66,26 @@ async def stopwatch(work: Callable[[], Awaitable[Any]]) -> Timing:
 
 
 def sim_config(k: int) -> lanefold.LoopConfig:
-    return lanefold.parse_config({"loop": {"k": k, "max_concurrency": k},
-                                      "backend": INSTANT.model_dump(mode="json")})
+    return lanefold.parse_config(
+        {"loop": {"k": k, "max_concurrency": k}, "backend": INSTANT.model_dump(mode="json")}
+    )
 
 
 def sim_items(n: int) -> list[Item]:
     return [Item(i, f"What is 17 * 23? (question {i})", "391") for i in range(n)]
 
 
-async def eval_side(config: lanefold.LoopConfig, items: list[Item], scratch: Path,
-                    concurrency: int = 1, backend: Backend | None = None) -> Timing:
+async def eval_side(
+    config: lanefold.LoopConfig,
+    items: list[Item],
+    scratch: Path,
+    concurrency: int = 1,
+    backend: Backend | None = None,
+) -> Timing:
     async def work() -> None:
-        summary = await run_eval(config, items, eval_id="bench", runs_dir=scratch,
-                                 concurrency=concurrency, backend=backend)
+        summary = await run_eval(
+            config, items, eval_id="bench", runs_dir=scratch, concurrency=concurrency, backend=backend
+        )
         if summary.n != len(items) or summary.failed:
             raise RuntimeError(f"eval: {summary.n} rows, {summary.failed} failed")
 
@@ -121,29 +129,36 @@ async def overhead(n: int, k: int, repeats: int) -> None:
             runs[name].append(await timed(side))
     wall = {name: statistics.median(t.wall for t in ts) for name, ts in runs.items()}
     cpu = {name: statistics.median(t.cpu for t in ts) for name, ts in runs.items()}
-    print(f"\n1. eval overhead: instant simulated backend, K = {k}, N = {n} questions, "
-          f"median of {repeats}")
+    print(f"\n1. eval overhead: instant simulated backend, K = {k}, N = {n} questions, median of {repeats}")
     print(f"{'side':<6} {'wall s':>8} {'ms/question':>12} {'cpu s':>8}")
     for name in sides:
         print(f"{name:<6} {wall[name]:>8.2f} {1000 * wall[name] / n:>12.3f} {cpu[name]:>8.2f}")
     ratio, cpu_ratio = wall["eval"] / wall["loop"], cpu["eval"] / cpu["loop"]
-    print(f"eval / loop: {ratio:.3f}x wall, {cpu_ratio:.3f}x cpu "
-          f"(target <= 1.2x: {verdict(ratio <= 1.2)})")
+    print(f"eval / loop: {ratio:.3f}x wall, {cpu_ratio:.3f}x cpu (target <= 1.2x: {verdict(ratio <= 1.2)})")
 
 
 async def sharing(n: int, repeats: int) -> None:
-    print(f"\n2. one engine shared: SmolLM2-135M, K = 4, {n} questions, questions/s at Q = 1 "
-          f"and Q = 8, median of {repeats}")
+    print(
+        f"\n2. one engine shared: SmolLM2-135M, K = 4, {n} questions, questions/s at Q = 1 "
+        f"and Q = 8, median of {repeats}"
+    )
     try:
         from lanefold.backends.engine import EngineBackend, EngineConfig
 
         backend = EngineBackend(EngineConfig(model="smollm2-135m"))
-        config = lanefold.parse_config({
-            "loop": {"k": 4, "seed": 0}, "prompt": {"template": TEMPLATE},
-            "sampling": {"temperature": 0.8, "max_tokens": 8, "stop": ["\n"]},
-            "extract": {"method": "last_number"}, "backend": {"kind": "engine"}})
-        questions = [Item(i, f"What is {a} plus {b}?", str(a + b)) for i, (a, b) in
-                     enumerate((a, b) for a in range(10, 99, 7) for b in range(3, 60, 11))][:n]
+        config = lanefold.parse_config(
+            {
+                "loop": {"k": 4, "seed": 0},
+                "prompt": {"template": TEMPLATE},
+                "sampling": {"temperature": 0.8, "max_tokens": 8, "stop": ["\n"]},
+                "extract": {"method": "last_number"},
+                "backend": {"kind": "engine"},
+            }
+        )
+        questions = [
+            Item(i, f"What is {a} plus {b}?", str(a + b))
+            for i, (a, b) in enumerate((a, b) for a in range(10, 99, 7) for b in range(3, 60, 11))
+        ][:n]
         await timed(lambda scratch: eval_side(config, questions[:4], scratch, 4, backend))  # load
     except (ImportError, ConfigError) as exc:
         print(f"SKIP: the engine or its model is not installed here ({exc})")
@@ -152,8 +167,13 @@ async def sharing(n: int, repeats: int) -> None:
         runs: dict[int, list[Timing]] = {1: [], 8: []}
         for repeat in range(repeats):
             for q in sorted(runs, reverse=repeat % 2 == 1):  # alternate which goes first
-                runs[q].append(await timed(lambda scratch, q=q: eval_side(  # type: ignore[misc]
-                    config, questions, scratch, q, backend)))
+                runs[q].append(
+                    await timed(
+                        lambda scratch, q=q: eval_side(  # type: ignore[misc]
+                            config, questions, scratch, q, backend
+                        )
+                    )
+                )
     finally:
         await backend.aclose()
     rate = {q: n / statistics.median(t.wall for t in ts) for q, ts in runs.items()}
@@ -165,8 +185,10 @@ async def sharing(n: int, repeats: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}, {platform.platform()}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, {platform.platform()}"
+    )
     await overhead(args.questions, 8, args.repeats)
     if not args.skip_engine:
         await sharing(args.engine_questions, args.engine_repeats)
@@ -178,8 +200,9 @@ if __name__ == "__main__":
     parser.add_argument("--engine-questions", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engine-repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="200 questions, 1 repeat, 16 on "
-                        "the engine, 1 repeat there")
+    parser.add_argument(
+        "--quick", action="store_true", help="200 questions, 1 repeat, 16 on the engine, 1 repeat there"
+    )
     parser.add_argument("--skip-engine", action="store_true")
     parsed = parser.parse_args()
     if parsed.quick:

@@ -59,8 +59,14 @@ def hf(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> Call
         start = time.perf_counter()
         with torch.no_grad():
             model.generate(
-                torch.tensor([prompt], device=device), do_sample=True, temperature=TEMPERATURE,
-                top_k=0, top_p=1.0, max_new_tokens=t, min_new_tokens=t, num_return_sequences=k,
+                torch.tensor([prompt], device=device),
+                do_sample=True,
+                temperature=TEMPERATURE,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=t,
+                min_new_tokens=t,
+                num_return_sequences=k,
                 pad_token_id=0,
             )
         _sync(device)
@@ -79,13 +85,24 @@ def vllm(checkpoint: Checkpoint, dtype: str, folder: Path) -> Callable[..., floa
     model, _ = hf_model(checkpoint, getattr(torch, dtype))
     model.save_pretrained(folder)  # the very tensors our engine holds, as an HF folder
     llm = LLM(
-        model=str(folder), skip_tokenizer_init=True, dtype=dtype, enable_prefix_caching=True,
-        gpu_memory_utilization=0.3, max_model_len=4096,
+        model=str(folder),
+        skip_tokenizer_init=True,
+        dtype=dtype,
+        enable_prefix_caching=True,
+        gpu_memory_utilization=0.3,
+        max_model_len=4096,
     )
 
     def run(prompt: list[int], k: int, t: int, seed: int) -> float:
-        params = VllmParams(n=k, temperature=TEMPERATURE, max_tokens=t, min_tokens=t,
-                            ignore_eos=True, seed=seed, detokenize=False)
+        params = VllmParams(
+            n=k,
+            temperature=TEMPERATURE,
+            max_tokens=t,
+            min_tokens=t,
+            ignore_eos=True,
+            seed=seed,
+            detokenize=False,
+        )
         start = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
         assert sum(len(c.token_ids) for c in out[0].outputs) == k * t
@@ -110,8 +127,10 @@ def main() -> None:
         "engine": ours(checkpoint, device, dtype),
         "hf generate": hf(checkpoint, device, dtype),
     }
-    notes = [f"torch {torch.__version__}, {args.device}"
-             + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")]
+    notes = [
+        f"torch {torch.__version__}, {args.device}"
+        + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_vllm:
             theirs = vllm(checkpoint, args.dtype, Path(tmp) / "smollm2")
@@ -124,8 +143,9 @@ def main() -> None:
             run(warm, 2, 4, 0)
         walls: dict[str, list[float]] = {name: [] for name in systems}
         for rep in range(args.reps):
-            prompt = torch.randint(1, checkpoint.args.vocab_size, (p,),
-                                   generator=torch.Generator().manual_seed(rep)).tolist()
+            prompt = torch.randint(
+                1, checkpoint.args.vocab_size, (p,), generator=torch.Generator().manual_seed(rep)
+            ).tolist()
             for name, run in systems.items():
                 walls[name].append(run(prompt, k, t, rep))
     print("; ".join(notes))

@@ -118,8 +118,7 @@ def _vllm(log_dir: Path) -> Iterator[str]:
 def _engine_config(folder: Path, dtype: str) -> Path:
     """A backend file of `kind = "engine"` on SmolLM2 with 2 threads and weights in `dtype`."""
     path = folder / f"engine-{dtype}.toml"
-    path.write_text(f'[backend]\nkind = "engine"\nmodel = "smollm2-135m"\nthreads = 2\n'
-                    f'dtype = "{dtype}"\n')
+    path.write_text(f'[backend]\nkind = "engine"\nmodel = "smollm2-135m"\nthreads = 2\ndtype = "{dtype}"\n')
     load_backend_config(path)  # a bad --engine-dtypes entry fails here, naming the field
     return path
 
@@ -131,9 +130,25 @@ def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "orchestrator-serve.log").open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "lanefold._cli", "serve", "--backend-config", str(config),
-             "--host", "127.0.0.1", "--port", str(port), "--model-name", "smollm2-135m"],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "lanefold._cli",
+                "serve",
+                "--backend-config",
+                str(config),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model-name",
+                "smollm2-135m",
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             servers.wait_ready(proc, base_url, log_dir / "orchestrator-serve.log", 600.0)
             yield base_url
@@ -146,8 +161,9 @@ def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
                 proc.wait()
 
 
-def rows(folder: Path, dtypes: list[str], with_vllm: bool = True,
-         with_llama_server: bool = True) -> list[Row]:
+def rows(
+    folder: Path, dtypes: list[str], with_vllm: bool = True, with_llama_server: bool = True
+) -> list[Row]:
     """llama-server first (it has /tokenize, which sizes the prompt), vLLM, an engine row a dtype."""
     found = [Row("llama-server", _llama_server, {"ignore_eos": True})] if with_llama_server else []
     reason = vllm_env.missing() if with_vllm else "--no-vllm"
@@ -157,9 +173,13 @@ def rows(folder: Path, dtypes: list[str], with_vllm: bool = True,
         print(f"vllm row skipped: {reason}", file=sys.stderr)
     for dtype in dtypes:
         config = _engine_config(folder, dtype)
-        found.append(Row(f"orchestrator serve ({dtype})",
-                         lambda log_dir, config=config: _orchestrator_serve(log_dir, config),
-                         {"ignore_eos": True}))
+        found.append(
+            Row(
+                f"orchestrator serve ({dtype})",
+                lambda log_dir, config=config: _orchestrator_serve(log_dir, config),
+                {"ignore_eos": True},
+            )
+        )
     return found
 
 
@@ -170,30 +190,42 @@ def prompt_text(base_url: str, target_tokens: int) -> str:
     """Repetitions of a passage, about `target_tokens` tokens by the server's own tokenizer."""
     words = (PASSAGE * (target_tokens // 10 + 10)).split()
     sample = " ".join(words[:1000])
-    counts = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize", json={"content": sample},
-                        timeout=30)
+    counts = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize", json={"content": sample}, timeout=30)
     if counts.status_code != 200:  # vLLM's /tokenize takes the model and a `prompt`
-        counts = httpx.post(f"{base_url.removesuffix('/v1')}/tokenize", timeout=30,
-                            json={"model": "smollm2-135m", "prompt": sample,
-                                  "add_special_tokens": False})
+        counts = httpx.post(
+            f"{base_url.removesuffix('/v1')}/tokenize",
+            timeout=30,
+            json={"model": "smollm2-135m", "prompt": sample, "add_special_tokens": False},
+        )
     if counts.status_code != 200:  # a server without /tokenize: about 1.3 tokens a word
         return " ".join(words[: int(target_tokens / 1.3)])
     per_word = len(counts.json()["tokens"]) / 1000
     return " ".join(words[: int(target_tokens / per_word)])
 
 
-async def measure(row: Row, base_url: str, mode: str, k: int, output_tokens: int,
-                  prompt: str, runs_dir: Path) -> Measure:
-    config = parse_config({
-        "loop": {"k": k, "max_concurrency": k, "seed": 7, "min_quorum": k},
-        "prompt": {"template": prompt + "\n{question}"},
-        "sampling": {"temperature": 0.8, "max_tokens": output_tokens},
-        "extract": {"method": "last_number"},
-        "backend": {"kind": "openai", "base_url": base_url, "model": "smollm2-135m",
-                    "api": "completions", "n": mode, "max_n": k, "timeout_s": 600.0,
-                    "extra_body": row.extra_body},
-        "retry": {"max_attempts": 1},
-    }, source="<bench>")
+async def measure(
+    row: Row, base_url: str, mode: str, k: int, output_tokens: int, prompt: str, runs_dir: Path
+) -> Measure:
+    config = parse_config(
+        {
+            "loop": {"k": k, "max_concurrency": k, "seed": 7, "min_quorum": k},
+            "prompt": {"template": prompt + "\n{question}"},
+            "sampling": {"temperature": 0.8, "max_tokens": output_tokens},
+            "extract": {"method": "last_number"},
+            "backend": {
+                "kind": "openai",
+                "base_url": base_url,
+                "model": "smollm2-135m",
+                "api": "completions",
+                "n": mode,
+                "max_n": k,
+                "timeout_s": 600.0,
+                "extra_body": row.extra_body,
+            },
+            "retry": {"max_attempts": 1},
+        },
+        source="<bench>",
+    )
     counter = Counter()
     assert isinstance(config.backend, OpenAIConfig)
     backend = OpenAIBackend(config.backend, transport=counter)
@@ -203,8 +235,13 @@ async def measure(row: Row, base_url: str, mode: str, k: int, output_tokens: int
     if result.lanes_completed != k:
         raise SystemExit(f"{row.name} n={mode}: {result.lanes_completed} of {k} lanes completed")
     u = result.usage
-    return Measure(wall, counter.requests, u.prefill_tokens + u.cached_prefill_tokens,
-                   u.cached_prefill_tokens, u.decode_tokens)
+    return Measure(
+        wall,
+        counter.requests,
+        u.prefill_tokens + u.cached_prefill_tokens,
+        u.cached_prefill_tokens,
+        u.decode_tokens,
+    )
 
 
 def median(measures: list[Measure], field: str) -> float:
@@ -217,9 +254,11 @@ def report(name: str, by_mode: dict[str, list[Measure]]) -> list[str]:
         ms = by_mode[mode]
         label = f"n={mode}" + (" (merged)" if mode == "auto" else " (per lane)")
         best = min(m.wall_s for m in ms)
-        lines.append(f"{name:<30} {label:<20} {median(ms, 'wall_s'):>8.2f} {best:>8.2f} "
-                     f"{median(ms, 'requests'):>9.0f} {median(ms, 'prompt_tokens'):>9.0f} "
-                     f"{median(ms, 'cached_tokens'):>8.0f} {median(ms, 'decode_tokens'):>8.0f}")
+        lines.append(
+            f"{name:<30} {label:<20} {median(ms, 'wall_s'):>8.2f} {best:>8.2f} "
+            f"{median(ms, 'requests'):>9.0f} {median(ms, 'prompt_tokens'):>9.0f} "
+            f"{median(ms, 'cached_tokens'):>8.0f} {median(ms, 'decode_tokens'):>8.0f}"
+        )
     merged, single = by_mode["auto"], by_mode["never"]
 
     def ratio(field: str) -> str:
@@ -227,8 +266,10 @@ def report(name: str, by_mode: dict[str, list[Measure]]) -> list[str]:
         return f"{median(merged, field) / bottom:.2f}" if bottom else "n/a"
 
     best = min(m.wall_s for m in merged) / min(m.wall_s for m in single)
-    lines.append(f"{name:<30} {'merged / per lane':<20} {ratio('wall_s'):>8} {best:>8.2f} "
-                 f"{ratio('requests'):>9} {ratio('prompt_tokens'):>9}")
+    lines.append(
+        f"{name:<30} {'merged / per lane':<20} {ratio('wall_s'):>8} {best:>8.2f} "
+        f"{ratio('requests'):>9} {ratio('prompt_tokens'):>9}"
+    )
     return lines
 
 
@@ -240,18 +281,27 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured runs per server first")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM server row")
-    parser.add_argument("--no-llama-server", action="store_true",
-                        help="skip the llama-server row (which builds llama.cpp if not cached)")
-    parser.add_argument("--engine-dtypes", default="float32,bfloat16",
-                        help="an engine row per dtype (bfloat16 is fast on CPUs with AVX512-BF16 "
-                             "or AMX, slow elsewhere)")
+    parser.add_argument(
+        "--no-llama-server",
+        action="store_true",
+        help="skip the llama-server row (which builds llama.cpp if not cached)",
+    )
+    parser.add_argument(
+        "--engine-dtypes",
+        default="float32,bfloat16",
+        help="an engine row per dtype (bfloat16 is fast on CPUs with AVX512-BF16 or AMX, slow elsewhere)",
+    )
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
 
     with tempfile.TemporaryDirectory(prefix="lanefold-bench-") as tmp:
         folder = Path(tmp)
-        found = rows(folder, [d for d in args.engine_dtypes.split(",") if d], not args.no_vllm,
-                     not args.no_llama_server)
+        found = rows(
+            folder,
+            [d for d in args.engine_dtypes.split(",") if d],
+            not args.no_vllm,
+            not args.no_llama_server,
+        )
         table: list[str] = []
         walls: dict[str, float] = {}
         prompt = ""  # one text for every row, sized by the first row's tokenizer
@@ -260,33 +310,58 @@ def main(argv: list[str]) -> int:
                 prompt = prompt or prompt_text(base_url, args.prompt_tokens)
                 by_mode: dict[str, list[Measure]] = {mode: [] for mode in MODES}
                 for w in range(args.warmup):  # first-request costs (page-in, allocations) apart
-                    anyio.run(measure, row, base_url, "auto", args.k, args.output_tokens,
-                              f"[warm-up {w}] {prompt}", folder / "runs")
+                    anyio.run(
+                        measure,
+                        row,
+                        base_url,
+                        "auto",
+                        args.k,
+                        args.output_tokens,
+                        f"[warm-up {w}] {prompt}",
+                        folder / "runs",
+                    )
                 for r in range(args.rounds):
                     order = MODES if r % 2 == 0 else MODES[::-1]
                     for mode in order:
                         nonce = f"[round {r} {mode}]"
-                        got = anyio.run(measure, row, base_url, mode, args.k, args.output_tokens,
-                                        f"{nonce} {prompt}", folder / "runs")
+                        got = anyio.run(
+                            measure,
+                            row,
+                            base_url,
+                            mode,
+                            args.k,
+                            args.output_tokens,
+                            f"{nonce} {prompt}",
+                            folder / "runs",
+                        )
                         by_mode[mode].append(got)
-                        print(f"  {row.name} round {r} n={mode}: {got.wall_s:.2f} s, "
-                              f"{got.requests} requests, {got.prompt_tokens} prompt tokens "
-                              f"({got.cached_tokens} cached), {got.decode_tokens} decode",
-                              file=sys.stderr, flush=True)
+                        print(
+                            f"  {row.name} round {r} n={mode}: {got.wall_s:.2f} s, "
+                            f"{got.requests} requests, {got.prompt_tokens} prompt tokens "
+                            f"({got.cached_tokens} cached), {got.decode_tokens} decode",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 table += report(row.name, by_mode)
                 walls[row.name] = median(by_mode["auto"], "wall_s")
 
-    print(f"\nK = {args.k} lanes, P ~ {args.prompt_tokens} prompt tokens, T = {args.output_tokens} "
-          f"output tokens; medians of {args.rounds} ABBA rounds; /v1/completions; "
-          f"1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
-          f"on {os.cpu_count()} CPUs")
-    print(f"{'server':<30} {'mode':<20} {'wall_s':>8} {'best_s':>8} {'requests':>9} {'prompt':>9} "
-          f"{'cached':>8} {'decode':>8}")
+    print(
+        f"\nK = {args.k} lanes, P ~ {args.prompt_tokens} prompt tokens, T = {args.output_tokens} "
+        f"output tokens; medians of {args.rounds} ABBA rounds; /v1/completions; "
+        f"1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
+        f"on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'server':<30} {'mode':<20} {'wall_s':>8} {'best_s':>8} {'requests':>9} {'prompt':>9} "
+        f"{'cached':>8} {'decode':>8}"
+    )
     print("\n".join(table))
     if "llama-server" in walls:
-        print(f"llama-server built from {servers.CACHE} ("
-              f"{'native' if servers.NATIVE else 'portable'} build flags: "
-              f"{' '.join(servers.CPU_FLAGS)})")
+        print(
+            f"llama-server built from {servers.CACHE} ("
+            f"{'native' if servers.NATIVE else 'portable'} build flags: "
+            f"{' '.join(servers.CPU_FLAGS)})"
+        )
     print(f"this CPU: {cpu_features()}")
     if "vllm" in walls:
         print(f"vLLM {vllm_env.vllm_version()} from {vllm_env.VENV}, model {vllm_env.MODEL} (bf16)")

@@ -41,20 +41,36 @@ from lanefold.evaluate._eval import run_eval
 
 
 def config(latency_ms: float) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": 4, "seed": 3, "max_concurrency": 4},
-        "backend": {"kind": "simulated", "accuracy": 0.6, "answer": "391",
-                    "distractors": ["381", "401"], "latency_ms": [latency_ms, latency_ms]},
-        "log": {"fsync": "never"}})
+    return lanefold.parse_config(
+        {
+            "loop": {"k": 4, "seed": 3, "max_concurrency": 4},
+            "backend": {
+                "kind": "simulated",
+                "accuracy": 0.6,
+                "answer": "391",
+                "distractors": ["381", "401"],
+                "latency_ms": [latency_ms, latency_ms],
+            },
+            "log": {"fsync": "never"},
+        }
+    )
 
 
-async def one(cfg: lanefold.LoopConfig, items: list[Item], folder: Path,
-              concurrency: int, executor: Any) -> tuple[float, float]:
+async def one(
+    cfg: lanefold.LoopConfig, items: list[Item], folder: Path, concurrency: int, executor: Any
+) -> tuple[float, float]:
     """(questions/s over the whole call, questions/s from the quarter mark to the end)."""
     seen: list[float] = []
     start = time.perf_counter()
-    await run_eval(cfg, items, eval_id="bench", runs_dir=folder, concurrency=concurrency,
-                   executor=executor, on_result=lambda _: seen.append(time.perf_counter()))
+    await run_eval(
+        cfg,
+        items,
+        eval_id="bench",
+        runs_dir=folder,
+        concurrency=concurrency,
+        executor=executor,
+        on_result=lambda _: seen.append(time.perf_counter()),
+    )
     end = time.perf_counter()
     quarter = len(seen) // 4  # by then every worker has started and delivered
     return len(items) / (end - start), (len(seen) - 1 - quarter) / (seen[-1] - seen[quarter])
@@ -72,13 +88,19 @@ def main() -> None:
         args.questions, args.repeats = 40, 1
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, logging_level=logging.WARNING,
-             object_store_memory=100 * 1024 * 1024)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, no GPU use; "
-          f"python {platform.python_version()}, ray {ray.__version__}")
-    print(f"{args.questions} questions, K=4, Q={args.concurrency} per worker, "
-          f"median of {args.repeats}")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        object_store_memory=100 * 1024 * 1024,
+    )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, no GPU use; "
+        f"python {platform.python_version()}, ray {ray.__version__}"
+    )
+    print(f"{args.questions} questions, K=4, Q={args.concurrency} per worker, median of {args.repeats}")
     items = [Item(i, f"Question number {i}?", "391") for i in range(args.questions)]
     sides: dict[str, Callable[[], Any]] = {
         "local": lambda: None,
@@ -98,16 +120,18 @@ def main() -> None:
                     whole[name].append(w)
                     steady[name].append(s)
                     shutil.rmtree(folder, ignore_errors=True)
-            title = (f"{workload}: each lane {latency:g} ms" if latency else
-                     f"{workload}: no latency (orchestration CPU bound)")
+            title = (
+                f"{workload}: each lane {latency:g} ms"
+                if latency
+                else f"{workload}: no latency (orchestration CPU bound)"
+            )
             print(f"\n{title}")
             print(f"  {'side':<6} {'q/s whole':>10} {'ratio':>6} {'q/s steady':>11} {'ratio':>6}")
             base_w = statistics.median(whole["local"])
             base_s = statistics.median(steady["local"])
             for name in sides:
                 w, s = statistics.median(whole[name]), statistics.median(steady[name])
-                print(f"  {name:<6} {w:>10.1f} {w / base_w:>5.2f}x {s:>11.1f} "
-                      f"{s / base_s:>5.2f}x")
+                print(f"  {name:<6} {w:>10.1f} {w / base_w:>5.2f}x {s:>11.1f} {s / base_s:>5.2f}x")
     finally:
         shutil.rmtree(root, ignore_errors=True)
         ray.shutdown()

@@ -33,11 +33,13 @@ QUESTION = "What is 17 * 23?"
 
 
 def config(k: int, per_request: int | None, shared: bool) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": k, "max_concurrency": k},
-        "backend": {"kind": "simulated", "latency_ms": [0, 0], "lanes_per_request": per_request},
-        "budget": {"shared": "bench"} if shared else {},
-    })
+    return lanefold.parse_config(
+        {
+            "loop": {"k": k, "max_concurrency": k},
+            "backend": {"kind": "simulated", "latency_ms": [0, 0], "lanes_per_request": per_request},
+            "budget": {"shared": "bench"} if shared else {},
+        }
+    )
 
 
 def measure(url: str, ks: list[int], reps: int) -> dict[tuple[str, int, str], list[tuple[float, float]]]:
@@ -49,34 +51,42 @@ def measure(url: str, ks: list[int], reps: int) -> dict[tuple[str, int, str], li
     for k in ks:
         for shape, per_request in (("n", None), ("1", 1)):
             for rep in range(reps + 1):  # the first is a warm-up, dropped
-                for side in (("plain", "shared") if rep % 2 else ("shared", "plain")):
+                for side in ("plain", "shared") if rep % 2 else ("shared", "plain"):
                     n += 1
                     cfg = config(k, per_request, side == "shared")
                     wall, cpu = time.perf_counter(), time.process_time()
                     lanefold.run_sync(cfg, QUESTION, store=url, run_id=f"b{n}")
                     if rep:
                         times.setdefault((shape, k, side), []).append(
-                            (time.perf_counter() - wall, time.process_time() - cpu))
+                            (time.perf_counter() - wall, time.process_time() - cpu)
+                        )
     return times
 
 
-def report(times: dict[tuple[str, int, str], list[tuple[float, float]]], reps: int,
-           seconds: float) -> None:
-    print(f"\nlanefold shared budget benchmark: CPython {platform.python_version()}, "
-          f"{os.cpu_count()} CPU cores, {reps} repetition(s), medians; took {seconds:.0f} s")
-    print("\nrequests |     K | plain ms/run | shared ms/run | shared/plain wall | "
-          "plain CPU ms | shared CPU ms | shared/plain CPU")
+def report(times: dict[tuple[str, int, str], list[tuple[float, float]]], reps: int, seconds: float) -> None:
+    print(
+        f"\nlanefold shared budget benchmark: CPython {platform.python_version()}, "
+        f"{os.cpu_count()} CPU cores, {reps} repetition(s), medians; took {seconds:.0f} s"
+    )
+    print(
+        "\nrequests |     K | plain ms/run | shared ms/run | shared/plain wall | "
+        "plain CPU ms | shared CPU ms | shared/plain CPU"
+    )
     print("-" * 112)
     for shape, k in sorted({(s, k) for s, k, _ in times}, key=lambda x: (x[1], x[0])):
         plain, shared = times[(shape, k, "plain")], times[(shape, k, "shared")]
         pw, sw = (statistics.median(t[0] for t in side) * 1e3 for side in (plain, shared))
         pc, sc = (statistics.median(t[1] for t in side) * 1e3 for side in (plain, shared))
         what = "1 a wave" if shape == "n" else "1 a lane"
-        print(f"{what:>8} | {k:>5} | {pw:>12.1f} | {sw:>13.1f} | {sw / pw:>16.2f}x | "
-              f"{pc:>12.1f} | {sc:>13.1f} | {sc / pc:>15.2f}x")
-    print("\nboth sides: orchestrator.run into the PostgreSQL store over loopback TCP; shared: "
-          "also a pool (its own connection), a reservation per wave, a settlement write per "
-          "request; process CPU time counts this process only (not the server's)")
+        print(
+            f"{what:>8} | {k:>5} | {pw:>12.1f} | {sw:>13.1f} | {sw / pw:>16.2f}x | "
+            f"{pc:>12.1f} | {sc:>13.1f} | {sc / pc:>15.2f}x"
+        )
+    print(
+        "\nboth sides: orchestrator.run into the PostgreSQL store over loopback TCP; shared: "
+        "also a pool (its own connection), a reservation per wave, a settlement write per "
+        "request; process CPU time counts this process only (not the server's)"
+    )
 
 
 def main() -> None:

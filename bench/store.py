@@ -43,10 +43,12 @@ QUESTION = "What is 17 * 23?"
 
 
 def config(k: int) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": k, "max_concurrency": k},
-        "backend": {"kind": "simulated", "latency_ms": [0, 0], "lanes_per_request": 1},
-    })
+    return lanefold.parse_config(
+        {
+            "loop": {"k": k, "max_concurrency": k},
+            "backend": {"kind": "simulated", "latency_ms": [0, 0], "lanes_per_request": 1},
+        }
+    )
 
 
 def events_of(k: int) -> list[AnyEvent]:
@@ -82,19 +84,23 @@ def fresh(url: str, run_id: str) -> None:
         conn.execute("DELETE FROM lanefold_runs WHERE run_id = %s", (run_id,))
 
 
-def one_round(clock: Clock, url: str, scratch: Path, n: int, k: int,
-              events: list[AnyEvent]) -> None:
+def one_round(clock: Clock, url: str, scratch: Path, n: int, k: int, events: list[AnyEvent]) -> None:
     """Each side once, in turn."""
     run_id, count = events[0].run_id, len(events)
     path = scratch / f"log{n}" / run_id / "events.jsonl"
     clock.time(("log", "jsonl", k), count, lambda: replay(JsonlEventLog.create(path), events))
     fresh(url, run_id)
-    clock.time(("log", "pg", k), count,
-               lambda: replay(PgEventLog.create(PgDatabase(url), run_id), events))
-    clock.time(("run", "jsonl", k), count, functools.partial(
-        lanefold.run_sync, config(k), QUESTION, runs_dir=scratch / "runs", run_id=f"f{n}"))
-    clock.time(("run", "pg", k), count, functools.partial(
-        lanefold.run_sync, config(k), QUESTION, store=url, run_id=f"p{n}"))
+    clock.time(("log", "pg", k), count, lambda: replay(PgEventLog.create(PgDatabase(url), run_id), events))
+    clock.time(
+        ("run", "jsonl", k),
+        count,
+        functools.partial(lanefold.run_sync, config(k), QUESTION, runs_dir=scratch / "runs", run_id=f"f{n}"),
+    )
+    clock.time(
+        ("run", "pg", k),
+        count,
+        functools.partial(lanefold.run_sync, config(k), QUESTION, store=url, run_id=f"p{n}"),
+    )
 
 
 def measure(url: str, scratch: Path, ks: list[int], reps: int) -> tuple[Clock, dict[int, int]]:
@@ -116,8 +122,10 @@ def measure(url: str, scratch: Path, ks: list[int], reps: int) -> tuple[Clock, d
 
 
 def report(clock: Clock, sizes: dict[int, int], reps: int, seconds: float) -> None:
-    print(f"\nlanefold store benchmark: CPython {platform.python_version()}, "
-          f"{os.cpu_count()} CPU cores, {reps} repetition(s), medians; took {seconds:.0f} s")
+    print(
+        f"\nlanefold store benchmark: CPython {platform.python_version()}, "
+        f"{os.cpu_count()} CPU cores, {reps} repetition(s), medians; took {seconds:.0f} s"
+    )
     for name, table in (("wall time", clock.wall), ("process CPU time", clock.cpu)):
         print(f"\n  what |     K | events | JSONL us/event | PostgreSQL us/event | PG/JSONL   [{name}]")
         print("-" * 84)
@@ -125,12 +133,15 @@ def report(clock: Clock, sizes: dict[int, int], reps: int, seconds: float) -> No
             for k, events in sizes.items():
                 file = statistics.median(table[(what, "jsonl", k)])
                 pg = statistics.median(table[(what, "pg", k)])
-                print(f"{what:>6} | {k:>5} | {events:>6} | {file:>14.1f} | {pg:>19.1f} | "
-                      f"{pg / file:>7.2f}x")
-    print("\nlog: the events of one run replayed, sync at each barrier and at the end; "
-          "run: orchestrator.run end to end")
-    print("PostgreSQL: a writer thread's group commit, fsync = on, synchronous_commit = on, "
-          "over loopback TCP; process CPU time counts this process only (not the server's)")
+                print(f"{what:>6} | {k:>5} | {events:>6} | {file:>14.1f} | {pg:>19.1f} | {pg / file:>7.2f}x")
+    print(
+        "\nlog: the events of one run replayed, sync at each barrier and at the end; "
+        "run: orchestrator.run end to end"
+    )
+    print(
+        "PostgreSQL: a writer thread's group commit, fsync = on, synchronous_commit = on, "
+        "over loopback TCP; process CPU time counts this process only (not the server's)"
+    )
 
 
 def main() -> None:

@@ -57,14 +57,16 @@ class AdaptiveSampleParams(ReducerKeys):
     @model_validator(mode="after")
     def _across_keys(self) -> AdaptiveSampleParams:
         if self.max_lanes < self.window:
-            raise ValueError(f"loop.max_lanes: {self.max_lanes} is less than loop.window "
-                             f"({self.window})")
+            raise ValueError(f"loop.max_lanes: {self.max_lanes} is less than loop.window ({self.window})")
         if self.rule == "esc" and self.window < 2:
-            raise ValueError("loop.window: the esc rule stops when a window agrees, and a window "
-                             "of 1 always does; give window >= 2")
+            raise ValueError(
+                "loop.window: the esc rule stops when a window agrees, and a window "
+                "of 1 always does; give window >= 2"
+            )
         if self.min_quorum > self.max_lanes:
-            raise ValueError(f"loop.min_quorum: {self.min_quorum} is more than loop.max_lanes "
-                             f"({self.max_lanes})")
+            raise ValueError(
+                f"loop.min_quorum: {self.min_quorum} is more than loop.max_lanes ({self.max_lanes})"
+            )
         return self
 
 
@@ -73,7 +75,7 @@ def majority_posterior(a: int, b: int) -> Fraction:
     seen `a` times is more likely than the one seen `b` times (Adaptive-Consistency's Beta rule).
     Exact, so a threshold is met or not without rounding."""
     n = a + b + 1
-    return Fraction(sum(comb(n, i) for i in range(a + 1)), 2 ** n)
+    return Fraction(sum(comb(n, i) for i in range(a + 1)), 2**n)
 
 
 def top_two(counts: Mapping[str, int]) -> tuple[str | None, int, int]:
@@ -84,8 +86,14 @@ def top_two(counts: Mapping[str, int]) -> tuple[str | None, int, int]:
     return leader, a, ranked[1][1] if len(ranked) > 1 else 0
 
 
-def settled(rule: Rule, counts: Mapping[str, int], last_window: Sequence[str | None], *,
-            remaining: int, threshold: float) -> bool:
+def settled(
+    rule: Rule,
+    counts: Mapping[str, int],
+    last_window: Sequence[str | None],
+    *,
+    remaining: int,
+    threshold: float,
+) -> bool:
     """Whether `rule` stops sampling, given every answer's count so far, the answers of the
     last wave (None: that lane gave none) and the lanes `max_lanes` still allows."""
     _, a, b = top_two(counts)
@@ -116,9 +124,11 @@ class AdaptiveSample:
         last: list[Lane] = []
         waves, cut = 0, False
         while True:
-            decision = ctx.record("checked", self._check(ctx, prompt, lanes, last, cut,
-                                                         sampling.max_tokens),
-                                  wave=last[0].wave if last else None)
+            decision = ctx.record(
+                "checked",
+                self._check(ctx, prompt, lanes, last, cut, sampling.max_tokens),
+                wave=last[0].wave if last else None,
+            )
             stopped_by: str | None = decision["stopped_by"]
             if stopped_by is not None:
                 break
@@ -133,19 +143,24 @@ class AdaptiveSample:
 
         completed = sum(lane.completed for lane in lanes)
         if completed < p.min_quorum:
-            why = (f"{len(lanes)} lanes ran, {completed} completed, below loop.min_quorum "
-                   f"({p.min_quorum})")
+            why = f"{len(lanes)} lanes ran, {completed} completed, below loop.min_quorum ({p.min_quorum})"
             if stopped_by == "budget":
                 raise BudgetExhaustedError(f"budget: {why}")
             raise QuorumNotMetError(why)
         reduction = await ctx.reduce(lanes, p.reducer, options=p.options(ctx.seed))
-        return replace(outcome_of(reduction, lanes), detail={
-            "lanes_used": len(lanes), "stopped_by": stopped_by, "waves": waves,
-            "rule": p.rule, "completed": completed})
+        return replace(
+            outcome_of(reduction, lanes),
+            detail={
+                "lanes_used": len(lanes),
+                "stopped_by": stopped_by,
+                "waves": waves,
+                "rule": p.rule,
+                "completed": completed,
+            },
+        )
 
     @staticmethod
-    def cost_shape(params: AdaptiveSampleParams, *, prompt_tokens: int,
-                   max_tokens: int) -> CostShape:
+    def cost_shape(params: AdaptiveSampleParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
         """At most max_lanes lanes of the one prompt, every one a candidate."""
         return CostShape(params.max_lanes, params.max_lanes * prompt_tokens, params.max_lanes)
 
@@ -157,37 +172,59 @@ class AdaptiveSample:
         if budget.unit != "lanes":
             return params
         most = min(params.max_lanes, int(budget.amount))
-        return params.model_copy(update={"max_lanes": most, "window": min(params.window, most),
-                                         "min_quorum": min(params.min_quorum, most)})
+        return params.model_copy(
+            update={
+                "max_lanes": most,
+                "window": min(params.window, most),
+                "min_quorum": min(params.min_quorum, most),
+            }
+        )
 
     @staticmethod
     def reducer(params: AdaptiveSampleParams) -> ReducerChoice:
         return params.choice()
 
-    def _check(self, ctx: LoopContext, prompt: str, lanes: Sequence[Lane],
-               last: Sequence[Lane], cut: bool, max_tokens: int) -> dict[str, Any]:
+    def _check(
+        self,
+        ctx: LoopContext,
+        prompt: str,
+        lanes: Sequence[Lane],
+        last: Sequence[Lane],
+        cut: bool,
+        max_tokens: int,
+    ) -> dict[str, Any]:
         """The decision at a barrier (or before the first wave): what stopped, or the next
         wave's size; with the tally it was made from."""
         p = self.params
-        counts = Counter(normalize_answer(lane.answer) for lane in lanes
-                         if lane.completed and lane.answer)
+        counts = Counter(normalize_answer(lane.answer) for lane in lanes if lane.completed and lane.answer)
         counts.pop("", None)
         completed = sum(lane.completed for lane in lanes)
         remaining = p.max_lanes - len(lanes)
-        window = [normalize_answer(lane.answer) or None
-                  if lane.completed and lane.answer else None for lane in last]
+        window = [
+            normalize_answer(lane.answer) or None if lane.completed and lane.answer else None for lane in last
+        ]
         leader, a, b = top_two(counts)
         size = min(p.window, remaining)
         stopped_by: str | None = None
-        if lanes and completed >= p.min_quorum and remaining > 0 and settled(
-                p.rule, counts, window, remaining=remaining, threshold=p.threshold):
+        if (
+            lanes
+            and completed >= p.min_quorum
+            and remaining > 0
+            and settled(p.rule, counts, window, remaining=remaining, threshold=p.threshold)
+        ):
             stopped_by = p.rule
         elif remaining <= 0:
             stopped_by = "max_lanes"
         elif cut or not ctx.budget.can_afford(size, max_tokens, prompt=prompt):
             stopped_by = "budget"
         return {
-            "lanes_used": len(lanes), "completed": completed, "counts": dict(counts),
-            "leader": leader, "a": a, "b": b,
+            "lanes_used": len(lanes),
+            "completed": completed,
+            "counts": dict(counts),
+            "leader": leader,
+            "a": a,
+            "b": b,
             "posterior": float(majority_posterior(a, b)),
-            "stopped_by": stopped_by, "next": None if stopped_by else size}
+            "stopped_by": stopped_by,
+            "next": None if stopped_by else size,
+        }

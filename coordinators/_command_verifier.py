@@ -41,9 +41,15 @@ class CommandVerifier:
     process group, so a shell's children go too) is killed and reaped.
     """
 
-    def __init__(self, argv: Sequence[str], *, timeout_s: float | None = 30.0,
-                 max_concurrency: int = 4, cwd: str | Path | None = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = 30.0,
+        max_concurrency: int = 4,
+        cwd: str | Path | None = None,
+        name: str | None = None,
+    ) -> None:
         if isinstance(argv, str | bytes):
             raise ConfigError("judge.verifier_command: must be a list of strings, not one string")
         if not argv:
@@ -63,8 +69,11 @@ class CommandVerifier:
     async def verify(self, question: str, text: str, answer: str | None) -> Verdict:
         """Run the command once on `text`; its exit status and stdout make the Verdict."""
         # Environment variables cannot hold NUL; the rest of the text passes as written.
-        env = {**os.environ, "LANEFOLD_QUESTION": question.replace("\0", ""),
-               "LANEFOLD_ANSWER": (answer or "").replace("\0", "")}
+        env = {
+            **os.environ,
+            "LANEFOLD_QUESTION": question.replace("\0", ""),
+            "LANEFOLD_ANSWER": (answer or "").replace("\0", ""),
+        }
         async with self._limiter:
             try:
                 with anyio.fail_after(self._timeout_s):
@@ -72,8 +81,7 @@ class CommandVerifier:
             except TimeoutError:
                 return Verdict.timed_out(self._timeout_s)
             except OSError as exc:  # the exec failed (TimeoutError, an OSError too, is ours)
-                return Verdict(None, False, one_line(f"cannot start {self._argv[0]!r}: {exc}"),
-                               error="exit")
+                return Verdict(None, False, one_line(f"cannot start {self._argv[0]!r}: {exc}"), error="exit")
         number = _number_on_last_line(out.decode("utf-8", "replace"))
         if code == 0:
             return Verdict(1.0 if number is None else number, True)
@@ -89,8 +97,14 @@ class CommandVerifier:
 
     async def _run(self, data: bytes, env: dict[str, str]) -> tuple[int, bytes, bytes]:
         process = await anyio.open_process(
-            self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=self._cwd, env=env, start_new_session=_POSIX)
+            self._argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self._cwd,
+            env=env,
+            start_new_session=_POSIX,
+        )
         out: list[bytes] = []
         err: list[bytes] = []
         finished = False
@@ -109,8 +123,12 @@ class CommandVerifier:
                 await process.aclose()
 
 
-def as_verifier(obj: Verifier | VerifierFn | str | Sequence[str], *,
-                timeout_s: float | None = 30.0, max_concurrency: int = 4) -> Verifier:
+def as_verifier(
+    obj: Verifier | VerifierFn | str | Sequence[str],
+    *,
+    timeout_s: float | None = 30.0,
+    max_concurrency: int = 4,
+) -> Verifier:
     """Any accepted verifier form as a Verifier: a Verifier as is, a callable wrapped,
     a `module:function` string imported, a list of strings run as a command."""
     if isinstance(obj, Verifier):
@@ -121,8 +139,10 @@ def as_verifier(obj: Verifier | VerifierFn | str | Sequence[str], *,
         return CallableVerifier(obj, timeout_s=timeout_s, max_concurrency=max_concurrency)
     if isinstance(obj, Sequence) and not isinstance(obj, bytes):
         return CommandVerifier(obj, timeout_s=timeout_s, max_concurrency=max_concurrency)
-    raise ConfigError(f"judge.verifier: expected a Verifier, a callable, 'module:function' or "
-                      f"a command list, got {type(obj).__name__}")
+    raise ConfigError(
+        f"judge.verifier: expected a Verifier, a callable, 'module:function' or "
+        f"a command list, got {type(obj).__name__}"
+    )
 
 
 def _number_on_last_line(stdout: str) -> float | None:

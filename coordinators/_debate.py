@@ -42,23 +42,26 @@ __all__ = ("Debate", "DebateParams", "debate_prompt", "visible_peers")
 Visibility = Literal["all", "neighbours"]
 Stop = Literal["rounds", "agreed", "budget"]
 
-REVISE = ("Using the other agents' answers as additional information, check your previous "
-          "answer and give an updated one. End with 'Answer: <answer>'.")
+REVISE = (
+    "Using the other agents' answers as additional information, check your previous "
+    "answer and give an updated one. End with 'Answer: <answer>'."
+)
 
 
 class DebateParams(ReducerKeys):
     """`[loop]` keys of debate."""
 
     agents: int = Field(3, ge=2, le=64, description="lanes per round, one per agent")
-    rounds: int = Field(1, ge=0, le=32,
-                        description="rebuttal rounds after the first answers (Du et al.'s "
-                                    "'2 rounds' is 1)")
-    visibility: Visibility = Field("all", description="whose answers an agent sees: every "
-                                                      "other agent's, or its two ring neighbours'")
+    rounds: int = Field(
+        1, ge=0, le=32, description="rebuttal rounds after the first answers (Du et al.'s '2 rounds' is 1)"
+    )
+    visibility: Visibility = Field(
+        "all", description="whose answers an agent sees: every other agent's, or its two ring neighbours'"
+    )
     early_exit: bool = Field(True, description="stop once every agent gives the same answer")
-    instruction: str = Field(REVISE, min_length=1,
-                             description="the rebuttal prompt's last line: what to do with the "
-                                         "answers shown")
+    instruction: str = Field(
+        REVISE, min_length=1, description="the rebuttal prompt's last line: what to do with the answers shown"
+    )
     reducer: str = Field("majority_vote", description="a registered reducer for the final round")
 
 
@@ -69,15 +72,15 @@ def visible_peers(agent: int, agents: int, visibility: Visibility) -> list[int]:
     return sorted({(agent - 1) % agents, (agent + 1) % agents})  # two agents: one neighbour
 
 
-def debate_prompt(question: str, previous: str | None, peers: Mapping[int, str], *,
-                  instruction: str = REVISE) -> str:
+def debate_prompt(
+    question: str, previous: str | None, peers: Mapping[int, str], *, instruction: str = REVISE
+) -> str:
     """A rebuttal prompt: the question on the first line, the agent's previous answer, one
     line per peer (`Agent N answered: Y`, N counted from 1), then the instruction to revise."""
     lines = [f"Question: {' '.join(question.split())}"]
     if previous is not None:
         lines.append(f"Your previous answer: {_one_line(previous)}")
-    lines += [f"Agent {peer + 1} answered: {_one_line(answer)}"
-              for peer, answer in sorted(peers.items())]
+    lines += [f"Agent {peer + 1} answered: {_one_line(answer)}" for peer, answer in sorted(peers.items())]
     lines.append(instruction)
     return "\n".join(lines)  # no newline after it: a completion model continues "Answer:"
 
@@ -101,8 +104,7 @@ class Debate:
         sampling = p.sampling(ctx.sampling)
         latest: dict[int, str] = {}  # agent -> its latest answer
         history: list[list[str | None]] = []
-        lanes = await ctx.wave([ctx.prompt(question)] * p.agents, params=sampling,
-                               purpose="debate")
+        lanes = await ctx.wave([ctx.prompt(question)] * p.agents, params=sampling, purpose="debate")
         stop: str | None = None
         dispatched = 0
         for round_ in range(p.rounds + 1):
@@ -116,21 +118,33 @@ class Debate:
                 prompts = self._prompts(question, latest)
                 if not _can_fund(ctx, prompts, sampling.max_tokens):
                     decided = "budget"
-            recorded = ctx.record("round", {
-                "round": round_, "answers": answers, "agreement": _agreement(answers),
-                "unanimous": _unanimous(latest, p.agents), "stop": decided,
-            }, wave=lanes[0].wave if lanes else None)
+            recorded = ctx.record(
+                "round",
+                {
+                    "round": round_,
+                    "answers": answers,
+                    "agreement": _agreement(answers),
+                    "unanimous": _unanimous(latest, p.agents),
+                    "stop": decided,
+                },
+                wave=lanes[0].wave if lanes else None,
+            )
             stop = recorded["stop"]  # on resume, the decision the log holds
             if stop is not None:
                 break
             prompts = prompts or self._prompts(question, latest)
-            lanes = await ctx.wave([LaneJob(agent, prompt) for agent, prompt in prompts.items()],
-                                   params=sampling, purpose="debate", share_prefix=False)
+            lanes = await ctx.wave(
+                [LaneJob(agent, prompt) for agent, prompt in prompts.items()],
+                params=sampling,
+                purpose="debate",
+                share_prefix=False,
+            )
         reduction = await ctx.reduce(lanes, p.reducer, options=p.options(ctx.seed))
         outcome = outcome_of(reduction, lanes)
-        return replace(outcome, detail={
-            "rounds": len(history) - 1, "stop": stop, "lanes": dispatched,
-            "answers": history})
+        return replace(
+            outcome,
+            detail={"rounds": len(history) - 1, "stop": stop, "lanes": dispatched, "answers": history},
+        )
 
     @staticmethod
     def cost_shape(params: DebateParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
@@ -139,7 +153,8 @@ class Debate:
         quoted = max_tokens + FRAME_TOKENS  # one earlier answer, quoted in a later prompt
         seen = params.agents if params.visibility == "all" else min(params.agents, 3)
         prompts = params.agents * prompt_tokens + params.agents * params.rounds * (
-            prompt_tokens + TEMPLATE_TOKENS + seen * quoted)
+            prompt_tokens + TEMPLATE_TOKENS + seen * quoted
+        )
         return CostShape(params.agents * (params.rounds + 1), prompts, params.agents)
 
     @staticmethod
@@ -152,8 +167,7 @@ class Debate:
         if lanes < 2:
             raise ConfigError(f"--budget: a debate needs at least 2 lanes, got {lanes}")
         agents = min(params.agents, lanes)
-        return params.model_copy(update={"agents": agents,
-                                         "rounds": min(params.rounds, lanes // agents - 1)})
+        return params.model_copy(update={"agents": agents, "rounds": min(params.rounds, lanes // agents - 1)})
 
     @staticmethod
     def reducer(params: DebateParams) -> ReducerChoice:
@@ -168,9 +182,19 @@ class Debate:
 
     def _prompts(self, question: str, latest: Mapping[int, str]) -> dict[int, str]:
         p = self.params
-        return {agent: debate_prompt(question, latest.get(agent), {
-            peer: latest[peer] for peer in visible_peers(agent, p.agents, p.visibility)
-            if peer in latest}, instruction=p.instruction) for agent in range(p.agents)}
+        return {
+            agent: debate_prompt(
+                question,
+                latest.get(agent),
+                {
+                    peer: latest[peer]
+                    for peer in visible_peers(agent, p.agents, p.visibility)
+                    if peer in latest
+                },
+                instruction=p.instruction,
+            )
+            for agent in range(p.agents)
+        }
 
 
 def _can_fund(ctx: LoopContext, prompts: Mapping[int, str], max_tokens: int) -> bool:
@@ -179,14 +203,14 @@ def _can_fund(ctx: LoopContext, prompts: Mapping[int, str], max_tokens: int) -> 
     requests = ctx.budget.remaining().requests
     if requests is not None and requests < len(prompts):
         return False  # can_afford counts one request for n lanes of one prompt
-    return ctx.budget.can_afford(len(prompts), max_tokens, share_prefix=False,
-                                 prompt=max(prompts.values(), key=len))
+    return ctx.budget.can_afford(
+        len(prompts), max_tokens, share_prefix=False, prompt=max(prompts.values(), key=len)
+    )
 
 
 def _answers(lanes: Sequence[Lane], agents: int) -> list[str | None]:
     """Each agent's answer in one round (None: its lane failed, was cut, or said nothing)."""
-    by_agent: dict[int, str | None] = {lane.lane: lane.answer if lane.completed else None
-                                       for lane in lanes}
+    by_agent: dict[int, str | None] = {lane.lane: lane.answer if lane.completed else None for lane in lanes}
     return [by_agent.get(agent) for agent in range(agents)]
 
 

@@ -57,14 +57,14 @@ class ParallelSample:
 
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         p = self.params
-        lanes = await ctx.wave([ctx.prompt(question)] * p.k, params=p.sampling(ctx.sampling),
-                               quorum=p.min_quorum)
+        lanes = await ctx.wave(
+            [ctx.prompt(question)] * p.k, params=p.sampling(ctx.sampling), quorum=p.min_quorum
+        )
         reduction = await ctx.reduce(lanes, p.reducer, options=p.options(ctx.seed))
         return outcome_of(reduction, lanes)
 
     @staticmethod
-    def cost_shape(params: ParallelSampleParams, *, prompt_tokens: int,
-                   max_tokens: int) -> CostShape:
+    def cost_shape(params: ParallelSampleParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
         """k lanes of the one prompt, every one a candidate."""
         return CostShape(params.k, params.k * prompt_tokens, params.k)
 
@@ -82,26 +82,33 @@ class ParallelSample:
         return params.choice()
 
     @staticmethod
-    def audit(params: ParallelSampleParams, state: RunState, *, extract: ExtractSpec,
-              seed: int) -> AuditFinding | None:
+    def audit(
+        params: ParallelSampleParams, state: RunState, *, extract: ExtractSpec, seed: int
+    ) -> AuditFinding | None:
         """Each lane's answer, the vote or the judges' argmax, and the result, recomputed
         from the log (a verifier's weights are not in it, so that vote is not)."""
         if params.weighting == "verifier":
             return None
-        return audit(state, extract=extract, tie_break=params.tie_break,
-                     weighting=params.weighting, seed=seed)
+        return audit(
+            state, extract=extract, tie_break=params.tie_break, weighting=params.weighting, seed=seed
+        )
 
 
 def outcome_of(reduction: Reduction, lanes: Sequence[Lane]) -> Outcome:
     """The Outcome a reduction over `lanes` gives: its answer, winner, agreement and margin."""
     wave = reduction.winner_wave
-    winner = next((lane for lane in lanes if lane.lane == reduction.winner_lane
-                   and wave in (None, lane.wave)), None)
+    winner = next(
+        (lane for lane in lanes if lane.lane == reduction.winner_lane and wave in (None, lane.wave)), None
+    )
     answered = reduction.winner_lane is not None
     return Outcome(
-        answer=reduction.winner, winner_lane=reduction.winner_lane,
+        answer=reduction.winner,
+        winner_lane=reduction.winner_lane,
         winner_text=winner.text if winner is not None else None,
         status="answered" if answered else "no_answer",
-        reason=None if answered else reduction.reason, agreement=reduction.agreement,
-        margin=reduction.margin, reduction=reduction,
-        winner_wave=winner.wave if winner is not None else None)
+        reason=None if answered else reduction.reason,
+        agreement=reduction.agreement,
+        margin=reduction.margin,
+        reduction=reduction,
+        winner_wave=winner.wave if winner is not None else None,
+    )

@@ -38,8 +38,7 @@ __all__ = (
     "stop_rule",
 )
 
-StopRule = Literal["ready", "high_confidence", "diminishing_returns", "token_budget",
-                   "max_iterations"]
+StopRule = Literal["ready", "high_confidence", "diminishing_returns", "token_budget", "max_iterations"]
 OptionalRule = Literal["ready", "high_confidence", "diminishing_returns"]
 OPTIONAL_RULES: tuple[OptionalRule, ...] = ("ready", "high_confidence", "diminishing_returns")
 _ID = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -166,14 +165,12 @@ def read_json(text: str, model: type[M]) -> M:
     raise PlanError("no JSON object in the reply")
 
 
-def check_dag(nodes: Sequence[SubQuestion], *, max_nodes: int,
-              known: Iterable[str] = ()) -> None:
+def check_dag(nodes: Sequence[SubQuestion], *, max_nodes: int, known: Iterable[str] = ()) -> None:
     """Refuse duplicate ids, unknown or self dependencies, cycles and more than `max_nodes`
     nodes (`known`: ids already in the plan, which new nodes may depend on)."""
     before = list(known)
     if len(before) + len(nodes) > max_nodes:
-        raise PlanError(f"{len(before) + len(nodes)} sub-questions, more than loop.max_nodes "
-                        f"({max_nodes})")
+        raise PlanError(f"{len(before) + len(nodes)} sub-questions, more than loop.max_nodes ({max_nodes})")
     ids = set(before)
     for node in nodes:
         if node.id in ids:
@@ -201,7 +198,7 @@ def _cycle(edges: Mapping[str, Sequence[str]]) -> list[str]:
         path.append(node)
         for dep in edges.get(node, ()):
             if state.get(dep) == 1:
-                return [*path[path.index(dep):], dep]
+                return [*path[path.index(dep) :], dep]
             if dep in edges and dep not in state:
                 found = visit(dep)
                 if found:
@@ -229,8 +226,9 @@ def parse_verdict(text: str) -> Verdict:
     return read_json(text, Verdict)
 
 
-def parse_replan(text: str, *, nodes: Sequence[SubQuestion], accepted: Iterable[str],
-                 max_nodes: int) -> tuple[list[str], list[SubQuestion], list[str]]:
+def parse_replan(
+    text: str, *, nodes: Sequence[SubQuestion], accepted: Iterable[str], max_nodes: int
+) -> tuple[list[str], list[SubQuestion], list[str]]:
     """The replanner's reply as (ids to retry, nodes to add, accepted ids it asked to retry,
     which are kept as they are); PlanError for unknown ids or a bad DAG."""
     replan = read_json(text, Replan)
@@ -278,11 +276,17 @@ def stop_rule(now: Progress, before: Progress | None, rules: StopRules) -> StopR
     on = set(rules.rules)
     if "ready" in on and now.completeness >= rules.ready:
         return "ready"
-    if "high_confidence" in on and now.confidence >= rules.confidence \
-            and now.completeness >= rules.confidence_complete:
+    if (
+        "high_confidence" in on
+        and now.confidence >= rules.confidence
+        and now.completeness >= rules.confidence_complete
+    ):
         return "high_confidence"
-    if "diminishing_returns" in on and before is not None \
-            and now.confidence - before.confidence < rules.min_gain:
+    if (
+        "diminishing_returns" in on
+        and before is not None
+        and now.confidence - before.confidence < rules.min_gain
+    ):
         return "diminishing_returns"
     if rules.token_budget is not None and now.tokens >= rules.token_budget:
         return "token_budget"
@@ -344,7 +348,12 @@ class Node:
 
     def summary(self) -> dict[str, Any]:
         best, verdict = self.best, self.verdict
-        return {"id": self.spec.id, "question": self.spec.question,
-                "depends_on": list(self.spec.depends_on), "status": self.status,
-                "score": verdict.value if verdict else None,
-                "answer": best.lane.answer if best else None, "attempts": len(self.attempts)}
+        return {
+            "id": self.spec.id,
+            "question": self.spec.question,
+            "depends_on": list(self.spec.depends_on),
+            "status": self.status,
+            "score": verdict.value if verdict else None,
+            "answer": best.lane.answer if best else None,
+            "attempts": len(self.attempts),
+        }

@@ -57,12 +57,14 @@ PLAN_TEMPLATE = (
     "it; a sub-question may use the answers of earlier ones. Reply with JSON only, shaped "
     "like:\n"
     '{"subquestions": [{"id": "q1", "question": "...", "depends_on": []}, '
-    '{"id": "q2", "question": "...", "depends_on": ["q1"]}]}\n')
+    '{"id": "q2", "question": "...", "depends_on": ["q1"]}]}\n'
+)
 SUBQUESTION_TEMPLATE = (
     "Question: {subquestion}\n"
     "It is one step towards answering: {question}\n"
     "Known so far:\n{context}\n"
-    "{feedback}Think briefly, then end with 'Answer: <answer>'.\n")
+    "{feedback}Think briefly, then end with 'Answer: <answer>'.\n"
+)
 VERIFY_TEMPLATE = (
     "Question: {subquestion}\n"
     "Proposed result:\n{result}\n\n"
@@ -70,19 +72,23 @@ VERIFY_TEMPLATE = (
     "like:\n"
     '{"status": "complete", "score": 0.9, "missing": []}\n'
     'status is "complete", "partial" or "failed"; score is from 0 to 1; missing lists what '
-    "the result lacks.\n")
+    "the result lacks.\n"
+)
 REPLAN_TEMPLATE = (
     "Question: {question}\n"
     "Sub-questions so far, with what a verifier found:\n{status}\n\n"
     "Retry the sub-questions that are not complete, or add at most {room} new ones to fill "
     "the gaps. Reply with JSON only, shaped like:\n"
-    '{"retry": ["q2"], "add": [{"id": "q4", "question": "...", "depends_on": ["q1"]}]}\n')
+    '{"retry": ["q2"], "add": [{"id": "q4", "question": "...", "depends_on": ["q1"]}]}\n'
+)
 SYNTHESIS_TEMPLATE = (
     "Question: {question}\n"
     "Answers to its sub-questions:\n{results}\n\n"
-    "Combine them into one final answer. Think briefly, then end with 'Answer: <answer>'.\n")
-RETRY_NOTE = ("\nYour previous reply was refused ({error}). Reply again with the JSON only, "
-              "in the shape above.\n")
+    "Combine them into one final answer. Think briefly, then end with 'Answer: <answer>'.\n"
+)
+RETRY_NOTE = (
+    "\nYour previous reply was refused ({error}). Reply again with the JSON only, in the shape above.\n"
+)
 FEEDBACK = "An earlier answer was judged {status}; it missed: {missing}.\n"
 
 _SLOTS: dict[str, tuple[str, ...]] = {
@@ -108,14 +114,15 @@ class PlanVerifyReplanParams(BaseModel):
     batch_size: int = Field(3, ge=1, le=64, description="ready sub-questions per wave")
     plan_attempts: int = Field(2, ge=1, le=10, description="planner calls before giving up")
     on_bad_plan: Literal["fail", "direct"] = Field(
-        "fail", description="no valid plan: fail, or answer the question as one sub-question")
+        "fail", description="no valid plan: fail, or answer the question as one sub-question"
+    )
     max_iterations: int = Field(3, ge=1, le=20, description="answer-verify-replan rounds")
     stop_rules: list[Literal["ready", "high_confidence", "diminishing_returns"]] = Field(
-        default_factory=lambda: list(OPTIONAL_RULES), description="the quality rules in force")
+        default_factory=lambda: list(OPTIONAL_RULES), description="the quality rules in force"
+    )
     ready_threshold: float = Field(0.8, gt=0, le=1, description="share complete: ready")
     confidence_threshold: float = Field(0.75, gt=0, le=1, description="mean score: confident")
-    confidence_min_complete: float = Field(0.5, ge=0, le=1,
-                                           description="share complete the confidence needs")
+    confidence_min_complete: float = Field(0.5, ge=0, le=1, description="share complete the confidence needs")
     min_gain: float = Field(0.05, ge=0, le=1, description="mean score gain below which to stop")
     token_budget: int | None = Field(None, ge=1, description="tokens spent that end the loop")
     verifier_backend: Literal["main", "judge"] = "main"
@@ -139,9 +146,15 @@ class PlanVerifyReplanParams(BaseModel):
         return self
 
     def rules(self) -> StopRules:
-        return StopRules(tuple(self.stop_rules), self.ready_threshold, self.confidence_threshold,
-                         self.confidence_min_complete, self.min_gain, self.token_budget,
-                         self.max_iterations)
+        return StopRules(
+            tuple(self.stop_rules),
+            self.ready_threshold,
+            self.confidence_threshold,
+            self.confidence_min_complete,
+            self.min_gain,
+            self.token_budget,
+            self.max_iterations,
+        )
 
 
 @register_loop
@@ -158,8 +171,9 @@ class PlanVerifyReplan:
         return await _Run(self.params, ctx, question).run()
 
     @staticmethod
-    def cost_shape(params: PlanVerifyReplanParams, *, prompt_tokens: int,
-                   max_tokens: int) -> CostShape | None:
+    def cost_shape(
+        params: PlanVerifyReplanParams, *, prompt_tokens: int, max_tokens: int
+    ) -> CostShape | None:
         """Not known before it runs: its plan decides how many sub-questions it answers."""
         return None
 
@@ -169,9 +183,11 @@ class PlanVerifyReplan:
         own `token_budget` is left as given); a lane budget is refused, as its plan, not a
         key, decides its lanes."""
         if budget.unit == "lanes":
-            raise ConfigError("loop.coordinator: --equal-budget lanes cannot cap the lanes of "
-                              "'plan_verify_replan' (its plan decides them); equalise tokens "
-                              "or cost")
+            raise ConfigError(
+                "loop.coordinator: --equal-budget lanes cannot cap the lanes of "
+                "'plan_verify_replan' (its plan decides them); equalise tokens "
+                "or cost"
+            )
         return params
 
     @staticmethod
@@ -187,9 +203,13 @@ class _Run:
         self.p, self.ctx, self.question = params, ctx, question
         self.nodes: dict[str, Node] = {}
         # JSON replies span lines: the answer lanes' stop sequences are not theirs.
-        self.json = replace(ctx.sampling, temperature=params.json_temperature,
-                            max_tokens=params.json_max_tokens, stop=tuple(params.json_stop),
-                            logprobs=False)
+        self.json = replace(
+            ctx.sampling,
+            temperature=params.json_temperature,
+            max_tokens=params.json_max_tokens,
+            stop=tuple(params.json_stop),
+            logprobs=False,
+        )
         self.out_of_budget = False  # a wave was cut short, or not funded, by the budget
 
     async def run(self) -> Outcome:
@@ -205,13 +225,23 @@ class _Run:
             now = self._progress(iteration)
             rule = stop_rule(now, before, self.p.rules())
             limit = "loop.token_budget" if rule == "token_budget" else None
-            if rule is None and (self.out_of_budget or not self._funds(
-                    [self._replan_prompt()], self.p.json_max_tokens)):
+            if rule is None and (
+                self.out_of_budget or not self._funds([self._replan_prompt()], self.p.json_max_tokens)
+            ):
                 rule, limit = "token_budget", "budget"
-            decided = self.ctx.record("iteration", {
-                "iteration": iteration, "nodes": now.nodes, "complete": now.complete,
-                "completeness": now.completeness, "confidence": now.confidence,
-                "tokens": now.tokens, "stop": rule, "limit": limit})
+            decided = self.ctx.record(
+                "iteration",
+                {
+                    "iteration": iteration,
+                    "nodes": now.nodes,
+                    "complete": now.complete,
+                    "completeness": now.completeness,
+                    "confidence": now.confidence,
+                    "tokens": now.tokens,
+                    "stop": rule,
+                    "limit": limit,
+                },
+            )
             rule = decided["stop"]
             if rule is None and not await self._replan(iteration):
                 rule = "no_new_work"
@@ -228,8 +258,11 @@ class _Run:
             raise BudgetExhaustedError("budget: cannot fund the planner's call and an answer")
         prompt, error, attempt = base, "", 0
         for attempt in range(1, p.plan_attempts + 1):
-            lane = _one(await ctx.wave([prompt], params=self.json, purpose="plan", quorum=0,
-                                    extract=False, share_prefix=False))
+            lane = _one(
+                await ctx.wave(
+                    [prompt], params=self.json, purpose="plan", quorum=0, extract=False, share_prefix=False
+                )
+            )
             try:
                 if lane is None or not lane.completed:
                     raise PlanError(f"the planner's call failed: {lane.error if lane else '-'}")
@@ -238,25 +271,36 @@ class _Run:
                 error = str(exc)
                 prompt = base + fill(RETRY_NOTE, {"error": error})
                 retry = attempt < p.plan_attempts and self._funds([prompt], p.json_max_tokens) > 0
-                decided = ctx.record("plan_rejected", {
-                    "attempt": attempt, "error": error, "retry": retry,
-                    "reply": ((lane.text if lane else None) or "")[:500]},
-                    wave=lane.wave if lane else None)
+                decided = ctx.record(
+                    "plan_rejected",
+                    {
+                        "attempt": attempt,
+                        "error": error,
+                        "retry": retry,
+                        "reply": ((lane.text if lane else None) or "")[:500],
+                    },
+                    wave=lane.wave if lane else None,
+                )
                 if not decided["retry"]:
                     break
                 continue
-            ctx.record("plan_accepted", {"attempt": attempt, "fallback": None,
-                                         "subquestions": _dump(plan.subquestions)},
-                       wave=lane.wave)
+            ctx.record(
+                "plan_accepted",
+                {"attempt": attempt, "fallback": None, "subquestions": _dump(plan.subquestions)},
+                wave=lane.wave,
+            )
             return plan, "planned"
         if p.on_bad_plan == "fail":
             raise PlanRejectedError(
                 f"plan_verify_replan: the planner gave no valid plan in {attempt} call(s) "
-                f"(loop.plan_attempts = {p.plan_attempts}); the last plan was refused: {error}")
+                f"(loop.plan_attempts = {p.plan_attempts}); the last plan was refused: {error}"
+            )
         direct = SubQuestion.model_construct(id="q1", question=self.question, depends_on=())
         plan = Plan.model_construct(subquestions=(direct,))
-        ctx.record("plan_accepted", {"attempt": attempt, "fallback": "direct",
-                                     "subquestions": _dump(plan.subquestions)})
+        ctx.record(
+            "plan_accepted",
+            {"attempt": attempt, "fallback": "direct", "subquestions": _dump(plan.subquestions)},
+        )
         return plan, "direct"
 
     # -- answer and verify --------------------------------------------------------------------
@@ -269,20 +313,29 @@ class _Run:
         """Waves of ready sub-questions until none is ready (or the budget says stop)."""
         ctx = self.ctx
         while not self.out_of_budget:
-            batch = [n for n in self.nodes.values() if self._ready(n)][:self.p.batch_size]
+            batch = [n for n in self.nodes.values() if self._ready(n)][: self.p.batch_size]
             if not batch:
                 return
             prompts = [self._ask(node) for node in batch]
             funded = self._funds(prompts, ctx.sampling.max_tokens)
-            decided = ctx.record("answering", {
-                "iteration": iteration, "nodes": [n.spec.id for n in batch[:funded]],
-                "deferred": [n.spec.id for n in batch[funded:]]})
+            decided = ctx.record(
+                "answering",
+                {
+                    "iteration": iteration,
+                    "nodes": [n.spec.id for n in batch[:funded]],
+                    "deferred": [n.spec.id for n in batch[funded:]],
+                },
+            )
             ids: list[str] = decided["nodes"]
             self.out_of_budget = len(ids) < len(batch)
             if not ids:
                 return
-            lanes = await ctx.wave([LaneJob(i, prompts[i]) for i in range(len(ids))],
-                                   purpose="sample", quorum=0, share_prefix=False)
+            lanes = await ctx.wave(
+                [LaneJob(i, prompts[i]) for i in range(len(ids))],
+                purpose="sample",
+                quorum=0,
+                share_prefix=False,
+            )
             landed = {lane.lane: lane for lane in lanes}
             for i, node_id in enumerate(ids):
                 lane = landed.get(i)
@@ -295,42 +348,74 @@ class _Run:
 
     def _ask(self, node: Node) -> str:
         deps = [self.nodes[dep] for dep in node.spec.depends_on]
-        context = "\n".join(f"- {d.spec.question} -> {d.latest.result}"
-                            for d in deps if d.latest is not None)
+        context = "\n".join(f"- {d.spec.question} -> {d.latest.result}" for d in deps if d.latest is not None)
         feedback = ""
         judged = next((a for a in reversed(node.attempts) if a.verdict is not None), None)
         if judged is not None and judged.verdict is not None:
-            feedback = fill(FEEDBACK, {"status": judged.verdict.status, "missing": ", ".join(
-                judged.verdict.missing) or "nothing named"})
-        return fill(self.p.subquestion_template, {
-            "subquestion": node.spec.question, "question": self.question,
-            "context": context or "(nothing yet)", "feedback": feedback})
+            feedback = fill(
+                FEEDBACK,
+                {
+                    "status": judged.verdict.status,
+                    "missing": ", ".join(judged.verdict.missing) or "nothing named",
+                },
+            )
+        return fill(
+            self.p.subquestion_template,
+            {
+                "subquestion": node.spec.question,
+                "question": self.question,
+                "context": context or "(nothing yet)",
+                "feedback": feedback,
+            },
+        )
 
     async def _verify(self, iteration: int) -> None:
         """One verifier wave over the results this iteration produced."""
         ctx, p = self.ctx, self.p
-        todo = [(node, node.attempts[-1]) for node in self.nodes.values() if node.attempts
-                and node.attempts[-1].iteration == iteration and node.attempts[-1].lane.completed]
+        todo = [
+            (node, node.attempts[-1])
+            for node in self.nodes.values()
+            if node.attempts and node.attempts[-1].iteration == iteration and node.attempts[-1].lane.completed
+        ]
         if not todo:
             return
-        prompts = [fill(p.verify_template, {
-            "subquestion": node.spec.question, "question": self.question,
-            "result": (attempt.lane.text or "").strip()[:_RESULT_CHARS]})
-            for node, attempt in todo]
+        prompts = [
+            fill(
+                p.verify_template,
+                {
+                    "subquestion": node.spec.question,
+                    "question": self.question,
+                    "result": (attempt.lane.text or "").strip()[:_RESULT_CHARS],
+                },
+            )
+            for node, attempt in todo
+        ]
         funded = self._funds(prompts, p.json_max_tokens, bill="verifier")
-        decided = ctx.record("verifying", {
-            "iteration": iteration, "nodes": [n.spec.id for n, _ in todo[:funded]],
-            "unverified": [n.spec.id for n, _ in todo[funded:]]})
+        decided = ctx.record(
+            "verifying",
+            {
+                "iteration": iteration,
+                "nodes": [n.spec.id for n, _ in todo[:funded]],
+                "unverified": [n.spec.id for n, _ in todo[funded:]],
+            },
+        )
         ids: list[str] = decided["nodes"]
         self.out_of_budget = self.out_of_budget or len(ids) < len(todo)
         if not ids:
             return
-        lanes = await ctx.wave([LaneJob(i, prompts[i]) for i in range(len(ids))],
-                               params=self.json, purpose="verify", bill="verifier", quorum=0,
-                               share_prefix=False, extract=False, backend=p.verifier_backend)
+        lanes = await ctx.wave(
+            [LaneJob(i, prompts[i]) for i in range(len(ids))],
+            params=self.json,
+            purpose="verify",
+            bill="verifier",
+            quorum=0,
+            share_prefix=False,
+            extract=False,
+            backend=p.verifier_backend,
+        )
         landed = {lane.lane: lane for lane in lanes}
         verdicts: dict[str, Any] = {}
-        for i, (node, attempt) in enumerate(todo[:len(ids)]):
+        for i, (node, attempt) in enumerate(todo[: len(ids)]):
             lane = landed.get(i)
             if lane is None:
                 self.out_of_budget = True
@@ -341,19 +426,31 @@ class _Run:
                     raise PlanError(f"the verifier's call failed: {lane.error}")
                 attempt.verdict = parse_verdict(lane.text or "")
             except PlanError as exc:  # no verdict is no evidence of a result: failed
-                attempt.verdict, parsed = Verdict(status="failed", score=0.0,
-                                                  missing=(f"no verdict: {exc}",)), False
+                attempt.verdict, parsed = (
+                    Verdict(status="failed", score=0.0, missing=(f"no verdict: {exc}",)),
+                    False,
+                )
             verdict = attempt.verdict
-            verdicts[node.spec.id] = {"status": verdict.status, "score": verdict.value,
-                                      "missing": list(verdict.missing), "parsed": parsed}
-        ctx.record("verified", {"iteration": iteration, "verdicts": verdicts},
-                   wave=lanes[0].wave if lanes else None)
+            verdicts[node.spec.id] = {
+                "status": verdict.status,
+                "score": verdict.value,
+                "missing": list(verdict.missing),
+                "parsed": parsed,
+            }
+        ctx.record(
+            "verified", {"iteration": iteration, "verdicts": verdicts}, wave=lanes[0].wave if lanes else None
+        )
 
     def _progress(self, iteration: int) -> Progress:
         nodes = list(self.nodes.values())
         scores = [n.verdict.value if n.verdict is not None else 0.0 for n in nodes]
-        return Progress(iteration, len(nodes), sum(n.accepted for n in nodes),
-                        sum(scores) / len(nodes), self.ctx.budget.spent.tokens)
+        return Progress(
+            iteration,
+            len(nodes),
+            sum(n.accepted for n in nodes),
+            sum(scores) / len(nodes),
+            self.ctx.budget.spent.tokens,
+        )
 
     # -- replan -------------------------------------------------------------------------------
 
@@ -370,32 +467,56 @@ class _Run:
             if verdict is not None and verdict.missing:
                 line += f"; missing: {', '.join(verdict.missing)}"
             lines.append(line)
-        return fill(self.p.replan_template, {
-            "question": self.question, "status": "\n".join(lines),
-            "room": str(max(self.p.max_nodes - len(self.nodes), 0))})
+        return fill(
+            self.p.replan_template,
+            {
+                "question": self.question,
+                "status": "\n".join(lines),
+                "room": str(max(self.p.max_nodes - len(self.nodes), 0)),
+            },
+        )
 
     async def _replan(self, iteration: int) -> bool:
         """One replanner call (never replanned itself); whether it left work to do."""
         ctx = self.ctx
-        lane = _one(await ctx.wave([self._replan_prompt()], params=self.json, purpose="replan",
-                                quorum=0, extract=False, share_prefix=False))
+        lane = _one(
+            await ctx.wave(
+                [self._replan_prompt()],
+                params=self.json,
+                purpose="replan",
+                quorum=0,
+                extract=False,
+                share_prefix=False,
+            )
+        )
         specs = [node.spec for node in self.nodes.values()]
         accepted = [node.spec.id for node in self.nodes.values() if node.accepted]
         wave = lane.wave if lane is not None else None
         try:
             if lane is None or not lane.completed:
                 raise PlanError(f"the replanner's call failed: {lane.error if lane else '-'}")
-            retry, add, kept = parse_replan(lane.text or "", nodes=specs, accepted=accepted,
-                                            max_nodes=self.p.max_nodes)
-            ctx.record("replan_accepted", {"iteration": iteration, "retry": retry,
-                                           "add": _dump(add), "kept": kept}, wave=wave)
+            retry, add, kept = parse_replan(
+                lane.text or "", nodes=specs, accepted=accepted, max_nodes=self.p.max_nodes
+            )
+            ctx.record(
+                "replan_accepted",
+                {"iteration": iteration, "retry": retry, "add": _dump(add), "kept": kept},
+                wave=wave,
+            )
         except PlanError as exc:
             # The fallback retries what is not accepted and has been tried.
             retry = [n.spec.id for n in self.nodes.values() if not n.accepted and not n.pending]
             add = []
-            ctx.record("replan_rejected", {
-                "iteration": iteration, "error": str(exc), "retry": retry,
-                "reply": ((lane.text if lane else None) or "")[:500]}, wave=wave)
+            ctx.record(
+                "replan_rejected",
+                {
+                    "iteration": iteration,
+                    "error": str(exc),
+                    "retry": retry,
+                    "reply": ((lane.text if lane else None) or "")[:500],
+                },
+                wave=wave,
+            )
         for node_id in retry:
             self.nodes[node_id].pending = True
         for spec in add:
@@ -405,47 +526,71 @@ class _Run:
     # -- synthesize ---------------------------------------------------------------------------
 
     def _synthesis_prompt(self) -> str:
-        lines = [f"- {node.spec.question} -> {best.result}" for node in self.nodes.values()
-                 if (best := node.best) is not None]
-        return fill(self.p.synthesis_template, {
-            "question": self.question, "results": "\n".join(lines) or "(none)"})
+        lines = [
+            f"- {node.spec.question} -> {best.result}"
+            for node in self.nodes.values()
+            if (best := node.best) is not None
+        ]
+        return fill(
+            self.p.synthesis_template, {"question": self.question, "results": "\n".join(lines) or "(none)"}
+        )
 
     async def _synthesize(self, rule: str, iteration: int, how: str) -> Outcome:
         ctx = self.ctx
         prompt = self._synthesis_prompt()
-        funded = ctx.budget.can_afford(1, ctx.sampling.max_tokens, prompt=prompt,
-                                       share_prefix=False)
-        decided = ctx.record("stopped", {"rule": rule, "iteration": iteration,
-                                         "synthesis": funded})
+        funded = ctx.budget.can_afford(1, ctx.sampling.max_tokens, prompt=prompt, share_prefix=False)
+        decided = ctx.record("stopped", {"rule": rule, "iteration": iteration, "synthesis": funded})
         lane: Lane | None = None
         if decided["synthesis"]:
-            lane = _one(await ctx.wave([prompt], purpose="synthesize", quorum=0,
-                                    share_prefix=False))
-        detail: dict[str, Any] = {"stop": rule, "iterations": iteration, "plan": how,
-                                  "nodes": [node.summary() for node in self.nodes.values()]}
+            lane = _one(await ctx.wave([prompt], purpose="synthesize", quorum=0, share_prefix=False))
+        detail: dict[str, Any] = {
+            "stop": rule,
+            "iterations": iteration,
+            "plan": how,
+            "nodes": [node.summary() for node in self.nodes.values()],
+        }
         if lane is not None and lane.completed and lane.answer is not None:
-            return Outcome(answer=lane.answer, winner_lane=lane.lane, winner_text=lane.text,
-                           winner_wave=lane.wave, detail={
-                               **detail, "answered_by": "synthesis", "winner_wave": lane.wave})
+            return Outcome(
+                answer=lane.answer,
+                winner_lane=lane.lane,
+                winner_text=lane.text,
+                winner_wave=lane.wave,
+                detail={**detail, "answered_by": "synthesis", "winner_wave": lane.wave},
+            )
         fallback = self._fallback()
         if fallback is None:
-            why = "the synthesis gave no answer and no sub-question has one" if decided[
-                "synthesis"] else "the budget cannot fund the synthesis and no sub-question " \
-                                  "has an answer"
-            return Outcome(status="no_answer", reason=why, detail={**detail, "answered_by": None,
-                                                                  "winner_wave": None})
-        return Outcome(answer=fallback.answer, winner_lane=fallback.lane,
-                       winner_text=fallback.text, winner_wave=fallback.wave,
-                       detail={**detail, "answered_by": "fallback",
-                               "winner_wave": fallback.wave})
+            why = (
+                "the synthesis gave no answer and no sub-question has one"
+                if decided["synthesis"]
+                else "the budget cannot fund the synthesis and no sub-question has an answer"
+            )
+            return Outcome(
+                status="no_answer", reason=why, detail={**detail, "answered_by": None, "winner_wave": None}
+            )
+        return Outcome(
+            answer=fallback.answer,
+            winner_lane=fallback.lane,
+            winner_text=fallback.text,
+            winner_wave=fallback.wave,
+            detail={**detail, "answered_by": "fallback", "winner_wave": fallback.wave},
+        )
 
     def _fallback(self) -> Lane | None:
         """Without a synthesis: the best answer of a sub-question no other one builds on."""
         used = {dep for node in self.nodes.values() for dep in node.spec.depends_on}
-        ranked = [((node.spec.id not in used, node.accepted,
-                    node.verdict.value if node.verdict else 0.0, -order), best.lane)
-                  for order, node in enumerate(self.nodes.values())
-                  if (best := node.best) is not None and best.lane.answer is not None]
+        ranked = [
+            (
+                (
+                    node.spec.id not in used,
+                    node.accepted,
+                    node.verdict.value if node.verdict else 0.0,
+                    -order,
+                ),
+                best.lane,
+            )
+            for order, node in enumerate(self.nodes.values())
+            if (best := node.best) is not None and best.lane.answer is not None
+        ]
         return max(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
     # -- budget -------------------------------------------------------------------------------
@@ -457,8 +602,7 @@ class _Run:
         tokens = max(max_tokens, self.ctx.sampling.max_tokens)
         for m in range(len(prompts), 0, -1):
             longest = max([*prompts[:m], reserve], key=len)
-            if self.ctx.budget.can_afford(m + 1, tokens, prompt=longest, bill=bill,
-                                          share_prefix=False):
+            if self.ctx.budget.can_afford(m + 1, tokens, prompt=longest, bill=bill, share_prefix=False):
                 return m
         return 0
 

@@ -19,8 +19,7 @@ from lanefold.primitives import (
     resolve_reducer,
 )
 
-__all__ = ("ReducerKeys", "TieBreak", "Weighting", "known_reducer", "recorded_name",
-           "with_logprobs")
+__all__ = ("ReducerKeys", "TieBreak", "Weighting", "known_reducer", "recorded_name", "with_logprobs")
 
 TieBreak = Literal["first_lane", "lexicographic", "random"]
 Weighting = Literal["none", "mean_logprob", "verifier"]
@@ -66,8 +65,10 @@ class ReducerKeys(BaseModel):
     @model_validator(mode="after")
     def _weighting_is_read(self) -> Self:
         if self.weighting == "verifier" and self.reducer != "weighted_vote":
-            raise ValueError(f"loop.weighting: \"verifier\" weighs a weighted_vote; the "
-                             f"{self.reducer} reducer would ignore it")
+            raise ValueError(
+                f'loop.weighting: "verifier" weighs a weighted_vote; the '
+                f"{self.reducer} reducer would ignore it"
+            )
         return self
 
     def options(self, seed: int) -> ReduceOptions:

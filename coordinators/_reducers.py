@@ -36,31 +36,34 @@ from lanefold.primitives import (
     vote_summary,
 )
 
-__all__ = ("AnyPass", "JudgeArgmax", "MajorityVote", "UniversalSelfConsistency", "WeightedVote",
-           "vote")
+__all__ = ("AnyPass", "JudgeArgmax", "MajorityVote", "UniversalSelfConsistency", "WeightedVote", "vote")
 
 USC_TEMPLATE = (
     "I have generated the following responses to the question: {question}\n\n{candidates}\n"
     "Evaluate these responses. Select the most consistent response based on majority "
-    "consensus. Start your answer with \"The most consistent response is Response X\" "
-    "(without quotes).\n")
+    'consensus. Start your answer with "The most consistent response is Response X" '
+    "(without quotes).\n"
+)
 JUDGE_TEMPLATE = (
     "Question: {question}\n\nCandidate answer:\n{candidate}\n\nIs the candidate answer "
-    "correct? Reply with one line 'Score: N/10', where 10 is surely correct.\n")
+    "correct? Reply with one line 'Score: N/10', where 10 is surely correct.\n"
+)
 VERIFIER_KEYS = frozenset({"verifier", "verifier_command", "verifier_timeout_s"})
 _USC_CHOICE = re.compile(r"response\s*#?\s*(\d+)", re.IGNORECASE)
 
 
-def vote(lanes: Sequence[Lane], *, tie_break: str, seed: int,
-         weights: Mapping[int, float] | None = None) -> VoteResult:
+def vote(
+    lanes: Sequence[Lane], *, tie_break: str, seed: int, weights: Mapping[int, float] | None = None
+) -> VoteResult:
     """The vote over lanes: a lane that did not complete abstains; `weights` by lane.
 
     Lanes of one wave vote by lane number; lanes of several waves (a debate's rounds, say)
     by their position in `lanes`, so `winner_lane` is then a position (see `_voted`).
     """
-    ballots = [Ballot(key, lane.answer if lane.completed else None,
-                      (weights or {}).get(key, 1.0))
-               for key, lane in sorted(_ballot_keys(lanes).items())]
+    ballots = [
+        Ballot(key, lane.answer if lane.completed else None, (weights or {}).get(key, 1.0))
+        for key, lane in sorted(_ballot_keys(lanes).items())
+    ]
     return vote_fold(ballots, tie_break=tie_break, seed=seed)  # type: ignore[arg-type]
 
 
@@ -73,8 +76,11 @@ def _ballot_keys(lanes: Sequence[Lane]) -> dict[int, Lane]:
 def logprob_weights(lanes: Sequence[Lane]) -> dict[int, float]:
     """exp(mean token logprob) per lane that has logprobs (the others weigh 1), keyed as
     `vote` keys ballots."""
-    return {key: math.exp(lane.logprob_mean) for key, lane in _ballot_keys(lanes).items()
-            if lane.logprob_mean is not None}
+    return {
+        key: math.exp(lane.logprob_mean)
+        for key, lane in _ballot_keys(lanes).items()
+        if lane.logprob_mean is not None
+    }
 
 
 def _one_wave(lanes: Sequence[Lane]) -> int | None:
@@ -95,8 +101,7 @@ def _voted(name: str, lanes: Sequence[Lane], result: VoteResult, *, weighted: bo
     """A vote as a Reduction: its `votes` are ballot counts (integers) where every ballot
     counted one, else total weights; agreement and margin are in the vote's own terms."""
     completed = [lane for lane in lanes if lane.completed]
-    winner = _ballot_keys(lanes).get(result.winner_lane) if result.winner_lane is not None \
-        else None
+    winner = _ballot_keys(lanes).get(result.winner_lane) if result.winner_lane is not None else None
     agreement = margin = None
     reason = None
     if result.winner is not None:
@@ -107,15 +112,23 @@ def _voted(name: str, lanes: Sequence[Lane], result: VoteResult, *, weighted: bo
         margin = ours - max(others, default=0.0)  # an unopposed answer leads by its votes
     else:
         unmatched = [lane.text or "" for lane in completed if not lane.answer]
-        reason = (f"{result.abstentions} of {len(completed)} completed lanes gave no answer"
-                  f"{_example(unmatched)}")
+        reason = (
+            f"{result.abstentions} of {len(completed)} completed lanes gave no answer{_example(unmatched)}"
+        )
     return Reduction(
-        reducer=name, winner=result.winner,
+        reducer=name,
+        winner=result.winner,
         winner_lane=winner.lane if winner is not None else None,
         votes=dict(result.votes) if weighted else dict(result.counts),
-        tie_break=result.tie_break, tied=tuple(result.tied),
-        abstentions=result.abstentions, agreement=agreement, margin=margin, reason=reason,
-        wave=_one_wave(lanes), winner_wave=winner.wave if winner is not None else None)
+        tie_break=result.tie_break,
+        tied=tuple(result.tied),
+        abstentions=result.abstentions,
+        agreement=agreement,
+        margin=margin,
+        reason=reason,
+        wave=_one_wave(lanes),
+        winner_wave=winner.wave if winner is not None else None,
+    )
 
 
 @register_reducer
@@ -134,8 +147,7 @@ class MajorityVote:
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
         weights = logprob_weights(lanes) if self.options.weighting == "mean_logprob" else None
-        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed,
-                      weights=weights)
+        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed, weights=weights)
         return _voted(self.name, lanes, result, weighted=weights is not None)
 
 
@@ -166,15 +178,23 @@ class WeightedVote:
             lanes = [lane if weights[lane.lane] > 0 else _abstaining(lane) for lane in lanes]
         else:
             weights = logprob_weights(lanes)
-        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed,
-                      weights=weights)
+        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed, weights=weights)
         reduction = _voted(self.name, lanes, result, weighted=True)
         return Reduction(**{**_fields(reduction), "scores": scores, "detail": {"weighting": by}})
 
 
 def _abstaining(lane: Lane) -> Lane:
-    return Lane(lane.wave, lane.lane, lane.status, lane.text, None, lane.logprob_mean,
-                lane.finish_reason, lane.error, lane.prompt)
+    return Lane(
+        lane.wave,
+        lane.lane,
+        lane.status,
+        lane.text,
+        None,
+        lane.logprob_mean,
+        lane.finish_reason,
+        lane.error,
+        lane.prompt,
+    )
 
 
 def _fields(reduction: Reduction) -> dict[str, Any]:
@@ -197,8 +217,10 @@ class JudgeArgmax:
         """An LLM judge call per candidate, each quoting it; none where a verifier judges."""
         if not call.template or call.verifier:
             return 0, 0
-        return (call.candidates * (call.prompt_tokens + TEMPLATE_TOKENS + call.answer_tokens),
-                call.candidates * call.max_tokens)
+        return (
+            call.candidates * (call.prompt_tokens + TEMPLATE_TOKENS + call.answer_tokens),
+            call.candidates * call.max_tokens,
+        )
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
@@ -209,19 +231,28 @@ class JudgeArgmax:
         unmatched: list[str] = []
         if ctx.verifier is not None:
             verdicts = await ctx.verify(candidates)
-            scores = {keys[id(lane)]: verdicts[lane.lane].score for lane in candidates
-                      if lane.lane in verdicts}
+            scores = {
+                keys[id(lane)]: verdicts[lane.lane].score for lane in candidates if lane.lane in verdicts
+            }
         else:
             scores, unmatched = await _llm_judge(ctx, candidates, keys)
-        answers = {keys[id(lane)]: (normalize_answer(lane.answer) if lane.answer else None)
-                   for lane in candidates}
+        answers = {
+            keys[id(lane)]: (normalize_answer(lane.answer) if lane.answer else None) for lane in candidates
+        }
         tie_break = self.options.tie_break
-        result = judge_argmax(scores, tie_break=tie_break,  # type: ignore[arg-type]
-                              seed=self.options.seed, answers=answers)
+        result = judge_argmax(
+            scores,
+            tie_break=tie_break,  # type: ignore[arg-type]
+            seed=self.options.seed,
+            answers=answers,
+        )
         by_key = {keys[id(lane)]: lane for lane in candidates}
         winner_lane = by_key[result.winner_lane] if result.winner_lane is not None else None
-        winner = (normalize_answer(winner_lane.answer)
-                  if winner_lane is not None and winner_lane.answer is not None else None)
+        winner = (
+            normalize_answer(winner_lane.answer)
+            if winner_lane is not None and winner_lane.answer is not None
+            else None
+        )
         agreement = margin = None
         reason = None
         if winner_lane is not None:
@@ -233,17 +264,27 @@ class JudgeArgmax:
             if best is not None and others:  # no runner-up, no lead: a score has no zero
                 margin = best - max(others)
         else:
-            example = unmatched or [lane.text or "" for lane in candidates
-                                    if scores.get(keys[id(lane)]) is None]
-            reason = (f"no candidate got a score ({result.abstentions} of {len(scores)} judged "
-                      f"candidates abstained){_example(example)}")
+            example = unmatched or [
+                lane.text or "" for lane in candidates if scores.get(keys[id(lane)]) is None
+            ]
+            reason = (
+                f"no candidate got a score ({result.abstentions} of {len(scores)} judged "
+                f"candidates abstained){_example(example)}"
+            )
         return Reduction(
-            reducer=self.name, winner=winner,
+            reducer=self.name,
+            winner=winner,
             winner_lane=winner_lane.lane if winner_lane is not None else None,
             winner_wave=winner_lane.wave if winner_lane is not None else None,
-            scores=scores, tie_break=result.tie_break, tied=tuple(result.tied),
-            abstentions=result.abstentions, agreement=agreement, margin=margin, reason=reason,
-            wave=_one_wave(lanes))
+            scores=scores,
+            tie_break=result.tie_break,
+            tied=tuple(result.tied),
+            abstentions=result.abstentions,
+            agreement=agreement,
+            margin=margin,
+            reason=reason,
+            wave=_one_wave(lanes),
+        )
 
 
 def _candidate_keys(candidates: Sequence[Lane]) -> dict[int, int]:
@@ -252,18 +293,29 @@ def _candidate_keys(candidates: Sequence[Lane]) -> dict[int, int]:
     return {id(lane): key for key, lane in _ballot_keys(candidates).items()}
 
 
-async def _llm_judge(ctx: LoopContext, candidates: Sequence[Lane],
-                     keys: Mapping[int, int]) -> tuple[dict[int, float | None], list[str]]:
+async def _llm_judge(
+    ctx: LoopContext, candidates: Sequence[Lane], keys: Mapping[int, int]
+) -> tuple[dict[int, float | None], list[str]]:
     """One judge request per candidate, through the governed path; outputs without a score
     abstain. Returns the scores and the judge outputs that held none."""
     # A run's config names its judge; a re-reduction of a run that had none uses this one.
     template = ctx.judge.template or JUDGE_TEMPLATE
     pattern = compile_score_regex(ctx.judge.score_regex) if ctx.judge.score_regex else None
-    jobs = [LaneJob(keys[id(lane)], render_judge_prompt(
-        template, question=ctx.question, candidate=lane.text or "")) for lane in candidates]
-    judged = await ctx.wave(jobs, params=ctx.judge.params, purpose="judge",
-                            quorum=min(1, len(jobs)), share_prefix=False, extract=False,
-                            backend="judge")
+    jobs = [
+        LaneJob(
+            keys[id(lane)], render_judge_prompt(template, question=ctx.question, candidate=lane.text or "")
+        )
+        for lane in candidates
+    ]
+    judged = await ctx.wave(
+        jobs,
+        params=ctx.judge.params,
+        purpose="judge",
+        quorum=min(1, len(jobs)),
+        share_prefix=False,
+        extract=False,
+        backend="judge",
+    )
     by_key = {keys[id(lane)]: lane for lane in candidates}
     scores: dict[int, float | None] = {}
     unmatched: list[str] = []
@@ -298,43 +350,60 @@ class UniversalSelfConsistency:
     @staticmethod
     def judge_tokens(call: JudgeCall) -> tuple[int, int]:
         """One call that quotes every candidate."""
-        return (call.prompt_tokens + TEMPLATE_TOKENS + call.candidates * call.answer_tokens,
-                call.max_tokens)
+        return (call.prompt_tokens + TEMPLATE_TOKENS + call.candidates * call.answer_tokens, call.max_tokens)
+
     judge_keys: ClassVar[frozenset[str]] = frozenset(
-        {"backend", "temperature", "max_tokens", "stop", "usc_template"})
+        {"backend", "temperature", "max_tokens", "stop", "usc_template"}
+    )
 
     def __init__(self, options: ReduceOptions | None = None) -> None:
         self.options = options or ReduceOptions()
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
         candidates = [lane for lane in lanes if lane.completed]
-        fallback = _voted(self.name, lanes, vote(
-            lanes, tie_break=self.options.tie_break, seed=self.options.seed), weighted=False)
+        fallback = _voted(
+            self.name,
+            lanes,
+            vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed),
+            weighted=False,
+        )
         if len(candidates) < 2:  # nothing to choose between
             return fallback
-        listing = "\n".join(f"Response {i}:\n{lane.text or ''}\n"
-                            for i, lane in enumerate(candidates))
+        listing = "\n".join(f"Response {i}:\n{lane.text or ''}\n" for i, lane in enumerate(candidates))
         template = ctx.judge.usc_template or USC_TEMPLATE
         prompt = template.replace("{question}", ctx.question).replace("{candidates}", listing)
-        (out,) = await ctx.wave([prompt], params=ctx.judge.params, purpose="usc",
-                                bill="verifier", quorum=1, share_prefix=False, extract=False,
-                                backend="judge")
+        (out,) = await ctx.wave(
+            [prompt],
+            params=ctx.judge.params,
+            purpose="usc",
+            bill="verifier",
+            quorum=1,
+            share_prefix=False,
+            extract=False,
+            backend="judge",
+        )
         match = _USC_CHOICE.search(out.text or "")
         choice = int(match.group(1)) if match else None
         if choice is None or not 0 <= choice < len(candidates):
-            detail = {"fallback": "majority_vote",
-                      "output": _shorten(out.text or "", 200)}
+            detail = {"fallback": "majority_vote", "output": _shorten(out.text or "", 200)}
             return Reduction(**{**_fields(fallback), "detail": detail})
         chosen = candidates[choice]
         winner = normalize_answer(chosen.answer) if chosen.answer else None
         given = [normalize_answer(lane.answer) for lane in candidates if lane.answer]
         agreement = given.count(winner) / len(given) if winner and given else None
         return Reduction(
-            reducer=self.name, winner=winner, winner_lane=chosen.lane, votes=fallback.votes,
-            tie_break="none", abstentions=fallback.abstentions, agreement=agreement,
+            reducer=self.name,
+            winner=winner,
+            winner_lane=chosen.lane,
+            votes=fallback.votes,
+            tie_break="none",
+            abstentions=fallback.abstentions,
+            agreement=agreement,
             reason=None if winner else "the chosen response has no extractable answer",
             detail={"selected": choice, "selected_lane": chosen.lane},
-            wave=_one_wave(lanes), winner_wave=chosen.wave)
+            wave=_one_wave(lanes),
+            winner_wave=chosen.wave,
+        )
 
 
 @register_reducer
@@ -354,24 +423,39 @@ class AnyPass:
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
         if ctx.verifier is None:
-            raise ConfigError("judge.verifier: any_pass needs a verifier (judge.verifier or "
-                              "judge.verifier_command)")
+            raise ConfigError(
+                "judge.verifier: any_pass needs a verifier (judge.verifier or judge.verifier_command)"
+            )
         verdicts: dict[int, Verdict] = await ctx.verify(lanes)
-        passing = [lane for lane in sorted(lanes, key=lambda s: s.lane)
-                   if lane.lane in verdicts and verdicts[lane.lane].passed]
+        passing = [
+            lane
+            for lane in sorted(lanes, key=lambda s: s.lane)
+            if lane.lane in verdicts and verdicts[lane.lane].passed
+        ]
         scores = {lane: v.score for lane, v in verdicts.items()}
         judged = len(verdicts)
         if not passing:
-            return Reduction(reducer=self.name, winner=None, winner_lane=None, scores=scores,
-                             abstentions=sum(1 for v in verdicts.values()
-                                             if v.passed is None or v.error),
-                             reason=f"no lane passed the verifier "
-                             f"({judged} judged)", wave=_one_wave(lanes),
-                             detail={"passed": 0, "judged": judged})
+            return Reduction(
+                reducer=self.name,
+                winner=None,
+                winner_lane=None,
+                scores=scores,
+                abstentions=sum(1 for v in verdicts.values() if v.passed is None or v.error),
+                reason=f"no lane passed the verifier ({judged} judged)",
+                wave=_one_wave(lanes),
+                detail={"passed": 0, "judged": judged},
+            )
         first = passing[0]
         abstained = sum(1 for v in verdicts.values() if v.passed is None or v.error)
         return Reduction(
-            reducer=self.name, winner=normalize_answer(first.answer) if first.answer else None,
-            winner_lane=first.lane, winner_wave=first.wave, scores=scores,
-            tie_break="first_lane", abstentions=abstained, agreement=len(passing) / judged,
-            detail={"passed": len(passing), "judged": judged}, wave=_one_wave(lanes))
+            reducer=self.name,
+            winner=normalize_answer(first.answer) if first.answer else None,
+            winner_lane=first.lane,
+            winner_wave=first.wave,
+            scores=scores,
+            tie_break="first_lane",
+            abstentions=abstained,
+            agreement=len(passing) / judged,
+            detail={"passed": len(passing), "judged": judged},
+            wave=_one_wave(lanes),
+        )

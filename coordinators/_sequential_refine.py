@@ -49,13 +49,20 @@ from lanefold.primitives import (
     resolve_reducer,
 )
 
-__all__ = ("EXPLORE", "SequentialRefine", "SequentialRefineParams", "TemperatureRamp",
-           "feedback_line", "refine_prompt")
+__all__ = (
+    "EXPLORE",
+    "SequentialRefine",
+    "SequentialRefineParams",
+    "TemperatureRamp",
+    "feedback_line",
+    "refine_prompt",
+)
 
-EXPLORE = ("Try a different approach from the earlier attempts: do not repeat their reasoning "
-           "or restate their answers without checking them.")
+EXPLORE = (
+    "Try a different approach from the earlier attempts: do not repeat their reasoning "
+    "or restate their answers without checking them."
+)
 CLOSING = "Correct any mistake you find, then end with 'Answer: <answer>'."
-
 
 
 class TemperatureRamp(BaseModel):
@@ -74,13 +81,17 @@ class SequentialRefineParams(BaseModel):
 
     steps: int = Field(4, ge=1, le=1000, description="attempts, one lane each")
     mode: Literal["markov", "autoregressive"] = Field(
-        "autoregressive", description="show the last attempt, or all of them")
+        "autoregressive", description="show the last attempt, or all of them"
+    )
     explore: Literal["none", "different_approach"] = Field(
-        "none", description="ask each attempt to differ from the earlier ones")
+        "none", description="ask each attempt to differ from the earlier ones"
+    )
     temperature_schedule: list[float] | TemperatureRamp | None = Field(
-        None, description="a temperature per attempt (the last one holds), or {start, end}")
+        None, description="a temperature per attempt (the last one holds), or {start, end}"
+    )
     show: Literal["text", "answer"] = Field(
-        "text", description="an earlier attempt's whole text, or only its answer")
+        "text", description="an earlier attempt's whole text, or only its answer"
+    )
     feedback: bool = Field(True, description="put the verifier's verdict in the next prompt")
     stop_on_pass: bool = Field(True, description="stop at the first attempt the verifier passes")
     reduce: str = Field("last", description='"last", or a registered reducer over the attempts')
@@ -94,8 +105,9 @@ class SequentialRefineParams(BaseModel):
 
     @field_validator("temperature_schedule")
     @classmethod
-    def _temperatures(cls, value: list[float] | TemperatureRamp | None
-                      ) -> list[float] | TemperatureRamp | None:
+    def _temperatures(
+        cls, value: list[float] | TemperatureRamp | None
+    ) -> list[float] | TemperatureRamp | None:
         if isinstance(value, list):
             if not value:
                 raise ValueError("give at least one temperature (or leave the key out)")
@@ -108,11 +120,13 @@ class SequentialRefineParams(BaseModel):
     def _consistent(self) -> SequentialRefineParams:
         schedule = self.temperature_schedule
         if isinstance(schedule, list) and len(schedule) > self.steps:
-            raise ValueError(f"loop.temperature_schedule: {len(schedule)} temperatures for "
-                             f"{self.steps} steps")
+            raise ValueError(
+                f"loop.temperature_schedule: {len(schedule)} temperatures for {self.steps} steps"
+            )
         if self.weighting == "verifier" and self.reduce != "weighted_vote":
-            raise ValueError(f"loop.weighting: \"verifier\" weighs a weighted_vote; "
-                             f"reduce = \"{self.reduce}\" would ignore it")
+            raise ValueError(
+                f'loop.weighting: "verifier" weighs a weighted_vote; reduce = "{self.reduce}" would ignore it'
+            )
         return self
 
     def temperature(self, step: int, default: float) -> float:
@@ -140,10 +154,13 @@ class SequentialRefine:
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         p = self.params
         reducer = None if p.reduce == "last" else resolve_reducer(p.reduce, key="loop.reduce")
-        if ctx.verifier is None and (p.weighting == "verifier" or (
-                reducer is not None and reducer_traits(reducer).needs_verifier)):
-            raise ConfigError(f"judge.verifier: reduce = \"{p.reduce}\" needs a verifier "
-                              f"(judge.verifier or judge.verifier_command)")
+        if ctx.verifier is None and (
+            p.weighting == "verifier" or (reducer is not None and reducer_traits(reducer).needs_verifier)
+        ):
+            raise ConfigError(
+                f'judge.verifier: reduce = "{p.reduce}" needs a verifier '
+                f"(judge.verifier or judge.verifier_command)"
+            )
         base = ctx.prompt(question)
         attempts: list[Lane] = []
         verdicts: dict[int, Verdict] = {}
@@ -165,18 +182,23 @@ class SequentialRefine:
                 break
         ctx.record("stopped", {"reason": stopped, "attempts": len(attempts)})
         answers = [lane.answer if lane.completed else None for lane in attempts]
-        detail = {"attempts": len(attempts), "reduce": p.reduce, "mode": p.mode,
-                  "stopped": stopped, "answers": answers}
+        detail = {
+            "attempts": len(attempts),
+            "reduce": p.reduce,
+            "mode": p.mode,
+            "stopped": stopped,
+            "answers": answers,
+        }
         if reducer is None:
             return _last(attempts, detail)
-        over = _OverAttempts(reducer(ReduceOptions(tie_break=p.tie_break, weighting=p.weighting,
-                                                   seed=ctx.seed)))
+        over = _OverAttempts(
+            reducer(ReduceOptions(tie_break=p.tie_break, weighting=p.weighting, seed=ctx.seed))
+        )
         reduction = await ctx.reduce(attempts, cast(Reducer, over))
         return replace(outcome_of(reduction, attempts), detail=detail)
 
     @staticmethod
-    def cost_shape(params: SequentialRefineParams, *, prompt_tokens: int,
-                   max_tokens: int) -> CostShape:
+    def cost_shape(params: SequentialRefineParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
         """`steps` lanes, one a step; each prompt after the first quotes the earlier
         attempts (markov: the last one; autoregressive: all), every attempt a candidate."""
         quoted = max_tokens + FRAME_TOKENS  # one earlier answer, quoted in a later prompt
@@ -196,29 +218,33 @@ class SequentialRefine:
     def reducer(params: SequentialRefineParams) -> ReducerChoice:
         """`reduce = "last"` answers without a reducer (its choice is "")."""
         name = "" if params.reduce == "last" else params.reduce
-        return ReducerChoice(name, ReduceOptions(tie_break=params.tie_break,
-                                                 weighting=params.weighting),
-                             judge_keys=VERIFIER_KEYS)  # its feedback and stop_on_pass
+        return ReducerChoice(
+            name,
+            ReduceOptions(tie_break=params.tie_break, weighting=params.weighting),
+            judge_keys=VERIFIER_KEYS,
+        )  # its feedback and stop_on_pass
 
     def _may_start(self, ctx: LoopContext, prompt: str, attempts: Sequence[Lane]) -> bool:
         """Whether the next attempt runs: as the log says where it already decided (a wave it
         started, a stop it recorded), else whether the budget can fund one more lane."""
-        if any(e.type == f"loop.{self.name}.stopped" and e.data.get("attempts") == len(attempts)
-               for e in ctx.state.loop_events):
+        if any(
+            e.type == f"loop.{self.name}.stopped" and e.data.get("attempts") == len(attempts)
+            for e in ctx.state.loop_events
+        ):
             return False  # the run stopped here before a crash: it stops here again
         nxt = attempts[-1].wave + 1 if attempts else None
         if (nxt is None and ctx.state.waves) or (nxt is not None and nxt in ctx.state.waves):
             return True
         return ctx.budget.can_afford(1, ctx.sampling.max_tokens, prompt=prompt)
 
-    async def _attempt(self, ctx: LoopContext, prompt: str, step: int,
-                       verdicts: dict[int, Verdict]) -> Lane | None:
+    async def _attempt(
+        self, ctx: LoopContext, prompt: str, step: int, verdicts: dict[int, Verdict]
+    ) -> Lane | None:
         """Attempt `step`: its wave of one lane (lane number `step`), its verdict, its record."""
         p = self.params
         params = replace(ctx.sampling, temperature=p.temperature(step, ctx.sampling.temperature))
         params = with_logprobs(params, p.reduce, p.weighting)
-        lanes = await ctx.wave([LaneJob(step, prompt)], params=params, purpose="refine",
-                               quorum=0)
+        lanes = await ctx.wave([LaneJob(step, prompt)], params=params, purpose="refine", quorum=0)
         if not lanes:
             return None
         (lane,) = lanes
@@ -227,11 +253,19 @@ class SequentialRefine:
             verdict = (await ctx.verify([lane])).get(lane.lane)
             if verdict is not None:
                 verdicts[lane.lane] = verdict
-        ctx.record("attempted", {
-            "step": step, "status": lane.status, "answer": lane.answer,
-            "temperature": params.temperature,
-            "passed": verdict.passed if verdict else None,
-            "score": verdict.score if verdict else None}, wave=lane.wave, lane=lane.lane)
+        ctx.record(
+            "attempted",
+            {
+                "step": step,
+                "status": lane.status,
+                "answer": lane.answer,
+                "temperature": params.temperature,
+                "passed": verdict.passed if verdict else None,
+                "score": verdict.score if verdict else None,
+            },
+            wave=lane.wave,
+            lane=lane.lane,
+        )
         return lane
 
     def _shown(self, attempts: Sequence[Lane]) -> list[Lane]:
@@ -240,16 +274,25 @@ class SequentialRefine:
         return done[-1:] if self.params.mode == "markov" else done
 
 
-def refine_prompt(base: str, shown: Sequence[Lane], verdicts: Mapping[int, Verdict],
-                  params: SequentialRefineParams, *, feedback: bool) -> str:
+def refine_prompt(
+    base: str,
+    shown: Sequence[Lane],
+    verdicts: Mapping[int, Verdict],
+    params: SequentialRefineParams,
+    *,
+    feedback: bool,
+) -> str:
     """The prompt of the next attempt: `base` (the question on its first line), then each
     shown attempt (its text quoted, its answer on a line `Answer: X`, its verifier feedback),
     then the exploration instruction and a closing instruction. No earlier attempt: `base`."""
     if not shown:
         return base
-    lines = [base.rstrip("\n"),
-             "Your last attempt at this question:" if params.mode == "markov" and len(shown) == 1
-             else "Your earlier attempts at this question, oldest first:"]
+    lines = [
+        base.rstrip("\n"),
+        "Your last attempt at this question:"
+        if params.mode == "markov" and len(shown) == 1
+        else "Your earlier attempts at this question, oldest first:",
+    ]
     for lane in shown:
         lines.append(f"Attempt {lane.lane + 1}:")
         if params.show == "text":
@@ -286,12 +329,17 @@ def _last(attempts: Sequence[Lane], detail: dict[str, Any]) -> Outcome:
     """`reduce = "last"`: the latest attempt that gave an answer (a failed one gives none)."""
     answered = [lane for lane in attempts if lane.completed and lane.answer]
     if not answered:
-        return Outcome(status="no_answer", detail=detail,
-                       reason=f"none of {len(attempts)} attempts gave an answer" if attempts
-                       else "the budget could not fund one attempt")
+        return Outcome(
+            status="no_answer",
+            detail=detail,
+            reason=f"none of {len(attempts)} attempts gave an answer"
+            if attempts
+            else "the budget could not fund one attempt",
+        )
     last = answered[-1]
-    return Outcome(answer=last.answer, winner_lane=last.lane, winner_wave=last.wave,
-                   winner_text=last.text, detail=detail)
+    return Outcome(
+        answer=last.answer, winner_lane=last.lane, winner_wave=last.wave, winner_text=last.text, detail=detail
+    )
 
 
 class _OverAttempts:
@@ -323,5 +371,3 @@ class _PerWave:
         for wave in sorted({lane.wave for lane in lanes}):
             verdicts.update(await self._ctx.verify([lane for lane in lanes if lane.wave == wave]))
         return dict(sorted(verdicts.items()))
-
-

@@ -23,8 +23,11 @@ import contextlib
 if __name__ == "orchestrator":  # the package's name before 0.2 (a repository checkout, a shim)
     import warnings
 
-    warnings.warn("the package `orchestrator` is now `lanefold`: import lanefold (the "
-                  "`orchestrator` name goes in 0.3)", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "the package `orchestrator` is now `lanefold`: import lanefold (the `orchestrator` name goes in 0.3)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
 
 TYPE_CHECKING = False  # not typing's: `import orchestrator` imports nothing before it is used
 if TYPE_CHECKING:
@@ -94,21 +97,55 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "lanefold.stores.files": ("JsonlEventLog", "RunStore"),
     "lanefold.stores.postgres": ("PgStore",),
     "lanefold._ray_executor": ("RayExecutor",),
-    "lanefold._result": ("CostBreakdown", "LaneResult", "RunFailure", "RunResult",
-        "UsageBreakdown"),
+    "lanefold._result": ("CostBreakdown", "LaneResult", "RunFailure", "RunResult", "UsageBreakdown"),
     "lanefold._runner": ("build_backend",),
     "lanefold._session": ("Session", "resume", "resume_sync", "run", "run_sync"),
     "lanefold._store": ("Store", "open_store", "read_run", "read_state"),
     "lanefold._sync_session": ("SyncSession",),
     "lanefold.evaluate": ("register_scorer",),
-    "lanefold.primitives": ("AnyEvent", "Backend", "BackendError", "BudgetExhaustedError", "ConfigError",
-        "EventLog", "Lane", "LaneJob", "LanefoldError", "Limits",
-        "LogCorruptError", "LogWriteError", "Loop", "LoopContext", "MemoryEventLog",
-        "NonDeterminismError", "Outcome", "Pricing", "QuorumNotMetError", "ReduceOptions",
-        "Reducer", "Reduction", "RunError", "RunInUseError", "RunNotFoundError", "RunState",
-        "Sample", "SampleRequest", "SamplingParams", "Usage", "Verdict", "Verifier", "fold",
-        "parse_event", "register_backend", "register_executor", "register_hook",
-        "register_loop", "register_reducer", "register_store", "Hook"),
+    "lanefold.primitives": (
+        "AnyEvent",
+        "Backend",
+        "BackendError",
+        "BudgetExhaustedError",
+        "ConfigError",
+        "EventLog",
+        "Lane",
+        "LaneJob",
+        "LanefoldError",
+        "Limits",
+        "LogCorruptError",
+        "LogWriteError",
+        "Loop",
+        "LoopContext",
+        "MemoryEventLog",
+        "NonDeterminismError",
+        "Outcome",
+        "Pricing",
+        "QuorumNotMetError",
+        "ReduceOptions",
+        "Reducer",
+        "Reduction",
+        "RunError",
+        "RunInUseError",
+        "RunNotFoundError",
+        "RunState",
+        "Sample",
+        "SampleRequest",
+        "SamplingParams",
+        "Usage",
+        "Verdict",
+        "Verifier",
+        "fold",
+        "parse_event",
+        "register_backend",
+        "register_executor",
+        "register_hook",
+        "register_loop",
+        "register_reducer",
+        "register_store",
+        "Hook",
+    ),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

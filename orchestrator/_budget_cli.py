@@ -33,6 +33,7 @@ def _limit(kind: type[int] | type[float]) -> Callable[[str], int | float | None]
         if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number >= 0")
         return value
+
     return parse
 
 
@@ -40,12 +41,18 @@ def add_commands(sub: Any) -> dict[str, Handler]:
     """Add `budget` (with `set` and `show`) to the CLI's subcommands; its handler by name."""
     p = sub.add_parser("budget", help="a shared budget in the PostgreSQL store ([budget] shared)")
     verbs = p.add_subparsers(dest="verb", required=True)
-    for verb, text in (("set", "create a shared budget or change its limits"),
-                       ("show", "print a shared budget's limits, spent and held")):
+    for verb, text in (
+        ("set", "create a shared budget or change its limits"),
+        ("show", "print a shared budget's limits, spent and held"),
+    ):
         v = verbs.add_parser(verb, help=text)
         v.add_argument("name")
-        v.add_argument("--store", metavar="URL", required=True,
-                       help="the PostgreSQL database the runs record to (postgresql://...)")
+        v.add_argument(
+            "--store",
+            metavar="URL",
+            required=True,
+            help="the PostgreSQL database the runs record to (postgresql://...)",
+        )
         if verb == "set":
             v.add_argument("--max-tokens", type=_limit(int), default=_UNSET, metavar="N")
             v.add_argument("--max-cost-usd", type=_limit(float), default=_UNSET, metavar="USD")
@@ -62,16 +69,20 @@ def _budget(args: argparse.Namespace) -> int:
     opened = open_store(args.store, "runs")
     store = budget_store(opened, "--store")
     if args.verb == "set":
-        limits = {key: getattr(args, key) for key in ("max_tokens", "max_cost_usd",
-                                                      "max_requests")
-                  if getattr(args, key) is not _UNSET}
+        limits = {
+            key: getattr(args, key)
+            for key in ("max_tokens", "max_cost_usd", "max_requests")
+            if getattr(args, key) is not _UNSET
+        }
         view = store.set_budget(args.name, **limits)
     else:
         found = store.read_budget(args.name)
         if found is None:
-            raise ConfigError(f"budget {args.name!r}: no such budget in {opened.describe} "
-                              f"(create it with: orchestrator budget set {args.name} "
-                              f"--max-tokens N --store URL)")
+            raise ConfigError(
+                f"budget {args.name!r}: no such budget in {opened.describe} "
+                f"(create it with: orchestrator budget set {args.name} "
+                f"--max-tokens N --store URL)"
+            )
         view = found
     print(json.dumps(view.to_json()) if args.json else render(view))
     return 0
@@ -79,24 +90,30 @@ def _budget(args: argparse.Namespace) -> int:
 
 def render(view: BudgetView) -> str:
     """The budget as a small table: limit, spent, held (and left) per measure."""
+
     def cell(value: float | None, money: bool) -> str:
         if value is None:
             return "unlimited"
         return f"${value:.6f}" if money else f"{int(value)}"
 
-    rows = [("tokens", view.max_tokens, view.spent_tokens, view.held_tokens, False),
-            ("cost", view.max_cost_usd, view.spent_cost_usd, view.held_cost_usd, True),
-            ("requests", view.max_requests, view.spent_requests, view.held_requests, False)]
+    rows = [
+        ("tokens", view.max_tokens, view.spent_tokens, view.held_tokens, False),
+        ("cost", view.max_cost_usd, view.spent_cost_usd, view.held_cost_usd, True),
+        ("requests", view.max_requests, view.spent_requests, view.held_requests, False),
+    ]
     table = [("", "limit", "spent", "held", "left")]
     for label, limit, spent, held, money in rows:
         left = None if limit is None else limit - spent - held
-        table.append((label, cell(limit, money), cell(spent, money), cell(held, money),
-                      cell(left, money)))
+        table.append((label, cell(limit, money), cell(spent, money), cell(held, money), cell(left, money)))
     widths = [max(len(row[i]) for row in table) for i in range(5)]
     lines = [f"budget {view.name}: {view.holders} run(s) holding part of it now"]
-    lines += ["  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])
-                        for i, c in enumerate(row)).rstrip() for row in table]
+    lines += [
+        "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)).rstrip()
+        for row in table
+    ]
     if view.charged_tokens or view.charged_requests or view.charged_cost_usd:
-        lines.append(f"of spent, charged whole for dead workers' holds: {view.charged_tokens} "
-                     f"tokens, ${view.charged_cost_usd:.6f}, {view.charged_requests} requests")
+        lines.append(
+            f"of spent, charged whole for dead workers' holds: {view.charged_tokens} "
+            f"tokens, ${view.charged_cost_usd:.6f}, {view.charged_requests} requests"
+        )
     return "\n".join(lines)

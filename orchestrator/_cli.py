@@ -81,15 +81,16 @@ __all__ = ("main",)
 
 T = TypeVar("T")
 EXIT_NO_ANSWER = 4
-_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate",
-                            "list"})
+_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate", "list"})
 _SIGNAL_EXIT = EXIT_CODES
 
 
 def _parser() -> argparse.ArgumentParser:
     called = os.path.basename(sys.argv[0]) if sys.argv else ""
-    parser = Parser(prog="lanefold" if called == "lanefold" else "orchestrator", description=(
-        "Governed coordination loops for LLM inference: sample K lanes, join, reduce."))
+    parser = Parser(
+        prog="lanefold" if called == "lanefold" else "orchestrator",
+        description=("Governed coordination loops for LLM inference: sample K lanes, join, reduce."),
+    )
     parser.add_argument("--version", action="version", version=f"lanefold {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -97,11 +98,16 @@ def _parser() -> argparse.ArgumentParser:
         if runs:
             p.add_argument("--runs-dir", default="runs", help="where run logs live (default ./runs)")
         if p.prog.split()[-1] in _STORE_COMMANDS:
-            p.add_argument("--store", metavar="URL", help="record runs in this PostgreSQL "
-                           "database (postgresql://...; default: the config's [store] url, "
-                           "else files under --runs-dir)")
-        p.add_argument("-v", "--verbose", action="store_true",
-                       help="log details (dispatch, retries) to stderr")
+            p.add_argument(
+                "--store",
+                metavar="URL",
+                help="record runs in this PostgreSQL "
+                "database (postgresql://...; default: the config's [store] url, "
+                "else files under --runs-dir)",
+            )
+        p.add_argument(
+            "-v", "--verbose", action="store_true", help="log details (dispatch, retries) to stderr"
+        )
 
     p = sub.add_parser("run", help="run a loop config on one question")
     p.add_argument("config")
@@ -119,9 +125,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_id", metavar="RUN_ID|EVAL_ID")
     common(p)
     p.add_argument("--follow", "-f", action="store_true", help="wait for new events")
-    p.add_argument("--wait", type=seconds, default=30.0, metavar="SECONDS",
-                   help="with --follow: how long to wait for a run that has not started, or "
-                   "for an eval that no process is running (30)")
+    p.add_argument(
+        "--wait",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --follow: how long to wait for a run that has not started, or "
+        "for an eval that no process is running (30)",
+    )
     p.add_argument("--json", action="store_true", help="raw JSON lines")
 
     p = sub.add_parser("show", help="summarise a run (or an eval)")
@@ -131,12 +142,16 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reduce", help="reduce a finished run's lanes again, without sampling")
     p.add_argument("run_id")
-    p.add_argument("--reducer", required=True,
-                   help="a registered reducer's name (docs/reducers.md) or module:Class")
+    p.add_argument(
+        "--reducer", required=True, help="a registered reducer's name (docs/reducers.md) or module:Class"
+    )
     how = p.add_mutually_exclusive_group()
     how.add_argument("--extract-regex", metavar="RE", help="read answers with this regex")
-    how.add_argument("--extract", metavar="METHOD",
-                     help="read answers with this method (regex, last_number, boxed, json_field)")
+    how.add_argument(
+        "--extract",
+        metavar="METHOD",
+        help="read answers with this method (regex, last_number, boxed, json_field)",
+    )
     common(p)
     p.add_argument("--json", action="store_true", help="print the new result as JSON")
 
@@ -152,17 +167,32 @@ def _parser() -> argparse.ArgumentParser:
     _COMMANDS.update(add_list_commands(sub, common))  # list
 
     p = sub.add_parser("serve", help="serve a backend as an OpenAI-compatible HTTP server")
-    p.add_argument("--backend-config", required=True,
-                   help="a file with a [backend] table (or only the backend's keys)")
+    p.add_argument(
+        "--backend-config", required=True, help="a file with a [backend] table (or only the backend's keys)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="default loopback")
     p.add_argument("--port", type=port_number, default=8000)
     p.add_argument("--model-name", help="the model id clients ask for (default: the backend's)")
-    p.add_argument("--api-key-env", metavar="NAME", help="clients must send 'Authorization: "
-                   "Bearer <key>' with this environment variable's value, else 401")
-    p.add_argument("--max-body-bytes", type=count, default=1 << 20, metavar="BYTES",
-                   help="larger request bodies get 413, cut off as they arrive (1 MiB)")
-    p.add_argument("--max-waiting", type=count, metavar="N", help="requests waiting beyond "
-                   "the backend's running batch; more get 429 with Retry-After (default: any)")
+    p.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="clients must send 'Authorization: "
+        "Bearer <key>' with this environment variable's value, else 401",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=count,
+        default=1 << 20,
+        metavar="BYTES",
+        help="larger request bodies get 413, cut off as they arrive (1 MiB)",
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=count,
+        metavar="N",
+        help="requests waiting beyond "
+        "the backend's running batch; more get 429 with Retry-After (default: any)",
+    )
     common(p, runs=False)
     return parser
 
@@ -212,9 +242,15 @@ def _main(args: argparse.Namespace) -> int:
         _error(args.command, str(exc))
         return exc.exit_code
     except _Interrupted as stop:
-        _error(args.command, f"interrupted by {stop.signal_name}" + (
-            f"; continue with: {_continuation(args, stop.run_id)}" if stop.run_id
-            else " before the run started"))
+        _error(
+            args.command,
+            f"interrupted by {stop.signal_name}"
+            + (
+                f"; continue with: {_continuation(args, stop.run_id)}"
+                if stop.run_id
+                else " before the run started"
+            ),
+        )
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
     except KeyboardInterrupt as stop:  # while the command started, before its work began
         decided()
@@ -285,9 +321,11 @@ def _store(args: argparse.Namespace) -> Store:
     return open_store(args.store, args.runs_dir)
 
 
-def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
-                   run_id: Callable[[], str | None],
-                   ended: Callable[[], bool] = lambda: False) -> T:
+def _interruptible(
+    call: Callable[[Callable[[], str]], Awaitable[T]],
+    run_id: Callable[[], str | None],
+    ended: Callable[[], bool] = lambda: False,
+) -> T:
     """Run `call` with SIGINT and SIGTERM turned into a clean stop (the run records it).
 
     `ended`: whether the record is complete (its last event written while `call` still
@@ -301,6 +339,7 @@ def _interruptible(call: Callable[[Callable[[], str]], Awaitable[T]],
     async def main(signals: Watch) -> None:
         work = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
+
             async def watch_signals() -> None:
                 # Kept until the work has stopped: a second signal while the first one's stop is
                 # being recorded (lanes in flight, a judge's thread) is absorbed, not a traceback.
@@ -335,8 +374,10 @@ def _emit_result(result: RunResult, as_json: bool) -> int:
 
 
 @contextlib.contextmanager
-def _live(as_json: bool, resuming: Callable[[], RunState] | None = None,
-          ) -> Iterator[list[Progress]]:
+def _live(
+    as_json: bool,
+    resuming: Callable[[], RunState] | None = None,
+) -> Iterator[list[Progress]]:
     """The live display, as the hooks to give the session (none for --json or a pipe)."""
     progress = Progress() if (not as_json and sys.stdout.isatty()) else None
     if progress is None:
@@ -375,8 +416,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         async def go(reason: Callable[[], str]) -> RunResult:
             async with session:
-                return await session.run(args.question, run_id=args.run_id, observer=seen,
-                                         stop_reason=reason)
+                return await session.run(args.question, run_id=args.run_id, observer=seen, stop_reason=reason)
 
         result = _interruptible(go, lambda: seen.value, lambda: seen.ended)
     return _emit_result(result, args.json)
@@ -405,8 +445,9 @@ def _cmd_reduce(args: argparse.Namespace) -> int:
 
     async def go(reason: Callable[[], str]) -> RunResult:
         async with Session(runs_dir=args.runs_dir, store=store) as session:
-            return await session.reduce(args.run_id, reducer=args.reducer, extract=extract,
-                                        stop_reason=reason)
+            return await session.reduce(
+                args.run_id, reducer=args.reducer, extract=extract, stop_reason=reason
+            )
 
     result = _interruptible(go, lambda: args.run_id)
     return _emit_result(result, args.json)
@@ -448,8 +489,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
             with anyio.move_on_after(args.wait):  # the log waits for the run to appear
                 first.append(await anext(events))
             if not first:
-                raise ConfigError(f"{where}: run {args.run_id!r} did not appear within "
-                                  f"{args.wait:g} s")
+                raise ConfigError(f"{where}: run {args.run_id!r} did not appear within {args.wait:g} s")
             apply(state, first[0])  # refuses a line that is not this run's own, naming it
             show(first[0])
             async for event in events:
@@ -489,22 +529,28 @@ def _cmd_show(args: argparse.Namespace) -> int:
         else:
             summary(result)
             for data in reductions[1:]:
-                print(f"reduction {data['reduction']}: {data['reducer']} -> "
-                      f"{data['winner']!r} (lane {data['winner_lane']})")
+                print(
+                    f"reduction {data['reduction']}: {data['reducer']} -> "
+                    f"{data['winner']!r} (lane {data['winner_lane']})"
+                )
         return EXIT_NO_ANSWER if result.status == "no_answer" else 0
-    status = ("failed" if state.failure else "interrupted" if state.interrupted
-              else "unfinished")
+    status = "failed" if state.failure else "interrupted" if state.interrupted else "unfinished"
     partial: dict[str, Any] = {
-        "run_id": state.run_id, "status": status,
+        "run_id": state.run_id,
+        "status": status,
         "error": state.failure.message if state.failure else None,
         "lanes_completed": sum(len(w.completed()) for w in state.waves.values()),
         "lanes_failed": sum(len(w.failed()) for w in state.waves.values()),
         "lanes_in_flight": len(state.in_flight()),
-        "lanes_interrupted": sum(1 for w in state.waves.values() for s in w.lanes.values()
-                                 if s.status == "interrupted"),
-        "events": store.location(args.run_id), "reductions": reductions}
-    print(json.dumps(partial) if args.json else
-          "\n".join(f"{key}: {value}" for key, value in partial.items()))
+        "lanes_interrupted": sum(
+            1 for w in state.waves.values() for s in w.lanes.values() if s.status == "interrupted"
+        ),
+        "events": store.location(args.run_id),
+        "reductions": reductions,
+    }
+    print(
+        json.dumps(partial) if args.json else "\n".join(f"{key}: {value}" for key, value in partial.items())
+    )
     return 0
 
 
@@ -528,11 +574,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             _error("validate", f"{len(errors)} errors")
         return ConfigError.exit_code
     assert config is not None
-    keys = ", ".join(f"{key}={value}" for key, value in
-                     config.loop_params.model_dump(mode="json").items()
-                     if key in ("k", "reducer", "rule", "steps", "agents", "rounds"))
-    print(f"{args.config}: ok ({config.loop.coordinator}"
-          f"{', ' + keys if keys else ''}, backend={config.backend.kind})")
+    keys = ", ".join(
+        f"{key}={value}"
+        for key, value in config.loop_params.model_dump(mode="json").items()
+        if key in ("k", "reducer", "rule", "steps", "agents", "rounds")
+    )
+    print(
+        f"{args.config}: ok ({config.loop.coordinator}"
+        f"{', ' + keys if keys else ''}, backend={config.backend.kind})"
+    )
     return 0
 
 
@@ -556,17 +606,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     require_extra()  # starlette and uvicorn: the serve extra, or its install line
     key = api_key_from(args.api_key_env)
     if key is None and not is_loopback(args.host):
-        _error("serve", f"warning: listening on {args.host} without --api-key-env: anyone who "
-               "can reach this port can use the model")
+        _error(
+            "serve",
+            f"warning: listening on {args.host} without --api-key-env: anyone who "
+            "can reach this port can use the model",
+        )
     config = load_backend_config(args.backend_config)
     # What a run's preflight would say, said before the model loads (or the server starts).
-    errors = [*backend_errors(config, args.backend_config),
-              *backend_preflight_errors(config, args.backend_config)]
+    errors = [
+        *backend_errors(config, args.backend_config),
+        *backend_preflight_errors(config, args.backend_config),
+    ]
     if errors:
         raise ConfigError(errors[0])
     backend = build_backend(config)
-    serve(backend, model_name=args.model_name or backend.name, host=args.host, port=args.port,
-          api_key=key, max_body_bytes=args.max_body_bytes, max_waiting=args.max_waiting)
+    serve(
+        backend,
+        model_name=args.model_name or backend.name,
+        host=args.host,
+        port=args.port,
+        api_key=key,
+        max_body_bytes=args.max_body_bytes,
+        max_waiting=args.max_waiting,
+    )
     return 0
 
 
@@ -587,12 +649,24 @@ def config_schema() -> dict[str, Any]:
         defs.update(params.pop("$defs", {}))
         properties = {**shared.get("properties", {}), **params.get("properties", {})}
         properties["coordinator"] = {"const": name, "default": DEFAULT_LOOP}
-        variants.append({"title": f"[loop] of {name}", "type": "object",
-                         "properties": properties, "additionalProperties": False})
-    defs["LoopSection"] = {"title": "LoopSection", "description": shared.get("description", ""),
-                           "oneOf": variants}
-    defs["BackendSection"] = {"title": "BackendSection", "oneOf": backend_variants(defs),
-                              "description": "a registered backend's keys, by kind"}
+        variants.append(
+            {
+                "title": f"[loop] of {name}",
+                "type": "object",
+                "properties": properties,
+                "additionalProperties": False,
+            }
+        )
+    defs["LoopSection"] = {
+        "title": "LoopSection",
+        "description": shared.get("description", ""),
+        "oneOf": variants,
+    }
+    defs["BackendSection"] = {
+        "title": "BackendSection",
+        "oneOf": backend_variants(defs),
+        "description": "a registered backend's keys, by kind",
+    }
     ref = {"$ref": "#/$defs/BackendSection"}
     schema["properties"]["backend"] = ref
     judge = defs["JudgeSection"]["properties"]
@@ -608,17 +682,27 @@ def backend_variants(defs: dict[str, Any]) -> list[dict[str, Any]]:
         keys = model.model_json_schema()
         defs.update(keys.pop("$defs", {}))
         properties = {**keys.get("properties", {}), "kind": {"const": name}}
-        variants.append({"title": f"[backend] of {name}", "type": "object",
-                         "description": keys.get("description", ""),
-                         "properties": properties, "required": sorted({"kind",
-                                                                        *keys.get("required", ())}),
-                         "additionalProperties": False})
+        variants.append(
+            {
+                "title": f"[backend] of {name}",
+                "type": "object",
+                "description": keys.get("description", ""),
+                "properties": properties,
+                "required": sorted({"kind", *keys.get("required", ())}),
+                "additionalProperties": False,
+            }
+        )
     return variants
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": _cmd_run, "resume": _cmd_resume, "tail": _cmd_tail, "show": _cmd_show,
-    "validate": _cmd_validate, "schema": _cmd_schema, "serve": _cmd_serve,
+    "run": _cmd_run,
+    "resume": _cmd_resume,
+    "tail": _cmd_tail,
+    "show": _cmd_show,
+    "validate": _cmd_validate,
+    "schema": _cmd_schema,
+    "serve": _cmd_serve,
     "reduce": _cmd_reduce,
 }
 

@@ -102,8 +102,10 @@ def _backend_section(where: str) -> Any:
             return None
         if isinstance(value, BaseModel):  # built in Python: a backend's own config model
             if not isinstance(value, BackendSpec):
-                raise ValueError(f"{where}: {type(value).__name__} is not a backend config "
-                                 f"(it has no 'kind' or no 'build')")
+                raise ValueError(
+                    f"{where}: {type(value).__name__} is not a backend config "
+                    f"(it has no 'kind' or no 'build')"
+                )
             return value
         if not isinstance(value, dict):
             raise ValueError(f"{where}: must be a table")
@@ -118,10 +120,12 @@ def _backend_section(where: str) -> Any:
 
 
 _BACKEND_SCHEMA = {"type": "object", "description": "a registered backend's keys, by kind"}
-BackendConfig = Annotated[BackendSpec, _backend_section("backend"),
-                          WithJsonSchema(_BACKEND_SCHEMA)]
-JudgeBackendConfig = Annotated[BackendSpec | None, _backend_section("judge.backend"),
-                               WithJsonSchema({"anyOf": [_BACKEND_SCHEMA, {"type": "null"}]})]
+BackendConfig = Annotated[BackendSpec, _backend_section("backend"), WithJsonSchema(_BACKEND_SCHEMA)]
+JudgeBackendConfig = Annotated[
+    BackendSpec | None,
+    _backend_section("judge.backend"),
+    WithJsonSchema({"anyOf": [_BACKEND_SCHEMA, {"type": "null"}]}),
+]
 
 
 def _backend_of(raw: Mapping[str, Any], where: str = "backend") -> BackendSpec:
@@ -149,8 +153,7 @@ def _kind_model(model: type[BaseModel], kind: str) -> type[BaseModel]:
     if model.model_fields["kind"].default == kind:
         return model
     named: Any = Literal[kind]  # a Literal of a value known at run time
-    return create_model(model.__name__, __base__=model, __module__=model.__module__,
-                        kind=(named, kind))
+    return create_model(model.__name__, __base__=model, __module__=model.__module__, kind=(named, kind))
 
 
 class _Section(BaseModel):
@@ -164,8 +167,7 @@ class LoopSection(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    coordinator: str = Field(DEFAULT_LOOP,
-                             description="a registered loop's name, or 'module:Class'")
+    coordinator: str = Field(DEFAULT_LOOP, description="a registered loop's name, or 'module:Class'")
     max_concurrency: int = Field(16, ge=1)
     seed: int = 0
     timeout_s: float | None = Field(None, gt=0, description="per backend request")
@@ -209,19 +211,23 @@ class JudgeSection(_Section):
     backend), a verifier (`module:function` or a command), usc's template."""
 
     template: str | None = None
-    verifier: str | None = Field(None, description="a registered verifier's name, or "
-                                 "module:function returning a score")
+    verifier: str | None = Field(
+        None, description="a registered verifier's name, or module:function returning a score"
+    )
     verifier_command: list[str] | None = Field(
-        None, min_length=1, description="the candidate on stdin; exit 0 passes; a number on "
-        "stdout is the score")
+        None,
+        min_length=1,
+        description="the candidate on stdin; exit 0 passes; a number on stdout is the score",
+    )
     verifier_timeout_s: float = Field(30.0, gt=0)
     backend: JudgeBackendConfig = None
     temperature: float = Field(0.0, ge=0, le=5)
     max_tokens: int = Field(64, ge=1)
     stop: list[str] = []
     score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
-    usc_template: str | None = Field(None, description="universal self-consistency's prompt: "
-                                         "{question}, {candidates}")
+    usc_template: str | None = Field(
+        None, description="universal self-consistency's prompt: {question}, {candidates}"
+    )
 
     @field_validator("score_regex")
     @classmethod
@@ -245,8 +251,7 @@ class JudgeSection(_Section):
     def _module_function(cls, value: str | None) -> str | None:
         named = value is not None and re.fullmatch(r"[a-z][a-z0-9_]*", value) is not None
         if value is not None and not named and (value.count(":") != 1 or not all(value.split(":"))):
-            raise ValueError("verifier must look like 'module:function' (or a registered "
-                             "verifier's name)")
+            raise ValueError("verifier must look like 'module:function' (or a registered verifier's name)")
         return value
 
 
@@ -255,8 +260,11 @@ class BudgetSection(Limits):
     (`[store] url`) that every run naming it spends from too, on any machine."""
 
     shared: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$", exclude_if=lambda v: v is None,
-        description="a named budget in the PostgreSQL store, shared by a fleet of runs")
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+        exclude_if=lambda v: v is None,
+        description="a named budget in the PostgreSQL store, shared by a fleet of runs",
+    )
 
 
 class LogSection(_Section):
@@ -283,8 +291,7 @@ class StoreSection(_Section):
             raise ValueError(str(exc).removeprefix("store.url: ")) from None
         parts = urlsplit(value)
         if parts.password is not None:
-            raise ValueError("put the password in the environment variable named by "
-                             "store.password_env")
+            raise ValueError("put the password in the environment variable named by store.password_env")
         return value
 
     @field_validator("password_env")
@@ -369,9 +376,11 @@ class LoopConfig(_Section):
     def judge_settings(self) -> JudgeSettings:
         j = self.judge
         return JudgeSettings(
-            template=j.template, params=SamplingParams(temperature=j.temperature,
-                                                       max_tokens=j.max_tokens, stop=tuple(j.stop)),
-            score_regex=j.score_regex, usc_template=j.usc_template)
+            template=j.template,
+            params=SamplingParams(temperature=j.temperature, max_tokens=j.max_tokens, stop=tuple(j.stop)),
+            score_regex=j.score_regex,
+            usc_template=j.usc_template,
+        )
 
     def with_seed(self, seed: int | None) -> LoopConfig:
         """This config with its loop seed set to `seed` (itself when `seed` is None or the
@@ -384,8 +393,14 @@ class LoopConfig(_Section):
 
     def sampling_params(self) -> SamplingParams:
         s = self.sampling
-        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              max_tokens=s.max_tokens, stop=tuple(s.stop), logprobs=s.logprobs)
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_tokens=s.max_tokens,
+            stop=tuple(s.stop),
+            logprobs=s.logprobs,
+        )
 
 
 _SHARED_LOOP_KEYS = frozenset(LoopSection.model_fields)
@@ -420,18 +435,23 @@ def _check_judge(judge: JudgeSection, reducer: str, loop_keys: frozenset[str]) -
     keys = reducer_traits(resolve_reducer(reducer)).judge_keys
     if keys is None:
         return
-    ignored = sorted(key for key in judge.model_fields_set - keys - loop_keys
-                     if getattr(judge, key) != JudgeSection.model_fields[key].default)
+    ignored = sorted(
+        key
+        for key in judge.model_fields_set - keys - loop_keys
+        if getattr(judge, key) != JudgeSection.model_fields[key].default
+    )
     if ignored:
         key = ignored[0]
-        readers = [name for name, cls in REDUCERS.items()
-                   if key in (reducer_traits(cls).judge_keys or {key})]
-        raise ValueError(f"judge.{key}: the {reducer} reducer ignores it; set loop.reducer to "
-                         f"one that reads it ({', '.join(readers)}) or remove it")
+        readers = [name for name, cls in REDUCERS.items() if key in (reducer_traits(cls).judge_keys or {key})]
+        raise ValueError(
+            f"judge.{key}: the {reducer} reducer ignores it; set loop.reducer to "
+            f"one that reads it ({', '.join(readers)}) or remove it"
+        )
 
 
-def parse_config(raw: dict[str, Any], *, source: str = "<config>",
-                 folder: str | Path | None = None) -> LoopConfig:
+def parse_config(
+    raw: dict[str, Any], *, source: str = "<config>", folder: str | Path | None = None
+) -> LoopConfig:
     """Validate a config mapping; a bad one raises ConfigError naming source and field.
 
     Validation is strict, as for JSON: `k = true` or `k = "8"` is an error, not a coercion.
@@ -460,12 +480,12 @@ def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list
     reads are valid, so it can show up only when those are fixed.
     """
     if _deeper_than(raw, MAX_NESTING):
-        return None, [f"{source}: nested deeper than {MAX_NESTING} levels (tables and arrays "
-                      f"within each other)"]
+        return None, [
+            f"{source}: nested deeper than {MAX_NESTING} levels (tables and arrays within each other)"
+        ]
     bad = list(_non_finite(raw))
     if bad:
-        return None, [f"{source}: {where or '(top level)'}: must be a finite number"
-                      for where in bad]
+        return None, [f"{source}: {where or '(top level)'}: must be a finite number" for where in bad]
     try:
         document = json.dumps(raw, default=str)
     except (TypeError, ValueError) as exc:
@@ -551,8 +571,9 @@ def _describe(error: ErrorDetails, prefix: str = "") -> list[str]:
 @functools.cache
 def _section_model(loop: Any) -> type[BaseModel]:
     """`[loop]` as one model for `loop`: its Params' keys, then the shared ones."""
-    shared: dict[str, Any] = {name: (field.annotation, field)
-                              for name, field in LoopSection.model_fields.items()}
+    shared: dict[str, Any] = {
+        name: (field.annotation, field) for name, field in LoopSection.model_fields.items()
+    }
     return create_model(f"{loop.__name__}Section", __base__=_strict(loop.Params), **shared)
 
 
@@ -564,8 +585,9 @@ def _strict(params: type[M]) -> type[M]:
     if params.model_config.get("extra") == "forbid":
         return params
     config = ConfigDict(**{**params.model_config, "extra": "forbid"})
-    strict: type[M] = type(params.__name__, (params,), {"model_config": config,
-                                                        "__module__": params.__module__})
+    strict: type[M] = type(
+        params.__name__, (params,), {"model_config": config, "__module__": params.__module__}
+    )
     return strict
 
 
@@ -624,15 +646,17 @@ def _read(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    too_deep = ConfigError(f"{path}: nested deeper than {MAX_NESTING} levels (tables and "
-                           f"arrays within each other)")
+    too_deep = ConfigError(
+        f"{path}: nested deeper than {MAX_NESTING} levels (tables and arrays within each other)"
+    )
     if path.suffix != ".json" and _longest_dotted_key(text) > MAX_NESTING:
         raise too_deep  # before tomllib, whose time grows with the square of a key's parts
     try:
         raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: "
-                          f"{exc}") from None
+        raise ConfigError(
+            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}"
+        ) from None
     except RecursionError:  # the parsers recurse: nesting past Python's stack is refused here
         raise too_deep from None
     if not isinstance(raw, dict):
@@ -669,8 +693,7 @@ def _longest_dotted_key(text: str) -> int:
     return most
 
 
-def preflight(config: LoopConfig, source: str = "<config>", *,
-              verifier_given: bool = False) -> None:
+def preflight(config: LoopConfig, source: str = "<config>", *, verifier_given: bool = False) -> None:
     """What validation alone cannot see, checked before a run is created: a reducer that
     needs a judge has one (`verifier_given`: the caller passes a verifier), the verifier
     imports, and what each backend checks before a run (its `preflight`: an engine's model
@@ -697,8 +720,9 @@ def config_errors(path: str | Path) -> list[str]:
     return [*_preflight_errors(config, str(path)), *build_errors(config, str(path))]
 
 
-def build_errors(config: LoopConfig, source: str = "<config>",
-                 environ: Mapping[str, str] = os.environ) -> Iterator[str]:
+def build_errors(
+    config: LoopConfig, source: str = "<config>", environ: Mapping[str, str] = os.environ
+) -> Iterator[str]:
     """What building the config's backends would refuse (a run builds them before it is
     created), found without building anything: each backend's own `build_errors` (an API key
     it would not send, an optional extra not installed)."""
@@ -706,15 +730,15 @@ def build_errors(config: LoopConfig, source: str = "<config>",
         yield from backend_errors(backend, source, where, environ)
 
 
-def backend_errors(backend: BackendSpec, source: str, where: str = "backend",
-                   environ: Mapping[str, str] = os.environ) -> Iterator[str]:
+def backend_errors(
+    backend: BackendSpec, source: str, where: str = "backend", environ: Mapping[str, str] = os.environ
+) -> Iterator[str]:
     """`build_errors` of one backend section (`where`: its key), for `serve` too."""
     for line in backend_build_errors(backend, environ):
         yield f"{source}: {where}.{line}"
 
 
-def backend_preflight_errors(backend: BackendSpec, source: str,
-                             where: str = "backend") -> Iterator[str]:
+def backend_preflight_errors(backend: BackendSpec, source: str, where: str = "backend") -> Iterator[str]:
     """The backend's own `preflight` lines (a model on disk), for `serve` too."""
     for line in backend_preflight(backend):
         yield f"{source}: {where}.{line}"
@@ -727,8 +751,7 @@ def _backends(config: LoopConfig) -> Iterator[tuple[str, BackendSpec]]:
         yield "judge.backend", config.judge.backend
 
 
-def _preflight_errors(config: LoopConfig, source: str, *,
-                      verifier_given: bool = False) -> Iterator[str]:
+def _preflight_errors(config: LoopConfig, source: str, *, verifier_given: bool = False) -> Iterator[str]:
     """Each of `preflight`'s refusals, one line each, in the order it checks them."""
     choice = loop_reducer(config.loop_class(), config.loop_params)
     if choice is not None and choice.name:
@@ -740,11 +763,15 @@ def _preflight_errors(config: LoopConfig, source: str, *,
         # where the reducer reads it)
         needs_verifier = traits.needs_verifier or choice.options.weighting == "verifier"
         if needs_verifier and not has_verifier:
-            yield (f"{source}: judge.verifier: reducer {reducer} needs a verifier "
-                   f"(judge.verifier or judge.verifier_command)")
+            yield (
+                f"{source}: judge.verifier: reducer {reducer} needs a verifier "
+                f"(judge.verifier or judge.verifier_command)"
+            )
         if traits.needs_judge and j.template is None and not has_verifier:
-            yield (f"{source}: judge.template: reducer {reducer} needs "
-                   f"judge.template, judge.verifier or judge.verifier_command")
+            yield (
+                f"{source}: judge.template: reducer {reducer} needs "
+                f"judge.template, judge.verifier or judge.verifier_command"
+            )
     if config.judge.verifier is not None:
         try:
             with plugin_folders(config.folder):
@@ -760,15 +787,19 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
     version that wrote it when it no longer validates."""
     assert state.started is not None
     try:
-        return parse_config(state.started.config, source=f"{source}:1: recorded config",
-                            folder=state.started.config_dir)
+        return parse_config(
+            state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
+        )
     except ConfigError as exc:
         if "loop.coordinator: cannot import" in str(exc):
             folder = state.started.config_dir or "the folder of its config"
-            raise ConfigError(f"{exc}; the loop must be importable to go on: run from {folder} "
-                              f"or put the folder that holds it on PYTHONPATH") from None
-        raise ConfigError(f"{exc} (written by lanefold {state.started.library_version}, this is "
-                          f"{VERSION})") from None
+            raise ConfigError(
+                f"{exc}; the loop must be importable to go on: run from {folder} "
+                f"or put the folder that holds it on PYTHONPATH"
+            ) from None
+        raise ConfigError(
+            f"{exc} (written by lanefold {state.started.library_version}, this is {VERSION})"
+        ) from None
 
 
 def config_hash(config: LoopConfig) -> str:

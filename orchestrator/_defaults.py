@@ -7,8 +7,7 @@ so a plug-in takes part wherever a built-in does. `tests/test_layout.py` holds t
 
 from __future__ import annotations
 
-__all__ = ("DEFAULT_BACKEND_KIND", "DEFAULT_EXECUTOR", "DEFAULT_LOOP", "DEFAULT_STORE",
-           "VOTE_REDUCER")
+__all__ = ("DEFAULT_BACKEND_KIND", "DEFAULT_EXECUTOR", "DEFAULT_LOOP", "DEFAULT_STORE", "VOTE_REDUCER")
 
 DEFAULT_LOOP = "parallel_sample"  # `[loop] coordinator` when a config names none
 # The reducer `curve` counts itself (majority@k over subsets of a pool, sampling nothing): the

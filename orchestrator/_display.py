@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -36,8 +37,9 @@ def describe(event: AnyEvent) -> str:
     """One line an operator can read: sequence, time, type, where, and the gist; the columns
     line up from one event to the next."""
     values = {"wave": event.wave, "lane": event.lane, "attempt": event.attempt}
-    where = " ".join(("" if values[key] is None else f"{key}={values[key]}").ljust(width)
-                     for key, width in _WHERE)
+    where = " ".join(
+        ("" if values[key] is None else f"{key}={values[key]}").ljust(width) for key, width in _WHERE
+    )
     stamp = f"{event.time:%H:%M:%S.%f}"[:-3]  # milliseconds
     gist = " ".join(_gist(event).splitlines())  # a multi-line error message stays one line
     return f"#{event.sequence:<6} {stamp} {event.type:<{_TYPE_WIDTH}} {where} {gist}".rstrip()
@@ -56,47 +58,57 @@ def result_line(reduction: Reduction) -> str | None:
 
 
 def _gist(event: AnyEvent) -> str:
-    d = event.data
+    d: Any = event.data  # the payload of the event type matched below
     match event.type:
         case "run.started":
-            return f"{d.coordinator} on {d.backend}: {d.question!r}"  # type: ignore[union-attr]
+            return f"{d.coordinator} on {d.backend}: {d.question!r}"
         case "run.resumed":
-            return (f"after #{d.resumed_after_sequence}, {len(d.in_flight)} in flight"  # type: ignore[union-attr]
-                    + (f", cut {d.torn_tail_bytes} torn bytes" if d.torn_tail_bytes else ""))  # type: ignore[union-attr]
+            return f"after #{d.resumed_after_sequence}, {len(d.in_flight)} in flight" + (
+                f", cut {d.torn_tail_bytes} torn bytes" if d.torn_tail_bytes else ""
+            )
         case "run.interrupted":
-            return f"by {d.reason}, {len(d.in_flight)} lanes cut off; resume continues it"  # type: ignore[union-attr]
+            return f"by {d.reason}, {len(d.in_flight)} lanes cut off; resume continues it"
         case "wave.started":
-            return (f"{d.purpose} k={d.k}/{d.k_requested} reserve {d.reservation.tokens} tok "  # type: ignore[union-attr]
-                    f"${d.reservation.cost_usd:.6f}")  # type: ignore[union-attr]
+            return (
+                f"{d.purpose} k={d.k}/{d.k_requested} reserve {d.reservation.tokens} tok "
+                f"${d.reservation.cost_usd:.6f}"
+            )
         case "lane.dispatched":
-            return f"max_tokens={d.max_tokens} request={d.request}"  # type: ignore[union-attr]
+            return f"max_tokens={d.max_tokens} request={d.request}"
         case "lane.completed":
-            return (f"answer={d.answer!r} out={d.usage.output_tokens} tok "  # type: ignore[union-attr]
-                    f"${d.cost_usd:.6f} {d.finish_reason}")  # type: ignore[union-attr]
+            return f"answer={d.answer!r} out={d.usage.output_tokens} tok ${d.cost_usd:.6f} {d.finish_reason}"
         case "lane.failed":
-            return f"{d.error}: {d.message}{' (final)' if d.final else ' (will retry)'}"  # type: ignore[union-attr]
+            return f"{d.error}: {d.message}{' (final)' if d.final else ' (will retry)'}"
         case "lane.interrupted":
-            return f"{d.reason}: charged its hold, dispatched again on resume"  # type: ignore[union-attr]
+            return f"{d.reason}: charged its hold, dispatched again on resume"
         case "wave.barrier":
-            return f"completed={len(d.completed)} failed={len(d.failed)}"  # type: ignore[union-attr]
+            return f"completed={len(d.completed)} failed={len(d.failed)}"
         case "judge.completed":
-            return f"candidate {d.candidate_lane} score={d.score} by {d.judge}"  # type: ignore[union-attr]
+            return f"candidate {d.candidate_lane} score={d.score} by {d.judge}"
         case "reduce.completed":
-            shown = (tally(d.votes) if d.votes else  # type: ignore[union-attr]
-                     scores_line(d.scores) if d.scores else  # type: ignore[union-attr]
-                     result_line(Reduction(d.reducer, None, None)) or "no votes")  # type: ignore[union-attr]
-            number = f"#{d.reduction} " if d.reduction != 1 else ""  # type: ignore[union-attr]
-            return (f"{number}{d.reducer} winner={d.winner!r} lane={d.winner_lane} "  # type: ignore[union-attr]
-                    f"{shown} tie_break={d.tie_break}")  # type: ignore[union-attr]
+            shown = (
+                tally(d.votes)
+                if d.votes
+                else scores_line(d.scores)
+                if d.scores
+                else result_line(Reduction(d.reducer, None, None)) or "no votes"
+            )
+            number = f"#{d.reduction} " if d.reduction != 1 else ""
+            return (
+                f"{number}{d.reducer} winner={d.winner!r} lane={d.winner_lane} "
+                f"{shown} tie_break={d.tie_break}"
+            )
         case "reduce.started":
-            waves = ", ".join(map(str, d.candidate_waves))  # type: ignore[union-attr]
-            return f"reduction #{d.reduction} by {d.reducer} of wave(s) {waves}"  # type: ignore[union-attr]
+            waves = ", ".join(map(str, d.candidate_waves))
+            return f"reduction #{d.reduction} by {d.reducer} of wave(s) {waves}"
         case "run.completed":
-            r = d.result  # type: ignore[union-attr]
-            return (f"{r.get('status', 'answered')} answer={r.get('answer')!r} "
-                    f"cost=${r.get('cost', {}).get('total', 0):.6f}")
+            r = d.result
+            return (
+                f"{r.get('status', 'answered')} answer={r.get('answer')!r} "
+                f"cost=${r.get('cost', {}).get('total', 0):.6f}"
+            )
         case "run.failed":
-            return f"{d.error}: {d.message} (exit {d.exit_code})"  # type: ignore[union-attr]
+            return f"{d.error}: {d.message} (exit {d.exit_code})"
         case _:  # a loop's own event, or one this version does not know: its data, shortened
             text = json.dumps(event.model_dump(mode="json", by_alias=True)["data"])
             return text if len(text) <= 160 else text[:159] + "…"
@@ -119,8 +131,9 @@ class Progress:
         self._live.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._live.__exit__(exc_type, exc, tb)
 
     def resume_from(self, state: RunState) -> None:
@@ -145,16 +158,27 @@ class Progress:
             self.failed += 1
         elif event.type not in _COUNTED:  # a loop's own event, say: its line, under the count
             self.last = escape(describe(event))
-        self._live.update(f"[bold]{self.phase}[/] lanes {self.done}/{self.k} landed"
-                          f"{f', {self.failed} failed' if self.failed else ''} · "
-                          f"{self.tokens} tokens computed · ${self.cost:.6f}"
-                          + (f"\n{self.last}" if self.last else ""))
+        self._live.update(
+            f"[bold]{self.phase}[/] lanes {self.done}/{self.k} landed"
+            f"{f', {self.failed} failed' if self.failed else ''} · "
+            f"{self.tokens} tokens computed · ${self.cost:.6f}" + (f"\n{self.last}" if self.last else "")
+        )
 
     observe = on_event  # the name it had before it was a hook
 
 
-_COUNTED = frozenset({"wave.started", "lane.dispatched", "lane.completed", "lane.failed",
-                      "wave.barrier", "run.started", "run.completed", "run.resumed"})
+_COUNTED = frozenset(
+    {
+        "wave.started",
+        "lane.dispatched",
+        "lane.completed",
+        "lane.failed",
+        "wave.barrier",
+        "run.started",
+        "run.completed",
+        "run.resumed",
+    }
+)
 
 
 def summary(result: RunResult, console: Console | None = None) -> None:
@@ -164,21 +188,36 @@ def summary(result: RunResult, console: Console | None = None) -> None:
     if result.status == "no_answer":
         console.print(f"[bold]no answer[/]: {escape(result.reason or '')}", soft_wrap=True)
     else:
-        console.print(f"[bold]answer[/]: {escape(repr(result.answer))}  (lane "
-                      f"{result.winner_lane}, {result.reducer}, tie-break {result.tie_break})",
-                      soft_wrap=True)
-    line = result_line(Reduction(
-        result.reducer or "", result.answer, result.winner_lane, votes=result.votes,
-        scores=result.scores, agreement=result.agreement, margin=result.margin))
+        console.print(
+            f"[bold]answer[/]: {escape(repr(result.answer))}  (lane "
+            f"{result.winner_lane}, {result.reducer}, tie-break {result.tie_break})",
+            soft_wrap=True,
+        )
+    line = result_line(
+        Reduction(
+            result.reducer or "",
+            result.answer,
+            result.winner_lane,
+            votes=result.votes,
+            scores=result.scores,
+            agreement=result.agreement,
+            margin=result.margin,
+        )
+    )
     if line is not None:
         console.print(escape(line), soft_wrap=True)
     if result.outcome:  # the loop's own account
         text = json.dumps(result.outcome)
-        console.print(f"outcome: {escape(text if len(text) <= 200 else text[:199] + '…')}",
-                      soft_wrap=True, highlight=False)
-    console.print(f"lanes: {result.lanes_completed} completed, {result.lanes_failed} failed"
-                  f"{f', resumed {result.resumes}x' if result.resumes else ''}"
-                  f" · {result.elapsed_s:.2f} s")
+        console.print(
+            f"outcome: {escape(text if len(text) <= 200 else text[:199] + '…')}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    console.print(
+        f"lanes: {result.lanes_completed} completed, {result.lanes_failed} failed"
+        f"{f', resumed {result.resumes}x' if result.resumes else ''}"
+        f" · {result.elapsed_s:.2f} s"
+    )
     bill = Table(title="bill", show_edge=False)
     for column in ("line", "tokens", "USD"):
         bill.add_column(column, justify="right" if column != "line" else "left")
@@ -193,5 +232,9 @@ def summary(result: RunResult, console: Console | None = None) -> None:
     bill.add_row("[bold]total[/]", "", f"[bold]{c.total:.6f}[/]")
     console.print(bill)
     # One line whatever the terminal's width: a path is copied, not read.
-    console.print(f"run {result.run_id}" + (f" · log {result.events}" if result.events else ""),
-                  soft_wrap=True, highlight=False, markup=False)
+    console.print(
+        f"run {result.run_id}" + (f" · log {result.events}" if result.events else ""),
+        soft_wrap=True,
+        highlight=False,
+        markup=False,
+    )

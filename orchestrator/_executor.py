@@ -35,8 +35,7 @@ from lanefold.primitives import EXECUTORS, ConfigError, LanefoldError, register_
 if TYPE_CHECKING:
     from lanefold._session import Session
 
-__all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "local",
-           "resolve_executor")
+__all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "local", "resolve_executor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +71,7 @@ class WorkerSpec:
     folder: str | None = None  # the config's folder on the driver (LoopConfig.folder)
 
     def loop_config(self) -> LoopConfig:
-        return parse_config(self.config, source=f"{self.source} (sent to a worker)",
-                            folder=self.folder)
+        return parse_config(self.config, source=f"{self.source} (sent to a worker)", folder=self.folder)
 
 
 @runtime_checkable
@@ -82,8 +80,9 @@ class Executor(Protocol):
 
     name: str
 
-    def outcomes(self, spec: WorkerSpec, jobs: Sequence[Job],
-                 concurrency: int) -> AsyncGenerator[JobOutcome, None]:
+    def outcomes(
+        self, spec: WorkerSpec, jobs: Sequence[Job], concurrency: int
+    ) -> AsyncGenerator[JobOutcome, None]:
         """Every job's outcome, each exactly once, up to `concurrency` jobs in flight on each
         worker. A worker lost mid-job is replaced and its jobs handed out again (as resumes)."""
         ...
@@ -100,8 +99,12 @@ def local() -> None:
 EXECUTORS.add_lazy("ray", "lanefold._ray_executor:RayExecutor")
 
 
-def resolve_executor(executor: Executor | str | None, *, key: str = "executor",
-                     options: dict[str, tuple[str, Any]] | None = None) -> Executor | None:
+def resolve_executor(
+    executor: Executor | str | None,
+    *,
+    key: str = "executor",
+    options: dict[str, tuple[str, Any]] | None = None,
+) -> Executor | None:
     """The executor `executor` names (None: the default, this process): a registered name
     or `module:attr`, made with `options` (keyword -> (the flag or key that gave it, its
     value)), or an Executor itself. None is the in-process path. An unknown name, or an
@@ -126,8 +129,9 @@ def resolve_executor(executor: Executor | str | None, *, key: str = "executor",
                 raise ConfigError(f"{flag}: only with {where}")
         made = found(**{keyword: value for keyword, (_, value) in given.items()})
     if made is not None and not isinstance(made, Executor):
-        raise ConfigError(f"{key}: {name!r} made a {type(made).__name__}, not an Executor "
-                          f"(no outcomes() method)")
+        raise ConfigError(
+            f"{key}: {name!r} made a {type(made).__name__}, not an Executor (no outcomes() method)"
+        )
     return made
 
 
@@ -142,46 +146,66 @@ def _takes(maker: Any, keyword: str) -> bool:
 
 def worker_spec(session: Session) -> WorkerSpec:
     """The spec of workers that run `session`'s questions as it would."""
-    given = [name for name, value in zip(("backend", "judge_backend", "limiter"),
-                                         (*session._given, session.limiter), strict=True)
-             if value is not None]
+    given = [
+        name
+        for name, value in zip(
+            ("backend", "judge_backend", "limiter"), (*session._given, session.limiter), strict=True
+        )
+        if value is not None
+    ]
     if given:
-        raise ConfigError(f"executor: a Session given {', '.join(given)} cannot send it to "
-                          f"workers; name the backend in the config instead")
+        raise ConfigError(
+            f"executor: a Session given {', '.join(given)} cannot send it to "
+            f"workers; name the backend in the config instead"
+        )
     config = session.config
     paths = [str(Path.cwd())]
     if config.folder is not None:
         paths.insert(0, config.folder)
     store = session.store.portable()  # files: the same folder, whatever a worker's directory
-    return WorkerSpec(config=config.model_dump(mode="json"),
-                      source=(session.source if session.source == "<config>"
-                              else str(Path(session.source).resolve())),
-                      store=store, verifier=session._verifier,
-                      paths=tuple(dict.fromkeys(paths)), folder=config.folder)
+    return WorkerSpec(
+        config=config.model_dump(mode="json"),
+        source=(session.source if session.source == "<config>" else str(Path(session.source).resolve())),
+        store=store,
+        verifier=session._verifier,
+        paths=tuple(dict.fromkeys(paths)),
+        folder=config.folder,
+    )
 
 
-async def distribute(session: Session, executor: Executor, questions: Sequence[str], *,
-                     concurrency: int, run_ids: Sequence[str] | None, resume: bool = False,
-                     errors: str = "raise") -> AsyncGenerator[RunResult, None]:
+async def distribute(
+    session: Session,
+    executor: Executor,
+    questions: Sequence[str],
+    *,
+    concurrency: int,
+    run_ids: Sequence[str] | None,
+    resume: bool = False,
+    errors: str = "raise",
+) -> AsyncGenerator[RunResult, None]:
     """`Session.run_many` on an executor: run ids are chosen here, so a job handed again
     resumes the same run. Without `resume` an id the store holds already is refused before
     any job goes out; with `errors="return"` a failed run is a result, else it raises."""
-    ids = list(run_ids) if run_ids is not None else [session.store.new_id()
-                                                     for _ in questions]
-    jobs = [Job(index, question, session.store.check_id(run_id))
-            for index, (question, run_id) in enumerate(zip(questions, ids, strict=True))]
+    ids = list(run_ids) if run_ids is not None else [session.store.new_id() for _ in questions]
+    jobs = [
+        Job(index, question, session.store.check_id(run_id))
+        for index, (question, run_id) in enumerate(zip(questions, ids, strict=True))
+    ]
     if len(set(ids)) != len(ids):
         raise ConfigError("run_ids: two questions share a run id")
     if run_ids is not None:
         for job in jobs:
             if session.store.exists(job.run_id):
                 if not resume:
-                    raise ConfigError(f"{session.store.location(job.run_id)}: a run with this "
-                                      f"id already exists (resume=True continues it)")
+                    raise ConfigError(
+                        f"{session.store.location(job.run_id)}: a run with this "
+                        f"id already exists (resume=True continues it)"
+                    )
                 started = read_state(session.store, job.run_id).started
                 if started is not None and started.question != job.question:
-                    raise ConfigError(f"run_id {job.run_id!r}: the store holds a run of "
-                                      f"another question; choose another id")
+                    raise ConfigError(
+                        f"run_id {job.run_id!r}: the store holds a run of another question; choose another id"
+                    )
     outcomes = executor.outcomes(worker_spec(session), jobs, concurrency)
     try:
         async for outcome in outcomes:

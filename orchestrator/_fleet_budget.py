@@ -14,8 +14,10 @@ def budget_store(store: Any, where: str = "budget.shared") -> BudgetStore:
     """`store` where it keeps shared budgets (PostgreSQL's does); a shared budget lives nowhere
     else."""
     if not isinstance(store, BudgetStore):
-        raise ConfigError(f"{where}: a shared budget lives in a PostgreSQL store: set "
-                          f"[store] url in the config or pass --store postgresql://...")
+        raise ConfigError(
+            f"{where}: a shared budget lives in a PostgreSQL store: set "
+            f"[store] url in the config or pass --store postgresql://..."
+        )
     return store
 
 

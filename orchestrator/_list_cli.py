@@ -31,7 +31,8 @@ def since(text: str) -> datetime:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a time (2026-12-05, 2026-12-05T09:30, or ago: 30m, 2h, 7d)") from None
+            f"{text!r} is not a time (2026-12-05, 2026-12-05T09:30, or ago: 30m, 2h, 7d)"
+        ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
@@ -44,12 +45,19 @@ def _count(text: str) -> int:
 def add_commands(sub: Any, common: Callable[..., None]) -> dict[str, Handler]:
     """Add `list` to the CLI's subcommands; its handler by name."""
     p = sub.add_parser("list", help="the runs in a store, newest first")
-    p.add_argument("--status", choices=get_args(RunStatus),
-                   help="only runs that ended so, or are running, or stopped (killed: resumable)")
+    p.add_argument(
+        "--status",
+        choices=get_args(RunStatus),
+        help="only runs that ended so, or are running, or stopped (killed: resumable)",
+    )
     p.add_argument("--eval", metavar="EVAL_ID", help="only the runs of this eval")
     p.add_argument("--loop", metavar="NAME", help="only runs of this loop (its coordinator)")
-    p.add_argument("--since", type=since, metavar="WHEN",
-                   help="only runs started since (an ISO time, or ago: 30m, 2h, 7d)")
+    p.add_argument(
+        "--since",
+        type=since,
+        metavar="WHEN",
+        help="only runs started since (an ISO time, or ago: 30m, 2h, 7d)",
+    )
     p.add_argument("--limit", type=_count, default=50, metavar="N", help="at most N rows (50)")
     common(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -58,8 +66,9 @@ def add_commands(sub: Any, common: Callable[..., None]) -> dict[str, Handler]:
 
 def _list(args: argparse.Namespace) -> int:
     store = open_store(args.store, args.runs_dir)
-    runs = store.list_runs(status=args.status, loop=args.loop, eval_id=args.eval,
-                           since=args.since, limit=args.limit)
+    runs = store.list_runs(
+        status=args.status, loop=args.loop, eval_id=args.eval, since=args.since, limit=args.limit
+    )
     if args.json:
         for summary in runs:
             print(json.dumps(summary.to_json()))
@@ -79,9 +88,23 @@ def render(runs: list[RunSummary]) -> str:
     rows = [("run", "loop", "status", "answer", "lanes", "tokens", "cost", "started")]
     for s in runs:
         answer = "-" if s.answer is None else s.answer if len(s.answer) <= 24 else s.answer[:23] + "…"
-        rows.append((s.run_id, s.loop, s.status, answer, str(s.lanes), str(s.tokens),
-                     f"${s.cost_usd:.6f}", s.started.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")))
+        rows.append(
+            (
+                s.run_id,
+                s.loop,
+                s.status,
+                answer,
+                str(s.lanes),
+                str(s.tokens),
+                f"${s.cost_usd:.6f}",
+                s.started.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     right = {4, 5, 6}
-    return "\n".join("  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-                               for i, cell in enumerate(row)).rstrip() for row in rows)
+    return "\n".join(
+        "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    )

@@ -52,8 +52,7 @@ def join_cluster(ray: Any, address: str, options: dict[str, Any], timeout: float
         thread.start()
         thread.join(max(0.0, deadline - time.monotonic()))
     if not ended:
-        raise ConfigError(f"{where}: no Ray cluster answered within {timeout:g} s "
-                          f"(--ray-connect-timeout)")
+        raise ConfigError(f"{where}: no Ray cluster answered within {timeout:g} s (--ray-connect-timeout)")
     error = ended[0]
     if error is None:
         held.replay()
@@ -79,8 +78,9 @@ def _probe(ray: Any, address: str, timeout: float, where: str) -> None:
     except socket.gaierror as exc:
         raise ConfigError(f"{where}: no such host {host!r} ({exc.strerror})") from None
     except TimeoutError:
-        raise ConfigError(f"{where}: {host}:{port} did not answer within {timeout:g} s "
-                          f"(--ray-connect-timeout)") from None
+        raise ConfigError(
+            f"{where}: {host}:{port} did not answer within {timeout:g} s (--ray-connect-timeout)"
+        ) from None
     except (OSError, OverflowError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ConfigError(f"{where}: nothing answers at {host}:{port} ({reason})") from None

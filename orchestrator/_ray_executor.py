@@ -42,8 +42,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("executor ray: Ray is not installed; pip install 'lanefold[scale]'"
-                          ) from None
+        raise ConfigError("executor ray: Ray is not installed; pip install 'lanefold[scale]'") from None
     return ray
 
 
@@ -70,14 +69,17 @@ class _Worker:
         try:
             if self.session is None:
                 spec = self.spec
-                self.session = JobSession(spec.loop_config(), store=spec.store,
-                                          verifier=spec.verifier)
+                self.session = JobSession(spec.loop_config(), store=spec.store, verifier=spec.verifier)
                 self.session.source = spec.source
             # The dead worker's lock may outlive it for a moment (a server notices a lost
             # connection late): wait for it rather than fail the question.
             async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type(RunInUseError), stop=stop_after_delay(30),
-                    wait=wait_exponential(0.05, max=2), sleep=anyio.sleep, reraise=True):
+                retry=retry_if_exception_type(RunInUseError),
+                stop=stop_after_delay(30),
+                wait=wait_exponential(0.05, max=2),
+                sleep=anyio.sleep,
+                reraise=True,
+            ):
                 with attempt:
                     result = await self.session.run_job(job)
         except LanefoldError as exc:
@@ -117,17 +119,25 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, workers: int = 2, *, num_cpus: float = 1,
-                 num_gpus: float | None = None, runtime_env: dict[str, Any] | None = None,
-                 max_replacements: int | None = None,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        workers: int = 2,
+        *,
+        num_cpus: float = 1,
+        num_gpus: float | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        max_replacements: int | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         if workers < 1:
             raise ConfigError(f"--workers: must be at least 1, got {workers}")
         if num_cpus < 0 or (num_gpus or 0) < 0:
             raise ConfigError("executor ray: num_cpus and num_gpus must not be negative")
         if not (math.isfinite(connect_timeout_s) and connect_timeout_s > 0):
-            raise ConfigError(f"--ray-connect-timeout: must be a number of seconds above 0, "
-                              f"got {connect_timeout_s}")
+            raise ConfigError(
+                f"--ray-connect-timeout: must be a number of seconds above 0, got {connect_timeout_s}"
+            )
         _ray()  # a missing Ray is said now, before anything is written
         self.address, self.workers = address, workers
         self.connect_timeout_s = connect_timeout_s
@@ -144,8 +154,13 @@ class RayExecutor:
         if self.address is None:
             cpus = max(int(self.workers * self.num_cpus + 0.999), os.cpu_count() or 1)
             # Loopback only: a cluster of this machine binds nothing another machine reaches.
-            ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     object_store_memory=200 * 1024 * 1024, **quiet)
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                object_store_memory=200 * 1024 * 1024,
+                **quiet,
+            )
             self._started = True
         else:
             join_cluster(ray, self.address, quiet, self.connect_timeout_s)
@@ -171,8 +186,9 @@ class RayExecutor:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def outcomes(self, spec: WorkerSpec, jobs: Sequence[Job],
-                       concurrency: int) -> AsyncGenerator[JobOutcome, None]:
+    async def outcomes(
+        self, spec: WorkerSpec, jobs: Sequence[Job], concurrency: int
+    ) -> AsyncGenerator[JobOutcome, None]:
         """Every job's outcome, each once; see the module docstring for who runs what."""
         if concurrency < 1:
             raise ConfigError(f"concurrency: must be at least 1, got {concurrency}")
@@ -192,8 +208,9 @@ class RayExecutor:
 class _Pool:
     """The actors of one batch of jobs, and which job each one holds."""
 
-    def __init__(self, ray: Any, executor: RayExecutor, spec: WorkerSpec, concurrency: int,
-                 gpus: float) -> None:
+    def __init__(
+        self, ray: Any, executor: RayExecutor, spec: WorkerSpec, concurrency: int, gpus: float
+    ) -> None:
         self.ray, self.executor, self.spec, self.concurrency = ray, executor, spec, concurrency
         self.gpus = gpus
         self.tag = secrets.token_hex(3)
@@ -207,9 +224,12 @@ class _Pool:
         executor = self.executor
         generation = self.generation[slot] + 1 if slot < len(self.actors) else 0
         actor = self.remote.options(
-            name=f"lanefold-{self.tag}-{slot}-{generation}", namespace="lanefold",
-            num_cpus=executor.num_cpus, num_gpus=self.gpus,
-            runtime_env=executor.runtime_env, max_concurrency=self.concurrency + 2,
+            name=f"lanefold-{self.tag}-{slot}-{generation}",
+            namespace="lanefold",
+            num_cpus=executor.num_cpus,
+            num_gpus=self.gpus,
+            runtime_env=executor.runtime_env,
+            max_concurrency=self.concurrency + 2,
         ).remote(self.spec)
         if slot < len(self.actors):
             self.actors[slot], self.generation[slot] = actor, generation
@@ -253,8 +273,10 @@ class _Pool:
     def replace(self, slot: int, exc: BaseException) -> None:
         self.replaced += 1
         if self.replaced > self.executor.max_replacements:
-            raise RunError(f"executor ray: {self.replaced} workers died; giving up "
-                           f"(last: {' '.join(str(exc).split())[:200]})")
+            raise RunError(
+                f"executor ray: {self.replaced} workers died; giving up "
+                f"(last: {' '.join(str(exc).split())[:200]})"
+            )
         log.warning("ray worker %d died; starting another: %s", slot, type(exc).__name__)
         with contextlib.suppress(Exception):
             self.ray.kill(self.actors[slot])

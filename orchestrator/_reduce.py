@@ -78,19 +78,30 @@ class _NoSampling:
         return None
 
 
-async def reduce_run(session: Session, run_id: str, *, reducer: str,
-                     extract: ExtractSpec | None = None, observer: Observer | None = None,
-                     stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+async def reduce_run(
+    session: Session,
+    run_id: str,
+    *,
+    reducer: str,
+    extract: ExtractSpec | None = None,
+    observer: Observer | None = None,
+    stop_reason: Callable[[], str] = lambda: "cancelled",
+) -> RunResult:
     async with contextlib.AsyncExitStack() as hooks:  # the session's and the run's config's
-        result, runner = await _reduce(session, run_id, reducer, extract, observer, stop_reason,
-                                       hooks)
+        result, runner = await _reduce(session, run_id, reducer, extract, observer, stop_reason, hooks)
         await runner.end(result)
         return result
 
 
-async def _reduce(session: Session, run_id: str, reducer: str, extract: ExtractSpec | None,
-                  observer: Observer | None, stop_reason: Callable[[], str],
-                  hooks: contextlib.AsyncExitStack) -> tuple[RunResult, HookRunner]:
+async def _reduce(
+    session: Session,
+    run_id: str,
+    reducer: str,
+    extract: ExtractSpec | None,
+    observer: Observer | None,
+    stop_reason: Callable[[], str],
+    hooks: contextlib.AsyncExitStack,
+) -> tuple[RunResult, HookRunner]:
     if ":" not in reducer:
         resolve_reducer(reducer, key="--reducer")  # a name not registered: before the lock
     log = session.store.open_for_resume(run_id)
@@ -102,14 +113,15 @@ async def _reduce(session: Session, run_id: str, reducer: str, extract: ExtractS
         if state.result is None:
             raise ConfigError(f"run {run_id} has not completed: resume it before reducing it again")
         set_fsync(log, config)
-        runner = await hooks.enter_async_context(
-            session.hook_runner(config, state.run_id or run_id))
+        runner = await hooks.enter_async_context(session.hook_runner(config, state.run_id or run_id))
         recorder = Recorder(log, state.run_id or run_id, state, observer=runner.tapping(observer))
         spec = extract.model_dump(mode="json") if extract is not None else None
         opened = state.open_reduction
         if opened is not None and (opened.reducer, opened.extract) != (reducer, spec):
-            raise ConfigError(f"run {run_id}: reduction {opened.reduction} ({opened.reducer}) "
-                              f"was cut off; finish it first with --reducer {opened.reducer}")
+            raise ConfigError(
+                f"run {run_id}: reduction {opened.reduction} ({opened.reducer}) "
+                f"was cut off; finish it first with --reducer {opened.reducer}"
+            )
         # Everything that can refuse is checked before the log is touched.
         verifier = session.verifier_for(config)
         # The tie-break and weighting the run's loop reduced with (defaults where it says none).
@@ -117,37 +129,59 @@ async def _reduce(session: Session, run_id: str, reducer: str, extract: ExtractS
         configured = choice.options if choice is not None else ReduceOptions()
         traits = reducer_traits(cls)
         if verifier is None and traits.wants_verifier(configured.weighting):
-            raise ConfigError(f"--reducer: {reducer} needs a verifier, and run {run_id}'s config "
-                              f"has none (judge.verifier or judge.verifier_command)")
+            raise ConfigError(
+                f"--reducer: {reducer} needs a verifier, and run {run_id}'s config "
+                f"has none (judge.verifier or judge.verifier_command)"
+            )
         # A reducer says whether it calls a model (a plug-in that does not say might).
         needs_model = traits.uses_model and not (traits.needs_judge and verifier is not None)
         if needs_model:  # its judge wave spends from the run's shared budget too
             pool = await open_shared_budget(config, session.store, state.run_id or run_id)
         if opened is None:
             number = max(state.reductions, default=1) + 1
-            opened = recorder.emit(ReduceStarted, ReduceStartedData(
-                reduction=number, reducer=reducer, extract=spec,
-                candidate_waves=state.reduction_waves.get(1) or [1],
-                first_wave=max(state.waves, default=0) + 1)).data
+            opened = recorder.emit(
+                ReduceStarted,
+                ReduceStartedData(
+                    reduction=number,
+                    reducer=reducer,
+                    extract=spec,
+                    candidate_waves=state.reduction_waves.get(1) or [1],
+                    first_wave=max(state.waves, default=0) + 1,
+                ),
+            ).data
         else:
             flying = state.in_flight()
             if flying:  # a crash cut the last try: charge what it had in flight
-                recorder.emit(RunResumed, RunResumedData(
-                    resumed_after_sequence=state.last_sequence,
-                    in_flight=[(wave, lane.lane) for wave, lane in flying],
-                    active_seconds_before=state.active_seconds()))
+                recorder.emit(
+                    RunResumed,
+                    RunResumedData(
+                        resumed_after_sequence=state.last_sequence,
+                        in_flight=[(wave, lane.lane) for wave, lane in flying],
+                        active_seconds_before=state.active_seconds(),
+                    ),
+                )
         backend: Backend
         judge: Backend | None = None
         if needs_model:
             backend, judge = await session._backends(config)
         else:
             backend = _NoSampling()
-        ledger = Ledger(limits=config.budget, pricing=config.pricing, spent=copy.deepcopy(state.spend),
-                        shared=pool)
-        ctx = context(config, question_of(state), recorder, ledger, backend, judge,
-                      limiter=session.limiter, verifier=verifier,
-                      log=get_logger("lanefold.reduce", run_id=run_id),
-                      reduction=opened.reduction, first_wave=opened.first_wave)
+        ledger = Ledger(
+            limits=config.budget, pricing=config.pricing, spent=copy.deepcopy(state.spend), shared=pool
+        )
+        ctx = context(
+            config,
+            question_of(state),
+            recorder,
+            ledger,
+            backend,
+            judge,
+            limiter=session.limiter,
+            verifier=verifier,
+            log=get_logger("lanefold.reduce", run_id=run_id),
+            reduction=opened.reduction,
+            first_wave=opened.first_wave,
+        )
         lanes = _candidates(state, opened.candidate_waves, extract)
         options = dataclasses.replace(configured, seed=config.loop.seed)
         try:
@@ -179,6 +213,10 @@ def _candidates(state: RunState, waves: list[int], extract: ExtractSpec | None) 
             raise ConfigError(f"run {state.run_id}: no wave {wave_no} to reduce")
         lanes += [Lane.of(wave_no, s) for _, s in sorted(wave.lanes.items())]
     if extract is not None:
-        lanes = [dataclasses.replace(lane, answer=extract_answer(lane.text or "", extract))
-                 if lane.completed else lane for lane in lanes]
+        lanes = [
+            dataclasses.replace(lane, answer=extract_answer(lane.text or "", extract))
+            if lane.completed
+            else lane
+            for lane in lanes
+        ]
     return lanes

@@ -9,8 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lanefold.primitives import LanefoldError, Outcome, RunState, Spend
 
-__all__ = ("CostBreakdown", "LaneResult", "RunFailure", "RunResult", "UsageBreakdown",
-           "failed_result", "result_from_state")
+__all__ = (
+    "CostBreakdown",
+    "LaneResult",
+    "RunFailure",
+    "RunResult",
+    "UsageBreakdown",
+    "failed_result",
+    "result_from_state",
+)
 
 
 class UsageBreakdown(BaseModel):
@@ -28,11 +35,15 @@ class UsageBreakdown(BaseModel):
 
     @classmethod
     def of(cls, spend: Spend) -> UsageBreakdown:
-        return cls(prefill_tokens=spend.prefill_tokens,
-                   cached_prefill_tokens=spend.cached_prefill_tokens,
-                   decode_tokens=spend.decode_tokens, verifier_tokens=spend.verifier_tokens,
-                   cut_off_tokens=spend.cut_off_tokens,
-                   kv_token_seconds=spend.kv_token_seconds, requests=spend.requests)
+        return cls(
+            prefill_tokens=spend.prefill_tokens,
+            cached_prefill_tokens=spend.cached_prefill_tokens,
+            decode_tokens=spend.decode_tokens,
+            verifier_tokens=spend.verifier_tokens,
+            cut_off_tokens=spend.cut_off_tokens,
+            kv_token_seconds=spend.kv_token_seconds,
+            requests=spend.requests,
+        )
 
 
 class CostBreakdown(BaseModel):
@@ -50,9 +61,15 @@ class CostBreakdown(BaseModel):
 
     @classmethod
     def of(cls, spend: Spend) -> CostBreakdown:
-        return cls(prefill=spend.prefill_usd, cached_prefill=spend.cached_prefill_usd,
-                   decode=spend.decode_usd, kv_residency=spend.kv_residency_usd,
-                   verifier=spend.verifier_usd, cut_off=spend.cut_off_usd, total=spend.cost_usd)
+        return cls(
+            prefill=spend.prefill_usd,
+            cached_prefill=spend.cached_prefill_usd,
+            decode=spend.decode_usd,
+            kv_residency=spend.kv_residency_usd,
+            verifier=spend.verifier_usd,
+            cut_off=spend.cut_off_usd,
+            total=spend.cost_usd,
+        )
 
 
 class LaneResult(BaseModel):
@@ -125,17 +142,24 @@ class RunResult(BaseModel):
 def _lanes(state: RunState, outcome: Outcome | None) -> list[LaneResult]:
     return [
         LaneResult.model_construct(  # our own values: thousands of lanes skip re-validation
-            lane=s.lane, wave=w.wave, status=s.status, answer=s.answer,
+            lane=s.lane,
+            wave=w.wave,
+            status=s.status,
+            answer=s.answer,
             score=_score(outcome, w.wave, s.lane) if outcome is not None else None,
             finish_reason=s.finish_reason,
             tokens=s.usage.output_tokens if s.status == "completed" and s.usage else 0,
-            attempts=s.attempts)
-        for _, w in sorted(state.waves.items()) if w.info.bill == "sample"
-        for _, s in sorted(w.lanes.items())]
+            attempts=s.attempts,
+        )
+        for _, w in sorted(state.waves.items())
+        if w.info.bill == "sample"
+        for _, s in sorted(w.lanes.items())
+    ]
 
 
-def failed_result(run_id: str, question: str, error: LanefoldError, state: RunState | None,
-                  events: str | None) -> RunResult:
+def failed_result(
+    run_id: str, question: str, error: LanefoldError, state: RunState | None, events: str | None
+) -> RunResult:
     """A run that raised `error`, as a result: what its log (`state`, None when it has none)
     says it spent and which lanes it ran. A run whose log records its failure is described
     by that record (a failed run resumed says the same as when it failed)."""
@@ -144,40 +168,69 @@ def failed_result(run_id: str, question: str, error: LanefoldError, state: RunSt
     lanes = _lanes(state, None)
     failure = state.failure
     return RunResult(
-        run_id=run_id, status="failed", reason=None,
-        error=RunFailure(type=failure.error, exit_code=failure.exit_code,
-                         message=" ".join(failure.message.split())) if failure is not None else
-        RunFailure(type=type(error).__name__, exit_code=error.exit_code,
-                   message=" ".join(str(error).split())),
-        question=question, answer=None, winner_lane=None,
+        run_id=run_id,
+        status="failed",
+        reason=None,
+        error=RunFailure(
+            type=failure.error, exit_code=failure.exit_code, message=" ".join(failure.message.split())
+        )
+        if failure is not None
+        else RunFailure(
+            type=type(error).__name__, exit_code=error.exit_code, message=" ".join(str(error).split())
+        ),
+        question=question,
+        answer=None,
+        winner_lane=None,
         lanes_completed=sum(lane.status == "completed" for lane in lanes),
-        lanes_failed=sum(lane.status == "failed" for lane in lanes), lanes=lanes,
-        usage=UsageBreakdown.of(spend), cost=CostBreakdown.of(spend),
-        elapsed_s=round(state.active_seconds(), 6), resumes=state.resumes, events=events)
+        lanes_failed=sum(lane.status == "failed" for lane in lanes),
+        lanes=lanes,
+        usage=UsageBreakdown.of(spend),
+        cost=CostBreakdown.of(spend),
+        elapsed_s=round(state.active_seconds(), 6),
+        resumes=state.resumes,
+        events=events,
+    )
 
 
-def result_from_state(state: RunState, outcome: Outcome, spend: Spend, elapsed_s: float,
-                      events: str | None, *, coordinator: str | None = None) -> RunResult:
+def result_from_state(
+    state: RunState,
+    outcome: Outcome,
+    spend: Spend,
+    elapsed_s: float,
+    events: str | None,
+    *,
+    coordinator: str | None = None,
+) -> RunResult:
     """Assemble the result from the loop's outcome and the ledger's bill."""
     waves = [w for _, w in sorted(state.waves.items()) if w.info.bill == "sample"]
     lanes = _lanes(state, outcome)
     reduction = outcome.reduction
     return RunResult(
-        run_id=state.run_id or "", status="answered" if outcome.answered else "no_answer",
+        run_id=state.run_id or "",
+        status="answered" if outcome.answered else "no_answer",
         reason=None if outcome.answered else outcome.reason or "the loop gave no answer",
         question=state.started.question if state.started else "",
-        answer=outcome.answer, winner_lane=outcome.winner_lane, winner_text=outcome.winner_text,
-        reducer=reduction.reducer if reduction else coordinator or (
-            state.started.coordinator if state.started else ""),
+        answer=outcome.answer,
+        winner_lane=outcome.winner_lane,
+        winner_text=outcome.winner_text,
+        reducer=reduction.reducer
+        if reduction
+        else coordinator or (state.started.coordinator if state.started else ""),
         votes=dict(reduction.votes) if reduction else {},
         scores=dict(reduction.scores) if reduction else {},
         tie_break=reduction.tie_break if reduction else "none",
-        agreement=outcome.agreement, margin=outcome.margin,
+        agreement=outcome.agreement,
+        margin=outcome.margin,
         lanes_completed=sum(len(w.completed()) for w in waves),
-        lanes_failed=sum(len(w.failed()) for w in waves), lanes=lanes,
-        usage=UsageBreakdown.of(spend), cost=CostBreakdown.of(spend),
-        elapsed_s=round(elapsed_s, 6), resumes=state.resumes, events=events,
-        outcome=json.loads(json.dumps(dict(outcome.detail), default=str)))
+        lanes_failed=sum(len(w.failed()) for w in waves),
+        lanes=lanes,
+        usage=UsageBreakdown.of(spend),
+        cost=CostBreakdown.of(spend),
+        elapsed_s=round(elapsed_s, 6),
+        resumes=state.resumes,
+        events=events,
+        outcome=json.loads(json.dumps(dict(outcome.detail), default=str)),
+    )
 
 
 def _score(outcome: Outcome, wave: int, lane: int) -> float | None:

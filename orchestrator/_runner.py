@@ -80,27 +80,45 @@ def check_question(question: str) -> str:
     try:
         question.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ConfigError(f"question: not encodable as UTF-8 (character {exc.start}: "
-                          f"{question[exc.start]!r})") from None
+        raise ConfigError(
+            f"question: not encodable as UTF-8 (character {exc.start}: {question[exc.start]!r})"
+        ) from None
     return question
 
 
-async def drive(config: LoopConfig, question: str, recorder: Recorder, ledger: Ledger,
-                backend: Backend, judge_backend: Backend | None, *,
-                limiter: anyio.CapacityLimiter | None, verifier: Verifier | None,
-                stop_reason: Callable[[], str]) -> RunResult:
+async def drive(
+    config: LoopConfig,
+    question: str,
+    recorder: Recorder,
+    ledger: Ledger,
+    backend: Backend,
+    judge_backend: Backend | None,
+    *,
+    limiter: anyio.CapacityLimiter | None,
+    verifier: Verifier | None,
+    stop_reason: Callable[[], str],
+) -> RunResult:
     """Drive the loop to its end and record that end, whatever it is; always closes the log."""
     log = get_logger("lanefold.run", run_id=recorder.run_id, backend=backend.name)
     try:
-        ctx = context(config, question, recorder, ledger, backend, judge_backend,
-                      limiter=limiter, verifier=verifier, log=log)
+        ctx = context(
+            config,
+            question,
+            recorder,
+            ledger,
+            backend,
+            judge_backend,
+            limiter=limiter,
+            verifier=verifier,
+            log=log,
+        )
         loop_class = config.loop_class()
         outcome = await loop_class(config.loop_params).run(ctx, question)
         if not isinstance(outcome, Outcome):
-            raise RunError(f"loop {loop_class.name!r} returned {type(outcome).__name__}, "
-                           f"not an Outcome")
-        result = result_from_state(recorder.state, outcome, ledger.spent, ledger.elapsed(),
-                                   events_of(recorder))
+            raise RunError(f"loop {loop_class.name!r} returned {type(outcome).__name__}, not an Outcome")
+        result = result_from_state(
+            recorder.state, outcome, ledger.spent, ledger.elapsed(), events_of(recorder)
+        )
         recorder.emit(RunCompleted, RunCompletedData(result=result.model_dump(mode="json")))
         return result
     except anyio.get_cancelled_exc_class():
@@ -118,8 +136,10 @@ async def drive(config: LoopConfig, question: str, recorder: Recorder, ledger: L
             raise error from exc
         if not recorder.broken:
             try:  # the record must end, whatever ended the run
-                recorder.emit(RunFailed, RunFailedData(
-                    error=type(error).__name__, message=str(error), exit_code=error.exit_code))
+                recorder.emit(
+                    RunFailed,
+                    RunFailedData(error=type(error).__name__, message=str(error), exit_code=error.exit_code),
+                )
             except LanefoldError:
                 pass  # the log cannot take it: what is written stands, resume reads it
         log.debug("run.failed", error=type(error).__name__)
@@ -130,25 +150,45 @@ async def drive(config: LoopConfig, question: str, recorder: Recorder, ledger: L
         recorder.log.close()
 
 
-def context(config: LoopConfig, question: str, recorder: Recorder, ledger: Ledger,
-            backend: Backend, judge_backend: Backend | None, *,
-            limiter: anyio.CapacityLimiter | None, verifier: Verifier | None,
-            log: structlog.stdlib.BoundLogger, reduction: int = 1,
-            first_wave: int = 1) -> RunContext:
+def context(
+    config: LoopConfig,
+    question: str,
+    recorder: Recorder,
+    ledger: Ledger,
+    backend: Backend,
+    judge_backend: Backend | None,
+    *,
+    limiter: anyio.CapacityLimiter | None,
+    verifier: Verifier | None,
+    log: structlog.stdlib.BoundLogger,
+    reduction: int = 1,
+    first_wave: int = 1,
+) -> RunContext:
     """The LoopContext of a run: its dispatchers over one ledger and one recorder."""
     dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log)
-    judge = (_dispatcher(config, judge_backend, recorder, ledger, limiter, log)
-             if judge_backend is not None else None)
+    judge = (
+        _dispatcher(config, judge_backend, recorder, ledger, limiter, log)
+        if judge_backend is not None
+        else None
+    )
     return RunContext(
-        loop_name=config.loop_class().name, question=question, seed=config.loop.seed,
-        recorder=recorder, dispatcher=dispatcher, judge_dispatcher=judge,
-        sampling=config.sampling_params(), extract=config.extract,
-        template=config.prompt.template, judge=config.judge_settings(), verifier=verifier,
-        reduction=reduction, first_wave=first_wave)
+        loop_name=config.loop_class().name,
+        question=question,
+        seed=config.loop.seed,
+        recorder=recorder,
+        dispatcher=dispatcher,
+        judge_dispatcher=judge,
+        sampling=config.sampling_params(),
+        extract=config.extract,
+        template=config.prompt.template,
+        judge=config.judge_settings(),
+        verifier=verifier,
+        reduction=reduction,
+        first_wave=first_wave,
+    )
 
 
-def record_interrupt(recorder: Recorder, ledger: Ledger, reason: str, *,
-                     lanes_only: bool = False) -> None:
+def record_interrupt(recorder: Recorder, ledger: Ledger, reason: str, *, lanes_only: bool = False) -> None:
     """Lanes in flight are interrupted, not failed: charged their hold, run again on resume.
     `lanes_only`: a re-reduction of an ended run records its lanes, not a run.interrupted."""
     if recorder.broken or (recorder.state.finished and not lanes_only):
@@ -159,12 +199,20 @@ def record_interrupt(recorder: Recorder, ledger: Ledger, reason: str, *,
             hold = lane.hold
             assert hold is not None
             ledger.charge_cut_off(hold)
-            recorder.emit(LaneInterrupted, LaneInterruptedData(
-                reason=reason, billed=UsageData.of(hold.usage), billed_cost_usd=hold.cost_usd),
-                wave=wave, lane=lane.lane, attempt=lane.attempts)
+            recorder.emit(
+                LaneInterrupted,
+                LaneInterruptedData(
+                    reason=reason, billed=UsageData.of(hold.usage), billed_cost_usd=hold.cost_usd
+                ),
+                wave=wave,
+                lane=lane.lane,
+                attempt=lane.attempts,
+            )
         if not lanes_only:
-            recorder.emit(RunInterrupted, RunInterruptedData(
-                reason=reason, in_flight=[(wave, lane.lane) for wave, lane in flying]))
+            recorder.emit(
+                RunInterrupted,
+                RunInterruptedData(reason=reason, in_flight=[(wave, lane.lane) for wave, lane in flying]),
+            )
     except LogWriteError:
         pass  # the log cannot take it: resume treats what was in flight as a crash would
 
@@ -205,18 +253,32 @@ def events_of(recorder: Recorder) -> str | None:
     return recorder.log_path or recorder.log.location
 
 
-def _dispatcher(config: LoopConfig, backend: Backend, recorder: Recorder, ledger: Ledger,
-                limiter: anyio.CapacityLimiter | None,
-                log: structlog.stdlib.BoundLogger) -> Dispatcher:
+def _dispatcher(
+    config: LoopConfig,
+    backend: Backend,
+    recorder: Recorder,
+    ledger: Ledger,
+    limiter: anyio.CapacityLimiter | None,
+    log: structlog.stdlib.BoundLogger,
+) -> Dispatcher:
     retry = config.retry
     return Dispatcher(
-        backend, recorder, ledger, run_seed=config.loop.seed,
+        backend,
+        recorder,
+        ledger,
+        run_seed=config.loop.seed,
         max_concurrency=config.loop.max_concurrency,
-        retry=RetryPolicy(max_attempts=retry.max_attempts,
-                          initial_backoff_s=retry.initial_backoff_s,
-                          max_backoff_s=retry.max_backoff_s, jitter=retry.jitter),
-        timeout_s=config.loop.timeout_s, limiter=limiter,
-        rng=random.Random(config.loop.seed), logger=log)
+        retry=RetryPolicy(
+            max_attempts=retry.max_attempts,
+            initial_backoff_s=retry.initial_backoff_s,
+            max_backoff_s=retry.max_backoff_s,
+            jitter=retry.jitter,
+        ),
+        timeout_s=config.loop.timeout_s,
+        limiter=limiter,
+        rng=random.Random(config.loop.seed),
+        logger=log,
+    )
 
 
 def question_of(state: RunState) -> str:
@@ -226,9 +288,8 @@ def question_of(state: RunState) -> str:
 
 def recorded_failure(state: RunState) -> LanefoldError:
     assert state.failure is not None
-    error = LanefoldError(f"run {state.run_id} already failed: {state.failure.error}: "
-                          f"{state.failure.message}")
+    error = LanefoldError(
+        f"run {state.run_id} already failed: {state.failure.error}: {state.failure.message}"
+    )
     error.exit_code = state.failure.exit_code  # type: ignore[misc]  # carry the recorded code
     return error
-
-

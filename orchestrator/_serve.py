@@ -115,18 +115,20 @@ def create_app(
     stopping = Stopping()  # `app.state.stopping.stop()` ends every request in flight
     names = served_names(backend, model_name)
 
-    def plan(body: ChatBody | CompletionBody, prompt: str,
-             messages: tuple[ChatMessage, ...] | None, max_tokens: int | None, logprobs: bool,
-             ceiling_param: str = "max_tokens", top_logprobs: int = 0) -> list[SampleRequest]:
+    def plan(
+        body: ChatBody | CompletionBody,
+        prompt: str,
+        messages: tuple[ChatMessage, ...] | None,
+        max_tokens: int | None,
+        logprobs: bool,
+        ceiling_param: str = "max_tokens",
+        top_logprobs: int = 0,
+    ) -> list[SampleRequest]:
         """The backend requests answering `body`: its `n` lanes, at most a backend's worth each."""
         if body.model is not None and body.model not in names:
-            raise HTTPError(
-                404, f"model {body.model!r} not found", param="model", code="model_not_found"
-            )
+            raise HTTPError(404, f"model {body.model!r} not found", param="model", code="model_not_found")
         if body.stream_options is not None and not body.stream:
-            raise HTTPError(
-                400, "stream_options is only allowed with stream", param="stream_options"
-            )
+            raise HTTPError(400, "stream_options is only allowed with stream", param="stream_options")
         if body.n > max_n:
             raise HTTPError(400, f"n may be at most {max_n}", param="n")
         ceiling = max_tokens or default_max_tokens
@@ -134,9 +136,15 @@ def create_app(
 
         def request(ceiling: int) -> SampleRequest:
             params = SamplingParams(
-                temperature=body.temperature, top_p=body.top_p, top_k=max(body.top_k, 0),
-                max_tokens=ceiling, stop=body.stops(), logprobs=logprobs,
-                ignore_eos=body.ignore_eos, top_logprobs=top_logprobs)
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=max(body.top_k, 0),
+                max_tokens=ceiling,
+                stop=body.stops(),
+                logprobs=logprobs,
+                ignore_eos=body.ignore_eos,
+                top_logprobs=top_logprobs,
+            )
             lanes = tuple(LaneRequest(i, seed + i, ceiling) for i in range(body.n))
             return SampleRequest(prompt, params, lanes, share_prefix=True, messages=messages)
 
@@ -145,19 +153,31 @@ def create_app(
         if left is not None:
             where = "messages" if messages is not None else "prompt"
             if left <= 0:
-                raise HTTPError(400, f"the {where} fill the model's context ({-left} tokens over)",
-                                param=where, code="context_length_exceeded")
+                raise HTTPError(
+                    400,
+                    f"the {where} fill the model's context ({-left} tokens over)",
+                    param=where,
+                    code="context_length_exceeded",
+                )
             if max_tokens is not None and max_tokens > left:
                 raise HTTPError(
-                    400, f"{ceiling_param} = {max_tokens}, but the model's context holds only "
+                    400,
+                    f"{ceiling_param} = {max_tokens}, but the model's context holds only "
                     f"{left} more tokens after the {where}; ask for at most {left}",
-                    param=ceiling_param, code="context_length_exceeded")
+                    param=ceiling_param,
+                    code="context_length_exceeded",
+                )
             if max_tokens is None and ceiling > left:
                 whole_request = request(left)
         step = backend.max_lanes_per_request or body.n
         return [
-            SampleRequest(prompt, whole_request.params, whole_request.lanes[i : i + step],
-                          share_prefix=True, messages=messages)
+            SampleRequest(
+                prompt,
+                whole_request.params,
+                whole_request.lanes[i : i + step],
+                share_prefix=True,
+                messages=messages,
+            )
             for i in range(0, body.n, step)
         ]
 
@@ -184,9 +204,15 @@ def create_app(
                     yield item
             billed.append(bill(whole(request, got)))
 
-    async def streamed(request: Request, body: ChatBody | CompletionBody,
-                       requests: list[SampleRequest], kind: str, prefix: str, shape: _Shape,
-                       opening: list[dict[str, Any]]) -> Response:
+    async def streamed(
+        request: Request,
+        body: ChatBody | CompletionBody,
+        requests: list[SampleRequest],
+        kind: str,
+        prefix: str,
+        shape: _Shape,
+        opening: list[dict[str, Any]],
+    ) -> Response:
         """Server-sent events: a chunk per delta, one closing each choice, usage, `[DONE]`."""
         rid, created = f"{prefix}-{uuid.uuid4().hex}", int(clock())
         with_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -214,8 +240,13 @@ def create_app(
         (first,) = started
 
         def frame(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-            chunk: dict[str, Any] = {"id": rid, "object": kind, "created": created,
-                                     "model": model_name, "choices": choices}
+            chunk: dict[str, Any] = {
+                "id": rid,
+                "object": kind,
+                "created": created,
+                "model": model_name,
+                "choices": choices,
+            }
             if with_usage:
                 chunk["usage"] = usage
             return f"data: {json.dumps(chunk)}\n\n"
@@ -236,8 +267,13 @@ def create_app(
                         yield render(item)
                 except Exception as exc:  # the status line has gone: report it in-band
                     t = told(exc)
-                    error = {"message": t.message, "type": t.kind, "param": None,
-                             "code": t.code, "status": t.status}
+                    error = {
+                        "message": t.message,
+                        "type": t.kind,
+                        "param": None,
+                        "code": t.code,
+                        "status": t.status,
+                    }
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     yield "data: [DONE]\n\n"
                     return
@@ -245,23 +281,46 @@ def create_app(
                 yield frame([], usage_body(sum(billed, Usage())))
             yield "data: [DONE]\n\n"
 
-        return ListeningStream(events(), stopping, media_type="text/event-stream",
-                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return ListeningStream(
+            events(),
+            stopping,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
-    async def answer(request: Request, body: ChatBody | CompletionBody,
-                     requests: list[SampleRequest], kind: str, prefix: str, shape: _Shape,
-                     opening: list[dict[str, Any]]) -> Response:
+    async def answer(
+        request: Request,
+        body: ChatBody | CompletionBody,
+        requests: list[SampleRequest],
+        kind: str,
+        prefix: str,
+        shape: _Shape,
+        opening: list[dict[str, Any]],
+    ) -> Response:
         if body.stream:
-            return await streamed(request, body, requests, f"{kind}.chunk"
-                                  if kind == "chat.completion" else kind, prefix, shape, opening)
+            return await streamed(
+                request,
+                body,
+                requests,
+                f"{kind}.chunk" if kind == "chat.completion" else kind,
+                prefix,
+                shape,
+                opening,
+            )
         done = await unless_disconnected(request, stopping, lambda: sample(requests))
         if done is None:  # the client hung up; its lanes were cancelled and nobody reads this
             return Response(status_code=499)
         samples, usage = done
-        return JSONResponse({
-            "id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(clock()),
-            "model": model_name, "choices": [shape(i, s.text, s) for i, s in enumerate(samples)],
-            "usage": usage})
+        return JSONResponse(
+            {
+                "id": f"{prefix}-{uuid.uuid4().hex}",
+                "object": kind,
+                "created": int(clock()),
+                "model": model_name,
+                "choices": [shape(i, s.text, s) for i, s in enumerate(samples)],
+                "usage": usage,
+            }
+        )
 
     async def models(request: Request) -> JSONResponse:
         entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "lanefold"}
@@ -275,13 +334,15 @@ def create_app(
                 raise HTTPError(400, "one prompt per request", param="prompt")
             prompt = prompt[0]
         top = body.logprobs or 0
-        requests = plan(body, prompt, None, body.max_tokens, body.logprobs is not None,
-                        top_logprobs=top)
+        requests = plan(body, prompt, None, body.max_tokens, body.logprobs is not None, top_logprobs=top)
 
         def choice(index: int, text: str, sample: Sample | None) -> dict[str, Any]:
-            return {"index": index, "text": text,
-                    "finish_reason": None if sample is None else sample.finish_reason,
-                    "logprobs": None if sample is None else completion_logprobs(sample, top)}
+            return {
+                "index": index,
+                "text": text,
+                "finish_reason": None if sample is None else sample.finish_reason,
+                "logprobs": None if sample is None else completion_logprobs(sample, top),
+            }
 
         return await answer(request, body, requests, "text_completion", "cmpl", choice, [])
 
@@ -294,26 +355,35 @@ def create_app(
             ceiling, param = body.max_completion_tokens, "max_completion_tokens"
         top = body.top_logprobs or 0
         if top and not body.logprobs:
-            raise HTTPError(400, "top_logprobs: logprobs must be true to ask for top_logprobs",
-                            param="top_logprobs")
-        requests = plan(body, flatten_messages(turns), messages, ceiling, body.logprobs, param,
-                        top)
+            raise HTTPError(
+                400, "top_logprobs: logprobs must be true to ask for top_logprobs", param="top_logprobs"
+            )
+        requests = plan(body, flatten_messages(turns), messages, ceiling, body.logprobs, param, top)
 
         def choice(index: int, text: str, sample: Sample | None) -> dict[str, Any]:
             finish = None if sample is None else sample.finish_reason
             logprobs = None if sample is None else chat_logprobs(sample, top)
             if not body.stream:
                 assert sample is not None
-                return {"index": index, "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish, "logprobs": logprobs}
+                return {
+                    "index": index,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish,
+                    "logprobs": logprobs,
+                }
             delta = {"content": text} if sample is None else {}
-            return {"index": index, "delta": delta, "logprobs": logprobs,
-                    "finish_reason": finish}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-        opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                    "finish_reason": None} for i in range(body.n)]
-        return await answer(request, body, requests, "chat.completion", "chatcmpl", choice,
-                            opening)
+        opening = [
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            for i in range(body.n)
+        ]
+        return await answer(request, body, requests, "chat.completion", "chatcmpl", choice, opening)
 
     app = Starlette(
         routes=[

@@ -53,8 +53,9 @@ class HTTPError(Exception):
 
     def response(self) -> JSONResponse:
         """This refusal as a response."""
-        return error_response(self.status, str(self), kind=self.kind, param=self.param,
-                              code=self.code, headers=self.headers)
+        return error_response(
+            self.status, str(self), kind=self.kind, param=self.param, code=self.code, headers=self.headers
+        )
 
 
 def error_response(
@@ -86,8 +87,11 @@ class KeyCheck:
             sent = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(sent, self._key):
                 refusal = HTTPError(
-                    401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 await refusal.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -116,9 +120,12 @@ async def read_json(request: Request, max_bytes: int) -> Any:
 
 def _too_large(max_bytes: int) -> HTTPError:
     # Connection: close, so the server hangs up instead of draining the rest of the body.
-    return HTTPError(413, f"the request body is larger than this server's {max_bytes} bytes "
-                     "(--max-body-bytes)", code="request_too_large",
-                     headers={"Connection": "close"})
+    return HTTPError(
+        413,
+        f"the request body is larger than this server's {max_bytes} bytes (--max-body-bytes)",
+        code="request_too_large",
+        headers={"Connection": "close"},
+    )
 
 
 @dataclass(slots=True, eq=False)
@@ -132,8 +139,7 @@ class Admission:
     beyond it a request waits its turn in arrival order, and beyond `max_waiting` waiting ones
     it is refused with 429 and Retry-After. `capacity = None`: every request runs at once."""
 
-    def __init__(self, capacity: int | None, max_waiting: int | None,
-                 retry_after: float = 1.0) -> None:
+    def __init__(self, capacity: int | None, max_waiting: int | None, retry_after: float = 1.0) -> None:
         self.capacity, self.max_waiting, self.retry_after = capacity, max_waiting, retry_after
         self.running = 0  # lanes admitted
         self._queue: deque[_Waiter] = deque()
@@ -155,10 +161,13 @@ class Admission:
         else:
             if self.max_waiting is not None and len(self._queue) >= self.max_waiting:
                 raise HTTPError(
-                    429, f"the server is busy ({self.running} lanes running, {len(self._queue)} "
-                    "requests waiting); retry later", kind="rate_limit_error",
+                    429,
+                    f"the server is busy ({self.running} lanes running, {len(self._queue)} "
+                    "requests waiting); retry later",
+                    kind="rate_limit_error",
                     code="rate_limit_exceeded",
-                    headers={"Retry-After": str(math.ceil(self.retry_after))})
+                    headers={"Retry-After": str(math.ceil(self.retry_after))},
+                )
             waiter = _Waiter(lanes, anyio.Event())
             self._queue.append(waiter)
             try:
@@ -211,8 +220,7 @@ class Stopping:
 
 
 def _shutting_down() -> HTTPError:
-    return HTTPError(503, "the server is shutting down", kind="server_error",
-                     code="server_shutting_down")
+    return HTTPError(503, "the server is shutting down", kind="server_error", code="server_shutting_down")
 
 
 async def _until_disconnected(receive: Receive) -> None:
@@ -277,11 +285,19 @@ class ListeningStream(StreamingResponse):
                 tg.cancel_scope.cancel()
         if self.stopping.stopped and not gone and not finished:
             error = _shutting_down()
-            event = {"error": {"message": str(error), "type": error.kind, "param": None,
-                               "code": error.code, "status": error.status}}
+            event = {
+                "error": {
+                    "message": str(error),
+                    "type": error.kind,
+                    "param": None,
+                    "code": error.code,
+                    "status": error.status,
+                }
+            }
             if not started:
-                await send({"type": "http.response.start", "status": self.status_code,
-                            "headers": self.raw_headers})
+                await send(
+                    {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+                )
             with contextlib.suppress(OSError):
                 body = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
                 await send({"type": "http.response.body", "body": body, "more_body": False})

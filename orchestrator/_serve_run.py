@@ -94,11 +94,12 @@ async def serve_async(
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)  # says nothing when handed a bound socket
-            logging.getLogger("uvicorn.error").info("serving %s on %s (Ctrl-C to stop)",
-                                                    model_name, url)
+            logging.getLogger("uvicorn.error").info("serving %s on %s (Ctrl-C to stop)", model_name, url)
+
     app = create_app(backend, model_name=model_name, **app_options)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5
+    )
     server = _Server(config)
     failure: list[LanefoldError] = []  # raised after the task group, not inside its group
     try:
@@ -144,8 +145,15 @@ def serve(
     """Blocking: serve `backend` on `host:port` (loopback by default) until Ctrl-C."""
     sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
     anyio.run(
-        lambda: serve_async(backend, model_name=model_name, host=host, port=port,
-                            log_level=log_level, sock=sock, **app_options),
+        lambda: serve_async(
+            backend,
+            model_name=model_name,
+            host=host,
+            port=port,
+            log_level=log_level,
+            sock=sock,
+            **app_options,
+        ),
         backend="asyncio",  # uvicorn runs on asyncio only
     )
 
@@ -156,8 +164,9 @@ def require_extra() -> None:
         try:
             __import__(module)
         except ImportError:
-            raise ConfigError(f"orchestrator serve needs {module}, in the serve extra: "
-                              "pip install 'lanefold[serve]'") from None
+            raise ConfigError(
+                f"orchestrator serve needs {module}, in the serve extra: pip install 'lanefold[serve]'"
+            ) from None
 
 
 def api_key_from(variable: str | None, environ: Mapping[str, str] = os.environ) -> str | None:

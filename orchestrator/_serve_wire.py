@@ -37,13 +37,25 @@ _FLOOR = -9999.0
 # Types as the JSON says them, as OpenAI checks them: "16" is a string, not an integer, and a
 # NaN or Infinity (which Python's JSON parser lets through) is no number a knob can take.
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-_JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
-               list: "an array", dict: "an object", type(None): "null"}
-_EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean",
-             "string_type": "a string", "list_type": "an array", "dict_type": "an object",
-             "model_type": "an object"}
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "TextPart", "TextFormat",
-                        "StreamOptions"})
+_JSON_TYPES = {
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
+_EXPECTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean",
+    "string_type": "a string",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+}
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "TextPart", "TextFormat", "StreamOptions"})
 
 
 class StreamOptions(BaseModel):
@@ -177,8 +189,11 @@ def refusal(errors: Sequence[ErrorDetails]) -> tuple[str, str | None]:
 
 def _path(error: ErrorDetails) -> list[str]:
     # pydantic names the member of a union it tried (`stop.str`); the client wrote no such key.
-    return [str(part) for part in error["loc"]
-            if not (isinstance(part, str) and (part in _TYPE_TAGS or "[" in part))]
+    return [
+        str(part)
+        for part in error["loc"]
+        if not (isinstance(part, str) and (part in _TYPE_TAGS or "[" in part))
+    ]
 
 
 def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
@@ -214,8 +229,12 @@ def completion_logprobs(sample: Sample, top: int = 0) -> dict[str, Any] | None:
             for text, lp in (*step[:top], (token, value)):  # two ids of one text: the likelier
                 entry.setdefault(text, max(lp, _FLOOR))
             alternatives.append(entry)
-    return {"tokens": tokens, "token_logprobs": [max(v, _FLOOR) for v in sample.logprobs],
-            "top_logprobs": alternatives, "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [max(v, _FLOOR) for v in sample.logprobs],
+        "top_logprobs": alternatives,
+        "text_offset": offsets,
+    }
 
 
 def chat_logprobs(sample: Sample, top: int = 0) -> dict[str, Any] | None:
@@ -227,9 +246,15 @@ def chat_logprobs(sample: Sample, top: int = 0) -> dict[str, Any] | None:
     tokens = sample.tokens or ("",) * len(sample.logprobs)
     steps = sample.top_logprobs if top and sample.top_logprobs is not None else ()
     content = [
-        {"token": token, "logprob": max(value, _FLOOR), "bytes": list(token.encode()),
-         "top_logprobs": [{"token": text, "logprob": max(lp, _FLOOR), "bytes": list(text.encode())}
-                          for text, lp in (steps[i][:top] if i < len(steps) else ())]}
+        {
+            "token": token,
+            "logprob": max(value, _FLOOR),
+            "bytes": list(token.encode()),
+            "top_logprobs": [
+                {"token": text, "logprob": max(lp, _FLOOR), "bytes": list(text.encode())}
+                for text, lp in (steps[i][:top] if i < len(steps) else ())
+            ],
+        }
         for i, (token, value) in enumerate(zip(tokens, sample.logprobs, strict=False))
     ]
     return {"content": content, "refusal": None}

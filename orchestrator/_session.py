@@ -81,12 +81,19 @@ class Session:
     they stay on this machine (an executor's workers build only the config's).
     """
 
-    def __init__(self, config: LoopConfig | str | Path | None = None, *,
-                 backend: Backend | None = None, judge_backend: Backend | None = None,
-                 limiter: anyio.CapacityLimiter | None = None, runs_dir: str | Path = "runs",
-                 verifier: VerifierLike | None = None,
-                 executor: Executor | str | None = None,
-                 store: str | Store | None = None, hooks: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        config: LoopConfig | str | Path | None = None,
+        *,
+        backend: Backend | None = None,
+        judge_backend: Backend | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+        runs_dir: str | Path = "runs",
+        verifier: VerifierLike | None = None,
+        executor: Executor | str | None = None,
+        store: str | Store | None = None,
+        hooks: Sequence[Any] = (),
+    ) -> None:
         self.source = "<config>"
         self.hooks = list(hooks)
         if config is not None and not isinstance(config, LoopConfig):
@@ -116,8 +123,9 @@ class Session:
         await self._load_given()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -158,19 +166,31 @@ class Session:
         given = self._verifier if self._verifier is not None else judge.verifier
         if given is not None:
             with plugin_folders(config.folder):  # `module:function` beside the config first
-                return as_verifier(given, timeout_s=judge.verifier_timeout_s,
-                                   max_concurrency=config.loop.max_concurrency)
+                return as_verifier(
+                    given, timeout_s=judge.verifier_timeout_s, max_concurrency=config.loop.max_concurrency
+                )
         if judge.verifier_command is not None:
-            return CommandVerifier(judge.verifier_command, timeout_s=judge.verifier_timeout_s,
-                                   max_concurrency=config.loop.max_concurrency)
+            return CommandVerifier(
+                judge.verifier_command,
+                timeout_s=judge.verifier_timeout_s,
+                max_concurrency=config.loop.max_concurrency,
+            )
         return None
 
     # -- runs -------------------------------------------------------------------------------------
 
-    async def run(self, question: str, *, run_id: str | None = None, resume: bool = False,
-                  seed: int | None = None, errors: Errors = "raise",
-                  observer: Observer | None = None, log: EventLog | None = None,
-                  stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+    async def run(
+        self,
+        question: str,
+        *,
+        run_id: str | None = None,
+        resume: bool = False,
+        seed: int | None = None,
+        errors: Errors = "raise",
+        observer: Observer | None = None,
+        log: EventLog | None = None,
+        stop_reason: Callable[[], str] = lambda: "cancelled",
+    ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
         config's `loop.seed`), recorded with its config like any other key.
@@ -193,9 +213,15 @@ class Session:
                 raise
             return self._failed(run_id, question, exc)
 
-    async def _start(self, question: str, run_id: str, observer: Observer | None,
-                     log: EventLog | None, stop_reason: Callable[[], str],
-                     seed: int | None = None) -> RunResult:
+    async def _start(
+        self,
+        question: str,
+        run_id: str,
+        observer: Observer | None,
+        log: EventLog | None,
+        stop_reason: Callable[[], str],
+        seed: int | None = None,
+    ) -> RunResult:
         config = self.config.with_seed(seed)
         backend, judge_backend = await self._backends(config)
         await self._load_given()
@@ -205,34 +231,53 @@ class Session:
             runner = self.hook_runner(config, run_id)
             log = log or self.store.create_log(run_id, config.log.fsync)
             async with runner:
-                recorder = Recorder(log, run_id, RunState(pricing=config.pricing),
-                                    observer=runner.tapping(observer))
+                recorder = Recorder(
+                    log, run_id, RunState(pricing=config.pricing), observer=runner.tapping(observer)
+                )
                 try:
-                    recorder.emit(RunStarted, RunStartedData(
-                        config=config.model_dump(mode="json"), config_hash=config_hash(config),
-                        question=question, coordinator=config.loop.coordinator,
-                        backend=backend.name, library_version=VERSION,
-                        config_dir=self._config_dir()))
+                    recorder.emit(
+                        RunStarted,
+                        RunStartedData(
+                            config=config.model_dump(mode="json"),
+                            config_hash=config_hash(config),
+                            question=question,
+                            coordinator=config.loop.coordinator,
+                            backend=backend.name,
+                            library_version=VERSION,
+                            config_dir=self._config_dir(),
+                        ),
+                    )
                 except BaseException:
                     log.close()
                     raise
                 ledger = Ledger(limits=config.budget, pricing=config.pricing, shared=pool)
-                result = await drive(config, question, recorder, ledger, backend, judge_backend,
-                                     limiter=self.limiter, verifier=self.verifier_for(config),
-                                     stop_reason=stop_reason)
+                result = await drive(
+                    config,
+                    question,
+                    recorder,
+                    ledger,
+                    backend,
+                    judge_backend,
+                    limiter=self.limiter,
+                    verifier=self.verifier_for(config),
+                    stop_reason=stop_reason,
+                )
                 await runner.end(result)
                 return result
         finally:
             await close_shared_budget(pool)
 
-    async def _go_on(self, run_id: str, question: str, observer: Observer | None,
-                     stop_reason: Callable[[], str]) -> RunResult:
+    async def _go_on(
+        self, run_id: str, question: str, observer: Observer | None, stop_reason: Callable[[], str]
+    ) -> RunResult:
         """Resume `run_id`, which must be a run of `question` (an id reused for another
         question is a mistake to name, not a run to continue)."""
         recorded = read_state(self.store, run_id)
         if recorded.started is not None and recorded.started.question != question:
-            raise ConfigError(f"run_id {run_id!r}: the store holds a run of another question "
-                              f"({_clip(recorded.started.question)}); choose another id")
+            raise ConfigError(
+                f"run_id {run_id!r}: the store holds a run of another question "
+                f"({_clip(recorded.started.question)}); choose another id"
+            )
         return await self.resume(run_id, observer=observer, stop_reason=stop_reason)
 
     def _failed(self, run_id: str, question: str, error: LanefoldError) -> RunResult:
@@ -249,9 +294,15 @@ class Session:
         folder, else the working directory (resume looks there again)."""
         return self.config.folder or str(Path.cwd().resolve())
 
-    async def run_many(self, questions: Iterable[str], *, concurrency: int = 8,
-                       run_ids: Sequence[str] | None = None, resume: bool = False,
-                       errors: Errors = "raise") -> AsyncGenerator[RunResult, None]:
+    async def run_many(
+        self,
+        questions: Iterable[str],
+        *,
+        concurrency: int = 8,
+        run_ids: Sequence[str] | None = None,
+        resume: bool = False,
+        errors: Errors = "raise",
+    ) -> AsyncGenerator[RunResult, None]:
         """Run every question, up to `concurrency` at once; results in completion order.
 
         Each result's `index` is its question's position. `resume=True`: an id in `run_ids`
@@ -272,9 +323,17 @@ class Session:
         for _, question in todo:
             check_question(question)
         if self.executor is not None:  # each worker holds its own Session and backend
-            async with contextlib.aclosing(distribute(
-                    self, self.executor, [q for _, q in todo], concurrency=concurrency,
-                    run_ids=run_ids, resume=resume, errors=errors)) as remote:
+            async with contextlib.aclosing(
+                distribute(
+                    self,
+                    self.executor,
+                    [q for _, q in todo],
+                    concurrency=concurrency,
+                    run_ids=run_ids,
+                    resume=resume,
+                    errors=errors,
+                )
+            ) as remote:
                 async for result in remote:
                     yield result
             return
@@ -284,8 +343,9 @@ class Session:
 
         async def worker() -> None:
             for index, question in queue:  # shared: each question taken by one worker
-                result = await self.run(question, run_id=run_ids[index] if run_ids else None,
-                                        resume=resume, errors=errors)
+                result = await self.run(
+                    question, run_id=run_ids[index] if run_ids else None, resume=resume, errors=errors
+                )
                 await send.send(result.model_copy(update={"index": index}))
 
         async def produce() -> None:
@@ -310,9 +370,14 @@ class Session:
                 raise
             raise lanefold_error(group) from None
 
-    async def resume(self, run_id: str, *, observer: Observer | None = None,
-                     log: EventLog | None = None,
-                     stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+    async def resume(
+        self,
+        run_id: str,
+        *,
+        observer: Observer | None = None,
+        log: EventLog | None = None,
+        stop_reason: Callable[[], str] = lambda: "cancelled",
+    ) -> RunResult:
         """Continue a run from its log. A finished run returns its recorded result.
 
         Completed lanes are kept; lanes in flight at a crash are charged their hold and, with
@@ -342,44 +407,65 @@ class Session:
                 backend, judge_backend = await self._backends(config)
                 await self._load_given()
                 pool = await open_shared_budget(config, self.store, state.run_id or run_id)
-                runner = await hooks.enter_async_context(
-                    self.hook_runner(config, state.run_id or run_id))
-                recorder = Recorder(log, state.run_id or run_id, state,
-                                    observer=runner.tapping(observer))
+                runner = await hooks.enter_async_context(self.hook_runner(config, state.run_id or run_id))
+                recorder = Recorder(log, state.run_id or run_id, state, observer=runner.tapping(observer))
                 torn = log.torn_tail
-                recorder.emit(RunResumed, RunResumedData(
-                    resumed_after_sequence=state.last_sequence,
-                    in_flight=[(wave, lane.lane) for wave, lane in state.in_flight()],
-                    torn_tail_bytes=torn.bytes if torn else 0,
-                    torn_tail_line=torn.line if torn else None,
-                    active_seconds_before=state.active_seconds()))
+                recorder.emit(
+                    RunResumed,
+                    RunResumedData(
+                        resumed_after_sequence=state.last_sequence,
+                        in_flight=[(wave, lane.lane) for wave, lane in state.in_flight()],
+                        torn_tail_bytes=torn.bytes if torn else 0,
+                        torn_tail_line=torn.line if torn else None,
+                        active_seconds_before=state.active_seconds(),
+                    ),
+                )
             except BaseException:
                 log.close()
                 await close_shared_budget(pool)
                 raise
-            ledger = Ledger(limits=config.budget, pricing=config.pricing, spent=copy.deepcopy(state.spend),
-                            elapsed_before=state.active_seconds_before, shared=pool)
+            ledger = Ledger(
+                limits=config.budget,
+                pricing=config.pricing,
+                spent=copy.deepcopy(state.spend),
+                elapsed_before=state.active_seconds_before,
+                shared=pool,
+            )
             try:
-                result = await drive(config, question_of(state), recorder, ledger, backend,
-                                     judge_backend, limiter=self.limiter,
-                                     verifier=self.verifier_for(config), stop_reason=stop_reason)
+                result = await drive(
+                    config,
+                    question_of(state),
+                    recorder,
+                    ledger,
+                    backend,
+                    judge_backend,
+                    limiter=self.limiter,
+                    verifier=self.verifier_for(config),
+                    stop_reason=stop_reason,
+                )
             finally:
                 await close_shared_budget(pool)
             await runner.end(result)
             return result
 
-    async def reduce(self, run_id: str, *, reducer: str, extract: ExtractSpec | None = None,
-                     observer: Observer | None = None,
-                     stop_reason: Callable[[], str] = lambda: "cancelled") -> RunResult:
+    async def reduce(
+        self,
+        run_id: str,
+        *,
+        reducer: str,
+        extract: ExtractSpec | None = None,
+        observer: Observer | None = None,
+        stop_reason: Callable[[], str] = lambda: "cancelled",
+    ) -> RunResult:
         """Reduce a finished run's lanes again with `reducer`, without sampling.
 
         Appends `reduce.started` and `reduce.completed` (the next reduction number) under
         the run's lock; a judge or usc reducer runs only its own governed wave. Returns the
         result as this reduction gives it (the run's recorded result is left as it was).
         """
-        return await reduce_run(self, run_id, reducer=reducer, extract=extract,
-                                observer=observer, stop_reason=stop_reason)
-
+        return await reduce_run(
+            self, run_id, reducer=reducer, extract=extract, observer=observer, stop_reason=stop_reason
+        )
 
     def hook_runner(self, config: LoopConfig, run_id: str) -> HookRunner:
         """The runner of this session's hooks and the `[[hooks]]` of `config` for one run."""
@@ -393,7 +479,7 @@ def _check_errors(errors: str) -> None:
 
 def _clip(text: str, width: int = 60) -> str:
     line = " ".join(text.split())
-    return repr(line if len(line) <= width else line[:width - 3] + "...")
+    return repr(line if len(line) <= width else line[: width - 3] + "...")
 
 
 def _store_of(store: str | Store | None, config: LoopConfig | None, runs_dir: str | Path) -> Store:
@@ -404,12 +490,21 @@ def _store_of(store: str | Store | None, config: LoopConfig | None, runs_dir: st
     return open_store(url, runs_dir, section.password_env if section is not None else None)
 
 
-async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str | Path = "runs",
-              run_id: str | None = None, backend: Backend | None = None,
-              judge_backend: Backend | None = None, limiter: anyio.CapacityLimiter | None = None,
-              observer: Observer | None = None, log: EventLog | None = None,
-              verifier: VerifierLike | None = None,
-              store: str | Store | None = None, hooks: Sequence[Any] = ()) -> RunResult:
+async def run(
+    config: LoopConfig | str | Path,
+    question: str,
+    *,
+    runs_dir: str | Path = "runs",
+    run_id: str | None = None,
+    backend: Backend | None = None,
+    judge_backend: Backend | None = None,
+    limiter: anyio.CapacityLimiter | None = None,
+    observer: Observer | None = None,
+    log: EventLog | None = None,
+    verifier: VerifierLike | None = None,
+    store: str | Store | None = None,
+    hooks: Sequence[Any] = (),
+) -> RunResult:
     """Run a loop on one question (a Session of one run).
 
     `backend`, `judge_backend`, `limiter` (shared across runs) and `log` (any EventLog) replace
@@ -419,24 +514,44 @@ async def run(config: LoopConfig | str | Path, question: str, *, runs_dir: str |
     (resumable) and re-raises the cancellation.
     """
     check_question(question)
-    async with Session(config, backend=backend, judge_backend=judge_backend, limiter=limiter,
-                       runs_dir=runs_dir, verifier=verifier, store=store,
-                       hooks=hooks) as session:
+    async with Session(
+        config,
+        backend=backend,
+        judge_backend=judge_backend,
+        limiter=limiter,
+        runs_dir=runs_dir,
+        verifier=verifier,
+        store=store,
+        hooks=hooks,
+    ) as session:
         return await session.run(question, run_id=run_id, observer=observer, log=log)
 
 
-async def resume(run_id: str, *, runs_dir: str | Path = "runs", backend: Backend | None = None,
-                 judge_backend: Backend | None = None,
-                 limiter: anyio.CapacityLimiter | None = None,
-                 observer: Observer | None = None, log: EventLog | None = None,
-                 verifier: VerifierLike | None = None,
-                 store: str | Store | None = None, hooks: Sequence[Any] = ()) -> RunResult:
+async def resume(
+    run_id: str,
+    *,
+    runs_dir: str | Path = "runs",
+    backend: Backend | None = None,
+    judge_backend: Backend | None = None,
+    limiter: anyio.CapacityLimiter | None = None,
+    observer: Observer | None = None,
+    log: EventLog | None = None,
+    verifier: VerifierLike | None = None,
+    store: str | Store | None = None,
+    hooks: Sequence[Any] = (),
+) -> RunResult:
     """Continue a run from its log (a Session of one resume). A finished run returns its
     recorded result, calling nothing; its backends are built from the recorded config."""
     # No config: the session builds what the run's recorded config names, when it needs it.
-    async with Session(backend=backend, judge_backend=judge_backend, limiter=limiter,
-                       runs_dir=runs_dir, verifier=verifier, store=store,
-                       hooks=hooks) as session:
+    async with Session(
+        backend=backend,
+        judge_backend=judge_backend,
+        limiter=limiter,
+        runs_dir=runs_dir,
+        verifier=verifier,
+        store=store,
+        hooks=hooks,
+    ) as session:
         return await session.resume(run_id, observer=observer, log=log)
 
 

@@ -30,8 +30,16 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
-__all__ = ("EXIT_CODES", "Stopped", "Watch", "command_signals", "decided", "importing_quietly",
-           "pause_point", "watch")
+__all__ = (
+    "EXIT_CODES",
+    "Stopped",
+    "Watch",
+    "command_signals",
+    "decided",
+    "importing_quietly",
+    "pause_point",
+    "watch",
+)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}

@@ -36,12 +36,10 @@ from lanefold.primitives import (
     without_plugin_imports,
 )
 
-__all__ = ("Store", "fold_readable", "fold_record", "new_run_id", "open_store",
-           "read_run", "read_state")
+__all__ = ("Store", "fold_readable", "fold_record", "new_run_id", "open_store", "read_run", "read_state")
 
 
-def open_store(url: str | None, runs_dir: str | Path = "runs",
-               password_env: str | None = None) -> Store:
+def open_store(url: str | None, runs_dir: str | Path = "runs", password_env: str | None = None) -> Store:
     """The store a command or Session writes to: the registered store serving `url`'s scheme
     (`postgresql://`; its password from the environment variable `password_env`, if named),
     else the default store (files under `runs_dir`). An unknown scheme is a ConfigError
@@ -70,8 +68,9 @@ def fold_record(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunSt
     except LogCorruptError as refused:
         # A claim the loop's audit refuses on an earlier line is the first wrong line (an
         # edited answer, say, that the result repeats further down).
-        before = fold(events[:refused.line - 1], config.pricing, source=source, run_id=run_id,
-                      reducer=reducer)
+        before = fold(
+            events[: refused.line - 1], config.pricing, source=source, run_id=run_id, reducer=reducer
+        )
         wrong = _audit(before, config)
         if wrong is not None and wrong[0] < refused.line:
             raise LogCorruptError(source, *wrong) from None
@@ -96,12 +95,12 @@ def _configured_reducer(config: LoopConfig) -> str | None:
 def _audit(state: RunState, config: LoopConfig) -> AuditFinding | None:
     """What only the loop knows (its declared `audit`): a parallel-sample log's answers,
     reduce and result, say."""
-    return audit_run(config.loop_class(), config.loop_params, state, extract=config.extract,
-                     seed=config.loop.seed)
+    return audit_run(
+        config.loop_class(), config.loop_params, state, extract=config.extract, seed=config.loop.seed
+    )
 
 
-def fold_readable(events: list[AnyEvent], source: str,
-                  run_id: str) -> tuple[RunState, LoopConfig | None]:
+def fold_readable(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunState, LoopConfig | None]:
     """`fold_record` for a reader (`tail`, `show`), which imports no plug-in: where the
     recorded config names a `module:attr` not imported here, the events are folded at the
     recorded prices, every line still checked as the run's own, and the config is None."""
@@ -116,8 +115,7 @@ def fold_readable(events: list[AnyEvent], source: str,
     try:
         pricing = Pricing.model_validate(started.config.get("pricing", {}))
     except ValidationError as exc:
-        raise ConfigError(f"{source}:1: recorded config: pricing: "
-                          f"{exc.errors()[0]['msg']}") from None
+        raise ConfigError(f"{source}:1: recorded config: pricing: {exc.errors()[0]['msg']}") from None
     return fold(events, pricing, source=source, run_id=run_id), None
 
 

@@ -55,8 +55,9 @@ class SyncSession:
         self._open()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     @property
@@ -132,8 +133,7 @@ class SyncSession:
 class _Task(Generic[T]):
     """A call running on the portal's loop, which a blocked caller can stop and outwait."""
 
-    def __init__(self, portal: anyio.from_thread.BlockingPortal,
-                 call: Callable[[], Awaitable[T]]) -> None:
+    def __init__(self, portal: anyio.from_thread.BlockingPortal, call: Callable[[], Awaitable[T]]) -> None:
         self.ended = threading.Event()
 
         async def guarded() -> T:

@@ -349,8 +349,9 @@ __all__ = (
 )
 
 
-_MOVED_INTERNAL = frozenset({"Dispatcher", "HookRunner", "Recorder", "RunBudget", "RunContext",
-                             "WaveSpec", "apply"})
+_MOVED_INTERNAL = frozenset(
+    {"Dispatcher", "HookRunner", "Recorder", "RunBudget", "RunContext", "WaveSpec", "apply"}
+)
 
 
 def __getattr__(name: str) -> object:
@@ -361,8 +362,11 @@ def __getattr__(name: str) -> object:
 
         from lanefold.primitives import internal
 
-        warnings.warn(f"lanefold.primitives.{name} is internal: import it from "
-                      f"lanefold.primitives.internal (it goes from lanefold.primitives in 0.3)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"lanefold.primitives.{name} is internal: import it from "
+            f"lanefold.primitives.internal (it goes from lanefold.primitives in 0.3)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return getattr(internal, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,6 +31,7 @@ __all__ = (
     "sample_all",
 )
 
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling settings shared by every lane of a request."""

@@ -19,8 +19,15 @@ from pydantic import BaseModel
 from lanefold.primitives._backend import Backend
 from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
 
-__all__ = ("BACKENDS", "BackendSpec", "backend_build_errors", "backend_gpus", "backend_preflight",
-           "backend_prompt_tokens", "register_backend")
+__all__ = (
+    "BACKENDS",
+    "BackendSpec",
+    "backend_build_errors",
+    "backend_gpus",
+    "backend_preflight",
+    "backend_prompt_tokens",
+    "register_backend",
+)
 
 M = TypeVar("M", bound=type[BaseModel])
 
@@ -74,11 +81,9 @@ def _check_backend(obj: Any, key: str) -> None:
     if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
         raise NotOfKindError(f"{key}: {_qualified(obj)} is not a pydantic model")
     if "kind" not in obj.model_fields:
-        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a backend config (it has no "
-                             f"'kind' field)")
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a backend config (it has no 'kind' field)")
     if not callable(getattr(obj, "build", None)):
-        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a backend config (it has no "
-                             f"'build' method)")
+        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a backend config (it has no 'build' method)")
 
 
 def _own_kind(obj: Any) -> str | None:
@@ -87,8 +92,9 @@ def _own_kind(obj: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-BACKENDS: Registry[type[BaseModel]] = Registry("backend", key="backend.kind",
-                                               check=_check_backend, name_of=_own_kind)
+BACKENDS: Registry[type[BaseModel]] = Registry(
+    "backend", key="backend.kind", check=_check_backend, name_of=_own_kind
+)
 
 
 def register_backend(kind: str) -> Callable[[M], M]:

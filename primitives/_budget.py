@@ -24,8 +24,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lanefold.primitives._backend import Usage
 
-__all__ = ("Hold", "Ledger", "Limits", "Overrun", "Pricing", "Refusal", "Room", "SharedPool", "Spend",
-           "WaveFit", "short_of_room")
+__all__ = (
+    "Hold",
+    "Ledger",
+    "Limits",
+    "Overrun",
+    "Pricing",
+    "Refusal",
+    "Room",
+    "SharedPool",
+    "Spend",
+    "WaveFit",
+    "short_of_room",
+)
 
 Bill = Literal["sample", "verifier"]  # the line a lane is priced on
 
@@ -88,23 +99,38 @@ class Spend:
 
     @property
     def cost_usd(self) -> float:
-        return (self.prefill_usd + self.cached_prefill_usd + self.decode_usd
-                + self.kv_residency_usd + self.verifier_usd + self.cut_off_usd)
+        return (
+            self.prefill_usd
+            + self.cached_prefill_usd
+            + self.decode_usd
+            + self.kv_residency_usd
+            + self.verifier_usd
+            + self.cut_off_usd
+        )
 
     def usage_lines(self) -> dict[str, int | float]:
         """Tokens by line of the bill, named as a run's result names them."""
-        return {"prefill_tokens": self.prefill_tokens,
-                "cached_prefill_tokens": self.cached_prefill_tokens,
-                "decode_tokens": self.decode_tokens, "verifier_tokens": self.verifier_tokens,
-                "cut_off_tokens": self.cut_off_tokens, "kv_token_seconds": self.kv_token_seconds,
-                "requests": self.requests}
+        return {
+            "prefill_tokens": self.prefill_tokens,
+            "cached_prefill_tokens": self.cached_prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+            "verifier_tokens": self.verifier_tokens,
+            "cut_off_tokens": self.cut_off_tokens,
+            "kv_token_seconds": self.kv_token_seconds,
+            "requests": self.requests,
+        }
 
     def cost_lines(self) -> dict[str, float]:
         """USD by line of the bill and in total, named as a run's result names them."""
-        return {"prefill": self.prefill_usd, "cached_prefill": self.cached_prefill_usd,
-                "decode": self.decode_usd, "kv_residency": self.kv_residency_usd,
-                "verifier": self.verifier_usd, "cut_off": self.cut_off_usd,
-                "total": self.cost_usd}
+        return {
+            "prefill": self.prefill_usd,
+            "cached_prefill": self.cached_prefill_usd,
+            "decode": self.decode_usd,
+            "kv_residency": self.kv_residency_usd,
+            "verifier": self.verifier_usd,
+            "cut_off": self.cut_off_usd,
+            "total": self.cost_usd,
+        }
 
     def add_cut_off(self, hold: Hold) -> None:
         """Charge a cut-off attempt its whole hold, on its own line."""
@@ -135,8 +161,7 @@ class Spend:
         self.decode_usd += usage.output_tokens * pricing.output_per_mtok * per
 
 
-def short_of_room(room: Room, tokens: int, cost: float,
-                  requests: int) -> tuple[str, float, float] | None:
+def short_of_room(room: Room, tokens: int, cost: float, requests: int) -> tuple[str, float, float] | None:
     """The first limit `tokens`, `cost` and `requests` would pass in `room`: (limit, asked,
     left), or None where all fit."""
     if room.tokens is not None and tokens > room.tokens:
@@ -149,9 +174,11 @@ def short_of_room(room: Room, tokens: int, cost: float,
 
 
 def _priced(usage: Counts, pricing: Pricing) -> float:
-    return 1e-6 * (usage.input_tokens * pricing.input_per_mtok
-                   + usage.cached_input_tokens * pricing.cached_input_per_mtok
-                   + usage.output_tokens * pricing.output_per_mtok)
+    return 1e-6 * (
+        usage.input_tokens * pricing.input_per_mtok
+        + usage.cached_input_tokens * pricing.cached_input_per_mtok
+        + usage.output_tokens * pricing.output_per_mtok
+    )
 
 
 class Counts(Protocol):
@@ -181,9 +208,12 @@ def cost_of(usage: Counts, bill: Bill, pricing: Pricing) -> float:
             all_tokens = usage.input_tokens + usage.cached_input_tokens + usage.output_tokens
             return kv + all_tokens * pricing.verifier_per_mtok * per
         return kv + _priced(usage, pricing)
-    return (usage.input_tokens * pricing.input_per_mtok * per
-            + usage.cached_input_tokens * pricing.cached_input_per_mtok * per
-            + usage.output_tokens * pricing.output_per_mtok * per + kv)
+    return (
+        usage.input_tokens * pricing.input_per_mtok * per
+        + usage.cached_input_tokens * pricing.cached_input_per_mtok * per
+        + usage.output_tokens * pricing.output_per_mtok * per
+        + kv
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,8 +315,9 @@ class Ledger:
 
     # -- worst cases ----------------------------------------------------------------------------
 
-    def holds_for_request(self, prompt_tokens: int, max_tokens: Sequence[int], *,
-                          share_prefix: bool, bill: Bill) -> list[Hold]:
+    def holds_for_request(
+        self, prompt_tokens: int, max_tokens: Sequence[int], *, share_prefix: bool, bill: Bill
+    ) -> list[Hold]:
         """Per-lane worst cases for one backend request of len(max_tokens) lanes.
 
         With a shared prefix the first lane carries the prompt as prefill and the others as
@@ -315,8 +346,9 @@ class Ledger:
                 short = short_of_room(room, tokens, cost, requests)
                 if short is not None:
                     limit, needed, available = short
-                    return WaveFit(k, limit, needed, available,
-                                   self.shared.name if self.shared is not None else "")
+                    return WaveFit(
+                        k, limit, needed, available, self.shared.name if self.shared is not None else ""
+                    )
         return WaveFit(len(holds), None)
 
     def _short(self, tokens: int, cost: float, requests: int) -> tuple[str, float, float] | None:

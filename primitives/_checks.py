@@ -54,9 +54,22 @@ from lanefold.primitives.events import (
 if TYPE_CHECKING:
     from lanefold.primitives._state import RunState, WaveState
 
-__all__ = ("Refused", "check_barrier", "check_billed", "check_envelope", "check_hold", "check_lane",
-           "check_place", "check_priced", "check_reduce_started", "check_reduction",
-           "check_result", "check_resumed", "check_verdict", "recorded_pricing")
+__all__ = (
+    "Refused",
+    "check_barrier",
+    "check_billed",
+    "check_envelope",
+    "check_hold",
+    "check_lane",
+    "check_place",
+    "check_priced",
+    "check_reduce_started",
+    "check_reduction",
+    "check_result",
+    "check_resumed",
+    "check_verdict",
+    "recorded_pricing",
+)
 
 
 class Refused(Exception):
@@ -93,10 +106,23 @@ def check_place(state: RunState, event: AnyEvent) -> None:
 
 # What may follow a completed run: a re-reduction, opened by reduce.started and closed by its
 # reduce.completed, with the judge waves and verdicts it runs (and a resume of one a crash cut).
-_REDUCTION_EVENTS = frozenset({
-    "wave.started", "lane.dispatched", "lane.completed", "lane.failed", "lane.interrupted",
-    "wave.barrier", "judge.completed", "reduce.completed", "budget.wave_shrunk",
-    "budget.exhausted", "budget.overrun", "backend.n_unsupported", "run.resumed"})
+_REDUCTION_EVENTS = frozenset(
+    {
+        "wave.started",
+        "lane.dispatched",
+        "lane.completed",
+        "lane.failed",
+        "lane.interrupted",
+        "wave.barrier",
+        "judge.completed",
+        "reduce.completed",
+        "budget.wave_shrunk",
+        "budget.exhausted",
+        "budget.overrun",
+        "backend.n_unsupported",
+        "run.resumed",
+    }
+)
 
 
 def _after_end(state: RunState, event: AnyEvent) -> bool:
@@ -114,8 +140,7 @@ def check_envelope(state: RunState, event: AnyEvent) -> None:
         try:
             recorded = hash_config(event.data.config)
         except ValueError:  # NaN or infinity: no config is written with one
-            raise Refused("the recorded config holds a number JSON does not (NaN or "
-                          "infinity)") from None
+            raise Refused("the recorded config holds a number JSON does not (NaN or infinity)") from None
         if recorded != event.data.config_hash:
             raise Refused("the recorded config does not match its config_hash (edited?)")
         run_id = event.run_id
@@ -138,11 +163,12 @@ def check_lane(wave: WaveState, lane: int, kind: str) -> None:
     given = wave.given
     if given is not None:
         if lane not in given:
-            raise Refused(f"{kind} for lane {lane} of wave {wave.wave}, which was given lanes "
-                          f"{_span(wave.info.lanes or [])}")
+            raise Refused(
+                f"{kind} for lane {lane} of wave {wave.wave}, which was given lanes "
+                f"{_span(wave.info.lanes or [])}"
+            )
     elif lane < 0 or (lane not in wave.lanes and len(wave.lanes) >= wave.info.k):
-        raise Refused(f"{kind} for lane {lane} of wave {wave.wave}, which has "
-                      f"{wave.info.k} lanes")
+        raise Refused(f"{kind} for lane {lane} of wave {wave.wave}, which has {wave.info.k} lanes")
 
 
 def _span(lanes: list[int]) -> str:
@@ -159,21 +185,26 @@ def check_hold(state: RunState, wave: WaveState, data: LaneDispatchedData) -> No
     the others where the prefix is shared), no residency, at the price of that usage."""
     reserved = data.reserved
     if not data.max_tokens == reserved.output_tokens == wave.info.lane_max_tokens:
-        raise Refused(f"lane.dispatched reserves {reserved.output_tokens} output tokens with "
-                      f"max_tokens {data.max_tokens}; wave {wave.wave} gives each lane "
-                      f"{wave.info.lane_max_tokens}")
+        raise Refused(
+            f"lane.dispatched reserves {reserved.output_tokens} output tokens with "
+            f"max_tokens {data.max_tokens}; wave {wave.wave} gives each lane "
+            f"{wave.info.lane_max_tokens}"
+        )
     shared = wave.info.share_prefix
-    if reserved.kv_token_seconds or (reserved.cached_input_tokens and (
-            not shared or data.reserved_requests)) or (
-            shared and reserved.input_tokens and not data.reserved_requests):
-        raise Refused("lane.dispatched reserves its prompt on a line its place in the request "
-                      "does not give")
+    if (
+        reserved.kv_token_seconds
+        or (reserved.cached_input_tokens and (not shared or data.reserved_requests))
+        or (shared and reserved.input_tokens and not data.reserved_requests)
+    ):
+        raise Refused("lane.dispatched reserves its prompt on a line its place in the request does not give")
     # The lanes of one request share its prompt (requests are numbered afresh by each resume).
     prompt = reserved.input_tokens + reserved.cached_input_tokens
     carried = wave.prompts.setdefault(data.request, prompt)
     if prompt != carried:
-        raise Refused(f"lane.dispatched reserves a prompt of {prompt} tokens; request "
-                      f"{data.request} of wave {wave.wave} carries {carried}")
+        raise Refused(
+            f"lane.dispatched reserves a prompt of {prompt} tokens; request "
+            f"{data.request} of wave {wave.wave} carries {carried}"
+        )
     check_priced(state, reserved, wave.info.bill, data.reserved_cost_usd, "reserved_cost_usd")
 
 
@@ -189,8 +220,9 @@ def check_billed(kind: str, billed: UsageData, cost: float, hold: Hold | None) -
     """A cut-off or interrupted attempt bills its whole hold; one never sent bills nothing."""
     usage = billed.to_usage()
     if hold is not None and (usage != hold.usage or cost != hold.cost_usd):
-        raise Refused(f"{kind} bills {usage} at {cost!r} USD, not its hold ({hold.usage} at "
-                      f"{hold.cost_usd!r} USD)")
+        raise Refused(
+            f"{kind} bills {usage} at {cost!r} USD, not its hold ({hold.usage} at {hold.cost_usd!r} USD)"
+        )
     if hold is None and (usage != Usage() or cost != 0.0):
         raise Refused(f"{kind} bills {usage} at {cost!r} USD for an attempt never sent")
 
@@ -200,8 +232,10 @@ def check_barrier(wave: WaveState, data: WaveBarrierData) -> None:
     completed = [s.lane for s in wave.completed()]
     failed = [s.lane for s in wave.failed()]
     if (list(data.completed), list(data.failed)) != (completed, failed):
-        raise Refused(f"wave.barrier lists lanes {data.completed} completed and {data.failed} "
-                      f"failed, the log gives {completed} and {failed}")
+        raise Refused(
+            f"wave.barrier lists lanes {data.completed} completed and {data.failed} "
+            f"failed, the log gives {completed} and {failed}"
+        )
 
 
 # -- resumes and reductions ----------------------------------------------------------------------
@@ -210,11 +244,14 @@ def check_barrier(wave: WaveState, data: WaveBarrierData) -> None:
 def check_resumed(state: RunState, data: RunResumedData) -> None:
     """A resume follows the last line, with the sampling time the log gives so far."""
     if data.resumed_after_sequence != state.last_sequence:
-        raise Refused(f"run.resumed after sequence {data.resumed_after_sequence}, the log "
-                      f"ends at {state.last_sequence}")
+        raise Refused(
+            f"run.resumed after sequence {data.resumed_after_sequence}, the log ends at {state.last_sequence}"
+        )
     if data.active_seconds_before != state.active_seconds():
-        raise Refused(f"run.resumed says {data.active_seconds_before!r} s ran before it, the "
-                      f"log gives {state.active_seconds()!r}")
+        raise Refused(
+            f"run.resumed says {data.active_seconds_before!r} s ran before it, the "
+            f"log gives {state.active_seconds()!r}"
+        )
 
 
 def check_reduce_started(state: RunState, data: ReduceStartedData) -> None:
@@ -222,8 +259,7 @@ def check_reduce_started(state: RunState, data: ReduceStartedData) -> None:
     after the last one."""
     waves = state.reduction_waves.get(1) or [1]
     if list(data.candidate_waves) != waves:
-        raise Refused(f"reduce.started reads waves {data.candidate_waves}, the run's reduce "
-                      f"read {waves}")
+        raise Refused(f"reduce.started reads waves {data.candidate_waves}, the run's reduce read {waves}")
     first = max(state.waves, default=0) + 1
     if data.first_wave != first:
         raise Refused(f"reduce.started's first wave is {data.first_wave}, the next is {first}")
@@ -235,15 +271,19 @@ def check_reduction(state: RunState, data: ReduceCompletedData, waves: list[int]
     if data.reduction == 1:
         expected = state.reducer
         if expected is not None and data.reducer != expected:
-            raise Refused(f"reduce.completed by {data.reducer}, the config's "
-                          + (f"reducer is {expected}" if expected else "loop reduces nothing"))
+            raise Refused(
+                f"reduce.completed by {data.reducer}, the config's "
+                + (f"reducer is {expected}" if expected else "loop reduces nothing")
+            )
     else:
         opened = state.open_reduction
         # A `module:attr` reducer records its class's name: only the reader that imports it
         # (orchestrator's fold_record) can tell; a registered name is checked here.
         if opened is not None and ":" not in opened.reducer and data.reducer != opened.reducer:
-            raise Refused(f"reduce.completed by {data.reducer}, reduction {data.reduction} was "
-                          f"opened for {opened.reducer}")
+            raise Refused(
+                f"reduce.completed by {data.reducer}, reduction {data.reduction} was "
+                f"opened for {opened.reducer}"
+            )
     missing = [wave for wave in waves if wave not in state.waves]
     if missing:
         raise Refused(f"reduce.completed over wave {missing[0]}, which was never started")
@@ -253,8 +293,7 @@ def check_verdict(state: RunState, reduction: int, wave: int, lane: int) -> None
     """A verdict belongs to the reduction under way, on a lane that ran."""
     under_way = state.open_reduction.reduction if state.open_reduction is not None else 1
     if reduction != under_way:
-        raise Refused(f"judge.completed for reduction {reduction}, the one under way is "
-                      f"{under_way}")
+        raise Refused(f"judge.completed for reduction {reduction}, the one under way is {under_way}")
     candidate = state.waves.get(wave)
     if candidate is None or lane not in candidate.lanes:
         raise Refused(f"judge.completed on lane {lane} of wave {wave}, which never ran")
@@ -269,20 +308,23 @@ def check_result(state: RunState, result: dict[str, Any]) -> None:
     the loop's audit (where there is one) checks."""
     started = state.started
     claims: dict[str, Any] = {
-        "run_id": state.run_id, "question": started.question if started else None,
-        "resumes": state.resumes}
+        "run_id": state.run_id,
+        "question": started.question if started else None,
+        "resumes": state.resumes,
+    }
     for key, expected in claims.items():
         if result.get(key) != expected:
-            raise Refused(f"run.completed says {key} = {result.get(key)!r}, the log gives "
-                          f"{expected!r}")
+            raise Refused(f"run.completed says {key} = {result.get(key)!r}, the log gives {expected!r}")
     _check_bill(state, result)
     _check_lanes(state, result)
     _check_reducer(state, result)
     elapsed = result.get("elapsed_s")
     floor = round(state.active_seconds_before, 6)
     if not (isinstance(elapsed, int | float) and math.isfinite(elapsed) and elapsed >= floor):
-        raise Refused(f"run.completed says elapsed_s = {elapsed!r}: not a time of at least the "
-                      f"{floor} s recorded before the last resume")
+        raise Refused(
+            f"run.completed says elapsed_s = {elapsed!r}: not a time of at least the "
+            f"{floor} s recorded before the last resume"
+        )
 
 
 def _check_bill(state: RunState, result: dict[str, Any]) -> None:
@@ -298,22 +340,31 @@ def _check_bill(state: RunState, result: dict[str, Any]) -> None:
             # Results written before the cut-off line existed leave it out: it was 0.
             got = claimed.get(name, 0 if name.startswith("cut_off") else None)
             if got != value:
-                raise Refused(f"run.completed says {part}.{name} = {got!r}, the fold of the log "
-                              f"gives {value!r}")
+                raise Refused(
+                    f"run.completed says {part}.{name} = {got!r}, the fold of the log gives {value!r}"
+                )
 
 
-_LANE_CLAIMS = operator.itemgetter("lane", "wave", "status", "answer", "finish_reason", "tokens",
-                                   "attempts")
+_LANE_CLAIMS = operator.itemgetter("lane", "wave", "status", "answer", "finish_reason", "tokens", "attempts")
 
 
 def _check_lanes(state: RunState, result: dict[str, Any]) -> None:
     """The lanes priced as samples, every wave's, as the result reports them (less the
     scores, which are the loop's reading of its reduction)."""
     expected = [
-        (s.lane, w.wave, s.status, s.answer, s.finish_reason,
-         s.usage.output_tokens if s.status == "completed" and s.usage else 0, s.attempts)
-        for _, w in sorted(state.waves.items()) if w.info.bill == "sample"
-        for _, s in sorted(w.lanes.items())]
+        (
+            s.lane,
+            w.wave,
+            s.status,
+            s.answer,
+            s.finish_reason,
+            s.usage.output_tokens if s.status == "completed" and s.usage else 0,
+            s.attempts,
+        )
+        for _, w in sorted(state.waves.items())
+        if w.info.bill == "sample"
+        for _, s in sorted(w.lanes.items())
+    ]
     lanes = result.get("lanes")
     try:
         claimed = list(map(_LANE_CLAIMS, lanes)) if isinstance(lanes, list) else None
@@ -321,9 +372,10 @@ def _check_lanes(state: RunState, result: dict[str, Any]) -> None:
         claimed = None
     if claimed != expected:
         raise Refused("run.completed's lanes are not the lanes of the log")
-    counts = {"lanes_completed": sum(row[2] == "completed" for row in expected),
-              "lanes_failed": sum(len(w.failed()) for w in state.waves.values()
-                                  if w.info.bill == "sample")}
+    counts = {
+        "lanes_completed": sum(row[2] == "completed" for row in expected),
+        "lanes_failed": sum(len(w.failed()) for w in state.waves.values() if w.info.bill == "sample"),
+    }
     for key, count in counts.items():
         if result.get(key) != count:
             raise Refused(f"run.completed says {key} = {result.get(key)!r}, the log gives {count}")
@@ -336,18 +388,23 @@ def _check_reducer(state: RunState, result: dict[str, Any]) -> None:
     reducer = result.get("reducer")
     if reduce is not None and reducer == reduce.reducer:
         claims: dict[str, Any] = {
-            "answer": reduce.winner, "winner_lane": reduce.winner_lane,
-            "votes": dict(reduce.votes), "scores": dict(reduce.scores),
-            "tie_break": reduce.tie_break}
+            "answer": reduce.winner,
+            "winner_lane": reduce.winner_lane,
+            "votes": dict(reduce.votes),
+            "scores": dict(reduce.scores),
+            "tie_break": reduce.tie_break,
+        }
     else:
         loop = state.started.coordinator if state.started else None
         if reducer != loop:
-            recorded = (f"the log's reduce is by {reduce.reducer}" if reduce is not None
-                        else "the log holds no reduce.completed")
+            recorded = (
+                f"the log's reduce is by {reduce.reducer}"
+                if reduce is not None
+                else "the log holds no reduce.completed"
+            )
             raise Refused(f"run.completed names reducer {reducer!r}, {recorded}")
         if reduce is None and state.reducer:
-            raise Refused(f"run.completed without a reduce by {state.reducer}, the config's "
-                          f"reducer")
+            raise Refused(f"run.completed without a reduce by {state.reducer}, the config's reducer")
         claims = {"votes": {}, "scores": {}, "tie_break": "none"}
     for key, expected in claims.items():
         got = result.get(key)
@@ -357,5 +414,4 @@ def _check_reducer(state: RunState, result: dict[str, Any]) -> None:
             except ValueError:
                 pass
         if got != expected:
-            raise Refused(f"run.completed says {key} = {got!r}, the log's reduce gives "
-                          f"{expected!r}")
+            raise Refused(f"run.completed says {key} = {got!r}, the log's reduce gives {expected!r}")

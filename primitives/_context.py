@@ -53,18 +53,33 @@ __all__ = ("RunBudget", "RunContext", "wave_fingerprint")
 _NOUN = re.compile(r"[a-z][a-z0-9_]*")
 
 
-def wave_fingerprint(purpose: str, bill: Bill, jobs: Sequence[LaneJob], params: SamplingParams,
-                     *, quorum: int, share_prefix: bool, extract: ExtractSpec | None,
-                     backend: str) -> str:
+def wave_fingerprint(
+    purpose: str,
+    bill: Bill,
+    jobs: Sequence[LaneJob],
+    params: SamplingParams,
+    *,
+    quorum: int,
+    share_prefix: bool,
+    extract: ExtractSpec | None,
+    backend: str,
+) -> str:
     """sha256 of what a wave asks for: its lanes' prompts, sampling, extractor and quorum."""
     sampling = asdict(params)
     if not sampling["top_logprobs"]:  # added later: left out at its default, so that logs
         del sampling["top_logprobs"]  # recorded before it keep their fingerprints
-    return hash_config({
-        "purpose": purpose, "bill": bill, "backend": backend, "quorum": quorum,
-        "share_prefix": share_prefix, "params": sampling,
-        "extract": extract.model_dump(mode="json") if extract is not None else None,
-        "lanes": [[job.lane, job.prompt] for job in jobs]})
+    return hash_config(
+        {
+            "purpose": purpose,
+            "bill": bill,
+            "backend": backend,
+            "quorum": quorum,
+            "share_prefix": share_prefix,
+            "params": sampling,
+            "extract": extract.model_dump(mode="json") if extract is not None else None,
+            "lanes": [[job.lane, job.prompt] for job in jobs],
+        }
+    )
 
 
 class RunBudget:
@@ -77,16 +92,21 @@ class RunBudget:
         ledger, limits = self._ledger, self._ledger.limits
         spent = ledger.spent
         return Remaining(
-            tokens=None if limits.max_tokens is None
+            tokens=None
+            if limits.max_tokens is None
             else limits.max_tokens - spent.tokens - ledger.reserved_tokens,
-            cost_usd=None if limits.max_cost_usd is None
+            cost_usd=None
+            if limits.max_cost_usd is None
             else limits.max_cost_usd - spent.cost_usd - ledger.reserved_cost_usd,
-            requests=None if limits.max_requests is None
+            requests=None
+            if limits.max_requests is None
             else limits.max_requests - spent.requests - ledger.reserved_requests,
-            seconds=ledger.seconds_left())
+            seconds=ledger.seconds_left(),
+        )
 
-    def can_afford(self, n: int, max_tokens: int, *, prompt: str = "", bill: Bill = "sample",
-                   share_prefix: bool = True) -> bool:
+    def can_afford(
+        self, n: int, max_tokens: int, *, prompt: str = "", bill: Bill = "sample", share_prefix: bool = True
+    ) -> bool:
         if n <= 0:
             return True
         seconds = self._ledger.seconds_left()
@@ -95,11 +115,15 @@ class RunBudget:
         tokens = self._dispatcher.prompt_tokens(prompt)
         if share_prefix:  # one request of n lanes (as many as the backend takes at once)
             shared = self._dispatcher.backend.shares_prefix
-            holds = self._ledger.holds_for_request(tokens, [max_tokens] * n,
-                                                   share_prefix=shared, bill=bill)
+            holds = self._ledger.holds_for_request(tokens, [max_tokens] * n, share_prefix=shared, bill=bill)
         else:  # lanes of their own prompts: a request each
-            holds = [hold for _ in range(n) for hold in self._ledger.holds_for_request(
-                tokens, [max_tokens], share_prefix=False, bill=bill)]
+            holds = [
+                hold
+                for _ in range(n)
+                for hold in self._ledger.holds_for_request(
+                    tokens, [max_tokens], share_prefix=False, bill=bill
+                )
+            ]
         pool = self._ledger.shared  # as of this run's last look: a loop stops in time
         return self._ledger.fit(holds, pool.room if pool is not None else None).k == n
 
@@ -111,22 +135,33 @@ class RunBudget:
 class RunContext:
     """The LoopContext of one run (or of one re-reduction of a finished run)."""
 
-    def __init__(self, *, loop_name: str, question: str, seed: int, recorder: Recorder,
-                 dispatcher: Dispatcher, judge_dispatcher: Dispatcher | None = None,
-                 sampling: SamplingParams | None = None, extract: ExtractSpec | None = None,
-                 template: str = "{question}", judge: JudgeSettings | None = None,
-                 verifier: Verifier | None = None, reduction: int = 1,
-                 first_wave: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        loop_name: str,
+        question: str,
+        seed: int,
+        recorder: Recorder,
+        dispatcher: Dispatcher,
+        judge_dispatcher: Dispatcher | None = None,
+        sampling: SamplingParams | None = None,
+        extract: ExtractSpec | None = None,
+        template: str = "{question}",
+        judge: JudgeSettings | None = None,
+        verifier: Verifier | None = None,
+        reduction: int = 1,
+        first_wave: int = 1,
+    ) -> None:
         self.loop_name, self.question, self.seed = loop_name, question, seed
         self.sampling = sampling or SamplingParams()
         self.extract = extract or ExtractSpec()
         self.judge = judge or JudgeSettings()
         self.verifier = verifier
         self.judge_backend: Backend | None = (
-            judge_dispatcher.backend if judge_dispatcher is not None else None)
+            judge_dispatcher.backend if judge_dispatcher is not None else None
+        )
         self.reduction = reduction
-        self._recorder, self._dispatcher, self._judge_dispatcher = (
-            recorder, dispatcher, judge_dispatcher)
+        self._recorder, self._dispatcher, self._judge_dispatcher = (recorder, dispatcher, judge_dispatcher)
         self._template = template
         self._next_wave = first_wave
         self._records = 0  # loop events this run of the loop has asked to record
@@ -142,15 +177,22 @@ class RunContext:
         return self._budget
 
     def prompt(self, question: str | None = None) -> str:
-        return render_prompt(self._template, question=self.question if question is None
-                             else question)
+        return render_prompt(self._template, question=self.question if question is None else question)
 
     # -- waves --------------------------------------------------------------------------------
 
-    async def wave(self, prompts: Sequence[str | LaneJob], *, params: SamplingParams | None = None,
-                   purpose: str = "sample", bill: Bill | None = None, quorum: int = 1,
-                   share_prefix: bool = True, extract: ExtractSpec | bool | None = True,
-                   backend: Literal["main", "judge"] = "main") -> list[Lane]:
+    async def wave(
+        self,
+        prompts: Sequence[str | LaneJob],
+        *,
+        params: SamplingParams | None = None,
+        purpose: str = "sample",
+        bill: Bill | None = None,
+        quorum: int = 1,
+        share_prefix: bool = True,
+        extract: ExtractSpec | bool | None = True,
+        backend: Literal["main", "judge"] = "main",
+    ) -> list[Lane]:
         if isinstance(prompts, str):
             raise ConfigError("ctx.wave: give a list of prompts, not one string")
         jobs = tuple(p if isinstance(p, LaneJob) else LaneJob(i, p) for i, p in enumerate(prompts))
@@ -160,86 +202,138 @@ class RunContext:
             raise ConfigError("ctx.wave: two jobs with one lane number")
         if not 0 <= quorum <= len(jobs):
             raise ConfigError(f"ctx.wave: quorum {quorum} for {len(jobs)} lanes")
-        spec_extract = (self.extract if extract is True else None if extract is False
-                        else extract)
+        spec_extract = self.extract if extract is True else None if extract is False else extract
         params = params or self.sampling
-        dispatcher = (self._judge_dispatcher or self._dispatcher) if backend == "judge" \
-            else self._dispatcher
+        dispatcher = (self._judge_dispatcher or self._dispatcher) if backend == "judge" else self._dispatcher
         bill = bill or bill_of(purpose)
         number = self._next_wave
         self._next_wave += 1
-        fingerprint = wave_fingerprint(purpose, bill, jobs, params, quorum=quorum,
-                                       share_prefix=share_prefix, extract=spec_extract,
-                                       backend=backend)
+        fingerprint = wave_fingerprint(
+            purpose,
+            bill,
+            jobs,
+            params,
+            quorum=quorum,
+            share_prefix=share_prefix,
+            extract=spec_extract,
+            backend=backend,
+        )
         recorded = self.state.waves.get(number)
         if recorded is not None and recorded.info.fingerprint not in (None, fingerprint):
             raise NonDeterminismError(
                 f"wave {number} ({recorded.info.purpose}) was recorded with another spec "
                 f"({recorded.info.fingerprint} in the log, {fingerprint} now): the loop or its "
-                f"config changed since the run started; resume it with the code that started it")
-        if recorded is not None and recorded.info.fingerprint is None \
-                and recorded.info.purpose != purpose:
+                f"config changed since the run started; resume it with the code that started it"
+            )
+        if recorded is not None and recorded.info.fingerprint is None and recorded.info.purpose != purpose:
             raise NonDeterminismError(
-                f"wave {number} was recorded as {recorded.info.purpose!r}, the loop now asks "
-                f"for {purpose!r}")
+                f"wave {number} was recorded as {recorded.info.purpose!r}, the loop now asks for {purpose!r}"
+            )
 
         def annotate(sample: Sample) -> str | None:
             return extract_answer(sample.text, spec_extract) if spec_extract else None
 
-        state = await dispatcher.run_wave(WaveSpec(
-            number, purpose, jobs, params, min_quorum=quorum, share_prefix=share_prefix,
-            annotate=annotate if spec_extract is not None else None, bill=bill,
-            fingerprint=fingerprint))
+        state = await dispatcher.run_wave(
+            WaveSpec(
+                number,
+                purpose,
+                jobs,
+                params,
+                min_quorum=quorum,
+                share_prefix=share_prefix,
+                annotate=annotate if spec_extract is not None else None,
+                bill=bill,
+                fingerprint=fingerprint,
+            )
+        )
         prompts_by_lane = {job.lane: job.prompt for job in jobs}
-        return [Lane.of(number, state.lanes[job.lane], prompts_by_lane[job.lane])
-                for job in jobs if job.lane in state.lanes]
+        return [
+            Lane.of(number, state.lanes[job.lane], prompts_by_lane[job.lane])
+            for job in jobs
+            if job.lane in state.lanes
+        ]
 
     # -- reduce and verify --------------------------------------------------------------------
 
-    async def reduce(self, lanes: Sequence[Lane], reducer: str | Reducer = "majority_vote", *,
-                     options: ReduceOptions | None = None) -> Reduction:
+    async def reduce(
+        self,
+        lanes: Sequence[Lane],
+        reducer: str | Reducer = "majority_vote",
+        *,
+        options: ReduceOptions | None = None,
+    ) -> Reduction:
         if self._reduced is not None:
             raise RunError("a loop reduces once per run: ctx.reduce was called twice")
         options = options or ReduceOptions(seed=self.seed)
-        chosen: Reducer = (resolve_reducer(reducer)(options) if isinstance(reducer, str)
-                           else reducer)
+        chosen: Reducer = resolve_reducer(reducer)(options) if isinstance(reducer, str) else reducer
         recorded = self.state.reductions.get(self.reduction)
         result = await chosen.reduce(self, lanes)
         self._reduced = result
         if recorded is None:
             waves = sorted({lane.wave for lane in lanes})
-            self._recorder.emit(ReduceCompleted, ReduceCompletedData(
-                reducer=result.reducer, winner=result.winner, winner_lane=result.winner_lane,
-                votes=dict(result.votes), scores=dict(result.scores), tie_break=result.tie_break,
-                tied=list(result.tied), abstentions=result.abstentions,
-                reduction=self.reduction, agreement=_finite(result.agreement),
-                margin=_finite(result.margin), detail=_jsonable(dict(result.detail)),
-                candidate_waves=waves if len(waves) > 1 else [],
-            ), wave=waves[0] if len(waves) == 1 else None)
+            self._recorder.emit(
+                ReduceCompleted,
+                ReduceCompletedData(
+                    reducer=result.reducer,
+                    winner=result.winner,
+                    winner_lane=result.winner_lane,
+                    votes=dict(result.votes),
+                    scores=dict(result.scores),
+                    tie_break=result.tie_break,
+                    tied=list(result.tied),
+                    abstentions=result.abstentions,
+                    reduction=self.reduction,
+                    agreement=_finite(result.agreement),
+                    margin=_finite(result.margin),
+                    detail=_jsonable(dict(result.detail)),
+                    candidate_waves=waves if len(waves) > 1 else [],
+                ),
+                wave=waves[0] if len(waves) == 1 else None,
+            )
         return result
 
     def verdict(self, lane: Lane) -> JudgeCompletedData | None:
         """The recorded verdict on a lane in this reduction, if there is one."""
         return self.state.verdicts.get((self.reduction, lane.wave, lane.lane))
 
-    def record_verdict(self, lane: Lane, score: float | None, judge: str, *, detail: str = "",
-                       passed: bool | None = None, error: str | None = None,
-                       wave: int | None = None) -> None:
+    def record_verdict(
+        self,
+        lane: Lane,
+        score: float | None,
+        judge: str,
+        *,
+        detail: str = "",
+        passed: bool | None = None,
+        error: str | None = None,
+        wave: int | None = None,
+    ) -> None:
         """Record a verdict on a lane (`judge.completed`), once per lane and reduction."""
         if self.verdict(lane) is not None:
             return
-        self._recorder.emit(JudgeCompleted, JudgeCompletedData(
-            candidate_lane=lane.lane, score=score, judge=judge, detail=detail,
-            candidate_wave=lane.wave, reduction=self.reduction, passed=passed, error=error),
-            wave=wave if wave is not None else lane.wave, lane=lane.lane)
+        self._recorder.emit(
+            JudgeCompleted,
+            JudgeCompletedData(
+                candidate_lane=lane.lane,
+                score=score,
+                judge=judge,
+                detail=detail,
+                candidate_wave=lane.wave,
+                reduction=self.reduction,
+                passed=passed,
+                error=error,
+            ),
+            wave=wave if wave is not None else lane.wave,
+            lane=lane.lane,
+        )
 
     async def verify(self, lanes: Sequence[Lane]) -> dict[int, Verdict]:
         verifier = self.verifier
         if verifier is None:
             raise ConfigError("judge.verifier: this loop needs a verifier and none is configured")
         if len({lane.wave for lane in lanes}) > 1:
-            raise ConfigError("ctx.verify: give the lanes of one wave at a time (verdicts are "
-                              "returned by lane number)")
+            raise ConfigError(
+                "ctx.verify: give the lanes of one wave at a time (verdicts are returned by lane number)"
+            )
         verdicts: dict[int, Verdict] = {}
         todo = []
         for lane in lanes:
@@ -254,8 +348,14 @@ class RunContext:
         async def judge_one(lane: Lane) -> None:
             verdict = await verifier.verify(self.question, lane.text or "", lane.answer)
             verdicts[lane.lane] = verdict
-            self.record_verdict(lane, verdict.score, verifier.name, detail=verdict.detail,
-                                passed=verdict.passed, error=verdict.error)
+            self.record_verdict(
+                lane,
+                verdict.score,
+                verifier.name,
+                detail=verdict.detail,
+                passed=verdict.passed,
+                error=verdict.error,
+            )
 
         async with anyio.create_task_group() as tg:
             for lane in todo:
@@ -264,11 +364,14 @@ class RunContext:
 
     # -- the loop's own events ----------------------------------------------------------------
 
-    def record(self, noun: str, data: Mapping[str, Any], *, wave: int | None = None,
-               lane: int | None = None) -> Mapping[str, Any]:
+    def record(
+        self, noun: str, data: Mapping[str, Any], *, wave: int | None = None, lane: int | None = None
+    ) -> Mapping[str, Any]:
         if not _NOUN.fullmatch(noun):
-            raise ConfigError(f"ctx.record: {noun!r} must be lower case letters, digits and '_' "
-                              f"(the event is loop.{self.loop_name}.<noun>)")
+            raise ConfigError(
+                f"ctx.record: {noun!r} must be lower case letters, digits and '_' "
+                f"(the event is loop.{self.loop_name}.<noun>)"
+            )
         kind = f"loop.{self.loop_name}.{noun}"
         index = self._records
         self._records += 1
@@ -278,7 +381,8 @@ class RunContext:
             if recorded.type != kind:
                 raise NonDeterminismError(
                     f"record {index + 1} of loop {self.loop_name!r} was {recorded.type!r} in "
-                    f"the log, the loop now records {kind!r}")
+                    f"the log, the loop now records {kind!r}"
+                )
             return recorded.data
         payload = _jsonable(dict(data))
         self._recorder.emit(LoopEvent, payload, wave=wave, lane=lane, event_type=kind)

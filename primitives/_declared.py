@@ -28,10 +28,26 @@ from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._loop import ReduceOptions, Reduction
 from lanefold.primitives._state import RunState
 
-__all__ = ("FRAME_TOKENS", "TEMPLATE_TOKENS", "Allowance", "AuditFinding", "BudgetUnit",
-           "CostShape", "JudgeCall", "ReducerChoice", "ReducerTraits", "audit_run", "cost_shape",
-           "fit_params", "loop_reducer", "reducer_traits", "score_summary",
-           "scores_line", "tally", "vote_summary")
+__all__ = (
+    "FRAME_TOKENS",
+    "TEMPLATE_TOKENS",
+    "Allowance",
+    "AuditFinding",
+    "BudgetUnit",
+    "CostShape",
+    "JudgeCall",
+    "ReducerChoice",
+    "ReducerTraits",
+    "audit_run",
+    "cost_shape",
+    "fit_params",
+    "loop_reducer",
+    "reducer_traits",
+    "score_summary",
+    "scores_line",
+    "tally",
+    "vote_summary",
+)
 
 BudgetUnit = Literal["tokens", "cost", "lanes"]
 AuditFinding = tuple[int, str]  # (line, what is wrong)
@@ -89,8 +105,9 @@ class ReducerChoice:
     judge_keys: frozenset[str] = frozenset()  # `[judge]` keys the loop reads itself
 
 
-def cost_shape(loop: type[Any], params: BaseModel, *, prompt_tokens: int,
-               max_tokens: int) -> CostShape | None:
+def cost_shape(
+    loop: type[Any], params: BaseModel, *, prompt_tokens: int, max_tokens: int
+) -> CostShape | None:
     """The loop's declared cost shape for a question whose first prompt has `prompt_tokens`;
     None where the loop declares none or cannot bound it."""
     declared = getattr(loop, "cost_shape", None)
@@ -106,8 +123,10 @@ def fit_params(loop: type[Any], params: BaseModel, budget: Allowance) -> BaseMod
     declared = getattr(loop, "fit", None)
     if declared is None:
         if budget.unit == "lanes":
-            raise ConfigError(f"loop.coordinator: --equal-budget lanes cannot cap the lanes of "
-                              f"{loop.name!r} (it declares no fit); equalise tokens or cost")
+            raise ConfigError(
+                f"loop.coordinator: --equal-budget lanes cannot cap the lanes of "
+                f"{loop.name!r} (it declares no fit); equalise tokens or cost"
+            )
         return params
     fitted: BaseModel = declared(params, budget)
     return fitted
@@ -123,8 +142,9 @@ def loop_reducer(loop: type[Any], params: BaseModel) -> ReducerChoice | None:
     return choice
 
 
-def audit_run(loop: type[Any], params: BaseModel, state: RunState, *, extract: ExtractSpec,
-              seed: int) -> AuditFinding | None:
+def audit_run(
+    loop: type[Any], params: BaseModel, state: RunState, *, extract: ExtractSpec, seed: int
+) -> AuditFinding | None:
     """The loop's own audit of a folded run: the first claim of its log that does not follow
     from it (line, what is wrong); None where all follow or the loop declares no audit."""
     declared = getattr(loop, "audit", None)
@@ -135,6 +155,7 @@ def audit_run(loop: type[Any], params: BaseModel, state: RunState, *, extract: E
 
 
 # -- reducers -----------------------------------------------------------------------------------
+
 
 def readable_number(value: float) -> str:
     """A vote or score for a person: an integer where it is one, else three figures."""
@@ -152,22 +173,24 @@ def tally(votes: Mapping[str, float]) -> str:
 
 def scores_line(scores: Mapping[int, float | None]) -> str:
     """`lane 0: 7 · lane 1: -`: judge scores by lane, `-` for an abstention."""
-    return " · ".join(f"lane {lane}: {readable_number(score) if score is not None else '-'}"
-                      for lane, score in sorted(scores.items()))
+    return " · ".join(
+        f"lane {lane}: {readable_number(score) if score is not None else '-'}"
+        for lane, score in sorted(scores.items())
+    )
 
 
 def vote_summary(reduction: Reduction) -> str:
     """`votes: 15 ×5 · 14 ×2  (agreement 71%)`, or `votes: no votes`."""
-    return (f"votes: {tally(reduction.votes) if reduction.votes else 'no votes'}"
-            + (f"  (agreement {reduction.agreement:.0%})"
-               if reduction.agreement is not None else ""))
+    return f"votes: {tally(reduction.votes) if reduction.votes else 'no votes'}" + (
+        f"  (agreement {reduction.agreement:.0%})" if reduction.agreement is not None else ""
+    )
 
 
 def score_summary(reduction: Reduction) -> str:
     """`scores: lane 0: 7 · lane 1: -  (margin 2)`, or `scores: none`."""
-    return (f"scores: {scores_line(reduction.scores) or 'none'}"
-            + (f"  (margin {readable_number(reduction.margin)})"
-               if reduction.margin is not None else ""))
+    return f"scores: {scores_line(reduction.scores) or 'none'}" + (
+        f"  (margin {readable_number(reduction.margin)})" if reduction.margin is not None else ""
+    )
 
 
 def _any_summary(reduction: Reduction) -> str | None:
@@ -204,10 +227,12 @@ def reducer_traits(reducer: type[Any]) -> ReducerTraits:
     """What `reducer` declares, with the defaults of what it does not."""
     keys = getattr(reducer, "judge_keys", None)
     return ReducerTraits(
-        name=str(reducer.name), needs_judge=bool(getattr(reducer, "needs_judge", False)),
+        name=str(reducer.name),
+        needs_judge=bool(getattr(reducer, "needs_judge", False)),
         needs_verifier=bool(getattr(reducer, "needs_verifier", False)),
         verifier_weighting=bool(getattr(reducer, "verifier_weighting", False)),
         uses_model=bool(getattr(reducer, "uses_model", True)),
         judge_keys=frozenset(keys) if keys is not None else None,
         judge_tokens=getattr(reducer, "judge_tokens", _no_judge),
-        summary=getattr(reducer, "summary", _any_summary))
+        summary=getattr(reducer, "summary", _any_summary),
+    )

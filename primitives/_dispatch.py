@@ -126,23 +126,42 @@ class Dispatcher:
     settle its hold). The dispatcher runs a wave through them and closes it at the barrier.
     """
 
-    def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *, run_seed: int,
-                 max_concurrency: int, retry: RetryPolicy | None = None,
-                 timeout_s: float | None = None, limiter: anyio.CapacityLimiter | None = None,
-                 sleep: Callable[[float], object] = anyio.sleep, rng: random.Random | None = None,
-                 logger: structlog.stdlib.BoundLogger | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        recorder: Recorder,
+        ledger: Ledger,
+        *,
+        run_seed: int,
+        max_concurrency: int,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+        sleep: Callable[[float], object] = anyio.sleep,
+        rng: random.Random | None = None,
+        logger: structlog.stdlib.BoundLogger | None = None,
+    ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
         self.max_concurrency = max_concurrency
         slots = LaneSlots(limiter or anyio.CapacityLimiter(max_concurrency))
         log = logger or get_logger("lanefold.dispatch")
-        self._plan = _Planner(backend, recorder, ledger, max_concurrency=max_concurrency,
-                              slots=slots)
+        self._plan = _Planner(backend, recorder, ledger, max_concurrency=max_concurrency, slots=slots)
         self._settle = _Settler(recorder, ledger, log)
-        self._attempts = _Attempts(backend, recorder, ledger, run_seed=run_seed, retry=self.retry,
-                                   timeout_s=timeout_s, slots=slots, sleep=sleep,
-                                   rng=rng or random.Random(run_seed), logger=log,
-                                   plan=self._plan, settle=self._settle)
+        self._attempts = _Attempts(
+            backend,
+            recorder,
+            ledger,
+            run_seed=run_seed,
+            retry=self.retry,
+            timeout_s=timeout_s,
+            slots=slots,
+            sleep=sleep,
+            rng=rng or random.Random(run_seed),
+            logger=log,
+            plan=self._plan,
+            settle=self._settle,
+        )
 
     def prompt_tokens(self, prompt: str) -> int:
         """The prompt's token count as the ledger reserves it (a conservative guess where the
@@ -164,8 +183,9 @@ class Dispatcher:
         if state is None:
             groups = await self._plan.start(spec)
         else:  # a wave a crash interrupted: its first k jobs, less the lanes already done
-            groups = self._plan.groups(spec, [j for j in spec.jobs[:state.info.k]
-                                         if not _done(state.lanes.get(j.lane))])
+            groups = self._plan.groups(
+                spec, [j for j in spec.jobs[: state.info.k] if not _done(state.lanes.get(j.lane))]
+            )
         deadline = self.ledger.seconds_left()
         queue = iter(groups)
 
@@ -191,8 +211,7 @@ class Dispatcher:
         if self.ledger.shared is not None:
             await self.ledger.shared.flush()
         state = self.recorder.state.waves[spec.wave]
-        close_wave(self.recorder, state, min_quorum=spec.min_quorum,
-                   deadline_hit=scope.cancelled_caught)
+        close_wave(self.recorder, state, min_quorum=spec.min_quorum, deadline_hit=scope.cancelled_caught)
         return state
 
 
@@ -200,8 +219,9 @@ class _Planner:
     """Plan: a wave's lanes grouped into requests, their holds carved from the budget (fitted
     to what the ledger and the fleet's pool have), the wave's start recorded."""
 
-    def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *,
-                 max_concurrency: int, slots: LaneSlots) -> None:
+    def __init__(
+        self, backend: Backend, recorder: Recorder, ledger: Ledger, *, max_concurrency: int, slots: LaneSlots
+    ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.max_concurrency, self._slots = max_concurrency, slots
         self._token_cache: dict[str, int] = {}
@@ -226,19 +246,33 @@ class _Planner:
             assert refused is None, "fit() and try_reserve() disagree"
         k = sum(len(g.jobs) for g in groups)
         if k < len(spec.jobs):
-            self.recorder.emit(BudgetWaveShrunk, BudgetWaveShrunkData(
-                k_requested=len(spec.jobs), k=k, limit=fit.limit or "", shared=fit.shared),
-                wave=spec.wave)
-        self.recorder.emit(WaveStarted, WaveStartedData(
-            purpose=spec.purpose, k=k, k_requested=len(spec.jobs),
-            lane_max_tokens=spec.params.max_tokens,
-            prompt_tokens=groups[0].prompt_tokens if groups else None,
-            share_prefix=self.shared(spec), bill=spec.bill or "sample",
-            fingerprint=spec.fingerprint, lanes=sorted(j.lane for g in groups for j in g.jobs),
-            reservation=ReservationData(
-                tokens=sum(h.tokens for h in kept), cost_usd=math.fsum(h.cost_usd for h in kept),
-                requests=sum(h.requests for h in kept)),
-        ), wave=spec.wave)
+            self.recorder.emit(
+                BudgetWaveShrunk,
+                BudgetWaveShrunkData(
+                    k_requested=len(spec.jobs), k=k, limit=fit.limit or "", shared=fit.shared
+                ),
+                wave=spec.wave,
+            )
+        self.recorder.emit(
+            WaveStarted,
+            WaveStartedData(
+                purpose=spec.purpose,
+                k=k,
+                k_requested=len(spec.jobs),
+                lane_max_tokens=spec.params.max_tokens,
+                prompt_tokens=groups[0].prompt_tokens if groups else None,
+                share_prefix=self.shared(spec),
+                bill=spec.bill or "sample",
+                fingerprint=spec.fingerprint,
+                lanes=sorted(j.lane for g in groups for j in g.jobs),
+                reservation=ReservationData(
+                    tokens=sum(h.tokens for h in kept),
+                    cost_usd=math.fsum(h.cost_usd for h in kept),
+                    requests=sum(h.requests for h in kept),
+                ),
+            ),
+            wave=spec.wave,
+        )
         return groups
 
     def fitted(self, spec: WaveSpec, room: Room | None) -> tuple[list[_Group], WaveFit]:
@@ -252,13 +286,23 @@ class _Planner:
         if fit.limit is not None and k < len(spec.jobs):
             # The shared prefix rides on a request's first lane: keep whole prefixes only.
             if k < spec.min_quorum:
-                self.recorder.emit(BudgetExhausted, BudgetExhaustedData(
-                    limit=fit.limit, needed=fit.needed, available=fit.available, k_fit=k,
-                    min_quorum=spec.min_quorum, shared=fit.shared), wave=spec.wave)
+                self.recorder.emit(
+                    BudgetExhausted,
+                    BudgetExhaustedData(
+                        limit=fit.limit,
+                        needed=fit.needed,
+                        available=fit.available,
+                        k_fit=k,
+                        min_quorum=spec.min_quorum,
+                        shared=fit.shared,
+                    ),
+                    wave=spec.wave,
+                )
                 where = f"shared budget {fit.shared!r} " if fit.shared is not None else "budget "
                 raise BudgetExhaustedError(
                     f"{where}{fit.limit}: wave {spec.wave} can fund {k} of {len(spec.jobs)} "
-                    f"lanes, below the quorum of {spec.min_quorum}")
+                    f"lanes, below the quorum of {spec.min_quorum}"
+                )
             groups = self.groups(spec, list(spec.jobs[:k]))
             for group in groups:
                 group.holds = self.holds(spec, group, len(group.jobs))
@@ -281,7 +325,7 @@ class _Planner:
         for prompt, lanes in by_prompt.items():
             tokens = self.prompt_tokens(prompt)
             for start in range(0, len(lanes), size):
-                groups.append(_Group(len(groups), prompt, tokens, lanes[start:start + size]))
+                groups.append(_Group(len(groups), prompt, tokens, lanes[start : start + size]))
         return groups
 
     def shared(self, spec: WaveSpec) -> bool:
@@ -301,18 +345,33 @@ class _Planner:
 
     def holds(self, spec: WaveSpec, group: _Group, n: int) -> list[Hold]:
         return self.ledger.holds_for_request(
-            group.prompt_tokens, [spec.params.max_tokens] * n,
-            share_prefix=self.shared(spec), bill=spec.bill or "sample")
+            group.prompt_tokens,
+            [spec.params.max_tokens] * n,
+            share_prefix=self.shared(spec),
+            bill=spec.bill or "sample",
+        )
 
 
 class _Attempts:
     """Attempt: one backend request for a group's pending lanes, each lane's outcome landed the
     moment it arrives, retryable failures retried with backoff (tenacity)."""
 
-    def __init__(self, backend: Backend, recorder: Recorder, ledger: Ledger, *, run_seed: int,
-                 retry: RetryPolicy, timeout_s: float | None, slots: LaneSlots,
-                 sleep: Callable[[float], object], rng: random.Random,
-                 logger: structlog.stdlib.BoundLogger, plan: _Planner, settle: _Settler) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        recorder: Recorder,
+        ledger: Ledger,
+        *,
+        run_seed: int,
+        retry: RetryPolicy,
+        timeout_s: float | None,
+        slots: LaneSlots,
+        sleep: Callable[[float], object],
+        rng: random.Random,
+        logger: structlog.stdlib.BoundLogger,
+        plan: _Planner,
+        settle: _Settler,
+    ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry, timeout_s
         self._slots, self._sleep, self._rng, self._log = slots, sleep, rng, logger
@@ -325,8 +384,11 @@ class _Attempts:
             return
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retry.max_attempts + 1),  # lanes also count their own
-            wait=Backoff(self.retry, self._rng), retry=retry_if_exception_type(RetryLanes),
-            sleep=self._sleep, reraise=True)  # type: ignore[arg-type]  # anyio.sleep is awaitable
+            wait=Backoff(self.retry, self._rng),
+            retry=retry_if_exception_type(RetryLanes),
+            sleep=self._sleep,  # type: ignore[arg-type]  # anyio.sleep is awaitable
+            reraise=True,
+        )
         async for attempt in retrying:
             with attempt:
                 if again is not None:
@@ -350,12 +412,21 @@ class _Attempts:
                 refusal = await shared.reserve(group.holds)
                 if refusal is not None:
                     self.ledger.unreserve(group.holds)
-                    refused = (f"shared budget {shared.name!r} {refusal.limit}",
-                               refusal.needed, refusal.available)
+                    refused = (
+                        f"shared budget {shared.name!r} {refusal.limit}",
+                        refusal.needed,
+                        refusal.available,
+                    )
             if refused is not None:
                 for job in group.jobs:
-                    self._settle.fail(spec, wave.lane(job.lane), None, "BudgetExhausted",
-                               f"{refused[0]}: cannot fund another attempt", final=True)
+                    self._settle.fail(
+                        spec,
+                        wave.lane(job.lane),
+                        None,
+                        "BudgetExhausted",
+                        f"{refused[0]}: cannot fund another attempt",
+                        final=True,
+                    )
                 return []
         holds = dict(zip((j.lane for j in group.jobs), group.holds, strict=True))
         borrowers = await self._slots.acquire(len(group.jobs))
@@ -368,15 +439,29 @@ class _Attempts:
                 attempt = lane.attempts + 1
                 seed = lane_seed(self.run_seed, spec.wave, job.lane)
                 hold = holds[job.lane]
-                self.recorder.emit(LaneDispatched, LaneDispatchedData(
-                    seed=seed, max_tokens=spec.params.max_tokens, request=group.number,
-                    reserved=UsageData.of(hold.usage), reserved_cost_usd=hold.cost_usd,
-                    reserved_requests=hold.requests,
-                ), wave=spec.wave, lane=job.lane, attempt=attempt)
+                self.recorder.emit(
+                    LaneDispatched,
+                    LaneDispatchedData(
+                        seed=seed,
+                        max_tokens=spec.params.max_tokens,
+                        request=group.number,
+                        reserved=UsageData.of(hold.usage),
+                        reserved_cost_usd=hold.cost_usd,
+                        reserved_requests=hold.requests,
+                    ),
+                    wave=spec.wave,
+                    lane=job.lane,
+                    attempt=attempt,
+                )
                 lanes.append(LaneRequest(job.lane, seed, spec.params.max_tokens, attempt))
-            request = SampleRequest(group.prompt, spec.params, tuple(lanes),
-                                    share_prefix=self._plan.shared(spec), purpose=spec.purpose,
-                                    wave=spec.wave)
+            request = SampleRequest(
+                group.prompt,
+                spec.params,
+                tuple(lanes),
+                share_prefix=self._plan.shared(spec),
+                purpose=spec.purpose,
+                wave=spec.wave,
+            )
             jobs = {job.lane: job for job in group.jobs}
             fatal: list[BackendError] = []
 
@@ -389,14 +474,20 @@ class _Attempts:
                     try:  # a count the log cannot hold (negative, not finite) is a bad answer
                         usage = UsageData.of(outcome.usage)
                     except ValidationError as exc:
-                        outcome = BadResponseError(f"usage {outcome.usage}: "
-                                                   f"{exc.errors()[0]['msg']}")
+                        outcome = BadResponseError(f"usage {outcome.usage}: {exc.errors()[0]['msg']}")
                     else:
                         self._settle.complete(spec, lane, outcome, usage)
                         return True
                 final = (not outcome.retryable) or lane.failures + 1 >= self.retry.max_attempts
-                self._settle.fail(spec, lane, outcome, type(outcome).__name__, str(outcome),
-                           final=final, cut_off=isinstance(outcome, BackendTimeoutError))
+                self._settle.fail(
+                    spec,
+                    lane,
+                    outcome,
+                    type(outcome).__name__,
+                    str(outcome),
+                    final=final,
+                    cut_off=isinstance(outcome, BackendTimeoutError),
+                )
                 if outcome.fatal:
                     fatal.append(outcome)
                 elif not final:
@@ -413,8 +504,12 @@ class _Attempts:
             raise fatal[0]  # the wave stops: no lane can succeed
         return sorted(again, key=lambda j: j.lane)
 
-    async def _call(self, request: SampleRequest, jobs: dict[int, LaneJob],
-                    land: Callable[[int, Sample | BackendError], bool]) -> None:
+    async def _call(
+        self,
+        request: SampleRequest,
+        jobs: dict[int, LaneJob],
+        land: Callable[[int, Sample | BackendError], bool],
+    ) -> None:
         """Feed each lane's outcome to `land` as the backend hands it over.
 
         Lanes the backend never answered fail with the error that ended the request (a
@@ -448,7 +543,8 @@ class _Attempts:
             return
         if ended is None:
             ended = BadResponseError(
-                f"backend returned {len(request.lanes) - len(jobs)} of {len(request.lanes)} lanes")
+                f"backend returned {len(request.lanes) - len(jobs)} of {len(request.lanes)} lanes"
+            )
         for lane_no in sorted(jobs):
             land(lane_no, ended)
 
@@ -459,47 +555,76 @@ class _Attempts:
             return
         for note in drain():
             if note.type == "backend.n_unsupported":
-                self.recorder.emit(BackendNoted, BackendNotedData(
-                    note=note.type, detail=dict(note.data)), wave=wave)
+                self.recorder.emit(
+                    BackendNoted, BackendNotedData(note=note.type, detail=dict(note.data)), wave=wave
+                )
 
 
 class _Settler:
     """Settle: each attempt's outcome recorded and its hold settled, released or charged whole
     (an attempt cut off: no answer came, so the ledger assumes the worst)."""
 
-    def __init__(self, recorder: Recorder, ledger: Ledger,
-                 logger: structlog.stdlib.BoundLogger) -> None:
+    def __init__(self, recorder: Recorder, ledger: Ledger, logger: structlog.stdlib.BoundLogger) -> None:
         self.recorder, self.ledger, self._log = recorder, ledger, logger
 
-    def complete(self, spec: WaveSpec, lane: LaneState, sample: Sample,
-                  recorded: UsageData) -> None:
+    def complete(self, spec: WaveSpec, lane: LaneState, sample: Sample, recorded: UsageData) -> None:
         hold = lane.hold
         assert hold is not None
         usage = sample.usage
         overruns = self.ledger.settle(hold, usage)
-        logprob_mean = (math.fsum(sample.logprobs) / len(sample.logprobs)
-                        if sample.logprobs else None)
+        logprob_mean = math.fsum(sample.logprobs) / len(sample.logprobs) if sample.logprobs else None
         answer = spec.annotate(sample) if spec.annotate else None
-        self.recorder.emit(LaneCompleted, LaneCompletedData(
-            text=sample.text, answer=answer, finish_reason=sample.finish_reason,
-            usage=recorded,
-            cost_usd=_cost(self.ledger, usage, hold),
-            logprob_mean=logprob_mean, backend=dict(sample.extra),
-        ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
+        self.recorder.emit(
+            LaneCompleted,
+            LaneCompletedData(
+                text=sample.text,
+                answer=answer,
+                finish_reason=sample.finish_reason,
+                usage=recorded,
+                cost_usd=_cost(self.ledger, usage, hold),
+                logprob_mean=logprob_mean,
+                backend=dict(sample.extra),
+            ),
+            wave=spec.wave,
+            lane=lane.lane,
+            attempt=lane.attempts,
+        )
         for over in overruns:
-            self.recorder.emit(BudgetOverrun, BudgetOverrunData(
-                limit=over.limit, reserved=over.reserved, actual=over.actual),
-                wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
+            self.recorder.emit(
+                BudgetOverrun,
+                BudgetOverrunData(limit=over.limit, reserved=over.reserved, actual=over.actual),
+                wave=spec.wave,
+                lane=lane.lane,
+                attempt=lane.attempts,
+            )
 
-    def fail(self, spec: WaveSpec, lane: LaneState, error: BackendError | None, name: str,
-              message: str, *, final: bool, cut_off: bool = False) -> None:
+    def fail(
+        self,
+        spec: WaveSpec,
+        lane: LaneState,
+        error: BackendError | None,
+        name: str,
+        message: str,
+        *,
+        final: bool,
+        cut_off: bool = False,
+    ) -> None:
         """Record a failed attempt; a cut-off one (no answer came) is charged its whole hold."""
         retryable = bool(error and error.retryable)
         hold = lane.hold
         if hold is None:  # the attempt was never dispatched (no budget for it)
-            self.recorder.emit(LaneFailed, LaneFailedData(
-                error=name, message=message, retryable=False, final=True,
-            ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts + 1)
+            self.recorder.emit(
+                LaneFailed,
+                LaneFailedData(
+                    error=name,
+                    message=message,
+                    retryable=False,
+                    final=True,
+                ),
+                wave=spec.wave,
+                lane=lane.lane,
+                attempt=lane.attempts + 1,
+            )
             return
         if cut_off:
             billed, cost = hold.usage, hold.cost_usd
@@ -507,12 +632,24 @@ class _Settler:
         else:
             billed, cost = Usage(), 0.0
             self.ledger.settle(hold, billed)
-        self.recorder.emit(LaneFailed, LaneFailedData(
-            error=name, message=message, retryable=retryable, final=final,
-            billed=UsageData.of(billed), billed_cost_usd=cost, cut_off=cut_off,
-        ), wave=spec.wave, lane=lane.lane, attempt=lane.attempts)
-        self._log.debug("lane.failed", wave=spec.wave, lane=lane.lane, attempt=lane.attempts,
-                        error=name, final=final)
+        self.recorder.emit(
+            LaneFailed,
+            LaneFailedData(
+                error=name,
+                message=message,
+                retryable=retryable,
+                final=final,
+                billed=UsageData.of(billed),
+                billed_cost_usd=cost,
+                cut_off=cut_off,
+            ),
+            wave=spec.wave,
+            lane=lane.lane,
+            attempt=lane.attempts,
+        )
+        self._log.debug(
+            "lane.failed", wave=spec.wave, lane=lane.lane, attempt=lane.attempts, error=name, final=final
+        )
 
     def cut_off(self, spec: WaveSpec, reason: str) -> None:
         """Attempts still in flight when their wave was stopped fail for good, charged whole."""

@@ -103,8 +103,10 @@ class LogTooNewError(LogCorruptError):
     by a newer lanefold. Refused whole rather than misread; not corrupt, so it says so."""
 
     def __init__(self, path: str, line: int, schema: int, reads_up_to: int) -> None:
-        LanefoldError.__init__(self, f"{path}:{line}: written by a newer lanefold: schema "
-                               f"{schema}, this reads up to {reads_up_to}")
+        LanefoldError.__init__(
+            self,
+            f"{path}:{line}: written by a newer lanefold: schema {schema}, this reads up to {reads_up_to}",
+        )
         self.path = path
         self.line = line
         self.schema = schema

@@ -98,8 +98,7 @@ def read_event(raw: str | bytes, location: str, line: int) -> AnyEvent:
             raise LogTooNewError(location, line, schema, SCHEMA_VERSION) from None
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise LogCorruptError(location, line,
-                              first["msg"] + (f" at {where}" if where else "")) from None
+        raise LogCorruptError(location, line, first["msg"] + (f" at {where}" if where else "")) from None
 
 
 class MemoryEventLog:
@@ -161,5 +160,3 @@ def os_failure(what: str, exc: OSError) -> LanefoldError:
     """`exc` as one line: LogWriteError where the disk failed, else ConfigError."""
     message = f"{what}: {exc.strerror or exc}"
     return LogWriteError(message) if exc.errno in _MACHINE_ERRNOS else ConfigError(message)
-
-

@@ -33,8 +33,16 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
 
-__all__ = ("END_TIMEOUT_S", "HOOKS", "QUEUE_LIMIT", "Hook", "HookRunner", "build_hook",
-           "hook_params", "register_hook")
+__all__ = (
+    "END_TIMEOUT_S",
+    "HOOKS",
+    "QUEUE_LIMIT",
+    "Hook",
+    "HookRunner",
+    "build_hook",
+    "hook_params",
+    "register_hook",
+)
 
 QUEUE_LIMIT = 10_000  # events waiting for one hook before later ones are dropped for it
 END_TIMEOUT_S = 5.0  # seconds each hook gets, at the run's end, to drain and run on_run_end
@@ -63,12 +71,12 @@ class Hook(Protocol):
 
 def _check_hook(obj: Any, key: str) -> None:
     if not (hasattr(obj, "on_event") or hasattr(obj, "on_run_end")):
-        raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Hook (it has neither "
-                             f"'on_event' nor 'on_run_end')")
+        raise NotOfKindError(
+            f"{key}: {_qualified(obj)} is not a Hook (it has neither 'on_event' nor 'on_run_end')"
+        )
 
 
-HOOKS: Registry[Any] = Registry("hook", key="hooks.kind", check=_check_hook,
-                                name_of=lambda obj: None)
+HOOKS: Registry[Any] = Registry("hook", key="hooks.kind", check=_check_hook, name_of=lambda obj: None)
 
 
 def register_hook(name: str) -> Callable[[C], C]:
@@ -121,8 +129,14 @@ class HookRunner:
     (an error, a cancellation) cancels the drains.
     """
 
-    def __init__(self, hooks: Sequence[Any], run_id: str = "", *, limit: int = QUEUE_LIMIT,
-                 end_timeout_s: float = END_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        hooks: Sequence[Any],
+        run_id: str = "",
+        *,
+        limit: int = QUEUE_LIMIT,
+        end_timeout_s: float = END_TIMEOUT_S,
+    ) -> None:
         self.run_id = run_id
         self._slots = [_Slot(hook, limit) for hook in hooks]
         self._end_timeout_s = end_timeout_s
@@ -145,8 +159,9 @@ class HookRunner:
                 self._tg.start_soon(self._drain, slot)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._tg is None:
             return
         for slot in self._slots:
@@ -167,6 +182,7 @@ class HookRunner:
         def both(event: Any) -> None:
             observer(event)
             emit(event)
+
         return both
 
     def emit(self, event: Any) -> None:
@@ -178,8 +194,12 @@ class HookRunner:
                 slot.dropped += 1
                 if not slot.warned:
                     slot.warned = True
-                    _log.warning("hook.events_dropped", run_id=self.run_id, hook=slot.name,
-                                 limit=slot.send.statistics().max_buffer_size)
+                    _log.warning(
+                        "hook.events_dropped",
+                        run_id=self.run_id,
+                        hook=slot.name,
+                        limit=slot.send.statistics().max_buffer_size,
+                    )
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # the run has ended for this hook
 
@@ -195,12 +215,12 @@ class HookRunner:
                 for slot in self._slots:
                     tg.start_soon(self._finish, slot, result)
         if scope.cancelled_caught:
-            _log.warning("hook.end_timed_out", run_id=self.run_id,
-                         timeout_s=self._end_timeout_s)
+            _log.warning("hook.end_timed_out", run_id=self.run_id, timeout_s=self._end_timeout_s)
         for slot in self._slots:
             if slot.dropped:
-                _log.warning("hook.events_dropped_total", run_id=self.run_id, hook=slot.name,
-                             dropped=slot.dropped)
+                _log.warning(
+                    "hook.events_dropped_total", run_id=self.run_id, hook=slot.name, dropped=slot.dropped
+                )
 
     async def _drain(self, slot: _Slot) -> None:
         on_event = getattr(slot.hook, "on_event", None)
@@ -240,8 +260,7 @@ class HookRunner:
         except Exception as exc:  # a hook's error is the hook's: logged once, never the run's
             self._failed(slot, exc)
 
-    async def _call_in_thread(self, slot: _Slot, method: Callable[[Any], Any],
-                              args: list[Any]) -> None:
+    async def _call_in_thread(self, slot: _Slot, method: Callable[[Any], Any], args: list[Any]) -> None:
         """A sync hook's calls, one after another, in a worker thread holding the hook's lock;
         a call that never returns is abandoned when the run's end stops waiting for it."""
         lock = _lock_of(slot.hook)
@@ -263,8 +282,9 @@ class HookRunner:
     def _failed(self, slot: _Slot, exc: BaseException) -> None:
         if not slot.failed:
             slot.failed = True
-            _log.warning("hook.failed", run_id=self.run_id, hook=slot.name,
-                         error=f"{type(exc).__name__}: {exc}")
+            _log.warning(
+                "hook.failed", run_id=self.run_id, hook=slot.name, error=f"{type(exc).__name__}: {exc}"
+            )
 
 
 def _is_async(method: Callable[[Any], Any]) -> bool:
@@ -272,4 +292,3 @@ def _is_async(method: Callable[[Any], Any]) -> bool:
     `__call__` is one); anything else is called in a worker thread."""
     call = type(method).__dict__.get("__call__")  # an instance's own `async def __call__`
     return inspect.iscoroutinefunction(method) or inspect.iscoroutinefunction(call)
-

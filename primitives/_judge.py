@@ -44,9 +44,7 @@ _LABELLED = re.compile(
 _BRACKETED = re.compile(rf"\[\[\s*(?P<num>{_NUM}){_DENOMINATOR}\s*\]\]", re.IGNORECASE)
 # ` 7` or ` 8/10.` as the whole start of the output: the completion of a template that ends in
 # `Score:`, whose label is in the prompt rather than the output.
-_LEADING = re.compile(
-    rf"\A\s*\**\s*(?P<num>{_NUM}){_DENOMINATOR}(?=\Z|\s|[.,;:!?)\]*\"'])", re.IGNORECASE
-)
+_LEADING = re.compile(rf"\A\s*\**\s*(?P<num>{_NUM}){_DENOMINATOR}(?=\Z|\s|[.,;:!?)\]*\"'])", re.IGNORECASE)
 # A bare `8/10` in running text; not one piece of a date or path such as `1/2/2024`.
 _UNSIGNED = r"\d+(?:\.\d+)?"
 _BARE_FRACTION = re.compile(rf"(?<![\w./])(?P<num>{_UNSIGNED})/(?P<den>{_UNSIGNED})(?![\w/%]|\.\d)")
@@ -103,8 +101,7 @@ def compile_score_regex(text: str) -> re.Pattern[str]:
     try:
         pattern = re.compile(text)
     except re.error as exc:
-        raise ConfigError(f"judge.score_regex: {text!r} is not a valid regular expression: {exc}"
-                          ) from None
+        raise ConfigError(f"judge.score_regex: {text!r} is not a valid regular expression: {exc}") from None
     return _checked(pattern)
 
 
@@ -112,11 +109,14 @@ def _checked(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
     if isinstance(pattern, str):
         return compile_score_regex(pattern)
     if pattern.groups == 0:
-        raise ConfigError(f"judge.score_regex: {pattern.pattern!r} has no group: capture the "
-                          "score as (?P<num>...) or (...)")
+        raise ConfigError(
+            f"judge.score_regex: {pattern.pattern!r} has no group: capture the score as (?P<num>...) or (...)"
+        )
     if "num" not in pattern.groupindex and pattern.groupindex.get("den") == 1:
-        raise ConfigError(f"judge.score_regex: {pattern.pattern!r}: group 1 is the denominator; "
-                          "name the score's group (?P<num>...)")
+        raise ConfigError(
+            f"judge.score_regex: {pattern.pattern!r}: group 1 is the denominator; "
+            "name the score's group (?P<num>...)"
+        )
     return pattern
 
 
@@ -170,17 +170,13 @@ def judge_argmax(
     if tie_break not in _TIE_BREAKS:
         raise ConfigError(f"unknown tie_break {tie_break!r}: use first_lane, lexicographic or random")
     scored = {
-        lane: float(score)
-        for lane, score in scores.items()
-        if score is not None and not math.isnan(score)
+        lane: float(score) for lane, score in scores.items() if score is not None and not math.isnan(score)
     }
     abstentions = len(scores) - len(scored)
     if not scored:
         return JudgeResult(None, None, "none", (), abstentions)
     best = max(scored.values())
-    tied = tuple(
-        sorted(lane for lane, score in scored.items() if score == best or math.isclose(score, best))
-    )
+    tied = tuple(sorted(lane for lane, score in scored.items() if score == best or math.isclose(score, best)))
     if len(tied) == 1:
         return JudgeResult(tied[0], scored[tied[0]], "none", (), abstentions)
     if tie_break == "first_lane":

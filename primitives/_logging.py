@@ -20,8 +20,9 @@ __all__ = ("get_logger",)
 logging.getLogger("lanefold").addHandler(logging.NullHandler())
 
 
-def _to_stdlib(logger: Any, method: str, event: MutableMapping[str, Any]) -> tuple[
-        tuple[str], dict[str, Any]]:
+def _to_stdlib(
+    logger: Any, method: str, event: MutableMapping[str, Any]
+) -> tuple[tuple[str], dict[str, Any]]:
     """`event key=value ...` as the message; the structured fields ride along as `lanefold`."""
     fields = dict(event)
     name = str(fields.pop("event", ""))

@@ -63,8 +63,17 @@ class Lane:
 
     @classmethod
     def of(cls, wave: int, state: LaneState, prompt: str | None = None) -> Lane:
-        return cls(wave, state.lane, state.status, state.text, state.answer, state.logprob_mean,
-                   state.finish_reason, state.error, prompt)
+        return cls(
+            wave,
+            state.lane,
+            state.status,
+            state.text,
+            state.answer,
+            state.logprob_mean,
+            state.finish_reason,
+            state.error,
+            prompt,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +144,9 @@ class Budget(Protocol):
         """What is left after spend and the holds of lanes in flight."""
         ...
 
-    def can_afford(self, n: int, max_tokens: int, *, prompt: str = "",
-                   bill: Bill = "sample", share_prefix: bool = True) -> bool:
+    def can_afford(
+        self, n: int, max_tokens: int, *, prompt: str = "", bill: Bill = "sample", share_prefix: bool = True
+    ) -> bool:
         """Whether a wave of `n` lanes of `max_tokens` each (on `prompt`) can be funded now:
         one shared request with `share_prefix`, else a request per lane (lanes with prompts
         of their own, as a debate round's or a judge's)."""
@@ -153,8 +163,7 @@ class JudgeSettings:
     """The `[judge]` section as reducers use it: an LLM judge's template and sampling."""
 
     template: str | None = None
-    params: SamplingParams = field(
-        default_factory=lambda: SamplingParams(temperature=0.0, max_tokens=64))
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_tokens=64))
     score_regex: str | None = None
     usc_template: str | None = None
 
@@ -192,10 +201,18 @@ class LoopContext(Protocol):
         """The config's `[prompt]` template filled with the question (this run's by default)."""
         ...
 
-    async def wave(self, prompts: Sequence[str | LaneJob], *, params: SamplingParams | None = None,
-                   purpose: str = "sample", bill: Bill | None = None, quorum: int = 1,
-                   share_prefix: bool = True, extract: ExtractSpec | bool | None = True,
-                   backend: Literal["main", "judge"] = "main") -> list[Lane]:
+    async def wave(
+        self,
+        prompts: Sequence[str | LaneJob],
+        *,
+        params: SamplingParams | None = None,
+        purpose: str = "sample",
+        bill: Bill | None = None,
+        quorum: int = 1,
+        share_prefix: bool = True,
+        extract: ExtractSpec | bool | None = True,
+        backend: Literal["main", "judge"] = "main",
+    ) -> list[Lane]:
         """One governed wave: a lane per prompt (or per `LaneJob`), in order.
 
         Sampling defaults to the config's, answers are extracted with the config's extractor
@@ -206,8 +223,13 @@ class LoopContext(Protocol):
         """
         ...
 
-    async def reduce(self, lanes: Sequence[Lane], reducer: str | Reducer = "majority_vote", *,
-                     options: ReduceOptions | None = None) -> Reduction:
+    async def reduce(
+        self,
+        lanes: Sequence[Lane],
+        reducer: str | Reducer = "majority_vote",
+        *,
+        options: ReduceOptions | None = None,
+    ) -> Reduction:
         """Reduce `lanes` with a registered reducer (by name) and record `reduce.completed`."""
         ...
 
@@ -216,15 +238,24 @@ class LoopContext(Protocol):
         `judge.completed` (a lane judged before a crash is not judged again)."""
         ...
 
-    def record(self, noun: str, data: Mapping[str, Any], *, wave: int | None = None,
-               lane: int | None = None) -> Mapping[str, Any]:
+    def record(
+        self, noun: str, data: Mapping[str, Any], *, wave: int | None = None, lane: int | None = None
+    ) -> Mapping[str, Any]:
         """Record `loop.<loop name>.<noun>` with `data` (JSON). On resume, the n-th record of
         a replayed loop returns what the log holds instead of writing it again."""
         ...
 
-    def record_verdict(self, lane: Lane, score: float | None, judge: str, *, detail: str = "",
-                       passed: bool | None = None, error: str | None = None,
-                       wave: int | None = None) -> None:
+    def record_verdict(
+        self,
+        lane: Lane,
+        score: float | None,
+        judge: str,
+        *,
+        detail: str = "",
+        passed: bool | None = None,
+        error: str | None = None,
+        wave: int | None = None,
+    ) -> None:
         """Record a judge's verdict on `lane` (`judge.completed`), once per lane and reduction
         (a reducer that scores lanes itself, as an LLM judge does, records each score here)."""
         ...

@@ -27,9 +27,14 @@ def _utc_now() -> datetime:
 class Recorder:
     """Appends events for one run and keeps its `RunState` current."""
 
-    def __init__(self, log: EventLog, run_id: str, state: RunState,
-                 now: Callable[[], datetime] = _utc_now,
-                 observer: Callable[[AnyEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        run_id: str,
+        state: RunState,
+        now: Callable[[], datetime] = _utc_now,
+        observer: Callable[[AnyEvent], None] | None = None,
+    ) -> None:
         self.log = log
         self.run_id = run_id
         self.state = state
@@ -46,18 +51,36 @@ class Recorder:
         path = getattr(self.log, "path", None)
         return str(path.resolve()) if path is not None else None
 
-    def emit(self, kind: type[E], data: Any, *, wave: int | None = None, lane: int | None = None,
-             attempt: int | None = None, event_type: str | None = None) -> E:
+    def emit(
+        self,
+        kind: type[E],
+        data: Any,
+        *,
+        wave: int | None = None,
+        lane: int | None = None,
+        attempt: int | None = None,
+        event_type: str | None = None,
+    ) -> E:
         """Record one event of `kind` (`event_type` names a LoopEvent's `loop.<name>.<noun>`)."""
         sequence = self.log.last_sequence + 1
         extra: dict[str, Any] = {"type": event_type} if event_type is not None else {}
         # The payload is a validated model already and the envelope is ours: skip re-validation
         # on this hot path (every log is read back through full validation).
-        event = cast(E, kind.model_construct(
-            id=f"{self.run_id}:{sequence}", source=self._source, time=self._now(),
-            sequence=sequence, run_id=self.run_id, wave=wave, lane=lane, attempt=attempt,
-            data=data, **extra,
-        ))
+        event = cast(
+            E,
+            kind.model_construct(
+                id=f"{self.run_id}:{sequence}",
+                source=self._source,
+                time=self._now(),
+                sequence=sequence,
+                run_id=self.run_id,
+                wave=wave,
+                lane=lane,
+                attempt=attempt,
+                data=data,
+                **extra,
+            ),
+        )
         if self.broken:
             raise LogWriteError(f"run {self.run_id}: the log failed earlier; nothing more is recorded")
         # Folded first: an event that does not follow from the state is refused unwritten.

@@ -103,8 +103,7 @@ def import_object(spec: str, *, key: str) -> Any:
         for part in attr.split("."):
             found = getattr(found, part)
     except (Exception, SystemExit) as exc:  # a user's module may fail (or exit) in any way
-        raise ConfigError(f"{key}: cannot import {spec!r}: {type(exc).__name__}: "
-                          f"{exc}") from None
+        raise ConfigError(f"{key}: cannot import {spec!r}: {type(exc).__name__}: {exc}") from None
     return found
 
 
@@ -133,9 +132,14 @@ class Registry(Generic[T]):
     one (a loop's or reducer's `name` attribute).
     """
 
-    def __init__(self, kind: str, *, key: str,
-                 check: Callable[[Any, str], None] | None = None,
-                 name_of: Callable[[Any], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        key: str,
+        check: Callable[[Any, str], None] | None = None,
+        name_of: Callable[[Any], str | None] | None = None,
+    ) -> None:
         self.kind = kind
         self.key = key  # the config key that names one, for messages
         self.group = f"lanefold.{kind}s"
@@ -163,11 +167,13 @@ class Registry(Generic[T]):
             def named(found: Any) -> Any:
                 self.add(given, found)
                 return found
+
             return named
         own = self._name_of(obj)
         if not isinstance(own, str):
-            raise TypeError(f"{_qualified(obj)} has no name to register it by: give one "
-                            f"(@register_{self.kind}(\"name\"))")
+            raise TypeError(
+                f'{_qualified(obj)} has no name to register it by: give one (@register_{self.kind}("name"))'
+            )
         self.add(own, obj)
         return obj
 
@@ -181,8 +187,9 @@ class Registry(Generic[T]):
         with self._lock:
             known = self._table.get(name)
             if known is not None and known is not obj and _qualified(known) != _qualified(obj):
-                raise ConfigError(f"{self.kind} {name!r} is registered twice: "
-                                  f"{_qualified(known)} and {_qualified(obj)}")
+                raise ConfigError(
+                    f"{self.kind} {name!r} is registered twice: {_qualified(known)} and {_qualified(obj)}"
+                )
             self._table[name] = obj
 
     def add_lazy(self, name: str, spec: str) -> None:
@@ -209,8 +216,9 @@ class Registry(Generic[T]):
             found = self._table.get(spec)
             if found is None:
                 known = ", ".join(sorted({*self._table, *self._lazy})) or "none"
-                raise ConfigError(f"{where}: unknown {self.kind} {spec!r} (known: {known}; or "
-                                  f"give 'module:attr')")
+                raise ConfigError(
+                    f"{where}: unknown {self.kind} {spec!r} (known: {known}; or give 'module:attr')"
+                )
         if self._check is not None:
             self._check(found, where)
         return found  # type: ignore[no-any-return]
@@ -245,8 +253,10 @@ class Registry(Generic[T]):
                 found = entry.load()  # importing the module also runs its decorators
             except (Exception, SystemExit) as exc:  # a broken plug-in must not end the process
                 where = f"{key}: " if key else ""
-                raise ConfigError(f"{where}entry point {entry.name!r} in {self.group}: cannot "
-                                  f"load {entry.value!r}: {type(exc).__name__}: {exc}") from None
+                raise ConfigError(
+                    f"{where}entry point {entry.name!r} in {self.group}: cannot "
+                    f"load {entry.value!r}: {type(exc).__name__}: {exc}"
+                ) from None
             try:
                 if self._check is not None:
                     self._check(found, key or self.key)
@@ -280,8 +290,10 @@ def _check_loop(obj: Any, key: str) -> None:
             raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Loop (it has no {attr!r})")
     name: Any = getattr(obj, "name", None)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(f"loop.coordinator: {obj.__qualname__}.name {name!r} must be "
-                          f"lower case letters, digits and '_' (it names the loop's events)")
+        raise ConfigError(
+            f"loop.coordinator: {obj.__qualname__}.name {name!r} must be "
+            f"lower case letters, digits and '_' (it names the loop's events)"
+        )
 
 
 def _check_reducer(obj: Any, key: str) -> None:
@@ -289,8 +301,7 @@ def _check_reducer(obj: Any, key: str) -> None:
         raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
     for attr in ("name", "reduce"):
         if not hasattr(obj, attr):
-            raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Reducer (it has no "
-                                 f"{attr!r})")
+            raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Reducer (it has no {attr!r})")
 
 
 def _check_store(obj: Any, key: str) -> None:
@@ -298,12 +309,10 @@ def _check_store(obj: Any, key: str) -> None:
         raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
     for attr in ("schemes", "from_url"):
         if not hasattr(obj, attr):
-            raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Store (it has no "
-                                 f"{attr!r})")
+            raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Store (it has no {attr!r})")
     schemes: Any = getattr(obj, "schemes", None)
     if not isinstance(schemes, tuple) or not all(isinstance(s, str) for s in schemes):
-        raise NotOfKindError(f"{key}: {_qualified(obj)}.schemes must be a tuple of URL "
-                             f"schemes")
+        raise NotOfKindError(f"{key}: {_qualified(obj)}.schemes must be a tuple of URL schemes")
 
 
 def _check_executor(obj: Any, key: str) -> None:
@@ -343,6 +352,7 @@ def register_store(name: str) -> Callable[[C], C]:
     def named(cls: C) -> C:
         STORES.add(name, cls)
         return cls
+
     return named
 
 
@@ -353,6 +363,7 @@ def register_executor(name: str) -> Callable[[T], T]:
     def named(obj: T) -> T:
         EXECUTORS.add(name, obj)
         return obj
+
     return named
 
 

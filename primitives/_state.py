@@ -152,8 +152,9 @@ class RunState:
 
     def in_flight(self) -> list[tuple[int, LaneState]]:
         """Lanes dispatched whose attempt never landed: a crash or an interrupt came between."""
-        return [(w.wave, s) for w in self.waves.values() for s in w.lanes.values()
-                if s.status == "dispatched"]
+        return [
+            (w.wave, s) for w in self.waves.values() for s in w.lanes.values() if s.status == "dispatched"
+        ]
 
     @property
     def finished(self) -> bool:
@@ -202,11 +203,15 @@ def _landing(state: RunState, event: AnyEvent) -> LaneState:
     """The lane an attempt's outcome lands on: it must be in flight, with this attempt number."""
     lane = _wave(state, event).lane(event.lane or 0)
     if lane.status != "dispatched" or lane.hold is None:
-        raise Refused(f"{event.type} of wave {event.wave} lane {event.lane} without a dispatch"
-                      f" (the lane is {lane.status})")
+        raise Refused(
+            f"{event.type} of wave {event.wave} lane {event.lane} without a dispatch"
+            f" (the lane is {lane.status})"
+        )
     if event.attempt != lane.attempts:
-        raise Refused(f"{event.type} for attempt {event.attempt} of wave {event.wave} lane "
-                      f"{event.lane}, whose attempt in flight is {lane.attempts}")
+        raise Refused(
+            f"{event.type} for attempt {event.attempt} of wave {event.wave} lane "
+            f"{event.lane}, whose attempt in flight is {lane.attempts}"
+        )
     return lane
 
 
@@ -217,25 +222,35 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             raise Refused(f"lane.dispatched in wave {event.wave} after its barrier")
         lane = wave.lane(event.lane or 0)
         if lane.status == "dispatched" or lane.done:
-            raise Refused(f"lane.dispatched of wave {event.wave} lane {event.lane}, which is "
-                          f"{'in flight' if lane.status == 'dispatched' else lane.status}")
+            raise Refused(
+                f"lane.dispatched of wave {event.wave} lane {event.lane}, which is "
+                f"{'in flight' if lane.status == 'dispatched' else lane.status}"
+            )
         if event.attempt != lane.attempts + 1:
-            raise Refused(f"attempt {event.attempt} of wave {event.wave} lane {event.lane} "
-                          f"after attempt {lane.attempts}")
+            raise Refused(
+                f"attempt {event.attempt} of wave {event.wave} lane {event.lane} "
+                f"after attempt {lane.attempts}"
+            )
         data = event.data
         checks.check_hold(state, wave, data)
         lane.status = "dispatched"
         lane.attempts = lane.attempts + 1
         lane.seed = data.seed
-        lane.hold = Hold(data.reserved.to_usage(), data.reserved_cost_usd, data.reserved_requests,
-                         wave.info.bill)
+        lane.hold = Hold(
+            data.reserved.to_usage(), data.reserved_cost_usd, data.reserved_requests, wave.info.bill
+        )
         if state.segment_start is None:
             state.segment_start = event.time
     elif isinstance(event, LaneCompleted):
         lane = _landing(state, event)
         done = event.data
-        checks.check_priced(state, done.usage, lane.hold.bill if lane.hold else "sample",
-                            done.cost_usd, "lane.completed's cost_usd")
+        checks.check_priced(
+            state,
+            done.usage,
+            lane.hold.bill if lane.hold else "sample",
+            done.cost_usd,
+            "lane.completed's cost_usd",
+        )
         lane.status = "completed"
         lane.text, lane.answer, lane.finish_reason = done.text, done.answer, done.finish_reason
         lane.usage, lane.logprob_mean = done.usage.to_usage(), done.logprob_mean
@@ -250,12 +265,19 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             if failed.cut_off:
                 checks.check_billed("lane.failed", failed.billed, failed.billed_cost_usd, lane.hold)
             else:
-                checks.check_priced(state, failed.billed, wave.info.bill,
-                                    failed.billed_cost_usd, "lane.failed's billed_cost_usd")
+                checks.check_priced(
+                    state,
+                    failed.billed,
+                    wave.info.bill,
+                    failed.billed_cost_usd,
+                    "lane.failed's billed_cost_usd",
+                )
         elif lane.done or not failed.final or event.attempt != lane.attempts + 1:
             # An attempt refused before dispatch (no budget for it) fails for good, unsent.
-            raise Refused(f"lane.failed of wave {event.wave} lane {event.lane} without a "
-                          f"dispatch (the lane is {lane.status})")
+            raise Refused(
+                f"lane.failed of wave {event.wave} lane {event.lane} without a "
+                f"dispatch (the lane is {lane.status})"
+            )
         else:
             checks.check_billed("lane.failed", failed.billed, failed.billed_cost_usd, None)
         lane.status = "failed"
@@ -268,20 +290,23 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             _settle(state, lane)
     elif isinstance(event, LaneInterrupted):
         lane = _landing(state, event)
-        checks.check_billed("lane.interrupted", event.data.billed, event.data.billed_cost_usd,
-                            lane.hold)
+        checks.check_billed("lane.interrupted", event.data.billed, event.data.billed_cost_usd, lane.hold)
         lane.status, lane.error = "interrupted", f"Interrupted: {event.data.reason}"
         _cut_off(state, lane)
     elif isinstance(event, WaveStarted):
         if event.wave is None or event.wave in state.waves:
-            raise Refused(f"wave.started for wave {event.wave}, which "
-                          f"{'has no number' if event.wave is None else 'was started before'}")
+            raise Refused(
+                f"wave.started for wave {event.wave}, which "
+                f"{'has no number' if event.wave is None else 'was started before'}"
+            )
         state.waves[event.wave] = WaveState(event.wave, event.data)
     elif isinstance(event, WaveBarrier):
         closing = state.waves.get(event.wave) if event.wave is not None else None
         if closing is None or closing.barrier:
-            raise Refused(f"wave.barrier for wave {event.wave}, which "
-                          f"{'was never started' if closing is None else 'was closed before'}")
+            raise Refused(
+                f"wave.barrier for wave {event.wave}, which "
+                f"{'was never started' if closing is None else 'was closed before'}"
+            )
         if any(s.status == "dispatched" for s in closing.lanes.values()):
             raise Refused(f"wave.barrier for wave {event.wave} while lanes are in flight")
         checks.check_barrier(closing, event.data)
@@ -291,17 +316,18 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
         checks.check_verdict(state, d.reduction, d.candidate_wave, d.candidate_lane)
         key = (d.reduction, d.candidate_wave, d.candidate_lane)
         if key in state.verdicts:
-            raise Refused(f"a second judge.completed for candidate {d.candidate_lane}"
-                          + (f" of wave {d.candidate_wave}" if d.candidate_wave != 1 else "")
-                          + (f" in reduction {d.reduction}" if d.reduction != 1 else ""))
+            raise Refused(
+                f"a second judge.completed for candidate {d.candidate_lane}"
+                + (f" of wave {d.candidate_wave}" if d.candidate_wave != 1 else "")
+                + (f" in reduction {d.reduction}" if d.reduction != 1 else "")
+            )
         state.verdicts[key] = d
         if d.reduction == 1 and d.candidate_wave == 1:
             state.scores[d.candidate_lane] = d.score
     elif isinstance(event, ReduceStarted):
         expected = max(state.reductions, default=0) + 1
         if event.data.reduction != expected or expected < 2:
-            raise Refused(f"reduce.started for reduction {event.data.reduction}, expected "
-                          f"{max(expected, 2)}")
+            raise Refused(f"reduce.started for reduction {event.data.reduction}, expected {max(expected, 2)}")
         checks.check_reduce_started(state, event.data)
         state.open_reduction = event.data
     elif isinstance(event, ReduceCompleted):
@@ -313,9 +339,13 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             raise Refused(f"reduce.completed for reduction {number}, which was never started")
         if state.result is None and number != 1:
             raise Refused(f"reduce.completed for reduction {number} before the run ended")
-        waves = (list(event.data.candidate_waves) or ([event.wave] if event.wave is not None
-                                                      else [])
-                 if number == 1 else list(opened.candidate_waves) if opened is not None else [])
+        waves = (
+            list(event.data.candidate_waves) or ([event.wave] if event.wave is not None else [])
+            if number == 1
+            else list(opened.candidate_waves)
+            if opened is not None
+            else []
+        )
         checks.check_reduction(state, event.data, waves)
         state.reductions[number] = event.data
         state.reduction_sequences[number] = event.sequence
@@ -368,8 +398,9 @@ def _resume(state: RunState, event: RunResumed) -> None:
     checks.check_resumed(state, event.data)
     flying = {(wave, lane.lane) for wave, lane in state.in_flight()}
     if set(map(tuple, event.data.in_flight)) != flying:
-        raise Refused(f"run.resumed names lanes in flight {sorted(event.data.in_flight)}, "
-                      f"the log has {sorted(flying)}")
+        raise Refused(
+            f"run.resumed names lanes in flight {sorted(event.data.in_flight)}, the log has {sorted(flying)}"
+        )
     for wave, lane_no in event.data.in_flight:
         lane = state.waves[wave].lane(lane_no)
         _cut_off(state, lane)
@@ -383,8 +414,14 @@ def _resume(state: RunState, event: RunResumed) -> None:
     state.resumes += 1
 
 
-def fold(events: Iterable[AnyEvent], pricing: Pricing | None = None, *, source: str = "<log>",
-         run_id: str | None = None, reducer: str | None = None) -> RunState:
+def fold(
+    events: Iterable[AnyEvent],
+    pricing: Pricing | None = None,
+    *,
+    source: str = "<log>",
+    run_id: str | None = None,
+    reducer: str | None = None,
+) -> RunState:
     """Rebuild a run's state from its events (pure).
 
     `pricing`: the prices to bill at (by default the run's, from its recorded config; claims
@@ -393,8 +430,13 @@ def fold(events: Iterable[AnyEvent], pricing: Pricing | None = None, *, source: 
     names for its own reduce ("" for a loop that reduces nothing). Raises LogCorruptError at
     the first event that is not the run's own.
     """
-    state = RunState(pricing=pricing or Pricing(), source=source, expected_run_id=run_id,
-                     priced=pricing is not None, reducer=reducer)
+    state = RunState(
+        pricing=pricing or Pricing(),
+        source=source,
+        expected_run_id=run_id,
+        priced=pricing is not None,
+        reducer=reducer,
+    )
     for event in events:
         apply(state, event)
     return state

@@ -20,8 +20,18 @@ from lanefold.primitives._budget import SharedPool
 from lanefold.primitives._eventlog import EventLog, FsyncPolicy
 from lanefold.primitives.events import AnyEvent, RunCompleted, RunStarted
 
-__all__ = ("BudgetStore", "BudgetView", "EvalRecord", "RunStatus", "RunSummary", "Store",
-           "new_run_id", "redact_url", "select_runs", "summarize_run")
+__all__ = (
+    "BudgetStore",
+    "BudgetView",
+    "EvalRecord",
+    "RunStatus",
+    "RunSummary",
+    "Store",
+    "new_run_id",
+    "redact_url",
+    "select_runs",
+    "summarize_run",
+)
 
 R = TypeVar("R")
 
@@ -84,26 +94,44 @@ def summarize_run(first: AnyEvent, last: AnyEvent, *, writing: bool) -> RunSumma
     elif last.type == "run.interrupted" and not writing:
         status = "interrupted"
     usage = result.get("usage") or {}
-    tokens = sum(int(usage.get(key) or 0) for key in ("prefill_tokens", "decode_tokens",
-                                                      "verifier_tokens", "cut_off_tokens"))
+    tokens = sum(
+        int(usage.get(key) or 0)
+        for key in ("prefill_tokens", "decode_tokens", "verifier_tokens", "cut_off_tokens")
+    )
     ended = last.time if status not in ("running", "stopped") else None
-    return RunSummary(run_id=first.run_id, loop=data.coordinator, status=status,
-                      question=data.question, answer=result.get("answer"),
-                      lanes=int(result.get("lanes_completed") or 0), tokens=tokens,
-                      cost_usd=float((result.get("cost") or {}).get("total") or 0.0),
-                      started=first.time, ended=ended)
+    return RunSummary(
+        run_id=first.run_id,
+        loop=data.coordinator,
+        status=status,
+        question=data.question,
+        answer=result.get("answer"),
+        lanes=int(result.get("lanes_completed") or 0),
+        tokens=tokens,
+        cost_usd=float((result.get("cost") or {}).get("total") or 0.0),
+        started=first.time,
+        ended=ended,
+    )
 
 
-def select_runs(found: Iterable[RunSummary], *, status: str | None = None,
-                loop: str | None = None, eval_id: str | None = None,
-                since: datetime | None = None, limit: int | None = None) -> list[RunSummary]:
+def select_runs(
+    found: Iterable[RunSummary],
+    *,
+    status: str | None = None,
+    loop: str | None = None,
+    eval_id: str | None = None,
+    since: datetime | None = None,
+    limit: int | None = None,
+) -> list[RunSummary]:
     """`list_runs`'s filters over summaries, newest first: the one place they mean what they
     say, whichever store read the summaries. An eval's runs are `<eval_id>.<i>`."""
-    chosen = [s for s in found
-              if (status is None or s.status == status)
-              and (loop is None or s.loop == loop)
-              and (eval_id is None or s.run_id.startswith(eval_id + "."))
-              and (since is None or s.started >= since)]
+    chosen = [
+        s
+        for s in found
+        if (status is None or s.status == status)
+        and (loop is None or s.loop == loop)
+        and (eval_id is None or s.run_id.startswith(eval_id + "."))
+        and (since is None or s.started >= since)
+    ]
     chosen.sort(key=lambda s: (s.started, s.run_id), reverse=True)
     return chosen if limit is None else chosen[:limit]
 
@@ -144,9 +172,15 @@ class Store(Protocol):
         """The store itself, for messages and for the `--store`/`--runs-dir` a hint repeats."""
         ...
 
-    def list_runs(self, *, status: str | None = None, loop: str | None = None,
-                  eval_id: str | None = None, since: datetime | None = None,
-                  limit: int | None = None) -> list[RunSummary]:
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        loop: str | None = None,
+        eval_id: str | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[RunSummary]:
         """Runs newest first, filtered (`select_runs` says what each filter means)."""
         ...
 
@@ -264,4 +298,3 @@ class BudgetStore(Protocol):
     def read_budget(self, name: str) -> BudgetView | None: ...
 
     def set_budget(self, name: str, **limits: Any) -> BudgetView: ...
-

@@ -42,6 +42,7 @@ VerifierFn: TypeAlias = Callable[
 ]
 """`fn(question, text, answer)` returning a score (bool, int, float) or None, sync or async."""
 
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """One verifier's judgement of one candidate.
@@ -82,8 +83,14 @@ class CallableVerifier:
     timeout. At most `max_concurrency` calls of one instance run at once.
     """
 
-    def __init__(self, fn: VerifierFn, *, name: str | None = None,
-                 timeout_s: float | None = 30.0, max_concurrency: int = 4) -> None:
+    def __init__(
+        self,
+        fn: VerifierFn,
+        *,
+        name: str | None = None,
+        timeout_s: float | None = 30.0,
+        max_concurrency: int = 4,
+    ) -> None:
         if not callable(fn):
             raise ConfigError(f"judge.verifier: {fn!r} is not callable")
         check_verifier_limits(timeout_s, max_concurrency)
@@ -110,7 +117,8 @@ class CallableVerifier:
                     return _raised(exc)
                 if not self._is_async:
                     get_logger("lanefold.verifier").warning(
-                        "verifier_thread_abandoned", verifier=self.name, timeout_s=self._timeout_s)
+                        "verifier_thread_abandoned", verifier=self.name, timeout_s=self._timeout_s
+                    )
                 return Verdict.timed_out(self._timeout_s)
             except Exception as exc:  # a user's verifier may fail in any way: it abstains
                 return _raised(exc)
@@ -123,7 +131,8 @@ class CallableVerifier:
             # Boxed in a tuple: trio refuses a worker whose result is a coroutine, and a lambda
             # or partial may return one for us to await here.
             (value,) = await anyio.to_thread.run_sync(
-                _boxed, self._fn, question, text, answer, abandon_on_cancel=True)
+                _boxed, self._fn, question, text, answer, abandon_on_cancel=True
+            )
         if inspect.isawaitable(value):  # e.g. a lambda or partial that returns a coroutine
             value = await value
         return value
@@ -134,8 +143,7 @@ VERIFIERS: Registry[Verifier | VerifierFn] = Registry("verifier", key="judge.ver
 register_verifier = VERIFIERS.register
 
 
-def import_verifier(spec: str, *, timeout_s: float | None = 30.0,
-                    max_concurrency: int = 4) -> Verifier:
+def import_verifier(spec: str, *, timeout_s: float | None = 30.0, max_concurrency: int = 4) -> Verifier:
     """What a config's `verifier` names (a registered verifier, an entry point's, or
     `module:function`): a Verifier as is, a function wrapped as a CallableVerifier named `spec`
     (a class with `verify` is made with no argument)."""
@@ -151,8 +159,10 @@ def import_verifier(spec: str, *, timeout_s: float | None = 30.0,
 def _import_callable(spec: str) -> VerifierFn:
     module_name, colon, attr = spec.partition(":")
     if not colon and VERIFIERS.get(spec) is None:
-        raise ConfigError(f"judge.verifier: {spec!r} must look like 'module:function' (or name "
-                          f"a registered verifier: {', '.join(VERIFIERS.names()) or 'none'})")
+        raise ConfigError(
+            f"judge.verifier: {spec!r} must look like 'module:function' (or name "
+            f"a registered verifier: {', '.join(VERIFIERS.names()) or 'none'})"
+        )
     if colon and not (module_name and attr):
         raise ConfigError(f"judge.verifier: {spec!r} must look like 'module:function'")
     target: object = VERIFIERS.resolve(spec)  # `module:Class.method` reaches further
@@ -191,13 +201,13 @@ def _verdict_of(value: object) -> Verdict:
             score = math.inf
         if math.isfinite(score):
             return Verdict(score, score > 0)
-    return Verdict(None, False, f"verifier returned {one_line(repr(value), 120)}, not a number",
-                   error="bad_output")
+    return Verdict(
+        None, False, f"verifier returned {one_line(repr(value), 120)}, not a number", error="bad_output"
+    )
 
 
 def _raised(exc: Exception) -> Verdict:
-    return Verdict(None, False, one_line(f"verifier raised {type(exc).__name__}: {exc}"),
-                   error="raised")
+    return Verdict(None, False, one_line(f"verifier raised {type(exc).__name__}: {exc}"), error="raised")
 
 
 def one_line(text: str, limit: int = 200, *, keep_end: bool = False) -> str:
@@ -205,4 +215,4 @@ def one_line(text: str, limit: int = 200, *, keep_end: bool = False) -> str:
     line = " ".join(text.split())
     if len(line) <= limit:
         return line
-    return "…" + line[-(limit - 1):] if keep_end else line[: limit - 1] + "…"
+    return "…" + line[-(limit - 1) :] if keep_end else line[: limit - 1] + "…"

@@ -82,6 +82,7 @@ __all__ = (
     "parse_event",
 )
 
+
 def _absent(value: object) -> bool:
     return value is None
 
@@ -117,9 +118,7 @@ class UsageData(_Frozen):
         )
 
     def to_usage(self) -> Usage:
-        return Usage(
-            self.input_tokens, self.cached_input_tokens, self.output_tokens, self.kv_token_seconds
-        )
+        return Usage(self.input_tokens, self.cached_input_tokens, self.output_tokens, self.kv_token_seconds)
 
 
 # The version of the event schema this library writes, and the newest it reads. It moves when
@@ -268,8 +267,7 @@ class WaveStartedData(_Frozen):
     def _k_lanes(self) -> WaveStartedData:
         if self.k > self.k_requested:
             raise ValueError(f"k {self.k} is more than the {self.k_requested} lanes asked for")
-        if self.lanes is not None and (len(self.lanes) != self.k
-                                       or len(set(self.lanes)) != self.k):
+        if self.lanes is not None and (len(self.lanes) != self.k or len(set(self.lanes)) != self.k):
             raise ValueError(f"lanes {self.lanes} are not {self.k} distinct lane numbers")
         return self
 
@@ -481,11 +479,26 @@ class LoopEvent(Event):
 
 
 _KINDS: tuple[type[Event], ...] = (
-    RunStarted, RunResumed, RunCompleted, RunFailed, RunInterrupted, WaveStarted, LaneDispatched,
-    LaneCompleted, LaneFailed, LaneInterrupted, WaveBarrier, JudgeCompleted, ReduceStarted,
-    ReduceCompleted, BudgetWaveShrunk, BudgetExhausted, BudgetOverrun, BackendNoted)
-EVENT_TYPES: frozenset[str] = frozenset(
-    kind.model_fields["type"].default for kind in _KINDS)
+    RunStarted,
+    RunResumed,
+    RunCompleted,
+    RunFailed,
+    RunInterrupted,
+    WaveStarted,
+    LaneDispatched,
+    LaneCompleted,
+    LaneFailed,
+    LaneInterrupted,
+    WaveBarrier,
+    JudgeCompleted,
+    ReduceStarted,
+    ReduceCompleted,
+    BudgetWaveShrunk,
+    BudgetExhausted,
+    BudgetOverrun,
+    BackendNoted,
+)
+EVENT_TYPES: frozenset[str] = frozenset(kind.model_fields["type"].default for kind in _KINDS)
 
 
 def _tag(value: Any) -> str | None:

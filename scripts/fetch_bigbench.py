@@ -29,10 +29,16 @@ from lanefold.primitives import LanefoldError  # noqa: E402 - after the path is 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--from", dest="source", type=Path, metavar="DIR",
-                        help="build from this benchmark_tasks folder instead of downloading")
-    parser.add_argument("--cache", type=Path, default=None, help="default: %(default)s "
-                        "($LANEFOLD_CACHE/bigbench)")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        metavar="DIR",
+        help="build from this benchmark_tasks folder instead of downloading",
+    )
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="default: %(default)s ($LANEFOLD_CACHE/bigbench)"
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     args = parser.parse_args()
     cache: Path = args.cache or bigbench_cache()
@@ -50,8 +56,7 @@ def main() -> int:
     except LanefoldError as exc:
         print(f"fetch_bigbench: {exc}", file=sys.stderr)
         return exc.exit_code  # 2 when pip cannot fetch the sdist (no longer served, or offline)
-    print(f"wrote {archive} ({archive.stat().st_size / 1e6:.0f} MB) "
-          f"in {time.monotonic() - started:.0f} s")
+    print(f"wrote {archive} ({archive.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f} s")
     return 0
 
 

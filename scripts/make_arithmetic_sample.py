@@ -49,8 +49,7 @@ def tasks() -> dict[str, list[dict[str, str]]]:
     return {
         "1_digit_addition.jsonl": rows(shuffled(one_digit, rng), "plus", operator.add),
         "1_digit_multiplication.jsonl": rows(shuffled(one_digit, rng), "times", operator.mul),
-        "2_digit_addition.jsonl": rows(shuffled(two_digit, rng)[:TWO_DIGIT_SAMPLE], "plus",
-                                       operator.add),
+        "2_digit_addition.jsonl": rows(shuffled(two_digit, rng)[:TWO_DIGIT_SAMPLE], "plus", operator.add),
     }
 
 
@@ -60,8 +59,11 @@ def render(task_rows: list[dict[str, str]]) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a committed file is not what would be written")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a committed file is not what would be written",
+    )
     args = parser.parse_args(argv)
     stale = []
     for name, task_rows in tasks().items():
@@ -74,8 +76,10 @@ def main(argv: list[str]) -> int:
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path.relative_to(ROOT)} ({len(task_rows)} questions)")
     for path in stale:
-        print(f"{path.relative_to(ROOT)}: differs from what this script writes; run it to rewrite",
-              file=sys.stderr)
+        print(
+            f"{path.relative_to(ROOT)}: differs from what this script writes; run it to rewrite",
+            file=sys.stderr,
+        )
     return 1 if stale else 0
 
 

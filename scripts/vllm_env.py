@@ -92,11 +92,15 @@ def build_venv() -> Path:
     started = time.monotonic()
     log(f"installing {' '.join(REQUIREMENTS)} into {VENV} (log: {LOG})")
     _run([_base_python(), "-m", "venv", str(VENV)], "creating the venv")
-    _run([*NICE, str(python()), "-m", "pip", "install", "--no-input", *REQUIREMENTS],
-         "pip install " + " ".join(REQUIREMENTS))
+    _run(
+        [*NICE, str(python()), "-m", "pip", "install", "--no-input", *REQUIREMENTS],
+        "pip install " + " ".join(REQUIREMENTS),
+    )
     _run([str(python()), "-m", "pip", "uninstall", "-y", *UNLOADABLE], "pip uninstall")
-    _run([str(python()), "-c", "import vllm, vllm.entrypoints.openai.api_server"],
-         "importing vllm in the new venv")
+    _run(
+        [str(python()), "-c", "import vllm, vllm.entrypoints.openai.api_server"],
+        "importing vllm in the new venv",
+    )
     (VENV / READY).write_text(" ".join(REQUIREMENTS) + "\n")
     log(f"venv built in {time.monotonic() - started:.0f} s, {_size(VENV)}")
     return python()
@@ -124,15 +128,18 @@ def convert_model() -> Path:
         import torch
         import transformers
     except ImportError as exc:
-        raise BuildError(f"converting the GGUF needs torch and transformers ({exc}): run "
-                         "this script with the project's .venv/bin/python") from exc
+        raise BuildError(
+            f"converting the GGUF needs torch and transformers ({exc}): run "
+            "this script with the project's .venv/bin/python"
+        ) from exc
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     partial = MODEL.with_name(MODEL.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+        )
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except Exception as exc:  # any loader failure becomes the one line we print
         raise BuildError(f"transformers could not load {gguf}: {type(exc).__name__}: {exc}") from exc
@@ -159,8 +166,9 @@ def ensure() -> tuple[Path, Path]:
 
 def vllm_version() -> str:
     """The vLLM version in the venv (asked of that venv's own python)."""
-    probe = subprocess.run([str(python()), "-c", "import vllm; print(vllm.__version__)"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [str(python()), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
+    )
     return probe.stdout.strip() if probe.returncode == 0 else "unknown"
 
 

@@ -63,8 +63,12 @@ class PgServer:
                 if root.exists():
                     _open_up(root)
                     for path in root.rglob("*"):
-                        path.chmod(path.stat().st_mode | stat.S_IROTH | stat.S_IRGRP
-                                   | (stat.S_IXOTH | stat.S_IXGRP if path.is_dir() or sub == "bin" else 0))
+                        path.chmod(
+                            path.stat().st_mode
+                            | stat.S_IROTH
+                            | stat.S_IRGRP
+                            | (stat.S_IXOTH | stat.S_IXGRP if path.is_dir() or sub == "bin" else 0)
+                        )
         data = folder / "data"
         data.mkdir()
         pwfile = folder / "pw"
@@ -76,19 +80,48 @@ class PgServer:
             entry = pwd.getpwnam(run_as)
             for path in (folder, data, pwfile):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-        cls._run(run_as, "initdb", "-D", str(data), "-U", USER, f"--pwfile={pwfile}",
-                 "--auth=scram-sha-256", "--encoding=utf8", "--no-sync")
+        cls._run(
+            run_as,
+            "initdb",
+            "-D",
+            str(data),
+            "-U",
+            USER,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "--encoding=utf8",
+            "--no-sync",
+        )
         port = _free_port()
-        options = (f"-h 127.0.0.1 -p {port} -k {folder} -c max_connections=200"
-                   f" -c fsync={'on' if fsync else 'off'}")
-        cls._run(run_as, "pg_ctl", "-D", str(data), "-w", "-t", "30", "-o", options,
-                 "-l", str(folder / "log"), "start")
+        options = (
+            f"-h 127.0.0.1 -p {port} -k {folder} -c max_connections=200 -c fsync={'on' if fsync else 'off'}"
+        )
+        cls._run(
+            run_as,
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-w",
+            "-t",
+            "30",
+            "-o",
+            options,
+            "-l",
+            str(folder / "log"),
+            "start",
+        )
         return cls(folder, port, password, run_as)
 
     @staticmethod
     def _run(run_as: str | None, exe: str, *args: str) -> None:
-        subprocess.run([str(_bin() / exe), *args], check=True, user=run_as,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        subprocess.run(
+            [str(_bin() / exe), *args],
+            check=True,
+            user=run_as,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
 
     def url(self, database: str = "postgres", *, password: bool = True) -> str:
         secret = f":{self.password}" if password else ""

@@ -8,8 +8,13 @@ from hypothesis import strategies as st
 
 from lanefold.primitives import Hold, Ledger, Limits, Pricing, Spend, Usage, cost_of
 
-PRICES = Pricing(input_per_mtok=2.0, cached_input_per_mtok=0.5, output_per_mtok=8.0,
-                 verifier_per_mtok=1.0, kv_per_mtok_s=0.01)
+PRICES = Pricing(
+    input_per_mtok=2.0,
+    cached_input_per_mtok=0.5,
+    output_per_mtok=8.0,
+    verifier_per_mtok=1.0,
+    kv_per_mtok_s=0.01,
+)
 
 
 def ledger(**limits: float) -> Ledger:
@@ -46,8 +51,9 @@ def test_fit_by_cost_and_requests() -> None:
     book = ledger(max_requests=3)
     holds = book.holds_for_request(100, [50] * 5, share_prefix=False, bill="sample")
     assert sum(h.requests for h in holds) == 1  # one request carrying five lanes
-    singles = [h for _ in range(5)
-               for h in book.holds_for_request(100, [50], share_prefix=False, bill="sample")]
+    singles = [
+        h for _ in range(5) for h in book.holds_for_request(100, [50], share_prefix=False, bill="sample")
+    ]
     assert (book.fit(singles).k, book.fit(singles).limit) == (3, "max_requests")
 
 
@@ -106,7 +112,8 @@ def test_judge_tokens_are_the_verifier_line() -> None:
 def test_judge_without_a_verifier_price_uses_token_prices() -> None:
     prices = PRICES.model_copy(update={"verifier_per_mtok": None})
     assert cost_of(Usage(100, 20, 10), "verifier", prices) == pytest.approx(
-        (100 * 2 + 20 * 0.5 + 10 * 8) / 1e6)
+        (100 * 2 + 20 * 0.5 + 10 * 8) / 1e6
+    )
 
 
 def test_limits_refuse_negative_values() -> None:
@@ -139,17 +146,20 @@ def test_the_clock_starts_at_the_first_dispatch_not_at_model_load() -> None:
 @given(
     limit=st.integers(200, 5000),
     prompt=st.integers(1, 100),
-    requests=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 80), st.booleans(),
-                                st.floats(0, 1)), min_size=1, max_size=25),
+    requests=st.lists(
+        st.tuples(st.integers(1, 6), st.integers(1, 80), st.booleans(), st.floats(0, 1)),
+        min_size=1,
+        max_size=25,
+    ),
 )
 def test_settled_plus_reserved_never_exceeds_the_limit(
-        limit: int, prompt: int, requests: list[tuple[int, int, bool, float]]) -> None:
+    limit: int, prompt: int, requests: list[tuple[int, int, bool, float]]
+) -> None:
     """Carve, reserve and settle in any order: the pool is never over-committed."""
     book = ledger(max_tokens=limit, max_cost_usd=limit * 5e-6, max_requests=12)
     outstanding: list[Hold] = []
     for lanes, max_out, shared, used in requests:
-        holds = book.holds_for_request(prompt, [max_out] * lanes, share_prefix=shared,
-                                       bill="sample")
+        holds = book.holds_for_request(prompt, [max_out] * lanes, share_prefix=shared, bill="sample")
         fit = book.fit(holds)
         holds = holds[: fit.k]
         if holds:
@@ -158,8 +168,9 @@ def test_settled_plus_reserved_never_exceeds_the_limit(
         # settle about half of what is outstanding, each lane using part of its allotment
         while len(outstanding) > 3:
             hold = outstanding.pop(0)
-            actual = Usage(hold.usage.input_tokens, hold.usage.cached_input_tokens,
-                           int(hold.usage.output_tokens * used))
+            actual = Usage(
+                hold.usage.input_tokens, hold.usage.cached_input_tokens, int(hold.usage.output_tokens * used)
+            )
             assert book.settle(hold, actual) == []
         assert book.spent.tokens + book.reserved_tokens <= limit
         assert book.spent.cost_usd + book.reserved_cost_usd <= limit * 5e-6 + 1e-12

@@ -58,8 +58,11 @@ def deprecated_now() -> list[tuple[str, str, str, str]]:
     """The rows of docs/deprecations.md's table: (deprecated, instead, since, goes in)."""
     text = (ROOT / "docs" / "deprecations.md").read_text()
     table = text.split("## Deprecated now", 1)[1].split("\n## ", 1)[0]
-    rows = [[cell.strip() for cell in line.strip("|").split("|")]
-            for line in table.splitlines() if line.startswith("| ")]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in table.splitlines()
+        if line.startswith("| ")
+    ]
     return [(a, b, c, d) for a, b, c, d in rows[2:]]  # past the header and its rule
 
 
@@ -75,11 +78,15 @@ def test_each_deprecation_is_in_the_changelog() -> None:
 
 def test_import_orchestrator_warns_as_the_table_says() -> None:
     """The one deprecated name warns, naming its replacement and the release it goes in."""
-    (_, instead, _, goes), = [row for row in deprecated_now()
-                                 if row[0].startswith("`import orchestrator`")]
+    ((_, instead, _, goes),) = [row for row in deprecated_now() if row[0].startswith("`import orchestrator`")]
     found = subprocess.run(
         [sys.executable, "-W", "always::DeprecationWarning", "-c", "import orchestrator"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert "DeprecationWarning" in found.stderr, found.stderr
     assert instead.strip("`") in found.stderr and goes in found.stderr, found.stderr
 

@@ -32,8 +32,7 @@ from lanefold.primitives.events import SCHEMA_VERSION
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "simulated.toml"
 QUESTION = "What is 17 * 23?"
-RESULT_KEYS = {"run_id", "answer", "votes", "lanes_completed", "lanes_failed", "usage", "cost",
-               "events"}
+RESULT_KEYS = {"run_id", "answer", "votes", "lanes_completed", "lanes_failed", "usage", "cost", "events"}
 USAGE_KEYS = {"prefill_tokens", "cached_prefill_tokens", "decode_tokens", "verifier_tokens"}
 COST_KEYS = {"prefill", "cached_prefill", "decode", "kv_residency", "verifier", "total"}
 RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|\+00:00)")
@@ -71,8 +70,14 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Outcome:
 
 
 def command(*argv: str | Path, timeout: float = 60) -> Outcome:
-    done = subprocess.run([sys.executable, "-m", "lanefold._cli", *map(str, argv)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "lanefold._cli", *map(str, argv)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     return Outcome(done.returncode, done.stdout, done.stderr)
 
 
@@ -88,15 +93,17 @@ def _toml_value(value: Any) -> str:
     raise TypeError(value)
 
 
-def example_variant(folder: Path, changes: Mapping[str, Mapping[str, Any]],
-                    name: str = "variant.toml") -> Path:
+def example_variant(
+    folder: Path, changes: Mapping[str, Mapping[str, Any]], name: str = "variant.toml"
+) -> Path:
     """The self-consistency example with some sections' keys changed, written as TOML."""
     raw = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
     for section, values in changes.items():
         raw.setdefault(section, {}).update(values)
-    text = "\n".join(f"[{section}]\n" + "".join(f"{key} = {_toml_value(value)}\n"
-                                                 for key, value in values.items())
-                     for section, values in raw.items())
+    text = "\n".join(
+        f"[{section}]\n" + "".join(f"{key} = {_toml_value(value)}\n" for key, value in values.items())
+        for section, values in raw.items()
+    )
     path = folder / name
     path.write_text(text, encoding="utf-8")
     return path
@@ -121,8 +128,7 @@ def relabel(lines: list[str], run_id: str) -> list[str]:
     for line in lines:
         event = json.loads(line)
         old = event["run_id"]
-        event.update(run_id=run_id, source=f"lanefold:run/{run_id}",
-                     id=event["id"].replace(old, run_id, 1))
+        event.update(run_id=run_id, source=f"lanefold:run/{run_id}", id=event["id"].replace(old, run_id, 1))
         out.append(json.dumps(event))
     return out
 
@@ -138,8 +144,19 @@ def _finished_once(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]
     runs = tmp_path_factory.mktemp("finished") / "runs"
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["run", str(EXAMPLE), "--question", QUESTION, "--runs-dir", str(runs),
-                     "--run-id", "done", "--json"])
+        code = main(
+            [
+                "run",
+                str(EXAMPLE),
+                "--question",
+                QUESTION,
+                "--runs-dir",
+                str(runs),
+                "--run-id",
+                "done",
+                "--json",
+            ]
+        )
     assert code == 0, err.getvalue()
     return runs, out.getvalue()
 
@@ -167,10 +184,10 @@ def _check_result(result: dict[str, Any]) -> None:
 # -- run ------------------------------------------------------------------------------------------
 
 
-def test_run_json_prints_one_result_object(runs: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    outcome = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs,
-                  "--run-id", "fresh", "--json")
+def test_run_json_prints_one_result_object(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outcome = cli(
+        capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs, "--run-id", "fresh", "--json"
+    )
     assert outcome.code == 0
     assert outcome.err == ""
     result = outcome.json
@@ -194,12 +211,11 @@ def test_run_json_prints_one_result_object(runs: Path,
     assert cost["verifier"] == 0
 
 
-def test_run_without_shared_prefix_pays_every_prefill(runs: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    config = example_variant(tmp_path, {"backend": {"shares_prefix": False,
-                                                    "latency_ms": [0, 0]}})
-    result = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-                 "--json").json
+def test_run_without_shared_prefix_pays_every_prefill(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = example_variant(tmp_path, {"backend": {"shares_prefix": False, "latency_ms": [0, 0]}})
+    result = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--json").json
     assert result["usage"]["prefill_tokens"] == 8 * 40
     assert result["usage"]["cached_prefill_tokens"] == 0
     assert result["cost"]["cached_prefill"] == 0
@@ -207,8 +223,9 @@ def test_run_without_shared_prefix_pays_every_prefill(runs: Path, tmp_path: Path
 
 def test_run_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    done = command("run", "examples/simulated.toml", "--question", QUESTION,
-                   "--runs-dir", runs, "--json", "-v")
+    done = command(
+        "run", "examples/simulated.toml", "--question", QUESTION, "--runs-dir", runs, "--json", "-v"
+    )
     assert done.code == 0, done.err
     result = done.json  # with --json, nothing but the JSON reaches stdout (even with -v)
     _check_result(result)
@@ -217,30 +234,28 @@ def test_run_end_to_end_in_a_subprocess(tmp_path: Path) -> None:
     assert log_events(result["events"])[-1]["type"] == "run.completed"
 
 
-def test_run_is_deterministic_for_a_seed(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    first = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", tmp_path / "a",
-                "--json").json
-    second = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", tmp_path / "b",
-                 "--json").json
+def test_run_is_deterministic_for_a_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", tmp_path / "a", "--json").json
+    second = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", tmp_path / "b", "--json").json
     assert first["run_id"] != second["run_id"]
     for key in ("answer", "votes", "winner_lane", "lanes_completed", "usage", "cost"):
         assert first[key] == second[key], key
 
 
 def test_run_without_json_prints_a_summary(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    outcome = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs,
-                  "--run-id", "plain")
+    outcome = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs, "--run-id", "plain")
     assert outcome.code == 0
     assert "391" in outcome.out and "plain" in outcome.out
     assert outcome.err == ""
 
 
-def test_run_with_an_existing_run_id_exits_2(finished: Outcome, runs: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_with_an_existing_run_id_exits_2(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = events_path(runs, "done").read_bytes()
-    again = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs,
-                "--run-id", "done", "--json")
+    again = cli(
+        capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs, "--run-id", "done", "--json"
+    )
     assert again.code == 2
     assert "done" in again.error_line
     assert again.out == ""
@@ -248,23 +263,25 @@ def test_run_with_an_existing_run_id_exits_2(finished: Outcome, runs: Path,
 
 
 @pytest.mark.parametrize("question", ["", "   "])
-def test_run_with_an_empty_question_exits_2(question: str, runs: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_with_an_empty_question_exits_2(
+    question: str, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     outcome = cli(capsys, "run", EXAMPLE, "--question", question, "--runs-dir", runs)
     assert outcome.code == 2
     assert "question" in outcome.error_line
     assert not runs.exists()
 
 
-@pytest.mark.parametrize(
-    "run_id", ["../x", "a/b", "..", "ABSOLUTE", "a/../b", ".hidden", "a b", "x\\y", ""])
+@pytest.mark.parametrize("run_id", ["../x", "a/b", "..", "ABSOLUTE", "a/../b", ".hidden", "a b", "x\\y", ""])
 def test_run_rejects_run_ids_that_are_not_plain_names(
-        run_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "nest" / "runs"
     if run_id == "ABSOLUTE":
         run_id = str(tmp_path / "abs")
-    outcome = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs,
-                  "--run-id", run_id, "--json")
+    outcome = cli(
+        capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs, "--run-id", run_id, "--json"
+    )
     assert outcome.code == 2
     assert "run id" in outcome.error_line
     assert outcome.out == ""
@@ -274,8 +291,8 @@ def test_run_rejects_run_ids_that_are_not_plain_names(
 @pytest.mark.parametrize("subcommand", ["resume", "show", "tail"])
 @pytest.mark.parametrize("run_id", ["../done", "a/b", "..", "ABSOLUTE"])
 def test_other_commands_reject_run_ids_that_are_not_plain_names(
-        finished: Outcome, subcommand: str, run_id: str, runs: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Outcome, subcommand: str, run_id: str, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Every path these ids could reach holds a real log, so only the id check stops them.
     inner = runs / "inner"
     good = events_path(runs, "done").read_bytes()
@@ -293,8 +310,9 @@ def test_other_commands_reject_run_ids_that_are_not_plain_names(
 # -- show and resume --------------------------------------------------------------------------------
 
 
-def test_show_and_resume_print_the_runs_object(finished: Outcome, runs: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_and_resume_print_the_runs_object(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     log = events_path(runs, "done")
     before = log.read_bytes()
     shown = cli(capsys, "show", "done", "--runs-dir", runs, "--json")
@@ -311,13 +329,14 @@ def test_show_and_resume_print_the_runs_object(finished: Outcome, runs: Path,
     assert log.read_bytes() == before, "show and resume of a finished run append nothing"
 
 
-def test_resume_of_a_finished_run_calls_no_backend(runs: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_of_a_finished_run_calls_no_backend(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     calls = tmp_path / "calls.txt"
-    config = example_variant(tmp_path, {"backend": {"call_log": str(calls),
-                                                    "latency_ms": [0, 0]}})
-    ran = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-              "--run-id", "counted", "--json")
+    config = example_variant(tmp_path, {"backend": {"call_log": str(calls), "latency_ms": [0, 0]}})
+    ran = cli(
+        capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", "counted", "--json"
+    )
     assert ran.code == 0
     made = calls.read_text().splitlines()
     assert len(made) == 8  # one attempt per lane, no faults
@@ -325,8 +344,9 @@ def test_resume_of_a_finished_run_calls_no_backend(runs: Path, tmp_path: Path,
     assert calls.read_text().splitlines() == made
 
 
-def test_show_without_json_is_readable(finished: Outcome, runs: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_without_json_is_readable(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shown = cli(capsys, "show", "done", "--runs-dir", runs)
     assert shown.code == 0
     assert "391" in shown.out
@@ -334,8 +354,7 @@ def test_show_without_json_is_readable(finished: Outcome, runs: Path,
 
 
 @pytest.mark.parametrize("subcommand", ["resume", "show", "tail"])
-def test_unknown_run_id_exits_2(subcommand: str, runs: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_run_id_exits_2(subcommand: str, runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs.mkdir()
     outcome = cli(capsys, subcommand, "unknown-id", "--runs-dir", runs)
     assert outcome.code == 2
@@ -366,11 +385,10 @@ def _corrupt(lines: list[str], kind: str, at: int) -> list[str]:
 
 
 @pytest.mark.parametrize("finished_log", [True, False], ids=["finished", "unfinished"])
-@pytest.mark.parametrize("kind", ["garbage", "blank", "duplicate", "unknown-type",
-                                  "wrong-sequence"])
+@pytest.mark.parametrize("kind", ["garbage", "blank", "duplicate", "unknown-type", "wrong-sequence"])
 def test_a_corrupt_log_makes_resume_and_show_exit_2_naming_the_line(
-        finished: Outcome, kind: str, finished_log: bool, runs: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Outcome, kind: str, finished_log: bool, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     lines = relabel(log_lines(events_path(runs, "done")), "bad")
     if not finished_log:
         lines = lines[:12]  # a crash after some lanes landed: resumable, were it not corrupt
@@ -386,8 +404,9 @@ def test_a_corrupt_log_makes_resume_and_show_exit_2_naming_the_line(
     assert log.read_bytes() == before, "a corrupt log is left as it was found"
 
 
-def test_resume_cuts_a_torn_tail_and_finishes(finished: Outcome, runs: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_cuts_a_torn_tail_and_finishes(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     lines = relabel(log_lines(events_path(runs, "done")), "torn")
     half = lines[12][: len(lines[12]) // 2]
     log = events_path(runs, "torn")
@@ -410,8 +429,9 @@ def test_resume_cuts_a_torn_tail_and_finishes(finished: Outcome, runs: Path,
 # -- tail -------------------------------------------------------------------------------------------
 
 
-def test_tail_prints_one_readable_line_per_event(finished: Outcome, runs: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_prints_one_readable_line_per_event(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     events = log_events(events_path(runs, "done"))
     outcome = cli(capsys, "tail", "done", "--runs-dir", runs)
     assert outcome.code == 0
@@ -423,8 +443,9 @@ def test_tail_prints_one_readable_line_per_event(finished: Outcome, runs: Path,
         assert not line.lstrip().startswith("{")
 
 
-def test_tail_json_prints_the_logs_lines(finished: Outcome, runs: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_json_prints_the_logs_lines(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     lines = log_lines(events_path(runs, "done"))
     outcome = cli(capsys, "tail", "done", "--runs-dir", runs, "--json")
     assert outcome.code == 0
@@ -435,11 +456,11 @@ def test_tail_json_prints_the_logs_lines(finished: Outcome, runs: Path,
 
 @pytest.mark.timeout(60)  # a follower that never ends must fail, not hang
 @pytest.mark.parametrize("as_json", [False, True])
-def test_tail_follow_of_a_finished_run_exits_0(finished: Outcome, runs: Path, as_json: bool,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_follow_of_a_finished_run_exits_0(
+    finished: Outcome, runs: Path, as_json: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
     lines = log_lines(events_path(runs, "done"))
-    outcome = cli(capsys, "tail", "done", "--runs-dir", runs, "--follow",
-                  *(["--json"] if as_json else []))
+    outcome = cli(capsys, "tail", "done", "--runs-dir", runs, "--follow", *(["--json"] if as_json else []))
     assert outcome.code == 0
     assert len(outcome.out.splitlines()) == len(lines)
     if as_json:
@@ -448,20 +469,27 @@ def test_tail_follow_of_a_finished_run_exits_0(finished: Outcome, runs: Path, as
 
 @pytest.mark.timeout(60)  # a follower that never ends must fail, not hang
 def test_tail_follow_waits_for_a_run_that_has_not_started(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A wrapper that says "ready" once imports are done, so the follower is surely waiting
     # before the run exists; it then runs exactly what the `orchestrator` script runs.
-    code = ("import sys; from lanefold._cli import main; print('ready', flush=True); "
-            "sys.exit(main(sys.argv[1:]))")
+    code = (
+        "import sys; from lanefold._cli import main; print('ready', flush=True); sys.exit(main(sys.argv[1:]))"
+    )
     follower = subprocess.Popen(
-        [sys.executable, "-c", code, "tail", "later", "--runs-dir", str(runs), "--follow",
-         "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-c", code, "tail", "later", "--runs-dir", str(runs), "--follow", "--json"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert follower.stdout is not None
         assert follower.stdout.readline() == "ready\n"
         assert not runs.exists()
-        ran = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs,
-                  "--run-id", "later", "--json")
+        ran = cli(
+            capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs, "--run-id", "later", "--json"
+        )
         assert ran.code == 0
         out, err = follower.communicate(timeout=30)
     finally:
@@ -474,19 +502,28 @@ def test_tail_follow_waits_for_a_run_that_has_not_started(
     assert json.loads(out.splitlines()[-1])["type"] == "run.completed"
 
 
-@pytest.mark.parametrize(("wait", "why"), [
-    ("nan", "is not a finite number of seconds"), ("inf", "is not a finite number of seconds"),
-    ("-inf", "is not a finite number of seconds"), ("1e999", "is not a finite number of seconds"),
-    ("-1", "is negative"), ("soon", "is not a number of seconds")])
+@pytest.mark.parametrize(
+    ("wait", "why"),
+    [
+        ("nan", "is not a finite number of seconds"),
+        ("inf", "is not a finite number of seconds"),
+        ("-inf", "is not a finite number of seconds"),
+        ("1e999", "is not a finite number of seconds"),
+        ("-1", "is negative"),
+        ("soon", "is not a number of seconds"),
+    ],
+)
 def test_tail_wait_takes_a_finite_number_of_seconds(
-        wait: str, why: str, runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wait: str, why: str, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # `--wait nan` used to reach anyio's move_on_after and end in a ValueError traceback.
     with pytest.raises(SystemExit) as exit_:
         main(["tail", "later", "--runs-dir", str(runs), "--follow", f"--wait={wait}"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2
-    assert err.splitlines() == [f"orchestrator tail: error: argument --wait: {wait!r} {why} "
-                                f"(see orchestrator tail --help)"]
+    assert err.splitlines() == [
+        f"orchestrator tail: error: argument --wait: {wait!r} {why} (see orchestrator tail --help)"
+    ]
 
 
 def test_tail_follow_ends_on_ctrl_c_quietly_with_exit_0(finished: Outcome, runs: Path) -> None:
@@ -494,11 +531,14 @@ def test_tail_follow_ends_on_ctrl_c_quietly_with_exit_0(finished: Outcome, runs:
     # on something the follower does (a line it prints), never on a clock: load cannot flake it.
     log = events_path(runs, "waiting")
     log.parent.mkdir()
-    log.write_text(relabel(log_lines(events_path(runs, "done")), "waiting")[0] + "\n",
-                   encoding="utf-8")
+    log.write_text(relabel(log_lines(events_path(runs, "done")), "waiting")[0] + "\n", encoding="utf-8")
     follower = subprocess.Popen(
-        [sys.executable, "-m", "lanefold._cli", "tail", "waiting", "--runs-dir", str(runs),
-         "--follow"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "lanefold._cli", "tail", "waiting", "--runs-dir", str(runs), "--follow"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert follower.stdout is not None
         first = follower.stdout.readline()  # printed from inside the follow loop
@@ -517,11 +557,13 @@ def test_tail_follow_ends_on_ctrl_c_quietly_with_exit_0(finished: Outcome, runs:
 # -- failures -------------------------------------------------------------------------------------
 
 
-def test_budget_too_small_for_the_quorum_exits_3(runs: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_budget_too_small_for_the_quorum_exits_3(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = example_variant(tmp_path, {"budget": {"max_tokens": 50}})
-    outcome = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-                  "--run-id", "poor", "--json")
+    outcome = cli(
+        capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", "poor", "--json"
+    )
     assert outcome.code == 3
     assert "budget" in outcome.error_line
     assert outcome.out == ""
@@ -535,10 +577,12 @@ def test_budget_too_small_for_the_quorum_exits_3(runs: Path, tmp_path: Path,
 
 
 def test_resume_of_a_failed_run_keeps_its_exit_code_and_log(
-        runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = example_variant(tmp_path, {"budget": {"max_tokens": 50}})
-    assert cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-               "--run-id", "poor").code == 3
+    assert (
+        cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", "poor").code == 3
+    )
     log = events_path(runs, "poor")
     before = log.read_bytes()
     outcome = cli(capsys, "resume", "poor", "--runs-dir", runs, "--json")
@@ -550,13 +594,19 @@ def test_resume_of_a_failed_run_keeps_its_exit_code_and_log(
 
 
 def test_a_run_whose_faults_exceed_retries_exits_1_with_a_complete_log(
-        runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     attempts, k = 2, 8
-    config = example_variant(tmp_path, {
-        "backend": {"failure_rate": 1.0, "latency_ms": [0, 0]},
-        "retry": {"max_attempts": attempts, "initial_backoff_s": 0.0, "max_backoff_s": 0.0}})
-    outcome = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-                  "--run-id", "faulty", "--json")
+    config = example_variant(
+        tmp_path,
+        {
+            "backend": {"failure_rate": 1.0, "latency_ms": [0, 0]},
+            "retry": {"max_attempts": attempts, "initial_backoff_s": 0.0, "max_backoff_s": 0.0},
+        },
+    )
+    outcome = cli(
+        capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", "faulty", "--json"
+    )
     assert outcome.code == 1
     assert outcome.error_line and outcome.out == ""
     events = log_events(events_path(runs, "faulty"))
@@ -570,16 +620,14 @@ def test_a_run_whose_faults_exceed_retries_exits_1_with_a_complete_log(
         assert [e["attempt"] for e in mine] == list(range(1, attempts + 1))
         assert [e["data"]["final"] for e in mine] == [False] * (attempts - 1) + [True]
         assert all(e["data"]["retryable"] for e in mine)
-    dispatched = Counter((e["lane"], e["attempt"]) for e in events
-                         if e["type"] == "lane.dispatched")
+    dispatched = Counter((e["lane"], e["attempt"]) for e in events if e["type"] == "lane.dispatched")
     assert dispatched == Counter((e["lane"], e["attempt"]) for e in failed)
     barrier = [e for e in events if e["type"] == "wave.barrier"]
     assert len(barrier) == 1
     assert barrier[0]["data"] == {"completed": [], "failed": list(range(k))}
 
 
-def test_a_runs_dir_that_is_a_file_exits_2(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_runs_dir_that_is_a_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs = tmp_path / "runs"
     runs.write_text("not a folder")
     outcome = cli(capsys, "run", EXAMPLE, "--question", QUESTION, "--runs-dir", runs, "--json")
@@ -592,23 +640,23 @@ def test_a_runs_dir_that_is_a_file_exits_2(tmp_path: Path,
 
 
 def test_best_of_n_example_prices_the_judge_as_verifier(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     example = ROOT / "examples" / "best_of_n.toml"
-    result = cli(capsys, "run", example, "--question", QUESTION, "--runs-dir", runs,
-                 "--run-id", "best", "--json").json
+    result = cli(
+        capsys, "run", example, "--question", QUESTION, "--runs-dir", runs, "--run-id", "best", "--json"
+    ).json
     _check_result(result)
     assert result["answer"] == "391"
     assert result["votes"] == {}
     assert set(result["scores"]) == {str(lane) for lane in range(result["lanes_completed"])}
-    judged = [e for e in log_events(events_path(runs, "best"))
-              if e["type"] == "judge.completed"]
+    judged = [e for e in log_events(events_path(runs, "best")) if e["type"] == "judge.completed"]
     assert len(judged) == result["lanes_completed"]
     winner = str(result["winner_lane"])
     assert result["scores"][winner] == max(v for v in result["scores"].values() if v is not None)
     # one judge call per candidate: prompt_tokens (default 64) + judge_output_tokens (16)
     assert result["usage"]["verifier_tokens"] == result["lanes_completed"] * (64 + 16)
-    assert result["cost"]["verifier"] == pytest.approx(
-        result["usage"]["verifier_tokens"] * 0.30e-6)
+    assert result["cost"]["verifier"] == pytest.approx(result["usage"]["verifier_tokens"] * 0.30e-6)
 
 
 VERIFIER = """
@@ -622,46 +670,50 @@ def broken(question, text, answer):
 
 
 def _verifier_config(folder: Path, spec: str) -> Path:
-    return example_variant(folder, {"loop": {"reducer": "judge_argmax", "min_quorum": 1},
-                                    "judge": {"verifier": spec},
-                                    "backend": {"latency_ms": [0, 0]}})
+    return example_variant(
+        folder,
+        {
+            "loop": {"reducer": "judge_argmax", "min_quorum": 1},
+            "judge": {"verifier": spec},
+            "backend": {"latency_ms": [0, 0]},
+        },
+    )
 
 
 def test_a_python_verifier_scores_without_an_llm_wave(
-        runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "lanefold_test_verifier.py").write_text(VERIFIER)
     monkeypatch.syspath_prepend(str(tmp_path))
     config = _verifier_config(tmp_path, "lanefold_test_verifier:score")
-    result = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-                 "--run-id", "verified", "--json").json
+    result = cli(
+        capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", "verified", "--json"
+    ).json
     assert result["answer"] == "391"
     assert result["usage"]["verifier_tokens"] == 0
     assert result["usage"]["requests"] == 1, "no second wave of backend calls"
-    judged = [e["data"] for e in log_events(events_path(runs, "verified"))
-              if e["type"] == "judge.completed"]
+    judged = [e["data"] for e in log_events(events_path(runs, "verified")) if e["type"] == "judge.completed"]
     assert {d["judge"] for d in judged} == {"lanefold_test_verifier:score"}
     assert sorted(d["score"] for d in judged) == sorted(result["scores"].values())
 
 
-def test_an_unimportable_verifier_exits_2(runs: Path, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unimportable_verifier_exits_2(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = _verifier_config(tmp_path, "lanefold_no_such_module:score")
-    outcome = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-                  "--run-id", "noverifier")
+    outcome = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", "noverifier")
     assert outcome.code == 2
     assert "judge.verifier" in outcome.error_line
 
 
 def test_a_verifier_that_raises_leaves_a_complete_log(
-        runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "lanefold_test_verifier.py").write_text(VERIFIER)
     monkeypatch.syspath_prepend(str(tmp_path))
     config = _verifier_config(tmp_path, "lanefold_test_verifier:broken")
     try:
-        outcome = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-                      "--run-id", "broken")
+        outcome = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", "broken")
     finally:
         events = log_events(events_path(runs, "broken"))
     # A verifier that raises abstains, with its reason in the record; with every candidate
@@ -694,16 +746,27 @@ def test_every_event_has_the_envelope(finished: Outcome, runs: Path) -> None:
         assert RFC3339_UTC.fullmatch(event["time"]), event["time"]
         when = datetime.fromisoformat(event["time"])
         assert when.utcoffset() == timedelta(0)
-        assert set(event) <= {"specversion", "schemaversion", "id", "source", "type", "time",
-                              "sequence", "run_id", "wave", "lane", "attempt", "data"}
+        assert set(event) <= {
+            "specversion",
+            "schemaversion",
+            "id",
+            "source",
+            "type",
+            "time",
+            "sequence",
+            "run_id",
+            "wave",
+            "lane",
+            "attempt",
+            "data",
+        }
         if event["type"].startswith("lane."):
             assert {"wave", "lane", "attempt"} <= set(event)
         if event["type"].startswith("run."):
             assert "lane" not in event
     kinds = [e["type"] for e in events]
     assert kinds[0] == "run.started" and kinds[-1] == "run.completed"
-    for expected in ("wave.started", "lane.dispatched", "lane.completed", "wave.barrier",
-                     "reduce.completed"):
+    for expected in ("wave.started", "lane.dispatched", "lane.completed", "wave.barrier", "reduce.completed"):
         assert expected in kinds
     for event in events:
         if event["type"] == "lane.completed":
@@ -711,8 +774,7 @@ def test_every_event_has_the_envelope(finished: Outcome, runs: Path) -> None:
             assert {"gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"} <= set(usage)
 
 
-def test_run_started_holds_the_resolved_config_and_its_hash(finished: Outcome,
-                                                            runs: Path) -> None:
+def test_run_started_holds_the_resolved_config_and_its_hash(finished: Outcome, runs: Path) -> None:
     started = log_events(events_path(runs, "done"))[0]
     assert started["type"] == "run.started"
     config = lanefold.load_config(EXAMPLE)

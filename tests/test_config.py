@@ -22,8 +22,9 @@ SECTIONS = ("loop", "prompt", "sampling", "extract", "backend", "budget", "prici
 
 
 class BadConfig:
-    def __init__(self, name: str, text: str, field: str | None, *, suffix: str = ".toml",
-                 raw: bytes | None = None) -> None:
+    def __init__(
+        self, name: str, text: str, field: str | None, *, suffix: str = ".toml", raw: bytes | None = None
+    ) -> None:
         self.name, self.text, self.field, self.suffix, self.raw = name, text, field, suffix, raw
 
     def write(self, folder: Path) -> Path:
@@ -37,58 +38,91 @@ class BadConfig:
 
 BAD_CONFIGS = [
     pytest.param(BadConfig("unknown_top", "colour = 'blue'\n", "colour"), id="unknown-key-top"),
-    pytest.param(BadConfig("unknown_loop", "[loop]\nkay = 3\n", "loop.kay"),
-                 id="unknown-key-loop"),
-    pytest.param(BadConfig("unknown_backend", "[backend]\nkind = 'simulated'\nspeed = 3\n",
-                           "backend.speed"), id="unknown-key-backend"),
+    pytest.param(BadConfig("unknown_loop", "[loop]\nkay = 3\n", "loop.kay"), id="unknown-key-loop"),
+    pytest.param(
+        BadConfig("unknown_backend", "[backend]\nkind = 'simulated'\nspeed = 3\n", "backend.speed"),
+        id="unknown-key-backend",
+    ),
     pytest.param(BadConfig("wrong_type", "[loop]\nk = 'eight'\n", "loop.k"), id="wrong-type"),
     pytest.param(BadConfig("wrong_section_type", "loop = 3\n", "loop"), id="section-not-table"),
-    pytest.param(BadConfig("wrong_list", "[sampling]\nstop = 'END'\n", "sampling.stop"),
-                 id="wrong-type-list"),
+    pytest.param(
+        BadConfig("wrong_list", "[sampling]\nstop = 'END'\n", "sampling.stop"), id="wrong-type-list"
+    ),
     pytest.param(BadConfig("bool_for_int", "[loop]\nk = true\n", "loop.k"), id="bool-for-int"),
     pytest.param(BadConfig("str_for_int", "[loop]\nk = '8'\n", "loop.k"), id="string-for-int"),
-    pytest.param(BadConfig("str_for_bool", "[backend]\nkind = 'simulated'\nshares_prefix = 'yes'\n",
-                           "backend.shares_prefix"), id="string-for-bool"),
+    pytest.param(
+        BadConfig(
+            "str_for_bool", "[backend]\nkind = 'simulated'\nshares_prefix = 'yes'\n", "backend.shares_prefix"
+        ),
+        id="string-for-bool",
+    ),
     pytest.param(BadConfig("k0", "[loop]\nk = 0\n", "loop.k"), id="k-zero"),
-    pytest.param(BadConfig("conc0", "[loop]\nmax_concurrency = 0\n", "loop.max_concurrency"),
-                 id="concurrency-zero"),
-    pytest.param(BadConfig("no_question", "[prompt]\ntemplate = 'Answer this.'\n",
-                           "prompt.template"), id="template-without-question"),
-    pytest.param(BadConfig("no_candidate",
-                           "[loop]\nreducer = 'judge_argmax'\n"
-                           "[judge]\ntemplate = 'Rate the answer to {question}.'\n",
-                           "judge.template"), id="judge-template-without-candidate"),
-    pytest.param(BadConfig("bad_verifier", "[loop]\nreducer = 'judge_argmax'\n"
-                           "[judge]\nverifier = 'no_colon_here'\n", "judge.verifier"),
-                 id="verifier-not-module-function"),
-    pytest.param(BadConfig("unknown_kind", "[backend]\nkind = 'carrier-pigeon'\n",
-                           "backend.kind"), id="unknown-backend-kind"),
-    pytest.param(BadConfig("missing_kind", "[backend]\nanswer = '5'\n", "backend.kind"),
-                 id="missing-backend-kind"),
-    pytest.param(BadConfig("judge_kind", "[loop]\nreducer = 'judge_argmax'\n[judge]\n"
-                           "template = '{question} {candidate}'\n[judge.backend]\nkind = 'nope'\n",
-                           "judge.backend.kind"), id="unknown-judge-backend-kind"),
-    pytest.param(BadConfig("tag_named_key", "[backend]\nkind = 'simulated'\nopenai = 1\n",
-                           "backend.openai"), id="unknown-key-named-like-a-backend"),
-    pytest.param(BadConfig("neg_tokens", "[budget]\nmax_tokens = -1\n", "budget.max_tokens"),
-                 id="negative-max-tokens"),
-    pytest.param(BadConfig("neg_cost", "[budget]\nmax_cost_usd = -0.5\n", "budget.max_cost_usd"),
-                 id="negative-max-cost"),
-    pytest.param(BadConfig("neg_price", "[pricing]\ninput_per_mtok = -1.0\n",
-                           "pricing.input_per_mtok"), id="negative-price"),
-    pytest.param(BadConfig("bad_fsync", "[log]\nfsync = 'sometimes'\n", "log.fsync"),
-                 id="bad-fsync-policy"),
-    pytest.param(BadConfig("quorum", "[loop]\nk = 2\nmin_quorum = 3\n", "loop.min_quorum"),
-                 id="quorum-above-k"),
-    pytest.param(BadConfig("judge_nothing", "[loop]\nreducer = 'judge_argmax'\n",
-                           "judge.template"), id="judge-argmax-without-judge"),
+    pytest.param(
+        BadConfig("conc0", "[loop]\nmax_concurrency = 0\n", "loop.max_concurrency"), id="concurrency-zero"
+    ),
+    pytest.param(
+        BadConfig("no_question", "[prompt]\ntemplate = 'Answer this.'\n", "prompt.template"),
+        id="template-without-question",
+    ),
+    pytest.param(
+        BadConfig(
+            "no_candidate",
+            "[loop]\nreducer = 'judge_argmax'\n[judge]\ntemplate = 'Rate the answer to {question}.'\n",
+            "judge.template",
+        ),
+        id="judge-template-without-candidate",
+    ),
+    pytest.param(
+        BadConfig(
+            "bad_verifier",
+            "[loop]\nreducer = 'judge_argmax'\n[judge]\nverifier = 'no_colon_here'\n",
+            "judge.verifier",
+        ),
+        id="verifier-not-module-function",
+    ),
+    pytest.param(
+        BadConfig("unknown_kind", "[backend]\nkind = 'carrier-pigeon'\n", "backend.kind"),
+        id="unknown-backend-kind",
+    ),
+    pytest.param(
+        BadConfig("missing_kind", "[backend]\nanswer = '5'\n", "backend.kind"), id="missing-backend-kind"
+    ),
+    pytest.param(
+        BadConfig(
+            "judge_kind",
+            "[loop]\nreducer = 'judge_argmax'\n[judge]\n"
+            "template = '{question} {candidate}'\n[judge.backend]\nkind = 'nope'\n",
+            "judge.backend.kind",
+        ),
+        id="unknown-judge-backend-kind",
+    ),
+    pytest.param(
+        BadConfig("tag_named_key", "[backend]\nkind = 'simulated'\nopenai = 1\n", "backend.openai"),
+        id="unknown-key-named-like-a-backend",
+    ),
+    pytest.param(
+        BadConfig("neg_tokens", "[budget]\nmax_tokens = -1\n", "budget.max_tokens"), id="negative-max-tokens"
+    ),
+    pytest.param(
+        BadConfig("neg_cost", "[budget]\nmax_cost_usd = -0.5\n", "budget.max_cost_usd"),
+        id="negative-max-cost",
+    ),
+    pytest.param(
+        BadConfig("neg_price", "[pricing]\ninput_per_mtok = -1.0\n", "pricing.input_per_mtok"),
+        id="negative-price",
+    ),
+    pytest.param(BadConfig("bad_fsync", "[log]\nfsync = 'sometimes'\n", "log.fsync"), id="bad-fsync-policy"),
+    pytest.param(
+        BadConfig("quorum", "[loop]\nk = 2\nmin_quorum = 3\n", "loop.min_quorum"), id="quorum-above-k"
+    ),
+    pytest.param(
+        BadConfig("judge_nothing", "[loop]\nreducer = 'judge_argmax'\n", "judge.template"),
+        id="judge-argmax-without-judge",
+    ),
     pytest.param(BadConfig("malformed", "[loop\nk = 3\n", None), id="malformed-toml"),
-    pytest.param(BadConfig("not_utf8", "", None, raw=b"[loop]\nk = 3\n# caf\xe9\n"),
-                 id="not-utf8"),
-    pytest.param(BadConfig("bad_json", '{"loop": {"k": 0}}', "loop.k", suffix=".json"),
-                 id="json-k-zero"),
-    pytest.param(BadConfig("malformed_json", '{"loop": ', None, suffix=".json"),
-                 id="malformed-json"),
+    pytest.param(BadConfig("not_utf8", "", None, raw=b"[loop]\nk = 3\n# caf\xe9\n"), id="not-utf8"),
+    pytest.param(BadConfig("bad_json", '{"loop": {"k": 0}}', "loop.k", suffix=".json"), id="json-k-zero"),
+    pytest.param(BadConfig("malformed_json", '{"loop": ', None, suffix=".json"), id="malformed-json"),
     pytest.param(BadConfig("list_json", "[1, 2]", None, suffix=".json"), id="json-not-object"),
 ]
 
@@ -108,11 +142,15 @@ def _names(line: str, field: str) -> bool:
 @pytest.mark.parametrize("bad", BAD_CONFIGS)
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_bad_config_exits_2_with_one_line_naming_file_and_field(
-        bad: BadConfig, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad: BadConfig, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = bad.write(tmp_path)
     runs = tmp_path / "runs"
-    argv = ([command, str(path)] if command == "validate" else
-            [command, str(path), "--question", "q", "--runs-dir", str(runs)])
+    argv = (
+        [command, str(path)]
+        if command == "validate"
+        else [command, str(path), "--question", "q", "--runs-dir", str(runs)]
+    )
     code = main(argv)
     out, err = capsys.readouterr()
     line = _one_line(err)
@@ -133,8 +171,10 @@ def test_malformed_toml_names_the_line(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "nowhere.toml"
-    for argv in (["validate", str(path)], ["run", str(path), "--question", "q",
-                                           "--runs-dir", str(tmp_path / "runs")]):
+    for argv in (
+        ["validate", str(path)],
+        ["run", str(path), "--question", "q", "--runs-dir", str(tmp_path / "runs")],
+    ):
         assert main(argv) == 2
         line = _one_line(capsys.readouterr().err)
         assert str(path) in line
@@ -146,7 +186,8 @@ def test_directory_as_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_several_errors_make_one_line_for_run_and_a_list_for_validate(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "many.toml"
     path.write_text("[loop]\nk = 0\nmax_concurrency = 0\nbogus = 1\n")
     assert main(["run", str(path), "--question", "q", "--runs-dir", str(tmp_path / "runs")]) == 2
@@ -185,8 +226,7 @@ def test_example_values_survive_loading(path: Path) -> None:
     for section, values in raw.items():
         for key, value in values.items():
             got = resolved[section][key]
-            assert got == value or (isinstance(value, list) and list(got) == value), \
-                f"{section}.{key}"
+            assert got == value or (isinstance(value, list) and list(got) == value), f"{section}.{key}"
 
 
 def test_json_config_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,8 +262,7 @@ def test_schema_is_json_schema_of_every_section(capsys: pytest.CaptureFixture[st
     # a [[hooks]] table's keys are its hook's own (checked by its Params when the config loads)
     assert schema["$defs"]["HookSection"]["required"] == ["kind"]
     # [loop] is one of each registered loop's keys (shared ones included)
-    variants = {v["properties"]["coordinator"]["const"]: v
-                for v in schema["$defs"]["LoopSection"]["oneOf"]}
+    variants = {v["properties"]["coordinator"]["const"]: v for v in schema["$defs"]["LoopSection"]["oneOf"]}
     loop = variants["parallel_sample"]["properties"]
     assert loop["k"]["minimum"] == 1
     assert loop["max_concurrency"]["minimum"] == 1
@@ -254,15 +293,17 @@ def test_load_config_raises_config_error(tmp_path: Path) -> None:
         lanefold.load_config(tmp_path / "broken.toml")
 
 
-@pytest.mark.parametrize(("raw", "field"), [
-    ({"loop": {"k": 0}}, "loop.k"),
-    ({"loop": {"max_concurrency": 0}}, "loop.max_concurrency"),
-    ({"budget": {"max_tokens": -1}}, "budget.max_tokens"),
-    ({"extra": 1}, "extra"),
-    ({"prompt": {"template": "no placeholder"}}, "prompt.template"),
-])
-def test_parse_config_raises_config_error_naming_source(raw: dict[str, object],
-                                                        field: str) -> None:
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"loop": {"k": 0}}, "loop.k"),
+        ({"loop": {"max_concurrency": 0}}, "loop.max_concurrency"),
+        ({"budget": {"max_tokens": -1}}, "budget.max_tokens"),
+        ({"extra": 1}, "extra"),
+        ({"prompt": {"template": "no placeholder"}}, "prompt.template"),
+    ],
+)
+def test_parse_config_raises_config_error_naming_source(raw: dict[str, object], field: str) -> None:
     with pytest.raises(lanefold.ConfigError) as caught:
         lanefold.parse_config(raw, source="inline")
     message = str(caught.value)
@@ -283,13 +324,17 @@ def test_config_hash_tracks_the_resolved_config() -> None:
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", lanefold.config_hash(base))
 
 
-@pytest.mark.parametrize(("text", "field"), [
-    ("[backend]\nkind = 'carrier-pigeon'\n", "backend.kind"),
-    ("[backend]\nkind = 'simulated'\nspeed = 3\n", "backend.speed"),
-    ("kind = 'simulated'\naccuracy = 2.0\n", "backend.accuracy"),
-])
-def test_serve_with_a_bad_backend_config_exits_2(text: str, field: str, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("[backend]\nkind = 'carrier-pigeon'\n", "backend.kind"),
+        ("[backend]\nkind = 'simulated'\nspeed = 3\n", "backend.speed"),
+        ("kind = 'simulated'\naccuracy = 2.0\n", "backend.accuracy"),
+    ],
+)
+def test_serve_with_a_bad_backend_config_exits_2(
+    text: str, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "backend.toml"
     path.write_text(text)
     assert main(["serve", "--backend-config", str(path), "--port", "9"]) == 2
@@ -313,13 +358,12 @@ DEEP = 100_000
 TOO_DEEP = f"nested deeper than {MAX_NESTING} levels (tables and arrays within each other)"
 NESTED = [
     pytest.param(".json", '{"loop": ' + "[" * DEEP + "]" * DEEP + "}", id="json-arrays"),
-    pytest.param(".json", '{"loop": ' + '{"a": ' * DEEP + "1" + "}" * DEEP + "}",
-                 id="json-objects"),
-    pytest.param(".json", '{"backend": {"headers": ' + "[" * 40 + "]" * 40 + "}}",
-                 id="json-just-past-the-bound"),
+    pytest.param(".json", '{"loop": ' + '{"a": ' * DEEP + "1" + "}" * DEEP + "}", id="json-objects"),
+    pytest.param(
+        ".json", '{"backend": {"headers": ' + "[" * 40 + "]" * 40 + "}}", id="json-just-past-the-bound"
+    ),
     pytest.param(".toml", "x = " + "[" * DEEP + "]" * DEEP + "\n", id="toml-arrays"),
-    pytest.param(".toml", "x = " + "{a = " * 2000 + "1" + "}" * 2000 + "\n",
-                 id="toml-inline-tables"),
+    pytest.param(".toml", "x = " + "{a = " * 2000 + "1" + "}" * 2000 + "\n", id="toml-inline-tables"),
     pytest.param(".toml", ".".join(["a"] * DEEP) + " = 1\n", id="toml-dotted-key"),
     pytest.param(".toml", "[" + ".".join(["a"] * DEEP) + "]\nx = 1\n", id="toml-table-header"),
 ]
@@ -329,8 +373,8 @@ NESTED = [
 @pytest.mark.parametrize("command", ["run", "validate"])
 @pytest.mark.parametrize(("suffix", "text"), NESTED)
 def test_a_config_nested_past_the_bound_is_one_line_naming_the_file(
-        suffix: str, text: str, command: str, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    suffix: str, text: str, command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # 100,000 deep used to end in a RecursionError traceback (or tomllib's quadratic time).
     path = tmp_path / f"deep{suffix}"
     path.write_text(text)
@@ -348,8 +392,7 @@ def test_nesting_is_bounded_in_python_too_and_the_bound_is_roomy(tmp_path: Path)
     for _ in range(5000):  # a dict built in code, as deep as Python's stack allows to build
         inner["a"] = inner = {}
     with pytest.raises(lanefold.ConfigError, match=re.escape(f"inline: {TOO_DEEP}")):
-        lanefold.parse_config({"backend": {"kind": "simulated", "x": deep}},
-                                  source="inline")
+        lanefold.parse_config({"backend": {"kind": "simulated", "x": deep}}, source="inline")
     # At the bound, a config is read as ever (and refused for what it says, not its depth).
     within: object = 1
     for _ in range(MAX_NESTING - 2):
@@ -360,6 +403,8 @@ def test_nesting_is_bounded_in_python_too_and_the_bound_is_roomy(tmp_path: Path)
         lanefold.load_config(path)
     # A URL, a regex and a dotted template are text: their dots are no nesting.
     path = tmp_path / "dots.toml"
-    path.write_text('[prompt]\ntemplate = "' + "a." * 200 + '{question}"\n'
-                    "[extract]\nregex = '" + r"(\d+)\." * 100 + "'\n  # " + "." * 300 + "\n")
+    path.write_text(
+        '[prompt]\ntemplate = "' + "a." * 200 + '{question}"\n'
+        "[extract]\nregex = '" + r"(\d+)\." * 100 + "'\n  # " + "." * 300 + "\n"
+    )
     assert lanefold.load_config(path).prompt.template.startswith("a.a.")

@@ -54,9 +54,23 @@ def events(runs: Path, run_id: str) -> list[dict[str, object]]:
 
 def kill_after_completions(config: Path, runs: Path, run_id: str, completions: int) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lanefold._cli", "run", str(config), "--question", "17*23?",
-         "--runs-dir", str(runs), "--run-id", run_id],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "lanefold._cli",
+            "run",
+            str(config),
+            "--question",
+            "17*23?",
+            "--runs-dir",
+            str(runs),
+            "--run-id",
+            run_id,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     log = runs / run_id / "events.jsonl"
     deadline = time.monotonic() + 60
     try:
@@ -78,8 +92,7 @@ def completed_lanes(evs: list[dict[str, object]]) -> set[int]:
 
 def test_sigkill_then_resume_finishes_without_redoing_completed_lanes(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    baseline = lanefold.run_sync(write_config(tmp_path, "base"), "17*23?",
-                                     runs_dir=runs, run_id="base")
+    baseline = lanefold.run_sync(write_config(tmp_path, "base"), "17*23?", runs_dir=runs, run_id="base")
 
     config = write_config(tmp_path, "crash")
     kill_after_completions(config, runs, "crash", completions=4)
@@ -92,7 +105,7 @@ def test_sigkill_then_resume_finishes_without_redoing_completed_lanes(tmp_path: 
     result = lanefold.resume_sync("crash", runs_dir=runs)
 
     # Completed lanes were never dispatched again: count the backend's own calls.
-    calls_after = (tmp_path / "crash.calls").read_text().splitlines()[len(calls_before):]
+    calls_after = (tmp_path / "crash.calls").read_text().splitlines()[len(calls_before) :]
     redone = {int(line.split()[1]) for line in calls_after}
     assert redone and not (redone & done_before)
     per_lane = Counter(int(line.split()[1]) for line in calls_before + calls_after)
@@ -107,16 +120,20 @@ def test_sigkill_then_resume_finishes_without_redoing_completed_lanes(tmp_path: 
     resumed = [e for e in after if e["type"] == "run.resumed"]
     assert len(resumed) == 1
     in_flight = resumed[0]["data"]["in_flight"]  # type: ignore[index]
-    completed_out = sum(e["data"]["usage"]["gen_ai.usage.output_tokens"]  # type: ignore[index]
-                        for e in after if e["type"] == "lane.completed")
+    completed_out = sum(
+        e["data"]["usage"]["gen_ai.usage.output_tokens"]  # type: ignore[index]
+        for e in after
+        if e["type"] == "lane.completed"
+    )
     assert len([e for e in after if e["type"] == "lane.completed"]) == 12
     # The bill shows what the crash cut off as its own line: each in-flight attempt's whole
     # hold (prompt 64 + max_tokens 64), never as decode tokens no lane decoded.
     assert result.usage.decode_tokens == completed_out == baseline.usage.decode_tokens
     assert result.usage.cut_off_tokens == (64 + 64) * len(in_flight)
     assert result.cost.cut_off > 0
-    folded = lanefold.fold(JsonlEventLog(runs / "crash" / "events.jsonl").read(),
-                               lanefold.load_config(config).pricing)
+    folded = lanefold.fold(
+        JsonlEventLog(runs / "crash" / "events.jsonl").read(), lanefold.load_config(config).pricing
+    )
     assert lanefold.UsageBreakdown.of(folded.spend) == result.usage
 
 

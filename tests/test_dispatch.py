@@ -91,10 +91,16 @@ class ScriptedBackend:
         pass
 
 
-def make(backend: object, *, limits: Limits | None = None, concurrency: int = 64,
-         attempts: int = 3, timeout: float | None = None,
-         sleeps: list[float] | None = None,
-         limiter: anyio.CapacityLimiter | None = None) -> Dispatcher:
+def make(
+    backend: object,
+    *,
+    limits: Limits | None = None,
+    concurrency: int = 64,
+    attempts: int = 3,
+    timeout: float | None = None,
+    sleeps: list[float] | None = None,
+    limiter: anyio.CapacityLimiter | None = None,
+) -> Dispatcher:
     state = RunState(pricing=Pricing(input_per_mtok=1, output_per_mtok=2))
     recorder = Recorder(MemoryEventLog(), "t", state)
     started(recorder)
@@ -103,24 +109,43 @@ def make(backend: object, *, limits: Limits | None = None, concurrency: int = 64
         if sleeps is not None:
             sleeps.append(seconds)
 
-    return Dispatcher(backend, recorder, Ledger(limits or Limits(), state.pricing),  # type: ignore[arg-type]
-                      run_seed=1, max_concurrency=concurrency,
-                      retry=RetryPolicy(max_attempts=attempts, initial_backoff_s=0.01),
-                      timeout_s=timeout, limiter=limiter,
-                      sleep=fake_sleep if sleeps is not None else anyio.sleep)
+    return Dispatcher(
+        backend,
+        recorder,
+        Ledger(limits or Limits(), state.pricing),  # type: ignore[arg-type]
+        run_seed=1,
+        max_concurrency=concurrency,
+        retry=RetryPolicy(max_attempts=attempts, initial_backoff_s=0.01),
+        timeout_s=timeout,
+        limiter=limiter,
+        sleep=fake_sleep if sleeps is not None else anyio.sleep,
+    )
 
 
 def started(recorder: Recorder) -> None:
     """Every log opens with run.started; the dispatcher's waves follow it."""
-    recorder.emit(RunStarted, RunStartedData(
-        config={}, config_hash=hash_config({}), question="q", coordinator="test",
-        backend="scripted", library_version="test"))
+    recorder.emit(
+        RunStarted,
+        RunStartedData(
+            config={},
+            config_hash=hash_config({}),
+            question="q",
+            coordinator="test",
+            backend="scripted",
+            library_version="test",
+        ),
+    )
 
 
 def spec(k: int, quorum: int = 1, max_tokens: int = 5) -> WaveSpec:
-    return WaveSpec(1, "sample", tuple(LaneJob(i, "p") for i in range(k)),
-                    SamplingParams(max_tokens=max_tokens), min_quorum=quorum,
-                    annotate=lambda s: s.text.split(":")[-1].strip())
+    return WaveSpec(
+        1,
+        "sample",
+        tuple(LaneJob(i, "p") for i in range(k)),
+        SamplingParams(max_tokens=max_tokens),
+        min_quorum=quorum,
+        annotate=lambda s: s.text.split(":")[-1].strip(),
+    )
 
 
 def types(d: Dispatcher) -> list[str]:
@@ -136,8 +161,7 @@ async def test_lanes_with_one_prompt_travel_in_one_request_and_prefill_once() ->
     assert len(wave.completed()) == 8
     assert d.ledger.spent.prefill_tokens == 10 and d.ledger.spent.cached_prefill_tokens == 70
     assert d.ledger.reserved_tokens == 0
-    assert types(d) == ["wave.started"] + ["lane.dispatched"] * 8 + ["lane.completed"] * 8 + [
-        "wave.barrier"]
+    assert types(d) == ["wave.started"] + ["lane.dispatched"] * 8 + ["lane.completed"] * 8 + ["wave.barrier"]
 
 
 async def test_concurrency_is_bounded_in_lanes() -> None:
@@ -185,18 +209,23 @@ async def test_retryable_faults_are_retried_with_backoff_that_honours_retry_afte
     assert max(sleeps) >= 2.5
     attempts = {s.lane: s.attempts for s in wave.completed()}
     assert attempts == {0: 1, 1: 2, 2: 3, 3: 1}
-    failures = [(e.lane, e.attempt, e.data.final) for e in d.recorder.log.read()
-                if e.type == "lane.failed"]
+    failures = [(e.lane, e.attempt, e.data.final) for e in d.recorder.log.read() if e.type == "lane.failed"]
     assert sorted(failures) == [(1, 1, False), (2, 1, False), (2, 2, False)]
 
 
 async def test_a_lane_that_keeps_failing_stops_after_max_attempts() -> None:
-    d = make(ScriptedBackend(decide=lambda lane, a: ServerError("down") if lane == 0 else None),
-             attempts=3, sleeps=[])
+    d = make(
+        ScriptedBackend(decide=lambda lane, a: ServerError("down") if lane == 0 else None),
+        attempts=3,
+        sleeps=[],
+    )
     wave = await d.run_wave(spec(3, quorum=2))
     assert [s.lane for s in wave.failed()] == [0]
-    assert [(e.attempt, e.data.final) for e in d.recorder.log.read()
-            if e.type == "lane.failed"] == [(1, False), (2, False), (3, True)]
+    assert [(e.attempt, e.data.final) for e in d.recorder.log.read() if e.type == "lane.failed"] == [
+        (1, False),
+        (2, False),
+        (3, True),
+    ]
 
 
 async def test_timeouts_fail_the_attempt_and_charge_its_whole_hold() -> None:
@@ -275,12 +304,22 @@ async def test_a_resumed_wave_dispatches_only_unfinished_lanes() -> None:
         log.append(event)
     state = fold(log.read(), d.recorder.state.pricing)
     recorder = Recorder(log, "t", state)
-    recorder.emit(RunResumed, RunResumedData(resumed_after_sequence=state.last_sequence,
-                                             in_flight=[(1, 3)],
-                                             active_seconds_before=state.active_seconds()))
+    recorder.emit(
+        RunResumed,
+        RunResumedData(
+            resumed_after_sequence=state.last_sequence,
+            in_flight=[(1, 3)],
+            active_seconds_before=state.active_seconds(),
+        ),
+    )
     backend2 = ScriptedBackend()
-    d2 = Dispatcher(backend2, recorder, Ledger(Limits(), state.pricing, spent=state.spend),  # type: ignore[arg-type]
-                    run_seed=1, max_concurrency=64)
+    d2 = Dispatcher(
+        backend2,
+        recorder,
+        Ledger(Limits(), state.pricing, spent=state.spend),  # type: ignore[arg-type]
+        run_seed=1,
+        max_concurrency=64,
+    )
     wave = await d2.run_wave(spec(4, quorum=4))
     assert [lane.lane for r in backend2.requests for lane in r.lanes] == [3]
     assert backend2.requests[0].lanes[0].attempt == 2
@@ -316,8 +355,9 @@ async def test_simulated_text_is_the_same_when_a_lane_is_dispatched_again() -> N
     from lanefold.primitives import LaneRequest
 
     async def one(attempt: int) -> str:
-        (out,) = await sample_all(backend, SampleRequest(
-            "q", params, (LaneRequest(4, lane_seed(3, 1, 4), 100, attempt),)))
+        (out,) = await sample_all(
+            backend, SampleRequest("q", params, (LaneRequest(4, lane_seed(3, 1, 4), 100, attempt),))
+        )
         assert isinstance(out, Sample)
         return out.text
 
@@ -326,18 +366,42 @@ async def test_simulated_text_is_the_same_when_a_lane_is_dispatched_again() -> N
 
 
 @settings(max_examples=60, deadline=None)
-@given(k=st.integers(1, 16), concurrency=st.integers(1, 8), per_request=st.sampled_from([None, 1, 2, 5]),
-       failure=st.floats(0, 0.6), attempts=st.integers(1, 4), max_tokens=st.integers(30, 600),
-       max_requests=st.integers(1, 30), max_cost=st.floats(1e-5, 1e-3), shared=st.booleans(),
-       latency=st.integers(0, 3))
+@given(
+    k=st.integers(1, 16),
+    concurrency=st.integers(1, 8),
+    per_request=st.sampled_from([None, 1, 2, 5]),
+    failure=st.floats(0, 0.6),
+    attempts=st.integers(1, 4),
+    max_tokens=st.integers(30, 600),
+    max_requests=st.integers(1, 30),
+    max_cost=st.floats(1e-5, 1e-3),
+    shared=st.booleans(),
+    latency=st.integers(0, 3),
+)
 def test_spend_plus_reservations_never_exceed_any_limit(
-        k: int, concurrency: int, per_request: int | None, failure: float, attempts: int,
-        max_tokens: int, max_requests: int, max_cost: float, shared: bool, latency: int) -> None:
+    k: int,
+    concurrency: int,
+    per_request: int | None,
+    failure: float,
+    attempts: int,
+    max_tokens: int,
+    max_requests: int,
+    max_cost: float,
+    shared: bool,
+    latency: int,
+) -> None:
     """The hard guarantee, checked after every event under random concurrency, faults, retries."""
     limits = Limits(max_tokens=max_tokens, max_requests=max_requests, max_cost_usd=max_cost)
-    backend = SimulatedBackend(SimulatedConfig(
-        failure_rate=failure, lanes_per_request=per_request, shares_prefix=shared,
-        prompt_tokens=12, output_tokens=9, latency_ms=(0, latency)))
+    backend = SimulatedBackend(
+        SimulatedConfig(
+            failure_rate=failure,
+            lanes_per_request=per_request,
+            shares_prefix=shared,
+            prompt_tokens=12,
+            output_tokens=9,
+            latency_ms=(0, latency),
+        )
+    )
     d = make(backend, limits=limits, concurrency=concurrency, attempts=attempts)
     book = d.ledger
 

@@ -28,13 +28,26 @@ from lanefold.stores.files import JsonlEventLog
 
 
 def barrier(seq: int, run_id: str = "r") -> WaveBarrier:
-    return WaveBarrier(id=f"{run_id}:{seq}", source="test", time=datetime.now(UTC), sequence=seq,
-                       run_id=run_id, wave=1, data=WaveBarrierData(completed=[seq], failed=[]))
+    return WaveBarrier(
+        id=f"{run_id}:{seq}",
+        source="test",
+        time=datetime.now(UTC),
+        sequence=seq,
+        run_id=run_id,
+        wave=1,
+        data=WaveBarrierData(completed=[seq], failed=[]),
+    )
 
 
 def completed(seq: int) -> RunCompleted:
-    return RunCompleted(id=f"r:{seq}", source="test", time=datetime.now(UTC), sequence=seq,
-                        run_id="r", data=RunCompletedData(result={"answer": "x"}))
+    return RunCompleted(
+        id=f"r:{seq}",
+        source="test",
+        time=datetime.now(UTC),
+        sequence=seq,
+        run_id="r",
+        data=RunCompletedData(result={"answer": "x"}),
+    )
 
 
 def write_log(path: Path, n: int) -> JsonlEventLog:
@@ -131,10 +144,10 @@ def test_resume_of_a_missing_log_is_run_not_found(tmp_path: Path) -> None:
 
 
 # `barrier` also forces the first line down before the log appears under its name.
-@pytest.mark.parametrize(("policy", "expected"), [("always", 4 + 1 + 1), ("barrier", 1 + 1 + 1),
-                                                  ("never", 0)])
-def test_fsync_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str,
-                      expected: int) -> None:
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("always", 4 + 1 + 1), ("barrier", 1 + 1 + 1), ("never", 0)]
+)
+def test_fsync_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, expected: int) -> None:
     calls: list[int] = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
@@ -151,8 +164,9 @@ def test_plain_run_ids_are_accepted(run_id: str) -> None:
     assert validate_run_id(run_id) == run_id
 
 
-@pytest.mark.parametrize("run_id", ["", "../x", "a/b", "..", "a..b", ".hidden", "x" * 129, "a b",
-                                    "a\\b", "é"])
+@pytest.mark.parametrize(
+    "run_id", ["", "../x", "a/b", "..", "a..b", ".hidden", "x" * 129, "a b", "a\\b", "é"]
+)
 def test_run_ids_that_are_not_plain_names_are_refused(run_id: str) -> None:
     with pytest.raises(ConfigError, match="not a plain name"):
         validate_run_id(run_id)

@@ -20,7 +20,7 @@ EXTERNAL = ("lanefold_ext",)
 
 MODULES = {
     # A loop: ask once per phrasing, the first answer wins. One module, one entry point.
-    "lanefold_ext/loop.py": '''
+    "lanefold_ext/loop.py": """
         from typing import ClassVar
 
         from pydantic import BaseModel, ConfigDict, Field
@@ -63,9 +63,9 @@ MODULES = {
                     return Outcome(reason="no phrasing gave an answer")
                 return Outcome(answer=best.answer, winner_lane=best.lane,
                                winner_text=best.text)
-    ''',
+    """,
     # A scorer: right when the answer has the gold's last digit.
-    "lanefold_ext/scorer.py": '''
+    "lanefold_ext/scorer.py": """
         from lanefold.evaluate import Score
 
 
@@ -82,9 +82,9 @@ MODULES = {
 
             def verifier(self, items):
                 return None
-    ''',
+    """,
     # A store: runs as files under the folder an `ext://` URL names (a RunStore of its own).
-    "lanefold_ext/store.py": '''
+    "lanefold_ext/store.py": """
         from pathlib import Path
         from typing import ClassVar
         from urllib.parse import urlsplit
@@ -98,9 +98,9 @@ MODULES = {
             @classmethod
             def from_url(cls, url, *, runs_dir="runs", password_env=None):
                 return cls(Path(urlsplit(url).path))
-    ''',
+    """,
     # A backend: every lane answers the number its config names, a token per character.
-    "lanefold_ext/backend.py": '''
+    "lanefold_ext/backend.py": """
         from typing import Literal
 
         from pydantic import BaseModel, ConfigDict
@@ -137,10 +137,10 @@ MODULES = {
 
             def build(self):
                 return ConstantBackend(self.answer)
-    ''',
+    """,
     # A hook: appends each event's type to the file its [[hooks]] table names, and raises on
     # every event besides (a hook can never change a run).
-    "lanefold_ext/hook.py": '''
+    "lanefold_ext/hook.py": """
         from pydantic import BaseModel, ConfigDict
 
 
@@ -159,12 +159,12 @@ MODULES = {
                 with open(self.path, "a") as f:
                     f.write(event.type + "\\n")
                 raise RuntimeError("a hook that raises on every event")
-    ''',
+    """,
     # A verifier: passes an answer ending in 1.
-    "lanefold_ext/verifier.py": '''
+    "lanefold_ext/verifier.py": """
         def ends_in_one(question, text, answer):
             return bool(answer) and answer.endswith("1")
-    ''',
+    """,
 }
 ENTRY_POINTS = """\
 [lanefold.loops]
@@ -203,14 +203,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def orchestrator(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return subprocess.run([str(Path(sys.executable).with_name("orchestrator")), *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("orchestrator")), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _config(folder: Path, name: str, loop: str, **sections: str) -> Path:
-    text = f"[loop]\n{loop}\n\n[backend]\nkind = \"simulated\"\naccuracy = 1.0\n"
+    text = f'[loop]\n{loop}\n\n[backend]\nkind = "simulated"\naccuracy = 1.0\n'
     for section, body in sections.items():
         text += f"\n[{section}]\n{body}\n"
     path = folder / name
@@ -220,15 +228,15 @@ def _config(folder: Path, name: str, loop: str, **sections: str) -> Path:
 
 def _dataset(folder: Path) -> Path:
     path = folder / "qs.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Question {i}?", "answer": "391"}) + "\n"
-                            for i in range(3)))
+    path.write_text(
+        "".join(json.dumps({"question": f"Question {i}?", "answer": "391"}) + "\n" for i in range(3))
+    )
     return path
 
 
 def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> None:
     config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"\nphrasings = 3')
-    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?",
-                        "--json")
+    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert (result["answer"], len(result["lanes"])) == ("391", 3)
@@ -236,8 +244,9 @@ def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> Non
 
 def test_a_backend_from_an_entry_point_answers(installed: Path, tmp_path: Path) -> None:
     config = tmp_path / "const.toml"
-    config.write_text('[loop]\ncoordinator = "ext_first"\n\n[backend]\nkind = "ext_constant"\n'
-                      'answer = "42"\n')
+    config.write_text(
+        '[loop]\ncoordinator = "ext_first"\n\n[backend]\nkind = "ext_constant"\nanswer = "42"\n'
+    )
     done = orchestrator(installed, tmp_path, "run", str(config), "--question", "6 * 7?", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["answer"] == "42"
@@ -247,32 +256,51 @@ def test_a_backend_from_an_entry_point_answers(installed: Path, tmp_path: Path) 
     assert refused.stderr.strip().endswith("backend.answr: unknown key"), refused.stderr
 
 
-def test_a_hook_from_an_entry_point_sees_the_run_and_changes_nothing(installed: Path,
-                                                                      tmp_path: Path) -> None:
+def test_a_hook_from_an_entry_point_sees_the_run_and_changes_nothing(installed: Path, tmp_path: Path) -> None:
     seen = tmp_path / "types.txt"
     plain = _config(tmp_path, "plain.toml", 'coordinator = "ext_first"')
     hooked = tmp_path / "hooked.toml"
     hooked.write_text(plain.read_text() + f'\n[[hooks]]\nkind = "ext_types"\npath = "{seen}"\n')
     results = []
     for config, run_id in ((plain, "plain"), (hooked, "hooked")):
-        done = orchestrator(installed, tmp_path, "run", str(config), "--question",
-                            "What is 17 * 23?", "--run-id", run_id, "--json")
+        done = orchestrator(
+            installed,
+            tmp_path,
+            "run",
+            str(config),
+            "--question",
+            "What is 17 * 23?",
+            "--run-id",
+            run_id,
+            "--json",
+        )
         assert done.returncode == 0, done.stderr
         results.append(json.loads(done.stdout))
     types = seen.read_text().split()
     assert types[0] == "run.started" and types[-1] == "run.completed"
-    logged = [json.loads(line)["type"] for line in
-              (tmp_path / "runs" / "hooked" / "events.jsonl").read_text().splitlines()]
+    logged = [
+        json.loads(line)["type"]
+        for line in (tmp_path / "runs" / "hooked" / "events.jsonl").read_text().splitlines()
+    ]
     assert types == logged
     assert (results[0]["answer"], results[0]["votes"]) == (results[1]["answer"], results[1]["votes"])
 
 
-def test_runs_land_in_an_entry_points_store_and_list_reads_them(installed: Path,
-                                                                  tmp_path: Path) -> None:
+def test_runs_land_in_an_entry_points_store_and_list_reads_them(installed: Path, tmp_path: Path) -> None:
     config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"')
     url = f"ext://{tmp_path / 'elsewhere'}"
-    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?",
-                        "--run-id", "r1", "--store", url)
+    done = orchestrator(
+        installed,
+        tmp_path,
+        "run",
+        str(config),
+        "--question",
+        "What is 17 * 23?",
+        "--run-id",
+        "r1",
+        "--store",
+        url,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "elsewhere" / "r1" / "events.jsonl").is_file()
     assert not (tmp_path / "runs").exists()
@@ -283,44 +311,78 @@ def test_runs_land_in_an_entry_points_store_and_list_reads_them(installed: Path,
 
 def test_an_eval_scores_with_an_entry_points_scorer(installed: Path, tmp_path: Path) -> None:
     config = _config(tmp_path, "ext.toml", 'coordinator = "ext_first"')
-    done = orchestrator(installed, tmp_path, "eval", str(config), "--dataset",
-                        str(_dataset(tmp_path)), "--scorer", "ext_last_digit", "--eval-id", "e",
-                        "--json")
+    done = orchestrator(
+        installed,
+        tmp_path,
+        "eval",
+        str(config),
+        "--dataset",
+        str(_dataset(tmp_path)),
+        "--scorer",
+        "ext_last_digit",
+        "--eval-id",
+        "e",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["correct"] == 3
 
 
-def test_compare_fits_the_external_loop_to_an_equal_token_budget(installed: Path,
-                                                                 tmp_path: Path) -> None:
-    wide = _config(tmp_path, "wide.toml", 'coordinator = "ext_first"\nphrasings = 8',
-                   sampling="max_tokens = 64")
-    narrow = _config(tmp_path, "narrow.toml", 'coordinator = "ext_first"\nphrasings = 2',
-                     sampling="max_tokens = 64")
-    done = orchestrator(installed, tmp_path, "compare", str(wide), str(narrow), "--dataset",
-                        str(_dataset(tmp_path)), "--equal-budget", "tokens", "--budget", "400",
-                        "--json")
+def test_compare_fits_the_external_loop_to_an_equal_token_budget(installed: Path, tmp_path: Path) -> None:
+    wide = _config(
+        tmp_path, "wide.toml", 'coordinator = "ext_first"\nphrasings = 8', sampling="max_tokens = 64"
+    )
+    narrow = _config(
+        tmp_path, "narrow.toml", 'coordinator = "ext_first"\nphrasings = 2', sampling="max_tokens = 64"
+    )
+    done = orchestrator(
+        installed,
+        tmp_path,
+        "compare",
+        str(wide),
+        str(narrow),
+        "--dataset",
+        str(_dataset(tmp_path)),
+        "--equal-budget",
+        "tokens",
+        "--budget",
+        "400",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     compared = json.loads(done.stdout.splitlines()[-1])
     caps = [entry.get("lane_cap") or {} for entry in compared["configs"]]
-    assert caps[0].get("phrasings", 8) < 8, caps   # fitted down to what 400 tokens hold
+    assert caps[0].get("phrasings", 8) < 8, caps  # fitted down to what 400 tokens hold
     assert all(entry["correct"] == 3 for entry in compared["configs"])
 
 
 def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) -> None:
-    config = _config(tmp_path, "vote.toml", 'k = 4\nreducer = "any_pass"',
-                     judge='verifier = "ext_ends_in_one"')
-    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?",
-                        "--json")
+    config = _config(
+        tmp_path, "vote.toml", 'k = 4\nreducer = "any_pass"', judge='verifier = "ext_ends_in_one"'
+    )
+    done = orchestrator(installed, tmp_path, "run", str(config), "--question", "What is 17 * 23?", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["answer"] == "391"
 
 
 def test_the_facade_names_none_of_them() -> None:
-    names = [name for module in MODULES.values() for name in ("ext_first", "ext_last_digit",
-                                                               "ext_ends_in_one", "ExtStore",
-                                                               "ext_constant", "ext_types")
-             if name in module] + list(EXTERNAL)
-    named = sorted(f"{path.relative_to(ROOT)}: {name}"
-                   for path in (ROOT / "orchestrator").rglob("*.py") for name in set(names)
-                   if name in path.read_text())
+    names = [
+        name
+        for module in MODULES.values()
+        for name in (
+            "ext_first",
+            "ext_last_digit",
+            "ext_ends_in_one",
+            "ExtStore",
+            "ext_constant",
+            "ext_types",
+        )
+        if name in module
+    ] + list(EXTERNAL)
+    named = sorted(
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / "orchestrator").rglob("*.py")
+        for name in set(names)
+        if name in path.read_text()
+    )
     assert named == []

@@ -13,24 +13,26 @@ from lanefold.stores.files import JsonlEventLog
 
 
 def config(**backend: object) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": 24, "max_concurrency": 6, "seed": 3, "min_quorum": 12},
-        "backend": {"kind": "simulated", "lanes_per_request": 2, **backend},
-        "retry": {"max_attempts": 4, "initial_backoff_s": 0.001, "max_backoff_s": 0.01},
-    })
+    return lanefold.parse_config(
+        {
+            "loop": {"k": 24, "max_concurrency": 6, "seed": 3, "min_quorum": 12},
+            "backend": {"kind": "simulated", "lanes_per_request": 2, **backend},
+            "retry": {"max_attempts": 4, "initial_backoff_s": 0.001, "max_backoff_s": 0.01},
+        }
+    )
 
 
-def test_thirty_percent_faults_finish_with_quorum_and_every_fault_is_logged(
-        tmp_path: Path) -> None:
+def test_thirty_percent_faults_finish_with_quorum_and_every_fault_is_logged(tmp_path: Path) -> None:
     cfg = config(failure_rate=0.3, latency_ms=[0, 2])
     backend = SimulatedBackend(cfg.backend)
-    result = lanefold.run_sync(cfg, "17*23?", runs_dir=tmp_path, run_id="flaky",
-                                   backend=backend)
+    result = lanefold.run_sync(cfg, "17*23?", runs_dir=tmp_path, run_id="flaky", backend=backend)
     assert result.lanes_completed >= 12
     assert len(backend.faults) >= 5  # 30% of 24+ lane attempts: the test exercised faults
-    logged = [(e.wave, e.lane, e.attempt, e.data.error)
-              for e in JsonlEventLog(tmp_path / "flaky" / "events.jsonl").read()
-              if e.type == "lane.failed"]
+    logged = [
+        (e.wave, e.lane, e.attempt, e.data.error)
+        for e in JsonlEventLog(tmp_path / "flaky" / "events.jsonl").read()
+        if e.type == "lane.failed"
+    ]
     assert sorted(logged) == sorted(backend.faults)
     assert result.answer == "391"
 

@@ -56,8 +56,7 @@ Events = list[dict[str, Any]]
 
 
 def finished(runs: Path, loop: dict[str, Any], run_id: str = "r") -> Path:
-    config = lanefold.parse_config({"loop": loop, "backend": {"kind": "simulated"},
-                                        "pricing": PRICING})
+    config = lanefold.parse_config({"loop": loop, "backend": {"kind": "simulated"}, "pricing": PRICING})
     lanefold.run_sync(config, "17 * 23?", runs_dir=runs, run_id=run_id)
     return runs / run_id / "events.jsonl"
 
@@ -83,17 +82,20 @@ def refusal(runs: Path, capsys: pytest.CaptureFixture[str], command: list[str]) 
 
 
 def test_a_loop_that_numbers_its_lanes_itself_records_them(tmp_path: Path) -> None:
-    path = finished(tmp_path, {"coordinator": "adaptive_sample", "window": 3, "max_lanes": 9,
-                               "rule": "margin", "seed": 2})
+    path = finished(
+        tmp_path, {"coordinator": "adaptive_sample", "window": 3, "max_lanes": 9, "rule": "margin", "seed": 2}
+    )
     waves = [e["data"]["lanes"] for e in read(path) if e["type"] == "wave.started"]
-    assert waves[0] == [0, 1, 2] and all(w == list(range(3 * i, 3 * i + 3))
-                                         for i, w in enumerate(waves))
+    assert waves[0] == [0, 1, 2] and all(w == list(range(3 * i, 3 * i + 3)) for i, w in enumerate(waves))
 
 
-@pytest.mark.parametrize("loop", [{"k": 5}, {"coordinator": "adaptive_sample", "window": 3,
-                                              "max_lanes": 9, "rule": "margin", "seed": 2}])
+@pytest.mark.parametrize(
+    "loop",
+    [{"k": 5}, {"coordinator": "adaptive_sample", "window": 3, "max_lanes": 9, "rule": "margin", "seed": 2}],
+)
 def test_a_log_written_before_waves_recorded_their_lanes_still_reads(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], loop: dict[str, Any]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], loop: dict[str, Any]
+) -> None:
     path = finished(tmp_path, loop)
     events = read(path)
     for event in events:
@@ -105,10 +107,13 @@ def test_a_log_written_before_waves_recorded_their_lanes_still_reads(
     capsys.readouterr()
 
 
-@pytest.mark.parametrize(("lane", "why"), [(5, "lane 5 of wave 1, which has 5 lanes"),
-                                           (-1, "lane -1 of wave 1, which has 5 lanes")])
+@pytest.mark.parametrize(
+    ("lane", "why"),
+    [(5, "lane 5 of wave 1, which has 5 lanes"), (-1, "lane -1 of wave 1, which has 5 lanes")],
+)
 def test_a_log_that_did_not_record_its_lanes_holds_k_lanes_from_0(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], lane: int, why: str) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], lane: int, why: str
+) -> None:
     path = finished(tmp_path, {"k": 5})
     events = read(path)
     for event in events:
@@ -118,17 +123,37 @@ def test_a_log_that_did_not_record_its_lanes_holds_k_lanes_from_0(
     extra = json.loads(json.dumps(events[landed - 1]))
     extra["lane"], extra["attempt"] = lane, 1
     write(path, [*events[:landed], extra, *events[landed:]])
-    assert f"events.jsonl:{landed + 1}: corrupt event log line: lane.dispatched for {why}" in \
-        refusal(tmp_path, capsys, ["show", "r"])
+    assert f"events.jsonl:{landed + 1}: corrupt event log line: lane.dispatched for {why}" in refusal(
+        tmp_path, capsys, ["show", "r"]
+    )
 
 
 def started(recorder: Recorder) -> None:
-    recorder.emit(RunStarted, RunStartedData(
-        config={"pricing": PRICING}, config_hash=hash_config({"pricing": PRICING}),
-        question="q", coordinator="test", backend="scripted", library_version="test"))
-    recorder.emit(WaveStarted, WaveStartedData(
-        purpose="sample", k=2, k_requested=2, lane_max_tokens=8, prompt_tokens=4,
-        share_prefix=False, reservation=ReservationData(), lanes=[3, 7]), wave=1)
+    recorder.emit(
+        RunStarted,
+        RunStartedData(
+            config={"pricing": PRICING},
+            config_hash=hash_config({"pricing": PRICING}),
+            question="q",
+            coordinator="test",
+            backend="scripted",
+            library_version="test",
+        ),
+    )
+    recorder.emit(
+        WaveStarted,
+        WaveStartedData(
+            purpose="sample",
+            k=2,
+            k_requested=2,
+            lane_max_tokens=8,
+            prompt_tokens=4,
+            share_prefix=False,
+            reservation=ReservationData(),
+            lanes=[3, 7],
+        ),
+        wave=1,
+    )
 
 
 def test_the_writer_refuses_a_lane_its_wave_was_not_given_and_writes_nothing() -> None:
@@ -137,14 +162,29 @@ def test_the_writer_refuses_a_lane_its_wave_was_not_given_and_writes_nothing() -
     started(recorder)
     hold = UsageData(input_tokens=4, output_tokens=8)
     cost = 1e-6 * (4 * 1.0 + 8 * 2.0)
-    recorder.emit(LaneDispatched, LaneDispatchedData(
-        seed=1, max_tokens=8, request=0, reserved=hold, reserved_cost_usd=cost,
-        reserved_requests=1), wave=1, lane=7, attempt=1)
-    with pytest.raises(LogCorruptError, match=r"<log>:4: .*lane 5 of wave 1, which was given "
-                                              r"lanes \[3, 7\]"):
-        recorder.emit(LaneDispatched, LaneDispatchedData(
-            seed=1, max_tokens=8, request=1, reserved=hold, reserved_cost_usd=cost,
-            reserved_requests=1), wave=1, lane=5, attempt=1)
+    recorder.emit(
+        LaneDispatched,
+        LaneDispatchedData(
+            seed=1, max_tokens=8, request=0, reserved=hold, reserved_cost_usd=cost, reserved_requests=1
+        ),
+        wave=1,
+        lane=7,
+        attempt=1,
+    )
+    with pytest.raises(
+        LogCorruptError,
+        match=r"<log>:4: .*lane 5 of wave 1, which was given "
+        r"lanes \[3, 7\]",
+    ):
+        recorder.emit(
+            LaneDispatched,
+            LaneDispatchedData(
+                seed=1, max_tokens=8, request=1, reserved=hold, reserved_cost_usd=cost, reserved_requests=1
+            ),
+            wave=1,
+            lane=5,
+            attempt=1,
+        )
     assert log.last_sequence == 3
 
 
@@ -152,14 +192,32 @@ def test_the_writer_refuses_a_hold_not_priced_at_the_runs_prices() -> None:
     recorder = Recorder(MemoryEventLog(), "w", RunState())
     started(recorder)  # the run's prices come from its recorded config
     with pytest.raises(LogCorruptError, match=r"reserved_cost_usd 0\.0 is not the price"):
-        recorder.emit(LaneDispatched, LaneDispatchedData(
-            seed=1, max_tokens=8, request=0, reserved=UsageData(input_tokens=4, output_tokens=8),
-            reserved_cost_usd=0.0, reserved_requests=1), wave=1, lane=3, attempt=1)
+        recorder.emit(
+            LaneDispatched,
+            LaneDispatchedData(
+                seed=1,
+                max_tokens=8,
+                request=0,
+                reserved=UsageData(input_tokens=4, output_tokens=8),
+                reserved_cost_usd=0.0,
+                reserved_requests=1,
+            ),
+            wave=1,
+            lane=3,
+            attempt=1,
+        )
 
 
 def test_wave_started_holds_k_distinct_lanes_and_no_more_than_asked() -> None:
-    base = {"purpose": "sample", "k": 2, "k_requested": 2, "lane_max_tokens": 8,
-            "prompt_tokens": 4, "share_prefix": True, "reservation": {}}
+    base = {
+        "purpose": "sample",
+        "k": 2,
+        "k_requested": 2,
+        "lane_max_tokens": 8,
+        "prompt_tokens": 4,
+        "share_prefix": True,
+        "reservation": {},
+    }
     for wrong in ({"lanes": [0, 0]}, {"lanes": [0]}, {"k": 3, "k_requested": 2}):
         with pytest.raises(ValueError):
             WaveStartedData.model_validate({**base, **wrong})
@@ -193,13 +251,19 @@ TOKENS = st.integers(0, 2**40)
 
 
 @settings(max_examples=500, deadline=None, derandomize=True)
-@given(usage=st.builds(Usage, TOKENS, TOKENS, TOKENS, st.floats(0, 1e9)),
-       bill=st.sampled_from(["sample", "verifier"]),
-       pricing=st.builds(Pricing, input_per_mtok=PRICES, cached_input_per_mtok=PRICES,
-                         output_per_mtok=PRICES, verifier_per_mtok=st.none() | PRICES,
-                         kv_per_mtok_s=PRICES))
-def test_a_lanes_price_is_what_the_ledger_adds_bit_for_bit(usage: Usage, bill: str,
-                                                           pricing: Pricing) -> None:
+@given(
+    usage=st.builds(Usage, TOKENS, TOKENS, TOKENS, st.floats(0, 1e9)),
+    bill=st.sampled_from(["sample", "verifier"]),
+    pricing=st.builds(
+        Pricing,
+        input_per_mtok=PRICES,
+        cached_input_per_mtok=PRICES,
+        output_per_mtok=PRICES,
+        verifier_per_mtok=st.none() | PRICES,
+        kv_per_mtok_s=PRICES,
+    ),
+)
+def test_a_lanes_price_is_what_the_ledger_adds_bit_for_bit(usage: Usage, bill: str, pricing: Pricing) -> None:
     """The fold compares costs exactly: `cost_of` (what a lane's cost_usd and a hold's price
     are) must be the float the ledger's `Spend.add` makes of the same usage."""
     spend = Spend()
@@ -207,26 +271,26 @@ def test_a_lanes_price_is_what_the_ledger_adds_bit_for_bit(usage: Usage, bill: s
     assert cost_of(usage, bill, pricing).hex() == spend.cost_usd.hex()  # type: ignore[arg-type]
 
 
-def test_an_elapsed_time_below_zero_is_refused(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_elapsed_time_below_zero_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = finished(tmp_path, {"k": 3})
     events = read(path)
     events[-1]["data"]["result"]["elapsed_s"] = -1.0
     write(path, events)
-    assert f"events.jsonl:{len(events)}: corrupt event log line: run.completed says elapsed_s" \
-        in refusal(tmp_path, capsys, ["show", "r"])
+    assert f"events.jsonl:{len(events)}: corrupt event log line: run.completed says elapsed_s" in refusal(
+        tmp_path, capsys, ["show", "r"]
+    )
 
 
 def test_tail_follow_reads_the_runs_prices_from_its_record_and_refuses_an_edited_cost(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = finished(tmp_path, {"k": 3})
     events = read(path)
     lane = next(e for e in events if e["type"] == "lane.completed")
     lane["data"]["cost_usd"] *= 3
     write(path, events)
     err = refusal(tmp_path, capsys, ["tail", "r", "--follow", "--wait", "1"])
-    assert f"events.jsonl:{lane['sequence']}: corrupt event log line: lane.completed's " \
-           f"cost_usd" in err
+    assert f"events.jsonl:{lane['sequence']}: corrupt event log line: lane.completed's cost_usd" in err
 
 
 # -- reducers -----------------------------------------------------------------------------------
@@ -236,14 +300,17 @@ class PluginParams(BaseModel):
     reducer: str = "majority_vote"  # a plug-in's own key: it picks reducers itself
 
 
-@pytest.mark.parametrize(("params", "reducer"), [
-    (ParallelSampleParams(reducer="judge_argmax"), "judge_argmax"),
-    (AdaptiveSampleParams(), "majority_vote"),
-    (SequentialRefineParams(), ""),
-    (SequentialRefineParams(reduce="majority_vote"), "majority_vote"),
-    (PlanVerifyReplanParams(), ""),
-    (PluginParams(), None),
-])
+@pytest.mark.parametrize(
+    ("params", "reducer"),
+    [
+        (ParallelSampleParams(reducer="judge_argmax"), "judge_argmax"),
+        (AdaptiveSampleParams(), "majority_vote"),
+        (SequentialRefineParams(), ""),
+        (SequentialRefineParams(reduce="majority_vote"), "majority_vote"),
+        (PlanVerifyReplanParams(), ""),
+        (PluginParams(), None),
+    ],
+)
 def test_the_reducer_a_config_names(params: BaseModel, reducer: str | None) -> None:
     assert configured_reducer(params) == reducer
 
@@ -252,8 +319,9 @@ def test_a_reduce_by_a_loop_that_reduces_nothing_is_refused(tmp_path: Path) -> N
     path = finished(tmp_path, {"k": 3})
     events = [parse_event(line) for line in path.read_text().splitlines()]
     line = next(e.sequence for e in events if e.type == "reduce.completed")
-    with pytest.raises(LogCorruptError, match=f":{line}: .*by majority_vote, the config's loop "
-                                              "reduces nothing"):
+    with pytest.raises(
+        LogCorruptError, match=f":{line}: .*by majority_vote, the config's loop reduces nothing"
+    ):
         fold(events, reducer="")
     assert fold(events, reducer="majority_vote").result is not None
 
@@ -281,11 +349,14 @@ class NegativeOnce:
 
 
 def test_a_usage_the_log_cannot_hold_is_a_bad_answer_retried_not_a_crash(tmp_path: Path) -> None:
-    config = lanefold.parse_config({
-        "loop": {"k": 2}, "backend": {"kind": "simulated"},
-        "retry": {"max_attempts": 2, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001}})
-    result = lanefold.run_sync(config, "q", runs_dir=tmp_path, backend=NegativeOnce(),
-                                   run_id="r")
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": 2},
+            "backend": {"kind": "simulated"},
+            "retry": {"max_attempts": 2, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001},
+        }
+    )
+    result = lanefold.run_sync(config, "q", runs_dir=tmp_path, backend=NegativeOnce(), run_id="r")
     assert result.answer == "7" and [lane.attempts for lane in result.lanes] == [2, 2]
     failed = [e for e in read(tmp_path / "r" / "events.jsonl") if e["type"] == "lane.failed"]
     assert [e["data"]["error"] for e in failed] == ["BadResponseError"] * 2

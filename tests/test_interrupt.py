@@ -36,12 +36,14 @@ def events(path: Path | str) -> list[AnyEvent]:
     return list(JsonlEventLog(Path(path)).read())
 
 
-async def run_until(config: lanefold.LoopConfig, runs: Path, run_id: str,
-                    completions: int, resume: bool) -> bool:
+async def run_until(
+    config: lanefold.LoopConfig, runs: Path, run_id: str, completions: int, resume: bool
+) -> bool:
     """Run (or resume) and cancel from outside once `completions` more lanes landed;
     True when the call was cancelled (it re-raised the cancellation)."""
     seen = [0]
     with anyio.CancelScope() as scope:
+
         def observe(event: AnyEvent) -> None:
             if event.type == "lane.completed":
                 seen[0] += 1
@@ -51,14 +53,12 @@ async def run_until(config: lanefold.LoopConfig, runs: Path, run_id: str,
         if resume:
             await lanefold.resume(run_id, runs_dir=runs, observer=observe)
         else:
-            await lanefold.run(config, "17*23?", runs_dir=runs, run_id=run_id,
-                                   observer=observe)
+            await lanefold.run(config, "17*23?", runs_dir=runs, run_id=run_id, observer=observe)
     return scope.cancelled_caught
 
 
 @pytest.mark.anyio
-async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_answer(
-        tmp_path: Path) -> None:
+async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_answer(tmp_path: Path) -> None:
     config = lanefold.parse_config(RAW)
     baseline = await lanefold.run(config, "17*23?", runs_dir=tmp_path, run_id="base")
 
@@ -69,7 +69,8 @@ async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_ans
     cut_off = [e for e in first if e.type == "lane.interrupted"]
     assert cut_off and not [e for e in first if e.type == "lane.failed"]
     assert sorted(tuple(x) for x in first[-1].data.in_flight) == sorted(  # type: ignore[union-attr]
-        (e.wave, e.lane) for e in cut_off)
+        (e.wave, e.lane) for e in cut_off
+    )
 
     # Interrupted again while resuming: still nothing fails, with max_attempts = 1.
     assert await run_until(config, tmp_path, "cut", completions=2, resume=True)
@@ -88,25 +89,35 @@ async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_ans
     # The bill: decode is what lanes decoded; the cut-off holds are their own line.
     held = [e for e in log if e.type == "lane.interrupted"]
     assert result.usage.decode_tokens == baseline.usage.decode_tokens
-    assert result.usage.cut_off_tokens == sum(e.data.billed.input_tokens  # type: ignore[union-attr]
-                                              + e.data.billed.output_tokens  # type: ignore[union-attr]
-                                              for e in held) > 0
-    assert result.cost.cut_off == pytest.approx(sum(e.data.billed_cost_usd  # type: ignore[union-attr]
-                                                    for e in held))
+    assert (
+        result.usage.cut_off_tokens
+        == sum(
+            e.data.billed.input_tokens  # type: ignore[union-attr]
+            + e.data.billed.output_tokens  # type: ignore[union-attr]
+            for e in held
+        )
+        > 0
+    )
+    assert result.cost.cut_off == pytest.approx(
+        sum(
+            e.data.billed_cost_usd  # type: ignore[union-attr]
+            for e in held
+        )
+    )
     assert result.cost.total == pytest.approx(baseline.cost.total + result.cost.cut_off)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_ends_the_run_cleanly_and_names_the_command_that_resumes_it(
-        tmp_path: Path, signum: signal.Signals, code: int) -> None:
+    tmp_path: Path, signum: signal.Signals, code: int
+) -> None:
     raw = json.loads(json.dumps(RAW))
     raw["backend"]["latency_ms"] = [300, 900]
     config = tmp_path / "loop.json"
     config.write_text(json.dumps(raw))
     runs = tmp_path / "runs"
-    baseline = lanefold.run_sync(lanefold.load_config(config), "17*23?",
-                                     runs_dir=tmp_path / "base")
+    baseline = lanefold.run_sync(lanefold.load_config(config), "17*23?", runs_dir=tmp_path / "base")
     log = runs / "sig" / "events.jsonl"
     proc = start("run", config, "--question", "17*23?", "--runs-dir", runs, "--run-id", "sig")
     deadline = time.monotonic() + 120
@@ -118,7 +129,8 @@ def test_a_signal_ends_the_run_cleanly_and_names_the_command_that_resumes_it(
     assert proc.returncode == code, err
     assert err.splitlines() == [
         f"orchestrator run: interrupted by {signum.name}; continue with: "
-        f"orchestrator resume sig --runs-dir {runs}"]
+        f"orchestrator resume sig --runs-dir {runs}"
+    ]
     assert "Traceback" not in out
     recorded = events(log)
     assert recorded[-1].type == "run.interrupted"

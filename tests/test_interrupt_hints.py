@@ -37,10 +37,18 @@ JUDGED = 'reducer = "judge_argmax"\n[judge]\ntemplate = "Score it: {candidate}"\
 
 
 def cli(folder: Path, *argv: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", "lanefold._cli", *argv], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "lanefold._cli", *argv],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def count(path: Path, marker: str) -> int:
@@ -79,22 +87,24 @@ def finish(folder: Path, hint: str) -> str:
 def folder(tmp_path: Path) -> Path:
     (tmp_path / "slow.toml").write_text(SLOW.format(extra=""))
     (tmp_path / "judged.toml").write_text(SLOW.format(extra=JUDGED))
-    (tmp_path / "q.jsonl").write_text("".join(
-        json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
-        for i in range(6)))
+    (tmp_path / "q.jsonl").write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(6)
+        )
+    )
     return tmp_path
 
 
 def test_run_and_resume_hints_finish_the_run(folder: Path) -> None:
     runs = folder / "my runs"  # a space: the hint must quote it
     log = runs / "r" / "events.jsonl"
-    hint = interrupt(cli(folder, "run", "slow.toml", "--question", "17*23?", "--runs-dir",
-                         str(runs), "--run-id", "r"),
-                     lambda: count(log, '"lane.completed"') >= 1)
+    hint = interrupt(
+        cli(folder, "run", "slow.toml", "--question", "17*23?", "--runs-dir", str(runs), "--run-id", "r"),
+        lambda: count(log, '"lane.completed"') >= 1,
+    )
     assert hint == f"orchestrator resume r --runs-dir '{runs}'"
     before = count(log, '"lane.completed"')
-    again = interrupt(cli(folder, *shlex.split(hint)[1:]),
-                      lambda: count(log, '"lane.completed"') > before)
+    again = interrupt(cli(folder, *shlex.split(hint)[1:]), lambda: count(log, '"lane.completed"') > before)
     assert again == hint, "a resume interrupted says the same"
     finish(folder, again)
     assert json.loads(log.read_text().splitlines()[-1])["type"] == "run.completed"
@@ -104,30 +114,41 @@ def test_a_reduce_hint_finishes_the_reduction_not_a_resume(folder: Path) -> None
     assert finish(folder, "orchestrator run judged.toml --question 17*23? --run-id j")
     log = folder / "runs" / "j" / "events.jsonl"
     judged = count(log, '"judge.completed"') + count(log, '"lane.completed"')
-    hint = interrupt(cli(folder, "reduce", "j", "--reducer", "judge_argmax",
-                         "--extract", "last_number"),
-                     lambda: count(log, '"lane.completed"') + count(log, '"judge.completed"')
-                     > judged + 1)
+    hint = interrupt(
+        cli(folder, "reduce", "j", "--reducer", "judge_argmax", "--extract", "last_number"),
+        lambda: count(log, '"lane.completed"') + count(log, '"judge.completed"') > judged + 1,
+    )
     assert hint == "orchestrator reduce j --reducer judge_argmax --extract last_number"
     finish(folder, hint)
-    reductions = [json.loads(line) for line in log.read_text().splitlines()
-                  if '"reduce.completed"' in line]
+    reductions = [json.loads(line) for line in log.read_text().splitlines() if '"reduce.completed"' in line]
     assert [r["data"]["reduction"] for r in reductions] == [1, 2], "the cut-off one finished"
 
 
 def test_eval_and_compare_hints_finish_them(folder: Path) -> None:
     results = folder / "runs" / "e" / "results.jsonl"
-    hint = interrupt(cli(folder, "eval", "slow.toml", "--dataset", "q.jsonl", "--eval-id", "e",
-                         "--concurrency", "2"),
-                     lambda: count(results, '"index"') >= 1)
+    hint = interrupt(
+        cli(folder, "eval", "slow.toml", "--dataset", "q.jsonl", "--eval-id", "e", "--concurrency", "2"),
+        lambda: count(results, '"index"') >= 1,
+    )
     assert hint == "orchestrator eval --resume e"
     assert json.loads(finish(folder, hint + " --json"))["n"] == 6
 
     compared = folder / "runs"
-    hint = interrupt(cli(folder, "compare", "slow.toml", "judged.toml", "--dataset", "q.jsonl",
-                         "--limit", "3", "--concurrency", "2"),
-                     lambda: any(count(p, '"index"') >= 1
-                                 for p in compared.glob("*-slow/results.jsonl")))
+    hint = interrupt(
+        cli(
+            folder,
+            "compare",
+            "slow.toml",
+            "judged.toml",
+            "--dataset",
+            "q.jsonl",
+            "--limit",
+            "3",
+            "--concurrency",
+            "2",
+        ),
+        lambda: any(count(p, '"index"') >= 1 for p in compared.glob("*-slow/results.jsonl")),
+    )
     words = shlex.split(hint)
     assert words[:3] == ["orchestrator", "compare", "slow.toml"] and "--compare-id" in words
     finish(folder, hint)

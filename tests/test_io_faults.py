@@ -38,17 +38,22 @@ QUESTION = "What is 17 * 23?"
 
 def command(*argv: str | bytes | Path, fsize: int | None = None) -> Outcome:
     """The `orchestrator` command in a subprocess, under a file-size limit if `fsize` is given."""
+
     def limit() -> None:
         assert fsize is not None
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not death, past the limit
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
     done = subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", *(a if isinstance(a, bytes) else str(a)
-                                                      for a in argv)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        [sys.executable, "-m", "lanefold._cli", *(a if isinstance(a, bytes) else str(a) for a in argv)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        preexec_fn=limit if fsize is not None else None)
+        preexec_fn=limit if fsize is not None else None,
+    )
     return Outcome(done.returncode, done.stdout, done.stderr)
 
 
@@ -92,7 +97,8 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
 @pytest.mark.slow
 @pytest.mark.parametrize("torn_at", ["second", "middle", "last"])
 def test_a_full_disk_mid_run_exits_1_in_one_line_and_resume_repairs_it(
-        torn_at: str, baseline: tuple[dict[str, Any], list[bytes]], tmp_path: Path) -> None:
+    torn_at: str, baseline: tuple[dict[str, Any], list[bytes]], tmp_path: Path
+) -> None:
     result, lines = baseline
     index = {"second": 1, "middle": len(lines) // 2, "last": len(lines) - 1}[torn_at]
     limit = sum(map(len, lines[:index])) + len(lines[index]) // 2  # halfway through that line
@@ -130,7 +136,8 @@ def test_a_disk_too_full_for_the_first_line_leaves_no_run(limit: int, tmp_path: 
 
 
 def test_a_disk_that_fills_mid_write_in_process_exits_1_and_resume_repairs_it(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The disk fills halfway through the log's 6th line: a short write, then ENOSPC.
     real_write, lines_begun = os.write, []
 
@@ -161,19 +168,21 @@ def test_a_disk_that_fills_mid_write_in_process_exits_1_and_resume_repairs_it(
 
 def deny(monkeypatch: pytest.MonkeyPatch, target: Path, code: int, *, writing: bool) -> None:
     """Make opening `target` (for writing, or for reading) fail with `code`, as the OS would."""
+
     def refused(path: Any, flags: int | str) -> bool:
         if not isinstance(path, str | bytes | os.PathLike):
             return False  # a file descriptor (os.fdopen): not a path we deny
-        wants_write = (flags & (os.O_WRONLY | os.O_RDWR) if isinstance(flags, int)
-                       else any(c in flags for c in "wax+"))
-        return Path(os.fsdecode(path)).resolve() == target.resolve() and (
-            bool(wants_write) == writing)
+        wants_write = (
+            flags & (os.O_WRONLY | os.O_RDWR) if isinstance(flags, int) else any(c in flags for c in "wax+")
+        )
+        return Path(os.fsdecode(path)).resolve() == target.resolve() and (bool(wants_write) == writing)
 
     def guard(real: Callable[..., Any]) -> Callable[..., Any]:
         def call(path: Any, flags: Any = "r", *args: Any, **kwargs: Any) -> Any:
             if refused(path, flags):
                 raise OSError(code, os.strerror(code), os.fsdecode(path))
             return real(path, flags, *args, **kwargs)
+
         return call
 
     monkeypatch.setattr(os, "open", guard(os.open))
@@ -193,8 +202,8 @@ def unfinished(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS])
 def test_resume_of_a_log_that_cannot_be_written_exits_2_and_changes_nothing(
-        code: int, unfinished: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    code: int, unfinished: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = unfinished.read_bytes()
     deny(monkeypatch, unfinished, code, writing=True)
     refused = cli(capsys, "resume", "half", "--runs-dir", unfinished.parents[1])
@@ -209,8 +218,8 @@ def test_resume_of_a_log_that_cannot_be_written_exits_2_and_changes_nothing(
 
 @pytest.mark.parametrize("argv", [["show"], ["tail"], ["tail", "--follow", "--wait", "5"]])
 def test_show_and_tail_of_an_unreadable_log_exit_2(
-        argv: list[str], unfinished: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    argv: list[str], unfinished: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     deny(monkeypatch, unfinished, errno.EACCES, writing=False)
     refused = cli(capsys, argv[0], "half", "--runs-dir", unfinished.parents[1], *argv[1:])
     assert refused.code == 2
@@ -219,7 +228,8 @@ def test_show_and_tail_of_an_unreadable_log_exit_2(
 
 
 def test_a_runs_dir_that_cannot_be_created_exits_2(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     under_a_file = cli(capsys, *run_args(blocker / "runs", "r1"))
@@ -239,7 +249,8 @@ def test_a_runs_dir_that_cannot_be_created_exits_2(
 
 
 def test_a_log_that_cannot_be_created_leaves_the_run_id_usable(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     runs = tmp_path / "runs"
     deny(monkeypatch, runs / "r1" / ".events.jsonl.new", errno.EROFS, writing=True)
     refused = cli(capsys, *run_args(runs, "r1"))
@@ -269,10 +280,12 @@ def test_a_read_only_log_by_its_mode(unfinished: Path, capsys: pytest.CaptureFix
 
 
 def test_a_question_with_a_lone_surrogate_is_refused_before_anything_is_created(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
-    refused = cli(capsys, "run", EXAMPLE, "--question", "What is \ud800?", "--runs-dir", runs,
-                  "--run-id", "bad")
+    refused = cli(
+        capsys, "run", EXAMPLE, "--question", "What is \ud800?", "--runs-dir", runs, "--run-id", "bad"
+    )
     assert refused.code == 2
     assert "question" in refused.error_line and refused.out == ""
     assert not runs.exists()
@@ -309,8 +322,9 @@ def judged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, in
     config = tmp_path / "judged.toml"
     config.write_text(JUDGED)
     runs = tmp_path / "runs"
-    assert cli(capsys, "run", str(config), "--question", QUESTION, "--runs-dir", runs,
-               "--run-id", "j").code == 0
+    assert (
+        cli(capsys, "run", str(config), "--question", QUESTION, "--runs-dir", runs, "--run-id", "j").code == 0
+    )
     log = log_of(runs, "j")
     before = log.read_bytes().count(b"\n")
     probe = tmp_path / "probe"
@@ -322,8 +336,8 @@ def judged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, in
 
 
 def test_a_reduce_that_meets_a_full_disk_exits_1_in_one_line_at_every_write(
-        judged: tuple[Path, int], capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    judged: tuple[Path, int], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The disk fills at each line a re-reduction writes in turn (its start, its judge wave's
     # lanes, its end): one line, exit 1, nothing recorded lost, and the same command, with room
     # again, finishes that reduction.
@@ -350,6 +364,9 @@ def test_a_reduce_that_meets_a_full_disk_exits_1_in_one_line_at_every_write(
         assert log.read_bytes().startswith(pristine), "nothing recorded is lost"
         again = cli(capsys, "reduce", "j", "--reducer", "judge_argmax", "--runs-dir", runs)
         assert again.code == 0, (nth, again.err)
-        reductions = [json.loads(line)["data"]["reduction"]
-                      for line in log.read_text().splitlines() if '"reduce.completed"' in line]
+        reductions = [
+            json.loads(line)["data"]["reduction"]
+            for line in log.read_text().splitlines()
+            if '"reduce.completed"' in line
+        ]
         assert reductions == [1, 2], "the cut-off reduction was finished, not opened anew"

@@ -138,9 +138,7 @@ def test_in_range_scores_round_trip(value: Decimal) -> None:
 
 def test_argmax_picks_the_highest() -> None:
     result = judge_argmax({0: 3.0, 1: 9.0, 2: None, 3: 7.5})
-    assert result == JudgeResult(
-        winner_lane=1, best_score=9.0, tie_break="none", tied=(), abstentions=1
-    )
+    assert result == JudgeResult(winner_lane=1, best_score=9.0, tie_break="none", tied=(), abstentions=1)
 
 
 def test_argmax_first_lane_tie_break_uses_lane_index() -> None:
@@ -189,9 +187,7 @@ judge_tie_breaks: st.SearchStrategy[JudgeTieBreak] = st.sampled_from(["first_lan
 
 
 @given(score_maps, judge_tie_breaks, st.integers(0, 2**32))
-def test_argmax_properties(
-    scores: dict[int, float | None], tie_break: JudgeTieBreak, seed: int
-) -> None:
+def test_argmax_properties(scores: dict[int, float | None], tie_break: JudgeTieBreak, seed: int) -> None:
     result = judge_argmax(scores, tie_break=tie_break, seed=seed)
     reversed_order = dict(reversed(list(scores.items())))
     assert judge_argmax(reversed_order, tie_break=tie_break, seed=seed) == result
@@ -227,9 +223,7 @@ def test_render_keeps_other_braces_literal() -> None:
 
 def test_render_is_one_pass() -> None:
     # A candidate cannot inject the question (or itself) by writing a slot name.
-    rendered = render_judge_prompt(
-        "{question} | {candidate}", question="{candidate}", candidate="{question}"
-    )
+    rendered = render_judge_prompt("{question} | {candidate}", question="{candidate}", candidate="{question}")
     assert rendered == "{candidate} | {question}"
 
 
@@ -243,7 +237,5 @@ def test_render_every_occurrence() -> None:
 
 @given(st.text(max_size=40), st.text(max_size=40))
 def test_render_values_pass_through_verbatim(question: str, candidate: str) -> None:
-    rendered = render_judge_prompt(
-        "<<{question}>><<{candidate}>>", question=question, candidate=candidate
-    )
+    rendered = render_judge_prompt("<<{question}>><<{candidate}>>", question=question, candidate=candidate)
     assert rendered == f"<<{question}>><<{candidate}>>"

@@ -77,10 +77,12 @@ async def test_a_lane_is_recorded_and_settled_while_its_request_is_still_running
 
 @pytest.mark.anyio
 async def test_lanes_of_one_request_land_in_the_order_they_finish(tmp_path: Path) -> None:
-    config = lanefold.parse_config({
-        "loop": {"k": 6, "seed": 4},
-        "backend": {"kind": "simulated", "latency_ms": [5, 200]},  # one request, six lanes
-    })
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": 6, "seed": 4},
+            "backend": {"kind": "simulated", "latency_ms": [5, 200]},  # one request, six lanes
+        }
+    )
     result = await lanefold.run(config, "q", runs_dir=tmp_path, run_id="order")
     assert result.lanes_completed == 6
     log = list(lanefold.JsonlEventLog(result.events or "").read())
@@ -107,9 +109,23 @@ call_log = "{calls}"
     runs = tmp_path / "runs"
     log = runs / "r" / "events.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lanefold._cli", "run", str(config), "--question", "q",
-         "--runs-dir", str(runs), "--run-id", "r"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "lanefold._cli",
+            "run",
+            str(config),
+            "--question",
+            "q",
+            "--runs-dir",
+            str(runs),
+            "--run-id",
+            "r",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not (log.exists() and log.read_text().count('"lane.completed"') >= 2):
         assert time.monotonic() < deadline, "no lane landed"
@@ -123,8 +139,7 @@ call_log = "{calls}"
 
     result = lanefold.resume_sync("r", runs_dir=runs)
     assert result.lanes_completed == 8
-    again = {int(line.split()[1]) for line in calls.read_text().splitlines()[len(first_calls):]}
+    again = {int(line.split()[1]) for line in calls.read_text().splitlines()[len(first_calls) :]}
     assert again == set(range(8)) - landed  # only the lanes still running were dispatched again
-    completions = Counter(e.lane for e in lanefold.JsonlEventLog(log).read()
-                          if e.type == "lane.completed")
+    completions = Counter(e.lane for e in lanefold.JsonlEventLog(log).read() if e.type == "lane.completed")
     assert set(completions.values()) == {1}

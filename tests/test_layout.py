@@ -24,9 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("primitives", "backends", "coordinators", "stores", "orchestrator")
 OURS = frozenset({*PACKAGES, "tests", "bench"})
 # The folder each package lives in, and the name it is imported by.
-IMPORT_NAME = {"primitives": "lanefold.primitives", "backends": "lanefold.backends",
-               "coordinators": "lanefold.coordinators", "stores": "lanefold.stores",
-               "orchestrator": "lanefold"}
+IMPORT_NAME = {
+    "primitives": "lanefold.primitives",
+    "backends": "lanefold.backends",
+    "coordinators": "lanefold.coordinators",
+    "stores": "lanefold.stores",
+    "orchestrator": "lanefold",
+}
 LAYERS = ("primitives", "backends", "coordinators", "stores")
 
 
@@ -40,6 +44,7 @@ def _layered(name: str) -> str:
         return ".".join(parts[1:])
     return ".".join(["orchestrator", *parts[1:]])
 
+
 # Which of our top-level packages each package may import (itself always).
 ALLOWED: dict[str, frozenset[str]] = {
     "primitives": frozenset({"primitives"}),
@@ -50,75 +55,77 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 
 # The public names of `orchestrator`, pinned: changing them is a deliberate act, made here.
-PUBLIC_NAMES = frozenset({
-    "AnyEvent",
-    "Lane",
-    "LaneJob",
-    "Loop",
-    "LoopContext",
-    "NonDeterminismError",
-    "Outcome",
-    "ReduceOptions",
-    "Reducer",
-    "Reduction",
-    "Session",
-    "SyncSession",
-    "RunFailure",
-    "Verdict",
-    "Verifier",
-    "register_backend",
-    "register_loop",
-    "register_reducer",
-    "register_scorer",
-    "register_store",
-    "register_executor",
-    "Hook",
-    "register_hook",
-    "Backend",
-    "BackendError",
-    "BudgetExhaustedError",
-    "ConfigError",
-    "CostBreakdown",
-    "EventLog",
-    "JsonlEventLog",
-    "LaneResult",
-    "LanefoldError",
-    "Limits",
-    "LogCorruptError",
-    "LogWriteError",
-    "LoopConfig",
-    "MemoryEventLog",
-    "Pricing",
-    "QuorumNotMetError",
-    "RunError",
-    "RunInUseError",
-    "RunNotFoundError",
-    "RunResult",
-    "RunState",
-    "RunStore",
-    "PgStore",
-    "Store",
-    "Executor",
-    "RayExecutor",
-    "open_store",
-    "Sample",
-    "SampleRequest",
-    "SamplingParams",
-    "Usage",
-    "UsageBreakdown",
-    "build_backend",
-    "config_hash",
-    "fold",
-    "load_config",
-    "parse_config",
-    "parse_event",
-    "read_run",
-    "read_state",
-    "resume",
-    "resume_sync",
-    "run",
-    "run_sync",
-})
+PUBLIC_NAMES = frozenset(
+    {
+        "AnyEvent",
+        "Lane",
+        "LaneJob",
+        "Loop",
+        "LoopContext",
+        "NonDeterminismError",
+        "Outcome",
+        "ReduceOptions",
+        "Reducer",
+        "Reduction",
+        "Session",
+        "SyncSession",
+        "RunFailure",
+        "Verdict",
+        "Verifier",
+        "register_backend",
+        "register_loop",
+        "register_reducer",
+        "register_scorer",
+        "register_store",
+        "register_executor",
+        "Hook",
+        "register_hook",
+        "Backend",
+        "BackendError",
+        "BudgetExhaustedError",
+        "ConfigError",
+        "CostBreakdown",
+        "EventLog",
+        "JsonlEventLog",
+        "LaneResult",
+        "LanefoldError",
+        "Limits",
+        "LogCorruptError",
+        "LogWriteError",
+        "LoopConfig",
+        "MemoryEventLog",
+        "Pricing",
+        "QuorumNotMetError",
+        "RunError",
+        "RunInUseError",
+        "RunNotFoundError",
+        "RunResult",
+        "RunState",
+        "RunStore",
+        "PgStore",
+        "Store",
+        "Executor",
+        "RayExecutor",
+        "open_store",
+        "Sample",
+        "SampleRequest",
+        "SamplingParams",
+        "Usage",
+        "UsageBreakdown",
+        "build_backend",
+        "config_hash",
+        "fold",
+        "load_config",
+        "parse_config",
+        "parse_event",
+        "read_run",
+        "read_state",
+        "resume",
+        "resume_sync",
+        "run",
+        "run_sync",
+    }
+)
 
 
 def _modules(package: str) -> list[Path]:
@@ -140,8 +147,7 @@ def _imported_top_levels(path: Path, package: str) -> set[tuple[str, int]]:
     found: set[tuple[str, int]] = set()
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
-            found.update((_layered(alias.name).split(".")[0], node.lineno)
-                         for alias in node.names)
+            found.update((_layered(alias.name).split(".")[0], node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: stays inside its own package
                 found.add((package, node.lineno))
@@ -205,29 +211,41 @@ def _private_imports(path: Path, own: tuple[str, ...] | None = None) -> list[tup
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_package_imports_another_packages_private_module(package: str) -> None:
-    wrong = sorted(f"{_rel(path)}:{line} imports {name}"
-                   for path in _modules(package) for name, line in _private_imports(path))
+    wrong = sorted(
+        f"{_rel(path)}:{line} imports {name}"
+        for path in _modules(package)
+        for name, line in _private_imports(path)
+    )
     assert wrong == [], "import the package's public names instead"
 
 
 @pytest.mark.parametrize("package", [*PACKAGES, "tests", "bench", "scripts"])
 def test_our_code_imports_our_packages_through_lanefold(package: str) -> None:
-    wrong = sorted(f"{_rel(path)}:{line} imports {name}"
-                   for path in sorted((ROOT / package).rglob("*.py"))
-                   for name, line in _bare_imports(path))
+    wrong = sorted(
+        f"{_rel(path)}:{line} imports {name}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name, line in _bare_imports(path)
+    )
     assert wrong == [], "import lanefold, lanefold.primitives, ... (a user may own `backends`)"
 
 
 def test_private_import_scan(tmp_path: Path) -> None:
     source = tmp_path / "probe.py"
-    source.write_text("from lanefold.primitives._state import RunState\n"
-                      "from lanefold.coordinators._reducers import vote\n"
-                      "import lanefold.backends.engine._config\n"
-                      "from lanefold.primitives import events\n"
-                      "from lanefold._cli import main\n")
+    source.write_text(
+        "from lanefold.primitives._state import RunState\n"
+        "from lanefold.coordinators._reducers import vote\n"
+        "import lanefold.backends.engine._config\n"
+        "from lanefold.primitives import events\n"
+        "from lanefold._cli import main\n"
+    )
     found = {name for name, _ in _private_imports(source, own=("coordinators",))}
-    assert found == {"primitives._state", "primitives._state.RunState",
-                     "backends.engine._config", "orchestrator._cli", "orchestrator._cli.main"}
+    assert found == {
+        "primitives._state",
+        "primitives._state.RunState",
+        "backends.engine._config",
+        "orchestrator._cli",
+        "orchestrator._cli.main",
+    }
 
 
 def test_import_scan_sees_every_form(tmp_path: Path) -> None:
@@ -249,13 +267,11 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
 # The built-in plug-ins' names: the facade (orchestrator/) names none of them as a string, except
 # in FACADE_DEFAULTS, where its defaults are named once. Another kind's names (backends, stores)
 # join as another tuple in BUILT_IN_NAMES.
-BUILT_IN_LOOPS = ("parallel_sample", "adaptive_sample", "sequential_refine", "debate",
-                  "plan_verify_replan")
+BUILT_IN_LOOPS = ("parallel_sample", "adaptive_sample", "sequential_refine", "debate", "plan_verify_replan")
 BUILT_IN_REDUCERS = ("majority_vote", "weighted_vote", "judge_argmax", "usc", "any_pass")
 BUILT_IN_BACKENDS = ("simulated", "engine", "openai")
 BUILT_IN_STORES = ("files", "postgres")
-BUILT_IN_NAMES: tuple[str, ...] = (*BUILT_IN_LOOPS, *BUILT_IN_REDUCERS, *BUILT_IN_BACKENDS,
-                                   *BUILT_IN_STORES)
+BUILT_IN_NAMES: tuple[str, ...] = (*BUILT_IN_LOOPS, *BUILT_IN_REDUCERS, *BUILT_IN_BACKENDS, *BUILT_IN_STORES)
 # Packages whose concrete classes the facade never tests with isinstance/issubclass.
 PLUG_IN_PACKAGES = ("lanefold.coordinators", "lanefold.backends", "lanefold.stores")
 FACADE_DEFAULTS = ROOT / "orchestrator" / "_defaults.py"
@@ -263,8 +279,11 @@ FACADE_DEFAULTS = ROOT / "orchestrator" / "_defaults.py"
 
 def _facade_modules() -> list[Path]:
     """orchestrator/'s own modules (not the layers its folders link to)."""
-    return [path for path in _modules("orchestrator")
-            if path.relative_to(ROOT / "orchestrator").parts[0] not in LAYERS]
+    return [
+        path
+        for path in _modules("orchestrator")
+        if path.relative_to(ROOT / "orchestrator").parts[0] not in LAYERS
+    ]
 
 
 def _where(path: Path) -> str:
@@ -272,10 +291,14 @@ def _where(path: Path) -> str:
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
-    return {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-            and node.body and isinstance(node.body[0], ast.Expr)
-            and isinstance(node.body[0].value, ast.Constant)}
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
 
 
 def _named_plug_ins(path: Path, names: tuple[str, ...] = BUILT_IN_NAMES) -> list[str]:
@@ -287,11 +310,13 @@ def _named_plug_ins(path: Path, names: tuple[str, ...] = BUILT_IN_NAMES) -> list
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, words)) + r")\b") if words else None
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Constant) or not isinstance(node.value, str) \
-                or id(node) in docs:
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in docs:
             continue
-        match = node.value if node.value in names else (
-            pattern.search(node.value) if pattern is not None else None)
+        match = (
+            node.value
+            if node.value in names
+            else (pattern.search(node.value) if pattern is not None else None)
+        )
         if match:
             found.append(f"{_where(path)}:{node.lineno} names {node.value[:60]!r}")
     return found
@@ -300,16 +325,27 @@ def _named_plug_ins(path: Path, names: tuple[str, ...] = BUILT_IN_NAMES) -> list
 def _isinstance_on_plug_ins(path: Path, packages: tuple[str, ...] = PLUG_IN_PACKAGES) -> list[str]:
     """Each isinstance/issubclass whose classes include one imported from a plug-in package."""
     tree = _tree(path)
-    imported = {alias.asname or alias.name for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.module
-                and node.module.startswith(packages) for alias in node.names}
-    aliases = {alias.asname or alias.name for node in ast.walk(tree)
-               if isinstance(node, ast.Import) for alias in node.names
-               if alias.name.startswith(packages)}
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(packages)
+        for alias in node.names
+    }
+    aliases = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name.startswith(packages)
+    }
     found = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+        ):
             continue
         for part in ast.walk(node.args[1]):
             named = part.id if isinstance(part, ast.Name) else None
@@ -324,19 +360,21 @@ def test_the_built_in_names_are_the_registered_ones() -> None:
     from lanefold.primitives import LOOPS, REDUCERS
 
     def built_in(registry: Any) -> set[str]:
-        return {name for name, cls in registry.items()
-                if cls.__module__.startswith("lanefold.coordinators")}
+        return {name for name, cls in registry.items() if cls.__module__.startswith("lanefold.coordinators")}
 
     assert set(BUILT_IN_LOOPS) == built_in(LOOPS)
     assert set(BUILT_IN_REDUCERS) == built_in(REDUCERS)
 
 
 def test_the_facade_names_no_built_in_plug_in() -> None:
-    wrong = sorted(line for path in _facade_modules() if path != FACADE_DEFAULTS
-                   for line in _named_plug_ins(path))
-    assert wrong == [], ("ask the registry and what the plug-in declares (lanefold.primitives' "
-                         "cost_shape, fit_params, reducer_traits, ...); defaults live in "
-                         "orchestrator/_defaults.py")
+    wrong = sorted(
+        line for path in _facade_modules() if path != FACADE_DEFAULTS for line in _named_plug_ins(path)
+    )
+    assert wrong == [], (
+        "ask the registry and what the plug-in declares (lanefold.primitives' "
+        "cost_shape, fit_params, reducer_traits, ...); defaults live in "
+        "orchestrator/_defaults.py"
+    )
     # the default loop, the reducer curve counts, the default backend and store: each once
     assert len(_named_plug_ins(FACADE_DEFAULTS)) == 4
 
@@ -357,9 +395,13 @@ def test_the_plug_in_scans_see_names_and_classes(tmp_path: Path) -> None:
         '    if name == "debate" or name in ("usc",):\n'
         '        raise ValueError(f"a {name} is not a judge_argmax")\n'
         '    x = "a debate, said in prose"\n'
-        "    return isinstance(params, P | int) or issubclass(params, c.Debate)\n")
+        "    return isinstance(params, P | int) or issubclass(params, c.Debate)\n"
+    )
     assert [line.split(" names ")[1] for line in _named_plug_ins(source)] == [
-        "'debate'", "'usc'", "' is not a judge_argmax'"]
+        "'debate'",
+        "'usc'",
+        "' is not a judge_argmax'",
+    ]
     assert len(_isinstance_on_plug_ins(source)) == 2
 
 
@@ -394,18 +436,23 @@ def _bound_names(tree: ast.Module) -> set[str]:
         # A lazy export (PEP 562): the name is typed under TYPE_CHECKING, made by __getattr__.
         for node in tree.body:
             if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-                names.update(a.asname or a.name for n in node.body
-                             if isinstance(n, ast.ImportFrom) for a in n.names)
+                names.update(
+                    a.asname or a.name for n in node.body if isinstance(n, ast.ImportFrom) for a in n.names
+                )
     return names
 
 
 def _declared_all(tree: ast.Module) -> ast.expr | None:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
             return node.value
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and node.target.id == "__all__"):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "__all__"
+        ):
             return node.value
     return None
 
@@ -417,8 +464,9 @@ def test_every_module_all_is_a_tuple_of_its_own_names(path: Path) -> None:
     if declared is None:
         return  # a module without __all__ (e.g. a script) exports nothing by contract
     assert isinstance(declared, ast.Tuple), f"{_rel(path)}: __all__ must be a tuple literal"
-    names = [elt.value for elt in declared.elts
-             if isinstance(elt, ast.Constant) and isinstance(elt.value, str)]
+    names = [
+        elt.value for elt in declared.elts if isinstance(elt, ast.Constant) and isinstance(elt.value, str)
+    ]
     assert len(names) == len(declared.elts), f"{_rel(path)}: __all__ holds only string literals"
     assert sorted(set(names) - _bound_names(tree)) == [], f"{_rel(path)}: undefined in __all__"
 
@@ -436,8 +484,7 @@ def test_orchestrator_public_names_are_pinned() -> None:
 def test_orchestrator_exports_what_a_user_needs() -> None:
     import lanefold
 
-    needed = {"run", "run_sync", "resume", "resume_sync", "load_config", "RunResult",
-              "ConfigError"}
+    needed = {"run", "run_sync", "resume", "resume_sync", "load_config", "RunResult", "ConfigError"}
     assert needed <= set(lanefold.__all__)
     assert inspect.iscoroutinefunction(lanefold.run)
     assert inspect.iscoroutinefunction(lanefold.resume)
@@ -452,7 +499,8 @@ def test_orchestrator_public_classes_and_functions_have_docstrings() -> None:
     import lanefold
 
     undocumented = sorted(
-        name for name in lanefold.__all__
+        name
+        for name in lanefold.__all__
         if (inspect.isclass(obj := getattr(lanefold, name)) or inspect.isfunction(obj))
         and not (obj.__doc__ or "").strip()
     )
@@ -464,18 +512,24 @@ def test_orchestrator_public_classes_and_functions_have_docstrings() -> None:
 
 def test_importing_orchestrator_does_not_import_torch() -> None:
     heavy = ("torch", "transformers", "tokenizers", "safetensors", "gguf")
-    code = ("import lanefold, sys; "
-            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=False)
+    code = f"import lanefold, sys; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
 # -- (d2) the facade knows no backend by its class --------------------------------------------------
 
-BUILT_IN_BACKEND_CLASSES = ("SimulatedConfig", "EngineConfig", "OpenAIConfig", "SimulatedBackend",
-                            "EngineBackend", "OpenAIBackend")
+BUILT_IN_BACKEND_CLASSES = (
+    "SimulatedConfig",
+    "EngineConfig",
+    "OpenAIConfig",
+    "SimulatedBackend",
+    "EngineBackend",
+    "OpenAIBackend",
+)
 
 
 def test_the_facade_names_no_built_in_backend_class() -> None:
@@ -487,7 +541,8 @@ def test_the_facade_names_no_built_in_backend_class() -> None:
         for node in ast.walk(_tree(path))
         if (isinstance(node, ast.Name) and node.id in BUILT_IN_BACKEND_CLASSES)
         or (isinstance(node, ast.Attribute) and node.attr in BUILT_IN_BACKEND_CLASSES)
-        or (isinstance(node, ast.alias) and node.name in BUILT_IN_BACKEND_CLASSES))
+        or (isinstance(node, ast.alias) and node.name in BUILT_IN_BACKEND_CLASSES)
+    )
     assert named == []
 
 
@@ -528,31 +583,51 @@ def test_network_guard_refuses_remote_and_allows_loopback() -> None:
 
 # The runtime types a config's values are copied into: a field added, removed or reordered in
 # one of them must never shift a value into the wrong field.
-RUNTIME_TYPES = frozenset({"SamplingParams", "RetryPolicy", "Ledger", "JudgeSettings",
-                           "ReduceOptions", "ExtractSpec", "Limits", "Pricing", "WaveSpec"})
+RUNTIME_TYPES = frozenset(
+    {
+        "SamplingParams",
+        "RetryPolicy",
+        "Ledger",
+        "JudgeSettings",
+        "ReduceOptions",
+        "ExtractSpec",
+        "Limits",
+        "Pricing",
+        "WaveSpec",
+    }
+)
 
 
 def _positional_calls(path: Path) -> list[tuple[str, int]]:
     found = []
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Call) and node.args:
-            name = (node.func.id if isinstance(node.func, ast.Name)
-                    else node.func.attr if isinstance(node.func, ast.Attribute) else "")
+            name = (
+                node.func.id
+                if isinstance(node.func, ast.Name)
+                else node.func.attr
+                if isinstance(node.func, ast.Attribute)
+                else ""
+            )
             if name in RUNTIME_TYPES:
                 found.append((name, node.lineno))
     return found
 
 
 def test_the_facade_fills_runtime_types_by_keyword() -> None:
-    wrong = sorted(f"{_rel(path)}:{line} {name}(positional ...)"
-                   for path in _modules("orchestrator") for name, line in _positional_calls(path))
+    wrong = sorted(
+        f"{_rel(path)}:{line} {name}(positional ...)"
+        for path in _modules("orchestrator")
+        for name, line in _positional_calls(path)
+    )
     assert wrong == [], "pass config values by keyword"
 
 
 def test_positional_scan_sees_calls(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("a = SamplingParams(0.7, 1.0)\nb = p.RetryPolicy(3)\n"
-                      "c = SamplingParams(temperature=0.7)\n")
+    source.write_text(
+        "a = SamplingParams(0.7, 1.0)\nb = p.RetryPolicy(3)\nc = SamplingParams(temperature=0.7)\n"
+    )
     assert _positional_calls(source) == [("SamplingParams", 1), ("RetryPolicy", 2)]
 
 
@@ -564,10 +639,12 @@ PRIMITIVES_MAY_NOT_IMPORT = ("subprocess", "psycopg", "multiprocessing")
 
 
 def test_primitives_import_no_process_or_database_driver() -> None:
-    wrong = sorted(f"{_rel(path)}:{line} imports {name}"
-                   for path in _modules("primitives")
-                   for name, line in _imported_top_levels(path, "primitives")
-                   if name in PRIMITIVES_MAY_NOT_IMPORT)
+    wrong = sorted(
+        f"{_rel(path)}:{line} imports {name}"
+        for path in _modules("primitives")
+        for name, line in _imported_top_levels(path, "primitives")
+        if name in PRIMITIVES_MAY_NOT_IMPORT
+    )
     assert wrong == []
 
 

@@ -70,22 +70,29 @@ def db(pg_server: Any, tmp_path: Path) -> dict[str, Any]:
     bare = pg_server.url(name, password=False)
     # `run` reads the password from the variable its config names; the commands without a
     # config (`resume`, `tail`) from libpq's own PGPASSWORD.
-    env = {**os.environ, "LANEFOLD_PG_PASSWORD": pg_server.password,
-           "PGPASSWORD": pg_server.password}
+    env = {**os.environ, "LANEFOLD_PG_PASSWORD": pg_server.password, "PGPASSWORD": pg_server.password}
     return {"url": pg_server.url(name), "bare": bare, "env": env, "tmp": tmp_path}
 
 
 def config(db: dict[str, Any], name: str, latency: str = "1200, 1600") -> Path:
     path = db["tmp"] / f"{name}.toml"
-    path.write_text(CONFIG.format(latency=latency, calls=db["tmp"] / f"{name}.calls",
-                                  url=db["bare"]))
+    path.write_text(CONFIG.format(latency=latency, calls=db["tmp"] / f"{name}.calls", url=db["bare"]))
     return path
 
 
-def start(db: dict[str, Any], *argv: str | Path, head: tuple[str, ...] = ("-m", "lanefold._cli"),
-          ) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, *head, *map(str, argv)], cwd=ROOT, env=db["env"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(
+    db: dict[str, Any],
+    *argv: str | Path,
+    head: tuple[str, ...] = ("-m", "lanefold._cli"),
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *head, *map(str, argv)],
+        cwd=ROOT,
+        env=db["env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
@@ -100,8 +107,9 @@ def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
 def rows(url: str, run_id: str) -> list[dict[str, Any]]:
     with psycopg.connect(url) as conn:
         try:
-            found = conn.execute("SELECT body FROM lanefold_events WHERE run_id = %s "
-                                 "ORDER BY sequence", (run_id,)).fetchall()
+            found = conn.execute(
+                "SELECT body FROM lanefold_events WHERE run_id = %s ORDER BY sequence", (run_id,)
+            ).fetchall()
         except psycopg.errors.UndefinedTable:
             return []
     return [json.loads(body) for (body,) in found]
@@ -121,8 +129,11 @@ def count(url: str, run_id: str, kind: str) -> int:
 
 
 def in_use(err: str, run_id: str, command: str) -> int:
-    found = re.fullmatch(rf"orchestrator {command}: run {re.escape(run_id)} is being written by "
-                         r"another process \(pid (\d+)\)", err.strip())
+    found = re.fullmatch(
+        rf"orchestrator {command}: run {re.escape(run_id)} is being written by "
+        r"another process \(pid (\d+)\)",
+        err.strip(),
+    )
     assert found, err
     return int(found.group(1))
 
@@ -160,7 +171,7 @@ def test_one_writer_across_processes_and_a_sigkill_frees_the_run(db: dict[str, A
         after.send_signal(signal.SIGKILL)
         finish(after)
     events = rows(url, "live")
-    assert events[:len(before)] == before  # nothing the dead writer committed was touched
+    assert events[: len(before)] == before  # nothing the dead writer committed was touched
     assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
     resumed = next(e for e in events if e["type"] == "run.resumed")
     in_flight = {lane for _, lane in resumed["data"]["in_flight"]}
@@ -169,8 +180,7 @@ def test_one_writer_across_processes_and_a_sigkill_frees_the_run(db: dict[str, A
 
 def test_sigkill_mid_run_then_resume_redoes_no_completed_lane(db: dict[str, Any]) -> None:
     url = db["url"]
-    baseline = lanefold.run_sync(config(db, "base", "150, 250"), "17*23?", run_id="base",
-                                      store=url)
+    baseline = lanefold.run_sync(config(db, "base", "150, 250"), "17*23?", run_id="base", store=url)
     crash = config(db, "crash", "150, 250")
     proc = start(db, "run", crash, "--question", "17*23?", "--run-id", "crash")
     try:
@@ -186,7 +196,7 @@ def test_sigkill_mid_run_then_resume_redoes_no_completed_lane(db: dict[str, Any]
 
     result = lanefold.resume_sync("crash", store=url)  # another process: this one
 
-    calls_after = (db["tmp"] / "crash.calls").read_text().splitlines()[len(calls_before):]
+    calls_after = (db["tmp"] / "crash.calls").read_text().splitlines()[len(calls_before) :]
     redone = {int(line.split()[1]) for line in calls_after}
     assert redone and not (redone & done_before)
     assert (result.answer, result.votes) == (baseline.answer, baseline.votes)
@@ -200,15 +210,18 @@ def test_sigkill_mid_run_then_resume_redoes_no_completed_lane(db: dict[str, Any]
 
 def test_tail_follow_from_another_process_is_woken_by_notify(db: dict[str, Any]) -> None:
     url, bare = db["url"], db["bare"]
-    follower = start(db, "tail", "f", "--follow", "--json", "--store", bare, "--wait", "300",
-                     head=("-c", FOLLOWER))
+    follower = start(
+        db, "tail", "f", "--follow", "--json", "--store", bare, "--wait", "300", head=("-c", FOLLOWER)
+    )
 
     def listening() -> bool:
         with psycopg.connect(url) as conn:
             # Idle after its first read of the rows, which comes after its LISTEN.
-            found = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name"
-                                 " = 'lanefold follower' AND state = 'idle'"
-                                 " AND query LIKE '%%sequence > %%'").fetchone()
+            found = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                " = 'lanefold follower' AND state = 'idle'"
+                " AND query LIKE '%%sequence > %%'"
+            ).fetchone()
         return bool(found and found[0])
 
     try:

@@ -39,8 +39,9 @@ class PgRuns:
 
     def rows(self, run_id: str) -> list[tuple[int, str]]:
         with psycopg.connect(self.url) as conn:
-            return conn.execute("SELECT sequence, body FROM lanefold_events WHERE run_id = %s "
-                                "ORDER BY sequence", (run_id,)).fetchall()
+            return conn.execute(
+                "SELECT sequence, body FROM lanefold_events WHERE run_id = %s ORDER BY sequence", (run_id,)
+            ).fetchall()
 
     def read(self, run_id: str) -> Events:
         return [json.loads(body) for _, body in self.rows(run_id)]
@@ -49,24 +50,24 @@ class PgRuns:
         """The run's rows replaced by `events`, one row each, keyed 1..n as a writer keys them."""
         with psycopg.connect(self.url) as conn:
             conn.execute("DELETE FROM lanefold_events WHERE run_id = %s", (run_id,))
-            conn.execute("INSERT INTO lanefold_runs (run_id) VALUES (%s) ON CONFLICT DO NOTHING",
-                         (run_id,))
+            conn.execute("INSERT INTO lanefold_runs (run_id) VALUES (%s) ON CONFLICT DO NOTHING", (run_id,))
             with conn.cursor() as cur:
                 cur.executemany(
-                    "INSERT INTO lanefold_events (run_id, sequence, type, body) "
-                    "VALUES (%s, %s, %s, %s)",
-                    [(run_id, i, str(e.get("type")), json.dumps(e)) for i, e in enumerate(events, 1)])
+                    "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)",
+                    [(run_id, i, str(e.get("type")), json.dumps(e)) for i, e in enumerate(events, 1)],
+                )
 
     def argv(self, argv: list[str]) -> list[str]:
         """A file test's command line, with `--runs-dir DIR` become `--store URL`."""
         out = list(argv)
         if "--runs-dir" in out:
             at = out.index("--runs-dir")
-            out[at:at + 2] = ["--store", self.url]
+            out[at : at + 2] = ["--store", self.url]
         return out
 
-    def refused(self, runs: object, run_id: str, capsys: pytest.CaptureFixture[str], line: int,
-                why: str) -> None:
+    def refused(
+        self, runs: object, run_id: str, capsys: pytest.CaptureFixture[str], line: int, why: str
+    ) -> None:
         """`file_tests.refused` for rows: exit 2, one line naming `URL#run:line`, no change."""
         before = self.rows(run_id)
         where = re.escape(f"{redact_url(self.url)}#{run_id}:{line}: ")
@@ -85,70 +86,81 @@ def pg(pg_url: str, source: Path, monkeypatch: pytest.MonkeyPatch) -> PgRuns:  #
     runs = PgRuns(pg_url)
     for run_id in RUNS:
         runs.write(run_id, FILE_READ(source, run_id))
-    monkeypatch.setattr(file_tests, "read", lambda where, run_id: (
-        runs.read(run_id) if isinstance(where, PgRuns) else FILE_READ(where, run_id)))
-    monkeypatch.setattr(file_tests, "write", lambda where, run_id, events: runs.write(
-        run_id, events))
+    monkeypatch.setattr(
+        file_tests,
+        "read",
+        lambda where, run_id: runs.read(run_id) if isinstance(where, PgRuns) else FILE_READ(where, run_id),
+    )
+    monkeypatch.setattr(file_tests, "write", lambda where, run_id, events: runs.write(run_id, events))
     monkeypatch.setattr(file_tests, "refused", runs.refused)
     monkeypatch.setattr(file_tests, "main", lambda argv: main(runs.argv(argv)))
     return runs
 
 
-def test_a_log_spliced_from_two_runs_is_refused(pg: PgRuns,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_log_spliced_from_two_runs_is_refused(pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
     file_tests.test_a_log_spliced_from_two_runs_is_refused_at_the_first_foreign_line(pg, capsys)
 
 
-def test_a_copied_run_does_not_pass_for_another_run(pg: PgRuns,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_copied_run_does_not_pass_for_another_run(pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
     pg.write("copy", pg.read("a"))
     pg.refused(pg, "copy", capsys, 1, "run_id 'a' is not this run's \\('copy'\\)")
 
 
-def test_an_edited_config_no_longer_matches_its_hash(pg: PgRuns,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_edited_config_no_longer_matches_its_hash(pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
     file_tests.test_an_edited_config_no_longer_matches_its_hash(pg, capsys)
 
 
 @pytest.mark.parametrize(("kind", "field", "value", "why"), file_tests.EDITED_FIELDS)
 def test_edited_answers_votes_and_results_are_named(
-        pg: PgRuns, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str,
-        why: str) -> None:
+    pg: PgRuns, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str, why: str
+) -> None:
     file_tests.test_edited_answers_votes_and_results_are_named(pg, capsys, kind, field, value, why)
 
 
 def test_events_that_do_not_follow_from_the_state_are_refused(
-        source: Path, pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    source: Path,  # noqa: F811
+    pg: PgRuns,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     file_tests.test_events_that_do_not_follow_from_the_state_are_refused(source, pg, capsys)
 
 
 def test_a_recorded_config_this_version_cannot_validate(
-        pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
-    file_tests.test_a_recorded_config_this_version_cannot_validate_names_field_and_version(
-        pg, capsys)
+    pg: PgRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file_tests.test_a_recorded_config_this_version_cannot_validate_names_field_and_version(pg, capsys)
 
 
 def test_no_mutation_of_the_rows_ever_shows_a_traceback(
-        source: Path, pg: PgRuns, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
-        capsys: pytest.CaptureFixture[str]) -> None:
+    source: Path,  # noqa: F811
+    pg: PgRuns,
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The file test's fuzzing, each mutated log written to the database and read from it."""
     file_tests.test_no_mutation_of_a_log_ever_shows_a_traceback(source, tmp_path_factory, capsys)
 
 
 @pytest.mark.parametrize("name", file_tests.FORGERIES)
-def test_forgeries_are_refused_at_their_line(pg: PgRuns, capsys: pytest.CaptureFixture[str],
-                                             name: str) -> None:
+def test_forgeries_are_refused_at_their_line(
+    pg: PgRuns, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
     file_tests.test_forgeries_are_refused_at_their_line(pg, capsys, name)
 
 
 def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
-        pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    pg: PgRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
     file_tests.test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(pg, capsys)
 
 
 def test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
-        source: Path, pg: PgRuns, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
-        capsys: pytest.CaptureFixture[str]) -> None:
+    source: Path,  # noqa: F811
+    pg: PgRuns,
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The file test's numeric edits, each edited log written to the database and read there."""
     file_tests.test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
-        source, tmp_path_factory, capsys)
+        source, tmp_path_factory, capsys
+    )

@@ -36,8 +36,7 @@ class PgResumeMachine(ResumeMachine):
         self.run_id = "r" + secrets.token_hex(4)  # one database, a run per example
 
     def events(self) -> list[AnyEvent]:
-        return list(PgEventLog(self.store.db, self.run_id).read()) if self.store.exists(
-            self.run_id) else []
+        return list(PgEventLog(self.store.db, self.run_id).read()) if self.store.exists(self.run_id) else []
 
     def copy_id(self, name: str) -> str:
         return f"{self.run_id}-{name}"  # one database: a copy per example too
@@ -47,14 +46,15 @@ class PgResumeMachine(ResumeMachine):
             conn.execute("INSERT INTO lanefold_runs (run_id) VALUES (%s)", (run_id,))
             with conn.cursor() as cur:
                 cur.executemany(
-                    "INSERT INTO lanefold_events (run_id, sequence, type, body) "
-                    "VALUES (%s, %s, %s, %s)",
-                    [(run_id, e["sequence"], e["type"], json.dumps(e)) for e in events])
+                    "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)",
+                    [(run_id, e["sequence"], e["type"], json.dumps(e)) for e in events],
+                )
 
     def copy_record(self, run_id: str) -> object:
         with psycopg.connect(self.url) as conn:
-            return conn.execute("SELECT sequence, body FROM lanefold_events WHERE run_id = %s "
-                                "ORDER BY sequence", (run_id,)).fetchall()
+            return conn.execute(
+                "SELECT sequence, body FROM lanefold_events WHERE run_id = %s ORDER BY sequence", (run_id,)
+            ).fetchall()
 
     def resume_copy(self, run_id: str) -> object:
         return lanefold.resume_sync(run_id, store=self.store)
@@ -64,8 +64,7 @@ class PgResumeMachine(ResumeMachine):
     def start(self, crash_at: int) -> None:
         self.started = True
         log = CrashingLog(PgEventLog.create(self.store.db, self.run_id), crash_at)  # type: ignore[arg-type]
-        self._attempt(lambda: lanefold.run(self.config, "q", run_id=self.run_id,
-                                               store=self.store, log=log))
+        self._attempt(lambda: lanefold.run(self.config, "q", run_id=self.run_id, store=self.store, log=log))
 
     @precondition(lambda self: self.started and not self.finished)
     @rule(crash_at=st.integers(1, 60), tear=st.booleans())
@@ -104,6 +103,12 @@ class PgResumeMachine(ResumeMachine):
 
 def test_resume_state_machine_on_postgresql(pg_url: str, monkeypatch: Any) -> None:
     monkeypatch.setattr(PgResumeMachine, "url", pg_url, raising=False)
-    run_state_machine_as_test(PgResumeMachine, settings=settings(
-        max_examples=25, stateful_step_count=8, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow]))
+    run_state_machine_as_test(
+        PgResumeMachine,
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=8,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

@@ -33,12 +33,18 @@ from lanefold.primitives import ConfigError
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parent.parent
 
+
 @pytest.fixture(scope="module")
 def cluster() -> Any:
     """One local cluster for the module: two CPUs, on 127.0.0.1, no dashboard."""
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, logging_level=logging.WARNING,
-             object_store_memory=100 * 1024 * 1024)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        object_store_memory=100 * 1024 * 1024,
+    )
     yield ray
     ray.shutdown()
 
@@ -49,11 +55,19 @@ def anyio_backend() -> str:
 
 
 def config(latency_ms: tuple[float, float] = (1, 3), k: int = 4) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": k, "seed": 3, "max_concurrency": k},
-        "backend": {"kind": "simulated", "accuracy": 0.6, "answer": "391",
-                    "distractors": ["381", "401"], "latency_ms": list(latency_ms)},
-        "log": {"fsync": "never"}})
+    return lanefold.parse_config(
+        {
+            "loop": {"k": k, "seed": 3, "max_concurrency": k},
+            "backend": {
+                "kind": "simulated",
+                "accuracy": 0.6,
+                "answer": "391",
+                "distractors": ["381", "401"],
+                "latency_ms": list(latency_ms),
+            },
+            "log": {"fsync": "never"},
+        }
+    )
 
 
 def items(n: int) -> list[Item]:
@@ -62,8 +76,7 @@ def items(n: int) -> list[Item]:
 
 def same(a: QuestionResult, b: QuestionResult) -> dict[str, Any]:
     """What a question's row says, without where and how long it ran."""
-    keep = ("index", "answer", "correct", "status", "lanes", "lane_answers", "lane_correct",
-            "tokens", "cost")
+    keep = ("index", "answer", "correct", "status", "lanes", "lane_answers", "lane_correct", "tokens", "cost")
     assert a.run_id == b.run_id
     return {key: getattr(a, key) for key in keep}
 
@@ -73,8 +86,9 @@ def rows(folder: Path, eval_id: str, url: str | None = None) -> dict[int, Questi
     return read_results(lanefold.open_store(url, folder).eval_record(eval_id))
 
 
-def test_no_cluster_at_auto_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_cluster_at_auto_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Before the module's cluster starts (first in the file): "auto" finds none to join."""
     if ray.is_initialized():
         pytest.skip("a cluster of this process is running")
@@ -82,30 +96,45 @@ def test_no_cluster_at_auto_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     dataset = tmp_path / "q.jsonl"
     dataset.write_text('{"question": "Q?", "answer": "391"}\n')
-    assert cli.main(["eval", "examples/simulated.toml", "--dataset", str(dataset), "--runs-dir",
-                     str(tmp_path / "runs"), "--executor", "ray", "--ray-address", "auto"]) == 2
+    assert (
+        cli.main(
+            [
+                "eval",
+                "examples/simulated.toml",
+                "--dataset",
+                str(dataset),
+                "--runs-dir",
+                str(tmp_path / "runs"),
+                "--executor",
+                "ray",
+                "--ray-address",
+                "auto",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--ray-address auto: Could not find any running Ray instance" in err, err
     assert not (tmp_path / "runs").exists()  # said before anything was written
 
 
 @pytest.mark.anyio
-async def test_200_questions_on_two_workers_equal_one_process(cluster: Any,
-                                                              tmp_path: Path) -> None:
+async def test_200_questions_on_two_workers_equal_one_process(cluster: Any, tmp_path: Path) -> None:
     cfg, questions = config(), items(200)
     await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "local", concurrency=8)
-    summary = await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "ray",
-                             concurrency=4, executor=RayExecutor(workers=2))
+    summary = await run_eval(
+        cfg, questions, eval_id="e", runs_dir=tmp_path / "ray", concurrency=4, executor=RayExecutor(workers=2)
+    )
     local, remote = rows(tmp_path / "local", "e"), rows(tmp_path / "ray", "e")
     assert sorted(remote) == list(range(200)) and summary.n == 200
-    assert [same(remote[i], local[i]) for i in range(200)] == [
-        same(local[i], local[i]) for i in range(200)]
+    assert [same(remote[i], local[i]) for i in range(200)] == [same(local[i], local[i]) for i in range(200)]
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("store", ["files", "postgresql"])
 async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
-        cluster: Any, tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
+    cluster: Any, tmp_path: Path, store: str, request: pytest.FixtureRequest
+) -> None:
     """On PostgreSQL the dead worker's writer lock is an advisory lock that dies with its
     connection; on files, an OS lock that dies with its process."""
     url = request.getfixturevalue("pg_url") if store == "postgresql" else None
@@ -125,8 +154,9 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
     def kill_one(row: QuestionResult) -> None:
         if killed or len(rows(tmp_path / "ray", "e", url)) < 4:
             return  # kill once, with questions done and others in flight
-        for name in sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                           if a["namespace"] == "lanefold"):
+        for name in sorted(
+            a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == "lanefold"
+        ):
             worker = ray.get_actor(name, namespace="lanefold")
             pid = ray.get(worker.pid.remote())
             if any(midway(run_id) for run_id in ray.get(worker.jobs.remote())):
@@ -134,9 +164,16 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
                 killed.append(pid)
                 return
 
-    summary = await run_eval(cfg, questions, eval_id="e", runs_dir=tmp_path / "ray",
-                             concurrency=4, executor=RayExecutor(workers=2),
-                             on_result=kill_one, store=url)
+    summary = await run_eval(
+        cfg,
+        questions,
+        eval_id="e",
+        runs_dir=tmp_path / "ray",
+        concurrency=4,
+        executor=RayExecutor(workers=2),
+        on_result=kill_one,
+        store=url,
+    )
     assert killed and summary.n == 32 and summary.failed == 0
     local, remote = rows(tmp_path / "local", "e"), rows(tmp_path / "ray", "e", url)
     resumed = 0
@@ -160,8 +197,10 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
         # where one process found it cached; the holds of lanes cut off are `cut_off`.
         prompt = a.tokens["prefill"] + a.tokens["cached_prefill"]
         assert (a.tokens["decode"], a.tokens["verifier"], prompt) == (
-            b.tokens["decode"], b.tokens["verifier"],
-            b.tokens["prefill"] + b.tokens["cached_prefill"]), f"run e.{i}"
+            b.tokens["decode"],
+            b.tokens["verifier"],
+            b.tokens["prefill"] + b.tokens["cached_prefill"],
+        ), f"run e.{i}"
         assert a.tokens["cut_off"] == 0 or any(e.type == "run.resumed" for e in events)
     assert resumed >= 1  # the kill landed mid-run: some run went on from its log
 
@@ -171,31 +210,53 @@ async def test_a_worker_killed_mid_eval_is_replaced_and_no_lane_runs_twice(
 async def test_session_run_many_on_workers(cluster: Any, tmp_path: Path) -> None:
     questions = [f"Question number {i}?" for i in range(12)]
     async with lanefold.Session(config(), runs_dir=tmp_path / "l") as session:
-        local = {r.index: r async for r in session.run_many(questions, run_ids=[
-            f"q-{i}" for i in range(12)])}
-    async with lanefold.Session(config(), runs_dir=tmp_path / "r",
-                                    executor=RayExecutor(workers=2)) as session:
-        remote = {r.index: r async for r in session.run_many(questions, concurrency=2,
-                                                             run_ids=[f"q-{i}" for i in
-                                                                      range(12)])}
+        local = {r.index: r async for r in session.run_many(questions, run_ids=[f"q-{i}" for i in range(12)])}
+    async with lanefold.Session(
+        config(), runs_dir=tmp_path / "r", executor=RayExecutor(workers=2)
+    ) as session:
+        remote = {
+            r.index: r
+            async for r in session.run_many(questions, concurrency=2, run_ids=[f"q-{i}" for i in range(12)])
+        }
     assert sorted(remote) == list(range(12))
     for i in range(12):
         assert (remote[i].run_id, remote[i].answer, remote[i].usage) == (
-            local[i].run_id, local[i].answer, local[i].usage)
+            local[i].run_id,
+            local[i].answer,
+            local[i].usage,
+        )
 
 
-def test_the_eval_command_on_workers(cluster: Any, tmp_path: Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_eval_command_on_workers(
+    cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     dataset = tmp_path / "q.jsonl"
-    dataset.write_text("".join(f'{{"question": "Question number {i}?", "answer": "391"}}\n'
-                               for i in range(24)))
+    dataset.write_text(
+        "".join(f'{{"question": "Question number {i}?", "answer": "391"}}\n' for i in range(24))
+    )
     summaries = []
-    for executor in (["--executor", "local"], ["--executor", "ray", "--workers", "2",
-                                               "--ray-address", "auto"]):
+    for executor in (
+        ["--executor", "local"],
+        ["--executor", "ray", "--workers", "2", "--ray-address", "auto"],
+    ):
         folder = tmp_path / executor[1]
-        assert cli.main(["eval", "examples/simulated.toml", "--dataset", str(dataset),
-                         "--runs-dir", str(folder), "--eval-id", "e", "--json",
-                         *executor]) == 0
+        assert (
+            cli.main(
+                [
+                    "eval",
+                    "examples/simulated.toml",
+                    "--dataset",
+                    str(dataset),
+                    "--runs-dir",
+                    str(folder),
+                    "--eval-id",
+                    "e",
+                    "--json",
+                    *executor,
+                ]
+            )
+            == 0
+        )
         summaries.append(json.loads(capsys.readouterr().out))
         assert len(rows(folder, "e")) == 24
     local, remote = summaries
@@ -203,20 +264,20 @@ def test_the_eval_command_on_workers(cluster: Any, tmp_path: Path,
         assert remote[key] == local[key], key
 
 
-def test_bad_executor_input(cluster: Any, tmp_path: Path,
-                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_executor_input(cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match="--workers: must be at least 1"):
         RayExecutor(workers=0)
     with pytest.raises(ConfigError, match="executor: unknown executor 'dask'"):
         lanefold.Session(config(), executor="dask")
     dataset = tmp_path / "q.jsonl"
     dataset.write_text('{"question": "Q?", "answer": "391"}\n')
-    base = ["eval", "examples/simulated.toml", "--dataset", str(dataset),
-            "--runs-dir", str(tmp_path)]
-    for extra, message in ((["--executor", "spark"], "--executor: unknown executor 'spark'"),
-                           (["--workers", "2"], "--workers: only with --executor ray"),
-                           (["--ray-address", "auto"], "--ray-address: only with"),
-                           (["--executor", "ray", "--workers", "0"], "--workers: must be")):
+    base = ["eval", "examples/simulated.toml", "--dataset", str(dataset), "--runs-dir", str(tmp_path)]
+    for extra, message in (
+        (["--executor", "spark"], "--executor: unknown executor 'spark'"),
+        (["--workers", "2"], "--workers: only with --executor ray"),
+        (["--ray-address", "auto"], "--ray-address: only with"),
+        (["--executor", "ray", "--workers", "0"], "--workers: must be"),
+    ):
         assert cli.main([*base, *extra]) == 2, extra
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
@@ -239,11 +300,29 @@ def _eval_joining(address: str, tmp_path: Path, *flags: str) -> subprocess.Compl
     dataset.write_text('{"question": "Q?", "answer": "391"}\n')
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     return subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", "eval", "examples/simulated.toml", "--dataset",
-         str(dataset), "--runs-dir", str(tmp_path / "runs"), "--executor", "ray",
-         "--ray-address", address, *flags],
-        cwd=ROOT, env={**env, "RAY_TMPDIR": str(tmp_path)}, capture_output=True, text=True,
-        timeout=240, check=False)  # a hang guard: today's bound is the flag's seconds
+        [
+            sys.executable,
+            "-m",
+            "lanefold._cli",
+            "eval",
+            "examples/simulated.toml",
+            "--dataset",
+            str(dataset),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--executor",
+            "ray",
+            "--ray-address",
+            address,
+            *flags,
+        ],
+        cwd=ROOT,
+        env={**env, "RAY_TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )  # a hang guard: today's bound is the flag's seconds
 
 
 @pytest.mark.slow
@@ -257,8 +336,7 @@ def test_an_address_nothing_listens_on_is_one_line_at_once(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_an_address_that_is_not_ray_is_one_line_within_the_connect_timeout(
-        tmp_path: Path) -> None:
+def test_an_address_that_is_not_ray_is_one_line_within_the_connect_timeout(tmp_path: Path) -> None:
     # A server that accepts and says nothing (not Ray's GCS): Ray would wait on it for
     # minutes; the command gives up at --ray-connect-timeout. On 127.0.0.2, an address Ray
     # dials as given (127.0.0.1 it would replace by this machine's address).
@@ -273,23 +351,26 @@ def test_an_address_that_is_not_ray_is_one_line_within_the_connect_timeout(
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
         f"orchestrator eval: --ray-address {address}: no Ray cluster answered within 2 s "
-        "(--ray-connect-timeout)"]  # Ray's own retry lines held back
+        "(--ray-connect-timeout)"
+    ]  # Ray's own retry lines held back
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize(("flags", "said"), [
-    (["--ray-connect-timeout", "5"], "--ray-connect-timeout: only with --executor ray"),
-    (["--executor", "ray", "--ray-connect-timeout", "0"], "'0' is no time at all"),
-    (["--executor", "ray", "--ray-connect-timeout", "nan"], "'nan' is not a finite number"),
-    (["--executor", "ray", "--ray-connect-timeout", "-3"], "'-3' is negative"),
-])
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--ray-connect-timeout", "5"], "--ray-connect-timeout: only with --executor ray"),
+        (["--executor", "ray", "--ray-connect-timeout", "0"], "'0' is no time at all"),
+        (["--executor", "ray", "--ray-connect-timeout", "nan"], "'nan' is not a finite number"),
+        (["--executor", "ray", "--ray-connect-timeout", "-3"], "'-3' is negative"),
+    ],
+)
 def test_the_connect_timeout_is_a_number_of_seconds_for_ray(
-        flags: list[str], said: str, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    flags: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     dataset = tmp_path / "q.jsonl"
     dataset.write_text('{"question": "Q?", "answer": "391"}\n')
-    argv = ["eval", "examples/simulated.toml", "--dataset", str(dataset), "--runs-dir",
-            str(tmp_path), *flags]
+    argv = ["eval", "examples/simulated.toml", "--dataset", str(dataset), "--runs-dir", str(tmp_path), *flags]
     try:
         code = cli.main(argv)
     except SystemExit as exit_:  # argparse's usage error
@@ -326,10 +407,8 @@ async def test_config_hooks_are_built_on_the_workers(cluster: Any, tmp_path: Pat
     raw = config().model_dump(mode="json")
     raw["hooks"] = [{"kind": "ray_writing_hook:Writing", "path": str(seen)}]
     loop = lanefold.parse_config(raw, folder=tmp_path)
-    async with lanefold.Session(loop, runs_dir=tmp_path / "r",
-                                executor=RayExecutor(workers=2)) as session:
-        results = [r async for r in session.run_many([f"Q{i}?" for i in range(4)],
-                                                     concurrency=2)]
+    async with lanefold.Session(loop, runs_dir=tmp_path / "r", executor=RayExecutor(workers=2)) as session:
+        results = [r async for r in session.run_many([f"Q{i}?" for i in range(4)], concurrency=2)]
     assert len(results) == 4
     lines = seen.read_text().splitlines()
     ended = sorted(line.split()[0] for line in lines if line.endswith(" run.completed"))

@@ -45,18 +45,25 @@ input_per_mtok = 1.0
 output_per_mtok = 2.0
 """
 # The same run as `a`, best-of-N: its sample wave is `a`'s lane for lane.
-JUDGE_CONFIG = CONFIG.replace("min_quorum = 2\n", 'min_quorum = 2\nreducer = "judge_argmax"\n') + """
+JUDGE_CONFIG = (
+    CONFIG.replace("min_quorum = 2\n", 'min_quorum = 2\nreducer = "judge_argmax"\n')
+    + """
 [judge]
 template = "Question: {question}\\nCandidate: {candidate}\\nScore (0-10):"
 """
+)
 # `r`: lanes that fail and retry, a crash with lanes in flight, an interrupt, two resumes.
 RESUMED_CONFIG: dict[str, Any] = {
     "loop": {"k": 6, "seed": 3, "min_quorum": 1, "max_concurrency": 6},
-    "backend": {"kind": "simulated", "accuracy": 0.6, "failure_rate": 0.3,
-                "lanes_per_request": 1},
+    "backend": {"kind": "simulated", "accuracy": 0.6, "failure_rate": 0.3, "lanes_per_request": 1},
     "retry": {"max_attempts": 3, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001},
-    "pricing": {"input_per_mtok": 1.0, "cached_input_per_mtok": 0.25, "output_per_mtok": 2.0,
-                "kv_per_mtok_s": 0.5}}
+    "pricing": {
+        "input_per_mtok": 1.0,
+        "cached_input_per_mtok": 0.25,
+        "output_per_mtok": 2.0,
+        "kv_per_mtok_s": 0.5,
+    },
+}
 COMMANDS = ("resume", "show", "tail")
 RUNS = ("a", "b", "j", "r")  # the source runs: what a store's copy of them holds
 Events = list[dict[str, Any]]
@@ -69,10 +76,27 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("refusal")
     for name, text in (("loop.toml", CONFIG), ("judge.toml", JUDGE_CONFIG)):
         (root / name).write_text(text)
-    for run_id, question, config in (("a", "17 * 23?", "loop.toml"), ("b", "What is 6 * 7?",
-                                     "loop.toml"), ("j", "17 * 23?", "judge.toml")):
-        assert main(["run", str(root / config), "--question", question, "--runs-dir",
-                     str(root / "runs"), "--run-id", run_id, "--json"]) == 0
+    for run_id, question, config in (
+        ("a", "17 * 23?", "loop.toml"),
+        ("b", "What is 6 * 7?", "loop.toml"),
+        ("j", "17 * 23?", "judge.toml"),
+    ):
+        assert (
+            main(
+                [
+                    "run",
+                    str(root / config),
+                    "--question",
+                    question,
+                    "--runs-dir",
+                    str(root / "runs"),
+                    "--run-id",
+                    run_id,
+                    "--json",
+                ]
+            )
+            == 0
+        )
     resumed_run(root / "runs")
     return root / "runs"
 
@@ -82,8 +106,11 @@ def resumed_run(runs: Path) -> None:
     config = lanefold.parse_config(RESUMED_CONFIG)
     path = runs / "r" / "events.jsonl"
     try:
-        anyio.run(lambda: lanefold.run(config, "17 * 23?", runs_dir=runs, run_id="r",
-                                           log=CrashingLog(JsonlEventLog.create(path), 9)))
+        anyio.run(
+            lambda: lanefold.run(
+                config, "17 * 23?", runs_dir=runs, run_id="r", log=CrashingLog(JsonlEventLog.create(path), 9)
+            )
+        )
     except BaseException as exc:  # the crash, as a killed process's
         assert crashed(exc), exc
 
@@ -131,12 +158,10 @@ def renumber(events: Events) -> Events:
 
 def readers(run_id: str) -> list[list[str]]:
     """The commands that read a run's record: each must refuse a forged one."""
-    return [*([command, run_id] for command in COMMANDS),
-            ["reduce", run_id, "--reducer", "majority_vote"]]
+    return [*([command, run_id] for command in COMMANDS), ["reduce", run_id, "--reducer", "majority_vote"]]
 
 
-def refused(runs: Path, run_id: str, capsys: pytest.CaptureFixture[str], line: int,
-            why: str) -> None:
+def refused(runs: Path, run_id: str, capsys: pytest.CaptureFixture[str], line: int, why: str) -> None:
     """Every reader refuses the log with exit 2 and one line naming `line`; nothing changes."""
     path = runs / run_id / "events.jsonl"
     before = path.read_bytes()
@@ -151,20 +176,21 @@ def refused(runs: Path, run_id: str, capsys: pytest.CaptureFixture[str], line: i
 
 
 def test_a_log_spliced_from_two_runs_is_refused_at_the_first_foreign_line(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = read(runs, "a"), read(runs, "b")
     write(runs, "a", a[:8] + b[8:])  # a crashed run "continued" with another run's lines
     refused(runs, "a", capsys, 9, "run_id 'b' is not this run's")
 
 
 def test_a_copied_run_folder_does_not_pass_for_another_run(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shutil.copytree(runs / "a", runs / "copy")
     refused(runs, "copy", capsys, 1, "run_id 'a' is not this run's \\('copy'\\)")
 
 
-def test_an_edited_config_no_longer_matches_its_hash(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_edited_config_no_longer_matches_its_hash(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     events = read(runs, "a")
     events[0]["data"]["config"]["loop"]["k"] = 3
     write(runs, "a", events)
@@ -187,8 +213,8 @@ def edit_first(events: Events, kind: str, change: Callable[[dict[str, Any]], Non
 
 @pytest.mark.parametrize(("kind", "field", "value", "why"), EDITED_FIELDS)
 def test_edited_answers_votes_and_results_are_named(
-        runs: Path, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str,
-        why: str) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str, why: str
+) -> None:
     events = read(runs, "a")
     target = "result" if kind == "run.completed" else None
 
@@ -201,7 +227,8 @@ def test_edited_answers_votes_and_results_are_named(
 
 
 def test_events_that_do_not_follow_from_the_state_are_refused(
-        source: Path, runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source: Path, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     events = read(source, "a")
     line = edit_first(events, "lane.completed", lambda e: e.update(wave=7))
     write(runs, "a", events)
@@ -223,7 +250,8 @@ def test_events_that_do_not_follow_from_the_state_are_refused(
 
 
 def test_a_recorded_config_this_version_cannot_validate_names_field_and_version(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     events = read(runs, "a")
     started = events[0]["data"]
     started["config"]["loop"]["k"] = 0
@@ -243,13 +271,13 @@ Forgery = tuple[str, Events, int, str]  # the run written, its events, the line 
 
 
 def first(events: Events, kind: str, **where: Any) -> dict[str, Any]:
-    return next(e for e in events if e["type"] == kind and all(e.get(k) == v
-                                                                 for k, v in where.items()))
+    return next(e for e in events if e["type"] == kind and all(e.get(k) == v for k, v in where.items()))
 
 
 def a_lane_outside_its_wave(lane: int) -> Callable[[Path], Forgery]:
     """A crashed run's log (wave 1 dispatched, nothing landed) given one more dispatch, of a
     lane its 6-lane wave never had: resume would bill its hold as cut-off spend."""
+
     def forge(runs: Path) -> Forgery:
         events = read(runs, "a")
         landed = events.index(first(events, "lane.completed"))
@@ -257,13 +285,16 @@ def a_lane_outside_its_wave(lane: int) -> Callable[[Path], Forgery]:
         extra["lane"], extra["attempt"] = lane, 1
         events = renumber([*events[:landed], extra])
         return "a", events, len(events), f"lane {lane} of wave 1, which was given lanes 0\\.\\.5"
+
     return forge
 
 
-def edited(run_id: str, kind: str, path: str, value: Any, why: str, *,
-           index: int = 0) -> Callable[[Path], Forgery]:
+def edited(
+    run_id: str, kind: str, path: str, value: Any, why: str, *, index: int = 0
+) -> Callable[[Path], Forgery]:
     """The `index`-th `kind` event of `run_id` with the field at `path` (dots) set to `value`
     (or to what `value` makes of the old one, if it is callable)."""
+
     def forge(runs: Path) -> Forgery:
         events = read(runs, run_id)
         event = [e for e in events if e["type"] == kind][index]
@@ -272,6 +303,7 @@ def edited(run_id: str, kind: str, path: str, value: Any, why: str, *,
             node = node[int(key)] if isinstance(node, list) else node[key]
         node[leaf] = value(node[leaf]) if callable(value) else value
         return run_id, events, event["sequence"], why
+
     return forge
 
 
@@ -284,12 +316,21 @@ def usage_and_cost_edited_together(runs: Path) -> Forgery:
     lane = first(events, "lane.completed")
     usage = lane["data"]["usage"]
     usage["gen_ai.usage.output_tokens"] += 100
-    lane["data"]["cost_usd"] = cost_of(Usage(usage["gen_ai.usage.input_tokens"],
-                                             usage["gen_ai.usage.cache_read.input_tokens"],
-                                             usage["gen_ai.usage.output_tokens"]), "sample",
-                                       Pricing(input_per_mtok=1.0, output_per_mtok=2.0))
-    return "a", events, first(events, "run.completed")["sequence"], \
-        "run.completed says usage.decode_tokens = 288, the fold of the log gives 388"
+    lane["data"]["cost_usd"] = cost_of(
+        Usage(
+            usage["gen_ai.usage.input_tokens"],
+            usage["gen_ai.usage.cache_read.input_tokens"],
+            usage["gen_ai.usage.output_tokens"],
+        ),
+        "sample",
+        Pricing(input_per_mtok=1.0, output_per_mtok=2.0),
+    )
+    return (
+        "a",
+        events,
+        first(events, "run.completed")["sequence"],
+        "run.completed says usage.decode_tokens = 288, the fold of the log gives 388",
+    )
 
 
 def a_judge_run_with_a_majority_votes_tail(runs: Path) -> Forgery:
@@ -298,61 +339,87 @@ def a_judge_run_with_a_majority_votes_tail(runs: Path) -> Forgery:
     head, tail = read(runs, "j"), read(runs, "a")
     cut = tail.index(first(tail, "reduce.completed"))
     assert head[:cut][-1]["type"] == "wave.barrier"
-    events = json.loads(json.dumps(head[:cut] + tail[cut:]).replace('"a"', '"j"')
-                        .replace("lanefold:run/a", "lanefold:run/j").replace('/a/', '/j/'))
-    return "j", renumber(events), cut + 1, \
-        "reduce.completed by majority_vote, the config's reducer is judge_argmax"
+    events = json.loads(
+        json.dumps(head[:cut] + tail[cut:])
+        .replace('"a"', '"j"')
+        .replace("lanefold:run/a", "lanefold:run/j")
+        .replace("/a/", "/j/")
+    )
+    return (
+        "j",
+        renumber(events),
+        cut + 1,
+        "reduce.completed by majority_vote, the config's reducer is judge_argmax",
+    )
 
 
 FORGERIES: dict[str, Callable[[Path], Forgery]] = {
     "lane 99 dispatched in a 6-lane wave": a_lane_outside_its_wave(99),
     "lane -1 dispatched in a 6-lane wave": a_lane_outside_its_wave(-1),
-    "negative decode tokens": edited(
-        "a", "lane.completed", TOKENS, -99580, "greater than or equal to 0"),
+    "negative decode tokens": edited("a", "lane.completed", TOKENS, -99580, "greater than or equal to 0"),
     "NaN cost": edited("a", "lane.completed", "data.cost_usd", math.nan, "finite number"),
-    "infinite hold": edited("a", "lane.dispatched", "data.reserved_cost_usd", math.inf,
-                            "finite number"),
+    "infinite hold": edited("a", "lane.dispatched", "data.reserved_cost_usd", math.inf, "finite number"),
     "1e30 USD": edited("a", "lane.completed", "data.cost_usd", 1e30, "less than or equal to"),
     "1e30 tokens": edited("a", "lane.completed", TOKENS, 10**30, "less than or equal to"),
-    "negative time": edited("r", "run.resumed", "data.active_seconds_before", -60.0,
-                            "greater than or equal to 0"),
+    "negative time": edited(
+        "r", "run.resumed", "data.active_seconds_before", -60.0, "greater than or equal to 0"
+    ),
     "a hold that reserves nothing": edited(
-        "a", "lane.dispatched", "data.reserved.gen_ai\x00usage\x00output_tokens", 0,
-        "reserves 0 output tokens"),
+        "a",
+        "lane.dispatched",
+        "data.reserved.gen_ai\x00usage\x00output_tokens",
+        0,
+        "reserves 0 output tokens",
+    ),
     "an interrupted lane billed less than its hold": edited(
-        "r", "lane.interrupted", "data.billed.gen_ai\x00usage\x00output_tokens", 1, "not its hold"),
+        "r", "lane.interrupted", "data.billed.gen_ai\x00usage\x00output_tokens", 1, "not its hold"
+    ),
     "a resume that forgets time ran": edited(
-        "r", "run.resumed", "data.active_seconds_before", 0.0, "the log gives", index=1),
+        "r", "run.resumed", "data.active_seconds_before", 0.0, "the log gives", index=1
+    ),
     "a lane's usage edited": edited(
-        "a", "lane.completed", TOKENS, lambda v: v + 100, "not the price of its usage"),
+        "a", "lane.completed", TOKENS, lambda v: v + 100, "not the price of its usage"
+    ),
     "a lane's cost_usd edited": edited(
-        "a", "lane.completed", "data.cost_usd", lambda v: v / 10, "not the price of its usage"),
+        "a", "lane.completed", "data.cost_usd", lambda v: v / 10, "not the price of its usage"
+    ),
     "a lane's usage and cost edited together": usage_and_cost_edited_together,
     "the run's usage edited": edited(
-        "a", "run.completed", "data.result.usage.decode_tokens", lambda v: v - 100,
-        "run.completed says usage.decode_tokens = 188, the fold of the log gives 288"),
+        "a",
+        "run.completed",
+        "data.result.usage.decode_tokens",
+        lambda v: v - 100,
+        "run.completed says usage.decode_tokens = 188, the fold of the log gives 288",
+    ),
     "the run's cost edited": edited(
-        "a", "run.completed", "data.result.cost.total", lambda v: v / 2,
-        "run.completed says cost.total"),
+        "a", "run.completed", "data.result.cost.total", lambda v: v / 2, "run.completed says cost.total"
+    ),
     "a lane's tokens in the result edited": edited(
-        "a", "run.completed", "data.result.lanes.0.tokens", 1, "lanes are not the lanes of the log"),
+        "a", "run.completed", "data.result.lanes.0.tokens", 1, "lanes are not the lanes of the log"
+    ),
     "the run's reducer edited": edited(
-        "a", "run.completed", "data.result.reducer", "judge_argmax",
-        "names reducer 'judge_argmax', the log's reduce is by majority_vote"),
+        "a",
+        "run.completed",
+        "data.result.reducer",
+        "judge_argmax",
+        "names reducer 'judge_argmax', the log's reduce is by majority_vote",
+    ),
     "a judge run with a majority vote's tail": a_judge_run_with_a_majority_votes_tail,
 }
 
 
 @pytest.mark.parametrize("name", FORGERIES)
-def test_forgeries_are_refused_at_their_line(runs: Path, capsys: pytest.CaptureFixture[str],
-                                             name: str) -> None:
+def test_forgeries_are_refused_at_their_line(
+    runs: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
     run_id, events, line, why = FORGERIES[name](runs)
     write(runs, run_id, events)
     refused(runs, run_id, capsys, line, why)
 
 
 def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["reduce", "a", "--reducer", "majority_vote", "--runs-dir", str(runs)]) == 0
     capsys.readouterr()
     events = read(runs, "a")
@@ -360,8 +427,9 @@ def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
     assert reduced["data"]["reduction"] == 2
     reduced["data"]["reducer"] = "weighted_vote"
     write(runs, "a", events)
-    refused(runs, "a", capsys, reduced["sequence"],
-            "by weighted_vote, reduction 2 was opened for majority_vote")
+    refused(
+        runs, "a", capsys, reduced["sequence"], "by weighted_vote, reduction 2 was opened for majority_vote"
+    )
 
 
 # -- every numeric field, edited ---------------------------------------------------------------
@@ -370,23 +438,36 @@ def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
 # number in a log is part of the bill or of what it is derived from, and an edit is refused.
 # (event type, path pattern) -> why
 HARMLESS: dict[tuple[str, str], str] = {
-    ("wave.started", r"data\.reservation\..*"):
-        "the wave's total set aside at dispatch: each lane's hold is in its lane.dispatched",
-    ("wave.started", r"data\.prompt_tokens"):
-        "the first request's prompt size, a report: each hold carries its own prompt",
-    ("wave.started", r"data\.k_requested"):
-        "what the loop asked for: k and the lanes given are what ran (below k it is refused)",
-    ("lane.dispatched", r"data\.(request|seed)"):
-        "which request carried the lane and its sampling seed: no line of the bill",
-    ("run.resumed", r"data\.torn_tail_(bytes|line)"):
-        "what the resume cut off a torn tail, a report",
-    ("run.interrupted", r"data\.in_flight\..*"):
-        "which lanes the interrupt cut off, a report: each is its own lane.interrupted",
-    ("reduce.completed", r"data\.(agreement|margin|tied\..*)"):
-        "the reducer's summary of the winner, votes and scores it checks alike",
-    ("run.completed", r"data\.result\.elapsed_s"):
-        "the writer's monotonic clock, not in the log: bounded below by the time before the "
-        "last resume, and no charge depends on it",
+    (
+        "wave.started",
+        r"data\.reservation\..*",
+    ): "the wave's total set aside at dispatch: each lane's hold is in its lane.dispatched",
+    (
+        "wave.started",
+        r"data\.prompt_tokens",
+    ): "the first request's prompt size, a report: each hold carries its own prompt",
+    (
+        "wave.started",
+        r"data\.k_requested",
+    ): "what the loop asked for: k and the lanes given are what ran (below k it is refused)",
+    (
+        "lane.dispatched",
+        r"data\.(request|seed)",
+    ): "which request carried the lane and its sampling seed: no line of the bill",
+    ("run.resumed", r"data\.torn_tail_(bytes|line)"): "what the resume cut off a torn tail, a report",
+    (
+        "run.interrupted",
+        r"data\.in_flight\..*",
+    ): "which lanes the interrupt cut off, a report: each is its own lane.interrupted",
+    (
+        "reduce.completed",
+        r"data\.(agreement|margin|tied\..*)",
+    ): "the reducer's summary of the winner, votes and scores it checks alike",
+    (
+        "run.completed",
+        r"data\.result\.elapsed_s",
+    ): "the writer's monotonic clock, not in the log: bounded below by the time before the "
+    "last resume, and no charge depends on it",
     ("budget.wave_shrunk", r"data\..*"): "a report of the limit that bound",
     ("budget.exhausted", r"data\..*"): "a report of the limit that bound",
     ("budget.overrun", r"data\..*"): "a report: the lane's usage, which the bill reads, is checked",
@@ -394,12 +475,15 @@ HARMLESS: dict[tuple[str, str], str] = {
 ENVELOPE = frozenset({"sequence", "wave", "lane", "attempt"})  # where an event falls: checked
 
 
-def numbers(node: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...],
-                                                                       int | float]]:
+def numbers(node: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...], int | float]]:
     """Every number in a JSON value, with its path (booleans are no numbers)."""
     if isinstance(node, dict):
-        return [found for key, value in node.items() if not (path == () and key in ENVELOPE)
-                for found in numbers(value, (*path, key))]
+        return [
+            found
+            for key, value in node.items()
+            if not (path == () and key in ENVELOPE)
+            for found in numbers(value, (*path, key))
+        ]
     if isinstance(node, list):
         return [found for i, value in enumerate(node) for found in numbers(value, (*path, i))]
     if isinstance(node, int | float) and not isinstance(node, bool):
@@ -409,23 +493,46 @@ def numbers(node: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str
 
 def harmless(kind: str, path: tuple[str | int, ...]) -> str | None:
     dotted = ".".join(map(str, path))
-    return next((why for (event, pattern), why in HARMLESS.items()
-                 if event == kind and re.fullmatch(pattern, dotted)), None)
+    return next(
+        (
+            why
+            for (event, pattern), why in HARMLESS.items()
+            if event == kind and re.fullmatch(pattern, dotted)
+        ),
+        None,
+    )
 
 
 @st.composite
-def numeric_edits(draw: st.DrawFn, logs: dict[str, Events]) -> tuple[str, int, tuple[Any, ...],
-                                                                     int | float]:
+def numeric_edits(draw: st.DrawFn, logs: dict[str, Events]) -> tuple[str, int, tuple[Any, ...], int | float]:
     """A run, one of its events, a number in it, and another value for that number: off by
     one, negative, not a number, infinite, past 2**53, a fraction, anything."""
     run_id = draw(st.sampled_from(sorted(logs)))
-    fields = [(i, path, value) for i, event in enumerate(logs[run_id])
-              for path, value in numbers(event)]
+    fields = [(i, path, value) for i, event in enumerate(logs[run_id]) for path, value in numbers(event)]
     at, path, old = draw(st.sampled_from(fields))
-    new = draw(st.one_of(
-        st.sampled_from([old + 1, old - 1, -old - 1, old * 2, old + 1e-9, 0, 0.5, 2**53 + 1,
-                         10**30, 1e30, math.nan, math.inf, -math.inf]),
-        st.integers(), st.floats()).filter(lambda v: not v == old))
+    new = draw(
+        st.one_of(
+            st.sampled_from(
+                [
+                    old + 1,
+                    old - 1,
+                    -old - 1,
+                    old * 2,
+                    old + 1e-9,
+                    0,
+                    0.5,
+                    2**53 + 1,
+                    10**30,
+                    1e30,
+                    math.nan,
+                    math.inf,
+                    -math.inf,
+                ]
+            ),
+            st.integers(),
+            st.floats(),
+        ).filter(lambda v: not v == old)
+    )
     return run_id, at, path, new
 
 
@@ -442,17 +549,35 @@ def test_the_edited_logs_hold_every_kind_of_event_that_carries_numbers(source: P
     """The logs the edits draw from hold every kind of event they are meant to (a new number
     in an event model lands in one list or the other here)."""
     kinds = {e["type"] for run_id in RUNS for e in read(source, run_id)}
-    assert {"run.started", "wave.started", "lane.dispatched", "lane.completed", "lane.failed",
-            "lane.interrupted", "run.interrupted", "run.resumed", "wave.barrier",
-            "judge.completed", "reduce.completed", "run.completed"} <= kinds
+    assert {
+        "run.started",
+        "wave.started",
+        "lane.dispatched",
+        "lane.completed",
+        "lane.failed",
+        "lane.interrupted",
+        "run.interrupted",
+        "run.resumed",
+        "wave.barrier",
+        "judge.completed",
+        "reduce.completed",
+        "run.completed",
+    } <= kinds
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
-        source: Path, tmp_path_factory: pytest.TempPathFactory,
-        capsys: pytest.CaptureFixture[str], data: st.DataObject) -> None:
+    source: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    data: st.DataObject,
+) -> None:
     logs = {run_id: read(source, run_id) for run_id in RUNS}
     run_id, at, path, value = data.draw(numeric_edits(logs))
     events = logs[run_id]
@@ -466,8 +591,7 @@ def test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
         assert len(err.splitlines()) == (code != 0) and "Traceback" not in err, err
         if why is None:  # the bill, or what it is derived from: refused at the line or after
             assert code == 2, (events[at]["type"], path, value, out)
-            named = re.search(r":(\d+): (corrupt event log line|written by a newer lanefold): ",
-                              err)
+            named = re.search(r":(\d+): (corrupt event log line|written by a newer lanefold): ", err)
             assert named and int(named[1]) >= at + 1, err
         else:  # no part of the bill: refused where the model refuses it, else the same bill
             assert code in (0, 2), err
@@ -477,28 +601,63 @@ def test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
 
 
 MUTATIONS = ("delete", "duplicate", "swap", "field")
-VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 30), st.text(max_size=5),
-                   st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=3),
-                                                                          st.integers(), max_size=2))
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 30),
+    st.text(max_size=5),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(mutation=st.sampled_from(MUTATIONS), at=st.integers(0, 40), other=st.integers(0, 40),
-       path=st.lists(st.sampled_from(["data", "wave", "lane", "attempt", "type", "answer",
-                                      "text", "usage", "seed", "k", "config", "result",
-                                      "in_flight", "votes", "completed"]),
-                     min_size=1, max_size=3),
-       value=VALUES, cut=st.booleans())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    mutation=st.sampled_from(MUTATIONS),
+    at=st.integers(0, 40),
+    other=st.integers(0, 40),
+    path=st.lists(
+        st.sampled_from(
+            [
+                "data",
+                "wave",
+                "lane",
+                "attempt",
+                "type",
+                "answer",
+                "text",
+                "usage",
+                "seed",
+                "k",
+                "config",
+                "result",
+                "in_flight",
+                "votes",
+                "completed",
+            ]
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    value=VALUES,
+    cut=st.booleans(),
+)
 def test_no_mutation_of_a_log_ever_shows_a_traceback(
-        source: Path, tmp_path_factory: pytest.TempPathFactory,
-        capsys: pytest.CaptureFixture[str], mutation: str, at: int, other: int,
-        path: list[str], value: object, cut: bool) -> None:
+    source: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    mutation: str,
+    at: int,
+    other: int,
+    path: list[str],
+    value: object,
+    cut: bool,
+) -> None:
     runs = tmp_path_factory.mktemp("fuzz") / "runs"
     shutil.copytree(source, runs)
     events = read(runs, "a")
     if cut:
-        events = events[:len(events) // 2]  # an unfinished run: resume has work to do
+        events = events[: len(events) // 2]  # an unfinished run: resume has work to do
     at, other = at % len(events), other % len(events)
     if mutation == "delete":
         del events[at]

@@ -29,8 +29,10 @@ QUESTION = "What is 17 * 23?"
 SIMULATED = {"kind": "simulated", "accuracy": 0.5}
 NEVER = {"regex": r"NEVER-MATCHES-(\d+)"}
 FAST_RETRY = {"initial_backoff_s": 0.0, "max_backoff_s": 0.0, "jitter": 0.0}
-VERIFIERS = "def none(q, text, answer):\n    return None\n\n\ndef length(q, text, answer):\n" \
-            "    return float(len(text))\n"
+VERIFIERS = (
+    "def none(q, text, answer):\n    return None\n\n\ndef length(q, text, answer):\n"
+    "    return float(len(text))\n"
+)
 
 
 def config(**sections: dict[str, Any]) -> lanefold.LoopConfig:
@@ -78,12 +80,14 @@ def bare_logger() -> Iterator[logging.Logger]:
 
 
 def test_a_library_run_prints_nothing_and_logs_under_lanefold(
-        runs: Path, bare_logger: logging.Logger, capsys: pytest.CaptureFixture[str],
-        caplog: pytest.LogCaptureFixture) -> None:
+    runs: Path,
+    bare_logger: logging.Logger,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.DEBUG, logger="lanefold")
     root_handlers = list(logging.getLogger().handlers)
-    failing = config(backend={"failure_rate": 0.5},
-                     retry={**FAST_RETRY, "max_attempts": 6})
+    failing = config(backend={"failure_rate": 0.5}, retry={**FAST_RETRY, "max_attempts": 6})
     result = lanefold.run_sync(failing, QUESTION, runs_dir=runs)
     failed = [e for e in events(result) if e["type"] == "lane.failed"]
     assert failed, "the seed must make some lanes fail"
@@ -98,18 +102,36 @@ def test_a_library_run_prints_nothing_and_logs_under_lanefold(
 @pytest.fixture
 def failing_toml(tmp_path: Path) -> Path:
     path = tmp_path / "failing.toml"
-    path.write_text('[loop]\nk = 6\nseed = 3\n[backend]\nkind = "simulated"\nfailure_rate = 0.5\n'
-                    "[retry]\nmax_attempts = 6\ninitial_backoff_s = 0.0\nmax_backoff_s = 0.0\n")
+    path.write_text(
+        '[loop]\nk = 6\nseed = 3\n[backend]\nkind = "simulated"\nfailure_rate = 0.5\n'
+        "[retry]\nmax_attempts = 6\ninitial_backoff_s = 0.0\nmax_backoff_s = 0.0\n"
+    )
     return path
 
 
 @pytest.mark.slow
-def test_the_cli_shows_the_librarys_log_on_stderr_only_with_verbose(
-        failing_toml: Path, runs: Path) -> None:
+def test_the_cli_shows_the_librarys_log_on_stderr_only_with_verbose(failing_toml: Path, runs: Path) -> None:
     def command(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "lanefold._cli", "run", str(failing_toml),
-                               "--question", QUESTION, "--runs-dir", str(runs), "--json", *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lanefold._cli",
+                "run",
+                str(failing_toml),
+                "--question",
+                QUESTION,
+                "--runs-dir",
+                str(runs),
+                "--json",
+                *extra,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
     quiet, verbose = command(), command("-v")
     assert (quiet.returncode, verbose.returncode) == (0, 0), verbose.stderr
@@ -119,8 +141,12 @@ def test_the_cli_shows_the_librarys_log_on_stderr_only_with_verbose(
 
 
 def test_each_cli_call_logs_to_the_stderr_it_was_given(
-        failing_toml: Path, runs: Path, bare_logger: logging.Logger,
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    failing_toml: Path,
+    runs: Path,
+    bare_logger: logging.Logger,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     argv = ["run", str(failing_toml), "--question", QUESTION, "--runs-dir", str(runs), "--json"]
     assert main(argv) == 0
     assert capsys.readouterr().err == ""
@@ -149,8 +175,7 @@ def test_no_extractable_answer_completes_without_an_answer(runs: Path) -> None:
     assert len(example) < max(map(len, texts)), "the example is shortened"
 
 
-def test_a_judge_whose_scores_all_abstain_completes_without_an_answer(
-        runs: Path, verifiers: str) -> None:
+def test_a_judge_whose_scores_all_abstain_completes_without_an_answer(runs: Path, verifiers: str) -> None:
     judged = config(loop={"reducer": "judge_argmax"}, judge={"verifier": f"{verifiers}:none"})
     result = lanefold.run_sync(judged, QUESTION, runs_dir=runs)
     assert events(result)[-1]["type"] == "run.completed"
@@ -159,16 +184,21 @@ def test_a_judge_whose_scores_all_abstain_completes_without_an_answer(
     assert "6 of 6" in result.reason and "e.g. " in result.reason  # a candidate left unscored
 
 
-JUDGE_NO_SCORE = ('[loop]\nk = 3\nreducer = "judge_argmax"\n[backend]\nkind = "simulated"\n'
-                  '[judge]\ntemplate = "Q: {question}\\nA: {candidate}\\nScore:"\nmax_tokens = 2\n')
-EXTRACT_NONE = '[loop]\nk = 4\n[backend]\nkind = "simulated"\n[extract]\nregex = \'NEVER-(\\d+)\'\n'
+JUDGE_NO_SCORE = (
+    '[loop]\nk = 3\nreducer = "judge_argmax"\n[backend]\nkind = "simulated"\n'
+    '[judge]\ntemplate = "Q: {question}\\nA: {candidate}\\nScore:"\nmax_tokens = 2\n'
+)
+EXTRACT_NONE = "[loop]\nk = 4\n[backend]\nkind = \"simulated\"\n[extract]\nregex = 'NEVER-(\\d+)'\n"
 
 
-@pytest.mark.parametrize(("text", "said"), [(EXTRACT_NONE, "4 of 4 completed lanes"),
-                                            (JUDGE_NO_SCORE, "no candidate got a score")],
-                         ids=["no extractable answer", "judge output without a score"])
-def test_the_cli_exits_4_without_an_answer(text: str, said: str, runs: Path, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [(EXTRACT_NONE, "4 of 4 completed lanes"), (JUDGE_NO_SCORE, "no candidate got a score")],
+    ids=["no extractable answer", "judge output without a score"],
+)
+def test_the_cli_exits_4_without_an_answer(
+    text: str, said: str, runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "loop.toml"  # the judge gets two tokens: its score is cut off each time
     path.write_text(text)
     code = main(["run", str(path), "--question", QUESTION, "--runs-dir", str(runs)])
@@ -187,8 +217,11 @@ def test_the_cli_exits_4_without_an_answer(text: str, said: str, runs: Path, tmp
 
 
 def test_a_majority_result_matches_its_log(runs: Path) -> None:
-    flaky = config(loop={"k": 12, "min_quorum": 1}, backend={"failure_rate": 0.3},
-                   retry={**FAST_RETRY, "max_attempts": 2})
+    flaky = config(
+        loop={"k": 12, "min_quorum": 1},
+        backend={"failure_rate": 0.3},
+        retry={**FAST_RETRY, "max_attempts": 2},
+    )
     result = lanefold.run_sync(flaky, QUESTION, runs_dir=runs)
     log = events(result)
     completed = {e["lane"]: e for e in sample_lanes(log, "lane.completed")}
@@ -212,11 +245,11 @@ def test_a_majority_result_matches_its_log(runs: Path) -> None:
     assert result.margin == pytest.approx(ranked[0] - ranked[1])
 
 
-def test_a_judge_result_has_its_scores_margin_and_winner_text(runs: Path,
-                                                              verifiers: str) -> None:
+def test_a_judge_result_has_its_scores_margin_and_winner_text(runs: Path, verifiers: str) -> None:
     # The text's length is the score: free-form, no extractable answer, still a winner.
-    judged = config(loop={"reducer": "judge_argmax"}, extract=NEVER,
-                    judge={"verifier": f"{verifiers}:length"})
+    judged = config(
+        loop={"reducer": "judge_argmax"}, extract=NEVER, judge={"verifier": f"{verifiers}:length"}
+    )
     result = lanefold.run_sync(judged, QUESTION, runs_dir=runs)
     texts = {e["lane"]: e["data"]["text"] for e in sample_lanes(events(result), "lane.completed")}
     assert (result.status, result.answer) == ("answered", None)
@@ -226,8 +259,7 @@ def test_a_judge_result_has_its_scores_margin_and_winner_text(runs: Path,
     ranked = sorted((s for s in result.scores.values() if s is not None), reverse=True)
     assert result.margin == pytest.approx(ranked[0] - ranked[1])
     assert {lane.lane: lane.score for lane in result.lanes} == result.scores
-    alone = config(loop={"reducer": "judge_argmax", "k": 1},
-                   judge={"verifier": f"{verifiers}:length"})
+    alone = config(loop={"reducer": "judge_argmax", "k": 1}, judge={"verifier": f"{verifiers}:length"})
     lone = lanefold.run_sync(alone, QUESTION, runs_dir=runs)
     assert (lone.winner_lane, lone.margin) == (0, None), "no runner-up: no lead to report"
 
@@ -254,13 +286,16 @@ class Borrowed(SimulatedBackend):
 
 @pytest.mark.anyio
 async def test_what_the_caller_gives_is_never_closed(runs: Path) -> None:
-    judged = config(loop={"reducer": "judge_argmax"},
-                    judge={"template": "Q: {question}\nA: {candidate}\nScore:"})
+    judged = config(
+        loop={"reducer": "judge_argmax"}, judge={"template": "Q: {question}\nA: {candidate}\nScore:"}
+    )
     backend, judge, limiter = Borrowed(), Borrowed(), anyio.CapacityLimiter(8)
-    first = await lanefold.run(judged, QUESTION, runs_dir=runs, backend=backend,
-                                   judge_backend=judge, limiter=limiter)
-    second = await lanefold.run(judged, QUESTION, runs_dir=runs, backend=backend,
-                                    judge_backend=judge, limiter=limiter)
+    first = await lanefold.run(
+        judged, QUESTION, runs_dir=runs, backend=backend, judge_backend=judge, limiter=limiter
+    )
+    second = await lanefold.run(
+        judged, QUESTION, runs_dir=runs, backend=backend, judge_backend=judge, limiter=limiter
+    )
     assert first.status == second.status == "answered"
     assert judge.requests > 0, "the judge wave went to the judge backend"
     assert (backend.closes, judge.closes) == (0, 0)
@@ -279,8 +314,7 @@ async def test_a_shared_limiter_smaller_than_k_bounds_lanes_without_deadlock(run
 
 
 @pytest.mark.parametrize("error", [RuntimeError, AssertionError])
-def test_a_backend_bug_reaches_the_caller_as_a_run_error(error: type[BaseException],
-                                                         runs: Path) -> None:
+def test_a_backend_bug_reaches_the_caller_as_a_run_error(error: type[BaseException], runs: Path) -> None:
     backend = Borrowed(fail_with=error)
     with pytest.raises(lanefold.RunError) as caught:
         lanefold.run_sync(config(), QUESTION, runs_dir=runs, run_id="bug", backend=backend)
@@ -308,8 +342,7 @@ async def test_one_engine_backend_serves_two_runs(runs: Path) -> None:
     backend = EngineBackend(EngineConfig())
     try:
         for _ in range(2):
-            result = await lanefold.run(small, "What is 2 + 2?", runs_dir=runs,
-                                            backend=backend)
+            result = await lanefold.run(small, "What is 2 + 2?", runs_dir=runs, backend=backend)
             assert result.lanes_completed == 2
             assert events(result)[-1]["type"] == "run.completed"
     finally:
@@ -323,8 +356,7 @@ def int_counts(votes: dict[str, Any]) -> bool:
     return bool(votes) and all(type(v) is int for v in votes.values())
 
 
-def test_a_plain_votes_are_ballot_counts_as_integers(runs: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_plain_votes_are_ballot_counts_as_integers(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = lanefold.run_sync(config(), QUESTION, runs_dir=runs)
     assert int_counts(result.votes)
     assert sum(result.votes.values()) == result.lanes_completed  # every lane here answered
@@ -338,8 +370,9 @@ def test_a_plain_votes_are_ballot_counts_as_integers(runs: Path,
 
 
 def test_a_weighted_votes_are_total_weights(runs: Path, verifiers: str) -> None:
-    weighted = config(loop={"reducer": "weighted_vote", "weighting": "verifier"},
-                      judge={"verifier": f"{verifiers}:length"})
+    weighted = config(
+        loop={"reducer": "weighted_vote", "weighting": "verifier"}, judge={"verifier": f"{verifiers}:length"}
+    )
     result = lanefold.run_sync(weighted, QUESTION, runs_dir=runs)
     assert result.votes and all(type(v) is float for v in result.votes.values())
     assert any(not v.is_integer() or v > result.lanes_completed for v in result.votes.values())
@@ -347,8 +380,9 @@ def test_a_weighted_votes_are_total_weights(runs: Path, verifiers: str) -> None:
     assert all(type(v) is float for v in reduced["data"]["votes"].values())
 
 
-def test_a_log_that_recorded_counts_as_floats_still_reads(runs: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_log_that_recorded_counts_as_floats_still_reads(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Logs written before counts were integers hold them as 5.0: they fold, pass the audit,
     # show and resume as recorded; a re-reduction records integers.
     result = lanefold.run_sync(config(), QUESTION, runs_dir=runs)
@@ -357,8 +391,13 @@ def test_a_log_that_recorded_counts_as_floats_still_reads(runs: Path,
     lines = []
     for line in path.read_text().splitlines():
         event = json.loads(line)
-        votes = (event["data"] if event["type"] == "reduce.completed" else
-                 event["data"].get("result", {}) if event["type"] == "run.completed" else {})
+        votes = (
+            event["data"]
+            if event["type"] == "reduce.completed"
+            else event["data"].get("result", {})
+            if event["type"] == "run.completed"
+            else {}
+        )
         if "votes" in votes:
             votes["votes"] = {answer: float(count) for answer, count in votes["votes"].items()}
             line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
@@ -370,9 +409,9 @@ def test_a_log_that_recorded_counts_as_floats_still_reads(runs: Path,
         assert err == ""
         shown = json.loads(out)["votes"]
         assert shown == result.votes and all(type(v) is float for v in shown.values())
-    assert main(["reduce", result.run_id, "--reducer", "majority_vote", "--runs-dir", str(runs),
-                 "--json"]) == 0
+    assert (
+        main(["reduce", result.run_id, "--reducer", "majority_vote", "--runs-dir", str(runs), "--json"]) == 0
+    )
     capsys.readouterr()
-    reductions = [json.loads(line) for line in path.read_text().splitlines()
-                  if '"reduce.completed"' in line]
+    reductions = [json.loads(line) for line in path.read_text().splitlines() if '"reduce.completed"' in line]
     assert [int_counts(e["data"]["votes"]) for e in reductions] == [False, True]

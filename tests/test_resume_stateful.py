@@ -80,8 +80,14 @@ def _first(events: Events, kind: str) -> int | None:
 def _outside_its_wave(events: Events) -> int | None:
     """One more dispatch, right after a wave starts, of a lane the wave was not given."""
     at = _first(events, "wave.started")
-    dispatched = next((e for e in events if e["type"] == "lane.dispatched"
-                       and at is not None and e["wave"] == events[at]["wave"]), None)
+    dispatched = next(
+        (
+            e
+            for e in events
+            if e["type"] == "lane.dispatched" and at is not None and e["wave"] == events[at]["wave"]
+        ),
+        None,
+    )
     if at is None or dispatched is None:
         return None
     extra = json.loads(json.dumps(dispatched))
@@ -98,6 +104,7 @@ def _edit(kind: str, change: Callable[[dict[str, Any]], None]) -> Callable[[Even
             return None
         change(events[at]["data"])
         return at + 1
+
     return forge
 
 
@@ -115,8 +122,9 @@ FORGERIES: dict[str, Callable[[Events], int | None]] = {
     "a lane outside its wave": _outside_its_wave,
     "a negative usage": _edit("lane.completed", lambda d: d["usage"].update({TOKENS: -1})),
     "a lane's usage edited": _edit("lane.completed", lambda d: _usage(d, 1)),
-    "a hold shrunk": _edit("lane.dispatched", lambda d: d["reserved"].update(
-        {TOKENS: d["reserved"][TOKENS] - 1})),
+    "a hold shrunk": _edit(
+        "lane.dispatched", lambda d: d["reserved"].update({TOKENS: d["reserved"][TOKENS] - 1})
+    ),
     "the bill edited": _edit("run.completed", _bill),
 }
 
@@ -124,8 +132,9 @@ FORGERIES: dict[str, Callable[[Events], int | None]] = {
 def as_run(events: Events, run_id: str) -> Events:
     """The events as another run's, numbered 1..n as a writer numbers them."""
     for sequence, event in enumerate(events, 1):
-        event.update(run_id=run_id, id=f"{run_id}:{sequence}", sequence=sequence,
-                     source=f"lanefold:run/{run_id}")
+        event.update(
+            run_id=run_id, id=f"{run_id}:{sequence}", sequence=sequence, source=f"lanefold:run/{run_id}"
+        )
         if event["type"] == "run.completed":
             event["data"]["result"]["run_id"] = run_id
     return events
@@ -147,23 +156,41 @@ class ResumeMachine(RuleBasedStateMachine):
         self.outcome: lanefold.RunResult | LanefoldError | None = None
         self.forged = 0
 
-    @initialize(k=st.integers(2, 9), failure=st.sampled_from([0.0, 0.25, 0.5]),
-                per_request=st.sampled_from([None, 1, 3]), concurrency=st.integers(1, 6),
-                budget=st.sampled_from([None, 400, 900]), attempts=st.integers(1, 3),
-                seed=st.integers(0, 5))
-    def setup(self, k: int, failure: float, per_request: int | None, concurrency: int,
-              budget: int | None, attempts: int, seed: int) -> None:
-        self.config = lanefold.parse_config({
-            "loop": {"k": k, "max_concurrency": concurrency, "seed": seed, "min_quorum": 1},
-            "sampling": {"max_tokens": 40},
-            "backend": {"kind": "simulated", "failure_rate": failure, "prompt_tokens": 30,
-                        "output_tokens": 25, "lanes_per_request": per_request},
-            "budget": {"max_tokens": budget},
-            "retry": {"max_attempts": attempts, "initial_backoff_s": 0.0005,
-                      "max_backoff_s": 0.001},
-            "pricing": {"input_per_mtok": 1.0, "cached_input_per_mtok": 0.25,
-                        "output_per_mtok": 3.0},
-        })
+    @initialize(
+        k=st.integers(2, 9),
+        failure=st.sampled_from([0.0, 0.25, 0.5]),
+        per_request=st.sampled_from([None, 1, 3]),
+        concurrency=st.integers(1, 6),
+        budget=st.sampled_from([None, 400, 900]),
+        attempts=st.integers(1, 3),
+        seed=st.integers(0, 5),
+    )
+    def setup(
+        self,
+        k: int,
+        failure: float,
+        per_request: int | None,
+        concurrency: int,
+        budget: int | None,
+        attempts: int,
+        seed: int,
+    ) -> None:
+        self.config = lanefold.parse_config(
+            {
+                "loop": {"k": k, "max_concurrency": concurrency, "seed": seed, "min_quorum": 1},
+                "sampling": {"max_tokens": 40},
+                "backend": {
+                    "kind": "simulated",
+                    "failure_rate": failure,
+                    "prompt_tokens": 30,
+                    "output_tokens": 25,
+                    "lanes_per_request": per_request,
+                },
+                "budget": {"max_tokens": budget},
+                "retry": {"max_attempts": attempts, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001},
+                "pricing": {"input_per_mtok": 1.0, "cached_input_per_mtok": 0.25, "output_per_mtok": 3.0},
+            }
+        )
         self.path = self.runs / "r" / "events.jsonl"
 
     def _attempt(self, call: Any) -> None:
@@ -181,8 +208,7 @@ class ResumeMachine(RuleBasedStateMachine):
     def start(self, crash_at: int) -> None:
         self.started = True
         log = CrashingLog(JsonlEventLog.create(self.path), crash_at)
-        self._attempt(lambda: lanefold.run(self.config, "q", runs_dir=self.runs, run_id="r",
-                                               log=log))
+        self._attempt(lambda: lanefold.run(self.config, "q", runs_dir=self.runs, run_id="r", log=log))
 
     @precondition(lambda self: self.started and not self.finished)
     @rule(crash_at=st.integers(1, 60), tear=st.booleans())
@@ -285,6 +311,6 @@ class ResumeMachine(RuleBasedStateMachine):
 
 
 ResumeMachine.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=8, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=40, stateful_step_count=8, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 test_resume_state_machine = ResumeMachine.TestCase

@@ -141,26 +141,36 @@ def test_the_tables_take_concurrent_creators(pg_url: str) -> None:
         for conn in pool.map(lambda _: connect_budgets(PgDatabase(pg_url)), range(4)):
             conn.close()
     with psycopg.connect(pg_url) as conn:
-        names = {r[0] for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        names = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
     assert {"lanefold_budgets", "lanefold_budget_holds"} <= names
 
 
 # -- runs spending from a shared budget ------------------------------------------------------------
 
 
-def _config(*, shared: str | None = "fleet", k: int = 4, min_quorum: int = 2,
-            coordinator: str = "parallel_sample", **backend: Any) -> Any:
+def _config(
+    *,
+    shared: str | None = "fleet",
+    k: int = 4,
+    min_quorum: int = 2,
+    coordinator: str = "parallel_sample",
+    **backend: Any,
+) -> Any:
     from lanefold import parse_config
 
     loop: dict[str, Any] = {"coordinator": coordinator, "seed": 3}
     if coordinator == "parallel_sample":
         loop.update(k=k, min_quorum=min_quorum)
     budget = {"shared": shared} if shared is not None else {}
-    return parse_config({
-        "loop": loop, "sampling": {"max_tokens": 50},
-        "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48, **backend},
-        "budget": budget, "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}})
+    return parse_config(
+        {
+            "loop": loop,
+            "sampling": {"max_tokens": 50},
+            "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48, **backend},
+            "budget": budget,
+            "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+        }
+    )
 
 
 async def test_a_run_stops_at_the_shared_limit(pg_url: str, tmp_path: Any) -> None:
@@ -189,8 +199,7 @@ async def test_a_wave_shrinks_to_the_shared_room(pg_url: str, tmp_path: Any) -> 
 
     _budget(pg_url, max_tokens=64 + 50 * 2)  # room for 2 lanes of 4
     events: list[Any] = []
-    async with lanefold.Session(_config(min_quorum=1), store=pg_url,
-                                    runs_dir=tmp_path) as session:
+    async with lanefold.Session(_config(min_quorum=1), store=pg_url, runs_dir=tmp_path) as session:
         result = await session.run("What is 17 * 23?", observer=events.append)
     shrunk = [e for e in events if e.type == "budget.wave_shrunk"]
     assert len(shrunk) == 1 and (shrunk[0].data.k, shrunk[0].data.shared) == (2, "fleet")
@@ -207,13 +216,20 @@ async def test_a_loop_stops_in_time_at_the_shared_limit(pg_url: str, tmp_path: A
 
     # Two waves of 4 (264 held, 256 spent each) leave 108: not one more lane (64 + 50).
     _budget(pg_url, max_tokens=620)
-    config = parse_config({
-        "loop": {"coordinator": "adaptive_sample", "window": 4, "max_lanes": 40,
-                 "threshold": 0.99, "seed": 3},
-        "sampling": {"max_tokens": 50},
-        "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48,
-                    "accuracy": 0.5},
-        "budget": {"shared": "fleet"}})
+    config = parse_config(
+        {
+            "loop": {
+                "coordinator": "adaptive_sample",
+                "window": 4,
+                "max_lanes": 40,
+                "threshold": 0.99,
+                "seed": 3,
+            },
+            "sampling": {"max_tokens": 50},
+            "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48, "accuracy": 0.5},
+            "budget": {"shared": "fleet"},
+        }
+    )
     events: list[Any] = []
     async with lanefold.Session(config, store=pg_url, runs_dir=tmp_path) as session:
         result = await session.run("What is 17 * 23?", observer=events.append)
@@ -252,38 +268,45 @@ async def test_two_runs_at_once_share_one_budget(pg_url: str, tmp_path: Any) -> 
 
 
 async def test_an_interrupt_charges_in_flight_holds_and_resume_spends_again(
-        pg_url: str, tmp_path: Any) -> None:
+    pg_url: str, tmp_path: Any
+) -> None:
     import lanefold
 
     _budget(pg_url, max_tokens=100_000)
     config = _config(latency_ms=[50.0, 50.0])
     async with lanefold.Session(config, store=pg_url, runs_dir=tmp_path) as session:
         with anyio.CancelScope() as scope:  # interrupted once its lanes are dispatched
-            await session.run("What is 17 * 23?", run_id="cut", observer=lambda event: (
-                scope.cancel() if event.type == "lane.dispatched" else None))
+            await session.run(
+                "What is 17 * 23?",
+                run_id="cut",
+                observer=lambda event: scope.cancel() if event.type == "lane.dispatched" else None,
+            )
         view = _show(pg_url)
         # Interrupted with its wave in flight: the whole hold (64 + 4 x 50) is charged, as the
         # run's own log charges it, and nothing is left held.
         state = read_state(session.store, "cut")
-        assert (view.spent_tokens, view.held_tokens, view.holders, state.spend.tokens) == (
-            264, 0, 0, 264), [e.type for e in read_run(session.store, "cut")[0]]
+        assert (view.spent_tokens, view.held_tokens, view.holders, state.spend.tokens) == (264, 0, 0, 264), [
+            e.type for e in read_run(session.store, "cut")[0]
+        ]
         result = await session.resume("cut")
     assert result.lanes_completed == 4
     assert _show(pg_url).spent_tokens == 264 + 64 + 4 * 48
 
 
-async def test_a_judge_reduction_spends_from_the_shared_budget(pg_url: str,
-                                                                 tmp_path: Any) -> None:
+async def test_a_judge_reduction_spends_from_the_shared_budget(pg_url: str, tmp_path: Any) -> None:
     import lanefold
     from lanefold import parse_config
 
     _budget(pg_url, max_tokens=100_000)
-    config = parse_config({
-        "loop": {"k": 4, "seed": 3, "reducer": "judge_argmax"}, "sampling": {"max_tokens": 50},
-        "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48},
-        "judge": {"template": "Q: {question}\nCandidate: {candidate}\nScore it.",
-                  "max_tokens": 32},
-        "budget": {"shared": "fleet"}})
+    config = parse_config(
+        {
+            "loop": {"k": 4, "seed": 3, "reducer": "judge_argmax"},
+            "sampling": {"max_tokens": 50},
+            "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48},
+            "judge": {"template": "Q: {question}\nCandidate: {candidate}\nScore it.", "max_tokens": 32},
+            "budget": {"shared": "fleet"},
+        }
+    )
     async with lanefold.Session(config, store=pg_url, runs_dir=tmp_path) as session:
         await session.run("What is 17 * 23?", run_id="r")
         before = _show(pg_url).spent_tokens
@@ -324,16 +347,29 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def test_budget_set_and_show(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _cli(capsys, "budget", "set", "fleet", "--max-tokens", "1000",
-                        "--max-cost-usd", "0.5", "--store", pg_url)
+    code, out, _ = _cli(
+        capsys, "budget", "set", "fleet", "--max-tokens", "1000", "--max-cost-usd", "0.5", "--store", pg_url
+    )
     assert code == 0
     assert out.splitlines()[1:] == [
         "              limit      spent       held       left",
         "tokens         1000          0          0       1000",
         "cost      $0.500000  $0.000000  $0.000000  $0.500000",
-        "requests  unlimited          0          0  unlimited"]
-    code, out, _ = _cli(capsys, "budget", "set", "fleet", "--max-tokens", "none",
-                        "--max-requests", "7", "--store", pg_url, "--json")
+        "requests  unlimited          0          0  unlimited",
+    ]
+    code, out, _ = _cli(
+        capsys,
+        "budget",
+        "set",
+        "fleet",
+        "--max-tokens",
+        "none",
+        "--max-requests",
+        "7",
+        "--store",
+        pg_url,
+        "--json",
+    )
     assert code == 0
     shown = json.loads(out)
     assert (shown["max_tokens"], shown["max_cost_usd"], shown["max_requests"]) == (None, 0.5, 7)
@@ -345,37 +381,57 @@ def test_budget_set_and_show(pg_url: str, capsys: pytest.CaptureFixture[str]) ->
     assert err.startswith("orchestrator budget: budget 'other': no such budget in ")
 
 
-def test_a_run_spends_from_the_budget_show_prints(pg_url: str, tmp_path: Any,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_spends_from_the_budget_show_prints(
+    pg_url: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "fleet.toml"
     config.write_text(CONFIG_TOML)
     assert _cli(capsys, "budget", "set", "fleet", "--max-tokens", "400", "--store", pg_url)[0] == 0
-    code, _, err = _cli(capsys, "run", str(config), "--question", "What is 17 * 23?",
-                        "--store", pg_url, "--runs-dir", str(tmp_path))
+    code, _, err = _cli(
+        capsys,
+        "run",
+        str(config),
+        "--question",
+        "What is 17 * 23?",
+        "--store",
+        pg_url,
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert code == 0, err
-    code, _, err = _cli(capsys, "run", str(config), "--question", "What is 17 * 23?",
-                        "--store", pg_url, "--runs-dir", str(tmp_path))
+    code, _, err = _cli(
+        capsys,
+        "run",
+        str(config),
+        "--question",
+        "What is 17 * 23?",
+        "--store",
+        pg_url,
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert code == 3 and "shared budget 'fleet' max_tokens" in err
     code, out, _ = _cli(capsys, "budget", "show", "fleet", "--store", pg_url)
     assert code == 0
     assert out.splitlines()[2].split() == ["tokens", "400", "256", "0", "144"]
 
 
-def test_bad_input_is_refused_before_any_run(pg_url: str, tmp_path: Any,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_refused_before_any_run(
+    pg_url: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "fleet.toml"
     config.write_text(CONFIG_TOML)
-    code, _, err = _cli(capsys, "run", str(config), "--question", "q?", "--store", pg_url,
-                        "--runs-dir", str(tmp_path))
+    code, _, err = _cli(
+        capsys, "run", str(config), "--question", "q?", "--store", pg_url, "--runs-dir", str(tmp_path)
+    )
     assert code == 2 and err.startswith("orchestrator run: budget.shared: no budget named 'fleet'")
-    code, _, err = _cli(capsys, "run", str(config), "--question", "q?",
-                        "--runs-dir", str(tmp_path))
+    code, _, err = _cli(capsys, "run", str(config), "--question", "q?", "--runs-dir", str(tmp_path))
     assert code == 2 and err.startswith(
-        "orchestrator run: budget.shared: a shared budget lives in a PostgreSQL store")
+        "orchestrator run: budget.shared: a shared budget lives in a PostgreSQL store"
+    )
     assert not list(tmp_path.glob("*/events.jsonl"))  # neither left a run behind
     config.write_text(CONFIG_TOML.replace('"fleet"', '"no spaces allowed"'))
-    code, _, err = _cli(capsys, "run", str(config), "--question", "q?",
-                        "--runs-dir", str(tmp_path))
+    code, _, err = _cli(capsys, "run", str(config), "--question", "q?", "--runs-dir", str(tmp_path))
     assert code == 2 and "budget.shared" in err
     with pytest.raises(SystemExit) as exit_:  # argparse's own usage error
         _cli(capsys, "budget", "set", "fleet", "--max-tokens", "-1", "--store", pg_url)
@@ -455,8 +511,10 @@ def _until_holding(url: str, prefix: str, proc: Any, timeout: float = 60.0) -> b
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
         while time.monotonic() < deadline and proc.poll() is None:
-            row = conn.execute("SELECT count(*) FROM lanefold_budget_holds WHERE run_id LIKE %s "
-                               "AND tokens > 0", (prefix + "%",)).fetchone()
+            row = conn.execute(
+                "SELECT count(*) FROM lanefold_budget_holds WHERE run_id LIKE %s AND tokens > 0",
+                (prefix + "%",),
+            ).fetchone()
             if row is not None and row[0]:
                 return True
             time.sleep(0.01)
@@ -464,8 +522,7 @@ def _until_holding(url: str, prefix: str, proc: Any, timeout: float = 60.0) -> b
 
 
 @pytest.mark.parametrize("seed", [1])
-def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: Any,
-                                                        seed: int) -> None:
+def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: Any, seed: int) -> None:
     """4 processes running 3 runs at once each (16 runs in all, wanting about twice the
     budget), faults on a fifth of the lanes, 2 processes SIGKILLed at seeded moments while
     holding part of it: spent stays within every limit, and equals what the logs say was
@@ -490,10 +547,22 @@ def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: A
 
     def start(w: int) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-c", WORKER, pg_url, str(slow if w in doomed else fast), str(w),
-             str(runs[w]), "3", str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=os.path.dirname(os.path.dirname(__file__)))
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                pg_url,
+                str(slow if w in doomed else fast),
+                str(w),
+                str(runs[w]),
+                "3",
+                str(tmp_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(__file__)),
+        )
 
     # The doomed (3 runs each: too few to exhaust the budget alone) are killed while their
     # runs hold part of it, one before and one after the others start.
@@ -518,7 +587,8 @@ def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: A
             if proc.poll() is None:
                 proc.kill()
     assert all(workers[w].returncode == -signal.SIGKILL for w in doomed), [
-        (w, workers[w].returncode, errs.get(w)) for w in doomed]
+        (w, workers[w].returncode, errs.get(w)) for w in doomed
+    ]
     view = _settled_show(pg_url)
     assert view.holders == 0
     # Never overspent.
@@ -534,12 +604,18 @@ def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: A
             if not store.exists(f"w{w}-r{i}"):
                 continue
             state = read_state(store, f"w{w}-r{i}")
-            logged = [logged[0] + state.spend.tokens, logged[1] + state.spend.cost_usd,
-                      logged[2] + state.spend.requests]
+            logged = [
+                logged[0] + state.spend.tokens,
+                logged[1] + state.spend.cost_usd,
+                logged[2] + state.spend.requests,
+            ]
             for _, lane in state.in_flight():
                 assert w in doomed and lane.hold is not None
-                in_flight = [in_flight[0] + lane.hold.tokens, in_flight[1] + lane.hold.cost_usd,
-                             in_flight[2] + lane.hold.requests]
+                in_flight = [
+                    in_flight[0] + lane.hold.tokens,
+                    in_flight[1] + lane.hold.cost_usd,
+                    in_flight[2] + lane.hold.requests,
+                ]
     assert logged[0] > 0
     spent = (view.spent_tokens, view.spent_cost_usd, view.spent_requests)
     charged = (view.charged_tokens, view.charged_cost_usd, view.charged_requests)

@@ -28,20 +28,25 @@ SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
 
 
 SCRIPT = shutil.which("orchestrator", path=str(Path(sys.executable).parent))
-ENTRIES = {"python -m orchestrator._cli": [sys.executable, "-m", "lanefold._cli"],
-           "python -m orchestrator": [sys.executable, "-m", "orchestrator"]}
+ENTRIES = {
+    "python -m orchestrator._cli": [sys.executable, "-m", "lanefold._cli"],
+    "python -m orchestrator": [sys.executable, "-m", "orchestrator"],
+}
 if SCRIPT is not None:  # the console script, as installed
     ENTRIES["the orchestrator script"] = [SCRIPT]
 
 
-def held(entry: list[str], moment: str, argv: list[str], tmp: Path) -> tuple[subprocess.Popen[str],
-                                                                             Path]:
+def held(entry: list[str], moment: str, argv: list[str], tmp: Path) -> tuple[subprocess.Popen[str], Path]:
     """The command started and held at `moment`, and the gate that lets it go on."""
     gate = tmp / f"gate-{moment}"
-    env = {**os.environ, "LANEFOLD_TEST_PAUSE": f"{moment}:{gate}",
-           "PYTHONPATH": str(ROOT)}  # this checkout, whichever way the command is started
-    proc = subprocess.Popen([*entry, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "LANEFOLD_TEST_PAUSE": f"{moment}:{gate}",
+        "PYTHONPATH": str(ROOT),
+    }  # this checkout, whichever way the command is started
+    proc = subprocess.Popen(
+        [*entry, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120  # a hang guard only
     while not Path(f"{gate}.reached").exists():
         if proc.poll() is not None:
@@ -52,8 +57,9 @@ def held(entry: list[str], moment: str, argv: list[str], tmp: Path) -> tuple[sub
     return proc, gate
 
 
-def signalled(entry: list[str], moment: str, argv: list[str], tmp: Path,
-              signum: signal.Signals) -> tuple[int, str, str]:
+def signalled(
+    entry: list[str], moment: str, argv: list[str], tmp: Path, signum: signal.Signals
+) -> tuple[int, str, str]:
     """Hold the command at `moment`, signal it, let it go; its exit code, stdout, stderr."""
     proc, gate = held(entry, moment, argv, tmp)
     proc.send_signal(signum)
@@ -67,34 +73,58 @@ def signalled(entry: list[str], moment: str, argv: list[str], tmp: Path,
 @pytest.mark.parametrize("moment", ["import", "start", "command"])
 @pytest.mark.parametrize("name", SIGNALS)
 def test_a_signal_while_the_command_starts_exits_quietly(
-        entry: list[str], moment: str, name: str, tmp_path: Path) -> None:
+    entry: list[str], moment: str, name: str, tmp_path: Path
+) -> None:
     # "import": the command's modules half imported (pydantic, anyio, the store); "start":
     # main() entered, arguments not read; "command": the run's config about to be read.
     config = tmp_path / "loop.toml"
     config.write_text(SIMULATED)
     signum, code = SIGNALS[name]
     returncode, out, err = signalled(
-        entry, moment, ["run", str(config), "--question", "q?", "--runs-dir", str(tmp_path / "r")],
-        tmp_path, signum)
+        entry,
+        moment,
+        ["run", str(config), "--question", "q?", "--runs-dir", str(tmp_path / "r")],
+        tmp_path,
+        signum,
+    )
     assert (returncode, out, err) == (code, "", "")
     assert not (tmp_path / "r").exists()  # nothing was created
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SIGNALS)
-@pytest.mark.parametrize(("moment", "text", "code"), [
-    pytest.param(moment, text, code, id=f"{moment}-exit-{code}")
-    for moment in ("recorded", "end") for text, code in ((SIMULATED, 0), (NO_ANSWER, 4))])
+@pytest.mark.parametrize(
+    ("moment", "text", "code"),
+    [
+        pytest.param(moment, text, code, id=f"{moment}-exit-{code}")
+        for moment in ("recorded", "end")
+        for text, code in ((SIMULATED, 0), (NO_ANSWER, 4))
+    ],
+)
 def test_a_signal_after_the_record_is_complete_leaves_the_runs_own_exit_code(
-        moment: str, text: str, code: int, name: str, tmp_path: Path) -> None:
+    moment: str, text: str, code: int, name: str, tmp_path: Path
+) -> None:
     # "recorded": run.completed written, the session still closing; "end": the command done,
     # the process on its way out. The signal used to kill the process (rc -2, -15).
     config = tmp_path / "loop.toml"
     config.write_text(text)
     returncode, out, err = signalled(
-        ENTRIES["python -m orchestrator._cli"], moment,
-        ["run", str(config), "--question", "q?", "--runs-dir", str(tmp_path / "r"), "--run-id",
-         "done", "--json"], tmp_path, SIGNALS[name][0])
+        ENTRIES["python -m orchestrator._cli"],
+        moment,
+        [
+            "run",
+            str(config),
+            "--question",
+            "q?",
+            "--runs-dir",
+            str(tmp_path / "r"),
+            "--run-id",
+            "done",
+            "--json",
+        ],
+        tmp_path,
+        SIGNALS[name][0],
+    )
     assert (returncode, err) == (code, "")
     result = json.loads(out)
     assert result["status"] == ("answered" if code == 0 else "no_answer")
@@ -104,15 +134,30 @@ def test_a_signal_after_the_record_is_complete_leaves_the_runs_own_exit_code(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SIGNALS)
-def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str,
-                                                                  tmp_path: Path) -> None:
+def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str, tmp_path: Path) -> None:
     config = tmp_path / "loop.toml"
     config.write_text(SIMULATED.replace("[1, 5]", "[200, 600]"))
     runs, log = tmp_path / "r", tmp_path / "r" / "again" / "events.jsonl"
     # A run interrupted once a lane has landed, then resumed: resume writes run.completed.
-    first = subprocess.Popen([sys.executable, "-m", "lanefold._cli", "run", str(config),
-                              "--question", "q?", "--runs-dir", str(runs), "--run-id", "again"],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lanefold._cli",
+            "run",
+            str(config),
+            "--question",
+            "q?",
+            "--runs-dir",
+            str(runs),
+            "--run-id",
+            "again",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120  # a hang guard only
     while not (log.exists() and '"lane.completed"' in log.read_text()):
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()
@@ -121,8 +166,12 @@ def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str,
     first.communicate(timeout=120)
     assert first.returncode == 130
     returncode, out, err = signalled(
-        ENTRIES["python -m orchestrator._cli"], "recorded",
-        ["resume", "again", "--runs-dir", str(runs), "--json"], tmp_path, SIGNALS[name][0])
+        ENTRIES["python -m orchestrator._cli"],
+        "recorded",
+        ["resume", "again", "--runs-dir", str(runs), "--json"],
+        tmp_path,
+        SIGNALS[name][0],
+    )
     assert (returncode, err) == (0, "")
     assert json.loads(out)["run_id"] == "again"
     assert json.loads(log.read_text().splitlines()[-1])["type"] == "run.completed"
@@ -131,11 +180,14 @@ def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str,
 def test_importing_orchestrator_runs_none_of_its_modules() -> None:
     # The facade resolves its names on first use: the command's imports all happen where the
     # command answers a Ctrl-C (orchestrator._cli), none before it.
-    code = ("import sys, orchestrator; "
-            "print(sorted(m for m in sys.modules if m.startswith(('orchestrator.', 'pydantic', "
-            "'primitives', 'anyio'))))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, check=False)
+    code = (
+        "import sys, orchestrator; "
+        "print(sorted(m for m in sys.modules if m.startswith(('orchestrator.', 'pydantic', "
+        "'primitives', 'anyio'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
     # ... and every public name is still there, found on first use.
     import lanefold

@@ -44,8 +44,13 @@ sys.exit(main(sys.argv[1:]))
 
 def start(*argv: str | Path, wrapped: bool = False) -> subprocess.Popen[str]:
     head = ["-c", FOLLOWER] if wrapped else ["-m", "lanefold._cli"]
-    return subprocess.Popen([sys.executable, *head, *map(str, argv)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, *head, *map(str, argv)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
@@ -86,8 +91,9 @@ def torn_run(tmp: Path, runs: Path, run_id: str) -> tuple[Path, bytes]:
     """A run killed with SIGKILL after 3 lanes landed, its last line then cut in half (the
     process died mid-write). Returns the log and the torn tail."""
     log = runs / run_id / "events.jsonl"
-    writer = start("run", config(tmp, CRASHING), "--question", QUESTION, "--runs-dir", runs,
-                   "--run-id", run_id)
+    writer = start(
+        "run", config(tmp, CRASHING), "--question", QUESTION, "--runs-dir", runs, "--run-id", run_id
+    )
     try:
         deadline = time.monotonic() + 120
         while not (log.exists() and log.read_text().count('"lane.completed"') >= 3):
@@ -105,7 +111,8 @@ def torn_run(tmp: Path, runs: Path, run_id: str) -> tuple[Path, bytes]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # a follower that never ends must fail, not hang
 def test_follow_keeps_following_when_resume_cuts_a_torn_tail(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
     log, torn = torn_run(tmp_path, runs, "torn")
     whole = lines_of(log)[:-1]
@@ -128,7 +135,8 @@ def test_follow_keeps_following_when_resume_cuts_a_torn_tail(
 
 
 def test_follow_of_a_run_that_never_appears_gives_up_after_wait(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
     code = main(["tail", "never", "--runs-dir", str(runs), "--follow", "--wait", "1"])
     out, err = capsys.readouterr()
@@ -157,17 +165,31 @@ lanes_per_request = 1
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_follow_of_a_run_that_appears_within_the_wait_follows_it_to_the_end(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # --wait bounds the wait for the run to appear, not how long the follower follows it.
     runs = tmp_path / "runs"
-    follower = start("tail", "soon", "--runs-dir", runs, "--follow", "--wait", "4", "--json",
-                     wrapped=True)
+    follower = start("tail", "soon", "--runs-dir", runs, "--follow", "--wait", "4", "--json", wrapped=True)
     try:
         assert follower.stdout is not None
         assert follower.stdout.readline() == "polling\n"  # waiting, and nothing printed yet
         assert not runs.exists()
-        assert main(["run", str(config(tmp_path, SLOW)), "--question", QUESTION,
-                     "--runs-dir", str(runs), "--run-id", "soon", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    str(config(tmp_path, SLOW)),
+                    "--question",
+                    QUESTION,
+                    "--runs-dir",
+                    str(runs),
+                    "--run-id",
+                    "soon",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         capsys.readouterr()
     finally:
         out, err = finish(follower)

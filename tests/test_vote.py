@@ -170,17 +170,13 @@ def test_logprob_weight_is_a_probability(logprobs: list[float]) -> None:
 
 # A small answer alphabet, written in several spellings, so that ties and merges are common.
 spellings = st.sampled_from(["7", "7.0", "seven", "Seven.", "1,000", "1000", "x", "X!", "", None])
-tie_breaks: st.SearchStrategy[VoteTieBreak] = st.sampled_from(
-    ["first_lane", "lexicographic", "random"]
-)
+tie_breaks: st.SearchStrategy[VoteTieBreak] = st.sampled_from(["first_lane", "lexicographic", "random"])
 
 
 @st.composite
 def ballot_lists(draw: st.DrawFn, weighted: bool = False) -> list[Ballot]:
     answers = draw(st.lists(spellings, max_size=12))
-    lanes = draw(
-        st.lists(st.integers(0, 1000), min_size=len(answers), max_size=len(answers), unique=True)
-    )
+    lanes = draw(st.lists(st.integers(0, 1000), min_size=len(answers), max_size=len(answers), unique=True))
     if weighted:
         weights = draw(
             st.lists(
@@ -192,8 +188,7 @@ def ballot_lists(draw: st.DrawFn, weighted: bool = False) -> list[Ballot]:
     else:
         weights = [1.0] * len(answers)
     return [
-        Ballot(lane, answer, weight)
-        for lane, answer, weight in zip(lanes, answers, weights, strict=True)
+        Ballot(lane, answer, weight) for lane, answer, weight in zip(lanes, answers, weights, strict=True)
     ]
 
 
@@ -215,18 +210,14 @@ def test_permutation_invariance(
 
 
 @given(ballot_lists(weighted=True), tie_breaks, st.integers(0, 2**32))
-def test_deterministic_tie_break(
-    given_ballots: list[Ballot], tie_break: VoteTieBreak, seed: int
-) -> None:
+def test_deterministic_tie_break(given_ballots: list[Ballot], tie_break: VoteTieBreak, seed: int) -> None:
     first = vote_fold(given_ballots, tie_break=tie_break, seed=seed)
     again = vote_fold(list(given_ballots), tie_break=tie_break, seed=seed)
     assert again == first
 
 
 @given(ballot_lists(weighted=True), tie_breaks, st.integers(-20, 20))
-def test_weight_scaling_invariance(
-    given_ballots: list[Ballot], tie_break: VoteTieBreak, power: int
-) -> None:
+def test_weight_scaling_invariance(given_ballots: list[Ballot], tie_break: VoteTieBreak, power: int) -> None:
     # Powers of two scale floats exactly, so the comparison tests the fold, not rounding.
     factor = 2.0**power
     scaled = [Ballot(b.lane, b.answer, b.weight * factor) for b in given_ballots]
@@ -250,17 +241,13 @@ def test_winner_has_the_most_votes_and_accounting_adds_up(given_ballots: list[Ba
         return
     assert result.votes[result.winner] == max(result.votes.values())
     voters = [
-        b.lane
-        for b in given_ballots
-        if b.answer is not None and normalize_answer(b.answer) == result.winner
+        b.lane for b in given_ballots if b.answer is not None and normalize_answer(b.answer) == result.winner
     ]
     assert result.winner_lane == min(voters)
     # first_lane: no tied answer was voted for by a lower lane than the winner's first lane
     for answer in result.tied:
         first = min(
-            b.lane
-            for b in given_ballots
-            if b.answer is not None and normalize_answer(b.answer) == answer
+            b.lane for b in given_ballots if b.answer is not None and normalize_answer(b.answer) == answer
         )
         assert first >= result.winner_lane
     assert result.tie_break == ("first_lane" if result.tied else "none")

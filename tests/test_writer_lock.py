@@ -44,8 +44,13 @@ lanes_per_request = 1
 
 
 def start(*argv: str | Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "lanefold._cli", *map(str, argv)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lanefold._cli", *map(str, argv)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(log: Path, kind: str, count: int = 1) -> None:
@@ -62,8 +67,11 @@ def in_use(line: str, run_id: str, command: str, holder: int) -> None:
     """The loser's one line names the holder's pid, or says it is unknown: a holder writes its
     pid just after it wins the flock, and a loser re-reads for about a second before it gives
     up on the pid (tests/primitives/test_run_lock.py pins that down without processes)."""
-    found = re.fullmatch(rf"orchestrator {command}: run {re.escape(run_id)} is being written by "
-                         r"another process \(pid (\d+|unknown)\)", line)
+    found = re.fullmatch(
+        rf"orchestrator {command}: run {re.escape(run_id)} is being written by "
+        r"another process \(pid (\d+|unknown)\)",
+        line,
+    )
     assert found, line
     assert found.group(1) in (str(holder), "unknown"), line
 
@@ -75,8 +83,7 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
-def test_two_resumes_after_a_kill_one_writes_the_other_exits_2(config: Path,
-                                                                tmp_path: Path) -> None:
+def test_two_resumes_after_a_kill_one_writes_the_other_exits_2(config: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     log = runs / "r" / "events.jsonl"
     first = start("run", config, "--question", "17*23?", "--runs-dir", runs, "--run-id", "r")
@@ -102,16 +109,14 @@ def test_two_resumes_after_a_kill_one_writes_the_other_exits_2(config: Path,
     assert sum(e.type == "run.resumed" for e in events) == 1
 
 
-def test_a_resume_against_a_live_run_exits_2_and_readers_are_never_blocked(
-        tmp_path: Path) -> None:
+def test_a_resume_against_a_live_run_exits_2_and_readers_are_never_blocked(tmp_path: Path) -> None:
     # Four processes start while the live run goes on: its lanes take long enough (about 15 s
     # in all) that it is still writing when the last of them tries, even on a loaded machine.
     config = tmp_path / "slower.toml"
     config.write_text(CONFIG.replace("[1200, 1600]", "[4500, 5000]"))
     runs = tmp_path / "runs"
     log = runs / "live" / "events.jsonl"
-    live = start("run", config, "--question", "17*23?", "--runs-dir", runs, "--run-id", "live",
-                 "--json")
+    live = start("run", config, "--question", "17*23?", "--runs-dir", runs, "--run-id", "live", "--json")
     try:
         wait_for(log, "lane.dispatched")
         size = log.stat().st_size
@@ -121,8 +126,10 @@ def test_a_resume_against_a_live_run_exits_2_and_readers_are_never_blocked(
         assert out == ""
         in_use(err.strip(), "live", "resume", live.pid)
         assert log.stat().st_size >= size  # nothing cut, nothing written by the intruder
-        for reader in (start("show", "live", "--runs-dir", runs, "--json"),
-                       start("tail", "live", "--runs-dir", runs, "--json")):
+        for reader in (
+            start("show", "live", "--runs-dir", runs, "--json"),
+            start("tail", "live", "--runs-dir", runs, "--json"),
+        ):
             out, err = reader.communicate(timeout=120)
             assert reader.returncode == 0, err
             assert out

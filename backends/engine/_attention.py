@@ -36,9 +36,7 @@ class Prefix:
     keys: Tensor | None = None
     values: Tensor | None = None
 
-    def kv(self, layer: int, k_cache: Tensor, v_cache: Tensor, block_size: int) -> tuple[
-        Tensor, Tensor
-    ]:
+    def kv(self, layer: int, k_cache: Tensor, v_cache: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
         """This layer's prefix keys `[kv_heads, D, Lp]` and values `[kv_heads, Lp, D]`."""
         if self.keys is not None and self.values is not None:
             return self.keys[layer], self.values[layer]

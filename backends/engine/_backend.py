@@ -244,8 +244,10 @@ class EngineBackend:
                 tokens = tuple(text(i) for i in lane.output_ids[: len(sample.logprobs)])
                 top = None
                 if ticket.request.params.top_logprobs:
-                    top = tuple(tuple((text(i), value) for i, value in step)
-                                for step in lane.top_logprobs[: len(sample.logprobs)])
+                    top = tuple(
+                        tuple((text(i), value) for i, value in step)
+                        for step in lane.top_logprobs[: len(sample.logprobs)]
+                    )
                 sample = dataclasses.replace(sample, tokens=tokens, top_logprobs=top)
             ticket.landed.append(sample)
             ticket.done = ticket.engine_request.finished

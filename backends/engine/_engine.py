@@ -96,9 +96,7 @@ class Engine:
         if not prompt:
             raise ConfigError("the prompt encodes to no tokens")
         if len(prompt) >= limit:
-            raise ContextLengthError(
-                f"prompt of {len(prompt)} tokens; the model's context is {limit}"
-            )
+            raise ContextLengthError(f"prompt of {len(prompt)} tokens; the model's context is {limit}")
         metrics = RequestMetrics(prompt_tokens=len(prompt))
         seqs = [
             Sequence(
@@ -163,9 +161,7 @@ class Engine:
             return []
         self._mark = self._mark if self._mark is not None else self._clock()
         logits = self.runner.run(plan)  # stays on the device: only the chosen ids leave it
-        holders = (
-            plan.sequences if plan.kind == "decode" else self.scheduler.running + plan.sequences
-        )
+        holders = plan.sequences if plan.kind == "decode" else self.scheduler.running + plan.sequences
         now = self._clock()
         charge_residency(holders, self.pool, now - self._mark)
         self._mark = now
@@ -234,13 +230,13 @@ class Engine:
         return lanes, rows
 
     @staticmethod
-    def _sample(
-        lanes: list[Sequence], logits: Tensor
-    ) -> tuple[list[int], list[float], list[Alternatives]]:
+    def _sample(lanes: list[Sequence], logits: Tensor) -> tuple[list[int], list[float], list[Alternatives]]:
         """Every lane's next token (and log-probability, and the most likely tokens where a
         lane asked for them) in one batch on the logits' device."""
         batch = SamplingBatch.build(
-            [s.params for s in lanes], [s.key for s in lanes], [s.num_generated for s in lanes],
+            [s.params for s in lanes],
+            [s.key for s in lanes],
+            [s.num_generated for s in lanes],
             logits.device,
         )
         none: list[Alternatives] = [()] * len(lanes)
@@ -251,11 +247,15 @@ class Engine:
             both = torch.stack((tokens.double(), logprobs.double())).cpu()  # one copy to the host
             return [int(t) for t in both[0].tolist()], both[1].tolist(), none
         drawn, chosen, values, ids = sample_with_alternatives(logits, batch)
-        rows = torch.cat((drawn.double()[:, None], chosen.double()[:, None], ids.double(),
-                          values.double()), dim=1).cpu().tolist()  # one copy to the host
+        rows = (
+            torch.cat(
+                (drawn.double()[:, None], chosen.double()[:, None], ids.double(), values.double()), dim=1
+            )
+            .cpu()
+            .tolist()
+        )  # one copy to the host
         n = ids.shape[1]
-        alternatives = [tuple(zip(map(int, row[2 : 2 + n]), row[2 + n :], strict=True))
-                        for row in rows]
+        alternatives = [tuple(zip(map(int, row[2 : 2 + n]), row[2 + n :], strict=True)) for row in rows]
         return [int(row[0]) for row in rows], [row[1] for row in rows], alternatives
 
     def _emit(self, seq: Sequence, token: int, logprob: float, top: Alternatives) -> None:

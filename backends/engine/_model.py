@@ -44,9 +44,7 @@ class KVCache:
     v: Tensor
 
     @classmethod
-    def empty(
-        cls, args: ModelArgs, slots: int, dtype: torch.dtype, device: torch.device
-    ) -> KVCache:
+    def empty(cls, args: ModelArgs, slots: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         """Zeroed storage for `slots` tokens of every layer.
 
         Zeroed, not empty: padded and masked slots still enter attention with weight 0, and
@@ -170,9 +168,17 @@ class LayerWeights(NamedTuple):
         ):
             qkv, gate_up = layer.fused
         return cls(
-            layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight,
-            attn.v_proj.weight, attn.o_proj.weight, layer.post_attention_layernorm.weight,
-            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, qkv, gate_up,
+            layer.input_layernorm.weight,
+            attn.q_proj.weight,
+            attn.k_proj.weight,
+            attn.v_proj.weight,
+            attn.o_proj.weight,
+            layer.post_attention_layernorm.weight,
+            mlp.gate_proj.weight,
+            mlp.up_proj.weight,
+            mlp.down_proj.weight,
+            qkv,
+            gate_up,
         )
 
 
@@ -222,9 +228,7 @@ class CausalLM(nn.Module):
         rope = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]  # [N, 1, head_dim / 2]
         shape = (a.num_heads, a.num_kv_heads, a.head_dim)
         for i, weights in enumerate(self.layer_weights()):
-            x = _decoder_layer(
-                weights, x, rope, (cache.k[i], cache.v[i]), batch, i, shape, a.rms_norm_eps
-            )
+            x = _decoder_layer(weights, x, rope, (cache.k[i], cache.v[i]), batch, i, shape, a.rms_norm_eps)
         return _rms_norm(x, self.model.norm.weight, a.rms_norm_eps)
 
     @torch.inference_mode()
@@ -410,7 +414,5 @@ def rope_inv_freq(args: ModelArgs) -> Tensor:
     """RoPE inverse frequencies, computed in fp32 exactly as the reference implementation does."""
     # on the CPU even while a model is laid out on "meta": arithmetic on meta tensors imports
     # torch._dynamo, 2 s of a warm load's CPU time
-    exponents = (
-        torch.arange(0, args.head_dim, 2, dtype=torch.int64, device="cpu").float() / args.head_dim
-    )
+    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.int64, device="cpu").float() / args.head_dim
     return 1.0 / (args.rope_theta**exponents)

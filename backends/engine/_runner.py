@@ -17,9 +17,7 @@ __all__ = ("ModelRunner",)
 class ModelRunner:
     """Owns the model and the paged KV storage on one device."""
 
-    def __init__(
-        self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype
-    ) -> None:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
         self.model = model
         self.block_size = block_size
         self.device = model.lm_head.weight.device
@@ -27,9 +25,7 @@ class ModelRunner:
         self.block_bytes = self.cache.k[:, :block_size].nbytes * 2
         # what attention computes in, and so what kept prompts and lanes are stored in
         self._work = compute_dtype(model.lm_head.weight.dtype, self.device)
-        self._kept_block_bytes = (
-            self.block_bytes * self._work.itemsize // self.cache.k.dtype.itemsize
-        )
+        self._kept_block_bytes = self.block_bytes * self._work.itemsize // self.cache.k.dtype.itemsize
         # Shared prompts gathered once for every layer, laid out for the products, kept while
         # their groups decode: full shared blocks are never written, and a block can only come
         # back with other contents through a prefill, which clears this. Capped at an eighth of
@@ -103,9 +99,7 @@ class ModelRunner:
             [t for s, a in zip(seqs, starts, strict=True) for t in s.tokens[a:]], dtype=torch.long
         )
         shared, prefixes = (
-            _shared_prefixes(seqs, bs)
-            if step.kind == "decode" and lane is None
-            else ([0] * len(seqs), [])
+            _shared_prefixes(seqs, bs) if step.kind == "decode" and lane is None else ([0] * len(seqs), [])
         )
         ends = torch.tensor([len(s.tokens) for s in seqs])
         start = torch.tensor(starts)
@@ -141,11 +135,7 @@ class ModelRunner:
                 host.items(), packed.split_with_sizes([t.numel() for t in host.values()]), strict=True
             )
         }
-        mask = (
-            None
-            if spans or lane
-            else (on["key_pos"][:, None, :] <= on["query_pos"][:, :, None])[:, None]
-        )
+        mask = None if spans or lane else (on["key_pos"][:, None, :] <= on["query_pos"][:, :, None])[:, None]
         bias = None
         if prefixes and mask is not None:  # the shared-prefix decode adds the mask as a bias
             bias = torch.zeros(mask.shape, dtype=self._work, device=device)
@@ -209,12 +199,8 @@ class ModelRunner:
         if not copies:
             return
         offsets = torch.arange(self.block_size)
-        src = torch.cat(
-            [torch.full((self.block_size,), s * self.block_size) + offsets for s, _ in copies]
-        )
-        dst = torch.cat(
-            [torch.full((self.block_size,), d * self.block_size) + offsets for _, d in copies]
-        )
+        src = torch.cat([torch.full((self.block_size,), s * self.block_size) + offsets for s, _ in copies])
+        dst = torch.cat([torch.full((self.block_size,), d * self.block_size) + offsets for _, d in copies])
         src, dst = src.to(self.device), dst.to(self.device)
         for layer_store in (self.cache.k, self.cache.v):
             layer_store[:, dst] = layer_store[:, src]
@@ -243,9 +229,7 @@ def _shared_prefixes(
         length = 0
         if len(seqs) == 1:  # fixed while it decodes, so the gathered prompt is kept
             length = min(len(tables[0]) - 1, seqs[0].num_prompt // block_size)
-        while len(rows) > 1 and all(
-            len(t) > length + 1 and t[length] == tables[0][length] for t in tables
-        ):
+        while len(rows) > 1 and all(len(t) > length + 1 and t[length] == tables[0][length] for t in tables):
             length += 1
         if length:
             for r in rows:

@@ -91,8 +91,7 @@ class SamplingBatch:
             any_sampled=any(p.temperature > 0.0 for p in params),
             any_greedy=any(p.temperature <= 0.0 for p in params),
             # one more pass over the rows only where some asked for logprobs at all
-            top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0)
-            if logprobs else 0,
+            top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0) if logprobs else 0,
         )
 
 
@@ -109,9 +108,7 @@ def sample(logits: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor | None]
     return tokens, logprobs
 
 
-def sample_with_alternatives(
-    logits: Tensor, batch: SamplingBatch
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def sample_with_alternatives(logits: Tensor, batch: SamplingBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`sample` for a batch where some row asked for alternatives: token ids `[B]`, their
     log-probabilities `[B]`, and each row's `batch.top_logprobs` most likely token ids and
     log-probabilities `[B, N]` (most likely first), all from the one log-softmax the sampled
@@ -144,9 +141,7 @@ def _draw(logits: Tensor, batch: SamplingBatch) -> Tensor:
     return tokens
 
 
-def sample_token(
-    logits: Tensor, params: SamplingParams, seed: int, position: int = 0
-) -> tuple[int, float]:
+def sample_token(logits: Tensor, params: SamplingParams, seed: int, position: int = 0) -> tuple[int, float]:
     """One row's token and log-probability (0.0 unless asked for): `sample` for a single lane."""
     batch = SamplingBatch.build([params], [lane_key(seed)], [position], logits.device)
     tokens, logprobs = sample(logits[None].float(), batch)

@@ -89,9 +89,7 @@ class Tokenizer:
             if not (folder / "tokenizer.json").is_file():
                 raise ConfigError("no tokenizer.json")
             config_file = folder / "tokenizer_config.json"
-            config: dict[str, Any] = (
-                json.loads(config_file.read_text()) if config_file.is_file() else {}
-            )
+            config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
             template = config.get("chat_template")
             return cls(
                 Backend.from_file(str(folder / "tokenizer.json")),

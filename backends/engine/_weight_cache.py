@@ -62,16 +62,16 @@ def gguf_key(path: Path) -> str:
 def cached_checkpoint(path: Path, reader: Callable[[], GGUFReader]) -> Checkpoint:
     """The GGUF's checkpoint from the cache, or loaded from `reader()` and stored there."""
     with reading_model(path):
-        return _through_cache(
-            path, (_WEIGHTS,), _read_checkpoint, lambda: _write_checkpoint(path, reader())
-        )
+        return _through_cache(path, (_WEIGHTS,), _read_checkpoint, lambda: _write_checkpoint(path, reader()))
 
 
 def cached_tokenizer(path: Path, reader: Callable[[], GGUFReader]) -> Tokenizer:
     """The GGUF's tokenizer from the cache, or built from `reader()` and stored there."""
     with reading_model(path):
         return _through_cache(
-            path, (_TOKENIZER, _TOKENIZER_EXTRA), _read_tokenizer,
+            path,
+            (_TOKENIZER, _TOKENIZER_EXTRA),
+            _read_tokenizer,
             lambda: _write_tokenizer(reader()),
         )
 
@@ -90,9 +90,7 @@ def _through_cache(
         try:
             return read(entry)
         except Exception as exc:  # whatever broke (torn, edited, old), the entry is rebuilt
-            log.warning(
-                "engine cache entry unreadable; rebuilding", entry=str(entry), error=repr(exc)
-            )
+            log.warning("engine cache entry unreadable; rebuilding", entry=str(entry), error=repr(exc))
             for name in files:
                 (entry / name).unlink(missing_ok=True)
     value, write = build()
@@ -124,9 +122,7 @@ def _read_checkpoint(entry: Path) -> Checkpoint:
     return Checkpoint(ModelArgs(**fields), load_file(entry / _WEIGHTS))
 
 
-def _write_checkpoint(
-    path: Path, reader: GGUFReader
-) -> tuple[Checkpoint, Callable[[Path], None]]:
+def _write_checkpoint(path: Path, reader: GGUFReader) -> tuple[Checkpoint, Callable[[Path], None]]:
     from safetensors.torch import save_file
 
     checkpoint = load_checkpoint(path, reader)

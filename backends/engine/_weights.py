@@ -23,8 +23,7 @@ from lanefold.primitives import ConfigError, get_logger
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-__all__ = ("Checkpoint", "ModelArgs", "load_checkpoint", "open_gguf", "reading_model",
-           "resolve_model_path")
+__all__ = ("Checkpoint", "ModelArgs", "load_checkpoint", "open_gguf", "reading_model", "resolve_model_path")
 
 _KEY = "backend.model: "
 
@@ -91,12 +90,12 @@ def reading_model(path: Path) -> Iterator[None]:
     except MemoryError:
         raise
     except Exception as exc:  # the gguf, safetensors and tokenizers readers raise many kinds
-        get_logger("lanefold.engine", model=str(path)).debug("model file unreadable",
-                                                             exc_info=True)
+        get_logger("lanefold.engine", model=str(path)).debug("model file unreadable", exc_info=True)
         what = " ".join(str(exc).split())[:200] or "no detail"
         kind = "GGUF" if path.suffix == ".gguf" else "model"
-        raise ConfigError(f"{_KEY}{path} is not a readable {kind} file "
-                          f"({type(exc).__name__}: {what})") from None
+        raise ConfigError(
+            f"{_KEY}{path} is not a readable {kind} file ({type(exc).__name__}: {what})"
+        ) from None
 
 
 def resolve_model_path(model: str) -> Path:
@@ -147,10 +146,7 @@ def _load_gguf(reader: GGUFReader) -> Checkpoint:
         elif name.endswith("k_proj.weight"):
             array = _unpermute(array, kv_heads)
         tensors[name] = torch.from_numpy(array)
-    eos = [
-        gguf_field(reader, k)
-        for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-    ]
+    eos = [gguf_field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     args = ModelArgs(
         vocab_size=tensors["model.embed_tokens.weight"].shape[0],
         hidden_size=hidden,
@@ -182,9 +178,7 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's row permutation of Q/K (interleaved RoPE pairs -> rotate-half halves)."""
     rows = weight.shape[0]
     return (
-        weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
+        weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
     )
 
 

@@ -262,9 +262,7 @@ class OpenAIBackend:
         if missing:
             await self._singles(request, missing, send)
 
-    def _stop_merging(
-        self, reason: str, requested: int, received: int | None, message: str | None
-    ) -> None:
+    def _stop_merging(self, reason: str, requested: int, received: int | None, message: str | None) -> None:
         if not self._merging:
             return
         self._merging = False

@@ -98,8 +98,7 @@ class OpenAIConfig(BaseModel):
                 raise ValueError(f"header {name!r} is not a valid header name")
             if not _HEADER_VALUE.fullmatch(text):
                 raise ValueError(
-                    f"header {name!r}: the value must be printable ASCII, with no whitespace "
-                    "at either end"
+                    f"header {name!r}: the value must be printable ASCII, with no whitespace at either end"
                 )
         return value
 

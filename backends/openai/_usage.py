@@ -58,9 +58,7 @@ def _known(tally: Tally, max_tokens: int) -> int | None:
     return max_tokens if tally.hit_length else None
 
 
-def _completion_parts(
-    tallies: Sequence[Tally], max_tokens: int, billed: int
-) -> tuple[list[int], str]:
+def _completion_parts(tallies: Sequence[Tally], max_tokens: int, billed: int) -> tuple[list[int], str]:
     known = [_known(t, max_tokens) for t in tallies]
     fixed = sum(k for k in known if k is not None)
     free = [i for i, k in enumerate(known) if k is None]
@@ -93,13 +91,10 @@ def apportion(
     if prompt_tokens is None or completion_tokens is None:
         outputs = [k if (k := _known(t, max_tokens)) is not None else t.utf8_bytes for t in tallies]
         usages = [
-            Usage(input_tokens=prompt_bytes if i == 0 else 0, output_tokens=o)
-            for i, o in enumerate(outputs)
+            Usage(input_tokens=prompt_bytes if i == 0 else 0, output_tokens=o) for i, o in enumerate(outputs)
         ]
         return Apportioned(tuple(usages), "bytes_estimate", sum(outputs), None)
-    evident = sum(
-        k if (k := _known(t, max_tokens)) is not None else (1 if t.chars else 0) for t in tallies
-    )
+    evident = sum(k if (k := _known(t, max_tokens)) is not None else (1 if t.chars else 0) for t in tallies)
     billed = max(completion_tokens, evident)
     parts, method = _completion_parts(tallies, max_tokens, billed)
     cached = min(cached_tokens, prompt_tokens)

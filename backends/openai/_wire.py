@@ -152,8 +152,9 @@ def _all_texts(tokens: list[str] | list[str | None] | None) -> tuple[str, ...] |
     return tuple(token for token in tokens if token is not None)
 
 
-def _likeliest_first(steps: list[list[tuple[str, float]] | None]) -> tuple[
-        tuple[tuple[str, float], ...], ...] | None:
+def _likeliest_first(
+    steps: list[list[tuple[str, float]] | None],
+) -> tuple[tuple[tuple[str, float], ...], ...] | None:
     """Every position's alternatives sorted, most likely first; None unless every position
     has some (a server that sends none, or sends them for only part of the text)."""
     if not steps or any(not step for step in steps):
@@ -166,9 +167,14 @@ def _from_chat(choice: ChatChoice) -> WireChoice:
     values = tuple(entry.logprob for entry in content) if content is not None else None
     top = None
     if content is not None:
-        top = _likeliest_first([
-            None if entry.top_logprobs is None
-            else [(alt.token, alt.logprob) for alt in entry.top_logprobs] for entry in content])
+        top = _likeliest_first(
+            [
+                None
+                if entry.top_logprobs is None
+                else [(alt.token, alt.logprob) for alt in entry.top_logprobs]
+                for entry in content
+            ]
+        )
     return WireChoice(
         index=choice.index,
         text=choice.message.content or "",
@@ -191,8 +197,7 @@ def _from_completion(choice: CompletionChoice) -> WireChoice:
         count = len(lp.tokens)
     top = None
     if lp is not None and lp.top_logprobs is not None:
-        top = _likeliest_first([None if step is None else list(step.items())
-                                for step in lp.top_logprobs])
+        top = _likeliest_first([None if step is None else list(step.items()) for step in lp.top_logprobs])
     return WireChoice(
         index=choice.index,
         text=choice.text,
@@ -226,9 +231,7 @@ def build_body(
     body["model"] = config.model
     if config.api == "chat":
         messages = (
-            []
-            if config.system_prompt is None
-            else [{"role": "system", "content": config.system_prompt}]
+            [] if config.system_prompt is None else [{"role": "system", "content": config.system_prompt}]
         )
         if request.messages is None:
             messages.append({"role": "user", "content": request.prompt})

@@ -87,8 +87,9 @@ class SimulatedBackend:
             self._note(request)
         if cfg.call_log:
             async with await anyio.open_file(cfg.call_log, "a") as fh:
-                await fh.write("".join(f"{request.wave} {lane.lane} {lane.attempt}\n"
-                                       for lane in request.lanes))
+                await fh.write(
+                    "".join(f"{request.wave} {lane.lane} {lane.attempt}\n" for lane in request.lanes)
+                )
         fault_rngs = [random.Random(f"{lane.seed}:{lane.attempt}") for lane in request.lanes]
         low, high = cfg.latency_ms
         delays = [rng.uniform(low, high) for rng in fault_rngs]
@@ -134,8 +135,11 @@ class SimulatedBackend:
         """Say once, on the second question `answers` does not list, that this is no model:
         a run's first wave asks one question, so two mean a batch or a dataset."""
         answers = self.config.answers
-        if request.wave != 1 or request.purpose != "sample" or any(
-                key in answers for key in question_keys(request.prompt)):
+        if (
+            request.wave != 1
+            or request.purpose != "sample"
+            or any(key in answers for key in question_keys(request.prompt))
+        ):
             return
         self._unlisted.add(first_line(request.prompt))
         if len(self._unlisted) == 2:
@@ -144,7 +148,9 @@ class SimulatedBackend:
             _log.warning(
                 "the simulated backend answers %r (its backend.answer) to every question that "
                 "backend.answers does not list, whatever the question; scored against a "
-                "dataset's own answers it is a test double, not a model", self.config.answer)
+                "dataset's own answers it is a test double, not a model",
+                self.config.answer,
+            )
 
     def _text(self, request: SampleRequest, lane: LaneRequest) -> str:
         prompt, purpose = request.prompt, request.purpose
@@ -167,8 +173,7 @@ class SimulatedBackend:
         if correct:
             answer = gold
         else:  # a question's own gold is never one of its wrong answers
-            wrong = cfg.distractors if gold == cfg.answer else [
-                d for d in cfg.distractors if d != gold]
+            wrong = cfg.distractors if gold == cfg.answer else [d for d in cfg.distractors if d != gold]
             answer = rng.choice(wrong)
         return f"{rng.choice(_OPENERS)} Working it through gives {answer}.\nAnswer: {answer}"
 
@@ -211,15 +216,13 @@ class SimulatedBackend:
         score = rng.randint(7, 10) if correct else rng.randint(1, 4)
         return f"The candidate's final answer is {'right' if correct else 'wrong'}.\nScore: {score}/10"
 
-    def _sample(self, lane: LaneRequest, text: str, usage_in: tuple[int, int],
-                produced: int) -> Sample:
+    def _sample(self, lane: LaneRequest, text: str, usage_in: tuple[int, int], produced: int) -> Sample:
         finish = "stop"
         if produced > lane.max_tokens:
             # Cut short by its allotment: the text loses its tail, as a real model's would.
             keep = max(1, len(text) * lane.max_tokens // produced)
             text, produced, finish = text[:keep], lane.max_tokens, "length"
-        usage = Usage(input_tokens=usage_in[0], cached_input_tokens=usage_in[1],
-                      output_tokens=produced)
+        usage = Usage(input_tokens=usage_in[0], cached_input_tokens=usage_in[1], output_tokens=produced)
         return Sample(lane=lane.lane, text=text, finish_reason=finish, usage=usage)
 
     async def aclose(self) -> None:

@@ -48,8 +48,7 @@ class ScriptRule(BaseModel):
 
     def matches(self, purpose: str, prompt: str) -> bool:
         """Whether this rule answers a request of `purpose` with `prompt`."""
-        return purpose == self.purpose and (self.match is None
-                                            or re.search(self.match, prompt) is not None)
+        return purpose == self.purpose and (self.match is None or re.search(self.match, prompt) is not None)
 
 
 @register_backend("simulated")
@@ -85,8 +84,7 @@ class SimulatedConfig(BaseModel):
 
     @field_validator("difficulty")
     @classmethod
-    def _beta(cls, value: tuple[float, float] | None,
-              info: ValidationInfo) -> tuple[float, float] | None:
+    def _beta(cls, value: tuple[float, float] | None, info: ValidationInfo) -> tuple[float, float] | None:
         if value is None:
             return value
         if not (value[0] > 0 and value[1] > 0):

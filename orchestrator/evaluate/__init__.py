@@ -63,13 +63,19 @@ __all__ = (
 Handler = Callable[[argparse.Namespace], int]
 
 
-def add_commands(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-                 common: Callable[[argparse.ArgumentParser], None]) -> dict[str, Handler]:
+def add_commands(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: Callable[[argparse.ArgumentParser], None],
+) -> dict[str, Handler]:
     """Add `eval`, `compare`, `curve` and `datasets` to the CLI's subcommands; their handlers
     by name."""
     handlers: dict[str, Handler] = {}
-    for name, module in (("eval", _eval_cli), ("compare", _compare_cli), ("curve", _curve_cli),
-                         ("datasets", _datasets_cli)):
+    for name, module in (
+        ("eval", _eval_cli),
+        ("compare", _compare_cli),
+        ("curve", _curve_cli),
+        ("datasets", _datasets_cli),
+    ):
         module.add_parser(sub, common)
         handlers[name] = module.command
     return handlers

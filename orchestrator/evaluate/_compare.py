@@ -45,8 +45,16 @@ from lanefold.evaluate._item import Item
 from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.primitives import ConfigError, LogWriteError, plugin_folders, validate_run_id
 
-__all__ = ("Compared", "Comparison", "EqualBudget", "McNemar", "arm_names", "mcnemar",
-           "mcnemar_p", "run_compare")
+__all__ = (
+    "Compared",
+    "Comparison",
+    "EqualBudget",
+    "McNemar",
+    "arm_names",
+    "mcnemar",
+    "mcnemar_p",
+    "run_compare",
+)
 
 _log = logging.getLogger("lanefold.compare")
 
@@ -57,6 +65,7 @@ OnResult = Callable[[str, QuestionResult], None]
 
 
 # -- the paired test --------------------------------------------------------------------------
+
 
 class McNemar(BaseModel):
     """A paired test of two configs on the same questions.
@@ -98,6 +107,7 @@ def mcnemar_p(b: int, c: int) -> tuple[float, Literal["exact", "chi2"]]:
 
 
 # -- compare.json -----------------------------------------------------------------------------
+
 
 class EqualBudget(BaseModel):
     """How the configs were put on one budget: the unit, the per-question limit, where it
@@ -155,6 +165,7 @@ class Comparison(BaseModel):
 
 # -- the comparison ---------------------------------------------------------------------------
 
+
 def arm_names(paths: Sequence[str | Path]) -> list[str]:
     """A plain, unique name per config: its file's stem (`_2`, `_3` after a repeat; not `-2`,
     which is how a question's run is named)."""
@@ -169,8 +180,9 @@ def arm_names(paths: Sequence[str | Path]) -> list[str]:
     return names
 
 
-def _arms(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
-          ) -> list[tuple[str, str, LoopConfig]]:
+def _arms(
+    configs: Sequence[str | Path] | Mapping[str, ConfigLike],
+) -> list[tuple[str, str, LoopConfig]]:
     """(name, source, config) per config, each loaded and checked."""
     if isinstance(configs, Mapping):
         pairs = list(configs.items())
@@ -183,8 +195,9 @@ def _arms(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     for name, _ in pairs:  # eval `<id>-a` keeps its runs in `<id>-a-<i>`: no config may be one
         for other, _ in pairs:
             if re.fullmatch(rf"{re.escape(other)}-\d+", name):
-                raise ConfigError(f"{name}: a config named like a question of {other!r} "
-                                  f"({other}-<index>); rename one")
+                raise ConfigError(
+                    f"{name}: a config named like a question of {other!r} ({other}-<index>); rename one"
+                )
     arms = []
     for name, config in pairs:
         if isinstance(config, LoopConfig):
@@ -194,13 +207,22 @@ def _arms(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     return arms
 
 
-async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
-                      items: Sequence[Item], *, compare_id: str, runs_dir: str | Path = "runs",
-                      concurrency: int = 8, scorer: str | None = None,
-                      dataset: DatasetSpec | None = None, equal_budget: str | None = None,
-                      budget: float | None = None, on_start: OnStart | None = None,
-                      on_result: OnResult | None = None, plot: bool = True,
-                      stop_reason: Callable[[], str] = lambda: "cancelled") -> Comparison:
+async def run_compare(
+    configs: Sequence[str | Path] | Mapping[str, ConfigLike],
+    items: Sequence[Item],
+    *,
+    compare_id: str,
+    runs_dir: str | Path = "runs",
+    concurrency: int = 8,
+    scorer: str | None = None,
+    dataset: DatasetSpec | None = None,
+    equal_budget: str | None = None,
+    budget: float | None = None,
+    on_start: OnStart | None = None,
+    on_result: OnResult | None = None,
+    plot: bool = True,
+    stop_reason: Callable[[], str] = lambda: "cancelled",
+) -> Comparison:
     """Run every config on `items` as the eval `<compare_id>-<name>`; compare; write
     `runs_dir/<compare_id>/compare.json` (and `compare.png` unless `plot` is False).
 
@@ -228,21 +250,20 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
             raise ConfigError(f"--equal-budget: unknown {equal_budget!r}: tokens, cost or lanes")
         mode: BudgetMode = equal_budget  # narrowed by the check above
         questions = [item.question for item in items]
-        limit, needs = equal_limit([(source, c) for _, source, c in arms], mode, questions,
-                                   budget)
+        limit, needs = equal_limit([(source, c) for _, source, c in arms], mode, questions, budget)
         # Each loop's own fit says how it spends the limit (the keys it sets are recorded).
         caps = [fitted_keys(c, mode, limit, source, questions) for _, source, c in arms]
-        arms = [(name, source, apply_limit(c, mode, limit, source, questions))
-                for name, source, c in arms]
-        settled = EqualBudget(mode=mode, limit=limit,
-                              source="largest need" if budget is None else "--budget",
-                              needs={name: value for (name, _, _), value in zip(arms, needs,
-                                                                                strict=True)})
+        arms = [(name, source, apply_limit(c, mode, limit, source, questions)) for name, source, c in arms]
+        settled = EqualBudget(
+            mode=mode,
+            limit=limit,
+            source="largest need" if budget is None else "--budget",
+            needs={name: value for (name, _, _), value in zip(arms, needs, strict=True)},
+        )
     folder = Path(runs_dir) / compare_id
     for marker, what in (("events.jsonl", "a run's"), ("eval.json", "an eval's")):
         if (folder / marker).exists():
-            raise ConfigError(f"{folder}: is {what} folder, not a comparison's: choose another "
-                              f"--compare-id")
+            raise ConfigError(f"{folder}: is {what} folder, not a comparison's: choose another --compare-id")
     last = max((item.index for item in items), default=0)
     for name, _, config in arms:  # a changed config or limit: refused before anything runs
         eval_id = validate_run_id(f"{compare_id}-{name}")
@@ -253,11 +274,15 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
             continue
         recorded = read_manifest(store, eval_id)
         if recorded.config_hash != config_hash(config):
-            raise ConfigError(f"compare {compare_id}: {name} was run with another config or "
-                              f"budget; choose a new --compare-id")
+            raise ConfigError(
+                f"compare {compare_id}: {name} was run with another config or "
+                f"budget; choose a new --compare-id"
+            )
         if recorded.questions_hash != questions_hash(items):
-            raise ConfigError(f"compare {compare_id}: {name} was run on other questions "
-                              f"(--dataset, --limit); choose a new --compare-id")
+            raise ConfigError(
+                f"compare {compare_id}: {name} was run on other questions "
+                f"(--dataset, --limit); choose a new --compare-id"
+            )
 
     lines: list[Compared] = []
     marks: list[dict[int, bool]] = []
@@ -265,45 +290,72 @@ async def run_compare(configs: Sequence[str | Path] | Mapping[str, ConfigLike],
     for (name, source, config), cap in zip(arms, caps, strict=True):
         eval_id = f"{compare_id}-{name}"
         summary = await run_eval(
-            config, items, eval_id=eval_id, runs_dir=runs_dir, concurrency=concurrency,
-            scorer=scorer, dataset=dataset,
+            config,
+            items,
+            eval_id=eval_id,
+            runs_dir=runs_dir,
+            concurrency=concurrency,
+            scorer=scorer,
+            dataset=dataset,
             on_start=functools.partial(on_start, name) if on_start else None,
             on_result=functools.partial(on_result, name) if on_result else None,
-            stop_reason=stop_reason)
+            stop_reason=stop_reason,
+        )
         chosen_scorer = summary.scorer
         wanted = {item.index for item in items}
         store = open_store(config.store.url, runs_dir, config.store.password_env)
         rows = read_results(store.eval_record(eval_id))  # where run_eval recorded it
         marks.append({i: row.correct for i, row in rows.items() if i in wanted})
-        lines.append(Compared(
-            name=name, config=source, eval_id=eval_id, loop=config.loop.coordinator,
-            n=summary.n, correct=summary.correct, accuracy=summary.accuracy,
-            interval=summary.interval, abstentions=summary.abstentions, failed=summary.failed,
-            mean_lanes=summary.mean_lanes, mean_tokens=summary.mean_tokens,
-            mean_cost=summary.mean_cost, wall_s=summary.wall_s,
-            budget=config.budget.model_dump(mode="json"), lane_cap=cap, against_best=None))
+        lines.append(
+            Compared(
+                name=name,
+                config=source,
+                eval_id=eval_id,
+                loop=config.loop.coordinator,
+                n=summary.n,
+                correct=summary.correct,
+                accuracy=summary.accuracy,
+                interval=summary.interval,
+                abstentions=summary.abstentions,
+                failed=summary.failed,
+                mean_lanes=summary.mean_lanes,
+                mean_tokens=summary.mean_tokens,
+                mean_cost=summary.mean_cost,
+                wall_s=summary.wall_s,
+                budget=config.budget.model_dump(mode="json"),
+                lane_cap=cap,
+                against_best=None,
+            )
+        )
 
-    order = sorted(range(len(lines)), key=lambda i: (-lines[i].accuracy, lines[i].mean_cost,
-                                                     computed(lines[i]), i))
+    order = sorted(
+        range(len(lines)), key=lambda i: (-lines[i].accuracy, lines[i].mean_cost, computed(lines[i]), i)
+    )
     best = order[0]
-    lines = [line if i == best else line.model_copy(update={
-        "against_best": mcnemar(marks[best], marks[i])}) for i, line in enumerate(lines)]
+    lines = [
+        line if i == best else line.model_copy(update={"against_best": mcnemar(marks[best], marks[i])})
+        for i, line in enumerate(lines)
+    ]
     folder.mkdir(parents=True, exist_ok=True)
     comparison = Comparison(
-        compare_id=compare_id, dataset=dataset.spec if dataset else "<items>",
-        scorer=chosen_scorer, questions=len(items), best=lines[best].name,
-        equal_budget=settled, configs=[lines[i] for i in order], plot=None)
+        compare_id=compare_id,
+        dataset=dataset.spec if dataset else "<items>",
+        scorer=chosen_scorer,
+        questions=len(items),
+        best=lines[best].name,
+        equal_budget=settled,
+        configs=[lines[i] for i in order],
+        plot=None,
+    )
     if plot:
-        comparison = comparison.model_copy(update={"plot": draw(comparison,
-                                                                folder / "compare.png")})
+        comparison = comparison.model_copy(update={"plot": draw(comparison, folder / "compare.png")})
     _replace(folder / "compare.json", as_json(comparison))
     return comparison
 
 
 def computed(line: Compared) -> float:
     """Mean tokens computed per question (cached prefill is not computed again)."""
-    return math.fsum(value for name, value in line.mean_tokens.items()
-                     if name != "cached_prefill")
+    return math.fsum(value for name, value in line.mean_tokens.items() if name != "cached_prefill")
 
 
 def draw(comparison: Comparison, path: Path) -> str | None:
@@ -324,17 +376,27 @@ def draw(comparison: Comparison, path: Path) -> str | None:
     try:
         for x, line in zip(xs, lines, strict=True):
             low, high = line.interval
-            axes.errorbar([x], [line.accuracy], yerr=[[line.accuracy - low], [high - line.accuracy]],
-                          fmt="o", capsize=4, label=f"{line.name} ({line.loop})")
-            axes.annotate(line.name, (x, line.accuracy), textcoords="offset points",
-                          xytext=(6, 6), fontsize=8)
-        axes.set_xlabel("mean cost per question (USD)" if priced
-                        else "mean tokens computed per question (nothing priced)")
+            axes.errorbar(
+                [x],
+                [line.accuracy],
+                yerr=[[line.accuracy - low], [high - line.accuracy]],
+                fmt="o",
+                capsize=4,
+                label=f"{line.name} ({line.loop})",
+            )
+            axes.annotate(
+                line.name, (x, line.accuracy), textcoords="offset points", xytext=(6, 6), fontsize=8
+            )
+        axes.set_xlabel(
+            "mean cost per question (USD)" if priced else "mean tokens computed per question (nothing priced)"
+        )
         axes.set_ylabel("accuracy (95% Wilson interval)")
         axes.set_ylim(0, 1.02)
         budget = comparison.equal_budget
-        axes.set_title(f"compare {comparison.compare_id}: {comparison.questions} questions"
-                       + (f", equal {budget.mode} ({budget.limit:g})" if budget else ""))
+        axes.set_title(
+            f"compare {comparison.compare_id}: {comparison.questions} questions"
+            + (f", equal {budget.mode} ({budget.limit:g})" if budget else "")
+        )
         axes.legend(fontsize=8, loc="lower right")
         axes.grid(alpha=0.3)
         figure.tight_layout()

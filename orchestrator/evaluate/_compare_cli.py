@@ -35,28 +35,47 @@ from lanefold.primitives import ConfigError, validate_run_id
 __all__ = ("add_parser", "command", "print_comparison")
 
 
-def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-               common: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: Callable[[argparse.ArgumentParser], None],
+) -> None:
     """Add `compare` to the `orchestrator` command's subparsers."""
-    p = sub.add_parser("compare", help="run several loop configs on the same questions and "
-                       "compare them")
+    p = sub.add_parser("compare", help="run several loop configs on the same questions and compare them")
     p.add_argument("configs", nargs="+", metavar="CONFIG", help="two or more loop config files")
-    p.add_argument("--dataset", required=True, metavar="PATH_OR_SPEC",
-                   help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
-                   "humaneval (`orchestrator datasets` lists them)")
-    p.add_argument("--equal-budget", metavar="tokens|cost|lanes",
-                   help="give every config the same per-question limit")
-    p.add_argument("--budget", type=float, metavar="N", help="with --equal-budget: the limit "
-                   "(default: the largest any config could need)")
+    p.add_argument(
+        "--dataset",
+        required=True,
+        metavar="PATH_OR_SPEC",
+        help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
+        "humaneval (`orchestrator datasets` lists them)",
+    )
+    p.add_argument(
+        "--equal-budget", metavar="tokens|cost|lanes", help="give every config the same per-question limit"
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="N",
+        help="with --equal-budget: the limit (default: the largest any config could need)",
+    )
     p.add_argument("--limit", type=int, metavar="N", help="only the first N questions")
-    p.add_argument("--concurrency", type=int, default=8, metavar="Q",
-                   help="questions in flight at once, per config (default 8)")
-    p.add_argument("--compare-id", metavar="ID", help="name the comparison (default: a new "
-                   "sortable id); the same id again continues it")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        metavar="Q",
+        help="questions in flight at once, per config (default 8)",
+    )
+    p.add_argument(
+        "--compare-id",
+        metavar="ID",
+        help="name the comparison (default: a new sortable id); the same id again continues it",
+    )
     p.add_argument("--question-field", metavar="F", help="the question's field (default question)")
     p.add_argument("--answer-field", metavar="F", help="the gold answer's field (default answer)")
-    p.add_argument("--scorer", metavar="S", help="exact (default), numeric[:TOL], "
-                   "humaneval[:SECONDS] or module:function")
+    p.add_argument(
+        "--scorer", metavar="S", help="exact (default), numeric[:TOL], humaneval[:SECONDS] or module:function"
+    )
     common(p)
     p.add_argument("--json", action="store_true", help="print compare.json")
 
@@ -81,18 +100,29 @@ def command(args: argparse.Namespace) -> int:
 
     async def go(reason: Callable[[], str]) -> Comparison:
         return await run_compare(
-            args.configs, items, compare_id=compare_id, runs_dir=args.runs_dir,
-            concurrency=args.concurrency, scorer=args.scorer, dataset=dataset,
-            equal_budget=args.equal_budget, budget=args.budget,
-            on_start=bars.start if bars else None, on_result=bars.add if bars else None,
-            stop_reason=reason)
+            args.configs,
+            items,
+            compare_id=compare_id,
+            runs_dir=args.runs_dir,
+            concurrency=args.concurrency,
+            scorer=args.scorer,
+            dataset=dataset,
+            equal_budget=args.equal_budget,
+            budget=args.budget,
+            on_start=bars.start if bars else None,
+            on_result=bars.add if bars else None,
+            stop_reason=reason,
+        )
 
     try:
         with bars or contextlib.nullcontext():
             comparison = _interruptible(go, lambda: compare_id)
     except _Interrupted as stop:
-        _error("compare", f"interrupted by {stop.signal_name}; continue with: "
-                          f"{shlex.join(_again(args, compare_id, where(args)))}")
+        _error(
+            "compare",
+            f"interrupted by {stop.signal_name}; continue with: "
+            f"{shlex.join(_again(args, compare_id, where(args)))}",
+        )
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
     if args.json:
         print(json.dumps(comparison.model_dump(mode="json")))
@@ -104,10 +134,15 @@ def command(args: argparse.Namespace) -> int:
 def _again(args: argparse.Namespace, compare_id: str, where: list[str]) -> list[str]:
     """This comparison's command with its id: what continues it after an interrupt."""
     words = ["orchestrator", "compare", *args.configs, "--dataset", args.dataset]
-    for flag, value in (("--limit", args.limit), ("--question-field", args.question_field),
-                        ("--answer-field", args.answer_field), ("--scorer", args.scorer),
-                        ("--equal-budget", args.equal_budget), ("--budget", args.budget),
-                        ("--concurrency", args.concurrency)):
+    for flag, value in (
+        ("--limit", args.limit),
+        ("--question-field", args.question_field),
+        ("--answer-field", args.answer_field),
+        ("--scorer", args.scorer),
+        ("--equal-budget", args.equal_budget),
+        ("--budget", args.budget),
+        ("--concurrency", args.concurrency),
+    ):
         if value is not None:
             words += [flag, str(value)]
     return [*words, "--compare-id", compare_id, *where]
@@ -124,8 +159,9 @@ class _Bars:
     def __enter__(self) -> _Bars:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._close()
 
     def _close(self) -> None:
@@ -149,13 +185,14 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
     lanes, tokens (by bill line) and cost per question, wall time, and McNemar's test against
     the best (p, exact or chi2, and the questions only the best / only this one got right)."""
     budget = comparison.equal_budget
-    title = (f"compare {comparison.compare_id}: {comparison.questions} questions of "
-             f"{comparison.dataset}, scored {comparison.scorer}")
+    title = (
+        f"compare {comparison.compare_id}: {comparison.questions} questions of "
+        f"{comparison.dataset}, scored {comparison.scorer}"
+    )
     if budget is not None:
         unit = {"tokens": "tokens", "cost": "USD", "lanes": "lanes"}[budget.mode]
         title += f"; equal budget {budget.limit:g} {unit} a question ({budget.source})"
-    lines = [name for name in TOKEN_LINES
-             if any(line.mean_tokens.get(name) for line in comparison.configs)]
+    lines = [name for name in TOKEN_LINES if any(line.mean_tokens.get(name) for line in comparison.configs)]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("config")
     table.add_column("loop")
@@ -169,10 +206,17 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
     table.add_column("vs best (McNemar)")
     for line in comparison.configs:
         low, high = line.interval
-        table.add_row(line.name, line.loop, f"{line.accuracy:.3f}", f"{low:.3f}-{high:.3f}",
-                      f"{line.mean_lanes:.2f}",
-                      *(f"{line.mean_tokens.get(name, 0.0):.0f}" for name in lines),
-                      f"${line.mean_cost:.6f}", f"{line.wall_s:.1f}s", _versus(line))
+        table.add_row(
+            line.name,
+            line.loop,
+            f"{line.accuracy:.3f}",
+            f"{low:.3f}-{high:.3f}",
+            f"{line.mean_lanes:.2f}",
+            *(f"{line.mean_tokens.get(name, 0.0):.0f}" for name in lines),
+            f"${line.mean_cost:.6f}",
+            f"{line.wall_s:.1f}s",
+            _versus(line),
+        )
     if console is None:
         console = Console()
         if not console.is_terminal:  # a pipe or a file: the whole table, never wrapped at 80
@@ -186,8 +230,7 @@ def _versus(line: Compared) -> str:
         return "best"
     if test.p_value is None:
         return "nothing paired"
-    return (f"p={test.p_value:.3g} {test.method} "
-            f"({test.only_first} vs {test.only_second})")
+    return f"p={test.p_value:.3g} {test.method} ({test.only_first} vs {test.only_second})"
 
 
 _SHORT = {"cached_prefill": "cached", "cut_off": "cut-off"}

@@ -27,9 +27,21 @@ from lanefold._defaults import VOTE_REDUCER
 from lanefold.evaluate._eval_records import EvalPaths, pass_at_k, read_manifest, read_results
 from lanefold.primitives import ConfigError, RunNotFoundError, normalize_answer
 
-__all__ = ("EXACT_LIMIT", "REDUCERS", "SUBSAMPLES", "Curve", "Estimate", "Point", "Pool",
-           "PoolQuestion", "curve_seed", "majority_at_k", "pass_at_k", "read_pool",
-           "scaling_curve")
+__all__ = (
+    "EXACT_LIMIT",
+    "REDUCERS",
+    "SUBSAMPLES",
+    "Curve",
+    "Estimate",
+    "Point",
+    "Pool",
+    "PoolQuestion",
+    "curve_seed",
+    "majority_at_k",
+    "pass_at_k",
+    "read_pool",
+    "scaling_curve",
+)
 
 EXACT_LIMIT = 20_000  # vote-count patterns counted before majority@k is subsampled instead
 SUBSAMPLES = 2_000  # random k-subsets per question when it is
@@ -46,9 +58,15 @@ class Estimate:
     exact: bool
 
 
-def majority_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int, *,
-                  rng: random.Random | None = None, limit: int = EXACT_LIMIT,
-                  samples: int = SUBSAMPLES) -> Estimate:
+def majority_at_k(
+    answers: Sequence[str | None],
+    correct: Sequence[bool],
+    k: int,
+    *,
+    rng: random.Random | None = None,
+    limit: int = EXACT_LIMIT,
+    samples: int = SUBSAMPLES,
+) -> Estimate:
     """The chance that a majority vote over k lanes drawn without replacement elects a right
     answer. `answers` holds each lane's answer in lane order (None abstains; answers are
     normalised), `correct` each lane's verdict; the vote is right when its winner's first lane
@@ -77,8 +95,7 @@ def majority_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int
                 return Estimate(min(1.0, wins / math.comb(n, k)), 0.0, True)
     if math.comb(n, k) <= limit:  # a verdict per lane (tests of code, say): every subset
         subsets = itertools.combinations(range(n), k)
-        return Estimate(sum(_elects(votes, correct, s) for s in subsets) / math.comb(n, k),
-                        0.0, True)
+        return Estimate(sum(_elects(votes, correct, s) for s in subsets) / math.comb(n, k), 0.0, True)
     rng = rng or random.Random(0)
     hits = sum(_elects(votes, correct, sorted(rng.sample(range(n), k))) for _ in range(samples))
     p = hits / samples
@@ -106,8 +123,7 @@ class _TooMany(Exception):
     pass
 
 
-def _exact_wins(classes: list[list[int]], n_right: int, abstain: int, k: int,
-                limit: int) -> int | None:
+def _exact_wins(classes: list[list[int]], n_right: int, abstain: int, k: int, limit: int) -> int | None:
     """How many k-subsets elect one of the first `n_right` classes (lane positions, sorted),
     or None past `limit` steps. A step places one class's count; a full pattern (a count per
     class) holds prod C(size, count) subsets, of which the tie rule's share is counted lane by
@@ -151,8 +167,7 @@ def _exact_wins(classes: list[list[int]], n_right: int, abstain: int, k: int,
     return total
 
 
-def _ways(classes: list[list[int]], picks: list[int], n_right: int, abstain: int,
-          left: int) -> int:
+def _ways(classes: list[list[int]], picks: list[int], n_right: int, abstain: int, left: int) -> int:
     top = max(picks)
     tied = [i for i, j in enumerate(picks) if j == top]
     rest = math.comb(abstain, left)
@@ -228,10 +243,11 @@ def read_pool(runs_dir: str | Path, eval_id: str) -> Pool:
             failed += 1
             continue
         if len(row.lane_answers) != len(row.lane_correct):
-            raise ConfigError(f"{paths.results}: question {index} has {len(row.lane_answers)} "
-                              f"lane answers but {len(row.lane_correct)} verdicts")
-        questions.append(PoolQuestion(index, row.run_id, tuple(row.lane_answers),
-                                      tuple(row.lane_correct)))
+            raise ConfigError(
+                f"{paths.results}: question {index} has {len(row.lane_answers)} "
+                f"lane answers but {len(row.lane_correct)} verdicts"
+            )
+        questions.append(PoolQuestion(index, row.run_id, tuple(row.lane_answers), tuple(row.lane_correct)))
     if not questions:
         raise ConfigError(f"{paths.results}: no finished question to draw a curve from")
     scorer = None
@@ -276,12 +292,20 @@ class Curve:
     tie_break: str = "first_lane"
 
     def as_json(self) -> dict[str, Any]:
-        return {"eval_id": self.eval_id, "reducer": self.reducer, "tie_break": self.tie_break,
-                "scorer": self.scorer, "seed": self.seed, "exact_limit": self.exact_limit,
-                "subsamples": self.subsamples, "questions": self.questions, "failed": self.failed,
-                "lanes_min": self.lanes[0], "lanes_max": self.lanes[1],
-                "points": [{name: getattr(p, name) for name in Point.__slots__}
-                           for p in self.points]}
+        return {
+            "eval_id": self.eval_id,
+            "reducer": self.reducer,
+            "tie_break": self.tie_break,
+            "scorer": self.scorer,
+            "seed": self.seed,
+            "exact_limit": self.exact_limit,
+            "subsamples": self.subsamples,
+            "questions": self.questions,
+            "failed": self.failed,
+            "lanes_min": self.lanes[0],
+            "lanes_max": self.lanes[1],
+            "points": [{name: getattr(p, name) for name in Point.__slots__} for p in self.points],
+        }
 
 
 def curve_seed(eval_id: str) -> int:
@@ -289,9 +313,15 @@ def curve_seed(eval_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(eval_id.encode(), digest_size=8).digest(), "big") >> 1
 
 
-def scaling_curve(pool: Pool, ks: Iterable[int], *, reducer: str = VOTE_REDUCER,
-                  seed: int | None = None, limit: int = EXACT_LIMIT,
-                  samples: int = SUBSAMPLES) -> Curve:
+def scaling_curve(
+    pool: Pool,
+    ks: Iterable[int],
+    *,
+    reducer: str = VOTE_REDUCER,
+    seed: int | None = None,
+    limit: int = EXACT_LIMIT,
+    samples: int = SUBSAMPLES,
+) -> Curve:
     """pass@k, and with the vote (`VOTE_REDUCER`, the default) majority@k, for each k over the pool's
     questions (`limit` and `samples` as `majority_at_k` takes them). Random subsets, where a
     question needs them, are seeded by (seed, question, k): the same pool and seed give the
@@ -309,8 +339,10 @@ def scaling_curve(pool: Pool, ks: Iterable[int], *, reducer: str = VOTE_REDUCER,
         if k < 1:
             raise ConfigError(f"k={k}: must be at least 1")
         if k > fewest.n:
-            raise ConfigError(f"k={k} is more than the {fewest.n} completed lanes of question "
-                              f"{fewest.index} (run {fewest.run_id})")
+            raise ConfigError(
+                f"k={k} is more than the {fewest.n} completed lanes of question "
+                f"{fewest.index} (run {fewest.run_id})"
+            )
     seed = curve_seed(pool.eval_id) if seed is None else seed
     points = []
     for k in ks:
@@ -318,16 +350,32 @@ def scaling_curve(pool: Pool, ks: Iterable[int], *, reducer: str = VOTE_REDUCER,
         if reducer != VOTE_REDUCER:
             points.append(Point(k, mean, se))
             continue
-        votes = [majority_at_k(q.answers, q.correct, k,
-                               rng=random.Random(f"{seed}:{q.index}:{k}"), limit=limit,
-                               samples=samples) for q in questions]
+        votes = [
+            majority_at_k(
+                q.answers,
+                q.correct,
+                k,
+                rng=random.Random(f"{seed}:{q.index}:{k}"),
+                limit=limit,
+                samples=samples,
+            )
+            for q in questions
+        ]
         vote_mean, vote_se = _mean_se([v.value for v in votes])
         mc_se = math.sqrt(math.fsum(v.se**2 for v in votes)) / len(votes)
-        points.append(Point(k, mean, se, vote_mean, max(vote_se, mc_se), mc_se,
-                            sum(v.exact for v in votes)))
-    return Curve(pool.eval_id, reducer, seed, len(questions), pool.failed,
-                 (fewest.n, max(q.n for q in questions)), tuple(points), pool.scorer, limit,
-                 samples)
+        points.append(Point(k, mean, se, vote_mean, max(vote_se, mc_se), mc_se, sum(v.exact for v in votes)))
+    return Curve(
+        pool.eval_id,
+        reducer,
+        seed,
+        len(questions),
+        pool.failed,
+        (fewest.n, max(q.n for q in questions)),
+        tuple(points),
+        pool.scorer,
+        limit,
+        samples,
+    )
 
 
 def _mean_se(values: Sequence[float]) -> tuple[float, float]:

@@ -22,20 +22,30 @@ __all__ = ("add_parser", "command", "parse_ks", "plot_curve")
 log = logging.getLogger("lanefold.evaluate")
 
 
-def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-               common: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: Callable[[argparse.ArgumentParser], None],
+) -> None:
     """Add `curve` to the `orchestrator` command's subparsers."""
     p = sub.add_parser("curve", help="pass@k and majority@k from an eval's lanes, no sampling")
     p.add_argument("eval_id")
-    p.add_argument("--k", required=True, metavar="K,K,...",
-                   help="the k values, comma-separated (e.g. 1,2,4,8,16); each at most the "
-                        "lanes of every question")
-    p.add_argument("--reducer", default=VOTE_REDUCER,
-                   help=f"{VOTE_REDUCER} (default: majority@k beside pass@k) or pass (pass@k "
-                        "only)")
-    p.add_argument("--seed", type=int, metavar="N",
-                   help="seed of the random subsets where majority@k is subsampled "
-                        "(default: from the eval id)")
+    p.add_argument(
+        "--k",
+        required=True,
+        metavar="K,K,...",
+        help="the k values, comma-separated (e.g. 1,2,4,8,16); each at most the lanes of every question",
+    )
+    p.add_argument(
+        "--reducer",
+        default=VOTE_REDUCER,
+        help=f"{VOTE_REDUCER} (default: majority@k beside pass@k) or pass (pass@k only)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="seed of the random subsets where majority@k is subsampled (default: from the eval id)",
+    )
     common(p)
     p.add_argument("--json", action="store_true", help="print curve.json")
 
@@ -44,8 +54,7 @@ def command(args: argparse.Namespace) -> int:
     """Compute the curve, write curve.json and curve.png, print the table (or the JSON)."""
     ks = parse_ks(args.k)
     if args.reducer not in REDUCERS:
-        raise ConfigError(f"--reducer: unknown reducer {args.reducer!r}: use "
-                          f"{' or '.join(REDUCERS)}")
+        raise ConfigError(f"--reducer: unknown reducer {args.reducer!r}: use {' or '.join(REDUCERS)}")
     pool = read_pool(args.runs_dir, args.eval_id)
     curve = scaling_curve(pool, ks, reducer=args.reducer, seed=args.seed)
     folder = Path(args.runs_dir) / args.eval_id
@@ -66,8 +75,9 @@ def parse_ks(text: str) -> list[int]:
         try:
             k = int(part.strip())
         except ValueError:
-            raise ConfigError(f"--k {text!r}: {part.strip()!r} is not an integer; "
-                              "give k values such as 1,2,4,8,16") from None
+            raise ConfigError(
+                f"--k {text!r}: {part.strip()!r} is not an integer; give k values such as 1,2,4,8,16"
+            ) from None
         if k < 1:
             raise ConfigError(f"--k {text!r}: k must be at least 1, got {k}")
         ks.add(k)
@@ -85,8 +95,10 @@ def _table(curve: Curve, written: list[Path]) -> None:
     lanes = f"{low} lanes" if low == high else f"{low}-{high} lanes"
     failed = f" ({curve.failed} failed runs left out)" if curve.failed else ""
     scorer = f", scored {curve.scorer}" if curve.scorer else ""
-    print(f"eval {curve.eval_id}: {curve.questions} questions{failed}, {lanes} each{scorer}; "
-          "± is the standard error across questions")
+    print(
+        f"eval {curve.eval_id}: {curve.questions} questions{failed}, {lanes} each{scorer}; "
+        "± is the standard error across questions"
+    )
     voting = curve.reducer == VOTE_REDUCER
     print((f"{'k':>4}  {'pass@k':<15}" + ("  majority@k" if voting else "")).rstrip())
     sampled = False
@@ -100,8 +112,10 @@ def _table(curve: Curve, written: list[Path]) -> None:
     if voting:
         print("majority@k: a vote over k of a question's lanes, ties to the first lane")
     if sampled:
-        print(f"* estimated from {curve.subsamples} random subsets (seed {curve.seed}) for "
-              "some questions; ± includes that error")
+        print(
+            f"* estimated from {curve.subsamples} random subsets (seed {curve.seed}) for "
+            "some questions; ± includes that error"
+        )
     print("wrote " + ", ".join(str(path) for path in written))
 
 
@@ -111,8 +125,7 @@ def plot_curve(curve: Curve, path: Path) -> Path | None:
     try:
         import matplotlib
     except ImportError:
-        log.warning("matplotlib is not installed (pip install 'lanefold[eval]'): %s not drawn",
-                    path)
+        log.warning("matplotlib is not installed (pip install 'lanefold[eval]'): %s not drawn", path)
         return None
     matplotlib.use("Agg")  # headless: no display, no window
     from matplotlib import pyplot as plt
@@ -120,13 +133,23 @@ def plot_curve(curve: Curve, path: Path) -> Path | None:
     ks = [p.k for p in curve.points]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     try:
-        ax.errorbar(ks, [p.pass_at_k for p in curve.points],
-                    yerr=[p.pass_at_k_se for p in curve.points], marker="o", capsize=3,
-                    label="pass@k")
+        ax.errorbar(
+            ks,
+            [p.pass_at_k for p in curve.points],
+            yerr=[p.pass_at_k_se for p in curve.points],
+            marker="o",
+            capsize=3,
+            label="pass@k",
+        )
         if curve.reducer == VOTE_REDUCER:
-            ax.errorbar(ks, [p.majority_at_k or 0.0 for p in curve.points],
-                        yerr=[p.majority_at_k_se or 0.0 for p in curve.points], marker="s",
-                        capsize=3, label="majority@k")
+            ax.errorbar(
+                ks,
+                [p.majority_at_k or 0.0 for p in curve.points],
+                yerr=[p.majority_at_k_se or 0.0 for p in curve.points],
+                marker="s",
+                capsize=3,
+                label="majority@k",
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_ylim(0.0, 1.02)

@@ -26,8 +26,7 @@ from typing import Any
 from lanefold.evaluate._item import Item
 from lanefold.primitives import ConfigError
 
-__all__ = ("DEFAULT_ANSWER_FIELD", "DEFAULT_QUESTION_FIELD", "DatasetSpec", "load_dataset",
-           "load_file")
+__all__ = ("DEFAULT_ANSWER_FIELD", "DEFAULT_QUESTION_FIELD", "DatasetSpec", "load_dataset", "load_file")
 
 DEFAULT_QUESTION_FIELD = "question"
 DEFAULT_ANSWER_FIELD = "answer"
@@ -48,14 +47,23 @@ class DatasetSpec:
 
     def load(self, *, cache_dir: Path | None = None) -> list[Item]:
         """The items, read and checked (ConfigError naming the place)."""
-        return load_dataset(self.spec, question_field=self.question_field,
-                            answer_field=self.answer_field, limit=self.limit,
-                            cache_dir=cache_dir)
+        return load_dataset(
+            self.spec,
+            question_field=self.question_field,
+            answer_field=self.answer_field,
+            limit=self.limit,
+            cache_dir=cache_dir,
+        )
 
 
-def load_dataset(spec: str, *, question_field: str | None = None,
-                 answer_field: str | None = None, limit: int | None = None,
-                 cache_dir: Path | None = None) -> list[Item]:
+def load_dataset(
+    spec: str,
+    *,
+    question_field: str | None = None,
+    answer_field: str | None = None,
+    limit: int | None = None,
+    cache_dir: Path | None = None,
+) -> list[Item]:
     """The items `spec` names, the first `limit` of them: a `.jsonl` or `.csv` path,
     `bigbench:<task path>`, `openai-evals:<name>` or `humaneval`. Field names apply to files
     only (packaged data knows its own); `cache_dir` is the folder the named source keeps its
@@ -79,24 +87,34 @@ def load_dataset(spec: str, *, question_field: str | None = None,
 
         items = load_openai_evals(spec.removeprefix("openai-evals:"), cache_dir=cache_dir)
     else:
-        items = load_file(spec, question_field=question_field or DEFAULT_QUESTION_FIELD,
-                          answer_field=answer_field or DEFAULT_ANSWER_FIELD)
+        items = load_file(
+            spec,
+            question_field=question_field or DEFAULT_QUESTION_FIELD,
+            answer_field=answer_field or DEFAULT_ANSWER_FIELD,
+        )
     return items[:limit] if limit is not None else items
 
 
-def load_file(path: str | Path, *, question_field: str = DEFAULT_QUESTION_FIELD,
-              answer_field: str = DEFAULT_ANSWER_FIELD) -> list[Item]:
+def load_file(
+    path: str | Path,
+    *,
+    question_field: str = DEFAULT_QUESTION_FIELD,
+    answer_field: str = DEFAULT_ANSWER_FIELD,
+) -> list[Item]:
     """Every row of a JSONL or CSV file as an Item; the row's other fields go to `meta`."""
     where = Path(path)
     kind = _FORMATS.get(where.suffix.lower())
     if kind is None:
         if not where.exists() and _looks_like_spec(str(path)):
-            raise ConfigError(f"--dataset: unknown dataset {str(path)!r}: give a .jsonl or "
-                              f".csv file, {_PACKAGED} (`orchestrator datasets` lists them)")
+            raise ConfigError(
+                f"--dataset: unknown dataset {str(path)!r}: give a .jsonl or "
+                f".csv file, {_PACKAGED} (`orchestrator datasets` lists them)"
+            )
         if not where.exists():
             raise ConfigError(f"--dataset: {path}: no such file")
-        raise ConfigError(f"--dataset: {path}: not a dataset file: name a .jsonl or .csv file "
-                          f"(or {_PACKAGED})")
+        raise ConfigError(
+            f"--dataset: {path}: not a dataset file: name a .jsonl or .csv file (or {_PACKAGED})"
+        )
     try:
         text = where.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
@@ -109,8 +127,10 @@ def load_file(path: str | Path, *, question_field: str = DEFAULT_QUESTION_FIELD,
         line = where.read_bytes()[: exc.start].count(b"\n") + 1
         raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
     rows = _jsonl_rows(text, str(path)) if kind == "jsonl" else _csv_rows(text, str(path))
-    items = [_item(index, row, f"{path}:{line}", question_field, answer_field)
-             for index, (line, row) in enumerate(rows)]
+    items = [
+        _item(index, row, f"{path}:{line}", question_field, answer_field)
+        for index, (line, row) in enumerate(rows)
+    ]
     if not items:
         raise ConfigError(f"{path}: no rows: a dataset needs at least one question")
     return items
@@ -131,8 +151,7 @@ def _jsonl_rows(text: str, source: str) -> Iterator[tuple[int, Mapping[str, Any]
         except ValueError as exc:
             raise ConfigError(f"{source}:{number}: not valid JSON: {exc}") from None
         if not isinstance(row, dict):
-            raise ConfigError(f"{source}:{number}: a row must be a JSON object, "
-                              f"not {type(row).__name__}")
+            raise ConfigError(f"{source}:{number}: a row must be a JSON object, not {type(row).__name__}")
         yield number, row
 
 
@@ -143,8 +162,10 @@ def _csv_rows(text: str, source: str) -> Iterator[tuple[int, Mapping[str, Any]]]
             return
         for row in reader:
             if "\0extra" in row:
-                raise ConfigError(f"{source}:{reader.line_num}: more cells than the header "
-                                  f"has columns ({len(reader.fieldnames)})")
+                raise ConfigError(
+                    f"{source}:{reader.line_num}: more cells than the header "
+                    f"has columns ({len(reader.fieldnames)})"
+                )
             if not any((value or "").strip() for value in row.values()):
                 continue  # a blank line
             yield reader.line_num, {k: v for k, v in row.items() if v is not None}
@@ -152,8 +173,7 @@ def _csv_rows(text: str, source: str) -> Iterator[tuple[int, Mapping[str, Any]]]
         raise ConfigError(f"{source}:{reader.line_num}: not valid CSV: {exc}") from None
 
 
-def _item(index: int, row: Mapping[str, Any], source: str, question_field: str,
-          answer_field: str) -> Item:
+def _item(index: int, row: Mapping[str, Any], source: str, question_field: str, answer_field: str) -> Item:
     question = _text(row, question_field, source, "question")
     meta = {key: value for key, value in row.items() if key not in (question_field, answer_field)}
     if answer_field not in row and "test" in row and "entry_point" in row:
@@ -169,8 +189,9 @@ def _item(index: int, row: Mapping[str, Any], source: str, question_field: str,
 def _missing(row: Mapping[str, Any], field: str, source: str, what: str) -> ConfigError:
     has = ", ".join(sorted(map(str, row))) or "none"
     flag = "--question-field" if what == "question" else "--answer-field"
-    return ConfigError(f"{source}: no {field!r} field for the {what} (the row has: {has}); "
-                       f"name it with {flag}")
+    return ConfigError(
+        f"{source}: no {field!r} field for the {what} (the row has: {has}); name it with {flag}"
+    )
 
 
 def _text(row: Mapping[str, Any], field: str, source: str, what: str) -> str:
@@ -178,8 +199,7 @@ def _text(row: Mapping[str, Any], field: str, source: str, what: str) -> str:
         raise _missing(row, field, source, what)
     value = row[field]
     if not isinstance(value, str):
-        raise ConfigError(f"{source}: {field!r}: the {what} must be text, "
-                          f"not {type(value).__name__}")
+        raise ConfigError(f"{source}: {field!r}: the {what} must be text, not {type(value).__name__}")
     if not value.strip():
         raise ConfigError(f"{source}: {field!r}: the {what} is empty")
     return value
@@ -194,8 +214,10 @@ def _answers(row: Mapping[str, Any], field: str, source: str) -> list[str]:
     values = value if isinstance(value, list) else [value]
     answers = [_scalar(each) for each in values]
     if not answers or any(answer is None for answer in answers):
-        raise ConfigError(f"{source}: {field!r}: the answer must be text, a number or a list "
-                          f"of them, not {json.dumps(value)[:60]}")
+        raise ConfigError(
+            f"{source}: {field!r}: the answer must be text, a number or a list "
+            f"of them, not {json.dumps(value)[:60]}"
+        )
     if not all(answer and answer.strip() for answer in answers):
         raise ConfigError(f"{source}: {field!r}: the answer is empty")
     return [answer for answer in answers if answer is not None]

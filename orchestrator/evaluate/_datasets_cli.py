@@ -20,13 +20,20 @@ __all__ = ("add_parser", "command")
 _SHOWN = 8  # a source with more tasks than this shows a few and a count
 
 
-def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-               common: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: Callable[[argparse.ArgumentParser], None],
+) -> None:
     """Add `datasets` to the `orchestrator` command's subparsers. It reads no runs, so it takes
     none of the common flags but their `--verbose`."""
     p = sub.add_parser("datasets", help="list the dataset sources, which are here, their tasks")
-    p.add_argument("source", nargs="?", choices=SOURCE_NAMES, metavar="SOURCE",
-                   help=f"list this source's tasks, one spec a line ({', '.join(SOURCE_NAMES)})")
+    p.add_argument(
+        "source",
+        nargs="?",
+        choices=SOURCE_NAMES,
+        metavar="SOURCE",
+        help=f"list this source's tasks, one spec a line ({', '.join(SOURCE_NAMES)})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
     p.add_argument("--json", action="store_true", help="print the sources (or SOURCE) as JSON")
 
@@ -40,8 +47,7 @@ def command(args: argparse.Namespace) -> int:
         elif source.tasks:
             print("\n".join(source.tasks))
         else:
-            print(f"orchestrator datasets: {source.name}: {source.status}: {source.about}",
-                  file=sys.stderr)
+            print(f"orchestrator datasets: {source.name}: {source.status}: {source.about}", file=sys.stderr)
         return 0
     sources = list_sources()
     if args.json:
@@ -63,7 +69,9 @@ def _block(source: Source) -> None:
             size = source.sizes.get(task)
             print(f"  {task:<{width}}  {size} questions" if size is not None else f"  {task}")
     elif source.tasks:
-        print(f"  {len(source.tasks)} tasks: {', '.join(source.tasks[:3])}, ... "
-              f"(`orchestrator datasets {source.name}` lists them)")
+        print(
+            f"  {len(source.tasks)} tasks: {', '.join(source.tasks[:3])}, ... "
+            f"(`orchestrator datasets {source.name}` lists them)"
+        )
     elif source.where is not None and source.status != "here":
         print(f"  {source.where}")

@@ -36,8 +36,18 @@ from lanefold.primitives import (
     resolve_reducer,
 )
 
-__all__ = ("BUDGET_MODES", "BudgetMode", "WorstCase", "apply_limit", "equal_limit", "fitted_keys",
-           "lane_cap", "need", "prompt_tokens", "worst_case")
+__all__ = (
+    "BUDGET_MODES",
+    "BudgetMode",
+    "WorstCase",
+    "apply_limit",
+    "equal_limit",
+    "fitted_keys",
+    "lane_cap",
+    "need",
+    "prompt_tokens",
+    "worst_case",
+)
 
 BudgetMode = Literal["tokens", "cost", "lanes"]
 BUDGET_MODES: tuple[BudgetMode, ...] = ("tokens", "cost", "lanes")
@@ -59,8 +69,7 @@ class WorstCase:
     @property
     def tokens(self) -> int:
         """What `[budget] max_tokens` counts: prefill, decode and judge tokens."""
-        return (self.prompt_tokens + self.output_tokens + self.judge_prompt_tokens
-                + self.judge_output_tokens)
+        return self.prompt_tokens + self.output_tokens + self.judge_prompt_tokens + self.judge_output_tokens
 
     def cost_usd(self, pricing: Pricing) -> float:
         """Priced as the ledger prices it, a prompt token at the dearer of its two rates."""
@@ -69,8 +78,7 @@ class WorstCase:
         if pricing.verifier_per_mtok is not None:
             judge = (self.judge_prompt_tokens + self.judge_output_tokens) * pricing.verifier_per_mtok
         else:
-            judge = (self.judge_prompt_tokens * prefill
-                     + self.judge_output_tokens * pricing.output_per_mtok)
+            judge = self.judge_prompt_tokens * prefill + self.judge_output_tokens * pricing.output_per_mtok
         return (sample + judge) * 1e-6
 
 
@@ -86,8 +94,7 @@ def prompt_tokens(config: LoopConfig, questions: Sequence[str]) -> int:
     return max(len(prompt.encode()) for prompt in prompts) + _BYTE_MARGIN
 
 
-def worst_case(config: LoopConfig, prompt: int,
-               params: BaseModel | None = None) -> WorstCase | None:
+def worst_case(config: LoopConfig, prompt: int, params: BaseModel | None = None) -> WorstCase | None:
     """The worst case of one question under `config` (with `params` for its loop's, if given)
     and a first prompt of `prompt` tokens; None where the loop declares no cost shape or
     cannot bound its lanes."""
@@ -103,10 +110,16 @@ def worst_case(config: LoopConfig, prompt: int,
         with plugin_folders(config.folder):  # a `module:Class` reducer beside the config first
             traits = reducer_traits(resolve_reducer(choice.name))
         judge = config.judge
-        judge_in, judge_out = traits.judge_tokens(JudgeCall(
-            candidates=shape.candidates, prompt_tokens=prompt, answer_tokens=most + FRAME_TOKENS,
-            max_tokens=judge.max_tokens, template=judge.template is not None,
-            verifier=judge.verifier is not None or judge.verifier_command is not None))
+        judge_in, judge_out = traits.judge_tokens(
+            JudgeCall(
+                candidates=shape.candidates,
+                prompt_tokens=prompt,
+                answer_tokens=most + FRAME_TOKENS,
+                max_tokens=judge.max_tokens,
+                template=judge.template is not None,
+                verifier=judge.verifier is not None or judge.verifier_command is not None,
+            )
+        )
     return WorstCase(shape.lanes, shape.prompt_tokens, shape.lanes * most, judge_in, judge_out)
 
 
@@ -118,20 +131,24 @@ def _in_mode(case: WorstCase, mode: BudgetMode, pricing: Pricing) -> float:
     return case.cost_usd(pricing)
 
 
-def need(config: LoopConfig, mode: BudgetMode, questions: Sequence[str],
-         source: str) -> float:
+def need(config: LoopConfig, mode: BudgetMode, questions: Sequence[str], source: str) -> float:
     """What `config` needs per question in `mode` (its worst case), or ConfigError."""
     case = worst_case(config, prompt_tokens(config, questions))
     if case is None:
-        raise ConfigError(f"{source}: loop.coordinator: the worst case of "
-                          f"{config.loop.coordinator!r} per question is not known; give "
-                          f"--budget N for --equal-budget {mode}")
+        raise ConfigError(
+            f"{source}: loop.coordinator: the worst case of "
+            f"{config.loop.coordinator!r} per question is not known; give "
+            f"--budget N for --equal-budget {mode}"
+        )
     return _in_mode(case, mode, config.pricing)
 
 
-def equal_limit(configs: Sequence[tuple[str, LoopConfig]], mode: BudgetMode,
-                questions: Sequence[str], budget: float | None = None,
-                ) -> tuple[float, list[float | None]]:
+def equal_limit(
+    configs: Sequence[tuple[str, LoopConfig]],
+    mode: BudgetMode,
+    questions: Sequence[str],
+    budget: float | None = None,
+) -> tuple[float, list[float | None]]:
     """The one limit every config gets (`budget`, else the largest need) and each config's
     need, in order (None where it is not known and `budget` was given). `configs` are
     (source, config) pairs; an error names the source."""
@@ -149,8 +166,10 @@ def equal_limit(configs: Sequence[tuple[str, LoopConfig]], mode: BudgetMode,
         return budget, needs
     limit = max(value for value in needs if value is not None)
     if mode == "cost" and limit <= 0:
-        raise ConfigError("--equal-budget cost: every config's worst case costs $0 (no "
-                          "[pricing] rates); equalise tokens, or give [pricing] rates")
+        raise ConfigError(
+            "--equal-budget cost: every config's worst case costs $0 (no "
+            "[pricing] rates); equalise tokens, or give [pricing] rates"
+        )
     return limit, needs
 
 
@@ -162,8 +181,9 @@ def _checked_budget(mode: BudgetMode, budget: float) -> float:
     return budget
 
 
-def apply_limit(config: LoopConfig, mode: BudgetMode, limit: float, source: str,
-                questions: Sequence[str] = ()) -> LoopConfig:
+def apply_limit(
+    config: LoopConfig, mode: BudgetMode, limit: float, source: str, questions: Sequence[str] = ()
+) -> LoopConfig:
     """`config` with the per-question limit written in (`[budget] max_tokens` or
     `max_cost_usd`; none for lanes) and its loop's keys as the loop's `fit` sets them."""
     raw = config.model_dump(mode="json")
@@ -175,8 +195,9 @@ def apply_limit(config: LoopConfig, mode: BudgetMode, limit: float, source: str,
     return parse_config(raw, source=source, folder=config.folder)
 
 
-def fitted_keys(config: LoopConfig, mode: BudgetMode, limit: float, source: str,
-                questions: Sequence[str] = ()) -> dict[str, Any]:
+def fitted_keys(
+    config: LoopConfig, mode: BudgetMode, limit: float, source: str, questions: Sequence[str] = ()
+) -> dict[str, Any]:
     """The `[loop]` keys the loop's `fit` sets to spend `limit` per question (those it gives
     in `params.model_copy(update=...)`, or in a new params); {} where it keeps its params.
     An error names `source`."""
@@ -194,8 +215,9 @@ def fitted_keys(config: LoopConfig, mode: BudgetMode, limit: float, source: str,
         fitted = fit_params(config.loop_class(), bare, allowance)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
-    return {key: value for key, value in fitted.model_dump(mode="json").items()
-            if key in fitted.model_fields_set}
+    return {
+        key: value for key, value in fitted.model_dump(mode="json").items() if key in fitted.model_fields_set
+    }
 
 
 def lane_cap(config: LoopConfig, lanes: int, source: str) -> dict[str, Any]:

@@ -82,17 +82,25 @@ def _seed(config: LoopConfig, index: int) -> int:
     return config.loop.seed + index
 
 
-async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
-                   eval_id: str | None = None, runs_dir: str | Path = "runs",
-                   concurrency: int = 8, scorer: Scorer | str | None = None,
-                   dataset: DatasetSpec | None = None, backend: Backend | None = None,
-                   judge_backend: Backend | None = None, on_start: OnStart | None = None,
-                   on_result: OnResult | None = None,
-                   stop_reason: Callable[[], str] = lambda: "cancelled",
-                   clock: Callable[[], float] = time.monotonic,
-                   store: str | Store | None = None,
-                   executor: Executor | str | None = None,
-                   hooks: Sequence[Any] = ()) -> EvalSummary:
+async def run_eval(
+    config: LoopConfig | str | Path,
+    items: Sequence[Item],
+    *,
+    eval_id: str | None = None,
+    runs_dir: str | Path = "runs",
+    concurrency: int = 8,
+    scorer: Scorer | str | None = None,
+    dataset: DatasetSpec | None = None,
+    backend: Backend | None = None,
+    judge_backend: Backend | None = None,
+    on_start: OnStart | None = None,
+    on_result: OnResult | None = None,
+    stop_reason: Callable[[], str] = lambda: "cancelled",
+    clock: Callable[[], float] = time.monotonic,
+    store: str | Store | None = None,
+    executor: Executor | str | None = None,
+    hooks: Sequence[Any] = (),
+) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
 
     `scorer` is a Scorer or a `--scorer` spec (None: by the items). `dataset` is what the
@@ -131,44 +139,64 @@ async def run_eval(config: LoopConfig | str | Path, items: Sequence[Item], *,
             chosen = resolve_scorer(scorer if isinstance(scorer, str) else None, items)
     else:
         chosen.check(items)
-    session = JobSession(config, runs_dir=runs_dir, backend=backend,
-                         judge_backend=judge_backend, verifier=chosen.verifier(items),
-                         store=store, executor=executor, hooks=hooks)
+    session = JobSession(
+        config,
+        runs_dir=runs_dir,
+        backend=backend,
+        judge_backend=judge_backend,
+        verifier=chosen.verifier(items),
+        store=store,
+        executor=executor,
+        hooks=hooks,
+    )
     record = session.store.eval_record(eval_id)
     if not record.exists():
         check_eval_id(eval_id)  # a new eval; one named otherwise before this rule goes on
     manifest = EvalManifest(
-        eval_id=eval_id, created=datetime.now(UTC),
+        eval_id=eval_id,
+        created=datetime.now(UTC),
         config_path=None if isinstance(config, LoopConfig) else str(config),
-        config=session.config.model_dump(mode="json"), config_hash=config_hash(session.config),
-        dataset=dataset.spec, question_field=dataset.question_field,
-        answer_field=dataset.answer_field, scorer=chosen.name, limit=dataset.limit,
-        questions=len(items), questions_hash=questions_hash(items), library_version=VERSION,
-        run_ids=RUN_IDS)
+        config=session.config.model_dump(mode="json"),
+        config_hash=config_hash(session.config),
+        dataset=dataset.spec,
+        question_field=dataset.question_field,
+        answer_field=dataset.answer_field,
+        scorer=chosen.name,
+        limit=dataset.limit,
+        questions=len(items),
+        questions_hash=questions_hash(items),
+        library_version=VERSION,
+        run_ids=RUN_IDS,
+    )
     if record.is_run():
-        raise ConfigError(f"{record.location}: is a run's, not an eval's: choose another "
-                          f"--eval-id")
+        raise ConfigError(f"{record.location}: is a run's, not an eval's: choose another --eval-id")
     held = contextlib.ExitStack()
     try:
         held.enter_context(record.hold())  # creates the eval's folder (files): all is checked
     except RunInUseError as exc:
-        raise ConfigError(f"eval {eval_id} is being run by another process "
-                          f"(pid {exc.pid or 'unknown'})") from None
+        raise ConfigError(
+            f"eval {eval_id} is being run by another process (pid {exc.pid or 'unknown'})"
+        ) from None
     with held:
         hint = resume_hint(eval_id, runs_dir, store if store is not None else session.config.store.url)
         manifest = _check_manifest(record, manifest, items, hint)
-        eval_ = _Eval(session, chosen, record, manifest, {item.index: item for item in items},
-                      stop_reason)
+        eval_ = _Eval(session, chosen, record, manifest, {item.index: item for item in items}, stop_reason)
         await eval_.run(concurrency, on_start, on_result)
         rows = [eval_.rows[index] for index in sorted(eval_.rows)]
         before = 0.0
         with contextlib.suppress(ConfigError):
             ended = read_summary(record)
             before = ended.wall_s if ended is not None else 0.0
-        summary = summarize(rows, eval_id=eval_id, config=manifest.config_path or "<config>",
-                            loop=session.config.loop.coordinator, dataset=manifest.dataset,
-                            scorer=chosen.name, wall_s=before + clock() - started,
-                            results=record.results_location)
+        summary = summarize(
+            rows,
+            eval_id=eval_id,
+            config=manifest.config_path or "<config>",
+            loop=session.config.loop.coordinator,
+            dataset=manifest.dataset,
+            scorer=chosen.name,
+            wall_s=before + clock() - started,
+            results=record.results_location,
+        )
         record.write_summary(as_json(summary), table=csv_table(rows))
         return summary
 
@@ -183,8 +211,9 @@ def resume_hint(eval_id: str, runs_dir: str | Path, store: str | Store | None) -
     return hint
 
 
-def _check_manifest(record: EvalRecord, manifest: EvalManifest, items: Sequence[Item],
-                    hint: str) -> EvalManifest:
+def _check_manifest(
+    record: EvalRecord, manifest: EvalManifest, items: Sequence[Item], hint: str
+) -> EvalManifest:
     """Write the manifest of a new eval; refuse to continue one started otherwise. Returns
     the manifest in force: the recorded one of an eval that goes on, grown to more of the same
     questions (a larger `--limit`) where it is given them."""
@@ -197,44 +226,53 @@ def _check_manifest(record: EvalRecord, manifest: EvalManifest, items: Sequence[
         recorded = EvalManifest.model_validate_json(recorded_body)
     except ValueError as exc:
         raise ConfigError(f"{where}: not an eval manifest: {exc}") from None
-    refuse = (f"continue it with `{hint}` or choose a new --eval-id")
+    refuse = f"continue it with `{hint}` or choose a new --eval-id"
     for key, what in (("config_hash", "another config"), ("scorer", "another scorer")):
         if getattr(recorded, key) != getattr(manifest, key):
-            raise ConfigError(f"{where}: eval {manifest.eval_id} was started with "
-                              f"{what}; {refuse}")
+            raise ConfigError(f"{where}: eval {manifest.eval_id} was started with {what}; {refuse}")
     if recorded.questions_hash == manifest.questions_hash:
         return recorded
-    same_start = questions_hash(items[:recorded.questions]) == recorded.questions_hash
+    same_start = questions_hash(items[: recorded.questions]) == recorded.questions_hash
     if same_start and len(items) > recorded.questions:  # --limit grew: the first ones stay
-        grown = recorded.model_copy(update={"questions": len(items), "limit": manifest.limit,
-                                            "questions_hash": manifest.questions_hash})
+        grown = recorded.model_copy(
+            update={
+                "questions": len(items),
+                "limit": manifest.limit,
+                "questions_hash": manifest.questions_hash,
+            }
+        )
         record.write_manifest(as_json(grown))
         return grown
     shrunk = manifest.limit is not None and manifest.limit < recorded.questions
     if shrunk and manifest.dataset == recorded.dataset != "<items>":
-        raise ConfigError(f"{where}: eval {manifest.eval_id} has "
-                          f"{recorded.questions} questions; --limit can grow it, not shrink it")
-    raise ConfigError(f"{where}: eval {manifest.eval_id} was started with other "
-                      f"questions; {refuse}")
+        raise ConfigError(
+            f"{where}: eval {manifest.eval_id} has "
+            f"{recorded.questions} questions; --limit can grow it, not shrink it"
+        )
+    raise ConfigError(f"{where}: eval {manifest.eval_id} was started with other questions; {refuse}")
 
 
 class _Eval:
     """One invocation of an eval: what is recorded, what is left, and the workers."""
 
-    def __init__(self, session: JobSession, scorer: Scorer, record: EvalRecord,
-                 manifest: EvalManifest, items: dict[int, Item],
-                 stop_reason: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        session: JobSession,
+        scorer: Scorer,
+        record: EvalRecord,
+        manifest: EvalManifest,
+        items: dict[int, Item],
+        stop_reason: Callable[[], str],
+    ) -> None:
         self.session, self.scorer, self.kept = session, scorer, record
         self.manifest, self.items, self.stop_reason = manifest, items, stop_reason
-        self.rows = {index: row for index, row in read_results(record, repair=True).items()
-                     if index in items}
+        self.rows = {index: row for index, row in read_results(record, repair=True).items() if index in items}
         self.on_result: OnResult | None = None
 
     def run_id(self, item: Item) -> str:
         return self.manifest.run_id(item.index)
 
-    async def run(self, concurrency: int, on_start: OnStart | None,
-                  on_result: OnResult | None) -> None:
+    async def run(self, concurrency: int, on_start: OnStart | None, on_result: OnResult | None) -> None:
         if on_start is not None:
             on_start(len(self.items), [self.rows[i] for i in sorted(self.rows)])
         self.on_result = on_result
@@ -251,8 +289,7 @@ class _Eval:
                 result = RunResult.model_validate(state.result)
                 self.record(await self.scored(item, result, state))
             elif state.failure is not None:
-                self.record(self.failed(item, f"{state.failure.error}: {state.failure.message}",
-                                        state))
+                self.record(self.failed(item, f"{state.failure.error}: {state.failure.message}", state))
             else:
                 todo.append((item, True))
         if not todo:
@@ -278,10 +315,10 @@ class _Eval:
     async def run_on(self, executor: Executor, items: list[Item], concurrency: int) -> None:
         """The questions on the executor's workers; each outcome scored and recorded here."""
         seed = self.session.config.loop.seed
-        jobs = [Job(item.index, item.question, self.run_id(item), seed + item.index)
-                for item in items]
-        async with contextlib.aclosing(executor.outcomes(worker_spec(self.session), jobs,
-                                                         concurrency)) as outcomes:
+        jobs = [Job(item.index, item.question, self.run_id(item), seed + item.index) for item in items]
+        async with contextlib.aclosing(
+            executor.outcomes(worker_spec(self.session), jobs, concurrency)
+        ) as outcomes:
             async for outcome in outcomes:
                 item = self.items[outcome.job.index]
                 if outcome.error is not None:
@@ -296,9 +333,12 @@ class _Eval:
             if resume:
                 result = await session.resume(run_id, stop_reason=self.stop_reason)
             else:
-                result = await session.run(item.question, run_id=run_id,
-                                           seed=_seed(session.config, item.index),
-                                           stop_reason=self.stop_reason)
+                result = await session.run(
+                    item.question,
+                    run_id=run_id,
+                    seed=_seed(session.config, item.index),
+                    stop_reason=self.stop_reason,
+                )
         except LanefoldError as exc:
             self.failure(item, exc)
             return
@@ -325,28 +365,47 @@ class _Eval:
         scorer = self.scorer
         if scorer.needs_text:
             state = state or read_state(self.session.store, result.run_id)
-            lanes = [(s.answer, s.text) for _, w in sorted(state.waves.items())
-                     if w.info.bill == "sample" for s in w.completed()]
+            lanes = [
+                (s.answer, s.text)
+                for _, w in sorted(state.waves.items())
+                if w.info.bill == "sample"
+                for s in w.completed()
+            ]
         else:
             lanes = [(lane.answer, None) for lane in result.lanes if lane.status == "completed"]
-        scores = await self._score_all(item, [*lanes, (result.answer, result.winner_text)],
-                                       answered=result.status == "answered")
+        scores = await self._score_all(
+            item, [*lanes, (result.answer, result.winner_text)], answered=result.status == "answered"
+        )
         final, lane_scores = scores[-1], scores[:-1]
         usage, cost = result.usage, result.cost
         return QuestionResult(
-            index=item.index, run_id=result.run_id, question=item.question,
-            answer=result.answer, gold=item.answer, correct=final.correct, score=final.value,
-            status=result.status, lanes=len(result.lanes),
+            index=item.index,
+            run_id=result.run_id,
+            question=item.question,
+            answer=result.answer,
+            gold=item.answer,
+            correct=final.correct,
+            score=final.value,
+            status=result.status,
+            lanes=len(result.lanes),
             lane_answers=[answer for answer, _ in lanes],
             lane_correct=[score.correct for score in lane_scores],
-            tokens={"prefill": usage.prefill_tokens, "cached_prefill": usage.cached_prefill_tokens,
-                    "decode": usage.decode_tokens, "verifier": usage.verifier_tokens,
-                    "cut_off": usage.cut_off_tokens},
-            cost=cost.total, cost_by_line={line: getattr(cost, line) for line in COST_LINES},
-            seconds=result.elapsed_s, error=final.error)
+            tokens={
+                "prefill": usage.prefill_tokens,
+                "cached_prefill": usage.cached_prefill_tokens,
+                "decode": usage.decode_tokens,
+                "verifier": usage.verifier_tokens,
+                "cut_off": usage.cut_off_tokens,
+            },
+            cost=cost.total,
+            cost_by_line={line: getattr(cost, line) for line in COST_LINES},
+            seconds=result.elapsed_s,
+            error=final.error,
+        )
 
-    async def _score_all(self, item: Item, pairs: list[tuple[str | None, str | None]], *,
-                         answered: bool) -> list[Score]:
+    async def _score_all(
+        self, item: Item, pairs: list[tuple[str | None, str | None]], *, answered: bool
+    ) -> list[Score]:
         """Each distinct (answer, text) scored once, concurrently (tests run in processes);
         the last pair is the run's own answer, wrong when the run abstained."""
         distinct = list(dict.fromkeys(pairs[:-1] + ([pairs[-1]] if answered else [])))
@@ -356,14 +415,12 @@ class _Eval:
             try:
                 found[pair] = await self.scorer.score(item, *pair)
             except Exception as exc:  # a plug-in scorer that raises: that answer's score fails
-                found[pair] = Score(0.0, f"scorer {self.scorer.name} raised "
-                                         f"{type(exc).__name__}: {exc}")
+                found[pair] = Score(0.0, f"scorer {self.scorer.name} raised {type(exc).__name__}: {exc}")
 
         async with anyio.create_task_group() as tg:
             for pair in distinct:
                 tg.start_soon(one, pair)
-        return [found[pair] for pair in pairs[:-1]] + [found[pairs[-1]] if answered
-                                                       else Score(0.0)]
+        return [found[pair] for pair in pairs[:-1]] + [found[pairs[-1]] if answered else Score(0.0)]
 
     def failed(self, item: Item, error: str, state: RunState | None) -> QuestionResult:
         spend = state.spend if state is not None else None
@@ -373,12 +430,28 @@ class _Eval:
         tokens = {line: getattr(spend, f"{line}_tokens", 0) if spend else 0 for line in TOKEN_LINES}
         by_line = {line: getattr(spend, _USD[line], 0.0) if spend else 0.0 for line in COST_LINES}
         return QuestionResult(
-            index=item.index, run_id=self.run_id(item), question=item.question, answer=None,
-            gold=item.answer, correct=False, score=0.0, status="failed", lanes=lanes,
-            tokens=tokens, cost=spend.cost_usd if spend else 0.0, cost_by_line=by_line,
+            index=item.index,
+            run_id=self.run_id(item),
+            question=item.question,
+            answer=None,
+            gold=item.answer,
+            correct=False,
+            score=0.0,
+            status="failed",
+            lanes=lanes,
+            tokens=tokens,
+            cost=spend.cost_usd if spend else 0.0,
+            cost_by_line=by_line,
             seconds=round(state.active_seconds(), 6) if state is not None else 0.0,
-            error=" ".join(error.split()))
+            error=" ".join(error.split()),
+        )
 
 
-_USD = {"prefill": "prefill_usd", "cached_prefill": "cached_prefill_usd", "decode": "decode_usd",
-        "kv_residency": "kv_residency_usd", "verifier": "verifier_usd", "cut_off": "cut_off_usd"}
+_USD = {
+    "prefill": "prefill_usd",
+    "cached_prefill": "cached_prefill_usd",
+    "decode": "decode_usd",
+    "kv_residency": "kv_residency_usd",
+    "verifier": "verifier_usd",
+    "cut_off": "cut_off_usd",
+}

@@ -41,36 +41,67 @@ if TYPE_CHECKING:
 __all__ = ("add_parser", "command", "print_summary")
 
 
-def add_parser(sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-               common: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    common: Callable[[argparse.ArgumentParser], None],
+) -> None:
     """Add `eval` to the `orchestrator` command's subparsers."""
     p = sub.add_parser("eval", help="run a loop config over a dataset and score it")
     p.add_argument("config", nargs="?", help="the loop config (left out with --resume)")
-    p.add_argument("--dataset", metavar="PATH_OR_SPEC",
-                   help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
-                   "humaneval (`orchestrator datasets` lists them)")
-    p.add_argument("--limit", type=int, metavar="N", help="only the first N questions (a larger "
-                   "N later, with the same --eval-id or --resume, grows the eval)")
-    p.add_argument("--concurrency", type=int, default=8, metavar="Q",
-                   help="questions in flight at once (default 8)")
-    p.add_argument("--eval-id", metavar="ID", help="name the eval (default: a new sortable id); "
-                   "the same id again continues it")
-    p.add_argument("--resume", metavar="ID",
-                   help="continue the eval ID with the config and dataset it was started with")
+    p.add_argument(
+        "--dataset",
+        metavar="PATH_OR_SPEC",
+        help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
+        "humaneval (`orchestrator datasets` lists them)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="only the first N questions (a larger "
+        "N later, with the same --eval-id or --resume, grows the eval)",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=8, metavar="Q", help="questions in flight at once (default 8)"
+    )
+    p.add_argument(
+        "--eval-id",
+        metavar="ID",
+        help="name the eval (default: a new sortable id); the same id again continues it",
+    )
+    p.add_argument(
+        "--resume", metavar="ID", help="continue the eval ID with the config and dataset it was started with"
+    )
     p.add_argument("--question-field", metavar="F", help="the question's field (default question)")
     p.add_argument("--answer-field", metavar="F", help="the gold answer's field (default answer)")
-    p.add_argument("--scorer", metavar="S", help="exact (default), numeric[:TOL], "
-                   "humaneval[:SECONDS] or module:function")
-    p.add_argument("--executor", default=DEFAULT_EXECUTOR, metavar="NAME",
-                   help="where questions run: local (this process, the default), ray (Ray "
-                   "workers), another registered executor or module:attr")
-    p.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the cluster "
-                   "to join ('auto': the one running here; default: start one on this machine)")
-    p.add_argument("--workers", type=int, metavar="N", help="with --executor ray: workers, "
-                   "each one Session and one loaded backend (default 2)")
-    p.add_argument("--ray-connect-timeout", type=some_seconds, metavar="SECONDS",
-                   help="with --ray-address: how long joining the cluster may take "
-                   f"(default {CONNECT_TIMEOUT_S:g})")
+    p.add_argument(
+        "--scorer", metavar="S", help="exact (default), numeric[:TOL], humaneval[:SECONDS] or module:function"
+    )
+    p.add_argument(
+        "--executor",
+        default=DEFAULT_EXECUTOR,
+        metavar="NAME",
+        help="where questions run: local (this process, the default), ray (Ray "
+        "workers), another registered executor or module:attr",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --executor ray: the cluster "
+        "to join ('auto': the one running here; default: start one on this machine)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="with --executor ray: workers, each one Session and one loaded backend (default 2)",
+    )
+    p.add_argument(
+        "--ray-connect-timeout",
+        type=some_seconds,
+        metavar="SECONDS",
+        help=f"with --ray-address: how long joining the cluster may take (default {CONNECT_TIMEOUT_S:g})",
+    )
     common(p)
     p.add_argument("--json", action="store_true", help="print summary.json")
 
@@ -87,11 +118,12 @@ def command(args: argparse.Namespace) -> int:
         manifest = read_manifest(open_store(args.store, args.runs_dir), eval_id)
         config = _recorded_config(manifest)
         limit = args.limit if args.limit is not None else manifest.limit  # --limit grows it
-        dataset = DatasetSpec(manifest.dataset, manifest.question_field, manifest.answer_field,
-                              limit)
+        dataset = DatasetSpec(manifest.dataset, manifest.question_field, manifest.answer_field, limit)
         if dataset.spec == "<items>":
-            raise ConfigError(f"--resume: eval {eval_id} was given its questions in Python; "
-                              f"continue it with orchestrator.evaluate.run_eval")
+            raise ConfigError(
+                f"--resume: eval {eval_id} was given its questions in Python; "
+                f"continue it with orchestrator.evaluate.run_eval"
+            )
         scorer: str | None = manifest.scorer
     else:
         if args.config is None or args.dataset is None:
@@ -106,30 +138,45 @@ def command(args: argparse.Namespace) -> int:
 
     async def go(reason: Callable[[], str]) -> EvalSummary:
         return await run_eval(
-            config, items, eval_id=eval_id, runs_dir=args.runs_dir,
-            concurrency=args.concurrency, scorer=scorer, dataset=dataset,
+            config,
+            items,
+            eval_id=eval_id,
+            runs_dir=args.runs_dir,
+            concurrency=args.concurrency,
+            scorer=scorer,
+            dataset=dataset,
             on_start=progress.start if progress else None,
-            on_result=progress.add if progress else None, stop_reason=reason,
-            store=args.store, executor=executor)
+            on_result=progress.add if progress else None,
+            stop_reason=reason,
+            store=args.store,
+            executor=executor,
+        )
 
     try:
-        held = (executor if isinstance(executor, contextlib.AbstractContextManager)
-                else contextlib.nullcontext())
+        held = (
+            executor if isinstance(executor, contextlib.AbstractContextManager) else contextlib.nullcontext()
+        )
         with progress or contextlib.nullcontext(), held:
             connect = getattr(executor, "connect", None)  # an executor may join a cluster
             if connect is not None:
                 connect()  # a cluster not there is said before anything is written
             summary = _interruptible(go, lambda: eval_id)
     except _Interrupted as stop:
-        _error("eval", f"interrupted by {stop.signal_name}; continue with: "
-                       f"{resume_hint(eval_id, args.runs_dir, args.store)}")
+        _error(
+            "eval",
+            f"interrupted by {stop.signal_name}; continue with: "
+            f"{resume_hint(eval_id, args.runs_dir, args.store)}",
+        )
         return _SIGNAL_EXIT.get(stop.signal_name, 130)
     except LanefoldError as exc:
         if not exc.machine_failure:
             raise
         # The finished questions are recorded; the rest resume from their runs' logs.
-        _error("eval", f"{exc}; the eval stopped: once that is mended, continue with: "
-                       f"{resume_hint(eval_id, args.runs_dir, args.store)}")
+        _error(
+            "eval",
+            f"{exc}; the eval stopped: once that is mended, continue with: "
+            f"{resume_hint(eval_id, args.runs_dir, args.store)}",
+        )
         return exc.exit_code
     if args.json:
         print(json.dumps(summary.model_dump(mode="json")))
@@ -141,23 +188,31 @@ def command(args: argparse.Namespace) -> int:
 def _executor(args: argparse.Namespace) -> Executor | None:
     """The executor the flags ask for, through the registry (None: this process); an unknown
     name, or a flag the executor does not take, is a ConfigError naming the flag."""
-    given = {keyword: (flag, value) for flag, keyword, value in (
-        ("--ray-address", "address", args.ray_address), ("--workers", "workers", args.workers),
-        ("--ray-connect-timeout", "connect_timeout_s", args.ray_connect_timeout))
-        if value is not None}
+    given = {
+        keyword: (flag, value)
+        for flag, keyword, value in (
+            ("--ray-address", "address", args.ray_address),
+            ("--workers", "workers", args.workers),
+            ("--ray-connect-timeout", "connect_timeout_s", args.ray_connect_timeout),
+        )
+        if value is not None
+    }
     executor = resolve_executor(args.executor, key="--executor", options=given)
     # The terminal is the command's: Ray's notice that a local cluster has token auth on
     # (it has; that is the safe default) is not the user's business on every eval.
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
-        logging.ERROR)
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     return executor
 
 
 def _refuse_with_resume(args: argparse.Namespace) -> None:
-    for flag, value in (("CONFIG", args.config), ("--dataset", args.dataset),
-                        ("--eval-id", args.eval_id),
-                        ("--question-field", args.question_field),
-                        ("--answer-field", args.answer_field), ("--scorer", args.scorer)):
+    for flag, value in (
+        ("CONFIG", args.config),
+        ("--dataset", args.dataset),
+        ("--eval-id", args.eval_id),
+        ("--question-field", args.question_field),
+        ("--answer-field", args.answer_field),
+        ("--scorer", args.scorer),
+    ):
         if value is not None:
             raise ConfigError(f"--resume: {flag} comes from the eval's eval.json; leave it out")
 
@@ -171,8 +226,11 @@ def _recorded_config(manifest: EvalManifest) -> LoopConfig | str:
         with contextlib.suppress(ConfigError, OSError):
             if config_hash(load_config(path)) == manifest.config_hash:
                 return path
-    return parse_config(dict(manifest.config), source=f"eval {manifest.eval_id}: eval.json",
-                        folder=Path(path).parent if path is not None else None)
+    return parse_config(
+        dict(manifest.config),
+        source=f"eval {manifest.eval_id}: eval.json",
+        folder=Path(path).parent if path is not None else None,
+    )
 
 
 def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
@@ -183,15 +241,19 @@ def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
     table.add_column()
     table.add_row("config", f"{summary.config} ({summary.loop})")
     table.add_row("dataset", f"{summary.dataset}, scored {summary.scorer}")
-    table.add_row("questions", f"{summary.n}: {summary.correct} correct, {summary.abstentions} "
-                  f"abstained, {summary.failed} failed")
+    table.add_row(
+        "questions",
+        f"{summary.n}: {summary.correct} correct, {summary.abstentions} abstained, {summary.failed} failed",
+    )
     table.add_row("accuracy", f"{summary.accuracy:.3f}  (95% CI {low:.3f}-{high:.3f})")
     if summary.pass_at_k:
-        table.add_row("pass@k", "  ".join(f"@{k} {value:.3f}"
-                                          for k, value in summary.pass_at_k.items()))
+        table.add_row("pass@k", "  ".join(f"@{k} {value:.3f}" for k, value in summary.pass_at_k.items()))
     table.add_row("mean lanes", f"{summary.mean_lanes:.2f}")
-    table.add_row("tokens", "  ".join(f"{line} {summary.tokens[line]}" for line in TOKEN_LINES
-                                      if summary.tokens.get(line)) or "0")
+    table.add_row(
+        "tokens",
+        "  ".join(f"{line} {summary.tokens[line]}" for line in TOKEN_LINES if summary.tokens.get(line))
+        or "0",
+    )
     table.add_row("cost", f"${summary.cost['total']:.6f} (${summary.mean_cost:.6f} a question)")
     table.add_row("time", f"{summary.wall_s:.1f} s wall, {summary.seconds:.1f} s sampling")
     table.add_row("results", summary.results)

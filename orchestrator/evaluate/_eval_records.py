@@ -28,10 +28,26 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from lanefold._store import open_store
 from lanefold.primitives import ConfigError, EvalRecord, Store, validate_run_id
 
-__all__ = ("COST_LINES", "RUN_IDS", "TOKEN_LINES", "EvalManifest", "EvalPaths", "EvalSummary",
-           "QuestionResult", "append_result", "as_json", "check_eval_id", "csv_table",
-           "eval_record", "pass_at_k", "read_manifest", "read_results", "read_summary",
-           "summarize", "wilson_interval")
+__all__ = (
+    "COST_LINES",
+    "RUN_IDS",
+    "TOKEN_LINES",
+    "EvalManifest",
+    "EvalPaths",
+    "EvalSummary",
+    "QuestionResult",
+    "append_result",
+    "as_json",
+    "check_eval_id",
+    "csv_table",
+    "eval_record",
+    "pass_at_k",
+    "read_manifest",
+    "read_results",
+    "read_summary",
+    "summarize",
+    "wilson_interval",
+)
 
 TOKEN_LINES = ("prefill", "cached_prefill", "decode", "verifier", "cut_off")
 COST_LINES = ("prefill", "cached_prefill", "decode", "kv_residency", "verifier", "cut_off")
@@ -47,8 +63,9 @@ def check_eval_id(eval_id: str) -> str:
     """An eval id: a plain name (as a run id) that does not end like its questions' runs."""
     validate_run_id(eval_id)
     if _LIKE_A_RUN.search(eval_id) or eval_id.endswith("."):
-        raise ConfigError(f"eval id {eval_id!r} ends like a question's run id (<eval id>.<n>): "
-                          f"choose another")
+        raise ConfigError(
+            f"eval id {eval_id!r} ends like a question's run id (<eval id>.<n>): choose another"
+        )
     return eval_id
 
 
@@ -154,8 +171,10 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
     # At the edges a bound is 0 or 1 exactly (the float formula leaves a crumb).
-    return (0.0 if successes == 0 else max(0.0, centre - half),
-            1.0 if successes == n else min(1.0, centre + half))
+    return (
+        0.0 if successes == 0 else max(0.0, centre - half),
+        1.0 if successes == n else min(1.0, centre + half),
+    )
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -172,8 +191,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - miss
 
 
-def summarize(rows: Sequence[QuestionResult], *, eval_id: str, config: str, loop: str,
-              dataset: str, scorer: str, wall_s: float, results: str) -> EvalSummary:
+def summarize(
+    rows: Sequence[QuestionResult],
+    *,
+    eval_id: str,
+    config: str,
+    loop: str,
+    dataset: str,
+    scorer: str,
+    wall_s: float,
+    results: str,
+) -> EvalSummary:
     """The summary of every question's row."""
     n = len(rows)
     correct = sum(row.correct for row in rows)
@@ -181,25 +209,38 @@ def summarize(rows: Sequence[QuestionResult], *, eval_id: str, config: str, loop
     ks: list[int] = []
     if finished:
         fewest = min(len(row.lane_correct) for row in finished)
-        ks = [2 ** i for i in range(fewest.bit_length()) if 2 ** i <= fewest]
-    passes = {str(k): _mean([pass_at_k(len(r.lane_correct), sum(r.lane_correct), k)
-                             for r in finished]) for k in ks}
+        ks = [2**i for i in range(fewest.bit_length()) if 2**i <= fewest]
+    passes = {
+        str(k): _mean([pass_at_k(len(r.lane_correct), sum(r.lane_correct), k) for r in finished]) for k in ks
+    }
     tokens = {line: sum(row.tokens.get(line, 0) for row in rows) for line in TOKEN_LINES}
     cost = {line: sum(row.cost_by_line.get(line, 0.0) for row in rows) for line in COST_LINES}
     cost["total"] = sum(row.cost for row in rows)
     return EvalSummary(
-        eval_id=eval_id, config=config, loop=loop, dataset=dataset, scorer=scorer, n=n,
-        correct=correct, accuracy=correct / n if n else 0.0,
-        interval=wilson_interval(correct, n), mean_score=_mean([row.score for row in rows]),
+        eval_id=eval_id,
+        config=config,
+        loop=loop,
+        dataset=dataset,
+        scorer=scorer,
+        n=n,
+        correct=correct,
+        accuracy=correct / n if n else 0.0,
+        interval=wilson_interval(correct, n),
+        mean_score=_mean([row.score for row in rows]),
         answered=sum(row.status == "answered" for row in rows),
         abstentions=sum(row.status == "no_answer" for row in rows),
-        failed=sum(row.status == "failed" for row in rows), pass_at_k=passes,
+        failed=sum(row.status == "failed" for row in rows),
+        pass_at_k=passes,
         pass_at_k_questions=len(finished) if ks else 0,
-        mean_lanes=_mean([row.lanes for row in rows]), tokens=tokens,
+        mean_lanes=_mean([row.lanes for row in rows]),
+        tokens=tokens,
         mean_tokens={line: tokens[line] / n if n else 0.0 for line in TOKEN_LINES},
-        cost=cost, mean_cost=cost["total"] / n if n else 0.0,
-        seconds=round(sum(row.seconds for row in rows), 6), wall_s=round(wall_s, 6),
-        results=results)
+        cost=cost,
+        mean_cost=cost["total"] / n if n else 0.0,
+        seconds=round(sum(row.seconds for row in rows), 6),
+        wall_s=round(wall_s, 6),
+        results=results,
+    )
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -207,6 +248,7 @@ def _mean(values: Sequence[float]) -> float:
 
 
 # -- the record, through the store -----------------------------------------------------------
+
 
 class EvalPaths:
     """The files of an eval in a files store: `runs_dir/<eval_id>/` and what it holds (for
@@ -284,9 +326,22 @@ def _record_of(source: EvalRecord | Path) -> EvalRecord:
     return source
 
 
-_CSV_COLUMNS = ("index", "run_id", "question", "answer", "gold", "correct", "score", "status",
-                "lanes", "lanes_correct", *(f"tokens_{line}" for line in TOKEN_LINES), "cost",
-                "seconds", "error")
+_CSV_COLUMNS = (
+    "index",
+    "run_id",
+    "question",
+    "answer",
+    "gold",
+    "correct",
+    "score",
+    "status",
+    "lanes",
+    "lanes_correct",
+    *(f"tokens_{line}" for line in TOKEN_LINES),
+    "cost",
+    "seconds",
+    "error",
+)
 
 
 def csv_table(rows: Iterable[QuestionResult]) -> str:
@@ -295,10 +350,24 @@ def csv_table(rows: Iterable[QuestionResult]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(_CSV_COLUMNS)
     for row in rows:
-        writer.writerow([row.index, row.run_id, row.question, row.answer, row.gold,
-                         row.correct, row.score, row.status, row.lanes, sum(row.lane_correct),
-                         *(row.tokens.get(line, 0) for line in TOKEN_LINES), row.cost,
-                         row.seconds, row.error])
+        writer.writerow(
+            [
+                row.index,
+                row.run_id,
+                row.question,
+                row.answer,
+                row.gold,
+                row.correct,
+                row.score,
+                row.status,
+                row.lanes,
+                sum(row.lane_correct),
+                *(row.tokens.get(line, 0) for line in TOKEN_LINES),
+                row.cost,
+                row.seconds,
+                row.error,
+            ]
+        )
     return out.getvalue()
 
 

@@ -42,8 +42,10 @@ def describe_row(row: QuestionResult) -> str:
     """One finished question as `tail` prints it."""
     verdict = "right" if row.correct else "wrong"
     tokens = sum(row.tokens.values())
-    line = (f"#{row.index} {verdict} {row.status} answer={row.answer!r} gold={row.gold!r} "
-            f"lanes={row.lanes} tokens={tokens} cost=${row.cost:.6f} run={row.run_id}")
+    line = (
+        f"#{row.index} {verdict} {row.status} answer={row.answer!r} gold={row.gold!r} "
+        f"lanes={row.lanes} tokens={tokens} cost=${row.cost:.6f} run={row.run_id}"
+    )
     return f"{line} error={row.error!r}" if row.error else line
 
 
@@ -76,19 +78,25 @@ def show_eval(args: argparse.Namespace, out: Callable[[str], None], store: Store
     summary: EvalSummary | None = read_summary(record)
     if summary is None or summary.n != len(rows):  # running, or cut off: what is there so far
         loop = manifest.config.get("loop")
-        summary = summarize([rows[i] for i in sorted(rows)], eval_id=eval_id,
-                            config=manifest.config_path or "<config>",
-                            loop=str(loop.get("coordinator") if isinstance(loop, dict) else loop),
-                            dataset=manifest.dataset, scorer=manifest.scorer,
-                            wall_s=summary.wall_s if summary is not None else 0.0,
-                            results=record.results_location)
+        summary = summarize(
+            [rows[i] for i in sorted(rows)],
+            eval_id=eval_id,
+            config=manifest.config_path or "<config>",
+            loop=str(loop.get("coordinator") if isinstance(loop, dict) else loop),
+            dataset=manifest.dataset,
+            scorer=manifest.scorer,
+            wall_s=summary.wall_s if summary is not None else 0.0,
+            results=record.results_location,
+        )
     running = record.running()
     if args.json:
-        out(json.dumps({**summary.model_dump(mode="json"), "questions": manifest.questions,
-                        "running": running}))
+        out(
+            json.dumps(
+                {**summary.model_dump(mode="json"), "questions": manifest.questions, "running": running}
+            )
+        )
         return 0
     print_summary(summary)
     if summary.n < manifest.questions:
-        out(f"{summary.n} of {manifest.questions} questions finished"
-            f"{' (running)' if running else ''}")
+        out(f"{summary.n} of {manifest.questions} questions finished{' (running)' if running else ''}")
     return 0

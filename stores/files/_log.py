@@ -55,8 +55,7 @@ class RunLock:
         self.path = path
 
     @classmethod
-    def acquire(cls, folder: Path, run_id: str, *,
-                sleep: Callable[[float], None] = time.sleep) -> RunLock:
+    def acquire(cls, folder: Path, run_id: str, *, sleep: Callable[[float], None] = time.sleep) -> RunLock:
         """Take the run's lock now or raise RunInUseError naming the holder's pid.
 
         Never waits for the lock itself. A holder writes its pid just after it wins the flock,
@@ -183,9 +182,17 @@ class JsonlEventLog:
     `read`/`follow` only read and take no lock.
     """
 
-    def __init__(self, path: str | Path, *, fsync: FsyncPolicy = "barrier", _fd: int | None = None,
-                 _last: int = 0, torn_tail: TornTail | None = None, _lock: RunLock | None = None,
-                 _unpublished: Path | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        fsync: FsyncPolicy = "barrier",
+        _fd: int | None = None,
+        _last: int = 0,
+        torn_tail: TornTail | None = None,
+        _lock: RunLock | None = None,
+        _unpublished: Path | None = None,
+    ) -> None:
         self.path = Path(path)
         self.fsync = fsync
         self._fd = _fd
@@ -312,8 +319,7 @@ class JsonlEventLog:
                 lineno += 1
                 event = _parse(self.path, lineno, raw)
                 if event.sequence != last + 1:
-                    raise LogCorruptError(str(self.path), lineno,
-                                          f"sequence {event.sequence} after {last}")
+                    raise LogCorruptError(str(self.path), lineno, f"sequence {event.sequence} after {last}")
                 last = event.sequence
                 if event.sequence >= from_sequence:
                     yield event

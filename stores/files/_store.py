@@ -40,12 +40,12 @@ class RunStore:
         self.root = Path(root)
 
     @classmethod
-    def from_url(cls, url: str | None, *, runs_dir: str | Path = "runs",
-                 password_env: str | None = None) -> RunStore:
+    def from_url(
+        cls, url: str | None, *, runs_dir: str | Path = "runs", password_env: str | None = None
+    ) -> RunStore:
         """The folder `runs_dir`; this store serves no URL."""
         if url is not None:
-            raise ConfigError("store.url: the files store takes no URL (runs_dir names its "
-                              "folder)")
+            raise ConfigError("store.url: the files store takes no URL (runs_dir names its folder)")
         return cls(runs_dir)
 
     def portable(self) -> RunStore:
@@ -105,9 +105,15 @@ class RunStore:
     def missing(self) -> list[str]:
         return []
 
-    def list_runs(self, *, status: str | None = None, loop: str | None = None,
-                  eval_id: str | None = None, since: datetime | None = None,
-                  limit: int | None = None) -> list[RunSummary]:
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        loop: str | None = None,
+        eval_id: str | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[RunSummary]:
         found = []
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             for entry in os.scandir(self.root):
@@ -116,8 +122,7 @@ class RunStore:
                 summary = _summary(Path(entry.path))
                 if summary is not None:
                     found.append(summary)
-        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since,
-                           limit=limit)
+        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
 
 
 def _summary(folder: Path) -> RunSummary | None:

@@ -8,5 +8,14 @@ from lanefold.stores.postgres._evals import PgEvalRecord
 from lanefold.stores.postgres._log import PgEventLog
 from lanefold.stores.postgres._store import PgStore
 
-__all__ = ("PgDatabase", "PgEvalRecord", "PgEventLog", "PgSharedPool", "PgStore",
-           "connect_budgets", "read_budget", "redact_url", "set_budget")
+__all__ = (
+    "PgDatabase",
+    "PgEvalRecord",
+    "PgEventLog",
+    "PgSharedPool",
+    "PgStore",
+    "connect_budgets",
+    "read_budget",
+    "redact_url",
+    "set_budget",
+)

@@ -86,8 +86,9 @@ _LOCK = """SELECT max_tokens, max_cost_usd, max_requests, spent_tokens, spent_co
 def check_name(name: str, where: str = "budget.shared") -> str:
     """A budget's name: letters, digits and `._:-`, at most 128 characters."""
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-        raise ConfigError(f"{where}: {name!r} is not a budget name (letters, digits and ._:- "
-                          f"only, at most 128 characters)")
+        raise ConfigError(
+            f"{where}: {name!r} is not a budget name (letters, digits and ._:- only, at most 128 characters)"
+        )
     return name
 
 
@@ -101,8 +102,9 @@ def connect_budgets(db: PgDatabase) -> Any:
     conn = db.connect(name="lanefold-budget")
     try:
         with conn.transaction():
-            conn.execute("SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; "
-                         "SET tcp_keepalives_count = 3")
+            conn.execute(
+                "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
+            )
             row = conn.execute("SELECT to_regclass('lanefold_budget_holds')").fetchone()
             if row is None or row[0] is None:  # the first worker to come creates the tables
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
@@ -125,8 +127,22 @@ def _view(conn: Any, name: str) -> BudgetView | None:
     conn.execute(_SWEEP, {"name": name})
     row = conn.execute(_LOCK, (name,)).fetchone()
     held = conn.execute(_HELD, (name,)).fetchone()
-    return BudgetView(name, row[0], row[1], row[2], row[3], row[4], row[5], held[0], held[1],
-                      held[2], row[6], row[7], row[8], held[3])
+    return BudgetView(
+        name,
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        held[0],
+        held[1],
+        held[2],
+        row[6],
+        row[7],
+        row[8],
+        held[3],
+    )
 
 
 def read_budget(conn: Any, name: str) -> BudgetView | None:
@@ -138,8 +154,14 @@ def read_budget(conn: Any, name: str) -> BudgetView | None:
 _KEEP: Any = object()
 
 
-def set_budget(conn: Any, name: str, *, max_tokens: int | None = _KEEP,
-               max_cost_usd: float | None = _KEEP, max_requests: int | None = _KEEP) -> BudgetView:
+def set_budget(
+    conn: Any,
+    name: str,
+    *,
+    max_tokens: int | None = _KEEP,
+    max_cost_usd: float | None = _KEEP,
+    max_requests: int | None = _KEEP,
+) -> BudgetView:
     """Create a budget or change its limits (a limit not given keeps its value; a new budget
     is unlimited where none is given). Spent is never reset here."""
     check_name(name, "budget")
@@ -182,12 +204,14 @@ class PgSharedPool:
                     if conn.execute(_LOCK, (name,)).fetchone() is None:
                         raise ConfigError(
                             f"budget.shared: no budget named {name!r} in {db.shown} (create "
-                            f"it with: orchestrator budget set {name} --max-tokens N --store URL)")
+                            f"it with: orchestrator budget set {name} --max-tokens N --store URL)"
+                        )
                     row = conn.execute(
                         "INSERT INTO lanefold_budget_holds (name, run_id, pid, backend_start) "
                         "SELECT %s, %s, pg_backend_pid(), (SELECT backend_start FROM "
                         "pg_stat_activity WHERE pid = pg_backend_pid()) RETURNING id",
-                        (name, run_id)).fetchone()
+                        (name, run_id),
+                    ).fetchone()
             except BaseException:
                 conn.close()
                 raise
@@ -213,9 +237,11 @@ class PgSharedPool:
     def _grow(self, tokens: int, cost_usd: float, requests: int) -> None:
         room = self.room
         if room is not None:
-            self.room = Room(None if room.tokens is None else room.tokens + tokens,
-                             None if room.cost_usd is None else room.cost_usd + cost_usd,
-                             None if room.requests is None else room.requests + requests)
+            self.room = Room(
+                None if room.tokens is None else room.tokens + tokens,
+                None if room.cost_usd is None else room.cost_usd + cost_usd,
+                None if room.requests is None else room.requests + requests,
+            )
 
     def charge_cut_off(self, hold: Hold) -> None:
         self.settle(hold, hold.tokens, hold.cost_usd, hold.requests)
@@ -245,15 +271,21 @@ class PgSharedPool:
                 raise
 
     def _write(self, conn: Any, held: list[Any], spent: list[Any]) -> None:
-        conn.execute("UPDATE lanefold_budgets SET spent_tokens = spent_tokens + %s, spent_cost_usd = "
-                     "spent_cost_usd + %s, spent_requests = spent_requests + %s WHERE name = %s",
-                     (*spent, self.name))
-        row = conn.execute("UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + "
-                           "%s, requests = requests + %s WHERE id = %s RETURNING id",
-                           (*held, self._row)).fetchone()
+        conn.execute(
+            "UPDATE lanefold_budgets SET spent_tokens = spent_tokens + %s, spent_cost_usd = "
+            "spent_cost_usd + %s, spent_requests = spent_requests + %s WHERE name = %s",
+            (*spent, self.name),
+        )
+        row = conn.execute(
+            "UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + "
+            "%s, requests = requests + %s WHERE id = %s RETURNING id",
+            (*held, self._row),
+        ).fetchone()
         if row is None:  # only a dead owner's row is taken away: the connection was lost
-            raise RunError(f"shared budget {self.name!r}: this run's holds were charged as a "
-                           f"dead worker's (its connection to the store was lost)")
+            raise RunError(
+                f"shared budget {self.name!r}: this run's holds were charged as a "
+                f"dead worker's (its connection to the store was lost)"
+            )
 
     async def flush(self, *, wait: bool = True) -> None:
         """Write the settlements noted since the last write. `wait=False` (after each backend
@@ -272,8 +304,7 @@ class PgSharedPool:
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
         """Reserve all of `holds` or none, in one transaction."""
-        asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds),
-                 sum(h.requests for h in holds))
+        asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds), sum(h.requests for h in holds))
 
         def reserve(conn: Any, held: list[Any], spent: list[Any]) -> tuple[Refusal | None, Room]:
             self._write(conn, held, spent)
@@ -284,26 +315,38 @@ class PgSharedPool:
             short = short_of_room(room, *asked)
             if short is not None:
                 return Refusal(*short, room), room
-            conn.execute("UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + %s,"
-                         " requests = requests + %s WHERE id = %s", (*asked, self._row))
-            return None, Room(*(None if left is None else left - ask
-                                for left, ask in zip(dataclasses.astuple(room), asked, strict=True)))
+            conn.execute(
+                "UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + %s,"
+                " requests = requests + %s WHERE id = %s",
+                (*asked, self._row),
+            )
+            return None, Room(
+                *(
+                    None if left is None else left - ask
+                    for left, ask in zip(dataclasses.astuple(room), asked, strict=True)
+                )
+            )
 
         refusal, self.room = await self._run(reserve)
         return refusal
 
     async def aclose(self) -> None:
         """Write what is pending, charge any hold still outstanding whole, drop the row."""
+
         def close(conn: Any, held: list[Any], spent: list[Any]) -> None:
             conn.execute(_LOCK, (self.name,))
             self._write(conn, held, spent)
-            left = conn.execute("DELETE FROM lanefold_budget_holds WHERE id = %s RETURNING tokens, "
-                                "cost_usd, requests", (self._row,)).fetchone()
+            left = conn.execute(
+                "DELETE FROM lanefold_budget_holds WHERE id = %s RETURNING tokens, cost_usd, requests",
+                (self._row,),
+            ).fetchone()
             if left is not None and (left[0] > 0 or left[2] > 0 or left[1] > 1e-9):
-                conn.execute("UPDATE lanefold_budgets SET spent_tokens = spent_tokens + %s, "
-                             "spent_cost_usd = spent_cost_usd + %s, spent_requests = "
-                             "spent_requests + %s WHERE name = %s",
-                             (max(left[0], 0), max(left[1], 0.0), max(left[2], 0), self.name))
+                conn.execute(
+                    "UPDATE lanefold_budgets SET spent_tokens = spent_tokens + %s, "
+                    "spent_cost_usd = spent_cost_usd + %s, spent_requests = "
+                    "spent_requests + %s WHERE name = %s",
+                    (max(left[0], 0), max(left[1], 0.0), max(left[2], 0), self.name),
+                )
 
         with anyio.CancelScope(shield=True):
             try:
@@ -314,10 +357,7 @@ class PgSharedPool:
 
 def _room(view: BudgetView) -> Room:
     return Room(
-        None if view.max_tokens is None
-        else view.max_tokens - view.spent_tokens - view.held_tokens,
-        None if view.max_cost_usd is None
-        else view.max_cost_usd - view.spent_cost_usd - view.held_cost_usd,
-        None if view.max_requests is None
-        else view.max_requests - view.spent_requests - view.held_requests)
-
+        None if view.max_tokens is None else view.max_tokens - view.spent_tokens - view.held_tokens,
+        None if view.max_cost_usd is None else view.max_cost_usd - view.spent_cost_usd - view.held_cost_usd,
+        None if view.max_requests is None else view.max_requests - view.spent_requests - view.held_requests,
+    )

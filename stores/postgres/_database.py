@@ -50,17 +50,20 @@ _SCHEMA = (
 )
 _INSERT = "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)"
 
+
 def psycopg_module() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise ConfigError("store.url: a postgresql:// store needs psycopg "
-                          "(pip install 'lanefold[scale]')") from None
+        raise ConfigError(
+            "store.url: a postgresql:// store needs psycopg (pip install 'lanefold[scale]')"
+        ) from None
     return psycopg
 
 
 def reason(exc: Exception) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
 
 @dataclass(frozen=True)
 class PgDatabase:
@@ -90,10 +93,12 @@ class PgDatabase:
         extra = {"password": self.password} if self.password is not None else {}
         try:
             conn: psycopg.Connection[Any] = pg.connect(
-                self.url, autocommit=True, application_name=name, connect_timeout=10, **extra)
+                self.url, autocommit=True, application_name=name, connect_timeout=10, **extra
+            )
         except pg.Error as exc:
-            raise ConfigError(f"{self.shown}: cannot connect: {reason(exc)}".replace(
-                self.password or "\0", "***")) from None
+            raise ConfigError(
+                f"{self.shown}: cannot connect: {reason(exc)}".replace(self.password or "\0", "***")
+            ) from None
         return conn
 
     def ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
@@ -125,8 +130,7 @@ class PgDatabase:
     def exists(self, run_id: str) -> bool:
         """Whether a run has its first event in the database."""
         with self.reading() as conn:
-            row = conn.execute("SELECT 1 FROM lanefold_runs WHERE run_id = %s",
-                               (run_id,)).fetchone()
+            row = conn.execute("SELECT 1 FROM lanefold_runs WHERE run_id = %s", (run_id,)).fetchone()
         return row is not None
 
     def where(self, run_id: str) -> str:

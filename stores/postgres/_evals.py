@@ -20,8 +20,10 @@ __all__ = ("PgEvalRecord", "eval_lock_key")
 
 R = TypeVar("R")
 
-_HELD = ("SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-         " AND l.objsubid = 1 AND l.classid::bigint = %s AND l.objid::bigint = %s")
+_HELD = (
+    "SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+    " AND l.objsubid = 1 AND l.classid::bigint = %s AND l.objid::bigint = %s"
+)
 
 
 def eval_lock_key(eval_id: str) -> int:
@@ -85,9 +87,12 @@ class PgEvalRecord:
         return None if found is None else str(found).encode()
 
     def write_manifest(self, body: bytes) -> None:
-        self._write("INSERT INTO lanefold_evals (eval_id, manifest) VALUES (%s, %s)"
-                    " ON CONFLICT (eval_id) DO UPDATE SET manifest = excluded.manifest",
-                    (self.eval_id, body.decode()), "write the manifest")
+        self._write(
+            "INSERT INTO lanefold_evals (eval_id, manifest) VALUES (%s, %s)"
+            " ON CONFLICT (eval_id) DO UPDATE SET manifest = excluded.manifest",
+            (self.eval_id, body.decode()),
+            "write the manifest",
+        )
 
     def read_summary(self) -> bytes | None:
         found = self._one("SELECT summary FROM lanefold_evals WHERE eval_id = %s")
@@ -95,28 +100,34 @@ class PgEvalRecord:
 
     def write_summary(self, body: bytes, *, table: str) -> None:
         # The CSV is the rows again, flat: derived, so the database keeps the rows alone.
-        self._write("UPDATE lanefold_evals SET summary = %s WHERE eval_id = %s",
-                    (body.decode(), self.eval_id), "write the summary")
+        self._write(
+            "UPDATE lanefold_evals SET summary = %s WHERE eval_id = %s",
+            (body.decode(), self.eval_id),
+            "write the summary",
+        )
 
     def read_rows(self, parse: Callable[[bytes], R], *, repair: bool = False) -> list[R]:
         with self.db.reading() as conn:
-            found = conn.execute("SELECT position, body FROM lanefold_eval_results"
-                                 " WHERE eval_id = %s ORDER BY position",
-                                 (self.eval_id,)).fetchall()
+            found = conn.execute(
+                "SELECT position, body FROM lanefold_eval_results WHERE eval_id = %s ORDER BY position",
+                (self.eval_id,),
+            ).fetchall()
         rows = []
         for position, body in found:  # a row is inserted whole: none is ever torn
             try:
                 rows.append(parse(str(body).encode()))
             except ValueError as exc:
-                raise ConfigError(f"{self.results_location}:{position}: not a result row: "
-                                  f"{exc}") from None
+                raise ConfigError(f"{self.results_location}:{position}: not a result row: {exc}") from None
         return rows
 
     def append_row(self, body: bytes) -> None:
-        self._write("INSERT INTO lanefold_eval_results (eval_id, position, body)"
-                    " SELECT %s, coalesce(max(position), 0) + 1, %s FROM lanefold_eval_results"
-                    " WHERE eval_id = %s", (self.eval_id, body.decode(), self.eval_id),
-                    "append a result")
+        self._write(
+            "INSERT INTO lanefold_eval_results (eval_id, position, body)"
+            " SELECT %s, coalesce(max(position), 0) + 1, %s FROM lanefold_eval_results"
+            " WHERE eval_id = %s",
+            (self.eval_id, body.decode(), self.eval_id),
+            "append a result",
+        )
 
     def _write(self, statement: str, params: tuple[Any, ...], what: str) -> None:
         """A write the database refuses is the machine's failure (LogWriteError), one line."""

@@ -64,9 +64,16 @@ class PgEventLog:
 
     torn_tail = None  # a transaction commits whole: nothing is ever half-written
 
-    def __init__(self, db: PgDatabase, run_id: str, *, fsync: FsyncPolicy = "barrier",
-                 _conn: psycopg.Connection[Any] | None = None, _last: int = 0,
-                 _new: bool = False) -> None:
+    def __init__(
+        self,
+        db: PgDatabase,
+        run_id: str,
+        *,
+        fsync: FsyncPolicy = "barrier",
+        _conn: psycopg.Connection[Any] | None = None,
+        _last: int = 0,
+        _new: bool = False,
+    ) -> None:
         self.db = db
         self.run_id = validate_run_id(run_id)
         self.fsync = fsync
@@ -83,8 +90,9 @@ class PgEventLog:
         if _conn is not None:
             if fsync == "never":  # the file log's `never`: the server flushes in its own time
                 _conn.execute("SET synchronous_commit = off")
-            self._thread = threading.Thread(target=self._write_loop, daemon=True,
-                                            name=f"lanefold-pglog-{run_id}")
+            self._thread = threading.Thread(
+                target=self._write_loop, daemon=True, name=f"lanefold-pglog-{run_id}"
+            )
             self._thread.start()
 
     @classmethod
@@ -112,13 +120,13 @@ class PgEventLog:
         return cls(db, run_id, fsync=fsync, _conn=conn, _new=True)
 
     @classmethod
-    def open_for_resume(cls, db: PgDatabase, run_id: str, *,
-                        fsync: FsyncPolicy = "barrier") -> PgEventLog:
+    def open_for_resume(cls, db: PgDatabase, run_id: str, *, fsync: FsyncPolicy = "barrier") -> PgEventLog:
         """Continue a run: its lock first, then its last sequence."""
         validate_run_id(run_id)
         conn = cls._writer(db, run_id)
-        row = conn.execute("SELECT max(sequence) FROM lanefold_events WHERE run_id = %s",
-                           (run_id,)).fetchone()
+        row = conn.execute(
+            "SELECT max(sequence) FROM lanefold_events WHERE run_id = %s", (run_id,)
+        ).fetchone()
         if row is None or row[0] is None:
             conn.close()
             raise RunNotFoundError(f"{db.where(run_id)}: no run {run_id!r} in the store")
@@ -168,8 +176,7 @@ class PgEventLog:
             try:
                 with conn.transaction():
                     if self._new:
-                        conn.execute("INSERT INTO lanefold_runs (run_id) VALUES (%s)",
-                                     (self.run_id,))
+                        conn.execute("INSERT INTO lanefold_runs (run_id) VALUES (%s)", (self.run_id,))
                     with conn.cursor() as cur:
                         cur.executemany(_INSERT, batch)
                     conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.run_id))
@@ -188,8 +195,10 @@ class PgEventLog:
         if self._thread is not None:
             self.sync()  # a writer reads what it wrote
         with self.db.reading() as conn:
-            rows = conn.execute("SELECT sequence, body FROM lanefold_events WHERE run_id = %s"
-                                " ORDER BY sequence", (self.run_id,)).fetchall()
+            rows = conn.execute(
+                "SELECT sequence, body FROM lanefold_events WHERE run_id = %s ORDER BY sequence",
+                (self.run_id,),
+            ).fetchall()
         if not rows:
             raise RunNotFoundError(f"{self.location}: no run {self.run_id!r} in the store")
         last = 0
@@ -202,8 +211,7 @@ class PgEventLog:
     def _parse(self, sequence: int, body: str, last: int) -> AnyEvent:
         event = read_event(body, self.location, sequence)
         if event.sequence != sequence or sequence != last + 1:
-            raise LogCorruptError(self.location, sequence,
-                                  f"sequence {event.sequence} after {last}")
+            raise LogCorruptError(self.location, sequence, f"sequence {event.sequence} after {last}")
         return event
 
     async def follow(self, from_sequence: int = 1) -> AsyncIterator[AnyEvent]:
@@ -226,8 +234,10 @@ class PgEventLog:
                         return
                 # Until this run commits again: what arrived during the read (psycopg keeps
                 # it), else whatever comes on the connection's socket.
-                while not any(notice.payload == self.run_id for notice in
-                              await anyio.to_thread.run_sync(self._arrived, conn)):
+                while not any(
+                    notice.payload == self.run_id
+                    for notice in await anyio.to_thread.run_sync(self._arrived, conn)
+                ):
                     await anyio.wait_readable(conn.fileno())
         finally:
             with anyio.CancelScope(shield=True):
@@ -240,7 +250,9 @@ class PgEventLog:
     def _rows_after(self, conn: psycopg.Connection[Any], last: int) -> list[tuple[int, str]]:
         rows: list[tuple[int, str]] = conn.execute(
             "SELECT sequence, body FROM lanefold_events WHERE run_id = %s AND sequence > %s"
-            " ORDER BY sequence", (self.run_id, last)).fetchall()
+            " ORDER BY sequence",
+            (self.run_id, last),
+        ).fetchall()
         return rows
 
     def close(self) -> None:
@@ -264,7 +276,8 @@ def _holder(conn: psycopg.Connection[Any], key: int) -> int | None:
         "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
         " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
         " AND l.classid::bigint = %s AND l.objid::bigint = %s",
-        (unsigned >> 32, unsigned & 0xFFFFFFFF)).fetchone()
+        (unsigned >> 32, unsigned & 0xFFFFFFFF),
+    ).fetchone()
     name = str(row[0]) if row else ""
     pid = name.removeprefix(_WRITER)
     return int(pid) if name.startswith(_WRITER) and pid.isdigit() else None

@@ -43,9 +43,12 @@ _HEADS_AND_TAILS = (
     " JOIN lanefold_events f ON f.run_id = r.run_id AND f.sequence = 1"
     " JOIN LATERAL (SELECT body FROM lanefold_events e WHERE e.run_id = r.run_id"
     "               ORDER BY e.sequence DESC LIMIT 1) t ON true"
-    " WHERE %(prefix)s::text IS NULL OR starts_with(r.run_id, %(prefix)s::text)")
-_WRITERS = ("SELECT l.classid::bigint, l.objid::bigint FROM pg_locks l"
-            " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1")
+    " WHERE %(prefix)s::text IS NULL OR starts_with(r.run_id, %(prefix)s::text)"
+)
+_WRITERS = (
+    "SELECT l.classid::bigint, l.objid::bigint FROM pg_locks l"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+)
 
 
 @register_store("postgres")
@@ -59,8 +62,9 @@ class PgStore:
         self.db = db
 
     @classmethod
-    def from_url(cls, url: str | None, *, runs_dir: str | Path | None = None,
-                 password_env: str | None = None) -> PgStore:
+    def from_url(
+        cls, url: str | None, *, runs_dir: str | Path | None = None, password_env: str | None = None
+    ) -> PgStore:
         """A store at `url`; `password_env` names the environment variable with its password
         (needed unless the URL carries one, as a `--store` URL may). `runs_dir` is not used."""
         if url is None:
@@ -69,8 +73,7 @@ class PgStore:
         if password_env is not None:
             password = os.environ.get(password_env)
             if password is None and urlsplit(url).password is None:
-                raise ConfigError(f"store.password_env: the environment variable {password_env} "
-                                  f"is not set")
+                raise ConfigError(f"store.password_env: the environment variable {password_env} is not set")
         return cls(PgDatabase(url, password))
 
     def new_id(self) -> str:
@@ -103,8 +106,9 @@ class PgStore:
 
     def list_evals(self) -> list[str]:
         with self.db.reading() as conn:
-            rows = conn.execute("SELECT eval_id FROM lanefold_evals"
-                                " ORDER BY created DESC, eval_id DESC").fetchall()
+            rows = conn.execute(
+                "SELECT eval_id FROM lanefold_evals ORDER BY created DESC, eval_id DESC"
+            ).fetchall()
         return [str(row[0]) for row in rows]
 
     def portable(self) -> PgStore:
@@ -116,25 +120,32 @@ class PgStore:
             return ["store.url: a postgresql:// store needs psycopg (pip install 'lanefold[scale]')"]
         return []
 
-    def list_runs(self, *, status: str | None = None, loop: str | None = None,
-                  eval_id: str | None = None, since: datetime | None = None,
-                  limit: int | None = None) -> list[RunSummary]:
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        loop: str | None = None,
+        eval_id: str | None = None,
+        since: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[RunSummary]:
         with self.db.reading() as conn:
-            rows = conn.execute(_HEADS_AND_TAILS, {"prefix": None if eval_id is None
-                                                   else eval_id + "."}).fetchall()
+            rows = conn.execute(
+                _HEADS_AND_TAILS, {"prefix": None if eval_id is None else eval_id + "."}
+            ).fetchall()
             locks = {(int(a), int(b)) for a, b in conn.execute(_WRITERS).fetchall()}
         found = []
         for run_id, head, tail in rows:
             key = lock_key(run_id) & 0xFFFFFFFFFFFFFFFF
             try:
-                summary = summarize_run(parse_event(head), parse_event(tail),
-                                        writing=(key >> 32, key & 0xFFFFFFFF) in locks)
+                summary = summarize_run(
+                    parse_event(head), parse_event(tail), writing=(key >> 32, key & 0xFFFFFFFF) in locks
+                )
             except ValueError:  # a row that is not a run's event: `show` names it
                 continue
             if summary is not None:
                 found.append(summary)
-        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since,
-                           limit=limit)
+        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
 
     # -- shared budgets (BudgetStore) ------------------------------------------------------------
 

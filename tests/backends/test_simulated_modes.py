@@ -24,10 +24,8 @@ TEMPLATE = "Question: {question}\nThink briefly, then end with 'Answer: <answer>
 PARAMS = SamplingParams(max_tokens=256)
 
 
-def request(prompt: str, seeds: Sequence[int], purpose: str = "sample", *,
-            attempt: int = 1) -> SampleRequest:
-    lanes = tuple(LaneRequest(i, seed=s, max_tokens=256, attempt=attempt)
-                  for i, s in enumerate(seeds))
+def request(prompt: str, seeds: Sequence[int], purpose: str = "sample", *, attempt: int = 1) -> SampleRequest:
+    lanes = tuple(LaneRequest(i, seed=s, max_tokens=256, attempt=attempt) for i, s in enumerate(seeds))
     return SampleRequest(prompt, PARAMS, lanes, purpose=purpose)
 
 
@@ -82,14 +80,16 @@ def _before_judge(cfg: SimulatedConfig, prompt: str, seed: int) -> str:
     return f"The candidate's final answer is {'right' if correct else 'wrong'}.\nScore: {score}/10"
 
 
-@pytest.mark.parametrize("cfg", [SimulatedConfig(), SimulatedConfig(answer="42", accuracy=0.3,
-                                                                    distractors=["41", "43"])])
+@pytest.mark.parametrize(
+    "cfg", [SimulatedConfig(), SimulatedConfig(answer="42", accuracy=0.3, distractors=["41", "43"])]
+)
 def test_a_config_without_the_new_keys_says_what_it_said(cfg: SimulatedConfig) -> None:
     backend, seeds = SimulatedBackend(cfg), range(300)
     prompt = TEMPLATE.format(question="What is 17 * 23?")
     judged = f"{prompt}\nCandidate answer:\nAnswer: {cfg.answer}\n"
-    (sampled, usc, judge) = texts(backend, [request(prompt, seeds), request(prompt, seeds, "usc"),
-                                            request(judged, seeds, "judge")])
+    (sampled, usc, judge) = texts(
+        backend, [request(prompt, seeds), request(prompt, seeds, "usc"), request(judged, seeds, "judge")]
+    )
     assert sampled == usc == [_before_sample(cfg, s) for s in seeds]
     assert judge == [_before_judge(cfg, judged, s) for s in seeds]
 
@@ -97,8 +97,9 @@ def test_a_config_without_the_new_keys_says_what_it_said(cfg: SimulatedConfig) -
 def test_refine_and_debate_without_history_sample_afresh() -> None:
     backend, seeds = SimulatedBackend(SimulatedConfig(copy_rate=1.0, debate_keep=1.0)), range(50)
     prompt = TEMPLATE.format(question="q")
-    fresh, refine, debate = texts(backend, [request(prompt, seeds, p)
-                                            for p in ("sample", "refine", "debate")])
+    fresh, refine, debate = texts(
+        backend, [request(prompt, seeds, p) for p in ("sample", "refine", "debate")]
+    )
     assert fresh == refine == debate
 
 
@@ -106,13 +107,15 @@ def test_a_lane_dispatched_again_says_the_same_thing() -> None:
     cfg = SimulatedConfig(difficulty=(2, 2), copy_rate=0.5, seed=9)
     backend = SimulatedBackend(cfg)
     prompt = TEMPLATE.format(question="q") + "Answer: 401\nAnswer: 12\n"
-    first, again = texts(backend, [request(prompt, range(40), "refine"),
-                                   request(prompt, range(40), "refine", attempt=3)])
+    first, again = texts(
+        backend, [request(prompt, range(40), "refine"), request(prompt, range(40), "refine", attempt=3)]
+    )
     assert first == again
     assert texts(SimulatedBackend(cfg), [request(prompt, range(40), "refine")])[0] == first
 
 
 # -- difficulty and golds per question -----------------------------------------------------------
+
 
 @pytest.mark.parametrize(("a", "b"), [(2.0, 3.0), (0.5, 0.5), (6.0, 1.5)])
 def test_a_difficulty_mixture_has_mean_accuracy_a_over_a_plus_b(a: float, b: float) -> None:
@@ -138,8 +141,11 @@ def test_a_question_keeps_its_accuracy_across_lanes_and_prompts() -> None:
 
 
 def test_answers_name_a_question_by_its_first_line() -> None:
-    cfg = SimulatedConfig(answers={"What is 7 + 8?": "15", "Question: Capital of France?": "Paris"},
-                          distractors=["14", "15", "16"], accuracy=0.5)
+    cfg = SimulatedConfig(
+        answers={"What is 7 + 8?": "15", "Question: Capital of France?": "Paris"},
+        distractors=["14", "15", "16"],
+        accuracy=0.5,
+    )
     backend = SimulatedBackend(cfg)
     assert backend.answer_of(TEMPLATE.format(question="What is 7 + 8?")) == "15"
     assert backend.answer_of("What is 7 + 8?\nmore") == "15"
@@ -153,19 +159,31 @@ def test_answers_name_a_question_by_its_first_line() -> None:
 
 
 def test_the_judge_scores_against_the_questions_gold() -> None:
-    backend = SimulatedBackend(SimulatedConfig(answers={"What is 7 + 8?": "15"},
-                                               judge_accuracy=1.0))
+    backend = SimulatedBackend(SimulatedConfig(answers={"What is 7 + 8?": "15"}, judge_accuracy=1.0))
     base = "Question: What is 7 + 8?\n\nCandidate answer:\n"
-    right, wrong = texts(backend, [request(base + "Answer: 15\n", range(20), "judge"),
-                                   request(base + "Answer: 391\n", range(20), "judge")])
+    right, wrong = texts(
+        backend,
+        [
+            request(base + "Answer: 15\n", range(20), "judge"),
+            request(base + "Answer: 391\n", range(20), "judge"),
+        ],
+    )
     assert all("right" in t for t in right) and all("wrong" in t for t in wrong)
 
 
 # -- refine: copying earlier attempts ------------------------------------------------------------
 
+
 @functools.cache
-def _chains(p: float, rho: float, *, mode: str = "autoregressive", instruction: str = "",
-            chains: int = 2000, steps: int = 16) -> float:
+def _chains(
+    p: float,
+    rho: float,
+    *,
+    mode: str = "autoregressive",
+    instruction: str = "",
+    chains: int = 2000,
+    steps: int = 16,
+) -> float:
     """Coverage of `chains` sequential chains of `steps` refine attempts at accuracy `p` and
     copy rate `rho`: the share whose attempts include the gold. Each step's prompt shows the
     earlier answers (all, or in "markov" mode the last), as a loop would. Computed once."""
@@ -177,8 +195,11 @@ def _chains(p: float, rho: float, *, mode: str = "autoregressive", instruction: 
             question, seen = TEMPLATE.format(question=f"Chain question {c}?"), list[str]()
             for step in range(steps):
                 shown = seen if mode == "autoregressive" else seen[-1:]
-                prompt = question + "".join(f"Attempt {i + 1}:\nAnswer: {a}\n"
-                                            for i, a in enumerate(shown)) + instruction
+                prompt = (
+                    question
+                    + "".join(f"Attempt {i + 1}:\nAnswer: {a}\n" for i, a in enumerate(shown))
+                    + instruction
+                )
                 (texts_,) = await _texts(backend, [request(prompt, [c * 1000 + step], "refine")])
                 seen.append(answer(texts_[0]))
             covered += "391" in seen
@@ -198,7 +219,7 @@ def test_refine_coverage_follows_the_tunnel_vision_closed_form(mode: str) -> Non
     coverage = _chains(0.1, 0.6, mode=mode)
     assert abs(coverage - expected) < 0.04  # sd 0.011
     parallel = _chains(0.1, 0.0, mode=mode)
-    assert abs(parallel - (1 - 0.9 ** 16)) < 0.04  # 0.815: no copying is independent lanes
+    assert abs(parallel - (1 - 0.9**16)) < 0.04  # 0.815: no copying is independent lanes
     assert parallel - coverage > 0.2
 
 
@@ -210,9 +231,13 @@ def test_a_different_approach_lowers_the_copy_rate_and_narrows_the_gap() -> None
     # The copy rate itself, on a prompt whose one earlier answer no fresh sample gives.
     shown = TEMPLATE.format(question="q") + "Answer: 12\n"
     backend = SimulatedBackend(SimulatedConfig(accuracy=0.1, copy_rate=0.6))
-    same, explore = texts(backend, [
-        request(shown, range(4000), "refine"),
-        request(shown + "Please take a different approach.\n", range(4000), "refine")])
+    same, explore = texts(
+        backend,
+        [
+            request(shown, range(4000), "refine"),
+            request(shown + "Please take a different approach.\n", range(4000), "refine"),
+        ],
+    )
     assert abs(sum(answer(t) == "12" for t in same) / 4000 - 0.6) < 0.03
     assert abs(sum(answer(t) == "12" for t in explore) / 4000 - 0.3) < 0.03
 
@@ -221,30 +246,33 @@ def test_refine_reads_only_answer_lines_after_the_first() -> None:
     backend = SimulatedBackend(SimulatedConfig(copy_rate=1.0))
     # The first line is the question; an instruction's `Answer: <answer>` is no attempt.
     nothing = "Answer: 7\nEnd with a line\nAnswer: <answer>\n"
-    fresh, refined = texts(backend, [request(nothing, range(30)),
-                                     request(nothing, range(30), "refine")])
+    fresh, refined = texts(backend, [request(nothing, range(30)), request(nothing, range(30), "refine")])
     assert refined == fresh
-    copied, = texts(backend, [request("Q\nAnswer: 5.\nfeedback: wrong\nAnswer:  6 \n",
-                                      range(200), "refine")])
+    (copied,) = texts(
+        backend, [request("Q\nAnswer: 5.\nfeedback: wrong\nAnswer:  6 \n", range(200), "refine")]
+    )
     assert {answer(t) for t in copied} == {"5", "6"}  # uniformly over the attempts shown
     assert 70 < sum(answer(t) == "5" for t in copied) < 130
 
 
 # -- debate: keep or adopt -----------------------------------------------------------------------
 
+
 def _debate_accuracy(cfg: SimulatedConfig, groups: int, agents: int = 3) -> tuple[float, float]:
     """(round-0, round-1) per-agent accuracy over `groups` debates of `agents` agents."""
     backend = SimulatedBackend(cfg)
     questions = [TEMPLATE.format(question=f"Debate {g}?") for g in range(groups)]
-    round0 = texts(backend, [request(q, [g * 10 + a for a in range(agents)], "debate")
-                             for g, q in enumerate(questions)])
+    round0 = texts(
+        backend, [request(q, [g * 10 + a for a in range(agents)], "debate") for g, q in enumerate(questions)]
+    )
     prompts = []
     for g, (q, lanes) in enumerate(zip(questions, round0, strict=True)):
         said = [answer(t) for t in lanes]
         for a in range(agents):
             peers = "".join(f"Agent {b + 1} answered: {said[b]}\n" for b in range(agents) if b != a)
-            prompts.append(request(f"{q}Your previous answer: {said[a]}\n{peers}",
-                                   [50_000 + g * 10 + a], "debate"))
+            prompts.append(
+                request(f"{q}Your previous answer: {said[a]}\n{peers}", [50_000 + g * 10 + a], "debate")
+            )
     round1 = texts(backend, prompts)
     before = sum(answer(t) == "391" for lanes in round0 for t in lanes) / (groups * agents)
     after = sum(answer(t) == "391" for (t,) in round1) / (groups * agents)
@@ -255,8 +283,7 @@ def debate_closed_form(p: float, keep: float, bias: float, peers: int) -> float:
     return keep * p + (1 - keep) * (bias * (1 - (1 - p) ** peers) + (1 - bias) * p)
 
 
-@pytest.mark.parametrize(("keep", "bias"), [(0.5, 0.0), (0.2, 0.0), (0.5, 1.0), (0.5, 0.5),
-                                            (0.0, 1.0)])
+@pytest.mark.parametrize(("keep", "bias"), [(0.5, 0.0), (0.2, 0.0), (0.5, 1.0), (0.5, 0.5), (0.0, 1.0)])
 def test_debate_follows_its_closed_form(keep: float, bias: float) -> None:
     cfg = SimulatedConfig(accuracy=0.7, debate_keep=keep, debate_bias=bias)
     before, after = _debate_accuracy(cfg, 3000)
@@ -279,26 +306,36 @@ def test_debate_keeps_its_own_answer_when_no_peer_is_shown() -> None:
 
 # -- scripts -------------------------------------------------------------------------------------
 
+
 def test_the_first_script_rule_of_the_purpose_whose_regex_matches_answers() -> None:
-    cfg = SimulatedConfig(script=[
-        {"purpose": "verify", "match": r"sub-question: b\b", "output": "status: failed"},
-        {"purpose": "verify", "output": "status: complete"},
-        {"purpose": "plan", "match": "never", "output": "unused"},
-        {"purpose": "judge", "output": "Score: 10/10"},
-    ], output_tokens=5, judge_output_tokens=3)
+    cfg = SimulatedConfig(
+        script=[
+            {"purpose": "verify", "match": r"sub-question: b\b", "output": "status: failed"},
+            {"purpose": "verify", "output": "status: complete"},
+            {"purpose": "plan", "match": "never", "output": "unused"},
+            {"purpose": "judge", "output": "Score: 10/10"},
+        ],
+        output_tokens=5,
+        judge_output_tokens=3,
+    )
     backend = SimulatedBackend(cfg)
-    b, a, plan, judge = texts(backend, [
-        request("Q\nsub-question: b\n", [1, 2], "verify"),
-        request("Q\nsub-question: a\n", [1], "verify"),
-        request("Q\nplan it\n", [1], "plan"),
-        request("Q\nAnswer: 1\n", [1], "judge")])
+    b, a, plan, judge = texts(
+        backend,
+        [
+            request("Q\nsub-question: b\n", [1, 2], "verify"),
+            request("Q\nsub-question: a\n", [1], "verify"),
+            request("Q\nplan it\n", [1], "plan"),
+            request("Q\nAnswer: 1\n", [1], "judge"),
+        ],
+    )
     assert b == ["status: failed"] * 2 and a == ["status: complete"] and judge == ["Score: 10/10"]
     assert plan == texts(SimulatedBackend(SimulatedConfig()), [request("Q\nplan it\n", [1])])[0]
 
 
 def test_a_script_output_is_cut_by_the_lanes_allotment_like_any_text() -> None:
-    backend = SimulatedBackend(SimulatedConfig(
-        script=[{"purpose": "plan", "output": "x" * 100}], output_tokens=50))
+    backend = SimulatedBackend(
+        SimulatedConfig(script=[{"purpose": "plan", "output": "x" * 100}], output_tokens=50)
+    )
     req = SampleRequest("Q", PARAMS, (LaneRequest(0, seed=1, max_tokens=10),), purpose="plan")
 
     async def one() -> Sample:
@@ -344,25 +381,27 @@ def test_the_new_keys_load_from_toml_and_a_run_uses_them(tmp_path: Path) -> None
     assert result.answer in {"15", "381", "401", "293"}
 
 
-@pytest.mark.parametrize(("text", "where"), [
-    ("difficulty = [0, 1]", "backend.difficulty"),
-    ("difficulty = [1.0]", "backend.difficulty"),
-    ("difficulty = [1, 2]\naccuracy = 1.0\ndistractors = []", "backend.difficulty"),
-    ("seed = 1.5", "backend.seed"),
-    ("copy_rate = 1.5", "backend.copy_rate"),
-    ("explore_copy_factor = -0.1", "backend.explore_copy_factor"),
-    ("debate_keep = 2", "backend.debate_keep"),
-    ("debate_bias = -1", "backend.debate_bias"),
-    ("answers = { q = 5 }", "backend.answers"),
-    ("answers = { q = '381' }\ndistractors = ['381']", "backend.answers"),
-    ("[[backend.script]]\npurpose = 'plan'\nmatch = '('\noutput = 'x'", "backend.script.0.match"),
-    ("[[backend.script]]\npurpose = 'plan'", "backend.script.0.output"),
-    ("[[backend.script]]\npurpose = 'plan'\noutput = 'x'\nfoo = 1", "backend.script.0.foo"),
-])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("difficulty = [0, 1]", "backend.difficulty"),
+        ("difficulty = [1.0]", "backend.difficulty"),
+        ("difficulty = [1, 2]\naccuracy = 1.0\ndistractors = []", "backend.difficulty"),
+        ("seed = 1.5", "backend.seed"),
+        ("copy_rate = 1.5", "backend.copy_rate"),
+        ("explore_copy_factor = -0.1", "backend.explore_copy_factor"),
+        ("debate_keep = 2", "backend.debate_keep"),
+        ("debate_bias = -1", "backend.debate_bias"),
+        ("answers = { q = 5 }", "backend.answers"),
+        ("answers = { q = '381' }\ndistractors = ['381']", "backend.answers"),
+        ("[[backend.script]]\npurpose = 'plan'\nmatch = '('\noutput = 'x'", "backend.script.0.match"),
+        ("[[backend.script]]\npurpose = 'plan'", "backend.script.0.output"),
+        ("[[backend.script]]\npurpose = 'plan'\noutput = 'x'\nfoo = 1", "backend.script.0.foo"),
+    ],
+)
 def test_a_bad_new_key_is_refused_by_name(text: str, where: str, tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text(f"[loop]\ncoordinator = 'parallel_sample'\n[backend]\nkind = 'simulated'\n"
-                    f"{text}\n")
+    path.write_text(f"[loop]\ncoordinator = 'parallel_sample'\n[backend]\nkind = 'simulated'\n{text}\n")
     with pytest.raises(lanefold.ConfigError) as caught:
         lanefold.load_config(path)
     assert f": {where}" in str(caught.value)

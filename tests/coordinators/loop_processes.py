@@ -14,10 +14,19 @@ ROOT = Path(__file__).resolve().parents[2]
 def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
     """`orchestrator ARGS` started from `folder` (which `-m` puts on sys.path, so a plug-in
     beside a config is found); no bytecode cache, so an edited module is read as edited."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, "-m", "lanefold._cli", *args], cwd=folder,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "lanefold._cli", *args],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:

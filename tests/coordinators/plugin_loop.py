@@ -39,15 +39,18 @@ class CritiqueLoop:
         p = self.params
         drafts = await ctx.wave([ctx.prompt(question)] * p.drafts, purpose="sample")
         answers = [lane.answer for lane in drafts if lane.completed and lane.answer is not None]
-        ctx.record("drafted", {"answers": answers, "completed": len(answers)},
-                   wave=drafts[0].wave)
+        ctx.record("drafted", {"answers": answers, "completed": len(answers)}, wave=drafts[0].wave)
         critique = ctx.prompt(question) + "\n" + CRITIQUE.format(answers=", ".join(answers))
         critics = await ctx.wave([critique] * p.critics, purpose="sample")
         reduction = await ctx.reduce(critics, "majority_vote")
         winner = next((lane for lane in critics if lane.lane == reduction.winner_lane), None)
         return Outcome(
-            answer=reduction.winner, winner_lane=reduction.winner_lane,
+            answer=reduction.winner,
+            winner_lane=reduction.winner_lane,
             winner_text=winner.text if winner is not None else None,
             winner_wave=winner.wave if winner is not None else None,
-            agreement=reduction.agreement, margin=reduction.margin, reduction=reduction,
-            detail={"drafts": answers, "critique_wave": critics[0].wave})
+            agreement=reduction.agreement,
+            margin=reduction.margin,
+            reduction=reduction,
+            detail={"drafts": answers, "critique_wave": critics[0].wave},
+        )

@@ -44,15 +44,19 @@ QUESTION = "What is 17 * 23?"
 CHECKED = "loop.adaptive_sample.checked"
 
 
-def config(loop: dict[str, Any], backend: dict[str, Any] | None = None,
-           **sections: dict[str, Any]) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"coordinator": "adaptive_sample", **loop},
-        "backend": {"kind": "simulated", **(backend or {})}, **sections})
+def config(
+    loop: dict[str, Any], backend: dict[str, Any] | None = None, **sections: dict[str, Any]
+) -> lanefold.LoopConfig:
+    return lanefold.parse_config(
+        {
+            "loop": {"coordinator": "adaptive_sample", **loop},
+            "backend": {"kind": "simulated", **(backend or {})},
+            **sections,
+        }
+    )
 
 
-def run(cfg: lanefold.LoopConfig, runs: Path, run_id: str | None = None,
-        **kwargs: Any) -> lanefold.RunResult:
+def run(cfg: lanefold.LoopConfig, runs: Path, run_id: str | None = None, **kwargs: Any) -> lanefold.RunResult:
     return lanefold.run_sync(cfg, QUESTION, runs_dir=runs, run_id=run_id, **kwargs)
 
 
@@ -88,8 +92,7 @@ def test_esc_needs_the_whole_window_to_agree() -> None:
     counts = {"391": 5}
     assert settled("esc", counts, ["391"] * 5, remaining=35, threshold=0.95)
     assert not settled("esc", counts, ["391"] * 4 + [None], remaining=35, threshold=0.95)
-    assert not settled("esc", {"391": 4, "401": 1}, ["391"] * 4 + ["401"], remaining=35,
-                       threshold=0.95)
+    assert not settled("esc", {"391": 4, "401": 1}, ["391"] * 4 + ["401"], remaining=35, threshold=0.95)
     assert not settled("esc", {}, [None, None], remaining=35, threshold=0.95)
 
 
@@ -108,24 +111,26 @@ def test_top_two_counts_the_first_counted_of_a_tied_lead_first() -> None:
 # -- keys -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("keys", "error"), [
-    ({"window": 0}, "loop.window: Input should be greater than or equal to 1"),
-    ({"window": "4"}, "loop.window: Input should be a valid integer"),
-    ({"window": 5, "max_lanes": 4}, "loop.max_lanes: 4 is less than loop.window (5)"),
-    ({"rule": "sprt"}, "loop.rule: Input should be 'esc', 'beta' or 'margin'"),
-    ({"rule": "esc", "window": 1}, "loop.window: the esc rule stops when a window agrees"),
-    ({"threshold": 0.5}, "loop.threshold: Input should be greater than 0.5"),
-    ({"threshold": 1.5}, "loop.threshold: Input should be less than or equal to 1"),
-    ({"min_quorum": 41}, "loop.min_quorum: 41 is more than loop.max_lanes (40)"),
-    ({"reducer": "nope"}, "loop.reducer: unknown reducer 'nope'"),
-    ({"weighting": "verifier"}, "loop.weighting: \"verifier\" weighs a weighted_vote"),
-    ({"tie_break": "last"}, "loop.tie_break: Input should be"),
-    ({"windows": 4}, "loop.windows: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("keys", "error"),
+    [
+        ({"window": 0}, "loop.window: Input should be greater than or equal to 1"),
+        ({"window": "4"}, "loop.window: Input should be a valid integer"),
+        ({"window": 5, "max_lanes": 4}, "loop.max_lanes: 4 is less than loop.window (5)"),
+        ({"rule": "sprt"}, "loop.rule: Input should be 'esc', 'beta' or 'margin'"),
+        ({"rule": "esc", "window": 1}, "loop.window: the esc rule stops when a window agrees"),
+        ({"threshold": 0.5}, "loop.threshold: Input should be greater than 0.5"),
+        ({"threshold": 1.5}, "loop.threshold: Input should be less than or equal to 1"),
+        ({"min_quorum": 41}, "loop.min_quorum: 41 is more than loop.max_lanes (40)"),
+        ({"reducer": "nope"}, "loop.reducer: unknown reducer 'nope'"),
+        ({"weighting": "verifier"}, 'loop.weighting: "verifier" weighs a weighted_vote'),
+        ({"tie_break": "last"}, "loop.tie_break: Input should be"),
+        ({"windows": 4}, "loop.windows: unknown key"),
+    ],
+)
 def test_keys_are_validated_naming_them(keys: dict[str, Any], error: str) -> None:
     with pytest.raises(lanefold.ConfigError) as caught:
-        lanefold.parse_config({"loop": {"coordinator": "adaptive_sample", **keys}},
-                                  source="adaptive.toml")
+        lanefold.parse_config({"loop": {"coordinator": "adaptive_sample", **keys}}, source="adaptive.toml")
     assert str(caught.value).startswith(f"adaptive.toml: {error}"), caught.value
 
 
@@ -133,10 +138,19 @@ def test_the_recorded_config_holds_every_default() -> None:
     cfg = lanefold.parse_config({"loop": {"coordinator": "adaptive_sample"}})
     assert cfg.loop_params == AdaptiveSampleParams()
     assert cfg.model_dump()["loop"] == {
-        "coordinator": "adaptive_sample", "max_concurrency": 16, "seed": 0, "timeout_s": None,
-        "window": 4, "max_lanes": 40, "rule": "beta", "threshold": 0.95,
-        "reducer": "majority_vote", "min_quorum": 1, "tie_break": "first_lane",
-        "weighting": "none"}
+        "coordinator": "adaptive_sample",
+        "max_concurrency": 16,
+        "seed": 0,
+        "timeout_s": None,
+        "window": 4,
+        "max_lanes": 40,
+        "rule": "beta",
+        "threshold": 0.95,
+        "reducer": "majority_vote",
+        "min_quorum": 1,
+        "tie_break": "first_lane",
+        "weighting": "none",
+    }
     assert lanefold.parse_config(cfg.model_dump()).loop_params == cfg.loop_params
     assert AdaptiveSample().params == AdaptiveSampleParams()
 
@@ -145,16 +159,19 @@ def test_the_recorded_config_holds_every_default() -> None:
 
 
 def test_beta_at_095_stops_after_exactly_four_agreeing_lanes(tmp_path: Path) -> None:
-    result = run(config({"rule": "beta", "window": 1, "threshold": 0.95}, {"accuracy": 1.0}),
-                 tmp_path)
-    assert result.outcome == {"lanes_used": 4, "stopped_by": "beta", "waves": 4, "rule": "beta",
-                              "completed": 4}
+    result = run(config({"rule": "beta", "window": 1, "threshold": 0.95}, {"accuracy": 1.0}), tmp_path)
+    assert result.outcome == {
+        "lanes_used": 4,
+        "stopped_by": "beta",
+        "waves": 4,
+        "rule": "beta",
+        "completed": 4,
+    }
     assert (result.answer, result.votes) == ("391", {"391": 4.0})
     posteriors = [c["posterior"] for c in checks(result)]
     assert posteriors == [0.5, 0.75, 0.875, 15 / 16, 31 / 32]  # 15/16 < 0.95 <= 31/32
     # At a threshold of exactly 15/16, three lanes are enough: the comparison is exact.
-    three = run(config({"rule": "beta", "window": 1, "threshold": 0.9375}, {"accuracy": 1.0}),
-                tmp_path)
+    three = run(config({"rule": "beta", "window": 1, "threshold": 0.9375}, {"accuracy": 1.0}), tmp_path)
     assert three.outcome["lanes_used"] == 3
 
 
@@ -166,8 +183,7 @@ def test_a_window_of_four_reaches_the_same_four_lanes_in_one_wave(tmp_path: Path
 @pytest.mark.parametrize("accuracy", [0.3, 0.6, 0.9, 1.0])
 def test_esc_with_window_5_never_stops_before_5_lanes(tmp_path: Path, accuracy: float) -> None:
     for seed in range(6):
-        result = run(config({"rule": "esc", "window": 5, "seed": seed}, {"accuracy": accuracy}),
-                     tmp_path)
+        result = run(config({"rule": "esc", "window": 5, "seed": seed}, {"accuracy": accuracy}), tmp_path)
         used, stopped = result.outcome["lanes_used"], result.outcome["stopped_by"]
         assert used >= 5 and used % 5 == 0, (seed, used)
         assert stopped in ("esc", "max_lanes")
@@ -182,13 +198,15 @@ def test_esc_with_window_5_never_stops_before_5_lanes(tmp_path: Path, accuracy: 
 
 def test_margin_stops_when_the_runner_up_cannot_catch_up(tmp_path: Path) -> None:
     # All agree: a > max_lanes - a first holds at a = 6 of 10.
-    result = run(config({"rule": "margin", "window": 1, "max_lanes": 10}, {"accuracy": 1.0}),
-                 tmp_path)
+    result = run(config({"rule": "margin", "window": 1, "max_lanes": 10}, {"accuracy": 1.0}), tmp_path)
     assert (result.outcome["lanes_used"], result.outcome["stopped_by"]) == (6, "margin")
     # Scripted, windows of 2: after 6 lanes a=5, b=1 with 4 left, so a tie is still possible;
     # after 8, a=7, b=1 with 2 left: settled.
-    scripted = run(config({"rule": "margin", "window": 2, "max_lanes": 10}), tmp_path,
-                   backend=ScriptedBackend("A B  A A  A A  A A  B B"))
+    scripted = run(
+        config({"rule": "margin", "window": 2, "max_lanes": 10}),
+        tmp_path,
+        backend=ScriptedBackend("A B  A A  A A  A A  B B"),
+    )
     assert (scripted.outcome["lanes_used"], scripted.answer) == (8, "a")
     made = checks(scripted)
     assert [c["stopped_by"] for c in made] == [None, None, None, None, "margin"]
@@ -196,16 +214,15 @@ def test_margin_stops_when_the_runner_up_cannot_catch_up(tmp_path: Path) -> None
 
 
 def test_esc_on_a_script_stops_at_the_first_agreeing_window(tmp_path: Path) -> None:
-    result = run(config({"rule": "esc", "window": 3}), tmp_path,
-                 backend=ScriptedBackend("A B A  B B B  A A A"))
-    assert result.outcome == {"lanes_used": 6, "stopped_by": "esc", "waves": 2, "rule": "esc",
-                              "completed": 6}
+    result = run(
+        config({"rule": "esc", "window": 3}), tmp_path, backend=ScriptedBackend("A B A  B B B  A A A")
+    )
+    assert result.outcome == {"lanes_used": 6, "stopped_by": "esc", "waves": 2, "rule": "esc", "completed": 6}
     assert (result.answer, result.votes) == ("b", {"a": 2.0, "b": 4.0})
 
 
 def test_max_lanes_ends_a_run_no_rule_settles_with_a_short_last_wave(tmp_path: Path) -> None:
-    result = run(config({"rule": "beta", "threshold": 1.0, "window": 4, "max_lanes": 10}),
-                 tmp_path)
+    result = run(config({"rule": "beta", "threshold": 1.0, "window": 4, "max_lanes": 10}), tmp_path)
     assert result.outcome["stopped_by"] == "max_lanes"
     assert [lane.wave for lane in result.lanes] == [1] * 4 + [2] * 4 + [3] * 2
     assert [lane.lane for lane in result.lanes] == list(range(10)), "numbered across waves"
@@ -218,8 +235,7 @@ def test_no_rule_fires_before_the_quorum(tmp_path: Path) -> None:
 
 
 def test_lanes_that_never_complete_fail_the_run_at_max_lanes(tmp_path: Path) -> None:
-    cfg = config({"window": 2, "max_lanes": 6}, {"failure_rate": 1.0},
-                 retry={"max_attempts": 1})
+    cfg = config({"window": 2, "max_lanes": 6}, {"failure_rate": 1.0}, retry={"max_attempts": 1})
     with pytest.raises(QuorumNotMetError, match="6 lanes ran, 0 completed"):
         run(cfg, tmp_path, run_id="dead")
     types = [e.type for e in JsonlEventLog(tmp_path / "dead" / "events.jsonl").read()]
@@ -228,9 +244,13 @@ def test_lanes_that_never_complete_fail_the_run_at_max_lanes(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(("tie_break", "answer"), [("first_lane", "b"), ("lexicographic", "a")])
 def test_the_final_vote_is_over_every_lane_with_the_tie_break(
-        tmp_path: Path, tie_break: str, answer: str) -> None:
-    result = run(config({"window": 2, "max_lanes": 4, "tie_break": tie_break}), tmp_path,
-                 backend=ScriptedBackend("B A A B"))
+    tmp_path: Path, tie_break: str, answer: str
+) -> None:
+    result = run(
+        config({"window": 2, "max_lanes": 4, "tie_break": tie_break}),
+        tmp_path,
+        backend=ScriptedBackend("B A A B"),
+    )
     assert result.votes == {"a": 2.0, "b": 2.0}
     assert (result.answer, result.reducer) == (answer, "majority_vote")
     winner = next(lane for lane in result.lanes if lane.lane == result.winner_lane)
@@ -245,8 +265,7 @@ def test_each_decision_is_recorded_before_the_wave_it_allows(tmp_path: Path) -> 
     log = events(result)
     waves = result.outcome["waves"]
     assert waves >= 2
-    kinds = [(e.type, e.wave) for e in log if e.type in (CHECKED, "wave.started",
-                                                         "wave.barrier")]
+    kinds = [(e.type, e.wave) for e in log if e.type in (CHECKED, "wave.started", "wave.barrier")]
     expected: list[tuple[str, int | None]] = [(CHECKED, None)]
     for wave in range(1, waves + 1):
         expected += [("wave.started", wave), ("wave.barrier", wave), (CHECKED, wave)]
@@ -261,11 +280,14 @@ def test_each_decision_is_recorded_before_the_wave_it_allows(tmp_path: Path) -> 
     assert [e.type for e in log][-2:] == ["reduce.completed", "run.completed"]
 
 
-def test_a_budget_that_funds_three_waves_runs_three_and_holds_nothing_back(
-        tmp_path: Path) -> None:
+def test_a_budget_that_funds_three_waves_runs_three_and_holds_nothing_back(tmp_path: Path) -> None:
     # A wave of 2 lanes reserves its prompt once (64) and 48 tokens a lane: 160.
-    cfg = config({"window": 2, "threshold": 1.0}, {"prompt_tokens": 64, "output_tokens": 48},
-                 sampling={"max_tokens": 48}, budget={"max_tokens": 3 * 160 + 159})
+    cfg = config(
+        {"window": 2, "threshold": 1.0},
+        {"prompt_tokens": 64, "output_tokens": 48},
+        sampling={"max_tokens": 48},
+        budget={"max_tokens": 3 * 160 + 159},
+    )
     result = run(cfg, tmp_path)
     assert result.outcome["stopped_by"] == "budget"
     assert (result.outcome["lanes_used"], result.outcome["waves"]) == (6, 3)
@@ -273,8 +295,9 @@ def test_a_budget_that_funds_three_waves_runs_three_and_holds_nothing_back(
     types = [e.type for e in events(result)]
     assert "budget.wave_shrunk" not in types and "budget.exhausted" not in types
     # One token more funds a fourth wave.
-    more = run(cfg.model_copy(update={"budget": cfg.budget.model_copy(
-        update={"max_tokens": 4 * 160})}), tmp_path)
+    more = run(
+        cfg.model_copy(update={"budget": cfg.budget.model_copy(update={"max_tokens": 4 * 160})}), tmp_path
+    )
     assert more.outcome["lanes_used"] == 8
 
 
@@ -287,24 +310,53 @@ def test_a_budget_that_funds_no_wave_fails_cleanly(tmp_path: Path) -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(window=st.integers(1, 4), extra=st.integers(0, 8),
-       rule=st.sampled_from(["esc", "beta", "margin"]), threshold=st.sampled_from([0.8, 0.95, 1.0]),
-       failure=st.sampled_from([0.0, 0.3, 0.7]), limit=st.integers(0, 2500),
-       concurrency=st.integers(1, 4), per_request=st.sampled_from([None, 1, 2]),
-       attempts=st.integers(1, 2), seed=st.integers(0, 9))
-def test_the_budget_is_never_exceeded(window: int, extra: int, rule: str, threshold: float,
-                                      failure: float, limit: int, concurrency: int,
-                                      per_request: int | None, attempts: int, seed: int) -> None:
+@given(
+    window=st.integers(1, 4),
+    extra=st.integers(0, 8),
+    rule=st.sampled_from(["esc", "beta", "margin"]),
+    threshold=st.sampled_from([0.8, 0.95, 1.0]),
+    failure=st.sampled_from([0.0, 0.3, 0.7]),
+    limit=st.integers(0, 2500),
+    concurrency=st.integers(1, 4),
+    per_request=st.sampled_from([None, 1, 2]),
+    attempts=st.integers(1, 2),
+    seed=st.integers(0, 9),
+)
+def test_the_budget_is_never_exceeded(
+    window: int,
+    extra: int,
+    rule: str,
+    threshold: float,
+    failure: float,
+    limit: int,
+    concurrency: int,
+    per_request: int | None,
+    attempts: int,
+    seed: int,
+) -> None:
     if rule == "esc":
         window = max(window, 2)
     max_lanes = window + extra
     cfg = config(
-        {"window": window, "max_lanes": max_lanes, "rule": rule, "threshold": threshold,
-         "max_concurrency": concurrency, "seed": seed},
-        {"accuracy": 0.5, "failure_rate": failure, "prompt_tokens": 30, "output_tokens": 25,
-         "lanes_per_request": per_request},
-        sampling={"max_tokens": 40}, budget={"max_tokens": limit},
-        retry={"max_attempts": attempts, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001})
+        {
+            "window": window,
+            "max_lanes": max_lanes,
+            "rule": rule,
+            "threshold": threshold,
+            "max_concurrency": concurrency,
+            "seed": seed,
+        },
+        {
+            "accuracy": 0.5,
+            "failure_rate": failure,
+            "prompt_tokens": 30,
+            "output_tokens": 25,
+            "lanes_per_request": per_request,
+        },
+        sampling={"max_tokens": 40},
+        budget={"max_tokens": limit},
+        retry={"max_attempts": attempts, "initial_backoff_s": 0.0005, "max_backoff_s": 0.001},
+    )
     with tempfile.TemporaryDirectory() as runs:
         try:
             result: lanefold.RunResult | None = run(cfg, Path(runs), run_id="r")
@@ -337,34 +389,42 @@ def test_a_log_cut_anywhere_resumes_to_the_uninterrupted_result(tmp_path: Path) 
         log = tmp_path / run_id / "events.jsonl"
         log.write_text("".join(log.read_text().splitlines(keepends=True)[:cut]))
         again = lanefold.resume_sync(run_id, runs_dir=tmp_path)
-        assert (again.answer, again.votes, again.outcome) == (
-            base.answer, base.votes, base.outcome), cut
+        assert (again.answer, again.votes, again.outcome) == (base.answer, base.votes, base.outcome), cut
         after = [e.type for e in JsonlEventLog(log).read()]
         assert after.count(CHECKED) == base.outcome["waves"] + 1, cut
 
 
-
-
-
-
-
-
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(tmp_path: Path) -> None:
-    text = ("[loop]\ncoordinator = \"adaptive_sample\"\nwindow = 2\nseed = 7\n"
-            "[backend]\nkind = \"simulated\"\naccuracy = 0.5\nlanes_per_request = 1\n"
-            "latency_ms = [{latency}]\n")
+    text = (
+        '[loop]\ncoordinator = "adaptive_sample"\nwindow = 2\nseed = 7\n'
+        '[backend]\nkind = "simulated"\naccuracy = 0.5\nlanes_per_request = 1\n'
+        "latency_ms = [{latency}]\n"
+    )
     runs = tmp_path / "runs"
     (tmp_path / "base.toml").write_text(text.format(latency="0, 0"))
     (tmp_path / "crash.toml").write_text(text.format(latency="100, 200"))
-    code, out, err = finish(cli(tmp_path, "run", "base.toml", "--question", QUESTION,
-                                "--runs-dir", str(runs), "--run-id", "base", "--json"))
+    code, out, err = finish(
+        cli(
+            tmp_path,
+            "run",
+            "base.toml",
+            "--question",
+            QUESTION,
+            "--runs-dir",
+            str(runs),
+            "--run-id",
+            "base",
+            "--json",
+        )
+    )
     assert code == 0, err
     base = json.loads(out)
     assert base["outcome"]["waves"] >= 3
 
-    proc = cli(tmp_path, "run", "crash.toml", "--question", QUESTION, "--runs-dir", str(runs),
-               "--run-id", "crash")
+    proc = cli(
+        tmp_path, "run", "crash.toml", "--question", QUESTION, "--runs-dir", str(runs), "--run-id", "crash"
+    )
     log = runs / "crash" / "events.jsonl"
     deadline = time.monotonic() + 60  # a bound on a hang, not a measured time
     try:
@@ -382,7 +442,10 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(tmp_path: Pa
     assert code == 0, err
     resumed = json.loads(out)
     assert (resumed["answer"], resumed["votes"], resumed["outcome"]) == (
-        base["answer"], base["votes"], base["outcome"])
+        base["answer"],
+        base["votes"],
+        base["outcome"],
+    )
     after = [json.loads(line) for line in log.read_text().splitlines()]
     done = Counter((e["wave"], e["lane"]) for e in after if e["type"] == "lane.completed")
     assert set(done.values()) == {1}, "no lane completed twice"
@@ -400,8 +463,7 @@ class PrefixBackend(SimulatedBackend):
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[Sample | Any]:
         question = request.prompt.splitlines()[0]
-        lanes = tuple(replace(lane, seed=_stable(f"{question}:{lane.lane}"))
-                      for lane in request.lanes)
+        lanes = tuple(replace(lane, seed=_stable(f"{question}:{lane.lane}")) for lane in request.lanes)
         async for outcome in super().sample(replace(request, lanes=lanes)):
             yield outcome
 
@@ -420,20 +482,29 @@ def mixture() -> dict[str, tuple[int, float]]:
     backend = PrefixBackend(SimulatedConfig(difficulty=(2.0, 1.0)))
     loops: dict[str, dict[str, Any]] = {
         "parallel_sample": {"coordinator": "parallel_sample", "k": MAX_LANES},
-        "adaptive_sample": {"coordinator": "adaptive_sample", "max_lanes": MAX_LANES,
-                            "window": 4, "rule": "beta", "threshold": 0.95},
+        "adaptive_sample": {
+            "coordinator": "adaptive_sample",
+            "max_lanes": MAX_LANES,
+            "window": 4,
+            "rule": "beta",
+            "threshold": 0.95,
+        },
     }
     found: dict[str, tuple[int, float]] = {}
     with tempfile.TemporaryDirectory() as runs:
         for name, loop in loops.items():
-            cfg = lanefold.parse_config({
-                "loop": {**loop, "max_concurrency": MAX_LANES},
-                "backend": {"kind": "simulated", "difficulty": [2.0, 1.0]},
-                "log": {"fsync": "never"}})
+            cfg = lanefold.parse_config(
+                {
+                    "loop": {**loop, "max_concurrency": MAX_LANES},
+                    "backend": {"kind": "simulated", "difficulty": [2.0, 1.0]},
+                    "log": {"fsync": "never"},
+                }
+            )
             lanes = right = 0
             for i in range(QUESTIONS):
-                result = lanefold.run_sync(cfg, f"Question {i}: what is 17 * 23?",
-                                               runs_dir=runs, backend=backend)
+                result = lanefold.run_sync(
+                    cfg, f"Question {i}: what is 17 * 23?", runs_dir=runs, backend=backend
+                )
                 lanes += len(result.lanes)
                 right += result.answer == "391"
             found[name] = (lanes, right / QUESTIONS)
@@ -441,7 +512,8 @@ def mixture() -> dict[str, tuple[int, float]]:
 
 
 def test_adaptive_sample_uses_at_least_2x_fewer_lanes_than_parallel_sample(
-        mixture: dict[str, tuple[int, float]]) -> None:
+    mixture: dict[str, tuple[int, float]],
+) -> None:
     (parallel, _), (adaptive, _) = mixture["parallel_sample"], mixture["adaptive_sample"]
     assert parallel == QUESTIONS * MAX_LANES
     assert parallel / adaptive >= 2.0, (parallel, adaptive)  # about 2.5 here

@@ -57,8 +57,7 @@ def events(runs: Path, run_id: str) -> list[dict[str, Any]]:
 def forget_plugin() -> None:
     """As a fresh process: no `plugin_loop` imported, no folder of it on sys.path."""
     sys.modules.pop("plugin_loop", None)
-    sys.path[:] = [p for p in sys.path
-                   if not (p and (Path(p) / "plugin_loop.py").is_file())]
+    sys.path[:] = [p for p in sys.path if not (p and (Path(p) / "plugin_loop.py").is_file())]
 
 
 @pytest.fixture
@@ -75,10 +74,25 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_a_plugin_loop_runs_through_the_cli_and_its_log_tells_its_story(
-        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, runs = write_config(folder, "happy"), folder / "runs"
-    assert main(["run", str(config), "--question", QUESTION, "--runs-dir", str(runs),
-                 "--run-id", "happy", "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(config),
+                "--question",
+                QUESTION,
+                "--runs-dir",
+                str(runs),
+                "--run-id",
+                "happy",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
 
     log = events(runs, "happy")
@@ -95,8 +109,9 @@ def test_a_plugin_loop_runs_through_the_cli_and_its_log_tells_its_story(
     assert note["type"] == "loop.critique.drafted" and note["wave"] == 1
     barrier_1 = next(i for i, e in enumerate(log) if e["type"] == "wave.barrier" and e["wave"] == 1)
     assert barrier_1 < log.index(note) < log.index(waves[1])
-    drafts = sorted((e for e in log if e["type"] == "lane.completed" and e["wave"] == 1),
-                    key=lambda e: e["lane"])
+    drafts = sorted(
+        (e for e in log if e["type"] == "lane.completed" and e["wave"] == 1), key=lambda e: e["lane"]
+    )
     assert note["data"] == {"answers": [e["data"]["answer"] for e in drafts], "completed": DRAFTS}
     assert types.count("lane.completed") == DRAFTS + CRITICS
     assert types[-2:] == ["reduce.completed", "run.completed"]
@@ -121,13 +136,27 @@ def test_a_plugin_loop_runs_through_the_cli_and_its_log_tells_its_story(
 
 @pytest.mark.parametrize("cwd", ["the plugin's folder", "another folder"])
 def test_resume_tail_and_show_find_the_plugin_of_a_run(
-        folder: Path, cwd: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    folder: Path, cwd: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # `orchestrator run` found the loop beside its config; the commands that take a run id
     # find it again in a fresh process, from that folder or from anywhere else.
     config, runs = write_config(folder, "later"), folder / "runs"
-    assert main(["run", str(config), "--question", QUESTION, "--runs-dir", str(runs),
-                 "--run-id", "later", "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(config),
+                "--question",
+                QUESTION,
+                "--runs-dir",
+                str(runs),
+                "--run-id",
+                "later",
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     forget_plugin()
     elsewhere = folder / "elsewhere"
@@ -136,13 +165,15 @@ def test_resume_tail_and_show_find_the_plugin_of_a_run(
     for command in ("show", "tail", "resume"):
         assert main([command, "later", "--runs-dir", str(runs)]) == 0, capsys.readouterr().err
         forget_plugin()
-    assert main(["reduce", "later", "--runs-dir", str(runs), "--reducer", "majority_vote",
-                 "--json"]) == 0, capsys.readouterr().err
+    assert main(["reduce", "later", "--runs-dir", str(runs), "--reducer", "majority_vote", "--json"]) == 0, (
+        capsys.readouterr().err
+    )
     capsys.readouterr()
 
 
 def test_an_unknown_loop_key_of_the_plugin_is_refused_naming_it(
-        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = folder / "runs"
     typo = write_config(folder, "typo", extra="critiques = 4\n")
     assert main(["run", str(typo), "--question", QUESTION, "--runs-dir", str(runs)]) == 2
@@ -161,7 +192,8 @@ def test_an_unknown_loop_key_of_the_plugin_is_refused_naming_it(
 
 
 def test_a_plugin_run_from_python_is_tailed_and_shown_by_the_cli_without_its_loop(
-        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Run from Python with the working directory elsewhere: the loop is found beside its
     # config, as the CLI finds it, and the run records that folder.
     elsewhere = folder / "elsewhere"
@@ -186,16 +218,21 @@ def test_a_plugin_run_from_python_is_tailed_and_shown_by_the_cli_without_its_loo
 
 
 def test_resuming_an_unfinished_plugin_run_without_its_loop_says_how_to_find_it(
-        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = folder / "runs"
     config = write_config(folder, "cut")
-    assert main(["run", str(config), "--question", QUESTION, "--runs-dir", str(runs),
-                 "--run-id", "cut", "--json"]) == 0
+    assert (
+        main(
+            ["run", str(config), "--question", QUESTION, "--runs-dir", str(runs), "--run-id", "cut", "--json"]
+        )
+        == 0
+    )
     capsys.readouterr()
     log = runs / "cut" / "events.jsonl"
     lines = log.read_text().splitlines(keepends=True)
     first_barrier = next(i for i, line in enumerate(lines) if '"type":"wave.barrier"' in line)
-    log.write_text("".join(lines[:first_barrier + 1]))  # as if killed after wave 1
+    log.write_text("".join(lines[: first_barrier + 1]))  # as if killed after wave 1
     moved = folder / "moved"
     moved.mkdir()
     (folder / "plugin_loop.py").rename(moved / "plugin_loop.py")
@@ -211,18 +248,21 @@ def test_resuming_an_unfinished_plugin_run_without_its_loop_says_how_to_find_it(
 
 
 def test_a_verifier_beside_a_config_is_found_from_python_as_from_the_cli(
-        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (folder / "my_checks.py").write_text(
-        "def check(question, text, answer):\n    return 1.0 if answer == '391' else 0.0\n")
+        "def check(question, text, answer):\n    return 1.0 if answer == '391' else 0.0\n"
+    )
     path = folder / "judged.toml"
-    path.write_text('[loop]\nk = 4\nreducer = "judge_argmax"\n[judge]\n'
-                    'verifier = "my_checks:check"\n[backend]\nkind = "simulated"\n')
+    path.write_text(
+        '[loop]\nk = 4\nreducer = "judge_argmax"\n[judge]\n'
+        'verifier = "my_checks:check"\n[backend]\nkind = "simulated"\n'
+    )
     elsewhere = folder / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     try:
-        result = lanefold.run_sync(lanefold.load_config(path), QUESTION,
-                                       runs_dir=folder / "runs")
+        result = lanefold.run_sync(lanefold.load_config(path), QUESTION, runs_dir=folder / "runs")
     finally:
         sys.modules.pop("my_checks", None)
     assert result.reducer == "judge_argmax" and result.answer == "391"
@@ -249,18 +289,15 @@ class Plain:
 """
 
 
-def test_an_unknown_loop_key_is_refused_whatever_the_plugins_params_allow(
-        folder: Path) -> None:
+def test_an_unknown_loop_key_is_refused_whatever_the_plugins_params_allow(folder: Path) -> None:
     (folder / "plain_loop.py").write_text(PLAIN_PARAMS)
     path = folder / "plain.toml"
-    path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nnn = 2\n'
-                    '[backend]\nkind = "simulated"\n')
+    path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nnn = 2\n[backend]\nkind = "simulated"\n')
     try:
         with pytest.raises(lanefold.ConfigError) as caught:
             lanefold.load_config(path)
         assert str(caught.value) == f"{path}: loop.nn: unknown key"
-        path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nn = 2\n'
-                        '[backend]\nkind = "simulated"\n')
+        path.write_text('[loop]\ncoordinator = "plain_loop:Plain"\nn = 2\n[backend]\nkind = "simulated"\n')
         assert lanefold.load_config(path).loop_params.model_dump() == {"n": 2}
     finally:
         sys.modules.pop("plain_loop", None)
@@ -277,10 +314,6 @@ def test_schema_lists_each_registered_loops_keys(capsys: pytest.CaptureFixture[s
 
 
 # -- a real crash: SIGKILL mid wave 2, then resume --------------------------------------------------
-
-
-
-
 
 
 def wave_2_completed_in(log: Path) -> int:
@@ -308,13 +341,26 @@ def crashed(tmp_path: Path) -> Path:
     folder.mkdir()
     shutil.copy(HERE / "plugin_loop.py", folder / "plugin_loop.py")
     runs = folder / "runs"
-    code, _, err = finish(cli(folder, "run", str(write_config(folder, "base")), "--question",
-                              QUESTION, "--runs-dir", str(runs), "--run-id", "base", "--json"))
+    code, _, err = finish(
+        cli(
+            folder,
+            "run",
+            str(write_config(folder, "base")),
+            "--question",
+            QUESTION,
+            "--runs-dir",
+            str(runs),
+            "--run-id",
+            "base",
+            "--json",
+        )
+    )
     assert code == 0, err
 
     config = write_config(folder, "crash", latency="100, 200")
-    proc = cli(folder, "run", str(config), "--question", QUESTION, "--runs-dir", str(runs),
-               "--run-id", "crash")
+    proc = cli(
+        folder, "run", str(config), "--question", QUESTION, "--runs-dir", str(runs), "--run-id", "crash"
+    )
     log = runs / "crash" / "events.jsonl"
     deadline = time.monotonic() + 60  # a bound on a hang, not a measured time
     try:
@@ -335,27 +381,30 @@ def test_sigkill_mid_wave_then_resume_gives_the_uninterrupted_answer(crashed: Pa
     before = events(runs, "crash")
     done_before = {(e["wave"], e["lane"]) for e in before if e["type"] == "lane.completed"}
     assert any(w == 2 for w, _ in done_before)
-    assert not any(e["type"] == "wave.barrier" and e["wave"] == 2 for e in before), \
+    assert not any(e["type"] == "wave.barrier" and e["wave"] == 2 for e in before), (
         "killed before wave 2 ended"
+    )
 
     code, out, err = finish(cli(crashed, "resume", "crash", "--runs-dir", str(runs), "--json"))
     assert code == 0, err
     resumed = json.loads(out)
     base = events(runs, "base")[-1]["data"]["result"]
     assert (resumed["answer"], resumed["votes"], resumed["outcome"]) == (
-        base["answer"], base["votes"], base["outcome"])
+        base["answer"],
+        base["votes"],
+        base["outcome"],
+    )
     assert resumed["resumes"] == 1
 
     after = events(runs, "crash")
     completed = Counter((e["wave"], e["lane"]) for e in after if e["type"] == "lane.completed")
-    assert set(completed) == {(1, lane) for lane in range(DRAFTS)} | {
-        (2, lane) for lane in range(CRITICS)}
+    assert set(completed) == {(1, lane) for lane in range(DRAFTS)} | {(2, lane) for lane in range(CRITICS)}
     assert set(completed.values()) == {1}, "no lane completed twice"
     assert [e["type"] for e in after].count("loop.critique.drafted") == 1, "the note is not rewritten"
     assert [e["wave"] for e in after if e["type"] == "wave.started"] == [1, 2]
 
     # Completed lanes were never sent again; the ones cut off or never sent were.
-    resent = {(e["wave"], e["lane"]) for e in after[len(before):] if e["type"] == "lane.dispatched"}
+    resent = {(e["wave"], e["lane"]) for e in after[len(before) :] if e["type"] == "lane.dispatched"}
     assert resent == set(completed) - done_before
 
 
@@ -375,8 +424,7 @@ def test_resume_with_a_changed_loop_is_refused_naming_the_wave(crashed: Path) ->
 
 
 @pytest.mark.slow
-def test_a_refused_resume_leaves_the_run_resumable_with_the_code_that_started_it(
-        crashed: Path) -> None:
+def test_a_refused_resume_leaves_the_run_resumable_with_the_code_that_started_it(crashed: Path) -> None:
     # The refusal says "resume it with the code that started it": doing so must work.
     runs = crashed / "runs"
     plugin = crashed / "plugin_loop.py"
@@ -400,24 +448,34 @@ PLUGIN_KEYS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "validate"])
-@pytest.mark.parametrize("body", ["import sys\nsys.exit(0)\n", "raise SystemExit('bye')\n"],
-                         ids=["sys.exit(0)", "SystemExit('bye')"])
+@pytest.mark.parametrize(
+    "body",
+    ["import sys\nsys.exit(0)\n", "raise SystemExit('bye')\n"],
+    ids=["sys.exit(0)", "SystemExit('bye')"],
+)
 @pytest.mark.parametrize("key", PLUGIN_KEYS)
 def test_a_plugin_module_that_exits_at_import_is_a_config_error_naming_its_key(
-        key: str, body: str, command: str, tmp_path: Path) -> None:
+    key: str, body: str, command: str, tmp_path: Path
+) -> None:
     # In a real process: an exit at import must not become the command's own exit (0, nothing
     # created, no word said), whichever key names the module.
     import subprocess
 
     (tmp_path / "exits_at_import.py").write_text(body)
     config = tmp_path / "loop.toml"
-    config.write_text(PLUGIN_KEYS[key].format(module="exits_at_import")
-                      + '[backend]\nkind = "simulated"\n')
-    argv = [command, str(config)] + (["--question", QUESTION, "--runs-dir", "runs"]
-                                     if command == "run" else [])
-    done = subprocess.run([sys.executable, "-m", "lanefold._cli", *argv], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
-                          capture_output=True, text=True, timeout=120, check=False)
+    config.write_text(PLUGIN_KEYS[key].format(module="exits_at_import") + '[backend]\nkind = "simulated"\n')
+    argv = [command, str(config)] + (
+        ["--question", QUESTION, "--runs-dir", "runs"] if command == "run" else []
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "lanefold._cli", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     (line,) = done.stderr.splitlines()
     assert f"{key}: cannot import 'exits_at_import:" in line

@@ -125,22 +125,48 @@ class Run:
         return await self.ctx.reduce(lanes, reducer, options=ReduceOptions(**options))
 
 
-def start(backend: Any, *, judge: JudgeSettings | None = None, verifier: Verifier | None = None,
-          judge_backend: Any = None, seed: int = 5) -> Run:
+def start(
+    backend: Any,
+    *,
+    judge: JudgeSettings | None = None,
+    verifier: Verifier | None = None,
+    judge_backend: Any = None,
+    seed: int = 5,
+) -> Run:
     state = RunState(pricing=Pricing(input_per_mtok=1, output_per_mtok=2))
     log = MemoryEventLog()
     recorder = Recorder(log, "t", state)
-    recorder.emit(RunStarted, RunStartedData(
-        config={}, config_hash=hash_config({}), question=QUESTION,
-        coordinator="parallel_sample", backend=backend.name, library_version="test"))
+    recorder.emit(
+        RunStarted,
+        RunStartedData(
+            config={},
+            config_hash=hash_config({}),
+            question=QUESTION,
+            coordinator="parallel_sample",
+            backend=backend.name,
+            library_version="test",
+        ),
+    )
     ledger = Ledger(Limits(), state.pricing)
     dispatcher = Dispatcher(backend, recorder, ledger, run_seed=seed, max_concurrency=8)
-    judge_dispatcher = (Dispatcher(judge_backend, recorder, ledger, run_seed=seed,
-                                   max_concurrency=8) if judge_backend is not None else None)
-    ctx = RunContext(loop_name="parallel_sample", question=QUESTION, seed=seed,
-                     recorder=recorder, dispatcher=dispatcher, judge_dispatcher=judge_dispatcher,
-                     sampling=SamplingParams(max_tokens=16), extract=EXTRACT,
-                     template="Q: {question}", judge=judge, verifier=verifier)
+    judge_dispatcher = (
+        Dispatcher(judge_backend, recorder, ledger, run_seed=seed, max_concurrency=8)
+        if judge_backend is not None
+        else None
+    )
+    ctx = RunContext(
+        loop_name="parallel_sample",
+        question=QUESTION,
+        seed=seed,
+        recorder=recorder,
+        dispatcher=dispatcher,
+        judge_dispatcher=judge_dispatcher,
+        sampling=SamplingParams(max_tokens=16),
+        extract=EXTRACT,
+        template="Q: {question}",
+        judge=judge,
+        verifier=verifier,
+    )
     return Run(ctx, log, ledger)
 
 
@@ -148,8 +174,7 @@ def scripted(*answers: str, **kwargs: Any) -> Scripted:
     return Scripted(texts=[said(a) for a in answers], **kwargs)
 
 
-def by_answer(scores: dict[str, float | bool | None], default: float | None = 0.0
-              ) -> CallableVerifier:
+def by_answer(scores: dict[str, float | bool | None], default: float | None = 0.0) -> CallableVerifier:
     """A verifier scoring a lane by its extracted answer."""
 
     def check(question: str, text: str, answer: str | None) -> float | bool | None:
@@ -162,9 +187,13 @@ def by_answer(scores: dict[str, float | bool | None], default: float | None = 0.
 
 
 def test_the_five_reducers_are_registered_by_name() -> None:
-    expected: dict[str, type[Any]] = {"majority_vote": MajorityVote, "weighted_vote": WeightedVote,
-                "judge_argmax": JudgeArgmax, "usc": UniversalSelfConsistency,
-                "any_pass": AnyPass}
+    expected: dict[str, type[Any]] = {
+        "majority_vote": MajorityVote,
+        "weighted_vote": WeightedVote,
+        "judge_argmax": JudgeArgmax,
+        "usc": UniversalSelfConsistency,
+        "any_pass": AnyPass,
+    }
     assert set(expected) <= set(reducer_names())
     for name, cls in expected.items():
         assert resolve_reducer(name) is cls
@@ -207,8 +236,7 @@ async def test_majority_vote_without_answers_says_why() -> None:
 
 @given(st.lists(st.sampled_from(["7", "8", "9", None]), min_size=1, max_size=12), st.randoms())
 @settings(max_examples=60, deadline=None)
-def test_majority_vote_is_a_fold_over_lanes_in_any_order(answers: list[str | None],
-                                                         rng: Any) -> None:
+def test_majority_vote_is_a_fold_over_lanes_in_any_order(answers: list[str | None], rng: Any) -> None:
     # The vote reads no context: a pure fold over the lanes, whatever order they come in.
     lanes = [Lane(1, i, "completed", text=None, answer=a) for i, a in enumerate(answers)]
     shuffled = list(lanes)
@@ -217,7 +245,10 @@ def test_majority_vote_is_a_fold_over_lanes_in_any_order(answers: list[str | Non
     first = anyio.run(reducer.reduce, None, lanes)  # type: ignore[arg-type]
     second = anyio.run(reducer.reduce, None, shuffled)  # type: ignore[arg-type]
     assert (first.winner, first.winner_lane, dict(first.votes)) == (
-        second.winner, second.winner_lane, dict(second.votes))
+        second.winner,
+        second.winner_lane,
+        dict(second.votes),
+    )
     given_answers = [a for a in answers if a is not None]
     if not given_answers:
         assert first.winner is None and first.agreement is None and first.margin is None
@@ -266,9 +297,21 @@ async def test_weighted_vote_by_verifier_score_records_each_verdict() -> None:
     verdicts = {e.data.candidate_lane: e.data for e in run.events("judge.completed")}
     assert sorted(verdicts) == list(range(6))
     assert {lane: v.score for lane, v in verdicts.items()} == {
-        0: 1.0, 1: 1.0, 2: 5.0, 3: -10.0, 4: -10.0, 5: -10.0}
+        0: 1.0,
+        1: 1.0,
+        2: 5.0,
+        3: -10.0,
+        4: -10.0,
+        5: -10.0,
+    }
     assert {lane: v.passed for lane, v in verdicts.items()} == {
-        0: True, 1: True, 2: True, 3: False, 4: False, 5: False}
+        0: True,
+        1: True,
+        2: True,
+        3: False,
+        4: False,
+        5: False,
+    }
     assert all(v.judge == "tests:by_answer" and v.error is None for v in verdicts.values())
     assert [w.purpose for w in run.waves().values()] == ["sample"]  # no LLM judge wave
 
@@ -295,10 +338,10 @@ def judge_replies(outputs: dict[int, str]) -> Reply:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("template", [JUDGE_TEMPLATE, JUDGE_TEMPLATE + "\nScore:"],
-                         ids=["no-score-label", "ends-in-score"])
-async def test_the_judges_output_is_read_whether_or_not_the_template_ends_in_score(
-        template: str) -> None:
+@pytest.mark.parametrize(
+    "template", [JUDGE_TEMPLATE, JUDGE_TEMPLATE + "\nScore:"], ids=["no-score-label", "ends-in-score"]
+)
+async def test_the_judges_output_is_read_whether_or_not_the_template_ends_in_score(template: str) -> None:
     outputs = {0: " 10/10", 1: "8/10", 2: "Rating: 7/10", 3: "It looks fine to me."}
     backend = scripted("391", "381", "401", "293", reply=judge_replies(outputs))
     run = start(backend, judge=JudgeSettings(template=template))
@@ -322,10 +365,13 @@ async def test_the_judge_wave_is_governed_and_billed_on_the_verifier_line() -> N
     await run.reduce(await run.sample(2), "judge_argmax")
     waves = run.waves()
     assert [(w.purpose, w.bill) for _, w in sorted(waves.items())] == [
-        ("sample", "sample"), ("judge", "verifier")]
+        ("sample", "sample"),
+        ("judge", "verifier"),
+    ]
     judged = [r for r in backend.requests if r.purpose == "judge"]
     assert {r.prompt for r in judged} == {
-        f"Question: {QUESTION}\nCandidate: {said(a)}\nGrade it." for a in ("391", "381")}
+        f"Question: {QUESTION}\nCandidate: {said(a)}\nGrade it." for a in ("391", "381")
+    }
     spent = run.ledger.spent
     assert spent.decode_tokens == 2 * 5  # the sampled lanes only
     assert spent.verifier_tokens == 2 * (10 + 5)  # the judge's prompt and output
@@ -334,14 +380,15 @@ async def test_the_judge_wave_is_governed_and_billed_on_the_verifier_line() -> N
 @pytest.mark.anyio
 async def test_score_regex_replaces_the_built_in_score_reading() -> None:
     # The judge quotes a rubric line holding `Score: 2/10`; only VERDICT= is its verdict.
-    outputs = {0: "Rubric: Score: 2/10 means poor.\nVERDICT=4", 1: "Score: 2/10\nVERDICT=9",
-               2: "Score: 10/10 and no verdict"}
+    outputs = {
+        0: "Rubric: Score: 2/10 means poor.\nVERDICT=4",
+        1: "Score: 2/10\nVERDICT=9",
+        2: "Score: 10/10 and no verdict",
+    }
     backend = scripted("391", "381", "401", reply=judge_replies(outputs))
     plain = start(backend, judge=JudgeSettings(template=JUDGE_TEMPLATE))
-    assert (await plain.reduce(await plain.sample(3), "judge_argmax")).scores == {
-        0: 2.0, 1: 2.0, 2: 10.0}
-    run = start(backend, judge=JudgeSettings(template=JUDGE_TEMPLATE,
-                                             score_regex=r"VERDICT=(\d+)"))
+    assert (await plain.reduce(await plain.sample(3), "judge_argmax")).scores == {0: 2.0, 1: 2.0, 2: 10.0}
+    run = start(backend, judge=JudgeSettings(template=JUDGE_TEMPLATE, score_regex=r"VERDICT=(\d+)"))
     reduction = await run.reduce(await run.sample(3), "judge_argmax")
     assert reduction.scores == {0: 4.0, 1: 9.0, 2: None}
     assert (reduction.winner, reduction.winner_lane) == ("381", 1)
@@ -362,10 +409,8 @@ async def test_the_judges_stop_and_sampling_reach_its_requests() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("tie_break", "winner", "lane"),
-                         [("lexicographic", "a", 1), ("first_lane", "c", 0)])
-async def test_judge_ties_break_by_the_configured_rule(tie_break: str, winner: str,
-                                                       lane: int) -> None:
+@pytest.mark.parametrize(("tie_break", "winner", "lane"), [("lexicographic", "a", 1), ("first_lane", "c", 0)])
+async def test_judge_ties_break_by_the_configured_rule(tie_break: str, winner: str, lane: int) -> None:
     outputs = dict.fromkeys(range(5), "Score: 9/10")
     outputs[4] = "Score: 2/10"
     backend = scripted("c", "a", "b", "a", "0", reply=judge_replies(outputs))
@@ -380,8 +425,9 @@ async def test_judge_ties_break_by_the_configured_rule(tie_break: str, winner: s
 @pytest.mark.anyio
 async def test_judge_argmax_with_a_verifier_runs_no_judge_wave() -> None:
     backend = scripted("391", "381", "391", reply=lambda *_: pytest.fail("no judge call"))
-    run = start(backend, judge=JudgeSettings(template=JUDGE_TEMPLATE),
-                verifier=by_answer({"391": 0.4, "381": 0.9}))
+    run = start(
+        backend, judge=JudgeSettings(template=JUDGE_TEMPLATE), verifier=by_answer({"391": 0.4, "381": 0.9})
+    )
     reduction = await run.reduce(await run.sample(3), "judge_argmax")
     assert (reduction.winner, reduction.winner_lane) == ("381", 1)
     assert reduction.scores == {0: 0.4, 1: 0.9, 2: 0.4}
@@ -393,8 +439,10 @@ async def test_judge_argmax_with_a_verifier_runs_no_judge_wave() -> None:
 
 @pytest.mark.anyio
 async def test_judge_argmax_over_the_simulated_backend_scores_every_candidate() -> None:
-    run = start(SimulatedBackend(SimulatedConfig(accuracy=0.5, latency_ms=(0.0, 0.0))),
-                judge=JudgeSettings(template="Q: {question}\n{candidate}\n"))
+    run = start(
+        SimulatedBackend(SimulatedConfig(accuracy=0.5, latency_ms=(0.0, 0.0))),
+        judge=JudgeSettings(template="Q: {question}\n{candidate}\n"),
+    )
     lanes = await run.sample(6)
     reduction = await run.reduce(lanes, "judge_argmax")
     assert set(reduction.scores) == {lane.lane for lane in lanes}
@@ -420,8 +468,9 @@ def usc_reply(text: str, seen: list[str] | None = None) -> Reply:
 @pytest.mark.anyio
 async def test_usc_asks_the_model_once_and_takes_the_response_it_names() -> None:
     prompts: list[str] = []
-    backend = scripted("391", "381", "401", "381",
-                       reply=usc_reply("The most consistent response is Response 2.", prompts))
+    backend = scripted(
+        "391", "381", "401", "381", reply=usc_reply("The most consistent response is Response 2.", prompts)
+    )
     run = start(backend)
     reduction = await run.reduce(await run.sample(4), "usc")
     assert (reduction.winner, reduction.winner_lane) == ("401", 2)
@@ -433,7 +482,9 @@ async def test_usc_asks_the_model_once_and_takes_the_response_it_names() -> None
         assert f"Response {i}:\n{said(answer)}\n" in prompt
     waves = run.waves()
     assert [(w.purpose, w.bill, w.k) for _, w in sorted(waves.items())] == [
-        ("sample", "sample", 4), ("usc", "verifier", 1)]
+        ("sample", "sample", 4),
+        ("usc", "verifier", 1),
+    ]
     spent = run.ledger.spent
     assert spent.decode_tokens == 4 * 5
     assert spent.verifier_tokens == 10 + 5
@@ -549,8 +600,12 @@ async def test_every_failure_of_a_verifier_is_a_recorded_verdict() -> None:
     verdicts = {e.data.candidate_lane: e.data for e in run.events("judge.completed")}
     assert sorted(verdicts) == [0, 1, 2, 3, 4]
     assert {lane: (v.error, v.passed) for lane, v in verdicts.items()} == {
-        0: ("raised", False), 1: (None, True), 2: ("timeout", False),
-        3: ("bad_output", False), 4: (None, False)}
+        0: ("raised", False),
+        1: (None, True),
+        2: ("timeout", False),
+        3: ("bad_output", False),
+        4: (None, False),
+    }
     assert "ValueError" in verdicts[0].detail
     assert verdicts[0].score is None and verdicts[2].score is None
 

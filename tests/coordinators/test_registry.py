@@ -82,9 +82,12 @@ def test_an_entry_point_alone_registers_a_loop_and_a_reducer(installed: Path) ->
 
 
 def test_a_loop_from_an_entry_point_runs(installed: Path, tmp_path: Path) -> None:
-    config = lanefold.parse_config({
-        "loop": {"coordinator": "plain_ep", "seed": 1},
-        "backend": {"kind": "simulated", "answer": "42", "accuracy": 1.0}})
+    config = lanefold.parse_config(
+        {
+            "loop": {"coordinator": "plain_ep", "seed": 1},
+            "backend": {"kind": "simulated", "answer": "42", "accuracy": 1.0},
+        }
+    )
     result = lanefold.run_sync(config, "q", runs_dir=tmp_path / "runs")
     assert (result.answer, result.reducer) == ("42", "plain_ep")
 
@@ -115,25 +118,30 @@ def test_a_record_noun_must_name_an_event(tmp_path: Path) -> None:
             return lanefold.Outcome(answer="x")
 
     lanefold.register_loop(Noisy)
-    config = lanefold.parse_config({"loop": {"coordinator": "noisy_test"},
-                                        "backend": {"kind": "simulated"}})
+    config = lanefold.parse_config({"loop": {"coordinator": "noisy_test"}, "backend": {"kind": "simulated"}})
     with pytest.raises(ConfigError, match=r"ctx\.record"):
         lanefold.run_sync(config, "q", runs_dir=tmp_path)
 
 
 def test_a_vote_over_lanes_of_two_waves_counts_every_lane() -> None:
-    lanes = [Lane(1, 0, "completed", "a", "7"), Lane(1, 1, "completed", "b", "8"),
-             Lane(2, 0, "completed", "c", "8"), Lane(2, 1, "failed")]
+    lanes = [
+        Lane(1, 0, "completed", "a", "7"),
+        Lane(1, 1, "completed", "b", "8"),
+        Lane(2, 0, "completed", "c", "8"),
+        Lane(2, 1, "failed"),
+    ]
     result = vote(lanes, tie_break="first_lane", seed=0)
     assert result.votes == {"7": 1.0, "8": 2.0}
     assert result.abstentions == 1
 
 
-def test_an_entry_point_that_exits_at_import_is_a_config_error_naming_the_key(
-        installed: Path) -> None:
+def test_an_entry_point_that_exits_at_import_is_a_config_error_naming_the_key(installed: Path) -> None:
     # A plug-in package's module that calls sys.exit() used to end the process (exit 0 and
     # nothing said, from `orchestrator run`), not refuse the config.
     (installed / "eploops.py").write_text("import sys\nsys.exit(0)\n")
-    with pytest.raises(ConfigError, match=r"^loop\.coordinator: entry point 'ep_plain' in "
-                       r"lanefold\.loops: cannot load 'eploops:Plain': SystemExit: 0$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^loop\.coordinator: entry point 'ep_plain' in "
+        r"lanefold\.loops: cannot load 'eploops:Plain': SystemExit: 0$",
+    ):
         resolve_loop("plain_ep")

@@ -28,21 +28,9 @@ def reference_logits(checkpoint: Checkpoint, tokens: list[int]) -> Tensor:
     for i in range(a.num_layers):
         p = f"model.layers.{i}."
         h = norm(x, w[p + "input_layernorm.weight"])
-        q = (
-            (h @ w[p + "self_attn.q_proj.weight"].T)
-            .view(n, a.num_heads, a.head_dim)
-            .transpose(0, 1)
-        )
-        k = (
-            (h @ w[p + "self_attn.k_proj.weight"].T)
-            .view(n, a.num_kv_heads, a.head_dim)
-            .transpose(0, 1)
-        )
-        v = (
-            (h @ w[p + "self_attn.v_proj.weight"].T)
-            .view(n, a.num_kv_heads, a.head_dim)
-            .transpose(0, 1)
-        )
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).view(n, a.num_heads, a.head_dim).transpose(0, 1)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).view(n, a.num_kv_heads, a.head_dim).transpose(0, 1)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(n, a.num_kv_heads, a.head_dim).transpose(0, 1)
         group = a.num_heads // a.num_kv_heads
         k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
         scores = (rope(q) @ rope(k).transpose(1, 2)) / a.head_dim**0.5

@@ -32,9 +32,7 @@ from lanefold.primitives import (
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 2  # 90 byte tokens
 
 
-def request(
-    k: int, *, prompt: str = PROMPT, max_tokens: int = 12, share: bool = True
-) -> SampleRequest:
+def request(k: int, *, prompt: str = PROMPT, max_tokens: int = 12, share: bool = True) -> SampleRequest:
     return SampleRequest(
         prompt=prompt,
         params=SamplingParams(temperature=0.9, max_tokens=max_tokens, logprobs=True),
@@ -96,9 +94,7 @@ async def test_sample_prefills_the_prompt_once_and_bills_each_lane(
     assert extra["cow_block_copies"] == 7 and extra["prompt_tokens_cached"] == 0
     # 6 prompt blocks (the 6th partial), 7 copies of it, then each lane crosses into one more
     assert extra["peak_kv_blocks"] == 6 + 7 + 8
-    assert all(
-        isinstance(s, Sample) and s.logprobs is not None and len(s.logprobs) == 12 for s in samples
-    )
+    assert all(isinstance(s, Sample) and s.logprobs is not None and len(s.logprobs) == 12 for s in samples)
 
     again = await sample_all(backend, request(2))  # the prompt's full blocks now come from the cache
     first = again[0]
@@ -212,11 +208,19 @@ async def test_stream_yields_text_as_it_is_made_and_ends_as_sample_does(
     backend = EngineBackend(engine=make_engine())
     assert isinstance(backend, StreamingBackend)
     deltas, samples = await collect(backend.stream(request(4, max_tokens=20)))
+
     def key(s: Sample | BackendError) -> object:
         assert isinstance(s, Sample)
         u = s.usage
-        return s.lane, s.text, s.finish_reason, s.logprobs, u.input_tokens, u.cached_input_tokens, \
-            u.output_tokens
+        return (
+            s.lane,
+            s.text,
+            s.finish_reason,
+            s.logprobs,
+            u.input_tokens,
+            u.cached_input_tokens,
+            u.output_tokens,
+        )
 
     assert [key(s) for s in sorted(samples, key=lambda s: s.lane)] == [key(s) for s in whole]
     for sample in samples:
@@ -314,10 +318,15 @@ async def test_lanes_landed_one_by_one_are_what_the_whole_request_gives(
         assert isinstance(sample, Sample)
         u = sample.usage
         assert (sample.lane, sample.text, sample.finish_reason, sample.logprobs) == (
-            seq.lane, seq.text, "length", tuple(seq.logprobs)
+            seq.lane,
+            seq.text,
+            "length",
+            tuple(seq.logprobs),
         )
         assert (u.input_tokens, u.cached_input_tokens, u.output_tokens) == (
-            seq.input_tokens, seq.cached_input_tokens, seq.num_generated
+            seq.input_tokens,
+            seq.cached_input_tokens,
+            seq.num_generated,
         )
         assert sample.extra["prompt_tokens"] == 90
 
@@ -418,7 +427,8 @@ async def _replay(items: list[TextDelta | Sample]) -> AsyncIterator[TextDelta | 
 
 @pytest.mark.anyio
 async def test_load_builds_the_engine_once_before_any_sample(
-    monkeypatch: pytest.MonkeyPatch, make_engine: Callable[..., Engine],
+    monkeypatch: pytest.MonkeyPatch,
+    make_engine: Callable[..., Engine],
 ) -> None:
     built: list[EngineConfig] = []
 

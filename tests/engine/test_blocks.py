@@ -56,9 +56,7 @@ def test_engine_fork_costs_one_copy_per_partial_fork_and_gives_everything_back(
     assert request.metrics.cow_block_copies == pool.copies
     assert request.metrics.peak_kv_blocks == pool.peak_used
     assert pool.num_free == pool.num_blocks
-    assert (
-        engine.metrics.tokens_computed == prompt_len + k * 3
-    )  # P + K*(T-1): the last token is not fed
+    assert engine.metrics.tokens_computed == prompt_len + k * 3  # P + K*(T-1): the last token is not fed
 
 
 def test_prefix_cache_serves_full_blocks_across_requests_and_evicts_lru(

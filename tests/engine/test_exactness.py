@@ -23,9 +23,7 @@ def record_steps(engine: Engine) -> list[tuple[list[int], torch.Tensor]]:
 
     def recording(step: Step) -> torch.Tensor:
         logits = run(step)
-        seen.extend(
-            (list(s.tokens), row.clone()) for s, row in zip(step.sequences, logits, strict=True)
-        )
+        seen.extend((list(s.tokens), row.clone()) for s, row in zip(step.sequences, logits, strict=True))
         return logits
 
     engine.runner.run = recording  # type: ignore[method-assign]

@@ -80,7 +80,6 @@ def test_logprobs_are_the_model_log_probabilities(make_engine: Callable[..., Eng
     seq = make_engine().generate(PROMPT, params, [LaneRequest(0, 42, 8)]).sequences[0]
     logits = reference_logits(tiny_checkpoint(0), seq.tokens)
     expected = [
-        float(torch.log_softmax(logits[len(PROMPT) - 1 + i], -1)[t])
-        for i, t in enumerate(seq.output_ids)
+        float(torch.log_softmax(logits[len(PROMPT) - 1 + i], -1)[t]) for i, t in enumerate(seq.output_ids)
     ]
     assert seq.logprobs == pytest.approx(expected, abs=1e-4)

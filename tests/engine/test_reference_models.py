@@ -49,9 +49,7 @@ def test_logits_equal_transformers_llama_with_the_same_weights(tmp_path: Path, t
     with torch.no_grad():
         for name, param in reference.named_parameters():
             param.copy_(
-                1 + 0.1 * torch.randn_like(param)
-                if "norm" in name
-                else 0.15 * torch.randn_like(param)
+                1 + 0.1 * torch.randn_like(param) if "norm" in name else 0.15 * torch.randn_like(param)
             )
     reference.save_pretrained(tmp_path)
     engine = _engine_from(tmp_path)
@@ -69,9 +67,7 @@ def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's conversion of Q/K rows (what `convert_hf_to_gguf.py` does)."""
     rows = weight.shape[0]
     return (
-        weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
+        weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
     )
 
 
@@ -134,9 +130,7 @@ def test_gguf_file_loads_dequantised_and_unpermuted(tmp_path: Path) -> None:
     assert replace(loaded.args, rms_norm_eps=a.rms_norm_eps) == replace(a, eos_token_ids=(5,))
     assert loaded.tensors.keys() == expected.keys()
     for name, array in expected.items():
-        np.testing.assert_array_equal(
-            loaded.tensors[name].numpy(), array.astype(np.float32), err_msg=name
-        )
+        np.testing.assert_array_equal(loaded.tensors[name].numpy(), array.astype(np.float32), err_msg=name)
     # and a model built from it computes what the reference computes from the same numbers
     engine = _engine_from(path)
     seen = record_steps(engine)

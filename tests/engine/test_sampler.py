@@ -36,16 +36,12 @@ def frequencies(params: SamplingParams, draws: int = 4000) -> torch.Tensor:
 
 def test_temperature_sampling_matches_the_softmax() -> None:
     expected = torch.softmax(LOGITS / 0.8, 0)
-    torch.testing.assert_close(
-        frequencies(SamplingParams(temperature=0.8)), expected, atol=0.025, rtol=0
-    )
+    torch.testing.assert_close(frequencies(SamplingParams(temperature=0.8)), expected, atol=0.025, rtol=0)
 
 
 def test_one_lane_along_its_positions_also_draws_from_the_softmax() -> None:
     params = SamplingParams(temperature=1.0)
-    batch = SamplingBatch.build(
-        [params] * 4000, [lane_key(7)] * 4000, list(range(4000)), torch.device("cpu")
-    )
+    batch = SamplingBatch.build([params] * 4000, [lane_key(7)] * 4000, list(range(4000)), torch.device("cpu"))
     tokens, _ = sample(LOGITS.expand(4000, -1), batch)
     got = torch.bincount(tokens, minlength=len(LOGITS)).float() / 4000
     torch.testing.assert_close(got, torch.softmax(LOGITS, 0), atol=0.025, rtol=0)
@@ -84,10 +80,7 @@ MIXED = [
 def test_a_row_draws_the_same_token_alone_in_any_batch_in_any_order() -> None:
     logits = torch.randn(len(MIXED), 300, generator=torch.Generator().manual_seed(0)) * 3
     seeds, positions = [11, 12, 13, 14, 15], [0, 3, 3, 9, 1]
-    alone = [
-        sample_token(row, p, s, n)
-        for row, p, s, n in zip(logits, MIXED, seeds, positions, strict=True)
-    ]
+    alone = [sample_token(row, p, s, n) for row, p, s, n in zip(logits, MIXED, seeds, positions, strict=True)]
     for order in ([0, 1, 2, 3, 4], [4, 2, 0, 3, 1], [3, 1]):
         batch = SamplingBatch.build(
             [MIXED[i] for i in order],
@@ -138,8 +131,10 @@ def test_text_grown_a_token_at_a_time_is_the_whole_decode_and_finds_stops_as_it_
 
 def test_alternatives_are_the_top_of_the_distribution_the_logprob_comes_from() -> None:
     logits = torch.randn(len(MIXED), 300, generator=torch.Generator().manual_seed(1)) * 3
-    asked = [dataclasses.replace(p, logprobs=True, top_logprobs=n)
-             for p, n in zip(MIXED, [5, 1, 20, 3, 2], strict=True)]
+    asked = [
+        dataclasses.replace(p, logprobs=True, top_logprobs=n)
+        for p, n in zip(MIXED, [5, 1, 20, 3, 2], strict=True)
+    ]
     keys, positions = [lane_key(s) for s in range(5)], [0, 1, 2, 3, 4]
     batch = SamplingBatch.build(asked, keys, positions, torch.device("cpu"))
     assert batch.top_logprobs == 20
@@ -158,8 +153,7 @@ def test_alternatives_are_the_top_of_the_distribution_the_logprob_comes_from() -
 
 
 def test_a_batch_without_alternatives_asks_for_no_top_k() -> None:
-    batch = SamplingBatch.build(MIXED, [lane_key(s) for s in range(5)], [0] * 5,
-                                torch.device("cpu"))
+    batch = SamplingBatch.build(MIXED, [lane_key(s) for s in range(5)], [0] * 5, torch.device("cpu"))
     assert batch.top_logprobs == 0
     unasked = SamplingParams(top_logprobs=5)  # without logprobs, alternatives are not asked for
     assert SamplingBatch.build([unasked], [1], [0], torch.device("cpu")).top_logprobs == 0

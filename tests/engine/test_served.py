@@ -19,15 +19,18 @@ from lanefold.backends.engine._engine import Engine
 pytestmark = pytest.mark.slow
 
 
-def config(backend: dict[str, Any], *, k: int, temperature: float, template: str,
-           max_tokens: int) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": k, "seed": 11, "max_concurrency": k},
-        "prompt": {"template": template},
-        "sampling": {"temperature": temperature, "max_tokens": max_tokens, "stop": ["\n"]},
-        "extract": {"method": "last_number"},
-        "backend": backend,
-    })
+def config(
+    backend: dict[str, Any], *, k: int, temperature: float, template: str, max_tokens: int
+) -> lanefold.LoopConfig:
+    return lanefold.parse_config(
+        {
+            "loop": {"k": k, "seed": 11, "max_concurrency": k},
+            "prompt": {"template": template},
+            "sampling": {"temperature": temperature, "max_tokens": max_tokens, "stop": ["\n"]},
+            "extract": {"method": "last_number"},
+            "backend": backend,
+        }
+    )
 
 
 def lane_texts(result: lanefold.RunResult) -> dict[int, str]:
@@ -36,19 +39,36 @@ def lane_texts(result: lanefold.RunResult) -> dict[int, str]:
     return {e["lane"]: e["data"]["text"] for e in events if e["type"] == "lane.completed"}
 
 
-def compare(tmp_path: Path, in_process: Engine, served: Engine, *, n: str, temperature: float,
-            template: str, model: str, k: int = 8, max_tokens: int = 8) -> tuple[
-                lanefold.RunResult, lanefold.RunResult]:
+def compare(
+    tmp_path: Path,
+    in_process: Engine,
+    served: Engine,
+    *,
+    n: str,
+    temperature: float,
+    template: str,
+    model: str,
+    k: int = 8,
+    max_tokens: int = 8,
+) -> tuple[lanefold.RunResult, lanefold.RunResult]:
     local = lanefold.run_sync(
-        config({"kind": "engine"}, k=k, temperature=temperature, template=template,
-               max_tokens=max_tokens),
-        "What is 7 + 8?", runs_dir=tmp_path, backend=EngineBackend(engine=in_process))
+        config({"kind": "engine"}, k=k, temperature=temperature, template=template, max_tokens=max_tokens),
+        "What is 7 + 8?",
+        runs_dir=tmp_path,
+        backend=EngineBackend(engine=in_process),
+    )
     with Loopback(create_app(EngineBackend(engine=served), model_name=model)) as server:
         remote = lanefold.run_sync(
-            config({"kind": "openai", "base_url": server.base_url, "model": model,
-                    "api": "completions", "n": n}, k=k, temperature=temperature,
-                   template=template, max_tokens=max_tokens),
-            "What is 7 + 8?", runs_dir=tmp_path)
+            config(
+                {"kind": "openai", "base_url": server.base_url, "model": model, "api": "completions", "n": n},
+                k=k,
+                temperature=temperature,
+                template=template,
+                max_tokens=max_tokens,
+            ),
+            "What is 7 + 8?",
+            runs_dir=tmp_path,
+        )
     return local, remote
 
 
@@ -57,9 +77,11 @@ TEMPLATE = "Question: What is 2 + 3?\nAnswer: 5\n\nQuestion: {question}\nAnswer:
 
 @pytest.mark.parametrize(("n", "temperature"), [("auto", 0.0), ("never", 0.9)])
 def test_served_tiny_engine_matches_in_process(
-        tmp_path: Path, make_engine: Callable[..., Engine], n: str, temperature: float) -> None:
-    local, remote = compare(tmp_path, make_engine(), make_engine(), n=n, temperature=temperature,
-                            template=TEMPLATE, model="tiny")
+    tmp_path: Path, make_engine: Callable[..., Engine], n: str, temperature: float
+) -> None:
+    local, remote = compare(
+        tmp_path, make_engine(), make_engine(), n=n, temperature=temperature, template=TEMPLATE, model="tiny"
+    )
     assert lane_texts(remote) == lane_texts(local)
     assert (remote.answer, remote.votes) == (local.answer, local.votes)
     prompt = local.usage.prefill_tokens
@@ -71,17 +93,27 @@ def test_served_tiny_engine_matches_in_process(
 
 
 def test_served_smollm2_matches_in_process(tmp_path: Path, smollm2: Engine) -> None:
-    template = ("Question: What is 2 + 3?\nAnswer: 5\n\nQuestion: What is 6 + 4?\nAnswer: 10\n\n"
-                "Question: {question}\nAnswer:")
-    local, remote = compare(tmp_path, smollm2, smollm2, n="auto", temperature=0.0,
-                            template=template, model="smollm2", k=4, max_tokens=6)
+    template = (
+        "Question: What is 2 + 3?\nAnswer: 5\n\nQuestion: What is 6 + 4?\nAnswer: 10\n\n"
+        "Question: {question}\nAnswer:"
+    )
+    local, remote = compare(
+        tmp_path,
+        smollm2,
+        smollm2,
+        n="auto",
+        temperature=0.0,
+        template=template,
+        model="smollm2",
+        k=4,
+        max_tokens=6,
+    )
     assert lane_texts(remote) == lane_texts(local)
     assert remote.answer == local.answer == "15"
     assert remote.usage.requests == 1
     # Same engine twice: the second run's prompt blocks come from the prefix cache, and the
     # bill says so; either way the prompt is counted once for the four lanes.
-    assert (remote.usage.prefill_tokens + remote.usage.cached_prefill_tokens
-            == local.usage.prefill_tokens)
+    assert remote.usage.prefill_tokens + remote.usage.cached_prefill_tokens == local.usage.prefill_tokens
 
 
 def test_served_engine_honours_ignore_eos(make_engine: Callable[..., Engine]) -> None:
@@ -117,13 +149,19 @@ def sse_chunks(response: Any) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
 def test_served_engine_streams_what_it_would_answer_whole(
-        request: pytest.FixtureRequest, make_engine: Callable[..., Engine], which: str) -> None:
+    request: pytest.FixtureRequest, make_engine: Callable[..., Engine], which: str
+) -> None:
     import httpx
 
     engine = make_engine() if which == "tiny" else request.getfixturevalue("smollm2")
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": "Name three colours."}],
-        "n": 3, "max_tokens": 24, "temperature": 0.8, "seed": 7, "stop": ["\n\n"]}
+        "n": 3,
+        "max_tokens": 24,
+        "temperature": 0.8,
+        "seed": 7,
+        "stop": ["\n\n"],
+    }
     with Loopback(create_app(EngineBackend(engine=engine), model_name=which)) as server:
         url = f"{server.base_url}/chat/completions"
         whole = httpx.post(url, json=body, timeout=120).json()
@@ -152,8 +190,7 @@ def test_served_engine_streams_what_it_would_answer_whole(
     assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]
 
 
-def test_a_client_hanging_up_mid_stream_aborts_the_request(
-        make_engine: Callable[..., Engine]) -> None:
+def test_a_client_hanging_up_mid_stream_aborts_the_request(make_engine: Callable[..., Engine]) -> None:
     import time
 
     import httpx
@@ -161,8 +198,7 @@ def test_a_client_hanging_up_mid_stream_aborts_the_request(
     engine = make_engine()
     body = {"prompt": "abc", "n": 2, "max_tokens": 500, "ignore_eos": True, "stream": True}
     with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
-        with httpx.stream("POST", f"{server.base_url}/completions", json=body,
-                          timeout=60) as response:
+        with httpx.stream("POST", f"{server.base_url}/completions", json=body, timeout=60) as response:
             for i, _ in enumerate(response.iter_lines()):
                 if i == 10:
                     break  # closing the response drops the connection
@@ -173,14 +209,16 @@ def test_a_client_hanging_up_mid_stream_aborts_the_request(
         time.sleep(0.5)
         assert engine.metrics.decode_steps == steps < 100
         # The next request drops the abandoned one and runs alone.
-        done = httpx.post(f"{server.base_url}/completions", timeout=60,
-                          json={"prompt": "abc", "max_tokens": 3, "ignore_eos": True}).json()
+        done = httpx.post(
+            f"{server.base_url}/completions",
+            timeout=60,
+            json={"prompt": "abc", "max_tokens": 3, "ignore_eos": True},
+        ).json()
     assert done["usage"]["completion_tokens"] == 3
     assert engine.pool.num_free == engine.pool.num_blocks
 
 
-def test_served_engine_refuses_max_tokens_beyond_the_context(
-        make_engine: Callable[..., Engine]) -> None:
+def test_served_engine_refuses_max_tokens_beyond_the_context(make_engine: Callable[..., Engine]) -> None:
     import httpx
 
     from lanefold.primitives import LaneRequest, SampleRequest, SamplingParams
@@ -200,8 +238,7 @@ def test_served_engine_refuses_max_tokens_beyond_the_context(
     assert whole.json()["usage"]["completion_tokens"] == left
 
 
-def test_a_client_leaving_a_whole_request_stops_its_lanes(
-        make_engine: Callable[..., Engine]) -> None:
+def test_a_client_leaving_a_whole_request_stops_its_lanes(make_engine: Callable[..., Engine]) -> None:
     import time
 
     import httpx
@@ -210,8 +247,7 @@ def test_a_client_leaving_a_whole_request_stops_its_lanes(
     body = {"prompt": "abc", "n": 2, "max_tokens": 480, "ignore_eos": True}
     with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
         with pytest.raises(httpx.ReadTimeout):  # not streamed: nothing comes until the end
-            httpx.post(f"{server.base_url}/completions", json=body,
-                       timeout=httpx.Timeout(10, read=0.3))
+            httpx.post(f"{server.base_url}/completions", json=body, timeout=httpx.Timeout(10, read=0.3))
         deadline = time.monotonic() + 10
         while engine.has_work() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -221,12 +257,13 @@ def test_a_client_leaving_a_whole_request_stops_its_lanes(
     assert engine.pool.num_free == engine.pool.num_blocks
 
 
-TINY_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+TINY_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
-def test_chat_messages_reach_the_engine_through_its_chat_template(
-        make_engine: Callable[..., Engine]) -> None:
+def test_chat_messages_reach_the_engine_through_its_chat_template(make_engine: Callable[..., Engine]) -> None:
     import httpx
 
     engine = make_engine()
@@ -235,11 +272,21 @@ def test_chat_messages_reach_the_engine_through_its_chat_template(
     templated = engine.tokenizer.encode_chat(turns)
     assert len(templated) == len("<system>Be terse.\n<user>2+2?\n<assistant>")
     with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
-        chat = httpx.post(f"{server.base_url}/chat/completions", timeout=60, json={
-            "messages": [{"role": r, "content": c} for r, c in turns], "max_tokens": 4,
-            "ignore_eos": True, "logprobs": True}).json()
-        raw = httpx.post(f"{server.base_url}/completions", timeout=60, json={
-            "prompt": "2+2?", "max_tokens": 4, "ignore_eos": True}).json()
+        chat = httpx.post(
+            f"{server.base_url}/chat/completions",
+            timeout=60,
+            json={
+                "messages": [{"role": r, "content": c} for r, c in turns],
+                "max_tokens": 4,
+                "ignore_eos": True,
+                "logprobs": True,
+            },
+        ).json()
+        raw = httpx.post(
+            f"{server.base_url}/completions",
+            timeout=60,
+            json={"prompt": "2+2?", "max_tokens": 4, "ignore_eos": True},
+        ).json()
     assert chat["usage"]["prompt_tokens"] == len(templated)
     assert raw["usage"]["prompt_tokens"] == len(engine.tokenizer.encode("2+2?"))  # as it is
     content = chat["choices"][0]["logprobs"]["content"]
@@ -258,10 +305,19 @@ def test_the_shipped_example_answers_a_chat_question(smollm2: Engine) -> None:
     assert isinstance(config, EngineConfig) and not config.chat_template
     backend = EngineBackend(config, engine=smollm2)
     with Loopback(create_app(backend, model_name="smollm2")) as server:
-        r = httpx.post(f"{server.base_url}/chat/completions", timeout=120, json={
-            "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                         {"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 24, "temperature": 0, "logprobs": True})
+        r = httpx.post(
+            f"{server.base_url}/chat/completions",
+            timeout=120,
+            json={
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is the capital of France?"},
+                ],
+                "max_tokens": 24,
+                "temperature": 0,
+                "logprobs": True,
+            },
+        )
     choice = r.json()["choices"][0]
     assert "Paris" in choice["message"]["content"]
     tokens = [c["token"] for c in choice["logprobs"]["content"]]
@@ -307,10 +363,10 @@ def test_ctrl_c_stops_the_engine_mid_request() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     here = os.path.dirname(os.path.abspath(__file__))
-    code = CTRL_C_SCRIPT.format(root=os.path.dirname(os.path.dirname(here)), here=here,
-                                port=port)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = CTRL_C_SCRIPT.format(root=os.path.dirname(os.path.dirname(here)), here=here, port=port)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     url = f"http://127.0.0.1:{port}/v1"
     answer: list[Any] = []
 

@@ -23,8 +23,9 @@ CONFIG = {
 QUESTIONS = ["abc " * 9, "xyz " * 5]
 
 
-async def answers(engine: Engine, questions: list[str], runs: Path, *,
-                  concurrency: int) -> dict[int, list[str | None]]:
+async def answers(
+    engine: Engine, questions: list[str], runs: Path, *, concurrency: int
+) -> dict[int, list[str | None]]:
     config = lanefold.parse_config(CONFIG)
     backend = EngineBackend(engine=engine)
     texts: dict[int, list[str | None]] = {}
@@ -37,8 +38,7 @@ async def answers(engine: Engine, questions: list[str], runs: Path, *,
 
 
 @pytest.mark.anyio
-async def test_concurrent_runs_share_decode_steps(make_engine: Callable[..., Engine],
-                                                  tmp_path: Path) -> None:
+async def test_concurrent_runs_share_decode_steps(make_engine: Callable[..., Engine], tmp_path: Path) -> None:
     alone_steps = 0
     alone: dict[int, list[str | None]] = {}
     for i, question in enumerate(QUESTIONS):

@@ -22,8 +22,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. "
 
 
 def request(temperature: float, top: int, *, k: int = 3, logprobs: bool = True) -> SampleRequest:
-    params = SamplingParams(temperature=temperature, max_tokens=10, logprobs=logprobs,
-                            top_logprobs=top)
+    params = SamplingParams(temperature=temperature, max_tokens=10, logprobs=logprobs, top_logprobs=top)
     return SampleRequest(PROMPT, params, tuple(LaneRequest(i, 500 + i, 10) for i in range(k)))
 
 
@@ -35,7 +34,8 @@ async def samples_of(backend: EngineBackend, req: SampleRequest) -> list[Sample]
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 async def test_alternatives_beside_each_token_change_no_draw(
-        make_engine: Callable[..., Engine], temperature: float) -> None:
+    make_engine: Callable[..., Engine], temperature: float
+) -> None:
     backend = EngineBackend(EngineConfig(block_size=16), engine=make_engine())
     plain = await samples_of(backend, request(temperature, 0))
     with_top = await samples_of(backend, request(temperature, 4))
@@ -57,7 +57,8 @@ async def test_alternatives_beside_each_token_change_no_draw(
 
 
 async def test_lanes_of_one_batch_asking_for_different_numbers_get_theirs(
-        make_engine: Callable[..., Engine]) -> None:
+    make_engine: Callable[..., Engine],
+) -> None:
     backend = EngineBackend(EngineConfig(block_size=16), engine=make_engine())
     async with anyio.create_task_group() as group:
         results: dict[int, list[Sample]] = {}
@@ -70,8 +71,10 @@ async def test_lanes_of_one_batch_asking_for_different_numbers_get_theirs(
     await backend.aclose()
     assert all(s.top_logprobs is None for s in results[0])
     for top in (1, 5):
-        assert all(s.top_logprobs is not None and {len(step) for step in s.top_logprobs} == {top}
-                   for s in results[top])
+        assert all(
+            s.top_logprobs is not None and {len(step) for step in s.top_logprobs} == {top}
+            for s in results[top]
+        )
     # the same lanes alone: one row's alternatives do not depend on its batch
     alone = EngineBackend(EngineConfig(block_size=16), engine=make_engine())
     by_itself = await samples_of(alone, request(0.9, 5, k=2))
@@ -92,22 +95,31 @@ async def test_alternatives_need_logprobs(make_engine: Callable[..., Engine]) ->
 
 
 @pytest.mark.slow
-def test_the_served_engine_answers_alternatives_in_openais_shapes(
-        make_engine: Callable[..., Engine]) -> None:
+def test_the_served_engine_answers_alternatives_in_openais_shapes(make_engine: Callable[..., Engine]) -> None:
     import httpx
 
     engine = make_engine()
     with Loopback(create_app(EngineBackend(engine=engine), model_name="tiny")) as server:
-        completion = httpx.post(f"{server.base_url}/completions", timeout=60, json={
-            "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 3,
-            "logprobs": 5}).json()
-        chat = httpx.post(f"{server.base_url}/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 6, "seed": 3,
-            "temperature": 0.8, "logprobs": True, "top_logprobs": 20}).json()
+        completion = httpx.post(
+            f"{server.base_url}/completions",
+            timeout=60,
+            json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 3, "logprobs": 5},
+        ).json()
+        chat = httpx.post(
+            f"{server.base_url}/chat/completions",
+            timeout=60,
+            json={
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": 6,
+                "seed": 3,
+                "temperature": 0.8,
+                "logprobs": True,
+                "top_logprobs": 20,
+            },
+        ).json()
     lp = completion["choices"][0]["logprobs"]
     assert len(lp["top_logprobs"]) == len(lp["tokens"]) == 6
-    for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"],
-                                 strict=True):
+    for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
         # The 5 likeliest, and the sampled token where it is not one of them; fewer where two
         # ids decode to one text (bytes of a character cut in two), the likelier kept.
         assert 1 <= len(top) <= 6
@@ -122,4 +134,3 @@ def test_the_served_engine_answers_alternatives_in_openais_shapes(
         assert all(alt["bytes"] == list(alt["token"].encode()) for alt in entry["top_logprobs"])
         values = [alt["logprob"] for alt in entry["top_logprobs"]]
         assert values == sorted(values, reverse=True) and entry["logprob"] <= values[0] + 1e-6
-

@@ -55,12 +55,22 @@ def write_tiny_gguf(path: Path) -> None:
     writer.add_bos_token_id(256)
     writer.add_add_bos_token(True)
     writer.add_chat_template(TEMPLATE)
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    top = {"model.embed_tokens.weight": "token_embd.weight",
-           "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    layer = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     for name, tensor in sorted(tiny_checkpoint(0).tensors.items()):
         if name.startswith("model.layers."):
             _, _, index, rest = name.split(".", 3)
@@ -100,7 +110,9 @@ def test_a_second_load_reads_the_cache_and_equals_the_first(model_file: Path) ->
     assert len(opened) == 2
     entry = cache_dir() / gguf_key(model_file)
     assert sorted(p.name for p in entry.iterdir()) == [
-        "model.safetensors", "tokenizer.json", "tokenizer_extra.json"
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_extra.json",
     ]  # and no temporary file left behind
     again = cached_checkpoint(model_file, counted(model_file, opened))
     tok_again = cached_tokenizer(model_file, counted(model_file, opened))
@@ -186,13 +198,17 @@ DAMAGE = list(_damaged(b"\0" * 64))
 
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_gguf_is_a_config_error_naming_backend_model(
-        damage: str, model_file: Path, tmp_path: Path) -> None:
+    damage: str, model_file: Path, tmp_path: Path
+) -> None:
     # It used to be whatever the gguf reader raised: ValueError, IndexError, a traceback.
     path = tmp_path / f"{damage}.gguf"
     path.write_bytes(_damaged(model_file.read_bytes())[damage])
     config = EngineConfig(model=str(path), device="cpu", num_blocks=64)
-    for load in (lambda: Engine.from_config(config), lambda: load_tokenizer(config),
-                 lambda: cached_checkpoint(path, open_lazily(path))):
+    for load in (
+        lambda: Engine.from_config(config),
+        lambda: load_tokenizer(config),
+        lambda: cached_checkpoint(path, open_lazily(path)),
+    ):
         with pytest.raises(ConfigError) as caught:
             load()
         message = str(caught.value)
@@ -202,14 +218,16 @@ def test_a_damaged_gguf_is_a_config_error_naming_backend_model(
 
 @pytest.mark.parametrize("damage", ["empty", "not-gguf", "header-only", "cut-in-tensors"])
 def test_the_command_says_so_in_one_line_and_creates_no_run(
-        damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from lanefold._cli import main
 
     path = tmp_path / f"{damage}.gguf"
     path.write_bytes(_damaged(model_file.read_bytes())[damage])
     config = tmp_path / "loop.toml"
-    config.write_text(f'[loop]\nk = 2\n[backend]\nkind = "engine"\nmodel = "{path}"\n'
-                      'device = "cpu"\nnum_blocks = 64\n')
+    config.write_text(
+        f'[loop]\nk = 2\n[backend]\nkind = "engine"\nmodel = "{path}"\ndevice = "cpu"\nnum_blocks = 64\n'
+    )
     code = main(["run", str(config), "--question", "q?", "--runs-dir", str(tmp_path / "runs")])
     _, err = capsys.readouterr()
     assert code == 2 and len(err.splitlines()) == 1, err
@@ -224,17 +242,24 @@ def test_a_broken_hugging_face_folder_names_backend_model(tmp_path: Path) -> Non
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "llama", "vocab_size": ')
-    with pytest.raises(ConfigError, match=rf"^backend\.model: {re.escape(str(folder))}: no "
-                       r"tokenizer\.json$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^backend\.model: {re.escape(str(folder))}: no "
+        r"tokenizer\.json$",
+    ):
         Engine.from_config(EngineConfig(model=str(folder), device="cpu", num_blocks=64))
-    with pytest.raises(ConfigError, match=rf"^backend\.model: {re.escape(str(folder))} is not a "
-                       r"readable model file \(JSONDecodeError: "):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^backend\.model: {re.escape(str(folder))} is not a "
+        r"readable model file \(JSONDecodeError: ",
+    ):
         load_checkpoint(folder)
 
 
 @pytest.mark.parametrize("damage", ["not-gguf", "cut-in-tensors"])
 def test_serve_says_so_in_one_line_before_serving(
-        damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from lanefold._cli import main
 
     path = tmp_path / f"{damage}.gguf"

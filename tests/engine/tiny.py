@@ -29,7 +29,6 @@ TINY = ModelArgs(
 )
 
 
-
 def tiny_checkpoint(seed: int = 0, args: ModelArgs = TINY) -> Checkpoint:
     """Random weights of a small Llama, scaled so logits are far from ties."""
     generator = torch.Generator().manual_seed(seed)

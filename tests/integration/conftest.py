@@ -16,8 +16,9 @@ import pytest
 def _base_url(variable: str, server: str) -> str:
     url = os.environ.get(variable)
     if not url:
-        pytest.skip(f"{variable} is not set: `make integration` builds {server}, starts it on "
-                    "loopback and sets it")
+        pytest.skip(
+            f"{variable} is not set: `make integration` builds {server}, starts it on loopback and sets it"
+        )
     return url
 
 

@@ -64,8 +64,11 @@ class Tap(httpx.AsyncBaseTransport):
         raw = await response.aread()
         await response.aclose()
         self.exchanges.append(Exchange(_json_or_text(content), response.status_code, _json_or_text(raw)))
-        headers = [(k, v) for k, v in response.headers.multi_items()
-                   if k.lower() not in ("content-length", "content-encoding", "transfer-encoding")]
+        headers = [
+            (k, v)
+            for k, v in response.headers.multi_items()
+            if k.lower() not in ("content-length", "content-encoding", "transfer-encoding")
+        ]
         return httpx.Response(response.status_code, headers=headers, content=raw, request=request)
 
     async def aclose(self) -> None:
@@ -85,25 +88,32 @@ def backend(base_url: str, tap: Tap, **fields: Any) -> OpenAIBackend:
     return OpenAIBackend(config, transport=tap)
 
 
-def loop_config(base_url: str, *, k: int, n: str = "auto", max_tokens: int = 32,
-                logprobs: bool = False, template: str | None = None,
-                extra: Mapping[str, Any] | None = None) -> LoopConfig:
+def loop_config(
+    base_url: str,
+    *,
+    k: int,
+    n: str = "auto",
+    max_tokens: int = 32,
+    logprobs: bool = False,
+    template: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> LoopConfig:
     """A parallel-sample loop through `kind = "openai"` at `base_url`, seeds fixed."""
     raw: dict[str, Any] = {
         "loop": {"k": k, "max_concurrency": k, "seed": 7, "min_quorum": 1},
         "prompt": {"template": template or "Question: {question}\nAnswer with a number.\n"},
         "sampling": {"temperature": 0.8, "max_tokens": max_tokens, "logprobs": logprobs},
         "extract": {"method": "last_number"},
-        "backend": {"kind": "openai", "base_url": base_url, "model": MODEL, "n": n,
-                    "timeout_s": 300.0},
+        "backend": {"kind": "openai", "base_url": base_url, "model": MODEL, "n": n, "timeout_s": 300.0},
         "retry": {"max_attempts": 2, "initial_backoff_s": 0.1},
         **(extra or {}),
     }
     return parse_config(raw, source="<integration>")
 
 
-async def run_loop(config: LoopConfig, tap: Tap, runs_dir: Path,
-                   question: str = QUESTION) -> tuple[RunResult, list[AnyEvent]]:
+async def run_loop(
+    config: LoopConfig, tap: Tap, runs_dir: Path, question: str = QUESTION
+) -> tuple[RunResult, list[AnyEvent]]:
     """Run `config` with its backend on `tap`; the result and the run's event log."""
     assert isinstance(config.backend, OpenAIConfig)
     # A backend handed to `run` stays the caller's to close: left open, its pooled connection

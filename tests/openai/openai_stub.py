@@ -24,9 +24,7 @@ from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
 _TLS = ssl.create_default_context()
 
 
-def make_backend(
-    base_url: str, *, environ: dict[str, str] | None = None, **fields: Any
-) -> OpenAIBackend:
+def make_backend(base_url: str, *, environ: dict[str, str] | None = None, **fields: Any) -> OpenAIBackend:
     """An OpenAIBackend on a transport sharing one TLS context: building a context per
     client loads the CA bundle each time, which would dominate these tests' run time."""
     config = OpenAIConfig(base_url=base_url, **{"model": "m", **fields})

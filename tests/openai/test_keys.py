@@ -55,8 +55,14 @@ BAD = {
 def runs_of(key: str) -> set[str]:
     """Every 8-character run of `key` as it could be written: as is, JSON- (once or twice),
     repr- or percent-escaped; lower case, for a case-blind scan."""
-    forms = {key, json.dumps(key)[1:-1], json.dumps(json.dumps(key))[1:-1], repr(key)[1:-1],
-             urllib.parse.quote(key, safe=""), key.strip()}
+    forms = {
+        key,
+        json.dumps(key)[1:-1],
+        json.dumps(json.dumps(key))[1:-1],
+        repr(key)[1:-1],
+        urllib.parse.quote(key, safe=""),
+        key.strip(),
+    }
     return {form[i : i + 8].lower() for form in forms for i in range(len(form) - 7)}
 
 
@@ -135,12 +141,27 @@ def raw_config(url: str, k: int = 3, **backend: Any) -> dict[str, Any]:
 # -- the redactor ----------------------------------------------------------------------------------
 
 
-@given(st.text(), st.text(), st.integers(0, len(KEY) - 8), st.integers(8, len(KEY)),
-       st.sampled_from([str, str.upper, str.lower, str.swapcase]),
-       st.sampled_from([lambda k: k, lambda k: json.dumps(k)[1:-1], lambda k: repr(k)[1:-1],
-                        lambda k: urllib.parse.quote(k, safe="")]))
+@given(
+    st.text(),
+    st.text(),
+    st.integers(0, len(KEY) - 8),
+    st.integers(8, len(KEY)),
+    st.sampled_from([str, str.upper, str.lower, str.swapcase]),
+    st.sampled_from(
+        [
+            lambda k: k,
+            lambda k: json.dumps(k)[1:-1],
+            lambda k: repr(k)[1:-1],
+            lambda k: urllib.parse.quote(k, safe=""),
+        ]
+    ),
+)
 def test_any_8_characters_of_the_key_in_any_case_or_escape_are_cut_out(
-    before: str, after: str, start: int, length: int, case: Callable[[str], str],
+    before: str,
+    after: str,
+    start: int,
+    length: int,
+    case: Callable[[str], str],
     escape: Callable[[str], str],
 ) -> None:
     piece = escape(case(KEY[start : start + length]))
@@ -173,8 +194,7 @@ async def test_a_malformed_key_is_a_config_error_naming_only_the_variable(
     caplog.set_level(logging.DEBUG)
     monkeypatch.setenv(VAR, value)
     with pytest.raises(ConfigError, match=VAR) as through_run:
-        await lanefold.run(lanefold.parse_config(raw_config("http://127.0.0.1:9/v1")), "Q",
-                               runs_dir=tmp_path)
+        await lanefold.run(lanefold.parse_config(raw_config("http://127.0.0.1:9/v1")), "Q", runs_dir=tmp_path)
     texts = [str(direct.value), str(through_run.value), *log_texts(tmp_path)]
     texts += ["".join(traceback.format_exception(e)) for e in (direct.value, through_run.value)]
     assert_no_leak(texts + [r.getMessage() for r in caplog.records], value)
@@ -193,8 +213,12 @@ def test_a_valid_key_is_sent_and_hidden_from_reprs() -> None:
 
 @pytest.mark.parametrize("name", ECHOES)
 async def test_an_echoed_key_leaks_into_no_output_of_a_run(
-    stub: tuple[Stub, str], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    stub: tuple[Stub, str],
+    name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     server, url = stub
     server.reply = echo(name)
@@ -203,8 +227,7 @@ async def test_an_echoed_key_leaks_into_no_output_of_a_run(
     caplog.set_level(logging.DEBUG, logger="lanefold")
     texts: list[str] = []
     try:
-        result = await lanefold.run(lanefold.parse_config(raw_config(url)), "Q?",
-                                        runs_dir=tmp_path)
+        result = await lanefold.run(lanefold.parse_config(raw_config(url)), "Q?", runs_dir=tmp_path)
         texts.append(result.model_dump_json())
     except LanefoldError as exc:
         texts += [str(exc), repr(exc), "".join(traceback.format_exception(exc))]
@@ -223,8 +246,15 @@ async def test_an_echoed_key_leaks_into_no_output_of_a_run(
 
 def cli(*args: str, value: str = KEY) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, VAR: value, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "lanefold._cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "lanefold._cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -253,8 +283,9 @@ def test_an_echoed_key_leaks_into_no_output_of_the_command(
 def test_the_command_refuses_a_malformed_key_in_one_line(value: str, tmp_path: Path) -> None:
     config = tmp_path / "loop.json"
     config.write_text(json.dumps(raw_config("http://127.0.0.1:9/v1")))
-    done = cli("run", str(config), "--question", "Q?", "--runs-dir", str(tmp_path / "runs"), "-v",
-               value=value)
+    done = cli(
+        "run", str(config), "--question", "Q?", "--runs-dir", str(tmp_path / "runs"), "-v", value=value
+    )
     assert done.returncode == 2, done.stderr
     assert VAR in done.stderr and "Traceback" not in done.stderr
     assert_no_leak([done.stdout, done.stderr, *log_texts(tmp_path)], value)
@@ -290,8 +321,10 @@ async def test_an_echoed_key_leaks_into_no_answer_of_serve(
     async with make_backend(url, api_key_env=VAR, environ={VAR: KEY}) as upstream:
         app = create_app(upstream, model_name="m")
         for stream in (False, True):
-            for path, body in (("/v1/completions", {"prompt": "Q?"}),
-                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q?"}]})):
+            for path, body in (
+                ("/v1/completions", {"prompt": "Q?"}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q?"}]}),
+            ):
                 r = await served(app, path, {**body, "n": 2, "stream": stream})
                 texts += [r.text, repr(r.headers)]
                 assert (r.status_code == 200) == (name == "completion"), r.text

@@ -77,9 +77,7 @@ CASES: list[tuple[int, dict[str, str], Any, type[BackendError], float | None, st
     (
         400,
         {},
-        error(
-            "Requested tokens (900) exceed context window of 512", code="context_length_exceeded"
-        ),
+        error("Requested tokens (900) exceed context window of 512", code="context_length_exceeded"),
         ContextLengthError,
         None,
         "exceed context window",

@@ -56,8 +56,11 @@ class Gated:
             await anyio.sleep(0.01)
         return True
 
-    def reply(self, hold: Callable[[int], Callable[[], bool] | None],
-              status: Callable[[int], int] = lambda seed: 200) -> None:
+    def reply(
+        self,
+        hold: Callable[[int], Callable[[], bool] | None],
+        status: Callable[[int], int] = lambda seed: 200,
+    ) -> None:
         """Answer each request once `hold(seed)` (if not None) says so, with `status`."""
 
         async def answer(rec: Recorded) -> Response:
@@ -119,9 +122,7 @@ async def test_a_merged_request_lands_its_lanes_together_when_it_answers(
     assert [(s.lane, s.extra["n"]) for s in late if isinstance(s, Sample)] == [(0, 2), (1, 2)]
 
 
-async def test_closing_early_cancels_the_requests_in_flight(
-    stub: tuple[Stub, str], gated: Gated
-) -> None:
+async def test_closing_early_cancels_the_requests_in_flight(stub: tuple[Stub, str], gated: Gated) -> None:
     gated.reply(lambda seed: None if seed == 1000 else gated.opened.is_set)
     async with make_backend(stub[1], n="never") as b:
         with anyio.fail_after(10):  # closing does not wait for the held requests
@@ -148,8 +149,10 @@ async def test_a_fatal_error_is_raised_bare_and_cancels_the_other_lanes(
     stub: tuple[Stub, str], gated: Gated
 ) -> None:
     # Lane 1 is refused once every lane's request is open; the others never answer.
-    gated.reply(lambda seed: (lambda: len(gated.arrived) == 3) if seed == 1001 else gated.opened.is_set,
-                status=lambda seed: 401)
+    gated.reply(
+        lambda seed: (lambda: len(gated.arrived) == 3) if seed == 1001 else gated.opened.is_set,
+        status=lambda seed: 401,
+    )
     async with make_backend(stub[1], n="never") as b:
         with anyio.fail_after(10), pytest.raises(AuthenticationError, match="HTTP 401"):
             await sample_all(b, wave(3))

@@ -28,15 +28,11 @@ from lanefold.primitives import (
 
 pytestmark = pytest.mark.anyio
 
-LLAMA_CPP_REFUSAL = {
-    "error": {"code": 400, "message": "Only one completion choice is allowed", "type": "x"}
-}
+LLAMA_CPP_REFUSAL = {"error": {"code": 400, "message": "Only one completion choice is allowed", "type": "x"}}
 
 
 def wave(k: int = 8, *, max_tokens: int = 32, first_lane: int = 0) -> SampleRequest:
-    lanes = tuple(
-        LaneRequest(lane=first_lane + i, seed=1000 + i, max_tokens=max_tokens) for i in range(k)
-    )
+    lanes = tuple(LaneRequest(lane=first_lane + i, seed=1000 + i, max_tokens=max_tokens) for i in range(k))
     return SampleRequest("What is 17 * 23?", SamplingParams(max_tokens=max_tokens), lanes)
 
 
@@ -55,8 +51,9 @@ def refuse_n_above_3(rec: Recorded) -> Response:
     """llama-server with 3 slots: n is honoured up to them, refused above with the limit stated."""
     if rec.n > 3:
         message = f"Field 'n': Value must be between 1 <= value <= 3, but got {rec.n}"
-        return JSONResponse({"error": {"code": 400, "message": message,
-                                       "type": "invalid_request_error"}}, status_code=400)
+        return JSONResponse(
+            {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}, status_code=400
+        )
     return honour_n(rec)
 
 

@@ -72,9 +72,7 @@ async def test_completions_body(stub: tuple[Stub, str]) -> None:
     assert rec.body["ignore_eos"] is True
     assert "stop" not in rec.body
     assert "authorization" not in rec.headers
-    assert [s.text for s in out if isinstance(s, Sample)] == [
-        f"seed 77 choice {i}" for i in range(3)
-    ]
+    assert [s.text for s in out if isinstance(s, Sample)] == [f"seed 77 choice {i}" for i in range(3)]
     assert all(isinstance(s, Sample) and s.logprobs == (-0.5,) * 4 for s in out)
     assert {s.extra["usage_apportioned_by"] for s in out if isinstance(s, Sample)} == {"tokens"}
 
@@ -90,8 +88,7 @@ async def test_chat_logprobs_requested_and_returned(stub: tuple[Stub, str]) -> N
 
 def test_public_names() -> None:
     # read_api_key: the one check of a key from the environment (serve and validate use it)
-    assert openai_backend.__all__ == ("BackendEvent", "OpenAIBackend", "OpenAIConfig",
-                                       "read_api_key")
+    assert openai_backend.__all__ == ("BackendEvent", "OpenAIBackend", "OpenAIConfig", "read_api_key")
 
 
 def test_config_defaults() -> None:

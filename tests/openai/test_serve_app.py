@@ -100,9 +100,7 @@ class FakeBackend:
         self.closed = True
 
 
-async def call(
-    app: Any, path: str, body: Any = None, *, raw: bytes | None = None
-) -> httpx.Response:
+async def call(app: Any, path: str, body: Any = None, *, raw: bytes | None = None) -> httpx.Response:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://served") as client:
         if body is None and raw is None:
@@ -185,23 +183,35 @@ async def test_chat_carries_messages_and_returns_logprobs() -> None:
     assert choice["message"] == {"role": "assistant", "content": f"Hi|seed={sent.lanes[1].seed}"}
     text = choice["message"]["content"]
     tokens = [text[:1], text[1:3], text[3:]]
-    assert choice["logprobs"] == {"refusal": None, "content": [
-        {"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
-        for t, v in zip(tokens, (-0.25, -0.5, -0.75), strict=True)]}
+    assert choice["logprobs"] == {
+        "refusal": None,
+        "content": [
+            {"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, v in zip(tokens, (-0.25, -0.5, -0.75), strict=True)
+        ],
+    }
     assert r.json()["object"] == "chat.completion"
 
 
 async def test_chat_keeps_a_system_turn_and_maps_developer_to_system() -> None:
     fake = FakeBackend()
-    body = {"messages": [{"role": "developer", "content": "Be terse."},
-                         {"role": "user", "content": "2+2?"},
-                         {"role": "assistant", "content": "4"},
-                         {"role": "user", "content": "3+3?"}]}
+    body = {
+        "messages": [
+            {"role": "developer", "content": "Be terse."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "3+3?"},
+        ]
+    }
     r = await call(app_for(fake), "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     (sent,) = fake.requests
-    assert sent.messages == (ChatMessage("system", "Be terse."), ChatMessage("user", "2+2?"),
-                             ChatMessage("assistant", "4"), ChatMessage("user", "3+3?"))
+    assert sent.messages == (
+        ChatMessage("system", "Be terse."),
+        ChatMessage("user", "2+2?"),
+        ChatMessage("assistant", "4"),
+        ChatMessage("user", "3+3?"),
+    )
     assert sent.prompt.startswith("system: Be terse.")  # for a backend without a template
 
 
@@ -211,8 +221,11 @@ async def test_completion_logprobs() -> None:
     assert fake.requests[0].messages is None  # a completion's prompt goes as it is
     text = r.json()["choices"][0]["text"]
     assert r.json()["choices"][0]["logprobs"] == {
-        "tokens": [text[:1], text[1:3], text[3:]], "token_logprobs": [-0.25, -0.5, -0.75],
-        "top_logprobs": None, "text_offset": [0, 1, 3]}
+        "tokens": [text[:1], text[1:3], text[3:]],
+        "token_logprobs": [-0.25, -0.5, -0.75],
+        "top_logprobs": None,
+        "text_offset": [0, 1, 3],
+    }
 
 
 def test_flatten_messages() -> None:
@@ -225,12 +238,20 @@ def test_flatten_messages() -> None:
 async def test_no_op_values_common_clients_send_are_accepted() -> None:
     fake = FakeBackend()
     noop = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "user": "u-1"}
-    r = await call(app_for(fake), "/v1/completions",
-                   {"prompt": "Q", "best_of": 1, "echo": False, "logprobs": 1, **noop})
+    r = await call(
+        app_for(fake), "/v1/completions", {"prompt": "Q", "best_of": 1, "echo": False, "logprobs": 1, **noop}
+    )
     assert r.status_code == 200, r.text
-    r = await call(app_for(fake), "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Q"}], "top_logprobs": 0,
-        "response_format": {"type": "text"}, **noop})
+    r = await call(
+        app_for(fake),
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Q"}],
+            "top_logprobs": 0,
+            "response_format": {"type": "text"},
+            **noop,
+        },
+    )
     assert r.status_code == 200, r.text
     assert len(fake.requests) == 2
 
@@ -252,26 +273,37 @@ async def test_a_backend_smaller_than_n_gets_several_requests() -> None:
     [
         ("/v1/completions", None, b"{oops", 400, None),
         ("/v1/completions", {"prompt": "Q", "best_of": 2}, None, 400, "best_of"),
-        ("/v1/completions", {"prompt": "Q", "frequency_penalty": 0.5}, None, 400,
-         "frequency_penalty"),
-        ("/v1/completions", {"prompt": "Q", "presence_penalty": -1}, None, 400,
-         "presence_penalty"),
-        ("/v1/completions", {"prompt": "Q", "logit_bias": {"50256": -100}}, None, 400,
-         "logit_bias"),
+        ("/v1/completions", {"prompt": "Q", "frequency_penalty": 0.5}, None, 400, "frequency_penalty"),
+        ("/v1/completions", {"prompt": "Q", "presence_penalty": -1}, None, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "Q", "logit_bias": {"50256": -100}}, None, 400, "logit_bias"),
         ("/v1/completions", {"prompt": "Q", "logprobs": 6}, None, 400, "logprobs"),
         ("/v1/completions", {"prompt": "Q", "echo": True}, None, 400, "echo"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q"}],
-                                  "top_logprobs": 21}, None, 400, "top_logprobs"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q"}],
-                                  "response_format": {"type": "json_object"}}, None, 400,
-         "response_format.type"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Q"}], "top_logprobs": 21},
+            None,
+            400,
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Q"}], "response_format": {"type": "json_object"}},
+            None,
+            400,
+            "response_format.type",
+        ),
         ("/v1/completions", {"prompt": "Q", "n": 0}, None, 400, "n"),
         ("/v1/completions", {"prompt": "Q", "n": 129}, None, 400, "n"),
         ("/v1/completions", {"prompt": "Q", "temperature": 3}, None, 400, "temperature"),
         ("/v1/completions", {"prompt": ["a", "b"]}, None, 400, "prompt"),
         ("/v1/completions", {"prompt": "Q", "stream_options": {}}, None, 400, "stream_options"),
-        ("/v1/completions", {"prompt": "Q", "stream": True, "stream_options": {"x": 1}}, None,
-         400, "stream_options.x"),
+        (
+            "/v1/completions",
+            {"prompt": "Q", "stream": True, "stream_options": {"x": 1}},
+            None,
+            400,
+            "stream_options.x",
+        ),
         ("/v1/completions", {"prompt": "Q", "model": "gpt-9"}, None, 404, "model"),
         ("/v1/chat/completions", {"messages": []}, None, 400, "messages"),
         ("/v1/chat/completions", {"prompt": "Q"}, None, 400, "messages"),
@@ -293,21 +325,35 @@ async def test_bad_requests_get_openai_shaped_errors(
 @pytest.mark.parametrize(
     ("raw", "param", "message"),
     [  # each used to be taken (a string coerced to 16) or told as a misleading bound
-        (b'{"prompt": "Q", "max_tokens": "16"}', "max_tokens",
-         'max_tokens: an integer was expected, got a string ("16")'),
-        (b'{"prompt": "Q", "max_tokens": 16.5}', "max_tokens",
-         "max_tokens: an integer was expected, got a number (16.5)"),
+        (
+            b'{"prompt": "Q", "max_tokens": "16"}',
+            "max_tokens",
+            'max_tokens: an integer was expected, got a string ("16")',
+        ),
+        (
+            b'{"prompt": "Q", "max_tokens": 16.5}',
+            "max_tokens",
+            "max_tokens: an integer was expected, got a number (16.5)",
+        ),
         (b'{"prompt": "Q", "n": true}', "n", "n: an integer was expected, got a boolean (true)"),
-        (b'{"prompt": "Q", "stream": 1}', "stream",
-         "stream: a boolean was expected, got an integer (1)"),
-        (b'{"prompt": "Q", "temperature": "0.5"}', "temperature",
-         'temperature: a number was expected, got a string ("0.5")'),
+        (b'{"prompt": "Q", "stream": 1}', "stream", "stream: a boolean was expected, got an integer (1)"),
+        (
+            b'{"prompt": "Q", "temperature": "0.5"}',
+            "temperature",
+            'temperature: a number was expected, got a string ("0.5")',
+        ),
         (b'{"prompt": "Q", "temperature": NaN}', "temperature", "temperature: NaN is not a number"),
         (b'{"prompt": "Q", "top_p": Infinity}', "top_p", "top_p: Infinity is not a finite number"),
-        (b'{"prompt": "Q", "stop": ["ok", 7]}', "stop.1",
-         "stop.1: a string was expected, got an integer (7)"),
-        (b'{"messages": [{"role": "user", "content": 5}]}', "messages.0.content",
-         "messages.0.content: a string was expected, got an integer (5)"),
+        (
+            b'{"prompt": "Q", "stop": ["ok", 7]}',
+            "stop.1",
+            "stop.1: a string was expected, got an integer (7)",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": 5}]}',
+            "messages.0.content",
+            "messages.0.content: a string was expected, got an integer (5)",
+        ),
     ],
 )
 async def test_types_are_as_the_json_says_them(raw: bytes, param: str, message: str) -> None:
@@ -315,15 +361,22 @@ async def test_types_are_as_the_json_says_them(raw: bytes, param: str, message: 
     path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
     r = await call(app_for(fake), path, raw=raw)
     assert r.status_code == 400
-    assert r.json()["error"] == {"message": message, "type": "invalid_request_error",
-                                 "param": param, "code": None}
+    assert r.json()["error"] == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": None,
+    }
     assert fake.requests == []
 
 
 async def test_a_whole_number_is_a_number_and_null_leaves_a_default() -> None:
     fake = FakeBackend()
-    r = await call(app_for(fake), "/v1/completions",
-                   {"prompt": "Q", "temperature": 1, "top_p": 1, "max_tokens": None, "seed": 3})
+    r = await call(
+        app_for(fake),
+        "/v1/completions",
+        {"prompt": "Q", "temperature": 1, "top_p": 1, "max_tokens": None, "seed": 3},
+    )
     assert r.status_code == 200, r.text
     assert fake.requests[0].params.temperature == 1.0
 
@@ -375,8 +428,9 @@ class StreamingFake(FakeBackend):
     """Streams each lane's text a word at a time, lanes interleaved; can fail after `fail_after`
     deltas."""
 
-    def __init__(self, *, fail_after: int | None = None,
-                 fail_with: Exception | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, fail_after: int | None = None, fail_with: Exception | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.fail_after = fail_after
         self.fail_with = fail_with or ServerError("engine step failed")
@@ -395,8 +449,9 @@ class StreamingFake(FakeBackend):
                         sent += 1
                         yield TextDelta(lane, parts[position])
             for sample in samples:
-                yield Sample(sample.lane, "".join(words[sample.lane]), "length", sample.usage,
-                             sample.logprobs)
+                yield Sample(
+                    sample.lane, "".join(words[sample.lane]), "length", sample.usage, sample.logprobs
+                )
         finally:
             self.closed_streams += 1
 
@@ -419,9 +474,18 @@ def joined(chunks: list[Any], field: Callable[[dict[str, Any]], str | None]) -> 
 
 async def test_stream_completions_from_a_streaming_backend() -> None:
     fake = StreamingFake()
-    r = await call(app_for(fake), "/v1/completions", {
-        "prompt": "Q", "n": 3, "seed": 5, "stream": True, "logprobs": 0,
-        "stream_options": {"include_usage": True}})
+    r = await call(
+        app_for(fake),
+        "/v1/completions",
+        {
+            "prompt": "Q",
+            "n": 3,
+            "seed": 5,
+            "stream": True,
+            "logprobs": 0,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert r.status_code == 200
     chunks = events_of(r)
     assert {c["object"] for c in chunks} == {"text_completion"}
@@ -434,24 +498,30 @@ async def test_stream_completions_from_a_streaming_backend() -> None:
     assert all(c["usage"] is None for c in chunks[:-1])
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == {
-        "prompt_tokens": PROMPT_TOKENS, "completion_tokens": 9, "total_tokens": PROMPT_TOKENS + 9,
-        "prompt_tokens_details": {"cached_tokens": CACHED}}
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": 9,
+        "total_tokens": PROMPT_TOKENS + 9,
+        "prompt_tokens_details": {"cached_tokens": CACHED},
+    }
     assert fake.closed_streams == 1
 
 
 async def test_stream_chat_from_a_backend_without_streaming() -> None:
     fake = FakeBackend(max_lanes=2)  # n = 3 -> two backend requests, streamed one after the other
-    r = await call(app_for(fake), "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "Q"}], "n": 3, "seed": 0, "stream": True})
+    r = await call(
+        app_for(fake),
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Q"}], "n": 3, "seed": 0, "stream": True},
+    )
     chunks = events_of(r)
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert all("usage" not in c for c in chunks)  # not asked for
     assert chunks[0]["choices"] == [
-        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-         "finish_reason": None} for i in range(3)]
+        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        for i in range(3)
+    ]
     # Without `stream` on the backend, each lane's whole text arrives as one delta.
-    assert joined(chunks, lambda c: c["delta"].get("content")) == {
-        i: f"Q|seed={i}" for i in range(3)}
+    assert joined(chunks, lambda c: c["delta"].get("content")) == {i: f"Q|seed={i}" for i in range(3)}
     assert len(fake.requests) == 2
 
 
@@ -461,8 +531,9 @@ async def test_stream_error_before_the_first_chunk_keeps_its_status() -> None:
     assert r.status_code == 429
     assert r.headers["retry-after"] == "2"
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
-    r = await call(app_for(FakeBackend(short=True)), "/v1/completions",
-                   {"prompt": "Q", "n": 2, "stream": True})
+    r = await call(
+        app_for(FakeBackend(short=True)), "/v1/completions", {"prompt": "Q", "n": 2, "stream": True}
+    )
     assert r.status_code == 502
 
 
@@ -509,18 +580,16 @@ async def test_openai_backend_end_to_end(
     assert {s.extra["usage_apportioned_by"] for s in samples} == {"tokens"}
     assert all((s.logprobs is not None) == logprobs for s in samples)
     # The served token texts come back through the wire where asked, adding up to the text.
-    assert all(s.tokens is None if not logprobs else "".join(s.tokens or ()) == s.text
-               for s in samples)
+    assert all(s.tokens is None if not logprobs else "".join(s.tokens or ()) == s.text for s in samples)
 
 
-async def test_a_conversation_crosses_the_wire_as_turns(
-    loopback: Callable[[Any], Loopback]
-) -> None:
+async def test_a_conversation_crosses_the_wire_as_turns(loopback: Callable[[Any], Loopback]) -> None:
     fake = FakeBackend()
     server = loopback(create_app(fake, model_name="tiny"))
     turns = (ChatMessage("system", "Be terse."), ChatMessage("user", "2+2?"))
-    request = SampleRequest("flattened", SamplingParams(max_tokens=4),
-                            (LaneRequest(0, 1, 4),), messages=turns)
+    request = SampleRequest(
+        "flattened", SamplingParams(max_tokens=4), (LaneRequest(0, 1, 4),), messages=turns
+    )
     async with make_backend(server.base_url, model="tiny", api="chat") as b:
         (out,) = await sample_all(b, request)
     assert isinstance(out, Sample)

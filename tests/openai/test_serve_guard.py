@@ -126,8 +126,10 @@ def test_a_streamed_body_is_cut_off_as_it_passes_the_cap() -> None:
 
 
 async def test_deeply_nested_json_is_a_bad_request() -> None:
-    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"prompt": "Q", "user": ' + b"[" * 5000
-                + b"]" * 5000 + b"}"):
+    for raw in (
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"prompt": "Q", "user": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    ):
         r = await call(create_app(FakeBackend(), model_name="tiny"), "/v1/completions", raw=raw)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["type"] == "invalid_request_error"
@@ -163,15 +165,22 @@ class Windowed(FakeBackend):
         return 50 - len(request.prompt)
 
 
-@pytest.mark.parametrize(("path", "body", "param"), [
-    ("/v1/completions", {"prompt": "Q", "max_tokens": 50}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q"}],
-                              "max_completion_tokens": 1_000_000}, "max_completion_tokens"),
-    ("/v1/completions", {"prompt": "Q" * 50}, "prompt"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q" * 60}]}, "messages"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "Q", "max_tokens": 50}, "max_tokens"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Q"}], "max_completion_tokens": 1_000_000},
+            "max_completion_tokens",
+        ),
+        ("/v1/completions", {"prompt": "Q" * 50}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Q" * 60}]}, "messages"),
+    ],
+)
 async def test_max_tokens_beyond_the_context_left_is_refused(
-        path: str, body: dict[str, Any], param: str) -> None:
+    path: str, body: dict[str, Any], param: str
+) -> None:
     fake = Windowed()
     r = await call(create_app(fake, model_name="tiny"), path, body)
     assert r.status_code == 400
@@ -183,8 +192,7 @@ async def test_max_tokens_beyond_the_context_left_is_refused(
 async def test_max_tokens_within_the_context_and_the_default_shrunk_to_it() -> None:
     fake = Windowed()
     app = create_app(fake, model_name="tiny")
-    assert (await call(app, "/v1/completions", {"prompt": "Q", "max_tokens": 49})).status_code \
-        == 200
+    assert (await call(app, "/v1/completions", {"prompt": "Q", "max_tokens": 49})).status_code == 200
     assert (await call(app, "/v1/completions", {"prompt": "Q"})).status_code == 200
     assert [r.lanes[0].max_tokens for r in fake.requests] == [49, 49]  # the default 256 shrunk
 
@@ -195,8 +203,9 @@ def test_a_client_hanging_up_cancels_its_request(stream: bool) -> None:
     with Loopback(create_app(fake, model_name="tiny")) as server:
         body = {"prompt": "Q", "stream": stream}
         with pytest.raises(httpx.ReadTimeout):
-            with httpx.stream("POST", f"{server.base_url}/completions", json=body,
-                              timeout=httpx.Timeout(5, read=0.5)) as response:
+            with httpx.stream(
+                "POST", f"{server.base_url}/completions", json=body, timeout=httpx.Timeout(5, read=0.5)
+            ) as response:
                 for _ in response.iter_lines():
                     pass
         wait_for(lambda: fake.cancelled == 1)  # nobody waits, so the backend stops

@@ -58,9 +58,15 @@ class Alternating:
             top = None
             if params.logprobs and params.top_logprobs and self.alternatives:
                 top = tuple(step[: params.top_logprobs] for step in ALTERNATIVES)
-            yield Sample(lane.lane, "".join(TOKENS), "stop", Usage(4, 0, 3),
-                         LOGPROBS if params.logprobs else None,
-                         tokens=TOKENS if params.logprobs else None, top_logprobs=top)
+            yield Sample(
+                lane.lane,
+                "".join(TOKENS),
+                "stop",
+                Usage(4, 0, 3),
+                LOGPROBS if params.logprobs else None,
+                tokens=TOKENS if params.logprobs else None,
+                top_logprobs=top,
+            )
 
     async def aclose(self) -> None:
         pass
@@ -77,16 +83,20 @@ CHAT = {"messages": [{"role": "user", "content": "Q"}]}
 
 async def test_completions_logprobs_n_gives_the_n_likeliest_and_the_sampled_token() -> None:
     fake = Alternating()
-    r = await post(create_app(fake, model_name="m"), "/v1/completions",
-                   {"prompt": "Q", "logprobs": 2})
+    r = await post(create_app(fake, model_name="m"), "/v1/completions", {"prompt": "Q", "logprobs": 2})
     assert r.status_code == 200, r.text
     (sent,) = fake.requests
     assert (sent.params.logprobs, sent.params.top_logprobs) == (True, 2)
     assert r.json()["choices"][0]["logprobs"] == {
-        "tokens": ["a", "bc", "d"], "token_logprobs": [-0.5, -1.5, -0.25],
-        "top_logprobs": [{"a": -0.5, "b": -1.25}, {"z": -0.75, "y": -1.0, "bc": -1.5},
-                         {"d": -0.25, "x": -2.0}],
-        "text_offset": [0, 1, 3]}
+        "tokens": ["a", "bc", "d"],
+        "token_logprobs": [-0.5, -1.5, -0.25],
+        "top_logprobs": [
+            {"a": -0.5, "b": -1.25},
+            {"z": -0.75, "y": -1.0, "bc": -1.5},
+            {"d": -0.25, "x": -2.0},
+        ],
+        "text_offset": [0, 1, 3],
+    }
 
 
 async def test_completions_accept_up_to_5_and_tell_minus_infinity_as_minus_9999() -> None:
@@ -103,16 +113,18 @@ async def test_completions_accept_up_to_5_and_tell_minus_infinity_as_minus_9999(
 
 async def test_completions_logprobs_0_gives_no_alternatives() -> None:
     fake = Alternating()
-    r = await post(create_app(fake, model_name="m"), "/v1/completions",
-                   {"prompt": "Q", "logprobs": 0})
+    r = await post(create_app(fake, model_name="m"), "/v1/completions", {"prompt": "Q", "logprobs": 0})
     assert fake.requests[0].params.top_logprobs == 0
     assert r.json()["choices"][0]["logprobs"]["top_logprobs"] is None
 
 
 async def test_chat_top_logprobs_in_openais_shape() -> None:
     fake = Alternating()
-    r = await post(create_app(fake, model_name="m"), "/v1/chat/completions",
-                   {**CHAT, "logprobs": True, "top_logprobs": 2})
+    r = await post(
+        create_app(fake, model_name="m"),
+        "/v1/chat/completions",
+        {**CHAT, "logprobs": True, "top_logprobs": 2},
+    )
     assert r.status_code == 200, r.text
     assert fake.requests[0].params.top_logprobs == 2
     content = r.json()["choices"][0]["logprobs"]["content"]
@@ -127,13 +139,16 @@ async def test_chat_top_logprobs_in_openais_shape() -> None:
     ]
 
 
-@pytest.mark.parametrize(("body", "status"), [
-    ({"logprobs": True, "top_logprobs": 20}, 200),
-    ({"logprobs": True, "top_logprobs": 21}, 400),
-    ({"top_logprobs": 2}, 400),  # as OpenAI: alternatives need logprobs
-    ({"logprobs": False, "top_logprobs": 1}, 400),
-    ({"top_logprobs": 0}, 200),  # the no-op value common clients send
-])
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"logprobs": True, "top_logprobs": 20}, 200),
+        ({"logprobs": True, "top_logprobs": 21}, 400),
+        ({"top_logprobs": 2}, 400),  # as OpenAI: alternatives need logprobs
+        ({"logprobs": False, "top_logprobs": 1}, 400),
+        ({"top_logprobs": 0}, 200),  # the no-op value common clients send
+    ],
+)
 async def test_chat_top_logprobs_limits(body: dict[str, Any], status: int) -> None:
     fake = Alternating()
     r = await post(create_app(fake, model_name="m"), "/v1/chat/completions", {**CHAT, **body})
@@ -158,8 +173,11 @@ async def test_a_backend_without_alternatives_answers_none_of_them() -> None:
 def test_shapes_of_a_sample_without_token_texts() -> None:
     sample = Sample(0, "abcd", "stop", Usage(), LOGPROBS, top_logprobs=ALTERNATIVES)
     assert completion_logprobs(sample, 2) == {
-        "tokens": None, "token_logprobs": list(LOGPROBS), "top_logprobs": None,
-        "text_offset": None}
+        "tokens": None,
+        "token_logprobs": list(LOGPROBS),
+        "top_logprobs": None,
+        "text_offset": None,
+    }
     chat = chat_logprobs(sample, 1)
     assert chat is not None
     assert [c["top_logprobs"][0]["token"] for c in chat["content"]] == ["a", "z", "d"]
@@ -167,7 +185,8 @@ def test_shapes_of_a_sample_without_token_texts() -> None:
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
 async def test_the_openai_backend_carries_alternatives_across_the_wire(
-        loopback: Callable[[Any], Loopback], api: str) -> None:
+    loopback: Callable[[Any], Loopback], api: str
+) -> None:
     fake = Alternating()
     server = loopback(create_app(fake, model_name="m"))
     params = SamplingParams(max_tokens=3, logprobs=True, top_logprobs=2)
@@ -185,11 +204,11 @@ async def test_the_openai_backend_carries_alternatives_across_the_wire(
 
 
 async def test_the_openai_backend_asks_for_no_alternatives_unless_told(
-        loopback: Callable[[Any], Loopback]) -> None:
+    loopback: Callable[[Any], Loopback],
+) -> None:
     fake = Alternating()
     server = loopback(create_app(fake, model_name="m"))
-    request = SampleRequest("Q", SamplingParams(max_tokens=3, logprobs=True),
-                            (LaneRequest(0, 7, 3),))
+    request = SampleRequest("Q", SamplingParams(max_tokens=3, logprobs=True), (LaneRequest(0, 7, 3),))
     async with make_backend(server.base_url, model="m", api="completions") as backend:
         (sample,) = await sample_all(backend, request)
     assert fake.requests[0].params.top_logprobs == 1  # `logprobs: 1` on the wire means "on"

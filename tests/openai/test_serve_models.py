@@ -39,24 +39,37 @@ async def status(app: Any, model: str) -> tuple[int, Any]:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://served") as client:
         done = await client.post("/v1/completions", json={"prompt": "Q", "model": model})
-        chat = await client.post("/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": "Q"}]})
+        chat = await client.post(
+            "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "Q"}]}
+        )
     assert chat.status_code == done.status_code
     return done.status_code, done.json()
 
 
-@pytest.mark.parametrize(("backend", "model_name", "answers", "refuses"), [
-    # the default (`orchestrator serve` without --model-name): both names
-    ("engine:smollm2-135m", "engine:smollm2-135m", ["engine:smollm2-135m", "smollm2-135m"],
-     ["engine", "smollm2", "openai:smollm2-135m", ""]),
-    ("openai:org/model:v1", "openai:org/model:v1", ["openai:org/model:v1", "org/model:v1"],
-     ["model:v1", "org/model"]),
-    # a backend with no kind prefix, and a name given with --model-name: that name only
-    ("simulated", "simulated", ["simulated"], ["", "sim"]),
-    ("engine:smollm2-135m", "tiny", ["tiny"], ["engine:smollm2-135m", "smollm2-135m"]),
-])
-async def test_serve_answers_to_its_names_only(backend: str, model_name: str, answers: list[str],
-                                               refuses: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("backend", "model_name", "answers", "refuses"),
+    [
+        # the default (`orchestrator serve` without --model-name): both names
+        (
+            "engine:smollm2-135m",
+            "engine:smollm2-135m",
+            ["engine:smollm2-135m", "smollm2-135m"],
+            ["engine", "smollm2", "openai:smollm2-135m", ""],
+        ),
+        (
+            "openai:org/model:v1",
+            "openai:org/model:v1",
+            ["openai:org/model:v1", "org/model:v1"],
+            ["model:v1", "org/model"],
+        ),
+        # a backend with no kind prefix, and a name given with --model-name: that name only
+        ("simulated", "simulated", ["simulated"], ["", "sim"]),
+        ("engine:smollm2-135m", "tiny", ["tiny"], ["engine:smollm2-135m", "smollm2-135m"]),
+    ],
+)
+async def test_serve_answers_to_its_names_only(
+    backend: str, model_name: str, answers: list[str], refuses: list[str]
+) -> None:
     app = create_app(Named(backend), model_name=model_name)
     assert served_names(Named(backend), model_name) == frozenset(answers)
     for model in answers:
@@ -79,12 +92,14 @@ async def test_models_lists_the_served_id() -> None:
 
 
 def test_orchestrator_serve_answers_to_the_bare_name_a_config_uses(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import lanefold._cli as cli_module
 
     config = tmp_path / "backend.toml"  # a config names its model bare, as every config does
-    config.write_text('[backend]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
-                      'model = "smollm2-135m"\n')
+    config.write_text(
+        '[backend]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "smollm2-135m"\n'
+    )
     calls: list[tuple[Any, dict[str, Any]]] = []
     monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: calls.append((backend, kw)))
     assert cli_module.main(["serve", "--backend-config", str(config)]) == 0

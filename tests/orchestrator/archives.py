@@ -11,8 +11,7 @@ from typing import Any
 ADDITION = {
     "name": "1_digit_addition",
     "examples": [
-        {"input": "What is 0 plus 0?", "target": "0",
-         "target_scores": {"2": 0.0, "banana": 0.0, "0": 1.0}},
+        {"input": "What is 0 plus 0?", "target": "0", "target_scores": {"2": 0.0, "banana": 0.0, "0": 1.0}},
         {"input": "What is 1 plus 2?", "target": ["3", "three"]},
     ],
 }
@@ -29,7 +28,8 @@ def tasks_tree(root: Path) -> Path:
         "arithmetic/task.json": {"name": "arithmetic", "description": "a group"},
         "arithmetic/1_digit_addition/task.json": ADDITION,
         "arithmetic/1_digit_subtraction/task.json": {
-            "examples": [{"input": "What is 5 minus 2?", "target": "3"}]},
+            "examples": [{"input": "What is 5 minus 2?", "target": "3"}]
+        },
         "colours/task.json": CHOICE,
     }.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
@@ -81,19 +81,28 @@ missing-file.dev.v0:
     "evals/registry/evals/broken.yaml": "broken: [never closed\n",
 }
 SUMS: list[Any] = [
-    {"input": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "2 + 2 ="}],
-     "ideal": ["4", "four"]},
+    {
+        "input": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "2 + 2 ="}],
+        "ideal": ["4", "four"],
+    },
     {"input": "What is 3 plus 4?", "ideal": "7", "source": "hand-written"},
     {"input": [{"role": "user", "content": "9 - 1 ="}]},  # no ideal: skipped
     {"input": [{"role": "user", "content": "1 + 1 ="}], "ideal": ""},  # empty: skipped
     {"input": {"codeword": "at"}, "ideal": "at"},  # not text: skipped
-    {"input": [{"role": "system", "content": SYSTEM},
-               {"role": "system", "name": "example_user", "content": "1 + 2 ="},
-               {"role": "system", "name": "example_assistant", "content": "3"},
-               {"role": "user", "content": "5 + 5 ="}], "ideal": 10},
+    {
+        "input": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "system", "name": "example_user", "content": "1 + 2 ="},
+            {"role": "system", "name": "example_assistant", "content": "3"},
+            {"role": "user", "content": "5 + 5 ="},
+        ],
+        "ideal": 10,
+    },
 ]
-GRADED = [{"input": [{"role": "user", "content": "Write a poem."}]},
-          {"input": "Write another.", "choice": "Y"}]
+GRADED = [
+    {"input": [{"role": "user", "content": "Write a poem."}]},
+    {"input": "Write another.", "choice": "Y"},
+]
 
 
 def build_evals_wheel(path: Path) -> Path:
@@ -105,9 +114,11 @@ def build_evals_wheel(path: Path) -> Path:
         zf.writestr("evals-3.0.1.post1.dist-info/METADATA", "Name: evals\nVersion: 3.0.1.post1\n")
         for member, text in REGISTRY.items():
             zf.writestr(member, text)
-        zf.writestr("evals/registry/data/sums/samples.jsonl",
-                    "".join(json.dumps(row) + "\n" for row in SUMS) + "\n")
-        zf.writestr("evals/registry/data/graded/samples.jsonl",
-                    "".join(json.dumps(row) + "\n" for row in GRADED))
+        zf.writestr(
+            "evals/registry/data/sums/samples.jsonl", "".join(json.dumps(row) + "\n" for row in SUMS) + "\n"
+        )
+        zf.writestr(
+            "evals/registry/data/graded/samples.jsonl", "".join(json.dumps(row) + "\n" for row in GRADED)
+        )
         zf.writestr("evals/registry/data/sums/make_samples.py", "# not data\n")
     return path

@@ -84,8 +84,12 @@ class RegisteredBackend:
 
     async def sample(self, request: SampleRequest) -> Any:
         for lane in request.lanes:
-            yield Sample(lane=lane.lane, text=f"Answer: {self.answer}", finish_reason="stop",
-                         usage=Usage(input_tokens=5, output_tokens=3))
+            yield Sample(
+                lane=lane.lane,
+                text=f"Answer: {self.answer}",
+                finish_reason="stop",
+                usage=Usage(input_tokens=5, output_tokens=3),
+            )
 
     async def aclose(self) -> None:
         pass
@@ -142,10 +146,25 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_a_backend_beside_its_config_runs_a_loop_through_the_cli(
-        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, runs = write(folder, "mybackend:EchoConfig", 'answer = "42"\n'), folder / "runs"
-    assert main(["run", str(config), "--question", QUESTION, "--runs-dir", str(runs),
-                 "--run-id", "echo", "--json"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(config),
+                "--question",
+                QUESTION,
+                "--runs-dir",
+                str(runs),
+                "--run-id",
+                "echo",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["answer"] == "42" and sum(result["votes"].values()) == 3
     started = json.loads((runs / "echo" / "events.jsonl").read_text().splitlines()[0])
@@ -158,8 +177,9 @@ def test_a_backend_beside_its_config_runs_a_loop_through_the_cli(
 
 
 def test_a_backend_named_as_module_class_runs_from_python(folder: Path) -> None:
-    config = lanefold.parse_config({"loop": {"k": 2}, "backend": {
-        "kind": "mybackend:EchoConfig", "answer": "9"}}, folder=folder)
+    config = lanefold.parse_config(
+        {"loop": {"k": 2}, "backend": {"kind": "mybackend:EchoConfig", "answer": "9"}}, folder=folder
+    )
     assert type(config.backend).__name__ == "EchoConfig"
     assert config.backend.kind == "mybackend:EchoConfig"
     assert lanefold.build_backend(config.backend).name == "echo:9"
@@ -168,19 +188,21 @@ def test_a_backend_named_as_module_class_runs_from_python(folder: Path) -> None:
 
 
 def test_a_backend_registered_by_decorator_runs_from_python_and_the_cli(
-        registered: type[Registered], tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    registered: type[Registered], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = lanefold.parse_config({"loop": {"k": 2}, "backend": {"kind": "echo_registered"}})
     assert isinstance(config.backend, registered)
     assert lanefold.run_sync(config, QUESTION, runs_dir=tmp_path / "runs").answer == "7"
     path = write(tmp_path, "echo_registered", 'answer = "8"\n')
-    assert main(["run", str(path), "--question", QUESTION, "--runs-dir", str(tmp_path / "runs"),
-                 "--json"]) == 0
+    assert (
+        main(["run", str(path), "--question", QUESTION, "--runs-dir", str(tmp_path / "runs"), "--json"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["answer"] == "8"
 
 
 def test_a_backend_config_built_in_python_is_taken_as_it_is(
-        registered: type[Registered], tmp_path: Path) -> None:
+    registered: type[Registered], tmp_path: Path
+) -> None:
     config = lanefold.LoopConfig(backend=registered(answer="5"))
     assert config.backend == registered(answer="5")
     assert config.model_dump(mode="json")["backend"] == {"kind": "echo_registered", "answer": "5"}
@@ -189,8 +211,7 @@ def test_a_backend_config_built_in_python_is_taken_as_it_is(
 ENTRY_POINTS = "[lanefold.backends]\nep_echo = mybackend:EchoConfig\n"
 
 
-def test_an_entry_point_alone_registers_a_backend(
-        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_entry_point_alone_registers_a_backend(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     info = folder / "mybackend-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mybackend\nVersion: 0.1\n")
@@ -208,54 +229,63 @@ def test_an_entry_point_alone_registers_a_backend(
 
 @pytest.mark.parametrize("command", ["run", "validate"])
 def test_an_unknown_kind_is_one_line_naming_backend_kind(
-        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(tmp_path, "carrier_pigeon")
     runs = tmp_path / "runs"
-    argv = [command, str(path)] + (["--question", "q", "--runs-dir", str(runs)]
-                                   if command == "run" else [])
+    argv = [command, str(path)] + (["--question", "q", "--runs-dir", str(runs)] if command == "run" else [])
     assert main(argv) == 2
     line = one_line(capsys)
-    assert (f"{path}: backend.kind: unknown backend 'carrier_pigeon' (known: engine, openai, "
-            f"simulated; or give 'module:attr')") in line
+    assert (
+        f"{path}: backend.kind: unknown backend 'carrier_pigeon' (known: engine, openai, "
+        f"simulated; or give 'module:attr')"
+    ) in line
     assert not runs.exists()
 
 
 def test_a_missing_or_unimportable_kind_names_backend_kind(tmp_path: Path) -> None:
     with pytest.raises(lanefold.ConfigError, match=r"^<config>: backend\.kind: required"):
         lanefold.parse_config({"backend": {"answer": "5"}})
-    with pytest.raises(lanefold.ConfigError,
-                       match=r"^<config>: judge\.backend\.kind: cannot import 'nowhere_xyz:C'"):
+    with pytest.raises(
+        lanefold.ConfigError, match=r"^<config>: judge\.backend\.kind: cannot import 'nowhere_xyz:C'"
+    ):
         lanefold.parse_config({"judge": {"backend": {"kind": "nowhere_xyz:C"}}}, folder=tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["mybackend:EchoConfig", "echo_registered"])
 def test_unknown_keys_are_refused_whatever_the_plugin_model_allows(
-        kind: str, folder: Path, registered: type[Registered],
-        capsys: pytest.CaptureFixture[str]) -> None:
+    kind: str, folder: Path, registered: type[Registered], capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(folder, kind, "speed = 3\n")
     with pytest.raises(lanefold.ConfigError) as caught:
         lanefold.load_config(path)
     assert str(caught.value) == f"{path}: backend.speed: unknown key"
     assert main(["run", str(path), "--question", "q", "--runs-dir", str(folder / "runs")]) == 2
     assert one_line(capsys).endswith(f"{path}: backend.speed: unknown key")
-    judged = ('[loop]\nreducer = "judge_argmax"\n[judge]\ntemplate = "{candidate}"\n'
-              f'[judge.backend]\nkind = "{kind}"\nspeed = 3\n')
+    judged = (
+        '[loop]\nreducer = "judge_argmax"\n[judge]\ntemplate = "{candidate}"\n'
+        f'[judge.backend]\nkind = "{kind}"\nspeed = 3\n'
+    )
     path.write_text(judged)
     with pytest.raises(lanefold.ConfigError, match=r"judge\.backend\.speed: unknown key$"):
         lanefold.load_config(path)
 
 
 def test_every_error_of_a_backend_table_is_a_line_of_validate(
-        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(folder, "simulated", "accuracy = 2.0\nspeed = 3\n")
     assert main(["validate", str(path)]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(f"{path}: ")[1].split(":")[0] for line in lines[:-1]] == [
-        "backend.accuracy", "backend.speed"]
+        "backend.accuracy",
+        "backend.speed",
+    ]
 
 
 def test_a_backends_own_preflight_is_run_and_validate_lists_it(
-        folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = write(folder, "mybackend:EchoConfig", 'answer = "forbidden"\n')
     assert main(["validate", str(path)]) == 2
     assert one_line(capsys).endswith(f"{path}: backend.answer: must not be 'forbidden'")
@@ -275,8 +305,9 @@ def test_what_is_not_a_backend_config_is_refused(registry: None, tmp_path: Path)
         register_backend("plain")(RegisteredBackend)
     (tmp_path / "notabackend.py").write_text("class Thing:\n    pass\n")
     try:
-        with pytest.raises(lanefold.ConfigError,
-                           match=r"backend\.kind: notabackend:Thing is not a pydantic model"):
+        with pytest.raises(
+            lanefold.ConfigError, match=r"backend\.kind: notabackend:Thing is not a pydantic model"
+        ):
             lanefold.parse_config({"backend": {"kind": "notabackend:Thing"}}, folder=tmp_path)
     finally:
         sys.modules.pop("notabackend", None)
@@ -286,12 +317,12 @@ def test_what_is_not_a_backend_config_is_refused(registry: None, tmp_path: Path)
 
 
 def test_the_schema_lists_each_registered_backends_keys(
-        registered: type[Registered], capsys: pytest.CaptureFixture[str]) -> None:
+    registered: type[Registered], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["properties"]["backend"] == {"$ref": "#/$defs/BackendSection"}
-    variants = {v["properties"]["kind"]["const"]: v
-                for v in schema["$defs"]["BackendSection"]["oneOf"]}
+    variants = {v["properties"]["kind"]["const"]: v for v in schema["$defs"]["BackendSection"]["oneOf"]}
     assert {"engine", "openai", "simulated", "echo_registered"} <= set(variants)
     echo = variants["echo_registered"]
     assert set(echo["properties"]) == {"kind", "answer"}

@@ -30,10 +30,14 @@ FAILING = {3, 7, 8, 15}
 
 
 def config(**loop: Any) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": 3, "seed": 7, "min_quorum": 2, **loop},
-        "backend": {"kind": "simulated", "accuracy": 0.7},
-        "prompt": {"template": "{question}"}, "retry": {"max_attempts": 1}})
+    return lanefold.parse_config(
+        {
+            "loop": {"k": 3, "seed": 7, "min_quorum": 2, **loop},
+            "backend": {"kind": "simulated", "accuracy": 0.7},
+            "prompt": {"template": "{question}"},
+            "retry": {"max_attempts": 1},
+        }
+    )
 
 
 class Faulty(SimulatedBackend):
@@ -68,8 +72,7 @@ def faulty() -> Faulty:
 async def test_a_batch_with_failures_returns_every_result_with_errors_return(runs: Path) -> None:
     ids = [f"b{i}" for i in range(20)]
     async with lanefold.Session(config(), backend=faulty(), runs_dir=runs) as session:
-        results = [r async for r in session.run_many(QUESTIONS, concurrency=4, run_ids=ids,
-                                                      errors="return")]
+        results = [r async for r in session.run_many(QUESTIONS, concurrency=4, run_ids=ids, errors="return")]
     assert sorted(r.index for r in results if r.index is not None) == list(range(20))
     failed = {r.index: r for r in results if r.status == "failed"}
     assert set(failed) == FAILING
@@ -79,8 +82,7 @@ async def test_a_batch_with_failures_returns_every_result_with_errors_return(run
         assert "\n" not in result.error.message and result.run_id == f"b{index}"
         assert result.lanes_failed == 3 and result.events == str(runs / f"b{index}" / "events.jsonl")
         assert result.question == QUESTIONS[index]
-    assert all(r.status == "answered" and r.error is None for r in results
-               if r.index not in FAILING)
+    assert all(r.status == "answered" and r.error is None for r in results if r.index not in FAILING)
     assert "error" not in results[0].model_dump() or results[0].status == "failed"
 
 
@@ -97,14 +99,15 @@ async def test_resume_true_finishes_a_batch_and_samples_nothing_twice(runs: Path
     ids = [f"r{i}" for i in range(6)]
     backend = faulty()
     async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
-        first = {r.index: r async for r in session.run_many(QUESTIONS[:6], run_ids=ids,
-                                                             errors="return")}
+        first = {r.index: r async for r in session.run_many(QUESTIONS[:6], run_ids=ids, errors="return")}
         with pytest.raises(lanefold.ConfigError, match="a run with this id already exists"):
             async for _ in session.run_many(QUESTIONS[:6], run_ids=ids):
                 pass  # the default is as before: an id is a new run
         sampled = len(backend.sampled)
-        again = {r.index: r async for r in session.run_many(QUESTIONS[:6], run_ids=ids,
-                                                             resume=True, errors="return")}
+        again = {
+            r.index: r
+            async for r in session.run_many(QUESTIONS[:6], run_ids=ids, resume=True, errors="return")
+        }
         assert len(backend.sampled) == sampled, "finished runs give their record"
         assert again == first  # the recorded failure too, with what it spent
         one = await session.run(QUESTIONS[0], run_id="r0", resume=True)
@@ -146,10 +149,18 @@ with lanefold.SyncSession(config, runs_dir=sys.argv[1]) as session:
 def batch(folder: Path, runs: Path) -> subprocess.Popen[str]:
     script = folder / "batch.py"
     script.write_text(BATCH)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, str(script), str(runs)], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.Popen(
+        [sys.executable, str(script), str(runs)],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def events(runs: Path, run_id: str) -> list[dict[str, Any]]:
@@ -166,8 +177,7 @@ def test_after_a_sigkill_the_same_call_with_resume_finishes_the_batch(tmp_path: 
     assert all(line.strip() for line in finished), first.stderr.read() if first.stderr else ""
     os.kill(first.pid, signal.SIGKILL)
     first.communicate(timeout=60)
-    before = {run.name: events(runs, run.name) for run in runs.iterdir()
-              if (run / "events.jsonl").is_file()}
+    before = {run.name: events(runs, run.name) for run in runs.iterdir() if (run / "events.jsonl").is_file()}
     cut = [run_id for run_id, log in before.items() if log[-1]["type"] != "run.completed"]
     assert cut, "the kill found runs in flight"
 
@@ -182,18 +192,17 @@ def test_after_a_sigkill_the_same_call_with_resume_finishes_the_batch(tmp_path: 
         log = events(runs, run_id)
         completed = Counter((e["wave"], e["lane"]) for e in log if e["type"] == "lane.completed")
         assert set(completed.values()) == {1}, f"{run_id}: a lane completed twice"
-        done_before = {(e["wave"], e["lane"]) for e in before[run_id]
-                       if e["type"] == "lane.completed"}
-        sent_after = {(e["wave"], e["lane"]) for e in log[len(before[run_id]):]
-                      if e["type"] == "lane.dispatched"}
+        done_before = {(e["wave"], e["lane"]) for e in before[run_id] if e["type"] == "lane.completed"}
+        sent_after = {
+            (e["wave"], e["lane"]) for e in log[len(before[run_id]) :] if e["type"] == "lane.dispatched"
+        }
         assert not sent_after & done_before, f"{run_id}: a completed lane was sent again"
 
 
 # -- the synchronous Session ------------------------------------------------------------------------
 
 
-def test_a_sync_session_keeps_its_backend_across_calls(runs: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sync_session_keeps_its_backend_across_calls(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[Faulty] = []
 
     def build(section: Any) -> Faulty:
@@ -207,8 +216,7 @@ def test_a_sync_session_keeps_its_backend_across_calls(runs: Path,
     assert len(built) == 1, "one backend for every call"
     assert answers.count("failed") == 3 and answers.count("answered") == 7
     assert sorted(r.index for r in results if r.index is not None) == list(range(10))
-    with lanefold.SyncSession(config(), runs_dir=runs) as session, \
-            pytest.raises(lanefold.QuorumNotMetError):
+    with lanefold.SyncSession(config(), runs_dir=runs) as session, pytest.raises(lanefold.QuorumNotMetError):
         session.run(QUESTIONS[3])
 
 
@@ -223,9 +231,13 @@ async def test_a_sync_session_works_inside_a_running_event_loop(runs: Path) -> N
 
 
 def test_leaving_a_sync_run_many_early_interrupts_the_runs_in_flight(runs: Path) -> None:
-    slow = lanefold.parse_config({
-        "loop": {"k": 2, "seed": 1}, "prompt": {"template": "{question}"},
-        "backend": {"kind": "simulated", "latency_ms": [0, 0]}})
+    slow = lanefold.parse_config(
+        {
+            "loop": {"k": 2, "seed": 1},
+            "prompt": {"template": "{question}"},
+            "backend": {"kind": "simulated", "latency_ms": [0, 0]},
+        }
+    )
     latency = {QUESTIONS[0]: 0.0, QUESTIONS[1]: 30.0}
 
     class Slow(SimulatedBackend):
@@ -244,12 +256,16 @@ def test_leaving_a_sync_run_many_early_interrupts_the_runs_in_flight(runs: Path)
 
 @pytest.mark.slow
 def test_a_sync_agent_loop_of_ten_questions_loads_the_model_once(
-        runs: Path, smollm2_loads: list[Any]) -> None:
-    agent = lanefold.parse_config({
-        "loop": {"k": 2, "seed": 0}, "sampling": {"max_tokens": 4, "stop": ["\n"]},
-        "prompt": {"template": "Question: What is 2 plus 2?\nAnswer: 4\n\n"
-                               "Question: {question}\nAnswer:"},
-        "extract": {"method": "last_number"}})
+    runs: Path, smollm2_loads: list[Any]
+) -> None:
+    agent = lanefold.parse_config(
+        {
+            "loop": {"k": 2, "seed": 0},
+            "sampling": {"max_tokens": 4, "stop": ["\n"]},
+            "prompt": {"template": "Question: What is 2 plus 2?\nAnswer: 4\n\nQuestion: {question}\nAnswer:"},
+            "extract": {"method": "last_number"},
+        }
+    )
     with lanefold.SyncSession(agent, runs_dir=runs) as session:
         results = [session.run(f"What is {i} plus 1?") for i in range(10)]
     assert len(smollm2_loads) == 1

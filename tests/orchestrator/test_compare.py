@@ -49,13 +49,14 @@ from lanefold.primitives import ConfigError, Pricing
 def config(**sections: Any) -> lanefold.LoopConfig:
     loop = {"seed": 3, **sections.pop("loop", {})}
     backend = {"kind": "simulated", "accuracy": 0.6, **sections.pop("backend", {})}
-    return lanefold.parse_config({"loop": loop, "backend": backend,
-                                      "log": {"fsync": "never"}, **sections})
+    return lanefold.parse_config({"loop": loop, "backend": backend, "log": {"fsync": "never"}, **sections})
 
 
 def write_config(path: Path, k: int, *, extra: str = "", backend: str = "") -> Path:
-    path.write_text(f'[loop]\nk = {k}\nseed = 3\n{extra}\n[backend]\nkind = "simulated"\n'
-                    f'accuracy = 0.6\n{backend}\n[log]\nfsync = "never"\n')
+    path.write_text(
+        f'[loop]\nk = {k}\nseed = 3\n{extra}\n[backend]\nkind = "simulated"\n'
+        f'accuracy = 0.6\n{backend}\n[log]\nfsync = "never"\n'
+    )
     return path
 
 
@@ -64,8 +65,9 @@ def items(n: int) -> list[Item]:
 
 
 def write_dataset(path: Path, n: int) -> Path:
-    path.write_text("".join(json.dumps({"question": f"Question number {i}?", "answer": "391"})
-                            + "\n" for i in range(n)))
+    path.write_text(
+        "".join(json.dumps({"question": f"Question number {i}?", "answer": "391"}) + "\n" for i in range(n))
+    )
     return path
 
 
@@ -76,14 +78,18 @@ def compare_cli(*argv: str) -> int:
 
 # -- McNemar ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("b", "c", "p"), [
-    (0, 0, Fraction(1)),
-    (3, 3, Fraction(1)),
-    (0, 5, Fraction(2, 2**5)),            # 2 * C(5,0) / 2^5
-    (1, 6, Fraction(2 * (1 + 7), 2**7)),  # 2 * (C(7,0) + C(7,1)) / 2^7
-    (9, 2, Fraction(2 * (1 + 11 + 55), 2**11)),
-    (12, 12, Fraction(1)),
-])
+
+@pytest.mark.parametrize(
+    ("b", "c", "p"),
+    [
+        (0, 0, Fraction(1)),
+        (3, 3, Fraction(1)),
+        (0, 5, Fraction(2, 2**5)),  # 2 * C(5,0) / 2^5
+        (1, 6, Fraction(2 * (1 + 7), 2**7)),  # 2 * (C(7,0) + C(7,1)) / 2^7
+        (9, 2, Fraction(2 * (1 + 11 + 55), 2**11)),
+        (12, 12, Fraction(1)),
+    ],
+)
 def test_mcnemar_exact_p_is_the_two_sided_binomial(b: int, c: int, p: Fraction) -> None:
     value, method = mcnemar_p(b, c)
     assert method == "exact"
@@ -116,7 +122,11 @@ def test_mcnemar_large_samples_use_chi_square_with_continuity_correction() -> No
 
 def test_configs_are_named_by_their_stems() -> None:
     assert arm_names(["a/greedy.toml", "b/greedy.toml", "vote 8.toml", "x/---.toml"]) == [
-        "greedy", "greedy_2", "vote-8", "config"]
+        "greedy",
+        "greedy_2",
+        "vote-8",
+        "config",
+    ]
 
 
 def test_mcnemar_pairs_questions_by_index() -> None:
@@ -130,32 +140,43 @@ def test_mcnemar_pairs_questions_by_index() -> None:
 
 # -- equal budgets ----------------------------------------------------------------------------
 
+
 def test_worst_cases_of_the_built_in_loops() -> None:
     sampling = {"max_tokens": 100}
     prompt = 64  # the simulated backend's count
     cases = {
         "parallel": (config(loop={"k": 4}, sampling=sampling), 4, 4 * (64 + 100)),
-        "adaptive": (config(loop={"coordinator": "adaptive_sample", "window": 2,
-                                  "max_lanes": 6}, sampling=sampling), 6, 6 * 164),
-        "refine": (config(loop={"coordinator": "sequential_refine", "steps": 3,
-                                "mode": "markov"}, sampling=sampling),
-                   3, 3 * 164 + 2 * (256 + 164)),
-        "debate": (config(loop={"coordinator": "debate", "agents": 3, "rounds": 1},
-                          sampling=sampling), 6, 6 * 164 + 3 * (256 + 3 * 164)),
+        "adaptive": (
+            config(loop={"coordinator": "adaptive_sample", "window": 2, "max_lanes": 6}, sampling=sampling),
+            6,
+            6 * 164,
+        ),
+        "refine": (
+            config(
+                loop={"coordinator": "sequential_refine", "steps": 3, "mode": "markov"}, sampling=sampling
+            ),
+            3,
+            3 * 164 + 2 * (256 + 164),
+        ),
+        "debate": (
+            config(loop={"coordinator": "debate", "agents": 3, "rounds": 1}, sampling=sampling),
+            6,
+            6 * 164 + 3 * (256 + 3 * 164),
+        ),
     }
     for name, (cfg, lanes, tokens) in cases.items():
         case = worst_case(cfg, prompt)
         assert case is not None, name
         assert (case.lanes, case.tokens) == (lanes, tokens), name
     usc = worst_case(config(loop={"k": 2, "reducer": "usc"}, sampling=sampling), prompt)
-    assert usc is not None and (usc.judge_prompt_tokens, usc.judge_output_tokens) == (
-        64 + 256 + 2 * 164, 64)
+    assert usc is not None and (usc.judge_prompt_tokens, usc.judge_output_tokens) == (64 + 256 + 2 * 164, 64)
     assert worst_case(config(loop={"coordinator": "plan_verify_replan"}), prompt) is None
 
 
 def test_worst_case_cost_prices_every_line() -> None:
-    case = WorstCase(lanes=2, prompt_tokens=1000, output_tokens=500, judge_prompt_tokens=100,
-                     judge_output_tokens=10)
+    case = WorstCase(
+        lanes=2, prompt_tokens=1000, output_tokens=500, judge_prompt_tokens=100, judge_output_tokens=10
+    )
     pricing = Pricing(input_per_mtok=2.0, cached_input_per_mtok=1.0, output_per_mtok=8.0)
     assert case.cost_usd(pricing) == pytest.approx((1100 * 2.0 + 510 * 8.0) * 1e-6)
     judged = Pricing(input_per_mtok=2.0, output_per_mtok=8.0, verifier_per_mtok=50.0)
@@ -163,9 +184,9 @@ def test_worst_case_cost_prices_every_line() -> None:
 
 
 def test_prompts_a_backend_cannot_count_are_bytes_plus_a_margin() -> None:
-    engine = lanefold.parse_config({"loop": {"k": 2},
-                                        "prompt": {"template": "Q: {question}\n"},
-                                        "sampling": {"max_tokens": 10}})
+    engine = lanefold.parse_config(
+        {"loop": {"k": 2}, "prompt": {"template": "Q: {question}\n"}, "sampling": {"max_tokens": 10}}
+    )
     questions = ["short?", "a longer question?"]
     longest = len(b"Q: a longer question?\n") + 32
     assert need(engine, "tokens", questions, "e.toml") == 2 * (longest + 10)
@@ -209,11 +230,18 @@ def test_applying_a_limit_writes_the_budget_or_caps_the_lanes() -> None:
 
 # -- the comparison ---------------------------------------------------------------------------
 
+
 def _compare(tmp_path: Path, **kwargs: Any) -> Comparison:
     async def go() -> Comparison:
         return await run_compare(
-            {"greedy": config(loop={"k": 1}), "vote5": config(loop={"k": 5})}, items(60),
-            compare_id="cmp", runs_dir=tmp_path, concurrency=8, **kwargs)
+            {"greedy": config(loop={"k": 1}), "vote5": config(loop={"k": 5})},
+            items(60),
+            compare_id="cmp",
+            runs_dir=tmp_path,
+            concurrency=8,
+            **kwargs,
+        )
+
     return anyio.run(go)
 
 
@@ -244,23 +272,35 @@ def test_the_table_ranks_configs_and_tests_each_against_the_best(tmp_path: Path)
     assert "best" in table and f"p={test.p_value:.3g}" in table and "95% CI" in table
 
 
-@pytest.mark.parametrize(("mode", "budget"), [("tokens", None), ("cost", None),
-                                              ("lanes", None), ("lanes", 3.0),
-                                              ("tokens", 700.0)])
-def test_equal_budget_gives_every_config_the_same_limit(tmp_path: Path, mode: str,
-                                                         budget: float | None) -> None:
+@pytest.mark.parametrize(
+    ("mode", "budget"), [("tokens", None), ("cost", None), ("lanes", None), ("lanes", 3.0), ("tokens", 700.0)]
+)
+def test_equal_budget_gives_every_config_the_same_limit(
+    tmp_path: Path, mode: str, budget: float | None
+) -> None:
     pricing = {"input_per_mtok": 1.0, "output_per_mtok": 4.0}
+
     async def go() -> Comparison:
         return await run_compare(
-            {"greedy": config(loop={"k": 1}, pricing=pricing),
-             "vote5": config(loop={"k": 5}, pricing=pricing)}, items(12),
-            compare_id="eq", runs_dir=tmp_path, equal_budget=mode, budget=budget, plot=False)
+            {
+                "greedy": config(loop={"k": 1}, pricing=pricing),
+                "vote5": config(loop={"k": 5}, pricing=pricing),
+            },
+            items(12),
+            compare_id="eq",
+            runs_dir=tmp_path,
+            equal_budget=mode,
+            budget=budget,
+            plot=False,
+        )
 
     comparison = anyio.run(go)
     settled = comparison.equal_budget
     assert settled is not None and settled.mode == mode
-    needs = {"greedy": need(config(loop={"k": 1}, pricing=pricing), mode, [], "g"),
-             "vote5": need(config(loop={"k": 5}, pricing=pricing), mode, [], "v")}
+    needs = {
+        "greedy": need(config(loop={"k": 1}, pricing=pricing), mode, [], "g"),
+        "vote5": need(config(loop={"k": 5}, pricing=pricing), mode, [], "v"),
+    }
     assert settled.needs == needs
     assert settled.limit == (budget if budget is not None else max(needs.values()))
     assert settled.source == ("--budget" if budget is not None else "largest need")
@@ -281,16 +321,26 @@ def test_equal_budget_gives_every_config_the_same_limit(tmp_path: Path, mode: st
         assert recorded["vote5"].mean_lanes < 5
 
 
-def test_the_same_command_again_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_same_command_again_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     calls = tmp_path / "calls.log"
     log = f'call_log = "{calls}"'
     write_config(tmp_path / "greedy.toml", 1, backend=log)
     write_config(tmp_path / "vote3.toml", 3, backend=log)
     write_dataset(tmp_path / "q.jsonl", 10)
-    argv = ("greedy.toml", "vote3.toml", "--dataset", "q.jsonl", "--compare-id", "again",
-            "--equal-budget", "tokens", "--json")
+    argv = (
+        "greedy.toml",
+        "vote3.toml",
+        "--dataset",
+        "q.jsonl",
+        "--compare-id",
+        "again",
+        "--equal-budget",
+        "tokens",
+        "--json",
+    )
     assert compare_cli(*argv) == 0
     first = json.loads(capsys.readouterr().out)
     made = calls.read_text()
@@ -304,8 +354,10 @@ def test_the_same_command_again_runs_nothing(tmp_path: Path, monkeypatch: pytest
         for line in one["configs"]:
             line.pop("wall_s")
     assert first == second
-    assert second == {**json.loads((tmp_path / "runs" / "again" / "compare.json").read_text()),
-                      "configs": second["configs"]}
+    assert second == {
+        **json.loads((tmp_path / "runs" / "again" / "compare.json").read_text()),
+        "configs": second["configs"],
+    }
     # Another budget under the same id is refused before anything runs.
     with pytest.raises(ConfigError, match="greedy was run with another config or budget"):
         compare_cli(*argv[:-1], "--budget", "500")
@@ -314,8 +366,9 @@ def test_the_same_command_again_runs_nothing(tmp_path: Path, monkeypatch: pytest
     assert calls.read_text() == made
 
 
-def test_the_cli_prints_one_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_prints_one_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     write_config(tmp_path / "a.toml", 1)
     write_config(tmp_path / "b.toml", 3)
@@ -331,8 +384,7 @@ def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
     a = str(write_config(tmp / "a.toml", 1))
     b = str(write_config(tmp / "b.toml", 2))
     planner = tmp / "plan.toml"
-    planner.write_text('[loop]\ncoordinator = "plan_verify_replan"\n[backend]\n'
-                       'kind = "simulated"\n')
+    planner.write_text('[loop]\ncoordinator = "plan_verify_replan"\n[backend]\nkind = "simulated"\n')
     bad = tmp / "bad.toml"
     bad.write_text("[loop]\nk = 0\n")
     q = str(write_dataset(tmp / "q.jsonl", 3))
@@ -340,28 +392,39 @@ def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ([a, "--dataset", q], "compare needs at least two configs, got 1"),
         ([a, str(tmp / "none.toml"), "--dataset", q], "none.toml: cannot read"),
         ([a, str(bad), "--dataset", q], "bad.toml: loop.k"),
-        ([a, b, "--dataset", q, "--equal-budget", "time"],
-         "--equal-budget: unknown 'time': tokens, cost or lanes"),
+        (
+            [a, b, "--dataset", q, "--equal-budget", "time"],
+            "--equal-budget: unknown 'time': tokens, cost or lanes",
+        ),
         ([a, b, "--dataset", q, "--budget", "9"], "--budget: applies with --equal-budget"),
-        ([a, b, "--dataset", q, "--equal-budget", "lanes", "--budget", "0"],
-         "--budget: must be a positive number"),
+        (
+            [a, b, "--dataset", q, "--equal-budget", "lanes", "--budget", "0"],
+            "--budget: must be a positive number",
+        ),
         ([a, b, "--dataset", q, "--equal-budget", "cost"], "costs $0"),
-        ([a, str(planner), "--dataset", q, "--equal-budget", "tokens"],
-         "plan.toml: loop.coordinator: the worst case of 'plan_verify_replan'"),
-        ([a, str(planner), "--dataset", q, "--equal-budget", "lanes", "--budget", "4"],
-         "cannot cap the lanes of 'plan_verify_replan'"),
+        (
+            [a, str(planner), "--dataset", q, "--equal-budget", "tokens"],
+            "plan.toml: loop.coordinator: the worst case of 'plan_verify_replan'",
+        ),
+        (
+            [a, str(planner), "--dataset", q, "--equal-budget", "lanes", "--budget", "4"],
+            "cannot cap the lanes of 'plan_verify_replan'",
+        ),
         ([a, b, "--dataset", str(tmp / "missing.jsonl")], "missing.jsonl: no such file"),
         ([a, b, "--dataset", q, "--compare-id", "a/b"], "is not a plain name"),
         ([a, b, "--dataset", q, "--concurrency", "0"], "--concurrency: must be at least 1"),
         ([a, b, "--dataset", q, "--scorer", "fuzzy"], "unknown scorer 'fuzzy'"),
-        ([a, str(write_config(tmp / "a-3.toml", 2)), "--dataset", q],
-         "a-3: a config named like a question of 'a'"),
+        (
+            [a, str(write_config(tmp / "a-3.toml", 2)), "--dataset", q],
+            "a-3: a config named like a question of 'a'",
+        ),
     ]
 
 
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch,
-                                                            ) -> None:
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     runs = tmp_path / "runs"
     for argv, expected in _bad_input_cases(tmp_path):
@@ -375,7 +438,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path,
 
 
 def test_bad_input_reaches_the_terminal_as_one_line_once_wired(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     cli._parser()  # the wired commands register their handlers as the parser is built
     if "compare" not in cli._COMMANDS:
@@ -384,10 +449,8 @@ def test_bad_input_reaches_the_terminal_as_one_line_once_wired(
     write_config(tmp_path / "a.toml", 1)
     write_config(tmp_path / "b.toml", 2)
     write_dataset(tmp_path / "q.jsonl", 2)
-    code = cli.main(["compare", "a.toml", "b.toml", "--dataset", "q.jsonl",
-                     "--equal-budget", "time"])
+    code = cli.main(["compare", "a.toml", "b.toml", "--dataset", "q.jsonl", "--equal-budget", "time"])
     assert code == 2
     err = capsys.readouterr().err
-    assert err == ("orchestrator compare: --equal-budget: unknown 'time': tokens, cost or "
-                   "lanes\n")
+    assert err == ("orchestrator compare: --equal-budget: unknown 'time': tokens, cost or lanes\n")
     assert not (tmp_path / "runs").exists()

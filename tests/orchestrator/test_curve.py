@@ -73,15 +73,13 @@ def binomial_majority(p: float, k: int) -> float:
     return sum(math.comb(k, j) * p**j * (1 - p) ** (k - j) for j in range(k // 2 + 1, k + 1))
 
 
-lanes_st = st.lists(st.sampled_from(["42", "41", " 42.", "7", "x", None, ""]), min_size=1,
-                    max_size=8)
+lanes_st = st.lists(st.sampled_from(["42", "41", " 42.", "7", "x", None, ""]), min_size=1, max_size=8)
 
 
 # -- pass@k ---------------------------------------------------------------------------------------
 
 
-@given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n),
-                                                      st.integers(1, n))))
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
 def test_pass_at_k_matches_enumeration(nck: tuple[int, int, int]) -> None:
     n, c, k = nck
     assert pass_at_k(n, c, k) == pytest.approx(float(comb_pass(n, c, k)), abs=1e-12)
@@ -116,8 +114,9 @@ def test_pass_at_k_refuses_what_is_not_a_pool(n: int, c: int, k: int) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(lanes_st, st.sets(st.sampled_from(["42", "41", "7", "x"])), st.data())
-def test_majority_at_k_matches_every_subset_voted(answers: list[str | None], right: set[str],
-                                                  data: st.DataObject) -> None:
+def test_majority_at_k_matches_every_subset_voted(
+    answers: list[str | None], right: set[str], data: st.DataObject
+) -> None:
     """Each answer right or wrong as a whole (an exact-match scorer): counted exactly."""
     from lanefold.primitives import normalize_answer
 
@@ -131,7 +130,8 @@ def test_majority_at_k_matches_every_subset_voted(answers: list[str | None], rig
 @settings(max_examples=200, deadline=None)
 @given(lanes_st, st.data())
 def test_majority_at_k_with_a_verdict_per_lane_matches_every_subset(
-        answers: list[str | None], data: st.DataObject) -> None:
+    answers: list[str | None], data: st.DataObject
+) -> None:
     """Lanes with one answer may differ (tests of code): the winner's first lane decides."""
     correct = data.draw(st.lists(st.booleans(), min_size=len(answers), max_size=len(answers)))
     k = data.draw(st.integers(1, len(answers)))
@@ -156,8 +156,7 @@ def test_subsampled_majority_is_within_its_error_of_the_exact_value(seed: int) -
     correct = [a == "1" for a in answers]
     for k in (2, 5, 8):
         exact = majority_at_k(answers, correct, k)
-        sampled = majority_at_k(answers, correct, k, limit=0, samples=4000,
-                                rng=random.Random(seed))
+        sampled = majority_at_k(answers, correct, k, limit=0, samples=4000, rng=random.Random(seed))
         assert exact.exact and not sampled.exact
         assert abs(sampled.value - exact.value) <= 4 * max(sampled.se, 1e-3)
 
@@ -165,11 +164,9 @@ def test_subsampled_majority_is_within_its_error_of_the_exact_value(seed: int) -
 def test_a_large_pool_is_subsampled_with_a_standard_error() -> None:
     rng = random.Random(7)
     answers = [str(rng.randrange(40)) for _ in range(400)]
-    got = majority_at_k(answers, [a == "3" for a in answers], 101, rng=random.Random(1),
-                        samples=500)
+    got = majority_at_k(answers, [a == "3" for a in answers], 101, rng=random.Random(1), samples=500)
     assert not got.exact and 0.0 <= got.value <= 1.0 and 0.0 <= got.se <= 0.03
-    same = majority_at_k(answers, [a == "3" for a in answers], 101, rng=random.Random(1),
-                         samples=500)
+    same = majority_at_k(answers, [a == "3" for a in answers], 101, rng=random.Random(1), samples=500)
     assert same == got  # seeded: the same subsets
 
 
@@ -177,10 +174,13 @@ def test_a_large_pool_is_subsampled_with_a_standard_error() -> None:
 
 
 def binary_config() -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": LANES, "seed": 0},
-        "backend": {"kind": "simulated", "accuracy": 0.7, "distractors": ["381"]},
-        "log": {"fsync": "never"}})
+    return lanefold.parse_config(
+        {
+            "loop": {"k": LANES, "seed": 0},
+            "backend": {"kind": "simulated", "accuracy": 0.7, "distractors": ["381"]},
+            "log": {"fsync": "never"},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +216,8 @@ def curve_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int,
 
 
 def test_the_majority_curve_of_a_binary_sampler_is_the_binomial_tail(
-        runs: Path, no_backend: None, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, no_backend: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = curve_cli([EVAL, "--k", "1,3,5,9", "--runs-dir", str(runs)], capsys)
     assert (code, err) == (0, "")
     data = json.loads((runs / EVAL / "curve.json").read_text())
@@ -233,8 +234,7 @@ def test_the_majority_curve_of_a_binary_sampler_is_the_binomial_tail(
     assert (runs / EVAL / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_json_prints_curve_json(runs: Path, no_backend: None,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_prints_curve_json(runs: Path, no_backend: None, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = curve_cli([EVAL, "--k", "2,1", "--runs-dir", str(runs), "--json"], capsys)
     assert (code, err) == (0, "")
     assert len(out.splitlines()) == 1
@@ -246,10 +246,10 @@ def test_json_prints_curve_json(runs: Path, no_backend: None,
     assert two["majority_at_k"] == pytest.approx(one["majority_at_k"], abs=3 * two["majority_at_k_se"])
 
 
-def test_reducer_pass_draws_pass_at_k_alone(runs: Path, no_backend: None,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = curve_cli([EVAL, "--k", "1,16", "--reducer", "pass", "--runs-dir", str(runs)],
-                             capsys)
+def test_reducer_pass_draws_pass_at_k_alone(
+    runs: Path, no_backend: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = curve_cli([EVAL, "--k", "1,16", "--reducer", "pass", "--runs-dir", str(runs)], capsys)
     assert code == 0 and "majority" not in out.splitlines()[1]
     points = json.loads((runs / EVAL / "curve.json").read_text())["points"]
     assert all(p["majority_at_k"] is None and p["exact"] is None for p in points)
@@ -267,16 +267,17 @@ def test_the_curve_is_seeded(runs: Path, no_backend: None) -> None:
         assert point.exact == 0 and point.majority_at_k_mc_se is not None
         assert 0 < point.majority_at_k_mc_se <= (point.majority_at_k_se or 0)
         exact = scaling_curve(pool, [point.k]).points[0]
-        assert point.majority_at_k == pytest.approx(exact.majority_at_k,
-                                                    abs=4 * point.majority_at_k_mc_se)
+        assert point.majority_at_k == pytest.approx(exact.majority_at_k, abs=4 * point.majority_at_k_mc_se)
 
 
 def test_failed_runs_are_left_out_and_counted(tmp_path: Path) -> None:
     folder = tmp_path / EVAL
     folder.mkdir()
-    rows = [row(0, ["1", "1", "2"], [True, True, False]),
-            row(1, [], [], status="failed"),
-            row(2, ["2", None, "1"], [False, False, True])]
+    rows = [
+        row(0, ["1", "1", "2"], [True, True, False]),
+        row(1, [], [], status="failed"),
+        row(2, ["2", None, "1"], [False, False, True]),
+    ]
     for each in rows:
         append_result(folder / "results.jsonl", each)
     pool = read_pool(tmp_path, EVAL)
@@ -288,30 +289,47 @@ def test_failed_runs_are_left_out_and_counted(tmp_path: Path) -> None:
     assert curve.points[1].majority_at_k == 0.5
 
 
-def row(index: int, answers: list[str | None], correct: list[bool], *,
-        status: str = "answered") -> QuestionResult:
-    return QuestionResult(index=index, run_id=f"{EVAL}-{index}", question=f"Q{index}?",
-                          answer=None, gold="1", correct=False, score=0.0, status=status,
-                          lanes=len(answers), lane_answers=answers, lane_correct=correct,
-                          tokens={}, cost=0.0, seconds=0.0)
+def row(
+    index: int, answers: list[str | None], correct: list[bool], *, status: str = "answered"
+) -> QuestionResult:
+    return QuestionResult(
+        index=index,
+        run_id=f"{EVAL}-{index}",
+        question=f"Q{index}?",
+        answer=None,
+        gold="1",
+        correct=False,
+        score=0.0,
+        status=status,
+        lanes=len(answers),
+        lane_answers=answers,
+        lane_correct=correct,
+        tokens={},
+        cost=0.0,
+        seconds=0.0,
+    )
 
 
 # -- bad input ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["nope", "--k", "1"], "no eval 'nope'"),
-    ([EVAL, "--k", "1,32"], "k=32 is more than the 16 completed lanes of question"),
-    ([EVAL, "--k", "1,two"], "--k '1,two': 'two' is not an integer"),
-    ([EVAL, "--k", "1,,2"], "--k '1,,2': '' is not an integer"),
-    ([EVAL, "--k", ""], "--k '': '' is not an integer"),
-    ([EVAL, "--k", "0,1"], "--k '0,1': k must be at least 1"),
-    ([EVAL, "--k", "-1"], "k must be at least 1"),
-    ([EVAL, "--k", "1", "--reducer", "judge_argmax"], "--reducer: unknown reducer"),
-    (["../elsewhere", "--k", "1"], ""),
-])
-def test_bad_input_is_one_line_and_exit_2(runs: Path, no_backend: None, argv: list[str],
-                                          says: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["nope", "--k", "1"], "no eval 'nope'"),
+        ([EVAL, "--k", "1,32"], "k=32 is more than the 16 completed lanes of question"),
+        ([EVAL, "--k", "1,two"], "--k '1,two': 'two' is not an integer"),
+        ([EVAL, "--k", "1,,2"], "--k '1,,2': '' is not an integer"),
+        ([EVAL, "--k", ""], "--k '': '' is not an integer"),
+        ([EVAL, "--k", "0,1"], "--k '0,1': k must be at least 1"),
+        ([EVAL, "--k", "-1"], "k must be at least 1"),
+        ([EVAL, "--k", "1", "--reducer", "judge_argmax"], "--reducer: unknown reducer"),
+        (["../elsewhere", "--k", "1"], ""),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    runs: Path, no_backend: None, argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = sorted(p.name for p in (runs / EVAL).iterdir())
     written = {name: (runs / EVAL / name).stat().st_mtime_ns for name in before}
     code, out, err = curve_cli([*argv, "--runs-dir", str(runs)], capsys)

@@ -44,7 +44,8 @@ def listing(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 
 def test_an_empty_cache_lists_the_sample_as_here_and_the_archives_as_not_cached(
-        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sources = listing(capsys)
     assert list(sources) == list(SOURCE_NAMES)
     sample = sources["sample"]
@@ -53,22 +54,29 @@ def test_an_empty_cache_lists_the_sample_as_here_and_the_archives_as_not_cached(
     assert set(sample["sizes"].values()) == {100}
     for name in ("bigbench", "openai-evals"):
         assert (sources[name]["status"], sources[name]["available"], sources[name]["tasks"]) == (
-            "not cached", False, [])
+            "not cached",
+            False,
+            [],
+        )
         assert sources[name]["where"].startswith(str(cache / name))
     assert sources["humaneval"]["available"] == (humaneval_file() is not None)
     assert not cache.exists()  # listing writes nothing
 
 
-def test_cached_archives_list_their_tasks(cache: Path, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_cached_archives_list_their_tasks(
+    cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (cache / "bigbench").mkdir(parents=True)
     build_bigbench_archive(tasks_tree(tmp_path / "tasks"), cache / "bigbench" / ARCHIVE_NAME)
     build_evals_wheel(cache / "openai-evals" / WHEEL_NAME)
     sources = listing(capsys)
     assert sources["bigbench"]["status"] == sources["openai-evals"]["status"] == "cached"
     assert sources["bigbench"]["tasks"] == [
-        "bigbench:arithmetic", "bigbench:arithmetic/1_digit_addition",
-        "bigbench:arithmetic/1_digit_subtraction", "bigbench:colours"]
+        "bigbench:arithmetic",
+        "bigbench:arithmetic/1_digit_addition",
+        "bigbench:arithmetic/1_digit_subtraction",
+        "bigbench:colours",
+    ]
     # eval names whose samples the wheel holds; not those reading elsewhere or a missing file
     assert sources["openai-evals"]["tasks"] == ["openai-evals:graded", "openai-evals:sums"]
 
@@ -85,21 +93,26 @@ def test_a_damaged_archive_is_listed_as_such(cache: Path, capsys: pytest.Capture
 
 
 def test_the_table_names_every_source_and_how_to_see_all_tasks(
-        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     build_evals_wheel(cache / "openai-evals" / WHEEL_NAME)
     assert main(["datasets"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"Datasets for --dataset; fetched ones are kept in {cache}\n")
-    for header in ("PATH.jsonl | PATH.csv   here", "bigbench:<task>   not cached",
-                   "openai-evals:<name>   cached",
-                   "examples/datasets/arithmetic/<task>.jsonl   here"):
+    for header in (
+        "PATH.jsonl | PATH.csv   here",
+        "bigbench:<task>   not cached",
+        "openai-evals:<name>   cached",
+        "examples/datasets/arithmetic/<task>.jsonl   here",
+    ):
         assert f"\n{header}\n" in out
     assert "  examples/datasets/arithmetic/2_digit_addition.jsonl        100 questions\n" in out
     assert "openai-evals:graded\n" in out  # two tasks: listed in full
 
 
 def test_a_source_without_known_tasks_says_why_on_stderr(
-        cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["datasets", "bigbench"]) == 0
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -107,6 +120,5 @@ def test_a_source_without_known_tasks_says_why_on_stderr(
 
 
 def test_an_unknown_source_is_a_config_error_naming_them() -> None:
-    with pytest.raises(ConfigError, match="name one of file, sample, bigbench, openai-evals, "
-                                          "humaneval"):
+    with pytest.raises(ConfigError, match="name one of file, sample, bigbench, openai-evals, humaneval"):
         find_source("hf")

@@ -70,8 +70,12 @@ class Fan:
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         lanes = await ctx.wave([ctx.prompt(question)] * self.params.n)
         reduction = await ctx.reduce(lanes, "majority_vote")
-        return Outcome(answer=reduction.winner, winner_lane=reduction.winner_lane,
-                       reduction=reduction, detail={"n": self.params.n})
+        return Outcome(
+            answer=reduction.winner,
+            winner_lane=reduction.winner_lane,
+            reduction=reduction,
+            detail={"n": self.params.n},
+        )
 
     @staticmethod
     def cost_shape(params: FanParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
@@ -102,8 +106,7 @@ class Bare:
     async def run(self, ctx: LoopContext, question: str) -> Outcome:
         lanes = await ctx.wave([ctx.prompt(question)] * self.params.n)
         reduction = await ctx.reduce(lanes, "majority_vote")
-        return Outcome(answer=reduction.winner, winner_lane=reduction.winner_lane,
-                       reduction=reduction)
+        return Outcome(answer=reduction.winner, winner_lane=reduction.winner_lane, reduction=reduction)
 
 
 class Passed:
@@ -114,8 +117,7 @@ class Passed:
     needs_judge: ClassVar[bool] = True
     needs_verifier: ClassVar[bool] = True
     uses_model: ClassVar[bool] = False
-    judge_keys: ClassVar[frozenset[str]] = frozenset(
-        {"verifier", "verifier_command", "verifier_timeout_s"})
+    judge_keys: ClassVar[frozenset[str]] = frozenset({"verifier", "verifier_command", "verifier_timeout_s"})
 
     def __init__(self, options: Any = None) -> None:
         self.options = options
@@ -123,11 +125,17 @@ class Passed:
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
         verdicts = await ctx.verify(lanes)
         scores = {lane: verdict.score for lane, verdict in verdicts.items()}
-        winner = next((lane for lane in lanes if verdicts.get(lane.lane) is not None
-                       and verdicts[lane.lane].passed), None)
-        return Reduction(reducer=self.name, winner=winner.answer if winner else None,
-                         winner_lane=winner.lane if winner else None, scores=scores,
-                         reason=None if winner else "no lane passed")
+        winner = next(
+            (lane for lane in lanes if verdicts.get(lane.lane) is not None and verdicts[lane.lane].passed),
+            None,
+        )
+        return Reduction(
+            reducer=self.name,
+            winner=winner.answer if winner else None,
+            winner_lane=winner.lane if winner else None,
+            scores=scores,
+            reason=None if winner else "no lane passed",
+        )
 
     @staticmethod
     def summary(reduction: Reduction) -> str:
@@ -149,8 +157,14 @@ def plug_ins() -> Iterator[None]:
 
 def config(**sections: Any) -> lanefold.LoopConfig:
     loop = {"seed": 3, **sections.pop("loop", {})}
-    return lanefold.parse_config({"loop": loop, "backend": {"kind": "simulated", "accuracy": 0.6},
-                                  "log": {"fsync": "never"}, **sections})
+    return lanefold.parse_config(
+        {
+            "loop": loop,
+            "backend": {"kind": "simulated", "accuracy": 0.6},
+            "log": {"fsync": "never"},
+            **sections,
+        }
+    )
 
 
 def items(n: int) -> list[Item]:
@@ -158,6 +172,7 @@ def items(n: int) -> list[Item]:
 
 
 # -- a loop's cost shape and fit ------------------------------------------------------------------
+
 
 def test_a_plug_in_loop_declares_its_worst_case_and_fits_a_budget() -> None:
     fan = config(loop={"coordinator": "fan_plugin", "n": 6})
@@ -186,13 +201,19 @@ def test_a_loop_that_declares_nothing_gets_the_defaults() -> None:
 
 
 def test_run_compare_fits_a_plug_in_loop_to_the_equal_budget(tmp_path: Path) -> None:
-    configs = {"greedy": config(loop={"k": 1}),
-               "fan": config(loop={"coordinator": "fan_plugin", "n": 6})}
+    configs = {"greedy": config(loop={"k": 1}), "fan": config(loop={"coordinator": "fan_plugin", "n": 6})}
     budget = 3 * LANE + 10  # funds three of the fan's six lanes at their worst
 
     async def go() -> Comparison:
-        return await run_compare(configs, items(6), compare_id="fit", runs_dir=tmp_path,
-                                 equal_budget="tokens", budget=budget, plot=False)
+        return await run_compare(
+            configs,
+            items(6),
+            compare_id="fit",
+            runs_dir=tmp_path,
+            equal_budget="tokens",
+            budget=budget,
+            plot=False,
+        )
 
     comparison = anyio.run(go)
     assert comparison.equal_budget is not None
@@ -205,17 +226,35 @@ def test_run_compare_fits_a_plug_in_loop_to_the_equal_budget(tmp_path: Path) -> 
     assert manifest["budget"]["max_tokens"] == budget  # type: ignore[index]
 
 
-def test_the_compare_command_fits_a_plug_in_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_compare_command_fits_a_plug_in_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     tail = '[backend]\nkind = "simulated"\naccuracy = 0.6\n[log]\nfsync = "never"\n'
     (tmp_path / "greedy.toml").write_text(f"[loop]\nk = 1\nseed = 3\n{tail}")
     (tmp_path / "fan.toml").write_text(f'[loop]\ncoordinator = "fan_plugin"\nn = 6\n{tail}')
-    (tmp_path / "q.jsonl").write_text("".join(
-        json.dumps({"question": f"Question number {i}?", "answer": "391"}) + "\n"
-        for i in range(4)))
-    assert main(["compare", "greedy.toml", "fan.toml", "--dataset", "q.jsonl", "--compare-id",
-                 "cli", "--equal-budget", "tokens", "--budget", str(2 * LANE), "--json"]) == 0
+    (tmp_path / "q.jsonl").write_text(
+        "".join(json.dumps({"question": f"Question number {i}?", "answer": "391"}) + "\n" for i in range(4))
+    )
+    assert (
+        main(
+            [
+                "compare",
+                "greedy.toml",
+                "fan.toml",
+                "--dataset",
+                "q.jsonl",
+                "--compare-id",
+                "cli",
+                "--equal-budget",
+                "tokens",
+                "--budget",
+                str(2 * LANE),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     fan = next(line for line in out["configs"] if line["name"] == "fan")
     assert fan["lane_cap"] == {"n": 2} and fan["mean_lanes"] == 2.0
@@ -224,19 +263,22 @@ def test_the_compare_command_fits_a_plug_in_loop(tmp_path: Path, monkeypatch: py
 
 # -- a reducer's declarations -----------------------------------------------------------------------
 
+
 def test_a_plug_in_reducer_declares_its_needs() -> None:
     traits = reducer_traits(Passed)
     assert (traits.needs_verifier, traits.uses_model, traits.needs_judge) == (True, False, True)
     assert traits.judge_keys == Passed.judge_keys
-    call = JudgeCall(candidates=3, prompt_tokens=PROMPT, answer_tokens=MOST + 64, max_tokens=64,
-                     verifier=True)
+    call = JudgeCall(
+        candidates=3, prompt_tokens=PROMPT, answer_tokens=MOST + 64, max_tokens=64, verifier=True
+    )
     assert traits.judge_tokens(call) == (0, 0)  # it calls no model
     with pytest.raises(ConfigError, match="reducer passed_plugin needs a verifier"):
         preflight(config(loop={"k": 3, "reducer": "passed_plugin"}))
 
 
-def test_show_prints_a_plug_in_reducers_own_summary(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_prints_a_plug_in_reducers_own_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     check = [sys.executable, "-c", "import sys; sys.exit(0 if sys.stdin.read() else 1)"]
     cfg = config(loop={"k": 4, "reducer": "passed_plugin"}, judge={"verifier_command": check})
     result = lanefold.run_sync(cfg, "What is 17 * 23?", runs_dir=tmp_path)

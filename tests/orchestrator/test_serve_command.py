@@ -37,16 +37,14 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
-def test_a_port_out_of_range_is_a_usage_error(
-        config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_port_out_of_range_is_a_usage_error(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "--backend-config", str(config), "--port", "99999"])
     assert exit_.value.code == 2
     assert "99999 is not a port" in capsys.readouterr().err
 
 
-def test_a_port_in_use_is_one_line_and_exit_1(
-        config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_port_in_use_is_one_line_and_exit_1(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -54,11 +52,13 @@ def test_a_port_in_use_is_one_line_and_exit_1(
         code = main(["serve", "--backend-config", str(config), "--port", str(port)])
     assert code == 1
     assert one_line(capsys.readouterr().err) == (
-        f"orchestrator serve: cannot listen on 127.0.0.1:{port}: Address already in use")
+        f"orchestrator serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )
 
 
 def test_without_the_serve_extra_the_install_line(
-        config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` now fails as if absent
     code = main(["serve", "--backend-config", str(config)])
     assert code == 2
@@ -66,61 +66,82 @@ def test_without_the_serve_extra_the_install_line(
 
 
 def test_an_unset_key_variable_is_a_config_error(
-        config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("LANEFOLD_TEST_SERVE_KEY", raising=False)
-    code = main(["serve", "--backend-config", str(config),
-                 "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"])
+    code = main(["serve", "--backend-config", str(config), "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"])
     assert code == 2
     assert "LANEFOLD_TEST_SERVE_KEY" in one_line(capsys.readouterr().err)
 
 
 BASE_KEY = "Sk-Live-9Qx7AbCdEfGhIjKl"
 BAD_KEYS = {  # what the openai backend refuses of its api_key_env; serve used to take each
-    "empty": "", "crlf": BASE_KEY + "\r\n", "cr": BASE_KEY + "\r", "lf": BASE_KEY + "\n",
-    "leading space": " " + BASE_KEY, "trailing space": BASE_KEY + " ", "tab": "\t" + BASE_KEY,
-    "non-ascii": BASE_KEY[:9] + "é" + BASE_KEY[9:], "control": BASE_KEY[:9] + "\x01" + BASE_KEY[9:],
+    "empty": "",
+    "crlf": BASE_KEY + "\r\n",
+    "cr": BASE_KEY + "\r",
+    "lf": BASE_KEY + "\n",
+    "leading space": " " + BASE_KEY,
+    "trailing space": BASE_KEY + " ",
+    "tab": "\t" + BASE_KEY,
+    "non-ascii": BASE_KEY[:9] + "é" + BASE_KEY[9:],
+    "control": BASE_KEY[:9] + "\x01" + BASE_KEY[9:],
     "delete": BASE_KEY + "\x7f",
 }
 
 
 @pytest.mark.parametrize("value", BAD_KEYS.values(), ids=BAD_KEYS.keys())
 def test_a_key_the_openai_backend_refuses_is_refused_by_serve_too(
-        value: str, config: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    value: str, config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Such a server used to start, then answer 401 to every client sending the key.
     from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
     from lanefold.primitives import ConfigError
 
     monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: pytest.fail("it started"))
     monkeypatch.setenv("LANEFOLD_TEST_SERVE_KEY", value)
-    code = main(["serve", "--backend-config", str(config),
-                 "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"])
+    code = main(["serve", "--backend-config", str(config), "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"])
     line = one_line(capsys.readouterr().err)
     assert code == 2
     with pytest.raises(ConfigError) as backend:  # the same check, the same words
-        OpenAIBackend(OpenAIConfig(base_url="http://127.0.0.1:9/v1", model="m",
-                                   api_key_env="LANEFOLD_TEST_SERVE_KEY"))
+        OpenAIBackend(
+            OpenAIConfig(base_url="http://127.0.0.1:9/v1", model="m", api_key_env="LANEFOLD_TEST_SERVE_KEY")
+        )
     assert line == f"orchestrator serve: --api-key-env: {backend.value}"
     assert "LANEFOLD_TEST_SERVE_KEY" in line
     assert value.strip() not in line or not value.strip()  # the key itself is never shown
 
 
 def test_flags_reach_the_server_and_an_open_host_without_a_key_is_warned(
-        config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: calls.append(kw))
     assert main(["serve", "--backend-config", str(config), "--host", "0.0.0.0"]) == 0
-    assert "warning: listening on 0.0.0.0 without --api-key-env" in one_line(
-        capsys.readouterr().err)
+    assert "warning: listening on 0.0.0.0 without --api-key-env" in one_line(capsys.readouterr().err)
     assert calls[-1]["api_key"] is None
     assert calls[-1]["max_body_bytes"] == 1 << 20
     assert calls[-1]["max_waiting"] is None
     monkeypatch.setenv("LANEFOLD_TEST_SERVE_KEY", "k-123")
-    assert main(["serve", "--backend-config", str(config), "--host", "0.0.0.0", "--api-key-env",
-                 "LANEFOLD_TEST_SERVE_KEY", "--max-body-bytes", "2048", "--max-waiting", "3"]) == 0
+    assert (
+        main(
+            [
+                "serve",
+                "--backend-config",
+                str(config),
+                "--host",
+                "0.0.0.0",
+                "--api-key-env",
+                "LANEFOLD_TEST_SERVE_KEY",
+                "--max-body-bytes",
+                "2048",
+                "--max-waiting",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().err == ""
-    assert (calls[-1]["api_key"], calls[-1]["max_body_bytes"], calls[-1]["max_waiting"]) == (
-        "k-123", 2048, 3)
+    assert (calls[-1]["api_key"], calls[-1]["max_body_bytes"], calls[-1]["max_waiting"]) == ("k-123", 2048, 3)
     assert main(["serve", "--backend-config", str(config), "--host", "::1"]) == 0
     assert capsys.readouterr().err == ""  # loopback: no warning
 
@@ -132,9 +153,24 @@ def test_ctrl_c_with_requests_in_flight_stops_quietly_within_seconds(config: Pat
         port = probe.getsockname()[1]
     env = {**os.environ, "LANEFOLD_TEST_SERVE_KEY": "k-123"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "serve", "--backend-config", str(config),
-         "--port", str(port), "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "serve",
+            "--backend-config",
+            str(config),
+            "--port",
+            str(port),
+            "--api-key-env",
+            "LANEFOLD_TEST_SERVE_KEY",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     auth = {"Authorization": "Bearer k-123"}
     answers: dict[str, Any] = {}
@@ -158,8 +194,7 @@ def test_ctrl_c_with_requests_in_flight_stops_quietly_within_seconds(config: Pat
                 assert proc.poll() is None, proc.communicate()
                 assert time.monotonic() < deadline, "serve did not come up"
                 time.sleep(0.1)
-        askers = [threading.Thread(target=ask, args=(name, name == "stream"))
-                  for name in ("whole", "stream")]
+        askers = [threading.Thread(target=ask, args=(name, name == "stream")) for name in ("whole", "stream")]
         for asker in askers:
             asker.start()
         time.sleep(1.0)  # both are in flight: the backend takes 60 s per request

@@ -24,10 +24,14 @@ SIMULATED = {"kind": "simulated", "accuracy": 0.6}
 
 
 def config(**loop: Any) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": 3, "seed": 7, **loop}, "backend": dict(SIMULATED),
-        "prompt": {"template": "{question}"},  # the prompt is the question: gates find it
-        "retry": {"max_attempts": 1}})
+    return lanefold.parse_config(
+        {
+            "loop": {"k": 3, "seed": 7, **loop},
+            "backend": dict(SIMULATED),
+            "prompt": {"template": "{question}"},  # the prompt is the question: gates find it
+            "retry": {"max_attempts": 1},
+        }
+    )
 
 
 def log_types(runs: Path, run_id: str) -> list[str]:
@@ -39,8 +43,7 @@ class Counting(SimulatedBackend):
     """The simulated backend, counting `load` and `aclose` calls."""
 
     def __init__(self, config: SimulatedConfig | None = None) -> None:
-        super().__init__(config or SimulatedConfig(**{k: v for k, v in SIMULATED.items()
-                                                      if k != "kind"}))
+        super().__init__(config or SimulatedConfig(**{k: v for k, v in SIMULATED.items() if k != "kind"}))
         self.loads = self.closes = 0
 
     async def load(self) -> None:
@@ -121,7 +124,8 @@ async def test_a_given_backend_is_loaded_once_and_never_closed(runs: Path) -> No
 
 @pytest.mark.anyio
 async def test_two_runs_share_one_built_backend_loaded_once_and_closed_on_exit(
-        runs: Path, built: list[Counting]) -> None:
+    runs: Path, built: list[Counting]
+) -> None:
     async with lanefold.Session(config(), runs_dir=runs) as session:
         assert len(built) == 1 and built[0].loads == 1
         await session.run("What is 17 * 23?")
@@ -133,14 +137,16 @@ async def test_two_runs_share_one_built_backend_loaded_once_and_closed_on_exit(
 
 @pytest.mark.anyio
 async def test_concurrent_resumes_in_a_session_without_config_build_one_backend(
-        runs: Path, built: list[Counting]) -> None:
+    runs: Path, built: list[Counting]
+) -> None:
     # Two runs interrupted mid-wave (a cancelled caller): resumable, with one recorded backend.
     questions = ["first question", "second question"]
     held = Gated(questions)
     async with anyio.create_task_group() as tg:
         for question in questions:
-            tg.start_soon(lambda q=question: lanefold.run(
-                config(), q, runs_dir=runs, run_id=q.split()[0], backend=held))
+            tg.start_soon(
+                lambda q=question: lanefold.run(config(), q, runs_dir=runs, run_id=q.split()[0], backend=held)
+            )
         with anyio.fail_after(30):
             await held.until_waiting(2)
         tg.cancel_scope.cancel()
@@ -164,17 +170,21 @@ async def test_concurrent_resumes_in_a_session_without_config_build_one_backend(
 
 @pytest.mark.anyio
 async def test_a_resumed_run_with_another_backend_gets_its_own_closed_with_the_session(
-        runs: Path, built: list[Counting]) -> None:
+    runs: Path, built: list[Counting]
+) -> None:
     # Session's docstring: "A run resumed here whose recorded backend differs from the
     # session's gets one built for it, kept (for later runs of that backend) until the
     # session closes."
-    other = lanefold.parse_config({
-        "loop": {"k": 3, "seed": 7}, "backend": {**SIMULATED, "answer": "42"},
-        "prompt": {"template": "{question}"}})
+    other = lanefold.parse_config(
+        {
+            "loop": {"k": 3, "seed": 7},
+            "backend": {**SIMULATED, "answer": "42"},
+            "prompt": {"template": "{question}"},
+        }
+    )
     held = Gated(["old question"])
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: lanefold.run(other, "old question", runs_dir=runs,
-                                               run_id="old", backend=held))
+        tg.start_soon(lambda: lanefold.run(other, "old question", runs_dir=runs, run_id="old", backend=held))
         with anyio.fail_after(30):
             await held.until_waiting(1)
         tg.cancel_scope.cancel()
@@ -227,8 +237,9 @@ async def test_run_many_runs_at_most_concurrency_questions_at_once(runs: Path) -
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(release)
-                async for result in session.run_many(questions, concurrency=2,
-                                                     run_ids=[f"r{i}" for i in range(5)]):
+                async for result in session.run_many(
+                    questions, concurrency=2, run_ids=[f"r{i}" for i in range(5)]
+                ):
                     seen.append(result.index)
     assert sorted(seen) == list(range(5))
     assert backend.peak == 2
@@ -244,8 +255,7 @@ async def test_run_many_raises_the_failing_runs_error_and_interrupts_the_rest(ru
         async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
             with pytest.raises(lanefold.RunError, match="a bug on 'bad question'"):
                 try:
-                    async for _ in session.run_many(questions, concurrency=2,
-                                                    run_ids=["held", "bad"]):
+                    async for _ in session.run_many(questions, concurrency=2, run_ids=["held", "bad"]):
                         pass
                 except BaseExceptionGroup as group:  # the caller must get the run's own error
                     pytest.fail(f"run_many raised a task group's {group!r}, not the RunError")
@@ -304,8 +314,7 @@ def test_run_sync_runs_one_question(runs: Path) -> None:
 async def test_run_sync_works_inside_a_running_event_loop(runs: Path) -> None:
     # A notebook cell: an event loop already runs in this thread.
     backend = Counting()
-    result = lanefold.run_sync(config(), "What is 17 * 23?", runs_dir=runs, run_id="nb",
-                                   backend=backend)
+    result = lanefold.run_sync(config(), "What is 17 * 23?", runs_dir=runs, run_id="nb", backend=backend)
     assert result.answer is not None
     assert (backend.requests, backend.closes) == (1, 0)
 

@@ -221,9 +221,7 @@ score_maps = st.dictionaries(
 
 
 @given(score_maps, answer_maps)
-def test_lexicographic_properties(
-    scores: dict[int, float | None], answers: dict[int, str | None]
-) -> None:
+def test_lexicographic_properties(scores: dict[int, float | None], answers: dict[int, str | None]) -> None:
     result = judge_argmax(scores, tie_break="lexicographic", answers=answers)
     flipped = judge_argmax(
         dict(reversed(list(scores.items()))),

@@ -24,8 +24,9 @@ from lanefold.stores.files import JsonlEventLog, RunLock
 
 def dead_pid() -> int:
     """The pid of a process that has exited and been reaped."""
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(proc.stdout)
 
 
@@ -57,8 +58,11 @@ def writes_after(fd: int, reads: int, content: bytes) -> Callable[[float], None]
 def test_a_second_writer_names_the_holders_pid(tmp_path: Path) -> None:
     lock = RunLock.acquire(tmp_path / "r", "r")
     try:
-        with pytest.raises(RunInUseError, match=rf"^run r is being written by another process "
-                                                rf"\(pid {os.getpid()}\)$") as caught:
+        with pytest.raises(
+            RunInUseError,
+            match=rf"^run r is being written by another process "
+            rf"\(pid {os.getpid()}\)$",
+        ) as caught:
             RunLock.acquire(tmp_path / "r", "r")
         assert caught.value.pid == os.getpid()
     finally:
@@ -80,15 +84,16 @@ def test_a_dead_writers_pid_is_never_named(held: tuple[Path, int]) -> None:
 
 
 @pytest.mark.parametrize("content", [b"", b"123", b"not a pid\n", "{pid}\n"])
-def test_no_live_pid_after_the_rereads_says_pid_unknown(held: tuple[Path, int],
-                                                        content: bytes | str) -> None:
+def test_no_live_pid_after_the_rereads_says_pid_unknown(held: tuple[Path, int], content: bytes | str) -> None:
     folder, fd = held
     # A half-written pid (no newline) is not read as a pid; neither is a dead one.
-    os.pwrite(fd, content.format(pid=dead_pid()).encode() if isinstance(content, str) else content,
-              0)
+    os.pwrite(fd, content.format(pid=dead_pid()).encode() if isinstance(content, str) else content, 0)
     naps: list[float] = []
-    with pytest.raises(RunInUseError, match=r"^run r is being written by another process "
-                                            r"\(pid unknown\)$") as caught:
+    with pytest.raises(
+        RunInUseError,
+        match=r"^run r is being written by another process "
+        r"\(pid unknown\)$",
+    ) as caught:
         RunLock.acquire(folder, "r", sleep=naps.append)
     assert caught.value.pid is None
     assert 0 < len(naps) <= 100 and set(naps) == {0.01}  # bounded: about a second at most
@@ -114,8 +119,9 @@ def test_release_removes_the_lock_file_and_the_id_is_free_again(tmp_path: Path) 
     assert list(folder.iterdir()) == []
 
 
-def test_a_contender_that_locks_the_removed_file_starts_again(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_contender_that_locks_the_removed_file_starts_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # B opens the lock file, then A (the holder) releases: the file is removed and its flock
     # dropped. B's flock now succeeds on a file that is no longer the run's lock; meanwhile C
     # takes the run's (new) lock file. B must notice and be refused by C, not write beside it.
@@ -141,7 +147,8 @@ def test_a_contender_that_locks_the_removed_file_starts_again(tmp_path: Path,
 
 
 def test_a_contender_whose_file_went_with_no_new_holder_takes_the_lock(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = tmp_path / "r"
     a = RunLock.acquire(folder, "r")
     real_flock = fcntl.flock
@@ -164,8 +171,15 @@ def test_a_contender_whose_file_went_with_no_new_holder_takes_the_lock(
 
 
 def started(run_id: str) -> WaveBarrier:
-    return WaveBarrier(id=f"{run_id}:1", source="test", time=datetime.now(UTC), sequence=1,
-                       run_id=run_id, wave=1, data=WaveBarrierData(completed=[0], failed=[]))
+    return WaveBarrier(
+        id=f"{run_id}:1",
+        source="test",
+        time=datetime.now(UTC),
+        sequence=1,
+        run_id=run_id,
+        wave=1,
+        data=WaveBarrierData(completed=[0], failed=[]),
+    )
 
 
 def test_closing_a_log_removes_the_lock_file(tmp_path: Path) -> None:
@@ -193,10 +207,13 @@ def test_a_refused_create_removes_the_lock_it_took(tmp_path: Path) -> None:
 
 def test_a_writer_that_dies_leaves_the_file_and_the_next_takes_it_over(tmp_path: Path) -> None:
     folder = tmp_path / "r"
-    code = ("import sys; from pathlib import Path; from lanefold.stores.files import RunLock;"
-            "RunLock.acquire(Path(sys.argv[1]), 'r'); import os; os._exit(0)")
-    proc = subprocess.run([sys.executable, "-c", code, str(folder)], check=True,
-                          cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys; from pathlib import Path; from lanefold.stores.files import RunLock;"
+        "RunLock.acquire(Path(sys.argv[1]), 'r'); import os; os._exit(0)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], check=True, cwd=Path(__file__).resolve().parents[2]
+    )
     assert proc.returncode == 0
     assert (folder / "lock").read_text().strip().isdigit()  # a death leaves the file...
     lock = RunLock.acquire(folder, "r")  # ...and no lock

@@ -28,8 +28,7 @@ NEWER = f"written by a newer lanefold: schema {SCHEMA_VERSION + 1}, this reads u
 
 def unversion(events: Events) -> Events:
     """The events as a lanefold before `schemaversion` wrote them."""
-    return [{key: value for key, value in event.items() if key != "schemaversion"}
-            for event in events]
+    return [{key: value for key, value in event.items() if key != "schemaversion"} for event in events]
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +62,29 @@ def test_a_line_without_it_reads_as_the_first_schema() -> None:
 
 
 def _line(**changes: Any) -> str:
-    event = {"specversion": "1.0", "schemaversion": SCHEMA_VERSION, "id": "r:1",
-             "source": "lanefold:run/r", "type": "wave.barrier", "time": "2026-12-05T08:00:00Z",
-             "sequence": 1, "run_id": "r", "wave": 1, "data": {"completed": [0], "failed": []}}
+    event = {
+        "specversion": "1.0",
+        "schemaversion": SCHEMA_VERSION,
+        "id": "r:1",
+        "source": "lanefold:run/r",
+        "type": "wave.barrier",
+        "time": "2026-12-05T08:00:00Z",
+        "sequence": 1,
+        "run_id": "r",
+        "wave": 1,
+        "data": {"completed": [0], "failed": []},
+    }
     return json.dumps({**event, **changes})
 
 
 # -- a log written before it ----------------------------------------------------------------------
 
 
-def test_a_log_without_it_shows_the_same_result(source: Path, runs: Path,  # noqa: F811
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_log_without_it_shows_the_same_result(
+    source: Path,  # noqa: F811
+    runs: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     shown = {}
     for where in (source, runs):
         assert main(["show", "a", "--runs-dir", str(where), "--json"]) == 0
@@ -81,8 +92,11 @@ def test_a_log_without_it_shows_the_same_result(source: Path, runs: Path,  # noq
     assert shown[source] == shown[runs]
 
 
-def test_a_log_without_it_resumes_and_goes_on_with_it(source: Path, runs: Path,  # noqa: F811
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_log_without_it_resumes_and_goes_on_with_it(
+    source: Path,  # noqa: F811
+    runs: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     events = read(runs, "a")
     cut = next(i for i, e in enumerate(events) if e["type"] == "lane.completed") + 2
     write(runs, "a", events[:cut])  # crashed mid-wave, written by the older lanefold
@@ -97,54 +111,57 @@ def test_a_log_without_it_resumes_and_goes_on_with_it(source: Path, runs: Path, 
     capsys.readouterr()
 
 
-def test_spliced_logs_without_it_are_refused(runs: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_spliced_logs_without_it_are_refused(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     file_tests.test_a_log_spliced_from_two_runs_is_refused_at_the_first_foreign_line(runs, capsys)
     file_tests.test_a_copied_run_folder_does_not_pass_for_another_run(runs, capsys)
 
 
-def test_an_edited_config_without_it_is_refused(runs: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_edited_config_without_it_is_refused(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     file_tests.test_an_edited_config_no_longer_matches_its_hash(runs, capsys)
 
 
 @pytest.mark.parametrize(("kind", "field", "value", "why"), file_tests.EDITED_FIELDS)
-def test_edited_outcomes_without_it_are_named(runs: Path, capsys: pytest.CaptureFixture[str],
-                                              kind: str, field: str, value: str, why: str) -> None:
-    file_tests.test_edited_answers_votes_and_results_are_named(runs, capsys, kind, field, value,
-                                                               why)
+def test_edited_outcomes_without_it_are_named(
+    runs: Path, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str, why: str
+) -> None:
+    file_tests.test_edited_answers_votes_and_results_are_named(runs, capsys, kind, field, value, why)
 
 
 def test_events_without_it_that_do_not_follow_are_refused(
-        unversioned: Path, runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    unversioned: Path, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     file_tests.test_events_that_do_not_follow_from_the_state_are_refused(unversioned, runs, capsys)
 
 
 @pytest.mark.parametrize("name", file_tests.FORGERIES)
-def test_forgeries_without_it_are_refused(runs: Path, capsys: pytest.CaptureFixture[str],
-                                          name: str) -> None:
+def test_forgeries_without_it_are_refused(runs: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     file_tests.test_forgeries_are_refused_at_their_line(runs, capsys, name)
 
 
 def test_a_re_reduction_without_it_by_another_reducer_is_refused(
-        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     file_tests.test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(runs, capsys)
 
 
 def test_edited_numbers_without_it_are_refused(
-        unversioned: Path, tmp_path_factory: pytest.TempPathFactory,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    unversioned: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     file_tests.test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
-        unversioned, tmp_path_factory, capsys)
+        unversioned, tmp_path_factory, capsys
+    )
 
 
 # -- a log written by a newer lanefold ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("at", [0, 5, -1])
-def test_a_line_of_a_newer_schema_is_refused_naming_it(source: Path, runs: Path,  # noqa: F811
-                                                       capsys: pytest.CaptureFixture[str],
-                                                       at: int) -> None:
+def test_a_line_of_a_newer_schema_is_refused_naming_it(
+    source: Path,  # noqa: F811
+    runs: Path,
+    capsys: pytest.CaptureFixture[str],
+    at: int,
+) -> None:
     events = read(source, "a")
     events[at]["schemaversion"] = SCHEMA_VERSION + 1
     write(runs, "a", events)
@@ -152,11 +169,13 @@ def test_a_line_of_a_newer_schema_is_refused_naming_it(source: Path, runs: Path,
 
 
 def test_what_a_newer_schema_adds_is_not_taken_for_corruption(
-        source: Path, runs: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    source: Path,  # noqa: F811
+    runs: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """A newer line's unknown type and fields fail the models first: the version is the news."""
     events = read(source, "a")
-    newer = {**events[4], "schemaversion": SCHEMA_VERSION + 1, "type": "lane.paused",
-             "priority": 3}
+    newer = {**events[4], "schemaversion": SCHEMA_VERSION + 1, "type": "lane.paused", "priority": 3}
     write(runs, "a", [*events[:4], newer, *events[5:]])
     refused(runs, "a", capsys, 5, NEWER)
 
@@ -164,8 +183,9 @@ def test_what_a_newer_schema_adds_is_not_taken_for_corruption(
 def test_read_event_tells_a_newer_line_from_a_corrupt_one() -> None:
     with pytest.raises(LogTooNewError) as newer:
         read_event(_line(schemaversion=SCHEMA_VERSION + 7, extra=1), "log", 3)
-    assert str(newer.value) == (f"log:3: written by a newer lanefold: schema {SCHEMA_VERSION + 7}"
-                                f", this reads up to {SCHEMA_VERSION}")
+    assert str(newer.value) == (
+        f"log:3: written by a newer lanefold: schema {SCHEMA_VERSION + 7}, this reads up to {SCHEMA_VERSION}"
+    )
     assert newer.value.line == 3 and newer.value.exit_code == 2
     assert isinstance(newer.value, LogCorruptError)  # every reader's refusal, as before
     for wrong in (0, -1, "2", 2.0, True, None, "1", 1.0):  # an integer, as JSON writes it
@@ -175,15 +195,29 @@ def test_read_event_tells_a_newer_line_from_a_corrupt_one() -> None:
     assert read_event(_line(), "log", 1).schemaversion == SCHEMA_VERSION
 
 
-@pytest.mark.parametrize("line", [b"", b"{", b"[2]", b'"x"', b"3", b'{"schemaversion": 1}',
-                                  b'{"schemaversion": true}', b'{"schemaversion": 9.0}'])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"",
+        b"{",
+        b"[2]",
+        b'"x"',
+        b"3",
+        b'{"schemaversion": 1}',
+        b'{"schemaversion": true}',
+        b'{"schemaversion": 9.0}',
+    ],
+)
 def test_newer_schema_is_none_unless_a_line_claims_a_newer_integer(line: bytes) -> None:
     assert newer_schema(line) is None
 
 
 @pytest.mark.slow  # a PostgreSQL server, as test_pgstore_refusal's
 def test_a_row_of_a_newer_schema_is_refused_by_the_postgresql_log(
-        source: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    source: Path,  # noqa: F811
+    pg_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from test_pgstore_refusal import PgRuns
 
     pg = PgRuns(pg_url)

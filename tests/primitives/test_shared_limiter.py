@@ -25,9 +25,9 @@ DEADLOCK = 60  # seconds: the runs take milliseconds; only a deadlock reaches th
 
 
 def config(k: int, *, max_concurrency: int = 16, seed: int = 0) -> lanefold.LoopConfig:
-    return lanefold.parse_config({
-        "loop": {"k": k, "seed": seed, "max_concurrency": max_concurrency},
-        "backend": {"kind": "simulated"}})
+    return lanefold.parse_config(
+        {"loop": {"k": k, "seed": seed, "max_concurrency": max_concurrency}, "backend": {"kind": "simulated"}}
+    )
 
 
 class Spy(SimulatedBackend):
@@ -57,13 +57,15 @@ class Spy(SimulatedBackend):
             self.in_flight -= n
 
 
-async def run_all(runs: Path, limiter: anyio.CapacityLimiter, backend: Spy,
-                  configs: list[lanefold.LoopConfig]) -> list[lanefold.RunResult]:
+async def run_all(
+    runs: Path, limiter: anyio.CapacityLimiter, backend: Spy, configs: list[lanefold.LoopConfig]
+) -> list[lanefold.RunResult]:
     results: list[lanefold.RunResult | None] = [None] * len(configs)
 
     async def one(i: int) -> None:
-        results[i] = await lanefold.run(configs[i], QUESTION, runs_dir=runs, run_id=f"r{i}",
-                                            backend=backend, limiter=limiter)
+        results[i] = await lanefold.run(
+            configs[i], QUESTION, runs_dir=runs, run_id=f"r{i}", backend=backend, limiter=limiter
+        )
 
     with anyio.fail_after(DEADLOCK):
         async with anyio.create_task_group() as tg:
@@ -94,8 +96,9 @@ async def test_a_session_shares_its_limiter_between_concurrent_runs(tmp_path: Pa
     limiter = anyio.CapacityLimiter(4)
     backend = Spy(limiter)
     with anyio.fail_after(DEADLOCK):
-        async with lanefold.Session(config(3), backend=backend, limiter=limiter,
-                                        runs_dir=tmp_path) as session:
+        async with lanefold.Session(
+            config(3), backend=backend, limiter=limiter, runs_dir=tmp_path
+        ) as session:
             results = [r async for r in session.run_many([QUESTION] * 4, concurrency=4)]
     assert sorted(r.index for r in results) == [0, 1, 2, 3]
     assert all(r.lanes_completed == 3 for r in results)
@@ -113,7 +116,8 @@ async def test_one_run_of_eight_lanes_under_a_limiter_of_two(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("limit", [1, 3])
 async def test_several_runs_with_different_max_concurrency_share_a_small_limiter(
-        tmp_path: Path, limit: int) -> None:
+    tmp_path: Path, limit: int
+) -> None:
     limiter = anyio.CapacityLimiter(limit)
     backend = Spy(limiter)
     configs = [config(5, max_concurrency=c, seed=c) for c in (1, 2, 3, 4, 8)]
@@ -121,4 +125,3 @@ async def test_several_runs_with_different_max_concurrency_share_a_small_limiter
     assert [r.lanes_completed for r in results] == [5] * 5
     assert_within(limiter, backend)
     assert backend.peak >= 1
-

@@ -66,7 +66,8 @@ async def test_callable_return_values(value: object, expected: Verdict) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    "value", ["7", math.nan, math.inf, -math.inf, 10**400, [1], object()],
+    "value",
+    ["7", math.nan, math.inf, -math.inf, 10**400, [1], object()],
     ids=["str", "nan", "inf", "-inf", "huge-int", "list", "object"],
 )
 async def test_callable_non_numbers_are_bad_output(value: object) -> None:
@@ -381,12 +382,18 @@ async def test_import_verifier(check_module: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("lanefold_no_such_module:f",
-         "judge.verifier: cannot import 'lanefold_no_such_module:f': ModuleNotFoundError: "),
-        ("lanefold_check_module:missing", "judge.verifier: cannot import 'lanefold_check_module:missing': "
-         "AttributeError: "),
-        ("lanefold_check_module:NOT_CALLABLE",
-         "judge.verifier: 'lanefold_check_module:NOT_CALLABLE' is not callable"),
+        (
+            "lanefold_no_such_module:f",
+            "judge.verifier: cannot import 'lanefold_no_such_module:f': ModuleNotFoundError: ",
+        ),
+        (
+            "lanefold_check_module:missing",
+            "judge.verifier: cannot import 'lanefold_check_module:missing': AttributeError: ",
+        ),
+        (
+            "lanefold_check_module:NOT_CALLABLE",
+            "judge.verifier: 'lanefold_check_module:NOT_CALLABLE' is not callable",
+        ),
         ("lanefold_check_module", "judge.verifier: 'lanefold_check_module' must look like 'module:function'"),
     ],
 )

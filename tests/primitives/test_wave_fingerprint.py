@@ -15,14 +15,14 @@ PARAMS = SamplingParams(temperature=0.7, max_tokens=64, logprobs=True)
 
 def fingerprint(params: SamplingParams) -> str:
     jobs = [LaneJob(0, "What is 2+2?"), LaneJob(1, "What is 2+2?")]
-    return wave_fingerprint("sample", "sample", jobs, params, quorum=1, share_prefix=True,
-                            extract=None, backend="simulated")
+    return wave_fingerprint(
+        "sample", "sample", jobs, params, quorum=1, share_prefix=True, extract=None, backend="simulated"
+    )
 
 
 def test_a_wave_recorded_before_top_logprobs_keeps_its_fingerprint() -> None:
     # The value this wave had before SamplingParams had `top_logprobs` (commit 4706507).
-    assert fingerprint(PARAMS) == (
-        "sha256:d4e5590349d68e4b0056da26ae40d057ffbfe566bb14502e8c20e7a87eb60ebd")
+    assert fingerprint(PARAMS) == ("sha256:d4e5590349d68e4b0056da26ae40d057ffbfe566bb14502e8c20e7a87eb60ebd")
 
 
 def test_asking_for_alternatives_is_another_wave() -> None:

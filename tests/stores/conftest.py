@@ -24,15 +24,16 @@ def _postgres(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, li
 
 # How the suite opens each registered store, and the flags that name it on the command line.
 OPENERS: dict[str, Callable[[pytest.FixtureRequest, Path], tuple[Store, list[str]]]] = {
-    "files": _files, "postgres": _postgres}
+    "files": _files,
+    "postgres": _postgres,
+}
 
 
 @pytest.fixture(params=STORES.names())
 def opened(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
     opener = OPENERS.get(request.param)
     if opener is None:
-        pytest.fail(f"store {request.param!r} is registered but has no opener in the "
-                    f"conformance suite")
+        pytest.fail(f"store {request.param!r} is registered but has no opener in the conformance suite")
     return opener(request, tmp_path)
 
 

@@ -50,26 +50,52 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def started(run_id: str, *, loop: str = "parallel_sample", at: datetime = T0) -> RunStarted:
-    return RunStarted(id=f"{run_id}:1", source="test", time=at, sequence=1, run_id=run_id,
-                      data=RunStartedData(config={}, config_hash="x", question="Q?",
-                                          coordinator=loop, backend="simulated",
-                                          library_version="test"))
+    return RunStarted(
+        id=f"{run_id}:1",
+        source="test",
+        time=at,
+        sequence=1,
+        run_id=run_id,
+        data=RunStartedData(
+            config={},
+            config_hash="x",
+            question="Q?",
+            coordinator=loop,
+            backend="simulated",
+            library_version="test",
+        ),
+    )
 
 
 def barrier(run_id: str, seq: int, at: datetime = T0) -> WaveBarrier:
-    return WaveBarrier(id=f"{run_id}:{seq}", source="test", time=at, sequence=seq,
-                       run_id=run_id, wave=1, data=WaveBarrierData(completed=[seq], failed=[]))
+    return WaveBarrier(
+        id=f"{run_id}:{seq}",
+        source="test",
+        time=at,
+        sequence=seq,
+        run_id=run_id,
+        wave=1,
+        data=WaveBarrierData(completed=[seq], failed=[]),
+    )
 
 
 def ended(run_id: str, seq: int, how: str, at: datetime = T0) -> AnyEvent:
-    common: dict[str, Any] = {"id": f"{run_id}:{seq}", "source": "test", "time": at,
-                              "sequence": seq, "run_id": run_id}
+    common: dict[str, Any] = {
+        "id": f"{run_id}:{seq}",
+        "source": "test",
+        "time": at,
+        "sequence": seq,
+        "run_id": run_id,
+    }
     if how == "answered":
-        return RunCompleted(**common, data=RunCompletedData(result={
-            "answer": "391", "lanes_completed": 2, "cost": {"total": 0.5}}))
+        return RunCompleted(
+            **common,
+            data=RunCompletedData(result={"answer": "391", "lanes_completed": 2, "cost": {"total": 0.5}}),
+        )
     if how == "failed":
-        return RunFailed(**common, data=RunFailedData(error="BudgetExhaustedError",
-                                                      message="spent", exit_code=3))
+        return RunFailed(
+            **common, data=RunFailedData(error="BudgetExhaustedError", message="spent", exit_code=3)
+        )
     return RunInterrupted(**common, data=RunInterruptedData(reason="SIGINT"))
 
 
@@ -148,8 +174,14 @@ def _fleet(store: Store) -> None:
         run_id, at = f"ev.{i}", T0 + timedelta(minutes=i)
         tail = [] if how == "stopped" else [ended(run_id, 2, how, at)]
         write(store, run_id, [started(run_id, at=at), *tail])
-    write(store, "solo", [started("solo", loop="debate", at=T0 + timedelta(minutes=10)),
-                          ended("solo", 2, "answered", T0 + timedelta(minutes=11))])
+    write(
+        store,
+        "solo",
+        [
+            started("solo", loop="debate", at=T0 + timedelta(minutes=10)),
+            ended("solo", 2, "answered", T0 + timedelta(minutes=11)),
+        ],
+    )
 
 
 def test_list_runs_filters_and_order(store: Store) -> None:
@@ -161,27 +193,31 @@ def test_list_runs_filters_and_order(store: Store) -> None:
     try:
         every = store.list_runs()
         assert [s.run_id for s in every] == ["live", "solo", "ev.3", "ev.2", "ev.1", "ev.0"]
-        assert [s.status for s in every] == ["running", "answered", "stopped", "interrupted",
-                                             "failed", "answered"]
+        assert [s.status for s in every] == [
+            "running",
+            "answered",
+            "stopped",
+            "interrupted",
+            "failed",
+            "answered",
+        ]
         for status in ("answered", "failed", "interrupted", "stopped", "running"):
             assert {s.status for s in store.list_runs(status=status)} == {status}
         assert [s.run_id for s in store.list_runs(loop="debate")] == ["solo"]
-        assert [s.run_id for s in store.list_runs(eval_id="ev")] == ["ev.3", "ev.2", "ev.1",
-                                                                     "ev.0"]
+        assert [s.run_id for s in store.list_runs(eval_id="ev")] == ["ev.3", "ev.2", "ev.1", "ev.0"]
         assert store.list_runs(eval_id="e") == [], "an eval id is a whole prefix"
         since = T0 + timedelta(minutes=2)
-        assert [s.run_id for s in store.list_runs(since=since)] == ["live", "solo", "ev.3",
-                                                                    "ev.2"]
+        assert [s.run_id for s in store.list_runs(since=since)] == ["live", "solo", "ev.3", "ev.2"]
         assert [s.run_id for s in store.list_runs(limit=2)] == ["live", "solo"]
         first = every[-1]
-        assert (first.answer, first.lanes, first.cost_usd, first.loop) == (
-            "391", 2, 0.5, "parallel_sample")
+        assert (first.answer, first.lanes, first.cost_usd, first.loop) == ("391", 2, 0.5, "parallel_sample")
     finally:
         held.close()
 
 
 def test_orchestrator_list_prints_runs_newest_first(
-        opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]) -> None:
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
     store, flags = opened
     _fleet(store)
     assert main(["list", *flags, "--json"]) == 0
@@ -201,12 +237,21 @@ def test_orchestrator_list_prints_runs_newest_first(
 def test_a_forged_log_is_refused_on_read_naming_the_line(store: Store, forgery: str) -> None:
     """A real run's log with another run's line spliced in, or its answer edited: read back
     whole, then refused at the line, one line naming it."""
-    lanefold.run_sync(str(ROOT / "examples" / "simulated.toml"), "What is 17 * 23?",
-                      store=store, run_id="real")
+    lanefold.run_sync(
+        str(ROOT / "examples" / "simulated.toml"), "What is 17 * 23?", store=store, run_id="real"
+    )
     events = list(store.reader("real").read())
     assert read_run(store, "real")[1].result is not None  # the run's own log reads whole
-    forged = [e.model_copy(update={"run_id": "f1", "id": e.id.replace("real", "f1"),
-                                   "source": e.source.replace("real", "f1")}) for e in events]
+    forged = [
+        e.model_copy(
+            update={
+                "run_id": "f1",
+                "id": e.id.replace("real", "f1"),
+                "source": e.source.replace("real", "f1"),
+            }
+        )
+        for e in events
+    ]
     if forgery == "spliced":
         forged[1] = events[1]  # the other run's line
         line = 2

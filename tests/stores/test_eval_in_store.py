@@ -14,18 +14,20 @@ from lanefold.primitives import Store
 
 
 def test_an_eval_lives_in_its_store_and_is_read_from_it(
-        opened: tuple[Store, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    opened: tuple[Store, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     store, flags = opened
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    (work / "sim.toml").write_text(
-        '[loop]\nk = 2\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n')
-    (work / "q.jsonl").write_text("".join(
-        json.dumps({"question": f"Q{i}?", "answer": "391"}) + "\n" for i in range(5)))
-    assert main(["eval", "sim.toml", "--dataset", "q.jsonl", "--eval-id", "ev", *flags,
-                 "--json"]) == 0
+    (work / "sim.toml").write_text('[loop]\nk = 2\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n')
+    (work / "q.jsonl").write_text(
+        "".join(json.dumps({"question": f"Q{i}?", "answer": "391"}) + "\n" for i in range(5))
+    )
+    assert main(["eval", "sim.toml", "--dataset", "q.jsonl", "--eval-id", "ev", *flags, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["n"] == 5
     if "--store" in flags:  # nothing of it on disk: not the runs, not the eval's record
@@ -43,8 +45,7 @@ def test_an_eval_lives_in_its_store_and_is_read_from_it(
     assert len(lines) == 5 and all(line.startswith("#") and "run=ev." in line for line in lines)
     assert main(["tail", "ev", "--follow", *flags, "--json"]) == 0, "all there: it ends"
     assert len(capsys.readouterr().out.splitlines()) == 5
-    assert sorted(s.run_id for s in store.list_runs(eval_id="ev")) == [f"ev.{i}"
-                                                                       for i in range(5)]
+    assert sorted(s.run_id for s in store.list_runs(eval_id="ev")) == [f"ev.{i}" for i in range(5)]
 
     # Continued: every row is there already, none is run or recorded again.
     assert main(["eval", "--resume", "ev", *flags, "--json"]) == 0

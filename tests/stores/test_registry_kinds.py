@@ -42,11 +42,16 @@ def test_open_store_picks_by_scheme(tmp_path: Path) -> None:
         assert isinstance(open_store(url), PgStore)  # nothing connects until used
 
 
-@pytest.mark.parametrize(("url", "said"), [
-    ("mysql://u:hunter2@h/db", "store.url: no store serves mysql:// URLs (known: postgres://, "
-                               "postgresql://)"),
-    ("runs", "store.url: no store serves a value that is not a URL"),
-])
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "mysql://u:hunter2@h/db",
+            "store.url: no store serves mysql:// URLs (known: postgres://, postgresql://)",
+        ),
+        ("runs", "store.url: no store serves a value that is not a URL"),
+    ],
+)
 def test_an_unknown_scheme_is_one_line_naming_store_url(url: str, said: str) -> None:
     with pytest.raises(ConfigError) as refused:
         open_store(url)
@@ -58,8 +63,7 @@ class _Memory(RunStore):
     schemes: ClassVar[tuple[str, ...]] = ("mem",)
 
     @classmethod
-    def from_url(cls, url: str | None, *, runs_dir: Any = "runs",
-                 password_env: str | None = None) -> _Memory:
+    def from_url(cls, url: str | None, *, runs_dir: Any = "runs", password_env: str | None = None) -> _Memory:
         return cls(Path(runs_dir) / "mem")
 
 
@@ -96,8 +100,11 @@ def test_executors_resolve_through_the_registry(registries: None) -> None:
 
 
 def test_an_unknown_executor_or_option_is_one_line(registries: None) -> None:
-    with pytest.raises(ConfigError, match=r"^--executor: unknown executor 'dask' \(known: "
-                                          r"local, ray"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--executor: unknown executor 'dask' \(known: "
+        r"local, ray",
+    ):
         resolve_executor("dask", key="--executor")
     with pytest.raises(ConfigError, match=r"^--workers: only with --executor ray$"):
         resolve_executor("local", key="--executor", options={"workers": ("--workers", 2)})
