@@ -28,11 +28,13 @@ demo: $(VENV)/.runtime
 
 test: $(VENV)/.dev
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: $(VENV)/.dev
