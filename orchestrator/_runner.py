@@ -9,7 +9,7 @@ the backends.
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import anyio
 import structlog
@@ -23,6 +23,7 @@ from lanefold.primitives import (
     EventLog,
     LanefoldError,
     Ledger,
+    Loadable,
     LogWriteError,
     NonDeterminismError,
     Outcome,
@@ -228,9 +229,8 @@ def lanefold_error(exc: BaseException) -> LanefoldError:
 
 
 async def load(backend: Backend | None) -> None:
-    load: Callable[[], Awaitable[None]] | None = getattr(backend, "load", None)
-    if load is not None:
-        await load()
+    if isinstance(backend, Loadable):
+        await backend.load()
 
 
 async def close(owned: list[Backend]) -> None:

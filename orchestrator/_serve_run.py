@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import anyio
 
 from lanefold.backends.openai import read_api_key
-from lanefold.primitives import Backend, ConfigError, LanefoldError
+from lanefold.primitives import Backend, ConfigError, LanefoldError, Loadable
 
 __all__ = (
     "ServeError",
@@ -116,10 +116,9 @@ async def serve_async(
                             tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            load = getattr(backend, "load", None)  # the engine: the model before the first client
-            if load is not None:
+            if isinstance(backend, Loadable):  # the engine: the model before the first client
                 try:
-                    await load()
+                    await backend.load()
                 except LanefoldError as exc:  # a model that cannot load: one line, its code
                     failure.append(exc)
             if not failure:

@@ -21,6 +21,7 @@ __all__ = (
     "LaneFailure",
     "LaneOutcome",
     "LaneRequest",
+    "Loadable",
     "Sample",
     "SampleRequest",
     "SamplingParams",
@@ -185,6 +186,17 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Release connections, threads or device memory."""
+        ...
+
+
+@runtime_checkable
+class Loadable(Protocol):
+    """A backend with something to make ready before its first request (the bundled engine
+    loads its model): the facade awaits `load()` once, before the run's first wave or before
+    `serve` takes its first client, so a model that cannot load fails early, in one line."""
+
+    async def load(self) -> None:
+        """Make the backend ready; a second call returns at once."""
         ...
 
 
