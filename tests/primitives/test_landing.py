@@ -24,7 +24,7 @@ from test_dispatch import make, spec
 import lanefold
 from lanefold.primitives import LaneOutcome, Sample, SampleRequest, Usage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class GatedBackend:

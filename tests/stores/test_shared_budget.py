@@ -561,7 +561,7 @@ def test_a_fleet_with_faults_and_kills_never_overspends(pg_url: str, tmp_path: A
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=os.path.dirname(os.path.dirname(__file__)),
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
         )
 
     # The doomed (3 runs each: too few to exhaust the budget alone) are killed while their
