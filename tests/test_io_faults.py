@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import Outcome, cli
+from cli_support import Outcome, cli
 
 import lanefold
 from lanefold.stores.files import JsonlEventLog

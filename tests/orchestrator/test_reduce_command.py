@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_cli import Outcome, cli
+from cli_support import Outcome, cli
 
 import lanefold
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
