@@ -49,14 +49,6 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         from lanefold._list_cli import add_commands as add_list_commands
         from lanefold._result import RunResult
         from lanefold._runner import build_backend, check_question
-        from lanefold._serve_run import (
-            api_key_from,
-            count,
-            is_loopback,
-            port_number,
-            require_extra,
-            serve,
-        )
         from lanefold._session import Session
         from lanefold._store import Store, open_store, read_run, read_state
         from lanefold.evaluate import add_commands, is_eval, show_eval, tail_eval
@@ -72,6 +64,14 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         )
         from lanefold.primitives.events import AnyEvent
         from lanefold.primitives.internal import apply
+        from lanefold.serve import (
+            api_key_from,
+            count,
+            is_loopback,
+            port_number,
+            require_extra,
+            serve,
+        )
 
         pause_point("import")
 except KeyboardInterrupt as stop:  # a signal while the command starts: nothing exists to tell of

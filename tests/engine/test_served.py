@@ -12,9 +12,9 @@ import pytest
 from loopback import Loopback
 
 import lanefold
-from lanefold._serve import create_app
 from lanefold.backends.engine import EngineBackend
 from lanefold.backends.engine._engine import Engine
+from lanefold.serve._app import create_app
 
 pytestmark = pytest.mark.slow
 
@@ -332,7 +332,7 @@ from tiny import TINY, byte_tokenizer, tiny_checkpoint
 from lanefold.backends.engine import EngineBackend
 from lanefold.backends.engine._engine import Engine
 from lanefold.backends.engine._model import build_model
-from lanefold._serve_run import serve
+from lanefold.serve._run import serve
 
 torch.set_num_threads(1)
 args = dataclasses.replace(TINY, max_position=8192, hidden_size=256, intermediate_size=384,

@@ -11,10 +11,10 @@ import anyio
 import pytest
 from loopback import Loopback
 
-from lanefold._serve import create_app
 from lanefold.backends.engine import EngineBackend, EngineConfig
 from lanefold.backends.engine._engine import Engine
 from lanefold.primitives import LaneRequest, Sample, SampleRequest, SamplingParams, sample_all
+from lanefold.serve._app import create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -29,10 +29,10 @@ from openai_stub import Recorded, Stub, choices_body, make_backend
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 import lanefold
-from lanefold._serve import create_app
 from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
 from lanefold.backends.openai._errors import Redactor
 from lanefold.primitives import ConfigError, LanefoldError
+from lanefold.serve._app import create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,6 @@ import pytest
 from loopback import Loopback
 from openai_stub import make_backend
 
-from lanefold._serve import create_app
-from lanefold._serve_wire import flatten_messages
 from lanefold.primitives import (
     AuthenticationError,
     BackendError,
@@ -40,6 +38,8 @@ from lanefold.primitives import (
     Usage,
     sample_all,
 )
+from lanefold.serve._app import create_app
+from lanefold.serve._wire import flatten_messages
 
 pytestmark = pytest.mark.anyio
 
@@ -621,7 +621,7 @@ async def test_errors_cross_the_wire_as_their_class(
 SERVE_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-from lanefold._serve_run import serve
+from lanefold.serve._run import serve
 
 class Backend:
     name = "tiny"

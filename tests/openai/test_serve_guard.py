@@ -18,8 +18,8 @@ import pytest
 from loopback import Loopback
 from test_serve_app import FakeBackend, call
 
-from lanefold._serve import create_app
 from lanefold.primitives import LaneOutcome, Sample, SampleRequest, TextDelta, Usage
+from lanefold.serve._app import create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,6 @@ import pytest
 from loopback import Loopback
 from openai_stub import make_backend
 
-from lanefold._serve import create_app
-from lanefold._serve_wire import chat_logprobs, completion_logprobs
 from lanefold.primitives import (
     LaneOutcome,
     LaneRequest,
@@ -23,6 +21,8 @@ from lanefold.primitives import (
     Usage,
     sample_all,
 )
+from lanefold.serve._app import create_app
+from lanefold.serve._wire import chat_logprobs, completion_logprobs
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from lanefold._serve import create_app, served_names
 from lanefold.primitives import LaneOutcome, Sample, SampleRequest, Usage
+from lanefold.serve._app import create_app, served_names
 
 pytestmark = pytest.mark.anyio
 

@@ -82,7 +82,7 @@ async def serve_async(
     """
     import uvicorn  # the `serve` extra; imported here so the package loads without it
 
-    from lanefold._serve import create_app
+    from lanefold.serve._app import create_app
 
     sock = sock or listen(host, port)
     url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"

@@ -25,24 +25,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from lanefold._serve_guard import (
-    Admission,
-    HTTPError,
-    KeyCheck,
-    ListeningStream,
-    Stopping,
-    read_json,
-    unless_disconnected,
-)
-from lanefold._serve_outcomes import bill, closing, on_error, stream_of, told, usage_body, whole
-from lanefold._serve_wire import (
-    ChatBody,
-    CompletionBody,
-    chat_logprobs,
-    completion_logprobs,
-    flatten_messages,
-    refusal,
-)
 from lanefold.primitives import (
     Backend,
     ChatMessage,
@@ -55,6 +37,24 @@ from lanefold.primitives import (
     TextDelta,
     Usage,
     sample_all,
+)
+from lanefold.serve._guard import (
+    Admission,
+    HTTPError,
+    KeyCheck,
+    ListeningStream,
+    Stopping,
+    read_json,
+    unless_disconnected,
+)
+from lanefold.serve._outcomes import bill, closing, on_error, stream_of, told, usage_body, whole
+from lanefold.serve._wire import (
+    ChatBody,
+    CompletionBody,
+    chat_logprobs,
+    completion_logprobs,
+    flatten_messages,
+    refusal,
 )
 
 __all__ = ("create_app", "served_names")

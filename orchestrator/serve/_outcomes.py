@@ -17,7 +17,6 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from lanefold._serve_guard import error_response
 from lanefold.primitives import (
     AuthenticationError,
     Backend,
@@ -37,6 +36,7 @@ from lanefold.primitives import (
     Usage,
     sample_all,
 )
+from lanefold.serve._guard import error_response
 
 __all__ = ("Told", "bill", "closing", "on_error", "stream_of", "told", "usage_body", "whole")
 

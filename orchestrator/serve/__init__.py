@@ -1,0 +1,20 @@
+"""`orchestrator serve`: a backend behind an OpenAI-compatible HTTP server.
+
+`serve` runs the server (the port bound up front, the backend loaded before the first client,
+Ctrl-C and SIGTERM ending it cleanly); the app itself (`_app`, starlette) is imported only when a
+server starts, so the command line starts without the serve extra installed.
+"""
+
+from __future__ import annotations
+
+from lanefold.serve._run import (
+    ServeError,
+    api_key_from,
+    count,
+    is_loopback,
+    port_number,
+    require_extra,
+    serve,
+)
+
+__all__ = ("ServeError", "api_key_from", "count", "is_loopback", "port_number", "require_extra", "serve")
