@@ -5,7 +5,7 @@ SampleRequest of `n` lanes with `share_prefix=True`, so a prefix-sharing backend
 engine) prefills the prompt once and forks it; lane i samples with `seed + i`. A chat request
 carries its messages to the backend (the engine applies the model's chat template); a completion
 sends its prompt as it is. What guards the port (key, body cap, admission, hang-ups) lives in
-`_serve_guard`; how a failure is told to the client, in `_serve_outcomes`.
+`_guard`; how a failure is told to the client, in `_outcomes`.
 """
 
 from __future__ import annotations
