@@ -57,8 +57,8 @@ import servers  # noqa: E402  # scripts/servers.py: builds, caches and starts th
 import vllm_env  # noqa: E402  # scripts/vllm_env.py: vLLM's venv and the converted model
 
 from lanefold import parse_config, run  # noqa: E402
-from lanefold._config import load_backend_config  # noqa: E402
 from lanefold.backends.openai import OpenAIBackend, OpenAIConfig  # noqa: E402
+from lanefold.config._loop_config import load_backend_config  # noqa: E402
 
 MODES = ("auto", "never")  # n-merged, one request per lane
 PASSAGE = (
@@ -133,7 +133,7 @@ def _orchestrator_serve(log_dir: Path, config: Path) -> Iterator[str]:
             [
                 sys.executable,
                 "-m",
-                "lanefold._cli",
+                "lanefold",
                 "serve",
                 "--backend-config",
                 str(config),

@@ -33,15 +33,28 @@ TYPE_CHECKING = False  # not typing's: `import orchestrator` imports nothing bef
 if TYPE_CHECKING:
     from typing import Any
 
-    from lanefold._config import LoopConfig, config_hash, load_config, parse_config
-    from lanefold._executor import Executor
-    from lanefold._ray_executor import RayExecutor
-    from lanefold._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
-    from lanefold._runner import build_backend
-    from lanefold._session import Session, resume, resume_sync, run, run_sync
-    from lanefold._store import Store, open_store, read_run, read_state
-    from lanefold._sync_session import SyncSession
+    from lanefold.config import LoopConfig, config_hash, load_config, parse_config
     from lanefold.evaluate import register_scorer
+    from lanefold.execution import (
+        CostBreakdown,
+        Executor,
+        LaneResult,
+        RayExecutor,
+        RunFailure,
+        RunResult,
+        Session,
+        Store,
+        SyncSession,
+        UsageBreakdown,
+        build_backend,
+        open_store,
+        read_run,
+        read_state,
+        resume,
+        resume_sync,
+        run,
+        run_sync,
+    )
     from lanefold.primitives import (
         AnyEvent,
         Backend,
@@ -92,16 +105,29 @@ if TYPE_CHECKING:
 # orchestrator` costs nothing until a name is used, so the `orchestrator` command starts in
 # a few milliseconds and a Ctrl-C while it imports the rest is its own to answer.
 _HOMES: dict[str, tuple[str, ...]] = {
-    "lanefold._config": ("LoopConfig", "config_hash", "load_config", "parse_config"),
-    "lanefold._executor": ("Executor",),
+    "lanefold.config": ("LoopConfig", "config_hash", "load_config", "parse_config"),
+    "lanefold.execution": (
+        "CostBreakdown",
+        "Executor",
+        "LaneResult",
+        "RayExecutor",
+        "RunFailure",
+        "RunResult",
+        "Session",
+        "Store",
+        "SyncSession",
+        "UsageBreakdown",
+        "build_backend",
+        "open_store",
+        "read_run",
+        "read_state",
+        "resume",
+        "resume_sync",
+        "run",
+        "run_sync",
+    ),
     "lanefold.stores.files": ("JsonlEventLog", "RunStore"),
     "lanefold.stores.postgres": ("PgStore",),
-    "lanefold._ray_executor": ("RayExecutor",),
-    "lanefold._result": ("CostBreakdown", "LaneResult", "RunFailure", "RunResult", "UsageBreakdown"),
-    "lanefold._runner": ("build_backend",),
-    "lanefold._session": ("Session", "resume", "resume_sync", "run", "run_sync"),
-    "lanefold._store": ("Store", "open_store", "read_run", "read_state"),
-    "lanefold._sync_session": ("SyncSession",),
     "lanefold.evaluate": ("register_scorer",),
     "lanefold.primitives": (
         "AnyEvent",

@@ -2,6 +2,6 @@
 
 import sys
 
-from lanefold._cli import main
+from lanefold.cli import main
 
 sys.exit(main())

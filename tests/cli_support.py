@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lanefold._cli import main
+from lanefold.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "simulated.toml"
@@ -62,7 +62,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Outcome:
 
 def command(*argv: str | Path, timeout: float = 60) -> Outcome:
     done = subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", *map(str, argv)],
+        [sys.executable, "-m", "lanefold", *map(str, argv)],
         cwd=ROOT,
         capture_output=True,
         text=True,

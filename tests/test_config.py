@@ -1,6 +1,6 @@
 """Config files: bad ones exit 2 with one line naming the file and the field; good ones validate.
 
-The CLI runs in-process (`lanefold._cli.main`), which is what the `orchestrator` script calls.
+The CLI runs in-process (`lanefold.cli._main.main`), which is what the `orchestrator` script calls.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import lanefold
-from lanefold._cli import main
-from lanefold._config import MAX_NESTING
+from lanefold.cli import main
+from lanefold.config._loop_config import MAX_NESTING
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
@@ -346,7 +346,7 @@ def test_serve_with_a_bad_backend_config_exits_2(
 
 
 def test_the_serve_example_is_a_backend_config() -> None:
-    from lanefold._config import load_backend_config
+    from lanefold.config._loop_config import load_backend_config
 
     backend = load_backend_config(ROOT / "examples" / "serve" / "engine.toml")
     assert backend.kind == "engine"

@@ -57,7 +57,7 @@ def kill_after_completions(config: Path, runs: Path, run_id: str, completions: i
         [
             sys.executable,
             "-m",
-            "lanefold._cli",
+            "lanefold",
             "run",
             str(config),
             "--question",

@@ -19,10 +19,10 @@ import pytest
 from rich.console import Console
 
 import lanefold
-from lanefold._cli import main
-from lanefold._display import describe, summary, tally
 from lanefold.backends.engine import EngineBackend, EngineConfig
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.cli import main
+from lanefold.cli._display import describe, summary, tally
 from lanefold.primitives.events import BackendNoted, BackendNotedData
 
 QUESTION = "What is 17 * 23?"

@@ -150,7 +150,7 @@ def test_the_live_display_of_a_resume_starts_from_what_the_log_holds(tmp_path: P
 
     from rich.console import Console
 
-    from lanefold._display import Progress
+    from lanefold.cli._display import Progress
 
     config = lanefold.parse_config(RAW)
     assert anyio.run(lambda: run_until(config, tmp_path, "shown", completions=3, resume=False))

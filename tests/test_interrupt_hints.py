@@ -42,7 +42,7 @@ def cli(folder: Path, *argv: str) -> subprocess.Popen[str]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "lanefold._cli", *argv],
+        [sys.executable, "-m", "lanefold", *argv],
         cwd=folder,
         env=env,
         stdout=subprocess.PIPE,

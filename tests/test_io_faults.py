@@ -45,7 +45,7 @@ def command(*argv: str | bytes | Path, fsize: int | None = None) -> Outcome:
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
     done = subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", *(a if isinstance(a, bytes) else str(a) for a in argv)],
+        [sys.executable, "-m", "lanefold", *(a if isinstance(a, bytes) else str(a) for a in argv)],
         cwd=ROOT,
         capture_output=True,
         text=True,

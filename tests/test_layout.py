@@ -36,7 +36,7 @@ LAYERS = ("primitives", "backends", "coordinators", "stores")
 
 def _layered(name: str) -> str:
     """A dotted import name with `lanefold` read as the folder it maps to:
-    `lanefold.primitives._state` -> `primitives._state`, `lanefold._cli` -> `orchestrator._cli`."""
+    `lanefold.primitives._state` -> `primitives._state`, `lanefold.cli` -> `orchestrator.cli`."""
     parts = name.split(".")
     if parts[0] != "lanefold":
         return name
@@ -236,15 +236,15 @@ def test_private_import_scan(tmp_path: Path) -> None:
         "from lanefold.coordinators._reducers import vote\n"
         "import lanefold.backends.engine._config\n"
         "from lanefold.primitives import events\n"
-        "from lanefold._cli import main\n"
+        "from lanefold.cli._main import main\n"
     )
     found = {name for name, _ in _private_imports(source, own=("coordinators",))}
     assert found == {
         "primitives._state",
         "primitives._state.RunState",
         "backends.engine._config",
-        "orchestrator._cli",
-        "orchestrator._cli.main",
+        "orchestrator.cli._main",
+        "orchestrator.cli._main.main",
     }
 
 
@@ -256,7 +256,7 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
         "from . import sibling\n"
         "def f():\n"
         "    from lanefold.backends.simulated import SimulatedBackend\n"
-        "    import lanefold._cli as cli\n"
+        "    import lanefold.cli._main as cli\n"
     )
     found = {name for name, _ in _imported_top_levels(source, "coordinators")}
     assert found == {"os", "coordinators", "backends", "orchestrator"}
@@ -274,7 +274,7 @@ BUILT_IN_STORES = ("files", "postgres")
 BUILT_IN_NAMES: tuple[str, ...] = (*BUILT_IN_LOOPS, *BUILT_IN_REDUCERS, *BUILT_IN_BACKENDS, *BUILT_IN_STORES)
 # Packages whose concrete classes the facade never tests with isinstance/issubclass.
 PLUG_IN_PACKAGES = ("lanefold.coordinators", "lanefold.backends", "lanefold.stores")
-FACADE_DEFAULTS = ROOT / "orchestrator" / "_defaults.py"
+FACADE_DEFAULTS = ROOT / "orchestrator" / "config" / "_defaults.py"
 
 
 def _facade_modules() -> list[Path]:
@@ -373,7 +373,7 @@ def test_the_facade_names_no_built_in_plug_in() -> None:
     assert wrong == [], (
         "ask the registry and what the plug-in declares (lanefold.primitives' "
         "cost_shape, fit_params, reducer_traits, ...); defaults live in "
-        "orchestrator/_defaults.py"
+        "orchestrator/config/_defaults.py"
     )
     # the default loop, the reducer curve counts, the default backend and store: each once
     assert len(_named_plug_ins(FACADE_DEFAULTS)) == 4
@@ -651,7 +651,7 @@ def test_primitives_import_no_process_or_database_driver() -> None:
 def test_the_facade_names_no_built_in_store_but_in_its_defaults() -> None:
     """A store is found by its URL scheme through the registry: under `orchestrator/`, only
     `_defaults.py` names one (the store opened without a URL)."""
-    import lanefold._store  # noqa: F401  (registers the built-in stores)
+    import lanefold.execution._store  # noqa: F401  (registers the built-in stores)
     from lanefold.primitives import STORES
 
     names = set(STORES.names())
@@ -664,3 +664,106 @@ def test_the_facade_names_no_built_in_store_but_in_its_defaults() -> None:
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     assert not found, found
+
+
+# -- (f) the facade, a folder per concern, with no import circle -----------------------------------
+
+FACADE_FOLDERS = ("cli", "config", "evaluate", "execution", "serve")
+
+
+def _facade_name(path: Path) -> str:
+    """`orchestrator/cli/_main.py` -> `lanefold.cli._main`; a package's `__init__` is its folder."""
+    parts = path.relative_to(ROOT / "orchestrator").with_suffix("").parts
+    return ".".join(("lanefold", *parts[: -1 if parts[-1] == "__init__" else None]))
+
+
+def _facade_graph() -> dict[str, dict[str, int]]:
+    """Each facade module -> the facade modules it imports (with the line), anywhere in it."""
+    names = {_facade_name(path): path for path in _facade_modules()}
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in names.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(_tree(path)):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            for target in targets:
+                if target in names and target != name and target != "lanefold":
+                    edges.setdefault(target, node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def test_the_facade_is_a_folder_per_concern() -> None:
+    top = ROOT / "orchestrator"
+    modules = sorted(p.name for p in top.glob("*.py"))
+    assert modules == ["__init__.py", "__main__.py"], "facade modules belong in " + ", ".join(FACADE_FOLDERS)
+    folders = {p.name for p in top.iterdir() if p.is_dir() and not p.is_symlink() and p.name != "__pycache__"}
+    assert folders == set(FACADE_FOLDERS)
+
+
+def _circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Every import circle a depth-first walk of `graph` meets, each as its path."""
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in graph.get(name, {}):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    return circles
+
+
+def test_the_facade_has_no_import_circle() -> None:
+    circles = _circles(_facade_graph())
+    assert circles == [], " ; ".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    assert _circles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}}) == [["a", "b", "c", "a"]]
+    assert _circles({"a": {"b": 1}, "b": {}, "c": {"b": 1}}) == []
+    graph = _facade_graph()  # and the graph holds the facade's real edges
+    assert "lanefold.cli._shared" in graph["lanefold.cli._runs"]
+    assert "lanefold.config" in graph["lanefold.execution._session"]
+
+
+# Imported when first used, for an optional extra the module cannot import at load.
+LAZY_FOR_AN_EXTRA = {("orchestrator/serve/_run.py", "lanefold.serve._app")}  # starlette: [serve]
+
+
+def test_the_facade_imports_itself_only_at_module_level() -> None:
+    """A function-level import of another facade module is how a circle hides; none."""
+    names = {_facade_name(path) for path in _facade_modules()}
+    wrong = []
+    for path in _facade_modules():
+        tree = _tree(path)
+        top = {id(node) for node in tree.body}
+        guarded = {  # `if TYPE_CHECKING:` blocks and the try/with around the CLI's startup imports
+            id(inner)
+            for node in tree.body
+            if isinstance(node, ast.If | ast.Try | ast.With)
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in top or id(node) in guarded:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                if (_rel(path), node.module) in LAZY_FOR_AN_EXTRA:
+                    continue
+                if node.module in names or any(f"{node.module}.{a.name}" in names for a in node.names):
+                    wrong.append(f"{_rel(path)}:{node.lineno} imports {node.module} in a function")
+            elif isinstance(node, ast.Import):
+                wrong += [
+                    f"{_rel(path)}:{node.lineno} imports {a.name}" for a in node.names if a.name in names
+                ]
+    assert wrong == []

@@ -54,7 +54,7 @@ password_env = "LANEFOLD_PG_PASSWORD"
 # on the connection's socket for a NOTIFY, never on a timer.
 FOLLOWER = """\
 import sys, anyio
-from lanefold._cli import main
+from lanefold.cli import main
 real_sleep = anyio.sleep
 async def sleep(delay, *args, **kwargs):
     print("slept", flush=True)
@@ -83,7 +83,7 @@ def config(db: dict[str, Any], name: str, latency: str = "1200, 1600") -> Path:
 def start(
     db: dict[str, Any],
     *argv: str | Path,
-    head: tuple[str, ...] = ("-m", "lanefold._cli"),
+    head: tuple[str, ...] = ("-m", "lanefold"),
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *head, *map(str, argv)],

@@ -20,7 +20,7 @@ import pytest
 import test_record_refusal as file_tests
 from test_record_refusal import RUNS, readers, source  # noqa: F401  # the finished runs, as files
 
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.stores.postgres import PgDatabase, redact_url
 
 pytestmark = pytest.mark.slow

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 import lanefold
-import lanefold._cli as cli
+import lanefold.cli._main as cli
 from lanefold import read_run
-from lanefold._ray_executor import RayExecutor
 from lanefold.evaluate._eval import run_eval
 from lanefold.evaluate._eval_records import QuestionResult, read_results
 from lanefold.evaluate._item import Item
+from lanefold.execution._ray_executor import RayExecutor
 from lanefold.primitives import ConfigError
 
 ray = pytest.importorskip("ray")
@@ -303,7 +303,7 @@ def _eval_joining(address: str, tmp_path: Path, *flags: str) -> subprocess.Compl
         [
             sys.executable,
             "-m",
-            "lanefold._cli",
+            "lanefold",
             "eval",
             "examples/simulated.toml",
             "--dataset",
@@ -412,4 +412,29 @@ async def test_config_hooks_are_built_on_the_workers(cluster: Any, tmp_path: Pat
     assert len(results) == 4
     lines = seen.read_text().splitlines()
     ended = sorted(line.split()[0] for line in lines if line.endswith(" run.completed"))
+    assert ended == sorted(r.run_id for r in results)
+
+
+@pytest.mark.anyio
+async def test_hooks_given_in_python_run_on_the_workers(cluster: Any, tmp_path: Path) -> None:
+    """A Session's own hooks travel to its workers by pickle, as its verifier does."""
+    (tmp_path / "ray_writing_hook.py").write_text(WRITING_HOOK)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import ray_writing_hook  # the module the worker imports by name, from the driver's paths
+
+        seen = tmp_path / "seen.txt"
+        hook = ray_writing_hook.Writing(ray_writing_hook.Writing.Params(path=str(seen)))
+        loop = lanefold.parse_config(config().model_dump(mode="json"), folder=tmp_path)
+        async with lanefold.Session(
+            loop, runs_dir=tmp_path / "r", executor=RayExecutor(workers=2), hooks=[hook]
+        ) as session:
+            results = [r async for r in session.run_many([f"Q{i}?" for i in range(4)], concurrency=2)]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("ray_writing_hook", None)
+    assert len(results) == 4
+    ended = sorted(
+        line.split()[0] for line in seen.read_text().splitlines() if line.endswith(" run.completed")
+    )
     assert ended == sorted(r.run_id for r in results)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from test_resume_stateful import CrashingLog, crashed
 
 import lanefold
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.primitives import Pricing, Usage, cost_of, hash_config
 from lanefold.stores.files import JsonlEventLog
 

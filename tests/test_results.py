@@ -20,8 +20,8 @@ import anyio
 import pytest
 
 import lanefold
-from lanefold._cli import main
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.cli import main
 from lanefold.primitives import LaneOutcome, SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_the_cli_shows_the_librarys_log_on_stderr_only_with_verbose(failing_toml
             [
                 sys.executable,
                 "-m",
-                "lanefold._cli",
+                "lanefold",
                 "run",
                 str(failing_toml),
                 "--question",

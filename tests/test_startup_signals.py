@@ -29,7 +29,7 @@ SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
 
 SCRIPT = shutil.which("orchestrator", path=str(Path(sys.executable).parent))
 ENTRIES = {
-    "python -m orchestrator._cli": [sys.executable, "-m", "lanefold._cli"],
+    "python -m orchestrator.cli._main": [sys.executable, "-m", "lanefold"],
     "python -m orchestrator": [sys.executable, "-m", "orchestrator"],
 }
 if SCRIPT is not None:  # the console script, as installed
@@ -109,7 +109,7 @@ def test_a_signal_after_the_record_is_complete_leaves_the_runs_own_exit_code(
     config = tmp_path / "loop.toml"
     config.write_text(text)
     returncode, out, err = signalled(
-        ENTRIES["python -m orchestrator._cli"],
+        ENTRIES["python -m orchestrator.cli._main"],
         moment,
         [
             "run",
@@ -143,7 +143,7 @@ def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str, tm
         [
             sys.executable,
             "-m",
-            "lanefold._cli",
+            "lanefold",
             "run",
             str(config),
             "--question",
@@ -166,7 +166,7 @@ def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str, tm
     first.communicate(timeout=120)
     assert first.returncode == 130
     returncode, out, err = signalled(
-        ENTRIES["python -m orchestrator._cli"],
+        ENTRIES["python -m orchestrator.cli._main"],
         "recorded",
         ["resume", "again", "--runs-dir", str(runs), "--json"],
         tmp_path,
@@ -179,7 +179,7 @@ def test_a_signal_after_a_resumed_record_is_complete_leaves_exit_0(name: str, tm
 
 def test_importing_orchestrator_runs_none_of_its_modules() -> None:
     # The facade resolves its names on first use: the command's imports all happen where the
-    # command answers a Ctrl-C (orchestrator._cli), none before it.
+    # command answers a Ctrl-C (orchestrator.cli._main), none before it.
     code = (
         "import sys, orchestrator; "
         "print(sorted(m for m in sys.modules if m.startswith(('orchestrator.', 'pydantic', "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lanefold._cli import main
+from lanefold.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "simulated.toml"
@@ -30,7 +30,7 @@ QUESTION = "What is 17 * 23?"
 # waiting, and a Ctrl-C reaches the follower rather than its start-up.
 FOLLOWER = """\
 import sys, anyio
-from lanefold._cli import main
+from lanefold.cli import main
 real_sleep, said = anyio.sleep, []
 async def sleep(delay, *args, **kwargs):
     if not said:
@@ -43,7 +43,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def start(*argv: str | Path, wrapped: bool = False) -> subprocess.Popen[str]:
-    head = ["-c", FOLLOWER] if wrapped else ["-m", "lanefold._cli"]
+    head = ["-c", FOLLOWER] if wrapped else ["-m", "lanefold"]
     return subprocess.Popen(
         [sys.executable, *head, *map(str, argv)],
         cwd=ROOT,

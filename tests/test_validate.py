@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import lanefold
-from lanefold._cli import main
-from lanefold._config import config_errors
+from lanefold.cli import main
+from lanefold.config._loop_config import config_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 

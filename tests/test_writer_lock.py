@@ -45,7 +45,7 @@ lanes_per_request = 1
 
 def start(*argv: str | Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "lanefold._cli", *map(str, argv)],
+        [sys.executable, "-m", "lanefold", *map(str, argv)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

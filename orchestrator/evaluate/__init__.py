@@ -1,4 +1,4 @@
-"""Evaluating loops on datasets: `orchestrator eval`, `compare`, `curve` and `datasets`.
+"""Evaluating loops on datasets: what `orchestrator eval`, `compare`, `curve` and `datasets` run.
 
 Each question is one governed run through one Session (the model loaded once); an eval's
 folder holds its manifest, per-question results and summary; `compare` runs several configs
@@ -8,29 +8,37 @@ on the same questions, `curve` reads an eval's pool of lanes again without sampl
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
-
-from lanefold.evaluate import _compare_cli, _curve_cli, _datasets_cli, _eval_cli
-from lanefold.evaluate._compare import Comparison, McNemar, run_compare
+from lanefold.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
+from lanefold.evaluate._compare import Compared, Comparison, McNemar, run_compare
+from lanefold.evaluate._curve import REDUCERS as CURVE_REDUCERS
 from lanefold.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
 from lanefold.evaluate._datasets import DatasetSpec, load_dataset
-from lanefold.evaluate._eval import run_eval
+from lanefold.evaluate._equal_budget import BUDGET_MODES
+from lanefold.evaluate._eval import resume_hint, run_eval
 from lanefold.evaluate._eval_records import (
+    TOKEN_LINES,
     EvalManifest,
     EvalSummary,
     QuestionResult,
+    is_eval,
     pass_at_k,
     read_manifest,
     read_results,
+    read_summary,
+    summarize,
     wilson_interval,
 )
-from lanefold.evaluate._eval_view import is_eval, show_eval, tail_eval
+from lanefold.evaluate._fetch import cache_root
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._scoring import SCORERS, Score, Scorer, register_scorer, resolve_scorer
 
 __all__ = (
+    "BUDGET_MODES",
+    "CURVE_REDUCERS",
     "SCORERS",
+    "SOURCE_NAMES",
+    "TOKEN_LINES",
+    "Compared",
     "Comparison",
     "Curve",
     "DatasetSpec",
@@ -42,40 +50,24 @@ __all__ = (
     "QuestionResult",
     "Score",
     "Scorer",
-    "add_commands",
+    "Source",
+    "cache_root",
+    "find_source",
     "is_eval",
+    "list_sources",
     "load_dataset",
     "majority_at_k",
     "pass_at_k",
     "read_manifest",
     "read_pool",
     "read_results",
+    "read_summary",
     "register_scorer",
     "resolve_scorer",
+    "resume_hint",
     "run_compare",
     "run_eval",
     "scaling_curve",
-    "show_eval",
-    "tail_eval",
+    "summarize",
     "wilson_interval",
 )
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-def add_commands(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-    common: Callable[[argparse.ArgumentParser], None],
-) -> dict[str, Handler]:
-    """Add `eval`, `compare`, `curve` and `datasets` to the CLI's subcommands; their handlers
-    by name."""
-    handlers: dict[str, Handler] = {}
-    for name, module in (
-        ("eval", _eval_cli),
-        ("compare", _compare_cli),
-        ("curve", _curve_cli),
-        ("datasets", _datasets_cli),
-    ):
-        module.add_parser(sub, common)
-        handlers[name] = module.command
-    return handlers

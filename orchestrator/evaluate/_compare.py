@@ -23,8 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lanefold._config import LoopConfig, config_hash, load_config, preflight
-from lanefold._store import open_store
+from lanefold.config import LoopConfig, config_hash, load_config, preflight
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._equal_budget import (
     BUDGET_MODES,
@@ -43,6 +42,7 @@ from lanefold.evaluate._eval_records import (
 )
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._scoring import resolve_scorer
+from lanefold.execution import open_store
 from lanefold.primitives import ConfigError, LogWriteError, plugin_folders, validate_run_id
 
 __all__ = (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lanefold._defaults import VOTE_REDUCER
+from lanefold.config import VOTE_REDUCER
 from lanefold.evaluate._eval_records import EvalPaths, pass_at_k, read_manifest, read_results
 from lanefold.primitives import ConfigError, RunNotFoundError, normalize_answer
 

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from lanefold.evaluate._item import Item
+from lanefold.evaluate._openai_evals import load_openai_evals
+from lanefold.evaluate._packaged import load_bigbench, load_humaneval
 from lanefold.primitives import ConfigError
 
 __all__ = ("DEFAULT_ANSWER_FIELD", "DEFAULT_QUESTION_FIELD", "DatasetSpec", "load_dataset", "load_file")
@@ -75,16 +77,10 @@ def load_dataset(
         which = "--question-field" if question_field is not None else "--answer-field"
         raise ConfigError(f"{which}: applies to JSONL and CSV files, not to {spec!r}")
     if spec == "humaneval":
-        from lanefold.evaluate._packaged import load_humaneval  # its loader, on demand
-
         items = load_humaneval()
     elif spec.startswith("bigbench:"):
-        from lanefold.evaluate._packaged import load_bigbench
-
         items = load_bigbench(spec.removeprefix("bigbench:"), cache_dir=cache_dir)
     elif spec.startswith("openai-evals:"):
-        from lanefold.evaluate._openai_evals import load_openai_evals
-
         items = load_openai_evals(spec.removeprefix("openai-evals:"), cache_dir=cache_dir)
     else:
         items = load_file(

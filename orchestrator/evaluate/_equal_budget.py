@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from lanefold._config import LoopConfig, parse_config
+from lanefold.config import LoopConfig, parse_config
 from lanefold.primitives import (
     FRAME_TOKENS,
     Allowance,

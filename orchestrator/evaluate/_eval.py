@@ -26,12 +26,7 @@ from typing import Any
 
 import anyio
 
-from lanefold._config import VERSION, LoopConfig, config_hash
-from lanefold._executor import Executor, Job, worker_spec
-from lanefold._job_session import JobSession
-from lanefold._result import RunResult
-from lanefold._runner import check_question, lanefold_error
-from lanefold._store import Store, new_run_id, read_state
+from lanefold.config import VERSION, LoopConfig, config_hash
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._eval_records import (
     COST_LINES,
@@ -51,6 +46,17 @@ from lanefold.evaluate._eval_records import (
 )
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._scoring import Score, Scorer, resolve_scorer
+from lanefold.execution import (
+    Executor,
+    Job,
+    JobSession,
+    RunResult,
+    Store,
+    check_question,
+    lanefold_error,
+    new_run_id,
+    read_state,
+)
 from lanefold.primitives import (
     Backend,
     ConfigError,
@@ -317,7 +323,7 @@ class _Eval:
         seed = self.session.config.loop.seed
         jobs = [Job(item.index, item.question, self.run_id(item), seed + item.index) for item in items]
         async with contextlib.aclosing(
-            executor.outcomes(worker_spec(self.session), jobs, concurrency)
+            executor.outcomes(self.session.worker_spec(), jobs, concurrency)
         ) as outcomes:
             async for outcome in outcomes:
                 item = self.items[outcome.job.index]

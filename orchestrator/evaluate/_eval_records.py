@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from lanefold._store import open_store
+from lanefold.execution import open_store
 from lanefold.primitives import ConfigError, EvalRecord, Store, validate_run_id
 
 __all__ = (
@@ -41,6 +41,7 @@ __all__ = (
     "check_eval_id",
     "csv_table",
     "eval_record",
+    "is_eval",
     "pass_at_k",
     "read_manifest",
     "read_results",
@@ -374,3 +375,12 @@ def csv_table(rows: Iterable[QuestionResult]) -> str:
 def as_json(model: BaseModel) -> bytes:
     """A model as indented JSON, as the manifest and summary are kept."""
     return (json.dumps(model.model_dump(mode="json"), indent=2) + "\n").encode()
+
+
+def is_eval(store: Store, name: str) -> bool:
+    """Whether `name` is an eval in `store` (a manifest is recorded, not a run's log)."""
+    try:
+        record = store.eval_record(name)
+    except ConfigError:
+        return False  # not a plain name: the run commands say so
+    return record.exists() and not record.is_run()

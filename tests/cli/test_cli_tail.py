@@ -21,7 +21,7 @@ from cli_support import (
     relabel,
 )
 
-from lanefold._cli import main
+from lanefold.cli import main
 
 # -- tail -------------------------------------------------------------------------------------------
 
@@ -71,7 +71,7 @@ def test_tail_follow_waits_for_a_run_that_has_not_started(
     # A wrapper that says "ready" once imports are done, so the follower is surely waiting
     # before the run exists; it then runs exactly what the `orchestrator` script runs.
     code = (
-        "import sys; from lanefold._cli import main; print('ready', flush=True); sys.exit(main(sys.argv[1:]))"
+        "import sys; from lanefold.cli import main; print('ready', flush=True); sys.exit(main(sys.argv[1:]))"
     )
     follower = subprocess.Popen(
         [sys.executable, "-c", code, "tail", "later", "--runs-dir", str(runs), "--follow", "--json"],
@@ -130,7 +130,7 @@ def test_tail_follow_ends_on_ctrl_c_quietly_with_exit_0(finished: Outcome, runs:
     log.parent.mkdir()
     log.write_text(relabel(log_lines(events_path(runs, "done")), "waiting")[0] + "\n", encoding="utf-8")
     follower = subprocess.Popen(
-        [sys.executable, "-m", "lanefold._cli", "tail", "waiting", "--runs-dir", str(runs), "--follow"],
+        [sys.executable, "-m", "lanefold", "tail", "waiting", "--runs-dir", str(runs), "--follow"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

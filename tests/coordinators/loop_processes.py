@@ -20,7 +20,7 @@ def cli(folder: Path, *args: str) -> subprocess.Popen[str]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "lanefold._cli", *args],
+        [sys.executable, "-m", "lanefold", *args],
         cwd=folder,
         env=env,
         stdout=subprocess.PIPE,

@@ -23,7 +23,7 @@ import pytest
 from loop_processes import cli, finish
 
 import lanefold
-from lanefold._cli import main
+from lanefold.cli import main
 
 HERE = Path(__file__).resolve().parent
 QUESTION = "What is 17 * 23?"
@@ -468,7 +468,7 @@ def test_a_plugin_module_that_exits_at_import_is_a_config_error_naming_its_key(
         ["--question", QUESTION, "--runs-dir", "runs"] if command == "run" else []
     )
     done = subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", *argv],
+        [sys.executable, "-m", "lanefold", *argv],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
         capture_output=True,

@@ -26,7 +26,7 @@ from loop_processes import cli, finish
 
 import lanefold
 import lanefold.coordinators._plan_verify_replan  # registers the loop
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.coordinators._plan import (
     PlanError,
     Progress,

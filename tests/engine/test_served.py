@@ -297,8 +297,8 @@ def test_chat_messages_reach_the_engine_through_its_chat_template(make_engine: C
 def test_the_shipped_example_answers_a_chat_question(smollm2: Engine) -> None:
     import httpx
 
-    from lanefold._config import load_backend_config
     from lanefold.backends.engine import EngineConfig
+    from lanefold.config._loop_config import load_backend_config
 
     example = Path(__file__).resolve().parents[2] / "examples" / "serve" / "engine.toml"
     config = load_backend_config(example)

@@ -220,7 +220,7 @@ def test_a_damaged_gguf_is_a_config_error_naming_backend_model(
 def test_the_command_says_so_in_one_line_and_creates_no_run(
     damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lanefold._cli import main
+    from lanefold.cli import main
 
     path = tmp_path / f"{damage}.gguf"
     path.write_bytes(_damaged(model_file.read_bytes())[damage])
@@ -260,7 +260,7 @@ def test_a_broken_hugging_face_folder_names_backend_model(tmp_path: Path) -> Non
 def test_serve_says_so_in_one_line_before_serving(
     damage: str, model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lanefold._cli import main
+    from lanefold.cli import main
 
     path = tmp_path / f"{damage}.gguf"
     path.write_bytes(_damaged(model_file.read_bytes())[damage])

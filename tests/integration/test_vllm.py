@@ -195,7 +195,7 @@ def test_self_consistency_end_to_end(vllm_url: str, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "lanefold._cli",
+            "lanefold",
             "run",
             str(config),
             "--question",

@@ -247,7 +247,7 @@ async def test_an_echoed_key_leaks_into_no_output_of_a_run(
 def cli(*args: str, value: str = KEY) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, VAR: value, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", *args],
+        [sys.executable, "-m", "lanefold", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

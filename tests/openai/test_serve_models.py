@@ -94,14 +94,15 @@ async def test_models_lists_the_served_id() -> None:
 def test_orchestrator_serve_answers_to_the_bare_name_a_config_uses(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import lanefold._cli as cli_module
+    import lanefold.cli._main as cli_module
+    import lanefold.cli._serve as serve_cli
 
     config = tmp_path / "backend.toml"  # a config names its model bare, as every config does
     config.write_text(
         '[backend]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "smollm2-135m"\n'
     )
     calls: list[tuple[Any, dict[str, Any]]] = []
-    monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: calls.append((backend, kw)))
+    monkeypatch.setattr(serve_cli, "serve", lambda backend, **kw: calls.append((backend, kw)))
     assert cli_module.main(["serve", "--backend-config", str(config)]) == 0
     ((backend, kw),) = calls
     assert kw["model_name"] == "openai:smollm2-135m"

@@ -19,7 +19,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 import lanefold
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.primitives import BACKENDS, Sample, SampleRequest, Usage, register_backend
 
 QUESTION = "What is 6 * 7?"

@@ -209,7 +209,7 @@ def test_a_sync_session_keeps_its_backend_across_calls(runs: Path, monkeypatch: 
         built.append(faulty())
         return built[-1]
 
-    monkeypatch.setattr("lanefold._session.build_backend", build)
+    monkeypatch.setattr("lanefold.execution._session.build_backend", build)
     with lanefold.SyncSession(config(), runs_dir=runs) as session:
         answers = [session.run(question, errors="return").status for question in QUESTIONS[:10]]
         results = list(session.run_many(QUESTIONS[10:], errors="return"))

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 import lanefold
-import lanefold._cli as cli
+import lanefold.cli._main as cli
+from lanefold.cli._compare import command, print_comparison
 from lanefold.evaluate._compare import (
     EXACT_BELOW,
     Comparison,
@@ -31,7 +32,6 @@ from lanefold.evaluate._compare import (
     mcnemar_p,
     run_compare,
 )
-from lanefold.evaluate._compare_cli import command, print_comparison
 from lanefold.evaluate._equal_budget import (
     WorstCase,
     apply_limit,
@@ -444,7 +444,7 @@ def test_bad_input_reaches_the_terminal_as_one_line_once_wired(
 ) -> None:
     cli._parser()  # the wired commands register their handlers as the parser is built
     if "compare" not in cli._COMMANDS:
-        pytest.skip("`compare` is not wired into orchestrator._cli yet")
+        pytest.skip("`compare` is not wired into orchestrator.cli._main yet")
     monkeypatch.chdir(tmp_path)
     write_config(tmp_path / "a.toml", 1)
     write_config(tmp_path / "b.toml", 2)

@@ -23,10 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lanefold
-import lanefold._cli as cli
-import lanefold._runner
-import lanefold._session
+import lanefold.cli._main as cli
+import lanefold.execution._runner
+import lanefold.execution._session
 from lanefold.backends.simulated import SimulatedBackend
+from lanefold.cli._curve import parse_ks
 from lanefold.evaluate._curve import (
     Pool,
     PoolQuestion,
@@ -36,7 +37,6 @@ from lanefold.evaluate._curve import (
     read_pool,
     scaling_curve,
 )
-from lanefold.evaluate._curve_cli import parse_ks
 from lanefold.evaluate._eval import run_eval
 from lanefold.evaluate._eval_records import QuestionResult, append_result
 from lanefold.evaluate._item import Item
@@ -203,8 +203,8 @@ def no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the curve called a backend")
 
-    monkeypatch.setattr(lanefold._runner, "build_backend", refuse)
-    monkeypatch.setattr(lanefold._session, "build_backend", refuse)
+    monkeypatch.setattr(lanefold.execution._runner, "build_backend", refuse)
+    monkeypatch.setattr(lanefold.execution._session, "build_backend", refuse)
     monkeypatch.setattr(SimulatedBackend, "sample", refuse)
 
 

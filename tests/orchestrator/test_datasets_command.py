@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.evaluate._catalog import SOURCE_NAMES, find_source
 from lanefold.evaluate._openai_evals import WHEEL_NAME
 from lanefold.evaluate._packaged import ARCHIVE_NAME, build_bigbench_archive, humaneval_file

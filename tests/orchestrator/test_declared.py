@@ -19,8 +19,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 import lanefold
-from lanefold._cli import main
-from lanefold._config import preflight
+from lanefold.cli import main
+from lanefold.config._loop_config import preflight
 from lanefold.evaluate._compare import Comparison, run_compare
 from lanefold.evaluate._equal_budget import equal_limit, fitted_keys, need, worst_case
 from lanefold.evaluate._eval import read_manifest

@@ -29,11 +29,12 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 import lanefold
-import lanefold._cli as cli
+import lanefold.cli._main as cli
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.cli._eval import command
+from lanefold.cli._progress import EvalProgress
 from lanefold.evaluate._datasets import DatasetSpec, load_dataset
 from lanefold.evaluate._eval import run_eval
-from lanefold.evaluate._eval_cli import command
 from lanefold.evaluate._eval_records import (
     EvalSummary,
     QuestionResult,
@@ -43,7 +44,6 @@ from lanefold.evaluate._eval_records import (
     wilson_interval,
 )
 from lanefold.evaluate._item import Item
-from lanefold.evaluate._progress import EvalProgress
 from lanefold.evaluate._scoring import HumanEvalTests, Score, humaneval_program, resolve_scorer
 from lanefold.primitives import ConfigError
 from lanefold.stores.files import RunLock

@@ -45,7 +45,7 @@ def cli(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     return subprocess.run(
-        [sys.executable, "-m", "lanefold._cli", *argv],
+        [sys.executable, "-m", "lanefold", *argv],
         cwd=folder,
         env=env,
         capture_output=True,

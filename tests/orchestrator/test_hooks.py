@@ -18,9 +18,10 @@ import anyio
 import pytest
 
 import lanefold
-import lanefold._session as session_module
+import lanefold.execution._session as session_module
 from lanefold.evaluate._eval import run_eval
 from lanefold.evaluate._item import Item
+from lanefold.execution import WorkerSpec, portable_hooks
 from lanefold.primitives import HOOKS
 from lanefold.primitives.internal import HookRunner
 
@@ -312,7 +313,7 @@ async def test_the_live_display_is_a_hook(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from lanefold._display import Progress
+    from lanefold.cli._display import Progress
 
     progress = Progress(Console(file=io.StringIO()))
     with progress:
@@ -362,3 +363,21 @@ async def test_a_cancelled_run_with_hooks_is_recorded_interrupted(tmp_path: Path
     assert scope.cancelled_caught
     types = [line["type"] for line in log_lines(tmp_path, "r")]
     assert types[-1] == "run.interrupted"
+
+
+def test_hooks_travel_to_workers_by_pickle_and_one_that_cannot_stays_behind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Unpicklable:
+        def on_event(self, event: Any) -> None:
+            pass
+
+    kept = Recording()
+    with caplog.at_level("WARNING", logger="lanefold.executor"):
+        spec = WorkerSpec(
+            config={}, source="<config>", store=None, hooks=portable_hooks([kept, Unpicklable()])
+        )  # type: ignore[arg-type]
+    (copy,) = spec.worker_hooks()
+    assert type(copy) is Recording and copy is not kept
+    assert "cannot be sent to workers" in caplog.text and caplog.text.count("cannot be sent") == 1
+    assert WorkerSpec(config={}, source="<config>", store=None).worker_hooks() == []  # type: ignore[arg-type]

@@ -180,7 +180,7 @@ def test_load_dataset_reads_the_spec_and_refuses_field_names(cache: Path) -> Non
 def test_an_eval_runs_on_a_cached_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lanefold._cli import main
+    from lanefold.cli import main
 
     build_evals_wheel(tmp_path / "cache" / "openai-evals" / WHEEL_NAME)
     monkeypatch.setenv("LANEFOLD_CACHE", str(tmp_path / "cache"))

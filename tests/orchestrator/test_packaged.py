@@ -195,7 +195,7 @@ def test_a_failed_fetch_is_one_line_naming_the_other_sources_and_leaves_no_archi
 def test_the_cli_refuses_an_unserved_bigbench_in_one_line_with_exit_2(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lanefold._cli import main
+    from lanefold.cli import main
 
     monkeypatch.setenv("LANEFOLD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(subprocess, "run", fake_pip(None, PIP_NOT_SERVED))
@@ -283,7 +283,7 @@ def test_an_eval_of_the_shipped_sample_on_smollm2_loads_the_model_once(
 ) -> None:
     """20 questions of the shipped 1-digit addition through `orchestrator eval` on the real
     model: one load, 20 runs, and nothing fetched (pip would fail the test)."""
-    from lanefold._cli import main
+    from lanefold.cli import main
 
     def no_pip(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a shipped file needs no fetch")

@@ -160,8 +160,8 @@ def test_a_majority_re_reduction_builds_no_backend_and_appends_its_reduction(
     def no_backend(section: Any) -> Any:
         raise AssertionError("a majority_vote re-reduction built a backend")
 
-    monkeypatch.setattr("lanefold._session.build_backend", no_backend)
-    monkeypatch.setattr("lanefold._runner.build_backend", no_backend)
+    monkeypatch.setattr("lanefold.execution._session.build_backend", no_backend)
+    monkeypatch.setattr("lanefold.execution._runner.build_backend", no_backend)
     outcome = finished.reduce(capsys, "majority_vote", "--json")
     assert outcome.code == 0, outcome.err
     assert outcome.err == ""

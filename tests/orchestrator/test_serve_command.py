@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-import lanefold._cli as cli_module
-from lanefold._cli import main
+import lanefold.cli._serve as serve_cli
+from lanefold.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def test_a_key_the_openai_backend_refuses_is_refused_by_serve_too(
     from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
     from lanefold.primitives import ConfigError
 
-    monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: pytest.fail("it started"))
+    monkeypatch.setattr(serve_cli, "serve", lambda backend, **kw: pytest.fail("it started"))
     monkeypatch.setenv("LANEFOLD_TEST_SERVE_KEY", value)
     code = main(["serve", "--backend-config", str(config), "--api-key-env", "LANEFOLD_TEST_SERVE_KEY"])
     line = one_line(capsys.readouterr().err)
@@ -115,7 +115,7 @@ def test_flags_reach_the_server_and_an_open_host_without_a_key_is_warned(
     config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(cli_module, "serve", lambda backend, **kw: calls.append(kw))
+    monkeypatch.setattr(serve_cli, "serve", lambda backend, **kw: calls.append(kw))
     assert main(["serve", "--backend-config", str(config), "--host", "0.0.0.0"]) == 0
     assert "warning: listening on 0.0.0.0 without --api-key-env" in one_line(capsys.readouterr().err)
     assert calls[-1]["api_key"] is None

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import lanefold
-import lanefold._session as session_module
+import lanefold.execution._session as session_module
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
 from lanefold.primitives import LaneOutcome, SampleRequest
 

@@ -66,7 +66,7 @@ def test_each_file_loads_with_right_answers(name: str, word: str, digits: range)
 def test_the_sample_evals_offline_on_the_simulated_backend(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lanefold._cli import main
+    from lanefold.cli import main
 
     code = main(
         [

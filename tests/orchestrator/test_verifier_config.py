@@ -24,7 +24,7 @@ import anyio.lowlevel
 import pytest
 
 import lanefold
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.primitives import ConfigError, Sample, SampleRequest, Usage
 from lanefold.stores.files import JsonlEventLog
 

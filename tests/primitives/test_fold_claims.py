@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import lanefold
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.coordinators import configured_reducer
 from lanefold.coordinators._adaptive_sample import AdaptiveSampleParams
 from lanefold.coordinators._parallel_sample import ParallelSampleParams

@@ -112,7 +112,7 @@ call_log = "{calls}"
         [
             sys.executable,
             "-m",
-            "lanefold._cli",
+            "lanefold",
             "run",
             str(config),
             "--question",

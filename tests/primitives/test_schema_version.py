@@ -18,7 +18,7 @@ import pytest
 import test_record_refusal as file_tests
 from test_record_refusal import RUNS, read, refused, source, write  # noqa: F401  # the runs
 
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.primitives import LogCorruptError, LogTooNewError, read_event
 from lanefold.primitives.events import SCHEMA_VERSION, newer_schema, parse_event
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lanefold._store import open_store
+from lanefold.execution._store import open_store
 from lanefold.primitives import STORES, Store
 
 

@@ -23,8 +23,8 @@ import anyio
 import pytest
 
 import lanefold
-from lanefold._cli import main
-from lanefold._store import read_run
+from lanefold.cli import main
+from lanefold.execution._store import read_run
 from lanefold.primitives import (
     ConfigError,
     LogCorruptError,

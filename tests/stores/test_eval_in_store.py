@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.primitives import Store
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import lanefold
 from lanefold import PgStore, RunInUseError, RunNotFoundError, open_store, read_run, read_state
-from lanefold._cli import main
+from lanefold.cli import main
 from lanefold.stores.postgres import PgDatabase, PgEventLog, redact_url
 
 pytestmark = pytest.mark.slow

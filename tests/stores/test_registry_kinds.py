@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import pytest
 
 import lanefold
-from lanefold._executor import resolve_executor
-from lanefold._store import open_store
+from lanefold.execution._executor import resolve_executor
+from lanefold.execution._store import open_store
 from lanefold.primitives import EXECUTORS, STORES, ConfigError, register_executor, register_store
 from lanefold.stores.files import RunStore
 from lanefold.stores.postgres import PgStore

@@ -339,7 +339,7 @@ shared = "fleet"
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from lanefold._cli import main
+    from lanefold.cli import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()

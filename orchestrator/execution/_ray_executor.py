@@ -26,11 +26,11 @@ import anyio
 import anyio.to_thread
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from lanefold import primitives
-from lanefold._executor import Job, JobOutcome, WorkerSpec, import_paths
-from lanefold._job_session import JobSession
-from lanefold._ray_connect import CONNECT_TIMEOUT_S, join_cluster
-from lanefold._result import RunResult
+import lanefold.primitives as primitives
+from lanefold.execution._executor import Job, JobOutcome, WorkerSpec, import_paths
+from lanefold.execution._job_session import JobSession
+from lanefold.execution._ray_connect import CONNECT_TIMEOUT_S, join_cluster
+from lanefold.execution._result import RunResult
 from lanefold.primitives import ConfigError, LanefoldError, RunError, RunInUseError, backend_gpus
 
 __all__ = ("RayExecutor",)
@@ -69,7 +69,9 @@ class _Worker:
         try:
             if self.session is None:
                 spec = self.spec
-                self.session = JobSession(spec.loop_config(), store=spec.store, verifier=spec.verifier)
+                self.session = JobSession(
+                    spec.loop_config(), store=spec.store, verifier=spec.verifier, hooks=spec.worker_hooks()
+                )
                 self.session.source = spec.source
             # The dead worker's lock may outlive it for a moment (a server notices a lost
             # connection late): wait for it rather than fail the question.

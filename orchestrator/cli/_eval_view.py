@@ -13,8 +13,8 @@ import json
 import time
 from collections.abc import Callable
 
-from lanefold.evaluate._eval_cli import print_summary
-from lanefold.evaluate._eval_records import (
+from lanefold.cli._eval import print_summary
+from lanefold.evaluate import (
     EvalSummary,
     QuestionResult,
     read_manifest,
@@ -22,20 +22,11 @@ from lanefold.evaluate._eval_records import (
     read_summary,
     summarize,
 )
-from lanefold.primitives import ConfigError, Store
+from lanefold.primitives import Store
 
-__all__ = ("describe_row", "is_eval", "show_eval", "tail_eval")
+__all__ = ("describe_row", "show_eval", "tail_eval")
 
 _POLL_S = 0.2
-
-
-def is_eval(store: Store, name: str) -> bool:
-    """Whether `name` is an eval in `store` (a manifest is recorded, not a run's log)."""
-    try:
-        record = store.eval_record(name)
-    except ConfigError:
-        return False  # not a plain name: the run commands say so
-    return record.exists() and not record.is_run()
 
 
 def describe_row(row: QuestionResult) -> str:

@@ -30,7 +30,7 @@ from pydantic import (
 import lanefold.backends  # registers the built-in backends
 import lanefold.coordinators  # registers the built-in loops and reducers
 import lanefold.stores  # noqa: F401  # registers the built-in stores
-from lanefold._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP
+from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP
 from lanefold.primitives import (
     BACKENDS,
     HOOKS,

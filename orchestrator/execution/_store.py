@@ -14,8 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 import lanefold.stores  # noqa: F401  (the built-in stores register themselves)
-from lanefold._config import LoopConfig, recorded_config
-from lanefold._defaults import DEFAULT_STORE
+from lanefold.config import DEFAULT_STORE, LoopConfig, recorded_config
 from lanefold.primitives import (
     STORES,
     AnyEvent,

@@ -23,26 +23,30 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from lanefold._config import LoopConfig, config_hash, load_config, parse_config
-from lanefold._defaults import DEFAULT_EXECUTOR
-from lanefold._executor import resolve_executor
-from lanefold._flags import some_seconds
-from lanefold._ray_connect import CONNECT_TIMEOUT_S
-from lanefold._store import new_run_id, open_store
-from lanefold.evaluate._datasets import DatasetSpec
-from lanefold.evaluate._eval import resume_hint, run_eval
-from lanefold.evaluate._eval_records import TOKEN_LINES, EvalManifest, EvalSummary, read_manifest
-from lanefold.evaluate._progress import EvalProgress
+from lanefold.cli._flags import some_seconds
+from lanefold.cli._progress import EvalProgress
+from lanefold.cli._shared import SIGNAL_EXIT, Interrupted, error, interruptible
+from lanefold.config import DEFAULT_EXECUTOR, LoopConfig, config_hash, load_config, parse_config
+from lanefold.evaluate import (
+    TOKEN_LINES,
+    DatasetSpec,
+    EvalManifest,
+    EvalSummary,
+    read_manifest,
+    resume_hint,
+    run_eval,
+)
+from lanefold.execution import CONNECT_TIMEOUT_S, new_run_id, open_store, resolve_executor
 from lanefold.primitives import ConfigError, LanefoldError
 
 if TYPE_CHECKING:
-    from lanefold._executor import Executor
+    from lanefold.execution import Executor
 
-__all__ = ("add_parser", "command", "print_summary")
+__all__ = ("add_commands", "add_parser", "command", "print_summary")
 
 
 def add_parser(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     """Add `eval` to the `orchestrator` command's subparsers."""
@@ -108,8 +112,7 @@ def add_parser(
 
 def command(args: argparse.Namespace) -> int:
     """Run (or continue) the eval and print its summary."""
-    # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
-    from lanefold._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible
+    # The CLI's own helpers; imported here because `orchestrator.cli._main` imports this module.
 
     config: LoopConfig | str
     if args.resume is not None:
@@ -160,19 +163,19 @@ def command(args: argparse.Namespace) -> int:
             connect = getattr(executor, "connect", None)  # an executor may join a cluster
             if connect is not None:
                 connect()  # a cluster not there is said before anything is written
-            summary = _interruptible(go, lambda: eval_id)
-    except _Interrupted as stop:
-        _error(
+            summary = interruptible(go, lambda: eval_id)
+    except Interrupted as stop:
+        error(
             "eval",
             f"interrupted by {stop.signal_name}; continue with: "
             f"{resume_hint(eval_id, args.runs_dir, args.store)}",
         )
-        return _SIGNAL_EXIT.get(stop.signal_name, 130)
+        return SIGNAL_EXIT.get(stop.signal_name, 130)
     except LanefoldError as exc:
         if not exc.machine_failure:
             raise
         # The finished questions are recorded; the rest resume from their runs' logs.
-        _error(
+        error(
             "eval",
             f"{exc}; the eval stopped: once that is mended, continue with: "
             f"{resume_hint(eval_id, args.runs_dir, args.store)}",
@@ -258,3 +261,11 @@ def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
     table.add_row("time", f"{summary.wall_s:.1f} s wall, {summary.seconds:.1f} s sampling")
     table.add_row("results", summary.results)
     (console or Console()).print(table)
+
+
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: Callable[..., None]
+) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add `eval` to the CLI's subcommands; its handler by name."""
+    add_parser(sub, common)
+    return {"eval": command}

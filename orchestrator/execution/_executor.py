@@ -20,22 +20,32 @@ Executors are a registry kind (`EXECUTORS`, `@register_executor("name")`, entry 
 from __future__ import annotations
 
 import inspect
+import logging
+import pickle
 import sys
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from lanefold._config import LoopConfig, parse_config
-from lanefold._defaults import DEFAULT_EXECUTOR
-from lanefold._result import RunResult
-from lanefold._store import Store, read_state
+from lanefold.config import DEFAULT_EXECUTOR, LoopConfig, parse_config
+from lanefold.execution._result import RunResult
+from lanefold.execution._store import Store, read_state
 from lanefold.primitives import EXECUTORS, ConfigError, LanefoldError, register_executor
 
-if TYPE_CHECKING:
-    from lanefold._session import Session
+log = logging.getLogger("lanefold.executor")
 
-__all__ = ("Executor", "Job", "JobOutcome", "WorkerSpec", "distribute", "local", "resolve_executor")
+__all__ = (
+    "Executor",
+    "Job",
+    "JobOutcome",
+    "WorkerSpec",
+    "distribute",
+    "import_paths",
+    "local",
+    "portable_hooks",
+    "resolve_executor",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +77,31 @@ class WorkerSpec:
     store: Store  # files under an absolute path (this machine, a shared filesystem), or
     # PostgreSQL (any machine); it travels by pickle, a PgStore with its password
     verifier: Any = None  # the Session's verifier (it travels by pickle)
+    hooks: bytes = b""  # the Session's own hooks, pickled: read once the paths are in place
     paths: tuple[str, ...] = field(default=())  # import paths for `module:...` plug-ins
     folder: str | None = None  # the config's folder on the driver (LoopConfig.folder)
 
     def loop_config(self) -> LoopConfig:
         return parse_config(self.config, source=f"{self.source} (sent to a worker)", folder=self.folder)
+
+    def worker_hooks(self) -> list[Any]:
+        """The driver's hooks, as this worker's own copies (after `import_paths`, so a hook's
+        module beside the config is found)."""
+        return list(pickle.loads(self.hooks)) if self.hooks else []
+
+
+def portable_hooks(hooks: Sequence[Any]) -> bytes:
+    """`hooks` pickled for workers; a hook that does not pickle (a lambda, a closure) stays
+    on the driver, said once in the log: a hook never fails a run."""
+    kept = []
+    for hook in hooks:
+        try:
+            pickle.dumps(hook)
+        except Exception as exc:  # pickling raises what the object's reducer raises
+            log.warning("hook %r cannot be sent to workers (%s): it sees no worker's events", hook, exc)
+            continue
+        kept.append(hook)
+    return pickle.dumps(tuple(kept)) if kept else b""
 
 
 @runtime_checkable
@@ -96,7 +126,7 @@ def local() -> None:
 
 # Ray's module imports the Session (its workers hold one), which imports this module: the
 # name is registered here, the class imported on its first lookup.
-EXECUTORS.add_lazy("ray", "lanefold._ray_executor:RayExecutor")
+EXECUTORS.add_lazy("ray", "lanefold.execution._ray_executor:RayExecutor")
 
 
 def resolve_executor(
@@ -144,75 +174,49 @@ def _takes(maker: Any, keyword: str) -> bool:
     return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
-def worker_spec(session: Session) -> WorkerSpec:
-    """The spec of workers that run `session`'s questions as it would."""
-    given = [
-        name
-        for name, value in zip(
-            ("backend", "judge_backend", "limiter"), (*session._given, session.limiter), strict=True
-        )
-        if value is not None
-    ]
-    if given:
-        raise ConfigError(
-            f"executor: a Session given {', '.join(given)} cannot send it to "
-            f"workers; name the backend in the config instead"
-        )
-    config = session.config
-    paths = [str(Path.cwd())]
-    if config.folder is not None:
-        paths.insert(0, config.folder)
-    store = session.store.portable()  # files: the same folder, whatever a worker's directory
-    return WorkerSpec(
-        config=config.model_dump(mode="json"),
-        source=(session.source if session.source == "<config>" else str(Path(session.source).resolve())),
-        store=store,
-        verifier=session._verifier,
-        paths=tuple(dict.fromkeys(paths)),
-        folder=config.folder,
-    )
-
-
 async def distribute(
-    session: Session,
     executor: Executor,
+    spec: WorkerSpec,
     questions: Sequence[str],
     *,
+    store: Store,
+    failed: Callable[[str, str, LanefoldError], RunResult],
     concurrency: int,
     run_ids: Sequence[str] | None,
     resume: bool = False,
     errors: str = "raise",
 ) -> AsyncGenerator[RunResult, None]:
-    """`Session.run_many` on an executor: run ids are chosen here, so a job handed again
-    resumes the same run. Without `resume` an id the store holds already is refused before
-    any job goes out; with `errors="return"` a failed run is a result, else it raises."""
-    ids = list(run_ids) if run_ids is not None else [session.store.new_id() for _ in questions]
+    """`Session.run_many` on an executor, its workers built from `spec` on `store`: run
+    ids are chosen here, so a job handed again resumes the same run. Without `resume` an id
+    the store holds already is refused before any job goes out; with `errors="return"` a
+    failed run is the result `failed(run_id, question, error)` makes, else it raises."""
+    ids = list(run_ids) if run_ids is not None else [store.new_id() for _ in questions]
     jobs = [
-        Job(index, question, session.store.check_id(run_id))
+        Job(index, question, store.check_id(run_id))
         for index, (question, run_id) in enumerate(zip(questions, ids, strict=True))
     ]
     if len(set(ids)) != len(ids):
         raise ConfigError("run_ids: two questions share a run id")
     if run_ids is not None:
         for job in jobs:
-            if session.store.exists(job.run_id):
+            if store.exists(job.run_id):
                 if not resume:
                     raise ConfigError(
-                        f"{session.store.location(job.run_id)}: a run with this "
+                        f"{store.location(job.run_id)}: a run with this "
                         f"id already exists (resume=True continues it)"
                     )
-                started = read_state(session.store, job.run_id).started
+                started = read_state(store, job.run_id).started
                 if started is not None and started.question != job.question:
                     raise ConfigError(
                         f"run_id {job.run_id!r}: the store holds a run of another question; choose another id"
                     )
-    outcomes = executor.outcomes(worker_spec(session), jobs, concurrency)
+    outcomes = executor.outcomes(spec, jobs, concurrency)
     try:
         async for outcome in outcomes:
             if outcome.error is not None:
                 if errors == "raise" or type(outcome.error) is ConfigError:
                     raise outcome.error
-                result = session._failed(outcome.job.run_id, outcome.job.question, outcome.error)
+                result = failed(outcome.job.run_id, outcome.job.question, outcome.error)
             else:
                 assert outcome.result is not None
                 result = outcome.result

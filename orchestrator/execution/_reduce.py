@@ -14,13 +14,15 @@ import contextlib
 import copy
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 
-from lanefold._fleet_budget import close_shared_budget, open_shared_budget
-from lanefold._result import RunResult, result_from_state
-from lanefold._runner import (
+from lanefold.config import LoopConfig
+from lanefold.coordinators import outcome_of
+from lanefold.execution._fleet_budget import close_shared_budget, open_shared_budget
+from lanefold.execution._result import RunResult, result_from_state
+from lanefold.execution._runner import (
     Observer,
     context,
     events_of,
@@ -30,8 +32,7 @@ from lanefold._runner import (
     set_fsync,
     source_of,
 )
-from lanefold._store import fold_record
-from lanefold.coordinators import outcome_of
+from lanefold.execution._store import fold_record
 from lanefold.primitives import (
     Backend,
     ConfigError,
@@ -45,6 +46,8 @@ from lanefold.primitives import (
     RunState,
     Sample,
     SampleRequest,
+    Store,
+    Verifier,
     extract_answer,
     get_logger,
     loop_reducer,
@@ -55,10 +58,21 @@ from lanefold.primitives import (
 from lanefold.primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
 from lanefold.primitives.internal import HookRunner, Recorder
 
-if TYPE_CHECKING:
-    from lanefold._session import Session
+__all__ = ("ReduceHost", "reduce_run")
 
-__all__ = ("reduce_run",)
+
+class ReduceHost(Protocol):
+    """What a re-reduction needs of the Session it runs in: its store, the backends and
+    verifier a run's config names (built as the session would), its limiter and its hooks."""
+
+    store: Store
+    limiter: anyio.CapacityLimiter | None
+
+    async def backends_for(self, config: LoopConfig) -> tuple[Backend, Backend | None]: ...
+
+    def verifier_for(self, config: LoopConfig) -> Verifier | None: ...
+
+    def hook_runner(self, config: LoopConfig, run_id: str) -> HookRunner: ...
 
 
 class _NoSampling:
@@ -79,7 +93,7 @@ class _NoSampling:
 
 
 async def reduce_run(
-    session: Session,
+    session: ReduceHost,
     run_id: str,
     *,
     reducer: str,
@@ -94,7 +108,7 @@ async def reduce_run(
 
 
 async def _reduce(
-    session: Session,
+    session: ReduceHost,
     run_id: str,
     reducer: str,
     extract: ExtractSpec | None,
@@ -163,7 +177,7 @@ async def _reduce(
         backend: Backend
         judge: Backend | None = None
         if needs_model:
-            backend, judge = await session._backends(config)
+            backend, judge = await session.backends_for(config)
         else:
             backend = _NoSampling()
         ledger = Ledger(

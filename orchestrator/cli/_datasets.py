@@ -12,16 +12,15 @@ import json
 import sys
 from collections.abc import Callable
 
-from lanefold.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
-from lanefold.evaluate._fetch import cache_root
+from lanefold.evaluate import SOURCE_NAMES, Source, cache_root, find_source, list_sources
 
-__all__ = ("add_parser", "command")
+__all__ = ("add_commands", "add_parser", "command")
 
 _SHOWN = 8  # a source with more tasks than this shows a few and a count
 
 
 def add_parser(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     """Add `datasets` to the `orchestrator` command's subparsers. It reads no runs, so it takes
@@ -75,3 +74,11 @@ def _block(source: Source) -> None:
         )
     elif source.where is not None and source.status != "here":
         print(f"  {source.where}")
+
+
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: Callable[..., None]
+) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add `datasets` to the CLI's subcommands; its handler by name."""
+    add_parser(sub, common)
+    return {"datasets": command}

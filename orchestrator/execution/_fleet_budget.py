@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanefold._config import LoopConfig
+from lanefold.config import LoopConfig
 from lanefold.primitives import BudgetStore, ConfigError, SharedPool
 
 __all__ = ("budget_store", "close_shared_budget", "open_shared_budget")

@@ -27,9 +27,9 @@ from typing import Any, Generic, TypeVar
 
 import anyio.from_thread
 
-from lanefold._config import LoopConfig
-from lanefold._result import RunResult
-from lanefold._session import Session
+from lanefold.config import LoopConfig
+from lanefold.execution._result import RunResult
+from lanefold.execution._session import Session
 
 __all__ = ("SyncSession",)
 

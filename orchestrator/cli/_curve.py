@@ -13,17 +13,18 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from lanefold._defaults import VOTE_REDUCER
-from lanefold.evaluate._curve import REDUCERS, Curve, read_pool, scaling_curve
+from lanefold.config import VOTE_REDUCER
+from lanefold.evaluate import CURVE_REDUCERS as REDUCERS
+from lanefold.evaluate import Curve, read_pool, scaling_curve
 from lanefold.primitives import ConfigError
 
-__all__ = ("add_parser", "command", "parse_ks", "plot_curve")
+__all__ = ("add_commands", "add_parser", "command", "parse_ks", "plot_curve")
 
 log = logging.getLogger("lanefold.evaluate")
 
 
 def add_parser(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     """Add `curve` to the `orchestrator` command's subparsers."""
@@ -164,3 +165,11 @@ def plot_curve(curve: Curve, path: Path) -> Path | None:
     finally:
         plt.close(fig)
     return path
+
+
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: Callable[..., None]
+) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add `curve` to the CLI's subcommands; its handler by name."""
+    add_parser(sub, common)
+    return {"curve": command}

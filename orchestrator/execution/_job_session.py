@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import anyio.to_thread
 
-from lanefold._executor import Job
-from lanefold._result import RunResult
-from lanefold._session import Session
+from lanefold.execution._executor import Job
+from lanefold.execution._result import RunResult
+from lanefold.execution._session import Session
 
 __all__ = ("JobSession",)
 

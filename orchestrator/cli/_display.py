@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from lanefold._result import RunResult
+from lanefold.execution import RunResult
 from lanefold.primitives import (
     REDUCERS,
     Reduction,

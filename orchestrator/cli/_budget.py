@@ -13,8 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from lanefold._fleet_budget import budget_store
-from lanefold._store import open_store
+from lanefold.execution import budget_store, open_store
 from lanefold.primitives import BudgetView, ConfigError
 
 __all__ = ("add_commands", "render")
@@ -37,7 +36,7 @@ def _limit(kind: type[int] | type[float]) -> Callable[[str], int | float | None]
     return parse
 
 
-def add_commands(sub: Any) -> dict[str, Handler]:
+def add_commands(sub: Any, common: Callable[..., None] | None = None) -> dict[str, Handler]:
     """Add `budget` (with `set` and `show`) to the CLI's subcommands; its handler by name."""
     p = sub.add_parser("budget", help="a shared budget in the PostgreSQL store ([budget] shared)")
     verbs = p.add_subparsers(dest="verb", required=True)

@@ -15,7 +15,7 @@ The handler never leaves its place to another's default between these, so no sig
 the process without an answer (asyncio's own signal handling restores the defaults when it
 is done, which is how a signal after a complete record used to kill the process).
 Before `main` runs, while the command's modules import (`importing_quietly`), SIGINT is
-Python's own KeyboardInterrupt and SIGTERM raises `Stopped`, which `orchestrator._cli` turns
+Python's own KeyboardInterrupt and SIGTERM raises `Stopped`, which `orchestrator.cli._main` turns
 into a quiet exit 130 or 143.
 """
 

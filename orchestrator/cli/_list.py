@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, get_args
 
-from lanefold._store import open_store
+from lanefold.execution import open_store
 from lanefold.primitives import RunStatus, RunSummary
 
 __all__ = ("add_commands", "render")

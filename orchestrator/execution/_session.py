@@ -24,12 +24,13 @@ from typing import Any, Literal, TypeVar
 import anyio
 import sniffio
 
-from lanefold._config import VERSION, LoopConfig, config_hash, load_config, preflight
-from lanefold._executor import Executor, distribute, resolve_executor
-from lanefold._fleet_budget import close_shared_budget, open_shared_budget
-from lanefold._reduce import reduce_run
-from lanefold._result import RunResult, failed_result
-from lanefold._runner import (
+from lanefold.config import VERSION, LoopConfig, config_hash, load_config, preflight
+from lanefold.coordinators import CommandVerifier, as_verifier
+from lanefold.execution._executor import Executor, WorkerSpec, distribute, portable_hooks, resolve_executor
+from lanefold.execution._fleet_budget import close_shared_budget, open_shared_budget
+from lanefold.execution._reduce import reduce_run
+from lanefold.execution._result import RunResult, failed_result
+from lanefold.execution._runner import (
     Observer,
     build_backend,
     check_question,
@@ -42,8 +43,7 @@ from lanefold._runner import (
     set_fsync,
     source_of,
 )
-from lanefold._store import Store, fold_record, open_store, read_state
-from lanefold.coordinators import CommandVerifier, as_verifier
+from lanefold.execution._store import Store, fold_record, open_store, read_state
 from lanefold.primitives import (
     Backend,
     ConfigError,
@@ -119,7 +119,7 @@ class Session:
 
     async def __aenter__(self) -> Session:
         if self._config is not None and self.executor is None:  # the model loads now
-            await self._backends(self._config)
+            await self.backends_for(self._config)
         await self._load_given()
         return self
 
@@ -135,7 +135,7 @@ class Session:
 
     # -- backends ---------------------------------------------------------------------------------
 
-    async def _backends(self, config: LoopConfig) -> tuple[Backend, Backend | None]:
+    async def backends_for(self, config: LoopConfig) -> tuple[Backend, Backend | None]:
         given, given_judge = self._given
         backend = given or await self._build(config.backend)
         judge = given_judge
@@ -223,7 +223,7 @@ class Session:
         seed: int | None = None,
     ) -> RunResult:
         config = self.config.with_seed(seed)
-        backend, judge_backend = await self._backends(config)
+        backend, judge_backend = await self.backends_for(config)
         await self._load_given()
         # A shared budget that does not exist is refused before the run does.
         pool = await open_shared_budget(config, self.store, run_id)
@@ -280,6 +280,34 @@ class Session:
             )
         return await self.resume(run_id, observer=observer, stop_reason=stop_reason)
 
+    def worker_spec(self) -> WorkerSpec:
+        """What workers need to run this session's questions as it would, by value."""
+        given = [
+            name
+            for name, value in zip(
+                ("backend", "judge_backend", "limiter"), (*self._given, self.limiter), strict=True
+            )
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"executor: a Session given {', '.join(given)} cannot send it to "
+                f"workers; name the backend in the config instead"
+            )
+        config = self.config
+        paths = [str(Path.cwd())]
+        if config.folder is not None:
+            paths.insert(0, config.folder)
+        return WorkerSpec(
+            config=config.model_dump(mode="json"),
+            source=(self.source if self.source == "<config>" else str(Path(self.source).resolve())),
+            store=self.store.portable(),  # files: the same folder, whatever a worker's directory
+            verifier=self._verifier,
+            hooks=portable_hooks(self.hooks),
+            paths=tuple(dict.fromkeys(paths)),
+            folder=config.folder,
+        )
+
     def _failed(self, run_id: str, question: str, error: LanefoldError) -> RunResult:
         """`error` as a failed run's result, with what its log (if any) says it spent."""
         state = None
@@ -325,9 +353,11 @@ class Session:
         if self.executor is not None:  # each worker holds its own Session and backend
             async with contextlib.aclosing(
                 distribute(
-                    self,
                     self.executor,
+                    self.worker_spec(),
                     [q for _, q in todo],
+                    store=self.store,
+                    failed=self._failed,
                     concurrency=concurrency,
                     run_ids=run_ids,
                     resume=resume,
@@ -404,7 +434,7 @@ class Session:
                     log.close()
                     raise recorded_failure(state)
                 set_fsync(log, config)
-                backend, judge_backend = await self._backends(config)
+                backend, judge_backend = await self.backends_for(config)
                 await self._load_given()
                 pool = await open_shared_budget(config, self.store, state.run_id or run_id)
                 runner = await hooks.enter_async_context(self.hook_runner(config, state.run_id or run_id))

@@ -23,20 +23,26 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from lanefold._config import load_config
-from lanefold._store import new_run_id
-from lanefold.evaluate._compare import Compared, Comparison, run_compare
-from lanefold.evaluate._datasets import DatasetSpec
-from lanefold.evaluate._equal_budget import BUDGET_MODES
-from lanefold.evaluate._eval_records import TOKEN_LINES, QuestionResult
-from lanefold.evaluate._progress import EvalProgress
+from lanefold.cli._progress import EvalProgress
+from lanefold.cli._shared import SIGNAL_EXIT, Interrupted, error, interruptible, where
+from lanefold.config import load_config
+from lanefold.evaluate import (
+    BUDGET_MODES,
+    TOKEN_LINES,
+    Compared,
+    Comparison,
+    DatasetSpec,
+    QuestionResult,
+    run_compare,
+)
+from lanefold.execution import new_run_id
 from lanefold.primitives import ConfigError, validate_run_id
 
-__all__ = ("add_parser", "command", "print_comparison")
+__all__ = ("add_commands", "add_parser", "command", "print_comparison")
 
 
 def add_parser(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
     common: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     """Add `compare` to the `orchestrator` command's subparsers."""
@@ -82,8 +88,7 @@ def add_parser(
 
 def command(args: argparse.Namespace) -> int:
     """Run (or continue) the comparison and print its table."""
-    # The CLI's own helpers; imported here because `orchestrator._cli` imports this module.
-    from lanefold._cli import _SIGNAL_EXIT, _error, _Interrupted, _interruptible, where
+    # The CLI's own helpers; imported here because `orchestrator.cli._main` imports this module.
 
     if len(args.configs) < 2:
         raise ConfigError(f"compare needs at least two configs, got {len(args.configs)}")
@@ -116,14 +121,14 @@ def command(args: argparse.Namespace) -> int:
 
     try:
         with bars or contextlib.nullcontext():
-            comparison = _interruptible(go, lambda: compare_id)
-    except _Interrupted as stop:
-        _error(
+            comparison = interruptible(go, lambda: compare_id)
+    except Interrupted as stop:
+        error(
             "compare",
             f"interrupted by {stop.signal_name}; continue with: "
             f"{shlex.join(_again(args, compare_id, where(args)))}",
         )
-        return _SIGNAL_EXIT.get(stop.signal_name, 130)
+        return SIGNAL_EXIT.get(stop.signal_name, 130)
     if args.json:
         print(json.dumps(comparison.model_dump(mode="json")))
     else:
@@ -234,3 +239,11 @@ def _versus(line: Compared) -> str:
 
 
 _SHORT = {"cached_prefill": "cached", "cut_off": "cut-off"}
+
+
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: Callable[..., None]
+) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add `compare` to the CLI's subcommands; its handler by name."""
+    add_parser(sub, common)
+    return {"compare": command}

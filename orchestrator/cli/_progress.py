@@ -15,7 +15,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from lanefold.evaluate._eval_records import QuestionResult
+from lanefold.evaluate import QuestionResult
 
 __all__ = ("EvalProgress",)
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import anyio
 import structlog
 
-from lanefold._config import LoopConfig
-from lanefold._result import RunResult, result_from_state
+from lanefold.config import LoopConfig
+from lanefold.execution._result import RunResult, result_from_state
 from lanefold.primitives import (
     Backend,
     BackendSpec,

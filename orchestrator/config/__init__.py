@@ -1,0 +1,47 @@
+"""A loop config: its file or mapping read and checked into a `LoopConfig`, the facade's
+defaults (named here once), and the checks `validate` and `run` make before anything runs.
+
+Nothing here runs a loop; the execution folder does, from what this folder gives it.
+"""
+
+from __future__ import annotations
+
+from lanefold.config._defaults import (
+    DEFAULT_BACKEND_KIND,
+    DEFAULT_EXECUTOR,
+    DEFAULT_LOOP,
+    DEFAULT_STORE,
+    VOTE_REDUCER,
+)
+from lanefold.config._loop_config import (
+    VERSION,
+    LoopConfig,
+    backend_errors,
+    backend_preflight_errors,
+    config_errors,
+    config_hash,
+    load_backend_config,
+    load_config,
+    parse_config,
+    preflight,
+    recorded_config,
+)
+
+__all__ = (
+    "DEFAULT_BACKEND_KIND",
+    "DEFAULT_EXECUTOR",
+    "DEFAULT_LOOP",
+    "DEFAULT_STORE",
+    "VERSION",
+    "VOTE_REDUCER",
+    "LoopConfig",
+    "backend_errors",
+    "backend_preflight_errors",
+    "config_errors",
+    "config_hash",
+    "load_backend_config",
+    "load_config",
+    "parse_config",
+    "preflight",
+    "recorded_config",
+)
