@@ -2,7 +2,7 @@
 late it lands; the `lock` file gone after a clean release and kept after a death; and one
 writer per run kept when the file is removed under a contender.
 
-The process-level contention (two resumes racing, a SIGKILL) is in tests/test_writer_lock.py.
+The process-level contention (two resumes racing, a SIGKILL) is in tests/cli/test_writer_lock.py.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import lanefold
 from lanefold.cli import main
 from lanefold.config._loop_config import config_errors
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Errors in four sections, the loop's own keys among them, and a nan: each is named.
 MANY = """\

@@ -24,7 +24,7 @@ import pytest
 from lanefold.primitives import fold
 from lanefold.stores.files import JsonlEventLog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # Slow lanes, two at a time, one request each: a run takes seconds, so two processes started

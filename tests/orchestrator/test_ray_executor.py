@@ -31,7 +31,7 @@ from lanefold.execution._ray_executor import RayExecutor
 from lanefold.primitives import ConfigError
 
 ray = pytest.importorskip("ray")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 
 from lanefold.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "simulated.toml"
 QUESTION = "What is 17 * 23?"
 
@@ -72,7 +72,7 @@ def lines_of(log: Path) -> list[str]:
     return log.read_text().splitlines()
 
 
-# Slow lanes three at a time: a kill always finds lanes in flight (as tests/test_crash.py).
+# Slow lanes three at a time: a kill always finds lanes in flight (as tests/cli/test_crash.py).
 CRASHING = """
 [loop]
 k = 12

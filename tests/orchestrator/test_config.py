@@ -16,7 +16,7 @@ import lanefold
 from lanefold.cli import main
 from lanefold.config._loop_config import MAX_NESTING
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.toml"))
 SECTIONS = ("loop", "prompt", "sampling", "extract", "backend", "budget", "pricing", "judge", "log")
 

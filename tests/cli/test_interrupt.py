@@ -23,7 +23,7 @@ import lanefold
 from lanefold import AnyEvent, read_state
 from lanefold.stores.files import JsonlEventLog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RAW: dict[str, Any] = {
     "loop": {"k": 8, "max_concurrency": 4, "seed": 21, "min_quorum": 8},
     "backend": {"kind": "simulated", "latency_ms": [40, 120], "lanes_per_request": 2},

@@ -1,7 +1,7 @@
 """The PostgreSQL store as real processes use it: one writer per run across processes (the
 advisory lock dies with its holder), SIGKILL mid-run then resume, and `tail --follow` woken by
-LISTEN/NOTIFY. The file-log versions are tests/test_writer_lock.py, tests/test_crash.py and
-tests/test_tail_follow.py; waits here are on what a process does (rows it commits, a session it
+LISTEN/NOTIFY. The file-log versions are tests/cli/test_writer_lock.py, tests/cli/test_crash.py and
+tests/cli/test_tail_follow.py; waits here are on what a process does (rows it commits, a session it
 opens, its exit), never on a clock.
 """
 
@@ -24,7 +24,7 @@ import pytest
 import lanefold
 from lanefold import PgStore, read_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # Slow lanes, two at a time, one request each: a run takes seconds, so a kill always finds

@@ -31,7 +31,7 @@ from cli_support import Outcome, cli
 import lanefold
 from lanefold.stores.files import JsonlEventLog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "simulated.toml"  # 8 lanes: a log of about 12 kB
 QUESTION = "What is 17 * 23?"
 

@@ -16,7 +16,7 @@ import pytest
 import lanefold
 from lanefold.stores.files import JsonlEventLog
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 CONFIG = """

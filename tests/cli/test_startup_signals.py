@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIMULATED = '[loop]\nk = 4\n[backend]\nkind = "simulated"\nlatency_ms = [1, 5]\n'
 NO_ANSWER = SIMULATED + '[extract]\nregex = "NEVER(\\\\d+)"\n'  # every lane abstains: exit 4
 SIGNALS = {"SIGINT": (signal.SIGINT, 130), "SIGTERM": (signal.SIGTERM, 143)}
