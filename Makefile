@@ -20,7 +20,7 @@ $(VENV)/.runtime: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.runtime
-	$(BIN)/pip install -q -e '.[engine,serve,dev,eval,scale]' $(TORCH)
+	$(BIN)/pip install -q -e '.[engine,serve,dev,eval,scale,otel]' $(TORCH)
 	touch $@
 
 demo: $(VENV)/.runtime

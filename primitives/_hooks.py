@@ -34,6 +34,7 @@ from lanefold.primitives._logging import get_logger
 from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
 
 __all__ = (
+    "CUT_SHORT_S",
     "END_TIMEOUT_S",
     "HOOKS",
     "QUEUE_LIMIT",
@@ -46,6 +47,7 @@ __all__ = (
 
 QUEUE_LIMIT = 10_000  # events waiting for one hook before later ones are dropped for it
 END_TIMEOUT_S = 5.0  # seconds each hook gets, at the run's end, to drain and run on_run_end
+CUT_SHORT_S = 1.0  # seconds each hook gets to drain when the run is cancelled or fails
 
 C = TypeVar("C")
 _log = get_logger("lanefold.hooks")
@@ -106,7 +108,7 @@ def build_hook(found: Any, keys: Mapping[str, Any]) -> Any:
 class _Slot:
     """One hook's queue, its drain task's state and what it dropped."""
 
-    __slots__ = ("done", "dropped", "failed", "hook", "name", "receive", "send", "warned")
+    __slots__ = ("done", "dropped", "failed", "hook", "name", "receive", "scope", "send", "warned")
 
     def __init__(self, hook: Any, limit: int) -> None:
         self.hook = hook
@@ -115,6 +117,9 @@ class _Slot:
         self.receive: MemoryObjectReceiveStream[Any]
         self.send, self.receive = anyio.create_memory_object_stream[Any](limit)
         self.done: anyio.Event | None = None  # set when its drain task has emptied the queue
+        # Its drain's own scope, shielded: a run cut short (cancelled, failed) still hands its
+        # last events (run.interrupted, run.failed) over, within CUT_SHORT_S; then it is cancelled.
+        self.scope = anyio.CancelScope(shield=True)
         self.dropped = 0
         self.failed = False
         self.warned = False
@@ -166,7 +171,14 @@ class HookRunner:
             return
         for slot in self._slots:
             slot.send.close()
-        self._tg.cancel_scope.cancel()  # end() let them finish; whatever is left is abandoned
+        if exc_type is not None:  # cut short: what was recorded up to the stop still goes over
+            with anyio.CancelScope(shield=True), anyio.move_on_after(min(CUT_SHORT_S, self._end_timeout_s)):
+                for slot in self._slots:
+                    if slot.done is not None:
+                        await slot.done.wait()
+        for slot in self._slots:
+            slot.scope.cancel()  # end() let them finish; whatever is left is abandoned
+        self._tg.cancel_scope.cancel()
         tg, self._tg = self._tg, None
         await tg.__aexit__(exc_type, exc, tb)
         return None  # the run's own exception, if any, goes on as it was
@@ -223,6 +235,12 @@ class HookRunner:
                 )
 
     async def _drain(self, slot: _Slot) -> None:
+        with slot.scope:
+            await self._drain_queue(slot)
+        if slot.done is not None:
+            slot.done.set()
+
+    async def _drain_queue(self, slot: _Slot) -> None:
         on_event = getattr(slot.hook, "on_event", None)
         threaded = on_event is not None and not _is_async(on_event)
         async with slot.receive:
@@ -239,8 +257,6 @@ class HookRunner:
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
                 await self._call_in_thread(slot, on_event, batch)
-        if slot.done is not None:
-            slot.done.set()
 
     async def _finish(self, slot: _Slot, result: Any) -> None:
         if slot.done is not None:

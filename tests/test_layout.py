@@ -668,7 +668,7 @@ def test_the_facade_names_no_built_in_store_but_in_its_defaults() -> None:
 
 # -- (f) the facade, a folder per concern, with no import circle -----------------------------------
 
-FACADE_FOLDERS = ("cli", "config", "evaluate", "execution", "serve")
+FACADE_FOLDERS = ("cli", "config", "evaluate", "execution", "serve", "telemetry")
 
 
 def _facade_name(path: Path) -> str:

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from lanefold.cli._flags import some_seconds
 from lanefold.cli._progress import EvalProgress
-from lanefold.cli._shared import SIGNAL_EXIT, Interrupted, error, interruptible
+from lanefold.cli._shared import SIGNAL_EXIT, Interrupted, error, interruptible, otel_argument, otel_hooks
 from lanefold.config import DEFAULT_EXECUTOR, LoopConfig, config_hash, load_config, parse_config
 from lanefold.evaluate import (
     TOKEN_LINES,
@@ -51,6 +51,7 @@ def add_parser(
 ) -> None:
     """Add `eval` to the `orchestrator` command's subparsers."""
     p = sub.add_parser("eval", help="run a loop config over a dataset and score it")
+    otel_argument(p)
     p.add_argument("config", nargs="?", help="the loop config (left out with --resume)")
     p.add_argument(
         "--dataset",
@@ -153,6 +154,7 @@ def command(args: argparse.Namespace) -> int:
             stop_reason=reason,
             store=args.store,
             executor=executor,
+            hooks=otel_hooks(args),
         )
 
     try:

@@ -23,6 +23,8 @@ from lanefold.cli._shared import (
     error,
     interruptible,
     live,
+    otel_argument,
+    otel_hooks,
     store_of,
 )
 from lanefold.config import (
@@ -62,6 +64,7 @@ def add_commands(
     common(p)
     p.add_argument("--run-id")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    otel_argument(p)
 
     p = sub.add_parser("resume", help="continue a run from its event log")
     p.add_argument("run_id")
@@ -121,7 +124,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.run_id is not None:
         session.store.check_id(args.run_id)
     with live(args.json) as display:
-        session.hooks += display
+        session.hooks += [*display, *otel_hooks(args)]
         seen = RunWatch(args.run_id)
 
         async def go(reason: Callable[[], str]) -> RunResult:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
+from pydantic import ValidationError
 
 from lanefold.cli._display import Progress, summary
 from lanefold.cli._signals import (
@@ -20,13 +21,17 @@ from lanefold.cli._signals import (
     pause_point,
     watch,
 )
+from lanefold.config import OTEL_HOOK
 from lanefold.execution import (
     RunResult,
     Store,
     open_store,
 )
 from lanefold.primitives import (
+    HOOKS,
+    ConfigError,
     RunState,
+    build_hook,
     redact_url,
 )
 from lanefold.primitives.events import AnyEvent
@@ -43,6 +48,8 @@ __all__ = (
     "interruptible",
     "live",
     "logging_to_stderr",
+    "otel_argument",
+    "otel_hooks",
     "store_of",
     "where",
 )
@@ -193,3 +200,28 @@ class RunWatch:
         if event.type in ("run.completed", "run.failed"):
             self.ended = True
             pause_point("recorded")
+
+
+def otel_argument(p: argparse.ArgumentParser) -> None:
+    """`--otel-endpoint URL`: export each run as a trace (the `otel` hook; docs/otel.md)."""
+    p.add_argument(
+        "--otel-endpoint",
+        metavar="URL",
+        help="export each run as an OpenTelemetry trace to this OTLP/HTTP base URL "
+        "(spans to URL/v1/traces; needs the otel extra)",
+    )
+
+
+def otel_hooks(args: argparse.Namespace) -> list[Any]:
+    """The hook `--otel-endpoint` asks for (none without it), built as `[[hooks]] kind =
+    "otel"` would be; a bad URL or a missing extra is a one-line ConfigError naming the flag."""
+    url = getattr(args, "otel_endpoint", None)
+    if url is None:
+        return []
+    found = HOOKS.resolve(OTEL_HOOK, key="--otel-endpoint")
+    try:
+        return [build_hook(found, {"endpoint": url})]
+    except ValidationError as exc:
+        raise ConfigError(f"--otel-endpoint: {exc.errors()[0]['msg']}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"--otel-endpoint: {str(exc).removeprefix('hooks: ')}") from None

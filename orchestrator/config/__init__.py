@@ -11,6 +11,7 @@ from lanefold.config._defaults import (
     DEFAULT_EXECUTOR,
     DEFAULT_LOOP,
     DEFAULT_STORE,
+    OTEL_HOOK,
     VOTE_REDUCER,
 )
 from lanefold.config._loop_config import (
@@ -32,6 +33,7 @@ __all__ = (
     "DEFAULT_EXECUTOR",
     "DEFAULT_LOOP",
     "DEFAULT_STORE",
+    "OTEL_HOOK",
     "VERSION",
     "VOTE_REDUCER",
     "LoopConfig",

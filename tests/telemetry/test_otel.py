@@ -1,0 +1,252 @@
+"""The `otel` hook: each run as a trace, received by an OTLP/HTTP endpoint on loopback.
+
+The receiver is a plain HTTP server that decodes what arrives at `/v1/traces` with the
+OpenTelemetry protocol's own protobuf definitions (`opentelemetry-proto`), so what is checked is
+what the SDK's exporter actually sent: spans, their parents and their attributes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+import lanefold
+from lanefold.cli import main
+from lanefold.primitives import ConfigError
+from lanefold.telemetry import OtelHook, flush_all, trace_id_of
+
+
+class Receiver:
+    """Spans received, each as a dict: name, trace and span ids, parent, attributes, status."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.posts = 0
+        self.lock = threading.Lock()
+
+    def take(self, body: bytes) -> None:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        with self.lock:
+            self.posts += 1
+            for resource in request.resource_spans:
+                service = {a.key: _value(a.value) for a in resource.resource.attributes}
+                for scope in resource.scope_spans:
+                    for span in scope.spans:
+                        self.spans.append(
+                            {
+                                "name": span.name,
+                                "trace_id": int.from_bytes(span.trace_id, "big"),
+                                "span_id": span.span_id.hex(),
+                                "parent": span.parent_span_id.hex() or None,
+                                "attributes": {a.key: _value(a.value) for a in span.attributes},
+                                "status": span.status.code,
+                                "start": span.start_time_unix_nano,
+                                "end": span.end_time_unix_nano,
+                                "service": service.get("service.name"),
+                            }
+                        )
+
+    def of_run(self, run_id: str) -> list[dict[str, Any]]:
+        return [s for s in self.spans if s["trace_id"] == trace_id_of(run_id)]
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[Receiver, str]]:
+    got = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path == "/v1/traces":
+                got.take(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+            else:
+                self.send_response(404)
+                self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield got, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _config(k: int = 3, **extra: Any) -> lanefold.LoopConfig:
+    return lanefold.parse_config(
+        {"loop": {"k": k}, "backend": {"kind": "simulated", "latency_ms": [0, 0]}, **extra}
+    )
+
+
+def _children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in spans if s["parent"] == parent["span_id"]]
+
+
+@pytest.mark.anyio
+async def test_a_run_is_a_trace_of_waves_and_lane_attempts(
+    receiver: tuple[Receiver, str], tmp_path: Path
+) -> None:
+    got, url = receiver
+    hook = OtelHook(OtelHook.Params(endpoint=url, service_name="tests"))
+    result = await lanefold.run(_config(k=3), "What is 2 + 2?", runs_dir=tmp_path, hooks=[hook])
+    assert flush_all(10.0)
+    spans = got.of_run(result.run_id)
+    (run,) = [s for s in spans if s["parent"] is None]
+    assert run["name"] == "lanefold.run parallel_sample" and run["service"] == "tests"
+    assert run["attributes"]["lanefold.run_id"] == result.run_id
+    assert run["attributes"]["lanefold.answer"] == result.answer
+    assert run["attributes"]["lanefold.status"] == result.status == "answered"
+    (wave,) = _children(spans, run)
+    assert wave["name"] == "lanefold.wave sample" and wave["attributes"]["lanefold.wave"] == 1
+    lanes = _children(spans, wave)
+    assert sorted(s["attributes"]["lanefold.lane"] for s in lanes) == [0, 1, 2]
+    for lane in lanes:
+        attrs = lane["attributes"]
+        assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"]
+        assert lane["name"] == f"chat {attrs['gen_ai.request.model']}"
+        assert attrs["gen_ai.response.finish_reasons"] == ["stop"]
+        assert run["start"] <= wave["start"] <= lane["start"] <= lane["end"] <= wave["end"] <= run["end"]
+    # the bill, as the result counts it: prefill + cached prefill in, decode out
+    usage = result.usage
+    assert sum(s["attributes"]["gen_ai.usage.output_tokens"] for s in lanes) == usage.decode_tokens
+    assert (
+        sum(s["attributes"]["lanefold.usage.cached_prefill_tokens"] for s in lanes)
+        == usage.cached_prefill_tokens
+    )
+    assert (
+        run["attributes"]["gen_ai.usage.input_tokens"] == usage.prefill_tokens + usage.cached_prefill_tokens
+    )
+
+
+@pytest.mark.anyio
+async def test_judge_calls_and_failed_lanes_are_spans(receiver: tuple[Receiver, str], tmp_path: Path) -> None:
+    got, url = receiver
+    config = _config(
+        k=4,
+        backend={"kind": "simulated", "latency_ms": [0, 0], "failure_rate": 0.5},
+        retry={"max_attempts": 1},
+        loop={"k": 4, "min_quorum": 1, "reducer": "judge_argmax"},
+        judge={"template": "Score it: {candidate}"},
+    )
+    hook = OtelHook(OtelHook.Params(endpoint=url))
+    result = await lanefold.run(config, "What is 3 + 4?", runs_dir=tmp_path, hooks=[hook])
+    assert flush_all(10.0)
+    spans = got.of_run(result.run_id)
+    judged = [s for s in spans if s["name"] == "lanefold.judge"]
+    assert judged and all("lanefold.candidate_lane" in s["attributes"] for s in judged)
+    failed = [s for s in spans if s["attributes"].get("error.type")]
+    sampled = [s for s in failed if s["attributes"]["lanefold.wave.purpose"] == "sample"]
+    assert len(sampled) == result.lanes_failed > 0
+    assert all(s["status"] == 2 for s in failed)  # STATUS_CODE_ERROR
+
+
+@pytest.mark.anyio
+async def test_a_resumed_run_continues_its_trace(receiver: tuple[Receiver, str], tmp_path: Path) -> None:
+    got, url = receiver
+    config = _config(
+        k=6, backend={"kind": "simulated", "latency_ms": [40, 60]}, loop={"k": 6, "max_concurrency": 2}
+    )
+    hook = OtelHook(OtelHook.Params(endpoint=url))
+    async with lanefold.Session(config, runs_dir=tmp_path, hooks=[hook]) as session:
+        with anyio.move_on_after(0.1):
+            await session.run("What is 5 + 5?", run_id="cut")
+        result = await session.resume("cut")
+    assert flush_all(10.0)
+    spans = got.of_run("cut")
+    runs = [s for s in spans if s["parent"] is None]
+    assert len(runs) == 2  # the first process's segment and the resumed one, one trace
+    assert {s["attributes"]["lanefold.resumed"] for s in runs} == {False, True}
+    assert {s["attributes"]["lanefold.status"] for s in runs} == {"interrupted", "answered"}
+    assert result.answer is not None
+
+
+def test_the_command_line_exports_with_otel_endpoint(
+    receiver: tuple[Receiver, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    got, url = receiver
+    config = tmp_path / "loop.toml"
+    config.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n')
+    assert (
+        main(
+            [
+                "run",
+                str(config),
+                "--question",
+                "What is 1 + 1?",
+                "--runs-dir",
+                str(tmp_path),
+                "--json",
+                "--otel-endpoint",
+                url,
+            ]
+        )
+        == 0
+    )
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    assert flush_all(10.0)
+    assert len(got.of_run(run_id)) == 1 + 1 + 2  # run, wave, two lanes
+
+
+def test_a_hooks_table_names_it_and_its_keys_are_checked(
+    receiver: tuple[Receiver, str], tmp_path: Path
+) -> None:
+    got, url = receiver
+    config = lanefold.parse_config(
+        {"loop": {"k": 2}, "backend": {"kind": "simulated"}, "hooks": [{"kind": "otel", "endpoint": url}]}
+    )
+    result = lanefold.run_sync(config, "What is 6 + 1?", runs_dir=tmp_path)
+    assert flush_all(10.0)
+    assert len(got.of_run(result.run_id)) == 4
+    with pytest.raises(ConfigError, match=r"hooks\[1\]\.endpoin: unknown key|hooks\[1\].*endpoin"):
+        lanefold.parse_config({"hooks": [{"kind": "otel", "endpoin": url}]}).build_hooks()
+
+
+def test_a_bad_endpoint_flag_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "loop.toml"
+    config.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n')
+    code = main(
+        ["run", str(config), "--question", "Q?", "--runs-dir", str(tmp_path), "--otel-endpoint", "not a url"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("orchestrator run: --otel-endpoint: ") and err.count("\n") == 1
+    assert not any(tmp_path.glob("*/events.jsonl"))  # refused before a run was created
+
+
+@pytest.mark.anyio
+async def test_an_endpoint_that_is_down_changes_nothing(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hook = OtelHook(OtelHook.Params(endpoint=f"http://127.0.0.1:{port}", timeout_s=0.5))
+    seeded = _config(k=4, loop={"k": 4, "seed": 7})
+    with_hook = await lanefold.run(seeded, "What is 8 + 1?", runs_dir=tmp_path / "a", hooks=[hook])
+    without = await lanefold.run(seeded, "What is 8 + 1?", runs_dir=tmp_path / "b")
+    assert (with_hook.answer, with_hook.votes) == (without.answer, without.votes)
+    assert flush_all(2.0) is False or True  # it may or may not have given up yet: the run did not wait
