@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import importlib.util
 import itertools
 import json
 import operator
 import os
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -56,12 +58,14 @@ except ImportError:  # a benchmark-only dependency: `pip install -e '.[bench]'`
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is 17 * 23?"
+OTEL_PORT = 0  # set in main(): a port nothing listens on
 PROMPT = f"Question: {QUESTION}"
 INSTANT = SimulatedConfig(latency_ms=(0.0, 0.0), failure_rate=0.0, lanes_per_request=1)
 PARAMS = SamplingParams()
 DURABILITY = {
     "ours": "JSONL, one write() per event (2 per lane); fsync at the barrier, reduce, run end",
     "ours-always": "as ours, with fsync after every event (policy `always`; K=1000 only)",
+    "ours-otel": "as ours, plus the otel hook exporting to an endpoint that is down (K=1000 only)",
     "bare": "none (no log, no budget, no record)",
     "langgraph": "AsyncSqliteSaver defaults (WAL, synchronous=FULL, durability='async'): "
     "one committed, fsynced write per lane, a checkpoint per superstep",
@@ -102,6 +106,28 @@ async def run_ours(k: int, scratch: Path, fsync: str = "barrier") -> Timing:
 
 async def run_ours_always(k: int, scratch: Path) -> Timing:
     return await run_ours(k, scratch, fsync="always")
+
+
+def _port_nothing_listens_on() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def run_ours_otel(k: int, scratch: Path) -> Timing:
+    """ours with the otel hook, its OTLP endpoint down: what a hook costs the dispatch path."""
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": k, "max_concurrency": k},
+            "backend": INSTANT.model_dump(mode="json"),
+            "hooks": [{"kind": "otel", "endpoint": f"http://127.0.0.1:{OTEL_PORT}", "timeout_s": 0.5}],
+        }
+    )
+    with stopwatch() as timing:
+        result = await lanefold.run(config, QUESTION, runs_dir=scratch)
+    if result.lanes_completed != k or result.answer is None:
+        raise RuntimeError(f"ours-otel: {result.lanes_completed} of {k} lanes completed")
+    return timing
 
 
 async def run_bare(k: int, scratch: Path) -> Timing:
@@ -169,6 +195,7 @@ async def run_langgraph(k: int, scratch: Path) -> Timing:
 SIDES: dict[str, Callable[[int, Path], Awaitable[Timing]]] = {
     "ours": run_ours,
     "ours-always": run_ours_always,
+    "ours-otel": run_ours_otel,
     "bare": run_bare,
     "langgraph": run_langgraph,
 }
@@ -301,7 +328,7 @@ async def measure(plan: Plan, sides: list[str]) -> Results:
                 continue
             order = sides[rep % len(sides) :] + sides[: rep % len(sides)]  # interleave the sides
             for side in order:
-                if side == "ours-always" and (k != 1000 or rep >= 2):
+                if side in ("ours-always", "ours-otel") and (k != 1000 or rep >= 2):
                     continue  # the matched-durability comparison: K = 1000, two runs at most
                 if side == "langgraph" and not results.langgraph_fits(k, plan):
                     continue
@@ -336,6 +363,13 @@ def report(plan: Plan, res: Results, sides: list[str], seconds: float) -> None:
                 f"{lg:17.1f} | {lg / ours:13.2f}x" if lg is not None else f"{'skipped':>17} | {'-':>14}"
             )
             print(f"{k:>6} | {ours:12.1f} | {bare:12.1f} | {ours / bare:8.2f}x | {lg_cells}")
+        otel = res.per_lane("ours-otel", 1000, cpu)
+        ours_1000 = res.per_lane("ours", 1000, cpu)
+        if otel is not None and ours_1000 is not None:
+            print(
+                f"  ours with the otel hook (endpoint down) at K=1000: {otel:.1f} us/lane, "
+                f"{otel / ours_1000:.2f}x ours (target <= 1.1x)"
+            )
         always = res.per_lane("ours-always", 1000, cpu)
         lg = res.per_lane("langgraph", 1000, cpu)
         if always is not None:
@@ -414,6 +448,8 @@ def main() -> None:
     )
     parser.add_argument("--memory-child", nargs=2, metavar=("SIDE", "K"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global OTEL_PORT
+    OTEL_PORT = _port_nothing_listens_on()
     if args.memory_child:
         memory_child(args.memory_child[0], int(args.memory_child[1]))
         return
@@ -426,6 +462,8 @@ def main() -> None:
         args.langgraph_budget_s,
     )
     sides = ["ours", "bare", "ours-always"]
+    if importlib.util.find_spec("opentelemetry.sdk") is not None:
+        sides.append("ours-otel")
     if StateGraph is None:
         print("note: langgraph is not installed (pip install -e '.[bench]'); LangGraph skipped")
     else:

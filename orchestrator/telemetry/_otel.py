@@ -16,13 +16,17 @@ forever. One exporter serves every hook with the same endpoint, headers and serv
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
+from lanefold.config import VERSION
 from lanefold.primitives import ConfigError, get_logger, register_hook
 
 __all__ = ("OtelHook", "flush_all", "trace_id_of")
@@ -30,33 +34,55 @@ __all__ = ("OtelHook", "flush_all", "trace_id_of")
 _log = get_logger("lanefold.otel")
 
 try:  # the `otel` extra
-    from opentelemetry import trace as trace_api
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 except ImportError:  # pragma: no cover - said when a hook is built
-    trace_api = None  # type: ignore[assignment]
-    IdGenerator = object  # type: ignore[assignment,misc]
+    OTLPSpanExporter = None  # type: ignore[assignment,misc]
+    SpanExporter = object  # type: ignore[assignment,misc]
+
+_SCOPE_NAME = "lanefold"
+_SAMPLED = 1  # TraceFlags.SAMPLED: every span of a run is kept
+_RETRY_AFTER_S = (2.0, 60.0)  # how long a down endpoint is left alone: first, at most
 
 
-class _RunIds(IdGenerator):
-    """Random ids, except the trace id of a run's span: a function of its run id."""
+_FLAGS = TraceFlags(_SAMPLED) if OTLPSpanExporter is not None else None
+_UNSET: Any = Status(StatusCode.UNSET) if OTLPSpanExporter is not None else None
 
-    def __init__(self) -> None:
-        self.random = RandomIdGenerator()
-        self.next_trace_id: int | None = None  # set just before a run's span starts
 
-    def generate_span_id(self) -> int:
-        return self.random.generate_span_id()
+class _Breaker(SpanExporter):
+    """The SDK's exporter, left alone for a while after it fails: while an endpoint is down a
+    batch is dropped at once, not encoded and retried, so a dead receiver costs (almost)
+    nothing. The wait doubles per failure up to a minute and resets on a success."""
 
-    def generate_trace_id(self) -> int:
-        if self.next_trace_id is not None:
-            trace_id, self.next_trace_id = self.next_trace_id, None
-            return trace_id
-        return self.random.generate_trace_id()
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.wait = _RETRY_AFTER_S[0]
+        self.down_until = 0.0
+        self.dropped = 0
+
+    def export(self, spans: Any) -> Any:
+        now = time.monotonic()
+        if now < self.down_until:
+            self.dropped += len(spans)
+            return SpanExportResult.FAILURE
+        result = self.inner.export(spans)
+        if result == SpanExportResult.SUCCESS:
+            self.wait = _RETRY_AFTER_S[0]
+        else:
+            _log.warning("otel.endpoint_down", retry_after_s=self.wait, spans_dropped=len(spans))
+            self.down_until = time.monotonic() + self.wait
+            self.wait = min(self.wait * 2, _RETRY_AFTER_S[1])
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
 
 
 def trace_id_of(run_id: str) -> int:
@@ -66,11 +92,11 @@ def trace_id_of(run_id: str) -> int:
 
 @dataclass
 class _Exporter:
-    """One endpoint's provider, its id generator and the lock that serialises span starts."""
+    """One endpoint's batch processor (its thread exports), resource and scope."""
 
-    provider: Any
-    ids: _RunIds
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    processor: Any
+    resource: Any
+    scope: Any
 
 
 _EXPORTERS: dict[tuple[Any, ...], _Exporter] = {}
@@ -82,17 +108,18 @@ def _exporter(params: OtelHook.Params) -> _Exporter:
     with _EXPORTERS_LOCK:
         found = _EXPORTERS.get(key)
         if found is None:
-            ids = _RunIds()
-            provider = TracerProvider(
-                resource=Resource.create({"service.name": params.service_name}), id_generator=ids
-            )
             exporter = OTLPSpanExporter(
                 endpoint=str(params.endpoint).rstrip("/") + "/v1/traces",
                 headers=dict(params.headers),
                 timeout=params.timeout_s,
             )
-            provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
-            found = _EXPORTERS[key] = _Exporter(provider, ids)
+            processor = BatchSpanProcessor(_Breaker(exporter), schedule_delay_millis=500)
+            atexit.register(processor.shutdown)  # what is left goes out at exit, within the timeout
+            found = _EXPORTERS[key] = _Exporter(
+                processor,
+                Resource.create({"service.name": params.service_name}),
+                InstrumentationScope(_SCOPE_NAME, VERSION),
+            )
         return found
 
 
@@ -101,24 +128,37 @@ def flush_all(timeout_s: float = 5.0) -> bool:
     all were sent. (At exit the SDK flushes by itself, bounded by the exporter's timeout.)"""
     with _EXPORTERS_LOCK:
         exporters = list(_EXPORTERS.values())
-    return all(e.provider.force_flush(int(timeout_s * 1000)) for e in exporters)
+    return all(e.processor.force_flush(int(timeout_s * 1000)) for e in exporters)
 
 
 def _ns(event: Any) -> int:
     return int(event.time.timestamp() * 1_000_000_000)
 
 
+@dataclass(slots=True)
+class _Open:
+    """A span begun and not yet ended: what its ReadableSpan will be made of."""
+
+    name: str
+    context: Any  # its SpanContext
+    parent: Any  # the parent's SpanContext, None for a run's
+    start: int
+    attributes: dict[str, Any]
+    kind: Any = None
+    status: Any = None
+
+
 @dataclass
 class _Run:
     """The open spans of one run in this process."""
 
-    span: Any
+    span: _Open
     model: str
     operation: str
-    waves: dict[int, Any] = field(default_factory=dict)
+    waves: dict[int, _Open] = field(default_factory=dict)
     purposes: dict[int, str] = field(default_factory=dict)
-    lanes: dict[tuple[int, int, int], Any] = field(default_factory=dict)
-    reduce: Any = None
+    lanes: dict[tuple[int, int, int], _Open] = field(default_factory=dict)
+    reduce: _Open | None = None
 
 
 @register_hook("otel")
@@ -135,11 +175,10 @@ class OtelHook:
         timeout_s: float = Field(3.0, gt=0, le=60)  # one export's limit, retries included
 
     def __init__(self, params: OtelHook.Params) -> None:
-        if trace_api is None:
+        if OTLPSpanExporter is None:
             raise ConfigError("hooks: kind 'otel' needs the otel extra: pip install 'lanefold[otel]'")
         self.params = params
         self.exporter = _exporter(params)
-        self.tracer = self.exporter.provider.get_tracer("lanefold")
         self.runs: dict[str, _Run] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:  # travels to a worker as its params
@@ -155,30 +194,30 @@ class OtelHook:
         run = self.runs.get(event.run_id)
         if run is None:
             return  # a run this hook saw begin in no process of its own: nothing to parent it
-        if kind == "wave.started":
-            self._start_wave(run, event)
-        elif kind == "lane.dispatched":
+        if kind == "lane.dispatched":
             self._start_lane(run, event)
         elif kind in ("lane.completed", "lane.failed", "lane.interrupted"):
             self._end_lane(run, event)
+        elif kind == "wave.started":
+            self._start_wave(run, event)
         elif kind == "wave.barrier":
-            span = run.waves.pop(event.wave, None)
-            if span is not None:
-                span.set_attribute("lanefold.wave.completed", len(event.data.completed))
-                span.set_attribute("lanefold.wave.failed", len(event.data.failed))
-                span.end(end_time=_ns(event))
+            wave = run.waves.pop(event.wave, None)
+            if wave is not None:
+                wave.attributes["lanefold.wave.completed"] = len(event.data.completed)
+                wave.attributes["lanefold.wave.failed"] = len(event.data.failed)
+                self._end(wave, _ns(event))
         elif kind == "judge.completed":
             self._judgement(run, event)
         elif kind == "reduce.started":
-            run.reduce = self.tracer.start_span(
+            run.reduce = self._open(
                 "lanefold.reduce",
-                context=trace_api.set_span_in_context(run.span),
-                start_time=_ns(event),
-                attributes={"lanefold.run_id": event.run_id, "lanefold.reducer": event.data.reducer},
+                run.span,
+                _ns(event),
+                {"lanefold.run_id": event.run_id, "lanefold.reducer": event.data.reducer},
             )
         elif kind == "reduce.completed":
             if run.reduce is not None:
-                run.reduce.end(end_time=_ns(event))
+                self._end(run.reduce, _ns(event))
                 run.reduce = None
         elif kind in ("run.completed", "run.failed", "run.interrupted"):
             self._end_run(run, event)
@@ -186,9 +225,32 @@ class OtelHook:
     def on_run_end(self, result: Any) -> None:
         run = self.runs.pop(getattr(result, "run_id", ""), None)
         if run is not None:  # its end event never came (a hook that joined late): close it
-            run.span.end()
+            self._end(run.span, time.time_ns())
 
     # -- spans ------------------------------------------------------------------------------
+
+    def _open(
+        self, name: str, parent: _Open, start: int, attributes: dict[str, Any], kind: Any = None
+    ) -> _Open:
+        context = SpanContext(parent.context.trace_id, random.getrandbits(64) or 1, False, _FLAGS)
+        return _Open(name, context, parent.context, start, attributes, kind)
+
+    def _end(self, span: _Open, end: int) -> None:
+        """The span, finished, to the batch processor (its thread exports it)."""
+        e = self.exporter
+        readable = ReadableSpan(
+            span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=e.resource,
+            attributes=span.attributes,
+            kind=span.kind or SpanKind.INTERNAL,
+            status=span.status or _UNSET,
+            start_time=span.start,
+            end_time=max(end, span.start),
+            instrumentation_scope=e.scope,
+        )
+        e.processor.on_end(readable)
 
     def _start_run(self, event: Any) -> None:
         resumed = event.type == "run.resumed"
@@ -197,33 +259,21 @@ class OtelHook:
         if not resumed:
             data = event.data
             model, loop = data.backend, data.coordinator
-            attributes.update(
-                {
-                    "gen_ai.request.model": model,
-                    "lanefold.loop": loop,
-                    "lanefold.config_hash": data.config_hash,
-                }
-            )
-        with self.exporter.lock:  # the id generator's next trace id is this span's
-            self.exporter.ids.next_trace_id = trace_id_of(event.run_id)
-            span = self.tracer.start_span(
-                f"lanefold.run {loop}".strip(),
-                context=trace_api.set_span_in_context(trace_api.INVALID_SPAN),
-                kind=SpanKind.INTERNAL,
-                start_time=_ns(event),
-                attributes=attributes,
-            )
-            self.exporter.ids.next_trace_id = None
+            attributes["gen_ai.request.model"] = model
+            attributes["lanefold.loop"] = loop
+            attributes["lanefold.config_hash"] = data.config_hash
+        context = SpanContext(trace_id_of(event.run_id), random.getrandbits(64) or 1, False, _FLAGS)
+        span = _Open(f"lanefold.run {loop}".strip(), context, None, _ns(event), attributes)
         self.runs[event.run_id] = _Run(span, model=model, operation="chat")
 
     def _start_wave(self, run: _Run, event: Any) -> None:
         data = event.data
         run.purposes[event.wave] = data.purpose
-        run.waves[event.wave] = self.tracer.start_span(
+        run.waves[event.wave] = self._open(
             f"lanefold.wave {data.purpose}",
-            context=trace_api.set_span_in_context(run.span),
-            start_time=_ns(event),
-            attributes={
+            run.span,
+            _ns(event),
+            {
                 "lanefold.run_id": event.run_id,
                 "lanefold.wave": event.wave,
                 "lanefold.wave.purpose": data.purpose,
@@ -234,7 +284,6 @@ class OtelHook:
         )
 
     def _start_lane(self, run: _Run, event: Any) -> None:
-        parent = run.waves.get(event.wave, run.span)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": run.operation,
             "gen_ai.request.max_tokens": event.data.max_tokens,
@@ -247,37 +296,37 @@ class OtelHook:
         }
         if run.model:
             attributes["gen_ai.request.model"] = run.model
-        run.lanes[(event.wave, event.lane, event.attempt or 1)] = self.tracer.start_span(
+        run.lanes[(event.wave, event.lane, event.attempt or 1)] = self._open(
             f"{run.operation} {run.model}".strip(),
-            context=trace_api.set_span_in_context(parent),
-            kind=SpanKind.CLIENT,
-            start_time=_ns(event),
-            attributes=attributes,
+            run.waves.get(event.wave, run.span),
+            _ns(event),
+            attributes,
+            SpanKind.CLIENT,
         )
 
     def _end_lane(self, run: _Run, event: Any) -> None:
         span = run.lanes.pop((event.wave, event.lane, event.attempt or 1), None)
         if span is None:
             return
-        data = event.data
+        data, attributes = event.data, span.attributes
         if event.type == "lane.completed":
             usage, cost = data.usage, data.cost_usd
-            span.set_attribute("gen_ai.response.finish_reasons", [data.finish_reason])
+            attributes["gen_ai.response.finish_reasons"] = (data.finish_reason,)
             if data.answer is not None:
-                span.set_attribute("lanefold.answer", data.answer)
+                attributes["lanefold.answer"] = data.answer
         else:
             usage, cost = data.billed, data.billed_cost_usd
             what = f"{data.error}: {data.message}" if event.type == "lane.failed" else data.reason
-            span.set_status(Status(StatusCode.ERROR, what))
+            span.status = Status(StatusCode.ERROR, what)
             if event.type == "lane.failed":
-                span.set_attribute("error.type", data.error)
-        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens + usage.cached_input_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
-        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_input_tokens)
-        span.set_attribute("lanefold.usage.prefill_tokens", usage.input_tokens)
-        span.set_attribute("lanefold.usage.cached_prefill_tokens", usage.cached_input_tokens)
-        span.set_attribute("lanefold.cost_usd", cost)
-        span.end(end_time=_ns(event))
+                attributes["error.type"] = data.error
+        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens + usage.cached_input_tokens
+        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
+        attributes["lanefold.usage.prefill_tokens"] = usage.input_tokens
+        attributes["lanefold.usage.cached_prefill_tokens"] = usage.cached_input_tokens
+        attributes["lanefold.cost_usd"] = cost
+        self._end(span, _ns(event))
 
     def _judgement(self, run: _Run, event: Any) -> None:
         data = event.data
@@ -293,39 +342,35 @@ class OtelHook:
         if data.passed is not None:
             attributes["lanefold.passed"] = data.passed
         at = _ns(event)
-        span = self.tracer.start_span(
-            "lanefold.judge",
-            context=trace_api.set_span_in_context(run.reduce or run.span),
-            start_time=at,
-            attributes=attributes,
-        )
+        span = self._open("lanefold.judge", run.reduce or run.span, at, attributes)
         if data.error is not None:
-            span.set_status(Status(StatusCode.ERROR, data.error))
-        span.end(end_time=at)
+            span.status = Status(StatusCode.ERROR, data.error)
+        self._end(span, at)
 
     def _end_run(self, run: _Run, event: Any) -> None:
         self.runs.pop(event.run_id, None)
-        for span in [*run.lanes.values(), *run.waves.values(), *([run.reduce] if run.reduce else [])]:
-            span.end(end_time=_ns(event))  # what the run left open ends with it
-        span = run.span
-        span.set_attribute("lanefold.status", event.type.removeprefix("run."))
+        at = _ns(event)
+        for left in [*run.lanes.values(), *run.waves.values(), *([run.reduce] if run.reduce else [])]:
+            self._end(left, at)  # what the run left open ends with it
+        span, attributes = run.span, run.span.attributes
+        attributes["lanefold.status"] = event.type.removeprefix("run.")
         data = event.data
         if event.type == "run.completed":
             result = data.result
             for key in ("answer", "status", "reducer", "agreement", "lanes_completed", "lanes_failed"):
                 if result.get(key) is not None:
-                    span.set_attribute(f"lanefold.{key}", result[key])
+                    attributes[f"lanefold.{key}"] = result[key]
             usage, cost = result.get("usage") or {}, result.get("cost") or {}
             prefill, cached = usage.get("prefill_tokens", 0), usage.get("cached_prefill_tokens", 0)
-            span.set_attribute("gen_ai.usage.input_tokens", prefill + cached)
-            span.set_attribute("gen_ai.usage.output_tokens", usage.get("decode_tokens", 0))
-            span.set_attribute("gen_ai.usage.cache_read.input_tokens", cached)
-            span.set_attribute("lanefold.usage.cached_prefill_tokens", cached)
-            span.set_attribute("lanefold.usage.verifier_tokens", usage.get("verifier_tokens", 0))
-            span.set_attribute("lanefold.cost_usd", float(cost.get("total", 0.0)))
+            attributes["gen_ai.usage.input_tokens"] = prefill + cached
+            attributes["gen_ai.usage.output_tokens"] = usage.get("decode_tokens", 0)
+            attributes["gen_ai.usage.cache_read.input_tokens"] = cached
+            attributes["lanefold.usage.cached_prefill_tokens"] = cached
+            attributes["lanefold.usage.verifier_tokens"] = usage.get("verifier_tokens", 0)
+            attributes["lanefold.cost_usd"] = float(cost.get("total", 0.0))
         elif event.type == "run.failed":
-            span.set_status(Status(StatusCode.ERROR, f"{data.error}: {data.message}"))
-            span.set_attribute("error.type", data.error)
+            span.status = Status(StatusCode.ERROR, f"{data.error}: {data.message}")
+            attributes["error.type"] = data.error
         else:
-            span.set_attribute("lanefold.interrupted_by", data.reason)
-        span.end(end_time=_ns(event))
+            attributes["lanefold.interrupted_by"] = data.reason
+        self._end(span, at)
