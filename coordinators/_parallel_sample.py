@@ -85,6 +85,13 @@ class ParallelSample:
         return params.model_copy(update={"k": k, "min_quorum": min(params.min_quorum, k)})
 
     @staticmethod
+    def pool(params: ParallelSampleParams) -> int | None:
+        """k, where a plain first-lane majority vote reduces the one wave: the lanes of fewer
+        are then a subset of these, and a curve reads any k' <= k from them."""
+        plain = ("majority_vote", "none", "first_lane")
+        return params.k if (params.reducer, params.weighting, params.tie_break) == plain else None
+
+    @staticmethod
     def reducer(params: ParallelSampleParams) -> ReducerChoice:
         return params.choice()
 

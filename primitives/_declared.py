@@ -11,6 +11,8 @@ optional on a plug-in; the functions here read it, or give its default:
 - `fit`: the params unchanged for tokens and cost (the per-question `[budget]` limit binds as the
   loop runs), refused for lanes (a lane budget the loop cannot cap would not be equal);
 - `reducer`: None, "the loop picks its reducers itself"; `audit`: none;
+- `pool`: None, "a smaller budget's lanes are not a subset of a larger one's" (sweep samples
+  each of its points);
 - a reducer's `needs_verifier` False, `uses_model` True (it may call one), `judge_keys` None
   (any `[judge]` key), `judge_tokens` (0, 0), `summary` its votes or scores where it has them.
 """
@@ -43,6 +45,7 @@ __all__ = (
     "fit_params",
     "largest_within",
     "loop_reducer",
+    "pooled_lanes",
     "reducer_traits",
     "score_summary",
     "scores_line",
@@ -172,6 +175,17 @@ def largest_within(
         else:
             high = middle - 1
     return low
+
+
+def pooled_lanes(loop: type[Any], params: BaseModel) -> int | None:
+    """The lanes of one question under `params` where the loop declares them a pool (its
+    `pool`): i.i.d. lanes of one prompt, plainly voted, so a run with fewer is a subsample of
+    them and `sweep` reads smaller budgets from the largest's lanes; None where it does not."""
+    declared = getattr(loop, "pool", None)
+    if declared is None:
+        return None
+    lanes: int | None = declared(params)
+    return lanes
 
 
 def loop_reducer(loop: type[Any], params: BaseModel) -> ReducerChoice | None:

@@ -357,7 +357,7 @@ async def run_compare(
     )
     if plot:
         comparison = comparison.model_copy(update={"plot": draw(comparison, folder / "compare.png")})
-    _replace(folder / "compare.json", as_json(comparison))
+    replace_file(folder / "compare.json", as_json(comparison))
     return comparison
 
 
@@ -470,7 +470,7 @@ def spend_ticks(unit: str) -> Any:
     return FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 10 or x == int(x) else f"{x:.2g}")
 
 
-def _replace(path: Path, data: bytes) -> None:
+def replace_file(path: Path, data: bytes) -> None:
     """The comparison's own file, replaced whole (written beside, then renamed)."""
     draft = path.with_name(f".{path.name}.new")
     try:

@@ -40,6 +40,7 @@ __all__ = (
     "EqualBudget",
     "Fitted",
     "Pilots",
+    "check_floor",
     "check_pricing",
     "check_unit",
     "fit_arm",
@@ -112,7 +113,7 @@ def check_pricing(arms: Sequence[Arm], mode: BudgetMode | None) -> None:
         )
 
 
-def _check_floor(arms: Sequence[Arm], mode: BudgetMode, budget: float, questions: Sequence[str]) -> None:
+def check_floor(arms: Sequence[Arm], mode: BudgetMode, budget: float, questions: Sequence[str]) -> None:
     """A budget below one lane of some config is refused before anything runs."""
     for _, source, config in arms:
         # The backend's own count where it has one; else nothing is known to be paid.
@@ -208,7 +209,7 @@ async def settle_budget(
     check_pricing(arms, mode)
     if budget is not None:
         budget = checked_budget(mode, budget)
-        _check_floor(arms, mode, budget, questions)
+        check_floor(arms, mode, budget, questions)
     pilots = None
     if budget is None or mode != "lanes":
         pilots = await run_pilots(
