@@ -35,6 +35,7 @@ from lanefold.primitives import (
     Outcome,
     QuorumNotMetError,
     ReducerChoice,
+    largest_within,
     normalize_answer,
     register_loop,
 )
@@ -161,17 +162,34 @@ class AdaptiveSample:
 
     @staticmethod
     def cost_shape(params: AdaptiveSampleParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
-        """At most max_lanes lanes of the one prompt, every one a candidate."""
-        return CostShape(params.max_lanes, params.max_lanes * prompt_tokens, params.max_lanes)
+        """At most max_lanes lanes of the one prompt, every one a candidate; each wave of
+        `window` lanes computes the prefix once where the backend shares it."""
+        waves = -(-params.max_lanes // params.window)
+        return CostShape(
+            params.max_lanes,
+            params.max_lanes * prompt_tokens,
+            params.max_lanes,
+            prefill_tokens=waves * prompt_tokens,
+        )
 
     @staticmethod
     def fit(params: AdaptiveSampleParams, budget: Allowance) -> AdaptiveSampleParams:
         """Under a lane budget, max_lanes at most the budget (window and quorum with it);
-        under tokens or cost, as configured: the loop stops when the budget cannot fund a
-        wave."""
-        if budget.unit != "lanes":
-            return params
-        most = min(params.max_lanes, int(budget.amount))
+        under tokens or cost, the max_lanes whose expected spend fills the budget (as
+        configured where its price is not known: the loop stops when the budget cannot fund a
+        wave)."""
+        if budget.unit == "lanes":
+            most = min(params.max_lanes, int(budget.amount))
+        else:
+
+            def capped(n: int) -> AdaptiveSampleParams:
+                return params.model_copy(update={"max_lanes": n, "window": min(params.window, n)})
+
+            least = 2 if params.rule == "esc" else 1  # esc needs a window of two
+            found = largest_within(budget, least, capped, most=10_000)
+            if found is None:
+                return params
+            most = found
         return params.model_copy(
             update={
                 "max_lanes": most,

@@ -33,6 +33,7 @@ from lanefold.primitives import (
     LoopContext,
     Outcome,
     ReducerChoice,
+    largest_within,
     normalize_answer,
     register_loop,
 )
@@ -152,17 +153,22 @@ class Debate:
         agent sees; the final round's agents are the candidates."""
         quoted = max_tokens + FRAME_TOKENS  # one earlier answer, quoted in a later prompt
         seen = params.agents if params.visibility == "all" else min(params.agents, 3)
-        prompts = params.agents * prompt_tokens + params.agents * params.rounds * (
-            prompt_tokens + TEMPLATE_TOKENS + seen * quoted
+        later = params.agents * params.rounds * (prompt_tokens + TEMPLATE_TOKENS + seen * quoted)
+        return CostShape(
+            params.agents * (params.rounds + 1),
+            params.agents * prompt_tokens + later,
+            params.agents,
+            prefill_tokens=prompt_tokens + later,  # the first round's agents share one prompt
         )
-        return CostShape(params.agents * (params.rounds + 1), prompts, params.agents)
 
     @staticmethod
     def fit(params: DebateParams, budget: Allowance) -> DebateParams:
         """Under a lane budget, agents x (rounds + 1) within it (agents first, then rounds);
-        under tokens or cost, as configured: a round the budget cannot fund is not run."""
+        under tokens or cost, the rounds whose expected spend fills the budget with the agents
+        as configured, else the most agents (2 at least) that one round of answers affords (as
+        configured where its price is not known: a round the budget cannot fund is not run)."""
         if budget.unit != "lanes":
-            return params
+            return _fit_spend(params, budget)
         lanes = int(budget.amount)
         if lanes < 2:
             raise ConfigError(f"--budget: a debate needs at least 2 lanes, got {lanes}")
@@ -206,6 +212,23 @@ def _can_fund(ctx: LoopContext, prompts: Mapping[int, str], max_tokens: int) -> 
     return ctx.budget.can_afford(
         len(prompts), max_tokens, share_prefix=False, prompt=max(prompts.values(), key=len)
     )
+
+
+def _fit_spend(params: DebateParams, budget: Allowance) -> DebateParams:
+    """agents x rounds within a token or cost budget: rounds for the agents as configured,
+    else fewer agents without rebuttals."""
+
+    def shaped(agents: int, rounds: int) -> DebateParams:
+        return params.model_copy(update={"agents": agents, "rounds": rounds})
+
+    first = budget.price(shaped(params.agents, 0))
+    if first is None:
+        return params
+    if first <= budget.amount:
+        rounds = largest_within(budget, 0, lambda n: shaped(params.agents, n), most=32)
+        return shaped(params.agents, rounds if rounds is not None else params.rounds)
+    agents = largest_within(budget, 2, lambda n: shaped(n, 0), most=params.agents)
+    return shaped(agents if agents is not None else params.agents, 0)
 
 
 def _answers(lanes: Sequence[Lane], agents: int) -> list[str | None]:

@@ -26,6 +26,7 @@ from lanefold.primitives import (
     ReducerChoice,
     Reduction,
     RunState,
+    largest_within,
     register_loop,
 )
 
@@ -65,17 +66,30 @@ class ParallelSample:
 
     @staticmethod
     def cost_shape(params: ParallelSampleParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
-        """k lanes of the one prompt, every one a candidate."""
-        return CostShape(params.k, params.k * prompt_tokens, params.k)
+        """k lanes of the one prompt in one wave (its prefix computed once where the backend
+        shares it), every one a candidate."""
+        return CostShape(params.k, params.k * prompt_tokens, params.k, prefill_tokens=prompt_tokens)
 
     @staticmethod
     def fit(params: ParallelSampleParams, budget: Allowance) -> ParallelSampleParams:
         """Under a lane budget, k at most the budget (the quorum with it); under tokens or
-        cost, k as configured: the per-question limit shrinks a wave it cannot fund."""
-        if budget.unit != "lanes":
-            return params
-        k = min(params.k, int(budget.amount))
+        cost, the k whose expected spend fills the budget (as configured where its price is
+        not known: the per-question limit shrinks a wave it cannot fund)."""
+        if budget.unit == "lanes":
+            k = min(params.k, int(budget.amount))
+        else:
+            found = largest_within(budget, 1, lambda n: params.model_copy(update={"k": n}))
+            if found is None:
+                return params
+            k = found
         return params.model_copy(update={"k": k, "min_quorum": min(params.min_quorum, k)})
+
+    @staticmethod
+    def pool(params: ParallelSampleParams) -> int | None:
+        """k, where a plain first-lane majority vote reduces the one wave: the lanes of fewer
+        are then a subset of these, and a curve reads any k' <= k from them."""
+        plain = ("majority_vote", "none", "first_lane")
+        return params.k if (params.reducer, params.weighting, params.tie_break) == plain else None
 
     @staticmethod
     def reducer(params: ParallelSampleParams) -> ReducerChoice:

@@ -44,6 +44,7 @@ from lanefold.primitives import (
     ReducerChoice,
     Reduction,
     Verdict,
+    largest_within,
     reducer_traits,
     register_loop,
     resolve_reducer,
@@ -208,11 +209,13 @@ class SequentialRefine:
 
     @staticmethod
     def fit(params: SequentialRefineParams, budget: Allowance) -> SequentialRefineParams:
-        """Under a lane budget, steps at most the budget; under tokens or cost, as
-        configured: the chain stops when the budget cannot fund the next attempt."""
-        if budget.unit != "lanes":
-            return params
-        return params.model_copy(update={"steps": min(params.steps, int(budget.amount))})
+        """Under a lane budget, steps at most the budget; under tokens or cost, the steps
+        whose expected spend fills the budget (as configured where its price is not known: the
+        chain stops when the budget cannot fund the next attempt)."""
+        if budget.unit == "lanes":
+            return params.model_copy(update={"steps": min(params.steps, int(budget.amount))})
+        found = largest_within(budget, 1, lambda n: params.model_copy(update={"steps": n}), most=1000)
+        return params if found is None else params.model_copy(update={"steps": found})
 
     @staticmethod
     def reducer(params: SequentialRefineParams) -> ReducerChoice:

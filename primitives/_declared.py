@@ -11,6 +11,8 @@ optional on a plug-in; the functions here read it, or give its default:
 - `fit`: the params unchanged for tokens and cost (the per-question `[budget]` limit binds as the
   loop runs), refused for lanes (a lane budget the loop cannot cap would not be equal);
 - `reducer`: None, "the loop picks its reducers itself"; `audit`: none;
+- `pool`: None, "a smaller budget's lanes are not a subset of a larger one's" (sweep samples
+  each of its points);
 - a reducer's `needs_verifier` False, `uses_model` True (it may call one), `judge_keys` None
   (any `[judge]` key), `judge_tokens` (0, 0), `summary` its votes or scores where it has them.
 """
@@ -41,7 +43,9 @@ __all__ = (
     "audit_run",
     "cost_shape",
     "fit_params",
+    "largest_within",
     "loop_reducer",
+    "pooled_lanes",
     "reducer_traits",
     "score_summary",
     "scores_line",
@@ -62,11 +66,14 @@ FRAME_TOKENS = 64
 class CostShape:
     """The most one question asks of the sampling backend under a loop's params: lanes
     sampled, their prompt tokens in all (every one counted as prefill), and the candidates its
-    final reducer judges. Each lane may write up to `[sampling] max_tokens`."""
+    final reducer judges. Each lane may write up to `[sampling] max_tokens`. `prefill_tokens`:
+    of those prompt tokens, the ones computed where a backend shares a wave's prefix among its
+    lanes (the rest are cached prefill); None: every one."""
 
     lanes: int
     prompt_tokens: int
     candidates: int
+    prefill_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +92,9 @@ class JudgeCall:
 
 @dataclass(frozen=True, slots=True)
 class Allowance:
-    """A per-question budget a loop is fitted to: `amount` in `unit`, and `price`, a params'
-    worst case per question in that unit (None: not known), so a fit can try candidates."""
+    """A per-question budget a loop is fitted to: `amount` in `unit`, and `price`, what a
+    params is expected to pay per question in that unit (None: not known), so a fit can search
+    its own params for those whose spend fills the budget without passing it."""
 
     unit: BudgetUnit
     amount: float
@@ -130,6 +138,54 @@ def fit_params(loop: type[Any], params: BaseModel, budget: Allowance) -> BaseMod
         return params
     fitted: BaseModel = declared(params, budget)
     return fitted
+
+
+def largest_within(
+    budget: Allowance, least: int, candidate: Callable[[int], BaseModel], most: int = 4096
+) -> int | None:
+    """The largest n in [least, most] whose `candidate(n)` the budget's price keeps within its
+    amount (spend grows with n: doubled, then halved down); None where its price is not known.
+    A ConfigError where even `least` passes it: the budget is below what the loop must spend."""
+
+    def fits(n: int) -> bool | None:
+        price = budget.price(candidate(n))
+        return None if price is None else price <= budget.amount
+
+    first = fits(least)
+    if first is None:
+        return None
+    if not first:
+        price = budget.price(candidate(least)) or 0.0
+        raise ConfigError(
+            f"--budget: {budget.amount:g} {budget.unit} a question is below what the loop "
+            f"pays at its least ({readable_number(price)} {budget.unit})"
+        )
+
+    def grown(n: int) -> int:
+        return min(most, max(n * 2, n + 1))
+
+    low = least
+    while low < most and fits(grown(low)):
+        low = grown(low)
+    high = grown(low)
+    while low < high:  # low fits; high is the first power beyond it that may not
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def pooled_lanes(loop: type[Any], params: BaseModel) -> int | None:
+    """The lanes of one question under `params` where the loop declares them a pool (its
+    `pool`): i.i.d. lanes of one prompt, plainly voted, so a run with fewer is a subsample of
+    them and `sweep` reads smaller budgets from the largest's lanes; None where it does not."""
+    declared = getattr(loop, "pool", None)
+    if declared is None:
+        return None
+    lanes: int | None = declared(params)
+    return lanes
 
 
 def loop_reducer(loop: type[Any], params: BaseModel) -> ReducerChoice | None:

@@ -351,9 +351,10 @@ def test_compare_fits_the_external_loop_to_an_equal_token_budget(installed: Path
     )
     assert done.returncode == 0, done.stderr
     compared = json.loads(done.stdout.splitlines()[-1])
-    caps = [entry.get("lane_cap") or {} for entry in compared["configs"]]
+    caps = [entry.get("fitted") or {} for entry in compared["configs"]]
     assert caps[0].get("phrasings", 8) < 8, caps  # fitted down to what 400 tokens hold
     assert all(entry["correct"] == 3 for entry in compared["configs"])
+    assert all(entry["paid_mean"] <= 1.05 * entry["budget"] for entry in compared["configs"])
 
 
 def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) -> None:

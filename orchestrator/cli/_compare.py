@@ -33,6 +33,7 @@ from lanefold.evaluate import (
     Comparison,
     DatasetSpec,
     QuestionResult,
+    readable,
     run_compare,
 )
 from lanefold.execution import new_run_id
@@ -56,13 +57,16 @@ def add_parser(
         "humaneval (`orchestrator datasets` lists them)",
     )
     p.add_argument(
-        "--equal-budget", metavar="tokens|cost|lanes", help="give every config the same per-question limit"
+        "--equal-budget",
+        metavar="tokens|cost|lanes",
+        help="fit every config to the same paid budget a question (tokens computed, USD or lanes)",
     )
     p.add_argument(
         "--budget",
         type=float,
         metavar="N",
-        help="with --equal-budget: the limit (default: the largest any config could need)",
+        help="with --equal-budget: what a question may pay (default: the smallest mean a "
+        "config paid on a pilot of its first 10 questions)",
     )
     p.add_argument("--limit", type=int, metavar="N", help="only the first N questions")
     p.add_argument(
@@ -186,23 +190,37 @@ class _Bars:
 
 
 def print_comparison(comparison: Comparison, console: Console | None = None) -> None:
-    """The comparison as one table, best first: accuracy and its 95% Wilson interval, mean
-    lanes, tokens (by bill line) and cost per question, wall time, and McNemar's test against
-    the best (p, exact or chi2, and the questions only the best / only this one got right)."""
+    """The comparison as one table, best first: accuracy and its 95% Wilson interval, what a
+    question paid (mean and range, in the budget's unit) against the budget, accuracy per
+    1,000 tokens (per dollar, per lane) paid, the Pareto frontier (`*`), the keys the fit set,
+    tokens (by bill line) and cost per question, wall time, and McNemar's test against the
+    best (p, exact or chi2, and the questions only the best / only this one got right). A
+    config that paid under 80% or over 105% of the budget is flagged."""
     budget = comparison.equal_budget
     title = (
         f"compare {comparison.compare_id}: {comparison.questions} questions of "
         f"{comparison.dataset}, scored {comparison.scorer}"
     )
+    unit = comparison.configs[0].unit if comparison.configs else "tokens"
     if budget is not None:
-        unit = {"tokens": "tokens", "cost": "USD", "lanes": "lanes"}[budget.mode]
-        title += f"; equal budget {budget.limit:g} {unit} a question ({budget.source})"
+        title += f"; equal budget {readable(budget.limit, unit)} paid a question"
+        title += (
+            f" (the smallest pilot mean, {budget.pilot_questions} questions)"
+            if budget.source == "pilot"
+            else " (--budget)"
+        )
     lines = [name for name in TOKEN_LINES if any(line.mean_tokens.get(name) for line in comparison.configs)]
+    per = {"tokens": "acc/1k tok", "USD": "acc/$", "lanes": "acc/lane"}[unit]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("config")
     table.add_column("loop")
+    table.add_column("fitted")
     table.add_column("accuracy", justify="right")
     table.add_column("95% CI")
+    table.add_column(f"paid/q ({unit})", justify="right")
+    table.add_column("range")
+    table.add_column(per, justify="right")
+    table.add_column("frontier")
     table.add_column("lanes", justify="right")
     for name in lines:
         table.add_column(f"{_SHORT.get(name, name)} tok", justify="right")
@@ -211,11 +229,17 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
     table.add_column("vs best (McNemar)")
     for line in comparison.configs:
         low, high = line.interval
+        flag = {"under": " under 80%", "over": " over 105%"}.get(line.flag or "", "")
         table.add_row(
             line.name,
             line.loop,
+            " ".join(f"{key}={value}" for key, value in line.fitted.items() if "quorum" not in key) or "-",
             f"{line.accuracy:.3f}",
             f"{low:.3f}-{high:.3f}",
+            _amount(line.paid_mean, unit) + flag,
+            f"{_amount(line.paid_min, unit)}-{_amount(line.paid_max, unit)}",
+            f"{line.per_spend:.3g}" if line.per_spend is not None else "-",
+            "*" if line.pareto else "",
             f"{line.mean_lanes:.2f}",
             *(f"{line.mean_tokens.get(name, 0.0):.0f}" for name in lines),
             f"${line.mean_cost:.6f}",
@@ -227,6 +251,10 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
         if not console.is_terminal:  # a pipe or a file: the whole table, never wrapped at 80
             console = Console(width=240)
     console.print(table)
+
+
+def _amount(value: float, unit: str) -> str:
+    return f"${value:.3g}" if unit == "USD" else f"{value:,.1f}".removesuffix(".0")
 
 
 def _versus(line: Compared) -> str:

@@ -28,6 +28,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         import lanefold.cli._runs as runs
         import lanefold.cli._schema as schema_cli
         import lanefold.cli._serve as serve_cli
+        import lanefold.cli._sweep as sweep_cli
         from lanefold.cli._flags import Parser
         from lanefold.cli._shared import SIGNAL_EXIT, Handler, Interrupted, error, logging_to_stderr, where
         from lanefold.config import VERSION
@@ -42,7 +43,18 @@ __all__ = ("main",)
 
 # Commands that read or write a store take --store (the rest: --runs-dir at most).
 _STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate", "list"})
-_GROUPS = (runs, eval_cli, compare_cli, curve_cli, datasets_cli, budget_cli, list_cli, serve_cli, schema_cli)
+_GROUPS = (
+    runs,
+    eval_cli,
+    compare_cli,
+    curve_cli,
+    sweep_cli,
+    datasets_cli,
+    budget_cli,
+    list_cli,
+    serve_cli,
+    schema_cli,
+)
 _COMMANDS: dict[str, Handler] = {}
 
 

@@ -1,15 +1,16 @@
-"""Evaluating loops on datasets: what `orchestrator eval`, `compare`, `curve` and `datasets` run.
+"""Evaluating loops on datasets: what `orchestrator eval`, `compare`, `curve`, `sweep` and `datasets` run.
 
 Each question is one governed run through one Session (the model loaded once); an eval's
 folder holds its manifest, per-question results and summary; `compare` runs several configs
-on the same questions, `curve` reads an eval's pool of lanes again without sampling;
+on the same questions, `curve` reads an eval's pool of lanes again without sampling, `sweep`
+fits every config at every budget for accuracy against paid spend;
 `datasets` lists what `--dataset` can name here.
 """
 
 from __future__ import annotations
 
 from lanefold.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
-from lanefold.evaluate._compare import Compared, Comparison, McNemar, run_compare
+from lanefold.evaluate._compare import Compared, Comparison, McNemar, readable, run_compare
 from lanefold.evaluate._curve import REDUCERS as CURVE_REDUCERS
 from lanefold.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
 from lanefold.evaluate._datasets import DatasetSpec, load_dataset
@@ -31,6 +32,7 @@ from lanefold.evaluate._eval_records import (
 from lanefold.evaluate._fetch import cache_root
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._scoring import SCORERS, Score, Scorer, register_scorer, resolve_scorer
+from lanefold.evaluate._sweep import Sweep, parse_budgets, run_sweep
 
 __all__ = (
     "BUDGET_MODES",
@@ -51,22 +53,26 @@ __all__ = (
     "Score",
     "Scorer",
     "Source",
+    "Sweep",
     "cache_root",
     "find_source",
     "is_eval",
     "list_sources",
     "load_dataset",
     "majority_at_k",
+    "parse_budgets",
     "pass_at_k",
     "read_manifest",
     "read_pool",
     "read_results",
     "read_summary",
+    "readable",
     "register_scorer",
     "resolve_scorer",
     "resume_hint",
     "run_compare",
     "run_eval",
+    "run_sweep",
     "scaling_curve",
     "summarize",
     "wilson_interval",

@@ -25,13 +25,6 @@ from pydantic import BaseModel, ConfigDict
 
 from lanefold.config import LoopConfig, config_hash, load_config, preflight
 from lanefold.evaluate._datasets import DatasetSpec
-from lanefold.evaluate._equal_budget import (
-    BUDGET_MODES,
-    BudgetMode,
-    apply_limit,
-    equal_limit,
-    fitted_keys,
-)
 from lanefold.evaluate._eval import questions_hash, read_manifest, run_eval
 from lanefold.evaluate._eval_records import (
     RUN_IDS,
@@ -40,7 +33,9 @@ from lanefold.evaluate._eval_records import (
     check_eval_id,
     read_results,
 )
+from lanefold.evaluate._fitting import UNITS, EqualBudget, check_pricing, check_unit, settle_budget
 from lanefold.evaluate._item import Item
+from lanefold.evaluate._pilot import PILOT_QUESTIONS, frontier, spread
 from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.execution import open_store
 from lanefold.primitives import ConfigError, LogWriteError, plugin_folders, validate_run_id
@@ -109,22 +104,15 @@ def mcnemar_p(b: int, c: int) -> tuple[float, Literal["exact", "chi2"]]:
 # -- compare.json -----------------------------------------------------------------------------
 
 
-class EqualBudget(BaseModel):
-    """How the configs were put on one budget: the unit, the per-question limit, where it
-    came from, and each config's worst case in that unit (None: not known)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    mode: BudgetMode
-    limit: float
-    source: Literal["largest need", "--budget"]
-    needs: dict[str, float | None]
-
-
 class Compared(BaseModel):
     """One config's line: its eval, accuracy and 95% Wilson interval, spend per question
-    (tokens by bill line), the eval's wall time, the `[budget]` it ran with (and, under an
-    equal lane budget, the loop keys capped) and McNemar's test against the best."""
+    (tokens by bill line), the eval's wall time, the `[budget]` limits it ran with and
+    McNemar's test against the best. In `unit` (the equal budget's, else tokens): the
+    `budget` a question (None: no equal budget), what a question paid (`paid_mean`,
+    `paid_min`, `paid_max`), accuracy per 1,000 tokens, per dollar or per lane paid
+    (`per_spend`), whether no other config is at least as accurate for no more paid
+    (`pareto`), and `flag` "under" or "over" where it paid under 80% or over 105% of the
+    budget. `fitted`: the loop keys its `fit` set for the budget."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -142,8 +130,16 @@ class Compared(BaseModel):
     mean_tokens: dict[str, float]
     mean_cost: float
     wall_s: float
-    budget: dict[str, Any]
-    lane_cap: dict[str, Any] = {}  # the loop keys its `fit` set to spend the equal budget
+    limits: dict[str, Any]
+    unit: str
+    budget: float | None
+    paid_mean: float
+    paid_min: float
+    paid_max: float
+    per_spend: float | None
+    pareto: bool = False
+    flag: Literal["under", "over"] | None = None
+    fitted: dict[str, Any] = {}
     against_best: McNemar | None  # None: this is the best
 
 
@@ -227,9 +223,11 @@ async def run_compare(
     `runs_dir/<compare_id>/compare.json` (and `compare.png` unless `plot` is False).
 
     `configs` are config files (named by their stems) or a mapping of name to config.
-    `equal_budget` ("tokens", "cost" or "lanes") gives every config one per-question limit:
-    `budget`, else the largest any config needs. Everything is checked before the first eval
-    starts; the same call again resumes each eval and runs nothing already recorded.
+    `equal_budget` ("tokens", "cost" or "lanes") gives every config one budget a question,
+    what it may pay: `budget`, else the smallest mean a config paid on its pilot (the first
+    questions, run as configured: `<compare_id>-<name>.pilot`); each loop's own `fit` spends
+    it (`_fitting`). Bad input is refused before anything runs; the same call again resumes
+    each eval (pilots too) and runs nothing already recorded.
     `on_start(name, ...)` and `on_result(name, row)` are the evals' progress hooks.
     """
     arms = _arms(configs)
@@ -243,51 +241,46 @@ async def run_compare(
         preflight(config, source, verifier_given=given)
     if equal_budget is None and budget is not None:
         raise ConfigError("--budget: applies with --equal-budget tokens|cost|lanes")
-    settled: EqualBudget | None = None
-    caps: list[dict[str, Any]] = [{} for _ in arms]
-    if equal_budget is not None:
-        if equal_budget not in BUDGET_MODES:
-            raise ConfigError(f"--equal-budget: unknown {equal_budget!r}: tokens, cost or lanes")
-        mode: BudgetMode = equal_budget  # narrowed by the check above
-        questions = [item.question for item in items]
-        limit, needs = equal_limit([(source, c) for _, source, c in arms], mode, questions, budget)
-        # Each loop's own fit says how it spends the limit (the keys it sets are recorded).
-        caps = [fitted_keys(c, mode, limit, source, questions) for _, source, c in arms]
-        arms = [(name, source, apply_limit(c, mode, limit, source, questions)) for name, source, c in arms]
-        settled = EqualBudget(
-            mode=mode,
-            limit=limit,
-            source="largest need" if budget is None else "--budget",
-            needs={name: value for (name, _, _), value in zip(arms, needs, strict=True)},
-        )
+    mode = check_unit(equal_budget) if equal_budget is not None else None
+    check_pricing(arms, mode)
     folder = Path(runs_dir) / compare_id
     for marker, what in (("events.jsonl", "a run's"), ("eval.json", "an eval's")):
         if (folder / marker).exists():
             raise ConfigError(f"{folder}: is {what} folder, not a comparison's: choose another --compare-id")
     last = max((item.index for item in items), default=0)
-    for name, _, config in arms:  # a changed config or limit: refused before anything runs
+    for name, _, config in arms:  # other questions, or a pilot of another config: refused now
         eval_id = validate_run_id(f"{compare_id}-{name}")
-        validate_run_id(RUN_IDS.format(eval_id=eval_id, index=last))
-        store = open_store(config.store.url, runs_dir, config.store.password_env)
-        if not store.eval_record(eval_id).exists():
-            check_eval_id(eval_id)
-            continue
-        recorded = read_manifest(store, eval_id)
-        if recorded.config_hash != config_hash(config):
-            raise ConfigError(
-                f"compare {compare_id}: {name} was run with another config or "
-                f"budget; choose a new --compare-id"
-            )
-        if recorded.questions_hash != questions_hash(items):
-            raise ConfigError(
-                f"compare {compare_id}: {name} was run on other questions "
-                f"(--dataset, --limit); choose a new --compare-id"
-            )
+        validate_run_id(RUN_IDS.format(eval_id=f"{eval_id}.pilot", index=last))
+        _check_recorded(compare_id, name, eval_id, None, items, runs_dir, config)
+        if mode is not None:
+            pilot = items[:PILOT_QUESTIONS]
+            _check_recorded(compare_id, f"{name}'s pilot", f"{eval_id}.pilot", config, pilot, runs_dir)
+    settled: EqualBudget | None = None
+    keys: list[dict[str, Any]] = [{} for _ in arms]
+    if mode is not None:
+        settled, fits = await settle_budget(
+            arms,
+            items,
+            mode,
+            budget,
+            prefix=compare_id,
+            runs_dir=str(runs_dir),
+            concurrency=concurrency,
+            scorer=scorer,
+            on_start=on_start,
+            on_result=on_result,
+            stop_reason=stop_reason,
+        )
+        arms = [(name, source, fit.config) for (name, source, _), fit in zip(arms, fits, strict=True)]
+        keys = [fit.keys for fit in fits]
+    for name, _, config in arms:  # a changed config or budget: refused before any eval runs
+        _check_recorded(compare_id, name, f"{compare_id}-{name}", config, items, runs_dir)
 
+    unit = mode or "tokens"
     lines: list[Compared] = []
     marks: list[dict[int, bool]] = []
     chosen_scorer = ""
-    for (name, source, config), cap in zip(arms, caps, strict=True):
+    for (name, source, config), fitted in zip(arms, keys, strict=True):
         eval_id = f"{compare_id}-{name}"
         summary = await run_eval(
             config,
@@ -306,6 +299,8 @@ async def run_compare(
         store = open_store(config.store.url, runs_dir, config.store.password_env)
         rows = read_results(store.eval_record(eval_id))  # where run_eval recorded it
         marks.append({i: row.correct for i, row in rows.items() if i in wanted})
+        mean, least, most = spread([row for i, row in rows.items() if i in wanted], unit)
+        limit = settled.limit if settled is not None else None
         lines.append(
             Compared(
                 name=name,
@@ -322,8 +317,15 @@ async def run_compare(
                 mean_tokens=summary.mean_tokens,
                 mean_cost=summary.mean_cost,
                 wall_s=summary.wall_s,
-                budget=config.budget.model_dump(mode="json"),
-                lane_cap=cap,
+                limits=config.budget.model_dump(mode="json"),
+                unit=UNITS[unit],
+                budget=limit,
+                paid_mean=mean,
+                paid_min=least,
+                paid_max=most,
+                per_spend=summary.accuracy / mean * _PER[unit] if mean > 0 else None,
+                flag=_flag(mean, limit),
+                fitted=fitted,
                 against_best=None,
             )
         )
@@ -332,8 +334,14 @@ async def run_compare(
         range(len(lines)), key=lambda i: (-lines[i].accuracy, lines[i].mean_cost, computed(lines[i]), i)
     )
     best = order[0]
+    on_frontier = frontier([(line.paid_mean, line.accuracy) for line in lines])
     lines = [
-        line if i == best else line.model_copy(update={"against_best": mcnemar(marks[best], marks[i])})
+        line.model_copy(
+            update={
+                "pareto": i in on_frontier,
+                "against_best": None if i == best else mcnemar(marks[best], marks[i]),
+            }
+        )
         for i, line in enumerate(lines)
     ]
     folder.mkdir(parents=True, exist_ok=True)
@@ -349,8 +357,37 @@ async def run_compare(
     )
     if plot:
         comparison = comparison.model_copy(update={"plot": draw(comparison, folder / "compare.png")})
-    _replace(folder / "compare.json", as_json(comparison))
+    replace_file(folder / "compare.json", as_json(comparison))
     return comparison
+
+
+def _check_recorded(
+    compare_id: str,
+    name: str,
+    eval_id: str,
+    config: LoopConfig | None,
+    items: Sequence[Item],
+    runs_dir: str | Path,
+    where: LoopConfig | None = None,
+) -> None:
+    """An eval this comparison recorded before must have been run on these questions (and
+    with `config`, where given); `where` is the config whose store holds it (`config`)."""
+    home = where or config
+    assert home is not None  # one of the two is always given
+    store = open_store(home.store.url, runs_dir, home.store.password_env)
+    if not store.eval_record(eval_id).exists():
+        check_eval_id(eval_id)
+        return
+    recorded = read_manifest(store, eval_id)
+    if config is not None and recorded.config_hash != config_hash(config):
+        raise ConfigError(
+            f"compare {compare_id}: {name} was run with another config or budget; choose a new --compare-id"
+        )
+    if recorded.questions_hash != questions_hash(items):
+        raise ConfigError(
+            f"compare {compare_id}: {name} was run on other questions (--dataset, --limit); "
+            "choose a new --compare-id"
+        )
 
 
 def computed(line: Compared) -> float:
@@ -359,8 +396,9 @@ def computed(line: Compared) -> float:
 
 
 def draw(comparison: Comparison, path: Path) -> str | None:
-    """`compare.png`: accuracy against mean cost per question, 95% interval bars, one point
-    per config (mean tokens on the x axis where nothing is priced). None without matplotlib."""
+    """`compare.png`: accuracy against what a question paid (the equal budget's unit, else
+    tokens computed), 95% interval bars, one point per config, the frontier marked and the
+    budget as a dashed line. None without matplotlib."""
     try:
         import matplotlib
 
@@ -370,32 +408,37 @@ def draw(comparison: Comparison, path: Path) -> str | None:
         _log.warning("compare.no_matplotlib: install matplotlib to draw %s", path)
         return None
     lines = comparison.configs
-    priced = any(line.mean_cost > 0 for line in lines)
-    xs = [line.mean_cost if priced else computed(line) for line in lines]
+    unit = lines[0].unit if lines else "tokens"
     figure, axes = pyplot.subplots(figsize=(6.4, 4.4))
     try:
-        for x, line in zip(xs, lines, strict=True):
+        for line in lines:
             low, high = line.interval
             axes.errorbar(
-                [x],
+                [line.paid_mean],
                 [line.accuracy],
                 yerr=[[line.accuracy - low], [high - line.accuracy]],
-                fmt="o",
+                fmt="*" if line.pareto else "o",
+                markersize=10 if line.pareto else 6,
                 capsize=4,
-                label=f"{line.name} ({line.loop})",
+                label=f"{line.name} ({line.loop})" + (" frontier" if line.pareto else ""),
             )
             axes.annotate(
-                line.name, (x, line.accuracy), textcoords="offset points", xytext=(6, 6), fontsize=8
+                line.name,
+                (line.paid_mean, line.accuracy),
+                textcoords="offset points",
+                xytext=(6, 6),
+                fontsize=8,
             )
-        axes.set_xlabel(
-            "mean cost per question (USD)" if priced else "mean tokens computed per question (nothing priced)"
-        )
+        budget = comparison.equal_budget
+        if budget is not None:
+            axes.axvline(budget.limit, linestyle="--", color="grey", linewidth=1, label="budget")
+        axes.xaxis.set_major_formatter(spend_ticks(unit))
+        axes.set_xlabel(f"paid per question ({spend_label(unit)})")
         axes.set_ylabel("accuracy (95% Wilson interval)")
         axes.set_ylim(0, 1.02)
-        budget = comparison.equal_budget
         axes.set_title(
             f"compare {comparison.compare_id}: {comparison.questions} questions"
-            + (f", equal {budget.mode} ({budget.limit:g})" if budget else "")
+            + (f", equal budget {readable(budget.limit, unit)}" if budget else "")
         )
         axes.legend(fontsize=8, loc="lower right")
         axes.grid(alpha=0.3)
@@ -406,7 +449,28 @@ def draw(comparison: Comparison, path: Path) -> str | None:
     return str(path)
 
 
-def _replace(path: Path, data: bytes) -> None:
+def spend_label(unit: str) -> str:
+    """The axis's unit in words."""
+    return {"USD": "USD", "lanes": "lanes"}.get(unit, "tokens computed: prefill, decode, judge")
+
+
+def readable(value: float, unit: str) -> str:
+    """A spend for a person: `$0.0012`, `1,234 tokens`, `3 lanes`."""
+    if unit == "USD":
+        return f"${value:.3g}" if value < 1 else f"${value:,.2f}"
+    return f"{value:,.0f} {unit}" if value >= 10 or value == int(value) else f"{value:.2g} {unit}"
+
+
+def spend_ticks(unit: str) -> Any:
+    """Tick labels in the unit: `$0.0012`, `1,200`, never `1e-6` offsets."""
+    from matplotlib.ticker import FuncFormatter
+
+    if unit == "USD":
+        return FuncFormatter(lambda x, _: f"${x:.3g}" if x else "$0")
+    return FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 10 or x == int(x) else f"{x:.2g}")
+
+
+def replace_file(path: Path, data: bytes) -> None:
     """The comparison's own file, replaced whole (written beside, then renamed)."""
     draft = path.with_name(f".{path.name}.new")
     try:
@@ -416,3 +480,17 @@ def _replace(path: Path, data: bytes) -> None:
         raise LogWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
     finally:
         draft.unlink(missing_ok=True)
+
+
+_PER = {"tokens": 1000.0, "cost": 1.0, "lanes": 1.0}  # accuracy per 1,000 tokens, per USD, per lane
+UNDER, OVER = 0.80, 1.05  # a config that paid outside these shares of the budget is flagged
+
+
+def _flag(paid: float, budget: float | None) -> Literal["under", "over"] | None:
+    if budget is None or budget <= 0:
+        return None
+    if paid < UNDER * budget:
+        return "under"
+    if paid > OVER * budget:
+        return "over"
+    return None

@@ -1,20 +1,21 @@
-"""Equal budgets for `orchestrator compare`: what a config could spend on one question, one
-per-question limit written into every config, and each loop fitted to it.
+"""Equal budgets for `orchestrator compare` and `sweep`: one budget per question, what is
+paid, and each loop fitted to it through its own `fit`.
 
-"Needs" is each config's worst case, known from its keys before anything runs (no pilot): the
-loop declares its cost shape (lanes, their prompt tokens, the candidates its reducer judges, as
-a function of its params and the first prompt's tokens), each lane may write `max_tokens`, and
-the reducer declares its judge's tokens; cost prices those tokens at the config's own rates. The
-estimate errs high, so the default limit (the largest need) never shrinks a config's waves.
-Tokens and cost go into `[budget]` (`max_tokens`, `max_cost_usd`); then each loop's own `fit`
-says how it spends the limit (under lanes, capping its own keys, since `max_requests` counts
-requests and one request carries many lanes). Nothing here knows a loop or reducer by name.
+The budget is what a question pays (`_pilot`): tokens computed, USD, or lanes. Each loop's
+`fit` searches its own params with `Allowance.price`, the expected paid spend a pilot measured
+(`Rates`); under lanes, with its worst case in lanes, known from its keys. The per-question
+limit written into `[budget]` (`max_tokens`, `max_cost_usd`) is the budget or, where larger,
+the fitted params' worst case: the ledger reserves a wave's worst case before it runs, so a
+limit at the expected spend would shrink the waves the fit chose, while the worst case still
+caps a question that runs away. A loop whose spend the fit cannot shape (no cost shape) has
+the budget itself as its limit, which binds as it runs. Nothing here knows a loop or reducer by
+name.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,18 +40,20 @@ from lanefold.primitives import (
 __all__ = (
     "BUDGET_MODES",
     "BudgetMode",
+    "Price",
     "WorstCase",
     "apply_limit",
-    "equal_limit",
+    "checked_budget",
     "fitted_keys",
     "lane_cap",
-    "need",
     "prompt_tokens",
     "worst_case",
+    "worst_in",
 )
 
 BudgetMode = Literal["tokens", "cost", "lanes"]
 BUDGET_MODES: tuple[BudgetMode, ...] = ("tokens", "cost", "lanes")
+Price = Callable[[BaseModel], "float | None"]
 
 _BYTE_MARGIN = 32  # as the dispatcher guesses a prompt it cannot count: bytes + 32
 
@@ -131,49 +134,16 @@ def _in_mode(case: WorstCase, mode: BudgetMode, pricing: Pricing) -> float:
     return case.cost_usd(pricing)
 
 
-def need(config: LoopConfig, mode: BudgetMode, questions: Sequence[str], source: str) -> float:
-    """What `config` needs per question in `mode` (its worst case), or ConfigError."""
-    case = worst_case(config, prompt_tokens(config, questions))
-    if case is None:
-        raise ConfigError(
-            f"{source}: loop.coordinator: the worst case of "
-            f"{config.loop.coordinator!r} per question is not known; give "
-            f"--budget N for --equal-budget {mode}"
-        )
-    return _in_mode(case, mode, config.pricing)
+def worst_in(
+    config: LoopConfig, mode: BudgetMode, prompt: int, params: BaseModel | None = None
+) -> float | None:
+    """`config`'s worst case per question in `mode` (with `params`); None where not known."""
+    case = worst_case(config, prompt, params)
+    return None if case is None else _in_mode(case, mode, config.pricing)
 
 
-def equal_limit(
-    configs: Sequence[tuple[str, LoopConfig]],
-    mode: BudgetMode,
-    questions: Sequence[str],
-    budget: float | None = None,
-) -> tuple[float, list[float | None]]:
-    """The one limit every config gets (`budget`, else the largest need) and each config's
-    need, in order (None where it is not known and `budget` was given). `configs` are
-    (source, config) pairs; an error names the source."""
-    if budget is not None:
-        budget = _checked_budget(mode, budget)
-    needs: list[float | None] = []
-    for source, config in configs:
-        try:
-            needs.append(need(config, mode, questions, source))
-        except ConfigError:
-            if budget is None:
-                raise
-            needs.append(None)
-    if budget is not None:
-        return budget, needs
-    limit = max(value for value in needs if value is not None)
-    if mode == "cost" and limit <= 0:
-        raise ConfigError(
-            "--equal-budget cost: every config's worst case costs $0 (no "
-            "[pricing] rates); equalise tokens, or give [pricing] rates"
-        )
-    return limit, needs
-
-
-def _checked_budget(mode: BudgetMode, budget: float) -> float:
+def checked_budget(mode: BudgetMode, budget: float) -> float:
+    """`--budget`, refused unless a positive number (whole, but for cost)."""
     if not math.isfinite(budget) or budget <= 0:
         raise ConfigError(f"--budget: must be a positive number, got {budget:g}")
     if mode != "cost" and budget != int(budget):
@@ -182,35 +152,52 @@ def _checked_budget(mode: BudgetMode, budget: float) -> float:
 
 
 def apply_limit(
-    config: LoopConfig, mode: BudgetMode, limit: float, source: str, questions: Sequence[str] = ()
+    config: LoopConfig,
+    mode: BudgetMode,
+    budget: float,
+    source: str,
+    questions: Sequence[str] = (),
+    price: Price | None = None,
 ) -> LoopConfig:
-    """`config` with the per-question limit written in (`[budget] max_tokens` or
-    `max_cost_usd`; none for lanes) and its loop's keys as the loop's `fit` sets them."""
+    """`config` with its loop's keys as the loop's `fit` sets them for `budget` (see
+    `fitted_keys`) and the per-question limit written in: `[budget] max_tokens` or
+    `max_cost_usd`, the budget or the fitted params' worst case where larger; none for lanes."""
     raw = config.model_dump(mode="json")
+    raw["loop"].update(fitted_keys(config, mode, budget, source, questions, price))
+    fitted = parse_config(raw, source=source, folder=config.folder)
+    if mode == "lanes":
+        return fitted
+    worst = worst_in(fitted, mode, prompt_tokens(fitted, questions))
+    limit = max(budget, worst) if worst is not None else budget
     if mode == "tokens":
-        raw["budget"]["max_tokens"] = int(limit)
-    elif mode == "cost":
+        raw["budget"]["max_tokens"] = math.ceil(limit)
+    else:
         raw["budget"]["max_cost_usd"] = limit
-    raw["loop"].update(fitted_keys(config, mode, limit, source, questions))
     return parse_config(raw, source=source, folder=config.folder)
 
 
 def fitted_keys(
-    config: LoopConfig, mode: BudgetMode, limit: float, source: str, questions: Sequence[str] = ()
+    config: LoopConfig,
+    mode: BudgetMode,
+    budget: float,
+    source: str,
+    questions: Sequence[str] = (),
+    price: Price | None = None,
 ) -> dict[str, Any]:
-    """The `[loop]` keys the loop's `fit` sets to spend `limit` per question (those it gives
+    """The `[loop]` keys the loop's `fit` sets to spend `budget` per question (those it gives
     in `params.model_copy(update=...)`, or in a new params); {} where it keeps its params.
+    `price` is a params' expected paid spend (a pilot's `Rates.expected`); without one, a
+    lane budget prices a params by its worst case and tokens or cost by nothing (not known).
     An error names `source`."""
     params = config.loop_params
     # Fitted from a copy that says no key was set, so the keys the fit sets are its own.
     bare = type(params).model_construct(_fields_set=set(), **dict(params))
     prompt = prompt_tokens(config, questions)
 
-    def price(candidate: BaseModel) -> float | None:
-        case = worst_case(config, prompt, candidate)
-        return None if case is None else _in_mode(case, mode, config.pricing)
+    def worst(candidate: BaseModel) -> float | None:
+        return worst_in(config, mode, prompt, candidate) if mode == "lanes" else None
 
-    allowance = Allowance(mode, limit if mode == "cost" else int(limit), price)
+    allowance = Allowance(mode, budget if mode == "cost" else int(budget), price or worst)
     try:
         fitted = fit_params(config.loop_class(), bare, allowance)
     except ConfigError as exc:

@@ -35,10 +35,11 @@ from lanefold.evaluate._compare import (
 from lanefold.evaluate._equal_budget import (
     WorstCase,
     apply_limit,
-    equal_limit,
+    checked_budget,
     lane_cap,
-    need,
+    prompt_tokens,
     worst_case,
+    worst_in,
 )
 from lanefold.evaluate._eval import read_manifest
 from lanefold.evaluate._eval_records import read_results
@@ -189,31 +190,35 @@ def test_prompts_a_backend_cannot_count_are_bytes_plus_a_margin() -> None:
     )
     questions = ["short?", "a longer question?"]
     longest = len(b"Q: a longer question?\n") + 32
-    assert need(engine, "tokens", questions, "e.toml") == 2 * (longest + 10)
+    assert prompt_tokens(engine, questions) == longest
+    assert worst_in(engine, "tokens", longest) == 2 * (longest + 10)
 
 
-def test_the_equal_limit_is_the_largest_need_unless_given() -> None:
-    small, large = config(loop={"k": 1}), config(loop={"k": 8})
-    pair = [("a.toml", small), ("b.toml", large)]
-    limit, needs = equal_limit(pair, "tokens", ["q?"])
-    assert needs == [64 + 256, 8 * (64 + 256)] and limit == needs[1]
-    assert equal_limit(pair, "lanes", ["q?"]) == (8, [1, 8])
-    assert equal_limit(pair, "lanes", ["q?"], budget=4)[0] == 4
-    planner = ("p.toml", config(loop={"coordinator": "plan_verify_replan"}))
-    with pytest.raises(ConfigError, match=r"p.toml: .* give --budget N"):
-        equal_limit([pair[0], planner], "tokens", ["q?"])
-    assert equal_limit([pair[0], planner], "tokens", ["q?"], budget=900) == (900, [320, None])
-    with pytest.raises(ConfigError, match=r"costs \$0"):
-        equal_limit(pair, "cost", ["q?"])
+def test_a_budget_is_a_positive_number_whole_but_for_cost() -> None:
+    assert checked_budget("cost", 0.25) == 0.25 and checked_budget("tokens", 900) == 900
     for bad in (0, -1, math.inf, 2.5):
         with pytest.raises(ConfigError, match="--budget"):
-            equal_limit(pair, "lanes", ["q?"], budget=bad)
+            checked_budget("lanes", bad)
 
 
-def test_applying_a_limit_writes_the_budget_or_caps_the_lanes() -> None:
+def test_applying_a_budget_fits_the_loop_and_writes_its_limit() -> None:
     cfg = config(loop={"k": 8, "min_quorum": 6})
-    assert apply_limit(cfg, "tokens", 1234.0, "a.toml").budget.max_tokens == 1234
-    assert apply_limit(cfg, "cost", 0.5, "a.toml").budget.max_cost_usd == 0.5
+    worst = 64 + 256  # a lane's worst case: its prompt and [sampling] max_tokens
+    # Without a price a token budget keeps the params: the limit is their worst case.
+    assert apply_limit(cfg, "tokens", 1234.0, "a.toml").budget.max_tokens == 8 * worst
+    assert apply_limit(cfg, "tokens", 9000.0, "a.toml").budget.max_tokens == 9000
+
+    # With one (what a pilot measured), k fills the budget: 64 prefill + 48 a lane.
+    def paid(params: Any) -> float:
+        return 64 + 48 * params.k
+
+    fitted = apply_limit(cfg, "tokens", 1234.0, "a.toml", price=paid)
+    assert fitted.loop_params.k == (1234 - 64) // 48  # type: ignore[attr-defined]
+    assert fitted.budget.max_tokens == 24 * worst  # the ledger reserves the worst case
+    with pytest.raises(ConfigError, match=r"a.toml: --budget: 100 tokens .* below what the loop pays"):
+        apply_limit(cfg, "tokens", 100.0, "a.toml", price=paid)
+    priced = config(loop={"k": 8}, pricing={"input_per_mtok": 1.0, "output_per_mtok": 4.0})
+    assert apply_limit(priced, "cost", 0.5, "a.toml").budget.max_cost_usd == 0.5
     capped = apply_limit(cfg, "lanes", 3, "a.toml")
     assert (capped.loop_params.k, capped.loop_params.min_quorum) == (3, 3)  # type: ignore[attr-defined]
     assert capped.budget == cfg.budget
@@ -272,10 +277,14 @@ def test_the_table_ranks_configs_and_tests_each_against_the_best(tmp_path: Path)
     assert "best" in table and f"p={test.p_value:.3g}" in table and "95% CI" in table
 
 
+LANE_PAID = {"tokens": 48.0, "cost": 48 * 4e-6, "lanes": 1.0}  # a lane's decode, paid
+PROMPT_PAID = {"tokens": 64.0, "cost": 64 * 1e-6, "lanes": 0.0}  # the shared prefix, once
+
+
 @pytest.mark.parametrize(
     ("mode", "budget"), [("tokens", None), ("cost", None), ("lanes", None), ("lanes", 3.0), ("tokens", 700.0)]
 )
-def test_equal_budget_gives_every_config_the_same_limit(
+def test_equal_budget_fits_every_config_to_what_a_question_pays(
     tmp_path: Path, mode: str, budget: float | None
 ) -> None:
     pricing = {"input_per_mtok": 1.0, "output_per_mtok": 4.0}
@@ -297,28 +306,66 @@ def test_equal_budget_gives_every_config_the_same_limit(
     comparison = anyio.run(go)
     settled = comparison.equal_budget
     assert settled is not None and settled.mode == mode
-    needs = {
-        "greedy": need(config(loop={"k": 1}, pricing=pricing), mode, [], "g"),
-        "vote5": need(config(loop={"k": 5}, pricing=pricing), mode, [], "v"),
-    }
-    assert settled.needs == needs
-    assert settled.limit == (budget if budget is not None else max(needs.values()))
-    assert settled.source == ("--budget" if budget is not None else "largest need")
+    # On the simulated backend a question of k lanes pays the prefix once and 48 tokens a lane.
+    pilot = {name: PROMPT_PAID[mode] + LANE_PAID[mode] * k for name, k in (("greedy", 1), ("vote5", 5))}
+    if budget is None:
+        assert settled.source == "pilot" and settled.pilot_questions == 10
+        assert settled.pilot == pytest.approx(pilot)
+        assert settled.limit == pytest.approx(min(pilot.values()))  # the smallest config's mean
+    else:
+        assert settled.source == "--budget" and settled.limit == budget
+        assert settled.pilot == ({} if mode == "lanes" else pytest.approx(pilot))
     recorded = {line.name: line for line in comparison.configs}
     manifests = {name: read_manifest(tmp_path, f"eq-{name}").config for name in recorded}
-    if mode == "lanes":  # the loops' own keys capped; [budget] untouched
-        assert recorded["greedy"].lane_cap == {"k": 1, "min_quorum": 1}
-        assert recorded["vote5"].lane_cap["k"] == min(5, int(settled.limit))
-        lanes = {name: manifests[name]["loop"]["k"] for name in recorded}  # type: ignore[index]
-        assert max(lanes.values()) <= settled.limit
-        assert {line.mean_lanes for line in comparison.configs} <= {1.0, float(lanes["vote5"])}
-    else:
-        key = "max_tokens" if mode == "tokens" else "max_cost_usd"
-        limits = {line.budget[key] for line in comparison.configs}
-        limits |= {manifest["budget"][key] for manifest in manifests.values()}  # type: ignore[index]
-        assert limits == {settled.limit}
-    if budget == 700.0:  # 700 tokens fund 2 of vote5's 5 lanes: its waves shrink
-        assert recorded["vote5"].mean_lanes < 5
+    for name, line in recorded.items():
+        k = manifests[name]["loop"]["k"]  # type: ignore[index]
+        assert line.fitted["k"] == k and line.budget == settled.limit
+        assert line.unit == {"tokens": "tokens", "cost": "USD", "lanes": "lanes"}[mode]
+        assert line.paid_mean == pytest.approx(PROMPT_PAID[mode] + LANE_PAID[mode] * k)
+        assert line.paid_min == line.paid_max == pytest.approx(line.paid_mean)
+        if mode == "lanes":  # a cap, never a fill: the loops' own keys capped, [budget] untouched
+            assert k == min({"greedy": 1, "vote5": 5}[name], int(settled.limit))
+            assert line.limits == config().budget.model_dump(mode="json")
+        else:  # k fills the budget: the most lanes whose expected spend it holds
+            assert k == int((settled.limit - PROMPT_PAID[mode]) / LANE_PAID[mode] + 1e-9)
+            assert 0.8 * settled.limit <= line.paid_mean <= 1.05 * settled.limit and line.flag is None
+            key = "max_tokens" if mode == "tokens" else "max_cost_usd"
+            assert line.limits[key] >= settled.limit  # at least the budget: the fit's waves run whole
+    if mode != "lanes":  # the same k for both: the same spend and the same votes
+        assert {line.pareto for line in comparison.configs} == {True}
+    assert recorded["greedy"].pareto  # nothing pays less
+    if budget == 700.0:  # 700 tokens pay for 13 lanes after the prefix
+        assert recorded["vote5"].fitted == {"k": 13, "min_quorum": 1}
+
+
+def test_equal_tokens_gives_the_closed_form_accuracy_of_the_fitted_k(tmp_path: Path) -> None:
+    """Two answers (the gold and one distractor), so a vote of odd k is a binomial majority."""
+    backend = {"distractors": ["381"]}
+    budget = 64 + 9 * 48  # the prefix and nine lanes: k = 9 for every parallel_sample config
+    known = {"p60": 0.6, "p75": 0.75}
+
+    async def go() -> Comparison:
+        return await run_compare(
+            {
+                name: config(loop={"k": 1 + i * 4, "seed": 11 + i}, backend={**backend, "accuracy": p})
+                for i, (name, p) in enumerate(known.items())
+            },
+            items(240),
+            compare_id="closed",
+            runs_dir=tmp_path,
+            equal_budget="tokens",
+            budget=budget,
+            plot=False,
+        )
+
+    comparison = anyio.run(go)
+    for line in comparison.configs:
+        assert line.fitted["k"] == 9
+        assert 0.8 * budget <= line.paid_mean <= 1.05 * budget and line.flag is None
+        p = known[line.name]
+        majority = sum(math.comb(9, j) * p**j * (1 - p) ** (9 - j) for j in range(5, 10))
+        low, high = line.interval
+        assert low <= majority <= high, (line.name, majority, line.interval)
 
 
 def test_the_same_command_again_runs_nothing(
@@ -344,7 +391,8 @@ def test_the_same_command_again_runs_nothing(
     assert compare_cli(*argv) == 0
     first = json.loads(capsys.readouterr().out)
     made = calls.read_text()
-    assert made.count("\n") == 10 * (1 + 3)
+    # Pilots of 1 and 3 lanes, then both fitted to greedy's pilot mean: one lane each.
+    assert made.count("\n") == 10 * (1 + 3) + 10 * (1 + 1)
     rows = (tmp_path / "runs" / "again-vote3" / "results.jsonl").read_text()
     assert compare_cli(*argv) == 0
     second = json.loads(capsys.readouterr().out)
@@ -385,6 +433,7 @@ def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
     b = str(write_config(tmp / "b.toml", 2))
     planner = tmp / "plan.toml"
     planner.write_text('[loop]\ncoordinator = "plan_verify_replan"\n[backend]\nkind = "simulated"\n')
+    priced = str(write_config(tmp / "priced.toml", 2, extra="[pricing]\ninput_per_mtok = 1.0"))
     bad = tmp / "bad.toml"
     bad.write_text("[loop]\nk = 0\n")
     q = str(write_dataset(tmp / "q.jsonl", 3))
@@ -401,11 +450,13 @@ def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
             [a, b, "--dataset", q, "--equal-budget", "lanes", "--budget", "0"],
             "--budget: must be a positive number",
         ),
-        ([a, b, "--dataset", q, "--equal-budget", "cost"], "costs $0"),
+        ([a, b, "--dataset", q, "--equal-budget", "cost"], "every config costs $0"),
         (
-            [a, str(planner), "--dataset", q, "--equal-budget", "tokens"],
-            "plan.toml: loop.coordinator: the worst case of 'plan_verify_replan'",
+            [a, b, "--dataset", q, "--equal-budget", "tokens", "--budget", "50"],
+            "a.toml: --budget 50 tokens a question is below one lane of this config (65 tokens)",
         ),
+        ([a, priced, "--dataset", q], "priced.toml priced, " + a + " not"),
+        ([a, priced, "--dataset", q, "--equal-budget", "cost"], "priced.toml priced"),
         (
             [a, str(planner), "--dataset", q, "--equal-budget", "lanes", "--budget", "4"],
             "cannot cap the lanes of 'plan_verify_replan'",

@@ -22,7 +22,7 @@ import lanefold
 from lanefold.cli import main
 from lanefold.config._loop_config import preflight
 from lanefold.evaluate._compare import Comparison, run_compare
-from lanefold.evaluate._equal_budget import equal_limit, fitted_keys, need, worst_case
+from lanefold.evaluate._equal_budget import fitted_keys, worst_case, worst_in
 from lanefold.evaluate._eval import read_manifest
 from lanefold.evaluate._item import Item
 from lanefold.primitives import (
@@ -178,8 +178,12 @@ def test_a_plug_in_loop_declares_its_worst_case_and_fits_a_budget() -> None:
     fan = config(loop={"coordinator": "fan_plugin", "n": 6})
     case = worst_case(fan, PROMPT)
     assert case is not None and (case.lanes, case.tokens) == (6, 6 * LANE)
-    assert need(fan, "tokens", [], "fan.toml") == 6 * LANE
-    assert fitted_keys(fan, "tokens", 3 * LANE + 10, "fan.toml") == {"n": 3}
+    assert worst_in(fan, "tokens", PROMPT) == 6 * LANE
+
+    def worst(params: BaseModel) -> float | None:  # a price: here each lane's worst case
+        return worst_in(fan, "tokens", PROMPT, params)
+
+    assert fitted_keys(fan, "tokens", 3 * LANE + 10, "fan.toml", price=worst) == {"n": 3}
     assert fitted_keys(fan, "lanes", 2, "fan.toml") == {"n": 2}
     assert loop_reducer(Fan, fan.loop_params) == ReducerChoice("majority_vote")
 
@@ -193,16 +197,15 @@ def test_a_loop_that_declares_nothing_gets_the_defaults() -> None:
     with pytest.raises(ConfigError, match=r"cannot cap the lanes of 'bare_plugin' .*no fit"):
         fit_params(Bare, params, Allowance("lanes", 1))
     assert loop_reducer(Bare, params) is None  # it picks its reducers itself
-    pair = [("a.toml", config(loop={"k": 1})), ("bare.toml", bare)]
-    with pytest.raises(ConfigError, match=r"bare.toml: .*'bare_plugin' .* give --budget N"):
-        equal_limit(pair, "tokens", [])
-    assert equal_limit(pair, "tokens", [], budget=900) == (900, [LANE, None])
+    assert worst_in(bare, "tokens", PROMPT) is None
     assert fitted_keys(bare, "tokens", 900, "bare.toml") == {}
 
 
 def test_run_compare_fits_a_plug_in_loop_to_the_equal_budget(tmp_path: Path) -> None:
     configs = {"greedy": config(loop={"k": 1}), "fan": config(loop={"coordinator": "fan_plugin", "n": 6})}
-    budget = 3 * LANE + 10  # funds three of the fan's six lanes at their worst
+    # The fan pays the shared prefix once and 48 tokens a lane; its fit keeps to its
+    # configured n at most, so 3 lanes' spend plus a little funds three of its six lanes.
+    budget = PROMPT + 3 * 48 + 10
 
     async def go() -> Comparison:
         return await run_compare(
@@ -217,13 +220,14 @@ def test_run_compare_fits_a_plug_in_loop_to_the_equal_budget(tmp_path: Path) -> 
 
     comparison = anyio.run(go)
     assert comparison.equal_budget is not None
-    assert comparison.equal_budget.needs == {"greedy": LANE, "fan": 6 * LANE}
+    assert comparison.equal_budget.pilot == {"greedy": PROMPT + 48, "fan": PROMPT + 6 * 48}
     lines = {line.name: line for line in comparison.configs}
-    assert lines["fan"].lane_cap == {"n": 3} and lines["greedy"].lane_cap == {}
+    assert lines["fan"].fitted == {"n": 3} and lines["greedy"].fitted == {"k": 3, "min_quorum": 1}
     assert lines["fan"].loop == "fan_plugin" and lines["fan"].mean_lanes == 3.0
     manifest = read_manifest(tmp_path, "fit-fan").config
     assert manifest["loop"]["n"] == 3  # type: ignore[index]
-    assert manifest["budget"]["max_tokens"] == budget  # type: ignore[index]
+    assert manifest["budget"]["max_tokens"] == 3 * LANE  # its worst case: the waves run whole
+    assert 0.8 * budget <= lines["fan"].paid_mean <= 1.05 * budget
 
 
 def test_the_compare_command_fits_a_plug_in_loop(
@@ -249,7 +253,7 @@ def test_the_compare_command_fits_a_plug_in_loop(
                 "--equal-budget",
                 "tokens",
                 "--budget",
-                str(2 * LANE),
+                str(PROMPT + 2 * 48),
                 "--json",
             ]
         )
@@ -257,8 +261,9 @@ def test_the_compare_command_fits_a_plug_in_loop(
     )
     out = json.loads(capsys.readouterr().out)
     fan = next(line for line in out["configs"] if line["name"] == "fan")
-    assert fan["lane_cap"] == {"n": 2} and fan["mean_lanes"] == 2.0
-    assert out["equal_budget"]["needs"]["fan"] == 6 * LANE
+    assert fan["fitted"] == {"n": 2} and fan["mean_lanes"] == 2.0
+    assert out["equal_budget"]["pilot"]["fan"] == PROMPT + 6 * 48
+    assert fan["paid_mean"] == fan["budget"] == PROMPT + 2 * 48
 
 
 # -- a reducer's declarations -----------------------------------------------------------------------

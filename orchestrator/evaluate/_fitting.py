@@ -1,0 +1,241 @@
+"""One budget for several configs: their pilots, the default budget, each loop fitted to it.
+
+    settled = await settle_budget(arms, items, "tokens", None, prefix="cmp", runs_dir="runs")
+
+Every config first runs a pilot as it is configured: the eval `<prefix>-<name>.pilot` on the
+first questions (`PILOT_QUESTIONS`; resumable, recorded like any eval). The pilot says what a
+question paid (the default budget is the smallest config's mean) and how each line of the bill
+scales (`Rates`), which each loop's own `fit` searches. `compare` settles one budget, `sweep`
+one per point; both call the same fit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from lanefold.config import LoopConfig
+from lanefold.evaluate._equal_budget import (
+    BUDGET_MODES,
+    BudgetMode,
+    apply_limit,
+    checked_budget,
+    fitted_keys,
+    prompt_tokens,
+)
+from lanefold.evaluate._eval import run_eval
+from lanefold.evaluate._eval_records import QuestionResult, read_results
+from lanefold.evaluate._item import Item
+from lanefold.evaluate._pilot import PILOT_QUESTIONS, Rates, first_lane, spread
+from lanefold.execution import open_store
+from lanefold.primitives import ConfigError, Pricing, backend_prompt_tokens
+
+__all__ = (
+    "UNITS",
+    "Arm",
+    "EqualBudget",
+    "Fitted",
+    "Pilots",
+    "check_floor",
+    "check_pricing",
+    "check_unit",
+    "fit_arm",
+    "run_pilots",
+    "settle_budget",
+)
+
+Arm = tuple[str, str, LoopConfig]  # (name, source, config)
+OnStart = Callable[[str, int, Sequence[QuestionResult]], None]
+OnResult = Callable[[str, QuestionResult], None]
+UNITS = {"tokens": "tokens", "cost": "USD", "lanes": "lanes"}
+
+
+class EqualBudget(BaseModel):
+    """How the configs were put on one budget: the unit, the budget a question (what it may
+    pay), where it came from (the smallest pilot mean, or `--budget`), and each config's mean
+    paid per question on its pilot of `pilot_questions` (empty where no pilot ran)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: BudgetMode
+    limit: float
+    source: Literal["pilot", "--budget"]
+    pilot_questions: int = 0
+    pilot: dict[str, float] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Pilots:
+    """What the pilots measured: per config (by name), its mean paid and its rates (None
+    where its loop declares no cost shape)."""
+
+    questions: int
+    means: dict[str, float]
+    rates: dict[str, Rates | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """A config fitted to a budget: the config to run (fitted keys and limit written in) and
+    the keys its loop's fit set."""
+
+    config: LoopConfig
+    keys: dict[str, Any]
+
+
+def check_unit(mode: str) -> BudgetMode:
+    if mode not in BUDGET_MODES:
+        raise ConfigError(f"--equal-budget: unknown {mode!r}: tokens, cost or lanes")
+    return mode  # narrowed to BudgetMode by the check above
+
+
+def check_pricing(arms: Sequence[Arm], mode: BudgetMode | None) -> None:
+    """Prices must be comparable: a budget in USD needs rates, and configs with `[pricing]`
+    beside configs without would draw the unpriced at $0 (refused unless the budget is in
+    tokens or lanes, which no price enters)."""
+    if mode in ("tokens", "lanes"):
+        return
+    priced = [source for _, source, config in arms if config.pricing != Pricing()]
+    unpriced = [source for _, source, config in arms if config.pricing == Pricing()]
+    if priced and unpriced:
+        raise ConfigError(
+            f"[pricing]: {', '.join(priced)} priced, {', '.join(unpriced)} not (drawn at $0); "
+            "give every config rates, or --equal-budget tokens"
+        )
+    if mode == "cost" and not priced:
+        raise ConfigError(
+            "--equal-budget cost: every config costs $0 (no [pricing] rates); equalise tokens, "
+            "or give [pricing] rates"
+        )
+
+
+def check_floor(arms: Sequence[Arm], mode: BudgetMode, budget: float, questions: Sequence[str]) -> None:
+    """A budget below one lane of some config is refused before anything runs."""
+    for _, source, config in arms:
+        # The backend's own count where it has one; else nothing is known to be paid.
+        template = config.prompt.template
+        counted = [
+            backend_prompt_tokens(config.backend, template.replace("{question}", q)) for q in questions
+        ]
+        prompt = min((int(n) for n in counted if n is not None), default=0)
+        least = first_lane(config, prompt, mode)
+        if budget < least:
+            raise ConfigError(
+                f"{source}: --budget {budget:g} {UNITS[mode]} a question is below one lane of "
+                f"this config ({least:g} {UNITS[mode]})"
+            )
+        if mode == "lanes":  # the loop's own fit says whether it can run in so few
+            fitted_keys(config, mode, budget, source, questions)
+
+
+async def run_pilots(
+    arms: Sequence[Arm],
+    items: Sequence[Item],
+    mode: BudgetMode,
+    *,
+    prefix: str,
+    runs_dir: str,
+    concurrency: int,
+    scorer: str | None,
+    on_start: OnStart | None = None,
+    on_result: OnResult | None = None,
+    stop_reason: Callable[[], str] = lambda: "cancelled",
+) -> Pilots:
+    """Run each config as configured on the first questions (the eval
+    `<prefix>-<name>.pilot`, resumable) and measure what a question paid."""
+    first = list(items[:PILOT_QUESTIONS])
+    questions = [item.question for item in items]
+    means: dict[str, float] = {}
+    rates: dict[str, Rates | None] = {}
+    for name, _, config in arms:
+        eval_id = f"{prefix}-{name}.pilot"
+        label = f"{name} (pilot)"
+        await run_eval(
+            config,
+            first,
+            eval_id=eval_id,
+            runs_dir=runs_dir,
+            concurrency=concurrency,
+            scorer=scorer,
+            on_start=functools.partial(on_start, label) if on_start else None,
+            on_result=functools.partial(on_result, label) if on_result else None,
+            stop_reason=stop_reason,
+        )
+        store = open_store(config.store.url, runs_dir, config.store.password_env)
+        wanted = {item.index for item in first}
+        rows = [row for i, row in read_results(store.eval_record(eval_id)).items() if i in wanted]
+        means[name] = spread(rows, mode)[0]
+        rates[name] = Rates.measure(config, rows, prompt_tokens(config, questions))
+    return Pilots(len(first), means, rates)
+
+
+def fit_arm(
+    arm: Arm, mode: BudgetMode, budget: float, questions: Sequence[str], pilots: Pilots | None
+) -> Fitted:
+    """`arm`'s config fitted to `budget` by its loop's `fit`, priced by its pilot's rates."""
+    name, source, config = arm
+    rates = pilots.rates.get(name) if pilots is not None else None
+    price = functools.partial(_expected, rates, mode) if rates is not None and mode != "lanes" else None
+    keys = fitted_keys(config, mode, budget, source, questions, price)
+    return Fitted(apply_limit(config, mode, budget, source, questions, price), keys)
+
+
+def _expected(rates: Rates, mode: BudgetMode, params: BaseModel) -> float | None:
+    return rates.expected(params, mode)
+
+
+async def settle_budget(
+    arms: Sequence[Arm],
+    items: Sequence[Item],
+    mode: BudgetMode,
+    budget: float | None,
+    *,
+    prefix: str,
+    runs_dir: str,
+    concurrency: int,
+    scorer: str | None,
+    on_start: OnStart | None = None,
+    on_result: OnResult | None = None,
+    stop_reason: Callable[[], str] = lambda: "cancelled",
+) -> tuple[EqualBudget, list[Fitted]]:
+    """The one budget (`budget`, else the smallest pilot mean) and every config fitted to it.
+    Bad input is refused before any pilot runs; a lane budget that is given runs no pilot."""
+    questions = [item.question for item in items]
+    given = budget is not None
+    check_pricing(arms, mode)
+    if budget is not None:
+        budget = checked_budget(mode, budget)
+        check_floor(arms, mode, budget, questions)
+    pilots = None
+    if budget is None or mode != "lanes":
+        pilots = await run_pilots(
+            arms,
+            items,
+            mode,
+            prefix=prefix,
+            runs_dir=runs_dir,
+            concurrency=concurrency,
+            scorer=scorer,
+            on_start=on_start,
+            on_result=on_result,
+            stop_reason=stop_reason,
+        )
+    if budget is None:
+        assert pilots is not None  # run above whenever no budget was given
+        smallest = min(pilots.means.values())
+        budget = smallest if mode == "cost" else float(max(1, round(smallest)))
+        if budget <= 0:
+            raise ConfigError(f"--equal-budget {mode}: the pilots paid nothing; give --budget N")
+    fitted = [fit_arm(arm, mode, budget, questions, pilots) for arm in arms]
+    settled = EqualBudget(
+        mode=mode,
+        limit=budget,
+        source="--budget" if given else "pilot",
+        pilot_questions=pilots.questions if pilots else 0,
+        pilot=dict(pilots.means) if pilots else {},
+    )
+    return settled, fitted

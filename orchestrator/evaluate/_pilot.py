@@ -1,0 +1,158 @@
+"""What a config pays per question, measured on a pilot and modelled for other params.
+
+A budget is what is paid, not a worst case: computed tokens (prefill, decode, verifier and
+cut-off tokens; cached prefill is not computed again, so it counts zero tokens), or USD (every
+line at its own price, cached prefill included), or lanes. A pilot runs the config as it is
+on the first questions (a real eval, resumable); its records say what one question paid by
+line. The loop's declared cost shape says how each line scales with its params: prompt tokens
+with the shape's prompt (as prefill only where a wave's lanes cannot share their prefix),
+decode, cut-off and KV residency with its lanes, the judge's tokens with its candidates. So
+`Rates.expected(params)` is the expected paid spend of any params, which each loop's own `fit`
+searches (`Allowance.price`). Nothing here knows a loop by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from lanefold.config import LoopConfig
+from lanefold.evaluate._eval_records import QuestionResult
+from lanefold.primitives import CostShape, Pricing, cost_shape
+
+__all__ = ("PILOT_QUESTIONS", "Rates", "first_lane", "frontier", "paid", "spread")
+
+PILOT_QUESTIONS = 10
+_PAID_TOKENS = ("prefill", "decode", "verifier", "cut_off")  # computed: what `max_tokens` counts
+
+
+def paid(row: QuestionResult, unit: str) -> float:
+    """What one question's run paid in `unit`: tokens computed, USD, or lanes."""
+    if unit == "lanes":
+        return float(row.lanes)
+    if unit == "cost":
+        return row.cost
+    return float(sum(row.tokens.get(line, 0) for line in _PAID_TOKENS))
+
+
+def spread(rows: Sequence[QuestionResult], unit: str) -> tuple[float, float, float]:
+    """(mean, least, most) paid per question over `rows`; zeros where there are none."""
+    values = [paid(row, unit) for row in rows]
+    if not values:
+        return 0.0, 0.0, 0.0
+    return math.fsum(values) / len(values), min(values), max(values)
+
+
+def _shape(config: LoopConfig, params: BaseModel, prompt: int) -> CostShape | None:
+    return cost_shape(
+        config.loop_class(), params, prompt_tokens=prompt, max_tokens=config.sampling.max_tokens
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """One config's paid spend per question, by line, per unit of what it scales with:
+    `prompt` (tokens seen per token of the shape's prompt), `decode`, `cut_off` and `kv_usd`
+    per lane, `judge` tokens and `judge_usd` per candidate; `shared`, whether a wave's lanes
+    shared their prefix (assumed where the pilot could not tell); `prefill_share`, the part of
+    the prompt tokens computed on the pilot (what a shape that does not say which are shared
+    is modelled with); `lane_share`, the lanes run per lane the shape allows (an early stop
+    runs fewer)."""
+
+    config: LoopConfig
+    prompt_tokens: int
+    prompt: float
+    shared: bool
+    prefill_share: float
+    lane_share: float
+    decode: float
+    cut_off: float
+    kv_usd: float
+    judge: float
+    judge_usd: float
+
+    @classmethod
+    def measure(cls, config: LoopConfig, rows: Sequence[QuestionResult], prompt: int) -> Rates | None:
+        """The rates of `config` from its pilot's rows; None where its loop declares no cost
+        shape or the pilot ran nothing."""
+        shape = _shape(config, config.loop_params, prompt)
+        if shape is None or not rows or shape.lanes <= 0:
+            return None
+        n = len(rows)
+
+        def mean(line: str, table: str = "tokens") -> float:
+            return math.fsum(float(getattr(row, table).get(line, 0)) for row in rows) / n
+
+        lanes = math.fsum(row.lanes for row in rows) / n or float(shape.lanes)
+        prefill, cached = mean("prefill"), mean("cached_prefill")
+        could_share = shape.prefill_tokens is not None and shape.prefill_tokens < shape.prompt_tokens
+        return cls(
+            config=config,
+            prompt_tokens=prompt,
+            prompt=(prefill + cached) / shape.prompt_tokens if shape.prompt_tokens else 0.0,
+            shared=cached > 0 or not could_share,
+            prefill_share=prefill / (prefill + cached) if prefill + cached > 0 else 1.0,
+            lane_share=min(1.0, lanes / shape.lanes),
+            decode=mean("decode") / lanes,
+            cut_off=mean("cut_off") / lanes,
+            kv_usd=mean("kv_residency", "cost_by_line") / lanes,
+            judge=mean("verifier") / shape.candidates if shape.candidates else 0.0,
+            judge_usd=mean("verifier", "cost_by_line") / shape.candidates if shape.candidates else 0.0,
+        )
+
+    def expected(self, params: BaseModel, unit: str) -> float | None:
+        """The expected paid spend per question of `params` in `unit`; None where its shape is
+        not known."""
+        shape = _shape(self.config, params, self.prompt_tokens)
+        if shape is None:
+            return None
+        lanes = shape.lanes * self.lane_share
+        if unit == "lanes":
+            return lanes
+        seen = self.prompt * shape.prompt_tokens
+        if shape.prefill_tokens is None:
+            prefill = seen * self.prefill_share
+        elif self.shared:
+            prefill = self.prompt * shape.prefill_tokens
+        else:
+            prefill = seen
+        cached = seen - prefill
+        decode, cut_off = self.decode * lanes, self.cut_off * lanes
+        judge = self.judge * shape.candidates
+        if unit == "tokens":
+            return prefill + decode + cut_off + judge
+        price: Pricing = self.config.pricing
+        return (
+            prefill * price.input_per_mtok * 1e-6
+            + cached * price.cached_input_per_mtok * 1e-6
+            + (decode + cut_off) * price.output_per_mtok * 1e-6
+            + self.kv_usd * lanes
+            + self.judge_usd * shape.candidates
+        )
+
+
+def first_lane(config: LoopConfig, prompt: int, unit: str) -> float:
+    """The least one lane can pay before anything runs: its prompt as prefill and one decoded
+    token (USD at the config's rates); 1 in lanes."""
+    if unit == "lanes":
+        return 1.0
+    if unit == "cost":
+        price = config.pricing
+        return (prompt * price.input_per_mtok + price.output_per_mtok) * 1e-6
+    return float(prompt + 1)
+
+
+def frontier(points: Sequence[tuple[float, float]]) -> set[int]:
+    """The Pareto frontier of (paid, accuracy) points: the indices no other point beats, at
+    least as accurate for no more paid and better in one of the two."""
+    return {
+        i
+        for i, (paid_i, accuracy_i) in enumerate(points)
+        if not any(
+            paid_j <= paid_i and accuracy_j >= accuracy_i and (paid_j, accuracy_j) != (paid_i, accuracy_i)
+            for paid_j, accuracy_j in points
+        )
+    }

@@ -1,0 +1,200 @@
+"""`orchestrator sweep`: every config fitted at every budget, points resumable, one
+parallel_sample pool read at every smaller budget, a plug-in loop taking part, bad input.
+
+On the simulated backend every prompt is 64 tokens and every answer 48, computed once for a
+shared prefix: a question of k lanes pays 64 + 48 k tokens. Backend calls are counted from
+`call_log`, never timed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import anyio
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+import lanefold.cli._main as cli
+from lanefold.cli._sweep import command
+from lanefold.evaluate._eval import read_manifest
+from lanefold.evaluate._item import Item
+from lanefold.evaluate._sweep import Sweep, run_sweep
+from lanefold.primitives import (
+    LOOPS,
+    Allowance,
+    ConfigError,
+    CostShape,
+    LoopContext,
+    Outcome,
+    largest_within,
+    register_loop,
+)
+
+
+class PhrasingsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n: int = Field(2, ge=1)
+
+
+class Phrasings:
+    """A plug-in: n phrasings of the question in one wave (no shared prefix), the first
+    answer wins; it declares its shape and fits n by the budget's price."""
+
+    name: ClassVar[str] = "sweep_phrasings"
+    Params: ClassVar[type[BaseModel]] = PhrasingsParams
+
+    def __init__(self, params: PhrasingsParams) -> None:
+        self.params = params
+
+    async def run(self, ctx: LoopContext, question: str) -> Outcome:
+        lanes = await ctx.wave([ctx.prompt(f"{question} (take {i})") for i in range(self.params.n)])
+        best = next((lane for lane in lanes if lane.answer), None)
+        if best is None:
+            return Outcome(reason="no answer")
+        return Outcome(answer=best.answer, winner_lane=best.lane, winner_text=best.text)
+
+    @staticmethod
+    def cost_shape(params: PhrasingsParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
+        return CostShape(params.n, params.n * prompt_tokens, 0)
+
+    @staticmethod
+    def fit(params: PhrasingsParams, budget: Allowance) -> PhrasingsParams:
+        found = largest_within(budget, 1, lambda n: params.model_copy(update={"n": n}), most=64)
+        return params if found is None else params.model_copy(update={"n": found})
+
+
+@pytest.fixture(autouse=True)
+def plug_in() -> Iterator[None]:
+    loops = LOOPS.snapshot()
+    register_loop(Phrasings)
+    yield
+    LOOPS.restore(loops)
+
+
+def write(path: Path, loop: str, *, calls: Path | None = None, extra: str = "") -> str:
+    log = f'call_log = "{calls}"\n' if calls else ""
+    path.write_text(
+        f'[loop]\nseed = 3\n{loop}\n{extra}\n[backend]\nkind = "simulated"\naccuracy = 0.6\n{log}'
+        '[log]\nfsync = "never"\n'
+    )
+    return str(path)
+
+
+def items(n: int) -> list[Item]:
+    return [Item(i, f"Question number {i}?", "391", source=f"<test>:{i + 1}") for i in range(n)]
+
+
+def sweep(tmp_path: Path, configs: list[str], budgets: list[float], n: int = 20, **kwargs: object) -> Sweep:
+    async def go() -> Sweep:
+        return await run_sweep(
+            configs, items(n), sweep_id="sw", budgets=budgets, runs_dir=tmp_path / "runs", **kwargs
+        )
+
+    return anyio.run(go)
+
+
+def calls_in(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def test_parallel_sample_reads_every_smaller_budget_from_one_pool(tmp_path: Path) -> None:
+    calls = tmp_path / "calls.log"
+    vote = write(tmp_path / "vote3.toml", "k = 3", calls=calls)
+    budgets = [64 + 48.0, 64 + 3 * 48.0, 64 + 7 * 48.0]  # k = 1, 3, 7
+    done = sweep(tmp_path, [vote], budgets)
+    (line,) = done.configs
+    assert [point.fitted["k"] for point in line.points] == [1, 3, 7]
+    assert [point.source for point in line.points] == ["pool", "pool", "eval"]
+    assert {point.eval_id for point in line.points} == {"sw-vote3-400"}  # the one pool
+    # The pilot (10 questions of 3 lanes) and the largest budget (20 of 7): nothing else.
+    assert calls_in(calls) == 10 * 3 + 20 * 7
+    for point in line.points:
+        assert point.paid_mean == pytest.approx(point.budget)  # 64 + 48 k, paid in full
+        assert point.flag is None and point.interval[0] <= point.accuracy <= point.interval[1]
+    assert not (tmp_path / "runs" / "sw-vote3-112").exists()  # a pool point samples nothing
+    written = json.loads((tmp_path / "runs" / "sw" / "sweep.json").read_text())
+    assert written == done.model_dump(mode="json")
+    assert (tmp_path / "runs" / "sw" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_points_are_evals_and_resume(tmp_path: Path) -> None:
+    calls = tmp_path / "calls.log"
+    refine = write(tmp_path / "refine.toml", 'coordinator = "sequential_refine"\nsteps = 2', calls=calls)
+    budgets = [150.0, 400.0]
+    first = sweep(tmp_path, [refine], budgets, plot=False)
+    made = calls_in(calls)
+    (line,) = first.configs
+    for point in line.points:  # its own eval, fitted: steps within what the budget pays
+        assert point.source == "eval" and point.point_id == point.eval_id
+        manifest = read_manifest(tmp_path / "runs", point.eval_id).config
+        assert manifest["loop"]["steps"] == point.fitted["steps"]  # type: ignore[index]
+        assert point.paid_max <= 1.05 * point.budget
+    assert line.points[0].fitted["steps"] < line.points[1].fitted["steps"]
+    again = sweep(tmp_path, [refine], budgets, plot=False)
+    assert calls_in(calls) == made  # every point and the pilot recorded: no backend call
+    assert again == first
+
+
+def test_a_plug_in_loop_and_the_greedy_baseline_take_part(tmp_path: Path) -> None:
+    greedy = write(tmp_path / "greedy.toml", "k = 1", extra="[sampling]\ntemperature = 0")
+    plug = write(tmp_path / "phrasings.toml", 'coordinator = "sweep_phrasings"\nn = 2')
+    done = sweep(tmp_path, [greedy, plug], [200.0, 400.0], plot=True)
+    lines = {line.name: line for line in done.configs}
+    # No shared prefix: a phrasing pays its prompt and its answer, 112 tokens.
+    assert [point.fitted["n"] for point in lines["phrasings"].points] == [1, 3]
+    assert [point.paid_mean for point in lines["phrasings"].points] == [112, 336]
+    assert done.baseline is not None and done.baseline.name == "greedy"
+    assert 0 <= done.baseline.accuracy <= 1
+    assert not (tmp_path / "runs" / "sw-greedy-greedy").exists()  # read from greedy's pool
+
+
+def sweep_cli(*argv: str) -> int:
+    return command(cli._parser().parse_args(["sweep", *argv]))
+
+
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    a = write(tmp_path / "a.toml", "k = 2")
+    priced = write(tmp_path / "priced.toml", "k = 2", extra="[pricing]\ninput_per_mtok = 1.0")
+    q = tmp_path / "q.jsonl"
+    q.write_text("".join(json.dumps({"question": f"Q {i}?", "answer": "391"}) + "\n" for i in range(3)))
+    runs = tmp_path / "runs"
+    cases = [
+        ([a, "--budgets", "2x"], "--budgets: '2x' is not a number"),
+        ([a, "--budgets", ","], "--budgets: give one or more budgets"),
+        ([a, "--budgets", "0,400"], "--budget: must be a positive number"),
+        ([a, "--budgets", "400", "--unit", "lanes"], "--unit: unknown 'lanes'"),
+        ([a, "--budgets", "50,400"], "a.toml: --budget 50 tokens a question is below one lane"),
+        ([a, priced, "--budgets", "0.001", "--unit", "cost"], "priced.toml priced"),
+        ([a, str(tmp_path / "none.toml"), "--budgets", "400"], "none.toml: cannot read"),
+        ([a, "--budgets", "400", "--sweep-id", "a/b"], "is not a plain name"),
+    ]
+    for argv, expected in cases:
+        with pytest.raises(ConfigError) as caught:
+            sweep_cli(*argv, "--dataset", str(q), "--runs-dir", str(runs))
+        message = str(caught.value)
+        assert caught.value.exit_code == 2, argv
+        assert expected in message, (argv, message)
+        assert "\n" not in message, argv
+        assert not runs.exists(), argv
+
+
+def test_the_cli_prints_config_by_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    a = write(tmp_path / "vote.toml", "k = 2")
+    (tmp_path / "q.jsonl").write_text(
+        "".join(json.dumps({"question": f"Q {i}?", "answer": "391"}) + "\n" for i in range(6))
+    )
+    assert sweep_cli(a, "--dataset", "q.jsonl", "--budgets", "112,208", "--sweep-id", "t") == 0
+    out = capsys.readouterr().out
+    assert "112 tokens" in out and "208 tokens" in out and "~" in out
+    assert sweep_cli(a, "--dataset", "q.jsonl", "--budgets", "112,208", "--sweep-id", "t", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["sweep_id"] == "t"
