@@ -6,8 +6,9 @@
 Each config runs as its own eval (`<compare_id>-<name>`, resumable) on the same questions,
 one config after another; the comparison reads the evals back, pairs them by question
 (McNemar against the best) and writes `runs/<compare_id>/compare.json` and `compare.png`.
-With an equal budget every config gets one per-question limit, written into its config before
-it runs (`_equal_budget`), so a loop that spends less cannot look better by spending more.
+With an equal budget every config is fitted by its loop's own `fit` to one budget of what a
+question pays, priced from a pilot (`_fitting`), so a loop cannot look better by spending more;
+each line says what it actually paid, and the Pareto frontier of paid spend and accuracy.
 """
 
 from __future__ import annotations

@@ -52,21 +52,30 @@ def _shape(config: LoopConfig, params: BaseModel, prompt: int) -> CostShape | No
     )
 
 
+def _computed(shape: CostShape, shared: bool) -> int:
+    """The prompt tokens a shape computes: its `prefill_tokens` where a wave's lanes share
+    their prefix, else every one."""
+    if shared and shape.prefill_tokens is not None:
+        return shape.prefill_tokens
+    return shape.prompt_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class Rates:
     """One config's paid spend per question, by line, per unit of what it scales with:
     `prompt` (tokens seen per token of the shape's prompt), `decode`, `cut_off` and `kv_usd`
     per lane, `judge` tokens and `judge_usd` per candidate; `shared`, whether a wave's lanes
-    shared their prefix (assumed where the pilot could not tell); `prefill_share`, the part of
-    the prompt tokens computed on the pilot (what a shape that does not say which are shared
-    is modelled with); `lane_share`, the lanes run per lane the shape allows (an early stop
-    runs fewer)."""
+    shared their prefix (assumed where the pilot could not tell); `prefill`, prompt tokens
+    computed per token the shape says must be (its `prefill_tokens` where lanes share, else
+    all its prompt tokens: below 1 where a server's cache kept a prefix from one question to
+    the next); `lane_share`, the lanes run per lane the shape allows (an early stop runs
+    fewer)."""
 
     config: LoopConfig
     prompt_tokens: int
     prompt: float
     shared: bool
-    prefill_share: float
+    prefill: float
     lane_share: float
     decode: float
     cut_off: float
@@ -89,12 +98,14 @@ class Rates:
         lanes = math.fsum(row.lanes for row in rows) / n or float(shape.lanes)
         prefill, cached = mean("prefill"), mean("cached_prefill")
         could_share = shape.prefill_tokens is not None and shape.prefill_tokens < shape.prompt_tokens
+        shared = cached > 0 or not could_share
+        basis = _computed(shape, shared)
         return cls(
             config=config,
             prompt_tokens=prompt,
             prompt=(prefill + cached) / shape.prompt_tokens if shape.prompt_tokens else 0.0,
-            shared=cached > 0 or not could_share,
-            prefill_share=prefill / (prefill + cached) if prefill + cached > 0 else 1.0,
+            shared=shared,
+            prefill=prefill / basis if basis else 0.0,
             lane_share=min(1.0, lanes / shape.lanes),
             decode=mean("decode") / lanes,
             cut_off=mean("cut_off") / lanes,
@@ -113,12 +124,7 @@ class Rates:
         if unit == "lanes":
             return lanes
         seen = self.prompt * shape.prompt_tokens
-        if shape.prefill_tokens is None:
-            prefill = seen * self.prefill_share
-        elif self.shared:
-            prefill = self.prompt * shape.prefill_tokens
-        else:
-            prefill = seen
+        prefill = min(seen, self.prefill * _computed(shape, self.shared))
         cached = seen - prefill
         decode, cut_off = self.decode * lanes, self.cut_off * lanes
         judge = self.judge * shape.candidates
