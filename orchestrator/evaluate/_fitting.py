@@ -174,7 +174,8 @@ async def run_pilots(
         wanted = {item.index for item in first}
         rows = [row for i, row in read_results(store.eval_record(eval_id)).items() if i in wanted]
         means[name] = spread(rows, mode)[0]
-        rates[name] = Rates.measure(config, rows, prompt_tokens(config, questions))
+        exact = backend_prompt_tokens(config.backend, config.prompt.template) is not None
+        rates[name] = Rates.measure(config, rows, prompt_tokens(config, questions), exact=exact)
     return Pilots(len(first), means, rates)
 
 
