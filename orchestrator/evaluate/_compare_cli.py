@@ -25,7 +25,8 @@ from rich.table import Table
 
 from lanefold._config import load_config
 from lanefold._store import new_run_id
-from lanefold.evaluate._compare import Compared, Comparison, readable, run_compare
+from lanefold.evaluate._compare import Compared, Comparison, run_compare
+from lanefold.evaluate._compare_plot import readable
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._equal_budget import BUDGET_MODES
 from lanefold.evaluate._eval_records import TOKEN_LINES, QuestionResult

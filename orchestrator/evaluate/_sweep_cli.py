@@ -22,7 +22,7 @@ from rich.table import Table
 
 from lanefold._config import load_config
 from lanefold._store import new_run_id
-from lanefold.evaluate._compare import readable
+from lanefold.evaluate._compare_plot import readable
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._sweep import Sweep, parse_budgets, run_sweep
 from lanefold.primitives import validate_run_id

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lanefold.evaluate._compare import spend_label, spend_ticks
+from lanefold.evaluate._compare_plot import spend_label, spend_ticks
 
 if TYPE_CHECKING:
     from lanefold.evaluate._sweep_records import Sweep
