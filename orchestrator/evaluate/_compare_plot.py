@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lanefold.evaluate._compare import Comparison
 
-__all__ = ("draw", "readable", "spend_label", "spend_ticks")
+__all__ = ("draw", "readable", "spend_axis", "spend_label", "spend_ticks")
 
 _log = logging.getLogger("lanefold.compare")
 
@@ -52,8 +52,7 @@ def draw(comparison: Comparison, path: Path) -> str | None:
         budget = comparison.equal_budget
         if budget is not None:
             axes.axvline(budget.limit, linestyle="--", color="grey", linewidth=1, label="budget")
-        axes.xaxis.set_major_formatter(spend_ticks(unit))
-        axes.set_xlabel(f"paid per question ({spend_label(unit)})")
+        spend_axis(axes, unit)
         axes.set_ylabel("accuracy (95% Wilson interval)")
         axes.set_ylim(0, 1.02)
         axes.set_title(
@@ -88,3 +87,13 @@ def spend_ticks(unit: str) -> Any:
     if unit == "USD":
         return FuncFormatter(lambda x, _: f"${x:.3g}" if x else "$0")
     return FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 10 or x == int(x) else f"{x:.2g}")
+
+
+def spend_axis(axes: Any, unit: str) -> None:
+    """The x axis as what a question paid: its unit in words and at most five plain ticks,
+    so dollar amounts never run into each other."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(nbins=5))
+    axes.xaxis.set_major_formatter(spend_ticks(unit))
+    axes.set_xlabel(f"paid per question ({spend_label(unit)})")
