@@ -357,6 +357,31 @@ def test_compare_fits_the_external_loop_to_an_equal_token_budget(installed: Path
     assert all(entry["paid_mean"] <= 1.05 * entry["budget"] for entry in compared["configs"])
 
 
+def test_sweep_fits_the_external_loop_at_every_budget(installed: Path, tmp_path: Path) -> None:
+    wide = _config(
+        tmp_path, "wide.toml", 'coordinator = "ext_first"\nphrasings = 8', sampling="max_tokens = 64"
+    )
+    done = orchestrator(
+        installed,
+        tmp_path,
+        "sweep",
+        str(wide),
+        "--dataset",
+        str(_dataset(tmp_path)),
+        "--budgets",
+        "200,400",
+        "--sweep-id",
+        "ext",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = json.loads(done.stdout.splitlines()[-1])["configs"]
+    phrasings = [point["fitted"].get("phrasings", 8) for point in line["points"]]
+    assert phrasings[0] <= phrasings[1] < 8, phrasings  # fitted down, more at the larger budget
+    assert all(point["source"] == "eval" and point["accuracy"] == 1.0 for point in line["points"])
+    assert all(point["paid_mean"] <= 1.05 * point["budget"] for point in line["points"])
+
+
 def test_a_verifier_from_an_entry_point_judges(installed: Path, tmp_path: Path) -> None:
     config = _config(
         tmp_path, "vote.toml", 'k = 4\nreducer = "any_pass"', judge='verifier = "ext_ends_in_one"'

@@ -204,11 +204,12 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
     unit = comparison.configs[0].unit if comparison.configs else "tokens"
     if budget is not None:
         title += f"; equal budget {readable(budget.limit, unit)} paid a question"
-        title += (
-            f" (the smallest pilot mean, {budget.pilot_questions} questions)"
-            if budget.source == "pilot"
-            else " (--budget)"
-        )
+        if budget.source == "--budget":
+            title += " (--budget)"
+        elif budget.raised_for is not None:
+            title += f" (the least {budget.raised_for} can pay: the smallest pilot mean is below it)"
+        else:
+            title += f" (the smallest pilot mean, {budget.pilot_questions} questions)"
     lines = [name for name in TOKEN_LINES if any(line.mean_tokens.get(name) for line in comparison.configs)]
     per = {"tokens": "acc/1k tok", "USD": "acc/$", "lanes": "acc/lane"}[unit]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)

@@ -10,7 +10,8 @@ fits every config at every budget for accuracy against paid spend;
 from __future__ import annotations
 
 from lanefold.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
-from lanefold.evaluate._compare import Compared, Comparison, McNemar, readable, run_compare
+from lanefold.evaluate._compare import Compared, Comparison, McNemar, run_compare
+from lanefold.evaluate._compare_plot import readable
 from lanefold.evaluate._curve import REDUCERS as CURVE_REDUCERS
 from lanefold.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
 from lanefold.evaluate._datasets import DatasetSpec, load_dataset

@@ -6,14 +6,14 @@
 Each config runs as its own eval (`<compare_id>-<name>`, resumable) on the same questions,
 one config after another; the comparison reads the evals back, pairs them by question
 (McNemar against the best) and writes `runs/<compare_id>/compare.json` and `compare.png`.
-With an equal budget every config gets one per-question limit, written into its config before
-it runs (`_equal_budget`), so a loop that spends less cannot look better by spending more.
+With an equal budget every config is fitted by its loop's own `fit` to one budget of what a
+question pays, priced from a pilot (`_fitting`), so a loop cannot look better by spending more;
+each line says what it actually paid, and the Pareto frontier of paid spend and accuracy.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 import re
@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from lanefold.config import LoopConfig, config_hash, load_config, preflight
+from lanefold.evaluate._compare_plot import draw
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._eval import questions_hash, read_manifest, run_eval
 from lanefold.evaluate._eval_records import (
@@ -50,8 +51,6 @@ __all__ = (
     "mcnemar_p",
     "run_compare",
 )
-
-_log = logging.getLogger("lanefold.compare")
 
 EXACT_BELOW = 25  # discordant pairs under which McNemar's p-value is the exact binomial one
 ConfigLike = LoopConfig | str | Path
@@ -393,81 +392,6 @@ def _check_recorded(
 def computed(line: Compared) -> float:
     """Mean tokens computed per question (cached prefill is not computed again)."""
     return math.fsum(value for name, value in line.mean_tokens.items() if name != "cached_prefill")
-
-
-def draw(comparison: Comparison, path: Path) -> str | None:
-    """`compare.png`: accuracy against what a question paid (the equal budget's unit, else
-    tokens computed), 95% interval bars, one point per config, the frontier marked and the
-    budget as a dashed line. None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # headless: no display is asked for, on a server or in CI
-        from matplotlib import pyplot
-    except ImportError:
-        _log.warning("compare.no_matplotlib: install matplotlib to draw %s", path)
-        return None
-    lines = comparison.configs
-    unit = lines[0].unit if lines else "tokens"
-    figure, axes = pyplot.subplots(figsize=(6.4, 4.4))
-    try:
-        for line in lines:
-            low, high = line.interval
-            axes.errorbar(
-                [line.paid_mean],
-                [line.accuracy],
-                yerr=[[line.accuracy - low], [high - line.accuracy]],
-                fmt="*" if line.pareto else "o",
-                markersize=10 if line.pareto else 6,
-                capsize=4,
-                label=f"{line.name} ({line.loop})" + (" frontier" if line.pareto else ""),
-            )
-            axes.annotate(
-                line.name,
-                (line.paid_mean, line.accuracy),
-                textcoords="offset points",
-                xytext=(6, 6),
-                fontsize=8,
-            )
-        budget = comparison.equal_budget
-        if budget is not None:
-            axes.axvline(budget.limit, linestyle="--", color="grey", linewidth=1, label="budget")
-        axes.xaxis.set_major_formatter(spend_ticks(unit))
-        axes.set_xlabel(f"paid per question ({spend_label(unit)})")
-        axes.set_ylabel("accuracy (95% Wilson interval)")
-        axes.set_ylim(0, 1.02)
-        axes.set_title(
-            f"compare {comparison.compare_id}: {comparison.questions} questions"
-            + (f", equal budget {readable(budget.limit, unit)}" if budget else "")
-        )
-        axes.legend(fontsize=8, loc="lower right")
-        axes.grid(alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(path, dpi=120)
-    finally:
-        pyplot.close(figure)
-    return str(path)
-
-
-def spend_label(unit: str) -> str:
-    """The axis's unit in words."""
-    return {"USD": "USD", "lanes": "lanes"}.get(unit, "tokens computed: prefill, decode, judge")
-
-
-def readable(value: float, unit: str) -> str:
-    """A spend for a person: `$0.0012`, `1,234 tokens`, `3 lanes`."""
-    if unit == "USD":
-        return f"${value:.3g}" if value < 1 else f"${value:,.2f}"
-    return f"{value:,.0f} {unit}" if value >= 10 or value == int(value) else f"{value:.2g} {unit}"
-
-
-def spend_ticks(unit: str) -> Any:
-    """Tick labels in the unit: `$0.0012`, `1,200`, never `1e-6` offsets."""
-    from matplotlib.ticker import FuncFormatter
-
-    if unit == "USD":
-        return FuncFormatter(lambda x, _: f"${x:.3g}" if x else "$0")
-    return FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 10 or x == int(x) else f"{x:.2g}")
 
 
 def replace_file(path: Path, data: bytes) -> None:

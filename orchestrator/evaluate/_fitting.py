@@ -11,7 +11,9 @@ one per point; both call the same fit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -57,7 +59,9 @@ UNITS = {"tokens": "tokens", "cost": "USD", "lanes": "lanes"}
 class EqualBudget(BaseModel):
     """How the configs were put on one budget: the unit, the budget a question (what it may
     pay), where it came from (the smallest pilot mean, or `--budget`), and each config's mean
-    paid per question on its pilot of `pilot_questions` (empty where no pilot ran)."""
+    paid per question on its pilot of `pilot_questions` (empty where no pilot ran). Where the
+    smallest pilot mean is below what some config pays at its least (one lane), the budget is
+    raised to that, and `raised_for` names the config."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -66,6 +70,7 @@ class EqualBudget(BaseModel):
     source: Literal["pilot", "--budget"]
     pilot_questions: int = 0
     pilot: dict[str, float] = {}
+    raised_for: str | None = None  # the config whose least spend the pilot mean was raised to
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +174,8 @@ async def run_pilots(
         wanted = {item.index for item in first}
         rows = [row for i, row in read_results(store.eval_record(eval_id)).items() if i in wanted]
         means[name] = spread(rows, mode)[0]
-        rates[name] = Rates.measure(config, rows, prompt_tokens(config, questions))
+        exact = backend_prompt_tokens(config.backend, config.prompt.template) is not None
+        rates[name] = Rates.measure(config, rows, prompt_tokens(config, questions), exact=exact)
     return Pilots(len(first), means, rates)
 
 
@@ -186,6 +192,26 @@ def fit_arm(
 
 def _expected(rates: Rates, mode: BudgetMode, params: BaseModel) -> float | None:
     return rates.expected(params, mode)
+
+
+def least_spend(arm: Arm, mode: BudgetMode, questions: Sequence[str], pilots: Pilots) -> float | None:
+    """The least `arm`'s loop can be expected to pay a question: the cheapest params its fit
+    prices when given nothing (None where it prices none)."""
+    name, source, config = arm
+    rates = pilots.rates.get(name)
+    if rates is None or mode == "lanes":
+        return None
+    asked: list[float] = []
+
+    def price(params: BaseModel) -> float | None:
+        value = rates.expected(params, mode)
+        if value is not None:
+            asked.append(value)
+        return value
+
+    with contextlib.suppress(ConfigError):  # a fit refuses a budget of nothing; it asked first
+        fitted_keys(config, mode, 0.0, source, questions, price)
+    return min(asked, default=None)
 
 
 async def settle_budget(
@@ -224,12 +250,17 @@ async def settle_budget(
             on_result=on_result,
             stop_reason=stop_reason,
         )
+    raised_for = None
     if budget is None:
         assert pilots is not None  # run above whenever no budget was given
         smallest = min(pilots.means.values())
         budget = smallest if mode == "cost" else float(max(1, round(smallest)))
         if budget <= 0:
             raise ConfigError(f"--equal-budget {mode}: the pilots paid nothing; give --budget N")
+        floors = {arm[0]: least_spend(arm, mode, questions, pilots) for arm in arms}
+        name, floor = max(floors.items(), key=lambda item: item[1] if item[1] is not None else -1.0)
+        if floor is not None and floor > budget:  # a budget some config cannot run in at all
+            budget, raised_for = (floor if mode == "cost" else float(math.ceil(floor))), name
     fitted = [fit_arm(arm, mode, budget, questions, pilots) for arm in arms]
     settled = EqualBudget(
         mode=mode,
@@ -237,5 +268,6 @@ async def settle_budget(
         source="--budget" if given else "pilot",
         pilot_questions=pilots.questions if pilots else 0,
         pilot=dict(pilots.means) if pilots else {},
+        raised_for=raised_for,
     )
     return settled, fitted

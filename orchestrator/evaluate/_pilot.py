@@ -52,21 +52,37 @@ def _shape(config: LoopConfig, params: BaseModel, prompt: int) -> CostShape | No
     )
 
 
+def _computed(shape: CostShape, shared: bool) -> int:
+    """The prompt tokens a shape computes: its `prefill_tokens` where a wave's lanes share
+    their prefix, else every one."""
+    if shared and shape.prefill_tokens is not None:
+        return shape.prefill_tokens
+    return shape.prompt_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """One config's paid spend per question, by line, per unit of what it scales with:
-    `prompt` (tokens seen per token of the shape's prompt), `decode`, `cut_off` and `kv_usd`
-    per lane, `judge` tokens and `judge_usd` per candidate; `shared`, whether a wave's lanes
-    shared their prefix (assumed where the pilot could not tell); `prefill_share`, the part of
-    the prompt tokens computed on the pilot (what a shape that does not say which are shared
-    is modelled with); `lane_share`, the lanes run per lane the shape allows (an early stop
-    runs fewer)."""
+    """One config's paid spend per question, by line, per unit of what it scales with.
+
+    Prompt tokens seen: `base` per token of each lane's first prompt (`prompt_tokens` a lane)
+    and `growth` per token the shape adds beyond them (later prompts quoting earlier answers,
+    counted at their worst). Where the backend counts prompts itself (`exact`), the tokens seen
+    go to the first prompts first and only the rest to growth, as a worst case errs high;
+    else both are the pilot's share of the shape's prompt tokens. Of those seen, `prefill`
+    is computed per token the shape says must be where a wave's lanes share their prefix
+    (below 1 where a server's cache kept a prefix from one question to the next), and
+    `computed` the share computed where it says nothing. `decode`, `cut_off` and `kv_usd` per
+    lane, `judge` tokens and `judge_usd` per candidate; `shared`, whether a wave's lanes
+    shared their prefix (assumed where the pilot could not tell); `lane_share`, the lanes run
+    per lane the shape allows (an early stop runs fewer)."""
 
     config: LoopConfig
     prompt_tokens: int
-    prompt: float
+    base: float
+    growth: float
     shared: bool
-    prefill_share: float
+    prefill: float
+    computed: float
     lane_share: float
     decode: float
     cut_off: float
@@ -75,9 +91,12 @@ class Rates:
     judge_usd: float
 
     @classmethod
-    def measure(cls, config: LoopConfig, rows: Sequence[QuestionResult], prompt: int) -> Rates | None:
-        """The rates of `config` from its pilot's rows; None where its loop declares no cost
-        shape or the pilot ran nothing."""
+    def measure(
+        cls, config: LoopConfig, rows: Sequence[QuestionResult], prompt: int, *, exact: bool = False
+    ) -> Rates | None:
+        """The rates of `config` from its pilot's rows, its first prompts `prompt` tokens
+        (`exact`: as the backend counts them); None where its loop declares no cost shape or
+        the pilot ran nothing."""
         shape = _shape(config, config.loop_params, prompt)
         if shape is None or not rows or shape.lanes <= 0:
             return None
@@ -89,13 +108,26 @@ class Rates:
         lanes = math.fsum(row.lanes for row in rows) / n or float(shape.lanes)
         prefill, cached = mean("prefill"), mean("cached_prefill")
         could_share = shape.prefill_tokens is not None and shape.prefill_tokens < shape.prompt_tokens
+        shared = cached > 0 or not could_share
+        basis = _computed(shape, shared)
+        lane_share = min(1.0, lanes / shape.lanes)
+        seen = prefill + cached
+        firsts = lanes * prompt  # each lane's first prompt, as run
+        extra = (shape.prompt_tokens - shape.lanes * prompt) * lane_share  # growth, as run
+        if exact and firsts > 0:
+            base = min(1.0, seen / firsts)
+            growth = max(0.0, seen - firsts) / extra if extra > 0 else 0.0
+        else:
+            base = growth = seen / shape.prompt_tokens if shape.prompt_tokens else 0.0
         return cls(
             config=config,
             prompt_tokens=prompt,
-            prompt=(prefill + cached) / shape.prompt_tokens if shape.prompt_tokens else 0.0,
-            shared=cached > 0 or not could_share,
-            prefill_share=prefill / (prefill + cached) if prefill + cached > 0 else 1.0,
-            lane_share=min(1.0, lanes / shape.lanes),
+            base=base,
+            growth=growth,
+            shared=shared,
+            prefill=prefill / basis if basis else 0.0,
+            computed=prefill / seen if seen > 0 else 1.0,
+            lane_share=lane_share,
             decode=mean("decode") / lanes,
             cut_off=mean("cut_off") / lanes,
             kv_usd=mean("kv_residency", "cost_by_line") / lanes,
@@ -112,13 +144,15 @@ class Rates:
         lanes = shape.lanes * self.lane_share
         if unit == "lanes":
             return lanes
-        seen = self.prompt * shape.prompt_tokens
-        if shape.prefill_tokens is None:
-            prefill = seen * self.prefill_share
-        elif self.shared:
-            prefill = self.prompt * shape.prefill_tokens
+        firsts = shape.lanes * self.prompt_tokens
+        seen = (
+            self.base * firsts * self.lane_share
+            + self.growth * (shape.prompt_tokens - firsts) * self.lane_share
+        )
+        if self.shared and shape.prefill_tokens is not None:
+            prefill = min(seen, self.prefill * shape.prefill_tokens)
         else:
-            prefill = seen
+            prefill = seen * self.computed
         cached = seen - prefill
         decode, cut_off = self.decode * lanes, self.cut_off * lanes
         judge = self.judge * shape.candidates

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lanefold.evaluate._compare import spend_label, spend_ticks
+from lanefold.evaluate._compare_plot import spend_axis
 
 if TYPE_CHECKING:
     from lanefold.evaluate._sweep_records import Sweep
@@ -44,8 +44,7 @@ def draw(sweep: Sweep, path: Path) -> str | None:
                 linewidth=1,
                 label=f"greedy ({sweep.baseline.name}) {sweep.baseline.accuracy:.3f}",
             )
-        axes.xaxis.set_major_formatter(spend_ticks(sweep.unit))
-        axes.set_xlabel(f"paid per question ({spend_label(sweep.unit)})")
+        spend_axis(axes, sweep.unit)
         axes.set_ylabel("accuracy (95% interval)")
         axes.set_ylim(0, 1.02)
         axes.set_title(f"sweep {sweep.sweep_id}: {sweep.questions} questions, budgets in {sweep.unit}")

@@ -338,6 +338,32 @@ def test_equal_budget_fits_every_config_to_what_a_question_pays(
         assert recorded["vote5"].fitted == {"k": 13, "min_quorum": 1}
 
 
+def test_a_default_budget_below_one_lane_of_a_config_is_raised_to_it(tmp_path: Path) -> None:
+    # `short` pays 16 + 16 a question, `long` 64 + 48: the smaller pilot mean (32) is below
+    # what `long` pays at its least (one lane), so the budget is that, and `short` gets 6 lanes.
+    short = config(loop={"k": 1}, backend={"prompt_tokens": 16, "output_tokens": 16})
+
+    async def go() -> Comparison:
+        return await run_compare(
+            {"short": short, "long": config(loop={"k": 1})},
+            items(12),
+            compare_id="raised",
+            runs_dir=tmp_path,
+            equal_budget="tokens",
+            plot=False,
+        )
+
+    comparison = anyio.run(go)
+    settled = comparison.equal_budget
+    assert settled is not None and settled.pilot == {"short": 32, "long": 112}
+    assert (settled.limit, settled.source, settled.raised_for) == (112, "pilot", "long")
+    lines = {line.name: line for line in comparison.configs}
+    assert lines["short"].fitted["k"] == 6 and lines["short"].paid_mean == 16 + 6 * 16
+    out = io.StringIO()
+    print_comparison(comparison, Console(file=out, width=300))
+    assert "the least long can pay" in out.getvalue()
+
+
 def test_equal_tokens_gives_the_closed_form_accuracy_of_the_fitted_k(tmp_path: Path) -> None:
     """Two answers (the gold and one distractor), so a vote of odd k is a binomial majority."""
     backend = {"distractors": ["381"]}
