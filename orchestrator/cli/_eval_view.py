@@ -12,6 +12,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from lanefold.cli._eval import print_summary
 from lanefold.evaluate import (
@@ -20,6 +21,7 @@ from lanefold.evaluate import (
     read_manifest,
     read_results,
     read_summary,
+    rereductions,
     summarize,
 )
 from lanefold.primitives import Store
@@ -80,14 +82,43 @@ def show_eval(args: argparse.Namespace, out: Callable[[str], None], store: Store
             results=record.results_location,
         )
     running = record.running()
+    again: list[dict[str, Any]] = [
+        {
+            "eval_id": m.eval_id,
+            "asked": m.rescore_of.describe() if m.rescore_of else "",
+            "reducer": m.rescore_of.reducer if m.rescore_of else None,
+            "verifier": m.rescore_of.verifier if m.rescore_of else None,
+            "verifier_command": m.rescore_of.verifier_command if m.rescore_of else None,
+            "n": s.n if s else None,
+            "accuracy": s.accuracy if s else None,
+            "interval": list(s.interval) if s else None,
+        }
+        for m, s in rereductions(store, eval_id)
+    ]
     if args.json:
         out(
             json.dumps(
-                {**summary.model_dump(mode="json"), "questions": manifest.questions, "running": running}
+                {
+                    **summary.model_dump(mode="json"),
+                    "questions": manifest.questions,
+                    "running": running,
+                    "rereductions": again,
+                }
             )
         )
         return 0
     print_summary(summary)
     if summary.n < manifest.questions:
         out(f"{summary.n} of {manifest.questions} questions finished{' (running)' if running else ''}")
+    if manifest.rescore_of is not None:
+        out(f"a re-reduction of eval {manifest.rescore_of.eval_id}: {manifest.rescore_of.describe()}")
+    for line in again:
+        if line["accuracy"] is None:
+            out(f"re-reduction {line['eval_id']} ({line['asked']}): unfinished")
+            continue
+        low, high = line["interval"]
+        out(
+            f"re-reduction {line['eval_id']} ({line['asked']}): accuracy {line['accuracy']:.3f} "
+            f"(95% CI {low:.3f}-{high:.3f}), {line['n']} questions"
+        )
     return 0

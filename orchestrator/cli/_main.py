@@ -146,7 +146,12 @@ def _continuation(args: argparse.Namespace, run_id: str) -> str:
     run; for a re-reduction the same `reduce` again (it finishes the reduction it opened)."""
     words = ["orchestrator", "resume", run_id]
     if args.command == "reduce":
-        words = ["orchestrator", "reduce", run_id, "--reducer", args.reducer]
+        target = ["--eval", args.eval] if getattr(args, "eval", None) else [run_id]
+        words = ["orchestrator", "reduce", *target, "--reducer", args.reducer]
+        if getattr(args, "verifier", None) is not None:
+            words += ["--verifier", args.verifier]
+        if getattr(args, "verifier_command", None) is not None:
+            words += ["--verifier-command", args.verifier_command]
         if args.extract_regex is not None:
             words += ["--extract-regex", args.extract_regex]
         if args.extract is not None:

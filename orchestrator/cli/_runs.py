@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shlex
+import sys
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -11,8 +14,10 @@ import anyio
 from pydantic import ValidationError
 
 from lanefold.cli._display import describe, summary
+from lanefold.cli._eval import print_summary
 from lanefold.cli._eval_view import show_eval, tail_eval
 from lanefold.cli._flags import seconds
+from lanefold.cli._progress import EvalProgress
 from lanefold.cli._shared import (
     EXIT_NO_ANSWER,
     Common,
@@ -32,7 +37,8 @@ from lanefold.config import (
     config_errors,
     load_config,
 )
-from lanefold.evaluate import is_eval
+from lanefold.coordinators import as_verifier
+from lanefold.evaluate import EvalSummary, is_eval, rescore_eval
 from lanefold.execution import (
     RunResult,
     Session,
@@ -90,8 +96,29 @@ def add_commands(
     common(p)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("reduce", help="reduce a finished run's lanes again, without sampling")
-    p.add_argument("run_id")
+    p = sub.add_parser(
+        "reduce", help="reduce a finished run's lanes again (or every run of an eval), without sampling"
+    )
+    p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="the run (or --eval EVAL_ID)")
+    p.add_argument(
+        "--eval",
+        metavar="EVAL_ID",
+        help="re-reduce every run of this eval and score the new answers; written beside it as EVAL_ID.rN",
+    )
+    by = p.add_mutually_exclusive_group()
+    by.add_argument(
+        "--verifier",
+        metavar="MODULE:FUNCTION",
+        help="the verifier a reducer that checks candidates calls (docs/reducers.md)",
+    )
+    by.add_argument(
+        "--verifier-command",
+        metavar="CMD",
+        help="a command run per candidate as the verifier (its exit code)",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=8, metavar="Q", help="with --eval: runs reduced at once (8)"
+    )
     p.add_argument(
         "--reducer", required=True, help="a registered reducer's name (docs/reducers.md) or module:Class"
     )
@@ -149,21 +176,64 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_reduce(args: argparse.Namespace) -> int:
+    if (args.run_id is None) == (args.eval is None):
+        raise ConfigError("give RUN_ID or --eval EVAL_ID (one of them)")
     store = store_of(args)
     extract = None
     if args.extract_regex is not None:
         extract = _extract_spec({"method": "regex", "regex": args.extract_regex})
     elif args.extract is not None:
         extract = _extract_spec({"method": args.extract})
+    command = shlex.split(args.verifier_command) if args.verifier_command is not None else None
+    if args.verifier_command is not None and not command:
+        raise ConfigError("--verifier-command: empty")
+    if args.verifier is not None:  # found now, not after the first run was opened
+        try:
+            as_verifier(args.verifier)
+        except ConfigError as exc:
+            raise ConfigError(f"--verifier: {str(exc).split(': ', 1)[-1]}") from None
+    if args.eval is not None:
+        return _reduce_eval(args, store, extract, command)
+    verifier: Any = args.verifier if args.verifier is not None else command
 
     async def go(reason: Callable[[], str]) -> RunResult:
-        async with Session(runs_dir=args.runs_dir, store=store) as session:
+        async with Session(runs_dir=args.runs_dir, store=store, verifier=verifier) as session:
             return await session.reduce(
                 args.run_id, reducer=args.reducer, extract=extract, stop_reason=reason
             )
 
     result = interruptible(go, lambda: args.run_id)
     return emit_result(result, args.json)
+
+
+def _reduce_eval(
+    args: argparse.Namespace, store: Store, extract: ExtractSpec | None, command: list[str] | None
+) -> int:
+    """`reduce --eval`: every run of the eval reduced again and scored; its summary."""
+    progress = EvalProgress() if not args.json and sys.stdout.isatty() else None
+
+    async def go(reason: Callable[[], str]) -> EvalSummary:
+        return await rescore_eval(
+            args.eval,
+            reducer=args.reducer,
+            verifier=args.verifier,
+            verifier_command=command,
+            extract=extract,
+            runs_dir=args.runs_dir,
+            store=store,
+            concurrency=args.concurrency,
+            on_start=progress.start if progress else None,
+            on_result=progress.add if progress else None,
+            stop_reason=reason,
+        )
+
+    with progress or contextlib.nullcontext():
+        summary = interruptible(go, lambda: args.eval)
+    if args.json:
+        print(json.dumps(summary.model_dump(mode="json")))
+    else:
+        print_summary(summary)
+    return 0
 
 
 def _extract_spec(raw: dict[str, Any]) -> ExtractSpec:

@@ -22,6 +22,7 @@ from lanefold.evaluate._eval_records import (
     EvalManifest,
     EvalSummary,
     QuestionResult,
+    RescoreSpec,
     is_eval,
     pass_at_k,
     read_manifest,
@@ -32,6 +33,7 @@ from lanefold.evaluate._eval_records import (
 )
 from lanefold.evaluate._fetch import cache_root
 from lanefold.evaluate._item import Item
+from lanefold.evaluate._rescore import rereductions, rescore_eval
 from lanefold.evaluate._scoring import SCORERS, Score, Scorer, register_scorer, resolve_scorer
 from lanefold.evaluate._sweep import Sweep, parse_budgets, run_sweep
 
@@ -51,6 +53,7 @@ __all__ = (
     "McNemar",
     "Pool",
     "QuestionResult",
+    "RescoreSpec",
     "Score",
     "Scorer",
     "Source",
@@ -69,6 +72,8 @@ __all__ = (
     "read_summary",
     "readable",
     "register_scorer",
+    "rereductions",
+    "rescore_eval",
     "resolve_scorer",
     "resume_hint",
     "run_compare",

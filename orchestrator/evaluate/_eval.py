@@ -70,7 +70,7 @@ from lanefold.primitives import (
     validate_run_id,
 )
 
-__all__ = ("questions_hash", "read_manifest", "resume_hint", "run_eval")
+__all__ = ("OnResult", "OnStart", "questions_hash", "read_manifest", "resume_hint", "run_eval", "scored_row")
 
 OnStart = Callable[[int, Sequence[QuestionResult]], None]
 OnResult = Callable[[QuestionResult], None]
@@ -368,65 +368,7 @@ class _Eval:
             self.on_result(row)
 
     async def scored(self, item: Item, result: RunResult, state: RunState | None) -> QuestionResult:
-        scorer = self.scorer
-        if scorer.needs_text:
-            state = state or read_state(self.session.store, result.run_id)
-            lanes = [
-                (s.answer, s.text)
-                for _, w in sorted(state.waves.items())
-                if w.info.bill == "sample"
-                for s in w.completed()
-            ]
-        else:
-            lanes = [(lane.answer, None) for lane in result.lanes if lane.status == "completed"]
-        scores = await self._score_all(
-            item, [*lanes, (result.answer, result.winner_text)], answered=result.status == "answered"
-        )
-        final, lane_scores = scores[-1], scores[:-1]
-        usage, cost = result.usage, result.cost
-        return QuestionResult(
-            index=item.index,
-            run_id=result.run_id,
-            question=item.question,
-            answer=result.answer,
-            gold=item.answer,
-            correct=final.correct,
-            score=final.value,
-            status=result.status,
-            lanes=len(result.lanes),
-            lane_answers=[answer for answer, _ in lanes],
-            lane_correct=[score.correct for score in lane_scores],
-            tokens={
-                "prefill": usage.prefill_tokens,
-                "cached_prefill": usage.cached_prefill_tokens,
-                "decode": usage.decode_tokens,
-                "verifier": usage.verifier_tokens,
-                "cut_off": usage.cut_off_tokens,
-            },
-            cost=cost.total,
-            cost_by_line={line: getattr(cost, line) for line in COST_LINES},
-            seconds=result.elapsed_s,
-            error=final.error,
-        )
-
-    async def _score_all(
-        self, item: Item, pairs: list[tuple[str | None, str | None]], *, answered: bool
-    ) -> list[Score]:
-        """Each distinct (answer, text) scored once, concurrently (tests run in processes);
-        the last pair is the run's own answer, wrong when the run abstained."""
-        distinct = list(dict.fromkeys(pairs[:-1] + ([pairs[-1]] if answered else [])))
-        found: dict[tuple[str | None, str | None], Score] = {}
-
-        async def one(pair: tuple[str | None, str | None]) -> None:
-            try:
-                found[pair] = await self.scorer.score(item, *pair)
-            except Exception as exc:  # a plug-in scorer that raises: that answer's score fails
-                found[pair] = Score(0.0, f"scorer {self.scorer.name} raised {type(exc).__name__}: {exc}")
-
-        async with anyio.create_task_group() as tg:
-            for pair in distinct:
-                tg.start_soon(one, pair)
-        return [found[pair] for pair in pairs[:-1]] + [found[pairs[-1]] if answered else Score(0.0)]
+        return await scored_row(self.scorer, self.session.store, item, result, state)
 
     def failed(self, item: Item, error: str, state: RunState | None) -> QuestionResult:
         spend = state.spend if state is not None else None
@@ -461,3 +403,69 @@ _USD = {
     "verifier": "verifier_usd",
     "cut_off": "cut_off_usd",
 }
+
+
+async def scored_row(
+    scorer: Scorer, store: Store, item: Item, result: RunResult, state: RunState | None = None
+) -> QuestionResult:
+    """The row of `item` as `result` answered it, scored by `scorer` (its lanes' texts read
+    from `store` where the scorer needs them)."""
+    if scorer.needs_text:
+        state = state or read_state(store, result.run_id)
+        lanes = [
+            (s.answer, s.text)
+            for _, w in sorted(state.waves.items())
+            if w.info.bill == "sample"
+            for s in w.completed()
+        ]
+    else:
+        lanes = [(lane.answer, None) for lane in result.lanes if lane.status == "completed"]
+    scores = await _score_all(
+        scorer, item, [*lanes, (result.answer, result.winner_text)], answered=result.status == "answered"
+    )
+    final, lane_scores = scores[-1], scores[:-1]
+    usage, cost = result.usage, result.cost
+    return QuestionResult(
+        index=item.index,
+        run_id=result.run_id,
+        question=item.question,
+        answer=result.answer,
+        gold=item.answer,
+        correct=final.correct,
+        score=final.value,
+        status=result.status,
+        lanes=len(result.lanes),
+        lane_answers=[answer for answer, _ in lanes],
+        lane_correct=[score.correct for score in lane_scores],
+        tokens={
+            "prefill": usage.prefill_tokens,
+            "cached_prefill": usage.cached_prefill_tokens,
+            "decode": usage.decode_tokens,
+            "verifier": usage.verifier_tokens,
+            "cut_off": usage.cut_off_tokens,
+        },
+        cost=cost.total,
+        cost_by_line={line: getattr(cost, line) for line in COST_LINES},
+        seconds=result.elapsed_s,
+        error=final.error,
+    )
+
+
+async def _score_all(
+    scorer: Scorer, item: Item, pairs: list[tuple[str | None, str | None]], *, answered: bool
+) -> list[Score]:
+    """Each distinct (answer, text) scored once, concurrently (tests run in processes);
+    the last pair is the run's own answer, wrong when the run abstained."""
+    distinct = list(dict.fromkeys(pairs[:-1] + ([pairs[-1]] if answered else [])))
+    found: dict[tuple[str | None, str | None], Score] = {}
+
+    async def one(pair: tuple[str | None, str | None]) -> None:
+        try:
+            found[pair] = await scorer.score(item, *pair)
+        except Exception as exc:  # a plug-in scorer that raises: that answer's score fails
+            found[pair] = Score(0.0, f"scorer {scorer.name} raised {type(exc).__name__}: {exc}")
+
+    async with anyio.create_task_group() as tg:
+        for pair in distinct:
+            tg.start_soon(one, pair)
+    return [found[pair] for pair in pairs[:-1]] + [found[pairs[-1]] if answered else Score(0.0)]

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from statistics import NormalDist
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lanefold.execution import open_store
 from lanefold.primitives import ConfigError, EvalRecord, Store, validate_run_id
@@ -36,6 +36,7 @@ __all__ = (
     "EvalPaths",
     "EvalSummary",
     "QuestionResult",
+    "RescoreSpec",
     "append_result",
     "as_json",
     "check_eval_id",
@@ -70,6 +71,23 @@ def check_eval_id(eval_id: str) -> str:
     return eval_id
 
 
+class RescoreSpec(BaseModel):
+    """What a re-reduction of an eval asked for: recorded in its manifest (`rescore_of`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    eval_id: str  # the eval re-reduced
+    reducer: str
+    verifier: str | None = None  # `module:function`
+    verifier_command: list[str] | None = None
+    extract: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        """`any_pass with checks:verify` (for a table)."""
+        by = self.verifier or (" ".join(self.verifier_command) if self.verifier_command else None)
+        return self.reducer + (f" with {by}" if by else "")
+
+
 class EvalManifest(BaseModel):
     """`eval.json`: what `orchestrator eval --resume ID` needs to run the same eval again,
     and what the same command with the same `--eval-id` must match."""
@@ -91,6 +109,8 @@ class EvalManifest(BaseModel):
     questions_hash: str  # of every question and gold, in order
     library_version: str
     run_ids: str = _OLD_RUN_IDS  # how its questions' runs are named (RUN_IDS for new evals)
+    # A re-reduction of another eval (`orchestrator reduce --eval`): what it asked for
+    rescore_of: RescoreSpec | None = Field(None, exclude_if=lambda v: v is None)
 
     def run_id(self, index: int) -> str:
         """The run of question `index`."""
