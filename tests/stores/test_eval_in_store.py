@@ -52,3 +52,32 @@ def test_an_eval_lives_in_its_store_and_is_read_from_it(
     again = json.loads(capsys.readouterr().out)
     assert again["n"] == 5 and again["correct"] == summary["correct"]
     assert len(record.read_rows(json.loads)) == 5
+
+
+def test_a_re_reduction_of_an_eval_lives_in_the_same_store(
+    opened: tuple[Store, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store, flags = opened
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.syspath_prepend(str(work))
+    (work / "gold.py").write_text("def right(question, text, answer):\n    return answer == '391'\n")
+    (work / "sim.toml").write_text('[loop]\nk = 4\nseed = 2\n[backend]\nkind = "simulated"\naccuracy = 0.4\n')
+    (work / "q.jsonl").write_text(
+        "".join(json.dumps({"question": f"Q{i}?", "answer": "391"}) + "\n" for i in range(8))
+    )
+    assert main(["eval", "sim.toml", "--dataset", "q.jsonl", "--eval-id", "re", *flags, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    args = ["reduce", "--eval", "re", "--reducer", "any_pass", "--verifier", "gold:right", *flags, "--json"]
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["eval_id"] == "re.r1" and again["accuracy"] == pytest.approx(summary["pass_at_k"]["4"])
+    if "--store" in flags:
+        assert not (work / "runs").exists()
+    assert store.eval_record("re.r1").read_summary() is not None
+    assert main(["show", "re", *flags, "--json"]) == 0
+    assert [r["eval_id"] for r in json.loads(capsys.readouterr().out)["rereductions"]] == ["re.r1"]
