@@ -23,6 +23,7 @@ import json
 import math
 import re
 import sys
+import warnings
 from pathlib import Path
 from statistics import NormalDist, fmean, stdev
 
@@ -111,7 +112,9 @@ def normalised(text: str | None) -> str | None:
     fenced = FENCE.search(text)
     code = fenced.group(1) if fenced else text
     try:
-        return ast.unparse(ast.parse(code))
+        with warnings.catch_warnings():  # a model's code may hold odd literals: not ours to warn of
+            warnings.simplefilter("ignore")
+            return ast.unparse(ast.parse(code))
     except (SyntaxError, ValueError):
         return code.strip()
 
