@@ -1,0 +1,242 @@
+"""The view's starlette app: pages over a store, server-sent events fed by its follow.
+
+Read-only: nothing here writes to the store. With an API key, every request carries it (a
+`Authorization: Bearer` header, or the cookie the login form sets), else the login form (401).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from lanefold.evaluate import read_results, read_summary
+from lanefold.execution import read_run
+from lanefold.primitives import (
+    BudgetStore,
+    LanefoldError,
+    RunNotFoundError,
+    RunState,
+    Store,
+)
+from lanefold.primitives.internal import apply
+from lanefold.view._pages import (
+    budgets_page,
+    error_page,
+    eval_page,
+    live_parts,
+    login_page,
+    run_page,
+    runs_page,
+    runs_rows,
+)
+
+__all__ = ("create_app",)
+
+PAGE_SIZE = 50
+_COOKIE = "lanefold_view_key"
+_STATIC = Path(__file__).with_name("static")
+_POLL_S = 1.0  # how often the runs list's live feed looks for new runs and statuses
+
+
+def create_app(
+    store: Store, *, api_key: str | None = None, resume_flags: list[str] | None = None
+) -> Starlette:
+    """The view of `store`; `resume_flags` are what `orchestrator resume` needs to find it."""
+    flags = resume_flags or []
+
+    async def runs(request: Request) -> Response:
+        filters = {
+            k: v for k in ("status", "loop", "eval", "since") if (v := request.query_params.get(k, ""))
+        }
+        try:
+            page = max(int(request.query_params.get("page", "0")), 0)
+            since = datetime.fromisoformat(filters["since"]) if "since" in filters else None
+        except ValueError as exc:
+            return HTMLResponse(error_page("runs", f"bad filter: {exc}"), status_code=400)
+        found = await anyio.to_thread.run_sync(
+            lambda: store.list_runs(
+                status=filters.get("status"),
+                loop=filters.get("loop"),
+                eval_id=filters.get("eval"),
+                since=since,
+                limit=(page + 1) * PAGE_SIZE + 1,
+            )
+        )
+        shown = found[page * PAGE_SIZE : (page + 1) * PAGE_SIZE]
+        evals = await anyio.to_thread.run_sync(store.list_evals) if page == 0 else []
+        more = len(found) > (page + 1) * PAGE_SIZE
+        return HTMLResponse(runs_page(shown, {}, filters, page=page, more=more, evals=evals[:20]))
+
+    async def run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            events, state, _ = await anyio.to_thread.run_sync(lambda: read_run(store, run_id))
+        except RunNotFoundError as exc:
+            return HTMLResponse(error_page("no such run", str(exc)), status_code=404)
+        except LanefoldError as exc:  # a corrupt or spliced log: the CLI's refusal, one line
+            return HTMLResponse(error_page(f"run {run_id}", f"orchestrator show: {exc}"), status_code=422)
+        return HTMLResponse(run_page(run_id, events, state, flags))
+
+    async def live_run(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        if not store.exists(run_id):
+            return Response("no such run\n", status_code=404)
+        return StreamingResponse(_follow_run(store, run_id), media_type="text/event-stream")
+
+    async def live_runs(request: Request) -> Response:
+        filters = {k: v for k in ("status", "loop", "eval") if (v := request.query_params.get(k, ""))}
+        return StreamingResponse(_watch_runs(store, filters), media_type="text/event-stream")
+
+    async def eval_view(request: Request) -> Response:
+        eval_id = request.path_params["eval_id"]
+        record = store.eval_record(eval_id)
+        if not record.exists():
+            return HTMLResponse(error_page("no such eval", f"no eval {eval_id!r} in {store.describe}"), 404)
+        try:
+            summary = read_summary(record)
+            rows = read_results(record)
+        except LanefoldError as exc:
+            return HTMLResponse(error_page(f"eval {eval_id}", f"orchestrator show: {exc}"), status_code=422)
+        data = [
+            {
+                "id": r.index,
+                "correct": r.correct,
+                "agreement": _agreement(r.answer, r.lane_answers),
+                "cost_usd": f"{r.cost:.6f}",
+                "run_id": r.run_id,
+            }
+            for _, r in sorted(rows.items())
+        ]
+        shown = summary.model_dump(mode="json") if summary is not None else None
+        return HTMLResponse(eval_page(eval_id, shown, data))
+
+    async def budgets(request: Request) -> Response:
+        if not isinstance(store, BudgetStore):
+            return HTMLResponse(
+                budgets_page([], f"{store.describe} keeps no shared budgets (PostgreSQL does)")
+            )
+        names = [n for n in request.query_params.getlist("name") if n] or await anyio.to_thread.run_sync(
+            lambda: _budget_names(store)
+        )
+        found = [v for n in names if (v := await anyio.to_thread.run_sync(store.read_budget, n)) is not None]
+        return HTMLResponse(budgets_page(found, None))
+
+    async def login(request: Request) -> Response:
+        if request.method == "GET":
+            return HTMLResponse(login_page(False), status_code=401)
+        form = await request.form()
+        given = str(form.get("key", ""))
+        if api_key is None or not hmac.compare_digest(given.encode(), api_key.encode()):
+            return HTMLResponse(login_page(True), status_code=401)
+        done = RedirectResponse("/", status_code=303)
+        done.set_cookie(_COOKIE, given, httponly=True, samesite="strict")
+        return done
+
+    guard = [] if api_key is None else [Middleware(BaseHTTPMiddleware, dispatch=_guard(api_key))]
+    return Starlette(
+        middleware=guard,
+        routes=[
+            Route("/", runs),
+            Route("/runs/{run_id}", run),
+            Route("/live/runs/{run_id}", live_run),
+            Route("/live/runs", live_runs),
+            Route("/evals/{eval_id}", eval_view),
+            Route("/budgets", budgets),
+            Route("/login", login, methods=["GET", "POST"]),
+            Mount("/static", StaticFiles(directory=_STATIC), name="static"),
+        ],
+    )
+
+
+def _guard(key: str) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
+    async def check(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path == "/login" or request.url.path.startswith("/static/"):
+            return await call_next(request)
+        bearer = request.headers.get("authorization", "")
+        given = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
+        if hmac.compare_digest(given.encode(), key.encode()):
+            return await call_next(request)
+        return HTMLResponse(login_page(False), status_code=401)
+
+    return check
+
+
+def _agreement(answer: str | None, lanes: list[str | None]) -> str:
+    return f"{sum(a == answer for a in lanes) / len(lanes):.2f}" if lanes and answer is not None else ""
+
+
+def _budget_names(store: Store) -> list[str]:
+    """The shared budgets the store's recent runs name (`[budget] shared`)."""
+    names: list[str] = []
+    for summary in store.list_runs(limit=200):
+        first = next(iter(store.reader(summary.run_id).read()), None)
+        shared = getattr(first, "data", None) and first.data.config.get("budget", {}).get("shared")  # type: ignore[union-attr]
+        if isinstance(shared, str) and shared not in names:
+            names.append(shared)
+    return names
+
+
+def _sse(kind: str, data: Any) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def _follow_run(store: Store, run_id: str) -> AsyncIterator[bytes]:
+    """A run's page parts after each burst of events, from the store's follow, until it ends."""
+    state = RunState(source=store.location(run_id), expected_run_id=run_id)
+    events = store.reader(run_id).follow()
+    try:
+        while True:
+            event = None
+            with anyio.move_on_after(15):
+                event = await anext(events, None)
+                if event is None:
+                    yield _sse("parts", live_parts(state))
+                    yield _sse("end", {})
+                    return
+            if event is None:
+                yield b": still here\n\n"
+                continue
+            try:
+                apply(state, event)
+            except LanefoldError as exc:
+                yield _sse("refused", {"line": f"orchestrator show: {exc}"})
+                return
+            yield _sse("parts", live_parts(state))
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _watch_runs(store: Store, filters: dict[str, str]) -> AsyncIterator[bytes]:
+    """The first page of the runs list again whenever a run appears or changes status."""
+    seen: list[tuple[str, str]] = []
+    while True:
+        found = await anyio.to_thread.run_sync(
+            lambda: store.list_runs(
+                status=filters.get("status"),
+                loop=filters.get("loop"),
+                eval_id=filters.get("eval"),
+                limit=PAGE_SIZE,
+            )
+        )
+        now: list[tuple[str, str]] = [(s.run_id, s.status) for s in found]
+        if now != seen:
+            seen = now
+            yield _sse("rows", {"html": runs_rows(found, {})})
+        else:
+            yield b": still here\n\n"
+        await anyio.sleep(_POLL_S)
