@@ -1,0 +1,90 @@
+"""`orchestrator view` over HTTP, without a browser: pages, refusals, the key, the live feed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from cli_support import Outcome, cli
+from starlette.testclient import TestClient
+
+from lanefold.execution import open_store
+from lanefold.view._app import create_app
+
+
+def _client(runs: Path, **options: object) -> TestClient:
+    return TestClient(create_app(open_store(None, runs), **options))  # type: ignore[arg-type]
+
+
+def test_the_runs_list_shows_the_run(finished: Outcome, runs: Path) -> None:
+    page = _client(runs).get("/")
+    assert page.status_code == 200
+    assert "data-run='done'" in page.text and "data-status='answered'" in page.text
+    assert ">391<" in page.text
+    assert "https://" not in page.text and "http://" not in page.text  # nothing from the internet
+
+
+def test_a_run_page_shows_lanes_votes_and_the_bill_show_json_gives(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shown = cli(capsys, "show", "done", "--runs-dir", runs, "--json").json
+    page = _client(runs).get("/runs/done").text
+    states = re.findall(r"data-lane='(\d+)' data-wave='(\d+)' data-state='(\w+)'", page)
+    assert len(states) == shown["lanes_completed"] and {s for *_, s in states} == {"landed"}
+    votes = dict(re.findall(r"data-answer='([^']*)' data-votes='([^']*)'", page))
+    assert {k: int(v) for k, v in votes.items()} == shown["votes"]
+    bill = dict(re.findall(r"data-line='(\w+)'><th>\w+</th><td class=usd>([0-9.]+)<", page))
+    assert {k: pytest.approx(float(v), abs=1e-8) for k, v in bill.items()} == shown["cost"]
+    assert "id=timeline" in page and "id=config" in page
+
+
+def test_an_unknown_run_is_a_404_page(finished: Outcome, runs: Path) -> None:
+    page = _client(runs).get("/runs/nope")
+    assert page.status_code == 404 and "no run &#x27;nope&#x27;" in page.text
+
+
+def test_a_spliced_log_shows_the_cli_refusal_and_the_view_stays_up(
+    finished: Outcome, runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = runs / "done" / "events.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:3] + lines[4:]) + "\n")  # one event cut out
+    refused = cli(capsys, "show", "done", "--runs-dir", runs)
+    client = _client(runs)
+    page = client.get("/runs/done")
+    assert page.status_code == 422
+    assert refused.error_line in page.text.replace("&#x27;", "'").replace("&quot;", '"')
+    assert client.get("/").status_code == 200
+
+
+def test_the_key_is_asked_for_and_a_wrong_one_refused(finished: Outcome, runs: Path) -> None:
+    client = _client(runs, api_key="sesame")
+    assert client.get("/").status_code == 401 and "type=password" in client.get("/").text
+    assert client.get("/", headers={"Authorization": "Bearer sesame"}).status_code == 200
+    assert client.post("/login", data={"key": "wrong"}).status_code == 401
+    assert client.post("/login", data={"key": "sesame"}).status_code == 200  # redirected to the list
+    assert client.get("/runs/done").status_code == 200  # the cookie
+    assert client.get("/static/view.js").status_code == 200
+
+
+def test_a_non_loopback_host_without_a_key_is_refused(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    refused = cli(capsys, "view", "--runs-dir", runs, "--host", "0.0.0.0")
+    assert refused.code == 2
+    assert refused.error_line.startswith("orchestrator view: --host 0.0.0.0: not loopback")
+
+
+def test_a_finished_run_s_live_feed_gives_its_parts_and_ends(finished: Outcome, runs: Path) -> None:
+    with _client(runs).stream("GET", "/live/runs/done") as feed:
+        body = "".join(feed.iter_text())
+    kinds = re.findall(r"^event: (\w+)$", body, re.M)
+    assert kinds[-1] == "end" and "parts" in kinds
+    last = json.loads(re.findall(r"^data: (.*)$", body, re.M)[-2])
+    assert last["waves"].count("data-state='landed'") == 8
+
+
+def test_the_runs_list_pages(tmp_path: Path) -> None:
+    store = open_store(None, tmp_path / "none")
+    page = TestClient(create_app(store)).get("/?page=3")
+    assert page.status_code == 200 and "rel=prev" in page.text and "rel=next" not in page.text
