@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from lanefold.evaluate import read_results, read_summary
 from lanefold.execution import read_run
 from lanefold.primitives import (
+    AnyEvent,
     BudgetStore,
     LanefoldError,
     RunNotFoundError,
@@ -50,6 +51,8 @@ PAGE_SIZE = 50
 _COOKIE = "lanefold_view_key"
 _STATIC = Path(__file__).with_name("static")
 _POLL_S = 1.0  # how often the runs list's live feed looks for new runs and statuses
+_BURST_S = 0.1  # a live run page's updates: at most one per this long while lanes land
+_QUIET_S = 15.0  # a comment line this often keeps an idle feed's connection open
 
 
 def create_app(
@@ -95,7 +98,11 @@ def create_app(
         run_id = request.path_params["run_id"]
         if not store.exists(run_id):
             return Response("no such run\n", status_code=404)
-        return StreamingResponse(_follow_run(store, run_id), media_type="text/event-stream")
+        try:
+            after = int(request.query_params.get("after", "0"))
+        except ValueError:
+            after = 0
+        return StreamingResponse(_follow_run(store, run_id, after), media_type="text/event-stream")
 
     async def live_runs(request: Request) -> Response:
         filters = {k: v for k in ("status", "loop", "eval") if (v := request.query_params.get(k, ""))}
@@ -194,28 +201,36 @@ def _sse(kind: str, data: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def _follow_run(store: Store, run_id: str) -> AsyncIterator[bytes]:
-    """A run's page parts after each burst of events, from the store's follow, until it ends."""
+async def _follow_run(store: Store, run_id: str, after: int) -> AsyncIterator[bytes]:
+    """A run's page parts after each burst of events, from the store's follow, until it ends.
+
+    The timeline gets the events after sequence `after` (what the page already shows).
+    Events that arrive within `_BURST_S` of each other go out as one update: a wave of a
+    thousand lanes is a few updates, not a thousand pages."""
     state = RunState(source=store.location(run_id), expected_run_id=run_id)
     events = store.reader(run_id).follow()
+    new: list[AnyEvent] = []
+    ended = False
     try:
-        while True:
-            event = None
-            with anyio.move_on_after(15):
-                event = await anext(events, None)
-                if event is None:
-                    yield _sse("parts", live_parts(state))
-                    yield _sse("end", {})
-                    return
-            if event is None:
+        while not ended:
+            with anyio.move_on_after(_QUIET_S if not new else _BURST_S):
+                while True:
+                    event = await anext(events, None)
+                    if event is None:
+                        ended = True
+                        break
+                    try:
+                        apply(state, event)
+                    except LanefoldError as exc:
+                        yield _sse("refused", {"line": f"orchestrator show: {exc}"})
+                        return
+                    new.append(event)
+            if new:
+                yield _sse("parts", live_parts(state, [e for e in new if e.sequence > after]))
+                new = []
+            elif not ended:
                 yield b": still here\n\n"
-                continue
-            try:
-                apply(state, event)
-            except LanefoldError as exc:
-                yield _sse("refused", {"line": f"orchestrator show: {exc}"})
-                return
-            yield _sse("parts", live_parts(state))
+        yield _sse("end", {})
     finally:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:

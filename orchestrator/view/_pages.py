@@ -10,12 +10,12 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from lanefold.primitives import AnyEvent, BudgetView, RunState, RunSummary
-from lanefold.view._run import lane_state
 
 __all__ = (
     "budgets_page",
     "error_page",
     "eval_page",
+    "lane_state",
     "login_page",
     "run_page",
     "runs_page",
@@ -24,6 +24,20 @@ __all__ = (
 )
 
 _e = html.escape
+
+# A lane's state in the page (`data-state`) by its state in the fold.
+_STATES = {
+    "pending": "dispatched",
+    "dispatched": "dispatched",
+    "completed": "landed",
+    "failed": "failed",
+    "interrupted": "interrupted",
+}
+
+
+def lane_state(status: str) -> str:
+    """The page's word for a lane's fold status: dispatched, landed, failed or interrupted."""
+    return _STATES.get(status, "dispatched")
 
 
 def _page(title: str, body: str, *, live: str | None = None) -> str:
@@ -143,9 +157,15 @@ def votes_html(state: RunState) -> str:
     return bars or "<p>no votes yet</p>"
 
 
-def live_parts(state: RunState) -> dict[str, str]:
-    """What a live run page swaps in as lanes land."""
-    return {"waves": waves_html(state), "votes": votes_html(state), "status": _status(state)}
+def live_parts(state: RunState, new: Sequence[AnyEvent]) -> dict[str, str]:
+    """What a live run page swaps in as lanes land (`timeline`: rows to append, of `new`)."""
+    return {
+        "waves": waves_html(state),
+        "votes": votes_html(state),
+        "status": _status(state),
+        "outcome": outcome_html(state),
+        "timeline": timeline_rows(new),
+    }
 
 
 def _status(state: RunState) -> str:
@@ -161,7 +181,6 @@ def _table(rows: Iterable[tuple[Any, Any]], ident: str) -> str:
 
 def run_page(run_id: str, events: Sequence[AnyEvent], state: RunState, resume_flags: list[str]) -> str:
     """A run: waves of lanes, votes, judge scores, winner, bill, timeline, config, resume line."""
-    result = state.result or {}
     status = _status(state)
     parts = [f"<p>status <b id=status>{_e(status)}</b></p>"]
     if state.started is not None:
@@ -171,6 +190,21 @@ def run_page(run_id: str, events: Sequence[AnyEvent], state: RunState, resume_fl
         parts.append(f"<pre id=resume>{_e(resume)}</pre>")
     parts.append(f"<h2>lanes</h2><div id=waves>{waves_html(state)}</div>")
     parts.append(f"<h2>votes</h2><div id=votes>{votes_html(state)}</div>")
+    parts.append(f"<div id=outcome>{outcome_html(state)}</div>")
+    parts.append(f"<h2>timeline</h2><table id=timeline>{timeline_rows(events)}</table>")
+    if state.started is not None:
+        parts.append(f"<h2>config</h2><pre id=config>{_e(json.dumps(state.started.config, indent=2))}</pre>")
+    live = (
+        None
+        if state.result is not None or state.failure is not None
+        else f"/live/runs/{quote(run_id)}?after={state.last_sequence}"
+    )
+    return _page(f"run {run_id}", "".join(parts), live=live)
+
+
+def outcome_html(state: RunState) -> str:
+    """Judge scores, the winner and its text, the failure, the bill: what a run ends with."""
+    parts = []
     if state.scores:
         parts.append("<h2>judge scores</h2>" + _table(sorted(state.scores.items()), "scores"))
     if state.reduce is not None:
@@ -186,18 +220,18 @@ def run_page(run_id: str, events: Sequence[AnyEvent], state: RunState, resume_fl
         )
     if state.failure is not None:
         parts.append(f"<p class=error>{_e(state.failure.message)}</p>")
-    if result:
-        parts.append("<h2>bill</h2>" + _bill(result))
-    timeline = "".join(
+    if state.result:
+        parts.append("<h2>bill</h2>" + _bill(state.result))
+    return "".join(parts)
+
+
+def timeline_rows(events: Iterable[AnyEvent]) -> str:
+    """The event timeline's rows: sequence, time, type, wave, lane."""
+    return "".join(
         f"<tr><td>{e.sequence}</td><td>{e.time.isoformat(timespec='milliseconds')}</td><td>{_e(e.type)}</td>"
         f"<td>{'' if e.wave is None else e.wave}</td><td>{'' if e.lane is None else e.lane}</td></tr>"
         for e in events
     )
-    parts.append(f"<h2>timeline</h2><table id=timeline>{timeline}</table>")
-    if state.started is not None:
-        parts.append(f"<h2>config</h2><pre id=config>{_e(json.dumps(state.started.config, indent=2))}</pre>")
-    live = None if state.result is not None or state.failure is not None else f"/live/runs/{quote(run_id)}"
-    return _page(f"run {run_id}", "".join(parts), live=live)
 
 
 def _bill(result: dict[str, Any]) -> str:

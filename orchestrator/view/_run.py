@@ -7,23 +7,9 @@ import logging
 import anyio
 
 from lanefold.primitives import Store
-from lanefold.serve._run import listen
+from lanefold.serve import listen
 
-__all__ = ("lane_state", "view")
-
-# A lane's state in the page (`data-state`) by its state in the fold.
-_STATES = {
-    "pending": "dispatched",
-    "dispatched": "dispatched",
-    "completed": "landed",
-    "failed": "failed",
-    "interrupted": "interrupted",
-}
-
-
-def lane_state(status: str) -> str:
-    """The page's word for a lane's fold status: dispatched, landed, failed or interrupted."""
-    return _STATES.get(status, "dispatched")
+__all__ = ("view",)
 
 
 def view(

@@ -6,13 +6,12 @@
   const source = new EventSource(url);
   source.addEventListener("parts", (e) => {
     const parts = JSON.parse(e.data);
-    for (const id of ["waves", "votes", "status"]) {
+    for (const id of ["waves", "votes", "outcome"]) {
       const el = document.getElementById(id);
-      if (el && parts[id] !== undefined) {
-        if (id === "status") el.textContent = parts[id];
-        else el.innerHTML = parts[id];
-      }
+      if (el) el.innerHTML = parts[id];
     }
+    document.getElementById("status").textContent = parts.status;
+    document.getElementById("timeline").insertAdjacentHTML("beforeend", parts.timeline);
   });
   source.addEventListener("rows", (e) => {
     const body = document.querySelector("#runs tbody");
