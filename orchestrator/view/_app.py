@@ -82,7 +82,7 @@ def create_app(
         shown = found[page * PAGE_SIZE : (page + 1) * PAGE_SIZE]
         evals = await anyio.to_thread.run_sync(store.list_evals) if page == 0 else []
         more = len(found) > (page + 1) * PAGE_SIZE
-        return HTMLResponse(runs_page(shown, {}, filters, page=page, more=more, evals=evals[:20]))
+        return HTMLResponse(runs_page(shown, filters, page=page, more=more, evals=evals[:20]))
 
     async def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -252,7 +252,7 @@ async def _watch_runs(store: Store, filters: dict[str, str]) -> AsyncIterator[by
         now: list[tuple[str, str]] = [(s.run_id, s.status) for s in found]
         if now != seen:
             seen = now
-            yield _sse("rows", {"html": runs_rows(found, {})})
+            yield _sse("rows", {"html": runs_rows(found)})
         else:
             yield b": still here\n\n"
         await anyio.sleep(_POLL_S)

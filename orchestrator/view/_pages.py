@@ -70,11 +70,11 @@ def _duration(s: RunSummary) -> str:
     return f"{(s.ended - s.started).total_seconds():.2f} s" if s.ended else ""
 
 
-def runs_rows(found: Iterable[RunSummary], agreements: dict[str, float | None]) -> str:
+def runs_rows(found: Iterable[RunSummary]) -> str:
     """The runs table's rows (also what the list's live updates swap in)."""
     rows = []
     for s in found:
-        agreement = agreements.get(s.run_id)
+        agreement = s.agreement
         rows.append(
             f"<tr data-run='{_e(s.run_id)}' data-status='{_e(s.status)}'>"
             f"<td><a href='/runs/{quote(s.run_id)}'>{_e(s.run_id)}</a></td><td>{_e(s.loop)}</td>"
@@ -88,7 +88,6 @@ def runs_rows(found: Iterable[RunSummary], agreements: dict[str, float | None]) 
 
 def runs_page(
     found: Sequence[RunSummary],
-    agreements: dict[str, float | None],
     filters: dict[str, str],
     *,
     page: int,
@@ -112,7 +111,7 @@ def runs_page(
     )
     body = (
         f"<form class=filters>{fields}<button>filter</button></form>"
-        f"<table id=runs><thead><tr>{head}</tr></thead><tbody>{runs_rows(found, agreements)}</tbody></table>"
+        f"<table id=runs><thead><tr>{head}</tr></thead><tbody>{runs_rows(found)}</tbody></table>"
         f"<p class=pager>{' '.join(pager)}</p>" + (f"<h2>evals</h2><p>{eval_links}</p>" if evals else "")
     )
     live = "/live/runs" if page == 0 else None

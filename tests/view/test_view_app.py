@@ -22,7 +22,7 @@ def test_the_runs_list_shows_the_run(finished: Outcome, runs: Path) -> None:
     page = _client(runs).get("/")
     assert page.status_code == 200
     assert "data-run='done'" in page.text and "data-status='answered'" in page.text
-    assert ">391<" in page.text
+    assert ">391<" in page.text and ">0.50<" in page.text  # the agreement: 4 of 8
     assert "https://" not in page.text and "http://" not in page.text  # nothing from the internet
 
 
