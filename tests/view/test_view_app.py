@@ -6,10 +6,13 @@ import json
 import re
 from pathlib import Path
 
+import anyio
 import pytest
-from cli_support import Outcome, cli
+from cli_support import ROOT, Outcome, cli
 from starlette.testclient import TestClient
 
+import lanefold
+from lanefold import AnyEvent
 from lanefold.execution import open_store
 from lanefold.view._app import create_app
 
@@ -88,3 +91,40 @@ def test_the_runs_list_pages(tmp_path: Path) -> None:
     store = open_store(None, tmp_path / "none")
     page = TestClient(create_app(store)).get("/?page=3")
     assert page.status_code == 200 and "rel=prev" in page.text and "rel=next" not in page.text
+
+
+def test_an_interrupted_run_shows_its_lanes_and_the_resume_command(tmp_path: Path) -> None:
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": 8, "max_concurrency": 4, "seed": 21, "min_quorum": 8},
+            "backend": {"kind": "simulated", "latency_ms": [40, 120]},
+        }
+    )
+
+    async def cut() -> None:
+        with anyio.CancelScope() as scope:
+
+            def observe(event: AnyEvent) -> None:
+                if event.type == "lane.completed":
+                    scope.cancel()
+
+            await lanefold.run(config, "17*23?", runs_dir=tmp_path, run_id="cut", observer=observe)
+
+    anyio.run(cut)
+    store = open_store(None, tmp_path)
+    page = TestClient(create_app(store, resume_flags=["--runs-dir", str(tmp_path)])).get("/runs/cut").text
+    states = set(re.findall(r"data-state='(\w+)'", page))
+    assert "interrupted" in states and "landed" in states
+    assert f"<pre id=resume>orchestrator resume cut --runs-dir {tmp_path}</pre>" in page
+
+
+def test_a_postgresql_run_s_page_and_live_feed(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    example = str(ROOT / "examples" / "simulated.toml")
+    ran = cli(capsys, "run", example, "--question", "What is 17 * 23?", "--store", pg_url, "--run-id", "pg")
+    assert ran.code == 0, ran.err
+    client = TestClient(create_app(open_store(pg_url)))
+    assert client.get("/runs/pg").text.count("data-state='landed'") == 8
+    assert "data-run='pg'" in client.get("/").text
+    with client.stream("GET", "/live/runs/pg") as feed:
+        body = "".join(feed.iter_text())
+    assert re.findall(r"^event: (\w+)$", body, re.M)[-1] == "end"
