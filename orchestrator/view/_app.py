@@ -33,6 +33,7 @@ from lanefold.primitives import (
     RunState,
     Store,
 )
+from lanefold.primitives.events import RunStarted
 from lanefold.primitives.internal import apply
 from lanefold.view._pages import (
     budgets_page,
@@ -50,6 +51,7 @@ __all__ = ("create_app",)
 PAGE_SIZE = 50
 _COOKIE = "lanefold_view_key"
 _STATIC = Path(__file__).with_name("static")
+_BUDGET_RUNS = 200  # the recent runs the budgets page reads for the budgets they name
 _POLL_S = 1.0  # how often the runs list's live feed looks for new runs and statuses
 _BURST_S = 0.1  # a live run page's updates: at most one per this long while lanes land
 _QUIET_S = 15.0  # a comment line this often keeps an idle feed's connection open
@@ -136,11 +138,10 @@ def create_app(
             return HTMLResponse(
                 budgets_page([], f"{store.describe} keeps no shared budgets (PostgreSQL does)")
             )
-        names = [n for n in request.query_params.getlist("name") if n] or await anyio.to_thread.run_sync(
-            lambda: _budget_names(store)
-        )
+        spending = await anyio.to_thread.run_sync(lambda: _budget_runs(store))
+        names = [n for n in request.query_params.getlist("name") if n] or list(spending)
         found = [v for n in names if (v := await anyio.to_thread.run_sync(store.read_budget, n)) is not None]
-        return HTMLResponse(budgets_page(found, None))
+        return HTMLResponse(budgets_page(found, None, spending))
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
@@ -186,15 +187,16 @@ def _agreement(answer: str | None, lanes: list[str | None]) -> str:
     return f"{sum(a == answer for a in lanes) / len(lanes):.2f}" if lanes and answer is not None else ""
 
 
-def _budget_names(store: Store) -> list[str]:
-    """The shared budgets the store's recent runs name (`[budget] shared`)."""
-    names: list[str] = []
-    for summary in store.list_runs(limit=200):
+def _budget_runs(store: Store) -> dict[str, list[str]]:
+    """The shared budgets the store's recent runs name (`[budget] shared`), each with its runs."""
+    spending: dict[str, list[str]] = {}
+    for summary in store.list_runs(limit=_BUDGET_RUNS):
         first = next(iter(store.reader(summary.run_id).read()), None)
-        shared = getattr(first, "data", None) and first.data.config.get("budget", {}).get("shared")  # type: ignore[union-attr]
-        if isinstance(shared, str) and shared not in names:
-            names.append(shared)
-    return names
+        config = first.data.config if isinstance(first, RunStarted) else {}
+        shared = (config.get("budget") or {}).get("shared")
+        if isinstance(shared, str):
+            spending.setdefault(shared, []).append(summary.run_id)
+    return spending
 
 
 def _sse(kind: str, data: Any) -> bytes:

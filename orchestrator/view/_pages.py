@@ -286,8 +286,14 @@ def _curve_svg(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def budgets_page(budgets: Sequence[BudgetView], note: str | None) -> str:
-    """Each shared budget: limit, spent, held, left."""
+def _run_links(run_ids: Iterable[str]) -> str:
+    return " ".join(f"<a href='/runs/{quote(r)}'>{_e(r)}</a>" for r in run_ids)
+
+
+def budgets_page(
+    budgets: Sequence[BudgetView], note: str | None, spending: dict[str, list[str]] | None = None
+) -> str:
+    """Each shared budget: limit, spent, held, left, and the recent runs spending from it."""
     if note:
         return _page("budgets", f"<p>{_e(note)}</p>")
     rows = []
@@ -301,7 +307,7 @@ def budgets_page(budgets: Sequence[BudgetView], note: str | None) -> str:
             f"<td>{b.spent_tokens}</td>"
             f"<td>{b.held_tokens}</td><td class=left>{left}</td><td>{b.max_cost_usd}</td>"
             f"<td>{b.spent_cost_usd:.6f}</td><td>{b.held_cost_usd:.6f}</td><td>{left_usd}</td>"
-            f"<td>{b.holders}</td></tr>"
+            f"<td>{b.holders}</td><td class=runs>{_run_links((spending or {}).get(b.name, []))}</td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"

@@ -194,6 +194,8 @@ def test_the_budgets_page_on_postgresql(
         spent = int(row.nth(2).inner_text())
         assert 0 < spent <= sum(paid.values())  # the run's paid tokens, charged to the budget
         assert int(row.nth(4).inner_text()) == 5000 - spent - int(row.nth(3).inner_text())
+        spending = page.locator("tr[data-budget='fleet'] td.runs a")
+        assert spending.count() == 1 and spending.inner_text() == ran.json["run_id"]
         _shot(page, "budgets")
 
 
