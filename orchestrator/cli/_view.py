@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lanefold.cli._shared import Common, Handler, store_of
+from lanefold.cli._shared import Common, Handler, Interrupted, store_of
 from lanefold.primitives import ConfigError
 from lanefold.serve import api_key_from, is_loopback, port_number, require_extra
 from lanefold.view import view
@@ -36,5 +36,8 @@ def _cmd_view(args: argparse.Namespace) -> int:
         raise ConfigError(f"--host {args.host}: not loopback; a view beyond this machine needs --api-key-env")
     # what `orchestrator resume` needs to find a run in this store, for an interrupted run's page
     flags = ["--store", args.store] if args.store else ["--runs-dir", args.runs_dir]
-    view(store_of(args), host=args.host, port=args.port, api_key=key, resume_flags=flags)
+    try:
+        view(store_of(args), host=args.host, port=args.port, api_key=key, resume_flags=flags)
+    except (Interrupted, KeyboardInterrupt):  # the latter: Ctrl-C before uvicorn took signals
+        pass  # Ctrl-C is how a view is meant to end
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -70,6 +70,8 @@ def create_app(
         try:
             page = max(int(request.query_params.get("page", "0")), 0)
             since = datetime.fromisoformat(filters["since"]) if "since" in filters else None
+            if since is not None and since.tzinfo is None:
+                since = since.replace(tzinfo=UTC)  # a time without a zone: UTC, as the log's times are
         except ValueError as exc:
             return HTMLResponse(error_page("runs", f"bad filter: {exc}"), status_code=400)
         found = await anyio.to_thread.run_sync(
@@ -154,9 +156,13 @@ def create_app(
         done.set_cookie(_COOKIE, given, httponly=True, samesite="strict")
         return done
 
+    async def refused(request: Request, exc: Exception) -> Response:
+        return HTMLResponse(error_page("refused", f"orchestrator view: {exc}"), status_code=503)
+
     guard = [] if api_key is None else [Middleware(BaseHTTPMiddleware, dispatch=_guard(api_key))]
     return Starlette(
         middleware=guard,
+        exception_handlers={LanefoldError: refused},
         routes=[
             Route("/", runs),
             Route("/runs/{run_id}", run),

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from cli_support import ROOT, Outcome, cli
 from starlette.testclient import TestClient
@@ -128,3 +133,25 @@ def test_a_postgresql_run_s_page_and_live_feed(pg_url: str, capsys: pytest.Captu
     with client.stream("GET", "/live/runs/pg") as feed:
         body = "".join(feed.iter_text())
     assert re.findall(r"^event: (\w+)$", body, re.M)[-1] == "end"
+
+
+def test_a_time_without_a_zone_filters_as_utc(finished: Outcome, runs: Path) -> None:
+    client = _client(runs)
+    assert "data-run='done'" in client.get("/?since=2000-01-01").text
+    assert "data-run='done'" not in client.get("/?since=2999-01-01").text
+    assert client.get("/?since=yesterday").status_code == 400
+
+
+def test_the_command_serves_until_ctrl_c_and_exits_0(finished: Outcome, runs: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-m", "lanefold", "view", "--runs-dir", str(runs), "--port", "0"]
+    with subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) as server:
+        assert server.stderr is not None
+        said = server.stderr.readline()  # the one line saying where, once the port is bound
+        url = re.search(r"http://127\.0\.0\.1:\d+/", said)
+        assert url is not None, said
+        with httpx.Client() as client:
+            assert "data-run='done'" in client.get(url.group(0)).text
+        server.send_signal(signal.SIGINT)
+        assert server.wait(20) == 0
+        assert "Traceback" not in server.stderr.read()
