@@ -70,12 +70,23 @@ def _shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-def test_the_runs_list(finished: Outcome, runs: Path, page: Any) -> None:
+def test_the_runs_list_and_a_new_run_appearing_on_it(
+    finished: Outcome, runs: Path, page: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     with Loopback(create_app(open_store(None, runs))) as server:
         page.goto(_url(server, "/"))
         row = page.locator("tr[data-run='done']")
         assert row.get_attribute("data-status") == "answered"
         assert "391" in row.inner_text()
+        page.evaluate("window.notReloaded = true")
+        example = ROOT / "examples" / "simulated.toml"
+        ran = _cli(
+            capsys, "run", example, "--question", "What is 17 * 23?", "--runs-dir", runs, "--run-id", "new"
+        )
+        assert ran.code == 0, ran.err
+        page.wait_for_selector("tr[data-run='new'][data-status='answered']", timeout=10_000)
+        assert page.evaluate("window.notReloaded") is True  # it came by the feed, not a reload
+        assert page.locator("#runs tbody tr").first.get_attribute("data-run") == "new"  # newest first
         _shot(page, "runs")
 
 
