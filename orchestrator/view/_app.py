@@ -39,6 +39,7 @@ from lanefold.view._pages import (
     budgets_page,
     error_page,
     eval_page,
+    evals_page,
     live_parts,
     login_page,
     run_page,
@@ -135,6 +136,22 @@ def create_app(
         shown = summary.model_dump(mode="json") if summary is not None else None
         return HTMLResponse(eval_page(eval_id, shown, data))
 
+    async def evals(request: Request) -> Response:
+        prefix = request.query_params.get("prefix", "")
+
+        def read() -> list[tuple[str, float, float, float, float]]:
+            points = []
+            for eval_id in store.list_evals():
+                if not eval_id.startswith(prefix):
+                    continue
+                summary = read_summary(store.eval_record(eval_id))
+                if summary is not None:
+                    low, high = summary.interval
+                    points.append((eval_id, summary.accuracy, low, high, summary.mean_cost))
+            return points
+
+        return HTMLResponse(evals_page(await anyio.to_thread.run_sync(read), prefix))
+
     async def budgets(request: Request) -> Response:
         if not isinstance(store, BudgetStore):
             return HTMLResponse(
@@ -168,6 +185,7 @@ def create_app(
             Route("/runs/{run_id}", run),
             Route("/live/runs/{run_id}", live_run),
             Route("/live/runs", live_runs),
+            Route("/evals", evals),
             Route("/evals/{eval_id}", eval_view),
             Route("/budgets", budgets),
             Route("/login", login, methods=["GET", "POST"]),

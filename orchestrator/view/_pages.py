@@ -15,6 +15,7 @@ __all__ = (
     "budgets_page",
     "error_page",
     "eval_page",
+    "evals_page",
     "lane_state",
     "login_page",
     "run_page",
@@ -46,7 +47,8 @@ def _page(title: str, body: str, *, live: str | None = None) -> str:
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f"<title>{_e(title)} · lanefold</title>"
         '<link rel=stylesheet href="/static/view.css"><script defer src="/static/view.js"></script>'
-        f"</head><body{data}><nav><a href='/'>runs</a> <a href='/budgets'>budgets</a></nav>"
+        f"</head><body{data}><nav><a href='/'>runs</a> <a href='/evals'>evals</a> "
+        "<a href='/budgets'>budgets</a></nav>"
         f"<main><h1>{_e(title)}</h1>{body}</main></body></html>\n"
     )
 
@@ -288,6 +290,63 @@ def _curve_svg(rows: Sequence[dict[str, Any]]) -> str:
 
 def _run_links(run_ids: Iterable[str]) -> str:
     return " ".join(f"<a href='/runs/{quote(r)}'>{_e(r)}</a>" for r in run_ids)
+
+
+def evals_page(points: Sequence[tuple[str, float, float, float, float]], prefix: str) -> str:
+    """Every eval (or those of one compare or sweep, by id prefix): accuracy with its interval
+    against mean paid spend per question, as a table and a plot with the Pareto frontier."""
+    rows = "".join(
+        f"<tr data-eval='{_e(e)}' data-frontier='{str(e in _frontier(points)).lower()}'>"
+        f"<td><a href='/evals/{quote(e)}'>{_e(e)}</a></td><td>{acc:.3f}</td><td>{low:.3f} to {high:.3f}</td>"
+        f"<td>{cost:.6f}</td></tr>"
+        for e, acc, low, high, cost in points
+    )
+    form = (
+        f"<form><label>id prefix <input name=prefix value='{_e(prefix)}'></label> "
+        "<button>filter</button></form>"
+    )
+    table = (
+        "<table id=evals><tr><th>eval</th><th>accuracy</th><th>95% interval</th>"
+        "<th>mean $ / question</th></tr>"
+        f"{rows}</table>"
+    )
+    return _page("evals", form + table + "<h2>accuracy against paid spend</h2>" + _pareto_svg(points))
+
+
+def _frontier(points: Sequence[tuple[str, float, float, float, float]]) -> set[str]:
+    """The evals no other beats on both: as accurate or more for as little or less, better on one."""
+    return {
+        e
+        for e, acc, _, _, cost in points
+        if not any(a >= acc and c <= cost and (a > acc or c < cost) for _, a, _, _, c in points)
+    }
+
+
+def _pareto_svg(points: Sequence[tuple[str, float, float, float, float]]) -> str:
+    if not points:
+        return "<p>no evals yet</p>"
+    top = max(cost for *_, cost in points) or 1.0
+
+    def x(cost: float) -> float:
+        return 40 + 340 * cost / top
+
+    def y(acc: float) -> float:
+        return 190 - 180 * acc
+
+    marks = "".join(
+        f"<line class=interval x1='{x(c):.1f}' x2='{x(c):.1f}' y1='{y(lo):.1f}' y2='{y(hi):.1f}' />"
+        f"<circle cx='{x(c):.1f}' cy='{y(a):.1f}' r=4><title>{_e(e)}: {a:.3f}, ${c:.6f}</title></circle>"
+        for e, a, lo, hi, c in points
+    )
+    best = sorted((c, a) for e, a, _, _, c in points if e in _frontier(points))
+    line = " ".join(f"{x(c):.1f},{y(a):.1f}" for c, a in best)
+    return (
+        "<svg id=pareto viewBox='0 0 400 220' width=400 height=220 role=img>"
+        "<rect x=40 y=10 width=340 height=180 class=frame />"
+        f"<polyline class=line points='{line}' />{marks}"
+        f"<text x=40 y=210>$0</text><text x=300 y=210>${top:.6f}</text>"
+        "<text x=0 y=15>1.0</text><text x=0 y=190>0.0</text></svg>"
+    )
 
 
 def budgets_page(

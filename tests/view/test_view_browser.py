@@ -165,9 +165,9 @@ def test_an_eval_page_draws_its_curve(
     tmp_path: Path, page: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "sim.toml").write_text(
-        '[loop]\nk = 3\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n'
-    )
+    config = '[loop]\nk = 3\nseed = 1\n[backend]\nkind = "simulated"\naccuracy = 0.7\n'
+    config += "[pricing]\ninput_per_mtok = 1.0\noutput_per_mtok = 2.0\n"
+    (tmp_path / "sim.toml").write_text(config)
     (tmp_path / "q.jsonl").write_text(
         "".join(json.dumps({"question": f"Q{i}?", "answer": "391"}) + "\n" for i in range(6))
     )
@@ -182,6 +182,18 @@ def test_an_eval_page_draws_its_curve(
         page.wait_for_selector("[data-lane]")
         page.go_back()
         _shot(page, "eval")
+
+    # a second eval at one lane a question: both on the evals page, accuracy against spend
+    (tmp_path / "one.toml").write_text(config.replace("k = 3", "k = 1"))
+    assert _cli(capsys, "eval", "one.toml", "--dataset", "q.jsonl", "--eval-id", "ev-k1", "--json").code == 0
+    with Loopback(create_app(open_store(None, tmp_path / "runs"))) as server:
+        page.goto(_url(server, "/evals"))
+        assert page.locator("#evals tr[data-eval]").count() == 2
+        assert page.locator("svg#pareto circle").count() == 2
+        assert (
+            page.locator("#evals tr[data-eval='ev-k1']").get_attribute("data-frontier") == "true"
+        )  # cheapest
+        _shot(page, "evals")
 
 
 def test_the_budgets_page_on_postgresql(
