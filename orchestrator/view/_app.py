@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -107,7 +108,7 @@ def create_app(
             after = int(request.query_params.get("after", "0"))
         except ValueError:
             after = 0
-        return StreamingResponse(_follow_run(store, run_id, after), media_type="text/event-stream")
+        return _RunFeed(store, run_id, after)  # type: ignore[return-value]  # an ASGI app answers
 
     async def live_runs(request: Request) -> Response:
         filters = {k: v for k in ("status", "loop", "eval") if (v := request.query_params.get(k, ""))}
@@ -227,40 +228,82 @@ def _sse(kind: str, data: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def _follow_run(store: Store, run_id: str, after: int) -> AsyncIterator[bytes]:
-    """A run's page parts after each burst of events, from the store's follow, until it ends.
+class _RunFeed:
+    """A run's page parts as server-sent events, from the store's follow, until the run ends.
 
-    The timeline gets the events after sequence `after` (what the page already shows).
-    Events that arrive within `_BURST_S` of each other go out as one update: a wave of a
-    thousand lanes is a few updates, not a thousand pages."""
-    state = RunState(source=store.location(run_id), expected_run_id=run_id)
-    events = store.reader(run_id).follow()
-    new: list[AnyEvent] = []
-    ended = False
-    try:
-        while not ended:
-            with anyio.move_on_after(_QUIET_S if not new else _BURST_S):
-                while True:
-                    event = await anext(events, None)
-                    if event is None:
-                        ended = True
-                        break
+    The follow runs in a task of its own, handing events over a memory stream, so that
+    waiting with a deadline (a burst's end, a keep-alive) never cancels the follow itself.
+    Events that arrive within `_BURST_S` of a burst's first go out as one update: a wave of a
+    thousand lanes is a few updates, not a thousand pages. The timeline gets the events after
+    sequence `after` (what the page already shows)."""
+
+    def __init__(self, store: Store, run_id: str, after: int) -> None:
+        self.store, self.run_id, self.after = store, run_id, after
+        self.refused: LanefoldError | None = None  # what the follow refused (a line not the run's)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")],
+            }
+        )
+        sender, events = anyio.create_memory_object_stream[AnyEvent](1024)
+        async with events, anyio.create_task_group() as tg:
+
+            async def follow() -> None:
+                log = self.store.reader(self.run_id).follow()
+                async with sender:
                     try:
-                        apply(state, event)
-                    except LanefoldError as exc:
-                        yield _sse("refused", {"line": f"orchestrator show: {exc}"})
-                        return
-                    new.append(event)
+                        async for event in log:
+                            await sender.send(event)
+                    except LanefoldError as exc:  # told on the page, one line; the view stays up
+                        self.refused = exc
+                    finally:
+                        aclose = getattr(log, "aclose", None)
+                        if aclose is not None:
+                            await aclose()
+
+            async def gone() -> None:  # the page closed: stop following
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(follow)
+            tg.start_soon(gone)
+            async for chunk in self._chunks(events):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            tg.cancel_scope.cancel()
+
+    async def _chunks(self, events: MemoryObjectReceiveStream[AnyEvent]) -> AsyncIterator[bytes]:
+        state = RunState(source=self.store.location(self.run_id), expected_run_id=self.run_id)
+        ended = False
+        while not ended:
+            new: list[AnyEvent] = []
+            with anyio.move_on_after(_QUIET_S):
+                try:
+                    new.append(await events.receive())
+                except anyio.EndOfStream:
+                    ended = True
             if new:
-                yield _sse("parts", live_parts(state, [e for e in new if e.sequence > after]))
-                new = []
+                with anyio.move_on_after(_BURST_S):
+                    try:
+                        while True:
+                            new.append(await events.receive())
+                    except anyio.EndOfStream:
+                        ended = True
+                try:
+                    for event in new:
+                        apply(state, event)  # refuses a line that is not this run's own
+                except LanefoldError as exc:
+                    yield _sse("refused", {"line": f"orchestrator show: {exc}"})
+                    return
+                yield _sse("parts", live_parts(state, [e for e in new if e.sequence > self.after]))
             elif not ended:
                 yield b": still here\n\n"
         yield _sse("end", {})
-    finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 async def _watch_runs(store: Store, filters: dict[str, str]) -> AsyncIterator[bytes]:

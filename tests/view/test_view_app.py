@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -155,3 +156,29 @@ def test_the_command_serves_until_ctrl_c_and_exits_0(finished: Outcome, runs: Pa
         server.send_signal(signal.SIGINT)
         assert server.wait(20) == 0
         assert "Traceback" not in server.stderr.read()
+
+
+def test_a_postgresql_run_s_lanes_arrive_on_the_feed_while_it_goes(pg_url: str, tmp_path: Path) -> None:
+    config = (ROOT / "examples" / "simulated.toml").read_text()
+    config = config.replace("max_concurrency = 8", "max_concurrency = 2")
+    config = config.replace("latency_ms = [20, 120]", "latency_ms = [200, 300]")
+    (tmp_path / "slow.toml").write_text(config)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-m", "lanefold", "run", str(tmp_path / "slow.toml"), "--question", "17 * 23?"]
+    store = open_store(pg_url)
+    with subprocess.Popen(
+        [*argv, "--store", pg_url, "--run-id", "going"], env=env, stdout=subprocess.DEVNULL
+    ) as writer:
+        deadline = time.monotonic() + 30
+        while not store.exists("going"):
+            assert time.monotonic() < deadline and writer.poll() is None, "the run did not start"
+            time.sleep(0.05)
+        with TestClient(create_app(store)).stream("GET", "/live/runs/going") as feed:
+            body = "".join(feed.iter_text())
+        assert writer.wait(30) == 0
+    landed = [
+        json.loads(data)["waves"].count("data-state='landed'")
+        for kind, data in re.findall(r"^event: (\w+)\ndata: (.*)$", body, re.M)
+        if kind == "parts"
+    ]
+    assert len(set(landed)) > 2 and landed[-1] == 8  # lanes arrived a few at a time, then all
