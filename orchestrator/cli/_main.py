@@ -1,5 +1,5 @@
 """The `orchestrator` command: run, resume, reduce, tail, show, list, eval, compare, curve,
-validate, schema, serve, budget.
+validate, schema, serve, view, budget.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
 quorum, 4 the run ended without an answer, 130/143 interrupted by SIGINT/SIGTERM (resumable).
@@ -29,6 +29,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         import lanefold.cli._schema as schema_cli
         import lanefold.cli._serve as serve_cli
         import lanefold.cli._sweep as sweep_cli
+        import lanefold.cli._view as view_cli
         from lanefold.cli._flags import Parser
         from lanefold.cli._shared import SIGNAL_EXIT, Handler, Interrupted, error, logging_to_stderr, where
         from lanefold.config import VERSION
@@ -42,7 +43,7 @@ except KeyboardInterrupt as stop:  # a signal while the command starts: nothing 
 __all__ = ("main",)
 
 # Commands that read or write a store take --store (the rest: --runs-dir at most).
-_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate", "list"})
+_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate", "list", "view"})
 _GROUPS = (
     runs,
     eval_cli,
@@ -53,6 +54,7 @@ _GROUPS = (
     budget_cli,
     list_cli,
     serve_cli,
+    view_cli,
     schema_cli,
 )
 _COMMANDS: dict[str, Handler] = {}

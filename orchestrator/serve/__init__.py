@@ -12,9 +12,19 @@ from lanefold.serve._run import (
     api_key_from,
     count,
     is_loopback,
+    listen,
     port_number,
     require_extra,
     serve,
 )
 
-__all__ = ("ServeError", "api_key_from", "count", "is_loopback", "port_number", "require_extra", "serve")
+__all__ = (
+    "ServeError",
+    "api_key_from",
+    "count",
+    "is_loopback",
+    "listen",
+    "port_number",
+    "require_extra",
+    "serve",
+)

@@ -27,6 +27,7 @@ from lanefold.stores.files._log import JsonlEventLog, RunLock
 
 __all__ = ("RunStore",)
 
+_ENDED = frozenset({"answered", "no_answer", "failed"})  # statuses a writer's lock cannot change
 _TAIL_BYTES = 1 << 16  # read back from the end for the last line; a longer one reads more
 
 
@@ -38,6 +39,10 @@ class RunStore:
 
     def __init__(self, root: str | Path = "runs") -> None:
         self.root = Path(root)
+        # Summaries of ended runs by run id, with the (size, mtime) of the log they were read
+        # from: a second `list_runs` (the view's pages, every second) stats an ended run's log
+        # instead of reading it. A run that is appended to again (resumed) is read again.
+        self._ended: dict[str, tuple[tuple[int, int], RunSummary]] = {}
 
     @classmethod
     def from_url(
@@ -119,10 +124,24 @@ class RunStore:
             for entry in os.scandir(self.root):
                 if eval_id is not None and not entry.name.startswith(eval_id + "."):
                     continue
-                summary = _summary(Path(entry.path))
+                summary = self._summary(entry.name, Path(entry.path))
                 if summary is not None:
                     found.append(summary)
         return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
+
+    def _summary(self, run_id: str, folder: Path) -> RunSummary | None:
+        try:
+            stat = os.stat(folder / "events.jsonl")
+        except OSError:
+            return None
+        seen = (stat.st_size, stat.st_mtime_ns)
+        cached = self._ended.get(run_id)
+        if cached is not None and cached[0] == seen:
+            return cached[1]
+        summary = _summary(folder)
+        if summary is not None and summary.status in _ENDED:  # its lock no longer matters
+            self._ended[run_id] = (seen, summary)
+        return summary
 
 
 def _summary(folder: Path) -> RunSummary | None:

@@ -1,0 +1,15 @@
+"""`orchestrator view`: a read-only web page over the store, where lanes land live.
+
+`create_app` builds the starlette app over a `Store` (runs, a run's waves of lanes, evals,
+shared budgets; server-sent events fed by the store's follow); `view` serves it with uvicorn,
+loopback by default. Every script and style is served from this package: nothing is fetched
+from the internet. The app is imported only when a view starts, so the command line starts
+without the serve extra installed.
+"""
+
+from __future__ import annotations
+
+from lanefold.view._pages import lane_state
+from lanefold.view._run import view
+
+__all__ = ("lane_state", "view")
