@@ -71,15 +71,13 @@ def rereductions(store: Store, eval_id: str) -> list[tuple[EvalManifest, EvalSum
 def _slot(store: Store, eval_id: str, spec: RescoreSpec) -> str:
     """The id of the re-reduction `spec` asks for: the one recorded with the same request,
     else the next free number."""
-    for number in range(1, _MOST + 1):
-        candidate = f"{eval_id}.r{number}"
-        body = store.eval_record(candidate).read_manifest()
-        if body is None:
-            return candidate
-        recorded = EvalManifest.model_validate_json(body).rescore_of
-        if recorded == spec:
-            return candidate
-    raise ConfigError(f"--eval: eval {eval_id} has {_MOST} re-reductions already")
+    found = rereductions(store, eval_id)
+    for manifest, _ in found:
+        if manifest.rescore_of == spec:
+            return manifest.eval_id
+    if len(found) >= _MOST:
+        raise ConfigError(f"--eval: eval {eval_id} has {_MOST} re-reductions already")
+    return f"{eval_id}.r{len(found) + 1}"
 
 
 def _items(manifest: EvalManifest, rows: dict[int, QuestionResult]) -> list[Item]:
