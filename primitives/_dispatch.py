@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from lanefold.primitives._backend import (
     Backend,
+    ChatMessage,
     LaneRequest,
     Sample,
     SampleRequest,
@@ -140,13 +141,21 @@ class Dispatcher:
         sleep: Callable[[float], object] = anyio.sleep,
         rng: random.Random | None = None,
         logger: structlog.stdlib.BoundLogger | None = None,
+        conversation: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
         self.max_concurrency = max_concurrency
         slots = LaneSlots(limiter or anyio.CapacityLimiter(max_concurrency))
         log = logger or get_logger("lanefold.dispatch")
-        self._plan = _Planner(backend, recorder, ledger, max_concurrency=max_concurrency, slots=slots)
+        self._plan = _Planner(
+            backend,
+            recorder,
+            ledger,
+            max_concurrency=max_concurrency,
+            slots=slots,
+            conversation=tuple(ChatMessage(role, content) for role, content in conversation),
+        )
         self._settle = _Settler(recorder, ledger, log)
         self._attempts = _Attempts(
             backend,
@@ -220,11 +229,35 @@ class _Planner:
     to what the ledger and the fleet's pool have), the wave's start recorded."""
 
     def __init__(
-        self, backend: Backend, recorder: Recorder, ledger: Ledger, *, max_concurrency: int, slots: LaneSlots
+        self,
+        backend: Backend,
+        recorder: Recorder,
+        ledger: Ledger,
+        *,
+        max_concurrency: int,
+        slots: LaneSlots,
+        conversation: tuple[ChatMessage, ...] = (),
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.max_concurrency, self._slots = max_concurrency, slots
+        self.conversation = conversation
         self._token_cache: dict[str, int] = {}
+
+    def messages(self, spec: WaveSpec, prompt: str) -> tuple[ChatMessage, ...] | None:
+        """The conversation a sampled lane sends (the run's earlier turns, then its prompt as
+        the user's), or None: a run with no conversation, or a judge's wave (its prompt
+        stands alone)."""
+        if not self.conversation or spec.bill != "sample":
+            return None
+        return (*self.conversation, ChatMessage("user", prompt))
+
+    def counted_text(self, spec: WaveSpec, prompt: str) -> str:
+        """What the ledger prices a request's prompt by: the whole conversation where one is
+        sent, each turn with room for the chat template's markers around it."""
+        messages = self.messages(spec, prompt)
+        if messages is None:
+            return prompt
+        return "".join(f"<|{m.role}|>\n{m.content}\n<|end|>\n" for m in messages)
 
     async def start(self, spec: WaveSpec) -> list[_Group]:
         (groups, fit), refusals = self.fitted(spec, None), 0
@@ -323,7 +356,7 @@ class _Planner:
             by_prompt.setdefault(job.prompt, []).append(job)
         groups: list[_Group] = []
         for prompt, lanes in by_prompt.items():
-            tokens = self.prompt_tokens(prompt)
+            tokens = self.prompt_tokens(self.counted_text(spec, prompt))
             for start in range(0, len(lanes), size):
                 groups.append(_Group(len(groups), prompt, tokens, lanes[start : start + size]))
         return groups
@@ -461,6 +494,7 @@ class _Attempts:
                 share_prefix=self._plan.shared(spec),
                 purpose=spec.purpose,
                 wave=spec.wave,
+                messages=self._plan.messages(spec, group.prompt),
             )
             jobs = {job.lane: job for job in group.jobs}
             fatal: list[BackendError] = []

@@ -71,9 +71,12 @@ class RunSummary:
     started: datetime
     ended: datetime | None
     agreement: float | None = None  # the winner's share of the vote, where the run reduced by one
+    caller: str | None = None  # who asked, where a gateway key did (its name)
 
     def to_json(self) -> dict[str, Any]:
         found = asdict(self)
+        if self.caller is None:
+            del found["caller"]
         found["started"] = self.started.isoformat()
         found["ended"] = self.ended.isoformat() if self.ended else None
         return found
@@ -112,6 +115,7 @@ def summarize_run(first: AnyEvent, last: AnyEvent, *, writing: bool) -> RunSumma
         started=first.time,
         ended=ended,
         agreement=None if result.get("agreement") is None else float(result["agreement"]),
+        caller=data.caller,
     )
 
 

@@ -167,6 +167,13 @@ class RunStartedData(_Frozen):
     library_version: str
     # The config file's folder, where a `module:...` loop or verifier beside it is imported from
     config_dir: str | None = Field(None, exclude_if=_absent)
+    # A chat request's turns before the question, (role, content) each: every sampled lane
+    # sends them ahead of its prompt, through the backend's chat template (the loop gateway).
+    conversation: list[tuple[str, str]] | None = Field(None, exclude_if=_absent)
+    # Who asked (a gateway key's name, never the key) and the sha256 of what they sent: an
+    # idempotent retry with another body is refused by it.
+    caller: str | None = Field(None, exclude_if=_absent)
+    request_sha256: str | None = Field(None, exclude_if=_absent)
 
 
 class RunStarted(Event):

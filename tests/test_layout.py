@@ -740,6 +740,9 @@ def test_the_circle_check_sees_a_circle() -> None:
 # Imported when first used, for an optional extra the module cannot import at load.
 LAZY_FOR_AN_EXTRA = {  # starlette: [serve]
     ("orchestrator/serve/_run.py", "lanefold.serve._app"),
+    ("orchestrator/serve/_loops.py", "lanefold.serve._app"),
+    ("orchestrator/serve/_loops.py", "lanefold.serve._gateway"),
+    ("orchestrator/serve/_loops.py", "lanefold.serve._guard"),
     ("orchestrator/view/_run.py", "lanefold.view._app"),
 }
 

@@ -43,7 +43,9 @@ except KeyboardInterrupt as stop:  # a signal while the command starts: nothing 
 __all__ = ("main",)
 
 # Commands that read or write a store take --store (the rest: --runs-dir at most).
-_STORE_COMMANDS = frozenset({"run", "resume", "tail", "show", "reduce", "eval", "validate", "list", "view"})
+_STORE_COMMANDS = frozenset(
+    {"run", "resume", "tail", "show", "reduce", "eval", "validate", "list", "view", "serve"}
+)
 _GROUPS = (
     runs,
     eval_cli,

@@ -48,6 +48,7 @@ from lanefold.execution import (
     open_store,
     read_run,
     read_state,
+    run_record,
 )
 from lanefold.primitives import (
     ConfigError,
@@ -301,37 +302,20 @@ def _cmd_show(args: argparse.Namespace) -> int:
     store = store_of(args)
     if is_eval(store, args.run_id):
         return show_eval(args, print, store)
-    _, state, _ = read_run(store, args.run_id)
-    reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
-    if state.result is not None:
-        result = RunResult.model_validate(state.result)
+    record = run_record(store, args.run_id)
+    if "question" in record:  # a finished run's result
         if args.json:
-            print(json.dumps({**result.model_dump(mode="json"), "reductions": reductions}))
+            print(json.dumps(record))
         else:
+            result = RunResult.model_validate(record)
             summary(result)
-            for data in reductions[1:]:
+            for data in record["reductions"][1:]:
                 print(
                     f"reduction {data['reduction']}: {data['reducer']} -> "
                     f"{data['winner']!r} (lane {data['winner_lane']})"
                 )
-        return EXIT_NO_ANSWER if result.status == "no_answer" else 0
-    status = "failed" if state.failure else "interrupted" if state.interrupted else "unfinished"
-    partial: dict[str, Any] = {
-        "run_id": state.run_id,
-        "status": status,
-        "error": state.failure.message if state.failure else None,
-        "lanes_completed": sum(len(w.completed()) for w in state.waves.values()),
-        "lanes_failed": sum(len(w.failed()) for w in state.waves.values()),
-        "lanes_in_flight": len(state.in_flight()),
-        "lanes_interrupted": sum(
-            1 for w in state.waves.values() for s in w.lanes.values() if s.status == "interrupted"
-        ),
-        "events": store.location(args.run_id),
-        "reductions": reductions,
-    }
-    print(
-        json.dumps(partial) if args.json else "\n".join(f"{key}: {value}" for key, value in partial.items())
-    )
+        return EXIT_NO_ANSWER if record["status"] == "no_answer" else 0
+    print(json.dumps(record) if args.json else "\n".join(f"{key}: {value}" for key, value in record.items()))
     return 0
 
 

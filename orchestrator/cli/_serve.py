@@ -8,6 +8,7 @@ from lanefold.cli._shared import (
     Common,
     Handler,
     error,
+    store_of,
 )
 from lanefold.config import (
     backend_errors,
@@ -18,15 +19,18 @@ from lanefold.execution import (
     build_backend,
 )
 from lanefold.primitives import (
+    Backend,
     ConfigError,
 )
 from lanefold.serve import (
     api_key_from,
     count,
     is_loopback,
+    loop_configs,
     port_number,
     require_extra,
     serve,
+    serve_loops,
 )
 
 __all__ = ("add_commands",)
@@ -36,9 +40,31 @@ def add_commands(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: Common
 ) -> dict[str, Handler]:
     """Add `serve` to the CLI's subcommands; the handlers by name."""
-    p = sub.add_parser("serve", help="serve a backend as an OpenAI-compatible HTTP server")
+    p = sub.add_parser(
+        "serve",
+        help="serve loops (--loops) or a backend (--backend-config) as an OpenAI-compatible HTTP server",
+    )
     p.add_argument(
-        "--backend-config", required=True, help="a file with a [backend] table (or only the backend's keys)"
+        "--backend-config",
+        help="a file with a [backend] table (or only the backend's keys), served as a model",
+    )
+    p.add_argument(
+        "--loops",
+        metavar="DIR",
+        help="serve each *.toml loop config in DIR as a model named by its file stem (the loop gateway)",
+    )
+    p.add_argument(
+        "--loop",
+        action="append",
+        default=[],
+        metavar="NAME=CONFIG",
+        help="serve one more loop config as the model NAME (repeatable)",
+    )
+    p.add_argument(
+        "--keys",
+        metavar="FILE",
+        help="a TOML keys file: each [[keys]] with name, sha256, loops, budget, max_concurrency "
+        "(turns authentication on; see docs/gateway.md)",
     )
     p.add_argument("--host", default="127.0.0.1", help="default loopback")
     p.add_argument("--port", type=port_number, default=8000)
@@ -63,7 +89,7 @@ def add_commands(
         help="requests waiting beyond "
         "the backend's running batch; more get 429 with Retry-After (default: any)",
     )
-    common(p, runs=False)
+    common(p)
     return {"serve": _cmd_serve}
 
 
@@ -76,15 +102,36 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"warning: listening on {args.host} without --api-key-env: anyone who "
             "can reach this port can use the model",
         )
-    config = load_backend_config(args.backend_config)
-    # What a run's preflight would say, said before the model loads (or the server starts).
-    errors = [
-        *backend_errors(config, args.backend_config),
-        *backend_preflight_errors(config, args.backend_config),
-    ]
-    if errors:
-        raise ConfigError(errors[0])
-    backend = build_backend(config)
+    if args.loops is None and not args.loop:
+        if args.backend_config is None:
+            raise ConfigError(
+                "serve: give --loops DIR (or --loop NAME=CONFIG), --backend-config FILE, or both"
+            )
+        if args.keys is not None:
+            raise ConfigError("--keys: keys govern loops; give --loops DIR too")
+    elif args.keys is not None and key is not None:
+        raise ConfigError("--keys and --api-key-env: give one (a keys file holds every key)")
+    backend = _backend(args.backend_config) if args.backend_config is not None else None
+    if args.loops is not None or args.loop:
+        loops = loop_configs(args.loops, args.loop)
+        serve_loops(
+            loops,
+            store_of(args),
+            host=args.host,
+            port=args.port,
+            keys_file=args.keys,
+            api_key=key,
+            backend=backend,
+            backend_name=args.model_name,
+            backend_options={
+                "api_key": None,
+                "max_body_bytes": args.max_body_bytes,
+                "max_waiting": args.max_waiting,
+            },
+            max_body_bytes=args.max_body_bytes,
+        )
+        return 0
+    assert backend is not None
     serve(
         backend,
         model_name=args.model_name or backend.name,
@@ -95,3 +142,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
     )
     return 0
+
+
+def _backend(path: str) -> Backend:
+    config = load_backend_config(path)
+    # What a run's preflight would say, said before the model loads (or the server starts).
+    errors = [*backend_errors(config, path), *backend_preflight_errors(config, path)]
+    if errors:
+        raise ConfigError(errors[0])
+    return build_backend(config)

@@ -21,10 +21,12 @@ from lanefold.config._loop_config import (
     backend_preflight_errors,
     config_errors,
     config_hash,
+    describe_errors,
     load_backend_config,
     load_config,
     parse_config,
     preflight,
+    read_table,
     recorded_config,
 )
 
@@ -41,9 +43,11 @@ __all__ = (
     "backend_preflight_errors",
     "config_errors",
     "config_hash",
+    "describe_errors",
     "load_backend_config",
     "load_config",
     "parse_config",
     "preflight",
+    "read_table",
     "recorded_config",
 )

@@ -204,6 +204,9 @@ class SamplingSection(_Section):
     max_tokens: int = Field(256, ge=1)
     stop: list[str] = []
     logprobs: bool = False
+    # Which of a gateway request's own sampling fields its sampled lanes take instead of the
+    # above (none by default: the loop's settings are what was compared and chosen).
+    from_request: list[Literal["temperature", "top_p"]] = Field([], exclude_if=lambda v: not v)
 
 
 class JudgeSection(_Section):
@@ -637,6 +640,17 @@ def load_backend_config(path: str | Path) -> BackendSpec:
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: backend: must be a table")
     return parse_config({"backend": section}, source=str(path), folder=path.parent).backend
+
+
+def read_table(path: str | Path) -> dict[str, Any]:
+    """A TOML (or `.json`) file as a table, read as a loop config is: an unreadable, invalid
+    or too deeply nested file is one ConfigError naming it."""
+    return _read(Path(path))
+
+
+def describe_errors(exc: ValidationError, prefix: str = "") -> list[str]:
+    """A model's validation errors as `where: what` lines, as a config's are told."""
+    return _described(exc, prefix)
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -18,14 +18,14 @@ from lanefold.execution._executor import (
     portable_hooks,
     resolve_executor,
 )
-from lanefold.execution._fleet_budget import budget_store
+from lanefold.execution._fleet_budget import budget_store, joint_pool
 from lanefold.execution._job_session import JobSession
 from lanefold.execution._ray_connect import CONNECT_TIMEOUT_S
 from lanefold.execution._ray_executor import RayExecutor
 from lanefold.execution._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
 from lanefold.execution._runner import build_backend, check_question, lanefold_error
 from lanefold.execution._session import Session, resume, resume_sync, run, run_sync
-from lanefold.execution._store import Store, new_run_id, open_store, read_run, read_state
+from lanefold.execution._store import Store, new_run_id, open_store, read_run, read_state, run_record
 from lanefold.execution._sync_session import SyncSession
 
 __all__ = (
@@ -48,6 +48,7 @@ __all__ = (
     "build_backend",
     "check_question",
     "import_paths",
+    "joint_pool",
     "lanefold_error",
     "local",
     "new_run_id",
@@ -59,5 +60,6 @@ __all__ = (
     "resume",
     "resume_sync",
     "run",
+    "run_record",
     "run_sync",
 )

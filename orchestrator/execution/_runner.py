@@ -9,7 +9,7 @@ the backends.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 import structlog
@@ -166,7 +166,9 @@ def context(
     first_wave: int = 1,
 ) -> RunContext:
     """The LoopContext of a run: its dispatchers over one ledger and one recorder."""
-    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log)
+    started = recorder.state.started
+    conversation = started.conversation if started is not None and started.conversation else ()
+    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, conversation)
     judge = (
         _dispatcher(config, judge_backend, recorder, ledger, limiter, log)
         if judge_backend is not None
@@ -260,6 +262,7 @@ def _dispatcher(
     ledger: Ledger,
     limiter: anyio.CapacityLimiter | None,
     log: structlog.stdlib.BoundLogger,
+    conversation: Sequence[tuple[str, str]] = (),
 ) -> Dispatcher:
     retry = config.retry
     return Dispatcher(
@@ -278,6 +281,7 @@ def _dispatcher(
         limiter=limiter,
         rng=random.Random(config.loop.seed),
         logger=log,
+        conversation=conversation,
     )
 
 

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -27,7 +28,7 @@ import sniffio
 from lanefold.config import VERSION, LoopConfig, config_hash, load_config, preflight
 from lanefold.coordinators import CommandVerifier, as_verifier
 from lanefold.execution._executor import Executor, WorkerSpec, distribute, portable_hooks, resolve_executor
-from lanefold.execution._fleet_budget import close_shared_budget, open_shared_budget
+from lanefold.execution._fleet_budget import close_shared_budget, joint_pool, open_shared_budget
 from lanefold.execution._reduce import reduce_run
 from lanefold.execution._result import RunResult, failed_result
 from lanefold.execution._runner import (
@@ -52,6 +53,7 @@ from lanefold.primitives import (
     LanefoldError,
     Ledger,
     RunState,
+    SharedPool,
     Verifier,
     plugin_folders,
 )
@@ -63,6 +65,17 @@ __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 T = TypeVar("T")
 Errors = Literal["raise", "return"]
 VerifierLike = Verifier | Callable[..., Any] | str | Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """What a run is started with beyond its question (see `Session.run`)."""
+
+    config: LoopConfig | None = None
+    conversation: tuple[tuple[str, str], ...] | None = None
+    caller: str | None = None
+    request_sha256: str | None = None
+    shared: SharedPool | None = None
 
 
 class Session:
@@ -190,10 +203,22 @@ class Session:
         observer: Observer | None = None,
         log: EventLog | None = None,
         stop_reason: Callable[[], str] = lambda: "cancelled",
+        config: LoopConfig | None = None,
+        conversation: Sequence[tuple[str, str]] | None = None,
+        caller: str | None = None,
+        request_sha256: str | None = None,
+        shared: SharedPool | None = None,
     ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
         config's `loop.seed`), recorded with its config like any other key.
+
+        `config` runs this question under another config than the session's (its backends
+        built once too, and shared with every config naming the same). `conversation` is a
+        chat's turns before the question, (role, content) each: every sampled lane sends them
+        ahead of its prompt. `caller` and `request_sha256` are recorded with the run (who asked,
+        and a digest of what they sent). `shared` is a pool this run spends from as well as
+        the config's own (a gateway key's budget); the caller keeps and closes it.
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -206,8 +231,11 @@ class Session:
         run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
         try:
             if resume and log is None and self.store.exists(run_id):
-                return await self._go_on(run_id, question, observer, stop_reason)
-            return await self._start(question, run_id, observer, log, stop_reason, seed)
+                return await self._go_on(run_id, question, observer, stop_reason, shared)
+            started = _Origin(
+                config, tuple(conversation) if conversation else None, caller, request_sha256, shared
+            )
+            return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
             if errors == "raise" or type(exc) is ConfigError:
                 raise
@@ -221,12 +249,16 @@ class Session:
         log: EventLog | None,
         stop_reason: Callable[[], str],
         seed: int | None = None,
+        origin: _Origin | None = None,
     ) -> RunResult:
-        config = self.config.with_seed(seed)
+        origin = origin or _Origin()
+        if origin.config is not None:
+            preflight(origin.config, "config", verifier_given=self._verifier is not None)
+        config = (origin.config or self.config).with_seed(seed)
         backend, judge_backend = await self.backends_for(config)
         await self._load_given()
         # A shared budget that does not exist is refused before the run does.
-        pool = await open_shared_budget(config, self.store, run_id)
+        pool = joint_pool(await open_shared_budget(config, self.store, run_id), origin.shared)
         try:
             runner = self.hook_runner(config, run_id)
             log = log or self.store.create_log(run_id, config.log.fsync)
@@ -244,7 +276,10 @@ class Session:
                             coordinator=config.loop.coordinator,
                             backend=backend.name,
                             library_version=VERSION,
-                            config_dir=self._config_dir(),
+                            config_dir=config.folder or self._config_dir(),
+                            conversation=list(origin.conversation) if origin.conversation else None,
+                            caller=origin.caller,
+                            request_sha256=origin.request_sha256,
                         ),
                     )
                 except BaseException:
@@ -265,10 +300,15 @@ class Session:
                 await runner.end(result)
                 return result
         finally:
-            await close_shared_budget(pool)
+            await close_shared_budget(pool, keep=origin.shared)
 
     async def _go_on(
-        self, run_id: str, question: str, observer: Observer | None, stop_reason: Callable[[], str]
+        self,
+        run_id: str,
+        question: str,
+        observer: Observer | None,
+        stop_reason: Callable[[], str],
+        shared: SharedPool | None = None,
     ) -> RunResult:
         """Resume `run_id`, which must be a run of `question` (an id reused for another
         question is a mistake to name, not a run to continue)."""
@@ -278,7 +318,7 @@ class Session:
                 f"run_id {run_id!r}: the store holds a run of another question "
                 f"({_clip(recorded.started.question)}); choose another id"
             )
-        return await self.resume(run_id, observer=observer, stop_reason=stop_reason)
+        return await self.resume(run_id, observer=observer, stop_reason=stop_reason, shared=shared)
 
     def worker_spec(self) -> WorkerSpec:
         """What workers need to run this session's questions as it would, by value."""
@@ -407,12 +447,14 @@ class Session:
         observer: Observer | None = None,
         log: EventLog | None = None,
         stop_reason: Callable[[], str] = lambda: "cancelled",
+        shared: SharedPool | None = None,
     ) -> RunResult:
         """Continue a run from its log. A finished run returns its recorded result.
 
         Completed lanes are kept; lanes in flight at a crash are charged their hold and, with
         the lanes an interrupt cut off, dispatched again. Another process writing the run
-        raises RunInUseError before anything is touched.
+        raises RunInUseError before anything is touched. `shared`: a pool the rest of the run
+        spends from as well as its config's (as `run`'s).
         """
         if log is None:
             # A finished run needs no writer (nor a writable disk): its record stands as read.
@@ -436,7 +478,8 @@ class Session:
                 set_fsync(log, config)
                 backend, judge_backend = await self.backends_for(config)
                 await self._load_given()
-                pool = await open_shared_budget(config, self.store, state.run_id or run_id)
+                own = await open_shared_budget(config, self.store, state.run_id or run_id)
+                pool = joint_pool(own, shared)
                 runner = await hooks.enter_async_context(self.hook_runner(config, state.run_id or run_id))
                 recorder = Recorder(log, state.run_id or run_id, state, observer=runner.tapping(observer))
                 torn = log.torn_tail
@@ -452,7 +495,7 @@ class Session:
                 )
             except BaseException:
                 log.close()
-                await close_shared_budget(pool)
+                await close_shared_budget(pool, keep=shared)
                 raise
             ledger = Ledger(
                 limits=config.budget,
@@ -474,7 +517,7 @@ class Session:
                     stop_reason=stop_reason,
                 )
             finally:
-                await close_shared_budget(pool)
+                await close_shared_budget(pool, keep=shared)
             await runner.end(result)
             return result
 

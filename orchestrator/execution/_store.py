@@ -10,11 +10,13 @@ contract: one writer per run, sequence strictly increasing, the same refusals on
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 import lanefold.stores  # noqa: F401  (the built-in stores register themselves)
 from lanefold.config import DEFAULT_STORE, LoopConfig, recorded_config
+from lanefold.execution._result import RunResult
 from lanefold.primitives import (
     STORES,
     AnyEvent,
@@ -35,7 +37,16 @@ from lanefold.primitives import (
     without_plugin_imports,
 )
 
-__all__ = ("Store", "fold_readable", "fold_record", "new_run_id", "open_store", "read_run", "read_state")
+__all__ = (
+    "Store",
+    "fold_readable",
+    "fold_record",
+    "new_run_id",
+    "open_store",
+    "read_run",
+    "read_state",
+    "run_record",
+)
 
 
 def open_store(url: str | None, runs_dir: str | Path = "runs", password_env: str | None = None) -> Store:
@@ -130,3 +141,27 @@ def read_run(store: Store, run_id: str) -> tuple[list[AnyEvent], RunState, LoopC
 def read_state(store: Store, run_id: str) -> RunState:
     """`read_run`'s state alone."""
     return read_run(store, run_id)[1]
+
+
+def run_record(store: Store, run_id: str) -> dict[str, Any]:
+    """What `show --json` prints of a run: a finished run's result with its reductions, else
+    where it stands (interrupted, failed, unfinished) and what it has done so far."""
+    _, state, _ = read_run(store, run_id)
+    reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
+    if state.result is not None:
+        result = RunResult.model_validate(state.result)
+        return {**result.model_dump(mode="json"), "reductions": reductions}
+    status = "failed" if state.failure else "interrupted" if state.interrupted else "unfinished"
+    return {
+        "run_id": state.run_id,
+        "status": status,
+        "error": state.failure.message if state.failure else None,
+        "lanes_completed": sum(len(w.completed()) for w in state.waves.values()),
+        "lanes_failed": sum(len(w.failed()) for w in state.waves.values()),
+        "lanes_in_flight": len(state.in_flight()),
+        "lanes_interrupted": sum(
+            1 for w in state.waves.values() for s in w.lanes.values() if s.status == "interrupted"
+        ),
+        "events": store.location(run_id),
+        "reductions": reductions,
+    }

@@ -7,6 +7,8 @@ server starts, so the command line starts without the serve extra installed.
 
 from __future__ import annotations
 
+from lanefold.serve._keys import GatewayKey, KeyBudget, Keys, load_keys
+from lanefold.serve._loops import loop_configs, serve_loops, serve_loops_async
 from lanefold.serve._run import (
     ServeError,
     api_key_from,
@@ -19,12 +21,19 @@ from lanefold.serve._run import (
 )
 
 __all__ = (
+    "GatewayKey",
+    "KeyBudget",
+    "Keys",
     "ServeError",
     "api_key_from",
     "count",
     "is_loopback",
     "listen",
+    "load_keys",
+    "loop_configs",
     "port_number",
     "require_extra",
     "serve",
+    "serve_loops",
+    "serve_loops_async",
 )

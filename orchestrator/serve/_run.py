@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import anyio
@@ -27,6 +27,7 @@ __all__ = (
     "listen",
     "port_number",
     "require_extra",
+    "run_server",
     "serve",
     "serve_async",
 )
@@ -80,9 +81,41 @@ async def serve_async(
     `app_options` go to `create_app` (api_key, max_body_bytes, max_waiting, ...). A second
     signal while requests are still closing forces the exit.
     """
-    import uvicorn  # the `serve` extra; imported here so the package loads without it
-
     from lanefold.serve._app import create_app
+
+    async def load() -> None:
+        if isinstance(backend, Loadable):  # the engine: the model before the first client
+            await backend.load()
+
+    app = create_app(backend, model_name=model_name, **app_options)
+    await run_server(
+        app,
+        what=model_name,
+        host=host,
+        port=port,
+        log_level=log_level,
+        sock=sock,
+        load=load,
+        aclose=backend.aclose,
+    )
+
+
+async def run_server(
+    app: Any,
+    *,
+    what: str,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    sock: socket.socket | None = None,
+    load: Callable[[], Awaitable[None]],
+    aclose: Callable[[], Awaitable[None]],
+    stopping: Any = None,
+) -> None:
+    """Serve the ASGI `app` with uvicorn until SIGINT or SIGTERM: `load()` before the first
+    client (a model that cannot load is its one-line error), `aclose()` after the last.
+    `stopping` (default: the app's `state.stopping`) is told when a signal comes."""
+    import uvicorn  # the `serve` extra; imported here so the package loads without it
 
     sock = sock or listen(host, port)
     url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
@@ -94,13 +127,13 @@ async def serve_async(
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)  # says nothing when handed a bound socket
-            logging.getLogger("uvicorn.error").info("serving %s on %s (Ctrl-C to stop)", model_name, url)
+            logging.getLogger("uvicorn.error").info("serving %s on %s (Ctrl-C to stop)", what, url)
 
-    app = create_app(backend, model_name=model_name, **app_options)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5
     )
     server = _Server(config)
+    stopping = stopping or getattr(getattr(app, "state", None), "stopping", None)
     failure: list[LanefoldError] = []  # raised after the task group, not inside its group
     try:
         async with anyio.create_task_group() as tg:
@@ -111,23 +144,23 @@ async def serve_async(
                         if server.should_exit:
                             server.force_exit = True
                         server.should_exit = True
-                        app.state.stopping.stop()
+                        if stopping is not None:
+                            stopping.stop()
                         if not server.started:  # still loading: nothing to shut down
                             tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            if isinstance(backend, Loadable):  # the engine: the model before the first client
-                try:
-                    await backend.load()
-                except LanefoldError as exc:  # a model that cannot load: one line, its code
-                    failure.append(exc)
+            try:
+                await load()
+            except LanefoldError as exc:  # a model that cannot load: one line, its code
+                failure.append(exc)
             if not failure:
                 await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
     finally:
         sock.close()
         with anyio.CancelScope(shield=True):
-            await backend.aclose()
+            await aclose()
     if failure:
         raise failure[0]
 

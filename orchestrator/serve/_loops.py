@@ -1,0 +1,154 @@
+"""`orchestrator serve --loops DIR`: which loops are served under which names, and the server.
+
+Each `*.toml` loop config in DIR is served under its file stem; `--loop NAME=CONFIG` adds one or
+serves a file under another name. Every config is read and preflighted before the port opens,
+and every backend they name is built and loaded once (two loops on one engine share it).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from lanefold.config import LoopConfig, load_config, preflight
+from lanefold.execution import Session, Store
+from lanefold.primitives import Backend, ConfigError, Loadable
+from lanefold.serve._keys import KeyPools, load_keys
+from lanefold.serve._run import listen, run_server
+
+__all__ = ("loop_configs", "serve_loops")
+
+_log = logging.getLogger("lanefold.serve")
+
+
+def loop_configs(folder: str | Path | None, named: Sequence[str] = ()) -> dict[str, LoopConfig]:
+    """The loops to serve, model name -> config: DIR's `*.toml` by stem, then each `--loop
+    NAME=CONFIG`. A bad file, name or pair is one ConfigError naming it."""
+    loops: dict[str, LoopConfig] = {}
+    if folder is not None:
+        root = Path(folder)
+        if not root.is_dir():
+            raise ConfigError(f"--loops: {root} is not a folder")
+        for path in sorted(root.glob("*.toml")):
+            loops[path.stem] = load_config(path)
+            preflight(loops[path.stem], str(path))
+    for pair in named:
+        name, eq, file = (part.strip() for part in pair.partition("="))
+        if not eq or not name or not file:
+            raise ConfigError(f"--loop {pair!r}: expected NAME=CONFIG")
+        loops[name] = load_config(file)
+        preflight(loops[name], file)
+    if not loops:
+        raise ConfigError(f"--loops: no *.toml loop config in {folder}" if folder else "no loop to serve")
+    return loops
+
+
+def serve_loops(
+    loops: dict[str, LoopConfig],
+    store: Store,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    keys_file: str | None = None,
+    api_key: str | None = None,
+    backend: Backend | None = None,
+    backend_name: str | None = None,
+    backend_options: dict[str, Any] | None = None,
+    max_body_bytes: int = 1 << 20,
+    log_level: str = "info",
+    hooks: Sequence[Any] = (),
+) -> None:
+    """Blocking: serve `loops` (and `backend` as `backend_name`, where given) until Ctrl-C."""
+    keys = load_keys(keys_file, loops) if keys_file is not None else None
+    sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
+    anyio.run(
+        lambda: serve_loops_async(
+            loops,
+            store,
+            sock=sock,
+            host=host,
+            port=port,
+            keys=keys,
+            api_key=api_key,
+            backend=backend,
+            backend_name=backend_name,
+            backend_options=backend_options or {},
+            max_body_bytes=max_body_bytes,
+            log_level=log_level,
+            hooks=hooks,
+        ),
+        backend="asyncio",  # uvicorn runs on asyncio only
+    )
+
+
+async def serve_loops_async(
+    loops: dict[str, LoopConfig],
+    store: Store,
+    *,
+    sock: socket.socket | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    keys: Any = None,
+    api_key: str | None = None,
+    backend: Backend | None = None,
+    backend_name: str | None = None,
+    backend_options: dict[str, Any] | None = None,
+    max_body_bytes: int = 1 << 20,
+    log_level: str = "info",
+    hooks: Sequence[Any] = (),
+) -> None:
+    """`serve_loops` in a running event loop (asyncio: uvicorn's)."""
+    from lanefold.serve._app import create_app, served_names
+    from lanefold.serve._gateway import create_gateway
+    from lanefold.serve._guard import KeyCheck
+
+    session = Session(store=store, hooks=hooks)
+    pools = KeyPools(keys, store) if keys is not None else None
+    backend_app = None
+    names: frozenset[str] = frozenset()
+    if backend is not None:
+        name = backend_name or backend.name
+        backend_app = create_app(backend, model_name=name, **(backend_options or {}))
+        names = served_names(backend, name)
+    app = create_gateway(
+        session,
+        loops,
+        keys=keys,
+        pools=pools,
+        backend_app=backend_app,
+        backend_names=names,
+        max_body_bytes=max_body_bytes,
+    )
+    served: Any = app if api_key is None else KeyCheck(app, key=api_key)  # before a body is read
+
+    async def load() -> None:
+        for config in loops.values():
+            await session.backends_for(config)  # built and loaded once per distinct backend
+        if isinstance(backend, Loadable):
+            await backend.load()
+        if pools is not None:
+            await anyio.to_thread.run_sync(pools.prepare)
+        _log.info("loops: %s", ", ".join(sorted(loops)))
+
+    async def aclose() -> None:
+        await session.aclose()
+        if backend is not None:
+            await backend.aclose()
+
+    what = f"{len(loops)} loop{'s' if len(loops) != 1 else ''} ({', '.join(sorted(loops))})"
+    await run_server(
+        served,
+        what=what,
+        host=host,
+        port=port,
+        log_level=log_level,
+        sock=sock,
+        load=load,
+        aclose=aclose,
+        stopping=app.state.stopping,
+    )
