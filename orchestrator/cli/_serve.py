@@ -8,6 +8,8 @@ from lanefold.cli._shared import (
     Common,
     Handler,
     error,
+    otel_argument,
+    otel_hooks,
     store_of,
 )
 from lanefold.config import (
@@ -89,6 +91,7 @@ def add_commands(
         help="requests waiting beyond "
         "the backend's running batch; more get 429 with Retry-After (default: any)",
     )
+    otel_argument(p)
     common(p)
     return {"serve": _cmd_serve}
 
@@ -109,6 +112,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             )
         if args.keys is not None:
             raise ConfigError("--keys: keys govern loops; give --loops DIR too")
+        if args.otel_endpoint is not None:
+            raise ConfigError("--otel-endpoint: traces are of runs; give --loops DIR too")
     elif args.keys is not None and key is not None:
         raise ConfigError("--keys and --api-key-env: give one (a keys file holds every key)")
     backend = _backend(args.backend_config) if args.backend_config is not None else None
@@ -129,6 +134,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "max_waiting": args.max_waiting,
             },
             max_body_bytes=args.max_body_bytes,
+            hooks=otel_hooks(args),
         )
         return 0
     assert backend is not None

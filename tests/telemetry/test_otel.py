@@ -250,3 +250,49 @@ async def test_an_endpoint_that_is_down_changes_nothing(tmp_path: Path) -> None:
     without = await lanefold.run(seeded, "What is 8 + 1?", runs_dir=tmp_path / "b")
     assert (with_hook.answer, with_hook.votes) == (without.answer, without.votes)
     assert flush_all(2.0) is False or True  # it may or may not have given up yet: the run did not wait
+
+
+def test_the_gateway_exports_each_request_as_a_trace(receiver: tuple[Receiver, str], tmp_path: Path) -> None:
+    """`serve --loops --otel-endpoint`: a request's run arrives as a trace, as `run`'s does."""
+    pytest.importorskip("starlette")
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    got, url = receiver
+    (tmp_path / "loops").mkdir()
+    (tmp_path / "loops" / "vote.toml").write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["serve", "--loops", "loops", "--runs-dir", "runs", "--port", str(port), "--otel-endpoint", url]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lanefold", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert process.poll() is None and time.monotonic() < deadline, "the gateway did not start"
+                time.sleep(0.05)
+        body = {"model": "vote", "messages": [{"role": "user", "content": "What is 1 + 1?"}]}
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+        run_id = response.headers["x-lanefold-run-id"]
+        while len(got.of_run(run_id)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        process.terminate()
+        process.wait(20)
+    spans = got.of_run(run_id)
+    assert len(spans) == 1 + 1 + 2  # run, wave, two lanes
+    (run,) = [s for s in spans if s["parent"] is None]
+    assert run["attributes"]["lanefold.run_id"] == run_id
