@@ -7,9 +7,12 @@ asserted, each beside a baseline measured in the same run:
 - the runs list over 10,000 runs in a files store: server time of one page (`GET /`, first and
   sixth page, in-process through starlette's test client), target < 300 ms; baseline:
   a fresh store's `list_runs(limit=51)`, which reads every run's first and last lines (the view's
-  store reads an ended run's log once, then only stats it).
+  store reads an ended run's log once, then only stats it);
+- with `--postgres`, the same list over 10,000 runs in a PostgreSQL store (the embedded server the
+  tests start): the first and sixth page's server time against reading every run's first and
+  last event in one query, the way the store listed runs before it paged.
 
-    PYTHONPATH=. .venv/bin/python bench/view.py [--runs 10000] [--lanes 1000]
+    PYTHONPATH=. .venv/bin/python bench/view.py [--runs 10000] [--lanes 1000] [--postgres]
 """
 
 from __future__ import annotations
@@ -76,7 +79,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--lanes", type=int, default=1000)
+    parser.add_argument("--postgres", action="store_true", help="only the runs list on PostgreSQL")
     args = parser.parse_args()
+    if args.postgres:
+        postgres_list(args.runs)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         big_run(root / "big", args.lanes)
@@ -106,6 +113,59 @@ def main() -> None:
                 f"{args.runs} runs: {name} server time {ms:.0f} ms ({ms / store_ms:.2f}x the store's list), "
                 f"target < 300 ms: {_verdict(ms, 300)}"
             )
+
+
+def postgres_list(count: int) -> None:
+    """The runs list over `count` runs in PostgreSQL, against a read of every run's head and tail."""
+    from pgserver import PgServer
+
+    with tempfile.TemporaryDirectory(prefix="lanefold-pg-") as tmp:
+        server = PgServer.start(Path(tmp))
+        try:
+            url = server.url(server.create_database())
+            config = lanefold.parse_config({"loop": {"k": 2, "seed": 1}, "backend": {"kind": "simulated"}})
+            lanefold.run_sync(config, "What is 17 * 23?", store=url, run_id="seed")
+            store = open_store(url)
+            events = [e.model_dump(mode="json") for e in store.reader("seed").read()]
+            import psycopg
+
+            with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+                for i in range(count):
+                    run_id = f"r{i:05d}"
+                    conn.execute("INSERT INTO lanefold_runs (run_id) VALUES (%s)", (run_id,))
+                    with conn.cursor() as cur:
+                        cur.executemany(
+                            "INSERT INTO lanefold_events (run_id, sequence, type, body)"
+                            " VALUES (%s, %s, %s, %s)",
+                            [
+                                (run_id, e["sequence"], e["type"], json.dumps({**e, "run_id": run_id}))
+                                for e in events
+                            ],
+                        )
+            every = (
+                "SELECT r.run_id, f.body, t.body FROM lanefold_runs r"
+                " JOIN lanefold_events f ON f.run_id = r.run_id AND f.sequence = 1"
+                " JOIN LATERAL (SELECT body FROM lanefold_events e WHERE e.run_id = r.run_id"
+                " ORDER BY e.sequence DESC LIMIT 1) t ON true"
+            )
+            with psycopg.connect(url) as conn:
+                scan_ms = _median_ms(lambda: conn.execute(every).fetchall())
+            client = TestClient(create_app(open_store(url)))
+            first_ms = _median_ms(lambda: client.get("/"))
+            sixth_ms = _median_ms(lambda: client.get("/?page=5"))
+            failed_ms = _median_ms(lambda: client.get("/?status=failed"))
+        finally:
+            server.stop()
+    print(f"{count + 1} runs, PostgreSQL: every run's head and tail in one query (baseline) {scan_ms:.0f} ms")
+    for name, ms in (
+        ("first page", first_ms),
+        ("sixth page", sixth_ms),
+        ("status=failed (no match)", failed_ms),
+    ):
+        print(
+            f"{count + 1} runs, PostgreSQL: {name} server time {ms:.0f} ms ({ms / scan_ms:.2f}x the scan), "
+            f"target < 300 ms: {_verdict(ms, 300)}"
+        )
 
 
 def _render_ms(app: object, lanes: int) -> float | None:

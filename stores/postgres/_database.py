@@ -30,6 +30,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS lanefold_runs ("
     " run_id text PRIMARY KEY,"
     " created timestamptz NOT NULL DEFAULT now())",
+    "CREATE INDEX IF NOT EXISTS lanefold_runs_created ON lanefold_runs (created DESC, run_id DESC)",
     "CREATE TABLE IF NOT EXISTS lanefold_events ("
     " run_id text NOT NULL REFERENCES lanefold_runs (run_id),"
     " sequence bigint NOT NULL CHECK (sequence > 0),"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -38,13 +38,24 @@ from lanefold.stores.postgres._log import PgEventLog, lock_key
 
 __all__ = ("PgStore",)
 
+# A page of runs, newest first, with each one's first and last event: the LIMIT applies before
+# the join, so a page reads its own runs' rows and never the whole table's.
 _HEADS_AND_TAILS = (
-    "SELECT r.run_id, f.body, t.body FROM lanefold_runs r"
+    "SELECT r.run_id, f.body, t.body FROM ("
+    "   SELECT run_id, created FROM lanefold_runs"
+    "   WHERE (%(prefix)s::text IS NULL OR starts_with(run_id, %(prefix)s::text))"
+    "     AND (%(since)s::timestamptz IS NULL OR created >= %(since)s::timestamptz)"
+    "   ORDER BY created DESC, run_id DESC LIMIT %(limit)s OFFSET %(offset)s) r"
     " JOIN lanefold_events f ON f.run_id = r.run_id AND f.sequence = 1"
     " JOIN LATERAL (SELECT body FROM lanefold_events e WHERE e.run_id = r.run_id"
     "               ORDER BY e.sequence DESC LIMIT 1) t ON true"
-    " WHERE %(prefix)s::text IS NULL OR starts_with(r.run_id, %(prefix)s::text)"
+    " ORDER BY r.created DESC, r.run_id DESC"
 )
+# Runs are created when their first event is written: `created` trails `started` (the writer's
+# clock) by the round trip, or by clock skew between machines. A `since` filter reads this
+# much earlier in `created`, and `select_runs` then filters on `started` itself.
+_SKEW = timedelta(minutes=10)
+_BATCH = 200
 _WRITERS = (
     "SELECT l.classid::bigint, l.objid::bigint FROM pg_locks l"
     " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
@@ -129,22 +140,38 @@ class PgStore:
         since: datetime | None = None,
         limit: int | None = None,
     ) -> list[RunSummary]:
-        with self.db.reading() as conn:
-            rows = conn.execute(
-                _HEADS_AND_TAILS, {"prefix": None if eval_id is None else eval_id + "."}
-            ).fetchall()
-            locks = {(int(a), int(b)) for a, b in conn.execute(_WRITERS).fetchall()}
-        found = []
-        for run_id, head, tail in rows:
-            key = lock_key(run_id) & 0xFFFFFFFFFFFFFFFF
-            try:
-                summary = summarize_run(
-                    parse_event(head), parse_event(tail), writing=(key >> 32, key & 0xFFFFFFFF) in locks
-                )
-            except ValueError:  # a row that is not a run's event: `show` names it
-                continue
-            if summary is not None:
-                found.append(summary)
+        found: list[RunSummary] = []
+        prefix = None if eval_id is None else eval_id + "."
+        # Pages of runs newest first until `limit` pass the filters (all of them without one).
+        batch = _BATCH if limit is None else max(limit + limit // 2, 50)
+        offset = 0
+        while True:
+            with self.db.reading() as conn:
+                rows = conn.execute(
+                    _HEADS_AND_TAILS,
+                    {
+                        "prefix": prefix,
+                        "since": None if since is None else since - _SKEW,
+                        "limit": batch,
+                        "offset": offset,
+                    },
+                ).fetchall()
+                locks = {(int(a), int(b)) for a, b in conn.execute(_WRITERS).fetchall()}
+            for run_id, head, tail in rows:
+                key = lock_key(run_id) & 0xFFFFFFFFFFFFFFFF
+                try:
+                    summary = summarize_run(
+                        parse_event(head), parse_event(tail), writing=(key >> 32, key & 0xFFFFFFFF) in locks
+                    )
+                except ValueError:  # a row that is not a run's event: `show` names it
+                    continue
+                if summary is not None:
+                    found.append(summary)
+            offset += batch
+            chosen = select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since)
+            if len(rows) < batch or (limit is not None and len(chosen) >= limit):
+                break
+            batch *= 2  # the filters keep few of these runs: read further in larger steps
         return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
 
     # -- shared budgets (BudgetStore) ------------------------------------------------------------

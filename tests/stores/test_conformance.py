@@ -215,6 +215,20 @@ def test_list_runs_filters_and_order(store: Store) -> None:
         held.close()
 
 
+def test_a_filtered_page_reaches_past_the_newest_runs(store: Store) -> None:
+    """A page is read newest first in steps (PostgreSQL: no whole-table read per page); a filter
+    that only old runs pass still finds them, in order, and a page stops at its limit."""
+    for i in range(230):
+        run_id, at = f"r{i:03}", T0 + timedelta(seconds=i)
+        write(
+            store, run_id, [started(run_id, at=at), ended(run_id, 2, "failed" if i < 3 else "answered", at)]
+        )
+    assert [s.run_id for s in store.list_runs(status="failed", limit=2)] == ["r002", "r001"]
+    assert [s.run_id for s in store.list_runs(status="failed")] == ["r002", "r001", "r000"]
+    assert [s.run_id for s in store.list_runs(limit=3)] == ["r229", "r228", "r227"]
+    assert len(store.list_runs()) == 230
+
+
 def test_orchestrator_list_prints_runs_newest_first(
     opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
