@@ -141,7 +141,7 @@ class Dispatcher:
         sleep: Callable[[float], object] = anyio.sleep,
         rng: random.Random | None = None,
         logger: structlog.stdlib.BoundLogger | None = None,
-        conversation: Sequence[tuple[str, str]] = (),
+        conversation: Sequence[tuple[str, str]] | None = None,
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
@@ -154,7 +154,9 @@ class Dispatcher:
             ledger,
             max_concurrency=max_concurrency,
             slots=slots,
-            conversation=tuple(ChatMessage(role, content) for role, content in conversation),
+            conversation=None
+            if conversation is None
+            else tuple(ChatMessage(role, content) for role, content in conversation),
         )
         self._settle = _Settler(recorder, ledger, log)
         self._attempts = _Attempts(
@@ -236,7 +238,7 @@ class _Planner:
         *,
         max_concurrency: int,
         slots: LaneSlots,
-        conversation: tuple[ChatMessage, ...] = (),
+        conversation: tuple[ChatMessage, ...] | None = None,
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.max_concurrency, self._slots = max_concurrency, slots
@@ -244,10 +246,10 @@ class _Planner:
         self._token_cache: dict[str, int] = {}
 
     def messages(self, spec: WaveSpec, prompt: str) -> tuple[ChatMessage, ...] | None:
-        """The conversation a sampled lane sends (the run's earlier turns, then its prompt as
-        the user's), or None: a run with no conversation, or a judge's wave (its prompt
-        stands alone)."""
-        if not self.conversation or spec.bill != "sample":
+        """The conversation a sampled lane of a chat's run sends (the chat's earlier turns, if
+        any, then its prompt as the user's), or None: a run that is no chat's, or a judge's
+        wave (its prompt stands alone)."""
+        if self.conversation is None or spec.bill != "sample":
             return None
         return (*self.conversation, ChatMessage("user", prompt))
 

@@ -167,8 +167,9 @@ class RunStartedData(_Frozen):
     library_version: str
     # The config file's folder, where a `module:...` loop or verifier beside it is imported from
     config_dir: str | None = Field(None, exclude_if=_absent)
-    # A chat request's turns before the question, (role, content) each: every sampled lane
-    # sends them ahead of its prompt, through the backend's chat template (the loop gateway).
+    # A chat's run (the loop gateway's): its turns before the question, (role, content) each,
+    # which every sampled lane sends ahead of its prompt (the user's turn) through the
+    # backend's chat template; empty where the question is the chat's only turn.
     conversation: list[tuple[str, str]] | None = Field(None, exclude_if=_absent)
     # Who asked (a gateway key's name, never the key) and the sha256 of what they sent: an
     # idempotent retry with another body is refused by it.

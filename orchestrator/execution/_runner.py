@@ -167,7 +167,7 @@ def context(
 ) -> RunContext:
     """The LoopContext of a run: its dispatchers over one ledger and one recorder."""
     started = recorder.state.started
-    conversation = started.conversation if started is not None and started.conversation else ()
+    conversation = started.conversation if started is not None else None
     dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, conversation)
     judge = (
         _dispatcher(config, judge_backend, recorder, ledger, limiter, log)
@@ -262,7 +262,7 @@ def _dispatcher(
     ledger: Ledger,
     limiter: anyio.CapacityLimiter | None,
     log: structlog.stdlib.BoundLogger,
-    conversation: Sequence[tuple[str, str]] = (),
+    conversation: Sequence[tuple[str, str]] | None = None,
 ) -> Dispatcher:
     retry = config.retry
     return Dispatcher(

@@ -214,11 +214,13 @@ class Session:
         config's `loop.seed`), recorded with its config like any other key.
 
         `config` runs this question under another config than the session's (its backends
-        built once too, and shared with every config naming the same). `conversation` is a
-        chat's turns before the question, (role, content) each: every sampled lane sends them
-        ahead of its prompt. `caller` and `request_sha256` are recorded with the run (who asked,
-        and a digest of what they sent). `shared` is a pool this run spends from as well as
-        the config's own (a gateway key's budget); the caller keeps and closes it.
+        built once too, and shared with every config naming the same). `conversation` makes
+        the run a chat's: its turns before the question, (role, content) each (empty: none),
+        which every sampled lane sends ahead of its prompt, the prompt as the user's turn,
+        through the backend's chat template. `caller` and `request_sha256` are recorded with
+        the run (who asked, and a digest of what they sent). `shared` is a pool this run
+        spends from as well as the config's own (a gateway key's budget); the caller keeps and
+        closes it.
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -233,7 +235,7 @@ class Session:
             if resume and log is None and self.store.exists(run_id):
                 return await self._go_on(run_id, question, observer, stop_reason, shared)
             started = _Origin(
-                config, tuple(conversation) if conversation else None, caller, request_sha256, shared
+                config, None if conversation is None else tuple(conversation), caller, request_sha256, shared
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
@@ -277,7 +279,7 @@ class Session:
                             backend=backend.name,
                             library_version=VERSION,
                             config_dir=config.folder or self._config_dir(),
-                            conversation=list(origin.conversation) if origin.conversation else None,
+                            conversation=None if origin.conversation is None else list(origin.conversation),
                             caller=origin.caller,
                             request_sha256=origin.request_sha256,
                         ),

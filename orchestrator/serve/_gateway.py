@@ -110,7 +110,7 @@ class _Ask:
     loop: str
     kind: str  # "chat.completion" or "text_completion"
     question: str
-    conversation: tuple[tuple[str, str], ...]
+    conversation: tuple[tuple[str, str], ...] | None  # a chat's turns before the question
     options: _Options
     digest: str
 
@@ -156,7 +156,7 @@ def _ask(loop: str, kind: str, body: dict[str, Any]) -> _Ask:
         prompt = prompt[0]
     if not prompt.strip():
         raise HTTPError(400, "prompt: empty", param="prompt")
-    return _Ask(loop, kind, prompt, (), completion, request_digest(body))
+    return _Ask(loop, kind, prompt, None, completion, request_digest(body))
 
 
 def _config_for(config: LoopConfig, options: _Options) -> LoopConfig:
@@ -473,7 +473,7 @@ def create_gateway(
                 run_id=go.run_id,
                 resume=go.idempotent,
                 config=config_for(ask),
-                conversation=ask.conversation or None,
+                conversation=ask.conversation,
                 caller=go.caller,
                 request_sha256=ask.digest,
                 shared=pool,

@@ -402,3 +402,17 @@ def test_the_stream_sends_the_role_at_once_a_comment_per_lane_then_the_answer(tm
     assert text.endswith(whole["lanefold"]["answer"])
     assert data[-1]["choices"] == [] and data[-1]["usage"]["total_tokens"] > 0
     assert lines[-1] == "data: [DONE]"
+
+
+def test_a_chat_of_one_turn_goes_through_the_chat_template_and_a_completion_does_not(tmp_path: Path) -> None:
+    loops = {"vote": load_config(loop_file(tmp_path / "loops"))}
+    backend = Capturing(SimulatedConfig(latency_ms=(0, 1)))
+    with gateway(tmp_path, loops, backend=backend) as (client, runs):
+        client.post("/chat/completions", json=chat())
+        chats = list(backend.seen)
+        client.post("/completions", json={"model": "vote", "prompt": "What is 17 * 23?"})
+        completions = backend.seen[len(chats) :]
+    assert chats and all(r.messages is not None and [m.role for m in r.messages] == ["user"] for r in chats)
+    assert completions and all(r.messages is None for r in completions)
+    states = [read_state(open_store(None, runs), s.run_id) for s in open_store(None, runs).list_runs()]
+    assert sorted(repr(s.started.conversation) for s in states if s.started) == ["None", "[]"]
