@@ -65,9 +65,9 @@ class Gateway:
     loops: dict[str, LoopConfig]
     opened: list[openai.OpenAI] = field(default_factory=list)
 
-    def client(self, key: str = KEY) -> openai.OpenAI:
-        """The OpenAI SDK's client with `key`, no retries (a 429 is asserted, not waited out)."""
-        client = openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=30)
+    def client(self, key: str = KEY, *, max_retries: int = 0) -> openai.OpenAI:
+        """The OpenAI SDK's client with `key`, no retries unless asked (the SDK's default is 2)."""
+        client = openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=max_retries, timeout=30)
         self.opened.append(client)
         return client
 
@@ -247,12 +247,21 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     with pytest.raises(openai.NotFoundError):  # a loop the key may not call is none of its business
         gateway.client(POOR_KEY).chat.completions.create(model="qa", messages=messages)
 
+    # The SDK's default client retries a 429 twice; `x-should-retry: false` says this one is
+    # final, so it is asked once: one refused run, nothing sampled.
     with pytest.raises(openai.RateLimitError) as poor:
-        gateway.client(POOR_KEY).chat.completions.create(model="vote", messages=messages)
+        gateway.client(POOR_KEY, max_retries=2).chat.completions.create(model="vote", messages=messages)
     assert poor.value.code == "insufficient_quota"
     assert poor.value.type == "insufficient_quota"
+    assert poor.value.response.headers["x-should-retry"] == "false"
     (refused,) = [r for r in gateway.store.list_runs() if r.caller == "pauper"]
-    assert refused.status == "failed" and refused.lanes == 0 and refused.tokens == 0  # nothing sampled
+    assert refused.status == "failed" and refused.lanes == 0 and refused.tokens == 0
+
+    # A stream has begun (its role chunk sent) before the first wave is refused: the SDK raises
+    # its APIError from the stream's error event, with the same code.
+    with pytest.raises(openai.APIError) as streamed:
+        list(gateway.client(POOR_KEY).chat.completions.create(model="vote", messages=messages, stream=True))
+    assert streamed.value.code == "insufficient_quota"
 
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
     with pytest.raises(openai.BadRequestError) as tools:
@@ -263,6 +272,31 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     models = [m.id for m in gateway.client().models.list()]
     assert sorted(models) == ["qa", "vote"]
     assert [m.id for m in gateway.client(POOR_KEY).models.list()] == ["vote"]
+
+
+def test_openai_retry_with_an_idempotency_key_gets_the_recorded_answer(gateway: Gateway) -> None:
+    client = gateway.client()
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    retry = {"Idempotency-Key": "order-42"}
+    first = client.chat.completions.with_raw_response.create(
+        model="vote", messages=messages, extra_headers=retry
+    )
+    again = client.chat.completions.with_raw_response.create(
+        model="vote", messages=messages, extra_headers=retry, stream=True
+    )
+    run_id = first.headers["x-lanefold-run-id"]
+    assert again.headers["x-lanefold-run-id"] == run_id
+    chunks = list(again.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == first.parse().choices[0].message.content
+    assert chunks[-1].usage == first.parse().usage
+    assert [r.run_id for r in gateway.store.list_runs()] == [run_id]  # sampled once
+
+    with pytest.raises(openai.UnprocessableEntityError) as reused:
+        client.chat.completions.create(
+            model="vote", messages=[{"role": "user", "content": "Another question?"}], extra_headers=retry
+        )
+    assert reused.value.code == "idempotency_key_reused"
 
 
 # --- LangChain --------------------------------------------------------------------------------------
@@ -312,6 +346,12 @@ def test_dspy_predict_through_a_loop(gateway: Gateway, dspy: Any) -> None:
     (role, system), *_ = state.started.conversation
     assert role == "system" and "[[ ## answer ## ]]" in system  # DSPy's field instructions
     assert state.started.question.startswith(f"[[ ## question ## ]]\n{QUESTION}")
+
+    # A key without the budget: DSPy's own billing error, raised at once (not retried).
+    poor = dspy.LM("openai/vote", api_base=gateway.base_url, api_key=POOR_KEY, cache=False)
+    with dspy.context(lm=poor), pytest.raises(dspy.utils.exceptions.LMBillingError):
+        dspy.Predict("question -> answer")(question=QUESTION)
+    assert [r.caller for r in gateway.store.list_runs()].count("pauper") == 1
 
 
 # --- the real engine ----------------------------------------------------------------------------------
