@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 from loopback import Loopback
+from pydantic import BaseModel
 
 from lanefold.config import LoopConfig
 from lanefold.execution import Session, Store, open_store, read_state
@@ -321,6 +322,19 @@ def test_langchain_chat_openai_invoke_and_stream(gateway: Gateway) -> None:
 
     pieces = list(chat.stream(messages))
     assert "".join(str(p.content) for p in pieces) == reply.content
+    streamed = pieces[0]
+    for piece in pieces[1:]:
+        streamed += piece
+    assert streamed.usage_metadata == reply.usage_metadata  # the usage chunk, the same seeded run
+
+    # Structured output is a tool call or a JSON schema: refused by name, as a loop answers in text.
+    class Answer(BaseModel):
+        answer: str
+
+    for method, param in [("function_calling", "tools"), ("json_schema", "response_format")]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat.with_structured_output(Answer, method=method).invoke(messages)
+        assert refused.value.param == param and refused.value.code == "unsupported_parameter"
 
 
 # --- DSPy -------------------------------------------------------------------------------------------
