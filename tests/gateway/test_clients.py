@@ -108,13 +108,15 @@ def _serve(folder: Path, loops: dict[str, LoopConfig]) -> Iterator[Gateway]:
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
-    """`serve --loops` over two loops: `vote` (examples/simulated.toml, instant) and `qa`
-    (answers in DSPy's field format), with two keys: alice (no limit) and pauper (50 tokens)."""
+    """`serve --loops` over three loops: `vote` (examples/simulated.toml), `best`
+    (examples/best_of_n.toml: a judge's wave) and `qa` (answers in DSPy's field format), all
+    instant, with two keys: alice (no limit) and pauper (50 tokens)."""
     folder = tmp_path / "loops"
     folder.mkdir()
-    simulated = (ROOT / "examples" / "simulated.toml").read_text()
-    assert "latency_ms = [20, 120]" in simulated
-    (folder / "vote.toml").write_text(simulated.replace("latency_ms = [20, 120]", "latency_ms = [1, 5]"))
+    for example, name, latency in [("simulated", "vote", "[20, 120]"), ("best_of_n", "best", "[5, 30]")]:
+        text = (ROOT / "examples" / f"{example}.toml").read_text()
+        assert f"latency_ms = {latency}" in text
+        (folder / f"{name}.toml").write_text(text.replace(f"latency_ms = {latency}", "latency_ms = [1, 5]"))
     (folder / "qa.toml").write_text(DSPY_LOOP)
     yield from _serve(tmp_path, loop_configs(folder))
 
@@ -173,6 +175,20 @@ def test_openai_chat_usage_is_the_runs_bill(gateway: Gateway) -> None:
     started = read_state(gateway.store, run_id).started
     assert started is not None and started.caller == "alice"
     assert started.conversation == [("system", "Answer briefly.")]
+
+
+def test_openai_usage_counts_the_judges_tokens_as_completion(gateway: Gateway) -> None:
+    completion = gateway.client().chat.completions.create(
+        model="best", messages=[{"role": "user", "content": QUESTION}], n=2
+    )
+    lanefold = (completion.model_extra or {})["lanefold"]
+    bill = lanefold["bill"]["usage"]
+    assert bill["verifier_tokens"] > 0 and lanefold["scores"]  # six lanes judged
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == bill["decode_tokens"] + bill["verifier_tokens"]
+    assert _usage(completion.usage) == _bill_as_usage(gateway.run_record(lanefold["run_id"]))
+    answers = [c.message.content.rpartition("Answer: ")[2] for c in completion.choices if c.message.content]
+    assert answers[0] == lanefold["answer"] and len(set(answers)) == len(answers) == 2  # by score
 
 
 def test_openai_completions(gateway: Gateway) -> None:
@@ -271,7 +287,7 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     assert "tools" in tools.value.message
 
     models = [m.id for m in gateway.client().models.list()]
-    assert sorted(models) == ["qa", "vote"]
+    assert sorted(models) == ["best", "qa", "vote"]
     assert [m.id for m in gateway.client(POOR_KEY).models.list()] == ["vote"]
 
 
