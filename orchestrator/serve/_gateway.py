@@ -264,10 +264,23 @@ def _lanefold(loop: str, result: RunResult) -> dict[str, Any]:
     }
 
 
+def _out_of_quota(message: str) -> HTTPError:
+    """429 insufficient_quota: the key's budget cannot fund the loop. A retry cannot succeed
+    either, so `x-should-retry: false` tells the OpenAI SDKs (and LangChain, LiteLLM over them)
+    not to repeat it, each repeat a refused run in the store."""
+    return HTTPError(
+        429,
+        message,
+        kind="insufficient_quota",
+        code="insufficient_quota",
+        headers={"x-should-retry": "false"},
+    )
+
+
 def _refused(exc: LanefoldError) -> HTTPError:
     """A run's failure as the client hears it."""
     if isinstance(exc, BudgetExhaustedError):
-        return HTTPError(429, str(exc), kind="insufficient_quota", code="insufficient_quota")
+        return _out_of_quota(str(exc))
     t = told(exc)
     return HTTPError(t.status, t.message, kind=t.kind, code=t.code, headers=t.headers)
 
@@ -410,12 +423,7 @@ def create_gateway(
             if pools is not None and key is not None:
                 limit = await anyio.to_thread.run_sync(pools.exhausted, key)
                 if limit is not None:
-                    raise HTTPError(
-                        429,
-                        f"key {key.name!r} has spent its budget ({limit})",
-                        kind="insufficient_quota",
-                        code="insufficient_quota",
-                    )
+                    raise _out_of_quota(f"key {key.name!r} has spent its budget ({limit})")
             go = _Go(ask, run_id, caller, key, idempotency is not None)
             if ask.options.stream:
                 return _LoopStream(go, run, stopping, clock, heartbeat_s)
@@ -457,9 +465,7 @@ def create_gateway(
             return JSONResponse(body, headers={"x-lanefold-run-id": run_id})
         if state.failure is not None:  # told as it was when it failed
             if state.failure.error == BudgetExhaustedError.__name__:
-                raise HTTPError(
-                    429, state.failure.message, kind="insufficient_quota", code="insufficient_quota"
-                )
+                raise _out_of_quota(state.failure.message)
             raise HTTPError(500, f"the run failed: {state.failure.message}", kind="server_error")
         return None
 
@@ -503,7 +509,7 @@ def create_gateway(
             and result.reason
             and "budget" in result.reason
         ):
-            raise HTTPError(429, result.reason, kind="insufficient_quota", code="insufficient_quota")
+            raise _out_of_quota(result.reason)
         state = None
         if ask.options.n > 1:
             state = await anyio.to_thread.run_sync(read_state, store, result.run_id)
