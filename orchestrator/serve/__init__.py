@@ -8,7 +8,7 @@ server starts, so the command line starts without the serve extra installed.
 from __future__ import annotations
 
 from lanefold.serve._keys import GatewayKey, KeyBudget, Keys, load_keys
-from lanefold.serve._loops import loop_configs, serve_loops, serve_loops_async
+from lanefold.serve._loops import gateway_app, loop_configs, serve_loops, serve_loops_async
 from lanefold.serve._run import (
     ServeError,
     api_key_from,
@@ -27,6 +27,7 @@ __all__ = (
     "ServeError",
     "api_key_from",
     "count",
+    "gateway_app",
     "is_loopback",
     "listen",
     "load_keys",

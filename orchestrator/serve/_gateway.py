@@ -534,7 +534,7 @@ def create_gateway(
         ],
         exception_handlers={HTTPError: on_http_error, LanefoldError: on_error, Exception: on_error},
     )
-    app.state.stopping = stopping
+    app.state.stopping, app.state.session = stopping, session
     return app
 
 

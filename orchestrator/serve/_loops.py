@@ -16,12 +16,12 @@ from typing import Any
 import anyio
 
 from lanefold.config import LoopConfig, load_config, preflight
-from lanefold.execution import Session, Store
+from lanefold.execution import Session, Store, open_store
 from lanefold.primitives import Backend, ConfigError, Loadable
 from lanefold.serve._keys import KeyPools, load_keys
 from lanefold.serve._run import listen, run_server
 
-__all__ = ("loop_configs", "serve_loops")
+__all__ = ("gateway_app", "loop_configs", "serve_loops", "serve_loops_async")
 
 _log = logging.getLogger("lanefold.serve")
 
@@ -46,6 +46,31 @@ def loop_configs(folder: str | Path | None, named: Sequence[str] = ()) -> dict[s
     if not loops:
         raise ConfigError(f"--loops: no *.toml loop config in {folder}" if folder else "no loop to serve")
     return loops
+
+
+def gateway_app(
+    loops: dict[str, LoopConfig],
+    store: Store | str | None = None,
+    *,
+    runs_dir: str | Path = "runs",
+    keys_file: str | Path | None = None,
+    hooks: Sequence[Any] = (),
+    max_body_bytes: int = 1 << 20,
+) -> Any:
+    """The gateway as an ASGI app, to serve with any ASGI server (or mount in your own):
+    `loops` (model name -> config, as `loop_configs` reads them) recorded in `store` (a Store,
+    a `postgresql://` URL; None: files under `runs_dir`), with `keys_file`'s keys and budgets.
+    Backends are built and loaded at their loop's first request. Needs the serve extra."""
+    from lanefold.serve._gateway import create_gateway
+
+    if store is None or isinstance(store, str):
+        store = open_store(store, runs_dir)
+    keys = load_keys(keys_file, loops) if keys_file is not None else None
+    pools = KeyPools(keys, store) if keys is not None else None
+    if pools is not None:
+        pools.prepare()
+    session = Session(store=store, hooks=hooks)
+    return create_gateway(session, loops, keys=keys, pools=pools, max_body_bytes=max_body_bytes)
 
 
 def serve_loops(
