@@ -40,7 +40,7 @@ from lanefold.primitives import (
     RunNotFoundError,
     RunState,
 )
-from lanefold.primitives.events import AnyEvent, LaneCompleted, LaneFailed
+from lanefold.primitives.events import AnyEvent, LaneCompleted, LaneDispatched, LaneFailed
 from lanefold.serve._guard import HTTPError, Stopping, read_json, unless_disconnected
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._outcomes import on_error, told
@@ -643,9 +643,11 @@ class _Replay(Response):
 
 
 class _LoopStream(Response):
-    """A loop's run as server-sent events: the role chunk at once, a comment line as each lane
-    lands (and a heartbeat between), then the answer, the usage chunk and `[DONE]`. The client
-    hanging up cancels the run, which records its interrupt (resumable); a server stop too."""
+    """A loop's run as server-sent events: the role chunk as soon as the first lane is
+    dispatched (its wave funded: a run refused before that, by a key's budget or anything else,
+    is an ordinary error response with its own status), a comment line as each lane lands (and
+    a heartbeat between), then the answer, the usage chunk and `[DONE]`. The client hanging up
+    cancels the run, which records its interrupt (resumable); a server stop too."""
 
     def __init__(
         self,
@@ -662,17 +664,16 @@ class _LoopStream(Response):
         go = self.go
         created = int(self.clock())
         landed_send, landed = anyio.create_memory_object_stream[str](math.inf)
+        going = anyio.Event()  # the first lane is dispatched, or the run is over
 
         def observe(event: AnyEvent) -> None:
-            if isinstance(event, LaneCompleted | LaneFailed):
+            if isinstance(event, LaneDispatched):
+                going.set()
+            elif isinstance(event, LaneCompleted | LaneFailed):
                 state = "landed" if isinstance(event, LaneCompleted) else "failed"
                 landed_send.send_nowait(f": lane {event.wave}.{event.lane} {state}\n\n")
 
         headers = [*_SSE_HEADERS, (b"x-lanefold-run-id", go.run_id.encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send(
-            {"type": "http.response.body", "body": _opening(go.ask, go.run_id, created), "more_body": True}
-        )
         outcome: list[tuple[RunResult, RunState | None] | HTTPError] = []
 
         async def work() -> None:
@@ -684,6 +685,7 @@ class _LoopStream(Response):
                 outcome.append(_refused(exc))
             finally:
                 landed_send.close()
+                going.set()
 
         async def watch(scope_: anyio.CancelScope) -> None:
             while True:
@@ -696,6 +698,15 @@ class _LoopStream(Response):
             with self.stopping.watching(tg.cancel_scope):
                 tg.start_soon(watch, tg.cancel_scope)
                 tg.start_soon(work)
+                await going.wait()
+                if outcome and isinstance(outcome[0], HTTPError):  # refused before any lane went
+                    landed.close()
+                    await outcome[0].response()(scope, receive, send)
+                    tg.cancel_scope.cancel()
+                    return
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                opening = _opening(go.ask, go.run_id, created)
+                await send({"type": "http.response.body", "body": opening, "more_body": True})
                 async with landed:
                     while True:
                         with anyio.move_on_after(self.heartbeat_s) as beat:

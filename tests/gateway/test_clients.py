@@ -274,9 +274,8 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     (refused,) = [r for r in gateway.store.list_runs() if r.caller == "pauper"]
     assert refused.status == "failed" and refused.lanes == 0 and refused.tokens == 0
 
-    # A stream has begun (its role chunk sent) before the first wave is refused: the SDK raises
-    # its APIError from the stream's error event, with the same code.
-    with pytest.raises(openai.APIError) as streamed:
+    # A stream whose first wave is refused is refused before it begins: the same 429.
+    with pytest.raises(openai.RateLimitError) as streamed:
         list(gateway.client(POOR_KEY).chat.completions.create(model="vote", messages=messages, stream=True))
     assert streamed.value.code == "insufficient_quota"
 
