@@ -1,0 +1,136 @@
+"""The K = 1 decode step against its physical limit (issue 28).
+
+A batch-1 decode step reads every weight once, plus the lane's KV cache: its floor is those
+bytes over the memory bandwidth one thread gets. Both are measured here, in this process, one
+thread:
+
+- bandwidth: the best of several `sum` passes over a 512 MiB fp32 tensor (bytes read / time),
+  the same kind of streaming read a matrix-vector product does;
+- bytes: every parameter's storage once (a tied embedding is the LM head's read), and the KV
+  cache of the step's context (K and V, every layer);
+- the step: SmolLM2-135M on the engine, P = 512, K = 1, the median wall time of T - 1 decode
+  steps over `--reps` requests (the prefill step left out).
+
+It prints the ratio step / floor; the target is at most 1.5x. Printed, never asserted.
+
+    PYTHONPATH=. .venv/bin/python bench/decode_limit.py [--dtype float32|bfloat16] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine._model import build_model
+from lanefold.backends.engine._weights import load_checkpoint, resolve_model_path
+from lanefold.primitives import LaneRequest, SamplingParams
+
+
+def cpu_kind() -> str:
+    flags: set[str] = set()
+    model = "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+        if line.startswith("model name") and model == "?":
+            model = line.split(":", 1)[1].strip()
+    kept = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model}; {' '.join(kept) or 'no AVX2'}"
+
+
+def bandwidth(reps: int = 7) -> float:
+    """Bytes a second one thread reads streaming through a tensor far larger than the caches."""
+    data = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB
+    data.sum()  # touch every page once
+    best = 0.0
+    for _ in range(reps):
+        start = time.perf_counter()
+        data.sum()
+        best = max(best, data.numel() * data.element_size() / (time.perf_counter() - start))
+    return best
+
+
+def mv_bandwidth(dtype: torch.dtype, reps: int = 7) -> float:
+    """Bytes a second one matrix-vector product reads from a 2048 x 65536 matrix (as the
+    LM head's and the MLP's products do): what the kernel itself gets of the bandwidth."""
+    matrix = torch.ones(65536, 2048, dtype=dtype)
+    vector = torch.ones(2048, dtype=dtype)
+    torch.mv(matrix, vector)
+    best = 0.0
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mv(matrix, vector)
+        best = max(best, matrix.numel() * matrix.element_size() / (time.perf_counter() - start))
+    return best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        key = tensor.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += tensor.untyped_storage().nbytes()
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dtype = getattr(torch, args.dtype)
+    checkpoint = load_checkpoint(resolve_model_path("smollm2-135m"))
+    model = build_model(checkpoint, torch.device("cpu"), dtype)
+    engine = Engine(model, num_blocks=1024)
+    a = checkpoint.args
+    weights = weight_bytes(model)
+    context = args.prompt_tokens + args.output_tokens // 2  # the step's mean context
+    kv = 2 * a.num_layers * context * a.num_kv_heads * a.head_dim * torch.finfo(dtype).bits // 8
+    params = SamplingParams(temperature=0.8, max_tokens=args.output_tokens, ignore_eos=True)
+    engine.generate(list(range(1, 65)), params, [LaneRequest(0, 0, 4)])  # warm
+    steps: list[float] = []
+    for rep in range(args.reps):
+        prompt = torch.randint(
+            1, a.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(rep)
+        ).tolist()
+        request = engine.add_request(prompt, params, [LaneRequest(0, rep, args.output_tokens)])
+        first = True
+        while not request.finished:
+            start = time.perf_counter()
+            engine.step()
+            if not first:
+                steps.append(time.perf_counter() - start)
+            first = False
+    read = bandwidth()
+    kernel = mv_bandwidth(dtype)
+    step = statistics.median(steps)
+    floor = (weights + kv) / read
+    ratio = step / floor
+    print(f"CPU: {cpu_kind()}; torch {torch.__version__}, {args.dtype}, 1 thread")
+    print(
+        f"one-thread read bandwidth: {read / 1e9:.1f} GB/s (best of 7 sums over 512 MiB); "
+        f"torch.mv over a {args.dtype} 65536 x 2048 matrix reads at {kernel / 1e9:.1f} GB/s"
+    )
+    print(
+        f"bytes a step reads: weights {weights / 1e6:.0f} MB + KV {kv / 1e6:.1f} MB "
+        f"(context {context}) -> floor {1000 * floor:.1f} ms"
+    )
+    print(
+        f"K = 1 decode step, P = {args.prompt_tokens}: {1000 * step:.1f} ms (median of {len(steps)}) -> "
+        f"**{ratio:.2f}x** the floor, target 1.5x: {'PASS' if ratio <= 1.5 else 'MISS'}"
+    )
+    print(f"the same bytes at torch.mv's rate: {1000 * (weights + kv) / kernel:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
