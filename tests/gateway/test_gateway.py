@@ -19,7 +19,8 @@ from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
 from lanefold.config import LoopConfig, load_config
 from lanefold.execution import Session, open_store, read_state
 from lanefold.primitives import LaneOutcome, SampleRequest
-from lanefold.serve._gateway import create_gateway, gateway_run_id
+from lanefold.serve._gateway import create_gateway
+from lanefold.serve._gateway_wire import gateway_run_id
 from lanefold.serve._keys import KeyPools, load_keys
 from tests.loopback import Loopback
 

@@ -1,0 +1,284 @@
+"""The loop gateway's wire: what a request to a loop may say (fields honoured, ignored,
+refused by name), the run it becomes (question, conversation, the config it runs under, the
+digest an idempotent retry is checked against), and the response made of the run's result."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lanefold.config import LoopConfig, parse_config
+from lanefold.execution import RunResult
+from lanefold.primitives import BudgetExhaustedError, LanefoldError, RunState
+from lanefold.serve._guard import HTTPError
+from lanefold.serve._keys import GatewayKey
+from lanefold.serve._outcomes import told
+from lanefold.serve._wire import ChatMessageIn, refusal
+
+__all__ = (
+    "Ask",
+    "Chat",
+    "Completion",
+    "Go",
+    "Options",
+    "config_for_request",
+    "gateway_run_id",
+    "out_of_quota",
+    "parse_ask",
+    "refused",
+    "request_digest",
+    "response_body",
+)
+
+# Fields a loop cannot honour: refused by name rather than silently dropped.
+_REFUSED = {
+    "tools": "a loop answers in text; tool calls are not supported",
+    "tool_choice": "a loop answers in text; tool calls are not supported",
+    "functions": "a loop answers in text; function calls are not supported",
+    "function_call": "a loop answers in text; function calls are not supported",
+    "logprobs": "a loop's answer is reduced from many lanes; it has no logprobs",
+    "top_logprobs": "a loop's answer is reduced from many lanes; it has no logprobs",
+    "logit_bias": "a loop samples with its config's settings; logit_bias is not supported",
+    "audio": "a loop answers in text",
+    "prediction": "predicted outputs are not supported on a loop",
+    "echo": "a loop's answer does not echo its prompt",
+    "suffix": "suffix is not supported on a loop",
+    "best_of": "best_of is a loop of its own: name a best-of-N loop as the model",
+}
+# Fields that change nothing a loop returns: left out of the digest an idempotent retry is
+# checked against (a retry may stream where the first did not).
+_NOT_THE_REQUEST = ("stream", "stream_options", "user", "metadata", "store")
+
+
+class Options(BaseModel):
+    """The fields of a request a loop reads (the rest are refused above or ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    n: int = Field(1, ge=1, le=64)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=5, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    stream_options: dict[str, Any] | None = None
+
+
+class Chat(Options):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+
+
+class Completion(Options):
+    prompt: str | list[str]
+
+
+def request_digest(body: Mapping[str, Any]) -> str:
+    """sha256 of the request as a loop reads it (canonical JSON, stream flags left out)."""
+    kept = {k: v for k, v in body.items() if k not in _NOT_THE_REQUEST}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def gateway_run_id(caller: str, idempotency_key: str) -> str:
+    """The run id of an idempotent request: a function of (caller, idempotency key) alone."""
+    digest = hashlib.sha256(f"{caller}\0{idempotency_key}".encode()).hexdigest()
+    return f"gw-{digest[:32]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request to a loop, checked."""
+
+    loop: str
+    kind: str  # "chat.completion" or "text_completion"
+    question: str
+    conversation: tuple[tuple[str, str], ...] | None  # a chat's turns before the question
+    options: Options
+    digest: str
+
+
+def _validated(data: Any, model: type[Options]) -> Options:
+    if not isinstance(data, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    for name, why in _REFUSED.items():
+        value = data.get(name)
+        if value not in (None, False, [], {}) and not (name == "logprobs" and value == 0):
+            raise HTTPError(400, f"{name}: {why}", param=name, code="unsupported_parameter")
+    response_format = data.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type", "text") != "text":
+        raise HTTPError(
+            400,
+            "response_format: a loop answers in text",
+            param="response_format",
+            code="unsupported_parameter",
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = refusal(exc.errors())
+        raise HTTPError(400, message, param=param) from None
+
+
+def parse_ask(loop: str, kind: str, body: dict[str, Any]) -> Ask:
+    if kind == "chat.completion":
+        chat = _validated(body, Chat)
+        assert isinstance(chat, Chat)
+        turns = [("system" if m.role == "developer" else m.role, m.text()) for m in chat.messages]
+        if turns[-1][0] != "user":
+            raise HTTPError(400, "messages: the last message must be the user's question", param="messages")
+        if not turns[-1][1].strip():
+            raise HTTPError(400, "messages: the last user message is empty", param="messages")
+        return Ask(loop, kind, turns[-1][1], tuple(turns[:-1]), chat, request_digest(body))
+    completion = _validated(body, Completion)
+    assert isinstance(completion, Completion)
+    prompt = completion.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise HTTPError(400, "prompt: one prompt per request", param="prompt")
+        prompt = prompt[0]
+    if not prompt.strip():
+        raise HTTPError(400, "prompt: empty", param="prompt")
+    return Ask(loop, kind, prompt, None, completion, request_digest(body))
+
+
+def config_for_request(config: LoopConfig, options: Options) -> LoopConfig:
+    """The loop's config with the request's ceiling and the sampling fields it lets a request
+    set (`[sampling] from_request`)."""
+    ceiling = options.max_completion_tokens or options.max_tokens
+    raw = config.model_dump(mode="json")
+    sampling = raw["sampling"]
+    changed = False
+    if ceiling is not None and ceiling < sampling["max_tokens"]:
+        sampling["max_tokens"], changed = ceiling, True
+    for name in config.sampling.from_request:
+        value = getattr(options, name)
+        if value is not None and value != sampling[name]:
+            sampling[name], changed = value, True
+    return parse_config(raw, folder=config.folder) if changed else config
+
+
+def _usage(result: RunResult) -> dict[str, Any]:
+    """The whole run's bill in OpenAI's shape: every lane's prompt (cached prefill in
+    `cached_tokens`) and output; a judge's tokens count as completion tokens."""
+    u = result.usage
+    prompt = u.prefill_tokens + u.cached_prefill_tokens
+    completion = u.decode_tokens + u.verifier_tokens + u.cut_off_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": u.cached_prefill_tokens},
+    }
+
+
+def _choices(result: RunResult, state: RunState | None, n: int) -> list[tuple[str, str | None]]:
+    """(text, finish_reason) of the top `n` distinct answers: the winner first, then by votes
+    (or by score), each from its first lane that gave it."""
+    texts: dict[tuple[int, int], tuple[str | None, str | None]] = {}
+    if state is not None:
+        for wave_no, wave in sorted(state.waves.items()):
+            for lane_no, lane_state in sorted(wave.lanes.items()):
+                texts[(wave_no, lane_no)] = (lane_state.text, lane_state.finish_reason)
+    winner_finish = next(
+        (lane.finish_reason for lane in reversed(result.lanes) if lane.lane == result.winner_lane), "stop"
+    )
+    chosen: list[tuple[str, str | None]] = [(result.winner_text or "", winner_finish or "stop")]
+    if n == 1 or result.answer is None:
+        return chosen
+    if result.votes:
+        ranked = sorted(result.votes, key=lambda a: -float(result.votes[a]))
+    else:
+        by_answer: dict[str, float] = {}
+        for scored in result.lanes:
+            if scored.answer is not None and scored.score is not None:
+                by_answer[scored.answer] = max(by_answer.get(scored.answer, -math.inf), scored.score)
+        ranked = sorted(by_answer, key=lambda a: -by_answer[a])
+    for answer in ranked:
+        if len(chosen) >= n:
+            break
+        if answer == result.answer:
+            continue
+        lane = next((x for x in result.lanes if x.answer == answer and x.status == "completed"), None)
+        if lane is None:
+            continue
+        text, finish = texts.get((lane.wave, lane.lane), (None, None))
+        if text is not None:
+            chosen.append((text, finish or "stop"))
+    return chosen
+
+
+def response_body(ask: Ask, result: RunResult, state: RunState | None, created: int) -> dict[str, Any]:
+    choices = []
+    for i, (text, finish) in enumerate(_choices(result, state, ask.options.n)):
+        if ask.kind == "chat.completion":
+            message = {"role": "assistant", "content": text}
+            choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
+        else:
+            choices.append({"index": i, "text": text, "finish_reason": finish, "logprobs": None})
+    return {
+        "id": f"{'chatcmpl' if ask.kind == 'chat.completion' else 'cmpl'}-{result.run_id}",
+        "object": ask.kind,
+        "created": created,
+        "model": ask.loop,
+        "choices": choices,
+        "usage": _usage(result),
+        "lanefold": _lanefold(ask.loop, result),
+    }
+
+
+def _lanefold(loop: str, result: RunResult) -> dict[str, Any]:
+    return {
+        "run_id": result.run_id,
+        "loop": loop,
+        "status": result.status,
+        "answer": result.answer,
+        "votes": result.votes,
+        "scores": {str(k): v for k, v in result.scores.items()},
+        "agreement": result.agreement,
+        "margin": result.margin,
+        "lanes": result.lanes_completed,
+        "lanes_failed": result.lanes_failed,
+        "resumes": result.resumes,
+        "bill": {
+            "usage": result.usage.model_dump(mode="json"),
+            "cost": result.cost.model_dump(mode="json"),
+        },
+    }
+
+
+def out_of_quota(message: str) -> HTTPError:
+    """429 insufficient_quota: the key's budget cannot fund the loop. A retry cannot succeed
+    either, so `x-should-retry: false` tells the OpenAI SDKs (and LangChain, LiteLLM over them)
+    not to repeat it, each repeat a refused run in the store."""
+    return HTTPError(
+        429,
+        message,
+        kind="insufficient_quota",
+        code="insufficient_quota",
+        headers={"x-should-retry": "false"},
+    )
+
+
+def refused(exc: LanefoldError) -> HTTPError:
+    """A run's failure as the client hears it."""
+    if isinstance(exc, BudgetExhaustedError):
+        return out_of_quota(str(exc))
+    t = told(exc)
+    return HTTPError(t.status, t.message, kind=t.kind, code=t.code, headers=t.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """A request's run: what was asked, its id, who asked, whether a retry may resume it."""
+
+    ask: Ask
+    run_id: str
+    caller: str | None
+    key: GatewayKey | None
+    idempotent: bool
