@@ -169,6 +169,11 @@ class Store(Protocol):
 
     def exists(self, run_id: str) -> bool: ...
 
+    def writing(self, run_id: str) -> bool:
+        """Whether a live process holds the run's writer lock now (read without taking it):
+        an unfinished run nobody writes was cut off (a crash, a kill) and waits for resume."""
+        ...
+
     def location(self, run_id: str) -> str:
         """Where the run's log is, for messages (never holds a password)."""
         ...

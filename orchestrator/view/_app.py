@@ -94,11 +94,13 @@ def create_app(
         run_id = request.path_params["run_id"]
         try:
             events, state, _ = await anyio.to_thread.run_sync(lambda: read_run(store, run_id))
+            ended = state.result is not None or state.failure is not None or state.interrupted is not None
+            cut_off = not ended and not await anyio.to_thread.run_sync(store.writing, run_id)
         except RunNotFoundError as exc:
             return HTMLResponse(error_page("no such run", str(exc)), status_code=404)
         except LanefoldError as exc:  # a corrupt or spliced log: the CLI's refusal, one line
             return HTMLResponse(error_page(f"run {run_id}", f"orchestrator show: {exc}"), status_code=422)
-        return HTMLResponse(run_page(run_id, events, state, flags))
+        return HTMLResponse(run_page(run_id, events, state, flags, cut_off=cut_off))
 
     async def live_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]

@@ -169,9 +169,11 @@ def live_parts(state: RunState, new: Sequence[AnyEvent]) -> dict[str, str]:
     }
 
 
-def _status(state: RunState) -> str:
+def _status(state: RunState, cut_off: bool = False) -> str:
     if state.result is not None:
         return str(state.result.get("status", "answered"))
+    if cut_off:
+        return "stopped"  # no writer and no ending recorded: a crash or a kill cut it off
     return "failed" if state.failure else "interrupted" if state.interrupted else "running"
 
 
@@ -180,13 +182,21 @@ def _table(rows: Iterable[tuple[Any, Any]], ident: str) -> str:
     return f"<table id={ident}>{cells}</table>"
 
 
-def run_page(run_id: str, events: Sequence[AnyEvent], state: RunState, resume_flags: list[str]) -> str:
-    """A run: waves of lanes, votes, judge scores, winner, bill, timeline, config, resume line."""
-    status = _status(state)
+def run_page(
+    run_id: str,
+    events: Sequence[AnyEvent],
+    state: RunState,
+    resume_flags: list[str],
+    *,
+    cut_off: bool = False,
+) -> str:
+    """A run: waves of lanes, votes, judge scores, winner, bill, timeline, config, resume line
+    (for a run interrupted, or `cut_off`: unfinished with no writer, as a kill leaves one)."""
+    status = _status(state, cut_off)
     parts = [f"<p>status <b id=status>{_e(status)}</b></p>"]
     if state.started is not None:
         parts.append(f"<p class=question>{_e(state.started.question)}</p>")
-    if state.interrupted is not None:  # the command that continues it, as it can be pasted
+    if state.interrupted is not None or cut_off:  # the command that continues it, as it can be pasted
         resume = shlex.join(["orchestrator", "resume", run_id, *resume_flags])
         parts.append(f"<pre id=resume>{_e(resume)}</pre>")
     parts.append(f"<h2>lanes</h2><div id=waves>{waves_html(state)}</div>")

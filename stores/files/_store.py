@@ -67,6 +67,9 @@ class RunStore:
     def events_path(self, run_id: str) -> Path:
         return self.root / validate_run_id(run_id) / "events.jsonl"
 
+    def writing(self, run_id: str) -> bool:
+        return RunLock.holder(self.root / validate_run_id(run_id)) is not None
+
     def existing(self, run_id: str) -> Path:
         """The log of a run that must exist (resume, show)."""
         path = self.events_path(run_id)

@@ -108,6 +108,12 @@ class PgStore:
     def location(self, run_id: str) -> str:
         return self.db.where(run_id)
 
+    def writing(self, run_id: str) -> bool:
+        key = lock_key(validate_run_id(run_id)) & 0xFFFFFFFFFFFFFFFF
+        with self.db.reading() as conn:
+            locks = {(int(a), int(b)) for a, b in conn.execute(_WRITERS).fetchall()}
+        return (key >> 32, key & 0xFFFFFFFF) in locks
+
     @property
     def describe(self) -> str:
         return self.db.shown

@@ -134,9 +134,11 @@ def test_one_writer_per_run_and_resume_appends(store: Store) -> None:
         with pytest.raises(RunInUseError):
             store.open_for_resume("w1")
         assert [s.status for s in store.list_runs()] == ["running"]
+        assert store.writing("w1")
     finally:
         log.close()
     assert [s.status for s in store.list_runs()] == ["stopped"]
+    assert not store.writing("w1")
     resumed = store.open_for_resume("w1")
     try:
         with pytest.raises(RunInUseError):

@@ -124,6 +124,21 @@ def test_an_interrupted_run_shows_its_lanes_and_the_resume_command(tmp_path: Pat
     assert f"<pre id=resume>orchestrator resume cut --runs-dir {tmp_path}</pre>" in page
 
 
+def test_a_killed_run_shows_the_resume_command(tmp_path: Path) -> None:
+    """A run a kill cut off has no `run.interrupted`; unfinished with no writer, it is stopped,
+    and its page says how to continue it."""
+    config = lanefold.parse_config({"loop": {"k": 4}, "backend": {"kind": "simulated"}})
+    lanefold.run_sync(config, "17*23?", runs_dir=tmp_path, run_id="killed")
+    events = tmp_path / "killed" / "events.jsonl"
+    lines = events.read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if '"lane.completed"' in line)
+    events.write_text("".join(lines[: first + 1]))  # as a kill leaves it: no writer, no ending
+    store = open_store(None, tmp_path)
+    page = TestClient(create_app(store, resume_flags=["--runs-dir", str(tmp_path)])).get("/runs/killed").text
+    assert "<b id=status>stopped</b>" in page
+    assert f"<pre id=resume>orchestrator resume killed --runs-dir {tmp_path}</pre>" in page
+
+
 def test_a_postgresql_run_s_page_and_live_feed(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     example = str(ROOT / "examples" / "simulated.toml")
     ran = cli(capsys, "run", example, "--question", "What is 17 * 23?", "--store", pg_url, "--run-id", "pg")
