@@ -9,6 +9,7 @@ the long lanes of its request decode on.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -63,7 +64,11 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig, tokenizer: Tokenizer | None = None) -> Engine:
         """Load the configured model (and its tokenizer, unless given) onto its device."""
-        torch.set_num_threads(config.threads or default_threads())
+        threads: list[int] = [] if config.threads is None else [config.threads]
+        # The busy cores are sampled while the weights load (a tenth of a second, not added).
+        sampler = threading.Thread(target=lambda: threads.append(default_threads()), daemon=True)
+        if not threads:
+            sampler.start()
         device = _device(config.device)
         dtype = _dtype(config.dtype, device)
         path = resolve_model_path(config.model)
@@ -73,6 +78,9 @@ class Engine:
             checkpoint = cached_checkpoint(path, open_lazily(path))
         else:
             checkpoint = load_checkpoint(path)
+        if sampler.is_alive() or sampler.ident is not None:
+            sampler.join()
+        torch.set_num_threads(threads[0] if threads else 1)  # before the model: its layout reads it
         model = build_model(checkpoint, device, dtype)
         num_blocks = config.num_blocks or _derive_num_blocks(model, config.block_size, device)
         return cls(
@@ -326,22 +334,45 @@ def _derive_num_blocks(model: CausalLM, block_size: int, device: torch.device) -
     return max(1, budget // block_bytes)
 
 
-def default_threads(cores: int | None = None, load: float | None = None) -> int:
+def default_threads(cores: int | None = None, busy: float | None = None) -> int:
     """The engine's threads where the config sets none: the cores this process may use, less
-    one for everything that is not the model (the event loop, the HTTP server, tokenising,
-    the store) and less what other processes keep busy now (the 1-minute load average,
-    rounded), at least one.
+    the ones other processes keep busy now (`busy_cores`, rounded), at least one.
 
     torch's own default is every core. Its threads spin and wait for one another at each
-    product, so one taken by another process stalls them all: on a 2-core machine an eval of
-    20 questions took 20.7 s at torch's default against 7.0 s on one thread (docs/engine.md).
+    product, so a core another process holds stalls them all: on a 2-core machine with one
+    core busy, an eval of 20 questions took 14.9 s on two threads against 7.5 s on one, while
+    on the quiet machine two threads took 6.2 s against 7.4 (docs/engine.md#threads).
     """
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = 0.0
-    busy = max(1, round(load))
-    return max(1, min(cores - 1, cores - busy))
+    if busy is None:
+        busy = busy_cores()
+    return max(1, min(cores, cores - round(busy)))
+
+
+def busy_cores(window_s: float = 0.1) -> float:
+    """How many cores other processes keep busy now: the machine's CPU time over a short window
+    (`/proc/stat`), less this process's own. Not the load average, which trails by a minute
+    and counts this process's own work of a moment ago. 0.0 where it cannot be read."""
+
+    def machine() -> tuple[float, float]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [float(x) for x in stat.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle and iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = machine()
+        own0 = time.process_time()
+        time.sleep(window_s)
+        total1, idle1 = machine()
+        own = time.process_time() - own0
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    elapsed = total1 - total0  # in ticks, summed over every core
+    if elapsed <= 0:
+        return 0.0
+    cores = os.cpu_count() or 1
+    used = (elapsed - (idle1 - idle0)) / elapsed * cores  # cores in use, ours included
+    return max(0.0, used - own * ticks / (elapsed / cores))
