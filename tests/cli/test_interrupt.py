@@ -104,7 +104,18 @@ async def test_a_cancelled_run_records_the_interrupt_and_resumes_to_the_same_ans
             for e in held
         )
     )
-    assert result.cost.total == pytest.approx(baseline.cost.total + result.cost.cut_off)
+    # A lane re-dispatched without the partner it shared a request with pays its prompt again
+    # (which lanes a cut splits depends on timing): prefill may only grow, and the rest is equal.
+    assert (
+        result.cost.prefill + result.cost.cached_prefill
+        >= baseline.cost.prefill + baseline.cost.cached_prefill
+    )
+    assert result.cost.total == pytest.approx(
+        baseline.cost.total
+        + result.cost.cut_off
+        + (result.cost.prefill - baseline.cost.prefill)
+        + (result.cost.cached_prefill - baseline.cost.cached_prefill)
+    )
 
 
 @pytest.mark.slow
