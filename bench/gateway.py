@@ -1,0 +1,467 @@
+"""The loop gateway's two figures from issue 26, each beside a baseline measured in the same run;
+targets are printed as PASS/MISS, never asserted.
+
+--overhead: what serving a loop over HTTP adds per request. The instant simulated backend (no
+  latency) under one loop config, served by `orchestrator serve --loops` (uvicorn, its own
+  process, files store), asked by httpx clients on loopback; baseline: `Session.run` of the same
+  config in this process (the same store kind). p50 and p99 per request at 1 and 32 concurrent
+  clients; target: at most 3 ms added at p50.
+
+--optillm: the gateway against optillm 0.4.0 (its own venv, a peer process), both running
+  self-consistency with optillm's k (5, fixed in its source) over one upstream:
+  `orchestrator serve --backend-config examples/serve/engine.toml` (SmolLM2-135M), behind a
+  counting proxy in this process. One client, one request at a time, on the first N questions
+  of the shipped arithmetic sample: upstream requests and prompt tokens per client request, wall
+  time per request, accuracy (the last number of the answer). Target: one upstream request per
+  wave (the engine honours `n`) and lower wall time at equal k.
+
+    PYTHONPATH=. .venv/bin/python bench/gateway.py --overhead [--requests 300]
+    PYTHONPATH=. .venv/bin/python bench/gateway.py --optillm [--questions 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import lanefold
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from loopback import Loopback  # noqa: E402  # the tests' uvicorn-in-a-thread server
+
+QUESTION = "What is 17 * 23?"
+OPTILLM = "optillm==0.4.0"
+OPTILLM_K = 5  # AdvancedSelfConsistency(num_samples=5): not settable per request or by flag
+SYSTEM = "You are a calculator. Reply with the number only."
+MAX_TOKENS = 16
+CACHE = Path(os.environ.get("LANEFOLD_CACHE", Path.home() / ".cache" / "lanefold"))
+
+
+def machine() -> str:
+    """The machine line: CPU model, cores, the vector flags that matter here, Python."""
+    model, flags = platform.processor() or "unknown CPU", set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    shown = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}) or ["no AVX2"]
+    return (
+        f"{model}, {os.cpu_count()} CPU cores ({', '.join(shown)}), "
+        f"{platform.python_implementation()} {platform.python_version()}, {platform.system()}"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process(argv: list[str], log: Path, ready_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
+    """A server in a child process, up when `ready_url` answers; SIGINT (a clean stop) at exit."""
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if child.poll() is not None:
+                raise RuntimeError(f"{argv[2:5]} exited {child.returncode}: {log.read_text()[-800:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[2:5]} did not answer in 300 s: {log.read_text()[-800:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(ready_url, timeout=2).status_code < 500:
+                    break
+            time.sleep(0.2)
+        yield
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def serve_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lanefold", "serve", *args]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+# -- --overhead ---------------------------------------------------------------------------------
+
+INSTANT_LOOP = """\
+[loop]
+k = {k}
+max_concurrency = {k}
+seed = 1
+[backend]
+kind = "simulated"
+latency_ms = [0.0, 0.0]
+failure_rate = 0.0
+"""
+
+
+async def in_process(session: lanefold.Session, clients: int, each: int) -> list[float]:
+    """Latencies (s) of `Session.run`, `clients` callers each running `each` in a row."""
+    latencies: list[float] = []
+
+    async def client() -> None:
+        for _ in range(each):
+            start = time.perf_counter()
+            result = await session.run(QUESTION)
+            latencies.append(time.perf_counter() - start)
+            if result.answer is None:
+                raise RuntimeError(f"in-process run {result.run_id}: no answer")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(clients):
+            tg.start_soon(client)
+    return latencies
+
+
+async def over_http(http: httpx.AsyncClient, url: str, clients: int, each: int) -> list[float]:
+    """Latencies (s) of `POST /v1/chat/completions` naming the loop, as `in_process`."""
+    latencies: list[float] = []
+    body = {"model": "instant", "messages": [{"role": "user", "content": QUESTION}]}
+
+    async def client() -> None:
+        for _ in range(each):
+            start = time.perf_counter()
+            response = await http.post(url, json=body)
+            latencies.append(time.perf_counter() - start)
+            if response.status_code != 200 or response.json()["lanefold"]["answer"] is None:
+                raise RuntimeError(f"gateway: {response.status_code} {response.text[:300]}")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(clients):
+            tg.start_soon(client)
+    return latencies
+
+
+async def measure_overhead(
+    config: Path, runs: Path, url: str, requests: int, reps: int
+) -> dict[tuple[str, int], list[float]]:
+    """Both sides at 1 and 32 clients, blocks interleaved per repetition after a warm-up."""
+    got: dict[tuple[str, int], list[float]] = {}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with (
+        lanefold.Session(config, runs_dir=runs) as session,
+        httpx.AsyncClient(limits=limits, timeout=60) as http,
+    ):
+        await in_process(session, 4, 10)
+        await over_http(http, url, 4, 10)
+        for rep in range(reps):
+            for clients in (1, 32):
+                each = max(1, requests // reps // clients)
+                sides = ["in-process", "gateway"] if rep % 2 == 0 else ["gateway", "in-process"]
+                for side in sides:
+                    if side == "gateway":
+                        block = await over_http(http, url, clients, each)
+                    else:
+                        block = await in_process(session, clients, each)
+                    got.setdefault((side, clients), []).extend(block)
+    return got
+
+
+def overhead(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="lanefold-bench-gateway-") as tmp:
+        root = Path(tmp)
+        (root / "loops").mkdir()
+        config = root / "loops" / "instant.toml"
+        config.write_text(INSTANT_LOOP.format(k=args.k))
+        port = free_port()
+        argv = serve_argv(
+            "--loops", str(root / "loops"), "--runs-dir", str(root / "gw-runs"), "--port", str(port)
+        )
+        if args.profile:
+            argv = [sys.executable, "-m", "cProfile", "-o", str(Path(args.profile).resolve()), *argv[1:]]
+        base = f"http://127.0.0.1:{port}/v1"
+        start = time.perf_counter()
+        with process(argv, root / "gateway.log", f"{base}/models"):
+            got = anyio.run(
+                measure_overhead, config, root / "runs", f"{base}/chat/completions", args.requests, args.reps
+            )
+        seconds = time.perf_counter() - start
+    print(f"\nlanefold gateway overhead: {machine()}")
+    print(
+        f"loop: parallel_sample k={args.k}, majority vote, instant simulated backend, files store "
+        f"(fsync at barrier and end); {args.reps} interleaved repetitions; took {seconds:.0f} s"
+    )
+    print(
+        "gateway: `orchestrator serve --loops` in its own process (uvicorn, access log on), httpx on loopback\n"
+    )
+    head = (
+        f"{'clients':>7} | {'requests':>8} | {'in-process p50':>14} | {'gateway p50':>11} | {'added p50':>9} | "
+        f"{'ratio':>6} | {'in-process p99':>14} | {'gateway p99':>11} | {'added p99':>9} | {'ratio':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    added: dict[int, float] = {}
+    for clients in (1, 32):
+        ours, theirs = got["in-process", clients], got["gateway", clients]
+        p50 = percentile(ours, 50) * 1e3, percentile(theirs, 50) * 1e3
+        p99 = percentile(ours, 99) * 1e3, percentile(theirs, 99) * 1e3
+        added[clients] = p50[1] - p50[0]
+        print(
+            f"{clients:>7} | {len(theirs):>8} | {p50[0]:11.2f} ms | {p50[1]:8.2f} ms | {p50[1] - p50[0]:6.2f} ms | "
+            f"{p50[1] / p50[0]:5.2f}x | {p99[0]:11.2f} ms | {p99[1]:8.2f} ms | {p99[1] - p99[0]:6.2f} ms | "
+            f"{p99[1] / p99[0]:5.2f}x"
+        )
+    print()
+    for clients, ms in added.items():
+        verdict = "PASS" if ms <= 3.0 else "MISS"
+        print(f"{verdict}  {ms:.2f} ms added at p50 with {clients} client(s) (target <= 3 ms)")
+    if args.profile:
+        print(f"gateway profile: {args.profile} (python -m pstats {args.profile})")
+
+
+# -- --optillm ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Upstream:
+    """What the counting proxy saw: one entry per upstream request."""
+
+    calls: list[dict[str, int]] = field(default_factory=list)
+
+
+def counting_proxy(target: str, seen: Upstream) -> Starlette:
+    """Every request forwarded to `target` as it came; each POST's `n` and usage recorded."""
+    client = httpx.AsyncClient(base_url=target, timeout=600)
+
+    async def forward(request: Request) -> Response:
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}
+        response = await client.request(request.method, request.url.path, content=body, headers=headers)
+        if request.method == "POST":
+            usage = (response.json().get("usage") or {}) if response.status_code == 200 else {}
+            details = usage.get("prompt_tokens_details") or {}
+            seen.calls.append(
+                {
+                    "n": int(json.loads(body or b"{}").get("n") or 1),
+                    "prompt": int(usage.get("prompt_tokens") or 0),
+                    "cached": int(details.get("cached_tokens") or 0),
+                    "completion": int(usage.get("completion_tokens") or 0),
+                    "status": response.status_code,
+                }
+            )
+        kept = {k: v for k, v in response.headers.items() if k.lower() == "content-type"}
+        return Response(response.content, status_code=response.status_code, headers=kept)
+
+    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+
+
+def optillm_python() -> Path | None:
+    """optillm's venv, made once under the cache; None (and the commands printed) if it cannot be."""
+    venv = CACHE / "optillm-venv"
+    python = venv / "bin" / "python"
+    commands = [
+        ["python3", "-m", "venv", str(venv)],
+        [str(venv / "bin" / "pip"), "install", "-q", OPTILLM],
+    ]
+    ok = subprocess.run([str(python), "-c", "import optillm.server"], capture_output=True).returncode == 0
+    if ok:
+        return python
+    print(f"installing {OPTILLM} into {venv} (once; it pulls torch, transformers, gradio, ...)")
+    for argv in commands:
+        if subprocess.run(argv).returncode != 0:
+            print("could not install optillm; run:\n  " + "\n  ".join(" ".join(c) for c in commands))
+            return None
+    return python
+
+
+def arithmetic(count: int) -> list[tuple[str, str]]:
+    """The first `count` questions of the shipped sample, file by file as `orchestrator eval` reads it."""
+    rows = []
+    for path in sorted((ROOT / "examples" / "datasets" / "arithmetic").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows.append((row["question"], str(row["answer"])))
+    return rows[:count]
+
+
+def last_number(text: str | None) -> str | None:
+    found = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
+    return found[-1] if found else None
+
+
+@dataclass(slots=True)
+class Row:
+    side: str
+    upstream: list[int] = field(default_factory=list)  # upstream requests per client request
+    lanes: list[int] = field(default_factory=list)  # samples asked of upstream per client request
+    prompt: list[int] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    correct: int = 0
+    failed: int = 0
+
+
+def ask_all(side: str, url: str, model: str, questions: list[tuple[str, str]], seen: Upstream) -> Row:
+    row = Row(side)
+    with httpx.Client(timeout=600, headers={"Authorization": "Bearer sk-bench"}) as http:
+        for question, gold in questions:
+            before = len(seen.calls)
+            body = {
+                "model": model,
+                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                "max_tokens": MAX_TOKENS,
+            }
+            start = time.perf_counter()
+            response = http.post(url, json=body)
+            row.walls.append(time.perf_counter() - start)
+            calls = seen.calls[before:]
+            row.upstream.append(len(calls))
+            row.lanes.append(sum(c["n"] for c in calls))
+            row.prompt.append(sum(c["prompt"] for c in calls))
+            row.cached.append(sum(c["cached"] for c in calls))
+            if response.status_code != 200:
+                row.failed += 1
+                continue
+            text = response.json()["choices"][0]["message"]["content"]
+            row.correct += last_number(text) == gold
+    return row
+
+
+def optillm(args: argparse.Namespace) -> None:
+    python = optillm_python()
+    questions = arithmetic(args.questions)
+    up, proxy_seen = free_port(), Upstream()
+    with tempfile.TemporaryDirectory(prefix="lanefold-bench-optillm-") as tmp:
+        root = Path(tmp)
+        engine = serve_argv(
+            "--backend-config", str(ROOT / "examples" / "serve" / "engine.toml"), "--port", str(up)
+        )
+        with (
+            process(engine, root / "upstream.log", f"http://127.0.0.1:{up}/v1/models"),
+            Loopback(counting_proxy(f"http://127.0.0.1:{up}", proxy_seen)) as proxy,
+        ):
+            model = httpx.get(f"{proxy.base_url}/models").json()["data"][0]["id"]
+            (root / "loops").mkdir()
+            (root / "loops" / "sc.toml").write_text(
+                f'[loop]\nk = {OPTILLM_K}\nmax_concurrency = {OPTILLM_K}\nseed = 1\nreducer = "majority_vote"\n'
+                '[prompt]\ntemplate = "{question}"\n'  # the user's turn as it came, as optillm sends it
+                f"[sampling]\ntemperature = 1.0\nmax_tokens = {MAX_TOKENS}\n"  # optillm's T = 1
+                '[extract]\nmethod = "last_number"\n'
+                f'[backend]\nkind = "openai"\nbase_url = "{proxy.base_url}"\nmodel = "{model}"\n'
+            )
+            rows = []
+            gw = free_port()
+            gateway = serve_argv(
+                "--loops", str(root / "loops"), "--runs-dir", str(root / "runs"), "--port", str(gw)
+            )
+            start = time.perf_counter()
+            with process(gateway, root / "gateway.log", f"http://127.0.0.1:{gw}/v1/models"):
+                ask_all(
+                    "lanefold", f"http://127.0.0.1:{gw}/v1/chat/completions", "sc", questions[:1], proxy_seen
+                )
+                rows.append(
+                    ask_all(
+                        "lanefold", f"http://127.0.0.1:{gw}/v1/chat/completions", "sc", questions, proxy_seen
+                    )
+                )
+            if python is not None:
+                op = free_port()
+                peer = [str(python), "-m", "optillm.server", "--base-url", proxy.base_url, "--port", str(op)]
+                env = {"OPENAI_API_KEY": "sk-bench", "OPTILLM_LOG": "warning"}
+                with process(peer, root / "optillm.log", f"http://127.0.0.1:{op}/health", env):
+                    url = f"http://127.0.0.1:{op}/v1/chat/completions"
+                    ask_all("optillm", url, f"self_consistency-{model}", questions[:1], proxy_seen)
+                    rows.append(ask_all("optillm", url, f"self_consistency-{model}", questions, proxy_seen))
+            seconds = time.perf_counter() - start
+    print(f"\nlanefold gateway vs {OPTILLM}: {machine()}")
+    print(
+        f"self-consistency k={OPTILLM_K} (optillm's fixed num_samples), T=1.0, max_tokens={MAX_TOKENS}, "
+        f"{len(questions)} arithmetic questions, one client, one request at a time; took {seconds:.0f} s"
+    )
+    print(
+        f"upstream: `orchestrator serve --backend-config examples/serve/engine.toml` ({model}), behind a counting proxy\n"
+    )
+    head = (
+        f"{'side':>8} | {'upstream req/request':>20} | {'lanes/request':>13} | {'prompt tok/request':>18} | "
+        f"{'cached':>6} | {'wall p50':>8} | {'wall/lanefold':>13} | {'accuracy':>8} | {'failed':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    base = statistics.median(rows[0].walls)
+    for row in rows:
+        wall = statistics.median(row.walls)
+        print(
+            f"{row.side:>8} | {statistics.mean(row.upstream):20.2f} | {statistics.mean(row.lanes):13.2f} | "
+            f"{statistics.mean(row.prompt):18.1f} | {statistics.mean(row.cached):6.1f} | {wall:6.2f} s | "
+            f"{wall / base:12.2f}x | {row.correct / len(questions):8.0%} | {row.failed:>6}"
+        )
+    print()
+    ours = rows[0]
+    print(
+        f"{'PASS' if max(ours.upstream) == 1 else 'MISS'}  lanefold: one upstream request per wave "
+        f"(max {max(ours.upstream)} upstream requests per client request; the loop runs one wave)"
+    )
+    if len(rows) > 1:
+        peer_wall = statistics.median(rows[1].walls)
+        print(
+            f"{'PASS' if base < peer_wall else 'MISS'}  lower wall time at equal k: lanefold {base:.2f} s, "
+            f"optillm {peer_wall:.2f} s per request (median)"
+        )
+    else:
+        print("MISS  optillm not measured (no venv)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--overhead", action="store_true", help="per-request overhead on the instant backend")
+    parser.add_argument("--optillm", action="store_true", help="against optillm 0.4.0 over the engine")
+    parser.add_argument(
+        "--requests", type=int, default=320, help="--overhead: requests per side and concurrency"
+    )
+    parser.add_argument("--reps", type=int, default=4, help="--overhead: interleaved repetitions")
+    parser.add_argument("--k", type=int, default=8, help="--overhead: the loop's lanes")
+    parser.add_argument(
+        "--profile", metavar="FILE", help="--overhead: cProfile the gateway process into FILE"
+    )
+    parser.add_argument("--questions", type=int, default=20, help="--optillm: the first N of the sample")
+    args = parser.parse_args()
+    if not (args.overhead or args.optillm):
+        parser.error("name --overhead, --optillm or both")
+    if args.overhead:
+        overhead(args)
+    if args.optillm:
+        optillm(args)
+
+
+if __name__ == "__main__":
+    main()
