@@ -37,7 +37,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
@@ -221,11 +220,12 @@ def overhead(args: argparse.Namespace) -> None:
         f"(fsync at barrier and end); {args.reps} interleaved repetitions; took {seconds:.0f} s"
     )
     print(
-        "gateway: `orchestrator serve --loops` in its own process (uvicorn, access log on), httpx on loopback\n"
+        "gateway: `orchestrator serve --loops` in its own process (uvicorn, access log on), "
+        "httpx on loopback\n"
     )
     head = (
-        f"{'clients':>7} | {'requests':>8} | {'in-process p50':>14} | {'gateway p50':>11} | {'added p50':>9} | "
-        f"{'ratio':>6} | {'in-process p99':>14} | {'gateway p99':>11} | {'added p99':>9} | {'ratio':>6}"
+        f"{'clients':>7} | {'requests':>8} | {'p50 in-proc':>11} | {'p50 gateway':>11} | {'p50 added':>9} | "
+        f"{'ratio':>6} | {'p99 in-proc':>11} | {'p99 gateway':>11} | {'p99 added':>9} | {'ratio':>6}"
     )
     print(head)
     print("-" * len(head))
@@ -235,11 +235,10 @@ def overhead(args: argparse.Namespace) -> None:
         p50 = percentile(ours, 50) * 1e3, percentile(theirs, 50) * 1e3
         p99 = percentile(ours, 99) * 1e3, percentile(theirs, 99) * 1e3
         added[clients] = p50[1] - p50[0]
-        print(
-            f"{clients:>7} | {len(theirs):>8} | {p50[0]:11.2f} ms | {p50[1]:8.2f} ms | {p50[1] - p50[0]:6.2f} ms | "
-            f"{p50[1] / p50[0]:5.2f}x | {p99[0]:11.2f} ms | {p99[1]:8.2f} ms | {p99[1] - p99[0]:6.2f} ms | "
-            f"{p99[1] / p99[0]:5.2f}x"
-        )
+        cells = [f"{clients:>7}", f"{len(theirs):>8}"]
+        for a, b in (p50, p99):
+            cells += [f"{a:8.2f} ms", f"{b:8.2f} ms", f"{b - a:6.2f} ms", f"{b / a:5.2f}x"]
+        print(" | ".join(cells))
     print()
     for clients, ms in added.items():
         verdict = "PASS" if ms <= 3.0 else "MISS"
@@ -326,113 +325,113 @@ class Row:
     lanes: list[int] = field(default_factory=list)  # samples asked of upstream per client request
     prompt: list[int] = field(default_factory=list)
     cached: list[int] = field(default_factory=list)
+    completion: list[int] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)
     correct: int = 0
     failed: int = 0
 
 
-def ask_all(side: str, url: str, model: str, questions: list[tuple[str, str]], seen: Upstream) -> Row:
-    row = Row(side)
-    with httpx.Client(timeout=600, headers={"Authorization": "Bearer sk-bench"}) as http:
-        for question, gold in questions:
-            before = len(seen.calls)
-            body = {
-                "model": model,
-                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                "max_tokens": MAX_TOKENS,
-            }
-            start = time.perf_counter()
-            response = http.post(url, json=body)
-            row.walls.append(time.perf_counter() - start)
-            calls = seen.calls[before:]
-            row.upstream.append(len(calls))
-            row.lanes.append(sum(c["n"] for c in calls))
-            row.prompt.append(sum(c["prompt"] for c in calls))
-            row.cached.append(sum(c["cached"] for c in calls))
-            if response.status_code != 200:
-                row.failed += 1
-                continue
-            text = response.json()["choices"][0]["message"]["content"]
-            row.correct += last_number(text) == gold
-    return row
+def ask(row: Row, http: httpx.Client, url: str, model: str, question: str, gold: str, seen: Upstream) -> None:
+    """One client request; what it cost upstream is the proxy's calls while it ran."""
+    before = len(seen.calls)
+    body = {
+        "model": model,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        "max_tokens": MAX_TOKENS,
+    }
+    start = time.perf_counter()
+    response = http.post(url, json=body)
+    row.walls.append(time.perf_counter() - start)
+    calls = seen.calls[before:]
+    row.upstream.append(len(calls))
+    row.lanes.append(sum(c["n"] for c in calls))
+    row.prompt.append(sum(c["prompt"] for c in calls))
+    row.cached.append(sum(c["cached"] for c in calls))
+    row.completion.append(sum(c["completion"] for c in calls))
+    if response.status_code != 200:
+        row.failed += 1
+        return
+    row.correct += last_number(response.json()["choices"][0]["message"]["content"]) == gold
 
 
 def optillm(args: argparse.Namespace) -> None:
     python = optillm_python()
     questions = arithmetic(args.questions)
-    up, proxy_seen = free_port(), Upstream()
-    with tempfile.TemporaryDirectory(prefix="lanefold-bench-optillm-") as tmp:
+    up, seen = free_port(), Upstream()
+    with (
+        tempfile.TemporaryDirectory(prefix="lanefold-bench-optillm-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         root = Path(tmp)
         engine = serve_argv(
             "--backend-config", str(ROOT / "examples" / "serve" / "engine.toml"), "--port", str(up)
         )
-        with (
-            process(engine, root / "upstream.log", f"http://127.0.0.1:{up}/v1/models"),
-            Loopback(counting_proxy(f"http://127.0.0.1:{up}", proxy_seen)) as proxy,
-        ):
-            model = httpx.get(f"{proxy.base_url}/models").json()["data"][0]["id"]
-            (root / "loops").mkdir()
-            (root / "loops" / "sc.toml").write_text(
-                f'[loop]\nk = {OPTILLM_K}\nmax_concurrency = {OPTILLM_K}\nseed = 1\nreducer = "majority_vote"\n'
-                '[prompt]\ntemplate = "{question}"\n'  # the user's turn as it came, as optillm sends it
-                f"[sampling]\ntemperature = 1.0\nmax_tokens = {MAX_TOKENS}\n"  # optillm's T = 1
-                '[extract]\nmethod = "last_number"\n'
-                f'[backend]\nkind = "openai"\nbase_url = "{proxy.base_url}"\nmodel = "{model}"\n'
-            )
-            rows = []
-            gw = free_port()
-            gateway = serve_argv(
-                "--loops", str(root / "loops"), "--runs-dir", str(root / "runs"), "--port", str(gw)
-            )
-            start = time.perf_counter()
-            with process(gateway, root / "gateway.log", f"http://127.0.0.1:{gw}/v1/models"):
-                ask_all(
-                    "lanefold", f"http://127.0.0.1:{gw}/v1/chat/completions", "sc", questions[:1], proxy_seen
-                )
-                rows.append(
-                    ask_all(
-                        "lanefold", f"http://127.0.0.1:{gw}/v1/chat/completions", "sc", questions, proxy_seen
-                    )
-                )
-            if python is not None:
-                op = free_port()
-                peer = [str(python), "-m", "optillm.server", "--base-url", proxy.base_url, "--port", str(op)]
-                env = {"OPENAI_API_KEY": "sk-bench", "OPTILLM_LOG": "warning"}
-                with process(peer, root / "optillm.log", f"http://127.0.0.1:{op}/health", env):
-                    url = f"http://127.0.0.1:{op}/v1/chat/completions"
-                    ask_all("optillm", url, f"self_consistency-{model}", questions[:1], proxy_seen)
-                    rows.append(ask_all("optillm", url, f"self_consistency-{model}", questions, proxy_seen))
-            seconds = time.perf_counter() - start
+        stack.enter_context(process(engine, root / "upstream.log", f"http://127.0.0.1:{up}/v1/models"))
+        proxy = stack.enter_context(Loopback(counting_proxy(f"http://127.0.0.1:{up}", seen)))
+        model = httpx.get(f"{proxy.base_url}/models").json()["data"][0]["id"]
+        (root / "loops").mkdir()
+        (root / "loops" / "sc.toml").write_text(
+            f'[loop]\nk = {OPTILLM_K}\nmax_concurrency = {OPTILLM_K}\nseed = 1\nreducer = "majority_vote"\n'
+            '[prompt]\ntemplate = "{question}"\n'  # the user's turn as it came, as optillm sends it
+            f"[sampling]\ntemperature = 1.0\nmax_tokens = {MAX_TOKENS}\n"  # optillm's T = 1
+            '[extract]\nmethod = "last_number"\n'
+            f'[backend]\nkind = "openai"\nbase_url = "{proxy.base_url}"\nmodel = "{model}"\n'
+        )
+        gw = free_port()
+        gateway = serve_argv(
+            "--loops", str(root / "loops"), "--runs-dir", str(root / "runs"), "--port", str(gw)
+        )
+        stack.enter_context(process(gateway, root / "gateway.log", f"http://127.0.0.1:{gw}/v1/models"))
+        sides = {"lanefold": (f"http://127.0.0.1:{gw}/v1/chat/completions", "sc")}
+        if python is not None:
+            op = free_port()
+            peer = [str(python), "-m", "optillm.server", "--base-url", proxy.base_url, "--port", str(op)]
+            env = {"OPENAI_API_KEY": "sk-bench", "OPTILLM_LOG": "warning"}
+            stack.enter_context(process(peer, root / "optillm.log", f"http://127.0.0.1:{op}/health", env))
+            sides["optillm"] = (f"http://127.0.0.1:{op}/v1/chat/completions", f"self_consistency-{model}")
+        rows = {side: Row(side) for side in sides}
+        http = stack.enter_context(httpx.Client(timeout=600, headers={"Authorization": "Bearer sk-bench"}))
+        for side, (url, name) in sides.items():  # warm-up, on a question outside the sample
+            ask(Row(side), http, url, name, "What is 1 plus 1?", "2", seen)
+        start = time.perf_counter()
+        for i, (question, gold) in enumerate(questions):  # interleaved, the order alternating
+            order = list(sides) if i % 2 == 0 else list(reversed(sides))
+            for side in order:
+                ask(rows[side], http, *sides[side], question, gold, seen)
+        seconds = time.perf_counter() - start
     print(f"\nlanefold gateway vs {OPTILLM}: {machine()}")
     print(
         f"self-consistency k={OPTILLM_K} (optillm's fixed num_samples), T=1.0, max_tokens={MAX_TOKENS}, "
         f"{len(questions)} arithmetic questions, one client, one request at a time; took {seconds:.0f} s"
     )
     print(
-        f"upstream: `orchestrator serve --backend-config examples/serve/engine.toml` ({model}), behind a counting proxy\n"
+        f"upstream: `orchestrator serve --backend-config examples/serve/engine.toml` ({model}), "
+        "behind a counting proxy; tokens are the upstream's usage per client request\n"
     )
     head = (
-        f"{'side':>8} | {'upstream req/request':>20} | {'lanes/request':>13} | {'prompt tok/request':>18} | "
-        f"{'cached':>6} | {'wall p50':>8} | {'wall/lanefold':>13} | {'accuracy':>8} | {'failed':>6}"
+        f"{'side':>8} | {'upstream req':>12} | {'lanes':>5} | {'prompt tok':>10} | {'cached':>6} | "
+        f"{'completion':>10} | {'wall p50':>8} | {'/lanefold':>9} | {'accuracy':>8} | {'failed':>6}"
     )
     print(head)
     print("-" * len(head))
-    base = statistics.median(rows[0].walls)
-    for row in rows:
+    base = statistics.median(rows["lanefold"].walls)
+    for row in rows.values():
         wall = statistics.median(row.walls)
-        print(
-            f"{row.side:>8} | {statistics.mean(row.upstream):20.2f} | {statistics.mean(row.lanes):13.2f} | "
-            f"{statistics.mean(row.prompt):18.1f} | {statistics.mean(row.cached):6.1f} | {wall:6.2f} s | "
-            f"{wall / base:12.2f}x | {row.correct / len(questions):8.0%} | {row.failed:>6}"
-        )
+        cells = [f"{row.side:>8}"]
+        for width, values in ((12, row.upstream), (5, row.lanes), (10, row.prompt), (6, row.cached)):
+            cells.append(f"{statistics.mean(values):{width}.1f}")
+        cells += [f"{statistics.mean(row.completion):10.1f}", f"{wall:6.2f} s", f"{wall / base:8.2f}x"]
+        cells += [f"{row.correct / len(questions):8.0%}", f"{row.failed:>6}"]
+        print(" | ".join(cells))
+    print("(per client request: means of the upstream's requests, lanes asked, usage; the median wall)")
     print()
-    ours = rows[0]
+    ours = rows["lanefold"]
     print(
         f"{'PASS' if max(ours.upstream) == 1 else 'MISS'}  lanefold: one upstream request per wave "
         f"(max {max(ours.upstream)} upstream requests per client request; the loop runs one wave)"
     )
-    if len(rows) > 1:
-        peer_wall = statistics.median(rows[1].walls)
+    if "optillm" in rows:
+        peer_wall = statistics.median(rows["optillm"].walls)
         print(
             f"{'PASS' if base < peer_wall else 'MISS'}  lower wall time at equal k: lanefold {base:.2f} s, "
             f"optillm {peer_wall:.2f} s per request (median)"
