@@ -15,7 +15,7 @@ targets are printed as PASS/MISS, never asserted.
   time per request, accuracy (the last number of the answer). Target: one upstream request per
   wave (the engine honours `n`) and lower wall time at equal k.
 
-    PYTHONPATH=. .venv/bin/python bench/gateway.py --overhead [--requests 300]
+    PYTHONPATH=. .venv/bin/python bench/gateway.py --overhead [--requests 1024] [--profile FILE]
     PYTHONPATH=. .venv/bin/python bench/gateway.py --optillm [--questions 20]
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -42,10 +43,11 @@ import anyio
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import lanefold
+from lanefold.serve._gateway import create_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -151,18 +153,20 @@ async def in_process(session: lanefold.Session, clients: int, each: int) -> list
     return latencies
 
 
+BODY = {"model": "instant", "messages": [{"role": "user", "content": QUESTION}]}
+
+
 async def over_http(http: httpx.AsyncClient, url: str, clients: int, each: int) -> list[float]:
     """Latencies (s) of `POST /v1/chat/completions` naming the loop, as `in_process`."""
     latencies: list[float] = []
-    body = {"model": "instant", "messages": [{"role": "user", "content": QUESTION}]}
 
     async def client() -> None:
         for _ in range(each):
             start = time.perf_counter()
-            response = await http.post(url, json=body)
+            response = await http.post(url, json=BODY)
             latencies.append(time.perf_counter() - start)
             if response.status_code != 200 or response.json()["lanefold"]["answer"] is None:
-                raise RuntimeError(f"gateway: {response.status_code} {response.text[:300]}")
+                raise RuntimeError(f"{url}: {response.status_code} {response.text[:300]}")
 
     async with anyio.create_task_group() as tg:
         for _ in range(clients):
@@ -170,79 +174,127 @@ async def over_http(http: httpx.AsyncClient, url: str, clients: int, each: int) 
     return latencies
 
 
+def floor_child(port: int, canned: Path) -> None:
+    """The HTTP floor: uvicorn as `serve` runs it (h11 or httptools, whichever it picks; access
+    log on), answering every POST with a recorded gateway response after parsing the body."""
+    import uvicorn
+
+    body = json.loads(canned.read_text())
+
+    async def answer(request: Request) -> Response:
+        json.loads(await request.body())
+        return JSONResponse(body)
+
+    app = Starlette(routes=[Route("/v1/chat/completions", answer, methods=["POST"])])
+    uvicorn.Server(uvicorn.Config(app, port=port, log_level="info", lifespan="off")).run()
+
+
+# The sides of --overhead, each the same request in a row: the baseline, then layer by layer.
+SIDES = {
+    "in-process": "Session.run in this process (the baseline)",
+    "asgi": "the gateway app in this process, through httpx.ASGITransport (no socket, no server)",
+    "http floor": "uvicorn in its own process answering a recorded response: no run (HTTP's cost)",
+    "gateway": "`orchestrator serve --loops` in its own process, over loopback",
+}
+
+
 async def measure_overhead(
-    config: Path, runs: Path, url: str, requests: int, reps: int
+    config: Path, runs: Path, urls: dict[str, str], requests: int, reps: int
 ) -> dict[tuple[str, int], list[float]]:
-    """Both sides at 1 and 32 clients, blocks interleaved per repetition after a warm-up."""
+    """Every side at 1 and 32 clients, blocks interleaved per repetition after a warm-up."""
     got: dict[tuple[str, int], list[float]] = {}
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with (
         lanefold.Session(config, runs_dir=runs) as session,
         httpx.AsyncClient(limits=limits, timeout=60) as http,
     ):
-        await in_process(session, 4, 10)
-        await over_http(http, url, 4, 10)
+        app = create_gateway(session, {"instant": lanefold.load_config(config)})
+        asgi = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://asgi")
+        clients_of = {"asgi": asgi, "http floor": http, "gateway": http}
+        urls = {**urls, "asgi": "http://asgi/v1/chat/completions"}
+
+        async def block(side: str, clients: int, each: int) -> list[float]:
+            if side == "in-process":
+                return await in_process(session, clients, each)
+            return await over_http(clients_of[side], urls[side], clients, each)
+
+        for side in SIDES:
+            await block(side, 4, 10)
         for rep in range(reps):
             for clients in (1, 32):
                 each = max(1, requests // reps // clients)
-                sides = ["in-process", "gateway"] if rep % 2 == 0 else ["gateway", "in-process"]
-                for side in sides:
-                    if side == "gateway":
-                        block = await over_http(http, url, clients, each)
-                    else:
-                        block = await in_process(session, clients, each)
-                    got.setdefault((side, clients), []).extend(block)
+                order = list(SIDES)[rep % len(SIDES) :] + list(SIDES)[: rep % len(SIDES)]
+                for side in order:
+                    got.setdefault((side, clients), []).extend(await block(side, clients, each))
+        await asgi.aclose()
     return got
 
 
 def overhead(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="lanefold-bench-gateway-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="lanefold-bench-gateway-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         root = Path(tmp)
         (root / "loops").mkdir()
         config = root / "loops" / "instant.toml"
         config.write_text(INSTANT_LOOP.format(k=args.k))
-        port = free_port()
+        port, floor = free_port(), free_port()
         argv = serve_argv(
             "--loops", str(root / "loops"), "--runs-dir", str(root / "gw-runs"), "--port", str(port)
         )
         if args.profile:
             argv = [sys.executable, "-m", "cProfile", "-o", str(Path(args.profile).resolve()), *argv[1:]]
         base = f"http://127.0.0.1:{port}/v1"
+        stack.enter_context(process(argv, root / "gateway.log", f"{base}/models"))
+        (root / "canned.json").write_text(httpx.post(f"{base}/chat/completions", json=BODY).text)
+        child = [sys.executable, __file__, "--floor-child", str(floor), str(root / "canned.json")]
+        stack.enter_context(process(child, root / "floor.log", f"http://127.0.0.1:{floor}/"))
+        urls = {
+            "gateway": f"{base}/chat/completions",
+            "http floor": f"http://127.0.0.1:{floor}/v1/chat/completions",
+        }
         start = time.perf_counter()
-        with process(argv, root / "gateway.log", f"{base}/models"):
-            got = anyio.run(
-                measure_overhead, config, root / "runs", f"{base}/chat/completions", args.requests, args.reps
-            )
+        got = anyio.run(measure_overhead, config, root / "runs", urls, args.requests, args.reps)
         seconds = time.perf_counter() - start
+    import uvicorn
+
+    parser = "httptools" if importlib.util.find_spec("httptools") else "h11 (pure Python; no httptools)"
     print(f"\nlanefold gateway overhead: {machine()}")
     print(
         f"loop: parallel_sample k={args.k}, majority vote, instant simulated backend, files store "
         f"(fsync at barrier and end); {args.reps} interleaved repetitions; took {seconds:.0f} s"
     )
-    print(
-        "gateway: `orchestrator serve --loops` in its own process (uvicorn, access log on), "
-        "httpx on loopback\n"
-    )
+    print(f"uvicorn {uvicorn.__version__}, HTTP parser {parser}, asyncio loop; httpx clients on loopback")
+    for side, what in SIDES.items():
+        print(f"  {side:>10}: {what}")
+    print()
     head = (
-        f"{'clients':>7} | {'requests':>8} | {'p50 in-proc':>11} | {'p50 gateway':>11} | {'p50 added':>9} | "
-        f"{'ratio':>6} | {'p99 in-proc':>11} | {'p99 gateway':>11} | {'p99 added':>9} | {'ratio':>6}"
+        f"{'clients':>7} | {'side':>10} | {'requests':>8} | {'p50':>8} | {'p50 added':>9} | {'ratio':>6} | "
+        f"{'p99':>9} | {'p99 added':>9} | {'ratio':>6}"
     )
     print(head)
     print("-" * len(head))
     added: dict[int, float] = {}
     for clients in (1, 32):
-        ours, theirs = got["in-process", clients], got["gateway", clients]
-        p50 = percentile(ours, 50) * 1e3, percentile(theirs, 50) * 1e3
-        p99 = percentile(ours, 99) * 1e3, percentile(theirs, 99) * 1e3
-        added[clients] = p50[1] - p50[0]
-        cells = [f"{clients:>7}", f"{len(theirs):>8}"]
-        for a, b in (p50, p99):
-            cells += [f"{a:8.2f} ms", f"{b:8.2f} ms", f"{b - a:6.2f} ms", f"{b / a:5.2f}x"]
-        print(" | ".join(cells))
-    print()
+        ours = got["in-process", clients]
+        b50, b99 = percentile(ours, 50) * 1e3, percentile(ours, 99) * 1e3
+        for side in SIDES:
+            theirs = got[side, clients]
+            p50, p99 = percentile(theirs, 50) * 1e3, percentile(theirs, 99) * 1e3
+            if side == "gateway":
+                added[clients] = p50 - b50
+            cells = [f"{clients:>7}", f"{side:>10}", f"{len(theirs):>8}"]
+            for mine, baseline in ((p50, b50), (p99, b99)):
+                if side == "http floor":  # no run: its whole time is what HTTP adds
+                    cells += [f"{mine:6.2f} ms", f"{mine:6.2f} ms", f"{'-':>6}"]
+                else:
+                    cells += [f"{mine:6.2f} ms", f"{mine - baseline:6.2f} ms", f"{mine / baseline:5.2f}x"]
+            print(" | ".join(cells))
+    print("(added: over in-process at the same percentile; the http floor's is its whole time)\n")
     for clients, ms in added.items():
         verdict = "PASS" if ms <= 3.0 else "MISS"
-        print(f"{verdict}  {ms:.2f} ms added at p50 with {clients} client(s) (target <= 3 ms)")
+        print(f"{verdict}  gateway: {ms:.2f} ms added at p50 with {clients} client(s) (target <= 3 ms)")
     if args.profile:
         print(f"gateway profile: {args.profile} (python -m pstats {args.profile})")
 
@@ -445,15 +497,19 @@ def main() -> None:
     parser.add_argument("--overhead", action="store_true", help="per-request overhead on the instant backend")
     parser.add_argument("--optillm", action="store_true", help="against optillm 0.4.0 over the engine")
     parser.add_argument(
-        "--requests", type=int, default=320, help="--overhead: requests per side and concurrency"
+        "--requests", type=int, default=1024, help="--overhead: requests per side and concurrency"
     )
     parser.add_argument("--reps", type=int, default=4, help="--overhead: interleaved repetitions")
     parser.add_argument("--k", type=int, default=8, help="--overhead: the loop's lanes")
     parser.add_argument(
         "--profile", metavar="FILE", help="--overhead: cProfile the gateway process into FILE"
     )
+    parser.add_argument("--floor-child", nargs=2, metavar=("PORT", "CANNED"), help=argparse.SUPPRESS)
     parser.add_argument("--questions", type=int, default=20, help="--optillm: the first N of the sample")
     args = parser.parse_args()
+    if args.floor_child:
+        floor_child(int(args.floor_child[0]), Path(args.floor_child[1]))
+        return
     if not (args.overhead or args.optillm):
         parser.error("name --overhead, --optillm or both")
     if args.overhead:
