@@ -47,7 +47,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import lanefold
-from lanefold.serve._gateway import create_gateway
+from lanefold.serve._gateway import create_gateway  # the app, in-process, for the ASGI row
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
