@@ -19,7 +19,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from lanefold.backends.engine._config import EngineConfig
-from lanefold.backends.engine._engine import Engine, load_tokenizer
+from lanefold.backends.engine._engine import Engine, ThreadTuner, load_tokenizer
 from lanefold.backends.engine._sequence import Sequence as Lane
 from lanefold.backends.engine._ticket import Ticket, lane_sample, settled_text
 from lanefold.backends.engine._tokenizer import Tokenizer
@@ -56,6 +56,7 @@ class EngineBackend:
         self._driving = False
         self._closed = False
         self._streams = 0  # live `stream` calls: while any, the driver hands back after each step
+        self._tuner: ThreadTuner | None = None  # threads left to the default: kept up to date
 
     @property
     def name(self) -> str:
@@ -101,6 +102,8 @@ class EngineBackend:
                     Engine.from_config, self.config, self._tokenizer
                 )
                 self._tokenizer = self._engine.tokenizer
+                if self.config.threads is None and self._engine.runner.device.type == "cpu":
+                    self._tuner = ThreadTuner()
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         """Generate every lane of `request`, yielding each lane's Sample as soon as it stops.
@@ -219,6 +222,8 @@ class EngineBackend:
             anyio.from_thread.check_cancelled()
             if self._take_inbox(engine) or not engine.has_work():
                 return
+            if self._tuner is not None:
+                self._tuner.retune()  # other jobs came or went: the threads follow
             try:
                 finished = engine.step()
             except Exception as exc:  # a failed step sinks every request in flight

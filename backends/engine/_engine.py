@@ -30,7 +30,7 @@ from lanefold.backends.engine._weight_cache import cached_checkpoint, cached_tok
 from lanefold.backends.engine._weights import load_checkpoint, resolve_model_path
 from lanefold.primitives import ConfigError, ContextLengthError, LaneRequest, SamplingParams
 
-__all__ = ("Engine", "default_threads", "load_tokenizer")
+__all__ = ("Engine", "ThreadTuner", "busy_cores", "default_threads", "load_tokenizer")
 
 _CPU_KV_BYTES = 512 << 20  # the KV pool's memory figure on CPU
 _CUDA_KV_FRACTION = 0.4  # of the GPU memory still free once the weights are loaded
@@ -376,3 +376,56 @@ def busy_cores(window_s: float = 0.1) -> float:
     cores = os.cpu_count() or 1
     used = (elapsed - (idle1 - idle0)) / elapsed * cores  # cores in use, ours included
     return max(0.0, used - own * ticks / (elapsed / cores))
+
+
+def _cpu_ticks() -> tuple[float, float]:
+    """The machine's CPU time so far (ticks summed over every core) and its idle part."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [float(x) for x in stat.readline().split()[1:]]
+    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+
+
+class ThreadTuner:
+    """Keeps a long-lived engine's threads at the cores other processes leave free, as the
+    default picks them at load: a server started on a quiet machine would otherwise keep every
+    core's thread when another job arrives, and each product would wait on the core it lost
+    (2.6x slower served, docs/engine.md#threads). `retune()` is called by the driver between
+    steps; every `every_s` it reads what the machine and this process used since the last look
+    (no pause: the steps themselves are the window; a window the engine sat idle through is
+    dropped) and sets the threads again."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s = every_s
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self._last = self._look()
+
+    def _look(self) -> tuple[float, float, float, float] | None:
+        try:
+            total, idle = _cpu_ticks()
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.monotonic(), total, idle, time.process_time()
+
+    def retune(self) -> int | None:
+        """The threads set now, if it was time to look and they changed; else None."""
+        last = self._last
+        if last is None or time.monotonic() - last[0] < self.every_s:
+            return None
+        now = self._look()
+        if now is None:
+            return None
+        self._last = now
+        if now[0] - last[0] > 2 * self.every_s:
+            return None  # the engine sat idle: that window saw others' work, not what we meet now
+        elapsed = now[1] - last[1]
+        if elapsed <= 0:
+            return None
+        machine = os.cpu_count() or 1
+        wall_ticks = elapsed / machine
+        used = (elapsed - (now[2] - last[2])) / wall_ticks  # cores busy, ours included
+        ours = (now[3] - last[3]) * os.sysconf("SC_CLK_TCK") / wall_ticks
+        threads = default_threads(self.cores, max(0.0, used - ours))
+        if threads == torch.get_num_threads():
+            return None
+        torch.set_num_threads(threads)
+        return threads

@@ -58,3 +58,34 @@ def test_a_config_without_threads_gets_the_default(monkeypatch: pytest.MonkeyPat
     with pytest.raises(RuntimeError, match="stop"):
         _engine.Engine.from_config(_engine.EngineConfig(model="smollm2-135m", device="cpu", threads=2))
     assert seen == [3, 2]
+
+
+def test_a_long_lived_engine_follows_a_job_that_arrives() -> None:
+    """The tuner of an engine left to the default drops a thread when another job takes a core,
+    and takes it back when the job ends (a server started on a quiet machine)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from lanefold.backends.engine._engine import ThreadTuner
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2 or busy_cores(0.3) > 0.5:
+        pytest.skip("needs two cores and a machine quiet enough to see one job arrive")
+    before = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    tuner = ThreadTuner(every_s=0.3)
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.4)
+        assert tuner.retune() == cores - 1
+        assert torch.get_num_threads() == cores - 1
+    finally:
+        spin.kill()
+        spin.wait()
+    try:
+        time.sleep(0.4)
+        assert tuner.retune() == cores
+    finally:
+        torch.set_num_threads(before)
