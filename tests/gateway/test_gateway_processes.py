@@ -223,3 +223,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_backend_served_beside_the_loops_answers_to_its_own_name(tmp_path: Path) -> None:
+    """`--backend-config` beside `--loops`: /v1/models lists both, and a request naming the
+    backend is the backend's plain completion (no run, no `lanefold` object)."""
+    loops = _loops(tmp_path, tmp_path / "calls.txt")
+    (tmp_path / "sim.toml").write_text('[backend]\nkind = "simulated"\n')
+    args = ("--loops", str(loops), "--backend-config", "sim.toml", "--runs-dir", "runs")
+    with served(tmp_path, *args) as (_, url):
+        names = [m["id"] for m in httpx.get(f"{url}/models", timeout=10).json()["data"]]
+        body = {"model": "simulated", "messages": [{"role": "user", "content": "What is 1 + 1?"}], "n": 2}
+        plain = httpx.post(f"{url}/chat/completions", json=body, timeout=30)
+        looped = _chat(url)
+    assert names == ["vote", "simulated"]
+    assert plain.status_code == 200 and len(plain.json()["choices"]) == 2
+    assert "lanefold" not in plain.json() and "x-lanefold-run-id" not in plain.headers
+    assert looped.status_code == 200 and looped.json()["lanefold"]["answer"]
+    assert len(list((tmp_path / "runs").iterdir())) == 1  # only the loop's request is a run
