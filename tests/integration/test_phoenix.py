@@ -4,10 +4,13 @@ LANEFOLD_PHOENIX_URL; without it these skip)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -16,6 +19,10 @@ import lanefold
 pytestmark = pytest.mark.integration
 
 pytest.importorskip("opentelemetry.sdk")
+
+from lanefold.telemetry import OtelHook, flush_all, trace_id_of  # noqa: E402 (needs the otel extra)
+
+Span = dict[str, Any]
 
 
 @pytest.fixture
@@ -27,20 +34,39 @@ def phoenix() -> str:
     return url.removesuffix("/v1")
 
 
-def _spans(phoenix: str, trace_id: str, want: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
-    """The trace's spans as Phoenix lists them, once `want` have arrived."""
+def _spans(phoenix: str, run_id: str, want: int, timeout_s: float = 60.0) -> list[Span]:
+    """The run's trace as Phoenix's REST API lists it, once `want` spans have arrived (Phoenix
+    writes what it receives in batches, so a flushed span is listed a moment later)."""
+    trace_id = f"{trace_id_of(run_id):032x}"
     deadline = time.monotonic() + timeout_s
-    spans: list[dict[str, Any]] = []
+    spans: list[Span] = []
     while time.monotonic() < deadline:
         got = httpx.get(
             f"{phoenix}/v1/projects/default/spans", params={"trace_id": trace_id, "limit": 1000}, timeout=10
         )
-        if got.status_code == 200:
-            spans = got.json()["data"]
-            if len(spans) >= want:
-                return spans
+        got.raise_for_status()
+        spans = got.json()["data"]
+        if len(spans) >= want:
+            assert {s["context"]["trace_id"] for s in spans} == {trace_id}
+            return spans
         time.sleep(0.5)
     raise AssertionError(f"Phoenix listed {len(spans)} of the trace's {want} spans within {timeout_s} s")
+
+
+def _id(span: Span) -> str:
+    return str(span["context"]["span_id"])
+
+
+def _children(spans: list[Span], parent: Span) -> list[Span]:
+    return [s for s in spans if s.get("parent_id") == _id(parent)]
+
+
+def _opened(runs_dir: Path, run_id: str) -> int:
+    """How many spans the hook opened for the run: one per run segment (started or resumed), per
+    wave started and per lane dispatched, read from the run's own log."""
+    opening = {"run.started", "run.resumed", "wave.started", "lane.dispatched"}
+    with (runs_dir / run_id / "events.jsonl").open() as log:
+        return sum(json.loads(line)["type"] in opening for line in log if line.strip())
 
 
 def _config(k: int) -> lanefold.LoopConfig:
@@ -52,26 +78,60 @@ def _config(k: int) -> lanefold.LoopConfig:
     )
 
 
-def test_phoenix_lists_a_runs_spans_with_parents_and_token_attributes(phoenix: str, tmp_path: Any) -> None:
-    from lanefold.telemetry import OtelHook, flush_all, trace_id_of
-
+def test_phoenix_lists_a_runs_spans_with_parents_and_token_attributes(phoenix: str, tmp_path: Path) -> None:
+    # The base URL, as `--otel-endpoint` takes it: the SDK's exporter posts to <phoenix>/v1/traces.
     hook = OtelHook(OtelHook.Params(endpoint=phoenix))
     result = lanefold.run_sync(_config(3), "What is 17 * 23?", runs_dir=tmp_path, hooks=[hook])
     assert flush_all(30.0)
-    trace_id = f"{trace_id_of(result.run_id):032x}"
-    spans = _spans(phoenix, trace_id, want=5)
+    spans = _spans(phoenix, result.run_id, want=5)
     assert len(spans) == 1 + 1 + 3  # the run, its wave, three lane attempts
-
-    def span_id(span: dict[str, Any]) -> str:
-        return str(span["context"]["span_id"])
+    assert {s["attributes"]["lanefold.run_id"] for s in spans} == {result.run_id}
 
     (run,) = [s for s in spans if not s.get("parent_id")]
-    (wave,) = [s for s in spans if s.get("parent_id") == span_id(run)]
-    lanes = [s for s in spans if s.get("parent_id") == span_id(wave)]
-    assert len(lanes) == 3
-    assert run["attributes"]["lanefold.run_id"] == result.run_id
-    inputs = sum(int(s["attributes"]["gen_ai.usage.input_tokens"]) for s in lanes)
-    outputs = sum(int(s["attributes"]["gen_ai.usage.output_tokens"]) for s in lanes)
-    assert inputs == result.usage.prefill_tokens + result.usage.cached_prefill_tokens
-    assert outputs == result.usage.decode_tokens
-    assert {int(s["attributes"]["lanefold.lane"]) for s in lanes} == {0, 1, 2}
+    (wave,) = _children(spans, run)
+    lanes = _children(spans, wave)
+    assert run["name"].startswith("lanefold.run ")
+    assert wave["name"] == "lanefold.wave sample"
+    assert wave["attributes"]["lanefold.wave.k"] == 3
+    assert wave["attributes"]["lanefold.wave.completed"] == 3
+    assert sorted(int(s["attributes"]["lanefold.lane"]) for s in lanes) == [0, 1, 2]
+    assert all(s["attributes"]["gen_ai.operation.name"] == "chat" for s in lanes)
+    assert all(s["status_code"] != "ERROR" for s in spans)
+
+    usage = result.usage
+    inputs = [int(s["attributes"]["gen_ai.usage.input_tokens"]) for s in lanes]
+    outputs = [int(s["attributes"]["gen_ai.usage.output_tokens"]) for s in lanes]
+    assert all(n > 0 for n in inputs + outputs)
+    assert sum(inputs) == usage.prefill_tokens + usage.cached_prefill_tokens
+    assert sum(outputs) == usage.decode_tokens
+    # The run's span carries the bill the lanes add up to.
+    assert int(run["attributes"]["gen_ai.usage.input_tokens"]) == sum(inputs)
+    assert int(run["attributes"]["gen_ai.usage.output_tokens"]) == sum(outputs)
+    assert run["attributes"]["lanefold.status"] == "answered"
+
+
+@pytest.mark.anyio
+async def test_phoenix_shows_a_resumed_run_as_one_trace(phoenix: str, tmp_path: Path) -> None:
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": 6, "max_concurrency": 2, "seed": 3},
+            "backend": {"kind": "simulated", "latency_ms": [40, 60]},
+        }
+    )
+    hook = OtelHook(OtelHook.Params(endpoint=phoenix))
+    async with lanefold.Session(config, runs_dir=tmp_path, hooks=[hook]) as session:
+        with anyio.move_on_after(0.1):  # cut off mid-wave: some lanes landed, some not
+            await session.run("What is 5 + 5?", run_id="phoenix-cut")
+        result = await session.resume("phoenix-cut")
+    assert result.answer is not None
+    assert flush_all(30.0)
+    want = _opened(tmp_path, "phoenix-cut")  # two run segments, their waves, each lane attempt
+    spans = _spans(phoenix, "phoenix-cut", want=want)
+    assert len(spans) == want
+    runs = [s for s in spans if not s.get("parent_id")]
+    assert len(runs) == 2
+    assert {s["attributes"]["lanefold.resumed"] for s in runs} == {False, True}
+    assert {s["attributes"]["lanefold.status"] for s in runs} == {"interrupted", "answered"}
+    assert {s["attributes"]["lanefold.run_id"] for s in spans} == {"phoenix-cut"}
+    ids = {_id(s) for s in spans}
+    assert all(s["parent_id"] in ids for s in spans if s.get("parent_id"))  # no orphans
