@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ("PgEventLog", "lock_key")
 
+_RECHECK_S = 1.0  # a follower's read after a quiet second, whatever the notices said
+
 _INSERT = "INSERT INTO lanefold_events (run_id, sequence, type, body) VALUES (%s, %s, %s, %s)"
 _WRITER = "lanefold writer pid="
 _FOLLOWER = "lanefold follower"
@@ -215,8 +217,9 @@ class PgEventLog:
         return event
 
     async def follow(self, from_sequence: int = 1) -> AsyncIterator[AnyEvent]:
-        """Yield events as they commit, woken by NOTIFY (no polling); waits for the run to
-        appear; ends after the run's end (completed, failed or interrupted)."""
+        """Yield events as they commit, woken by NOTIFY (and a read after every quiet second,
+        in case a notice went astray); waits for the run to appear; ends after the run's end
+        (completed, failed or interrupted)."""
         conn = await anyio.to_thread.run_sync(lambda: self.db.connect(name=_FOLLOWER))
         try:
             await anyio.to_thread.run_sync(self.db.ensure_schema, conn)
@@ -233,12 +236,17 @@ class PgEventLog:
                     if event.type in END_TYPES:
                         return
                 # Until this run commits again: what arrived during the read (psycopg keeps
-                # it), else whatever comes on the connection's socket.
+                # it), else whatever comes on the connection's socket; and, whatever the
+                # notices say, a read again after a quiet second, so a notice that slipped
+                # between the socket and psycopg's backlog costs a second, never the follow.
                 while not any(
                     notice.payload == self.run_id
                     for notice in await anyio.to_thread.run_sync(self._arrived, conn)
                 ):
-                    await anyio.wait_readable(conn.fileno())
+                    with anyio.move_on_after(_RECHECK_S) as quiet:
+                        await anyio.wait_readable(conn.fileno())
+                    if quiet.cancelled_caught:
+                        break
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(conn.close)
