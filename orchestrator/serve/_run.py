@@ -50,7 +50,8 @@ def is_loopback(host: str) -> bool:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to `host:port`, or a ServeError saying why not (taken, unknown host)."""
+    """A socket bound to `host:port` and listening, or a ServeError saying why not (taken,
+    unknown host)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, OverflowError) as exc:
@@ -60,6 +61,9 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
         sock.bind(address)
+        # Listening now, not when uvicorn starts: a client told the address (the line saying
+        # where) may connect at once and waits in the backlog instead of being refused.
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

@@ -218,3 +218,18 @@ def test_ctrl_c_with_requests_in_flight_stops_quietly_within_seconds(config: Pat
         status, text = answers[name]
         assert status == 503, text
         assert json.loads(text)["error"]["code"] == "server_shutting_down"
+
+
+def test_the_bound_port_takes_connections_before_the_server_runs() -> None:
+    """`listen` listens at once: a client told the address (the line `serve` and `view` print
+    before uvicorn starts) is queued, never refused, however slowly the server starts."""
+    import socket
+
+    from lanefold.serve import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass  # connected: waiting in the backlog, not refused
+    finally:
+        sock.close()
