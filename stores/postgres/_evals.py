@@ -71,10 +71,16 @@ class PgEvalRecord:
             row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
             if not (row and row[0]):
                 raise RunInUseError(self.eval_id, _holder(conn, key))
-            yield
+            try:
+                yield
+            finally:
+                # Released before the connection closes: the server drops a closed session's
+                # locks a moment later, and `running()` read in that moment said still held.
+                with contextlib.suppress(Exception):
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         finally:
             with contextlib.suppress(Exception):
-                conn.close()  # the server drops the advisory lock with the session
+                conn.close()  # and had the process died, the server drops the lock with it
 
     def running(self) -> bool:
         unsigned = eval_lock_key(self.eval_id) & 0xFFFFFFFFFFFFFFFF

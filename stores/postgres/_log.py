@@ -273,7 +273,11 @@ class PgEventLog:
             self._thread = None
         if self._conn is not None:
             with contextlib.suppress(Exception):
-                self._conn.close()  # the server drops the advisory lock with the session
+                # Released before the connection closes: a closed session's locks go a moment
+                # later, and a reader asking in that moment (`writing`, `list`) saw a writer.
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(self.run_id),))
+            with contextlib.suppress(Exception):
+                self._conn.close()  # and had the process died, the server drops the lock with it
             self._conn = None
 
 
