@@ -80,33 +80,14 @@ def serve_loops(
     host: str = "127.0.0.1",
     port: int = 8000,
     keys_file: str | None = None,
-    api_key: str | None = None,
-    backend: Backend | None = None,
-    backend_name: str | None = None,
-    backend_options: dict[str, Any] | None = None,
-    max_body_bytes: int = 1 << 20,
-    log_level: str = "info",
-    hooks: Sequence[Any] = (),
+    **options: Any,
 ) -> None:
-    """Blocking: serve `loops` (and `backend` as `backend_name`, where given) until Ctrl-C."""
+    """Blocking: serve `loops` until Ctrl-C, with `keys_file`'s keys; `options` are
+    `serve_loops_async`'s (api_key, backend and backend_name, hooks, ...)."""
     keys = load_keys(keys_file, loops) if keys_file is not None else None
     sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
     anyio.run(
-        lambda: serve_loops_async(
-            loops,
-            store,
-            sock=sock,
-            host=host,
-            port=port,
-            keys=keys,
-            api_key=api_key,
-            backend=backend,
-            backend_name=backend_name,
-            backend_options=backend_options or {},
-            max_body_bytes=max_body_bytes,
-            log_level=log_level,
-            hooks=hooks,
-        ),
+        lambda: serve_loops_async(loops, store, sock=sock, host=host, port=port, keys=keys, **options),
         backend="asyncio",  # uvicorn runs on asyncio only
     )
 
@@ -127,7 +108,8 @@ async def serve_loops_async(
     log_level: str = "info",
     hooks: Sequence[Any] = (),
 ) -> None:
-    """`serve_loops` in a running event loop (asyncio: uvicorn's)."""
+    """`serve_loops` in a running event loop (asyncio: uvicorn's): `loops` and `backend` (as
+    `backend_name`, where given) on `sock` (else `host:port`), with `keys` (a `Keys`)."""
     from lanefold.serve._app import create_app, served_names
     from lanefold.serve._gateway import create_gateway
     from lanefold.serve._guard import KeyCheck
