@@ -49,7 +49,7 @@ from lanefold.serve._gateway_wire import (
     refused,
     response_body,
 )
-from lanefold.serve._guard import HTTPError, Stopping, read_json, unless_disconnected
+from lanefold.serve._guard import HTTPError, Stopping, read_body, unless_disconnected
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._outcomes import on_error
 
@@ -152,7 +152,7 @@ def create_gateway(
 
     async def handle(request: Request, kind: str) -> Response:
         key = key_of(request)
-        raw = await _body_bytes(request, max_body_bytes)
+        raw = await read_body(request, max_body_bytes)
         try:
             data = json.loads(raw)
         except ValueError:
@@ -309,19 +309,3 @@ def create_gateway(
     )
     app.state.stopping, app.state.session = stopping, session
     return app
-
-
-async def _body_bytes(request: Request, max_bytes: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        await read_json(request, max_bytes)  # raises its 413
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise HTTPError(
-                413, f"the request body is larger than {max_bytes} bytes", code="request_too_large"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -27,6 +27,7 @@ __all__ = (
     "ListeningStream",
     "Stopping",
     "error_response",
+    "read_body",
     "read_json",
     "unless_disconnected",
 )
@@ -100,6 +101,17 @@ class KeyCheck:
 async def read_json(request: Request, max_bytes: int) -> Any:
     """The request body as JSON, read chunk by chunk and refused (413) the moment it passes
     `max_bytes`, so an oversized body is never held whole."""
+    body = await read_body(request, max_bytes)
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise HTTPError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise HTTPError(400, "the request body's JSON is nested too deeply") from None
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body's bytes, refused (413) the moment they pass `max_bytes`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -110,12 +122,7 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         if size > max_bytes:
             raise _too_large(max_bytes)
         chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError:
-        raise HTTPError(400, "the request body is not valid JSON") from None
-    except RecursionError:
-        raise HTTPError(400, "the request body's JSON is nested too deeply") from None
+    return b"".join(chunks)
 
 
 def _too_large(max_bytes: int) -> HTTPError:
