@@ -350,22 +350,22 @@ def default_threads(cores: int | None = None, busy: float | None = None) -> int:
     return max(1, min(cores, cores - round(busy)))
 
 
+def _cpu_ticks() -> tuple[float, float]:
+    """The machine's CPU time so far (ticks summed over every core) and its idle part."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [float(x) for x in stat.readline().split()[1:]]
+    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+
+
 def busy_cores(window_s: float = 0.1) -> float:
     """How many cores other processes keep busy now: the machine's CPU time over a short window
     (`/proc/stat`), less this process's own. Not the load average, which trails by a minute
     and counts this process's own work of a moment ago. 0.0 where it cannot be read."""
-
-    def machine() -> tuple[float, float]:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [float(x) for x in stat.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle and iowait
-        return sum(fields[:8]), idle
-
     try:
-        total0, idle0 = machine()
+        total0, idle0 = _cpu_ticks()
         own0 = time.process_time()
         time.sleep(window_s)
-        total1, idle1 = machine()
+        total1, idle1 = _cpu_ticks()
         own = time.process_time() - own0
     except (OSError, ValueError, IndexError):
         return 0.0
@@ -376,13 +376,6 @@ def busy_cores(window_s: float = 0.1) -> float:
     cores = os.cpu_count() or 1
     used = (elapsed - (idle1 - idle0)) / elapsed * cores  # cores in use, ours included
     return max(0.0, used - own * ticks / (elapsed / cores))
-
-
-def _cpu_ticks() -> tuple[float, float]:
-    """The machine's CPU time so far (ticks summed over every core) and its idle part."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        fields = [float(x) for x in stat.readline().split()[1:]]
-    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0.0)
 
 
 class ThreadTuner:
