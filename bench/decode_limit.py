@@ -73,6 +73,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_mkldnn:  # packed for oneDNN (bf16 on a CPU with native bf16): no storage
+            total += tensor.numel() * tensor.element_size()
+            continue
         key = tensor.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)

@@ -15,22 +15,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lanefold.backends.engine._arith import compute_dtype, linear
+from lanefold.backends.engine._arith import compute_dtype, linear, sdpa_dtype
 from lanefold.backends.engine._attention import (
     AttentionBatch,
     causal_attention,
     lane_attention,
     paged_attention,
 )
+from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
+from lanefold.backends.engine._kernels import small_linear
+from lanefold.backends.engine._kernels import warm as _warm_kernels
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
 
 _HEAD_SLICE = 2048  # rows of the LM head a CPU matrix product takes at once
-# up to this many rows a fused (q|k|v, gate|up) matrix goes in one product; more rows go a
-# part at a time (SmolLM2 at 32 decoding lanes, one thread: 1.00-1.02x the old step against
-# 1.035-1.045x in one product)
-_FUSED_ROWS = 2
 
 
 @dataclass(slots=True)
@@ -123,9 +122,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.hidden_size)
         self.mlp = MLP(args)
-        # (q|k|v, gate|up) transposed into two matrices, the projections' weights views of
-        # them: set by `build_model`; neither parameters nor buffers, so `.to()` leaves
-        # them behind and `LayerWeights.of` then ignores them
+        # (q|k|v, gate|up) as two matrices, the projections' weights views of their rows:
+        # set by `build_model`; neither parameters nor buffers, so `.to()` leaves them behind
+        # and `LayerWeights.of` then ignores them
         self.fused: tuple[Tensor, Tensor] | None = None
 
 
@@ -142,9 +141,9 @@ class Decoder(nn.Module):
 class LayerWeights(NamedTuple):
     """One decoder layer's tensors, as `_decoder_layer` reads them.
 
-    `qkv` `[hidden, q + k + v outputs]` and `gate_up` `[hidden, 2 * intermediate]` (or
-    `[2, hidden, intermediate]`, stacked), where set, are the same weights transposed side by
-    side (see `_side_by_side`): each group is one product for up to `_FUSED_ROWS` rows.
+    `qkv` `[q + k + v outputs, hidden]` and `gate_up` `[2 * intermediate, hidden]`, where set,
+    hold the group's weights one after another (see `_rows_of`): each group is one product
+    for the one or two rows `_kernels` takes.
     """
 
     input_norm: Tensor
@@ -209,9 +208,6 @@ class CausalLM(nn.Module):
         self.lm_head = _Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self._weights: list[LayerWeights] | None = None
-        # (the head, its version counter then, a transposed copy of it) where `build_model`
-        # made one: see `logits`
-        self.head_t: tuple[Tensor, int, Tensor] | None = None
 
     def layer_weights(self) -> list[LayerWeights]:
         """Every layer's tensors, read once (and again once `.to()` or a load replaced them)."""
@@ -236,18 +232,15 @@ class CausalLM(nn.Module):
         """fp32 logits of the given hidden states (several rows of a dtype this CPU emulates
         go in fp32 throughout, see `_arith`).
 
-        On CPU the head goes in slices of rows: MKL multiplies a few hidden states by a
-        49152-row head about 1.2x (8 rows) to 1.5x (16 rows) faster a slice at a time. One or
-        two rows in fp32 go through the head's transposed copy instead, where `build_model`
-        keeps one: 4.4 against 8.8 ms for SmolLM2's head at one row, 9.0 against 14.9 at two;
-        from four rows up the copy was 1.4x slower. That copy costs the head's memory again
-        (113 MB for SmolLM2), bought for the decode step that reads every weight for a token.
+        One or two rows on a CPU go through `_kernels` (SmolLM2's 49152-row head at one row:
+        about 2 ms in bf16, 4 in fp32). More rows go in slices of rows: MKL multiplies a few
+        hidden states by a 49152-row head about 1.2x (8 rows) to 1.5x (16 rows) faster a
+        slice at a time.
         """
         weight = self.lm_head.weight
-        if hidden.shape[0] <= 2 and self.head_t is not None:
-            head, version, copy = self.head_t
-            if head is weight and weight._version == version:  # neither replaced nor rewritten
-                return torch.mm(hidden, copy)
+        small = small_linear(hidden.float(), weight) if hidden.shape[0] <= _KERNEL_ROWS else None
+        if small is not None:
+            return small
         work = compute_dtype(weight.dtype, weight.device) if hidden.shape[0] > 1 else weight.dtype
         hidden = hidden.to(work)
         if weight.device.type == "cpu" and weight.shape[0] > 2 * _HEAD_SLICE:
@@ -274,9 +267,9 @@ def _decoder_layer(
     heads, kv_heads, dim = shape
     n = x.shape[0]
     h = _rms_norm(x, w.input_norm, eps)
-    if w.qkv is not None and n <= _FUSED_ROWS:
+    if w.qkv is not None and n <= _KERNEL_ROWS:
         sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
-        q, k, v = torch.split(torch.mm(h, w.qkv), sizes, dim=-1)
+        q, k, v = torch.split(linear(h, w.qkv), sizes, dim=-1)
     else:
         q, k, v = linear(h, w.q), linear(h, w.k), linear(h, w.v)
     q = _rotate(q.view(n, heads, dim), rope)
@@ -285,7 +278,9 @@ def _decoder_layer(
     k_cache, v_cache = cache
     k_cache.index_copy_(0, batch.write_slots, _as(k, k_cache.dtype))
     v_cache.index_copy_(0, batch.write_slots, _as(v, v_cache.dtype))
-    work = compute_dtype(x.dtype, x.device)  # fp32 where the CPU only emulates x's dtype
+    # the shared-prefix products in the arithmetic's dtype; SDPA (the lane, a prefill, a mixed
+    # step) in the one its kernels run fastest in
+    work = (compute_dtype if batch.prefixes else sdpa_dtype)(x.dtype, x.device)
     q, k, v = _as(q, work), _as(k, work), _as(v, work)
     if batch.lane is not None:
         attended = lane_attention(q, k, v, batch.lane, layer)
@@ -295,11 +290,8 @@ def _decoder_layer(
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
     x = linear(_as(attended, x.dtype), w.o).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
-    if w.gate_up is not None and n <= _FUSED_ROWS:
-        if w.gate_up.dim() == 3:  # stacked: a matrix for each of two threads
-            gate, up = torch.bmm(h.expand(2, *h.shape), w.gate_up).unbind(0)
-        else:
-            gate, up = torch.mm(h, w.gate_up).chunk(2, -1)
+    if w.gate_up is not None and n <= _KERNEL_ROWS:
+        gate, up = linear(h, w.gate_up).chunk(2, -1)
     else:
         gate, up = linear(h, w.gate), linear(h, w.up)
     hidden = F.silu(gate, inplace=True).mul_(up)
@@ -342,16 +334,14 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     a = checkpoint.args
     tensors = {name: _rope_paired(name, t, a) for name, t in checkpoint.tensors.items()}
     state: dict[str, Tensor] = {}
-    # laid out for one-row products where that was measured to pay: fp32 on a CPU
-    transposed = device.type == "cpu" and dtype == torch.float32
-    if transposed:
-        stack = torch.get_num_threads() > 1
+    if device.type == "cpu":  # each group one product of the decode step's one or two rows
+        _warm_kernels()
         for i, layer in enumerate(model.model.layers):
             attn = [f"model.layers.{i}.self_attn.{m}_proj.weight" for m in ("q", "k", "v")]
             mlp = [f"model.layers.{i}.mlp.{m}_proj.weight" for m in ("gate", "up")]
-            qkv, views = _side_by_side([tensors[n] for n in attn], device, dtype, stack=False)
+            qkv, views = _rows_of([tensors[n] for n in attn], device, dtype)
             state.update(zip(attn, views, strict=True))
-            gate_up, views = _side_by_side([tensors[n] for n in mlp], device, dtype, stack)
+            gate_up, views = _rows_of([tensors[n] for n in mlp], device, dtype)
             state.update(zip(mlp, views, strict=True))
             cast(DecoderLayer, layer).fused = (qkv, gate_up)
     # copied even where nothing changes: read from the memory-mapped cache file, decode steps
@@ -364,10 +354,6 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     model.load_state_dict(state, strict=True, assign=True)
     if a.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    if transposed:
-        head = model.lm_head.weight
-        copy = torch.empty(head.shape[::-1], dtype=dtype).copy_(head.t())
-        model.head_t = (head, head._version, copy)
     model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
     return model.eval()
 
@@ -381,33 +367,14 @@ def _rope_paired(name: str, tensor: Tensor, args: ModelArgs) -> Tensor:
     return tensor
 
 
-def _side_by_side(
-    weights: list[Tensor], device: torch.device, dtype: torch.dtype, stack: bool
-) -> tuple[Tensor, list[Tensor]]:
-    """Weights `[out, in]` transposed side by side into one `[in, sum of outs]` matrix, in one
-    copy each; and each weight as a view of it. `stack` (weights of one shape): `[weights, in,
-    out]` instead.
-
-    For one or two rows on CPU in fp32, MKL streams a `[in, out]` matrix much faster than the
-    `[out, in]` one `F.linear` reads: a SmolLM2 layer's q, k, v, gate and up took 14.1 against
-    20.8 ms over 30 layers at one row, 21.7 against 36.8 at two, level from 8 rows up (one
-    thread; two alike). bf16 keeps `[out, in]`: there the transposed form was 4-7x slower.
-    A single-row product runs on one thread however many torch has; stacked, `bmm` gives each
-    thread a matrix: SmolLM2's gate and up at two threads took 7.2 against 10.0-10.4 ms over
-    30 layers at one row, 11.3-11.8 against 16.3-17.0 at two; at one thread stacking cost
-    about 1 ms, so it is chosen by the thread count when the model is built.
-    """
-    width = weights[0].shape[1]
-    if stack:
-        matrix = torch.empty((len(weights), width, weights[0].shape[0]), dtype=dtype, device=device)
-        blocks = list(matrix)
-    else:
-        total = sum(w.shape[0] for w in weights)
-        matrix = torch.empty((width, total), dtype=dtype, device=device)
-        blocks = list(torch.split(matrix, [w.shape[0] for w in weights], dim=1))
+def _rows_of(weights: list[Tensor], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, list[Tensor]]:
+    """Weights `[out, in]` one after another in one `[sum of outs, in]` matrix, in one copy
+    each; and each weight as a view of its rows (contiguous, as `F.linear` reads them)."""
+    matrix = torch.empty((sum(w.shape[0] for w in weights), weights[0].shape[1]), dtype=dtype, device=device)
+    blocks = list(torch.split(matrix, [w.shape[0] for w in weights]))
     for weight, block in zip(weights, blocks, strict=True):
-        block.copy_(weight.t())
-    return matrix, [block.t() for block in blocks]
+        block.copy_(weight)
+    return matrix, blocks
 
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lanefold.backends.engine._arith import compute_dtype
+from lanefold.backends.engine._arith import compute_dtype, sdpa_dtype
 from lanefold.backends.engine._attention import AttentionBatch, Lane, Prefix
 from lanefold.backends.engine._model import CausalLM, KVCache
 from lanefold.backends.engine._scheduler import Step
@@ -23,8 +23,11 @@ class ModelRunner:
         self.device = model.lm_head.weight.device
         self.cache = KVCache.empty(model.args, num_blocks * block_size, kv_dtype, self.device)
         self.block_bytes = self.cache.k[:, :block_size].nbytes * 2
-        # what attention computes in, and so what kept prompts and lanes are stored in
+        # what attention computes in, and so what kept prompts and lanes are stored in: the
+        # shared-prefix products in the arithmetic's dtype, the lane's SDPA in its own
         self._work = compute_dtype(model.lm_head.weight.dtype, self.device)
+        self._lane_dtype = sdpa_dtype(model.lm_head.weight.dtype, self.device)
+        self._lane_block_bytes = self.block_bytes * self._lane_dtype.itemsize // self.cache.k.dtype.itemsize
         self._kept_block_bytes = self.block_bytes * self._work.itemsize // self.cache.k.dtype.itemsize
         # Shared prompts gathered once for every layer, laid out for the products, kept while
         # their groups decode: full shared blocks are never written, and a block can only come
@@ -66,7 +69,7 @@ class ModelRunner:
         if lane is None or lane.keys.shape[2] <= length:
             # a decoding sequence has len(tokens) = length + 1 <= num_prompt + max_tokens;
             # doubled, but no further than the cap allows (then the paged path once it is full)
-            most = self._prefix_cap * self.block_size // self._kept_block_bytes
+            most = self._prefix_cap * self.block_size // self._lane_block_bytes
             capacity = min(seq.num_prompt + seq.max_tokens, 2 * (length + 1), most)
             lane = self._gather_lane(seq, length, capacity, lane) if capacity > length else None
         self._lane = None if lane is None else (seq, lane)
@@ -75,8 +78,8 @@ class ModelRunner:
     def _gather_lane(self, seq: Sequence, length: int, capacity: int, old: Lane | None) -> Lane:
         layers, _, kv_heads, dim = self.cache.k.shape
         shape = (layers, kv_heads, capacity, dim)
-        keys = torch.empty(shape, dtype=self._work, device=self.device)
-        values = torch.empty(shape, dtype=self._work, device=self.device)
+        keys = torch.empty(shape, dtype=self._lane_dtype, device=self.device)
+        values = torch.empty(shape, dtype=self._lane_dtype, device=self.device)
         if old is not None:  # grown: the old lane holds every position already
             keys[:, :, :length] = old.keys[:, :, :length]
             values[:, :, :length] = old.values[:, :, :length]

@@ -183,21 +183,17 @@ def test_a_large_vocabulary_head_taken_in_slices_equals_one_product() -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_one_and_two_rows_through_the_transposed_layout_equal_the_plain_products(
+def test_one_and_two_rows_through_the_fused_rows_and_the_kernels_equal_the_plain_products(
     make_engine: Callable[..., Engine], threads: int
 ) -> None:
     import torch.nn.functional as F
 
-    torch.set_num_threads(threads)  # built on two threads, gate and up are stacked (bmm)
+    torch.set_num_threads(threads)
     engine = make_engine()
     model = engine.model
     assert all(w.qkv is not None and w.gate_up is not None for w in model.layer_weights())
-    assert {w.gate_up.dim() for w in model.layer_weights() if w.gate_up is not None} == {
-        3 if threads > 1 else 2
-    }
-    assert model.head_t is not None
     hidden = torch.randn(3, TINY.hidden_size, generator=torch.Generator().manual_seed(4))
-    for rows in (1, 2, 3):  # the transposed head copy, then the head itself
+    for rows in (1, 2, 3):  # the kernels, then torch's product
         expected = F.linear(hidden[:rows], model.lm_head.weight)
         torch.testing.assert_close(model.logits(hidden[:rows]), expected, atol=1e-5, rtol=0)
     seen = record_steps(engine)  # two lanes decode through the fused products
@@ -219,7 +215,7 @@ def test_weights_replaced_or_rewritten_after_the_build_are_not_read_from_a_stale
     assert weights[0].qkv is None and weights[0].q is projection.weight  # a part at a time
     assert weights[1].qkv is not None
     with torch.no_grad():
-        model.lm_head.weight.mul_(2)  # in place: the transposed copy no longer holds it
+        model.lm_head.weight.mul_(2)  # in place: read as it is now
     hidden = torch.randn(1, TINY.hidden_size, generator=torch.Generator().manual_seed(4))
     expected = F.linear(hidden, model.lm_head.weight)
     torch.testing.assert_close(model.logits(hidden), expected, atol=1e-5, rtol=0)
@@ -264,7 +260,8 @@ def test_an_emulated_dtype_multiplies_several_rows_in_fp32_and_a_lone_row_in_its
     rows = torch.randn(6, 32, generator=g).bfloat16()
     exact = F.linear(rows.float(), weight.float()).bfloat16()
     assert torch.equal(arith.linear(rows, weight), exact)
-    assert torch.equal(arith.linear(rows[:1], weight), F.linear(rows[:1], weight))
+    # one or two rows go through `_kernels`, which accumulate in fp32 on any CPU
+    torch.testing.assert_close(arith.linear(rows[:2], weight), exact[:2], atol=0.02, rtol=0.01)
     assert arith.compute_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
     assert arith.compute_dtype(torch.float32, torch.device("cpu")) == torch.float32
     assert arith.compute_dtype(torch.bfloat16, torch.device("meta")) == torch.bfloat16

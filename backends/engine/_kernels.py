@@ -1,0 +1,105 @@
+"""Matrix products of one or two rows on a CPU, compiled by numba: the decode step's kernel.
+
+A decode step of one or two lanes reads every weight of the model for one or two tokens, so its
+time is the weights' bytes over the rate a product streams them. torch's kernels stream a
+weight kept `[out, in]` well below what one core can read (one thread, 2-core AVX512-BF16
+EPYC, each matrix read from memory, not cache: oneDNN's bf16 product 12-14 GB/s, torch's own
+bf16 `mv` 5.5, MKL's fp32 product 18-19 on the transposed layout the engine used to keep for
+it), where a plain `sum` reads 31 GB/s. The loops below read each weight row once, front to
+back, and keep two fp32 accumulators: LLVM vectorises them, and they read 22-32 GB/s on that
+machine (`bench/decode_limit.py` prints what they get on yours). bf16 weights are widened to
+fp32 by a shift (a bf16 is the high half of an fp32), so the same code serves a CPU without
+native bf16; the products accumulate in fp32, which is at least as exact as torch's bf16 ones.
+
+`small_linear` takes the weight in the layout `F.linear` reads, so nothing is copied or kept
+twice. Without numba (it is part of the `engine` extra) `small_linear` returns None and the
+engine uses torch's kernels. The first call compiles the loops, about 0.3 s a dtype, once per
+machine: numba caches them on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ("ROWS", "small_linear", "warm")
+
+logger = logging.getLogger(__name__)
+
+ROWS = 2  # the most rows these loops take; from four rows up oneDNN's bf16 product was faster
+
+
+@functools.cache
+def _loops() -> tuple[Any, Any] | None:
+    """(bf16 loop, fp32 loop), compiled on first use; None where numba cannot be imported."""
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is in the engine extra
+        logger.info("numba is not installed: decode products go through torch's kernels")
+        return None
+    jit = numba.njit(fastmath={"reassoc", "contract"}, nogil=True, cache=True, boundscheck=False)
+
+    def bf16_rows(w: Any, even: Any, odd: Any, out: Any) -> None:  # pragma: no cover - compiled
+        # w: uint32 [out, in / 2], two bf16 a word (the even column in the low half);
+        # even, odd: fp32 [rows, in / 2], the input's even and odd columns
+        mask = np.uint32(0xFFFF0000)
+        shift = np.uint32(16)
+        for r in range(w.shape[0]):
+            for i in range(even.shape[0]):
+                acc = np.float32(0.0)
+                for c in range(w.shape[1]):
+                    word = w[r, c]
+                    low = np.uint32(word << shift).view(np.float32)
+                    high = np.uint32(word & mask).view(np.float32)
+                    acc += low * even[i, c] + high * odd[i, c]
+                out[i, r] = acc
+
+    def f32_rows(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
+        for r in range(w.shape[0]):
+            for i in range(x.shape[0]):
+                acc = np.float32(0.0)
+                for c in range(w.shape[1]):
+                    acc += w[r, c] * x[i, c]
+                out[i, r] = acc
+
+    return jit(bf16_rows), jit(f32_rows)
+
+
+def small_linear(x: Tensor, weight: Tensor) -> Tensor | None:
+    """`F.linear(x, weight)` for `x` of at most `ROWS` rows and a contiguous CPU `weight` in
+    bf16 or fp32, in `x`'s dtype; None where these loops do not apply (or numba is missing)."""
+    if x.shape[0] > ROWS or weight.device.type != "cpu" or not weight.is_contiguous():
+        return None
+    if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0:
+        loops = _loops()
+        if loops is None:
+            return None
+        x32 = x.float()
+        out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
+        loops[0](
+            weight.view(torch.int32).numpy().view(np.uint32),
+            x32[:, 0::2].contiguous().numpy(),
+            x32[:, 1::2].contiguous().numpy(),
+            out,
+        )
+    elif weight.dtype == torch.float32:
+        loops = _loops()
+        if loops is None:
+            return None
+        out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
+        loops[1](weight.numpy(), x.float().contiguous().numpy(), out)
+    else:
+        return None
+    result = torch.from_numpy(out)
+    return result if x.dtype == torch.float32 else result.to(x.dtype)
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) both loops now, so no request pays for it."""
+    for dtype in (torch.bfloat16, torch.float32):
+        small_linear(torch.ones(1, 2), torch.ones(1, 2, dtype=dtype))
