@@ -44,9 +44,15 @@ def _loops() -> tuple[Any, Any] | None:
         return None
     jit = numba.njit(fastmath={"reassoc", "contract"}, nogil=True, cache=True, boundscheck=False)
 
-    def bf16_rows(w: Any, even: Any, odd: Any, out: Any) -> None:  # pragma: no cover - compiled
+    def bf16_rows(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
         # w: uint32 [out, in / 2], two bf16 a word (the even column in the low half);
-        # even, odd: fp32 [rows, in / 2], the input's even and odd columns
+        # x: fp32 [rows, in], split into its even and odd columns first
+        even = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)
+        odd = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)
+        for i in range(x.shape[0]):
+            for c in range(w.shape[1]):
+                even[i, c] = x[i, 2 * c]
+                odd[i, c] = x[i, 2 * c + 1]
         mask = np.uint32(0xFFFF0000)
         shift = np.uint32(16)
         for r in range(w.shape[0]):
@@ -75,28 +81,19 @@ def small_linear(x: Tensor, weight: Tensor) -> Tensor | None:
     bf16 or fp32, in `x`'s dtype; None where these loops do not apply (or numba is missing)."""
     if x.shape[0] > ROWS or weight.device.type != "cpu" or not weight.is_contiguous():
         return None
-    if weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0:
-        loops = _loops()
-        if loops is None:
-            return None
-        x32 = x.float()
-        out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
-        loops[0](
-            weight.view(torch.int32).numpy().view(np.uint32),
-            x32[:, 0::2].contiguous().numpy(),
-            x32[:, 1::2].contiguous().numpy(),
-            out,
-        )
-    elif weight.dtype == torch.float32:
-        loops = _loops()
-        if loops is None:
-            return None
-        out = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
-        loops[1](weight.numpy(), x.float().contiguous().numpy(), out)
-    else:
+    bf16 = weight.dtype == torch.bfloat16
+    if not (bf16 and weight.shape[1] % 2 == 0) and weight.dtype != torch.float32:
         return None
-    result = torch.from_numpy(out)
-    return result if x.dtype == torch.float32 else result.to(x.dtype)
+    loops = _loops()
+    if loops is None:
+        return None
+    rows = x.float().contiguous().numpy()
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+    if bf16:
+        loops[0](weight.view(torch.int32).numpy().view(np.uint32), rows, out.numpy())
+    else:
+        loops[1](weight.numpy(), rows, out.numpy())
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def warm() -> None:
