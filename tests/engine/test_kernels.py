@@ -1,4 +1,4 @@
-"""The decode step's compiled products (`_kernels`) against torch's, and where they step aside."""
+"""The CPU paths beside torch's plain kernels (the compiled small products, the chunked prefill attention) against them."""
 
 from __future__ import annotations
 
@@ -55,3 +55,26 @@ def test_what_the_loops_do_not_take_is_left_to_torch() -> None:
     assert small_linear(torch.randn(1, 8), weight.half()) is None  # neither bf16 nor fp32
     assert small_linear(torch.randn(1, 7), torch.randn(4, 7).bfloat16()) is None  # odd bf16 width
     assert small_linear(torch.randn(1, 8, device="meta"), weight.to("meta")) is None  # not a CPU
+
+
+@pytest.mark.parametrize("lengths", [[65], [200, 64], [1024], [1025, 130]])
+def test_a_prefill_attended_in_chunks_equals_one_causal_product(lengths: list[int]) -> None:
+    from lanefold.backends.engine._attention import causal_attention
+
+    g = torch.Generator().manual_seed(sum(lengths))
+    n = sum(lengths)
+    q, k, v = (
+        torch.randn(n, 6, 16, generator=g),
+        torch.randn(n, 2, 16, generator=g),
+        torch.randn(n, 2, 16, generator=g),
+    )
+    spans, start = [], 0
+    for length in lengths:
+        spans.append((start, length))
+        start += length
+    out = causal_attention(q, k, v, spans)
+    for start, length in spans:
+        qs, ks, vs = (t[start : start + length].transpose(0, 1)[None] for t in (q, k, v))
+        whole = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        expected = whole[0].transpose(0, 1).reshape(length, -1)
+        torch.testing.assert_close(out[start : start + length], expected, atol=1e-5, rtol=1e-5)
