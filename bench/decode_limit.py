@@ -21,26 +21,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from _cpu import cpu_kind  # bench/_cpu.py
 
 from lanefold.backends.engine._engine import Engine
 from lanefold.backends.engine._model import build_model
 from lanefold.backends.engine._weights import load_checkpoint, resolve_model_path
 from lanefold.primitives import LaneRequest, SamplingParams
-
-
-def cpu_kind() -> str:
-    flags: set[str] = set()
-    model = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags") and not flags:
-            flags = set(line.split(":", 1)[1].split())
-        if line.startswith("model name") and model == "?":
-            model = line.split(":", 1)[1].strip()
-    kept = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model}; {' '.join(kept) or 'no AVX2'}"
 
 
 def bandwidth(reps: int = 7) -> float:
@@ -119,7 +107,7 @@ def main() -> None:
     step = statistics.median(steps)
     floor = (weights + kv) / read
     ratio = step / floor
-    print(f"CPU: {cpu_kind()}; torch {torch.__version__}, {args.dtype}, 1 thread")
+    print(f"{cpu_kind()}; torch {torch.__version__}, {args.dtype}, 1 thread")
     print(
         f"one-thread read bandwidth: {read / 1e9:.1f} GB/s (best of 7 sums over 512 MiB); "
         f"torch.mv over a {args.dtype} 65536 x 2048 matrix reads at {kernel / 1e9:.1f} GB/s"

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cpu import cpu_kind  # bench/_cpu.py: the flags that decide the kernels
 from _engine_load import bench_load  # bench/_engine_load.py: the load rows (GGUF cache)
 from _vllm_offline import VllmOffline  # bench/_vllm_offline.py: the vLLM row's subprocess
 
@@ -330,6 +331,7 @@ def main() -> None:
     if args.shapes:
         shapes = [parse_shape(s) for s in args.shapes.split(";")]
     models = ["tiny"] if args.quick else args.models.split(",")
+    print(cpu_kind())
     print(
         f"torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{torch.get_num_threads()} threads, {args.dtype} CPU "

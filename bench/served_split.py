@@ -12,14 +12,20 @@ interleaved rounds, each request with a fresh prompt (a nonce first, so no prefi
 
 app - engine is the app's share; served - app is HTTP and the process boundary (uvicorn, TCP,
 the server's threads contending with the client's). With `--busy`, the same again with a
-`while True: pass` process holding one core. Printed, never asserted.
+`while True: pass` process holding one core. With `--vllm`, a fourth side in the same rounds:
+vLLM's OpenAI server (the venv `scripts/vllm_env.py` builds, SmolLM2 converted from the same
+GGUF, as many unbound OpenMP threads as ours, torch.compile on as vLLM starts by default) gets
+the same request, and served / vLLM is the issue's served ratio (use `--dtype bfloat16`: the
+converted model is bf16). Printed, never asserted.
 
-    PYTHONPATH=. .venv/bin/python bench/served_split.py [--rounds 5] [--busy]
+    PYTHONPATH=. .venv/bin/python bench/served_split.py [--rounds 5] [--busy] [--threads 1]
+        [--dtype float32|bfloat16] [--vllm]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import socket
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+from _cpu import cpu_kind  # bench/_cpu.py
 
 from lanefold.backends.engine import EngineConfig
 from lanefold.execution import build_backend
@@ -39,6 +46,7 @@ from lanefold.primitives import LaneRequest, SampleRequest, SamplingParams, samp
 from lanefold.serve._app import create_app  # the app in-process, for the ASGI row
 
 THREADS: int | None = 1  # --threads; None: the engine's default (the cores not busy elsewhere)
+DTYPE = "float32"  # --dtype
 SENTENCE = "The quick brown fox jumps over the lazy dog while the river keeps flowing. "
 N, T = 8, 32
 
@@ -58,10 +66,8 @@ def body() -> dict[str, object]:
     }
 
 
-async def measure(rounds: int, url: str) -> dict[str, list[float]]:
-    backend = build_backend(
-        EngineConfig(model="smollm2-135m", device="cpu", dtype="float32", threads=THREADS)
-    )
+async def measure(rounds: int, url: str, vllm_url: str | None) -> dict[str, list[float]]:
+    backend = build_backend(EngineConfig(model="smollm2-135m", device="cpu", dtype=DTYPE, threads=THREADS))
     await backend.load()  # type: ignore[attr-defined]
     app = create_app(backend, model_name=backend.name)
     times: dict[str, list[float]] = {"engine": [], "app": [], "served": []}
@@ -71,6 +77,7 @@ async def measure(rounds: int, url: str) -> dict[str, list[float]]:
             transport=httpx.ASGITransport(app=app), base_url="http://app/v1", timeout=600
         ) as local,
         httpx.AsyncClient(base_url=url, timeout=600) as remote,
+        httpx.AsyncClient(base_url=vllm_url or url, timeout=600) as peer,
     ):
 
         async def engine() -> None:
@@ -83,7 +90,13 @@ async def measure(rounds: int, url: str) -> dict[str, list[float]]:
         async def served() -> None:
             (await remote.post("/completions", json=body())).raise_for_status()
 
+        async def vllm() -> None:
+            (await peer.post("/completions", json=body())).raise_for_status()
+
         sides = {"engine": engine, "app": in_app, "served": served}
+        if vllm_url is not None:
+            sides["vllm"] = vllm
+            times["vllm"] = []
         for side in sides.values():  # warm each once
             await side()
         for r in range(rounds):
@@ -99,7 +112,7 @@ async def measure(rounds: int, url: str) -> dict[str, list[float]]:
 def serve(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     threads = "" if THREADS is None else f"threads = {THREADS}\n"
     (folder / "engine.toml").write_text(
-        f'[backend]\nkind = "engine"\nmodel = "smollm2-135m"\ndevice = "cpu"\ndtype = "float32"\n{threads}'
+        f'[backend]\nkind = "engine"\nmodel = "smollm2-135m"\ndevice = "cpu"\ndtype = "{DTYPE}"\n{threads}'
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,8 +141,10 @@ def report(label: str, times: dict[str, list[float]]) -> None:
     print(
         f"| {m['app'] - m['engine']:+.2f} ({(m['app'] - m['engine']) / m['served']:.0%}) "
         f"| {m['served'] - m['app']:+.2f} ({(m['served'] - m['app']) / m['served']:.0%}) "
-        f"| {m['served'] / m['engine']:.2f}x |"
+        f"| {m['served'] / m['engine']:.2f}x |",
+        end="",
     )
+    print(f" {m['vllm']:.2f} | **{m['served'] / m['vllm']:.2f}** |" if "vllm" in m else "")
 
 
 def main() -> None:
@@ -137,24 +152,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--busy", action="store_true", help="again with one core kept busy")
     parser.add_argument("--threads", default="1", help="the engine's threads, or 'default' (left unset)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--vllm", action="store_true", help="time vLLM's OpenAI server in the same rounds")
     args = parser.parse_args()
-    global THREADS
+    global THREADS, DTYPE
     THREADS = None if args.threads == "default" else int(args.threads)
+    DTYPE = args.dtype
+    print(cpu_kind())
     print(
         f"{len(os.sched_getaffinity(0))} cores, load {os.getloadavg()[0]:.2f}; n = {N}, P ~ 500, T = {T}, "
-        f"fp32, threads {args.threads}"
+        f"{DTYPE}, threads {args.threads}"
     )
-    print("| machine | engine s | app s | served s | app - engine | served - app | served / engine |")
-    print("|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        vllm_url = None
+        if args.vllm:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+            import servers  # scripts/servers.py: builds, caches and starts the servers
+
+            threads = THREADS or len(os.sched_getaffinity(0))
+            server = stack.enter_context(
+                servers.started("vllm", log_dir=Path(tmp) / "logs", slots=N, threads=threads, ready_s=900)
+            )
+            vllm_url = server.base_url
+            print(f"vLLM's server: {threads} unbound OpenMP thread(s), bf16 (log: {server.log})")
+        vllm_cols = " vllm served s | served / vllm |" if args.vllm else ""
+        head = "| machine | engine s | app s | served s | app - engine | served - app | served / engine |"
+        print(head + vllm_cols)
+        print("|---|---|---|---|---|---|---|" + ("---|---|" if args.vllm else ""))
         process, url = serve(Path(tmp))
         try:
-            report("quiet", anyio.run(measure, args.rounds, url))
+            report("quiet", anyio.run(measure, args.rounds, url, vllm_url))
             if args.busy:
                 spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 try:
                     time.sleep(1)
-                    report("one core busy", anyio.run(measure, args.rounds, url))
+                    report("one core busy", anyio.run(measure, args.rounds, url, vllm_url))
                 finally:
                     spin.kill()
                     spin.wait()

@@ -21,24 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _cpu import cpu_kind  # bench/_cpu.py
+
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "examples" / "datasets" / "arithmetic" / "1_digit_addition.jsonl"
-
-
-def cpu_kind() -> str:
-    """The flags that decide the CPU kernels: AVX2, AVX512, native bf16, AMX."""
-    flags: set[str] = set()
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-            if line.startswith("model name") and model == "?":
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    kept = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return f"{model}; {' '.join(kept) or 'no AVX2'}"
 
 
 def write_config(folder: Path, threads: int | None) -> Path:
@@ -116,7 +102,7 @@ def main() -> None:
 
     cores = len(os.sched_getaffinity(0))
     settings: list[int | None] = [None, *range(1, cores + 1)]
-    print(f"CPU: {cores} usable cores; {cpu_kind()}; load now {os.getloadavg()[0]:.2f}")
+    print(f"{cpu_kind()}; {cores} usable cores; load now {os.getloadavg()[0]:.2f}")
     print(
         f"{args.questions} questions, k = 8, concurrency 8, fp32, median of {args.rounds} interleaved rounds"
     )

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lanefold.backends.engine._arith import compute_dtype, linear, sdpa_dtype
+from lanefold.backends.engine._arith import compute_dtype, linear, pack, packs, sdpa_dtype
 from lanefold.backends.engine._attention import (
     AttentionBatch,
     causal_attention,
@@ -126,6 +126,9 @@ class DecoderLayer(nn.Module):
         # set by `build_model`; neither parameters nor buffers, so `.to()` leaves them behind
         # and `LayerWeights.of` then ignores them
         self.fused: tuple[Tensor, Tensor] | None = None
+        # (the dense matrices and their version counters, their packed copies) where
+        # `build_model` made them: (qkv, o, gate_up, down) each, see `_arith.packs`
+        self.packed: tuple[tuple[Tensor, ...], tuple[int, ...], tuple[Tensor, ...]] | None = None
 
 
 class Decoder(nn.Module):
@@ -143,7 +146,8 @@ class LayerWeights(NamedTuple):
 
     `qkv` `[q + k + v outputs, hidden]` and `gate_up` `[2 * intermediate, hidden]`, where set,
     hold the group's weights one after another (see `_rows_of`): each group is one product
-    for the one or two rows `_kernels` takes.
+    for the one or two rows `_kernels` takes. `packed`, where set, is (qkv, o, gate_up, down)
+    in oneDNN's layout, for three rows and more (see `_arith.packs`).
     """
 
     input_norm: Tensor
@@ -157,15 +161,28 @@ class LayerWeights(NamedTuple):
     down: Tensor
     qkv: Tensor | None = None
     gate_up: Tensor | None = None
+    packed: tuple[Tensor, ...] | None = None
+    versions: tuple[int, ...] = ()  # the dense matrices' version counters `packed` was made at
 
     @classmethod
     def of(cls, layer: DecoderLayer) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
         qkv = gate_up = None
+        packed = None
+        versions: tuple[int, ...] = ()
         if layer.fused is not None and _views_of(
             layer.fused, (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
         ):
             qkv, gate_up = layer.fused
+            if layer.packed is not None:  # made of these very tensors, none written since
+                sources, versions, copies = layer.packed
+                now = (qkv, attn.o_proj.weight, gate_up, mlp.down_proj.weight)
+                if all(a is b for a, b in zip(sources, now, strict=True)) and versions == tuple(
+                    t._version for t in now
+                ):
+                    packed = copies
+                else:
+                    layer.packed = None  # stale for good: drop the copies' memory
         return cls(
             layer.input_layernorm.weight,
             attn.q_proj.weight,
@@ -178,7 +195,17 @@ class LayerWeights(NamedTuple):
             mlp.down_proj.weight,
             qkv,
             gate_up,
+            packed,
+            versions if packed is not None else (),
         )
+
+
+def _rewritten(weights: LayerWeights) -> bool:
+    """Whether a matrix with a packed copy was written in place since (the copy is stale)."""
+    if weights.packed is None:
+        return False
+    dense = (weights.qkv, weights.o, weights.gate_up, weights.down)
+    return any(t is not None and t._version != v for t, v in zip(dense, weights.versions, strict=True))
 
 
 def _views_of(fused: tuple[Tensor, Tensor], *groups: tuple[nn.Linear, ...]) -> bool:
@@ -208,11 +235,17 @@ class CausalLM(nn.Module):
         self.lm_head = _Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self._weights: list[LayerWeights] | None = None
+        # (the head, its version counter then, a packed copy of it) where `build_model` made one
+        self.head_packed: tuple[Tensor, int, Tensor] | None = None
 
     def layer_weights(self) -> list[LayerWeights]:
         """Every layer's tensors, read once (and again once `.to()` or a load replaced them)."""
         first = cast(DecoderLayer, self.model.layers[0])
-        if self._weights is None or self._weights[0].q is not first.self_attn.q_proj.weight:
+        if (
+            self._weights is None
+            or self._weights[0].q is not first.self_attn.q_proj.weight
+            or any(_rewritten(w) for w in self._weights)
+        ):
             self._weights = [LayerWeights.of(cast(DecoderLayer, m)) for m in self.model.layers]
         return self._weights
 
@@ -241,6 +274,10 @@ class CausalLM(nn.Module):
         small = small_linear(hidden.float(), weight) if hidden.shape[0] <= _KERNEL_ROWS else None
         if small is not None:
             return small
+        if self.head_packed is not None:
+            head, version, copy = self.head_packed
+            if head is weight and weight._version == version:  # neither replaced nor rewritten
+                return linear(hidden.to(weight.dtype), weight, copy).float()
         work = compute_dtype(weight.dtype, weight.device) if hidden.shape[0] > 1 else weight.dtype
         hidden = hidden.to(work)
         if weight.device.type == "cpu" and weight.shape[0] > 2 * _HEAD_SLICE:
@@ -267,9 +304,10 @@ def _decoder_layer(
     heads, kv_heads, dim = shape
     n = x.shape[0]
     h = _rms_norm(x, w.input_norm, eps)
-    if w.qkv is not None and n <= _KERNEL_ROWS:
+    packed = w.packed or (None, None, None, None)
+    if w.qkv is not None and (n <= _KERNEL_ROWS or w.packed is not None):
         sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
-        q, k, v = torch.split(linear(h, w.qkv), sizes, dim=-1)
+        q, k, v = torch.split(linear(h, w.qkv, packed[0]), sizes, dim=-1)
     else:
         q, k, v = linear(h, w.q), linear(h, w.k), linear(h, w.v)
     q = _rotate(q.view(n, heads, dim), rope)
@@ -288,14 +326,14 @@ def _decoder_layer(
         attended = causal_attention(q, k, v, batch.spans)
     else:
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
-    x = linear(_as(attended, x.dtype), w.o).add_(x)
+    x = linear(_as(attended, x.dtype), w.o, packed[1]).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
-    if w.gate_up is not None and n <= _KERNEL_ROWS:
-        gate, up = linear(h, w.gate_up).chunk(2, -1)
+    if w.gate_up is not None and (n <= _KERNEL_ROWS or w.packed is not None):
+        gate, up = linear(h, w.gate_up, packed[2]).chunk(2, -1)
     else:
         gate, up = linear(h, w.gate), linear(h, w.up)
     hidden = F.silu(gate, inplace=True).mul_(up)
-    return linear(hidden, w.down).add_(x)
+    return linear(hidden, w.down, packed[3]).add_(x)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -354,6 +392,8 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     model.load_state_dict(state, strict=True, assign=True)
     if a.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    if packs(dtype, device):
+        _pack_copies(model)
     model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
     return model.eval()
 
@@ -365,6 +405,22 @@ def _rope_paired(name: str, tensor: Tensor, args: ModelArgs) -> Tensor:
     if name.endswith("self_attn.k_proj.weight"):
         return _pair_rotated_rows(tensor, args.num_kv_heads)
     return tensor
+
+
+def _pack_copies(model: CausalLM) -> None:
+    """A oneDNN-packed copy of every layer's four matrices and of the head (`_arith.packs`).
+
+    Kept beside the `[out, in]` weights, which the one- and two-row kernels read: the copies
+    cost the model's matrices again (SmolLM2 in bf16: 212 MB for the layers, 57 MB for the
+    head), bought for the decode steps of 3 to 64 lanes, where they make the products about
+    twice as fast."""
+    for layer in cast(list[DecoderLayer], list(model.model.layers)):
+        assert layer.fused is not None, "packed copies are made of the fused matrices"
+        qkv, gate_up = layer.fused
+        sources = (qkv, layer.self_attn.o_proj.weight, gate_up, layer.mlp.down_proj.weight)
+        layer.packed = (sources, tuple(t._version for t in sources), tuple(pack(t.detach()) for t in sources))
+    head = model.lm_head.weight
+    model.head_packed = (head, head._version, pack(head.detach()))
 
 
 def _rows_of(weights: list[Tensor], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, list[Tensor]]:

@@ -267,3 +267,30 @@ def test_an_emulated_dtype_multiplies_several_rows_in_fp32_and_a_lone_row_in_its
     assert arith.compute_dtype(torch.bfloat16, torch.device("meta")) == torch.bfloat16
     monkeypatch.setattr(arith, "native_half", lambda dtype: True)
     assert torch.equal(arith.linear(rows, weight), F.linear(rows, weight))
+
+
+def test_a_bf16_model_on_a_native_bf16_cpu_multiplies_three_rows_and_more_by_packed_copies() -> None:
+    import torch.nn.functional as F
+
+    import lanefold.backends.engine._arith as arith
+    from lanefold.backends.engine._model import build_model
+
+    if not arith.packs(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("this CPU has no native bf16 (or torch no oneDNN): nothing is packed")
+    model = build_model(tiny_checkpoint(), torch.device("cpu"), torch.bfloat16)
+    weights = model.layer_weights()
+    assert all(w.packed is not None for w in weights) and model.head_packed is not None
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(5, TINY.hidden_size, generator=g).bfloat16()
+    for rows in (3, 5):  # oneDNN on its own layout gives torch's bf16 product, bit for bit
+        w = weights[0]
+        assert w.qkv is not None and w.packed is not None
+        assert torch.equal(arith.linear(hidden[:rows], w.qkv, w.packed[0]), F.linear(hidden[:rows], w.qkv))
+        expected = F.linear(hidden[:rows], model.lm_head.weight).float()
+        assert torch.equal(model.logits(hidden[:rows]), expected)
+    with torch.no_grad():  # written in place: the copies are stale and dropped, never read
+        model.model.layers[1].mlp.down_proj.weight.mul_(2)
+        model.lm_head.weight.mul_(2)
+    weights = model.layer_weights()
+    assert weights[1].packed is None and weights[0].packed is not None
+    assert torch.equal(model.logits(hidden), F.linear(hidden, model.lm_head.weight).float())

@@ -1,4 +1,4 @@
-"""The CPU paths beside torch's plain kernels (the compiled small products, the chunked prefill attention) against them."""
+"""The CPU paths beside torch's kernels (compiled small products, chunked prefill attention)."""
 
 from __future__ import annotations
 
