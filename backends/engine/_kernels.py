@@ -73,7 +73,27 @@ def _loops() -> tuple[Any, Any] | None:
                     acc += w[r, c] * x[i, c]
                 out[i, r] = acc
 
-    return jit(bf16_rows), jit(f32_rows)
+    try:
+        loops = _compiled(jit, bf16_rows, f32_rows)
+    except RuntimeError:  # numba found nowhere to write its cache (a read-only install)
+        logger.info("numba cannot cache its compiled loops here: compiling them in memory")
+        loops = _compiled(numba.njit(fastmath={"reassoc", "contract"}, nogil=True), bf16_rows, f32_rows)
+    return loops
+
+
+def _compiled(jit: Any, *loops: Any) -> tuple[Any, Any] | None:
+    """`loops` jitted and compiled for the engine's arrays (or read from numba's cache) now;
+    None, logged once, where compiling fails (the engine then uses torch's kernels)."""
+    compiled = tuple(jit(loop) for loop in loops)
+    bf16_rows, f32_rows = compiled
+    try:
+        out = np.empty((1, 1), dtype=np.float32)
+        bf16_rows(np.ones((1, 1), dtype=np.uint32), np.ones((1, 2), dtype=np.float32), out)
+        f32_rows(np.ones((1, 2), dtype=np.float32), np.ones((1, 2), dtype=np.float32), out)
+    except Exception:  # an LLVM or numba failure must not stop the engine: it only costs speed
+        logger.warning("numba could not compile the decode loops: using torch's kernels", exc_info=True)
+        return None
+    return bf16_rows, f32_rows
 
 
 def small_linear(x: Tensor, weight: Tensor) -> Tensor | None:
@@ -98,5 +118,4 @@ def small_linear(x: Tensor, weight: Tensor) -> Tensor | None:
 
 def warm() -> None:
     """Compile (or load from numba's cache) both loops now, so no request pays for it."""
-    for dtype in (torch.bfloat16, torch.float32):
-        small_linear(torch.ones(1, 2), torch.ones(1, 2, dtype=dtype))
+    _loops()

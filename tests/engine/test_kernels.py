@@ -78,3 +78,23 @@ def test_a_prefill_attended_in_chunks_equals_one_causal_product(lengths: list[in
         whole = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         expected = whole[0].transpose(0, 1).reshape(length, -1)
         torch.testing.assert_close(out[start : start + length], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_with_nowhere_to_cache_the_loops_compile_in_memory(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import numba.core.caching
+
+    from lanefold.backends.engine import _kernels
+
+    monkeypatch.setattr(numba.core.caching.CacheImpl, "_locator_classes", [])  # a read-only install
+    _kernels._loops.cache_clear()
+    try:
+        with caplog.at_level("INFO", logger=_kernels.__name__):
+            x, weight = torch.randn(2, 8), torch.randn(3, 8)
+            out = small_linear(x, weight)
+        assert out is not None
+        torch.testing.assert_close(out, F.linear(x, weight), atol=1e-5, rtol=0)
+        assert "compiling them in memory" in caplog.text
+    finally:
+        _kernels._loops.cache_clear()  # the next test compiles (or reads the cache) afresh
