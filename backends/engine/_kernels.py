@@ -1,4 +1,4 @@
-"""Matrix products of one or two rows on a CPU, compiled by numba: the decode step's kernel.
+"""The decode step of one or two rows on a CPU, compiled by numba: products and a layer's halves.
 
 A decode step of one or two lanes reads every weight of the model for one or two tokens, so its
 time is the weights' bytes over the rate a product streams them. torch's kernels stream a
@@ -6,47 +6,67 @@ weight kept `[out, in]` well below what one core can read (one thread, 2-core AV
 EPYC, each matrix read from memory, not cache: oneDNN's bf16 product 12-14 GB/s, torch's own
 bf16 `mv` 5.5, MKL's fp32 product 18-19 on the transposed layout the engine used to keep for
 it), where a plain `sum` reads 31 GB/s. The loops below read each weight row once, front to
-back, and keep two fp32 accumulators: LLVM vectorises them, and they read 22-32 GB/s on that
-machine (`bench/decode_limit.py` prints what they get on yours). bf16 weights are widened to
-fp32 by a shift (a bf16 is the high half of an fp32), so the same code serves a CPU without
-native bf16; the products accumulate in fp32, which is at least as exact as torch's bf16 ones.
+back, into fp32 accumulators: LLVM vectorises them, and they read 22-32 GB/s on that machine
+(`bench/decode_limit.py` prints what they get on yours). bf16 weights are widened to fp32 by a
+shift (a bf16 is the high half of an fp32), so the same code serves a CPU without native bf16;
+the products accumulate in fp32, which is at least as exact as torch's bf16 ones.
 
-`small_linear` takes the weight in the layout `F.linear` reads, so nothing is copied or kept
-twice. Without numba (it is part of the `engine` extra) `small_linear` returns None and the
-engine uses torch's kernels. The first call compiles the loops, about 0.3 s a dtype, once per
-machine: numba caches them on disk.
+Around the products, eager PyTorch pays a few microseconds an operation, some 40 a layer
+(norms, RoPE, SwiGLU, residuals, casts). `layer_in` and `layer_out` do a layer's work before and
+after attention in one call each, in fp32 throughout:
+
+- `layer_in`: RMSNorm, the q|k|v product, RoPE on q and k (pairs side by side, as `_model`
+  keeps the rows);
+- `layer_out`: the o product and its residual, RMSNorm, the gate|up product, SwiGLU, the down
+  product and its residual.
+
+Everything takes the weights in the layout `F.linear` reads, so nothing is copied or kept twice.
+Without numba (it is part of the `engine` extra), or where it cannot compile them, the functions
+return None and the engine uses torch's kernels. Compiling takes a few seconds once a machine
+(numba caches the result on disk); `warm` loads them when the model is built.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ("ROWS", "small_linear", "warm")
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is in the engine extra
+    numba = None  # type: ignore[assignment]
+
+__all__ = ("ROWS", "layer_in", "layer_out", "small_linear", "warm")
 
 logger = logging.getLogger(__name__)
 
 ROWS = 2  # the most rows these loops take; from four rows up oneDNN's bf16 product was faster
 
 
-@functools.cache
-def _loops() -> tuple[Any, Any] | None:
-    """(bf16 loop, fp32 loop), compiled on first use; None where numba cannot be imported."""
+def _jit(fn: Callable[..., Any]) -> Any:
+    """`fn` compiled by numba on first call (cached on disk where numba finds a place)."""
+    if numba is None:  # pragma: no cover - numba is in the engine extra
+        return fn
+    flags: dict[str, Any] = {"fastmath": {"reassoc", "contract"}, "nogil": True, "boundscheck": False}
     try:
-        import numba
-    except ImportError:  # pragma: no cover - numba is in the engine extra
-        logger.info("numba is not installed: decode products go through torch's kernels")
-        return None
-    jit = numba.njit(fastmath={"reassoc", "contract"}, nogil=True, cache=True, boundscheck=False)
+        return numba.njit(cache=True, **flags)(fn)
+    except RuntimeError:  # nowhere to write the cache (a read-only install): in memory only
+        return numba.njit(**flags)(fn)
 
-    def bf16_rows(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
-        # w: uint32 [out, in / 2], two bf16 a word (the even column in the low half);
-        # x: fp32 [rows, in], split into its even and odd columns first
+
+# The loops take every weight as uint32 words (`_words`): an fp32 weight one word a value, a
+# bf16 weight two values a word (`halves`), the even column in the low half.
+
+
+def _rows(w: Any, halves: bool, x: Any, out: Any) -> None:  # pragma: no cover - compiled
+    """out[i, r] = x[i] . w[r] for every row r of the weight and i of `x` (fp32 [rows, in])."""
+    if halves:
         even = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)
         odd = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)
         for i in range(x.shape[0]):
@@ -56,7 +76,7 @@ def _loops() -> tuple[Any, Any] | None:
         mask = np.uint32(0xFFFF0000)
         shift = np.uint32(16)
         for r in range(w.shape[0]):
-            for i in range(even.shape[0]):
+            for i in range(x.shape[0]):
                 acc = np.float32(0.0)
                 for c in range(w.shape[1]):
                     word = w[r, c]
@@ -64,58 +84,173 @@ def _loops() -> tuple[Any, Any] | None:
                     high = np.uint32(word & mask).view(np.float32)
                     acc += low * even[i, c] + high * odd[i, c]
                 out[i, r] = acc
-
-    def f32_rows(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
+    else:
         for r in range(w.shape[0]):
             for i in range(x.shape[0]):
                 acc = np.float32(0.0)
                 for c in range(w.shape[1]):
-                    acc += w[r, c] * x[i, c]
+                    acc += np.uint32(w[r, c]).view(np.float32) * x[i, c]
                 out[i, r] = acc
 
-    try:
-        loops = _compiled(jit, bf16_rows, f32_rows)
-    except RuntimeError:  # numba found nowhere to write its cache (a read-only install)
-        logger.info("numba cannot cache its compiled loops here: compiling them in memory")
-        loops = _compiled(numba.njit(fastmath={"reassoc", "contract"}, nogil=True), bf16_rows, f32_rows)
-    return loops
+
+_rows = _jit(_rows)
 
 
-def _compiled(jit: Any, *loops: Any) -> tuple[Any, Any] | None:
-    """`loops` jitted and compiled for the engine's arrays (or read from numba's cache) now;
-    None, logged once, where compiling fails (the engine then uses torch's kernels)."""
-    compiled = tuple(jit(loop) for loop in loops)
-    bf16_rows, f32_rows = compiled
+def _normed(x: Any, norm: Any, eps: float) -> Any:  # pragma: no cover - compiled
+    """RMSNorm of each row of `x` by the fp32 weight `norm`, as `_model._rms_norm` computes it."""
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        total = np.float32(0.0)
+        for c in range(x.shape[1]):
+            total += x[i, c] * x[i, c]
+        scale = np.float32(1.0) / np.sqrt(total / np.float32(x.shape[1]) + np.float32(eps))
+        for c in range(x.shape[1]):
+            out[i, c] = (x[i, c] * scale) * norm[c]
+    return out
+
+
+_normed = _jit(_normed)
+
+
+def _layer_in(
+    x: Any, norm: Any, eps: float, qkv: Any, halves: bool, rope: Any, rotated: int, dim: int, out: Any
+) -> None:  # pragma: no cover - compiled
+    """RMSNorm, the q|k|v product, RoPE on its first `rotated` outputs (heads of `dim`);
+    `rope` [rows, dim / 2, 2] holds each row's (cos, sin)."""
+    _rows(qkv, halves, _normed(x, norm, eps), out)
+    for i in range(out.shape[0]):
+        for base in range(0, rotated, dim):
+            for j in range(dim // 2):
+                a = out[i, base + 2 * j]
+                b = out[i, base + 2 * j + 1]
+                cos = rope[i, j, 0]
+                sin = rope[i, j, 1]
+                out[i, base + 2 * j] = a * cos - b * sin
+                out[i, base + 2 * j + 1] = a * sin + b * cos
+
+
+_layer_in = _jit(_layer_in)
+
+
+def _layer_out(
+    attended: Any, o: Any, x: Any, norm: Any, eps: float, gate_up: Any, down: Any, halves: bool, out: Any
+) -> None:  # pragma: no cover - compiled
+    """out = x + o(attended); then out += down(silu(gate) * up) of the normed out."""
+    n, hidden = x.shape
+    _rows(o, halves, attended, out)
+    for i in range(n):
+        for c in range(hidden):
+            out[i, c] += x[i, c]
+    both = np.empty((n, gate_up.shape[0]), dtype=np.float32)
+    _rows(gate_up, halves, _normed(out, norm, eps), both)
+    size = gate_up.shape[0] // 2
+    act = np.empty((n, size), dtype=np.float32)
+    for i in range(n):
+        for c in range(size):
+            gate = both[i, c]
+            act[i, c] = gate / (np.float32(1.0) + np.exp(-gate)) * both[i, size + c]
+    mlp = np.empty((n, hidden), dtype=np.float32)
+    _rows(down, halves, act, mlp)
+    for i in range(n):
+        for c in range(hidden):
+            out[i, c] += mlp[i, c]
+
+
+_layer_out = _jit(_layer_out)
+
+
+@functools.cache
+def _ready() -> bool:
+    """Whether the loops compiled (or loaded from numba's cache); False, logged once, if not."""
+    if numba is None:  # pragma: no cover - numba is in the engine extra
+        logger.info("numba is not installed: decode products go through torch's kernels")
+        return False
     try:
-        out = np.empty((1, 1), dtype=np.float32)
-        bf16_rows(np.ones((1, 1), dtype=np.uint32), np.ones((1, 2), dtype=np.float32), out)
-        f32_rows(np.ones((1, 2), dtype=np.float32), np.ones((1, 2), dtype=np.float32), out)
+        for dtype in (torch.bfloat16, torch.float32):
+            _compile_for(dtype)
     except Exception:  # an LLVM or numba failure must not stop the engine: it only costs speed
         logger.warning("numba could not compile the decode loops: using torch's kernels", exc_info=True)
-        return None
-    return bf16_rows, f32_rows
+        return False
+    return True
+
+
+def _compile_for(dtype: torch.dtype) -> None:
+    """Call every loop once on tiny arrays of the engine's types, compiling it."""
+    f32 = torch.float32
+    w = torch.ones(4, 2, dtype=dtype)
+    x = torch.ones(1, 2)
+    small = np.empty((1, 4), dtype=np.float32)
+    halves = dtype == torch.bfloat16
+    _rows(_words(w), halves, x.numpy(), small)
+    rope = torch.ones(1, 1, 2, dtype=f32).numpy()
+    _layer_in(x.numpy(), torch.ones(2).numpy(), 1e-5, _words(w), halves, rope, 2, 2, small)
+    square = _words(torch.ones(2, 2, dtype=dtype))
+    out = np.empty((1, 2), dtype=np.float32)
+    _layer_out(x.numpy(), square, x.numpy(), torch.ones(2).numpy(), 1e-5, _words(w), square, halves, out)
+
+
+def _words(weight: Tensor) -> Any:
+    """A contiguous CPU weight's memory as uint32 words (see the loops)."""
+    return weight.view(torch.int32).numpy().view(np.uint32)
+
+
+def _takes(weight: Tensor) -> bool:
+    """Whether the loops read `weight`: a contiguous CPU matrix in fp32, or bf16 of even width."""
+    return (
+        weight.device.type == "cpu"
+        and weight.is_contiguous()
+        and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and weight.shape[-1] % 2 == 0))
+    )
+
+
+def _rows_of(x: Tensor) -> Any:
+    return x.float().contiguous().numpy()
 
 
 def small_linear(x: Tensor, weight: Tensor) -> Tensor | None:
     """`F.linear(x, weight)` for `x` of at most `ROWS` rows and a contiguous CPU `weight` in
     bf16 or fp32, in `x`'s dtype; None where these loops do not apply (or numba is missing)."""
-    if x.shape[0] > ROWS or weight.device.type != "cpu" or not weight.is_contiguous():
+    if x.shape[0] > ROWS or not _takes(weight) or not _ready():
         return None
-    bf16 = weight.dtype == torch.bfloat16
-    if not (bf16 and weight.shape[1] % 2 == 0) and weight.dtype != torch.float32:
-        return None
-    loops = _loops()
-    if loops is None:
-        return None
-    rows = x.float().contiguous().numpy()
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
-    if bf16:
-        loops[0](weight.view(torch.int32).numpy().view(np.uint32), rows, out.numpy())
-    else:
-        loops[1](weight.numpy(), rows, out.numpy())
+    _rows(_words(weight), weight.dtype == torch.bfloat16, _rows_of(x), out.numpy())
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def layer_in(
+    x: Tensor, norm: Tensor, eps: float, qkv: Tensor, rope: Tensor, rotated: int, dim: int
+) -> Tensor | None:
+    """fp32 `[rows, outputs]`: `x` normed by `norm` (fp32), times the fused `qkv`, its first
+    `rotated` outputs turned by `rope` (complex `[rows, dim / 2]`); None where the loops do not
+    apply."""
+    if x.shape[0] > ROWS or not _takes(qkv) or not _ready():
+        return None
+    out = torch.empty((x.shape[0], qkv.shape[0]), dtype=torch.float32)
+    turns = torch.view_as_real(rope).contiguous().numpy()
+    halves = qkv.dtype == torch.bfloat16
+    _layer_in(_rows_of(x), norm.numpy(), eps, _words(qkv), halves, turns, rotated, dim, out.numpy())
+    return out
+
+
+def layer_out(
+    attended: Tensor, o: Tensor, x: Tensor, norm: Tensor, eps: float, gate_up: Tensor, down: Tensor
+) -> Tensor | None:
+    """The layer's output in `x`'s dtype: `x` plus the o product of `attended`, plus the SwiGLU
+    MLP (the fused `gate_up`, then `down`) of that normed by `norm` (fp32); None where the loops
+    do not apply."""
+    if x.shape[0] > ROWS or not all(_takes(w) for w in (o, gate_up, down)) or not _ready():
+        return None
+    if not o.dtype == gate_up.dtype == down.dtype:
+        return None
+    out = torch.empty(x.shape, dtype=torch.float32)
+    halves = o.dtype == torch.bfloat16
+    words = (_words(o), _words(gate_up), _words(down))
+    _layer_out(
+        _rows_of(attended), words[0], _rows_of(x), norm.numpy(), eps, words[1], words[2], halves, out.numpy()
+    )
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) both loops now, so no request pays for it."""
-    _loops()
+    """Compile (or load from numba's cache) the loops now, so no request pays for it."""
+    _ready()

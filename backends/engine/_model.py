@@ -23,7 +23,7 @@ from lanefold.backends.engine._attention import (
     paged_attention,
 )
 from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
-from lanefold.backends.engine._kernels import small_linear
+from lanefold.backends.engine._kernels import layer_in, layer_out, small_linear
 from lanefold.backends.engine._kernels import warm as _warm_kernels
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
@@ -163,6 +163,7 @@ class LayerWeights(NamedTuple):
     gate_up: Tensor | None = None
     packed: tuple[Tensor, ...] | None = None
     versions: tuple[int, ...] = ()  # the dense matrices' version counters `packed` was made at
+    norms32: tuple[Tensor, Tensor] = (torch.empty(0), torch.empty(0))  # the norms in fp32
 
     @classmethod
     def of(cls, layer: DecoderLayer) -> LayerWeights:
@@ -197,7 +198,13 @@ class LayerWeights(NamedTuple):
             gate_up,
             packed,
             versions if packed is not None else (),
+            (_fp32(layer.input_layernorm.weight), _fp32(layer.post_attention_layernorm.weight)),
         )
+
+
+def _fp32(norm: Tensor) -> Tensor:
+    """A norm's weight as the compiled layer loops read it (the weight itself where fp32)."""
+    return norm.detach().float().contiguous()
 
 
 def _rewritten(weights: LayerWeights) -> bool:
@@ -303,15 +310,23 @@ def _decoder_layer(
     """
     heads, kv_heads, dim = shape
     n = x.shape[0]
-    h = _rms_norm(x, w.input_norm, eps)
+    sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
+    # one or two rows on a CPU: the layer's work around attention in two compiled calls
+    made = None
+    if w.qkv is not None and w.gate_up is not None and n <= _KERNEL_ROWS and x.device.type == "cpu":
+        made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim)
     packed = w.packed or (None, None, None, None)
-    if w.qkv is not None and (n <= _KERNEL_ROWS or w.packed is not None):
-        sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
-        q, k, v = torch.split(linear(h, w.qkv, packed[0]), sizes, dim=-1)
+    if made is not None:
+        q, k, v = torch.split(made, sizes, dim=-1)
+        q, k = q.view(n, heads, dim), k.view(n, kv_heads, dim)
     else:
-        q, k, v = linear(h, w.q), linear(h, w.k), linear(h, w.v)
-    q = _rotate(q.view(n, heads, dim), rope)
-    k = _rotate(k.view(n, kv_heads, dim), rope)
+        h = _rms_norm(x, w.input_norm, eps)
+        if w.qkv is not None and (n <= _KERNEL_ROWS or w.packed is not None):
+            q, k, v = torch.split(linear(h, w.qkv, packed[0]), sizes, dim=-1)
+        else:
+            q, k, v = linear(h, w.q), linear(h, w.k), linear(h, w.v)
+        q = _rotate(q.view(n, heads, dim), rope)
+        k = _rotate(k.view(n, kv_heads, dim), rope)
     v = v.view(n, kv_heads, dim)
     k_cache, v_cache = cache
     k_cache.index_copy_(0, batch.write_slots, _as(k, k_cache.dtype))
@@ -326,6 +341,11 @@ def _decoder_layer(
         attended = causal_attention(q, k, v, batch.spans)
     else:
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
+    if made is not None:
+        assert w.gate_up is not None
+        out = layer_out(attended, w.o, x, w.norms32[1], eps, w.gate_up, w.down)
+        if out is not None:
+            return out
     x = linear(_as(attended, x.dtype), w.o, packed[1]).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
     if w.gate_up is not None and (n <= _KERNEL_ROWS or w.packed is not None):
