@@ -94,3 +94,44 @@ def test_with_nowhere_to_cache_the_loops_compile_in_memory(monkeypatch: pytest.M
     with pytest.raises(RuntimeError):  # what numba does with cache=True there
         numba.njit(cache=True)(double)
     assert _kernels._jit(double)(21) == 42
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_layers_halves_in_one_call_each_equal_the_eager_operations(dtype: torch.dtype, rows: int) -> None:
+    from lanefold.backends.engine._kernels import layer_in, layer_out
+    from lanefold.backends.engine._model import _rms_norm, _rotate
+
+    g = torch.Generator().manual_seed(rows)
+    hidden, heads, kv_heads, dim, inter = 48, 6, 2, 8, 40
+    qkv = (torch.randn((heads + 2 * kv_heads) * dim, hidden, generator=g) / 7).to(dtype)
+    o = (torch.randn(hidden, heads * dim, generator=g) / 7).to(dtype)
+    gate_up = (torch.randn(2 * inter, hidden, generator=g) / 7).to(dtype)
+    down = (torch.randn(hidden, inter, generator=g) / 7).to(dtype)
+    norm, post = torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5
+    x = torch.randn(rows, hidden, generator=g)
+    angles = torch.rand(rows, dim // 2, generator=g) * 6
+    rope = torch.polar(torch.ones_like(angles), angles)
+    wide = {name: t.double() for name, t in {"qkv": qkv, "o": o, "gate_up": gate_up, "down": down}.items()}
+
+    made = layer_in(x, norm, 1e-5, qkv, rope, (heads + kv_heads) * dim, dim)
+    assert made is not None and made.dtype == torch.float32
+    h = _rms_norm(x.double(), norm.double(), 1e-5)
+    q, k, v = torch.split(h @ wide["qkv"].T, [heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    turned = torch.cat(
+        [
+            _rotate(q.float().view(rows, heads, dim), rope[:, None]).view(rows, -1),
+            _rotate(k.float().view(rows, kv_heads, dim), rope[:, None]).view(rows, -1),
+            v.float(),
+        ],
+        dim=-1,
+    )
+    torch.testing.assert_close(made, turned, atol=1e-4, rtol=1e-4)
+
+    attended = torch.randn(rows, heads * dim, generator=g)
+    out = layer_out(attended, o, x.to(dtype), post, 1e-5, gate_up, down)
+    assert out is not None and out.dtype == dtype
+    x1 = x.to(dtype).double() + attended.double() @ wide["o"].T
+    gate, up = (_rms_norm(x1, post.double(), 1e-5) @ wide["gate_up"].T).chunk(2, -1)
+    expected = x1 + (F.silu(gate) * up) @ wide["down"].T
+    torch.testing.assert_close(out.double(), expected.to(dtype).double(), atol=1e-4, rtol=2**-7)
