@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lanefold.backends.engine._kernels import small_linear
+from lanefold.backends.engine._kernels import pack, small_linear
 
 __all__ = ("amx", "compute_dtype", "linear", "native_half", "pack", "packs", "sdpa_dtype")
 
@@ -78,17 +78,11 @@ def packs(dtype: torch.dtype, device: torch.device) -> bool:
     )
 
 
-def pack(weight: Tensor) -> Tensor:
-    """`weight` `[out, in]` copied into oneDNN's own layout (an opaque tensor `linear` takes as
-    `packed`; `.to_dense()` gives the weight back bit for bit)."""
-    return cast(Tensor, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1))
-
-
 def linear(x: Tensor, weight: Tensor, packed: Tensor | None = None) -> Tensor:
     """`F.linear`: one or two rows on a CPU through `_kernels`; more through oneDNN where
     `packed` (the same weight, `pack`ed) is given; several rows of an emulated dtype in fp32
     (then back to `x`'s dtype)."""
-    small = small_linear(x, weight)
+    small = small_linear(x, weight, packed)
     if small is not None:
         return small
     if packed is not None:

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 try:
@@ -44,7 +46,7 @@ try:
 except ImportError:  # pragma: no cover - numba is in the engine extra
     numba = None  # type: ignore[assignment]
 
-__all__ = ("ROWS", "layer_in", "layer_out", "small_linear", "warm")
+__all__ = ("ROWS", "layer_in", "layer_out", "pack", "small_linear", "warm")
 
 logger = logging.getLogger(__name__)
 
@@ -174,12 +176,9 @@ def _normed(x: Any, norm: Any, eps: float) -> Any:  # pragma: no cover - compile
 _normed = _jit(_normed)
 
 
-def _layer_in(
-    x: Any, norm: Any, eps: float, qkv: Any, halves: bool, rope: Any, rotated: int, dim: int, out: Any
-) -> None:  # pragma: no cover - compiled
-    """RMSNorm, the q|k|v product, RoPE on its first `rotated` outputs (heads of `dim`);
-    `rope` [rows, dim / 2, 2] holds each row's (cos, sin)."""
-    _rows(qkv, halves, _normed(x, norm, eps), out)
+def _rope(out: Any, rope: Any, rotated: int, dim: int) -> None:  # pragma: no cover - compiled
+    """RoPE in place on the first `rotated` outputs of each row (heads of `dim`, pairs side by
+    side); `rope` [rows, dim / 2, 2] holds each row's (cos, sin)."""
     for i in range(out.shape[0]):
         for base in range(0, rotated, dim):
             for j in range(dim // 2):
@@ -191,6 +190,42 @@ def _layer_in(
                 out[i, base + 2 * j + 1] = a * sin + b * cos
 
 
+_rope = _jit(_rope)
+
+
+def _residual_normed(out: Any, x: Any, norm: Any, eps: float) -> Any:  # pragma: no cover - compiled
+    """out += x; then out normed by `norm`."""
+    for i in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            out[i, c] += x[i, c]
+    return _normed(out, norm, eps)
+
+
+_residual_normed = _jit(_residual_normed)
+
+
+def _swiglu(both: Any) -> Any:  # pragma: no cover - compiled
+    """silu(gate) * up of each row of gate|up."""
+    n, size = both.shape[0], both.shape[1] // 2
+    act = np.empty((n, size), dtype=np.float32)
+    for i in range(n):
+        for c in range(size):
+            gate = both[i, c]
+            act[i, c] = gate / (np.float32(1.0) + np.exp(-gate)) * both[i, size + c]
+    return act
+
+
+_swiglu = _jit(_swiglu)
+
+
+def _layer_in(
+    x: Any, norm: Any, eps: float, qkv: Any, halves: bool, rope: Any, rotated: int, dim: int, out: Any
+) -> None:  # pragma: no cover - compiled
+    """RMSNorm, the q|k|v product, RoPE on its first `rotated` outputs (`_rope`)."""
+    _rows(qkv, halves, _normed(x, norm, eps), out)
+    _rope(out, rope, rotated, dim)
+
+
 _layer_in = _jit(_layer_in)
 
 
@@ -200,17 +235,10 @@ def _layer_out(
     """out = x + o(attended); then out += down(silu(gate) * up) of the normed out."""
     n, hidden = x.shape
     _rows(o, halves, attended, out)
-    for i in range(n):
-        for c in range(hidden):
-            out[i, c] += x[i, c]
+    normed = _residual_normed(out, x, norm, eps)
     both = np.empty((n, gate_up.shape[0]), dtype=np.float32)
-    _rows(gate_up, halves, _normed(out, norm, eps), both)
-    size = gate_up.shape[0] // 2
-    act = np.empty((n, size), dtype=np.float32)
-    for i in range(n):
-        for c in range(size):
-            gate = both[i, c]
-            act[i, c] = gate / (np.float32(1.0) + np.exp(-gate)) * both[i, size + c]
+    _rows(gate_up, halves, normed, both)
+    act = _swiglu(both)
     mlp = np.empty((n, hidden), dtype=np.float32)
     _rows(down, halves, act, mlp)
     for i in range(n):
@@ -249,6 +277,7 @@ def _compile_for(dtype: torch.dtype) -> None:
     square = _words(torch.ones(2, 2, dtype=dtype))
     out = np.empty((1, 2), dtype=np.float32)
     _layer_out(x.numpy(), square, x.numpy(), torch.ones(2).numpy(), 1e-5, _words(w), square, halves, out)
+    _swiglu(_residual_normed(out, x.numpy(), torch.ones(2).numpy(), 1e-5))  # the threaded path's
 
 
 def _words(weight: Tensor) -> Any:
@@ -269,33 +298,123 @@ def _rows_of(x: Tensor) -> Any:
     return x.float().contiguous().numpy()
 
 
-def small_linear(x: Tensor, weight: Tensor) -> Tensor | None:
+def _threaded(packed: Tensor | None, weight: Tensor) -> bool:
+    """Whether products of `weight` go through torch's threaded kernels rather than the loops:
+    where torch runs two threads or more (the engine's `threads`) and the weight is fp32 or has
+    a oneDNN-packed copy (bf16 where it is native). The loops use one core; one core cannot keep
+    the memory busy alone, and torch's `mv` on two threads reads twice what it reads on one (the
+    Xeon with AMX, a 3072 x 576 matrix from memory: fp32 `mv` 13.4 -> 25.8 GB/s, fp32 `F.linear`
+    of two rows 24.1, oneDNN's packed bf16 product of one row 19.8; the loop 12.4 on either)."""
+    if packed is None and weight.dtype != torch.float32:
+        return False
+    threads = torch.get_num_threads()
+    return threads >= 2 and _torch_reads_faster(threads, weight.dtype)
+
+
+@functools.cache
+def _torch_reads_faster(threads: int, dtype: torch.dtype) -> bool:
+    """Whether, on this machine at `threads` threads, torch's one-row product of a `dtype`
+    matrix (fp32 `mv`, or oneDNN's packed bf16) beats the one-thread loop: measured once (about
+    20 ms), not assumed, since two threads read twice what one does only where they are two
+    cores with memory to spare (not two hyperthreads of one)."""
+    matrix = torch.randn(4096, 1024).to(dtype)
+    x = np.ones((1, 1024), dtype=np.float32)
+    out = np.empty((1, 4096), dtype=np.float32)
+    words = _words(matrix)
+    try:
+        copy = pack(matrix) if dtype != torch.float32 else None
+    except (AttributeError, RuntimeError):  # a torch without oneDNN's packed products
+        return False
+
+    def best(run: Callable[[], Any]) -> float:
+        run()
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    loop = best(lambda: _rows(words, dtype == torch.bfloat16, x, out))
+    threaded = best(lambda: _by_torch(x, matrix, copy))
+    logger.debug(
+        "one-row product at %d threads, %s: loop %.3f ms, torch %.3f ms",
+        threads,
+        dtype,
+        loop * 1e3,
+        threaded * 1e3,
+    )
+    return threaded < loop
+
+
+def pack(weight: Tensor) -> Tensor:
+    """`weight` `[out, in]` copied into oneDNN's own layout (an opaque tensor oneDNN's
+    `_linear_pointwise` takes; `.to_dense()` gives the weight back bit for bit)."""
+    return cast(Tensor, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1))
+
+
+def _by_torch(x: Any, weight: Tensor, packed: Tensor | None) -> Any:
+    """fp32 numpy `[rows, out]`: the rows `x` (fp32 numpy) times `weight` through torch's
+    threaded kernels (in the weight's dtype)."""
+    rows = torch.from_numpy(x)
+    if packed is not None:
+        made = torch.ops.mkldnn._linear_pointwise(rows.to(weight.dtype), packed, None, "none", [], "")
+    elif rows.shape[0] == 1:  # F.linear of one row runs on one thread; mv on all of them
+        made = torch.mv(weight, rows[0].to(weight.dtype))[None]
+    else:
+        made = F.linear(rows.to(weight.dtype), weight)
+    return made.float().contiguous().numpy()
+
+
+def small_linear(x: Tensor, weight: Tensor, packed: Tensor | None = None) -> Tensor | None:
     """`F.linear(x, weight)` for `x` of at most `ROWS` rows and a contiguous CPU `weight` in
-    bf16 or fp32, in `x`'s dtype; None where these loops do not apply (or numba is missing)."""
+    bf16 or fp32 (`packed`, its oneDNN copy where there is one), in `x`'s dtype; None where
+    these loops do not apply (or numba is missing). Through torch where `_threaded` says so."""
     if x.shape[0] > ROWS or not _takes(weight) or not _ready():
         return None
+    if _threaded(packed, weight):
+        made = torch.from_numpy(_by_torch(_rows_of(x), weight, packed))
+        return made if x.dtype == torch.float32 else made.to(x.dtype)
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
     _rows(_words(weight), weight.dtype == torch.bfloat16, _rows_of(x), out.numpy())
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def layer_in(
-    x: Tensor, norm: Tensor, eps: float, qkv: Tensor, rope: Tensor, rotated: int, dim: int
+    x: Tensor,
+    norm: Tensor,
+    eps: float,
+    qkv: Tensor,
+    rope: Tensor,
+    rotated: int,
+    dim: int,
+    packed: Tensor | None = None,
 ) -> Tensor | None:
-    """fp32 `[rows, outputs]`: `x` normed by `norm` (fp32), times the fused `qkv`, its first
-    `rotated` outputs turned by `rope` (complex `[rows, dim / 2]`); None where the loops do not
-    apply."""
+    """fp32 `[rows, outputs]`: `x` normed by `norm` (fp32), times the fused `qkv` (`packed`, its
+    oneDNN copy where there is one), its first `rotated` outputs turned by `rope` (complex
+    `[rows, dim / 2]`); None where the loops do not apply."""
     if x.shape[0] > ROWS or not _takes(qkv) or not _ready():
         return None
-    out = torch.empty((x.shape[0], qkv.shape[0]), dtype=torch.float32)
     turns = torch.view_as_real(rope).contiguous().numpy()
+    if _threaded(packed, qkv):
+        made = _by_torch(_normed(_rows_of(x), norm.numpy(), eps), qkv, packed)
+        _rope(made, turns, rotated, dim)
+        return torch.from_numpy(made)
+    out = torch.empty((x.shape[0], qkv.shape[0]), dtype=torch.float32)
     halves = qkv.dtype == torch.bfloat16
     _layer_in(_rows_of(x), norm.numpy(), eps, _words(qkv), halves, turns, rotated, dim, out.numpy())
     return out
 
 
 def layer_out(
-    attended: Tensor, o: Tensor, x: Tensor, norm: Tensor, eps: float, gate_up: Tensor, down: Tensor
+    attended: Tensor,
+    o: Tensor,
+    x: Tensor,
+    norm: Tensor,
+    eps: float,
+    gate_up: Tensor,
+    down: Tensor,
+    packed: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor | None:
     """The layer's output in `x`'s dtype: `x` plus the o product of `attended`, plus the SwiGLU
     MLP (the fused `gate_up`, then `down`) of that normed by `norm` (fp32); None where the loops
@@ -304,6 +423,13 @@ def layer_out(
         return None
     if not o.dtype == gate_up.dtype == down.dtype:
         return None
+    if _threaded(packed and packed[0], o):
+        copies = packed or (None, None, None)
+        made = _by_torch(_rows_of(attended), o, copies[0])
+        act = _swiglu(_by_torch(_residual_normed(made, _rows_of(x), norm.numpy(), eps), gate_up, copies[1]))
+        made += _by_torch(act, down, copies[2])
+        result = torch.from_numpy(made)
+        return result if x.dtype == torch.float32 else result.to(x.dtype)
     out = torch.empty(x.shape, dtype=torch.float32)
     halves = o.dtype == torch.bfloat16
     words = (_words(o), _words(gate_up), _words(down))
@@ -313,6 +439,8 @@ def layer_out(
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
-def warm() -> None:
-    """Compile (or load from numba's cache) the loops now, so no request pays for it."""
-    _ready()
+def warm(dtype: torch.dtype = torch.float32) -> None:
+    """Compile (or load from numba's cache) the loops now, and where torch runs two threads or
+    more measure whether its products of `dtype` beat them, so no request pays for either."""
+    if _ready() and torch.get_num_threads() >= 2 and dtype in (torch.float32, torch.bfloat16):
+        _torch_reads_faster(torch.get_num_threads(), dtype)

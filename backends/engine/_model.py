@@ -278,13 +278,16 @@ class CausalLM(nn.Module):
         slice at a time.
         """
         weight = self.lm_head.weight
-        small = small_linear(hidden.float(), weight) if hidden.shape[0] <= _KERNEL_ROWS else None
-        if small is not None:
-            return small
+        copy = None
         if self.head_packed is not None:
-            head, version, copy = self.head_packed
+            head, version, packed = self.head_packed
             if head is weight and weight._version == version:  # neither replaced nor rewritten
-                return linear(hidden.to(weight.dtype), weight, copy).float()
+                copy = packed
+        small = small_linear(hidden.float(), weight, copy) if hidden.shape[0] <= _KERNEL_ROWS else None
+        if small is not None:
+            return small.float()
+        if copy is not None:
+            return linear(hidden.to(weight.dtype), weight, copy).float()
         work = compute_dtype(weight.dtype, weight.device) if hidden.shape[0] > 1 else weight.dtype
         hidden = hidden.to(work)
         if weight.device.type == "cpu" and weight.shape[0] > 2 * _HEAD_SLICE:
@@ -314,7 +317,8 @@ def _decoder_layer(
     # one or two rows on a CPU: the layer's work around attention in two compiled calls
     made = None
     if w.qkv is not None and w.gate_up is not None and n <= _KERNEL_ROWS and x.device.type == "cpu":
-        made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim)
+        copy = w.packed[0] if w.packed else None
+        made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim, copy)
     packed = w.packed or (None, None, None, None)
     if made is not None:
         q, k, v = torch.split(made, sizes, dim=-1)
@@ -343,7 +347,8 @@ def _decoder_layer(
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
     if made is not None:
         assert w.gate_up is not None
-        out = layer_out(attended, w.o, x, w.norms32[1], eps, w.gate_up, w.down)
+        copies = (w.packed[1], w.packed[2], w.packed[3]) if w.packed else None
+        out = layer_out(attended, w.o, x, w.norms32[1], eps, w.gate_up, w.down, copies)
         if out is not None:
             return out
     x = linear(_as(attended, x.dtype), w.o, packed[1]).add_(x)
@@ -393,7 +398,7 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     tensors = {name: _rope_paired(name, t, a) for name, t in checkpoint.tensors.items()}
     state: dict[str, Tensor] = {}
     if device.type == "cpu":  # each group one product of the decode step's one or two rows
-        _warm_kernels()
+        _warm_kernels(dtype)
         for i, layer in enumerate(model.model.layers):
             attn = [f"model.layers.{i}.self_attn.{m}_proj.weight" for m in ("q", "k", "v")]
             mlp = [f"model.layers.{i}.mlp.{m}_proj.weight" for m in ("gate", "up")]

@@ -135,3 +135,62 @@ def test_a_layers_halves_in_one_call_each_equal_the_eager_operations(dtype: torc
     gate, up = (_rms_norm(x1, post.double(), 1e-5) @ wide["gate_up"].T).chunk(2, -1)
     expected = x1 + (F.silu(gate) * up) @ wide["down"].T
     torch.testing.assert_close(out.double(), expected.to(dtype).double(), atol=1e-4, rtol=2**-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_on_two_threads_torchs_products_stand_in_for_the_loops(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int
+) -> None:
+    """Where torch's threaded products read faster (`_torch_reads_faster`, measured once a
+    machine), the layer's halves and the small products take them between the same compiled
+    stages, and give what the loops give (within one bf16 rounding of the rows, in bf16)."""
+    from lanefold.backends.engine import _kernels
+    from lanefold.backends.engine._kernels import layer_in, layer_out, pack
+
+    if dtype == torch.bfloat16 and not torch.backends.mkldnn.is_available():
+        pytest.skip("bf16 goes through oneDNN's packed copies, which this torch lacks")
+    g = torch.Generator().manual_seed(10 + rows)
+    hidden, heads, kv_heads, dim, inter = 64, 4, 2, 16, 96
+    qkv = (torch.randn((heads + 2 * kv_heads) * dim, hidden, generator=g) / 8).to(dtype)
+    o = (torch.randn(hidden, heads * dim, generator=g) / 8).to(dtype)
+    gate_up = (torch.randn(2 * inter, hidden, generator=g) / 8).to(dtype)
+    down = (torch.randn(hidden, inter, generator=g) / 8).to(dtype)
+    norm, post = torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5
+    x = torch.randn(rows, hidden, generator=g).to(dtype)
+    attended = torch.randn(rows, heads * dim, generator=g)
+    angles = torch.rand(rows, dim // 2, generator=g) * 6
+    rope = torch.polar(torch.ones_like(angles), angles)
+    copies = (pack(qkv), pack(o), pack(gate_up), pack(down)) if dtype == torch.bfloat16 else (None,) * 4
+
+    def both_halves_and_a_product() -> list[torch.Tensor]:
+        made = layer_in(x, norm, 1e-5, qkv, rope, (heads + kv_heads) * dim, dim, copies[0])
+        out = layer_out(attended, o, x, post, 1e-5, gate_up, down, (copies[1], copies[2], copies[3]))
+        small = _kernels.small_linear(x, gate_up, copies[2])
+        assert made is not None and out is not None and small is not None
+        return [made, out, small]
+
+    taken: list[int] = []
+    by_torch = _kernels._by_torch
+    monkeypatch.setattr(_kernels, "_by_torch", lambda *a: taken.append(1) or by_torch(*a))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(_kernels, "_torch_reads_faster", lambda threads, dtype: False)
+        loops = both_halves_and_a_product()
+        assert not taken
+        monkeypatch.setattr(_kernels, "_torch_reads_faster", lambda threads, dtype: True)
+        threaded = both_halves_and_a_product()
+        assert len(taken) == 5  # q|k|v; o, gate|up, down; the small product
+        torch.set_num_threads(1)  # one thread: the loops, whatever was measured
+        taken.clear()
+        both_halves_and_a_product()
+        assert not taken
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(threaded, loops, strict=True):
+        assert a.dtype == b.dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        else:
+            torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2**-6)
