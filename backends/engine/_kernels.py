@@ -22,6 +22,13 @@ after attention in one call each, in fp32 throughout:
 - `layer_out`: the o product and its residual, RMSNorm, the gate|up product, SwiGLU, the down
   product and its residual.
 
+The loops run on the calling thread. Where torch runs two threads or more, its own threaded
+products can read faster than one core does (two real cores with memory to spare; not two
+hyperthreads of one), and on some CPUs its kernels stream faster even on one thread, so `warm`
+measures it once per thread count and dtype (`_torch_reads_faster`), and where torch wins
+the products go through torch (fp32 `mv` or `F.linear`, bf16 through oneDNN's packed copies)
+between the same compiled stages (`_normed`, `_rope`, `_residual_normed`, `_swiglu`).
+
 Everything takes the weights in the layout `F.linear` reads, so nothing is copied or kept twice.
 Without numba (it is part of the `engine` extra), or where it cannot compile them, the functions
 return None and the engine uses torch's kernels. Compiling takes a few seconds once a machine
@@ -299,52 +306,53 @@ def _rows_of(x: Tensor) -> Any:
 
 
 def _threaded(packed: Tensor | None, weight: Tensor) -> bool:
-    """Whether products of `weight` go through torch's threaded kernels rather than the loops:
-    where torch runs two threads or more (the engine's `threads`) and the weight is fp32 or has
-    a oneDNN-packed copy (bf16 where it is native). The loops use one core; one core cannot keep
-    the memory busy alone, and torch's `mv` on two threads reads twice what it reads on one (the
-    Xeon with AMX, a 3072 x 576 matrix from memory: fp32 `mv` 13.4 -> 25.8 GB/s, fp32 `F.linear`
-    of two rows 24.1, oneDNN's packed bf16 product of one row 19.8; the loop 12.4 on either)."""
+    """Whether products of `weight` go through torch's kernels rather than the loops: where the
+    weight is fp32 or has a oneDNN-packed copy (bf16 where it is native) and torch reads faster
+    at its thread count (the engine's `threads`). The loops use one core, which cannot keep the
+    memory busy alone: torch's `mv` on two threads reads twice what it reads on one (the Xeon
+    with AMX, a 3072 x 576 matrix from memory: fp32 `mv` 13.4 -> 25.8 GB/s, fp32 `F.linear` of
+    two rows 24.1, oneDNN's packed bf16 product of one row 19.8; the loop 12.4 on either)."""
     if packed is None and weight.dtype != torch.float32:
         return False
     threads = torch.get_num_threads()
-    return threads >= 2 and _torch_reads_faster(threads, weight.dtype)
+    return _torch_reads_faster(threads, weight.dtype)
 
 
 @functools.cache
 def _torch_reads_faster(threads: int, dtype: torch.dtype) -> bool:
-    """Whether, on this machine at `threads` threads, torch's one-row product of a `dtype`
-    matrix (fp32 `mv`, or oneDNN's packed bf16) beats the one-thread loop: measured once (about
-    20 ms), not assumed, since two threads read twice what one does only where they are two
-    cores with memory to spare (not two hyperthreads of one)."""
-    matrix = torch.randn(4096, 1024).to(dtype)
+    """Whether, on this machine at `threads` threads, torch's one-row products of `dtype`
+    matrices (fp32 `mv`, or oneDNN's packed bf16) read faster than the one-thread loop: measured
+    once a process (tens of milliseconds), not assumed. Two threads read twice what one does
+    only where they are two cores with memory to spare (not two hyperthreads of one), and which
+    kernel streams a matrix fastest differs between CPUs (the loop on an AVX512-BF16 EPYC,
+    oneDNN's on a Xeon with AMX). The matrices, 64 MiB in fp32, are read one after another as a
+    decode step reads its layers, so a cache holds them no better than it holds a model."""
+    matrices = [torch.full((2048, 1024), 0.5, dtype=dtype) for _ in range(8)]
     x = np.ones((1, 1024), dtype=np.float32)
-    out = np.empty((1, 4096), dtype=np.float32)
-    words = _words(matrix)
+    out = np.empty((1, 2048), dtype=np.float32)
+    words = [_words(m) for m in matrices]
     try:
-        copy = pack(matrix) if dtype != torch.float32 else None
+        copies = [pack(m) if dtype != torch.float32 else None for m in matrices]
     except (AttributeError, RuntimeError):  # a torch without oneDNN's packed products
         return False
+    halves = dtype == torch.bfloat16
 
-    def best(run: Callable[[], Any]) -> float:
-        run()
-        times = []
-        for _ in range(3):
+    def loop() -> None:
+        for w in words:
+            _rows(w, halves, x, out)
+
+    def by_torch() -> None:
+        for m, copy in zip(matrices, copies, strict=True):
+            _by_torch(x, m, copy)
+
+    times: dict[str, float] = {"loop": float("inf"), "torch": float("inf")}
+    for _ in range(3):  # interleaved, the best of three each
+        for name, run in (("loop", loop), ("torch", by_torch)):
             start = time.perf_counter()
             run()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    loop = best(lambda: _rows(words, dtype == torch.bfloat16, x, out))
-    threaded = best(lambda: _by_torch(x, matrix, copy))
-    logger.debug(
-        "one-row product at %d threads, %s: loop %.3f ms, torch %.3f ms",
-        threads,
-        dtype,
-        loop * 1e3,
-        threaded * 1e3,
-    )
-    return threaded < loop
+            times[name] = min(times[name], time.perf_counter() - start)
+    logger.debug("one-row products, %d threads, %s: %s", threads, dtype, times)
+    return times["torch"] < times["loop"]
 
 
 def pack(weight: Tensor) -> Tensor:
@@ -440,7 +448,7 @@ def layer_out(
 
 
 def warm(dtype: torch.dtype = torch.float32) -> None:
-    """Compile (or load from numba's cache) the loops now, and where torch runs two threads or
-    more measure whether its products of `dtype` beat them, so no request pays for either."""
-    if _ready() and torch.get_num_threads() >= 2 and dtype in (torch.float32, torch.bfloat16):
+    """Compile (or load from numba's cache) the loops now, and measure whether torch's products
+    of `dtype` beat them at torch's thread count now, so no request pays for either."""
+    if _ready() and dtype in (torch.float32, torch.bfloat16):
         _torch_reads_faster(torch.get_num_threads(), dtype)

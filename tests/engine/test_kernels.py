@@ -139,12 +139,13 @@ def test_a_layers_halves_in_one_call_each_equal_the_eager_operations(dtype: torc
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2])
-def test_on_two_threads_torchs_products_stand_in_for_the_loops(
+def test_where_torchs_products_read_faster_they_stand_in_for_the_loops(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, rows: int
 ) -> None:
-    """Where torch's threaded products read faster (`_torch_reads_faster`, measured once a
-    machine), the layer's halves and the small products take them between the same compiled
-    stages, and give what the loops give (within one bf16 rounding of the rows, in bf16)."""
+    """Where torch's products read faster (`_torch_reads_faster`, measured once a process for
+    each thread count, here two), the layer's halves and the small products take them between
+    the same compiled stages, and give what the loops give (within one bf16 rounding of the
+    rows, in bf16)."""
     from lanefold.backends.engine import _kernels
     from lanefold.backends.engine._kernels import layer_in, layer_out, pack
 
@@ -182,10 +183,6 @@ def test_on_two_threads_torchs_products_stand_in_for_the_loops(
         monkeypatch.setattr(_kernels, "_torch_reads_faster", lambda threads, dtype: True)
         threaded = both_halves_and_a_product()
         assert len(taken) == 5  # q|k|v; o, gate|up, down; the small product
-        torch.set_num_threads(1)  # one thread: the loops, whatever was measured
-        taken.clear()
-        both_halves_and_a_product()
-        assert not taken
     finally:
         torch.set_num_threads(threads)
     for a, b in zip(threaded, loops, strict=True):
