@@ -96,6 +96,18 @@ def test_with_nowhere_to_cache_the_loops_compile_in_memory(monkeypatch: pytest.M
     assert _kernels._jit(double)(21) == 42
 
 
+def layer(g: Any, dtype: Any, shape: tuple[int, int, int, int, int], scale: float) -> tuple[Any, ...]:
+    """A random layer's q|k|v, o, gate|up and down in `dtype` and its two fp32 norms, for
+    `shape` = (hidden, heads, kv_heads, head dim, intermediate)."""
+    hidden, heads, kv_heads, dim, inter = shape
+    qkv = (torch.randn((heads + 2 * kv_heads) * dim, hidden, generator=g) / scale).to(dtype)
+    o = (torch.randn(hidden, heads * dim, generator=g) / scale).to(dtype)
+    gate_up = (torch.randn(2 * inter, hidden, generator=g) / scale).to(dtype)
+    down = (torch.randn(hidden, inter, generator=g) / scale).to(dtype)
+    norm, post = torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5
+    return qkv, o, gate_up, down, norm, post
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2])
 def test_a_layers_halves_in_one_call_each_equal_the_eager_operations(dtype: torch.dtype, rows: int) -> None:
@@ -104,11 +116,7 @@ def test_a_layers_halves_in_one_call_each_equal_the_eager_operations(dtype: torc
 
     g = torch.Generator().manual_seed(rows)
     hidden, heads, kv_heads, dim, inter = 48, 6, 2, 8, 40
-    qkv = (torch.randn((heads + 2 * kv_heads) * dim, hidden, generator=g) / 7).to(dtype)
-    o = (torch.randn(hidden, heads * dim, generator=g) / 7).to(dtype)
-    gate_up = (torch.randn(2 * inter, hidden, generator=g) / 7).to(dtype)
-    down = (torch.randn(hidden, inter, generator=g) / 7).to(dtype)
-    norm, post = torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5
+    qkv, o, gate_up, down, norm, post = layer(g, dtype, (hidden, heads, kv_heads, dim, inter), 7)
     x = torch.randn(rows, hidden, generator=g)
     angles = torch.rand(rows, dim // 2, generator=g) * 6
     rope = torch.polar(torch.ones_like(angles), angles)
@@ -153,11 +161,7 @@ def test_where_torchs_products_read_faster_they_stand_in_for_the_loops(
         pytest.skip("bf16 goes through oneDNN's packed copies, which this torch lacks")
     g = torch.Generator().manual_seed(10 + rows)
     hidden, heads, kv_heads, dim, inter = 64, 4, 2, 16, 96
-    qkv = (torch.randn((heads + 2 * kv_heads) * dim, hidden, generator=g) / 8).to(dtype)
-    o = (torch.randn(hidden, heads * dim, generator=g) / 8).to(dtype)
-    gate_up = (torch.randn(2 * inter, hidden, generator=g) / 8).to(dtype)
-    down = (torch.randn(hidden, inter, generator=g) / 8).to(dtype)
-    norm, post = torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5
+    qkv, o, gate_up, down, norm, post = layer(g, dtype, (hidden, heads, kv_heads, dim, inter), 8)
     x = torch.randn(rows, hidden, generator=g).to(dtype)
     attended = torch.randn(rows, heads * dim, generator=g)
     angles = torch.rand(rows, dim // 2, generator=g) * 6
