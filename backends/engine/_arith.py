@@ -11,13 +11,12 @@ row keeps the bf16 product: reading half the bytes pays for the emulation there.
 from __future__ import annotations
 
 import functools
-from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lanefold.backends.engine._kernels import pack, small_linear
+from lanefold.backends.engine._kernels import pack, packed_linear, small_linear
 
 __all__ = ("amx", "compute_dtype", "linear", "native_half", "pack", "packs", "sdpa_dtype")
 
@@ -86,7 +85,7 @@ def linear(x: Tensor, weight: Tensor, packed: Tensor | None = None) -> Tensor:
     if small is not None:
         return small
     if packed is not None:
-        return cast(Tensor, torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+        return packed_linear(x, packed)
     if x.shape[0] > 1:
         work = compute_dtype(weight.dtype, weight.device)
         if work != weight.dtype:

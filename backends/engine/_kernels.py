@@ -53,7 +53,7 @@ try:
 except ImportError:  # pragma: no cover - numba is in the engine extra
     numba = None  # type: ignore[assignment]
 
-__all__ = ("ROWS", "layer_in", "layer_out", "pack", "small_linear", "warm")
+__all__ = ("ROWS", "layer_in", "layer_out", "pack", "packed_linear", "small_linear", "warm")
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +284,8 @@ def _compile_for(dtype: torch.dtype) -> None:
     square = _words(torch.ones(2, 2, dtype=dtype))
     out = np.empty((1, 2), dtype=np.float32)
     _layer_out(x.numpy(), square, x.numpy(), torch.ones(2).numpy(), 1e-5, _words(w), square, halves, out)
-    _swiglu(_residual_normed(out, x.numpy(), torch.ones(2).numpy(), 1e-5))  # the threaded path's
+    # the stages the torch-products path calls on their own (`_normed` and `_rope` compile above)
+    _swiglu(_residual_normed(out, x.numpy(), torch.ones(2).numpy(), 1e-5))
 
 
 def _words(weight: Tensor) -> Any:
@@ -361,12 +362,17 @@ def pack(weight: Tensor) -> Tensor:
     return cast(Tensor, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1))
 
 
+def packed_linear(x: Tensor, packed: Tensor) -> Tensor:
+    """`F.linear(x, weight)` through oneDNN, `packed` being the weight `pack`ed."""
+    return cast(Tensor, torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+
+
 def _by_torch(x: Any, weight: Tensor, packed: Tensor | None) -> Any:
     """fp32 numpy `[rows, out]`: the rows `x` (fp32 numpy) times `weight` through torch's
     threaded kernels (in the weight's dtype)."""
     rows = torch.from_numpy(x)
     if packed is not None:
-        made = torch.ops.mkldnn._linear_pointwise(rows.to(weight.dtype), packed, None, "none", [], "")
+        made = packed_linear(rows.to(weight.dtype), packed)
     elif rows.shape[0] == 1:  # F.linear of one row runs on one thread; mv on all of them
         made = torch.mv(weight, rows[0].to(weight.dtype))[None]
     else:

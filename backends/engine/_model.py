@@ -316,10 +316,9 @@ def _decoder_layer(
     sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
     # one or two rows on a CPU: the layer's work around attention in two compiled calls
     made = None
-    if w.qkv is not None and w.gate_up is not None and n <= _KERNEL_ROWS and x.device.type == "cpu":
-        copy = w.packed[0] if w.packed else None
-        made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim, copy)
     packed = w.packed or (None, None, None, None)
+    if w.qkv is not None and w.gate_up is not None and n <= _KERNEL_ROWS and x.device.type == "cpu":
+        made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim, packed[0])
     if made is not None:
         q, k, v = torch.split(made, sizes, dim=-1)
         q, k = q.view(n, heads, dim), k.view(n, kv_heads, dim)
