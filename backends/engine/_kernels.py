@@ -25,7 +25,7 @@ after attention in one call each, in fp32 throughout:
 The loops run on the calling thread. Where torch runs two threads or more, its own threaded
 products can read faster than one core does (two real cores with memory to spare; not two
 hyperthreads of one), and on some CPUs its kernels stream faster even on one thread, so `warm`
-measures it once per thread count and dtype (`_torch_reads_faster`), and where torch wins
+measures it once per thread count, dtype and row width (`_torch_reads_faster`), and where torch wins
 the products go through torch (fp32 `mv` or `F.linear`, bf16 through oneDNN's packed copies)
 between the same compiled stages (`_normed`, `_rope`, `_residual_normed`, `_swiglu`).
 
@@ -47,6 +47,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from lanefold.backends.engine._memory import Arena
 
 try:
     import numba
@@ -73,6 +75,39 @@ def _jit(fn: Callable[..., Any]) -> Any:
 
 # The loops take every weight as uint32 words (`_words`): an fp32 weight one word a value, a
 # bf16 weight two values a word (`halves`), the even column in the low half.
+
+_LINE = 16  # words in a 64-byte cache line
+
+
+def _prefetch_hint(typingctx: Any, words: Any, index: Any) -> Any:
+    """`_prefetch(words, index)`: a software prefetch (`prefetcht2` on x86) of the line holding
+    `words`' `index`th word, counted flat from the first; a hint that never faults, so it may
+    point past the array (into the arena's next tensor). The bf16 loop asks for the row pair
+    after the one it reads: the hardware's prefetchers alone kept a core's stream of bf16 rows
+    576 wide at 13.1-13.5 GB/s, asking a pair ahead into L2 at 14.5-16.2 (the Xeon with AMX, one
+    thread, a step's matrices on huge pages; in the step, 31.3 against 29.2 ms). The fp32 loop,
+    four rows at a time, was slower with it (49.5-50.2 against 47.1-47.5 ms)."""
+    from llvmlite import ir  # type: ignore[import-untyped]
+    from numba.core import cgutils, types
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        kind = ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, kind, "llvm.prefetch.p0i8")  # type: ignore[no-untyped-call]
+        # a read, locality 1 (to L2, not L1: each row is read once), of data
+        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), byte), i32(0), i32(1), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(words, index), codegen
+
+
+if numba is not None:
+    from numba.extending import intrinsic
+
+    _prefetch: Any = intrinsic(_prefetch_hint)
+else:  # pragma: no cover - numba is in the engine extra (and the loops are not run without it)
+    _prefetch = None
 
 
 def _rows32(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
@@ -126,6 +161,9 @@ def _rows16(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
     shift = np.uint32(16)
     top = rows - rows % 2
     for r in range(0, top, 2):
+        ahead = (r + 2) * cols
+        for word in range(ahead, ahead + 2 * cols, _LINE):
+            _prefetch(w, word)
         for i in range(n):
             a0 = np.float32(0.0)
             b0 = np.float32(0.0)
@@ -315,22 +353,31 @@ def _threaded(packed: Tensor | None, weight: Tensor) -> bool:
     two rows 24.1, oneDNN's packed bf16 product of one row 19.8; the loop 12.4 on either)."""
     if packed is None and weight.dtype != torch.float32:
         return False
-    threads = torch.get_num_threads()
-    return _torch_reads_faster(threads, weight.dtype)
+    return _torch_reads_faster(torch.get_num_threads(), weight.dtype, weight.shape[1])
+
+
+_TRIAL_BYTES = 32 << 20  # what `_torch_reads_faster` reads a pass, each way
+_TRIAL_MATRIX = 2 << 20  # ... in matrices of about this size, as a small model's layers are
 
 
 @functools.cache
-def _torch_reads_faster(threads: int, dtype: torch.dtype) -> bool:
+def _torch_reads_faster(threads: int, dtype: torch.dtype, width: int) -> bool:
     """Whether, on this machine at `threads` threads, torch's one-row products of `dtype`
-    matrices (fp32 `mv`, or oneDNN's packed bf16) read faster than the one-thread loop: measured
-    once a process (tens of milliseconds), not assumed. Two threads read twice what one does
-    only where they are two cores with memory to spare (not two hyperthreads of one), and which
-    kernel streams a matrix fastest differs between CPUs (the loop on an AVX512-BF16 EPYC,
-    oneDNN's on a Xeon with AMX). The matrices, 64 MiB in fp32, are read one after another as a
-    decode step reads its layers, so a cache holds them no better than it holds a model."""
-    matrices = [torch.full((2048, 1024), 0.5, dtype=dtype) for _ in range(8)]
-    x = np.ones((1, 1024), dtype=np.float32)
-    out = np.empty((1, 2048), dtype=np.float32)
+    matrices `width` wide (fp32 `mv`, or oneDNN's packed bf16) read faster than the one-thread
+    loop: measured once a process (tens of milliseconds), not assumed. Two threads read twice
+    what one does only where they are two cores with memory to spare (not two hyperthreads of
+    one), and which kernel streams a matrix fastest differs between CPUs and shapes (on a Xeon
+    with AMX, one thread, bf16: 576 wide as SmolLM2's layers, the loop 13.0 GB/s and oneDNN
+    10.6; 1024 wide, level). The matrices, 32 MiB, are read one after another as a decode step
+    reads its layers, from where the model's lie (an `Arena`, on huge pages; the packed copies
+    where oneDNN puts them)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    rows = max(64, _TRIAL_MATRIX // (width * size))
+    count = max(2, _TRIAL_BYTES // (rows * width * size))
+    arena = Arena.of([(rows, width)] * count, dtype, torch.device("cpu"))
+    matrices = [arena.empty((rows, width)).fill_(0.5) for _ in range(count)]
+    x = np.ones((1, width), dtype=np.float32)
+    out = np.empty((1, rows), dtype=np.float32)
     words = [_words(m) for m in matrices]
     try:
         copies = [pack(m) if dtype != torch.float32 else None for m in matrices]
@@ -347,12 +394,14 @@ def _torch_reads_faster(threads: int, dtype: torch.dtype) -> bool:
             _by_torch(x, m, copy)
 
     times: dict[str, float] = {"loop": float("inf"), "torch": float("inf")}
+    loop()  # the first reads fault pages in
+    by_torch()
     for _ in range(3):  # interleaved, the best of three each
         for name, run in (("loop", loop), ("torch", by_torch)):
             start = time.perf_counter()
             run()
             times[name] = min(times[name], time.perf_counter() - start)
-    logger.debug("one-row products, %d threads, %s: %s", threads, dtype, times)
+    logger.debug("one-row products %d wide, %d threads, %s: %s", width, threads, dtype, times)
     return times["torch"] < times["loop"]
 
 
@@ -453,8 +502,9 @@ def layer_out(
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
-def warm(dtype: torch.dtype = torch.float32) -> None:
+def warm(dtype: torch.dtype = torch.float32, width: int = 1024) -> None:
     """Compile (or load from numba's cache) the loops now, and measure whether torch's products
-    of `dtype` beat them at torch's thread count now, so no request pays for either."""
+    of `dtype` matrices `width` wide (the model's hidden size) beat them at torch's thread count
+    now, so no request pays for either."""
     if _ready() and dtype in (torch.float32, torch.bfloat16):
-        _torch_reads_faster(torch.get_num_threads(), dtype)
+        _torch_reads_faster(torch.get_num_threads(), dtype, width)

@@ -25,6 +25,7 @@ from lanefold.backends.engine._attention import (
 from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
 from lanefold.backends.engine._kernels import layer_in, layer_out, small_linear
 from lanefold.backends.engine._kernels import warm as _warm_kernels
+from lanefold.backends.engine._memory import Arena
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
@@ -396,21 +397,23 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     a = checkpoint.args
     tensors = {name: _rope_paired(name, t, a) for name, t in checkpoint.tensors.items()}
     state: dict[str, Tensor] = {}
-    if device.type == "cpu":  # each group one product of the decode step's one or two rows
-        _warm_kernels(dtype)
+    memory = Arena.of([t.shape for t in tensors.values()], dtype, device)
+    if device.type == "cpu":  # in the order a step reads them; each group one product of the
+        _warm_kernels(dtype, a.hidden_size)  # decode step's one or two rows
         for i, layer in enumerate(model.model.layers):
-            attn = [f"model.layers.{i}.self_attn.{m}_proj.weight" for m in ("q", "k", "v")]
-            mlp = [f"model.layers.{i}.mlp.{m}_proj.weight" for m in ("gate", "up")]
-            qkv, views = _rows_of([tensors[n] for n in attn], device, dtype)
-            state.update(zip(attn, views, strict=True))
-            gate_up, views = _rows_of([tensors[n] for n in mlp], device, dtype)
-            state.update(zip(mlp, views, strict=True))
-            cast(DecoderLayer, layer).fused = (qkv, gate_up)
+            fused = []
+            for group in _LAYER_READ_ORDER:
+                names = [f"model.layers.{i}.{m}.weight" for m in group]
+                matrix, views = _rows_of([tensors[n] for n in names], memory)
+                state.update(zip(names, views, strict=True))
+                if len(names) > 1:
+                    fused.append(matrix)
+            cast(DecoderLayer, layer).fused = (fused[0], fused[1])
     # copied even where nothing changes: read from the memory-mapped cache file, decode steps
     # were slower and stalled now and then for most of a second (see docs/engine.md)
-    for name, tensor in tensors.items():
-        if name not in state:
-            state[name] = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
+    rest = [name for name in tensors if name not in state]
+    for name in sorted(rest, key=lambda n: _LAST_READ.get(n, len(_LAST_READ))):
+        state[name] = memory.empty(tensors[name].shape).copy_(tensors[name])
     if a.tie_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -420,6 +423,19 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
         _pack_copies(model)
     model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
     return model.eval()
+
+
+# the weights read after the layers, in order (a tied embedding is the head)
+_LAST_READ = {"model.norm.weight": 0, "lm_head.weight": 1, "model.embed_tokens.weight": 2}
+# a layer's weights in the order its step reads them; a group of several is one fused matrix
+_LAYER_READ_ORDER = (
+    ("input_layernorm",),
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("self_attn.o_proj",),
+    ("post_attention_layernorm",),
+    ("mlp.gate_proj", "mlp.up_proj"),
+    ("mlp.down_proj",),
+)
 
 
 def _rope_paired(name: str, tensor: Tensor, args: ModelArgs) -> Tensor:
@@ -447,10 +463,14 @@ def _pack_copies(model: CausalLM) -> None:
     model.head_packed = (head, head._version, pack(head.detach()))
 
 
-def _rows_of(weights: list[Tensor], device: torch.device, dtype: torch.dtype) -> tuple[Tensor, list[Tensor]]:
+def _rows_of(weights: list[Tensor], memory: Arena) -> tuple[Tensor, list[Tensor]]:
     """Weights `[out, in]` one after another in one `[sum of outs, in]` matrix, in one copy
-    each; and each weight as a view of its rows (contiguous, as `F.linear` reads them)."""
-    matrix = torch.empty((sum(w.shape[0] for w in weights), weights[0].shape[1]), dtype=dtype, device=device)
+    each; and each weight as a view of its rows (contiguous, as `F.linear` reads them). A
+    lone weight (a norm's, say) is copied as it is."""
+    if len(weights) == 1:
+        matrix = memory.empty(weights[0].shape).copy_(weights[0])
+        return matrix, [matrix]
+    matrix = memory.empty((sum(w.shape[0] for w in weights), weights[0].shape[1]))
     blocks = list(torch.split(matrix, [w.shape[0] for w in weights]))
     for weight, block in zip(weights, blocks, strict=True):
         block.copy_(weight)

@@ -181,10 +181,10 @@ def test_where_torchs_products_read_faster_they_stand_in_for_the_loops(
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        monkeypatch.setattr(_kernels, "_torch_reads_faster", lambda threads, dtype: False)
+        monkeypatch.setattr(_kernels, "_torch_reads_faster", lambda threads, dtype, width: False)
         loops = both_halves_and_a_product()
         assert not taken
-        monkeypatch.setattr(_kernels, "_torch_reads_faster", lambda threads, dtype: True)
+        monkeypatch.setattr(_kernels, "_torch_reads_faster", lambda threads, dtype, width: True)
         threaded = both_halves_and_a_product()
         assert len(taken) == 5  # q|k|v; o, gate|up, down; the small product
     finally:
