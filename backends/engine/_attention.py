@@ -62,6 +62,7 @@ class Lane:
     keys: Tensor
     values: Tensor
     length: int
+    slot: int = -1  # the pool slot the step's new K/V go to (set with the step's batch)
 
 
 @dataclass(slots=True)
@@ -91,13 +92,15 @@ class AttentionBatch:
     lane: Lane | None = None
 
 
-def lane_attention(q: Tensor, k: Tensor, v: Tensor, lane: Lane, layer: int) -> Tensor:
+def lane_attention(q: Tensor, k: Tensor | None, v: Tensor | None, lane: Lane, layer: int) -> Tensor:
     """Attention output `[1, heads * D]` of a lone sequence's one new query `q` `[1, heads, D]`,
-    its new key and value `k`, `v` `[1, kv_heads, D]` appended to the lane first."""
+    its new key and value `k`, `v` `[1, kv_heads, D]` appended to the lane first (None: they
+    are there already, see `_kernels.lane_put`)."""
     n, heads, dim = lane.length, q.shape[1], q.shape[2]
     keys, values = lane.keys[layer], lane.values[layer]
-    keys[:, n] = k[0]
-    values[:, n] = v[0]
+    if k is not None and v is not None:
+        keys[:, n] = k[0]
+        values[:, n] = v[0]
     out = F.scaled_dot_product_attention(
         q.view(1, heads, 1, dim), keys[None, :, : n + 1], values[None, :, : n + 1], enable_gqa=True
     )

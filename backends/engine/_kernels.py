@@ -55,7 +55,7 @@ try:
 except ImportError:  # pragma: no cover - numba is in the engine extra
     numba = None  # type: ignore[assignment]
 
-__all__ = ("ROWS", "layer_in", "layer_out", "pack", "packed_linear", "small_linear", "warm")
+__all__ = ("ROWS", "lane_put", "layer_in", "layer_out", "pack", "packed_linear", "small_linear", "warm")
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,35 @@ if numba is not None:
     _prefetch: Any = intrinsic(_prefetch_hint)
 else:  # pragma: no cover - numba is in the engine extra (and the loops are not run without it)
     _prefetch = None
+
+
+def _narrowed(value: Any) -> Any:  # pragma: no cover - compiled
+    """The bf16 bits of an fp32 value, rounded to nearest even as torch rounds (NaN stays NaN)."""
+    bits = np.float32(value).view(np.uint32)
+    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16(0x7FC0)
+    return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+_narrowed = _jit(_narrowed)
+
+
+def _stored(like: Any, value: Any) -> Any:  # pragma: no cover - replaced by its overload
+    """`value` (fp32) as an element of the array `like`: bf16 bits where it holds them (uint16)."""
+
+
+if numba is not None:
+    from numba.extending import overload
+
+    @overload(_stored)
+    def _stored_as(like: Any, value: Any) -> Any:
+        def bits(like: Any, value: Any) -> Any:  # (numba wants the signatures alike)
+            return _narrowed(value)
+
+        def single(like: Any, value: Any) -> Any:
+            return np.float32(value)
+
+        return bits if like.dtype == numba.types.uint16 else single
 
 
 def _rows32(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
@@ -294,6 +323,30 @@ def _layer_out(
 _layer_out = _jit(_layer_out)
 
 
+def _lane_put(
+    made: Any, rotated: int, kc: Any, vc: Any, slot: int, lk: Any, lv: Any, at: int, q: Any
+) -> None:  # pragma: no cover - compiled
+    """A lone lane's q|k|v row `made` (fp32, after RoPE; q the first `rotated` less the keys')
+    stored where its step reads it: K and V at the pool's row `slot` (`kc`, `vc` `[slots,
+    kv_heads, D]`) and at the lane's position `at` (`lk`, `lv` `[kv_heads, capacity, D]`), each
+    in its array's dtype; q into `q`, in the lane's."""
+    kv_heads, dim = lk.shape[0], lk.shape[2]
+    queries = rotated - kv_heads * dim
+    for c in range(queries):
+        q[c] = _stored(q, made[0, c])
+    for h in range(kv_heads):
+        for d in range(dim):
+            key = made[0, queries + h * dim + d]
+            value = made[0, rotated + h * dim + d]
+            kc[slot, h, d] = _stored(kc, key)
+            vc[slot, h, d] = _stored(vc, value)
+            lk[h, at, d] = _stored(lk, key)
+            lv[h, at, d] = _stored(lv, value)
+
+
+_lane_put = _jit(_lane_put)
+
+
 @functools.cache
 def _ready() -> bool:
     """Whether the loops compiled (or loaded from numba's cache); False, logged once, if not."""
@@ -324,11 +377,24 @@ def _compile_for(dtype: torch.dtype) -> None:
     _layer_out(x.numpy(), square, x.numpy(), torch.ones(2).numpy(), 1e-5, _words(w), square, halves, out)
     # the stages the torch-products path calls on their own (`_normed` and `_rope` compile above)
     _swiglu(_residual_normed(out, x.numpy(), torch.ones(2).numpy(), 1e-5))
+    for lane in (torch.bfloat16, torch.float32):  # the lane in the dtype attention runs in
+        row = np.ones((1, 6), dtype=np.float32)
+        pool, kept = torch.zeros(2, 1, 2, dtype=dtype), torch.zeros(1, 2, 2, dtype=lane)
+        q = torch.empty(2, dtype=lane)
+        _lane_put(row, 4, _array(pool), _array(pool), 1, _array(kept), _array(kept), 1, _array(q))
 
 
 def _words(weight: Tensor) -> Any:
     """A contiguous CPU weight's memory as uint32 words (see the loops)."""
     return weight.view(torch.int32).numpy().view(np.uint32)
+
+
+def _array(tensor: Tensor) -> Any:
+    """A contiguous CPU tensor's memory as numpy sees it: fp32 as float32, bf16 as its bits
+    (uint16), as `_stored` writes them."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
 
 
 def _takes(weight: Tensor) -> bool:
@@ -467,6 +533,27 @@ def layer_in(
     halves = qkv.dtype == torch.bfloat16
     _layer_in(_rows_of(x), norm.numpy(), eps, _words(qkv), halves, turns, rotated, dim, out.numpy())
     return out
+
+
+def lane_put(
+    made: Tensor, rotated: int, cache: tuple[Tensor, Tensor], slot: int, lane: tuple[Tensor, Tensor], at: int
+) -> Tensor | None:
+    """The queries `[heads * D]` of `layer_in`'s row `made` (its first `rotated` outputs
+    turned) in the lane's dtype, its keys and values stored at the pool's row `slot` of this
+    layer's `cache` (K, V `[slots, kv_heads, D]`) and at position `at` of the `lane`'s (K, V
+    `[kv_heads, capacity, D]`); in one compiled call, where the step did it in some ten eager
+    operations (split, casts, two `index_copy_`, two lane writes). None where it does not apply
+    (other dtypes, or numba is missing)."""
+    tensors = (*cache, *lane)
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors) or not _ready():
+        return None
+    if any(t.dtype not in (torch.float32, torch.bfloat16) for t in tensors) or made.dtype != torch.float32:
+        return None
+    kv_heads, dim = lane[0].shape[0], lane[0].shape[2]
+    q = torch.empty(rotated - kv_heads * dim, dtype=lane[0].dtype)
+    k, v, keys, values = (_array(t) for t in tensors)
+    _lane_put(made.numpy(), rotated, k, v, slot, keys, values, at, _array(q))
+    return q
 
 
 def layer_out(

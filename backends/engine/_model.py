@@ -23,7 +23,7 @@ from lanefold.backends.engine._attention import (
     paged_attention,
 )
 from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
-from lanefold.backends.engine._kernels import layer_in, layer_out, small_linear
+from lanefold.backends.engine._kernels import lane_put, layer_in, layer_out, small_linear
 from lanefold.backends.engine._kernels import warm as _warm_kernels
 from lanefold.backends.engine._memory import Arena
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
@@ -320,6 +320,12 @@ def _decoder_layer(
     packed = w.packed or (None, None, None, None)
     if w.qkv is not None and w.gate_up is not None and n <= _KERNEL_ROWS and x.device.type == "cpu":
         made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim, packed[0])
+    if made is not None and batch.lane is not None:  # a lone lane: q, K and V stored in one call
+        lane = (batch.lane.keys[layer], batch.lane.values[layer])
+        queries = lane_put(made, sizes[0] + sizes[1], cache, batch.lane.slot, lane, batch.lane.length)
+        if queries is not None:
+            attended = lane_attention(queries.view(1, heads, dim), None, None, batch.lane, layer)
+            return _layer_after_attention(w, x, attended, eps, made)
     if made is not None:
         q, k, v = torch.split(made, sizes, dim=-1)
         q, k = q.view(n, heads, dim), k.view(n, kv_heads, dim)
@@ -345,6 +351,15 @@ def _decoder_layer(
         attended = causal_attention(q, k, v, batch.spans)
     else:
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
+    return _layer_after_attention(w, x, attended, eps, made)
+
+
+def _layer_after_attention(
+    w: LayerWeights, x: Tensor, attended: Tensor, eps: float, made: Tensor | None
+) -> Tensor:
+    """The o product and its residual, then the pre-norm SwiGLU MLP and its residual: in two
+    compiled calls where `layer_in` made the layer's q|k|v (`made`), in eager ones otherwise."""
+    packed = w.packed or (None, None, None, None)
     if made is not None:
         assert w.gate_up is not None
         copies = (w.packed[1], w.packed[2], w.packed[3]) if w.packed else None
@@ -353,7 +368,7 @@ def _decoder_layer(
             return out
     x = linear(_as(attended, x.dtype), w.o, packed[1]).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
-    if w.gate_up is not None and (n <= _KERNEL_ROWS or w.packed is not None):
+    if w.gate_up is not None and (x.shape[0] <= _KERNEL_ROWS or w.packed is not None):
         gate, up = linear(h, w.gate_up, packed[2]).chunk(2, -1)
     else:
         gate, up = linear(h, w.gate), linear(h, w.up)

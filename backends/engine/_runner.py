@@ -131,6 +131,8 @@ class ModelRunner:
             "key_pos": key_pos,
             "query_pos": query_pos,
         }
+        if lane is not None:  # one sequence, one new token: where its K/V go
+            lane.slot = int(host["write_slots"][0])
         packed = torch.cat([t.flatten() for t in host.values()]).to(device)
         on = {
             name: part.view(t.shape)
