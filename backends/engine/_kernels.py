@@ -41,7 +41,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -55,7 +55,19 @@ try:
 except ImportError:  # pragma: no cover - numba is in the engine extra
     numba = None  # type: ignore[assignment]
 
-__all__ = ("ROWS", "lane_put", "layer_in", "layer_out", "pack", "packed_linear", "small_linear", "warm")
+__all__ = (
+    "ROWS",
+    "Stack",
+    "lane_layers",
+    "lane_put",
+    "layer_in",
+    "layer_out",
+    "pack",
+    "packed_linear",
+    "small_linear",
+    "stack",
+    "warm",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +137,27 @@ def _stored(like: Any, value: Any) -> Any:  # pragma: no cover - replaced by its
     """`value` (fp32) as an element of the array `like`: bf16 bits where it holds them (uint16)."""
 
 
+def _wide(value: Any) -> Any:  # pragma: no cover - replaced by its overload
+    """An element `_stored` wrote (bf16 bits or fp32) as fp32."""
+
+
+def _exp(x: Any) -> Any:  # pragma: no cover - compiled
+    """e ** x for x <= 0 (softmax's shifted scores), 2 ** (x log2 e) with a degree-6 polynomial:
+    within 2e-7 of `exp` relatively, and it vectorises, where `np.exp` calls libm a value at a
+    time (a lone lane's attention takes some 4700 a layer); at most 2 ** -126 below."""
+    t = max(x * np.float32(1.4426950408889634), np.float32(-126.0))
+    k = np.floor(t + np.float32(0.5))
+    f = (t - k) * np.float32(0.6931471805599453)
+    p = np.float32(1.0 / 720.0)
+    for c in (np.float32(1.0 / 120.0), np.float32(1.0 / 24.0), np.float32(1.0 / 6.0), np.float32(0.5)):
+        p = p * f + c
+    p = (p * f + np.float32(1.0)) * f + np.float32(1.0)
+    return p * np.uint32(np.uint32(np.int32(k) + 127) << np.uint32(23)).view(np.float32)
+
+
+_exp = _jit(_exp)
+
+
 if numba is not None:
     from numba.extending import overload
 
@@ -137,6 +170,16 @@ if numba is not None:
             return np.float32(value)
 
         return bits if like.dtype == numba.types.uint16 else single
+
+    @overload(_wide)
+    def _wide_as(value: Any) -> Any:
+        def bits(value: Any) -> Any:
+            return np.uint32(np.uint32(value) << np.uint32(16)).view(np.float32)
+
+        def single(value: Any) -> Any:
+            return np.float32(value)
+
+        return bits if value == numba.types.uint16 else single
 
 
 def _rows32(w: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
@@ -347,6 +390,88 @@ def _lane_put(
 _lane_put = _jit(_lane_put)
 
 
+def _lane_attend(
+    q: Any, keys: Any, values: Any, length: int, out: Any
+) -> None:  # pragma: no cover - compiled
+    """`out[0]` = attention of one token's queries `q` `[heads * D]` (the lane's dtype) over the
+    first `length` of a lane's `keys`, `values` `[kv_heads, capacity, D]`, heads grouped over
+    the KV heads; scores, softmax and sums in fp32, the output rounded to the lane's dtype as
+    SDPA's is."""
+    kv_heads, dim = keys.shape[0], keys.shape[2]
+    heads = q.shape[0] // dim
+    group = heads // kv_heads
+    scale = np.float32(1.0) / np.sqrt(np.float32(dim))
+    scores = np.empty(length, dtype=np.float32)
+    query = np.empty(dim, dtype=np.float32)
+    acc = np.empty(dim, dtype=np.float32)
+    for h in range(heads):
+        g = h // group
+        for d in range(dim):
+            query[d] = _wide(q[h * dim + d]) * scale
+        top = np.float32(-np.inf)
+        for t in range(length):
+            score = np.float32(0.0)
+            for d in range(dim):
+                score += query[d] * _wide(keys[g, t, d])
+            scores[t] = score
+            top = max(top, score)
+        total = np.float32(0.0)
+        for t in range(length):
+            scores[t] = _exp(scores[t] - top)
+            total += scores[t]
+        acc[:] = 0.0
+        for t in range(length):
+            weight = scores[t]
+            for d in range(dim):
+                acc[d] += weight * _wide(values[g, t, d])
+        for d in range(dim):
+            out[0, h * dim + d] = _wide(_stored(q, acc[d] / total))
+
+
+_lane_attend = _jit(_lane_attend)
+
+
+def _lane_layers(
+    x: Any,
+    norms: Any,
+    posts: Any,
+    qkvs: Any,
+    os: Any,
+    gate_ups: Any,
+    downs: Any,
+    halves: bool,
+    eps: float,
+    rope: Any,
+    rotated: int,
+    kc: Any,
+    vc: Any,
+    slot: int,
+    lk: Any,
+    lv: Any,
+    at: int,
+    rounds: bool,
+) -> None:  # pragma: no cover - compiled
+    """Every layer of a lone lane's decode step in one call, `x` `[1, hidden]` (fp32) in place:
+    `_layer_in`, `_lane_put`, `_lane_attend`, `_layer_out`, layer by layer (the weights a
+    typed list each, the pool's and the lane's K/V `[layers, ...]`); `rounds`: the residual stream
+    rounded to bf16 after each layer, as a bf16 model's is between eager layers."""
+    dim = lk.shape[3]
+    made = np.empty((1, qkvs[0].shape[0]), dtype=np.float32)
+    q = np.empty(rotated - lk.shape[1] * dim, dtype=lk.dtype)
+    attended = np.empty((1, q.shape[0]), dtype=np.float32)
+    out = np.empty_like(x)
+    for layer in range(len(qkvs)):
+        _layer_in(x, norms[layer], eps, qkvs[layer], halves, rope, rotated, dim, made)
+        _lane_put(made, rotated, kc[layer], vc[layer], slot, lk[layer], lv[layer], at, q)
+        _lane_attend(q, lk[layer], lv[layer], at + 1, attended)
+        _layer_out(attended, os[layer], x, posts[layer], eps, gate_ups[layer], downs[layer], halves, out)
+        for c in range(x.shape[1]):
+            x[0, c] = _wide(_narrowed(out[0, c])) if rounds else out[0, c]
+
+
+_lane_layers = _jit(_lane_layers)
+
+
 @functools.cache
 def _ready() -> bool:
     """Whether the loops compiled (or loaded from numba's cache); False, logged once, if not."""
@@ -382,6 +507,17 @@ def _compile_for(dtype: torch.dtype) -> None:
         pool, kept = torch.zeros(2, 1, 2, dtype=dtype), torch.zeros(1, 2, 2, dtype=lane)
         q = torch.empty(2, dtype=lane)
         _lane_put(row, 4, _array(pool), _array(pool), 1, _array(kept), _array(kept), 1, _array(q))
+    # a whole lone-lane step of a one-layer model: hidden 4, two heads of 2 over one KV head
+    four = _words(torch.ones(4, 4, dtype=dtype))
+    qkv8 = _words(torch.ones(8, 4, dtype=dtype))
+    norms = _typed([torch.ones(4).numpy()])
+    rope = torch.ones(1, 1, 2).numpy()
+    for lane in (torch.bfloat16, torch.float32):
+        pool, kept = torch.zeros(1, 2, 1, 2, dtype=dtype), torch.zeros(1, 1, 2, 2, dtype=lane)
+        h = np.ones((1, 4), dtype=np.float32)
+        qkvs, others = _typed([qkv8]), _typed([four])
+        _lane_layers(h, norms, norms, qkvs, others, qkvs, others, halves, 1e-5, rope, 6, _array(pool),
+                     _array(pool), 1, _array(kept), _array(kept), 1, halves)  # fmt: skip
 
 
 def _words(weight: Tensor) -> Any:
@@ -554,6 +690,87 @@ def lane_put(
     k, v, keys, values = (_array(t) for t in tensors)
     _lane_put(made.numpy(), rotated, k, v, slot, keys, values, at, _array(q))
     return q
+
+
+class Stack(NamedTuple):
+    """Every layer's tensors as `lane_layers` reads them: numpy views, made once a model."""
+
+    norms: Any  # numba typed lists, a layer an entry: fp32
+    posts: Any
+    qkvs: Any  # uint32 words (`_words`)
+    os: Any
+    gate_ups: Any
+    downs: Any
+    halves: bool  # bf16 weights (two values a word)
+    first: tuple[Tensor, Tensor | None]  # the first q|k|v and its packed copy: `_threaded` asks
+
+
+def stack(layers: list[tuple[Tensor, ...]], packed: Tensor | None = None) -> Stack | None:
+    """The `Stack` of `layers`, each (input norm, post norm, qkv, o, gate_up, down), the norms
+    fp32 and the matrices as the loops take them (`packed`: the first qkv's oneDNN copy); None
+    where they do not all apply (or numba is missing)."""
+    if not layers or not _ready():
+        return None
+    dtype = layers[0][2].dtype
+    for norm, post, *matrices in layers:
+        if not all(_takes(m) and m.dtype == dtype for m in matrices):
+            return None
+        if not all(n.dtype == torch.float32 and n.device.type == "cpu" for n in (norm, post)):
+            return None
+    norms, posts, qkvs, os, gate_ups, downs = zip(*layers, strict=True)
+    return Stack(
+        _typed([n.numpy() for n in norms]),
+        _typed([n.numpy() for n in posts]),
+        _typed([_words(m) for m in qkvs]),
+        _typed([_words(m) for m in os]),
+        _typed([_words(m) for m in gate_ups]),
+        _typed([_words(m) for m in downs]),
+        dtype == torch.bfloat16,
+        (layers[0][2], packed),
+    )
+
+
+def _typed(arrays: list[Any]) -> Any:
+    """`arrays` as numba's typed list: its type does not name its length (a tuple's does), so
+    the loop compiled once takes a model of any depth."""
+    typed = numba.typed.List()
+    for array in arrays:
+        typed.append(array)
+    return typed
+
+
+def lane_layers(
+    x: Tensor,
+    layers: Stack,
+    eps: float,
+    rope: Tensor,
+    rotated: int,
+    cache: tuple[Tensor, Tensor],
+    slot: int,
+    lane: tuple[Tensor, Tensor],
+    at: int,
+) -> Tensor | None:
+    """A lone lane's hidden state `[1, hidden]` (fp32, before the final norm) after every layer,
+    from its token's embedding `x`: the whole decode step's layers in one compiled call
+    (`_lane_layers`), with the pool's K/V (`cache`, `[layers, slots, kv_heads, D]`) written at
+    `slot` and the lane's (`[layers, kv_heads, capacity, D]`) at `at`. The step ran some 200
+    eager operations and 90 Python calls between the layer loops; each costs microseconds. None
+    where it does not apply: other dtypes, a device, or torch's products read faster."""
+    tensors = (*cache, *lane)
+    if x.shape[0] != 1 or not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    if any(t.dtype not in (torch.float32, torch.bfloat16) for t in tensors) or _threaded(
+        layers.first[1], layers.first[0]
+    ):
+        return None
+    out = x.float().clone()  # (a fresh tensor: the loop works in place)
+    k, v, keys, values = (_array(t) for t in tensors)
+    turns = torch.view_as_real(rope).contiguous().numpy()
+    _lane_layers(
+        out.numpy(), layers.norms, layers.posts, layers.qkvs, layers.os, layers.gate_ups, layers.downs,
+        layers.halves, eps, turns, rotated, k, v, slot, keys, values, at, x.dtype == torch.bfloat16,
+    )  # fmt: skip
+    return out
 
 
 def layer_out(

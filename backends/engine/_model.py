@@ -23,7 +23,15 @@ from lanefold.backends.engine._attention import (
     paged_attention,
 )
 from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
-from lanefold.backends.engine._kernels import lane_put, layer_in, layer_out, small_linear
+from lanefold.backends.engine._kernels import (
+    Stack,
+    lane_layers,
+    lane_put,
+    layer_in,
+    layer_out,
+    small_linear,
+    stack,
+)
 from lanefold.backends.engine._kernels import warm as _warm_kernels
 from lanefold.backends.engine._memory import Arena
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
@@ -243,6 +251,7 @@ class CausalLM(nn.Module):
         self.lm_head = _Linear(args.hidden_size, args.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self._weights: list[LayerWeights] | None = None
+        self._stack: tuple[list[LayerWeights], Stack | None] | None = None  # for `lane_layers`
         # (the head, its version counter then, a packed copy of it) where `build_model` made one
         self.head_packed: tuple[Tensor, int, Tensor] | None = None
 
@@ -257,6 +266,17 @@ class CausalLM(nn.Module):
             self._weights = [LayerWeights.of(cast(DecoderLayer, m)) for m in self.model.layers]
         return self._weights
 
+    def _layer_stack(self) -> Stack | None:
+        """The layers as `_kernels.lane_layers` reads them, made once (and again once the
+        layers' tensors are read afresh); None where the loops do not take them."""
+        weights = self.layer_weights()
+        if self._stack is None or self._stack[0] is not weights:
+            layers = [(w.norms32[0], w.norms32[1], w.qkv, w.o, w.gate_up, w.down) for w in weights]
+            whole = all(w.qkv is not None and w.gate_up is not None for w in weights)
+            first = weights[0].packed[0] if weights and weights[0].packed else None
+            self._stack = (weights, stack(cast(list[tuple[Tensor, ...]], layers), first) if whole else None)
+        return self._stack[1]
+
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, cache: KVCache, batch: AttentionBatch) -> Tensor:
         a = self.args
@@ -264,6 +284,15 @@ class CausalLM(nn.Module):
         freqs = batch.positions.float()[:, None] * self.inv_freq[None, :]
         rope = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]  # [N, 1, head_dim / 2]
         shape = (a.num_heads, a.num_kv_heads, a.head_dim)
+        lane = batch.lane
+        if lane is not None and x.device.type == "cpu" and (layers := self._layer_stack()) is not None:
+            rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
+            made = lane_layers(
+                x, layers, a.rms_norm_eps, rope[:, 0], rotated, (cache.k, cache.v), lane.slot,
+                (lane.keys, lane.values), lane.length,
+            )  # fmt: skip
+            if made is not None:
+                return _rms_norm(made.to(x.dtype), self.model.norm.weight, a.rms_norm_eps)
         for i, weights in enumerate(self.layer_weights()):
             x = _decoder_layer(weights, x, rope, (cache.k[i], cache.v[i]), batch, i, shape, a.rms_norm_eps)
         return _rms_norm(x, self.model.norm.weight, a.rms_norm_eps)

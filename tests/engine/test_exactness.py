@@ -294,3 +294,40 @@ def test_a_bf16_model_on_a_native_bf16_cpu_multiplies_three_rows_and_more_by_pac
     weights = model.layer_weights()
     assert weights[1].packed is None and weights[0].packed is not None
     assert torch.equal(model.logits(hidden), F.linear(hidden, model.lm_head.weight).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_lone_lanes_layers_in_one_compiled_call_match_full_recompute(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """A lone lane's decode step runs every layer in one compiled call (`lane_layers`: the
+    products, its own attention over the lane, the K/V writes): fp32 logits as the full
+    recompute's, bf16 within the rounding bounds of the bf16 test above."""
+    pytest.importorskip("numba")
+    import lanefold.backends.engine._kernels as kernels
+    import lanefold.backends.engine._model as model_module
+    from lanefold.backends.engine._weights import Checkpoint
+
+    taken: list[int] = []
+    whole = model_module.lane_layers
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor | None:
+        made = whole(*args, **kwargs)  # type: ignore[arg-type]
+        taken.append(made is not None)
+        return made
+
+    monkeypatch.setattr(model_module, "lane_layers", counted)
+    # the loops, not torch's products (which a measurement picks where they read faster)
+    monkeypatch.setattr(kernels, "_torch_reads_faster", lambda threads, dtype, width: False)
+    engine = make_engine(block_size=4, dtype=dtype)
+    seen = record_steps(engine)
+    engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=20), [LaneRequest(0, 0, 20)])
+    assert len(taken) == 19 and all(taken)  # every decode step, none refused
+    if dtype == torch.float32:
+        assert_matches_reference(seen)
+        return
+    exact = tiny_checkpoint(0)
+    rounded = Checkpoint(exact.args, {k: v.bfloat16().float() for k, v in exact.tensors.items()})
+    for tokens, row in seen:
+        error = (row - reference_logits(rounded, tokens)[-1]).abs()
+        assert error.max() < 0.25 and error.mean() < 0.05, (len(tokens), error.max(), error.mean())
