@@ -31,6 +31,8 @@ from lanefold.backends.engine._kernels import (
     layer_out,
     small_linear,
     stack,
+    staged_in,
+    staged_out,
 )
 from lanefold.backends.engine._kernels import warm as _warm_kernels
 from lanefold.backends.engine._memory import Arena
@@ -355,8 +357,11 @@ def _decoder_layer(
         if queries is not None:
             attended = lane_attention(queries.view(1, heads, dim), None, None, batch.lane, layer)
             return _layer_after_attention(w, x, attended, eps, made)
-    if made is not None:
-        q, k, v = torch.split(made, sizes, dim=-1)
+    staged = None  # three rows and more of a bf16 model with packed copies: compiled stages
+    if made is None and w.packed is not None and x.device.type == "cpu" and w.qkv is not None:
+        staged = staged_in(x, w.input_norm, eps, w.packed[0], rope[:, 0], sizes[0] + sizes[1], dim)
+    if (row := made if made is not None else staged) is not None:
+        q, k, v = torch.split(row, sizes, dim=-1)
         q, k = q.view(n, heads, dim), k.view(n, kv_heads, dim)
     else:
         h = _rms_norm(x, w.input_norm, eps)
@@ -380,6 +385,10 @@ def _decoder_layer(
         attended = causal_attention(q, k, v, batch.spans)
     else:
         attended = paged_attention(q, k_cache, v_cache, batch, layer)
+    if staged is not None and w.packed is not None:
+        out = staged_out(attended, w.packed[1], x, w.post_norm, eps, w.packed[2], w.packed[3])
+        if out is not None:
+            return out
     return _layer_after_attention(w, x, attended, eps, made)
 
 

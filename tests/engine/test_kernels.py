@@ -221,3 +221,40 @@ def test_a_lone_lanes_queries_keys_and_values_are_stored_as_torch_rounds_them(
     for stored, want in ((lane[0][:, 4], want_k), (lane[1][:, 4], want_v)):
         assert torch.equal(stored, want.view(kv_heads, dim).to(kept))
     assert not cache[0][[0, 1, 2, 4]].any() and not lane[0][:, [0, 1, 2, 3, 5, 6]].any()
+
+
+@pytest.mark.parametrize("rows", [3, 8, 70])
+def test_a_bf16_layers_stages_between_packed_products_equal_the_eager_operations(rows: int) -> None:
+    """Three rows and more of a bf16 model with packed copies: the norms, SwiGLU and residuals
+    compiled on the rows' bits round where the eager bf16 operations round (equal, within one
+    bf16 step where an exp differs in its last fp32 bit), RoPE within one rounding."""
+    import torch.nn.functional as F
+
+    from lanefold.backends.engine._kernels import pack, packed_linear, staged_in, staged_out
+    from lanefold.backends.engine._model import _rms_norm, _rotate
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("the stages sit between oneDNN's packed products, which this torch lacks")
+    g = torch.Generator().manual_seed(rows)
+    hidden, heads, kv_heads, dim, inter = 48, 6, 2, 8, 40
+    qkv, o, gate_up, down, norm, post = layer(g, torch.bfloat16, (hidden, heads, kv_heads, dim, inter), 7)
+    norm, post = norm.bfloat16(), post.bfloat16()  # a bf16 model's norms, as `_rms_norm` reads them
+    x = torch.randn(rows, hidden, generator=g).bfloat16()
+    angles = torch.rand(rows, dim // 2, generator=g) * 6
+    rope = torch.polar(torch.ones_like(angles), angles)
+    rotated = (heads + kv_heads) * dim
+
+    made = staged_in(x, norm, 1e-5, pack(qkv), rope, rotated, dim)
+    assert made is not None and made.dtype == torch.bfloat16
+    eager = F.linear(_rms_norm(x, norm, 1e-5), qkv)
+    turned = _rotate(eager[:, :rotated].reshape(rows, -1, dim), rope[:, None]).reshape(rows, rotated)
+    torch.testing.assert_close(made[:, rotated:], eager[:, rotated:], rtol=0, atol=0)
+    torch.testing.assert_close(made[:, :rotated].float(), turned.float(), rtol=2**-7, atol=1e-6)
+
+    attended = torch.randn(rows, heads * dim, generator=g).bfloat16()
+    out = staged_out(attended, pack(o), x, post, 1e-5, pack(gate_up), pack(down))
+    assert out is not None and out.dtype == torch.bfloat16
+    residual = packed_linear(attended, pack(o)).add_(x)
+    gate, up = F.linear(_rms_norm(residual, post, 1e-5), gate_up).chunk(2, -1)
+    want = F.linear(F.silu(gate).mul_(up), down).add_(residual)
+    torch.testing.assert_close(out.float(), want.float(), rtol=2**-7, atol=1e-6)
