@@ -440,14 +440,20 @@ def _lane_attend(
 _lane_attend = _jit(_lane_attend)
 
 
+def _matrix(block: Any, entry: Any) -> Any:  # pragma: no cover - compiled
+    """The matrix `entry` = (first word, rows, words a row) of the weights' `block`."""
+    return block[entry[0] : entry[0] + entry[1] * entry[2]].reshape(entry[1], entry[2])
+
+
+_matrix = _jit(_matrix)
+
+
 def _lane_layers(
     x: Any,
     norms: Any,
     posts: Any,
-    qkvs: Any,
-    os: Any,
-    gate_ups: Any,
-    downs: Any,
+    block: Any,
+    table: Any,
     halves: bool,
     eps: float,
     rope: Any,
@@ -461,19 +467,23 @@ def _lane_layers(
     rounds: bool,
 ) -> None:  # pragma: no cover - compiled
     """Every layer of a lone lane's decode step in one call, `x` `[1, hidden]` (fp32) in place:
-    `_layer_in`, `_lane_put`, `_lane_attend`, `_layer_out`, layer by layer (the weights a
-    typed list each, the pool's and the lane's K/V `[layers, ...]`); `rounds`: the residual stream
-    rounded to bf16 after each layer, as a bf16 model's is between eager layers."""
+    `_layer_in`, `_lane_put`, `_lane_attend`, `_layer_out`, layer by layer. The norms are
+    `[layers, hidden]`; the matrices lie in `block` (the weights' words) where `table` `[layers,
+    4, 3]` says (q|k|v, o, gate|up, down); the pool's and the lane's K/V are `[layers, ...]`.
+    `rounds`: the residual stream rounded to bf16 after each layer, as a bf16 model's is
+    between eager layers."""
     dim = lk.shape[3]
-    made = np.empty((1, qkvs[0].shape[0]), dtype=np.float32)
+    made = np.empty((1, table[0, 0, 1]), dtype=np.float32)
     q = np.empty(rotated - lk.shape[1] * dim, dtype=lk.dtype)
     attended = np.empty((1, q.shape[0]), dtype=np.float32)
     out = np.empty_like(x)
-    for layer in range(len(qkvs)):
-        _layer_in(x, norms[layer], eps, qkvs[layer], halves, rope, rotated, dim, made)
+    for layer in range(table.shape[0]):
+        qkv, o = _matrix(block, table[layer, 0]), _matrix(block, table[layer, 1])
+        gate_up, down = _matrix(block, table[layer, 2]), _matrix(block, table[layer, 3])
+        _layer_in(x, norms[layer], eps, qkv, halves, rope, rotated, dim, made)
         _lane_put(made, rotated, kc[layer], vc[layer], slot, lk[layer], lv[layer], at, q)
         _lane_attend(q, lk[layer], lv[layer], at + 1, attended)
-        _layer_out(attended, os[layer], x, posts[layer], eps, gate_ups[layer], downs[layer], halves, out)
+        _layer_out(attended, o, x, posts[layer], eps, gate_up, down, halves, out)
         for c in range(x.shape[1]):
             x[0, c] = _wide(_narrowed(out[0, c])) if rounds else out[0, c]
 
@@ -589,16 +599,16 @@ def _compile_for(dtype: torch.dtype) -> None:
     _rope16(bits.view(np.uint32).copy(), torch.ones(2, 1, 2).numpy(), 2, 2)
     _swiglu16(bits, bits[:, :2].copy())
     # a whole lone-lane step of a one-layer model: hidden 4, two heads of 2 over one KV head
-    four = _words(torch.ones(4, 4, dtype=dtype))
-    qkv8 = _words(torch.ones(8, 4, dtype=dtype))
-    norms = _typed([torch.ones(4).numpy()])
+    words = 2 if halves else 4  # a row of 4 values
+    block = np.zeros(24 * words, dtype=np.uint32)
+    table = np.array([[[0, 8, words], [8 * words, 4, words], [12 * words, 8, words], [20 * words, 4, words]]])
+    norms = np.ones((1, 4), dtype=np.float32)
     rope = torch.ones(1, 1, 2).numpy()
     for lane in (torch.bfloat16, torch.float32):
         pool, kept = torch.zeros(1, 2, 1, 2, dtype=dtype), torch.zeros(1, 1, 2, 2, dtype=lane)
         h = np.ones((1, 4), dtype=np.float32)
-        qkvs, others = _typed([qkv8]), _typed([four])
-        _lane_layers(h, norms, norms, qkvs, others, qkvs, others, halves, 1e-5, rope, 6, _array(pool),
-                     _array(pool), 1, _array(kept), _array(kept), 1, halves)  # fmt: skip
+        _lane_layers(h, norms, norms, block, table, halves, 1e-5, rope, 6, _array(pool), _array(pool), 1,
+                     _array(kept), _array(kept), 1, halves)  # fmt: skip
 
 
 def _words(weight: Tensor) -> Any:
@@ -811,50 +821,40 @@ def lane_put(
 
 
 class Stack(NamedTuple):
-    """Every layer's tensors as `lane_layers` reads them: numpy views, made once a model."""
+    """Every layer's tensors as `lane_layers` reads them, made once a model."""
 
-    norms: Any  # numba typed lists, a layer an entry: fp32
+    norms: Any  # fp32 [layers, hidden]
     posts: Any
-    qkvs: Any  # uint32 words (`_words`)
-    os: Any
-    gate_ups: Any
-    downs: Any
+    block: Any  # the weights' block as uint32 words
+    table: Any  # int64 [layers, 4, 3]: each matrix's first word in `block`, rows, words a row
     halves: bool  # bf16 weights (two values a word)
     first: tuple[Tensor, Tensor | None]  # the first q|k|v and its packed copy: `_threaded` asks
 
 
-def stack(layers: list[tuple[Tensor, ...]], packed: Tensor | None = None) -> Stack | None:
+def stack(
+    layers: list[tuple[Tensor, ...]], block: Any, base: int, packed: Tensor | None = None
+) -> Stack | None:
     """The `Stack` of `layers`, each (input norm, post norm, qkv, o, gate_up, down), the norms
-    fp32 and the matrices as the loops take them (`packed`: the first qkv's oneDNN copy); None
-    where they do not all apply (or numba is missing)."""
+    fp32 and the matrices lying in `block` (numpy uint32 words whose first is at address
+    `base`: the model's `_memory.Arena`); `packed`, the first qkv's oneDNN copy. None where the
+    loops do not take them all (or numba is missing). One block and a table, not a list of
+    arrays: numba's typed lists cost 0.3 s of every process's first use."""
     if not layers or not _ready():
         return None
     dtype = layers[0][2].dtype
-    for norm, post, *matrices in layers:
-        if not all(_takes(m) and m.dtype == dtype for m in matrices):
-            return None
+    table = np.empty((len(layers), 4, 3), dtype=np.int64)
+    for i, (norm, post, *matrices) in enumerate(layers):
         if not all(n.dtype == torch.float32 and n.device.type == "cpu" for n in (norm, post)):
             return None
-    norms, posts, qkvs, os, gate_ups, downs = zip(*layers, strict=True)
-    return Stack(
-        _typed([n.numpy() for n in norms]),
-        _typed([n.numpy() for n in posts]),
-        _typed([_words(m) for m in qkvs]),
-        _typed([_words(m) for m in os]),
-        _typed([_words(m) for m in gate_ups]),
-        _typed([_words(m) for m in downs]),
-        dtype == torch.bfloat16,
-        (layers[0][2], packed),
-    )
-
-
-def _typed(arrays: list[Any]) -> Any:
-    """`arrays` as numba's typed list: its type does not name its length (a tuple's does), so
-    the loop compiled once takes a model of any depth."""
-    typed = numba.typed.List()
-    for array in arrays:
-        typed.append(array)
-    return typed
+        for j, m in enumerate(matrices):
+            start = m.data_ptr() - base
+            inside = 0 <= start and start + m.numel() * m.element_size() <= block.nbytes and start % 4 == 0
+            if not (inside and _takes(m) and m.dtype == dtype):
+                return None
+            table[i, j] = (start // 4, m.shape[0], m.shape[1] * m.element_size() // 4)
+    norms = np.stack([layer[0].numpy() for layer in layers])
+    posts = np.stack([layer[1].numpy() for layer in layers])
+    return Stack(norms, posts, block, table, dtype == torch.bfloat16, (layers[0][2], packed))
 
 
 def lane_layers(
@@ -885,8 +885,8 @@ def lane_layers(
     k, v, keys, values = (_array(t) for t in tensors)
     turns = torch.view_as_real(rope).contiguous().numpy()
     _lane_layers(
-        out.numpy(), layers.norms, layers.posts, layers.qkvs, layers.os, layers.gate_ups, layers.downs,
-        layers.halves, eps, turns, rotated, k, v, slot, keys, values, at, x.dtype == torch.bfloat16,
+        out.numpy(), layers.norms, layers.posts, layers.block, layers.table, layers.halves, eps, turns,
+        rotated, k, v, slot, keys, values, at, x.dtype == torch.bfloat16,
     )  # fmt: skip
     return out
 

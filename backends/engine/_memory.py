@@ -17,6 +17,7 @@ import math
 import mmap
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -35,7 +36,7 @@ class Arena:
     def __init__(self, nbytes: int, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
         self.raw: mmap.mmap | None = None
-        self.used = self.end = 0
+        self.used = self.start = self.end = 0
         if device.type == "cpu" and hasattr(mmap, "MAP_PRIVATE"):  # (not on Windows)
             self.raw = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             if hasattr(mmap, "MADV_HUGEPAGE"):
@@ -44,7 +45,7 @@ class Arena:
                 except OSError:  # a kernel built without transparent huge pages
                     pass
             base = torch.frombuffer(self.raw, dtype=torch.uint8).data_ptr()
-            self.used = -base % _HUGE_PAGE  # the first huge page begins at the first tensor
+            self.used = self.start = -base % _HUGE_PAGE  # the first huge page begins at the first tensor
             self.end = self.used + nbytes
 
     @classmethod
@@ -68,6 +69,15 @@ class Arena:
         tensor = torch.frombuffer(self.raw, dtype=self.dtype, count=count, offset=self.used)
         self.used += _aligned(nbytes)  # (the tensor holds `raw` while it lives)
         return tensor.view(tuple(shape))
+
+    def words(self) -> tuple[np.ndarray, int] | None:
+        """The whole block as uint32 words (numpy, sharing its memory) and the address of the
+        first: where the compiled decode step reads every weight from one array. None where
+        the arena is not one block (elsewhere than on a CPU)."""
+        if self.raw is None:
+            return None
+        block = torch.frombuffer(self.raw, dtype=torch.uint8)[self.start : self.end]
+        return block.numpy().view(np.uint32), block.data_ptr()
 
 
 def _aligned(nbytes: int) -> int:

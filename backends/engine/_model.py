@@ -254,6 +254,7 @@ class CausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self._weights: list[LayerWeights] | None = None
         self._stack: tuple[list[LayerWeights], Stack | None] | None = None  # for `lane_layers`
+        self.arena: Arena | None = None  # the block a CPU model's weights lie in (`build_model`)
         # (the head, its version counter then, a packed copy of it) where `build_model` made one
         self.head_packed: tuple[Tensor, int, Tensor] | None = None
 
@@ -276,7 +277,11 @@ class CausalLM(nn.Module):
             layers = [(w.norms32[0], w.norms32[1], w.qkv, w.o, w.gate_up, w.down) for w in weights]
             whole = all(w.qkv is not None and w.gate_up is not None for w in weights)
             first = weights[0].packed[0] if weights and weights[0].packed else None
-            self._stack = (weights, stack(cast(list[tuple[Tensor, ...]], layers), first) if whole else None)
+            block = self.arena.words() if self.arena is not None else None
+            made = None
+            if whole and block is not None:
+                made = stack(cast(list[tuple[Tensor, ...]], layers), block[0], block[1], first)
+            self._stack = (weights, made)
         return self._stack[1]
 
     @torch.inference_mode()
@@ -475,6 +480,7 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     if packs(dtype, device):
         _pack_copies(model)
     model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
+    model.arena = memory
     return model.eval()
 
 
