@@ -722,10 +722,6 @@ def _by_torch(x: Any, weight: Tensor, packed: Tensor | None) -> Any:
     return made.float().contiguous().numpy()
 
 
-def _bits(tensor: Tensor) -> Any:
-    return tensor.view(torch.int16).numpy().view(np.uint16)
-
-
 def staged_in(
     x: Tensor, norm: Tensor, eps: float, qkv: Tensor, rope: Tensor, rotated: int, dim: int
 ) -> Tensor | None:
@@ -735,10 +731,10 @@ def staged_in(
     if x.dtype != torch.bfloat16 or norm.dtype != torch.bfloat16 or not x.is_contiguous() or not _ready():
         return None
     h = torch.empty_like(x)
-    _normed16(_bits(x), _bits(norm), eps, _bits(h))
+    _normed16(_array(x), _array(norm), eps, _array(h))
     made = packed_linear(h, qkv)
     turns = torch.view_as_real(rope).contiguous().numpy()
-    _rope16(made.view(torch.int32).numpy().view(np.uint32), turns, rotated, dim)
+    _rope16(_words(made), turns, rotated, dim)
     return made
 
 
@@ -752,10 +748,10 @@ def staged_out(
         return None
     made = packed_linear(attended.to(torch.bfloat16), o)
     h = torch.empty_like(x)
-    _residual_normed16(_bits(made), _bits(x), _bits(norm), eps, _bits(h))
+    _residual_normed16(_array(made), _array(x), _array(norm), eps, _array(h))
     both = packed_linear(h, gate_up)
     act = torch.empty((x.shape[0], both.shape[1] // 2), dtype=torch.bfloat16)
-    _swiglu16(_bits(both), _bits(act))
+    _swiglu16(_array(both), _array(act))
     return packed_linear(act, down).add_(made)
 
 
