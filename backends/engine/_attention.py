@@ -7,7 +7,9 @@ Prefill runs `scaled_dot_product_attention` over each sequence's gathered contex
 where forked branches pay off: the blocks a group of sequences shares (a prompt forked K ways,
 or a preamble served from the prefix cache) are gathered once, and all the group's queries meet
 them in one matrix product; each sequence then attends to its own remaining blocks, and one
-softmax spans both parts, so the result is exactly full attention.
+softmax spans both parts, so the result is exactly full attention. On a CPU the part between
+the two products (the own blocks, read in place from the pool, and the softmax) is compiled
+(`_kernels.shared_attend`); torch's operations remain where it does not apply.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lanefold.backends.engine._kernels import shared_attend
+
 __all__ = ("AttentionBatch", "Lane", "Prefix", "causal_attention", "lane_attention", "paged_attention")
 
 
@@ -26,10 +30,10 @@ __all__ = ("AttentionBatch", "Lane", "Prefix", "causal_attention", "lane_attenti
 class Prefix:
     """Leading blocks a group of decode sequences shares, and their K/V laid out for products.
 
-    `rows` None means every sequence of the step, in order (K forks of one prompt). `keys`
-    `[layers, kv_heads, D, Lp]` and `values` `[layers, kv_heads, Lp, D]` are set where the runner
-    gathered the prefix once for every layer (and keeps it while the group decodes); otherwise
-    each layer gathers it from the cache.
+    `rows` None means every sequence of the step, in order (K forks of one prompt). `keys` and
+    `values` `[layers, kv_heads, Lp, D]` are set where the runner gathered the prefix once for
+    every layer (and keeps it while the group decodes); otherwise each layer gathers it from the
+    cache.
     """
 
     rows: Tensor | None
@@ -38,12 +42,12 @@ class Prefix:
     values: Tensor | None = None
 
     def kv(self, layer: int, k_cache: Tensor, v_cache: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
-        """This layer's prefix keys `[kv_heads, D, Lp]` and values `[kv_heads, Lp, D]`."""
+        """This layer's prefix keys and values `[kv_heads, Lp, D]`."""
         if self.keys is not None and self.values is not None:
             return self.keys[layer], self.values[layer]
         k = _gather(k_cache, self.blocks[None], block_size)[0]  # [Lp, kv_heads, D]
         v = _gather(v_cache, self.blocks[None], block_size)[0]
-        return k.permute(1, 2, 0), v.transpose(0, 1)
+        return k.transpose(0, 1), v.transpose(0, 1)
 
 
 @dataclass(slots=True)
@@ -170,6 +174,15 @@ def _causal(start: int, end: int) -> Tensor:
 def _shared_prefix_decode(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, layer: int
 ) -> Tensor:
+    shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
+    groups = [
+        (p.rows, k.to(q.dtype).contiguous(), v.to(q.dtype).contiguous())
+        for p, (k, v) in zip(batch.prefixes, shared, strict=True)
+    ]
+    cache = (k_cache, v_cache)
+    made = shared_attend(q, groups, cache, batch.block_tables, batch.block_size, batch.positions)
+    if made is not None:
+        return made
     b, heads, dim = q.shape  # one query per sequence
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
@@ -178,26 +191,25 @@ def _shared_prefix_decode(
     own_v = _gather(v_cache, batch.block_tables, batch.block_size).to(q.dtype).transpose(1, 2)
     assert batch.bias is not None, "the runner sets a bias wherever it sets prefixes"
     own = qg @ own_k.permute(0, 2, 3, 1) + batch.bias  # [B, kv_heads, group, Lo]
-    shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
     if len(batch.prefixes) == 1 and batch.prefixes[0].rows is None:
         # K forks of one prompt: all B * group queries of a KV head meet the prompt in one product.
-        k, v = shared[0]  # [kv_heads, D, Lp], [kv_heads, Lp, D]
-        width = k.shape[-1]
+        k, v = shared[0]  # [kv_heads, Lp, D]
+        width = k.shape[1]
         queries = qg.transpose(0, 1).reshape(kv_heads, b * group, dim)
-        scores = (queries @ k.to(q.dtype)).view(kv_heads, b, group, width).transpose(0, 1)
+        scores = (queries @ k.to(q.dtype).transpose(1, 2)).view(kv_heads, b, group, width).transpose(0, 1)
         weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
         out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
         w = weights[..., :width].transpose(0, 1).reshape(kv_heads, b * group, width)
         out += (w @ v.to(q.dtype)).view(kv_heads, b, group, dim).transpose(0, 1)
         return out.reshape(b, heads * dim)
-    width = max(k.shape[-1] for k, _ in shared)
+    width = max(k.shape[1] for k, _ in shared)
     scores = own.new_full((b, kv_heads, group, width), -torch.inf)
     for prefix, (k, _) in zip(batch.prefixes, shared, strict=True):
         index = prefix.rows if prefix.rows is not None else slice(None)
         n = b if prefix.rows is None else len(prefix.rows)
         queries = qg[index].transpose(0, 1).reshape(kv_heads, n * group, dim)
-        part = (queries @ k.to(q.dtype)).view(kv_heads, n, group, -1).transpose(0, 1)
-        scores[index, :, :, : k.shape[-1]] = part
+        part = (queries @ k.to(q.dtype).transpose(1, 2)).view(kv_heads, n, group, -1).transpose(0, 1)
+        scores[index, :, :, : k.shape[1]] = part
     weights = torch.cat((scores, own), dim=-1).softmax(dim=-1)
     out = weights[..., width:] @ own_v  # [B, kv_heads, group, D]
     for prefix, (_, v) in zip(batch.prefixes, shared, strict=True):

@@ -194,7 +194,7 @@ class ModelRunner:
         slots = self._slots(blocks)
         k = self.cache.k.index_select(1, slots)  # [layers, Lp, kv_heads, D]
         v = self.cache.v.index_select(1, slots)
-        return self._dense(k.permute(0, 2, 3, 1)), self._dense(v.permute(0, 2, 1, 3))
+        return self._dense(k.transpose(1, 2)), self._dense(v.transpose(1, 2))
 
     def _dense(self, t: Tensor) -> Tensor:
         """`t` laid out contiguously in the dtype attention runs in, in one copy."""

@@ -258,3 +258,77 @@ def test_a_bf16_layers_stages_between_packed_products_equal_the_eager_operations
     gate, up = F.linear(_rms_norm(residual, post, 1e-5), gate_up).chunk(2, -1)
     want = F.linear(F.silu(gate).mul_(up), down).add_(residual)
     torch.testing.assert_close(out.float(), want.float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("kept", [True, False])
+@pytest.mark.parametrize(
+    "groups",
+    [
+        [(None, 5)],  # K forks of one prompt
+        [([0, 2], 3), ([1, 3], 2)],  # two prompts behind cached preambles
+        [([1, 2], 4)],  # and sequences 0 and 3 in no group: their own blocks alone
+    ],
+)
+def test_shared_prefix_decode_equals_attention_over_each_whole_context(
+    dtype: torch.dtype,
+    compiled: bool,
+    kept: bool,
+    groups: list[tuple[list[int] | None, int]],
+    monkeypatch: Any,
+) -> None:
+    """A decode step's queries over the blocks their group shares and then their own ones (of
+    different lengths, in blocks scattered over the pool) equal each sequence's attention over
+    its whole context, compiled (`shared_attend`) or through torch's products, the shared blocks
+    kept for every layer by the runner or gathered by the layer."""
+    import lanefold.backends.engine._attention as attention
+    from lanefold.backends.engine._attention import AttentionBatch, Prefix, paged_attention
+
+    if not compiled:
+        monkeypatch.setattr(attention, "shared_attend", lambda *args: None)
+    g = torch.Generator().manual_seed(len(groups) + 2 * compiled)
+    b, heads, kv_heads, dim, size = 4, 6, 2, 16, 4
+    pool = 64 * size
+    k_cache = torch.randn(pool, kv_heads, dim, generator=g).to(dtype)
+    v_cache = torch.randn(pool, kv_heads, dim, generator=g).to(dtype)
+    q = (torch.randn(b, heads, dim, generator=g) * 2).to(dtype)
+    free = torch.randperm(64, generator=g).tolist()
+    shared = [0] * b  # blocks each sequence shares
+    prefixes, contexts = [], {}
+    for rows, blocks in groups:
+        table = [free.pop() for _ in range(blocks)]
+        for row in range(b) if rows is None else rows:
+            shared[row] = blocks
+            contexts[row] = list(table)
+        slots = (torch.tensor(table)[:, None] * size + torch.arange(size)).flatten()
+        keys, values = (c[slots].transpose(0, 1).contiguous()[None] for c in (k_cache, v_cache))
+        prefixes.append(Prefix(rows=None if rows is None else torch.tensor(rows), blocks=torch.tensor(table),
+                               keys=keys if kept else None, values=values if kept else None))  # fmt: skip
+    own_lengths = [1, 6, 3, 9]  # positions after the shared blocks, the new token's included
+    own = []
+    for row in range(b):
+        table = [free.pop() for _ in range((own_lengths[row] + size - 1) // size)]
+        contexts.setdefault(row, []).extend(table)
+        own.append(table + [0] * (3 - len(table)))
+    positions = torch.tensor([shared[r] * size + own_lengths[r] - 1 for r in range(b)])
+    key_pos = torch.tensor(shared)[:, None] * size + torch.arange(3 * size)[None, :]
+    mask = (key_pos <= positions[:, None])[:, None, None, :]
+    work = torch.float32 if dtype == torch.float32 else torch.bfloat16
+    bias = torch.zeros(mask.shape, dtype=work).masked_fill_(~mask, -torch.inf)
+    batch = AttentionBatch(
+        positions=positions, write_slots=positions, query_index=torch.zeros(b, 1, dtype=torch.long),
+        query_valid=torch.arange(b), block_tables=torch.tensor(own), block_size=size, mask=mask,
+        prefixes=prefixes, bias=bias,
+    )  # fmt: skip
+
+    out = paged_attention(q, k_cache, v_cache, batch)
+    assert out.shape == (b, heads * dim) and out.dtype == dtype
+    for row in range(b):
+        slots = (torch.tensor(contexts[row])[:, None] * size + torch.arange(size)).flatten()
+        slots = slots[: positions[row] + 1]
+        k, v = (c[slots].double().repeat_interleave(heads // kv_heads, 1) for c in (k_cache, v_cache))
+        weights = torch.einsum("hd,lhd->hl", q[row].double(), k).mul(dim**-0.5).softmax(-1)
+        want = torch.einsum("hl,lhd->hd", weights, v).reshape(-1)
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out[row].double(), want, rtol=tolerance, atol=tolerance)
