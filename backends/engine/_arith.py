@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lanefold.backends.engine._kernels import pack, packed_linear, small_linear
+from lanefold.backends.engine._kernels import Tiles, pack, packed_linear, small_linear
 
 __all__ = ("amx", "compute_dtype", "linear", "native_half", "pack", "packs", "sdpa_dtype")
 
@@ -63,11 +63,12 @@ def sdpa_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 
 def packs(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether a model of `dtype` on `device` keeps a oneDNN-packed copy of its matrices (`pack`)
-    for products of three rows and more: bf16 on a CPU with native bf16. There oneDNN's kernel
-    on its own layout streams the weights about twice as fast as `F.linear` on `[out, in]`
-    (one thread, AVX512-BF16 EPYC, a 1536 x 576 matrix read from memory: 120 against 240 us
-    at 3 rows, 153 against 285 at 8, 340 against 470 at 32; level at 512)."""
+    """Whether a model of `dtype` on `device` keeps a packed copy of its matrices for products
+    of three rows and more: bf16 on a CPU with native bf16. There oneDNN's kernel on its own
+    layout (`pack`) streams the weights about twice as fast as `F.linear` on `[out, in]` (one
+    thread, AVX512-BF16 EPYC, a 1536 x 576 matrix read from memory: 120 against 240 us at 3
+    rows, 153 against 285 at 8, 340 against 470 at 32; level at 512); on a CPU with AMX the
+    copy may be in AMX's tiles instead (`_kernels.tile`, where they stream faster still)."""
     return (
         device.type == "cpu"
         and dtype == torch.bfloat16
@@ -77,7 +78,7 @@ def packs(dtype: torch.dtype, device: torch.device) -> bool:
     )
 
 
-def linear(x: Tensor, weight: Tensor, packed: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, packed: Tensor | Tiles | None = None) -> Tensor:
     """`F.linear`: one or two rows on a CPU through `_kernels`; more through oneDNN where
     `packed` (the same weight, `pack`ed) is given; several rows of an emulated dtype in fp32
     (then back to `x`'s dtype)."""

@@ -37,8 +37,11 @@ return None and the engine uses torch's kernels. Compiling takes a few seconds o
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
+import platform
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
@@ -57,7 +60,9 @@ except ImportError:  # pragma: no cover - numba is in the engine extra
 
 __all__ = (
     "ROWS",
+    "TILED_ROWS",
     "Stack",
+    "Tiles",
     "lane_layers",
     "lane_put",
     "layer_in",
@@ -69,6 +74,11 @@ __all__ = (
     "stack",
     "staged_in",
     "staged_out",
+    "tile",
+    "tile_shape",
+    "tiled_linear",
+    "tiles_fit",
+    "tiles_read_faster",
     "warm",
 )
 
@@ -669,6 +679,96 @@ def _summed(acc: Any, part: Any, rows: Any, out: Any) -> None:  # pragma: no cov
 _summed = _jit(_summed)
 
 
+# A bf16 product of a few rows on a CPU with AMX (Intel's tile unit), compiled from LLVM's AMX
+# intrinsics: oneDNN's packed product of 8 rows streamed SmolLM2's layers at about 10 GB/s (21
+# ms a step, one thread, the Xeon with AMX), where the tiles below, read in order from huge pages,
+# take 13-15 ms from 1 to 16 rows and 19 at 32 (oneDNN 26); from some 256 rows up oneDNN is
+# faster (512 rows: 122 against 102 ms), so a prefill keeps torch's product.
+#
+# A weight `[N, K]` is kept as `[N / 16, K / 32, 16, 16]` uint32 words (`tile`): for each 16
+# outputs and 32 inputs, one 1 KiB tile of 16 rows, row j holding each output's inputs 2j and
+# 2j + 1 side by side (the pairs `tdpbf16ps` multiplies). The rows `x` are plain bf16 `[M, K]`.
+# Tiles 0, 1 (sums) and 2 (rows) take 16 rows at a time, 5, 6 and 7 the last M % 16; 3 and 4
+# are a pair of weight tiles, so each tile of rows meets 32 outputs.
+
+
+def _tile_dots_hint(typingctx: Any, tiles: Any, x: Any, out: Any, config: Any) -> Any:
+    """`_tile_dots(tiles, x, out, config)`: fp32 `out[M, N]` = bf16 `x[M, K]` (uint16 bits)
+    times the weight in `tiles` (see above), under the tile `config` (64 bytes, `_tile_config`)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        t, rows, sums, cfg = (
+            context.make_array(kind)(context, builder, value)
+            for kind, value in zip(signature.args, args, strict=True)
+        )
+        i8, i64, void = ir.IntType(8), ir.IntType(64), ir.VoidType()
+        byte = i8.as_pointer()
+
+        def fn(name: str, *kinds: Any) -> Any:
+            return cgutils.get_or_insert_function(builder.module, ir.FunctionType(void, list(kinds)), name)  # type: ignore[no-untyped-call]
+
+        configure, release = fn("llvm.x86.ldtilecfg", byte), fn("llvm.x86.tilerelease")
+        load, store = fn("llvm.x86.tileloadd64", i8, byte, i64), fn("llvm.x86.tilestored64", i8, byte, i64)
+        zero, dot = fn("llvm.x86.tilezero", i8), fn("llvm.x86.tdpbf16ps", i8, i8, i8)
+        blocks, chunks = builder.extract_value(t.shape, 0), builder.extract_value(t.shape, 1)
+        m = builder.extract_value(rows.shape, 0)
+        full, rest = builder.udiv(m, i64(16)), builder.urem(m, i64(16))
+        row_bytes, out_bytes = builder.mul(chunks, i64(64)), builder.mul(blocks, i64(64))
+        span = builder.mul(chunks, i64(1024))  # bytes of 16 outputs' tiles
+        base, xs, ys = (builder.bitcast(a.data, byte) for a in (t, rows, sums))
+        builder.call(configure, [builder.bitcast(cfg.data, byte)])
+
+        def block(first: int, second: int, a: int, row: Any, b0: Any, nb: Any) -> None:
+            b1 = builder.gep(b0, [span])
+            start = builder.gep(xs, [builder.mul(row, row_bytes)])
+            builder.call(zero, [i8(first)])
+            builder.call(zero, [i8(second)])
+            with cgutils.for_range(builder, chunks) as chunk:
+                at = builder.mul(chunk.index, i64(64))
+                tile_at = builder.mul(chunk.index, i64(1024))
+                builder.call(load, [i8(a), builder.gep(start, [at]), row_bytes])
+                builder.call(load, [i8(3), builder.gep(b0, [tile_at]), i64(64)])
+                builder.call(load, [i8(4), builder.gep(b1, [tile_at]), i64(64)])
+                builder.call(dot, [i8(first), i8(a), i8(3)])
+                builder.call(dot, [i8(second), i8(a), i8(4)])
+            target = builder.gep(ys, [builder.add(builder.mul(row, out_bytes), builder.mul(nb, i64(64)))])
+            builder.call(store, [i8(first), target, out_bytes])
+            builder.call(store, [i8(second), builder.gep(target, [i64(64)]), out_bytes])
+
+        with cgutils.for_range(builder, builder.udiv(blocks, i64(2))) as pair:
+            nb = builder.mul(pair.index, i64(2))
+            b0 = builder.gep(base, [builder.mul(nb, span)])
+            with cgutils.for_range(builder, full) as sixteen:
+                block(0, 1, 2, builder.mul(sixteen.index, i64(16)), b0, nb)
+            with builder.if_then(builder.icmp_unsigned("!=", rest, i64(0))):
+                block(5, 6, 7, builder.mul(full, i64(16)), b0, nb)
+        builder.call(release, [])
+        return context.get_dummy_value()
+
+    return types.void(tiles, x, out, config), codegen
+
+
+if numba is not None:
+    _tile_dots: Any = intrinsic(_tile_dots_hint)
+else:  # pragma: no cover - numba is in the engine extra
+    _tile_dots = None
+
+
+def _tiled_rows(tiles: Any, x: Any, config: Any, out: Any) -> None:  # pragma: no cover - compiled
+    """bf16 `out[M, N]` (bits) = bf16 `x[M, K]` (bits) times the weight in `tiles`, rounded once
+    from the fp32 sums."""
+    sums = np.empty((x.shape[0], tiles.shape[0] * 16), dtype=np.float32)
+    _tile_dots(tiles, x, sums, config)
+    for i in range(sums.shape[0]):
+        for j in range(sums.shape[1]):
+            out[i, j] = _narrowed(sums[i, j])
+
+
+_tiled_rows = _jit(_tiled_rows)
+
+
 @functools.cache
 def _ready() -> bool:
     """Whether the loops compiled (or loaded from numba's cache); False, logged once, if not."""
@@ -757,7 +857,7 @@ def _rows_of(x: Tensor) -> Any:
     return x.float().contiguous().numpy()
 
 
-def _threaded(packed: Tensor | None, weight: Tensor) -> bool:
+def _threaded(packed: Tensor | Tiles | None, weight: Tensor) -> bool:
     """Whether products of `weight` go through torch's kernels rather than the loops: where the
     weight is fp32 or has a oneDNN-packed copy (bf16 where it is native) and torch reads faster
     at its thread count (the engine's `threads`). The loops use one core, which cannot keep the
@@ -824,14 +924,149 @@ def pack(weight: Tensor) -> Tensor:
     return cast(Tensor, torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1))
 
 
-def packed_linear(x: Tensor, packed: Tensor) -> Tensor:
-    """`F.linear(x, weight)` through oneDNN, `packed` being the weight `pack`ed."""
+class Tiles(NamedTuple):
+    """A bf16 weight `[N, K]` laid out for AMX's tiles (see `_tile_dots`), beside the weight
+    itself (a product of more rows than `TILED_ROWS` goes through torch)."""
+
+    tiles: Tensor  # int32 [N / 16, K / 32, 16, 16]
+    weight: Tensor
+    words: Any  # `tiles` as numpy uint32, as the loop reads them
+
+
+TILED_ROWS = 128  # the most rows a tiled product takes (see `_tile_dots`)
+
+
+def tiles_fit(weight: Tensor) -> bool:
+    """Whether `tile` takes `weight`: a bf16 CPU matrix whose sides are multiples of 32."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and weight.shape[0] % 32 == 0
+        and weight.shape[1] % 32 == 0
+    )
+
+
+def tile_shape(weight: Tensor) -> tuple[int, int, int, int]:
+    """The shape of `weight`'s tiles (int32)."""
+    return (weight.shape[0] // 16, weight.shape[1] // 32, 16, 16)
+
+
+def tile(weight: Tensor, memory: Arena | None = None) -> Tiles:
+    """`weight` (`tiles_fit`) copied into AMX's tile layout, into `memory` (an int32 `Arena`)
+    where given: for each 16 outputs and 32 inputs a tile whose row j holds each output's inputs
+    2j and 2j + 1 side by side."""
+    n, k = weight.shape
+    words = weight.contiguous().view(torch.int32).view(n // 16, 16, k // 32, 16).permute(0, 2, 3, 1)
+    shape = tile_shape(weight)
+    tiles = memory.empty(shape) if memory is not None else torch.empty(shape, dtype=torch.int32)
+    tiles.copy_(words)
+    return Tiles(tiles, weight, tiles.numpy().view(np.uint32))
+
+
+@functools.cache
+def _tile_config(rest: int) -> Any:
+    """The 64-byte tile configuration `_tile_dots` loads for a product of `16 k + rest` rows."""
+    config = np.zeros(64, dtype=np.uint8)
+    config[0] = 1  # palette 1
+    width, height = config[16:48].view(np.uint16), config[48:64]
+    for t in (0, 1, 2, 3, 4):  # sums and rows 16 at a time; the weight's pair
+        width[t], height[t] = 64, 16
+    if rest:
+        for t in (5, 6, 7):  # the last rows' sums and rows
+            width[t], height[t] = 64, rest
+    return config
+
+
+def tiled_linear(x: Tensor, weight: Tiles) -> Tensor:
+    """`F.linear(x, weight.weight)` of bf16 rows `x` `[M, K]`: up to `TILED_ROWS` rows through
+    AMX's tiles, more through torch. Sums in fp32, rounded to bf16 once."""
+    if x.dim() != 2 or x.shape[0] > TILED_ROWS or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return F.linear(x, weight.weight)
+    rows = x.contiguous()
+    out = torch.empty((x.shape[0], weight.weight.shape[0]), dtype=torch.bfloat16)
+    _tiled_rows(weight.words, _array(rows), _tile_config(x.shape[0] % 16), _array(out))
+    return out
+
+
+_XCOMP_PERM, _XTILEDATA = 0x1023, 18  # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+
+
+@functools.cache
+def _amx_ready() -> bool:
+    """Whether the tiled products run here: a CPU with AMX (tiles and bf16) that LLVM targets,
+    Linux granting this process the tiles' state (once a process; oneDNN asks the same), numba;
+    and a small product through them equal to torch's. False, logged, where not."""
+    if numba is None or not _ready() or sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        from llvmlite import binding
+
+        features = binding.get_host_cpu_features()
+        if not (features.get("amx-tile") and features.get("amx-bf16") and torch.cpu._is_amx_tile_supported()):
+            return False
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(158, _XCOMP_PERM, _XTILEDATA) != 0:  # 158: arch_prctl on x86-64
+            logger.info("Linux did not grant the AMX tiles' state: products go through oneDNN")
+            return False
+        g = torch.Generator().manual_seed(0)
+        weight = torch.randn(64, 96, generator=g).bfloat16()
+        x = torch.randn(19, 96, generator=g).bfloat16()
+        want = F.linear(x.float(), weight.float())
+        return bool(torch.allclose(tiled_linear(x, tile(weight)).float(), want, rtol=1e-2, atol=1e-2))
+    except Exception:  # an LLVM or numba failure must not stop the engine: it only costs speed
+        logger.warning("the AMX tile products could not compile: using oneDNN's", exc_info=True)
+        return False
+
+
+@functools.cache
+def tiles_read_faster(threads: int, width: int) -> bool:
+    """Whether, on this machine at `threads` threads, the tiled products of 8 rows (a decode
+    step of a few lanes) over bf16 matrices `width` wide stream faster than oneDNN's packed ones:
+    measured once a process (tens of milliseconds), as `_torch_reads_faster`. False without
+    AMX (`_amx_ready`)."""
+    if not _amx_ready():
+        return False
+    rows = max(64, _TRIAL_MATRIX // (width * 2)) // 32 * 32
+    count = max(2, _TRIAL_BYTES // 2 // (rows * width * 2))
+    dense = Arena.of([(rows, width)] * count, torch.bfloat16, torch.device("cpu"))
+    matrices = [dense.empty((rows, width)).fill_(0.5) for _ in range(count)]
+    memory = Arena.of([tile_shape(m) for m in matrices], torch.int32, torch.device("cpu"))
+    tiled = [tile(m, memory) for m in matrices]
+    copies = [pack(m) for m in matrices]
+    x = torch.full((8, width), 0.25, dtype=torch.bfloat16)
+
+    def by_tiles() -> None:
+        for t in tiled:
+            tiled_linear(x, t)
+
+    def by_onednn() -> None:
+        for copy in copies:
+            packed_linear(x, copy)
+
+    times: dict[str, float] = {"tiles": float("inf"), "oneDNN": float("inf")}
+    by_tiles()  # the first reads fault pages in
+    by_onednn()
+    for _ in range(3):  # interleaved, the best of three each
+        for name, run in (("tiles", by_tiles), ("oneDNN", by_onednn)):
+            start = time.perf_counter()
+            run()
+            times[name] = min(times[name], time.perf_counter() - start)
+    logger.debug("8-row products %d wide, %d threads: %s", width, threads, times)
+    return times["tiles"] < times["oneDNN"]
+
+
+def packed_linear(x: Tensor, packed: Tensor | Tiles) -> Tensor:
+    """`F.linear(x, weight)` through oneDNN, `packed` being the weight `pack`ed, or through
+    AMX's tiles where it is the weight `tile`d."""
+    if isinstance(packed, Tiles):
+        return tiled_linear(x, packed)
     return cast(Tensor, torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
 
 
-def _by_torch(x: Any, weight: Tensor, packed: Tensor | None) -> Any:
+def _by_torch(x: Any, weight: Tensor, packed: Tensor | Tiles | None) -> Any:
     """fp32 numpy `[rows, out]`: the rows `x` (fp32 numpy) times `weight` through torch's
-    threaded kernels (in the weight's dtype)."""
+    threaded kernels (in the weight's dtype), or its packed copy."""
     rows = torch.from_numpy(x)
     if packed is not None:
         made = packed_linear(rows.to(weight.dtype), packed)
@@ -843,11 +1078,12 @@ def _by_torch(x: Any, weight: Tensor, packed: Tensor | None) -> Any:
 
 
 def staged_in(
-    x: Tensor, norm: Tensor, eps: float, qkv: Tensor, rope: Tensor, rotated: int, dim: int
+    x: Tensor, norm: Tensor, eps: float, qkv: Tensor | Tiles, rope: Tensor, rotated: int, dim: int
 ) -> Tensor | None:
     """bf16 `[rows, outputs]`: bf16 rows `x` normed by the bf16 `norm`, times the packed q|k|v
-    `qkv` (oneDNN), the first `rotated` outputs turned by `rope` (complex `[rows, dim / 2]`); as
-    the eager layer computes them (RoPE within one fp32 rounding). None where it does not apply."""
+    `qkv` (oneDNN's, or AMX's tiles), the first `rotated` outputs turned by `rope` (complex
+    `[rows, dim / 2]`); as the eager layer computes them (RoPE within one fp32 rounding). None
+    where it does not apply."""
     if x.dtype != torch.bfloat16 or norm.dtype != torch.bfloat16 or not x.is_contiguous() or not _ready():
         return None
     h = torch.empty_like(x)
@@ -859,7 +1095,13 @@ def staged_in(
 
 
 def staged_out(
-    attended: Tensor, o: Tensor, x: Tensor, norm: Tensor, eps: float, gate_up: Tensor, down: Tensor
+    attended: Tensor,
+    o: Tensor | Tiles,
+    x: Tensor,
+    norm: Tensor,
+    eps: float,
+    gate_up: Tensor | Tiles,
+    down: Tensor | Tiles,
 ) -> Tensor | None:
     """The layer's bf16 output: `x` plus the packed `o`'s product of `attended`, plus the SwiGLU
     MLP (the packed `gate_up`, then `down`) of that normed by the bf16 `norm`; as the eager layer
@@ -875,7 +1117,7 @@ def staged_out(
     return packed_linear(act, down).add_(made)
 
 
-def small_linear(x: Tensor, weight: Tensor, packed: Tensor | None = None) -> Tensor | None:
+def small_linear(x: Tensor, weight: Tensor, packed: Tensor | Tiles | None = None) -> Tensor | None:
     """`F.linear(x, weight)` for `x` of at most `ROWS` rows and a contiguous CPU `weight` in
     bf16 or fp32 (`packed`, its oneDNN copy where there is one), in `x`'s dtype; None where
     these loops do not apply (or numba is missing). Through torch where `_threaded` says so."""
@@ -897,7 +1139,7 @@ def layer_in(
     rope: Tensor,
     rotated: int,
     dim: int,
-    packed: Tensor | None = None,
+    packed: Tensor | Tiles | None = None,
 ) -> Tensor | None:
     """fp32 `[rows, outputs]`: `x` normed by `norm` (fp32), times the fused `qkv` (`packed`, its
     oneDNN copy where there is one), its first `rotated` outputs turned by `rope` (complex
@@ -944,11 +1186,11 @@ class Stack(NamedTuple):
     block: Any  # the weights' block as uint32 words
     table: Any  # int64 [layers, 4, 3]: each matrix's first word in `block`, rows, words a row
     halves: bool  # bf16 weights (two values a word)
-    first: tuple[Tensor, Tensor | None]  # the first q|k|v and its packed copy: `_threaded` asks
+    first: tuple[Tensor, Tensor | Tiles | None]  # the first q|k|v and its packed copy: `_threaded` asks
 
 
 def stack(
-    layers: list[tuple[Tensor, ...]], block: Any, base: int, packed: Tensor | None = None
+    layers: list[tuple[Tensor, ...]], block: Any, base: int, packed: Tensor | Tiles | None = None
 ) -> Stack | None:
     """The `Stack` of `layers`, each (input norm, post norm, qkv, o, gate_up, down), the norms
     fp32 and the matrices lying in `block` (numpy uint32 words whose first is at address
@@ -1015,7 +1257,7 @@ def layer_out(
     eps: float,
     gate_up: Tensor,
     down: Tensor,
-    packed: tuple[Tensor, Tensor, Tensor] | None = None,
+    packed: tuple[Tensor | Tiles, Tensor | Tiles, Tensor | Tiles] | None = None,
 ) -> Tensor | None:
     """The layer's output in `x`'s dtype: `x` plus the o product of `attended`, plus the SwiGLU
     MLP (the fused `gate_up`, then `down`) of that normed by `norm` (fp32); None where the loops

@@ -25,6 +25,7 @@ from lanefold.backends.engine._attention import (
 from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
 from lanefold.backends.engine._kernels import (
     Stack,
+    Tiles,
     lane_layers,
     lane_put,
     layer_in,
@@ -33,6 +34,10 @@ from lanefold.backends.engine._kernels import (
     stack,
     staged_in,
     staged_out,
+    tile,
+    tile_shape,
+    tiles_fit,
+    tiles_read_faster,
 )
 from lanefold.backends.engine._kernels import warm as _warm_kernels
 from lanefold.backends.engine._memory import Arena
@@ -139,7 +144,7 @@ class DecoderLayer(nn.Module):
         self.fused: tuple[Tensor, Tensor] | None = None
         # (the dense matrices and their version counters, their packed copies) where
         # `build_model` made them: (qkv, o, gate_up, down) each, see `_arith.packs`
-        self.packed: tuple[tuple[Tensor, ...], tuple[int, ...], tuple[Tensor, ...]] | None = None
+        self.packed: tuple[tuple[Tensor, ...], tuple[int, ...], tuple[Tensor | Tiles, ...]] | None = None
 
 
 class Decoder(nn.Module):
@@ -172,7 +177,7 @@ class LayerWeights(NamedTuple):
     down: Tensor
     qkv: Tensor | None = None
     gate_up: Tensor | None = None
-    packed: tuple[Tensor, ...] | None = None
+    packed: tuple[Tensor | Tiles, ...] | None = None
     versions: tuple[int, ...] = ()  # the dense matrices' version counters `packed` was made at
     norms32: tuple[Tensor, Tensor] = (torch.empty(0), torch.empty(0))  # the norms in fp32
 
@@ -256,7 +261,7 @@ class CausalLM(nn.Module):
         self._stack: tuple[list[LayerWeights], Stack | None] | None = None  # for `lane_layers`
         self.arena: Arena | None = None  # the block a CPU model's weights lie in (`build_model`)
         # (the head, its version counter then, a packed copy of it) where `build_model` made one
-        self.head_packed: tuple[Tensor, int, Tensor] | None = None
+        self.head_packed: tuple[Tensor, int, Tensor | Tiles] | None = None
 
     def layer_weights(self) -> list[LayerWeights]:
         """Every layer's tensors, read once (and again once `.to()` or a load replaced them)."""
@@ -507,19 +512,33 @@ def _rope_paired(name: str, tensor: Tensor, args: ModelArgs) -> Tensor:
 
 
 def _pack_copies(model: CausalLM) -> None:
-    """A oneDNN-packed copy of every layer's four matrices and of the head (`_arith.packs`).
+    """A packed copy of every layer's four matrices and of the head (`_arith.packs`): in AMX's
+    tiles where this CPU has them and they stream faster at this thread count
+    (`_kernels.tiles_read_faster`), one block on huge pages in read order as the weights are;
+    in oneDNN's layout otherwise.
 
     Kept beside the `[out, in]` weights, which the one- and two-row kernels read: the copies
     cost the model's matrices again (SmolLM2 in bf16: 212 MB for the layers, 57 MB for the
     head), bought for the decode steps of 3 to 64 lanes, where they make the products about
     twice as fast."""
-    for layer in cast(list[DecoderLayer], list(model.model.layers)):
+    layers = cast(list[DecoderLayer], list(model.model.layers))
+    sources = []
+    for layer in layers:
         assert layer.fused is not None, "packed copies are made of the fused matrices"
         qkv, gate_up = layer.fused
-        sources = (qkv, layer.self_attn.o_proj.weight, gate_up, layer.mlp.down_proj.weight)
-        layer.packed = (sources, tuple(t._version for t in sources), tuple(pack(t.detach()) for t in sources))
+        sources.append((qkv, layer.self_attn.o_proj.weight, gate_up, layer.mlp.down_proj.weight))
     head = model.lm_head.weight
-    model.head_packed = (head, head._version, pack(head.detach()))
+    matrices = [m for group in sources for m in group] + [head]
+    width = model.args.hidden_size
+    tiled = all(tiles_fit(m) for m in matrices) and tiles_read_faster(torch.get_num_threads(), width)
+    memory = Arena.of([tile_shape(m) for m in matrices], torch.int32, head.device) if tiled else None
+
+    def copy(matrix: Tensor) -> Tensor | Tiles:
+        return tile(matrix.detach(), memory) if tiled else pack(matrix.detach())
+
+    for layer, group in zip(layers, sources, strict=True):
+        layer.packed = (group, tuple(t._version for t in group), tuple(copy(t) for t in group))
+    model.head_packed = (head, head._version, copy(head))
 
 
 def _rows_of(weights: list[Tensor], memory: Arena) -> tuple[Tensor, list[Tensor]]:

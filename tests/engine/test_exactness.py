@@ -221,24 +221,40 @@ def test_weights_replaced_or_rewritten_after_the_build_are_not_read_from_a_stale
     torch.testing.assert_close(model.logits(hidden), expected, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["bf16-arithmetic", "fp32-arithmetic"])
+@pytest.mark.parametrize("mode", ["bf16-arithmetic", "fp32-arithmetic", "amx-tiles"])
 def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_reference(
-    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, native: bool
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     # bf16 is the fast dtype on CPUs with AVX512-BF16 or AMX. The reference runs in fp32 on the
     # same bf16-rounded weights, so what is left is activation rounding: about 0.02 mean and
     # 0.09 max on logits of std ~1.2 here. Losing one of 40 context tokens moves them 0.2 mean
-    # and 0.7 max, so these bounds tell rounding from a wrong cache. Both ways a CPU may run
-    # bf16: its own bf16 products, or (where it would only emulate them) fp32 on upcasts.
+    # and 0.7 max, so these bounds tell rounding from a wrong cache. The ways a CPU may run
+    # bf16: its own bf16 products (on a CPU with AMX, the decode steps' through its tiles), or
+    # (where it would only emulate them) fp32 on upcasts.
+    import dataclasses
+
     import lanefold.backends.engine._arith as arith
+    import lanefold.backends.engine._kernels as kernels
+    import lanefold.backends.engine._model as model_module
     from lanefold.backends.engine._weights import Checkpoint
 
+    native = mode != "fp32-arithmetic"
     monkeypatch.setattr(arith, "native_half", lambda dtype: native)
-    engine = make_engine(block_size=4, num_blocks=60, dtype=torch.bfloat16)
+    args = TINY
+    if mode == "amx-tiles":
+        if not (arith.packs(torch.bfloat16, torch.device("cpu")) and kernels._amx_ready()):
+            pytest.skip("this CPU has no AMX tiles (or torch no oneDNN)")
+        args = dataclasses.replace(TINY, vocab_size=288)  # every side a multiple of 32
+        monkeypatch.setattr(model_module, "tiles_read_faster", lambda threads, width: True)
+    engine = make_engine(block_size=4, num_blocks=60, dtype=torch.bfloat16, args=args)
     assert engine.runner._work == (torch.bfloat16 if native else torch.float32)
+    if mode == "amx-tiles":
+        model = engine.runner.model
+        assert all(isinstance(c, kernels.Tiles) for w in model.layer_weights() for c in w.packed or ())
+        assert model.head_packed is not None and isinstance(model.head_packed[2], kernels.Tiles)
     seen = record_steps(engine)
     arrive_mid_decode(engine)
-    exact = tiny_checkpoint(0)
+    exact = tiny_checkpoint(0, args)
     rounded = Checkpoint(exact.args, {k: v.bfloat16().float() for k, v in exact.tensors.items()})
     assert len(seen) > 30
     for tokens, row in seen:
