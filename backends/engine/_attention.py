@@ -40,6 +40,7 @@ class Prefix:
     blocks: Tensor
     keys: Tensor | None = None
     values: Tensor | None = None
+    tiles: tuple[Tensor, Tensor] | None = None  # `_kernels.prefix_tiles` of keys and values, kept
 
     def kv(self, layer: int, k_cache: Tensor, v_cache: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
         """This layer's prefix keys and values `[kv_heads, Lp, D]`."""
@@ -176,7 +177,12 @@ def _shared_prefix_decode(
 ) -> Tensor:
     shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
     groups = [
-        (p.rows, k.to(q.dtype).contiguous(), v.to(q.dtype).contiguous())
+        (
+            p.rows,
+            k.to(q.dtype).contiguous(),
+            v.to(q.dtype).contiguous(),
+            None if p.tiles is None else (p.tiles[0][layer], p.tiles[1][layer]),
+        )
         for p, (k, v) in zip(batch.prefixes, shared, strict=True)
     ]
     cache = (k_cache, v_cache)

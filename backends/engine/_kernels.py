@@ -69,6 +69,7 @@ __all__ = (
     "layer_out",
     "pack",
     "packed_linear",
+    "prefix_tiles",
     "shared_attend",
     "small_linear",
     "stack",
@@ -609,16 +610,18 @@ def _own_softmax(
     tables: Any,
     size: int,
     positions: Any,
+    shared: int,
     weights: Any,
     acc: Any,
 ) -> None:  # pragma: no cover - compiled
     """For each query `i` of a KV head `h` (`queries` `[kv_heads, n, D]`, scaled; sequence
-    `rows[i // group]`): its scores over its own positions `Lp .. positions[b]` in the pool (`kc`,
-    `vc` `[slots, kv_heads, D]`, through its blocks `tables[b]` of `size` slots); one softmax
-    over those and its scores over the prefix (`scores` `[kv_heads, n, Lp]`); the prefix's
-    weights into `weights` (its shape, its dtype) and the own values' weighted sum into `acc`
-    `[kv_heads, n, D]` (fp32). Scores, softmax and sum in fp32."""
-    kv_heads, n, shared = scores.shape[0], scores.shape[1], scores.shape[2]
+    `rows[i // group]`): its scores over its own positions `shared .. positions[b]` in the pool
+    (`kc`, `vc` `[slots, kv_heads, D]`, through its blocks `tables[b]` of `size` slots); one
+    softmax over those and its scores over the prefix's `shared` positions (`scores` `[kv_heads,
+    n, >= shared]`); the prefix's weights into `weights` (the scores' shape, its own dtype; 0
+    past `shared`) and the own values' weighted sum into `acc` `[kv_heads, n, D]` (fp32).
+    Scores, softmax and sum in fp32."""
+    kv_heads, n = scores.shape[0], scores.shape[1]
     dim = acc.shape[2]
     group = n // rows.shape[0]
     most = 0
@@ -634,7 +637,7 @@ def _own_softmax(
             for d in range(dim):
                 query[d] = _wide(queries[h, i, d])
             length = positions[b] + 1 - shared
-            top = _row_max(scores[h, i], lanes)
+            top = _row_max(scores[h, i, :shared], lanes)
             for j in range(length):
                 slot = tables[b, j // size] * size + j % size
                 score = np.float32(0.0)
@@ -652,6 +655,8 @@ def _own_softmax(
             inverse = np.float32(1.0) / total
             for p in range(shared):
                 weights[h, i, p] = _stored(weights, powers[p] * inverse)
+            for p in range(shared, weights.shape[2]):
+                weights[h, i, p] = 0
             acc[h, i, :] = 0.0
             for j in range(length):
                 slot = tables[b, j // size] * size + j % size
@@ -756,17 +761,86 @@ else:  # pragma: no cover - numba is in the engine extra
     _tile_dots = None
 
 
-def _tiled_rows(tiles: Any, x: Any, config: Any, out: Any) -> None:  # pragma: no cover - compiled
+def _tile_config(rows: int) -> Any:  # pragma: no cover - compiled
+    """The 64 bytes `_tile_dots` loads for a product of `rows` rows (palette 1; each tile's
+    bytes a row, little-endian, at 16 + 2 t; its rows at 48 + t): sums, rows and the weight's
+    pair 16 rows of 64 bytes, the last `rows % 16` rows' sums and rows as many. Made from the
+    rows the product is given, so the tiles never reach past them."""
+    config = np.zeros(64, dtype=np.uint8)
+    config[0] = 1
+    rest = rows % 16
+    for t in range(8):
+        height = 16 if t < 5 else rest
+        if height:
+            config[16 + 2 * t] = 64
+            config[48 + t] = height
+    return config
+
+
+_tile_config = _jit(_tile_config)
+
+
+def _tiled_rows(tiles: Any, x: Any, out: Any) -> None:  # pragma: no cover - compiled
     """bf16 `out[M, N]` (bits) = bf16 `x[M, K]` (bits) times the weight in `tiles`, rounded once
     from the fp32 sums."""
+    if x.shape[1] != tiles.shape[1] * 32 or out.shape[0] != x.shape[0] or out.shape[1] != tiles.shape[0] * 16:
+        raise ValueError("the rows, the tiles and the output disagree")
     sums = np.empty((x.shape[0], tiles.shape[0] * 16), dtype=np.float32)
-    _tile_dots(tiles, x, sums, config)
+    _tile_dots(tiles, x, sums, _tile_config(x.shape[0]))
     for i in range(sums.shape[0]):
         for j in range(sums.shape[1]):
             out[i, j] = _narrowed(sums[i, j])
 
 
 _tiled_rows = _jit(_tiled_rows)
+
+
+def _tiled_attend(
+    q: Any,
+    rows: Any,
+    keys: Any,
+    values: Any,
+    shared: int,
+    kc: Any,
+    vc: Any,
+    tables: Any,
+    size: int,
+    positions: Any,
+    out: Any,
+) -> None:  # pragma: no cover - compiled
+    """`_shared_attend`'s work for one group with its prefix in AMX's tiles: bf16 queries `q`
+    `[B, heads, D]` (bits) of the sequences `rows`; the prefix's `shared` keys as the tiles of a
+    `[Lp, D]` weight a KV head (`keys` `[kv_heads, Lp / 16, D / 32, 16, 16]`, `Lp` a multiple of
+    32 past `shared`, the rest zeros) and its values as those of `[D, Lp]` (`values`); the
+    scores and the prefix's weighted values in two tiled products a KV head, fp32 scores, bf16
+    weights (as the products before them took), everything else as `_own_softmax` and `_summed`."""
+    kv_heads, dim = keys.shape[0], q.shape[2]
+    group = q.shape[1] // kv_heads
+    n = rows.shape[0] * group
+    width = keys.shape[1] * 16
+    scale = np.float32(1.0) / np.sqrt(np.float32(dim))
+    if keys.shape[2] * 32 != dim or values.shape[1] * 16 != dim or values.shape[2] * 32 != width:
+        raise ValueError("the queries and the prefix's tiles disagree")
+    config = _tile_config(n)
+    queries = np.empty((kv_heads, n, dim), dtype=np.uint16)
+    for h in range(kv_heads):
+        for i in range(n):
+            b, head = rows[i // group], h * group + i % group
+            for d in range(dim):
+                queries[h, i, d] = _narrowed(_wide(q[b, head, d]) * scale)
+    scores = np.empty((kv_heads, n, width), dtype=np.float32)
+    for h in range(kv_heads):
+        _tile_dots(keys[h], queries[h], scores[h], config)
+    weights = np.empty((kv_heads, n, width), dtype=np.uint16)
+    acc = np.empty((kv_heads, n, dim), dtype=np.float32)
+    _own_softmax(scores, queries, rows, kc, vc, tables, size, positions, shared, weights, acc)
+    part = np.empty((kv_heads, n, dim), dtype=np.float32)
+    for h in range(kv_heads):
+        _tile_dots(values[h], weights[h], part[h], config)
+    _summed(acc, part, rows, out)
+
+
+_tiled_attend = _jit(_tiled_attend)
 
 
 @functools.cache
@@ -827,7 +901,7 @@ def _compile_for(dtype: torch.dtype) -> None:
         queries, answer = torch.ones(1, 2, 2, dtype=work), torch.empty(1, 4, dtype=work)
         scores = _array(torch.ones(1, 2, 1, dtype=work))
         _own_softmax(scores, _array(queries), index, _array(pool), _array(pool), index.reshape(1, 1), 2,
-                     np.ones(1, dtype=np.int64), scores.copy(), acc)  # fmt: skip
+                     np.ones(1, dtype=np.int64), 1, scores.copy(), acc)  # fmt: skip
         _summed(acc, _array(queries), index, _array(answer))
 
 
@@ -964,20 +1038,6 @@ def tile(weight: Tensor, memory: Arena | None = None) -> Tiles:
     return Tiles(tiles, weight, tiles.numpy().view(np.uint32))
 
 
-@functools.cache
-def _tile_config(rest: int) -> Any:
-    """The 64-byte tile configuration `_tile_dots` loads for a product of `16 k + rest` rows."""
-    config = np.zeros(64, dtype=np.uint8)
-    config[0] = 1  # palette 1
-    width, height = config[16:48].view(np.uint16), config[48:64]
-    for t in (0, 1, 2, 3, 4):  # sums and rows 16 at a time; the weight's pair
-        width[t], height[t] = 64, 16
-    if rest:
-        for t in (5, 6, 7):  # the last rows' sums and rows
-            width[t], height[t] = 64, rest
-    return config
-
-
 def tiled_linear(x: Tensor, weight: Tiles) -> Tensor:
     """`F.linear(x, weight.weight)` of bf16 rows `x` `[M, K]`: up to `TILED_ROWS` rows through
     AMX's tiles, more through torch. Sums in fp32, rounded to bf16 once."""
@@ -985,7 +1045,7 @@ def tiled_linear(x: Tensor, weight: Tiles) -> Tensor:
         return F.linear(x, weight.weight)
     rows = x.contiguous()
     out = torch.empty((x.shape[0], weight.weight.shape[0]), dtype=torch.bfloat16)
-    _tiled_rows(weight.words, _array(rows), _tile_config(x.shape[0] % 16), _array(out))
+    _tiled_rows(weight.words, _array(rows), _array(out))
     return out
 
 
@@ -1013,7 +1073,18 @@ def _amx_ready() -> bool:
         weight = torch.randn(64, 96, generator=g).bfloat16()
         x = torch.randn(19, 96, generator=g).bfloat16()
         want = F.linear(x.float(), weight.float())
-        return bool(torch.allclose(tiled_linear(x, tile(weight)).float(), want, rtol=1e-2, atol=1e-2))
+        if not torch.allclose(tiled_linear(x, tile(weight)).float(), want, rtol=1e-2, atol=1e-2):
+            return False
+        # and compile the shared-prefix attention over tiles (its queries a strided view)
+        row = torch.zeros(1, 6, 32, dtype=torch.bfloat16)
+        prefix = torch.zeros(1, 2, 32, 32, dtype=torch.bfloat16)
+        pool, index = torch.zeros(64, 2, 32, dtype=torch.bfloat16), np.zeros(1, dtype=np.int64)
+        tiles = _prefix_tiles(prefix, prefix)
+        words = (tiles[0][0].numpy().view(np.uint32), tiles[1][0].numpy().view(np.uint32))
+        out = torch.empty(1, 64, dtype=torch.bfloat16)
+        _tiled_attend(_array(row[:, :2]), index, *words, 32, _array(pool), _array(pool), index.reshape(1, 1),
+                      16, np.full(1, 32, dtype=np.int64), _array(out))  # fmt: skip
+        return True
     except Exception:  # an LLVM or numba failure must not stop the engine: it only costs speed
         logger.warning("the AMX tile products could not compile: using oneDNN's", exc_info=True)
         return False
@@ -1282,9 +1353,38 @@ def layer_out(
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
+def prefix_tiles(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor] | None:
+    """A kept prefix's bf16 keys and values `[layers, kv_heads, Lp, D]` as AMX tiles for
+    `shared_attend`: the keys as the tiles of a `[Lp, D]` weight a KV head and layer, the
+    values as those of `[D, Lp]` (`tile`), `Lp` padded with zeros to a multiple of 32. None
+    where the tiles do not apply (no AMX, another dtype, `D` not a multiple of 32)."""
+    dim = keys.shape[3]
+    if keys.dtype != torch.bfloat16 or values.dtype != torch.bfloat16 or dim % 32:
+        return None
+    if keys.device.type != "cpu" or not keys.is_contiguous() or not values.is_contiguous():
+        return None
+    return _prefix_tiles(keys, values) if _amx_ready() else None
+
+
+def _prefix_tiles(keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    layers, kv_heads, length, dim = keys.shape
+    width = -(-length // 32) * 32
+    padded = keys.new_zeros((layers, kv_heads, width, dim))
+    padded[:, :, :length] = keys
+    turned = values.new_zeros((layers, kv_heads, dim, width))
+    turned[:, :, :, :length] = values.transpose(2, 3)
+    return tuple(  # type: ignore[return-value]
+        m.view(torch.int32)
+        .view(layers, kv_heads, n // 16, 16, k // 32, 16)
+        .permute(0, 1, 2, 4, 5, 3)
+        .contiguous()
+        for m, n, k in ((padded, width, dim), (turned, dim, width))
+    )
+
+
 def shared_attend(
     q: Tensor,
-    groups: list[tuple[Tensor | None, Tensor, Tensor]],
+    groups: list[tuple[Tensor | None, Tensor, Tensor, tuple[Tensor, Tensor] | None]],
     cache: tuple[Tensor, Tensor],
     tables: Tensor,
     size: int,
@@ -1292,43 +1392,52 @@ def shared_attend(
 ) -> Tensor | None:
     """Attention output `[B, heads * D]` of one decode query a sequence, `q` `[B, heads, D]`:
     each group (its rows, None for every sequence; its prefix's keys and values `[kv_heads, Lp,
-    D]` in `q`'s dtype) over its prefix and then over its own positions
-    in this layer's pool (`cache`, K and V `[slots, kv_heads, D]`) up to `positions[b]`, through
-    `tables[b]`, its blocks of `size` slots after the prefix; sequences in no group over their
-    own blocks alone. One softmax spans both parts, so the result is full attention. None where
-    it does not apply (a device, other dtypes, numba missing)."""
-    arrays = (*cache, *(t for _, k, v in groups for t in (k, v)))
+    D]` in `q`'s dtype, and this layer's `prefix_tiles` of them or None) over its prefix and
+    then over its own positions in this layer's pool (`cache`, K and V `[slots, kv_heads, D]`)
+    up to `positions[b]`, through `tables[b]`, its blocks of `size` slots after the prefix;
+    sequences in no group over their own blocks alone. One softmax spans both parts, so the
+    result is full attention. The prefix's two products are torch's batched ones, or with tiles
+    AMX's in the same compiled call as the rest. None where it does not apply (a device, other
+    dtypes, numba missing)."""
+    arrays = (*cache, *(t for _, k, v, _ in groups for t in (k, v)))
     if q.device.type != "cpu" or not all(t.device.type == "cpu" and t.is_contiguous() for t in arrays):
         return None
     if any(t.dtype not in (torch.float32, torch.bfloat16) for t in (q, *arrays)) or not _ready():
         return None
-    if any(k.dtype != q.dtype or v.dtype != q.dtype for _, k, v in groups):
+    if any(k.dtype != q.dtype or v.dtype != q.dtype for _, k, v, _ in groups):
         return None
     b, heads, dim = q.shape
     kv_heads = cache[0].shape[1]
     group = heads // kv_heads
-    if all(rows is not None for rows, _, _ in groups):  # some sequences in no group?
+    if all(rows is not None for rows, _, _, _ in groups):  # some sequences in no group?
         covered = np.zeros(b, dtype=np.bool_)
-        for rows, _, _ in groups:
+        for rows, _, _, _ in groups:
             covered[rows.numpy()] = True  # type: ignore[union-attr]
         if not covered.all():  # they attend to their own blocks alone
             rest = torch.from_numpy(np.flatnonzero(~covered))
             nothing = q.new_empty((kv_heads, 0, dim))
-            groups = [*groups, (rest, nothing, nothing)]
+            groups = [*groups, (rest, nothing, nothing, None)]
     out = torch.empty((b, heads * dim), dtype=q.dtype)
     kc, vc, o = _array(cache[0]), _array(cache[1]), _array(out)
     index, at = tables.numpy(), positions.numpy()
-    for rows, keys, values in groups:
+    for rows, keys, values, tiles in groups:
+        which = np.arange(b) if rows is None else rows.numpy()
+        n = len(which) * group
+        if tiles is not None and q.dtype == torch.bfloat16:
+            words = tiles[0].numpy().view(np.uint32), tiles[1].numpy().view(np.uint32)
+            _tiled_attend(_array(q), which, *words, keys.shape[1], kc, vc, index, size, at, o)
+            continue
         mine = q if rows is None else q[rows]
-        n = mine.shape[0] * group
         queries = torch.empty((kv_heads, n, dim), dtype=q.dtype)  # a KV head's queries together, scaled
         heads_first = mine.view(-1, kv_heads, group, dim).transpose(0, 1)
         torch.mul(heads_first, dim**-0.5, out=queries.view(kv_heads, -1, group, dim))
         scores = torch.bmm(queries, keys.transpose(1, 2))  # [kv_heads, n, Lp]
         weights = torch.empty_like(scores)
         acc = np.empty((kv_heads, n, dim), dtype=np.float32)
-        which = np.arange(b) if rows is None else rows.numpy()
-        _own_softmax(_array(scores), _array(queries), which, kc, vc, index, size, at, _array(weights), acc)
+        shared = keys.shape[1]
+        _own_softmax(
+            _array(scores), _array(queries), which, kc, vc, index, size, at, shared, _array(weights), acc
+        )
         _summed(acc, _array(torch.bmm(weights, values)), which, o)
     return out
 

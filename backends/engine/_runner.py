@@ -7,6 +7,7 @@ from torch import Tensor
 
 from lanefold.backends.engine._arith import compute_dtype, sdpa_dtype
 from lanefold.backends.engine._attention import AttentionBatch, Lane, Prefix
+from lanefold.backends.engine._kernels import prefix_tiles
 from lanefold.backends.engine._model import CausalLM, KVCache
 from lanefold.backends.engine._scheduler import Step
 from lanefold.backends.engine._sequence import Sequence
@@ -33,7 +34,7 @@ class ModelRunner:
         # their groups decode: full shared blocks are never written, and a block can only come
         # back with other contents through a prefill, which clears this. Capped at an eighth of
         # the pool's memory; groups past the cap gather layer by layer.
-        self._prefix_kv: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
+        self._prefix_kv: dict[tuple[int, ...], tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]] = {}
         self._prefix_cap = (self.cache.k.nbytes + self.cache.v.nbytes) // 8
         # A lone decoding sequence's context, contiguous (see `Lane`), kept while it decodes
         # alone; under the same cap. One lane decoding is the step where the work around the
@@ -162,7 +163,7 @@ class ModelRunner:
 
     def _prefixes(self, groups: list[tuple[list[int] | None, list[int]]]) -> list[Prefix]:
         """The step's groups as `Prefix`es, each gathered for every layer once while it lasts."""
-        kept: dict[tuple[int, ...], tuple[Tensor, Tensor]] = {}
+        kept: dict[tuple[int, ...], tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]] = {}
         used = 0
         out = []
         for rows, blocks in groups:
@@ -172,7 +173,7 @@ class ModelRunner:
             if kv is None and used + size <= self._prefix_cap:
                 kv = self._gather_prefix(blocks)
             if kv is not None:
-                used += size
+                used += size if kv[2] is None else 2 * size  # (tiles: as many bytes again)
                 kept[key] = kv
             out.append(
                 Prefix(
@@ -180,6 +181,7 @@ class ModelRunner:
                     blocks=torch.tensor(blocks, device=self.device),
                     keys=None if kv is None else kv[0],
                     values=None if kv is None else kv[1],
+                    tiles=None if kv is None else kv[2],
                 )
             )
         self._prefix_kv = kept
@@ -190,11 +192,14 @@ class ModelRunner:
         bs = self.block_size
         return (torch.tensor(blocks)[:, None] * bs + torch.arange(bs)).flatten().to(self.device)
 
-    def _gather_prefix(self, blocks: list[int]) -> tuple[Tensor, Tensor]:
+    def _gather_prefix(self, blocks: list[int]) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+        """The prefix's keys and values `[layers, kv_heads, Lp, D]`, and on a CPU with AMX the
+        same as tiles (`prefix_tiles`; as many bytes again)."""
         slots = self._slots(blocks)
         k = self.cache.k.index_select(1, slots)  # [layers, Lp, kv_heads, D]
         v = self.cache.v.index_select(1, slots)
-        return self._dense(k.transpose(1, 2)), self._dense(v.transpose(1, 2))
+        keys, values = self._dense(k.transpose(1, 2)), self._dense(v.transpose(1, 2))
+        return keys, values, prefix_tiles(keys, values)
 
     def _dense(self, t: Tensor) -> Tensor:
         """`t` laid out contiguously in the dtype attention runs in, in one copy."""

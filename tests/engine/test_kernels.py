@@ -261,7 +261,7 @@ def test_a_bf16_layers_stages_between_packed_products_equal_the_eager_operations
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("path", ["tiles", "compiled", "torch"])
 @pytest.mark.parametrize("kept", [True, False])
 @pytest.mark.parametrize(
     "groups",
@@ -273,22 +273,26 @@ def test_a_bf16_layers_stages_between_packed_products_equal_the_eager_operations
 )
 def test_shared_prefix_decode_equals_attention_over_each_whole_context(
     dtype: torch.dtype,
-    compiled: bool,
+    path: str,
     kept: bool,
     groups: list[tuple[list[int] | None, int]],
     monkeypatch: Any,
 ) -> None:
     """A decode step's queries over the blocks their group shares and then their own ones (of
     different lengths, in blocks scattered over the pool) equal each sequence's attention over
-    its whole context, compiled (`shared_attend`) or through torch's products, the shared blocks
-    kept for every layer by the runner or gathered by the layer."""
+    its whole context: compiled (`shared_attend`), with the kept prefix in AMX's tiles as well
+    (bf16 on a CPU with them), or through torch's products; the shared blocks kept for every
+    layer by the runner or gathered by the layer."""
     import lanefold.backends.engine._attention as attention
     from lanefold.backends.engine._attention import AttentionBatch, Prefix, paged_attention
+    from lanefold.backends.engine._kernels import prefix_tiles
 
-    if not compiled:
+    if path == "tiles" and not (dtype == torch.bfloat16 and kept and torch.cpu._is_amx_tile_supported()):
+        pytest.skip("tiles are kept with a bf16 prefix on a CPU with AMX")
+    if path == "torch":
         monkeypatch.setattr(attention, "shared_attend", lambda *args: None)
-    g = torch.Generator().manual_seed(len(groups) + 2 * compiled)
-    b, heads, kv_heads, dim, size = 4, 6, 2, 16, 4
+    g = torch.Generator().manual_seed(len(groups) + len(path))
+    b, heads, kv_heads, dim, size = 4, 6, 2, 32, 4
     pool = 64 * size
     k_cache = torch.randn(pool, kv_heads, dim, generator=g).to(dtype)
     v_cache = torch.randn(pool, kv_heads, dim, generator=g).to(dtype)
@@ -303,8 +307,12 @@ def test_shared_prefix_decode_equals_attention_over_each_whole_context(
             contexts[row] = list(table)
         slots = (torch.tensor(table)[:, None] * size + torch.arange(size)).flatten()
         keys, values = (c[slots].transpose(0, 1).contiguous()[None] for c in (k_cache, v_cache))
-        prefixes.append(Prefix(rows=None if rows is None else torch.tensor(rows), blocks=torch.tensor(table),
-                               keys=keys if kept else None, values=values if kept else None))  # fmt: skip
+        tiles = prefix_tiles(keys, values) if path == "tiles" else None
+        assert (tiles is not None) == (path == "tiles")
+        prefix = Prefix(rows=None if rows is None else torch.tensor(rows), blocks=torch.tensor(table))
+        if kept:
+            prefix.keys, prefix.values, prefix.tiles = keys, values, tiles
+        prefixes.append(prefix)
     own_lengths = [1, 6, 3, 9]  # positions after the shared blocks, the new token's included
     own = []
     for row in range(b):
