@@ -30,6 +30,10 @@ the products go through torch (fp32 `mv` or `F.linear`, bf16 through oneDNN's pa
 between the same compiled stages (`_normed`, `_rope`, `_residual_normed`, `_swiglu`).
 
 Everything takes the weights in the layout `F.linear` reads, so nothing is copied or kept twice.
+Two more kinds of work live here for the same reason: the shared-prefix decode attention's
+between its products (`shared_attend`), and on a CPU with AMX the products of up to 128 rows of a
+bf16 model through AMX's tiles (`tile`, `tiled_linear`, `prefix_tiles`), whose copies of the
+weights are laid out for them.
 Without numba (it is part of the `engine` extra), or where it cannot compile them, the functions
 return None and the engine uses torch's kernels. Compiling takes a few seconds once a machine
 (numba caches the result on disk); `warm` loads them when the model is built.
@@ -573,10 +577,10 @@ _swiglu16 = _jit(_swiglu16)
 # Decode attention of several sequences, where groups of them share their leading blocks (K forks
 # of one prompt, prompts behind one cached preamble). The products with the prefix are torch's
 # batched ones (with AMX, bf16, SmolLM2's heads, 24 queries over 496 positions: 27 us for the
-# three KV heads; a compiled loop took 27 a head); what lies between them (the sequences' own
-# keys and values in the pool, the softmax over both parts, the sum of the two halves) is two
-# compiled calls, where `_attention` ran some 15 eager operations a layer: 12 of a K = 8 step's
-# 48 ms (bf16, one thread, the Xeon with AMX).
+# three KV heads; a compiled loop took 27 a head), or on a CPU with AMX the tiles' below
+# (`_tiled_attend`); what lies between them (the sequences' own keys and values in the pool, the
+# softmax over both parts, the sum of the two halves) is compiled, where `_attention` ran some
+# 15 eager operations a layer: 12 of a K = 8 step's 48 ms (bf16, one thread, the Xeon with AMX).
 
 
 def _row_max(row: Any, lanes: Any) -> Any:  # pragma: no cover - compiled
@@ -685,10 +689,10 @@ _summed = _jit(_summed)
 
 
 # A bf16 product of a few rows on a CPU with AMX (Intel's tile unit), compiled from LLVM's AMX
-# intrinsics: oneDNN's packed product of 8 rows streamed SmolLM2's layers at about 10 GB/s (21
+# intrinsics: oneDNN's packed product of 8 rows streamed SmolLM2's layers at about 10 GB/s (22
 # ms a step, one thread, the Xeon with AMX), where the tiles below, read in order from huge pages,
-# take 13-15 ms from 1 to 16 rows and 19 at 32 (oneDNN 26); from some 256 rows up oneDNN is
-# faster (512 rows: 122 against 102 ms), so a prefill keeps torch's product.
+# take 16-18 ms from 1 to 16 rows and 22 at 32 (oneDNN 28; `bench/tiles.py`); at 128 rows they
+# are level, so more rows (a prefill) keep torch's product.
 #
 # A weight `[N, K]` is kept as `[N / 16, K / 32, 16, 16]` uint32 words (`tile`): for each 16
 # outputs and 32 inputs, one 1 KiB tile of 16 rows, row j holding each output's inputs 2j and
@@ -841,6 +845,44 @@ def _tiled_attend(
 
 
 _tiled_attend = _jit(_tiled_attend)
+
+
+def _tiled_in(
+    x: Any, norm: Any, eps: float, qkv: Any, rope: Any, rotated: int, dim: int, made: Any
+) -> None:  # pragma: no cover - compiled
+    """`staged_in` with the q|k|v product through AMX's tiles, in one call: bf16 rows `x`
+    normed (`_normed16`), times `qkv`'s tiles into `made` (bf16 bits), RoPE on its first
+    `rotated` outputs (`_rope16`)."""
+    h = np.empty_like(x)
+    _normed16(x, norm, eps, h)
+    _tiled_rows(qkv, h, made)
+    _rope16(made.view(np.uint32), rope, rotated, dim)
+
+
+_tiled_in = _jit(_tiled_in)
+
+
+def _tiled_out(
+    attended: Any, o: Any, x: Any, norm: Any, eps: float, gate_up: Any, down: Any, out: Any
+) -> None:  # pragma: no cover - compiled
+    """`staged_out` with its three products through AMX's tiles, in one call: `out` (bf16 bits)
+    = `x` plus the o product of `attended`, plus the SwiGLU MLP of that normed, rounded where
+    the eager bf16 layer rounds."""
+    made = np.empty_like(x)
+    _tiled_rows(o, attended, made)
+    h = np.empty_like(x)
+    _residual_normed16(made, x, norm, eps, h)
+    both = np.empty((x.shape[0], gate_up.shape[0] * 16), dtype=np.uint16)
+    _tiled_rows(gate_up, h, both)
+    act = np.empty((x.shape[0], both.shape[1] // 2), dtype=np.uint16)
+    _swiglu16(both, act)
+    _tiled_rows(down, act, out)
+    for i in range(out.shape[0]):
+        for c in range(out.shape[1]):
+            out[i, c] = _narrowed(_wide(out[i, c]) + _wide(made[i, c]))
+
+
+_tiled_out = _jit(_tiled_out)
 
 
 @functools.cache
@@ -1084,6 +1126,12 @@ def _amx_ready() -> bool:
         out = torch.empty(1, 64, dtype=torch.bfloat16)
         _tiled_attend(_array(row[:, :2]), index, *words, 32, _array(pool), _array(pool), index.reshape(1, 1),
                       16, np.full(1, 32, dtype=np.int64), _array(out))  # fmt: skip
+        # and a layer's halves around attention over tiles (`staged_in`, `staged_out`)
+        square = tile(torch.zeros(32, 32, dtype=torch.bfloat16)).words
+        bits = np.zeros((1, 32), dtype=np.uint16)
+        _tiled_in(bits, bits[0], 1e-5, square, np.ones((1, 16, 2), dtype=np.float32), 32, 32, bits.copy())
+        wide = tile(torch.zeros(64, 32, dtype=torch.bfloat16)).words
+        _tiled_out(bits, square, bits, bits[0], 1e-5, wide, square, bits.copy())
         return True
     except Exception:  # an LLVM or numba failure must not stop the engine: it only costs speed
         logger.warning("the AMX tile products could not compile: using oneDNN's", exc_info=True)
@@ -1157,10 +1205,14 @@ def staged_in(
     where it does not apply."""
     if x.dtype != torch.bfloat16 or norm.dtype != torch.bfloat16 or not x.is_contiguous() or not _ready():
         return None
+    turns = torch.view_as_real(rope).contiguous().numpy()
+    if isinstance(qkv, Tiles) and x.shape[0] <= TILED_ROWS:  # the whole stage in one call
+        made = torch.empty((x.shape[0], qkv.weight.shape[0]), dtype=torch.bfloat16)
+        _tiled_in(_array(x), _array(norm), eps, qkv.words, turns, rotated, dim, _array(made))
+        return made
     h = torch.empty_like(x)
     _normed16(_array(x), _array(norm), eps, _array(h))
     made = packed_linear(h, qkv)
-    turns = torch.view_as_real(rope).contiguous().numpy()
     _rope16(_words(made), turns, rotated, dim)
     return made
 
@@ -1179,6 +1231,14 @@ def staged_out(
     computes it. None where it does not apply."""
     if x.dtype != torch.bfloat16 or norm.dtype != torch.bfloat16 or not x.is_contiguous() or not _ready():
         return None
+    rows = x.shape[0]
+    if isinstance(o, Tiles) and isinstance(gate_up, Tiles) and isinstance(down, Tiles) and rows <= TILED_ROWS:
+        out = torch.empty_like(x)  # the whole stage in one call
+        attended = attended.to(torch.bfloat16).contiguous()
+        _tiled_out(
+            _array(attended), o.words, _array(x), _array(norm), eps, gate_up.words, down.words, _array(out)
+        )
+        return out
     made = packed_linear(attended.to(torch.bfloat16), o)
     h = torch.empty_like(x)
     _residual_normed16(_array(made), _array(x), _array(norm), eps, _array(h))
