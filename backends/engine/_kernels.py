@@ -66,6 +66,7 @@ __all__ = (
     "ROWS",
     "TILED_ROWS",
     "Stack",
+    "TileStack",
     "Tiles",
     "lane_layers",
     "lane_put",
@@ -81,6 +82,8 @@ __all__ = (
     "staged_out",
     "tile",
     "tile_shape",
+    "tile_stack",
+    "tiled_layers",
     "tiled_linear",
     "tiles_fit",
     "tiles_read_faster",
@@ -885,6 +888,78 @@ def _tiled_out(
 _tiled_out = _jit(_tiled_out)
 
 
+def _tiles_at(block: Any, entry: Any) -> Any:  # pragma: no cover - compiled
+    """The tiles `entry` = (first word, N / 16, K / 32) of the copies' `block`."""
+    return block[entry[0] : entry[0] + entry[1] * entry[2] * 256].reshape(entry[1], entry[2], 16, 16)
+
+
+_tiles_at = _jit(_tiles_at)
+
+
+def _tiled_layers(
+    x: Any,
+    norms: Any,
+    posts: Any,
+    block: Any,
+    table: Any,
+    eps: float,
+    rope: Any,
+    rotated: int,
+    dim: int,
+    kc: Any,
+    vc: Any,
+    slots: Any,
+    keys: Any,
+    values: Any,
+    shared: int,
+    tables: Any,
+    size: int,
+    positions: Any,
+) -> None:  # pragma: no cover - compiled
+    """Every layer of a decode step of K forks of one prompt in one call, bf16 rows `x` `[K,
+    hidden]` (bits) in place: `_tiled_in`, the new keys and values into the pool (`kc`, `vc`
+    `[layers, slots, kv_heads, D]`) at `slots`, `_tiled_attend` over the prompt's tiles (`keys`,
+    `values`: `prefix_tiles`, every layer) and each fork's own blocks, `_tiled_out`. The norms
+    are bf16 `[layers, hidden]`; the copies lie in `block` where `table` `[layers, 4, 3]` says."""
+    n, kv_heads = x.shape[0], kc.shape[2]
+    queries = rotated - kv_heads * dim
+    heads = queries // dim
+    made = np.empty((n, table[0, 0, 1] * 16), dtype=np.uint16)
+    q = np.empty((n, heads, dim), dtype=np.uint16)
+    attended = np.empty((n, queries), dtype=np.uint16)
+    out = np.empty_like(x)
+    rows = np.arange(n)
+    for layer in range(table.shape[0]):
+        qkv, o = _tiles_at(block, table[layer, 0]), _tiles_at(block, table[layer, 1])
+        gate_up, down = _tiles_at(block, table[layer, 2]), _tiles_at(block, table[layer, 3])
+        _tiled_in(x, norms[layer], eps, qkv, rope, rotated, dim, made)
+        for i in range(n):
+            for c in range(queries):
+                q[i, c // dim, c % dim] = made[i, c]
+            for h in range(kv_heads):
+                for d in range(dim):
+                    kc[layer, slots[i], h, d] = made[i, queries + h * dim + d]
+                    vc[layer, slots[i], h, d] = made[i, rotated + h * dim + d]
+        _tiled_attend(
+            q,
+            rows,
+            keys[layer],
+            values[layer],
+            shared,
+            kc[layer],
+            vc[layer],
+            tables,
+            size,
+            positions,
+            attended,
+        )
+        _tiled_out(attended, o, x, posts[layer], eps, gate_up, down, out)
+        x[:] = out
+
+
+_tiled_layers = _jit(_tiled_layers)
+
+
 @functools.cache
 def _ready() -> bool:
     """Whether the loops compiled (or loaded from numba's cache); False, logged once, if not."""
@@ -1132,10 +1207,32 @@ def _amx_ready() -> bool:
         _tiled_in(bits, bits[0], 1e-5, square, np.ones((1, 16, 2), dtype=np.float32), 32, 32, bits.copy())
         wide = tile(torch.zeros(64, 32, dtype=torch.bfloat16)).words
         _tiled_out(bits, square, bits, bits[0], 1e-5, wide, square, bits.copy())
+        _compile_tiled_layers()
         return True
     except Exception:  # an LLVM or numba failure must not stop the engine: it only costs speed
         logger.warning("the AMX tile products could not compile: using oneDNN's", exc_info=True)
         return False
+
+
+def _compile_tiled_layers() -> None:
+    """Call `_tiled_layers` once on a one-layer model (hidden 32, one head of 32 over one KV
+    head, intermediate 32) so its first step does not compile it."""
+    shapes = [(96, 32), (32, 32), (64, 32), (32, 32)]
+    memory = Arena.of([(n // 16, k // 32, 16, 16) for n, k in shapes], torch.int32, torch.device("cpu"))
+    copies = [tile(torch.zeros(shape, dtype=torch.bfloat16), memory) for shape in shapes]
+    words = memory.words()
+    assert words is not None
+    norm = torch.ones(32, dtype=torch.bfloat16)
+    made = _tile_stack([(norm, norm, *copies)], words[0], words[1])
+    assert made is not None
+    prefix = _prefix_tiles(*(torch.zeros(1, 1, 32, 32, dtype=torch.bfloat16),) * 2)
+    pool = _array(torch.zeros(1, 64, 1, 32, dtype=torch.bfloat16))
+    x = np.zeros((1, 32), dtype=np.uint16)
+    turns = np.ones((1, 16, 2), dtype=np.float32)
+    keys, values = (t.numpy().view(np.uint32) for t in prefix)
+    one = np.ones(1, dtype=np.int64)
+    _tiled_layers(x, made.norms, made.posts, made.block, made.table, 1e-5, turns, 64, 32, pool, pool,
+                  one * 32, keys, values, 32, one.reshape(1, 1) * 2, 16, one * 32)  # fmt: skip
 
 
 @functools.cache
@@ -1376,6 +1473,78 @@ def lane_layers(
     _lane_layers(
         out.numpy(), layers.norms, layers.posts, layers.block, layers.table, layers.halves, eps, turns,
         rotated, k, v, slot, keys, values, at, x.dtype == torch.bfloat16,
+    )  # fmt: skip
+    return out
+
+
+class TileStack(NamedTuple):
+    """Every layer's tiled copies and bf16 norms as `tiled_layers` reads them, made once a model."""
+
+    norms: Any  # uint16 (bf16 bits) [layers, hidden]
+    posts: Any
+    block: Any  # the copies' block as uint32 words
+    table: Any  # int64 [layers, 4, 3]: each copy's first word in `block`, N / 16, K / 32
+
+
+def tile_stack(layers: list[tuple[Any, ...]], block: Any, base: int) -> TileStack | None:
+    """The `TileStack` of `layers`, each (input norm, post norm, q|k|v, o, gate|up, down): bf16
+    norms and `Tiles` lying in `block` (numpy uint32 words whose first is at address `base`: the
+    copies' `_memory.Arena`). None where they do not all (or the CPU has no AMX)."""
+    return _tile_stack(layers, block, base) if layers and _amx_ready() else None
+
+
+def _tile_stack(layers: list[tuple[Any, ...]], block: Any, base: int) -> TileStack | None:
+    table = np.empty((len(layers), 4, 3), dtype=np.int64)
+    for i, (norm, post, *copies) in enumerate(layers):
+        if norm.dtype != torch.bfloat16 or post.dtype != torch.bfloat16:
+            return None
+        for j, copy in enumerate(copies):
+            if not isinstance(copy, Tiles):
+                return None
+            start = copy.tiles.data_ptr() - base
+            if not (0 <= start and start + copy.tiles.nbytes <= block.nbytes and start % 4 == 0):
+                return None
+            table[i, j] = (start // 4, copy.tiles.shape[0], copy.tiles.shape[1])
+    norms = np.stack([_array(layer[0]) for layer in layers])
+    posts = np.stack([_array(layer[1]) for layer in layers])
+    return TileStack(norms, posts, block, table)
+
+
+def tiled_layers(
+    x: Tensor,
+    layers: TileStack,
+    eps: float,
+    rope: Tensor,
+    rotated: int,
+    cache: tuple[Tensor, Tensor],
+    slots: Tensor,
+    prefix: tuple[Tensor, Tensor],
+    shared: int,
+    tables: Tensor,
+    size: int,
+    positions: Tensor,
+) -> Tensor | None:
+    """The hidden states `[K, hidden]` (bf16, before the final norm) of a decode step of K forks
+    of one prompt after every layer, from their tokens' embeddings `x`, in one compiled call
+    (`_tiled_layers`): the pool's K/V (`cache`, `[layers, slots, kv_heads, D]`) written at
+    `slots`, attention over the prompt's `prefix_tiles` (`shared` positions) and each fork's own
+    blocks (`tables`, of `size` slots) up to `positions`. A step ran some 30 Python calls and
+    100 eager operations a layer around the compiled ones. None where it does not apply."""
+    rows = x.shape[0]
+    if x.dtype != torch.bfloat16 or rows > TILED_ROWS or rows == 0:
+        return None
+    tensors = (*cache, *prefix)
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    if cache[0].dtype != torch.bfloat16 or cache[1].dtype != torch.bfloat16:
+        return None
+    out = x.contiguous().clone()  # (a fresh tensor: the loop works in place)
+    turns = torch.view_as_real(rope).contiguous().numpy()
+    words = (prefix[0].numpy().view(np.uint32), prefix[1].numpy().view(np.uint32))
+    _tiled_layers(
+        _array(out), layers.norms, layers.posts, layers.block, layers.table, eps, turns, rotated,
+        cache[0].shape[3], _array(cache[0]), _array(cache[1]), slots.numpy(), *words, shared,
+        tables.numpy(), size, positions.numpy(),
     )  # fmt: skip
     return out
 

@@ -26,6 +26,7 @@ from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
 from lanefold.backends.engine._kernels import (
     Stack,
     Tiles,
+    TileStack,
     lane_layers,
     lane_put,
     layer_in,
@@ -36,6 +37,8 @@ from lanefold.backends.engine._kernels import (
     staged_out,
     tile,
     tile_shape,
+    tile_stack,
+    tiled_layers,
     tiles_fit,
     tiles_read_faster,
 )
@@ -260,6 +263,8 @@ class CausalLM(nn.Module):
         self._weights: list[LayerWeights] | None = None
         self._stack: tuple[list[LayerWeights], Stack | None] | None = None  # for `lane_layers`
         self.arena: Arena | None = None  # the block a CPU model's weights lie in (`build_model`)
+        self.tiles_arena: Arena | None = None  # the block its copies lie in, where they are tiles
+        self._tiles: tuple[list[LayerWeights], TileStack | None] | None = None  # for `tiled_layers`
         # (the head, its version counter then, a packed copy of it) where `build_model` made one
         self.head_packed: tuple[Tensor, int, Tensor | Tiles] | None = None
 
@@ -289,6 +294,19 @@ class CausalLM(nn.Module):
             self._stack = (weights, made)
         return self._stack[1]
 
+    def _tile_stack(self) -> TileStack | None:
+        """The layers as `_kernels.tiled_layers` reads them, made once (and again once the
+        layers' tensors are read afresh); None where their copies are not all tiles."""
+        weights = self.layer_weights()
+        if self._tiles is None or self._tiles[0] is not weights:
+            block = self.tiles_arena.words() if self.tiles_arena is not None else None
+            made = None
+            if block is not None and all(w.packed is not None for w in weights):
+                layers = [(w.input_norm, w.post_norm, *cast(tuple[Tiles, ...], w.packed)) for w in weights]
+                made = tile_stack(layers, block[0], block[1])
+            self._tiles = (weights, made)
+        return self._tiles[1]
+
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, cache: KVCache, batch: AttentionBatch) -> Tensor:
         a = self.args
@@ -305,6 +323,23 @@ class CausalLM(nn.Module):
             )  # fmt: skip
             if made is not None:
                 return _rms_norm(made.to(x.dtype), self.model.norm.weight, a.rms_norm_eps)
+        forks = batch.prefixes[0] if len(batch.prefixes) == 1 and batch.prefixes[0].rows is None else None
+        if (
+            forks is not None
+            and forks.tiles is not None
+            and forks.keys is not None
+            and x.device.type == "cpu"
+        ):
+            tiles = self._tile_stack()  # K forks of one prompt, every product through AMX's tiles
+            made = None
+            if tiles is not None:
+                rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
+                made = tiled_layers(
+                    x, tiles, a.rms_norm_eps, rope[:, 0], rotated, (cache.k, cache.v), batch.write_slots,
+                    forks.tiles, forks.keys.shape[2], batch.block_tables, batch.block_size, batch.positions,
+                )  # fmt: skip
+            if made is not None:
+                return _rms_norm(made, self.model.norm.weight, a.rms_norm_eps)
         for i, weights in enumerate(self.layer_weights()):
             x = _decoder_layer(weights, x, rope, (cache.k[i], cache.v[i]), batch, i, shape, a.rms_norm_eps)
         return _rms_norm(x, self.model.norm.weight, a.rms_norm_eps)
@@ -539,6 +574,7 @@ def _pack_copies(model: CausalLM) -> None:
     for layer, group in zip(layers, sources, strict=True):
         layer.packed = (group, tuple(t._version for t in group), tuple(copy(t) for t in group))
     model.head_packed = (head, head._version, copy(head))
+    model.tiles_arena = memory
 
 
 def _rows_of(weights: list[Tensor], memory: Arena) -> tuple[Tensor, list[Tensor]]:

@@ -244,9 +244,12 @@ def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_refe
     if mode == "amx-tiles":
         if not (arith.packs(torch.bfloat16, torch.device("cpu")) and kernels._amx_ready()):
             pytest.skip("this CPU has no AMX tiles (or torch no oneDNN)")
-        args = dataclasses.replace(TINY, vocab_size=288)  # every side a multiple of 32
+        # every side a multiple of 32, heads of 32: the prompt's keys and values as tiles too
+        args = dataclasses.replace(TINY, vocab_size=288, num_heads=2, num_kv_heads=1, head_dim=32)
         monkeypatch.setattr(model_module, "tiles_read_faster", lambda threads, width: True)
-    engine = make_engine(block_size=4, num_blocks=60, dtype=torch.bfloat16, args=args)
+    # (with AMX, a pool roomy enough that the runner keeps the prompts, and so their tiles)
+    blocks = 200 if mode == "amx-tiles" else 60
+    engine = make_engine(block_size=4, num_blocks=blocks, dtype=torch.bfloat16, args=args)
     assert engine.runner._work == (torch.bfloat16 if native else torch.float32)
     if mode == "amx-tiles":
         model = engine.runner.model
@@ -254,6 +257,8 @@ def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_refe
         assert model.head_packed is not None and isinstance(model.head_packed[2], kernels.Tiles)
     seen = record_steps(engine)
     arrive_mid_decode(engine)
+    if mode == "amx-tiles":  # the K forks' steps took the whole-step call over the tiles
+        assert engine.runner.model._tile_stack() is not None
     exact = tiny_checkpoint(0, args)
     rounded = Checkpoint(exact.args, {k: v.bfloat16().float() for k, v in exact.tensors.items()})
     assert len(seen) > 30
@@ -347,3 +352,42 @@ def test_a_lone_lanes_layers_in_one_compiled_call_match_full_recompute(
     for tokens, row in seen:
         error = (row - reference_logits(rounded, tokens)[-1]).abs()
         assert error.max() < 0.25 and error.mean() < 0.05, (len(tokens), error.max(), error.mean())
+
+
+def test_the_forks_whole_step_over_amx_tiles_equals_the_layer_by_layer_step(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K forks of one prompt on a CPU with AMX decode every layer in one compiled call
+    (`tiled_layers`); layer by layer through the same tiles the logits are the same, bit for bit."""
+    import dataclasses
+
+    import lanefold.backends.engine._arith as arith
+    import lanefold.backends.engine._kernels as kernels
+    import lanefold.backends.engine._model as model_module
+
+    if not (arith.packs(torch.bfloat16, torch.device("cpu")) and kernels._amx_ready()):
+        pytest.skip("this CPU has no AMX tiles (or torch no oneDNN)")
+    args = dataclasses.replace(TINY, vocab_size=288, num_heads=2, num_kv_heads=1, head_dim=32)
+    monkeypatch.setattr(model_module, "tiles_read_faster", lambda threads, width: True)
+    params = SamplingParams(temperature=1.0, max_tokens=6)
+    lanes = [LaneRequest(i, 30 + i, 6) for i in range(5)]
+    runs = []
+    calls = {"whole": 0}
+    whole = model_module.tiled_layers
+
+    def counted(*a: object, **k: object) -> object:
+        made = whole(*a, **k)  # type: ignore[arg-type]
+        calls["whole"] += made is not None
+        return made
+
+    for fused in (True, False):
+        monkeypatch.setattr(model_module, "tiled_layers", counted if fused else lambda *a, **k: None)
+        engine = make_engine(block_size=4, num_blocks=200, dtype=torch.bfloat16, args=args)
+        seen = record_steps(engine)
+        engine.generate(PROMPT, params, lanes)
+        runs.append(seen)
+    assert calls["whole"] >= 4  # every decode step after the first forks' prefill
+    assert len(runs[0]) == len(runs[1])
+    for (tokens, row), (other_tokens, other) in zip(*runs, strict=True):
+        assert tokens == other_tokens
+        assert torch.equal(row, other)
