@@ -1064,6 +1064,31 @@ _TRIAL_BYTES = 32 << 20  # what `_torch_reads_faster` reads a pass, each way
 _TRIAL_MATRIX = 2 << 20  # ... in matrices of about this size, as a small model's layers are
 
 
+def _trial_matrices(dtype: torch.dtype, width: int, nbytes: int, multiple: int = 1) -> list[Tensor]:
+    """Matrices `width` wide of about `_TRIAL_MATRIX` bytes each (rows a multiple of
+    `multiple`), `nbytes` of them in all, one after another in an `Arena` as a model's layers
+    lie: what the load-time trials read."""
+    size = torch.empty((), dtype=dtype).element_size()
+    rows = max(64, _TRIAL_MATRIX // (width * size)) // multiple * multiple
+    count = max(2, nbytes // (rows * width * size))
+    arena = Arena.of([(rows, width)] * count, dtype, torch.device("cpu"))
+    return [arena.empty((rows, width)).fill_(0.5) for _ in range(count)]
+
+
+def _best_of_three(runs: dict[str, Callable[[], None]]) -> dict[str, float]:
+    """Each run's best time of three, interleaved, after a first run of each (which faults the
+    pages in): the load-time trials' measure."""
+    times = dict.fromkeys(runs, float("inf"))
+    for run in runs.values():
+        run()
+    for _ in range(3):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name] = min(times[name], time.perf_counter() - start)
+    return times
+
+
 @functools.cache
 def _torch_reads_faster(threads: int, dtype: torch.dtype, width: int) -> bool:
     """Whether, on this machine at `threads` threads, torch's one-row products of `dtype`
@@ -1075,13 +1100,9 @@ def _torch_reads_faster(threads: int, dtype: torch.dtype, width: int) -> bool:
     10.6; 1024 wide, level). The matrices, 32 MiB, are read one after another as a decode step
     reads its layers, from where the model's lie (an `Arena`, on huge pages; the packed copies
     where oneDNN puts them)."""
-    size = torch.empty((), dtype=dtype).element_size()
-    rows = max(64, _TRIAL_MATRIX // (width * size))
-    count = max(2, _TRIAL_BYTES // (rows * width * size))
-    arena = Arena.of([(rows, width)] * count, dtype, torch.device("cpu"))
-    matrices = [arena.empty((rows, width)).fill_(0.5) for _ in range(count)]
+    matrices = _trial_matrices(dtype, width, _TRIAL_BYTES)
     x = np.ones((1, width), dtype=np.float32)
-    out = np.empty((1, rows), dtype=np.float32)
+    out = np.empty((1, matrices[0].shape[0]), dtype=np.float32)
     words = [_words(m) for m in matrices]
     try:
         copies = [pack(m) if dtype != torch.float32 else None for m in matrices]
@@ -1097,14 +1118,7 @@ def _torch_reads_faster(threads: int, dtype: torch.dtype, width: int) -> bool:
         for m, copy in zip(matrices, copies, strict=True):
             _by_torch(x, m, copy)
 
-    times: dict[str, float] = {"loop": float("inf"), "torch": float("inf")}
-    loop()  # the first reads fault pages in
-    by_torch()
-    for _ in range(3):  # interleaved, the best of three each
-        for name, run in (("loop", loop), ("torch", by_torch)):
-            start = time.perf_counter()
-            run()
-            times[name] = min(times[name], time.perf_counter() - start)
+    times = _best_of_three({"loop": loop, "torch": by_torch})
     logger.debug("one-row products %d wide, %d threads, %s: %s", width, threads, dtype, times)
     return times["torch"] < times["loop"]
 
@@ -1243,10 +1257,7 @@ def tiles_read_faster(threads: int, width: int) -> bool:
     AMX (`_amx_ready`)."""
     if not _amx_ready():
         return False
-    rows = max(64, _TRIAL_MATRIX // (width * 2)) // 32 * 32
-    count = max(2, _TRIAL_BYTES // 2 // (rows * width * 2))
-    dense = Arena.of([(rows, width)] * count, torch.bfloat16, torch.device("cpu"))
-    matrices = [dense.empty((rows, width)).fill_(0.5) for _ in range(count)]
+    matrices = _trial_matrices(torch.bfloat16, width, _TRIAL_BYTES // 2, multiple=32)
     memory = Arena.of([tile_shape(m) for m in matrices], torch.int32, torch.device("cpu"))
     tiled = [tile(m, memory) for m in matrices]
     copies = [pack(m) for m in matrices]
@@ -1260,14 +1271,7 @@ def tiles_read_faster(threads: int, width: int) -> bool:
         for copy in copies:
             packed_linear(x, copy)
 
-    times: dict[str, float] = {"tiles": float("inf"), "oneDNN": float("inf")}
-    by_tiles()  # the first reads fault pages in
-    by_onednn()
-    for _ in range(3):  # interleaved, the best of three each
-        for name, run in (("tiles", by_tiles), ("oneDNN", by_onednn)):
-            start = time.perf_counter()
-            run()
-            times[name] = min(times[name], time.perf_counter() - start)
+    times = _best_of_three({"tiles": by_tiles, "oneDNN": by_onednn})
     logger.debug("8-row products %d wide, %d threads: %s", width, threads, times)
     return times["tiles"] < times["oneDNN"]
 
