@@ -2,10 +2,12 @@
 
 Every layer's four matrices of a SmolLM2-135M-shaped model (30 layers: q|k|v 960 x 576, o
 576 x 576, gate|up 3072 x 576, down 576 x 1536; random bf16), multiplied in the order a step
-reads them by M rows, three ways: the engine's tiled product (`_kernels.tile`, the tiles in one
-huge-page block in read order, as the engine keeps them), oneDNN's packed product (the copies
-the engine keeps where the tiles are not faster), and `F.linear` on the `[out, in]` weights
-(what a product of more than `TILED_ROWS` rows takes). The best of `--reps` interleaved passes;
+reads them by M rows: the engine's tiled product (`_kernels.tile`, the tiles in one huge-page
+block in read order, as the engine keeps them), oneDNN's packed product (the copies the engine
+keeps where the tiles are not faster), `F.linear` on the `[out, in]` weights (what a product of
+more than `TILED_ROWS` rows takes), and at one or two rows the engine's own loop over those
+(`_kernels.small_linear`, what a lone lane's step reads them with where the copies are not
+tiles). The best of `--reps` interleaved passes;
 milliseconds for a step's products and the rate the weights stream at. Printed, never asserted.
 
     PYTHONPATH=. .venv/bin/python bench/tiles.py [--threads 1] [--rows 1,8,16,32,64,128,512]
@@ -23,10 +25,12 @@ import torch.nn.functional as F
 from _cpu import cpu_kind  # bench/_cpu.py
 
 from lanefold.backends.engine._kernels import (
+    ROWS,
     TILED_ROWS,
     _amx_ready,
     pack,
     packed_linear,
+    small_linear,
     tile,
     tile_shape,
     tiled_linear,
@@ -57,8 +61,18 @@ def main() -> None:
     packed = [pack(w) for w in weights]
     nbytes = sum(w.numel() * 2 for w in weights)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {nbytes / 1e6:.0f} MB of bf16 matrices")
-    print("| rows | tiles ms | oneDNN ms | F.linear ms | tiles GB/s | oneDNN GB/s | tiles / oneDNN |")
-    print("|---|---|---|---|---|---|---|")
+    head = (
+        "rows",
+        "tiles ms",
+        "oneDNN ms",
+        "F.linear ms",
+        "loop ms",
+        "tiles GB/s",
+        "oneDNN GB/s",
+        "tiles / oneDNN",
+    )
+    print("| " + " | ".join(head) + " |")
+    print("|---" * len(head) + "|")
     for rows in (int(r) for r in args.rows.split(",")):
         xs = {k: torch.randn(rows, k, generator=g).bfloat16() for k in {s[1] for s in SHAPES}}
 
@@ -74,7 +88,13 @@ def main() -> None:
             for w in weights:
                 F.linear(xs[w.shape[1]], w)
 
+        def by_loop(xs: dict[int, torch.Tensor] = xs) -> None:
+            for w in weights:
+                small_linear(xs[w.shape[1]], w)
+
         ways: dict[str, Callable[[], None]] = {"tiles": by_tiles, "oneDNN": by_onednn, "F.linear": by_torch}
+        if rows <= ROWS:
+            ways["loop"] = by_loop
         best = dict.fromkeys(ways, float("inf"))
         for run in ways.values():
             run()  # first use: pages, primitives
@@ -85,10 +105,11 @@ def main() -> None:
                 best[name] = min(best[name], time.perf_counter() - start)
         note = " (torch's product: past TILED_ROWS)" if rows > TILED_ROWS else ""
         ms = {name: f"{seconds * 1e3:.1f}" for name, seconds in best.items()}
+        ms.setdefault("loop", "-")
         rates = {name: f"{nbytes / seconds / 1e9:.1f}" for name, seconds in best.items()}
         print(
-            f"| {rows}{note} | {ms['tiles']} | {ms['oneDNN']} | {ms['F.linear']} | {rates['tiles']} "
-            f"| {rates['oneDNN']} | {best['tiles'] / best['oneDNN']:.2f} |"
+            f"| {rows}{note} | {ms['tiles']} | {ms['oneDNN']} | {ms['F.linear']} | {ms['loop']} "
+            f"| {rates['tiles']} | {rates['oneDNN']} | {best['tiles'] / best['oneDNN']:.2f} |"
         )
 
 

@@ -397,18 +397,18 @@ _layer_out = _jit(_layer_out)
 def _lane_put(
     made: Any, rotated: int, kc: Any, vc: Any, slot: int, lk: Any, lv: Any, at: int, q: Any
 ) -> None:  # pragma: no cover - compiled
-    """A lone lane's q|k|v row `made` (fp32, after RoPE; q the first `rotated` less the keys')
-    stored where its step reads it: K and V at the pool's row `slot` (`kc`, `vc` `[slots,
-    kv_heads, D]`) and at the lane's position `at` (`lk`, `lv` `[kv_heads, capacity, D]`), each
-    in its array's dtype; q into `q`, in the lane's."""
+    """A lone lane's q|k|v row `made` (fp32, or bf16 bits; after RoPE; q the first `rotated`
+    less the keys') stored where its step reads it: K and V at the pool's row `slot` (`kc`, `vc`
+    `[slots, kv_heads, D]`) and at the lane's position `at` (`lk`, `lv` `[kv_heads, capacity,
+    D]`), each in its array's dtype; q into `q`, in the lane's."""
     kv_heads, dim = lk.shape[0], lk.shape[2]
     queries = rotated - kv_heads * dim
     for c in range(queries):
-        q[c] = _stored(q, made[0, c])
+        q[c] = _stored(q, _wide(made[0, c]))
     for h in range(kv_heads):
         for d in range(dim):
-            key = made[0, queries + h * dim + d]
-            value = made[0, rotated + h * dim + d]
+            key = _wide(made[0, queries + h * dim + d])
+            value = _wide(made[0, rotated + h * dim + d])
             kc[slot, h, d] = _stored(kc, key)
             vc[slot, h, d] = _stored(vc, value)
             lk[h, at, d] = _stored(lk, key)
@@ -960,6 +960,49 @@ def _tiled_layers(
 _tiled_layers = _jit(_tiled_layers)
 
 
+def _tiled_lane_layers(
+    x: Any,
+    norms: Any,
+    posts: Any,
+    block: Any,
+    table: Any,
+    eps: float,
+    rope: Any,
+    rotated: int,
+    dim: int,
+    kc: Any,
+    vc: Any,
+    slot: int,
+    lk: Any,
+    lv: Any,
+    at: int,
+) -> None:  # pragma: no cover - compiled
+    """Every layer of a lone lane's decode step in one call over AMX's tiles, its bf16 row `x`
+    `[1, hidden]` (bits) in place: `_tiled_in`, `_lane_put` (the pool's K/V `kc`, `vc` `[layers,
+    slots, kv_heads, D]` at `slot`, the lane's `lk`, `lv` `[layers, kv_heads, capacity, D]` at
+    `at`), `_lane_attend`, its output rounded to bf16, `_tiled_out`; as `_tiled_layers` lays out
+    the norms, the copies and their `table`."""
+    queries = rotated - lk.shape[1] * dim
+    made = np.empty((1, table[0, 0, 1] * 16), dtype=np.uint16)
+    q = np.empty(queries, dtype=lk.dtype)
+    attended = np.empty((1, queries), dtype=np.float32)
+    bits = np.empty((1, queries), dtype=np.uint16)
+    out = np.empty_like(x)
+    for layer in range(table.shape[0]):
+        qkv, o = _tiles_at(block, table[layer, 0]), _tiles_at(block, table[layer, 1])
+        gate_up, down = _tiles_at(block, table[layer, 2]), _tiles_at(block, table[layer, 3])
+        _tiled_in(x, norms[layer], eps, qkv, rope, rotated, dim, made)
+        _lane_put(made, rotated, kc[layer], vc[layer], slot, lk[layer], lv[layer], at, q)
+        _lane_attend(q, lk[layer], lv[layer], at + 1, attended)
+        for c in range(queries):
+            bits[0, c] = _narrowed(attended[0, c])
+        _tiled_out(bits, o, x, posts[layer], eps, gate_up, down, out)
+        x[:] = out
+
+
+_tiled_lane_layers = _jit(_tiled_lane_layers)
+
+
 @functools.cache
 def _ready() -> bool:
     """Whether the loops compiled (or loaded from numba's cache); False, logged once, if not."""
@@ -1229,8 +1272,8 @@ def _amx_ready() -> bool:
 
 
 def _compile_tiled_layers() -> None:
-    """Call `_tiled_layers` once on a one-layer model (hidden 32, one head of 32 over one KV
-    head, intermediate 32) so its first step does not compile it."""
+    """Call `_tiled_layers` and `_tiled_lane_layers` once on a one-layer model (hidden 32, one
+    head of 32 over one KV head, intermediate 32) so a first step does not compile them."""
     shapes = [(96, 32), (32, 32), (64, 32), (32, 32)]
     memory = Arena.of([(n // 16, k // 32, 16, 16) for n, k in shapes], torch.int32, torch.device("cpu"))
     copies = [tile(torch.zeros(shape, dtype=torch.bfloat16), memory) for shape in shapes]
@@ -1247,6 +1290,10 @@ def _compile_tiled_layers() -> None:
     one = np.ones(1, dtype=np.int64)
     _tiled_layers(x, made.norms, made.posts, made.block, made.table, 1e-5, turns, 64, 32, pool, pool,
                   one * 32, keys, values, 32, one.reshape(1, 1) * 2, 16, one * 32)  # fmt: skip
+    for lane in (torch.float32, torch.bfloat16):  # and a lone lane's step, its lane in either
+        kept = _array(torch.zeros(1, 1, 4, 32, dtype=lane))
+        _tiled_lane_layers(x, made.norms, made.posts, made.block, made.table, 1e-5, turns, 64, 32,
+                           pool, pool, 1, kept, kept, 1)  # fmt: skip
 
 
 @functools.cache
@@ -1549,6 +1596,40 @@ def tiled_layers(
         _array(out), layers.norms, layers.posts, layers.block, layers.table, eps, turns, rotated,
         cache[0].shape[3], _array(cache[0]), _array(cache[1]), slots.numpy(), *words, shared,
         tables.numpy(), size, positions.numpy(),
+    )  # fmt: skip
+    return out
+
+
+def tiled_lane_layers(
+    x: Tensor,
+    layers: TileStack,
+    eps: float,
+    rope: Tensor,
+    rotated: int,
+    cache: tuple[Tensor, Tensor],
+    slot: int,
+    lane: tuple[Tensor, Tensor],
+    at: int,
+) -> Tensor | None:
+    """A lone lane's hidden state `[1, hidden]` (bf16, before the final norm) after every layer,
+    from its token's embedding `x`, in one compiled call over AMX's tiles (`_tiled_lane_layers`):
+    `lane_layers` for a model whose copies are tiles, which stream one row faster than the loops
+    read the `[out, in]` weights (`bench/tiles.py`). None where it does not apply."""
+    tensors = (*cache, *lane)
+    if x.shape[0] != 1 or x.dtype != torch.bfloat16:
+        return None
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    if cache[0].dtype != torch.bfloat16 or cache[1].dtype != torch.bfloat16:
+        return None
+    if lane[0].dtype not in (torch.float32, torch.bfloat16) or lane[1].dtype != lane[0].dtype:
+        return None
+    out = x.contiguous().clone()  # (a fresh tensor: the loop works in place)
+    turns = torch.view_as_real(rope).contiguous().numpy()
+    k, v, keys, values = (_array(t) for t in tensors)
+    _tiled_lane_layers(
+        _array(out), layers.norms, layers.posts, layers.block, layers.table, eps, turns, rotated,
+        cache[0].shape[3], k, v, slot, keys, values, at,
     )  # fmt: skip
     return out
 

@@ -38,6 +38,7 @@ from lanefold.backends.engine._kernels import (
     tile,
     tile_shape,
     tile_stack,
+    tiled_lane_layers,
     tiled_layers,
     tiles_fit,
     tiles_read_faster,
@@ -315,6 +316,14 @@ class CausalLM(nn.Module):
         rope = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]  # [N, 1, head_dim / 2]
         shape = (a.num_heads, a.num_kv_heads, a.head_dim)
         lane = batch.lane
+        if lane is not None and x.device.type == "cpu" and (tiles := self._tile_stack()) is not None:
+            rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
+            tiled = tiled_lane_layers(
+                x, tiles, a.rms_norm_eps, rope[:, 0], rotated, (cache.k, cache.v), lane.slot,
+                (lane.keys, lane.values), lane.length,
+            )  # fmt: skip
+            if tiled is not None:
+                return _rms_norm(tiled, self.model.norm.weight, a.rms_norm_eps)
         if lane is not None and x.device.type == "cpu" and (layers := self._layer_stack()) is not None:
             rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
             made = lane_layers(
@@ -391,10 +400,12 @@ def _decoder_layer(
     heads, kv_heads, dim = shape
     n = x.shape[0]
     sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
-    # one or two rows on a CPU: the layer's work around attention in two compiled calls
+    # one or two rows on a CPU: the layer's work around attention in two compiled calls (where
+    # the copies are AMX's tiles, the staged calls below: the tiles stream one row faster)
     made = None
     packed = w.packed or (None, None, None, None)
-    if w.qkv is not None and w.gate_up is not None and n <= _KERNEL_ROWS and x.device.type == "cpu":
+    few = n <= _KERNEL_ROWS and x.device.type == "cpu" and not isinstance(packed[0], Tiles)
+    if w.qkv is not None and w.gate_up is not None and few:
         made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim, packed[0])
     if made is not None and batch.lane is not None:  # a lone lane: q, K and V stored in one call
         lane = (batch.lane.keys[layer], batch.lane.values[layer])

@@ -354,6 +354,55 @@ def test_a_lone_lanes_layers_in_one_compiled_call_match_full_recompute(
         assert error.max() < 0.25 and error.mean() < 0.05, (len(tokens), error.max(), error.mean())
 
 
+def test_a_lone_lane_over_amx_tiles_matches_its_layer_by_layer_step_and_the_reference(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU with AMX a bf16 lone lane's decode step reads the tiles too: every layer in one
+    compiled call (`tiled_lane_layers`), where layer by layer it takes the staged calls. The two
+    differ only in attention's arithmetic (the loop's against SDPA's, both fp32, where a bf16
+    rounding may then flip), so their logits agree closer than the reference's rounding bounds;
+    and both are within those."""
+    import dataclasses
+
+    import lanefold.backends.engine._arith as arith
+    import lanefold.backends.engine._kernels as kernels
+    import lanefold.backends.engine._model as model_module
+    from lanefold.backends.engine._weights import Checkpoint
+
+    if not (arith.packs(torch.bfloat16, torch.device("cpu")) and kernels._amx_ready()):
+        pytest.skip("this CPU has no AMX tiles (or torch no oneDNN)")
+    args = dataclasses.replace(TINY, vocab_size=288, num_heads=2, num_kv_heads=1, head_dim=32)
+    monkeypatch.setattr(model_module, "tiles_read_faster", lambda threads, width: True)
+    # the loops' one-call step is not what is tested here
+    monkeypatch.setattr(model_module, "lane_layers", lambda *a, **k: None)
+    fused = model_module.tiled_lane_layers
+    runs = []
+    for whole in (True, False):
+        taken: list[bool] = []
+
+        def counted(*a: object, whole: bool = whole, taken: list[bool] = taken, **k: object) -> object:
+            made = fused(*a, **k) if whole else None  # type: ignore[arg-type]
+            taken.append(made is not None)
+            return made
+
+        monkeypatch.setattr(model_module, "tiled_lane_layers", counted)
+        engine = make_engine(block_size=4, dtype=torch.bfloat16, args=args)
+        assert engine.runner.model._tile_stack() is not None
+        seen = record_steps(engine)
+        engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=20), [LaneRequest(0, 0, 20)])
+        assert len(taken) == 19 and all(taken) == whole  # every decode step, none refused
+        runs.append(seen)
+    exact = tiny_checkpoint(0, args)
+    rounded = Checkpoint(exact.args, {k: v.bfloat16().float() for k, v in exact.tensors.items()})
+    assert len(runs[0]) == len(runs[1]) == 20
+    for (tokens, row), (other_tokens, other) in zip(*runs, strict=True):
+        assert tokens == other_tokens
+        apart = (row - other).abs()  # (0.06 max, 0.012 mean here; an attention 5% off: 0.16, 0.044)
+        assert apart.max() < 0.1 and apart.mean() < 0.02, (len(tokens), apart.max(), apart.mean())
+        error = (row - reference_logits(rounded, tokens)[-1]).abs()
+        assert error.max() < 0.25 and error.mean() < 0.05, (len(tokens), error.max(), error.mean())
+
+
 def test_the_forks_whole_step_over_amx_tiles_equals_the_layer_by_layer_step(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
