@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lanefold.backends.engine._kernels import Tiles, pack, packed_linear, small_linear
 
-__all__ = ("amx", "compute_dtype", "linear", "native_half", "pack", "packs", "sdpa_dtype")
+__all__ = ("amx", "compute_dtype", "linear", "native_half", "onednn_bf16", "pack", "packs", "sdpa_dtype")
 
 
 @functools.cache
@@ -69,13 +69,20 @@ def packs(dtype: torch.dtype, device: torch.device) -> bool:
     thread, AVX512-BF16 EPYC, a 1536 x 576 matrix read from memory: 120 against 240 us at 3
     rows, 153 against 285 at 8, 340 against 470 at 32; level at 512); on a CPU with AMX the
     copy may be in AMX's tiles instead (`_kernels.tile`, where they stream faster still)."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16
-        and native_half(dtype)
-        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    return device.type == "cpu" and dtype == torch.bfloat16 and native_half(dtype) and onednn_bf16()
+
+
+@functools.cache
+def onednn_bf16() -> bool:
+    """Whether oneDNN packs and multiplies bf16 matrices here: its own check, which asks what
+    oneDNN may use (`ONEDNN_MAX_CPU_ISA` holds it back) where `native_half` asks what the CPU
+    has. On an AVX2-only CPU, or one held to AVX2, `pack` raises."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # type: ignore[no-untyped-call]
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the check: as before it, trust oneDNN
+        return True
 
 
 def linear(x: Tensor, weight: Tensor, packed: Tensor | Tiles | None = None) -> Tensor:

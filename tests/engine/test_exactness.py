@@ -317,6 +317,35 @@ def test_a_bf16_model_on_a_native_bf16_cpu_multiplies_three_rows_and_more_by_pac
     assert torch.equal(model.logits(hidden), F.linear(hidden, model.lm_head.weight).float())
 
 
+def test_a_bf16_model_held_to_avx2_by_onednns_own_setting_keeps_no_packed_copies() -> None:
+    """`ONEDNN_MAX_CPU_ISA=AVX2` (or an AVX2-only CPU) leaves oneDNN unable to pack bf16 while
+    the CPU itself says it has native bf16: the model is built without copies (it raised in
+    oneDNN's reorder before) and decodes several lanes through torch's products."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import torch\n"
+        "from tiny import tiny_checkpoint\n"
+        "from lanefold.backends.engine._arith import onednn_bf16\n"
+        "from lanefold.backends.engine._engine import Engine\n"
+        "from lanefold.backends.engine._model import build_model\n"
+        "from lanefold.primitives import LaneRequest, SamplingParams\n"
+        "model = build_model(tiny_checkpoint(), torch.device('cpu'), torch.bfloat16)\n"
+        "assert not onednn_bf16() and model.head_packed is None\n"
+        "assert all(w.packed is None for w in model.layer_weights())\n"
+        "params = SamplingParams(temperature=0.0, max_tokens=3)\n"
+        "Engine(model, block_size=4, num_blocks=64).generate([1, 2, 3, 4, 5], params, "
+        "[LaneRequest(i, i, 3) for i in range(4)])\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=99)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_lone_lanes_layers_in_one_compiled_call_match_full_recompute(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype

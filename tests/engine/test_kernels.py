@@ -11,6 +11,7 @@ pytest.importorskip("numba")
 
 import torch.nn.functional as F  # noqa: E402
 
+from lanefold.backends.engine._arith import onednn_bf16  # noqa: E402
 from lanefold.backends.engine._kernels import ROWS, small_linear  # noqa: E402
 
 
@@ -157,8 +158,8 @@ def test_where_torchs_products_read_faster_they_stand_in_for_the_loops(
     from lanefold.backends.engine import _kernels
     from lanefold.backends.engine._kernels import layer_in, layer_out, pack
 
-    if dtype == torch.bfloat16 and not torch.backends.mkldnn.is_available():
-        pytest.skip("bf16 goes through oneDNN's packed copies, which this torch lacks")
+    if dtype == torch.bfloat16 and not onednn_bf16():
+        pytest.skip("bf16 goes through oneDNN's packed copies, which oneDNN does not make here")
     g = torch.Generator().manual_seed(10 + rows)
     hidden, heads, kv_heads, dim, inter = 64, 4, 2, 16, 96
     qkv, o, gate_up, down, norm, post = layer(g, dtype, (hidden, heads, kv_heads, dim, inter), 8)
@@ -233,8 +234,8 @@ def test_a_bf16_layers_stages_between_packed_products_equal_the_eager_operations
     from lanefold.backends.engine._kernels import pack, packed_linear, staged_in, staged_out
     from lanefold.backends.engine._model import _rms_norm, _rotate
 
-    if not torch.backends.mkldnn.is_available():
-        pytest.skip("the stages sit between oneDNN's packed products, which this torch lacks")
+    if not onednn_bf16():
+        pytest.skip("the stages sit between oneDNN's packed products, which oneDNN does not make here")
     g = torch.Generator().manual_seed(rows)
     hidden, heads, kv_heads, dim, inter = 48, 6, 2, 8, 40
     qkv, o, gate_up, down, norm, post = layer(g, torch.bfloat16, (hidden, heads, kv_heads, dim, inter), 7)
