@@ -1290,10 +1290,11 @@ def _compile_tiled_layers() -> None:
     one = np.ones(1, dtype=np.int64)
     _tiled_layers(x, made.norms, made.posts, made.block, made.table, 1e-5, turns, 64, 32, pool, pool,
                   one * 32, keys, values, 32, one.reshape(1, 1) * 2, 16, one * 32)  # fmt: skip
-    for lane in (torch.float32, torch.bfloat16):  # and a lone lane's step, its lane in either
-        kept = _array(torch.zeros(1, 1, 4, 32, dtype=lane))
-        _tiled_lane_layers(x, made.norms, made.posts, made.block, made.table, 1e-5, turns, 64, 32,
-                           pool, pool, 1, kept, kept, 1)  # fmt: skip
+    # and a lone lane's step, its lane in bf16 as attention runs where there are tiles
+    # (`_arith.sdpa_dtype`; an fp32 lane compiles on first use)
+    kept = _array(torch.zeros(1, 1, 4, 32, dtype=torch.bfloat16))
+    _tiled_lane_layers(x, made.norms, made.posts, made.block, made.table, 1e-5, turns, 64, 32,
+                       pool, pool, 1, kept, kept, 1)  # fmt: skip
 
 
 @functools.cache
