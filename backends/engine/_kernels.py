@@ -896,6 +896,20 @@ def _tiles_at(block: Any, entry: Any) -> Any:  # pragma: no cover - compiled
 _tiles_at = _jit(_tiles_at)
 
 
+def _layer_tiles(block: Any, table: Any, layer: int) -> Any:  # pragma: no cover - compiled
+    """A layer's q|k|v, o, gate|up and down tiles, where `table[layer]` says they lie in `block`."""
+    entries = table[layer]
+    return (
+        _tiles_at(block, entries[0]),
+        _tiles_at(block, entries[1]),
+        _tiles_at(block, entries[2]),
+        _tiles_at(block, entries[3]),
+    )
+
+
+_layer_tiles = _jit(_layer_tiles)
+
+
 def _tiled_layers(
     x: Any,
     norms: Any,
@@ -930,8 +944,7 @@ def _tiled_layers(
     out = np.empty_like(x)
     rows = np.arange(n)
     for layer in range(table.shape[0]):
-        qkv, o = _tiles_at(block, table[layer, 0]), _tiles_at(block, table[layer, 1])
-        gate_up, down = _tiles_at(block, table[layer, 2]), _tiles_at(block, table[layer, 3])
+        qkv, o, gate_up, down = _layer_tiles(block, table, layer)
         _tiled_in(x, norms[layer], eps, qkv, rope, rotated, dim, made)
         for i in range(n):
             for c in range(queries):
@@ -989,8 +1002,7 @@ def _tiled_lane_layers(
     bits = np.empty((1, queries), dtype=np.uint16)
     out = np.empty_like(x)
     for layer in range(table.shape[0]):
-        qkv, o = _tiles_at(block, table[layer, 0]), _tiles_at(block, table[layer, 1])
-        gate_up, down = _tiles_at(block, table[layer, 2]), _tiles_at(block, table[layer, 3])
+        qkv, o, gate_up, down = _layer_tiles(block, table, layer)
         _tiled_in(x, norms[layer], eps, qkv, rope, rotated, dim, made)
         _lane_put(made, rotated, kc[layer], vc[layer], slot, lk[layer], lv[layer], at, q)
         _lane_attend(q, lk[layer], lv[layer], at + 1, attended)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from lanefold.backends.engine._arith import compute_dtype, linear, pack, packs, sdpa_dtype
 from lanefold.backends.engine._attention import (
     AttentionBatch,
+    Lane,
     causal_attention,
     lane_attention,
     paged_attention,
@@ -308,6 +309,19 @@ class CausalLM(nn.Module):
             self._tiles = (weights, made)
         return self._tiles[1]
 
+    def _lane_step(self, x: Tensor, rope: Tensor, cache: KVCache, lane: Lane) -> Tensor | None:
+        """A lone lane's hidden state after every layer in one compiled call, in `x`'s dtype:
+        over AMX's tiles where the copies are tiles (`tiled_lane_layers`), through the loops
+        otherwise (`lane_layers`); None where neither applies."""
+        a = self.args
+        rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
+        kv = ((cache.k, cache.v), lane.slot, (lane.keys, lane.values), lane.length)
+        tiles = self._tile_stack()
+        made = tiled_lane_layers(x, tiles, a.rms_norm_eps, rope, rotated, *kv) if tiles is not None else None
+        if made is None and (layers := self._layer_stack()) is not None:
+            made = lane_layers(x, layers, a.rms_norm_eps, rope, rotated, *kv)
+        return None if made is None else made.to(x.dtype)
+
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, cache: KVCache, batch: AttentionBatch) -> Tensor:
         a = self.args
@@ -315,23 +329,10 @@ class CausalLM(nn.Module):
         freqs = batch.positions.float()[:, None] * self.inv_freq[None, :]
         rope = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]  # [N, 1, head_dim / 2]
         shape = (a.num_heads, a.num_kv_heads, a.head_dim)
-        lane = batch.lane
-        if lane is not None and x.device.type == "cpu" and (tiles := self._tile_stack()) is not None:
-            rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
-            tiled = tiled_lane_layers(
-                x, tiles, a.rms_norm_eps, rope[:, 0], rotated, (cache.k, cache.v), lane.slot,
-                (lane.keys, lane.values), lane.length,
-            )  # fmt: skip
-            if tiled is not None:
-                return _rms_norm(tiled, self.model.norm.weight, a.rms_norm_eps)
-        if lane is not None and x.device.type == "cpu" and (layers := self._layer_stack()) is not None:
-            rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
-            made = lane_layers(
-                x, layers, a.rms_norm_eps, rope[:, 0], rotated, (cache.k, cache.v), lane.slot,
-                (lane.keys, lane.values), lane.length,
-            )  # fmt: skip
-            if made is not None:
-                return _rms_norm(made.to(x.dtype), self.model.norm.weight, a.rms_norm_eps)
+        if batch.lane is not None and x.device.type == "cpu":
+            stepped = self._lane_step(x, rope[:, 0], cache, batch.lane)
+            if stepped is not None:
+                return _rms_norm(stepped, self.model.norm.weight, a.rms_norm_eps)
         forks = batch.prefixes[0] if len(batch.prefixes) == 1 and batch.prefixes[0].rows is None else None
         if (
             forks is not None
