@@ -176,19 +176,20 @@ def _shared_prefix_decode(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, layer: int
 ) -> Tensor:
     shared = [p.kv(layer, k_cache, v_cache, batch.block_size) for p in batch.prefixes]
-    groups = [
-        (
-            p.rows,
-            k.to(q.dtype).contiguous(),
-            v.to(q.dtype).contiguous(),
-            None if p.tiles is None else (p.tiles[0][layer], p.tiles[1][layer]),
-        )
-        for p, (k, v) in zip(batch.prefixes, shared, strict=True)
-    ]
-    cache = (k_cache, v_cache)
-    made = shared_attend(q, groups, cache, batch.block_tables, batch.block_size, batch.positions)
-    if made is not None:
-        return made
+    if q.device.type == "cpu":  # the compiled path (its groups copy a prefix gathered strided)
+        groups = [
+            (
+                p.rows,
+                k.to(q.dtype).contiguous(),
+                v.to(q.dtype).contiguous(),
+                None if p.tiles is None else (p.tiles[0][layer], p.tiles[1][layer]),
+            )
+            for p, (k, v) in zip(batch.prefixes, shared, strict=True)
+        ]
+        cache = (k_cache, v_cache)
+        made = shared_attend(q, groups, cache, batch.block_tables, batch.block_size, batch.positions)
+        if made is not None:
+            return made
     b, heads, dim = q.shape  # one query per sequence
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
