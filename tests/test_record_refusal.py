@@ -406,6 +406,16 @@ def a_time_an_hour_back(runs: Path) -> Forgery:
     return "a", events, line, f"run.completed at .*: 3600 s before line {line - 1}'s time"
 
 
+def a_lane_left_out(runs: Path) -> Forgery:
+    """Run `a` with lane 5's dispatch and completion cut out and its barrier listing lanes 0-4:
+    a barrier consistent with the lanes that landed, joining a wave that was given six."""
+    events = [e for e in read(runs, "a") if e.get("lane") != 5 or e["type"] == "judge.completed"]
+    barrier = first(events, "wave.barrier")
+    barrier["data"]["completed"].remove(5)
+    events = renumber(events)
+    return "a", events, barrier["sequence"], "wave.barrier for wave 1 while its lane 5 is pending"
+
+
 FORGERIES: dict[str, Callable[[Path], Forgery]] = {
     "lane 99 dispatched in a 6-lane wave": a_lane_outside_its_wave(99),
     "lane -1 dispatched in a 6-lane wave": a_lane_outside_its_wave(-1),
@@ -474,6 +484,29 @@ FORGERIES: dict[str, Callable[[Path], Forgery]] = {
         "wave.barrier", 0, timedelta(seconds=1), "wave.barrier at .* before run.started"
     ),
     "a time an hour back": a_time_an_hour_back,
+    "the winner's wave edited": edited(
+        "j", "run.completed", "data.result.winner_wave", 2, "winner_wave = 2, the log's reduce gives 1"
+    ),
+    "the winner named without its lane": edited(
+        "a", "run.completed", "data.result.winner_lane", None, "says winner_lane = None"
+    ),
+    "a reduce whose winner never ran": edited(
+        "a", "reduce.completed", "data.winner_lane", 99, "winner is lane 99 of waves \\[1\\], which never ran"
+    ),
+    "a lane's score edited": edited(
+        "j", "run.completed", "data.result.lanes.0.score", 10.5, "lane scores are not the reduce's"
+    ),
+    "the agreement edited": edited(
+        "a", "run.completed", "data.result.agreement", 1.0, "agreement = 1.0, the log's reduce gives 0.33"
+    ),
+    "an error in a completed run": edited(
+        "a",
+        "run.completed",
+        "data.result.error",
+        {"type": "X", "exit_code": 1, "message": "m"},
+        "run.completed says error = ",
+    ),
+    "a wave joined with a lane left out": a_lane_left_out,
 }
 
 
@@ -495,6 +528,25 @@ def test_a_log_cut_before_its_barrier_still_resumes(runs: Path, capsys: pytest.C
     assert json.loads(capsys.readouterr().out)["answer"] == events[-1]["data"]["result"]["answer"]
     kinds = [e["type"] for e in read(runs, "a")[cut:]]
     assert kinds == ["run.resumed", "wave.barrier", "reduce.completed", "run.completed"]
+
+
+@pytest.mark.parametrize("run_id", ["a", "j", "r"])
+def test_a_result_written_before_it_named_the_winner_s_wave_still_reads(
+    runs: Path, capsys: pytest.CaptureFixture[str], run_id: str
+) -> None:
+    """Results recorded before `winner_wave` read as before (the winner's text is then the
+    text of a lane of that number among the reduce's waves); an edited text is still refused."""
+    events = read(runs, run_id)
+    result = events[-1]["data"]["result"]
+    assert result["winner_wave"] == 1
+    del result["winner_wave"]
+    write(runs, run_id, events)
+    for command in COMMANDS:
+        assert main([command, run_id, "--runs-dir", str(runs), "--json"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    result["winner_text"] = "Answer: 999"
+    write(runs, run_id, events)
+    refused(runs, run_id, capsys, len(events), "run.completed says winner_text = 'Answer: 999'")
 
 
 @pytest.mark.parametrize("back", [timedelta(seconds=1), timedelta(seconds=299)])
