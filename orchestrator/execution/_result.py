@@ -224,8 +224,9 @@ def result_from_state(
         votes=dict(reduction.votes) if reduction else {},
         scores=dict(reduction.scores) if reduction else {},
         tie_break=reduction.tie_break if reduction else "none",
-        agreement=outcome.agreement,
-        margin=outcome.margin,
+        # A reduction's own summary (what its reduce.completed records), else the loop's.
+        agreement=reduction.agreement if reduction else outcome.agreement,
+        margin=reduction.margin if reduction else outcome.margin,
         lanes_completed=sum(len(w.completed()) for w in waves),
         lanes_failed=sum(len(w.failed()) for w in waves),
         lanes=lanes,
