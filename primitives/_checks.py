@@ -175,7 +175,7 @@ def check_time(state: RunState, event: AnyEvent) -> None:
     started, latest = state.first_time, state.latest_time
     if started is not None and time < started:
         raise Refused(f"{event.type} at {_when(time)} before run.started ({_when(started)})")
-    if latest is not None and time < latest - TIME_STEP_BACK:
+    if latest is not None and latest - time > TIME_STEP_BACK:  # a difference never overflows
         back = (latest - time).total_seconds()
         raise Refused(
             f"{event.type} at {_when(time)}: {back:g} s before line {state.latest_line}'s time "

@@ -608,8 +608,8 @@ HARMLESS: dict[tuple[str, str], str] = {
     ): "which lanes the interrupt cut off, a report: each is its own lane.interrupted",
     (
         "reduce.completed",
-        r"data\.(agreement|margin|tied\..*)",
-    ): "the reducer's summary of the winner, votes and scores it checks alike",
+        r"data\.tied\..*",
+    ): "the candidates a tie break chose among, a report: the winner, votes and scores are checked",
     (
         "run.completed",
         r"data\.result\.elapsed_s",

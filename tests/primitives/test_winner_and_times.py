@@ -117,3 +117,24 @@ def test_a_time_without_a_utc_offset_is_refused(tmp_path: Path, capsys: pytest.C
     assert main(["show", "t", "--runs-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "events.jsonl:3: corrupt event log line: lane.dispatched's time" in err and "no UTC offset" in err
+
+
+def test_times_at_the_ends_of_the_calendar_read_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log dated in year 1 (an edit, a broken clock): its order is checked without
+    arithmetic past the calendar's ends; a step back of a minute there reads."""
+    lanefold.run_sync(
+        lanefold.parse_config({"loop": {"k": 3}, "backend": {"kind": "simulated", "accuracy": 1.0}}),
+        "17 * 23?",
+        runs_dir=tmp_path,
+        run_id="t",
+    )
+    path = tmp_path / "t" / "events.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, event in enumerate(events):
+        event["time"] = f"0001-01-01T00:{min(i, 59):02}:00Z"
+    events[3]["time"] = "0001-01-01T00:01:00Z"  # two minutes back
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert main(["show", "t", "--runs-dir", str(tmp_path), "--json"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
