@@ -38,6 +38,7 @@ from lanefold.primitives import (
     RunInUseError,
     RunNotFoundError,
     RunState,
+    fold,
 )
 from lanefold.primitives.events import AnyEvent
 from lanefold.serve._gateway_stream import LoopStream, Replay
@@ -58,6 +59,16 @@ from lanefold.serve._outcomes import on_error
 __all__ = ("create_gateway",)
 
 _log = logging.getLogger("lanefold.serve")
+
+
+def _caller(store: Store, run_id: str) -> str | None:
+    """Who started a run, as its first line (checked alone) says; None where it cannot say."""
+    try:
+        head = next(iter(store.reader(run_id).read()), None)
+        started = fold([head], run_id=run_id).started if head is not None else None
+    except (LanefoldError, OSError):
+        return None
+    return started.caller if started is not None else None
 
 
 def _checked(store: Store, run_id: str) -> RunState:
@@ -168,6 +179,10 @@ def create_gateway(
             state = _checked(store, run_id)
         except (ConfigError, OSError):
             raise missing from None
+        except HTTPError:  # a record that does not check: told only to the key that made it
+            if key is not None and _caller(store, run_id) != key.name:
+                raise missing from None
+            raise
         if key is not None and (state.started is None or state.started.caller != key.name):
             raise missing  # another key's run is none of this key's business
         return JSONResponse(run_record(store, run_id, state), headers={"x-lanefold-run-id": run_id})

@@ -16,7 +16,7 @@ import pytest
 from lanefold.config import load_config
 from lanefold.execution import Session, open_store
 from lanefold.primitives import Store
-from tests.gateway.test_gateway import ALICE, bearer, chat, key_table, keys_file, loop_file
+from tests.gateway.test_gateway import ALICE, BOB, bearer, chat, key_table, keys_file, loop_file
 from tests.loopback import Loopback
 
 pytest.importorskip("starlette")
@@ -37,7 +37,7 @@ def stored(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, str |
 @contextmanager
 def served(tmp_path: Path, store: Store) -> Iterator[httpx.Client]:
     loops = {"vote": load_config(loop_file(tmp_path / "loops"))}
-    keys = load_keys(keys_file(tmp_path, key_table("alice", ALICE)), loops)
+    keys = load_keys(keys_file(tmp_path, key_table("alice", ALICE), key_table("bob", BOB)), loops)
     pools = KeyPools(keys, store)
     pools.prepare()
     app = create_gateway(Session(store=store), loops, keys=keys, pools=pools, heartbeat_s=0.05)
@@ -77,6 +77,8 @@ def test_an_edited_winner_text_is_never_served(tmp_path: Path, stored: tuple[Sto
         again = client.post("/chat/completions", json=chat(), headers=headers)
         streamed = client.post("/chat/completions", json=chat(stream=True), headers=headers)
         record = client.get(f"/runs/{run_id}", headers=bearer(ALICE))
+        not_bobs = client.get(f"/runs/{run_id}", headers=bearer(BOB))
+    assert not_bobs.status_code == 404, "another key learns nothing of the run, corrupt or not"
     for response in (again, streamed, record):
         assert forged not in response.text, response.text
         assert response.status_code == 500, response.text
