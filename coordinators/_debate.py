@@ -20,19 +20,32 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from lanefold.coordinators._audit import (
+    answers,
+    candidate_lanes,
+    claims,
+    earliest,
+    outcome,
+    records,
+    reduced_status,
+    waves_of,
+)
 from lanefold.coordinators._parallel_sample import outcome_of
 from lanefold.coordinators._reducer_keys import ReducerKeys
 from lanefold.primitives import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
     Allowance,
+    AuditFinding,
     ConfigError,
     CostShape,
+    ExtractSpec,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
     ReducerChoice,
+    RunState,
     largest_within,
     normalize_answer,
     register_loop,
@@ -114,7 +127,7 @@ class Debate:
             history.append(answers)
             latest.update({agent: a for agent, a in enumerate(answers) if a is not None})
             prompts = None
-            decided = self._decide(round_, latest)
+            decided = _decide(p, round_, latest)
             if decided is None:
                 prompts = self._prompts(question, latest)
                 if not _can_fund(ctx, prompts, sampling.max_tokens):
@@ -179,12 +192,47 @@ class Debate:
     def reducer(params: DebateParams) -> ReducerChoice:
         return params.choice()
 
-    def _decide(self, round_: int, latest: Mapping[int, str]) -> Stop | None:
-        if round_ == self.params.rounds:
-            return "rounds"
-        if self.params.early_exit and _unanimous(latest, self.params.agents):
-            return "agreed"
-        return None
+    @staticmethod
+    def candidates(params: DebateParams, state: RunState) -> list[Lane]:
+        """Its reduce read the last round's lanes."""
+        return candidate_lanes(state, waves_of(state, "debate")[-1:])
+
+    @staticmethod
+    def audit(
+        params: DebateParams, state: RunState, *, extract: ExtractSpec, seed: int
+    ) -> AuditFinding | None:
+        """Each answer is the extractor's; each round's record holds its agents' answers and
+        the decision its rule gives (a stop for the budget is the writer's reading of its
+        ledger, taken as recorded where the rule went on); the outcome and status follow."""
+        rounds = waves_of(state, "debate")
+        found = answers(state, rounds, extract)
+        latest: dict[int, str] = {}
+        history: list[list[str | None]] = []
+        dispatched, stop, wrong = 0, None, None
+        for i, record in enumerate(records(state, Debate.name, "round")):
+            lanes = candidate_lanes(state, rounds[i : i + 1])
+            said = _answers(lanes, params.agents)
+            dispatched += len(lanes)
+            history.append(said)
+            latest.update({agent: a for agent, a in enumerate(said) if a is not None})
+            stop = _decide(params, i, latest) or ("budget" if record.data.get("stop") == "budget" else None)
+            expected = {
+                "round": i,
+                "answers": said,
+                "agreement": _agreement(said),
+                "unanimous": _unanimous(latest, params.agents),
+                "stop": stop,
+            }
+            wrong = claims(record.sequence, f"loop.{Debate.name}.round", record.data, expected)
+            more = len(rounds) > i + 1
+            if wrong is None and (not lanes or (stop is not None and more)):
+                wrong = record.sequence, f"round {i}'s record, and the log holds {len(rounds)} rounds"
+            if wrong is not None or stop is not None or not more:
+                break
+        if wrong is None and state.result is not None and len(history) != len(rounds):
+            wrong = state.result_sequence or 0, f"the log holds {len(rounds)} rounds, {len(history)} recorded"
+        detail = {"rounds": len(history) - 1, "stop": stop, "lanes": dispatched, "answers": history}
+        return earliest(found, wrong, outcome(state, detail), reduced_status(state))
 
     def _prompts(self, question: str, latest: Mapping[int, str]) -> dict[int, str]:
         p = self.params
@@ -201,6 +249,15 @@ class Debate:
             )
             for agent in range(p.agents)
         }
+
+
+def _decide(params: DebateParams, round_: int, latest: Mapping[int, str]) -> Stop | None:
+    """What ends the debate after round `round_`, where something does."""
+    if round_ == params.rounds:
+        return "rounds"
+    if params.early_exit and _unanimous(latest, params.agents):
+        return "agreed"
+    return None
 
 
 def _can_fund(ctx: LoopContext, prompts: Mapping[int, str], max_tokens: int) -> bool:

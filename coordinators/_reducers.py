@@ -3,7 +3,9 @@
 Each turns a wave's lanes into one answer. The pure parts (vote fold, score parsing, argmax)
 live in primitives; a reducer that needs a model (the LLM judge, usc) asks for it through
 `ctx.wave`, so its calls are governed, priced on the verifier line and resumable, and a
-verifier's verdicts go through `ctx.verify`, recorded as `judge.completed`.
+verifier's verdicts go through `ctx.verify`, recorded as `judge.completed`. So each is a
+function of what the log holds and declares `replays`: reading a run's log re-runs its reduce
+there (`lanefold.primitives.audit_run`) and refuses a `reduce.completed` it does not give.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class MajorityVote:
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = frozenset()  # the [judge] keys it reads
     uses_model: ClassVar[bool] = False  # never samples (a re-reduction builds no backend)
+    replays: ClassVar[bool] = True  # a function of the log: reading it re-runs the reduce
     needs_verifier: ClassVar[bool] = False
     summary = staticmethod(vote_summary)
 
@@ -160,6 +163,7 @@ class WeightedVote:
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
     uses_model: ClassVar[bool] = False
+    replays: ClassVar[bool] = True
     needs_verifier: ClassVar[bool] = False
     verifier_weighting: ClassVar[bool] = True  # `weighting = "verifier"` needs a verifier
     summary = staticmethod(vote_summary)
@@ -210,6 +214,7 @@ class JudgeArgmax:
     needs_judge: ClassVar[bool] = True
     needs_verifier: ClassVar[bool] = False  # a verifier or an LLM judge ([judge] template)
     uses_model: ClassVar[bool] = True  # the LLM judge, where no verifier is configured
+    replays: ClassVar[bool] = True
     summary = staticmethod(score_summary)
 
     @staticmethod
@@ -345,6 +350,7 @@ class UniversalSelfConsistency:
     needs_judge: ClassVar[bool] = False
     needs_verifier: ClassVar[bool] = False
     uses_model: ClassVar[bool] = True
+    replays: ClassVar[bool] = True
     summary = staticmethod(vote_summary)
 
     @staticmethod
@@ -416,6 +422,7 @@ class AnyPass:
     needs_verifier: ClassVar[bool] = True
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
     uses_model: ClassVar[bool] = False
+    replays: ClassVar[bool] = True
     summary = staticmethod(score_summary)
 
     def __init__(self, options: ReduceOptions | None = None) -> None:

@@ -63,7 +63,6 @@ from lanefold.primitives._declared import (
     JudgeCall,
     ReducerChoice,
     ReducerTraits,
-    audit_run,
     cost_shape,
     fit_params,
     largest_within,
@@ -160,6 +159,7 @@ from lanefold.primitives._registry import (
     store_for_url,
     without_plugin_imports,
 )
+from lanefold.primitives._replay import ReplaySettings, audit_run, reduced_lanes
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
@@ -263,6 +263,7 @@ __all__ = (
     "Refusal",
     "Registry",
     "Remaining",
+    "ReplaySettings",
     "RequestRejectedError",
     "RetryPolicy",
     "Room",
@@ -326,6 +327,7 @@ __all__ = (
     "read_event",
     "readable_number",
     "redact_url",
+    "reduced_lanes",
     "reducer_names",
     "reducer_traits",
     "register_backend",

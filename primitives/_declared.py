@@ -1,19 +1,22 @@
 """What a loop or a reducer declares for the facade, read with the defaults of one that does not.
 
 The facade never tests a plug-in's name or class. It compares loops at equal budget from each
-loop's `cost_shape` and `fit`, checks a run's record with the loop's `audit`, finds the loop's
-reducer with `reducer`, and checks and shows a reducer through what it declares
-(`needs_verifier`, `uses_model`, `judge_keys`, `judge_tokens`, `summary`). Every one of these is
+loop's `cost_shape` and `fit`, checks a run's record with the loop's `candidates` and `audit` (`audit_run`, in
+`primitives/_replay.py`), finds the loop's reducer with `reducer`, and checks and shows a reducer
+through what it declares (`needs_verifier`, `uses_model`, `replays`, `judge_keys`,
+`judge_tokens`, `summary`). Every one of these is
 optional on a plug-in; the functions here read it, or give its default:
 
 - `cost_shape`: None, "not known" (so `compare --equal-budget` asks for `--budget N` rather than
   guess a loop's lanes);
 - `fit`: the params unchanged for tokens and cost (the per-question `[budget]` limit binds as the
   loop runs), refused for lanes (a lane budget the loop cannot cap would not be equal);
-- `reducer`: None, "the loop picks its reducers itself"; `audit`: none;
+- `reducer`: None, "the loop picks its reducers itself"; `candidates`: None, "not said" (its
+  reduce is not re-run on reading); `audit`: none;
 - `pool`: None, "a smaller budget's lanes are not a subset of a larger one's" (sweep samples
   each of its points);
-- a reducer's `needs_verifier` False, `uses_model` True (it may call one), `judge_keys` None
+- a reducer's `needs_verifier` False, `uses_model` True (it may call one), `replays` False (its
+  reduce is not re-derived from a log), `judge_keys` None
   (any `[judge]` key), `judge_tokens` (0, 0), `summary` its votes or scores where it has them.
 """
 
@@ -25,10 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from lanefold.primitives._answers import ExtractSpec
 from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._loop import ReduceOptions, Reduction
-from lanefold.primitives._state import RunState
 
 __all__ = (
     "FRAME_TOKENS",
@@ -40,7 +41,6 @@ __all__ = (
     "JudgeCall",
     "ReducerChoice",
     "ReducerTraits",
-    "audit_run",
     "cost_shape",
     "fit_params",
     "largest_within",
@@ -198,18 +198,6 @@ def loop_reducer(loop: type[Any], params: BaseModel) -> ReducerChoice | None:
     return choice
 
 
-def audit_run(
-    loop: type[Any], params: BaseModel, state: RunState, *, extract: ExtractSpec, seed: int
-) -> AuditFinding | None:
-    """The loop's own audit of a folded run: the first claim of its log that does not follow
-    from it (line, what is wrong); None where all follow or the loop declares no audit."""
-    declared = getattr(loop, "audit", None)
-    if declared is None:
-        return None
-    found: AuditFinding | None = declared(params, state, extract=extract, seed=seed)
-    return found
-
-
 # -- reducers -----------------------------------------------------------------------------------
 
 
@@ -270,6 +258,7 @@ class ReducerTraits:
     needs_verifier: bool
     verifier_weighting: bool
     uses_model: bool
+    replays: bool
     judge_keys: frozenset[str] | None
     judge_tokens: Callable[[JudgeCall], tuple[int, int]]
     summary: Callable[[Reduction], str | None]
@@ -288,6 +277,7 @@ def reducer_traits(reducer: type[Any]) -> ReducerTraits:
         needs_verifier=bool(getattr(reducer, "needs_verifier", False)),
         verifier_weighting=bool(getattr(reducer, "verifier_weighting", False)),
         uses_model=bool(getattr(reducer, "uses_model", True)),
+        replays=bool(getattr(reducer, "replays", False)),
         judge_keys=frozenset(keys) if keys is not None else None,
         judge_tokens=getattr(reducer, "judge_tokens", _no_judge),
         summary=getattr(reducer, "summary", _any_summary),

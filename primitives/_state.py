@@ -133,6 +133,7 @@ class RunState:
     scores: dict[int, float | None] = field(default_factory=dict)
     # (reduction, candidate wave, candidate lane) -> the verdict
     verdicts: dict[tuple[int, int, int], JudgeCompletedData] = field(default_factory=dict)
+    verdict_sequences: dict[tuple[int, int, int], int] = field(default_factory=dict)  # their lines
     reduce: ReduceCompletedData | None = None
     reduce_sequence: int | None = None
     reductions: dict[int, ReduceCompletedData] = field(default_factory=dict)
@@ -343,7 +344,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
                 + (f" of wave {d.candidate_wave}" if d.candidate_wave != 1 else "")
                 + (f" in reduction {d.reduction}" if d.reduction != 1 else "")
             )
-        state.verdicts[key] = d
+        state.verdicts[key], state.verdict_sequences[key] = d, event.sequence
         if d.reduction == 1 and d.candidate_wave == 1:
             state.scores[d.candidate_lane] = d.score
     elif isinstance(event, ReduceStarted):
