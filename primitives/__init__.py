@@ -14,6 +14,7 @@ functions.
 from __future__ import annotations
 
 from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
+from lanefold.primitives._audit import audit_run, reduced_lanes, reread_lanes
 from lanefold.primitives._backend import (
     Backend,
     ChatMessage,
@@ -159,7 +160,7 @@ from lanefold.primitives._registry import (
     store_for_url,
     without_plugin_imports,
 )
-from lanefold.primitives._replay import ReplaySettings, audit_run, reduced_lanes
+from lanefold.primitives._replay import ReplaySettings
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
@@ -339,6 +340,7 @@ __all__ = (
     "register_verifier",
     "render_judge_prompt",
     "render_prompt",
+    "reread_lanes",
     "resolve_loop",
     "resolve_reducer",
     "sample_all",

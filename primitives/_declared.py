@@ -2,7 +2,7 @@
 
 The facade never tests a plug-in's name or class. It compares loops at equal budget from each
 loop's `cost_shape` and `fit`, checks a run's record with the loop's `candidates` and `audit` (`audit_run`, in
-`primitives/_replay.py`), finds the loop's reducer with `reducer`, and checks and shows a reducer
+`primitives/_audit.py`), finds the loop's reducer with `reducer`, and checks and shows a reducer
 through what it declares (`needs_verifier`, `uses_model`, `replays`, `judge_keys`,
 `judge_tokens`, `summary`). Every one of these is
 optional on a plug-in; the functions here read it, or give its default:

@@ -18,25 +18,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
-
-from pydantic import BaseModel
 
 from lanefold.primitives._answers import ExtractSpec
 from lanefold.primitives._backend import Backend, SamplingParams
 from lanefold.primitives._context import wave_fingerprint
-from lanefold.primitives._declared import AuditFinding, loop_reducer, reducer_traits
 from lanefold.primitives._dispatch import LaneJob
 from lanefold.primitives._judge import render_prompt
 from lanefold.primitives._logging import get_logger
-from lanefold.primitives._loop import JudgeSettings, Lane, ReduceOptions, Reducer, Reduction
-from lanefold.primitives._registry import resolve_reducer
+from lanefold.primitives._loop import JudgeSettings, Lane, Reducer, Reduction
 from lanefold.primitives._state import RunState
 from lanefold.primitives._verifier import Verdict, Verifier
 from lanefold.primitives.events import Bill, bill_of
 
-__all__ = ("ReplayContext", "ReplaySettings", "audit_run", "reduced_lanes", "replay_reduction")
+__all__ = ("ReplayContext", "ReplaySettings", "replay_reduction")
 
 _log = get_logger("lanefold.replay")
 
@@ -74,13 +70,16 @@ class _RecordedVerifier:
 class ReplayContext:
     """The LoopContext of the run's own reduction, answered from its log (see the module)."""
 
-    def __init__(self, state: RunState, settings: ReplaySettings, *, first_wave: int, line: int) -> None:
+    def __init__(
+        self, state: RunState, settings: ReplaySettings, *, first_wave: int, line: int, reduction: int = 1
+    ) -> None:
         started = state.started
         self.question = started.question if started is not None else ""
         self.seed, self.sampling, self.extract = settings.seed, settings.sampling, settings.extract
         self.judge = settings.judge
         self.verifier: Verifier | None = _RecordedVerifier() if settings.verifier else None
         self.judge_backend: Backend | None = None
+        self.reduction = reduction
         self.consulted = False  # whether it read verdicts or waves of its own
         self._state, self._template, self._next, self._line = state, settings.template, first_wave, line
 
@@ -149,7 +148,7 @@ class ReplayContext:
         for lane in lanes:
             if not lane.completed:
                 continue
-            known = self._state.verdicts.get((1, lane.wave, lane.lane))
+            known = self._state.verdicts.get((self.reduction, lane.wave, lane.lane))
             if known is None:
                 raise _Differs(
                     self._line,
@@ -175,7 +174,7 @@ class ReplayContext:
     ) -> None:
         """The verdict the reducer derives (an LLM judge's score, parsed from the judge's
         output in the log) must be the one recorded on that lane."""
-        key = (1, lane.wave, lane.lane)
+        key = (self.reduction, lane.wave, lane.lane)
         known = self._state.verdicts.get(key)
         where = f"lane {lane.lane} of wave {lane.wave}"
         if known is None:
@@ -222,18 +221,22 @@ def replay_reduction(
     reducer: Reducer,
     candidates: Sequence[Lane],
     settings: ReplaySettings,
+    *,
+    reduction: int = 1,
 ) -> tuple[int, str] | None:
-    """The run's own `reduce.completed`, re-derived by `reducer` over `candidates` (the lanes
-    its loop reduced, from the log): (its line, what differs), or None where it follows (or
-    the log holds no reduce yet)."""
-    recorded, line = state.reduce, state.reduce_sequence
+    """A `reduce.completed` (the run's own, or re-reduction `reduction`), re-derived by
+    `reducer` over `candidates` (the lanes it reduced, from the log): (its line, what
+    differs), or None where it follows (or the log holds no such reduce yet)."""
+    recorded, line = state.reductions.get(reduction), state.reduction_sequences.get(reduction)
     if recorded is None or line is None:
         return None
     waves = sorted({lane.wave for lane in candidates})
-    read = state.reduction_waves.get(1, [])
-    if read != waves:
+    read = state.reduction_waves.get(reduction, [])
+    if reduction == 1 and read != waves:  # a re-reduction's are its reduce.started's, checked
         return line, f"reduce.completed reads waves {read}, the loop reduces waves {waves}"
-    ctx = ReplayContext(state, settings, first_wave=max(waves, default=0) + 1, line=line)
+    opened = state.reductions_started.get(reduction)
+    first = opened.first_wave if opened is not None else max(waves, default=0) + 1
+    ctx = ReplayContext(state, settings, first_wave=first, line=line, reduction=reduction)
     running = reducer.reduce(ctx, list(candidates))
     try:
         running.send(None)
@@ -260,44 +263,3 @@ def replay_reduction(
                 f"{replayed.reducer} over them gives {_shown(value)}",
             )
     return None
-
-
-def reduced_lanes(loop: type[Any], params: BaseModel, state: RunState) -> list[Lane] | None:
-    """The lanes the loop's own reduce read, from the log, where it declares them (its
-    `candidates`: in the order it gave them to the reducer); None where it does not say."""
-    declared = getattr(loop, "candidates", None)
-    if declared is None:
-        return None
-    lanes: list[Lane] | None = declared(params, state)
-    return lanes
-
-
-def audit_run(
-    loop: type[Any], params: BaseModel, state: RunState, settings: ReplaySettings
-) -> AuditFinding | None:
-    """The first claim of a folded run's log that does not follow from it, (line, what is
-    wrong), of two kinds: its own reduce re-run (`replay_reduction`), where its reducer
-    `replays` and the loop declares its `candidates`; and the loop's own `audit(params, state,
-    *, extract, seed)`, where it declares one. None where every claim follows."""
-    found: list[AuditFinding] = []
-    choice = loop_reducer(loop, params)
-    if choice is not None and choice.name:
-        reducer = resolve_reducer(choice.name)
-        traits = reducer_traits(reducer)
-        lanes = reduced_lanes(loop, params, state) if traits.replays else None
-        if lanes is not None:
-            options: ReduceOptions = replace(choice.options, seed=settings.seed)
-            # A verifier judged where the config names one, the reducer needs one, or the log
-            # holds a verdict by one (a Session's own verifier is not in the config).
-            judged = (
-                settings.verifier
-                or traits.wants_verifier(options.weighting)
-                or any(v.judge != "llm" for key, v in state.verdicts.items() if key[0] == 1)
-            )
-            replayed = replay_reduction(state, reducer(options), lanes, replace(settings, verifier=judged))
-            found += [replayed] if replayed is not None else []
-    declared = getattr(loop, "audit", None)
-    if declared is not None:
-        own: AuditFinding | None = declared(params, state, extract=settings.extract, seed=settings.seed)
-        found += [own] if own is not None else []
-    return min(found, key=lambda finding: finding[0], default=None)

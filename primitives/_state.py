@@ -140,6 +140,7 @@ class RunState:
     reduction_sequences: dict[int, int] = field(default_factory=dict)
     reduction_waves: dict[int, list[int]] = field(default_factory=dict)  # candidates' waves
     open_reduction: ReduceStartedData | None = None  # a re-reduction under way
+    reductions_started: dict[int, ReduceStartedData] = field(default_factory=dict)  # what opened each
     loop_events: list[LoopEvent] = field(default_factory=list)
     result: dict[str, Any] | None = None
     result_sequence: int | None = None
@@ -352,7 +353,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
         if event.data.reduction != expected or expected < 2:
             raise Refused(f"reduce.started for reduction {event.data.reduction}, expected {max(expected, 2)}")
         checks.check_reduce_started(state, event.data)
-        state.open_reduction = event.data
+        state.open_reduction = state.reductions_started[event.data.reduction] = event.data
     elif isinstance(event, ReduceCompleted):
         number = event.data.reduction
         if number in state.reductions:

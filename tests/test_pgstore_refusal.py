@@ -170,3 +170,7 @@ def test_list_shows_a_runs_last_line_unchecked_and_show_refuses_it(
     pg: PgRuns, capsys: pytest.CaptureFixture[str]
 ) -> None:
     file_tests.test_list_shows_a_runs_last_line_unchecked_and_show_refuses_it(pg, capsys)
+
+
+def test_a_re_reductions_vote_edited_is_refused(pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    file_tests.test_a_re_reductions_vote_edited_is_refused(pg, capsys)

@@ -792,6 +792,36 @@ def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
     )
 
 
+def test_a_re_reductions_vote_edited_is_refused(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A re-reduction (answers read again with another extractor) is re-run over the waves its
+    reduce.started names, with that extractor: its winner and votes swapped for the runner-up's
+    are refused at its line, on every store."""
+    argv = [
+        "reduce",
+        "a",
+        "--reducer",
+        "majority_vote",
+        "--extract-regex",
+        r"(\d)\d\d",
+        "--runs-dir",
+        str(runs),
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    events = read(runs, "a")
+    reduced = [e for e in events if e["type"] == "reduce.completed"][-1]
+    data = reduced["data"]
+    assert data["reduction"] == 2 and len(data["votes"]) == 2, data
+    votes, winner = data["votes"], data["winner"]
+    other = next(answer for answer in votes if answer != winner)
+    votes[other], votes[winner] = votes[winner], votes[other]
+    data["winner"] = other
+    write(runs, "a", events)
+    refused(
+        runs, "a", capsys, reduced["sequence"], "reduce.completed does not follow from the lanes' answers"
+    )
+
+
 # -- every numeric field, edited ---------------------------------------------------------------
 
 # Numbers that are no line of the bill, and why an edit of one changes no charge. Any other
