@@ -162,8 +162,9 @@ class _Section(BaseModel):
 
 class LoopSection(BaseModel):
     """`[loop]`: the keys every loop shares (which coordinator, the seed, how many lanes at
-    once, the per-request timeout); every other key is the chosen loop's, validated by its
-    `Params` (and filled with its defaults, so a recorded config is whole)."""
+    once, the per-request timeout, the gateway's reply without an answer); every other key is
+    the chosen loop's, validated by its `Params` (and filled with its defaults, so a recorded
+    config is whole)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -171,6 +172,13 @@ class LoopSection(BaseModel):
     max_concurrency: int = Field(16, ge=1)
     seed: int = 0
     timeout_s: float | None = Field(None, gt=0, description="per backend request")
+    # What the gateway replies for a run without an answer: an error (`no_answer`), or the best
+    # lane's text marked as no answer. Recorded only when not the default (old hashes hold).
+    on_no_answer: Literal["error", "best_lane"] = Field(
+        "error",
+        exclude_if=lambda v: v == "error",
+        description="the gateway's reply without an answer: an error, or the best lane marked so",
+    )
 
 
 class RetrySection(_Section):

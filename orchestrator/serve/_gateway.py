@@ -284,7 +284,7 @@ def create_gateway(
         ):
             raise out_of_quota(result.reason)
         state = None
-        if ask.options.n > 1:
+        if ask.options.n > 1 or result.status == "no_answer":  # more choices, or a lane to serve
             state = await anyio.to_thread.run_sync(read_state, store, result.run_id)
         return result, state
 
