@@ -58,7 +58,7 @@ from lanefold.primitives import (
     plugin_folders,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
-from lanefold.primitives.internal import HookRunner, Recorder
+from lanefold.primitives.internal import HookRunner, Recorder, check_sendable
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 
@@ -257,6 +257,7 @@ class Session:
         if origin.config is not None:
             preflight(origin.config, "config", verifier_given=self._verifier is not None)
         config = (origin.config or self.config).with_seed(seed)
+        check_sendable(config.prompt_form(), origin.conversation)  # refused before any record
         backend, judge_backend = await self.backends_for(config)
         await self._load_given()
         # A shared budget that does not exist is refused before the run does.

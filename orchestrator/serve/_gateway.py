@@ -100,7 +100,7 @@ def create_gateway(
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
     store = session.store
-    configs: dict[tuple[str, int | None, float | None, float | None], LoopConfig] = {}
+    configs: dict[tuple[str, str, int | None, float | None, float | None], LoopConfig] = {}
 
     def key_of(request: Request) -> GatewayKey | None:
         if keys is None:
@@ -120,7 +120,7 @@ def create_gateway(
 
     def config_for(ask: Ask) -> LoopConfig:
         o = ask.options
-        cache = (ask.loop, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
+        cache = (ask.loop, ask.kind, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
         if cache not in configs:
             if len(configs) >= 256:  # requests' ceilings and temperatures are many: keep it bounded
                 configs.clear()

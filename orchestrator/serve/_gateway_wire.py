@@ -151,11 +151,15 @@ def parse_ask(loop: str, kind: str, body: dict[str, Any]) -> Ask:
 
 def config_for_request(config: LoopConfig, options: Options) -> LoopConfig:
     """The loop's config with the request's ceiling and the sampling fields it lets a request
-    set (`[sampling] from_request`)."""
+    set (`[sampling] from_request`); for a completion, `[prompt] form = "auto"` made the form
+    the run sends (raw text where the backend takes it, as OpenAI means a completion), so the
+    run records it and a resume sends the same."""
     ceiling = options.max_completion_tokens or options.max_tokens
     raw = config.model_dump(mode="json")
     sampling = raw["sampling"]
     changed = False
+    if isinstance(options, Completion) and config.prompt.form == "auto":
+        raw["prompt"]["form"], changed = config.prompt_form(completion=True), True
     if ceiling is not None and ceiling < sampling["max_tokens"]:
         sampling["max_tokens"], changed = ceiling, True
     for name in config.sampling.from_request:

