@@ -247,6 +247,19 @@ def test_a_quorum_counts_the_lanes_that_gave_an_answer(
     assert "1 of 16 lanes answered" in capsys.readouterr().out
 
 
+def test_adaptive_sampling_counts_its_quorum_in_answers_too(runs: Path) -> None:
+    adaptive = lanefold.parse_config(
+        {
+            "loop": {"coordinator": "adaptive_sample", "window": 4, "max_lanes": 8, "min_quorum": 3},
+            "backend": dict(SIMULATED),
+        }
+    )
+    result = lanefold.run_sync(adaptive, QUESTION, runs_dir=runs, backend=OneAnswer())
+    assert (result.status, result.answer) == ("no_answer", None)
+    assert result.reason == "1 of 8 lanes answered, below the quorum of 3"
+    assert result.lanes_answered == 1
+
+
 # -- the result's fields ----------------------------------------------------------------------------
 
 

@@ -442,7 +442,9 @@ class LoopConfig(_Section):
             return self
         raw = self.model_dump(mode="json")
         raw["loop"]["seed"] = seed
-        return parse_config(raw, folder=self.folder)
+        seeded = parse_config(raw, folder=self.folder)
+        seeded._recorded_before_form = self._recorded_before_form  # sent as it was recorded
+        return seeded
 
     def sampling_params(self) -> SamplingParams:
         s = self.sampling

@@ -217,7 +217,8 @@ class Session:
         built once too, and shared with every config naming the same). `conversation` makes
         the run a chat's: its turns before the question, (role, content) each (empty: none),
         which every sampled lane sends ahead of its prompt, the prompt as the user's turn,
-        through the backend's chat template. `caller` and `request_sha256` are recorded with
+        through the backend's chat template (a config whose `[prompt] form` is "raw" refuses
+        turns, ConfigError, before anything is recorded). `caller` and `request_sha256` are recorded with
         the run (who asked, and a digest of what they sent). `shared` is a pool this run
         spends from as well as the config's own (a gateway key's budget); the caller keeps and
         closes it.
