@@ -34,6 +34,7 @@ def audit(
     tie_break: TieBreak = "first_lane",
     weighting: Weighting = "none",
     seed: int = 0,
+    min_quorum: int = 1,
 ) -> tuple[int, str] | None:
     """The first claim of the log that does not follow from it: (line, what is wrong)."""
     wave = state.waves.get(SAMPLE_WAVE)
@@ -53,7 +54,11 @@ def audit(
     if reduce.reducer == "majority_vote":
         lanes = [Lane.of(wave.wave, s) for _, s in sorted(wave.lanes.items())]
         weights = logprob_weights(lanes) if weighting == "mean_logprob" else None
-        got = vote(lanes, tie_break=tie_break, seed=seed, weights=weights)
+        # The quorum of answers the vote was held to (a log written before it had one: 1).
+        quorum = reduce.detail.get("quorum", 1)
+        if quorum not in (1, min_quorum):
+            return (state.reduce_sequence, f"reduce.completed's quorum {quorum!r} is not the loop's")
+        got = vote(lanes, tie_break=tie_break, seed=seed, weights=weights, quorum=quorum)
         if (got.winner, got.winner_lane, dict(got.votes), got.abstentions) != (
             reduce.winner,
             reduce.winner_lane,

@@ -9,6 +9,7 @@ backend shares the prefix.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
@@ -23,6 +24,7 @@ from lanefold.primitives import (
     Lane,
     LoopContext,
     Outcome,
+    ReduceOptions,
     ReducerChoice,
     Reduction,
     RunState,
@@ -37,13 +39,20 @@ class ParallelSampleParams(ReducerKeys):
     """`[loop]` keys of parallel_sample (`reducer`, `tie_break`, `weighting` shared)."""
 
     k: int = Field(8, ge=1, le=100_000, description="lanes sampled")
-    min_quorum: int = Field(1, ge=1, description="lanes that must complete")
+    min_quorum: int = Field(
+        1, ge=1, description="lanes that must complete, and give an answer for a vote to name one"
+    )
 
     @model_validator(mode="after")
     def _quorum(self) -> ParallelSampleParams:
         if self.min_quorum > self.k:
             raise ValueError(f"loop.min_quorum: {self.min_quorum} is more than loop.k ({self.k})")
         return self
+
+    def options(self, seed: int) -> ReduceOptions:
+        """The reducer's options: a vote names a winner only once `min_quorum` lanes gave an
+        answer (a lane that completed with nothing extracted casts no ballot)."""
+        return replace(super().options(seed), quorum=self.min_quorum)
 
 
 @register_loop
@@ -104,7 +113,12 @@ class ParallelSample:
         if params.weighting == "verifier":
             return None
         return audit(
-            state, extract=extract, tie_break=params.tie_break, weighting=params.weighting, seed=seed
+            state,
+            extract=extract,
+            tie_break=params.tie_break,
+            weighting=params.weighting,
+            seed=seed,
+            min_quorum=params.min_quorum,
         )
 
 

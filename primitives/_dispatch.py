@@ -31,6 +31,7 @@ from lanefold.primitives._backend import (
     SamplingParams,
     Usage,
 )
+from lanefold.primitives._backend_spec import PromptForm
 from lanefold.primitives._barrier import close_wave
 from lanefold.primitives._budget import Hold, Ledger, Room, WaveFit, cost_of
 from lanefold.primitives._errors import (
@@ -38,6 +39,7 @@ from lanefold.primitives._errors import (
     BackendTimeoutError,
     BadResponseError,
     BudgetExhaustedError,
+    ConfigError,
 )
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._record import Recorder
@@ -66,7 +68,7 @@ from lanefold.primitives.events import (
     bill_of,
 )
 
-__all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "lane_seed")
+__all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "check_sendable", "lane_seed")
 
 # A backend that cannot count tokens gets a conservative estimate: a byte-level BPE token is
 # at least one byte, plus room for the chat template the server wraps around the prompt.
@@ -74,6 +76,16 @@ _TEMPLATE_MARGIN = 32
 # A wave refused by the shared pool this often (other runs keep taking the room between our
 # look and our ask) stops as exhausted rather than spinning.
 _MAX_REFUSALS = 50
+
+
+def check_sendable(form: PromptForm | None, conversation: Sequence[object] | None) -> None:
+    """A chat's earlier turns need the "chat" form: a raw prompt has nowhere to put them, and
+    dropping them would answer another question than the one asked. ConfigError if so."""
+    if form == "raw" and conversation:
+        raise ConfigError(
+            'prompt.form: "raw" sends the prompt as text, so a chat\'s earlier turns have nowhere '
+            'to go: send the question alone, or serve a config with form = "chat"'
+        )
 
 
 def lane_seed(run_seed: int, wave: int, lane: int) -> int:
@@ -142,6 +154,7 @@ class Dispatcher:
         rng: random.Random | None = None,
         logger: structlog.stdlib.BoundLogger | None = None,
         conversation: Sequence[tuple[str, str]] | None = None,
+        form: PromptForm | None = None,
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
@@ -157,6 +170,7 @@ class Dispatcher:
             conversation=None
             if conversation is None
             else tuple(ChatMessage(role, content) for role, content in conversation),
+            form=form,
         )
         self._settle = _Settler(recorder, ledger, log)
         self._attempts = _Attempts(
@@ -239,19 +253,29 @@ class _Planner:
         max_concurrency: int,
         slots: LaneSlots,
         conversation: tuple[ChatMessage, ...] | None = None,
+        form: PromptForm | None = None,
     ) -> None:
+        check_sendable(form, conversation)
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.max_concurrency, self._slots = max_concurrency, slots
-        self.conversation = conversation
+        self.conversation, self.form = conversation, form
         self._token_cache: dict[str, int] = {}
 
     def messages(self, spec: WaveSpec, prompt: str) -> tuple[ChatMessage, ...] | None:
-        """The conversation a sampled lane of a chat's run sends (the chat's earlier turns, if
-        any, then its prompt as the user's), or None: a run that is no chat's, or a judge's
-        wave (its prompt stands alone)."""
-        if self.conversation is None or spec.bill != "sample":
+        """What a lane sends besides its prompt, the one rule for every entry: in the "chat"
+        form the prompt as the user's turn (a sampled lane of a chat's run after the chat's
+        earlier turns; a judge's prompt alone), which the backend renders through the model's
+        chat template; None in the "raw" form (the prompt is sent as it is).
+
+        `form` None is the rule of a run recorded before the form was a config key, kept so
+        it resumes as it ran: a chat's sampled lanes sent the chat, the rest a raw prompt the
+        backend's own settings rendered (an engine's `chat_template`, an OpenAI `api`)."""
+        if self.form == "raw":
             return None
-        return (*self.conversation, ChatMessage("user", prompt))
+        chat = self.conversation if spec.bill == "sample" else None
+        if self.form is None and chat is None:
+            return None
+        return (*(chat or ()), ChatMessage("user", prompt))
 
     def counted_text(self, spec: WaveSpec, prompt: str) -> str:
         """What the ledger prices a request's prompt by: the whole conversation where one is

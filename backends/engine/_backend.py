@@ -168,11 +168,12 @@ class EngineBackend:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.config)
         tokenizer: Tokenizer = self._tokenizer
-        return tokenizer.encode(prompt, chat=self.config.chat_template)
+        return tokenizer.encode(prompt, chat=bool(self.config.chat_template))
 
     def _prompt_ids(self, request: SampleRequest) -> list[int]:
-        """A chat request's messages through the model's chat template (where it has one);
-        any other prompt as it is, or as one user turn with `chat_template = true`."""
+        """A request's messages through the model's chat template (a model without one: the
+        prompt as it is); a request without messages (the "raw" form) as it is, or as one user
+        turn with the deprecated `chat_template = true` (a log recorded before the form)."""
         if request.messages is not None:
             tokenizer = self._tokenizer or load_tokenizer(self.config)
             self._tokenizer = tokenizer

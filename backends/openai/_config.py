@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lanefold.primitives import ConfigError, register_backend
+from lanefold.primitives import ConfigError, PromptForm, register_backend
 
 if TYPE_CHECKING:
     from lanefold.backends.openai._backend import OpenAIBackend
@@ -109,6 +109,10 @@ class OpenAIConfig(BaseModel):
         if clash:
             raise ValueError(f"extra_body may not set {clash}: the backend sets them per request")
         return value
+
+    def prompt_forms(self) -> tuple[PromptForm, ...]:
+        """`api = "chat"` sends chats (`/chat/completions`), `"completions"` raw text."""
+        return ("chat",) if self.api == "chat" else ("raw",)
 
     def build(self) -> OpenAIBackend:
         """The backend these settings describe (its API key read from the environment now)."""

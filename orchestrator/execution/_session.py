@@ -58,7 +58,7 @@ from lanefold.primitives import (
     plugin_folders,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
-from lanefold.primitives.internal import HookRunner, Recorder
+from lanefold.primitives.internal import HookRunner, Recorder, check_sendable
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 
@@ -217,7 +217,8 @@ class Session:
         built once too, and shared with every config naming the same). `conversation` makes
         the run a chat's: its turns before the question, (role, content) each (empty: none),
         which every sampled lane sends ahead of its prompt, the prompt as the user's turn,
-        through the backend's chat template. `caller` and `request_sha256` are recorded with
+        through the backend's chat template (a config whose `[prompt] form` is "raw" refuses
+        turns, ConfigError, before anything is recorded). `caller` and `request_sha256` are recorded with
         the run (who asked, and a digest of what they sent). `shared` is a pool this run
         spends from as well as the config's own (a gateway key's budget); the caller keeps and
         closes it.
@@ -257,6 +258,7 @@ class Session:
         if origin.config is not None:
             preflight(origin.config, "config", verifier_given=self._verifier is not None)
         config = (origin.config or self.config).with_seed(seed)
+        check_sendable(config.prompt_form(), origin.conversation)  # refused before any record
         backend, judge_backend = await self.backends_for(config)
         await self._load_given()
         # A shared budget that does not exist is refused before the run does.

@@ -100,7 +100,7 @@ def create_gateway(
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
     store = session.store
-    configs: dict[tuple[str, int | None, float | None, float | None], LoopConfig] = {}
+    configs: dict[tuple[str, str, int | None, float | None, float | None], LoopConfig] = {}
 
     def key_of(request: Request) -> GatewayKey | None:
         if keys is None:
@@ -120,7 +120,7 @@ def create_gateway(
 
     def config_for(ask: Ask) -> LoopConfig:
         o = ask.options
-        cache = (ask.loop, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
+        cache = (ask.loop, ask.kind, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
         if cache not in configs:
             if len(configs) >= 256:  # requests' ceilings and temperatures are many: keep it bounded
                 configs.clear()
@@ -284,7 +284,7 @@ def create_gateway(
         ):
             raise out_of_quota(result.reason)
         state = None
-        if ask.options.n > 1:
+        if ask.options.n > 1 or result.status == "no_answer":  # more choices, or a lane to serve
             state = await anyio.to_thread.run_sync(read_state, store, result.run_id)
         return result, state
 
