@@ -9,10 +9,14 @@ Every field of the bill is derived, so an edit anywhere shows:
 - an outcome bills what follows from it: a completion its usage at the run's prices, a cut-off
   or interrupted attempt its whole hold, an attempt never sent nothing;
 - `run.resumed` resumes after the last line with the sampling time the log gives;
+- a barrier joins a wave whose lanes are all done and lists them; a verdict comes after its
+  candidate's wave was joined, a reduction and the run's end after every wave was;
 - a reduction is by the reducer the config names (or `reduce.started` opened), over waves
-  that ran, with verdicts on lanes that exist;
-- `run.completed` holds the bill the fold gives (usage and cost, line by line), the lanes as
-  the log tells them, and the recorded reduction's reducer, answer, winner and votes.
+  that ran, with a winner among their lanes and verdicts on lanes that exist;
+- `run.completed` holds what the fold gives, field by field (`primitives/_result_checks.py`);
+- times run forward: nothing before `run.started`, and no line more than `TIME_STEP_BACK`
+  before the latest time so far (a clock that stepped back, a resume on another machine
+  whose clock is behind; the writer stamps no line before the last).
 
 Costs are compared exactly: the writer's ledger and the fold price the same usages with the
 same `Spend.add`, in the order of the log (the ledger settles a lane the moment its event is
@@ -30,12 +34,11 @@ finite and no less than the time recorded before the last resume; no charge depe
 
 from __future__ import annotations
 
-import math
-import operator
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from lanefold.primitives._backend import Usage
-from lanefold.primitives._budget import Hold, Pricing, Spend, cost_of
+from lanefold.primitives._budget import Hold, Pricing, cost_of
 from lanefold.primitives.events import (
     AnyEvent,
     Bill,
@@ -55,21 +58,28 @@ if TYPE_CHECKING:
     from lanefold.primitives._state import RunState, WaveState
 
 __all__ = (
+    "TIME_STEP_BACK",
     "Refused",
     "check_barrier",
     "check_billed",
     "check_envelope",
     "check_hold",
+    "check_joined",
     "check_lane",
     "check_place",
     "check_priced",
     "check_reduce_started",
     "check_reduction",
-    "check_result",
     "check_resumed",
+    "check_time",
     "check_verdict",
     "recorded_pricing",
 )
+
+# How far a line's time may fall before the latest time so far: clocks step (NTP, a VM
+# restored), and a resume may run on a machine whose clock is a little behind. The writer
+# never stamps a line before the last (`Recorder`), so only older logs and other clocks use it.
+TIME_STEP_BACK = timedelta(minutes=5)
 
 
 class Refused(Exception):
@@ -154,6 +164,29 @@ def check_envelope(state: RunState, event: AnyEvent) -> None:
         raise Refused(f"sequence {event.sequence} after {state.last_sequence}")
 
 
+def check_time(state: RunState, event: AnyEvent) -> None:
+    """Nothing is recorded before `run.started`, and no line falls more than `TIME_STEP_BACK`
+    before the latest time so far. A time without a UTC offset is no RFC 3339 time."""
+    time = event.time
+    if time.tzinfo is None or time.utcoffset() is None:
+        raise Refused(f"{event.type}'s time {time.isoformat()} has no UTC offset")
+    if isinstance(event, RunStarted):
+        return
+    started, latest = state.first_time, state.latest_time
+    if started is not None and time < started:
+        raise Refused(f"{event.type} at {_when(time)} before run.started ({_when(started)})")
+    if latest is not None and latest - time > TIME_STEP_BACK:  # a difference never overflows
+        back = (latest - time).total_seconds()
+        raise Refused(
+            f"{event.type} at {_when(time)}: {back:g} s before line {state.latest_line}'s time "
+            f"({_when(latest)}); a clock may step back at most {TIME_STEP_BACK.total_seconds():g} s"
+        )
+
+
+def _when(time: datetime) -> str:
+    return time.isoformat().replace("+00:00", "Z")
+
+
 # -- lanes and holds ----------------------------------------------------------------------------
 
 
@@ -228,7 +261,14 @@ def check_billed(kind: str, billed: UsageData, cost: float, hold: Hold | None) -
 
 
 def check_barrier(wave: WaveState, data: WaveBarrierData) -> None:
-    """A barrier lists the lanes that completed and those that failed for good."""
+    """A barrier joins a wave whose lanes are all done (each lane it was given landed or
+    failed for good) and lists those that completed and those that failed."""
+    undone = sorted(
+        {lane for lane, s in wave.lanes.items() if not s.done} | (set(wave.given or ()) - set(wave.lanes))
+    )
+    if undone:
+        status = wave.lanes[undone[0]].status if undone[0] in wave.lanes else "pending"
+        raise Refused(f"wave.barrier for wave {wave.wave} while its lane {undone[0]} is {status}")
     completed = [s.lane for s in wave.completed()]
     failed = [s.lane for s in wave.failed()]
     if (list(data.completed), list(data.failed)) != (completed, failed):
@@ -265,9 +305,20 @@ def check_reduce_started(state: RunState, data: ReduceStartedData) -> None:
         raise Refused(f"reduce.started's first wave is {data.first_wave}, the next is {first}")
 
 
+def check_joined(state: RunState, kind: str) -> None:
+    """Every wave started so far was joined at its barrier: what reduces lanes or ends a run
+    comes after the waves it read. (A crash before a barrier leaves no such line after it, and
+    resume joins the wave.)"""
+    open_wave = next((number for number, wave in sorted(state.waves.items()) if not wave.barrier), None)
+    if open_wave is not None:
+        raise Refused(f"{kind} before wave {open_wave}'s wave.barrier")
+
+
 def check_reduction(state: RunState, data: ReduceCompletedData, waves: list[int]) -> None:
     """The reducer is the one the config names (the run's own reduce) or `reduce.started`
-    opened (a re-reduction), over waves that ran."""
+    opened (a re-reduction), over waves that ran and were joined, and its winner is one of
+    their lanes (on the wave it names, where it names one)."""
+    check_joined(state, "reduce.completed")
     if data.reduction == 1:
         expected = state.reducer
         if expected is not None and data.reducer != expected:
@@ -287,6 +338,11 @@ def check_reduction(state: RunState, data: ReduceCompletedData, waves: list[int]
     missing = [wave for wave in waves if wave not in state.waves]
     if missing:
         raise Refused(f"reduce.completed over wave {missing[0]}, which was never started")
+    lane, named = data.winner_lane, data.winner_wave
+    holding = [wave for wave in waves if lane is not None and lane in state.waves[wave].lanes]
+    if (lane is not None and not holding) or (named is not None and named not in holding):
+        where = f"wave {named}" if named is not None else f"waves {waves}"
+        raise Refused(f"reduce.completed's winner is lane {lane} of {where}, which never ran")
 
 
 def check_verdict(state: RunState, reduction: int, wave: int, lane: int) -> None:
@@ -297,121 +353,5 @@ def check_verdict(state: RunState, reduction: int, wave: int, lane: int) -> None
     candidate = state.waves.get(wave)
     if candidate is None or lane not in candidate.lanes:
         raise Refused(f"judge.completed on lane {lane} of wave {wave}, which never ran")
-
-
-# -- the result -----------------------------------------------------------------------------------
-
-
-def check_result(state: RunState, result: dict[str, Any]) -> None:
-    """`run.completed` holds what the fold gives: its identity, its bill, its lanes and the
-    reduction it cites. Where no reducer decided, the answer is the loop's own choice, which
-    the loop's audit (where there is one) checks."""
-    started = state.started
-    claims: dict[str, Any] = {
-        "run_id": state.run_id,
-        "question": started.question if started else None,
-        "resumes": state.resumes,
-    }
-    for key, expected in claims.items():
-        if result.get(key) != expected:
-            raise Refused(f"run.completed says {key} = {result.get(key)!r}, the log gives {expected!r}")
-    _check_bill(state, result)
-    _check_lanes(state, result)
-    _check_reducer(state, result)
-    elapsed = result.get("elapsed_s")
-    floor = round(state.active_seconds_before, 6)
-    if not (isinstance(elapsed, int | float) and math.isfinite(elapsed) and elapsed >= floor):
-        raise Refused(
-            f"run.completed says elapsed_s = {elapsed!r}: not a time of at least the "
-            f"{floor} s recorded before the last resume"
-        )
-
-
-def _check_bill(state: RunState, result: dict[str, Any]) -> None:
-    spend: Spend = state.spend
-    lines = [("usage", spend.usage_lines())]
-    if state.priced:
-        lines.append(("cost", spend.cost_lines()))
-    for part, expected in lines:
-        claimed = result.get(part)
-        if not isinstance(claimed, dict):
-            raise Refused(f"run.completed has no {part}")
-        for name, value in expected.items():
-            # Results written before the cut-off line existed leave it out: it was 0.
-            got = claimed.get(name, 0 if name.startswith("cut_off") else None)
-            if got != value:
-                raise Refused(
-                    f"run.completed says {part}.{name} = {got!r}, the fold of the log gives {value!r}"
-                )
-
-
-_LANE_CLAIMS = operator.itemgetter("lane", "wave", "status", "answer", "finish_reason", "tokens", "attempts")
-
-
-def _check_lanes(state: RunState, result: dict[str, Any]) -> None:
-    """The lanes priced as samples, every wave's, as the result reports them (less the
-    scores, which are the loop's reading of its reduction)."""
-    expected = [
-        (
-            s.lane,
-            w.wave,
-            s.status,
-            s.answer,
-            s.finish_reason,
-            s.usage.output_tokens if s.status == "completed" and s.usage else 0,
-            s.attempts,
-        )
-        for _, w in sorted(state.waves.items())
-        if w.info.bill == "sample"
-        for _, s in sorted(w.lanes.items())
-    ]
-    lanes = result.get("lanes")
-    try:
-        claimed = list(map(_LANE_CLAIMS, lanes)) if isinstance(lanes, list) else None
-    except (KeyError, TypeError):  # a lane that is not one, or lacks a claim
-        claimed = None
-    if claimed != expected:
-        raise Refused("run.completed's lanes are not the lanes of the log")
-    counts = {
-        "lanes_completed": sum(row[2] == "completed" for row in expected),
-        "lanes_failed": sum(len(w.failed()) for w in state.waves.values() if w.info.bill == "sample"),
-    }
-    for key, count in counts.items():
-        if result.get(key) != count:
-            raise Refused(f"run.completed says {key} = {result.get(key)!r}, the log gives {count}")
-
-
-def _check_reducer(state: RunState, result: dict[str, Any]) -> None:
-    """A result that cites a reducer cites the recorded reduction, answer, winner and votes
-    alike; one that cites none names its loop and holds no votes."""
-    reduce = state.reduce
-    reducer = result.get("reducer")
-    if reduce is not None and reducer == reduce.reducer:
-        claims: dict[str, Any] = {
-            "answer": reduce.winner,
-            "winner_lane": reduce.winner_lane,
-            "votes": dict(reduce.votes),
-            "scores": dict(reduce.scores),
-            "tie_break": reduce.tie_break,
-        }
-    else:
-        loop = state.started.coordinator if state.started else None
-        if reducer != loop:
-            recorded = (
-                f"the log's reduce is by {reduce.reducer}"
-                if reduce is not None
-                else "the log holds no reduce.completed"
-            )
-            raise Refused(f"run.completed names reducer {reducer!r}, {recorded}")
-        if reduce is None and state.reducer:
-            raise Refused(f"run.completed without a reduce by {state.reducer}, the config's reducer")
-        claims = {"votes": {}, "scores": {}, "tie_break": "none"}
-    for key, expected in claims.items():
-        got = result.get(key)
-        if key == "scores" and isinstance(got, dict):
-            try:
-                got = {int(k): v for k, v in got.items()}
-            except ValueError:
-                pass
-        if got != expected:
-            raise Refused(f"run.completed says {key} = {got!r}, the log's reduce gives {expected!r}")
+    if not candidate.barrier:
+        raise Refused(f"judge.completed on lane {lane} of wave {wave} before its wave.barrier")

@@ -287,6 +287,7 @@ class RunContext:
                     margin=_finite(result.margin),
                     detail=_jsonable(dict(result.detail)),
                     candidate_waves=waves if len(waves) > 1 else [],
+                    winner_wave=result.winner_wave if len(waves) > 1 else None,
                 ),
                 wave=waves[0] if len(waves) == 1 else None,
             )

@@ -1,7 +1,10 @@
 """The recorder: the one way events enter a run's log.
 
-It fills the envelope (sequence, id, source, time), appends the event, then folds it into the
-live state with the same `apply` that resume uses.
+It fills the envelope (sequence, id, source, time), folds the event into the live state with
+the same `apply` that resume uses (an event that does not follow is refused unwritten), then
+appends it. A line's time is the clock's, and never before the latest time in the log: a clock
+that stepped back (or a resume on a machine whose clock is behind) stamps that time again, so
+the log's times run forward as its readers require.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Recorder:
     ) -> E:
         """Record one event of `kind` (`event_type` names a LoopEvent's `loop.<name>.<noun>`)."""
         sequence = self.log.last_sequence + 1
+        now, latest = self._now(), self.state.latest_time
         extra: dict[str, Any] = {"type": event_type} if event_type is not None else {}
         # The payload is a validated model already and the envelope is ours: skip re-validation
         # on this hot path (every log is read back through full validation).
@@ -71,7 +75,7 @@ class Recorder:
             kind.model_construct(
                 id=f"{self.run_id}:{sequence}",
                 source=self._source,
-                time=self._now(),
+                time=now if latest is None or now >= latest else latest,
                 sequence=sequence,
                 run_id=self.run_id,
                 wave=wave,

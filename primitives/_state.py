@@ -5,10 +5,11 @@ same `apply` as it emits each event, so what resume rebuilds is what the run hel
 
 `apply` also refuses an event that is not the run's own or does not follow from the state so
 far (another run's id, a config that does not match its hash, a lane of a wave never started,
-a completion without a dispatch, a second completion of a lane, anything after the run ended)
-or whose claims the events before it do not give (a lane its wave was not given, a bill, a
-reducer, a result: `primitives/_checks.py`): it raises `LogCorruptError` naming the log and
-the event's line (line N holds sequence N), and changes nothing.
+a completion without a dispatch, a second completion of a lane, anything after the run ended,
+a time before the run started) or whose claims the events before it do not give (a lane its
+wave was not given, a bill, a barrier, a reducer: `primitives/_checks.py`; every field of a
+result: `primitives/_result_checks.py`): it raises `LogCorruptError` naming the log and the
+event's line (line N holds sequence N), and changes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from lanefold.primitives._backend import Usage
 from lanefold.primitives._budget import Hold, Pricing, Spend
 from lanefold.primitives._checks import Refused
 from lanefold.primitives._errors import LogCorruptError
+from lanefold.primitives._result_checks import check_result, recorded_winner, winning_lane
 from lanefold.primitives.events import (
     AnyEvent,
     JudgeCompleted,
@@ -144,8 +146,10 @@ class RunState:
     interrupted: RunInterruptedData | None = None  # set until the next resume
     spend: Spend = field(default_factory=Spend)
     last_sequence: int = 0
-    first_time: datetime | None = None
+    first_time: datetime | None = None  # run.started's
     last_time: datetime | None = None
+    latest_time: datetime | None = None  # the latest time so far (a clock may step back)
+    latest_line: int = 0  # the line that holds it
     active_seconds_before: float = 0.0  # sampling time of segments before the last resume
     segment_start: datetime | None = None  # first dispatch of the current segment
     resumes: int = 0
@@ -155,6 +159,21 @@ class RunState:
         return [
             (w.wave, s) for w in self.waves.values() for s in w.lanes.values() if s.status == "dispatched"
         ]
+
+    def winning_lane(
+        self, lane: int | None, wave: int | None = None, within: list[int] | None = None
+    ) -> tuple[int, LaneState] | None:
+        """The lane that won, as (its wave, its state): lane `lane` of wave `wave`, or where
+        no wave is named the latest wave of `within` (default: every wave) in which that lane
+        completed (else ran). None where no such lane ran. The one rule the result's
+        `winner_wave` and `winner_text` follow."""
+        return winning_lane(self, lane, wave, within)
+
+    def winner(self) -> tuple[int, LaneState] | None:
+        """The winning lane of the recorded result, as (its wave, its state): what a reader
+        shows as the winner's text and finish reason, from the fold rather than the result's
+        copy. None where there is no result or no winning lane."""
+        return recorded_winner(self)
 
     @property
     def finished(self) -> bool:
@@ -180,6 +199,7 @@ def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
         checks.check_place(state, event)
         if envelope or isinstance(event, RunStarted):
             checks.check_envelope(state, event)
+        checks.check_time(state, event)
         _apply(state, event)
     except Refused as refused:
         raise LogCorruptError(state.source, event.sequence, str(refused)) from None
@@ -187,6 +207,8 @@ def apply(state: RunState, event: AnyEvent, *, envelope: bool = True) -> None:
     state.last_time = event.time
     if state.first_time is None:
         state.first_time = event.time
+    if state.latest_time is None or event.time >= state.latest_time:
+        state.latest_time, state.latest_line = event.time, event.sequence
 
 
 def _wave(state: RunState, event: AnyEvent) -> WaveState:
@@ -371,7 +393,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
             raise Refused("run.interrupted while lanes are still in flight")
         state.interrupted = event.data
     elif isinstance(event, RunCompleted):
-        checks.check_result(state, event.data.result)
+        check_result(state, event.data.result)
         state.result, state.result_sequence = event.data.result, event.sequence
     elif isinstance(event, RunFailed):
         state.failure = event.data

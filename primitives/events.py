@@ -402,6 +402,9 @@ class ReduceCompletedData(_Frozen):
     reduction: int = 1  # 1: the run's own; 2, 3, ...: `orchestrator reduce` afterwards
     # the waves its candidates came from, when more than one (else the envelope's `wave`)
     candidate_waves: list[int] = Field([], exclude_if=lambda v: not v)
+    # the winning lane's wave, where the candidates came from more than one (lanes are
+    # numbered within a wave, so the number alone may not say which lane won)
+    winner_wave: int | None = Field(None, exclude_if=_absent)
     agreement: float | None = Field(None, exclude_if=_absent)
     margin: float | None = Field(None, exclude_if=_absent)
     detail: dict[str, Any] = Field({}, exclude_if=lambda v: not v)

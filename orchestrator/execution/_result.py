@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lanefold.primitives import LanefoldError, Outcome, RunState, Spend, normalize_answer
+from lanefold.primitives import LanefoldError, LaneState, Outcome, RunError, RunState, Spend, normalize_answer
 
 __all__ = (
     "CostBreakdown",
@@ -109,6 +109,8 @@ class RunResult(BaseModel):
     `reducer`, `votes`, `scores` and `tie_break` are the reduction's, where a reducer decided
     (`votes`: each answer's ballot count, an integer, or its total weight in a weighted vote);
     `outcome` is the loop's own detail; `lanes` are the lanes priced as samples, every wave's.
+    `winner_wave` and `winner_lane` say which lane won, `winner_text` is that lane's text as
+    its `lane.completed` holds it (None where no lane won).
     `index` is the question's position, in results from `Session.run_many`.
     """
 
@@ -121,6 +123,7 @@ class RunResult(BaseModel):
     question: str
     answer: str | None
     winner_lane: int | None
+    winner_wave: int | None = None
     winner_text: str | None = None
     reducer: str = ""
     votes: dict[str, int] | dict[str, float] = {}  # ballot counts; total weights if weighted
@@ -228,6 +231,7 @@ def result_from_state(
     waves = [w for _, w in sorted(state.waves.items()) if w.info.bill == "sample"]
     lanes = _lanes(state, outcome)
     reduction = outcome.reduction
+    winner = _winner(state, outcome)
     return RunResult(
         run_id=state.run_id or "",
         status="answered" if outcome.answered else "no_answer",
@@ -235,15 +239,17 @@ def result_from_state(
         question=state.started.question if state.started else "",
         answer=outcome.answer,
         winner_lane=outcome.winner_lane,
-        winner_text=outcome.winner_text,
+        winner_wave=winner[0] if winner is not None else None,
+        winner_text=winner[1].text if winner is not None else None,
         reducer=reduction.reducer
         if reduction
         else coordinator or (state.started.coordinator if state.started else ""),
         votes=dict(reduction.votes) if reduction else {},
         scores=dict(reduction.scores) if reduction else {},
         tie_break=reduction.tie_break if reduction else "none",
-        agreement=outcome.agreement,
-        margin=outcome.margin,
+        # A reduction's own summary (what its reduce.completed records), else the loop's.
+        agreement=reduction.agreement if reduction else outcome.agreement,
+        margin=reduction.margin if reduction else outcome.margin,
         lanes_completed=sum(len(w.completed()) for w in waves),
         lanes_failed=sum(len(w.failed()) for w in waves),
         lanes_answered=_count_answered(lanes),
@@ -255,6 +261,25 @@ def result_from_state(
         events=events,
         outcome=json.loads(json.dumps(dict(outcome.detail), default=str)),
     )
+
+
+def _winner(state: RunState, outcome: Outcome) -> tuple[int, LaneState] | None:
+    """The lane the loop says won, found in the log: on the wave the outcome (or its
+    reduction) names, else by `RunState.winning_lane`'s rule. Its text is the result's
+    `winner_text`, whatever the outcome's says, so the record holds nothing the fold cannot
+    check."""
+    number = outcome.winner_lane
+    if number is None:
+        return None
+    reduction, wave = outcome.reduction, outcome.winner_wave
+    if wave is None and reduction is not None and reduction.winner_lane == number:
+        wave = reduction.winner_wave
+    within = state.reduction_waves.get(1) if reduction is not None else None
+    found = state.winning_lane(number, wave, within)
+    if found is None:
+        where = f" of wave {wave}" if wave is not None else ""
+        raise RunError(f"the loop's winner_lane {number}{where} is no lane the run ran")
+    return found
 
 
 def _score(outcome: Outcome, wave: int, lane: int) -> float | None:

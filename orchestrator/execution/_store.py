@@ -143,10 +143,11 @@ def read_state(store: Store, run_id: str) -> RunState:
     return read_run(store, run_id)[1]
 
 
-def run_record(store: Store, run_id: str) -> dict[str, Any]:
+def run_record(store: Store, run_id: str, state: RunState | None = None) -> dict[str, Any]:
     """What `show --json` prints of a run: a finished run's result with its reductions, else
-    where it stands (interrupted, failed, unfinished) and what it has done so far."""
-    _, state, _ = read_run(store, run_id)
+    where it stands (interrupted, failed, unfinished) and what it has done so far. Read
+    through `read_state` (every line checked), unless `state` is what `read_state` gave."""
+    state = state if state is not None else read_state(store, run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:
         result = RunResult.model_validate(state.result)

@@ -17,6 +17,7 @@ What a request may say and the response it gets are `_gateway_wire`'s; streams a
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 
@@ -28,14 +29,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lanefold.config import LoopConfig
-from lanefold.execution import RunResult, Session, read_state, run_record
+from lanefold.execution import RunResult, Session, Store, read_state, run_record
 from lanefold.primitives import (
     BudgetExhaustedError,
     ConfigError,
     LanefoldError,
+    LogCorruptError,
     RunInUseError,
     RunNotFoundError,
     RunState,
+    fold,
 )
 from lanefold.primitives.events import AnyEvent
 from lanefold.serve._gateway_stream import LoopStream, Replay
@@ -54,6 +57,36 @@ from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._outcomes import on_error
 
 __all__ = ("create_gateway",)
+
+_log = logging.getLogger("lanefold.serve")
+
+
+def _caller(store: Store, run_id: str) -> str | None:
+    """Who started a run, as its first line (checked alone) says; None where it cannot say."""
+    try:
+        head = next(iter(store.reader(run_id).read()), None)
+        started = fold([head], run_id=run_id).started if head is not None else None
+    except (LanefoldError, OSError):
+        return None
+    return started.caller if started is not None else None
+
+
+def _checked(store: Store, run_id: str) -> RunState:
+    """The run as the fold of its log gives it, every line checked, as `show` reads it. A
+    record that does not check is a 500 the client cannot retry past (it names no server
+    path: the operator's log does)."""
+    try:
+        return read_state(store, run_id)
+    except LogCorruptError as exc:
+        _log.error("the record of run %s does not check: %s", run_id, exc)
+        raise HTTPError(
+            500,
+            f"the record of run {run_id} does not check against its own events; "
+            f"an operator can see why with: orchestrator show {run_id}",
+            kind="server_error",
+            code="run_record_corrupt",
+            headers={"x-should-retry": "false"},
+        ) from None
 
 
 class _Replayed:
@@ -143,12 +176,16 @@ def create_gateway(
         try:
             if not store.exists(store.check_id(run_id)):
                 raise missing
-            state = read_state(store, run_id)
+            state = _checked(store, run_id)
         except (ConfigError, OSError):
             raise missing from None
+        except HTTPError:  # a record that does not check: told only to the key that made it
+            if key is not None and _caller(store, run_id) != key.name:
+                raise missing from None
+            raise
         if key is not None and (state.started is None or state.started.caller != key.name):
             raise missing  # another key's run is none of this key's business
-        return JSONResponse(run_record(store, run_id), headers={"x-lanefold-run-id": run_id})
+        return JSONResponse(run_record(store, run_id, state), headers={"x-lanefold-run-id": run_id})
 
     async def handle(request: Request, kind: str) -> Response:
         key = key_of(request)
@@ -214,12 +251,13 @@ def create_gateway(
                 pass  # the stream releases it when it ends
 
     def _recorded(run_id: str, ask: Ask) -> Response | None:
-        """What an idempotent retry is answered from the record: the recorded response, a 422
-        for another body; None where the run is to be started or resumed."""
+        """What an idempotent retry is answered from the record, as the fold of its log gives
+        it (never a copy the fold did not check): the recorded response, a 422 for another
+        body; None where the run is to be started or resumed."""
         if not store.exists(run_id):
             return None
         try:
-            state = read_state(store, run_id)
+            state = _checked(store, run_id)
         except RunNotFoundError:
             return None
         started = state.started

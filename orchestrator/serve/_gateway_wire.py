@@ -192,7 +192,12 @@ def _choices(result: RunResult, state: RunState | None, n: int) -> list[tuple[st
             for lane_no, lane_state in sorted(wave.lanes.items()):
                 texts[(wave_no, lane_no)] = (lane_state.text, lane_state.finish_reason)
     winner_finish = next(
-        (lane.finish_reason for lane in reversed(result.lanes) if lane.lane == result.winner_lane), "stop"
+        (
+            lane.finish_reason
+            for lane in reversed(result.lanes)
+            if lane.lane == result.winner_lane and result.winner_wave in (None, lane.wave)
+        ),
+        "stop",
     )
     chosen: list[tuple[str, str | None]] = [(result.winner_text or "", winner_finish or "stop")]
     if n == 1 or result.answer is None:

@@ -219,11 +219,13 @@ def outcome_html(state: RunState) -> str:
     if state.scores:
         parts.append("<h2>judge scores</h2>" + _table(sorted(state.scores.items()), "scores"))
     if state.reduce is not None:
-        winner_text = ""
-        for wave in state.waves.values():
-            lane = wave.lanes.get(state.reduce.winner_lane) if state.reduce.winner_lane is not None else None
-            if lane is not None and lane.text is not None:
-                winner_text = lane.text
+        # The winning lane as the fold finds it (a judge's wave numbers its lanes as the
+        # candidates' do: the lane number alone is not the winner).
+        won = state.winner()
+        if won is None and state.reduce.winner_lane is not None:
+            reduced = state.reduction_waves.get(1)
+            won = state.winning_lane(state.reduce.winner_lane, state.reduce.winner_wave, reduced)
+        winner_text = (won[1].text if won is not None else None) or ""
         parts.append(
             f"<h2>winner</h2><p id=winner data-answer='{_e(str(state.reduce.winner))}'>"
             f"{_e(str(state.reduce.winner))} (lane {state.reduce.winner_lane})</p>"

@@ -249,10 +249,14 @@ def test_orchestrator_list_prints_runs_newest_first(
 # -- refusal on read ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("forgery", ["spliced", "edited answer"])
+FORGERIES = ["spliced", "edited answer", "edited winner text", "dropped barrier", "lane before the start"]
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
 def test_a_forged_log_is_refused_on_read_naming_the_line(store: Store, forgery: str) -> None:
-    """A real run's log with another run's line spliced in, or its answer edited: read back
-    whole, then refused at the line, one line naming it."""
+    """A real run's log with another run's line spliced in, its answer or its winner's text
+    edited, its barrier dropped or a lane stamped before the run started: read back whole,
+    then refused at the line, one line naming it."""
     lanefold.run_sync(
         str(ROOT / "examples" / "simulated.toml"), "What is 17 * 23?", store=store, run_id="real"
     )
@@ -268,19 +272,38 @@ def test_a_forged_log_is_refused_on_read_naming_the_line(store: Store, forgery: 
         )
         for e in events
     ]
+    end = forged[-1]
+    assert isinstance(end, RunCompleted)
+    line = len(forged)
     if forgery == "spliced":
         forged[1] = events[1]  # the other run's line
         line = 2
+    elif forgery == "dropped barrier":
+        at = next(i for i, e in enumerate(forged) if isinstance(e, WaveBarrier))
+        forged = forged[:at] + [
+            e.model_copy(update={"sequence": e.sequence - 1, "id": f"f1:{e.sequence - 1}"})
+            for e in forged[at + 1 :]
+        ]
+        line = at + 1  # what follows the barrier depends on it
+    elif forgery == "lane before the start":
+        at = next(i for i, e in enumerate(forged) if e.type == "lane.completed")
+        forged[at] = forged[at].model_copy(update={"time": forged[0].time - timedelta(days=1)})
+        line = at + 1
     else:
-        end = forged[-1]
-        assert isinstance(end, RunCompleted)
-        result = {**end.data.result, "answer": "392"}
+        # The edited text alone is wrong (the result's run_id made the copy's own).
+        change = (
+            {"answer": "392"}
+            if forgery == "edited answer"
+            else {"winner_text": "Answer: 392", "run_id": "f1"}
+        )
+        result = {**end.data.result, **change}
         forged[-1] = end.model_copy(update={"data": RunCompletedData(result=result)})
-        line = len(forged)
     write(store, "f1", forged)
     with pytest.raises(LogCorruptError) as refused:
         read_run(store, "f1")
-    assert refused.value.line == line if forgery == "spliced" else refused.value.line <= line
+    assert refused.value.line == line if forgery != "edited answer" else refused.value.line <= line
+    if forgery == "edited winner text":
+        assert "run.completed says winner_text = 'Answer: 392'" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert store.location("f1") in str(refused.value)
 
