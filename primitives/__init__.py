@@ -160,6 +160,13 @@ from lanefold.primitives._registry import (
     store_for_url,
     without_plugin_imports,
 )
+from lanefold.primitives._secrets import (
+    check_headers,
+    check_headers_env,
+    headers_from_env,
+    read_secret,
+    secret_header,
+)
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
@@ -295,6 +302,8 @@ __all__ = (
     "backend_preflight",
     "backend_prompt_tokens",
     "build_hook",
+    "check_headers",
+    "check_headers_env",
     "check_next_sequence",
     "check_verifier_limits",
     "closing",
@@ -306,6 +315,7 @@ __all__ = (
     "fold",
     "get_logger",
     "hash_config",
+    "headers_from_env",
     "hook_params",
     "import_object",
     "import_verifier",
@@ -324,6 +334,7 @@ __all__ = (
     "plugin_folders",
     "pooled_lanes",
     "read_event",
+    "read_secret",
     "readable_number",
     "redact_url",
     "reducer_names",
@@ -342,6 +353,7 @@ __all__ = (
     "sample_all",
     "score_summary",
     "scores_line",
+    "secret_header",
     "select_runs",
     "short_of_room",
     "store_for_url",
