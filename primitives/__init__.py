@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
 from lanefold.primitives._backend import (
+    MAX_LANE_TOKENS,
     Backend,
     ChatMessage,
     ContextWindow,
@@ -202,6 +203,7 @@ __all__ = (
     "FRAME_TOKENS",
     "HOOKS",
     "LOOPS",
+    "MAX_LANE_TOKENS",
     "QUEUE_LIMIT",
     "REDUCERS",
     "STORES",

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 from lanefold.primitives._errors import BackendError, BadResponseError
 
 __all__ = (
+    "MAX_LANE_TOKENS",
     "Backend",
     "ChatMessage",
     "ContextWindow",
@@ -31,6 +32,13 @@ __all__ = (
     "closing",
     "sample_all",
 )
+
+
+# The most tokens one lane may be given to write (and a prompt's or a canned output's size in a
+# config): the largest count a 32-bit signed integer holds, far past any model's context, and
+# small enough that a wave of 100,000 such lanes (2**48 tokens) is still a count a bill and a
+# JSON number carry exactly (`events.MAX_QUANTITY`, 2**53). A config past it is refused when read.
+MAX_LANE_TOKENS = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanefold.primitives._backend import Usage
+from lanefold.primitives.events import MAX_QUANTITY
 
 __all__ = (
     "Hold",
@@ -39,6 +40,7 @@ __all__ = (
 )
 
 Bill = Literal["sample", "verifier"]  # the line a lane is priced on
+MAX_PRICE = 1_000_000.0  # USD per million tokens (or token-seconds), per line of the bill
 
 
 class Limits(BaseModel):
@@ -46,9 +48,10 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int | None = Field(None, ge=0)
-    max_cost_usd: float | None = Field(None, ge=0)
-    max_requests: int | None = Field(None, ge=0)
+    # Counts and amounts a bill (and a JSON number) carries exactly: past them, no limit binds.
+    max_tokens: int | None = Field(None, ge=0, le=MAX_QUANTITY)
+    max_cost_usd: float | None = Field(None, ge=0, le=MAX_QUANTITY)
+    max_requests: int | None = Field(None, ge=0, le=MAX_QUANTITY)
     max_seconds: float | None = Field(None, gt=0)
 
 
@@ -62,11 +65,13 @@ class Pricing(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input_per_mtok: float = Field(0.0, ge=0)
-    cached_input_per_mtok: float = Field(0.0, ge=0)
-    output_per_mtok: float = Field(0.0, ge=0)
-    verifier_per_mtok: float | None = Field(None, ge=0)
-    kv_per_mtok_s: float = Field(0.0, ge=0)
+    # At most MAX_PRICE: the largest wave's hold (2**48 tokens) is then still an amount a bill
+    # carries (2**53 USD); no model is priced near a million dollars per million tokens.
+    input_per_mtok: float = Field(0.0, ge=0, le=MAX_PRICE)
+    cached_input_per_mtok: float = Field(0.0, ge=0, le=MAX_PRICE)
+    output_per_mtok: float = Field(0.0, ge=0, le=MAX_PRICE)
+    verifier_per_mtok: float | None = Field(None, ge=0, le=MAX_PRICE)
+    kv_per_mtok_s: float = Field(0.0, ge=0, le=MAX_PRICE)
 
 
 @dataclass(slots=True)

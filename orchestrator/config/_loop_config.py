@@ -34,6 +34,7 @@ from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP
 from lanefold.primitives import (
     BACKENDS,
     HOOKS,
+    MAX_LANE_TOKENS,
     REDUCERS,
     BackendSpec,
     ConfigError,
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "DEFAULT_BACKEND",
+    "MAX_CONFIG_BYTES",
     "MAX_NESTING",
     "VERSION",
     "BackendConfig",
@@ -85,6 +87,9 @@ VERSION = metadata.version("lanefold")  # in every run.started: which version wr
 # How deep tables and arrays may nest in a config: a real one nests three or four deep; far
 # deeper is a mistake or an attack, and validating it would exhaust Python's stack.
 MAX_NESTING = 32
+# A config (or keys) file is read no further than this: far past any real one (a keys file of
+# ten thousand keys is about 2 MiB), so a device or a runaway file is one line, not a read forever.
+MAX_CONFIG_BYTES = 4 << 20
 
 # The facade's defaults, named once: a config without `[backend]` runs on the bundled engine
 # on its bundled model (no server, no key).
@@ -201,7 +206,7 @@ class SamplingSection(_Section):
     temperature: float = Field(0.7, ge=0, le=5)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    max_tokens: int = Field(256, ge=1)
+    max_tokens: int = Field(256, ge=1, le=MAX_LANE_TOKENS)
     stop: list[str] = []
     logprobs: bool = False
     # Which of a gateway request's own sampling fields its sampled lanes take instead of the
@@ -225,7 +230,7 @@ class JudgeSection(_Section):
     verifier_timeout_s: float = Field(30.0, gt=0)
     backend: JudgeBackendConfig = None
     temperature: float = Field(0.0, ge=0, le=5)
-    max_tokens: int = Field(64, ge=1)
+    max_tokens: int = Field(64, ge=1, le=MAX_LANE_TOKENS)
     stop: list[str] = []
     score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
     usc_template: str | None = Field(
@@ -655,9 +660,14 @@ def describe_errors(exc: ValidationError, prefix: str = "") -> list[str]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:  # read no further than the bound: /dev/zero ends too
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes, more than any config holds")
+    try:
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text reads
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     too_deep = ConfigError(
