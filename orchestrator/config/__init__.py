@@ -29,6 +29,7 @@ from lanefold.config._loop_config import (
     read_table,
     recorded_config,
 )
+from lanefold.config._nesting import nests_deeper
 
 __all__ = (
     "DEFAULT_BACKEND_KIND",
@@ -46,6 +47,7 @@ __all__ = (
     "describe_errors",
     "load_backend_config",
     "load_config",
+    "nests_deeper",
     "parse_config",
     "preflight",
     "read_table",
