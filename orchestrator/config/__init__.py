@@ -15,6 +15,8 @@ from lanefold.config._defaults import (
     VOTE_REDUCER,
 )
 from lanefold.config._loop_config import (
+    MAX_CONFIG_BYTES,
+    MAX_NESTING,
     VERSION,
     LoopConfig,
     backend_errors,
@@ -36,6 +38,8 @@ __all__ = (
     "DEFAULT_EXECUTOR",
     "DEFAULT_LOOP",
     "DEFAULT_STORE",
+    "MAX_CONFIG_BYTES",
+    "MAX_NESTING",
     "OTEL_HOOK",
     "VERSION",
     "VOTE_REDUCER",
