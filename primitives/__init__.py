@@ -98,6 +98,7 @@ from lanefold.primitives._errors import (
     RunInUseError,
     RunNotFoundError,
     ServerError,
+    StoreError,
 )
 from lanefold.primitives._eventlog import (
     END_TYPES,
@@ -288,6 +289,7 @@ __all__ = (
     "SharedPool",
     "Spend",
     "Store",
+    "StoreError",
     "StreamingBackend",
     "TextDelta",
     "TornTail",

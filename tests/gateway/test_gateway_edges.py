@@ -124,3 +124,23 @@ def test_two_authorization_headers_are_refused_by_the_api_key_env_middleware(tmp
     for r in (refused, reversed_):
         assert r.status_code == 400, r.text
         assert json.loads(r.text)["error"]["message"] == "Authorization: sent 2 times; send one"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_store_that_cannot_hold_the_run_is_a_5xx_naming_no_server_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    # A runs folder the server cannot write used to be a 400 (the client's fault?) whose
+    # message named the folder on the server. Root ignores file modes, so the folder is made
+    # unusable as a user's would be by a mistake: the path is a file.
+    runs = tmp_path / "server-side-runs"
+    runs.write_text("not a folder\n")
+    with caplog.at_level("ERROR", logger="lanefold"):
+        with gateway(tmp_path, _loops(tmp_path), runs=runs) as (client, _):
+            r = client.post("/chat/completions", json=chat(stream=stream))
+    assert r.status_code == 500, r.text
+    assert str(tmp_path) not in r.text and "server-side-runs" not in r.text
+    error = json.loads(r.text.removeprefix("data: ").split("\n")[0])["error"] if stream else r.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "store_error")
+    logged = [rec.getMessage() for rec in caplog.records if "store_error" in rec.getMessage()]
+    assert logged and "server-side-runs" in logged[0]  # the operator's log says where
