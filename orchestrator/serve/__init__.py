@@ -18,6 +18,7 @@ from lanefold.serve._run import (
     port_number,
     require_extra,
     serve,
+    twice_sent,
 )
 
 __all__ = (
@@ -37,4 +38,5 @@ __all__ = (
     "serve",
     "serve_loops",
     "serve_loops_async",
+    "twice_sent",
 )

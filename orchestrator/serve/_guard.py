@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lanefold.config import nests_deeper
+from lanefold.serve._run import twice_sent
 
 __all__ = (
     "MAX_JSON_DEPTH",
@@ -113,10 +114,10 @@ class KeyCheck:
 
 def one_authorization(sent: Sequence[T], empty: T) -> T:
     """The one `Authorization` header of a request (`empty` where none); two or more are
-    refused (400) rather than one of them read, so no proxy's or client's extra header decides
-    who is asking. Never echoed."""
-    if len(sent) > 1:
-        raise HTTPError(400, f"Authorization: sent {len(sent)} times; send one", param="Authorization")
+    refused (400, `twice_sent`) rather than one of them read. Never echoed."""
+    refusal = twice_sent(sent)
+    if refusal is not None:
+        raise HTTPError(400, refusal, param="Authorization")
     return sent[0] if sent else empty
 
 
