@@ -7,6 +7,7 @@ server starts, so the command line starts without the serve extra installed.
 
 from __future__ import annotations
 
+from lanefold.serve._headers import twice_sent
 from lanefold.serve._keys import GatewayKey, KeyBudget, Keys, load_keys
 from lanefold.serve._loops import gateway_app, loop_configs, serve_loops, serve_loops_async
 from lanefold.serve._run import (
@@ -18,7 +19,6 @@ from lanefold.serve._run import (
     port_number,
     require_extra,
     serve,
-    twice_sent,
 )
 
 __all__ = (

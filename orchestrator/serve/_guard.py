@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lanefold.config import nests_deeper
-from lanefold.serve._run import twice_sent
+from lanefold.serve._headers import twice_sent
 
 __all__ = (
     "MAX_JSON_DEPTH",

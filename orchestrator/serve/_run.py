@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import anyio
@@ -30,7 +30,6 @@ __all__ = (
     "run_server",
     "serve",
     "serve_async",
-    "twice_sent",
 )
 
 
@@ -38,14 +37,6 @@ class ServeError(LanefoldError):
     """The server could not listen on its address (exit 1)."""
 
     exit_code: ClassVar[int] = 1
-
-
-def twice_sent(headers: Sequence[object], name: str = "Authorization") -> str | None:
-    """Why a request carrying these values of one header is refused (None: it carries one or
-    none). Two `Authorization` headers are never read as one of them, so no proxy's or client's
-    extra header decides who is asking; the gateway, `--api-key-env` and the view refuse them
-    (400) in these words."""
-    return f"{name}: sent {len(headers)} times; send one" if len(headers) > 1 else None
 
 
 def is_loopback(host: str) -> bool:
