@@ -56,6 +56,14 @@ _REFUSED = {
 _NOT_THE_REQUEST = ("stream", "stream_options", "user", "metadata", "store")
 
 
+class _StreamOptions(BaseModel):
+    """`stream_options`: an object; its `include_usage` a boolean (other keys pass)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool = False
+
+
 class Options(BaseModel):
     """The fields of a request a loop reads (the rest are refused above or ignored).
 
@@ -72,7 +80,7 @@ class Options(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_LANE_TOKENS)
     temperature: float | None = Field(None, ge=0, le=5)
     top_p: float | None = Field(None, gt=0, le=1)
-    stream_options: dict[str, Any] | None = None
+    stream_options: _StreamOptions | None = None
     # Accepted and not used by a loop (its config decides), but checked for their JSON type.
     user: str | None = None
     metadata: dict[str, str] | None = None

@@ -70,6 +70,21 @@ def test_a_field_of_the_wrong_json_type_is_a_400_naming_it(tmp_path: Path, field
     assert r.json()["error"]["message"] == said
 
 
+def test_a_nested_field_of_the_wrong_json_type_is_named_by_its_path(tmp_path: Path) -> None:
+    with gateway(tmp_path, _loops(tmp_path)) as (client, _):
+        r = client.post("/chat/completions", json=chat(stream=True, stream_options={"include_usage": 1}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.include_usage"
+
+
+def test_a_keys_budget_past_what_a_bill_holds_is_refused_naming_it(tmp_path: Path) -> None:
+    from lanefold.primitives import ConfigError
+    from lanefold.serve import load_keys
+
+    keys = keys_file(tmp_path, key_table("alice", ALICE, f"budget = {{ max_tokens = {2**60} }}"))
+    with pytest.raises(ConfigError, match=r"keys\.0\.budget\.max_tokens: "):
+        load_keys(keys, _loops(tmp_path))
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("max_tokens", 2**53 + 1), ("max_completion_tokens", 2**31), ("n", 65), ("max_tokens", 0)],
