@@ -167,6 +167,7 @@ from lanefold.primitives._secrets import (
     check_headers_env,
     headers_from_env,
     read_secret,
+    reading_a_record,
     secret_header,
 )
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
@@ -340,6 +341,7 @@ __all__ = (
     "read_event",
     "read_secret",
     "readable_number",
+    "reading_a_record",
     "redact_url",
     "reducer_names",
     "reducer_traits",

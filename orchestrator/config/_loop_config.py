@@ -52,6 +52,7 @@ from lanefold.primitives import (
     import_verifier,
     loop_reducer,
     plugin_folders,
+    reading_a_record,
     reducer_traits,
     resolve_loop,
     resolve_reducer,
@@ -811,9 +812,10 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
     version that wrote it when it no longer validates."""
     assert state.started is not None
     try:
-        return parse_config(
-            state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
-        )
+        with reading_a_record():  # a header named as a secret since: the log stays readable
+            return parse_config(
+                state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
+            )
     except ConfigError as exc:
         if "loop.coordinator: cannot import" in str(exc):
             folder = state.started.config_dir or "the folder of its config"

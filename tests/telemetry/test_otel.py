@@ -356,3 +356,31 @@ def test_headers_env_sends_the_header_and_nothing_records_its_value(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "headers_env.x-api-key: environment variable LANEFOLD_TEST_OTEL_KEY is not set" in err
+
+
+def test_a_log_written_with_a_secret_header_before_the_rule_stays_readable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Logs are never deprecated: one whose recorded [[hooks]] holds a header named as a secret
+    # (as a release before this rule could write) is still shown; a config given today is not.
+    from lanefold.primitives import hash_config
+
+    config = tmp_path / "loop.toml"
+    config.write_text(
+        '[loop]\nk = 2\n[backend]\nkind = "simulated"\n[[hooks]]\nkind = "otel"\n'
+        'endpoint = "http://127.0.0.1:9"\nheaders = { "x-team" = "lanes" }\ntimeout_s = 0.1\n'
+    )
+    runs = tmp_path / "runs"
+    argv = ["run", str(config), "--question", "What is 1 + 1?", "--runs-dir", str(runs), "--json"]
+    assert main(argv) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    log = runs / run_id / "events.jsonl"
+    lines = log.read_text().splitlines()
+    started = json.loads(lines[0])
+    started["data"]["config"]["hooks"][0]["headers"] = {"X-Auth-Token": "written-before"}
+    started["data"]["config_hash"] = hash_config(started["data"]["config"])
+    log.write_text("\n".join([json.dumps(started), *lines[1:]]) + "\n")
+    assert main(["show", run_id, "--runs-dir", str(runs)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="carries a secret"):
+        lanefold.parse_config(started["data"]["config"])
