@@ -22,6 +22,7 @@ from lanefold.primitives._backend import (
     LaneFailure,
     LaneOutcome,
     LaneRequest,
+    LaneTokens,
     Loadable,
     Sample,
     SampleRequest,
@@ -167,9 +168,9 @@ from lanefold.primitives._secrets import (
     check_headers_env,
     headers_from_env,
     read_secret,
-    reading_a_record,
     secret_header,
 )
+from lanefold.primitives._since import at_most, reading_a_record
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
@@ -250,6 +251,7 @@ __all__ = (
     "LaneOutcome",
     "LaneRequest",
     "LaneState",
+    "LaneTokens",
     "LanefoldError",
     "Ledger",
     "Limits",
@@ -301,6 +303,7 @@ __all__ = (
     "VoteResult",
     "VoteTieBreak",
     "WaveState",
+    "at_most",
     "audit_run",
     "backend_build_errors",
     "backend_gpus",

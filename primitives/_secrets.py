@@ -19,19 +19,17 @@ are never deprecated); every config a user gives is refused.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
+from collections.abc import Mapping
 
 from lanefold.primitives._errors import ConfigError
+from lanefold.primitives._since import in_a_record
 
 __all__ = (
     "check_headers",
     "check_headers_env",
     "headers_from_env",
     "read_secret",
-    "reading_a_record",
     "secret_header",
 )
 
@@ -39,18 +37,6 @@ _SECRET_WORDS = ("auth", "key", "token", "secret", "passw", "credential", "cooki
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 _HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_RECORD: ContextVar[bool] = ContextVar("lanefold_reading_a_record", default=False)
-
-
-@contextlib.contextmanager
-def reading_a_record() -> Iterator[None]:
-    """While the block validates a run's recorded config: a header named as a secret, which a
-    log written before this rule may hold, does not make the log unreadable."""
-    token = _RECORD.set(True)
-    try:
-        yield
-    finally:
-        _RECORD.reset(token)
 
 
 def secret_header(name: str) -> bool:
@@ -66,7 +52,7 @@ def check_headers(headers: Mapping[str, str], *, instead: str = "headers_env") -
     printable values, and no header whose name says it carries a secret (ValueError naming
     it, and `instead`, the key that takes its environment variable)."""
     for name, text in headers.items():
-        if secret_header(name) and not _RECORD.get():
+        if secret_header(name) and not in_a_record():
             raise ValueError(
                 f"header {name!r} carries a secret: a config is recorded with every run, so name "
                 f"the environment variable that holds it in {instead} instead"

@@ -34,12 +34,12 @@ from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP
 from lanefold.primitives import (
     BACKENDS,
     HOOKS,
-    MAX_LANE_TOKENS,
     REDUCERS,
     BackendSpec,
     ConfigError,
     ExtractSpec,
     JudgeSettings,
+    LaneTokens,
     Limits,
     Pricing,
     SamplingParams,
@@ -207,7 +207,7 @@ class SamplingSection(_Section):
     temperature: float = Field(0.7, ge=0, le=5)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    max_tokens: int = Field(256, ge=1, le=MAX_LANE_TOKENS)
+    max_tokens: LaneTokens = Field(256, ge=1)
     stop: list[str] = []
     logprobs: bool = False
     # Which of a gateway request's own sampling fields its sampled lanes take instead of the
@@ -231,7 +231,7 @@ class JudgeSection(_Section):
     verifier_timeout_s: float = Field(30.0, gt=0)
     backend: JudgeBackendConfig = None
     temperature: float = Field(0.0, ge=0, le=5)
-    max_tokens: int = Field(64, ge=1, le=MAX_LANE_TOKENS)
+    max_tokens: LaneTokens = Field(64, ge=1)
     stop: list[str] = []
     score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
     usc_template: str | None = Field(

@@ -83,3 +83,29 @@ def test_a_config_past_the_size_bound_is_refused_naming_it(
     refused = cli(capsys, "validate", path)
     assert refused.code == 2
     assert refused.error_line.startswith(f"orchestrator validate: {path}: larger than ")
+
+
+def test_a_log_written_before_the_bounds_stays_readable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Logs are never deprecated: a run recorded with a count past today's bound (one a release
+    # before the bound could run: 10**11 tokens a lane, a budget of 2**60) is still shown.
+    import json
+
+    from lanefold.primitives import hash_config
+
+    path = tmp_path / "loop.toml"
+    path.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n')
+    runs = tmp_path / "runs"
+    ran = cli(capsys, "run", path, "--question", "Q?", "--runs-dir", runs, "--json")
+    log = runs / ran.json["run_id"] / "events.jsonl"
+    lines = log.read_text().splitlines()
+    started = json.loads(lines[0])
+    started["data"]["config"]["sampling"]["max_tokens"] = 10**11
+    started["data"]["config"]["budget"]["max_tokens"] = 2**60
+    started["data"]["config_hash"] = hash_config(started["data"]["config"])
+    log.write_text("\n".join([json.dumps(started), *lines[1:]]) + "\n")
+    shown = cli(capsys, "show", ran.json["run_id"], "--runs-dir", runs, "--json")
+    assert shown.code == 0, shown.err
+    with pytest.raises(lanefold.ConfigError, match=r"sampling\.max_tokens: .*2147483647"):
+        lanefold.parse_config(started["data"]["config"])
