@@ -41,6 +41,7 @@ from lanefold.primitives import (
     CostShape,
     Lane,
     LaneJob,
+    LaneTokens,
     LoopContext,
     Outcome,
     ReducerChoice,
@@ -126,7 +127,7 @@ class PlanVerifyReplanParams(BaseModel):
     min_gain: float = Field(0.05, ge=0, le=1, description="mean score gain below which to stop")
     token_budget: int | None = Field(None, ge=1, description="tokens spent that end the loop")
     verifier_backend: Literal["main", "judge"] = "main"
-    json_max_tokens: int = Field(384, ge=1, description="of a plan, verdict or replan call")
+    json_max_tokens: LaneTokens = Field(384, ge=1, description="of a plan, verdict or replan call")
     json_temperature: float = Field(0.0, ge=0, le=5)
     json_stop: list[str] = Field(default_factory=list, description="stop sequences of those calls")
     plan_template: str = PLAN_TEMPLATE

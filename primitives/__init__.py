@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
 from lanefold.primitives._backend import (
+    MAX_LANE_TOKENS,
     Backend,
     ChatMessage,
     ContextWindow,
     LaneFailure,
     LaneOutcome,
     LaneRequest,
+    LaneTokens,
     Loadable,
     Sample,
     SampleRequest,
@@ -101,6 +103,7 @@ from lanefold.primitives._errors import (
     RunInUseError,
     RunNotFoundError,
     ServerError,
+    StoreError,
 )
 from lanefold.primitives._eventlog import (
     END_TYPES,
@@ -164,6 +167,14 @@ from lanefold.primitives._registry import (
     store_for_url,
     without_plugin_imports,
 )
+from lanefold.primitives._secrets import (
+    check_headers,
+    check_headers_env,
+    headers_from_env,
+    read_secret,
+    secret_header,
+)
+from lanefold.primitives._since import at_most, reading_a_record
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
@@ -199,6 +210,7 @@ __all__ = (
     "FRAME_TOKENS",
     "HOOKS",
     "LOOPS",
+    "MAX_LANE_TOKENS",
     "PROMPT_FORMS",
     "QUEUE_LIMIT",
     "REDUCERS",
@@ -244,6 +256,7 @@ __all__ = (
     "LaneOutcome",
     "LaneRequest",
     "LaneState",
+    "LaneTokens",
     "LanefoldError",
     "Ledger",
     "Limits",
@@ -285,6 +298,7 @@ __all__ = (
     "SharedPool",
     "Spend",
     "Store",
+    "StoreError",
     "StreamingBackend",
     "TextDelta",
     "TornTail",
@@ -295,6 +309,7 @@ __all__ = (
     "VoteResult",
     "VoteTieBreak",
     "WaveState",
+    "at_most",
     "audit_run",
     "backend_build_errors",
     "backend_deprecated",
@@ -303,6 +318,8 @@ __all__ = (
     "backend_prompt_forms",
     "backend_prompt_tokens",
     "build_hook",
+    "check_headers",
+    "check_headers_env",
     "check_next_sequence",
     "check_verifier_limits",
     "closing",
@@ -314,6 +331,7 @@ __all__ = (
     "fold",
     "get_logger",
     "hash_config",
+    "headers_from_env",
     "hook_params",
     "import_object",
     "import_verifier",
@@ -332,7 +350,9 @@ __all__ = (
     "plugin_folders",
     "pooled_lanes",
     "read_event",
+    "read_secret",
     "readable_number",
+    "reading_a_record",
     "redact_url",
     "reducer_names",
     "reducer_traits",
@@ -350,6 +370,7 @@ __all__ = (
     "sample_all",
     "score_summary",
     "scores_line",
+    "secret_header",
     "select_runs",
     "short_of_room",
     "store_for_url",

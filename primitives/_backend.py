@@ -10,17 +10,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
+
+from pydantic import AfterValidator, Field
 
 from lanefold.primitives._errors import BackendError, BadResponseError
+from lanefold.primitives._since import at_most
 
 __all__ = (
+    "MAX_LANE_TOKENS",
     "Backend",
     "ChatMessage",
     "ContextWindow",
     "LaneFailure",
     "LaneOutcome",
     "LaneRequest",
+    "LaneTokens",
     "Loadable",
     "Sample",
     "SampleRequest",
@@ -31,6 +36,18 @@ __all__ = (
     "closing",
     "sample_all",
 )
+
+
+# The most tokens one lane may be given to write (and a prompt's or a canned output's size in a
+# config): the largest count a 32-bit signed integer holds, far past any model's context, and
+# small enough that a wave of 100,000 such lanes (2**48 tokens) is still a count a bill and a
+# JSON number carry exactly (`events.MAX_QUANTITY`, 2**53). A config past it is refused when read.
+MAX_LANE_TOKENS = 2**31 - 1
+# A config's count of a lane's tokens: at most MAX_LANE_TOKENS (a recorded config written before
+# the bound is let through, `reading_a_record`).
+LaneTokens = Annotated[
+    int, Field(json_schema_extra={"maximum": MAX_LANE_TOKENS}), AfterValidator(at_most(MAX_LANE_TOKENS))
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,11 +18,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from lanefold.primitives._backend import Usage
+from lanefold.primitives._since import at_most
+from lanefold.primitives.events import MAX_QUANTITY
 
 __all__ = (
     "Hold",
@@ -39,6 +41,10 @@ __all__ = (
 )
 
 Bill = Literal["sample", "verifier"]  # the line a lane is priced on
+MAX_PRICE = 1_000_000.0  # USD per million tokens (or token-seconds), per line of the bill
+# Bounds a config gained after logs were written (a recorded config is let through: _since).
+_QUANTITY = AfterValidator(at_most(MAX_QUANTITY))
+_PRICE = AfterValidator(at_most(MAX_PRICE))
 
 
 class Limits(BaseModel):
@@ -46,9 +52,10 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int | None = Field(None, ge=0)
-    max_cost_usd: float | None = Field(None, ge=0)
-    max_requests: int | None = Field(None, ge=0)
+    # Counts and amounts a bill (and a JSON number) carries exactly: past them, no limit binds.
+    max_tokens: Annotated[int | None, _QUANTITY] = Field(None, ge=0)
+    max_cost_usd: Annotated[float | None, _QUANTITY] = Field(None, ge=0)
+    max_requests: Annotated[int | None, _QUANTITY] = Field(None, ge=0)
     max_seconds: float | None = Field(None, gt=0)
 
 
@@ -62,11 +69,13 @@ class Pricing(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input_per_mtok: float = Field(0.0, ge=0)
-    cached_input_per_mtok: float = Field(0.0, ge=0)
-    output_per_mtok: float = Field(0.0, ge=0)
-    verifier_per_mtok: float | None = Field(None, ge=0)
-    kv_per_mtok_s: float = Field(0.0, ge=0)
+    # At most MAX_PRICE: the largest wave's hold (2**48 tokens) is then still an amount a bill
+    # carries (2**53 USD); no model is priced near a million dollars per million tokens.
+    input_per_mtok: Annotated[float, _PRICE] = Field(0.0, ge=0)
+    cached_input_per_mtok: Annotated[float, _PRICE] = Field(0.0, ge=0)
+    output_per_mtok: Annotated[float, _PRICE] = Field(0.0, ge=0)
+    verifier_per_mtok: Annotated[float | None, _PRICE] = Field(None, ge=0)
+    kv_per_mtok_s: Annotated[float, _PRICE] = Field(0.0, ge=0)
 
 
 @dataclass(slots=True)

@@ -4,6 +4,9 @@
     ├── ConfigError                 misuse: bad config, bad call, bad input (exit 2)
     │   ├── RunNotFoundError        resume/show of a run id with no log
     │   ├── RunInUseError           another process is writing the run (exit 2)
+    │   ├── StoreError              the store cannot be used as given: a runs folder it cannot
+    │   │                           write, a database it cannot reach (a server's fault, not
+    │   │                           its client's: the gateway answers 500 without its words)
     │   └── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     │   └── LogTooNewError          a line written in a newer event schema than this reads
@@ -50,6 +53,7 @@ __all__ = (
     "RunInUseError",
     "RunNotFoundError",
     "ServerError",
+    "StoreError",
 )
 
 
@@ -70,6 +74,11 @@ class ConfigError(LanefoldError):
 
 class RunNotFoundError(ConfigError):
     """No event log exists for the run id."""
+
+
+class StoreError(ConfigError):
+    """The store cannot hold or give a run as given (its folder cannot be written, its
+    database cannot be reached): one line naming the place, for whoever runs the store."""
 
 
 class RunInUseError(ConfigError):

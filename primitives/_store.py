@@ -43,7 +43,13 @@ RunStatus = Literal["answered", "no_answer", "failed", "interrupted", "running",
 def redact_url(url: str) -> str:
     """`url` with any password replaced by `***`: what may be printed or recorded of a store's
     URL, whichever store serves it."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        _port = parts.port  # a port that does not parse raises here, as a host does above
+    except ValueError:  # not a URL urlsplit reads: whatever stands before its last '@' goes
+        scheme, sep, rest = url.partition("://")
+        userinfo, at, host = rest.partition("/")[0].rpartition("@")
+        return f"{scheme}{sep}***@{rest[len(userinfo) + 1 :]}" if at else url
     if parts.password is None:
         return url
     host = parts.netloc.rpartition("@")[2]

@@ -47,6 +47,7 @@ from lanefold.primitives import (
     Sample,
     SampleRequest,
     ServerError,
+    headers_from_env,
 )
 
 __all__ = ("BackendEvent", "OpenAIBackend")
@@ -91,12 +92,15 @@ class OpenAIBackend:
     ) -> None:
         self._config = config
         self._clock = clock
+        environ = os.environ if environ is None else environ
         headers = dict(config.headers)
+        secrets = headers_from_env(config.headers_env, environ)
+        headers.update(secrets)
         key: str | None = None
         if config.api_key_env is not None:
-            key = read_api_key(os.environ if environ is None else environ, config.api_key_env)
+            key = read_api_key(environ, config.api_key_env)
             headers["Authorization"] = f"Bearer {key}"
-        self._redact = Redactor(key)
+        self._redact = Redactor(key, *secrets.values())
         self._path = "chat/completions" if config.api == "chat" else "completions"
         self._where = f"POST {config.base_url}/{self._path}"
         self._client = httpx.AsyncClient(

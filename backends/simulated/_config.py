@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from lanefold.primitives import register_backend
+from lanefold.primitives import LaneTokens, register_backend
 
 if TYPE_CHECKING:
     from lanefold.backends.simulated._backend import SimulatedBackend
@@ -63,11 +63,11 @@ class SimulatedConfig(BaseModel):
     distractors: list[str] = ["381", "401", "293"]
     latency_ms: tuple[float, float] = (0.0, 0.0)
     failure_rate: float = Field(0.0, ge=0, le=1)
-    prompt_tokens: int = Field(64, ge=0)
-    output_tokens: int = Field(48, ge=1)
+    prompt_tokens: LaneTokens = Field(64, ge=0)
+    output_tokens: LaneTokens = Field(48, ge=1)
     shares_prefix: bool = True
     judge_accuracy: float = Field(0.9, ge=0, le=1)
-    judge_output_tokens: int = Field(16, ge=1)
+    judge_output_tokens: LaneTokens = Field(16, ge=1)
     lanes_per_request: int | None = Field(None, ge=1)
     call_log: str | None = None  # append "wave lane attempt" per lane attempt (tests count calls)
     # Per question (keyed by the prompt's first line): its accuracy ~ Beta(a, b), its gold answer.

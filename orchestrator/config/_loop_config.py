@@ -40,6 +40,7 @@ from lanefold.primitives import (
     ConfigError,
     ExtractSpec,
     JudgeSettings,
+    LaneTokens,
     Limits,
     Pricing,
     PromptForm,
@@ -55,6 +56,7 @@ from lanefold.primitives import (
     import_verifier,
     loop_reducer,
     plugin_folders,
+    reading_a_record,
     reducer_traits,
     resolve_loop,
     resolve_reducer,
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "DEFAULT_BACKEND",
+    "MAX_CONFIG_BYTES",
     "MAX_NESTING",
     "VERSION",
     "BackendConfig",
@@ -89,6 +92,9 @@ VERSION = metadata.version("lanefold")  # in every run.started: which version wr
 # How deep tables and arrays may nest in a config: a real one nests three or four deep; far
 # deeper is a mistake or an attack, and validating it would exhaust Python's stack.
 MAX_NESTING = 32
+# A config (or keys) file is read no further than this: far past any real one (a keys file of
+# ten thousand keys is about 2 MiB), so a device or a runaway file is one line, not a read forever.
+MAX_CONFIG_BYTES = 4 << 20
 
 # The facade's defaults, named once: a config without `[backend]` runs on the bundled engine
 # on its bundled model (no server, no key).
@@ -221,7 +227,7 @@ class SamplingSection(_Section):
     temperature: float = Field(0.7, ge=0, le=5)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    max_tokens: int = Field(256, ge=1)
+    max_tokens: LaneTokens = Field(256, ge=1)
     stop: list[str] = []
     logprobs: bool = False
     # Which of a gateway request's own sampling fields its sampled lanes take instead of the
@@ -245,7 +251,7 @@ class JudgeSection(_Section):
     verifier_timeout_s: float = Field(30.0, gt=0)
     backend: JudgeBackendConfig = None
     temperature: float = Field(0.0, ge=0, le=5)
-    max_tokens: int = Field(64, ge=1)
+    max_tokens: LaneTokens = Field(64, ge=1)
     stop: list[str] = []
     score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
     usc_template: str | None = Field(
@@ -712,9 +718,14 @@ def describe_errors(exc: ValidationError, prefix: str = "") -> list[str]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:  # read no further than the bound: /dev/zero ends too
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes, more than any config holds")
+    try:
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text reads
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     too_deep = ConfigError(
@@ -858,9 +869,10 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
     version that wrote it when it no longer validates."""
     assert state.started is not None
     try:
-        config = parse_config(
-            state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
-        )
+        with reading_a_record():  # a header named as a secret since: the log stays readable
+            config = parse_config(
+                state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
+            )
     except ConfigError as exc:
         if "loop.coordinator: cannot import" in str(exc):
             folder = state.started.config_dir or "the folder of its config"

@@ -54,6 +54,7 @@ from lanefold.primitives import (
     Ledger,
     RunState,
     SharedPool,
+    StoreError,
     Verifier,
     plugin_folders,
 )
@@ -240,7 +241,7 @@ class Session:
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
-            if errors == "raise" or type(exc) is ConfigError:
+            if errors == "raise" or type(exc) in (ConfigError, StoreError):  # every run's, not this one's
                 raise
             return self._failed(run_id, question, exc)
 

@@ -16,7 +16,6 @@ What a request may say and the response it gets are `_gateway_wire`'s; streams a
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -52,7 +51,14 @@ from lanefold.serve._gateway_wire import (
     refused,
     response_body,
 )
-from lanefold.serve._guard import HTTPError, Stopping, read_body, unless_disconnected
+from lanefold.serve._guard import (
+    HTTPError,
+    Stopping,
+    one_authorization,
+    parse_json,
+    read_body,
+    unless_disconnected,
+)
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._outcomes import on_error
 
@@ -138,7 +144,7 @@ def create_gateway(
     def key_of(request: Request) -> GatewayKey | None:
         if keys is None:
             return None
-        sent = request.headers.get("authorization", "")
+        sent = one_authorization(request.headers.getlist("authorization"), "")
         scheme, _, token = sent.partition(" ")
         found = keys.find(token.strip()) if scheme.lower() == "bearer" else None
         if found is None:
@@ -190,10 +196,7 @@ def create_gateway(
     async def handle(request: Request, kind: str) -> Response:
         key = key_of(request)
         raw = await read_body(request, max_body_bytes)
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise HTTPError(400, "the request body is not valid JSON") from None
+        data = parse_json(raw)
         model = data.get("model") if isinstance(data, dict) else None
         if not isinstance(model, str) or model not in loops:
             if backend_app is not None and model in backend_names:

@@ -16,7 +16,13 @@ from starlette.responses import JSONResponse
 
 from lanefold.config import LoopConfig, parse_config
 from lanefold.execution import LaneResult, RunResult
-from lanefold.primitives import BudgetExhaustedError, LanefoldError, RunState, normalize_answer
+from lanefold.primitives import (
+    MAX_LANE_TOKENS,
+    BudgetExhaustedError,
+    LanefoldError,
+    RunState,
+    normalize_answer,
+)
 from lanefold.serve._guard import HTTPError
 from lanefold.serve._keys import GatewayKey
 from lanefold.serve._outcomes import told
@@ -58,19 +64,39 @@ _REFUSED = {
 _NOT_THE_REQUEST = ("stream", "stream_options", "user", "metadata", "store")
 
 
-class Options(BaseModel):
-    """The fields of a request a loop reads (the rest are refused above or ignored)."""
+class _StreamOptions(BaseModel):
+    """`stream_options`: an object; its `include_usage` a boolean (other keys pass)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool = False
+
+
+class Options(BaseModel):
+    """The fields of a request a loop reads (the rest are refused above or ignored).
+
+    Types are the JSON's own, as OpenAI checks them (strict): `"n": "3"` is a string, not an
+    integer, and `"stream": "yes"` no boolean. The fields clients commonly send that a loop
+    does not use are typed too, so a wrong one is told, not silently taken."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: str
     n: int = Field(1, ge=1, le=64)
     stream: bool = False
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=5, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_LANE_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_LANE_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=5)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream_options: _StreamOptions | None = None
+    # Accepted and not used by a loop (its config decides), but checked for their JSON type.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
 
 class Chat(Options):

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lanefold.config import describe_errors, read_table
 from lanefold.execution import Store, budget_store, read_state
 from lanefold.primitives import ConfigError, Hold, LanefoldError, Refusal, Room, SharedPool, short_of_room
+from lanefold.primitives.events import MAX_QUANTITY
 
 __all__ = ("GatewayKey", "KeyBudget", "Keys", "LocalKeyPool", "load_keys", "spent_by_caller")
 
@@ -38,9 +39,10 @@ class KeyBudget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int | None = Field(None, ge=0)
-    max_cost_usd: float | None = Field(None, ge=0, allow_inf_nan=False)
-    max_requests: int | None = Field(None, ge=0)
+    # As a config's [budget]: counts a bill (and a JSON number) carries exactly.
+    max_tokens: int | None = Field(None, ge=0, le=MAX_QUANTITY)
+    max_cost_usd: float | None = Field(None, ge=0, le=MAX_QUANTITY, allow_inf_nan=False)
+    max_requests: int | None = Field(None, ge=0, le=MAX_QUANTITY)
 
     @property
     def limited(self) -> bool:

@@ -29,6 +29,7 @@ from lanefold.execution import read_run
 from lanefold.primitives import (
     AnyEvent,
     BudgetStore,
+    ConfigError,
     LanefoldError,
     RunNotFoundError,
     RunState,
@@ -36,6 +37,7 @@ from lanefold.primitives import (
 )
 from lanefold.primitives.events import RunStarted
 from lanefold.primitives.internal import apply
+from lanefold.serve import twice_sent
 from lanefold.view._pages import (
     budgets_page,
     error_page,
@@ -90,8 +92,18 @@ def create_app(
         more = len(found) > (page + 1) * PAGE_SIZE
         return HTMLResponse(runs_page(shown, filters, page=page, more=more, evals=evals[:20]))
 
+    def malformed(raw: str) -> str | None:
+        """Why `raw` can be no run's or eval's id (the store's own rule), or None."""
+        try:
+            store.check_id(raw)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
     async def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
+        if (why := malformed(run_id)) is not None:
+            return HTMLResponse(error_page("no such run", why), status_code=400)
         try:
             events, state, _ = await anyio.to_thread.run_sync(lambda: read_run(store, run_id))
             ended = state.result is not None or state.failure is not None or state.interrupted is not None
@@ -104,6 +116,8 @@ def create_app(
 
     async def live_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
+        if (why := malformed(run_id)) is not None:
+            return Response(f"{why}\n", status_code=400)
         if not store.exists(run_id):
             return Response("no such run\n", status_code=404)
         try:
@@ -118,6 +132,8 @@ def create_app(
 
     async def eval_view(request: Request) -> Response:
         eval_id = request.path_params["eval_id"]
+        if (why := malformed(eval_id)) is not None:
+            return HTMLResponse(error_page("no such eval", why), status_code=400)
         record = store.eval_record(eval_id)
         if not record.exists():
             return HTMLResponse(error_page("no such eval", f"no eval {eval_id!r} in {store.describe}"), 404)
@@ -177,7 +193,10 @@ def create_app(
         return done
 
     async def refused(request: Request, exc: Exception) -> Response:
-        return HTMLResponse(error_page("refused", f"orchestrator view: {exc}"), status_code=503)
+        # What was asked cannot be (a ConfigError: a filter no store takes) is the asker's, 400;
+        # a store that cannot be read (StoreError, a log that will not open) is the server's, 503.
+        status = 400 if type(exc) is ConfigError else 503
+        return HTMLResponse(error_page("refused", f"orchestrator view: {exc}"), status_code=status)
 
     guard = [] if api_key is None else [Middleware(BaseHTTPMiddleware, dispatch=_guard(api_key))]
     return Starlette(
@@ -201,7 +220,10 @@ def _guard(key: str) -> Callable[[Request, Callable[[Request], Awaitable[Respons
     async def check(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if request.url.path == "/login" or request.url.path.startswith("/static/"):
             return await call_next(request)
-        bearer = request.headers.get("authorization", "")
+        sent = request.headers.getlist("authorization")
+        if (twice := twice_sent(sent)) is not None:
+            return HTMLResponse(error_page("refused", twice), status_code=400)
+        bearer = sent[0] if sent else ""
         given = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
         if hmac.compare_digest(given.encode(), key.encode()):
             return await call_next(request)
