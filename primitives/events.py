@@ -559,7 +559,7 @@ def newer_schema(line: str | bytes) -> int | None:
     """
     try:
         claimed = json.loads(line).get("schemaversion")
-    except (ValueError, AttributeError):  # not JSON, or not an object
+    except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, too deep
         return None
     if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed > SCHEMA_VERSION:
         return claimed

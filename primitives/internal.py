@@ -9,6 +9,7 @@ from __future__ import annotations
 from lanefold.primitives._context import RunBudget, RunContext
 from lanefold.primitives._dispatch import Dispatcher, WaveSpec, check_sendable
 from lanefold.primitives._hooks import HookRunner
+from lanefold.primitives._nesting import nests_deeper
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._state import apply
 
@@ -21,4 +22,5 @@ __all__ = (
     "WaveSpec",
     "apply",
     "check_sendable",
+    "nests_deeper",
 )

@@ -31,7 +31,7 @@ from lanefold.config._loop_config import (
     read_table,
     recorded_config,
 )
-from lanefold.config._nesting import nests_deeper
+from lanefold.primitives.internal import nests_deeper
 
 __all__ = (
     "DEFAULT_BACKEND_KIND",

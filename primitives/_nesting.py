@@ -3,8 +3,9 @@
 Python's JSON parser recurses once per level, so a line or a request body nested thousands deep
 is a RecursionError (a traceback, a 500) rather than a refusal, and even a depth it survives
 makes every later walk of the value recurse as deep. Whatever reads JSON a user or a client
-wrote (a dataset's lines, a gateway request) measures it first with `nests_deeper` and refuses,
-in its own words, what nests past its bound: one scan, no recursion, strings skipped.
+wrote (a dataset's lines, a gateway request, a loop's own record before it is written)
+measures it first with `nests_deeper` and refuses, in its own words, what nests past its bound:
+one scan, no recursion, strings skipped.
 """
 
 from __future__ import annotations
