@@ -34,10 +34,12 @@ from lanefold.primitives._backend import (
 from lanefold.primitives._backend_spec import (
     BACKENDS,
     BackendSpec,
+    PrefixSharing,
     backend_build_errors,
     backend_gpus,
     backend_preflight,
     backend_prompt_tokens,
+    backend_sharing,
     register_backend,
 )
 from lanefold.primitives._budget import (
@@ -69,20 +71,21 @@ from lanefold.primitives._declared import (
     largest_within,
     loop_reducer,
     pooled_lanes,
-    readable_number,
     reducer_traits,
     score_summary,
     scores_line,
+    stopped_for_budget,
     tally,
     vote_summary,
 )
-from lanefold.primitives._dispatch import LaneJob, RetryPolicy, lane_seed
+from lanefold.primitives._dispatch import LaneJob, RetryPolicy, lane_seed, request_size
 from lanefold.primitives._errors import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,
     BadResponseError,
     BudgetExhaustedError,
+    BudgetTooSmallError,
     ConfigError,
     ContextLengthError,
     LanefoldError,
@@ -160,6 +163,7 @@ from lanefold.primitives._registry import (
     store_for_url,
     without_plugin_imports,
 )
+from lanefold.primitives._shape import WaveShape, readable_number, shape_waves
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
@@ -213,6 +217,7 @@ __all__ = (
     "Budget",
     "BudgetExhaustedError",
     "BudgetStore",
+    "BudgetTooSmallError",
     "BudgetUnit",
     "BudgetView",
     "CallableVerifier",
@@ -252,6 +257,7 @@ __all__ = (
     "NonDeterminismError",
     "NotOfKindError",
     "Outcome",
+    "PrefixSharing",
     "Pricing",
     "QuorumNotMetError",
     "RateLimitError",
@@ -288,12 +294,14 @@ __all__ = (
     "VerifierFn",
     "VoteResult",
     "VoteTieBreak",
+    "WaveShape",
     "WaveState",
     "audit_run",
     "backend_build_errors",
     "backend_gpus",
     "backend_preflight",
     "backend_prompt_tokens",
+    "backend_sharing",
     "build_hook",
     "check_next_sequence",
     "check_verifier_limits",
@@ -337,13 +345,16 @@ __all__ = (
     "register_verifier",
     "render_judge_prompt",
     "render_prompt",
+    "request_size",
     "resolve_loop",
     "resolve_reducer",
     "sample_all",
     "score_summary",
     "scores_line",
     "select_runs",
+    "shape_waves",
     "short_of_room",
+    "stopped_for_budget",
     "store_for_url",
     "summarize_run",
     "tally",

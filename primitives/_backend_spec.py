@@ -3,7 +3,8 @@
 A backend registers its config model, a pydantic model with a `kind` field, which declares how
 to build its Backend (`build`) and, optionally, what the facade checks before a run is created
 (`preflight`), what building would refuse, found without building (`build_errors`), a prompt's
-token count known from the settings alone (`count_prompt_tokens`, a test double's fixed count) and the
+token count known from the settings alone (`count_prompt_tokens`, a test double's fixed count), how it
+reuses a prompt's prefill (`prefix_sharing`, which an equal budget's fit prices) and the
 GPUs one worker of it needs (`gpus`). The
 facade knows no backend by name: `[backend] kind` picks the registered model (or names one as
 `module:Class`), validates the table with it, and asks it for the rest.
@@ -12,6 +13,7 @@ facade knows no backend by name: `[backend] kind` picks the registered model (or
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
@@ -22,10 +24,12 @@ from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
 __all__ = (
     "BACKENDS",
     "BackendSpec",
+    "PrefixSharing",
     "backend_build_errors",
     "backend_gpus",
     "backend_preflight",
     "backend_prompt_tokens",
+    "backend_sharing",
     "register_backend",
 )
 
@@ -68,6 +72,28 @@ def backend_prompt_tokens(spec: BackendSpec, prompt: str) -> int | None:
     none (count it otherwise)."""
     hook: Callable[[str], int | None] | None = getattr(spec, "count_prompt_tokens", None)
     return hook(prompt) if callable(hook) else None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSharing:
+    """How a backend reuses a prompt's prefill, as its settings declare it (None: not
+    declared; a pilot measures it): `lanes_per_request`, the most lanes one request carries
+    (the backend's `max_lanes_per_request`); `within_request`, whether a request's lanes
+    share its prompt's prefill (its `shares_prefix`); `across_requests`, whether it keeps a
+    prompt's prefix for later requests (a prefix cache), so a prompt sent again is cached
+    prefill rather than computed, in whole blocks of `cache_block` tokens (a prompt shorter than
+    one block is computed again)."""
+
+    lanes_per_request: int | None = None
+    within_request: bool | None = None
+    across_requests: bool | None = None
+    cache_block: int = 1
+
+
+def backend_sharing(spec: BackendSpec) -> PrefixSharing:
+    """The backend's own `prefix_sharing()`, or nothing declared."""
+    hook: Callable[[], PrefixSharing] | None = getattr(spec, "prefix_sharing", None)
+    return hook() if callable(hook) else PrefixSharing()
 
 
 def backend_gpus(spec: BackendSpec) -> float | None:

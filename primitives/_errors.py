@@ -4,7 +4,8 @@
     ├── ConfigError                 misuse: bad config, bad call, bad input (exit 2)
     │   ├── RunNotFoundError        resume/show of a run id with no log
     │   ├── RunInUseError           another process is writing the run (exit 2)
-    │   └── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
+    │   ├── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
+    │   └── BudgetTooSmallError     an equal budget below what a loop must spend to run as itself
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     │   └── LogTooNewError          a line written in a newer event schema than this reads
     └── RunError                    run-time failure of a run (exit 1)
@@ -36,6 +37,7 @@ __all__ = (
     "BackendTimeoutError",
     "BadResponseError",
     "BudgetExhaustedError",
+    "BudgetTooSmallError",
     "ConfigError",
     "ContextLengthError",
     "LanefoldError",
@@ -85,6 +87,12 @@ class RunInUseError(ConfigError):
 class NonDeterminismError(ConfigError):
     """A resumed loop asked for a wave whose spec differs from the one its log recorded: the
     loop or its config changed since the crash. Refused rather than mixing two runs in one."""
+
+
+class BudgetTooSmallError(ConfigError):
+    """An equal budget (`compare`, `sweep`) below what a loop must spend to run as itself: its
+    least lanes, or a debate's first rebuttal round. `compare` refuses it; `sweep` shows the
+    point as one the loop cannot run, never as a point."""
 
 
 class LogCorruptError(LanefoldError):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lanefold.primitives import ConfigError, register_backend
+from lanefold.primitives import ConfigError, PrefixSharing, register_backend
 
 if TYPE_CHECKING:
     from lanefold.backends.openai._backend import OpenAIBackend
@@ -109,6 +109,14 @@ class OpenAIConfig(BaseModel):
         if clash:
             raise ValueError(f"extra_body may not set {clash}: the backend sets them per request")
         return value
+
+    def prefix_sharing(self) -> PrefixSharing:
+        """Merged into `n`, a request's lanes share its prefill, `max_n` of them at most; one
+        request a lane otherwise. Whether the server keeps a prefix across requests is its own
+        (vLLM's prefix caching): not declared, a pilot measures it."""
+        if self.n == "never":
+            return PrefixSharing(1, within_request=False)
+        return PrefixSharing(self.max_n, within_request=True)
 
     def build(self) -> OpenAIBackend:
         """The backend these settings describe (its API key read from the environment now)."""
