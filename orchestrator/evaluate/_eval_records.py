@@ -123,7 +123,9 @@ class QuestionResult(BaseModel):
     `status` is the run's ("answered", "no_answer": an abstention) or "failed" (the run
     raised: budget, quorum, backend; `error` says). `lanes` counts the sample lanes the run
     priced; `lane_answers` and `lane_correct` are its completed ones, in order (what pass@k
-    and the curves read). `seconds` is the run's sampling time (`elapsed_s`).
+    and the curves read). `seconds` is the run's sampling time (`elapsed_s`). `capped`: the
+    run was cut at its per-question `[budget]` limit (a wave shrunk or refused, or its loop
+    stopped because the budget could not fund its next step; failed with it, refused).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -144,6 +146,7 @@ class QuestionResult(BaseModel):
     cost_by_line: dict[str, float] = {}
     seconds: float
     error: str | None = None
+    capped: bool = False
 
 
 class EvalSummary(BaseModel):

@@ -3,12 +3,17 @@
 A budget is what is paid, not a worst case: computed tokens (prefill, decode, verifier and
 cut-off tokens; cached prefill is not computed again, so it counts zero tokens), or USD (every
 line at its own price, cached prefill included), or lanes. A pilot runs the config as it is
-on the first questions (a real eval, resumable); its records say what one question paid by
-line. The loop's declared cost shape says how each line scales with its params: prompt tokens
-with the shape's prompt (as prefill only where a wave's lanes cannot share their prefix),
-decode, cut-off and KV residency with its lanes, the judge's tokens with its candidates. So
-`Rates.expected(params)` is the expected paid spend of any params, which each loop's own `fit`
-searches (`Allowance.price`). Nothing here knows a loop by name.
+on the first questions (a real eval, resumable); its records say what each question paid by
+line and how many lanes it ran. The loop's declared waves (`cost_shape`) say what a question
+sends: each wave's requests on the backend at hand, their prefill passes (`_waves`), its
+lanes, its judge's candidates. The pilot measures, against that model, what the backend
+computes of a prompt sent again (`reuse`: 0 where it keeps no prefix across requests, 1 where
+its cache serves all of it), each lane's decode and each candidate's judging, and where each
+question stopped (an early stop: adaptive_sample's vote settled, a debate's agents agreed).
+`Rates.expected(params)` is then the mean a question of those params is expected to pay, which
+each loop's own `fit` searches (`Allowance.price`); `Rates.ceiling(params)` the per-question
+limit that lets the params' every wave run whole when the waves before it spent as expected.
+Nothing here knows a loop by name.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from pydantic import BaseModel
 
 from lanefold.config import LoopConfig
 from lanefold.evaluate._eval_records import QuestionResult
-from lanefold.primitives import CostShape, Pricing, cost_shape
+from lanefold.evaluate._waves import Passes, Serving, passes, path, worst
+from lanefold.primitives import CostShape, WaveShape, cost_shape, shape_waves
 
 __all__ = ("PILOT_QUESTIONS", "Rates", "first_lane", "frontier", "paid", "spread")
 
@@ -52,43 +58,44 @@ def _shape(config: LoopConfig, params: BaseModel, prompt: int) -> CostShape | No
     )
 
 
-def _computed(shape: CostShape, shared: bool) -> int:
-    """The prompt tokens a shape computes: its `prefill_tokens` where a wave's lanes share
-    their prefix, else every one."""
-    if shared and shape.prefill_tokens is not None:
-        return shape.prefill_tokens
-    return shape.prompt_tokens
+def _candidates(shape: CostShape, lanes: int) -> int:
+    """The candidates judged when `lanes` of the shape ran: every lane where each is one."""
+    return min(shape.candidates, lanes) if shape.candidates == shape.lanes else shape.candidates
 
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """One config's paid spend per question, by line, per unit of what it scales with.
+    """One config's paid spend per question, by what it scales with, as its pilot measured it.
 
-    Prompt tokens seen: `base` per token of each lane's first prompt (`prompt_tokens` a lane)
-    and `growth` per token the shape adds beyond them (later prompts quoting earlier answers,
-    counted at their worst). Where the backend counts prompts itself (`exact`), the tokens seen
-    go to the first prompts first and only the rest to growth, as a worst case errs high;
-    else both are the pilot's share of the shape's prompt tokens. Of those seen, `prefill`
-    is computed per token the shape says must be where a wave's lanes share their prefix
-    (below 1 where a server's cache kept a prefix from one question to the next), and
-    `computed` the share computed where it says nothing. `decode`, `cut_off` and `kv_usd` per
-    lane, `judge` tokens and `judge_usd` per candidate; `shared`, whether a wave's lanes
-    shared their prefix (assumed where the pilot could not tell); `lane_share`, the lanes run
-    per lane the shape allows (an early stop runs fewer)."""
+    A prompt token the model counts as `base` per token of each lane's first prompt
+    (`prompt_tokens`, as the fit counts it) and `growth` per token a later prompt adds (counted
+    at its worst by the shape); where the backend counts prompts itself (`exact`) the first
+    prompts are taken as counted. Of the prefill passes (`_waves`), the first of each prompt is
+    computed and `reuse` of each later one is not (served from a cross-request cache;
+    `reuse_measured`: the pilot sent a prompt again, else `reuse` is 0, as a cache that keeps
+    whole blocks may keep nothing of a short prompt); `prefill` scales what the model says is
+    computed to what was (below 1 where a cache kept a prefix shared by different prompts).
+    `decode`, `cut_off` and `kv_usd` per lane, `judge` tokens and `judge_usd` per candidate.
+    `stops`: the lanes each pilot question ran, None where it ran the pilot's whole path (it
+    would have gone on); `hazard`, the share of questions that stopped at a wave's end, of
+    those that reached one where any stopped (what a question that ran the pilot's whole path
+    is taken to do at each wave beyond it)."""
 
     config: LoopConfig
     prompt_tokens: int
+    serving: Serving
     base: float
     growth: float
-    shared: bool
+    reuse: float
+    reuse_measured: bool
     prefill: float
-    computed: float
-    lane_share: float
     decode: float
     cut_off: float
     kv_usd: float
     judge: float
     judge_usd: float
+    stops: tuple[int | None, ...]
+    hazard: float = 0.0
 
     @classmethod
     def measure(
@@ -96,76 +103,155 @@ class Rates:
     ) -> Rates | None:
         """The rates of `config` from its pilot's rows, its first prompts `prompt` tokens
         (`exact`: as the backend counts them); None where its loop declares no cost shape or
-        the pilot ran nothing."""
+        the pilot ran no lane."""
         shape = _shape(config, config.loop_params, prompt)
         if shape is None or not rows or shape.lanes <= 0:
             return None
-        n = len(rows)
+        serving, waves = Serving.of(config), shape_waves(shape)
+        ran = [min(row.lanes, shape.lanes) for row in rows]
+        if sum(ran) <= 0:
+            return None
+        model = [passes(path(waves, lanes), prompt, serving) for lanes in ran]
 
-        def mean(line: str, table: str = "tokens") -> float:
-            return math.fsum(float(getattr(row, table).get(line, 0)) for row in rows) / n
+        def total(line: str, table: str = "tokens") -> float:
+            return math.fsum(float(getattr(row, table).get(line, 0)) for row in rows)
 
-        lanes = math.fsum(row.lanes for row in rows) / n or float(shape.lanes)
-        prefill, cached = mean("prefill"), mean("cached_prefill")
-        could_share = shape.prefill_tokens is not None and shape.prefill_tokens < shape.prompt_tokens
-        shared = cached > 0 or not could_share
-        basis = _computed(shape, shared)
-        lane_share = min(1.0, lanes / shape.lanes)
-        seen = prefill + cached
-        firsts = lanes * prompt  # each lane's first prompt, as run
-        extra = (shape.prompt_tokens - shape.lanes * prompt) * lane_share  # growth, as run
+        def summed(part: str, at: int) -> float:
+            return math.fsum(getattr(m, part)[at] for m in model)
+
+        computed, seen = total("prefill"), total("prefill") + total("cached_prefill")
+        firsts, extra = summed("seen", 0), summed("seen", 1)
         if exact and firsts > 0:
             base = min(1.0, seen / firsts)
             growth = max(0.0, seen - firsts) / extra if extra > 0 else 0.0
         else:
-            base = growth = seen / shape.prompt_tokens if shape.prompt_tokens else 0.0
+            base = growth = seen / (firsts + extra) if firsts + extra > 0 else 0.0
+        fresh = base * summed("fresh", 0) + growth * summed("fresh", 1)
+        again = base * summed("again", 0) + growth * summed("again", 1)
+        reuse, measured, scale = serving.declared_reuse(prompt), False, 1.0
+        if again > 0 and serving.across is not False:  # the pilot sent a prompt again
+            measured = True
+            if computed >= fresh:
+                reuse = min(1.0, (fresh + again - computed) / again)
+            else:  # less than every prompt's first pass: a cache kept a prefix they share
+                reuse, scale = 1.0, computed / fresh if fresh > 0 else 1.0
+        elif fresh + again > 0:
+            scale = computed / (fresh + (1.0 - reuse) * again)
+        lanes = float(sum(ran))
+        candidates = float(sum(_candidates(shape, n) for n in ran))
         return cls(
             config=config,
             prompt_tokens=prompt,
+            serving=serving,
             base=base,
             growth=growth,
-            shared=shared,
-            prefill=prefill / basis if basis else 0.0,
-            computed=prefill / seen if seen > 0 else 1.0,
-            lane_share=lane_share,
-            decode=mean("decode") / lanes,
-            cut_off=mean("cut_off") / lanes,
-            kv_usd=mean("kv_residency", "cost_by_line") / lanes,
-            judge=mean("verifier") / shape.candidates if shape.candidates else 0.0,
-            judge_usd=mean("verifier", "cost_by_line") / shape.candidates if shape.candidates else 0.0,
+            reuse=reuse,
+            reuse_measured=measured,
+            prefill=scale,
+            decode=total("decode") / lanes,
+            cut_off=total("cut_off") / lanes,
+            kv_usd=total("kv_residency", "cost_by_line") / lanes,
+            judge=total("verifier") / candidates if candidates else 0.0,
+            judge_usd=total("verifier", "cost_by_line") / candidates if candidates else 0.0,
+            stops=tuple(None if n >= shape.lanes else n for n in ran),
+            hazard=_hazard(waves, ran, shape.lanes),
+        )
+
+    def _spend(
+        self, shape: CostShape, waves: Sequence[WaveShape], lanes: int, unit: str, *, judged: bool = True
+    ) -> float:
+        """What a question pays in `unit` when it runs `lanes` lanes of `waves` (a path), its
+        candidates judged after them (`judged`)."""
+        model: Passes = passes(path(waves, lanes), self.prompt_tokens, self.serving)
+        seen = self.base * model.seen[0] + self.growth * model.seen[1]
+        fresh = self.base * model.fresh[0] + self.growth * model.fresh[1]
+        again = self.base * model.again[0] + self.growth * model.again[1]
+        prefill = min(seen, self.prefill * (fresh + (1.0 - self.reuse) * again))
+        ran = model.lanes
+        decode, cut_off = self.decode * ran, self.cut_off * ran
+        candidates = _candidates(shape, ran) if judged else 0
+        if unit == "lanes":
+            return float(ran)
+        if unit == "tokens":
+            return prefill + decode + cut_off + self.judge * candidates
+        price = self.config.pricing
+        return (
+            prefill * price.input_per_mtok * 1e-6
+            + (seen - prefill) * price.cached_input_per_mtok * 1e-6
+            + (decode + cut_off) * price.output_per_mtok * 1e-6
+            + self.kv_usd * ran
+            + self.judge_usd * candidates
         )
 
     def expected(self, params: BaseModel, unit: str) -> float | None:
-        """The expected paid spend per question of `params` in `unit`; None where its shape is
-        not known."""
+        """The mean a question of `params` is expected to pay in `unit`: each pilot question
+        stopping where it stopped, one that ran the pilot's whole path going on beyond it, wave
+        by wave, with the pilot's `hazard` of stopping at each wave's end; and, where `params`
+        run more lanes than the pilot could, one question more that runs them all (what was
+        never seen is not assumed to stop). None where its shape is not known."""
         shape = _shape(self.config, params, self.prompt_tokens)
         if shape is None:
             return None
-        lanes = shape.lanes * self.lane_share
-        if unit == "lanes":
-            return lanes
-        firsts = shape.lanes * self.prompt_tokens
-        seen = (
-            self.base * firsts * self.lane_share
-            + self.growth * (shape.prompt_tokens - firsts) * self.lane_share
-        )
-        if self.shared and shape.prefill_tokens is not None:
-            prefill = min(seen, self.prefill * shape.prefill_tokens)
-        else:
-            prefill = seen * self.computed
-        cached = seen - prefill
-        decode, cut_off = self.decode * lanes, self.cut_off * lanes
-        judge = self.judge * shape.candidates
-        if unit == "tokens":
-            return prefill + decode + cut_off + judge
-        price: Pricing = self.config.pricing
-        return (
-            prefill * price.input_per_mtok * 1e-6
-            + cached * price.cached_input_per_mtok * 1e-6
-            + (decode + cut_off) * price.output_per_mtok * 1e-6
-            + self.kv_usd * lanes
-            + self.judge_usd * shape.candidates
-        )
+        waves = shape_waves(shape)
+        pilot = self._pilot_lanes()
+        spends = [
+            self._spend(shape, waves, min(stop, shape.lanes), unit)
+            if stop is not None
+            else self._going_on(shape, waves, pilot, unit)
+            for stop in self.stops
+        ]
+        if shape.lanes > pilot:
+            spends.append(self._spend(shape, waves, shape.lanes, unit))
+        return math.fsum(spends) / len(spends) if spends else None
+
+    def _going_on(self, shape: CostShape, waves: Sequence[WaveShape], pilot: int, unit: str) -> float:
+        """What a question that ran the pilot's `pilot` lanes is expected to pay under `waves`:
+        every wave that starts within them, then each later wave with the chance it had not
+        stopped at every wave's end since."""
+        start, spent, going = 0, 0.0, 1.0
+        for wave in waves:
+            if start >= pilot:
+                going *= 1.0 - self.hazard
+            end = start + wave.lanes
+            spent += going * (self._spend(shape, waves, end, unit) - self._spend(shape, waves, start, unit))
+            start = end
+        return spent
+
+    def ceiling(self, params: BaseModel, unit: str, judge_worst: float = 0.0) -> float | None:
+        """The least per-question limit with which every wave of `params` runs whole when the
+        waves before it spent as the pilot expects (the ledger holds a wave's worst case
+        before it runs), the judge's worst (`judge_worst`) after them; None where unknown."""
+        shape = _shape(self.config, params, self.prompt_tokens)
+        if shape is None:
+            return None
+        waves = shape_waves(shape)
+        most, before = 0.0, 0
+        max_tokens = self.config.sampling.max_tokens
+        for wave in waves:
+            spent = self._spend(shape, waves, before, unit, judged=False)
+            most = max(most, spent + worst(wave, self.serving, max_tokens, self.config.pricing, unit))
+            before += wave.lanes
+        return max(most, self._spend(shape, waves, before, unit, judged=False) + judge_worst)
+
+    def _pilot_lanes(self) -> int:
+        shape = _shape(self.config, self.config.loop_params, self.prompt_tokens)
+        return shape.lanes if shape is not None else 0
+
+
+def _hazard(waves: Sequence[WaveShape], ran: Sequence[int], lanes: int) -> float:
+    """Of the questions that reached a wave's end within the pilot's path (from the first end
+    at which any stopped), the share that stopped there; 0 where none stopped."""
+    ends, total = [], 0
+    for wave in waves:
+        total += wave.lanes
+        ends.append(total)
+    inner = [end for end in ends if end < lanes]  # the path's last end is its cap, not a stop
+    stopped = [n for n in ran if n < lanes and n in inner]
+    if not stopped:
+        return 0.0
+    first = min(stopped)
+    at_risk = sum(sum(1 for end in inner if first <= end <= n) for n in ran)
+    return len(stopped) / at_risk if at_risk else 0.0
 
 
 def first_lane(config: LoopConfig, prompt: int, unit: str) -> float:

@@ -149,7 +149,27 @@ def test_a_plug_in_loop_and_the_greedy_baseline_take_part(tmp_path: Path) -> Non
     assert [point.paid_mean for point in lines["phrasings"].points] == [112, 336]
     assert done.baseline is not None and done.baseline.name == "greedy"
     assert 0 <= done.baseline.accuracy <= 1
-    assert not (tmp_path / "runs" / "sw-greedy-greedy").exists()  # read from greedy's pool
+    for point in lines["phrasings"].points:  # every real run tested against greedy, Holm-adjusted
+        test = point.against_greedy
+        assert test is not None and test.method == "exact" and test.adjusted_over == 2
+        assert test.p_adjusted is not None and test.p_value is not None and test.p_adjusted >= test.p_value
+    assert "Holm" in done.tests and "exact" in done.tests
+
+
+def test_greedy_is_one_lane_at_its_real_spend_never_fitted(tmp_path: Path) -> None:
+    """Greedy (k = 1, temperature 0) fitted to a budget was more lanes of the same answer,
+    drawn at the budget's spend: it is one run as configured, at what one lane pays."""
+    greedy = write(tmp_path / "greedy.toml", "k = 1", extra="[sampling]\ntemperature = 0")
+    vote = write(tmp_path / "vote.toml", "k = 3")
+    done = sweep(tmp_path, [greedy, vote], [200.0, 400.0], plot=False)
+    assert [line.name for line in done.configs] == ["vote"]  # greedy is no line of fitted points
+    base = done.baseline
+    assert base is not None and base.eval_id == "sw-greedy-greedy"
+    assert base.paid_mean == base.paid_min == base.paid_max == 64 + 48  # one lane, as configured
+    manifest = read_manifest(tmp_path / "runs", "sw-greedy-greedy").config
+    assert manifest["loop"]["k"] == 1 and manifest["budget"]["max_tokens"] is None  # type: ignore[index]
+    runs = tmp_path / "runs"
+    assert not (runs / "sw-greedy-200").exists() and not (runs / "sw-greedy.pilot").exists()
 
 
 def sweep_cli(*argv: str) -> int:
