@@ -166,10 +166,11 @@ def _cell(point: SweepPoint, unit: str) -> str:
     if point.status == "refused" or point.accuracy is None:
         return f"refused ({point.refused} runs)"
     mark = ("~" if point.source == "pool" else "") + ("!" if point.flag else "")
-    keys = ", ".join(f"{k}={v}" for k, v in point.fitted.items() if "quorum" not in k)
+    parts = [f"{k}={v}" for k, v in point.fitted.items() if "quorum" not in k]
     test = point.against_greedy
-    p = f", p={test.p_adjusted:.2g}" if test is not None and test.p_adjusted is not None else ""
-    return f"{point.accuracy:.3f} ({_spent(point.paid_mean, unit)}){mark} {keys}{p}".strip()
+    if test is not None and test.p_adjusted is not None:
+        parts.append(f"p={test.p_adjusted:.2g}")
+    return f"{point.accuracy:.3f} ({_spent(point.paid_mean, unit)}){mark} {', '.join(parts)}".strip()
 
 
 def add_commands(

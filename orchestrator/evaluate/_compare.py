@@ -30,7 +30,9 @@ from lanefold.evaluate._compare_plot import draw
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._eval import questions_hash, read_manifest, run_eval
 from lanefold.evaluate._eval_records import (
+    OVER_BUDGET,
     RUN_IDS,
+    FittedBudget,
     QuestionResult,
     as_json,
     check_eval_id,
@@ -255,6 +257,9 @@ async def run_compare(
     chosen_scorer = ""
     for (name, source, config), fitted, record in zip(arms, keys, records, strict=True):
         eval_id = f"{compare_id}-{name}"
+        fitted_to = None
+        if settled is not None and record is not None and not record.greedy:
+            fitted_to = FittedBudget(unit=settled.mode, budget=settled.limit)
         summary = await run_eval(
             config,
             items,
@@ -263,6 +268,7 @@ async def run_compare(
             concurrency=concurrency,
             scorer=scorer,
             dataset=dataset,
+            fitted_to=fitted_to,
             on_start=functools.partial(on_start, name) if on_start else None,
             on_result=functools.partial(on_result, name) if on_result else None,
             stop_reason=stop_reason,
@@ -413,7 +419,7 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 _PER = {"tokens": 1000.0, "cost": 1.0, "lanes": 1.0}  # accuracy per 1,000 tokens, per USD, per lane
-UNDER, OVER = 0.80, 1.05  # a config that paid outside these shares of the budget is flagged
+UNDER, OVER = 0.80, OVER_BUDGET  # a config that paid outside these shares of the budget is flagged
 
 
 def _flag(paid: float, budget: float | None) -> Literal["under", "over"] | None:

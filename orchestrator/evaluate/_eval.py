@@ -34,6 +34,7 @@ from lanefold.evaluate._eval_records import (
     TOKEN_LINES,
     EvalManifest,
     EvalSummary,
+    FittedBudget,
     QuestionResult,
     append_result,
     as_json,
@@ -108,6 +109,7 @@ async def run_eval(
     store: str | Store | None = None,
     executor: Executor | str | None = None,
     hooks: Sequence[Any] = (),
+    fitted_to: FittedBudget | None = None,
 ) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
 
@@ -122,7 +124,8 @@ async def run_eval(
     `runs_dir/<eval_id>/`; PostgreSQL: its eval tables).
     `executor` ("ray" or a RayExecutor) runs the questions on workers, up to `concurrency` on
     each, on the same store; their results are scored and recorded here. `hooks` (beside
-    the config's `[[hooks]]`) see every question's run (docs/hooks.md).
+    the config's `[[hooks]]`) see every question's run (docs/hooks.md). `fitted_to`, the
+    equal budget a compare or sweep fitted `config` to, is recorded in the manifest.
     """
     started = clock()
     if concurrency < 1:
@@ -175,6 +178,7 @@ async def run_eval(
         questions_hash=questions_hash(items),
         library_version=VERSION,
         run_ids=RUN_IDS,
+        fitted_to=fitted_to,
     )
     if record.is_run():
         raise ConfigError(f"{record.location}: is a run's, not an eval's: choose another --eval-id")

@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from lanefold.config import LoopConfig
-from lanefold.evaluate._eval_records import QuestionResult
+from lanefold.evaluate._eval_records import PAID_TOKENS, QuestionResult
 from lanefold.evaluate._waves import Passes, Serving, passes, path, worst
 from lanefold.primitives import CostShape, WaveShape, cost_shape, shape_waves
 
 __all__ = ("PILOT_QUESTIONS", "Rates", "first_lane", "frontier", "paid", "spread")
 
 PILOT_QUESTIONS = 10
-_PAID_TOKENS = ("prefill", "decode", "verifier", "cut_off")  # computed: what `max_tokens` counts
 
 
 def paid(row: QuestionResult, unit: str) -> float:
@@ -41,7 +40,7 @@ def paid(row: QuestionResult, unit: str) -> float:
         return float(row.lanes)
     if unit == "cost":
         return row.cost
-    return float(sum(row.tokens.get(line, 0) for line in _PAID_TOKENS))
+    return float(sum(row.tokens.get(line, 0) for line in PAID_TOKENS))
 
 
 def spread(rows: Sequence[QuestionResult], unit: str) -> tuple[float, float, float]:
@@ -77,9 +76,7 @@ class Rates:
     computed to what was (below 1 where a cache kept a prefix shared by different prompts).
     `decode`, `cut_off` and `kv_usd` per lane, `judge` tokens and `judge_usd` per candidate.
     `stops`: the lanes each pilot question ran, None where it ran the pilot's whole path (it
-    would have gone on); `hazard`, the share of questions that stopped at a wave's end, of
-    those that reached one where any stopped (what a question that ran the pilot's whole path
-    is taken to do at each wave beyond it)."""
+    would have gone on)."""
 
     config: LoopConfig
     prompt_tokens: int
@@ -95,7 +92,6 @@ class Rates:
     judge: float
     judge_usd: float
     stops: tuple[int | None, ...]
-    hazard: float = 0.0
 
     @classmethod
     def measure(
@@ -154,7 +150,6 @@ class Rates:
             judge=total("verifier") / candidates if candidates else 0.0,
             judge_usd=total("verifier", "cost_by_line") / candidates if candidates else 0.0,
             stops=tuple(None if n >= shape.lanes else n for n in ran),
-            hazard=_hazard(waves, ran, shape.lanes),
         )
 
     def _spend(
@@ -185,37 +180,19 @@ class Rates:
 
     def expected(self, params: BaseModel, unit: str) -> float | None:
         """The mean a question of `params` is expected to pay in `unit`: each pilot question
-        stopping where it stopped, one that ran the pilot's whole path going on beyond it, wave
-        by wave, with the pilot's `hazard` of stopping at each wave's end; and, where `params`
-        run more lanes than the pilot could, one question more that runs them all (what was
-        never seen is not assumed to stop). None where its shape is not known."""
+        stopping where it stopped, one that ran the pilot's whole path running every lane of
+        `params` (what the pilot never saw stop is not assumed to: a loop fitted beyond its
+        pilot errs under its budget, never over), and, where `params` run more lanes than the
+        pilot could, one question more that runs them all. None where its shape is not known."""
         shape = _shape(self.config, params, self.prompt_tokens)
         if shape is None:
             return None
         waves = shape_waves(shape)
-        pilot = self._pilot_lanes()
-        spends = [
-            self._spend(shape, waves, min(stop, shape.lanes), unit)
-            if stop is not None
-            else self._going_on(shape, waves, pilot, unit)
-            for stop in self.stops
-        ]
-        if shape.lanes > pilot:
-            spends.append(self._spend(shape, waves, shape.lanes, unit))
+        reach = [shape.lanes if stop is None else min(stop, shape.lanes) for stop in self.stops]
+        if shape.lanes > self._pilot_lanes():
+            reach.append(shape.lanes)
+        spends = [self._spend(shape, waves, lanes, unit) for lanes in reach]
         return math.fsum(spends) / len(spends) if spends else None
-
-    def _going_on(self, shape: CostShape, waves: Sequence[WaveShape], pilot: int, unit: str) -> float:
-        """What a question that ran the pilot's `pilot` lanes is expected to pay under `waves`:
-        every wave that starts within them, then each later wave with the chance it had not
-        stopped at every wave's end since."""
-        start, spent, going = 0, 0.0, 1.0
-        for wave in waves:
-            if start >= pilot:
-                going *= 1.0 - self.hazard
-            end = start + wave.lanes
-            spent += going * (self._spend(shape, waves, end, unit) - self._spend(shape, waves, start, unit))
-            start = end
-        return spent
 
     def ceiling(self, params: BaseModel, unit: str, judge_worst: float = 0.0) -> float | None:
         """The least per-question limit with which every wave of `params` runs whole when the
@@ -236,22 +213,6 @@ class Rates:
     def _pilot_lanes(self) -> int:
         shape = _shape(self.config, self.config.loop_params, self.prompt_tokens)
         return shape.lanes if shape is not None else 0
-
-
-def _hazard(waves: Sequence[WaveShape], ran: Sequence[int], lanes: int) -> float:
-    """Of the questions that reached a wave's end within the pilot's path (from the first end
-    at which any stopped), the share that stopped there; 0 where none stopped."""
-    ends, total = [], 0
-    for wave in waves:
-        total += wave.lanes
-        ends.append(total)
-    inner = [end for end in ends if end < lanes]  # the path's last end is its cap, not a stop
-    stopped = [n for n in ran if n < lanes and n in inner]
-    if not stopped:
-        return 0.0
-    first = min(stopped)
-    at_risk = sum(sum(1 for end in inner if first <= end <= n) for n in ran)
-    return len(stopped) / at_risk if at_risk else 0.0
 
 
 def first_lane(config: LoopConfig, prompt: int, unit: str) -> float:

@@ -27,7 +27,7 @@ from lanefold.evaluate._curve import read_pool
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._equal_budget import BudgetMode, checked_budget, is_greedy
 from lanefold.evaluate._eval import run_eval
-from lanefold.evaluate._eval_records import EvalSummary, QuestionResult, as_json, read_results
+from lanefold.evaluate._eval_records import EvalSummary, FittedBudget, QuestionResult, as_json, read_results
 from lanefold.evaluate._fitting import (
     UNITS,
     Arm,
@@ -137,11 +137,12 @@ async def run_sweep(
             f"{folder}: is an eval's or a run's folder, not a sweep's: choose another --sweep-id"
         )
 
-    async def evaluate(config: LoopConfig, eval_id: str) -> EvalSummary:
+    async def evaluate(config: LoopConfig, eval_id: str, budget: float | None = None) -> EvalSummary:
         return await run_eval(
             config,
             items,
             eval_id=eval_id,
+            fitted_to=FittedBudget(unit=mode, budget=budget) if budget is not None else None,
             runs_dir=runs_dir,
             concurrency=concurrency,
             scorer=scorer,
@@ -203,7 +204,7 @@ async def run_sweep(
             if pooled and i != top:
                 continue  # read from the largest budget's lanes below
             eval_id = f"{sweep_id}-{name}-{_label(budgets[i])}"
-            summary = await evaluate(fitted[i].config, eval_id)
+            summary = await evaluate(fitted[i].config, eval_id, budgets[i])
             chosen_scorer = summary.scorer
             rows = _rows(fitted[i].config, runs_dir, eval_id, items)
             marks[eval_id] = {row.index: row.correct for row in rows}

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.testclient import TestClient
 
 import lanefold
 import lanefold.cli._main as cli
@@ -24,6 +25,7 @@ from lanefold.cli._compare import command
 from lanefold.evaluate._compare import Comparison, run_compare
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._sweep import Sweep, run_sweep
+from lanefold.execution import open_store
 from lanefold.primitives import (
     LOOPS,
     Allowance,
@@ -33,6 +35,7 @@ from lanefold.primitives import (
     largest_within,
     register_loop,
 )
+from lanefold.view._app import create_app
 
 TAIL = '[log]\nfsync = "never"\n'
 
@@ -89,6 +92,64 @@ def test_parallel_and_adaptive_both_pay_the_budget_without_a_cross_request_cache
     assert lines["par"]["fitted"]["k"] == 16 and lines["par"]["paid_mean"] == 896
     best = lines[comparison["best"]]
     assert best["flag"] is None and within(best["paid_mean"], 1000)
+
+
+def test_compare_keeps_what_fit_chose_and_from_which_pilot_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Why k = 16: its pilot (10 questions of 4 lanes: 256 tokens each, 48 a lane, lanes 8
+    a request, no prompt kept across requests) priced 16 lanes at 896 and 17 at 1,008."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "par.toml", "k = 4\nmax_concurrency = 8")
+    write(tmp_path / "vote.toml", "k = 2")
+    q = write_dataset(tmp_path / "q.jsonl", 12)
+    argv = ["par.toml", "vote.toml", "--dataset", q, "--equal-budget", "tokens", "--budget", "1000"]
+    assert compare_cli(*argv, "--compare-id", "rec", "--json") == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / "runs" / "rec" / "compare.json").read_text())
+    assert printed == {**written, "configs": printed["configs"]}
+    fit = next(line for line in written["configs"] if line["name"] == "par")["fit"]
+    assert (fit["unit"], fit["budget"], fit["keys"], fit["greedy"]) == (
+        "tokens",
+        1000,
+        {"k": 16, "min_quorum": 1},
+        False,
+    )
+    assert fit["expected"] == 896
+    assert fit["limit"] == 2 * 64 + 16 * 256  # each of two requests' prompt, each lane's max_tokens
+    priced = {tuple(sorted(p["keys"].items())): p["expected"] for p in fit["priced"]}
+    assert priced[(("k", 16),)] == 896 and priced[(("k", 17),)] == 3 * 64 + 17 * 48
+    pilot = fit["pilot"]
+    assert (pilot["eval_id"], pilot["questions"], pilot["mean_paid"]) == ("rec-par.pilot", 10, 64 + 4 * 48)
+    assert (pilot["lanes_per_request"], pilot["within_request"], pilot["across_requests"]) == (8, True, False)
+    assert (pilot["prefix_reuse"], pilot["reuse_measured"], pilot["decode_per_lane"]) == (0.0, False, 48.0)
+    assert pilot["stops"] == [None] * 10  # every question ran its whole wave
+
+
+def test_greedy_is_never_fitted_in_a_comparison(tmp_path: Path) -> None:
+    """Greedy (one lane at temperature 0) keeps its one lane, runs no pilot, and does not set
+    the default budget: the fitted configs' smallest pilot mean does."""
+    greedy = write(tmp_path / "greedy.toml", "k = 1", sampling="temperature = 0")
+    vote = write(tmp_path / "vote.toml", "k = 3")
+
+    async def go() -> Comparison:
+        return await run_compare(
+            [greedy, vote],
+            items(12),
+            compare_id="g",
+            runs_dir=tmp_path / "runs",
+            equal_budget="tokens",
+            plot=False,
+        )
+
+    comparison = anyio.run(go)
+    lines = {line.name: line for line in comparison.configs}
+    assert comparison.equal_budget is not None and comparison.equal_budget.limit == 64 + 3 * 48
+    assert comparison.equal_budget.pilot == {"vote": 64 + 3 * 48}
+    line = lines["greedy"]
+    assert line.fit is not None and line.fit.greedy and line.fitted == {} and line.mean_lanes == 1
+    assert line.paid_mean == 64 + 48 and line.flag is None and line.budget is None
+    assert not (tmp_path / "runs" / "g-greedy.pilot").exists()
 
 
 # -- every built-in loop, with and without a shared prefix, max_concurrency below k -----------
@@ -263,3 +324,10 @@ def test_a_config_over_105_percent_is_never_best_nor_on_the_frontier(tmp_path: P
     written: dict[str, Any] = json.loads((tmp_path / "ov" / "compare.json").read_text())
     assert written["best"] == "fair"
     assert [line["pareto"] for line in written["configs"] if line["name"] == "over"] == [False]
+    # The view's evals page marks it over its budget and keeps it off the frontier too.
+    with TestClient(create_app(open_store(None, tmp_path))) as client:
+        page = client.get("/evals", params={"prefix": "ov-"}).text
+    assert "data-eval='ov-over' data-frontier='false' data-over='true'" in page
+    assert "data-eval='ov-fair' data-frontier=" in page and "data-eval='ov-fair.pilot'" in page
+    assert page.count("data-over='true'") == 1  # the pilots and fair were fitted to nothing, or within
+    assert "class=over" in page  # drawn as a cross, not a point of the frontier
