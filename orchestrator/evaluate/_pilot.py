@@ -124,7 +124,8 @@ class Rates:
             base = growth = seen / (firsts + extra) if firsts + extra > 0 else 0.0
         fresh = base * summed("fresh", 0) + growth * summed("fresh", 1)
         again = base * summed("again", 0) + growth * summed("again", 1)
-        reuse, measured, scale = serving.declared_reuse(prompt), False, 1.0
+        # What a declared cache keeps of the prompt as the model counts it (not as estimated).
+        reuse, measured, scale = serving.declared_reuse(round(base * prompt)), False, 1.0
         if again > 0 and serving.across is not False:  # the pilot sent a prompt again
             measured = True
             if computed >= fresh:

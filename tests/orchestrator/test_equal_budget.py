@@ -331,3 +331,57 @@ def test_a_config_over_105_percent_is_never_best_nor_on_the_frontier(tmp_path: P
     assert "data-eval='ov-fair' data-frontier=" in page and "data-eval='ov-fair.pilot'" in page
     assert page.count("data-over='true'") == 1  # the pilots and fair were fitted to nothing, or within
     assert "class=over" in page  # drawn as a cross, not a point of the frontier
+
+
+ENGINE = '''[loop]
+k = 4
+seed = 0
+max_concurrency = 8
+
+[sampling]
+temperature = 0.8
+max_tokens = 8
+stop = ["\\n"]
+
+[prompt]
+template = """Question: What is 120 plus 35?
+Answer: 155
+
+Question: {question}
+Answer:"""
+
+[extract]
+method = "last_number"
+
+[backend]
+kind = "engine"
+model = "smollm2-135m"
+device = "cpu"
+
+[log]
+fsync = "never"
+'''
+
+
+@pytest.mark.slow
+def test_on_the_engine_a_wave_split_by_max_concurrency_pays_its_budget(tmp_path: Path) -> None:
+    """SmolLM2 on the bundled engine: k fitted past `max_concurrency = 8` goes out as several
+    requests, each prefilling the prompt (a prompt this short keeps few whole blocks in the
+    prefix cache); the fit prices that, so the point pays 80-105% of its budget."""
+    config = tmp_path / "vote.toml"
+    config.write_text(ENGINE)
+    questions = [
+        Item(i, f"What is {a} plus {b}?", str(a + b))
+        for i, (a, b) in enumerate((a, b) for a in range(1, 5) for b in range(1, 6))
+    ]
+
+    async def go() -> Sweep:
+        return await run_sweep(
+            [str(config)], questions, sweep_id="eng", budgets=[120], runs_dir=tmp_path / "runs", plot=False
+        )
+
+    (point,) = anyio.run(go).configs[0].points
+    assert point.fitted["k"] > 8  # more lanes than one request carries
+    assert within(point.paid_mean, 120), (point.fitted, point.paid_mean)
+    assert point.fit is not None and point.fit.pilot is not None
+    assert point.fit.pilot.lanes_per_request == 8 and point.fit.pilot.across_requests is True
