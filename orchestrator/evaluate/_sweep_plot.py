@@ -56,7 +56,8 @@ def plot_into(axes: Any, sweep: Sweep) -> None:
             label=f"greedy ({base.name}) {base.accuracy:.3f}, one lane",
             gid=f"{base.name}:greedy",
         )
-    axes.plot([], [], "o", color="black", markerfacecolor="none", label="read from a pool (hollow)")
+    if any(p.source == "pool" for line in sweep.configs for p in line.points):
+        axes.plot([], [], "o", color="black", markerfacecolor="none", label="read from a pool (hollow)")
 
 
 def draw(sweep: Sweep, path: Path) -> str | None:
