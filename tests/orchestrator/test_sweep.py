@@ -238,8 +238,11 @@ def test_a_loop_that_cannot_use_a_budget_is_shown_as_such_not_as_a_point(tmp_pat
     assert low.note is not None and "below a debate's least: two agents and 1 round" in low.note
     assert not (tmp_path / "runs" / "sw-debate-300").exists()  # nothing ran
     assert high.status == "ran" and high.fitted["rounds"] >= 1 and high.accuracy is not None
-    refused = lines["plan"].points[0]
+    refused, funded = lines["plan"].points
     assert refused.status == "refused" and refused.accuracy is None and refused.refused == 12
+    # No cost shape: its limit is the budget itself, paid tokens, and no question passes it.
+    assert funded.status == "ran" and funded.fit is not None and funded.fit.limit == 900
+    assert funded.paid_max <= 900
     out = io.StringIO()
     print_sweep(done, Console(file=out, width=300))
     table = out.getvalue()
