@@ -28,6 +28,7 @@ from lanefold.primitives import (
     ReducerChoice,
     Reduction,
     RunState,
+    WaveShape,
     largest_within,
     register_loop,
 )
@@ -75,9 +76,8 @@ class ParallelSample:
 
     @staticmethod
     def cost_shape(params: ParallelSampleParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
-        """k lanes of the one prompt in one wave (its prefix computed once where the backend
-        shares it), every one a candidate."""
-        return CostShape(params.k, params.k * prompt_tokens, params.k, prefill_tokens=prompt_tokens)
+        """k lanes of the one prompt in one wave, every one a candidate."""
+        return CostShape.of([WaveShape(params.k, prompt_tokens)], candidates=params.k)
 
     @staticmethod
     def fit(params: ParallelSampleParams, budget: Allowance) -> ParallelSampleParams:

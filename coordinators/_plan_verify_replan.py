@@ -212,6 +212,7 @@ class _Run:
             logprobs=False,
         )
         self.out_of_budget = False  # a wave was cut short, or not funded, by the budget
+        self.budget_stop = False  # the loop stopped because the budget could not fund more
 
     async def run(self) -> Outcome:
         plan, how = await self._plan()
@@ -244,6 +245,7 @@ class _Run:
                 },
             )
             rule = decided["stop"]
+            self.budget_stop = decided.get("limit") == "budget"
             if rule is None and not await self._replan(iteration):
                 rule = "no_new_work"
             before = now
@@ -549,6 +551,9 @@ class _Run:
             "iterations": iteration,
             "plan": how,
             "nodes": [node.summary() for node in self.nodes.values()],
+            **(
+                {"budget_stop": True} if self.budget_stop or not decided["synthesis"] else {}
+            ),  # said only where it did
         }
         if lane is not None and lane.completed and lane.answer is not None:
             return Outcome(

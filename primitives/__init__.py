@@ -37,6 +37,7 @@ from lanefold.primitives._backend_spec import (
     BACKENDS,
     PROMPT_FORMS,
     BackendSpec,
+    PrefixSharing,
     PromptForm,
     backend_build_errors,
     backend_deprecated,
@@ -44,6 +45,7 @@ from lanefold.primitives._backend_spec import (
     backend_preflight,
     backend_prompt_forms,
     backend_prompt_tokens,
+    backend_sharing,
     register_backend,
 )
 from lanefold.primitives._budget import (
@@ -75,20 +77,21 @@ from lanefold.primitives._declared import (
     largest_within,
     loop_reducer,
     pooled_lanes,
-    readable_number,
     reducer_traits,
     score_summary,
     scores_line,
+    stopped_for_budget,
     tally,
     vote_summary,
 )
-from lanefold.primitives._dispatch import LaneJob, RetryPolicy, lane_seed
+from lanefold.primitives._dispatch import LaneJob, RetryPolicy, lane_seed, request_size
 from lanefold.primitives._errors import (
     AuthenticationError,
     BackendError,
     BackendTimeoutError,
     BadResponseError,
     BudgetExhaustedError,
+    BudgetTooSmallError,
     ConfigError,
     ContextLengthError,
     LanefoldError,
@@ -174,6 +177,7 @@ from lanefold.primitives._secrets import (
     read_secret,
     secret_header,
 )
+from lanefold.primitives._shape import WaveShape, readable_number, shape_waves
 from lanefold.primitives._since import at_most, reading_a_record
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
@@ -230,6 +234,7 @@ __all__ = (
     "Budget",
     "BudgetExhaustedError",
     "BudgetStore",
+    "BudgetTooSmallError",
     "BudgetUnit",
     "BudgetView",
     "CallableVerifier",
@@ -270,6 +275,7 @@ __all__ = (
     "NonDeterminismError",
     "NotOfKindError",
     "Outcome",
+    "PrefixSharing",
     "Pricing",
     "PromptForm",
     "QuorumNotMetError",
@@ -308,6 +314,7 @@ __all__ = (
     "VerifierFn",
     "VoteResult",
     "VoteTieBreak",
+    "WaveShape",
     "WaveState",
     "at_most",
     "audit_run",
@@ -317,6 +324,7 @@ __all__ = (
     "backend_preflight",
     "backend_prompt_forms",
     "backend_prompt_tokens",
+    "backend_sharing",
     "build_hook",
     "check_headers",
     "check_headers_env",
@@ -365,6 +373,7 @@ __all__ = (
     "register_verifier",
     "render_judge_prompt",
     "render_prompt",
+    "request_size",
     "resolve_loop",
     "resolve_reducer",
     "sample_all",
@@ -372,7 +381,9 @@ __all__ = (
     "scores_line",
     "secret_header",
     "select_runs",
+    "shape_waves",
     "short_of_room",
+    "stopped_for_budget",
     "store_for_url",
     "summarize_run",
     "tally",

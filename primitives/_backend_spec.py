@@ -3,9 +3,10 @@
 A backend registers its config model, a pydantic model with a `kind` field, which declares how
 to build its Backend (`build`) and, optionally, what the facade checks before a run is created
 (`preflight`), what building would refuse, found without building (`build_errors`), a prompt's
-token count known from the settings alone (`count_prompt_tokens`, a test double's fixed count), the
-GPUs one worker of it needs (`gpus`), the prompt forms its settings can send (`prompt_forms`)
-and its deprecated keys in use (`deprecated`). The
+token count known from the settings alone (`count_prompt_tokens`, a test double's fixed count), how it
+reuses a prompt's prefill (`prefix_sharing`, which an equal budget's fit prices), the GPUs one
+worker of it needs (`gpus`), the prompt forms its settings can send (`prompt_forms`) and its
+deprecated keys in use (`deprecated`). The
 facade knows no backend by name: `[backend] kind` picks the registered model (or names one as
 `module:Class`), validates the table with it, and asks it for the rest.
 """
@@ -13,6 +14,7 @@ facade knows no backend by name: `[backend] kind` picks the registered model (or
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
@@ -24,6 +26,7 @@ __all__ = (
     "BACKENDS",
     "PROMPT_FORMS",
     "BackendSpec",
+    "PrefixSharing",
     "PromptForm",
     "backend_build_errors",
     "backend_deprecated",
@@ -31,6 +34,7 @@ __all__ = (
     "backend_preflight",
     "backend_prompt_forms",
     "backend_prompt_tokens",
+    "backend_sharing",
     "register_backend",
 )
 
@@ -94,6 +98,28 @@ def backend_deprecated(spec: BackendSpec) -> list[str]:
     each), for the facade to warn of once where a config file is read."""
     hook: Callable[[], list[str]] | None = getattr(spec, "deprecated", None)
     return list(hook()) if callable(hook) else []
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSharing:
+    """How a backend reuses a prompt's prefill, as its settings declare it (None: not
+    declared; a pilot measures it): `lanes_per_request`, the most lanes one request carries
+    (the backend's `max_lanes_per_request`); `within_request`, whether a request's lanes
+    share its prompt's prefill (its `shares_prefix`); `across_requests`, whether it keeps a
+    prompt's prefix for later requests (a prefix cache), so a prompt sent again is cached
+    prefill rather than computed, in whole blocks of `cache_block` tokens (a prompt shorter than
+    one block is computed again)."""
+
+    lanes_per_request: int | None = None
+    within_request: bool | None = None
+    across_requests: bool | None = None
+    cache_block: int = 1
+
+
+def backend_sharing(spec: BackendSpec) -> PrefixSharing:
+    """The backend's own `prefix_sharing()`, or nothing declared."""
+    hook: Callable[[], PrefixSharing] | None = getattr(spec, "prefix_sharing", None)
+    return hook() if callable(hook) else PrefixSharing()
 
 
 def backend_gpus(spec: BackendSpec) -> float | None:

@@ -68,7 +68,7 @@ from lanefold.primitives.events import (
     bill_of,
 )
 
-__all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "check_sendable", "lane_seed")
+__all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "check_sendable", "lane_seed", "request_size")
 
 # A backend that cannot count tokens gets a conservative estimate: a byte-level BPE token is
 # at least one byte, plus room for the chat template the server wraps around the prompt.
@@ -92,6 +92,19 @@ def lane_seed(run_seed: int, wave: int, lane: int) -> int:
     """A lane's seed from (run seed, wave, lane): stable across processes and resumes."""
     digest = hashlib.blake2b(f"{run_seed}:{wave}:{lane}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+def request_size(max_concurrency: int, lanes_per_request: int | None, slots: float = math.inf) -> int:
+    """The most lanes of one prompt that travel in one request: `[loop] max_concurrency`, the
+    backend's `max_lanes_per_request` and the lane slots there are (a request takes its lanes'
+    slots at once). The dispatcher groups a wave by it, and an equal budget's fit prices a
+    wave's requests by it."""
+    size = max_concurrency
+    if lanes_per_request is not None:
+        size = min(size, lanes_per_request)
+    if math.isfinite(slots):
+        size = max(1, min(size, int(slots)))
+    return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,12 +382,9 @@ class _Planner:
 
     def groups(self, spec: WaveSpec, jobs: list[LaneJob]) -> list[_Group]:
         """Lanes with one prompt share a request, up to the backend's and the limiter's size."""
-        size = self.max_concurrency
-        if self.backend.max_lanes_per_request is not None:
-            size = min(size, self.backend.max_lanes_per_request)
-        total = self._slots.limiter.total_tokens
-        if math.isfinite(total):  # a request takes its lanes' slots at once: never more than exist
-            size = max(1, min(size, int(total)))
+        size = request_size(
+            self.max_concurrency, self.backend.max_lanes_per_request, self._slots.limiter.total_tokens
+        )
         if not spec.share_prefix:
             size = 1
         by_prompt: dict[str, list[LaneJob]] = {}

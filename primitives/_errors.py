@@ -7,7 +7,8 @@
     │   ├── StoreError              the store cannot be used as given: a runs folder it cannot
     │   │                           write, a database it cannot reach (a server's fault, not
     │   │                           its client's: the gateway answers 500 without its words)
-    │   └── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
+    │   ├── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
+    │   └── BudgetTooSmallError     an equal budget below what a loop must spend to run as itself
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     │   └── LogTooNewError          a line written in a newer event schema than this reads
     └── RunError                    run-time failure of a run (exit 1)
@@ -39,6 +40,7 @@ __all__ = (
     "BackendTimeoutError",
     "BadResponseError",
     "BudgetExhaustedError",
+    "BudgetTooSmallError",
     "ConfigError",
     "ContextLengthError",
     "LanefoldError",
@@ -94,6 +96,12 @@ class RunInUseError(ConfigError):
 class NonDeterminismError(ConfigError):
     """A resumed loop asked for a wave whose spec differs from the one its log recorded: the
     loop or its config changed since the crash. Refused rather than mixing two runs in one."""
+
+
+class BudgetTooSmallError(ConfigError):
+    """An equal budget (`compare`, `sweep`) below what a loop must spend to run as itself: its
+    least lanes, or a debate's first rebuttal round. `compare` refuses it; `sweep` shows the
+    point as one the loop cannot run, never as a point."""
 
 
 class LogCorruptError(LanefoldError):

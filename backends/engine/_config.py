@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanefold.primitives import ConfigError, PromptForm, register_backend
+from lanefold.primitives import ConfigError, PrefixSharing, PromptForm, register_backend
 
 if TYPE_CHECKING:
     from lanefold.backends.engine._backend import EngineBackend
@@ -68,6 +68,11 @@ class EngineConfig(BaseModel):
         """A worker's GPUs: none on the CPU, one on CUDA, and for `auto` one where the cluster
         has any."""
         return {"cpu": 0.0, "cuda": 1.0}.get(self.device)
+
+    def prefix_sharing(self) -> PrefixSharing:
+        """A request's lanes fork one prefilled prompt (at most `max_batch_lanes` of them); its
+        prefix cache keeps a prompt's whole blocks (`block_size` tokens) for later requests."""
+        return PrefixSharing(self.max_batch_lanes, True, True, cache_block=self.block_size)
 
     def build(self) -> EngineBackend:
         """The engine backend, not loaded yet; torch is imported here, only when it is used."""

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from lanefold.primitives import (
     ConfigError,
+    PrefixSharing,
     PromptForm,
     check_headers,
     check_headers_env,
@@ -121,6 +122,14 @@ class OpenAIConfig(BaseModel):
     def prompt_forms(self) -> tuple[PromptForm, ...]:
         """`api = "chat"` sends chats (`/chat/completions`), `"completions"` raw text."""
         return ("chat",) if self.api == "chat" else ("raw",)
+
+    def prefix_sharing(self) -> PrefixSharing:
+        """Merged into `n`, a request's lanes share its prefill, `max_n` of them at most; one
+        request a lane otherwise. Whether the server keeps a prefix across requests is its own
+        (vLLM's prefix caching): not declared, a pilot measures it."""
+        if self.n == "never":
+            return PrefixSharing(1, within_request=False)
+        return PrefixSharing(self.max_n, within_request=True)
 
     def build(self) -> OpenAIBackend:
         """The backend these settings describe (its API key read from the environment now)."""

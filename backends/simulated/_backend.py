@@ -61,6 +61,7 @@ class SimulatedBackend:
         self.lane_attempts = 0
         self.faults: list[tuple[int, int, int, str]] = []  # (wave, lane, attempt, error class)
         self._unlisted: set[str] = set()  # questions asked that `answers` does not list
+        self._cached: set[str] = set()  # prompts an earlier request sent (`prefix_cache`)
         self._warned = False
 
     @property
@@ -91,6 +92,7 @@ class SimulatedBackend:
                     "".join(f"{request.wave} {lane.lane} {lane.attempt}\n" for lane in request.lanes)
                 )
         fault_rngs = [random.Random(f"{lane.seed}:{lane.attempt}") for lane in request.lanes]
+        cached = self._cache_hit(request.prompt)
         low, high = cfg.latency_ms
         delays = [rng.uniform(low, high) for rng in fault_rngs]
         waited = 0.0
@@ -100,16 +102,30 @@ class SimulatedBackend:
             if delays[i] > waited:
                 await anyio.sleep((delays[i] - waited) / 1000)
                 waited = delays[i]
-            yield self._outcome(request, i, fault_rngs[i])
+            yield self._outcome(request, i, fault_rngs[i], cached)
 
-    def _outcome(self, request: SampleRequest, i: int, rng: random.Random) -> LaneOutcome:
+    def _cache_hit(self, prompt: str) -> int:
+        """The prompt's tokens a prefix cache serves (an earlier request sent it); 0 without."""
+        cfg = self.config
+        if not cfg.prefix_cache:
+            return 0
+        if prompt not in self._cached:
+            self._cached.add(prompt)
+            return 0
+        kept = cfg.prompt_tokens if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens
+        return min(cfg.prompt_tokens, kept)
+
+    def _outcome(self, request: SampleRequest, i: int, rng: random.Random, cached: int) -> LaneOutcome:
         cfg, lane = self.config, request.lanes[i]
         if rng.random() < cfg.failure_rate:
             fault = _fault(rng)
             self.faults.append((request.wave, lane.lane, lane.attempt, type(fault).__name__))
             return LaneFailure(lane.lane, fault)
         shared = request.share_prefix and i > 0
-        usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
+        if shared:
+            usage_in = (0, cfg.prompt_tokens)
+        else:  # the request's prompt, less what a prefix cache kept from an earlier request
+            usage_in = (cfg.prompt_tokens - cached, cached)
         produced = cfg.judge_output_tokens if request.purpose == "judge" else cfg.output_tokens
         return self._sample(lane, self._text(request, lane), usage_in, produced)
 

@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from lanefold.evaluate import read_results, read_summary
+from lanefold.evaluate import read_manifest, read_results, read_summary
 from lanefold.execution import read_run
 from lanefold.primitives import (
     AnyEvent,
@@ -158,7 +158,7 @@ def create_app(
     async def evals(request: Request) -> Response:
         prefix = request.query_params.get("prefix", "")
 
-        def read() -> list[tuple[str, float, float, float, float]]:
+        def read() -> list[tuple[str, float, float, float, float, bool]]:
             points = []
             for eval_id in store.list_evals():
                 if not eval_id.startswith(prefix):
@@ -166,7 +166,9 @@ def create_app(
                 summary = read_summary(store.eval_record(eval_id))
                 if summary is not None:
                     low, high = summary.interval
-                    points.append((eval_id, summary.accuracy, low, high, summary.mean_cost))
+                    fitted = read_manifest(store, eval_id).fitted_to  # the equal budget it had
+                    over = fitted is not None and fitted.over(summary)
+                    points.append((eval_id, summary.accuracy, low, high, summary.mean_cost, over))
             return points
 
         return HTMLResponse(evals_page(await anyio.to_thread.run_sync(read), prefix))
