@@ -29,6 +29,7 @@ from lanefold.primitives._backend import (
     TextDelta,
     Usage,
     closing,
+    estimate_prompt_tokens,
     sample_all,
 )
 from lanefold.primitives._backend_spec import (
@@ -301,6 +302,7 @@ __all__ = (
     "compile_score_regex",
     "cost_of",
     "cost_shape",
+    "estimate_prompt_tokens",
     "extract_answer",
     "fit_params",
     "fold",

@@ -263,12 +263,14 @@ class Room:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A shared pool's no: the limit that refused, what was asked, and the room left."""
+    """A shared pool's no: the limit that refused, what was asked, the room left, and the
+    pool's name (of the several a run may spend from, the one that said no)."""
 
     limit: str
     needed: float
     available: float
     room: Room
+    pool: str = ""
 
 
 class SharedPool(Protocol):
@@ -332,9 +334,9 @@ class Ledger:
             holds.append(Hold(usage, cost_of(usage, bill, self.pricing), int(i == 0), bill))
         return holds
 
-    def fit(self, holds: Sequence[Hold], room: Room | None = None) -> WaveFit:
+    def fit(self, holds: Sequence[Hold], room: Room | None = None, pool: str | None = None) -> WaveFit:
         """Largest prefix of `holds` the pool can fund now (at least 0 lanes); with `room`,
-        also within what the shared pool said it has left."""
+        also within what the shared pool `pool` (by default this ledger's) said it has left."""
         tokens, cost, requests = 0, 0.0, 0
         for k, hold in enumerate(holds):
             tokens, cost, requests = tokens + hold.tokens, cost + hold.cost_usd, requests + hold.requests
@@ -346,9 +348,8 @@ class Ledger:
                 short = short_of_room(room, tokens, cost, requests)
                 if short is not None:
                     limit, needed, available = short
-                    return WaveFit(
-                        k, limit, needed, available, self.shared.name if self.shared is not None else ""
-                    )
+                    name = pool or (self.shared.name if self.shared is not None else "")
+                    return WaveFit(k, limit, needed, available, name)
         return WaveFit(len(holds), None)
 
     def _short(self, tokens: int, cost: float, requests: int) -> tuple[str, float, float] | None:

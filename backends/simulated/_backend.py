@@ -75,8 +75,11 @@ class SimulatedBackend:
     def shares_prefix(self) -> bool:
         return self.config.shares_prefix
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        return self.config.prompt_tokens
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """Exact: what `sample` bills the request's prompt, `prompt_tokens` plus
+        `template_tokens` per message of a chat request."""
+        cfg = self.config
+        return cfg.prompt_tokens + (cfg.template_tokens * len(request.messages) if request.messages else 0)
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         """Each lane lands after its own latency (drawn from its seed and attempt)."""
@@ -109,7 +112,8 @@ class SimulatedBackend:
             self.faults.append((request.wave, lane.lane, lane.attempt, type(fault).__name__))
             return LaneFailure(lane.lane, fault)
         shared = request.share_prefix and i > 0
-        usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
+        prompt = self.count_prompt_tokens(request) or 0
+        usage_in = (0, prompt) if shared else (prompt, 0)
         produced = cfg.judge_output_tokens if request.purpose == "judge" else cfg.output_tokens
         return self._sample(lane, self._text(request, lane), usage_in, produced)
 

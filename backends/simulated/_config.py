@@ -64,6 +64,9 @@ class SimulatedConfig(BaseModel):
     latency_ms: tuple[float, float] = (0.0, 0.0)
     failure_rate: float = Field(0.0, ge=0, le=1)
     prompt_tokens: int = Field(64, ge=0)
+    # A chat request's messages each cost this many more prompt tokens, as a chat template's
+    # markers would: held and billed alike (0: no template).
+    template_tokens: int = Field(0, ge=0)
     output_tokens: int = Field(48, ge=1)
     shares_prefix: bool = True
     judge_accuracy: float = Field(0.9, ge=0, le=1)

@@ -82,7 +82,7 @@ class _NoSampling:
     shares_prefix = False
     max_lanes_per_request = None
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
         return None
 
     def sample(self, request: SampleRequest) -> AsyncIterator[Sample | LaneFailure]:
