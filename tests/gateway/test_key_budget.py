@@ -174,3 +174,42 @@ def test_a_refused_request_is_no_run_and_is_counted_with_the_keys_spend(
     view = json.loads(shown.out)
     assert view["refusals"] == 3
     assert view["spent_tokens"] == _key_spend(store) <= 820
+
+
+@pytest.mark.parametrize(
+    ("path", "stream"),
+    [
+        ("the key's budget cannot fund the first wave", False),
+        ("the key's budget cannot fund the first wave", True),
+        ("the run fails", False),
+        ("the run fails", True),
+        ("the log stops taking writes", False),
+    ],
+)
+def test_every_way_out_of_a_run_gives_the_keys_slot_back(path: str, stream: bool, tmp_path: Path) -> None:
+    """A key runs one request at once: each refusal or error below, three times over, is
+    told as itself, never as `rate_limit_exceeded` (which a slot kept by the one before would
+    give), and an ordinary request goes through after them."""
+    runs = tmp_path / "runs"
+    store = CutStore(open_store(None, runs))
+    loop = _loop()
+    if path == "the run fails":  # every lane fails for good: the quorum is not met
+        loop = loop.model_copy(update={"backend": loop.backend.model_copy(update={"failure_rate": 1.0})})
+        loop = loop.model_copy(update={"retry": loop.retry.model_copy(update={"max_attempts": 1})})
+    budget = "max_tokens = 300" if path.startswith("the key's budget") else "max_tokens = 100000"
+    keys = _keys(tmp_path, f"budget = {{{budget}}}\nmax_concurrency = 1")
+    with gateway(runs, keys, loop, store) as client:
+        for _ in range(3):
+            if path == "the log stops taking writes":
+                store.cut_after = 5
+            answer = client.post("/chat/completions", json=_chat(stream=stream))
+            if answer.status_code == 200:  # a stream under way when its run failed: said at its end
+                assert stream and 'data: {"error"' in answer.text, answer.text
+                continue
+            assert answer.status_code in (429, 500), answer.text
+            assert answer.json()["error"]["code"] != "rate_limit_exceeded", answer.text
+        if path != "the run fails":
+            assert client.post("/chat/completions", json=_chat()).status_code == (
+                429 if path.startswith("the key's budget") else 200
+            )
+    assert store.read_budget("key:alice").held_tokens == 0
