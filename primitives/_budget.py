@@ -281,7 +281,12 @@ class SharedPool(Protocol):
     fleet's spend is never understated."""
 
     name: str
-    room: Room | None  # what it had left at this run's last look, less what it holds since
+    room: Room | None  # what it had left at this run's last reservation, less what it holds since
+
+    @property
+    def exhausted(self) -> str | None:
+        """The limit its spend had reached when this segment opened it, if one (nothing left
+        under it, whatever live runs give back): the segment is refused before it records."""
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None: ...
 

@@ -312,6 +312,18 @@ class BudgetView:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def exhausted(self) -> str | None:
+        """The first limit its spend has reached (nothing left under it, whatever live runs
+        give back), else None."""
+        for limit, cap, spent in (
+            ("max_tokens", self.max_tokens, self.spent_tokens),
+            ("max_cost_usd", self.max_cost_usd, self.spent_cost_usd),
+            ("max_requests", self.max_requests, self.spent_requests),
+        ):
+            if cap is not None and cap - spent <= (1e-12 if limit == "max_cost_usd" else 0):
+                return limit
+        return None
+
     @property
     def room(self) -> Room:
         """What it can still fund: limit - spent - held, per measure (None: unlimited)."""

@@ -100,18 +100,10 @@ def pool_parts(pool: SharedPool | None) -> tuple[SharedPool, ...]:
 
 
 def _spent(pool: SharedPool | None) -> tuple[str, str] | None:
-    """The first budget with nothing left under one of its limits (as it opened), if any."""
+    """The first budget whose spend had reached one of its limits as it opened, if any."""
     for part in pool_parts(pool):
-        room = part.room
-        if room is None:
-            continue
-        for limit, left in (
-            ("max_tokens", room.tokens),
-            ("max_cost_usd", room.cost_usd),
-            ("max_requests", room.requests),
-        ):
-            if left is not None and left <= (1e-12 if limit == "max_cost_usd" else 0):
-                return part.name, limit
+        if part.exhausted is not None:
+            return part.name, part.exhausted
     return None
 
 
@@ -158,6 +150,10 @@ class JointPool:
     @room.setter
     def room(self, value: Room | None) -> None:
         """The room is each pool's to keep (a ledger never sets it)."""
+
+    @property
+    def exhausted(self) -> str | None:
+        return next((p.exhausted for p in self.pools if p.exhausted is not None), None)
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
         taken: list[SharedPool] = []

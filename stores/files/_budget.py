@@ -280,7 +280,8 @@ class FileSharedPool:
         self._lock = anyio.Lock()
         self._held: list[Any] = [0, 0.0, 0]  # pending change of this segment's holds
         self._spent: list[Any] = [0, 0.0, 0]  # pending spend to add to the budget
-        self.room: Room | None = None  # left when it opened or last reserved, plus what came back
+        self.room: Room | None = None  # left at the last reservation, plus what came back since
+        self.exhausted: str | None = None  # the limit its spend had reached as it opened
 
     @classmethod
     async def open(cls, budgets: FileBudgets, name: str, run_id: str) -> FileSharedPool:
@@ -311,7 +312,7 @@ class FileSharedPool:
                     os.unlink(path)
                     raise
             pool = cls(budgets, name, held_id, fd)
-            pool.room = budget.view().room
+            pool.exhausted = budget.view().exhausted()
             return pool
 
         return await anyio.to_thread.run_sync(opened)

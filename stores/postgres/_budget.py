@@ -221,6 +221,7 @@ class PgSharedPool:
         self._held = [0, 0.0, 0]  # pending change of this row's holds (tokens, cost, requests)
         self._spent = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
+        self.exhausted: str | None = None  # the limit its spend had reached as it opened
 
     @classmethod
     async def open(cls, db: PgDatabase, name: str, run_id: str) -> PgSharedPool:
@@ -248,7 +249,7 @@ class PgSharedPool:
                 conn.close()
                 raise
             pool = cls(conn, name, int(row[0]))
-            pool.room = view.room
+            pool.exhausted = view.exhausted()
             return pool
 
         return await anyio.to_thread.run_sync(opened)

@@ -54,7 +54,7 @@ async def test_reserve_settle_release_mirror_the_ledger(store: Store) -> None:
     budgets, name = _budgets(store), _name(store, "fleet")
     budgets.set_budget(name, max_tokens=1000, max_requests=10)
     pool = await budgets.open_shared_pool(name, "run-a")
-    assert pool.room is not None and pool.room.tokens == 1000  # read as it opened
+    assert pool.room is None and pool.exhausted is None  # room: as of its first reservation
     ledger = Ledger(Limits(), PRICING, shared=pool)
     try:
         holds = [_hold(100, 200), _hold(0, 200, 0), _hold(0, 200, 0)]
@@ -116,6 +116,7 @@ def test_set_start_and_refusals(store: Store) -> None:
     budgets.note_refusal(name)
     budgets.note_refusal(name)
     assert budgets.set_budget(name, max_tokens=None).refusals == 2  # limits change, counts stay
+    assert budgets.set_budget(name, max_requests=3).exhausted() == "max_requests"
     assert budgets.read_budget(name).to_json()["refusals"] == 2  # type: ignore[union-attr]
 
 
