@@ -39,12 +39,12 @@ def _engine(make_engine: Callable[..., Engine]) -> EngineBackend:
     return EngineBackend(engine=engine)
 
 
-def _loop(**budget: Any) -> LoopConfig:
+def _loop(sampled: int = 8, **budget: Any) -> LoopConfig:
     return parse_config(
         {
             "loop": {"k": 1, "min_quorum": 1, "seed": 3},
             "prompt": {"template": "{question}"},
-            "sampling": {"max_tokens": 8},
+            "sampling": {"max_tokens": sampled},
             "budget": budget,
         }
     )
@@ -98,3 +98,43 @@ def test_a_keys_hard_budget_holds_on_the_chat_path(
     assert answer.json()["error"]["code"] == "insufficient_quota"
     spent = sum(read_state(store, s.run_id).spend.tokens for s in store.list_runs())
     assert spent <= 50
+
+
+@pytest.mark.slow
+def test_a_keys_hard_budget_holds_on_smollm2s_chat_path(smollm2: Engine, tmp_path: Path) -> None:
+    """The issue's own case: SmolLM2's template adds its default system turn (about 17 tokens)
+    around a chat; a key limited to 50 tokens never pays more than 50, whatever it is asked, and
+    a request it funds is held exactly what SmolLM2 prefills."""
+    runs = tmp_path / "runs"
+    store = open_store(None, runs)
+    keys_path = tmp_path / "keys.toml"
+    sha = hashlib.sha256(KEY.encode()).hexdigest()
+    keys_path.write_text(
+        f'[[keys]]\nname = "small"\nsha256 = "{sha}"\nbudget = {{max_tokens = 50}}\n'
+        f'[[keys]]\nname = "big"\nsha256 = "{hashlib.sha256(b"big-key-0123456789").hexdigest()}"\n'
+        "budget = {max_tokens = 5000}\n"
+    )
+    loops = {"smol": _loop(16)}  # SmolLM2's 38 prompt tokens here and 16 more: 54 past 50
+    keys = load_keys(keys_path, loops)
+    pools = KeyPools(keys, store)
+    pools.prepare()
+    backend = EngineBackend(engine=smollm2)
+    app = create_gateway(Session(store=store, backend=backend), loops, keys=keys, pools=pools)
+    body = {"model": "smol", "messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+    with TestClient(app, base_url="http://gateway/v1") as client:
+        for _ in range(3):
+            small = client.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+            assert small.status_code in (200, 429), small.text
+        big = client.post(
+            "/chat/completions", json=body, headers={"Authorization": "Bearer big-key-0123456789"}
+        )
+    assert big.status_code == 200, big.text
+    paid = [read_state(store, s.run_id).spend.tokens for s in store.list_runs() if s.caller == "small"]
+    assert sum(paid) <= 50, paid  # (it had paid about 60 for one request)
+    (run,) = [s for s in store.list_runs() if s.caller == "big"]
+    state = read_state(store, run.run_id)
+    (wave,) = state.waves.values()
+    (lane,) = wave.lanes.values()
+    assert lane.usage is not None  # (the engine's prefix cache may serve part of it: cached)
+    assert wave.info.prompt_tokens == lane.usage.input_tokens + lane.usage.cached_input_tokens > 17
+    assert store.read_budget("key:big").spent_tokens == state.spend.tokens  # type: ignore[attr-defined]
