@@ -12,45 +12,30 @@ They live beside the runs, in `<runs>/.budgets/` (no run id starts with a dot):
   it when the process dies (as it drops a run's writer lock), so whoever next takes the lock
   and finds a segment's file unlocked charges that segment's holds whole, never zero.
 
-A segment's settle, release and charge_cut_off are noted at once (the dispatch path calls them
-from synchronous callbacks) and written at its next flush or reserve, in one change; until then
-the budget counts the whole hold, so its spend is never understated.
+A run segment's side of a budget is `FileSharedPool` (`_budget_pool`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import os
-import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lanefold.primitives import (
-    BudgetView,
-    ConfigError,
-    Hold,
-    Refusal,
-    Room,
-    RunError,
-    check_budget_name,
-    os_failure,
-    short_of_room,
-)
+from lanefold.primitives import BudgetView, ConfigError, check_budget_name, os_failure
 
-__all__ = ("FileBudgets", "FileSharedPool")
+__all__ = ("BudgetRecord", "FileBudgets", "HeldRecord")
 
 T = TypeVar("T")
 _FOLDER = ".budgets"
 _KEEP: Any = object()
 
 
-class _Held(BaseModel):
+class HeldRecord(BaseModel):
     """One live segment's outstanding holds."""
 
     model_config = ConfigDict(extra="forbid")
@@ -61,7 +46,7 @@ class _Held(BaseModel):
     requests: int = 0
 
 
-class _Budget(BaseModel):
+class BudgetRecord(BaseModel):
     """A budget's file."""
 
     model_config = ConfigDict(extra="forbid")
@@ -77,7 +62,7 @@ class _Budget(BaseModel):
     charged_cost_usd: float = 0.0
     charged_requests: int = 0
     refusals: int = 0
-    holds: dict[str, _Held] = {}
+    holds: dict[str, HeldRecord] = {}
 
     def spend(self, tokens: int, cost_usd: float, requests: int) -> None:
         self.spent_tokens += tokens
@@ -128,7 +113,7 @@ class FileBudgets:
     def path(self, name: str) -> Path:
         return self.folder / f"{check_budget_name(name, 'budget')}.json"
 
-    def read(self, name: str) -> _Budget | None:
+    def read(self, name: str) -> BudgetRecord | None:
         """The budget's file as it stands (hold the lock to change it); None if there is none."""
         path = self.path(name)
         try:
@@ -138,13 +123,13 @@ class FileBudgets:
         except OSError as exc:
             raise os_failure(f"{path}: cannot read the budget", exc) from None
         try:
-            return _Budget.model_validate_json(raw)
+            return BudgetRecord.model_validate_json(raw)
         except ValidationError as exc:
             error = exc.errors()[0]
             where = ".".join(str(p) for p in error["loc"]) or "(the document)"
             raise ConfigError(f"{path}: {where}: {error['msg']}") from None
 
-    def write(self, budget: _Budget) -> None:
+    def write(self, budget: BudgetRecord) -> None:
         """Replace the budget's file whole: written beside it, forced to disk, renamed over it."""
         path = self.path(budget.name)
         draft = path.with_name(f".{path.name}.{os.getpid()}.new")
@@ -159,7 +144,7 @@ class FileBudgets:
                 os.unlink(draft)
             raise os_failure(f"{path}: cannot write the budget", exc) from None
 
-    def sweep(self, budget: _Budget) -> None:
+    def sweep(self, budget: BudgetRecord) -> None:
         """Charge whole the holds of segments whose process is gone (their file unlocked)."""
         for held_id, held in list(budget.holds.items()):
             if self._alive(held_id):
@@ -185,7 +170,7 @@ class FileBudgets:
             os.close(fd)
         return False
 
-    def change(self, name: str, work: Callable[[_Budget], T]) -> T:
+    def change(self, name: str, work: Callable[[BudgetRecord], T]) -> T:
         """`work` on the budget `name` (dead segments' holds charged first), written back, all
         under the lock; an unknown budget is a ConfigError."""
         with self.locked():
@@ -237,12 +222,12 @@ class FileBudgets:
         never reset here."""
         given = {"max_tokens": max_tokens, "max_cost_usd": max_cost_usd, "max_requests": max_requests}
         with self.locked():
-            budget = self.read(name) or _Budget(name=check_budget_name(name, "budget"))
+            budget = self.read(name) or BudgetRecord(name=check_budget_name(name, "budget"))
             self.sweep(budget)
             for field, value in given.items():
                 if value is not _KEEP:
                     setattr(budget, field, value)
-            self.write(_Budget.model_validate(budget.model_dump()))  # limits checked as read back
+            self.write(BudgetRecord.model_validate(budget.model_dump()))  # limits checked as read back
             return budget.view()
 
     def start_budget(self, name: str, spent: tuple[int, float, int]) -> BudgetView:
@@ -250,7 +235,7 @@ class FileBudgets:
         with self.locked():
             budget = self.read(name)
             if budget is None:
-                budget = _Budget(name=check_budget_name(name, "budget"))
+                budget = BudgetRecord(name=check_budget_name(name, "budget"))
                 budget.spend(*spent)
                 self.write(budget)
             return budget.view()
@@ -263,158 +248,3 @@ class FileBudgets:
             if budget is not None:
                 budget.refusals += 1
                 self.write(budget)
-
-
-class FileSharedPool:
-    """A run segment's side of a budget on files: its own holder file (locked while it lives)
-    and its entry in the budget's `holds`.
-
-    Open it with `await FileSharedPool.open(budgets, name, run_id)`; `aclose()` writes what is
-    pending, charges any hold left whole (none, after a run that ended cleanly) and takes the
-    entry away.
-    """
-
-    def __init__(self, budgets: FileBudgets, name: str, held_id: str, fd: int) -> None:
-        self.name = name
-        self._budgets, self._id, self._fd = budgets, held_id, fd
-        self._lock = anyio.Lock()
-        self._held: list[Any] = [0, 0.0, 0]  # pending change of this segment's holds
-        self._spent: list[Any] = [0, 0.0, 0]  # pending spend to add to the budget
-        self.room: Room | None = None  # left at the last reservation, plus what came back since
-        self.exhausted: str | None = None  # the limit its spend had reached as it opened
-
-    @classmethod
-    async def open(cls, budgets: FileBudgets, name: str, run_id: str) -> FileSharedPool:
-        """Take a holder file and an entry in the budget's holds; a budget that does not exist
-        is a ConfigError naming `budget.shared`, raised before any dispatch."""
-        check_budget_name(name)
-        if not budgets.exists(name):  # before anything is made: no folder for an unknown name
-            raise ConfigError(budgets.unknown(name))
-
-        def opened() -> FileSharedPool:
-            held_id = secrets.token_hex(8)
-            with budgets.locked():
-                path = budgets.folder / "holders" / held_id
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    raise os_failure(f"{path}: cannot hold part of budget {name!r}", exc) from None
-                try:
-                    budget = budgets.read(name)
-                    if budget is None:
-                        raise ConfigError(budgets.unknown(name))
-                    budgets.sweep(budget)
-                    budget.holds[held_id] = _Held(run_id=run_id)
-                    budgets.write(budget)
-                except BaseException:
-                    os.close(fd)
-                    os.unlink(path)
-                    raise
-            pool = cls(budgets, name, held_id, fd)
-            pool.exhausted = budget.view().exhausted()
-            return pool
-
-        return await anyio.to_thread.run_sync(opened)
-
-    # -- noted now, written at the next flush or reserve -------------------------------------------
-
-    def settle(self, hold: Hold, tokens: int, cost_usd: float, requests: int) -> None:
-        self.release(hold)
-        self._spent[0] += tokens
-        self._spent[1] += cost_usd
-        self._spent[2] += requests
-        self._grow(-tokens, -cost_usd, -requests)
-
-    def release(self, hold: Hold) -> None:
-        self._held[0] -= hold.tokens
-        self._held[1] -= hold.cost_usd
-        self._held[2] -= hold.requests
-        self._grow(hold.tokens, hold.cost_usd, hold.requests)
-
-    def charge_cut_off(self, hold: Hold) -> None:
-        self.settle(hold, hold.tokens, hold.cost_usd, hold.requests)
-
-    def _grow(self, tokens: int, cost_usd: float, requests: int) -> None:
-        room = self.room
-        if room is not None:
-            self.room = Room(
-                None if room.tokens is None else room.tokens + tokens,
-                None if room.cost_usd is None else room.cost_usd + cost_usd,
-                None if room.requests is None else room.requests + requests,
-            )
-
-    # -- changes -------------------------------------------------------------------------------------
-
-    async def _run(self, work: Callable[[_Budget, _Held], T]) -> T:
-        """`work(budget, this segment's holds)` in one change under the budgets' lock, in a
-        worker thread, with what is pending written first; if the change fails, it stays
-        pending."""
-        async with self._lock:
-            held, spent = self._held, self._spent
-            self._held, self._spent = [0, 0.0, 0], [0, 0.0, 0]
-
-            def change(budget: _Budget) -> T:
-                mine = budget.holds.get(self._id)
-                if mine is None:  # only a dead segment's entry is taken away
-                    raise RunError(
-                        f"budget {self.name!r}: this run's holds were charged as a dead "
-                        f"segment's (its holder file in {self._budgets.folder} was unlocked)"
-                    )
-                budget.spend(*spent)
-                mine.tokens += held[0]
-                mine.cost_usd += held[1]
-                mine.requests += held[2]
-                return work(budget, mine)
-
-            try:
-                return await anyio.to_thread.run_sync(self._budgets.change, self.name, change)
-            except BaseException:
-                for pending, taken in ((self._held, held), (self._spent, spent)):
-                    for i in range(3):
-                        pending[i] += taken[i]
-                raise
-
-    async def flush(self, *, wait: bool = True) -> None:
-        """Write the settlements noted since the last write; `wait=False` skips it while
-        another change of this segment's is under way (the next one takes them along)."""
-        if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
-            return
-        if not wait and self._lock.locked():
-            return
-        await self._run(lambda budget, mine: None)
-
-    async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
-        """Reserve all of `holds` or none, in one change under the lock."""
-        asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds), sum(h.requests for h in holds))
-
-        def reserve(budget: _Budget, mine: _Held) -> tuple[Refusal | None, Room]:
-            room = budget.view().room
-            short = short_of_room(room, *asked)
-            if short is not None:
-                return Refusal(*short, room, self.name), room
-            mine.tokens += asked[0]
-            mine.cost_usd += asked[1]
-            mine.requests += asked[2]
-            left = (
-                None if r is None else r - a for r, a in zip(dataclasses.astuple(room), asked, strict=True)
-            )
-            return None, Room(*left)
-
-        refusal, self.room = await self._run(reserve)
-        return refusal
-
-    async def aclose(self) -> None:
-        """Write what is pending, charge any hold still outstanding whole, take the entry away."""
-
-        def close(budget: _Budget, mine: _Held) -> None:
-            del budget.holds[self._id]
-            budget.spend(max(mine.tokens, 0), max(mine.cost_usd, 0.0), max(mine.requests, 0))
-
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._run(close)
-            finally:
-                os.close(self._fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(self._budgets.folder / "holders" / self._id)

@@ -23,7 +23,8 @@ from lanefold.primitives import (
     summarize_run,
     validate_run_id,
 )
-from lanefold.stores.files._budget import FileBudgets, FileSharedPool
+from lanefold.stores.files._budget import FileBudgets
+from lanefold.stores.files._budget_pool import FileSharedPool
 from lanefold.stores.files._evals import FileEvalRecord
 from lanefold.stores.files._log import JsonlEventLog, RunLock
 
