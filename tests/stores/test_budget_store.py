@@ -232,3 +232,22 @@ def test_every_segment_of_a_run_spends_from_the_budget_it_was_started_under(stor
         anyio.run(judged)
     assert list(store.reader(run_id).read()) == before
     assert budgets.read_budget(name).refusals == 1  # type: ignore[union-attr]
+
+
+def test_a_run_whose_second_budget_is_unknown_takes_nothing_from_the_first(store: Store) -> None:
+    """Opening a run's budgets is all or none too: the first one opened is closed again (no
+    segment left holding it) when the next is refused, and nothing is recorded."""
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=1000)
+    config = lanefold.parse_config({"loop": {"k": 2}, "budget": {"shared": name}})
+    missing = _name(store, "missing")
+
+    async def go() -> None:
+        async with lanefold.Session(config, store=store) as session:
+            await session.run("What is 17 * 23?", run_id=f"r{os.urandom(4).hex()}", pools=[missing])
+
+    with pytest.raises(ConfigError, match=rf"budget\.shared: no budget named '{missing}'"):
+        anyio.run(go)
+    view = budgets.read_budget(name)
+    assert view is not None and (view.holders, view.spent_tokens, view.held_tokens) == (0, 0, 0)
+    assert store.list_runs() == []
