@@ -213,3 +213,25 @@ def test_every_way_out_of_a_run_gives_the_keys_slot_back(path: str, stream: bool
                 429 if path.startswith("the key's budget") else 200
             )
     assert store.read_budget("key:alice").held_tokens == 0
+
+
+def test_a_run_whose_recorded_budget_the_store_does_not_keep_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A gateway run carried to another runs folder (whose store has no `key:alice`) is not
+    resumed without its key's budget: exit 2, one line naming the run and the budget."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    store = CutStore(open_store(None, runs))
+    with gateway(runs, _keys(tmp_path, "budget = {max_tokens = 5000}"), _loop(), store) as client:
+        store.cut_after = 12
+        assert client.post("/chat/completions", json=_chat()).status_code == 500
+    (summary,) = store.list_runs()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(runs / summary.run_id, elsewhere / summary.run_id)
+    before = (elsewhere / summary.run_id / "events.jsonl").read_bytes()
+    outcome = cli(capsys, "resume", summary.run_id, "--runs-dir", elsewhere)
+    assert outcome.code == 2
+    assert f"run {summary.run_id}: its run.started names budget 'key:alice'" in outcome.error_line
+    assert (elsewhere / summary.run_id / "events.jsonl").read_bytes() == before
