@@ -31,6 +31,7 @@ from lanefold.primitives._backend import (
     TextDelta,
     Usage,
     closing,
+    estimate_prompt_tokens,
     sample_all,
 )
 from lanefold.primitives._backend_spec import (
@@ -187,6 +188,7 @@ from lanefold.primitives._store import (
     RunStatus,
     RunSummary,
     Store,
+    check_budget_name,
     new_run_id,
     redact_url,
     select_runs,
@@ -326,6 +328,7 @@ __all__ = (
     "backend_prompt_tokens",
     "backend_sharing",
     "build_hook",
+    "check_budget_name",
     "check_headers",
     "check_headers_env",
     "check_next_sequence",
@@ -334,6 +337,7 @@ __all__ = (
     "compile_score_regex",
     "cost_of",
     "cost_shape",
+    "estimate_prompt_tokens",
     "extract_answer",
     "fit_params",
     "fold",

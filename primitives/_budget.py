@@ -272,12 +272,14 @@ class Room:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A shared pool's no: the limit that refused, what was asked, and the room left."""
+    """A shared pool's no: the limit that refused, what was asked, the room left, and the
+    pool's name (of the several a run may spend from, the one that said no)."""
 
     limit: str
     needed: float
     available: float
     room: Room
+    pool: str = ""
 
 
 class SharedPool(Protocol):
@@ -288,7 +290,12 @@ class SharedPool(Protocol):
     fleet's spend is never understated."""
 
     name: str
-    room: Room | None  # what it had left at this run's last look, less what it holds since
+    room: Room | None  # what it had left at this run's last reservation, less what it holds since
+
+    @property
+    def exhausted(self) -> str | None:
+        """The limit its spend had reached when this segment opened it, if one (nothing left
+        under it, whatever live runs give back): the segment is refused before it records."""
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None: ...
 
@@ -341,9 +348,9 @@ class Ledger:
             holds.append(Hold(usage, cost_of(usage, bill, self.pricing), int(i == 0), bill))
         return holds
 
-    def fit(self, holds: Sequence[Hold], room: Room | None = None) -> WaveFit:
+    def fit(self, holds: Sequence[Hold], room: Room | None = None, pool: str | None = None) -> WaveFit:
         """Largest prefix of `holds` the pool can fund now (at least 0 lanes); with `room`,
-        also within what the shared pool said it has left."""
+        also within what the shared pool `pool` (by default this ledger's) said it has left."""
         tokens, cost, requests = 0, 0.0, 0
         for k, hold in enumerate(holds):
             tokens, cost, requests = tokens + hold.tokens, cost + hold.cost_usd, requests + hold.requests
@@ -355,9 +362,8 @@ class Ledger:
                 short = short_of_room(room, tokens, cost, requests)
                 if short is not None:
                     limit, needed, available = short
-                    return WaveFit(
-                        k, limit, needed, available, self.shared.name if self.shared is not None else ""
-                    )
+                    name = pool or (self.shared.name if self.shared is not None else "")
+                    return WaveFit(k, limit, needed, available, name)
         return WaveFit(len(holds), None)
 
     def _short(self, tokens: int, cost: float, requests: int) -> tuple[str, float, float] | None:

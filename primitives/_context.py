@@ -116,7 +116,7 @@ class RunBudget:
         seconds = self._ledger.seconds_left()
         if seconds is not None and seconds <= 0:
             return False
-        tokens = self._dispatcher.prompt_tokens(prompt)
+        tokens = self._dispatcher.prompt_tokens(prompt, bill=bill)
         if share_prefix:  # one request of n lanes (as many as the backend takes at once)
             shared = self._dispatcher.backend.shares_prefix
             holds = self._ledger.holds_for_request(tokens, [max_tokens] * n, share_prefix=shared, bill=bill)

@@ -78,9 +78,11 @@ class EngineBackend:
         """The loaded engine, or None before the first `load` or `sample`."""
         return self._engine
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        """Exact prompt tokens (the first call reads the tokenizer from the model file)."""
-        return len(self._encode(prompt))
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """Exact prompt tokens of `request` as it is sent: the ids `sample` prefills (a chat's
+        messages through the model's chat template), counted by the same function (the first
+        call reads the tokenizer from the model file)."""
+        return len(self._prompt_ids(request))
 
     def context_left(self, request: SampleRequest) -> int | None:
         """Tokens the model's context holds after `request`'s prompt; None before `load`."""

@@ -47,6 +47,7 @@ from lanefold.primitives import (
     Sample,
     SampleRequest,
     ServerError,
+    estimate_prompt_tokens,
     headers_from_env,
 )
 
@@ -144,9 +145,12 @@ class OpenAIBackend:
         """While lanes go out merged as `n`, the server prefills the prompt once per request."""
         return self._merging
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        """None: a remote server's tokenizer is not known before dispatch."""
-        return None
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """A conservative bound, not a count: a remote server's tokenizer and chat template are
+        not known before dispatch, so every byte sent counts as a token, plus the template's
+        markers per request and per message (`estimate_prompt_tokens`); an actual count above
+        it is recorded as `budget.overrun`."""
+        return estimate_prompt_tokens(request)
 
     def drain_events(self) -> tuple[BackendEvent, ...]:
         """The events recorded since the last drain (at most one `backend.n_unsupported`)."""

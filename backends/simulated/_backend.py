@@ -76,8 +76,11 @@ class SimulatedBackend:
     def shares_prefix(self) -> bool:
         return self.config.shares_prefix
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        return self.config.prompt_tokens
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """Exact: what `sample` bills the request's prompt, `prompt_tokens` plus
+        `template_tokens` per message of a chat request."""
+        cfg = self.config
+        return cfg.prompt_tokens + (cfg.template_tokens * len(request.messages) if request.messages else 0)
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         """Each lane lands after its own latency (drawn from its seed and attempt)."""
@@ -92,7 +95,7 @@ class SimulatedBackend:
                     "".join(f"{request.wave} {lane.lane} {lane.attempt}\n" for lane in request.lanes)
                 )
         fault_rngs = [random.Random(f"{lane.seed}:{lane.attempt}") for lane in request.lanes]
-        cached = self._cache_hit(request.prompt)
+        cached = self._cache_hit(request)
         low, high = cfg.latency_ms
         delays = [rng.uniform(low, high) for rng in fault_rngs]
         waited = 0.0
@@ -104,16 +107,18 @@ class SimulatedBackend:
                 waited = delays[i]
             yield self._outcome(request, i, fault_rngs[i], cached)
 
-    def _cache_hit(self, prompt: str) -> int:
-        """The prompt's tokens a prefix cache serves (an earlier request sent it); 0 without."""
+    def _cache_hit(self, request: SampleRequest) -> int:
+        """The request's prompt tokens a prefix cache serves (an earlier request sent the same
+        prompt); 0 without."""
         cfg = self.config
         if not cfg.prefix_cache:
             return 0
-        if prompt not in self._cached:
-            self._cached.add(prompt)
+        if request.prompt not in self._cached:
+            self._cached.add(request.prompt)
             return 0
-        kept = cfg.prompt_tokens if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens
-        return min(cfg.prompt_tokens, kept)
+        whole = self.count_prompt_tokens(request) or 0
+        kept = whole if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens
+        return min(whole, kept)
 
     def _outcome(self, request: SampleRequest, i: int, rng: random.Random, cached: int) -> LaneOutcome:
         cfg, lane = self.config, request.lanes[i]
@@ -122,10 +127,11 @@ class SimulatedBackend:
             self.faults.append((request.wave, lane.lane, lane.attempt, type(fault).__name__))
             return LaneFailure(lane.lane, fault)
         shared = request.share_prefix and i > 0
+        prompt = self.count_prompt_tokens(request) or 0
         if shared:
-            usage_in = (0, cfg.prompt_tokens)
+            usage_in = (0, prompt)
         else:  # the request's prompt, less what a prefix cache kept from an earlier request
-            usage_in = (cfg.prompt_tokens - cached, cached)
+            usage_in = (prompt - cached, cached)
         produced = cfg.judge_output_tokens if request.purpose == "judge" else cfg.output_tokens
         return self._sample(lane, self._text(request, lane), usage_in, produced)
 

@@ -64,6 +64,9 @@ class SimulatedConfig(BaseModel):
     latency_ms: tuple[float, float] = (0.0, 0.0)
     failure_rate: float = Field(0.0, ge=0, le=1)
     prompt_tokens: LaneTokens = Field(64, ge=0)
+    # A chat request's messages each cost this many more prompt tokens, as a chat template's
+    # markers would: held and billed alike (0: no template).
+    template_tokens: LaneTokens = Field(0, ge=0)
     output_tokens: LaneTokens = Field(48, ge=1)
     shares_prefix: bool = True  # a request's lanes share its prompt's prefill
     # A prefix cache across requests: a prompt an earlier request sent is cached prefill

@@ -176,7 +176,9 @@ def create_app(
     async def budgets(request: Request) -> Response:
         if not isinstance(store, BudgetStore):
             return HTMLResponse(
-                budgets_page([], f"{store.describe} keeps no shared budgets (PostgreSQL does)")
+                budgets_page(
+                    [], f"{store.describe} keeps no named budgets (the files and PostgreSQL stores do)"
+                )
             )
         spending = await anyio.to_thread.run_sync(lambda: _budget_runs(store))
         names = [n for n in request.query_params.getlist("name") if n] or list(spending)
@@ -239,14 +241,19 @@ def _agreement(answer: str | None, lanes: list[str | None]) -> str:
 
 
 def _budget_runs(store: Store) -> dict[str, list[str]]:
-    """The shared budgets the store's recent runs name (`[budget] shared`), each with its runs."""
+    """The named budgets the store's recent runs spend from (their `run.started` `pools`; a log
+    from before pools were recorded: its `[budget] shared`), each with its runs."""
     spending: dict[str, list[str]] = {}
     for summary in store.list_runs(limit=_BUDGET_RUNS):
         first = next(iter(store.reader(summary.run_id).read()), None)
-        config = first.data.config if isinstance(first, RunStarted) else {}
-        shared = (config.get("budget") or {}).get("shared")
-        if isinstance(shared, str):
-            spending.setdefault(shared, []).append(summary.run_id)
+        if not isinstance(first, RunStarted):
+            continue
+        pools = first.data.pools
+        if pools is None:
+            shared = (first.data.config.get("budget") or {}).get("shared")
+            pools = [shared] if isinstance(shared, str) else []
+        for name in pools:
+            spending.setdefault(name, []).append(summary.run_id)
     return spending
 
 

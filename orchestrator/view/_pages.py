@@ -381,7 +381,8 @@ def _pareto_svg(points: Sequence[Point]) -> str:
 def budgets_page(
     budgets: Sequence[BudgetView], note: str | None, spending: dict[str, list[str]] | None = None
 ) -> str:
-    """Each shared budget: limit, spent, held, left, and the recent runs spending from it."""
+    """Each named budget: limit, spent, held, left, the run segments holding part of it, the
+    requests it refused, and the recent runs spending from it."""
     if note:
         return _page("budgets", f"<p>{_e(note)}</p>")
     rows = []
@@ -395,7 +396,8 @@ def budgets_page(
             f"<td>{b.spent_tokens}</td>"
             f"<td>{b.held_tokens}</td><td class=left>{left}</td><td>{b.max_cost_usd}</td>"
             f"<td>{b.spent_cost_usd:.6f}</td><td>{b.held_cost_usd:.6f}</td><td>{left_usd}</td>"
-            f"<td>{b.holders}</td><td class=runs>{_run_links((spending or {}).get(b.name, []))}</td></tr>"
+            f"<td>{b.holders}</td><td class=refused>{b.refusals}</td>"
+            f"<td class=runs>{_run_links((spending or {}).get(b.name, []))}</td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"
@@ -409,6 +411,8 @@ def budgets_page(
             "spent $",
             "held $",
             "left $",
+            "holders",
+            "refused",
             "runs",
         )
     )

@@ -271,13 +271,15 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     assert poor.value.code == "insufficient_quota"
     assert poor.value.type == "insufficient_quota"
     assert poor.value.response.headers["x-should-retry"] == "false"
-    (refused,) = [r for r in gateway.store.list_runs() if r.caller == "pauper"]
-    assert refused.status == "failed" and refused.lanes == 0 and refused.tokens == 0
+    # A refused request is no run: it is counted with the key's spend instead.
+    assert not [r for r in gateway.store.list_runs() if r.caller == "pauper"]
+    assert gateway.store.read_budget("key:pauper").refusals == 1  # type: ignore[attr-defined]
 
     # A stream whose first wave is refused is refused before it begins: the same 429.
     with pytest.raises(openai.RateLimitError) as streamed:
         list(gateway.client(POOR_KEY).chat.completions.create(model="vote", messages=messages, stream=True))
     assert streamed.value.code == "insufficient_quota"
+    assert gateway.store.read_budget("key:pauper").refusals == 2  # type: ignore[attr-defined]
 
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
     with pytest.raises(openai.BadRequestError) as tools:
@@ -460,7 +462,8 @@ def test_dspy_predict_through_a_loop(gateway: Gateway, dspy: Any) -> None:
     poor = dspy.LM("openai/vote", api_base=gateway.base_url, api_key=POOR_KEY, cache=False)
     with dspy.context(lm=poor), pytest.raises(dspy.utils.exceptions.LMBillingError):
         dspy.Predict("question -> answer")(question=QUESTION)
-    assert [r.caller for r in gateway.store.list_runs()].count("pauper") == 1
+    assert [r.caller for r in gateway.store.list_runs()].count("pauper") == 0
+    assert gateway.store.read_budget("key:pauper").refusals == 1  # type: ignore[attr-defined]
 
 
 # --- the real engine ----------------------------------------------------------------------------------
