@@ -259,6 +259,8 @@ class BudgetMachine(RuleBasedStateMachine):
                 self.expect.refusals += 1  # refused: nothing recorded, counted instead
             elif before is None:  # a run now: one that was funded, then ran out
                 assert read_state(self.store, asked.run_id).waves, "a refused request was recorded"
+        elif answer.status_code == 422:  # a funded run that gave no answer: told, never empty
+            assert answer.json()["error"]["code"] == "no_answer", answer.text
         else:
             assert answer.status_code in (200, 500), answer.text
         if after is not None:

@@ -128,7 +128,8 @@ def test_a_keys_hard_budget_holds_on_smollm2s_chat_path(smollm2: Engine, tmp_pat
         big = client.post(
             "/chat/completions", json=body, headers={"Authorization": "Bearer big-key-0123456789"}
         )
-    assert big.status_code == 200, big.text
+    # Funded: an answer, or a run told as one without (SmolLM2 may write no 'Answer:' line).
+    assert big.status_code == 200 or big.json()["error"]["code"] == "no_answer", big.text
     paid = [read_state(store, s.run_id).spend.tokens for s in store.list_runs() if s.caller == "small"]
     assert sum(paid) <= 50, paid  # (it had paid about 60 for one request)
     (run,) = [s for s in store.list_runs() if s.caller == "big"]
