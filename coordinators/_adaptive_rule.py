@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from math import comb
 from typing import Any, Literal
@@ -16,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from lanefold.coordinators._reducer_keys import ReducerKeys
-from lanefold.primitives import Lane, normalize_answer
+from lanefold.primitives import Lane, ReduceOptions, normalize_answer
 
 __all__ = ("AdaptiveSampleParams", "Rule", "decision", "majority_posterior", "settled", "top_two")
 
@@ -31,7 +32,9 @@ class AdaptiveSampleParams(ReducerKeys):
     rule: Rule = Field("beta", description="the stopping rule checked at each barrier")
     threshold: float = Field(0.95, gt=0.5, le=1, description="posterior the beta rule needs")
     reducer: str = Field("majority_vote", description="a registered reducer, over every lane")
-    min_quorum: int = Field(1, ge=1, description="completed lanes before a rule may stop")
+    min_quorum: int = Field(
+        1, ge=1, description="lanes that gave an answer before a rule may stop (and for the vote)"
+    )
 
     @model_validator(mode="after")
     def _across_keys(self) -> AdaptiveSampleParams:
@@ -47,6 +50,11 @@ class AdaptiveSampleParams(ReducerKeys):
                 f"loop.min_quorum: {self.min_quorum} is more than loop.max_lanes ({self.max_lanes})"
             )
         return self
+
+    def options(self, seed: int) -> ReduceOptions:
+        """The reducer's options: the vote names a winner only once `min_quorum` lanes gave an
+        answer, as a rule stops only then."""
+        return replace(super().options(seed), quorum=self.min_quorum)
 
 
 def majority_posterior(a: int, b: int) -> Fraction:
@@ -110,7 +118,7 @@ def decision(
     stopped_by: str | None = None
     if (
         lanes
-        and completed >= p.min_quorum
+        and sum(counts.values()) >= p.min_quorum  # lanes that gave an answer, not just ran
         and remaining > 0
         and settled(p.rule, counts, window, remaining=remaining, threshold=p.threshold)
     ):

@@ -51,6 +51,7 @@ from lanefold.primitives import (
     QuorumNotMetError,
     ReducerChoice,
     RunState,
+    WaveShape,
     largest_within,
     register_loop,
 )
@@ -115,20 +116,18 @@ class AdaptiveSample:
                 "waves": waves,
                 "rule": p.rule,
                 "completed": completed,
+                **({"budget_stop": True} if stopped_by == "budget" else {}),  # said only where it did
             },
         )
 
     @staticmethod
     def cost_shape(params: AdaptiveSampleParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
-        """At most max_lanes lanes of the one prompt, every one a candidate; each wave of
-        `window` lanes computes the prefix once where the backend shares it."""
-        waves = -(-params.max_lanes // params.window)
-        return CostShape(
-            params.max_lanes,
-            params.max_lanes * prompt_tokens,
-            params.max_lanes,
-            prefill_tokens=waves * prompt_tokens,
-        )
+        """At most max_lanes lanes of the one prompt in waves of `window` (the last one the
+        rest), every one a candidate; each wave after the first sends the first's prompt again."""
+        full, rest = divmod(params.max_lanes, params.window)
+        sizes = [params.window] * full + ([rest] if rest else [])
+        waves = [WaveShape(n, prompt_tokens, repeat=i > 0) for i, n in enumerate(sizes)]
+        return CostShape.of(waves, candidates=params.max_lanes)
 
     @staticmethod
     def fit(params: AdaptiveSampleParams, budget: Allowance) -> AdaptiveSampleParams:

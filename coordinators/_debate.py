@@ -37,7 +37,7 @@ from lanefold.primitives import (
     TEMPLATE_TOKENS,
     Allowance,
     AuditFinding,
-    ConfigError,
+    BudgetTooSmallError,
     CostShape,
     ExtractSpec,
     Lane,
@@ -46,8 +46,10 @@ from lanefold.primitives import (
     Outcome,
     ReducerChoice,
     RunState,
+    WaveShape,
     largest_within,
     normalize_answer,
+    readable_number,
     register_loop,
 )
 
@@ -157,7 +159,13 @@ class Debate:
         outcome = outcome_of(reduction, lanes)
         return replace(
             outcome,
-            detail={"rounds": len(history) - 1, "stop": stop, "lanes": dispatched, "answers": history},
+            detail={
+                "rounds": len(history) - 1,
+                "stop": stop,
+                "lanes": dispatched,
+                "answers": history,
+                **({"budget_stop": True} if stop == "budget" else {}),  # said only where it did
+            },
         )
 
     @staticmethod
@@ -166,13 +174,10 @@ class Debate:
         agent sees; the final round's agents are the candidates."""
         quoted = max_tokens + FRAME_TOKENS  # one earlier answer, quoted in a later prompt
         seen = params.agents if params.visibility == "all" else min(params.agents, 3)
-        later = params.agents * params.rounds * (prompt_tokens + TEMPLATE_TOKENS + seen * quoted)
-        return CostShape(
-            params.agents * (params.rounds + 1),
-            params.agents * prompt_tokens + later,
-            params.agents,
-            prefill_tokens=prompt_tokens + later,  # the first round's agents share one prompt
-        )
+        rebuttal = prompt_tokens + TEMPLATE_TOKENS + seen * quoted
+        first = WaveShape(params.agents, prompt_tokens)  # the first round's agents share one prompt
+        later = WaveShape(params.agents, rebuttal, prompts=params.agents, shared=False)
+        return CostShape.of([first] + [later] * params.rounds, candidates=params.agents)
 
     @staticmethod
     def fit(params: DebateParams, budget: Allowance) -> DebateParams:
@@ -183,9 +188,14 @@ class Debate:
         if budget.unit != "lanes":
             return _fit_spend(params, budget)
         lanes = int(budget.amount)
-        if lanes < 2:
-            raise ConfigError(f"--budget: a debate needs at least 2 lanes, got {lanes}")
-        agents = min(params.agents, lanes)
+        rounds = min(params.rounds, 1)  # a debate of rounds has one at least: else it is a vote
+        agents = min(params.agents, lanes // (rounds + 1))
+        if agents < 2:
+            least = 2 * (rounds + 1)
+            what = f"{rounds} round{'s' * (rounds != 1)}"
+            raise BudgetTooSmallError(
+                f"--budget: a debate of {what} needs at least {least} lanes, got {lanes}"
+            )
         return params.model_copy(update={"agents": agents, "rounds": min(params.rounds, lanes // agents - 1)})
 
     @staticmethod
@@ -272,20 +282,31 @@ def _can_fund(ctx: LoopContext, prompts: Mapping[int, str], max_tokens: int) -> 
 
 
 def _fit_spend(params: DebateParams, budget: Allowance) -> DebateParams:
-    """agents x rounds within a token or cost budget: rounds for the agents as configured,
-    else fewer agents without rebuttals."""
+    """agents x rounds within a token or cost budget: the rounds (one at least) that fill it
+    with the agents as configured, else fewer agents (2 at least) for one round. A budget that
+    cannot fund one rebuttal round of two agents is refused (BudgetTooSmallError): without a
+    round a debate is a vote, and would be shown as a debate (one configured with no rounds
+    may keep none)."""
 
     def shaped(agents: int, rounds: int) -> DebateParams:
         return params.model_copy(update={"agents": agents, "rounds": rounds})
 
-    first = budget.price(shaped(params.agents, 0))
+    least = min(params.rounds, 1)
+    first = budget.price(shaped(params.agents, least))
     if first is None:
         return params
     if first <= budget.amount:
-        rounds = largest_within(budget, 0, lambda n: shaped(params.agents, n), most=32)
+        rounds = largest_within(budget, least, lambda n: shaped(params.agents, n), most=32)
         return shaped(params.agents, rounds if rounds is not None else params.rounds)
-    agents = largest_within(budget, 2, lambda n: shaped(n, 0), most=params.agents)
-    return shaped(agents if agents is not None else params.agents, 0)
+    try:
+        agents = largest_within(budget, 2, lambda n: shaped(n, least), most=params.agents)
+    except BudgetTooSmallError:
+        two = budget.price(shaped(2, least)) or 0.0
+        raise BudgetTooSmallError(
+            f"--budget: {budget.amount:g} {budget.unit} a question is below a debate's least: "
+            f"two agents and {least} round{'s' * (least != 1)} ({readable_number(two)} {budget.unit})"
+        ) from None
+    return shaped(agents if agents is not None else params.agents, least)
 
 
 def _answers(lanes: Sequence[Lane], agents: int) -> list[str | None]:

@@ -9,6 +9,7 @@ backend shares the prefix.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
@@ -23,9 +24,11 @@ from lanefold.primitives import (
     Lane,
     LoopContext,
     Outcome,
+    ReduceOptions,
     ReducerChoice,
     Reduction,
     RunState,
+    WaveShape,
     largest_within,
     register_loop,
 )
@@ -37,13 +40,20 @@ class ParallelSampleParams(ReducerKeys):
     """`[loop]` keys of parallel_sample (`reducer`, `tie_break`, `weighting` shared)."""
 
     k: int = Field(8, ge=1, le=100_000, description="lanes sampled")
-    min_quorum: int = Field(1, ge=1, description="lanes that must complete")
+    min_quorum: int = Field(
+        1, ge=1, description="lanes that must complete, and give an answer for a vote to name one"
+    )
 
     @model_validator(mode="after")
     def _quorum(self) -> ParallelSampleParams:
         if self.min_quorum > self.k:
             raise ValueError(f"loop.min_quorum: {self.min_quorum} is more than loop.k ({self.k})")
         return self
+
+    def options(self, seed: int) -> ReduceOptions:
+        """The reducer's options: a vote names a winner only once `min_quorum` lanes gave an
+        answer (a lane that completed with nothing extracted casts no ballot)."""
+        return replace(super().options(seed), quorum=self.min_quorum)
 
 
 @register_loop
@@ -66,9 +76,8 @@ class ParallelSample:
 
     @staticmethod
     def cost_shape(params: ParallelSampleParams, *, prompt_tokens: int, max_tokens: int) -> CostShape:
-        """k lanes of the one prompt in one wave (its prefix computed once where the backend
-        shares it), every one a candidate."""
-        return CostShape(params.k, params.k * prompt_tokens, params.k, prefill_tokens=prompt_tokens)
+        """k lanes of the one prompt in one wave, every one a candidate."""
+        return CostShape.of([WaveShape(params.k, prompt_tokens)], candidates=params.k)
 
     @staticmethod
     def fit(params: ParallelSampleParams, budget: Allowance) -> ParallelSampleParams:

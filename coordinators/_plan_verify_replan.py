@@ -42,6 +42,7 @@ from lanefold.primitives import (
     ExtractSpec,
     Lane,
     LaneJob,
+    LaneTokens,
     LoopContext,
     Outcome,
     ReducerChoice,
@@ -128,7 +129,7 @@ class PlanVerifyReplanParams(BaseModel):
     min_gain: float = Field(0.05, ge=0, le=1, description="mean score gain below which to stop")
     token_budget: int | None = Field(None, ge=1, description="tokens spent that end the loop")
     verifier_backend: Literal["main", "judge"] = "main"
-    json_max_tokens: int = Field(384, ge=1, description="of a plan, verdict or replan call")
+    json_max_tokens: LaneTokens = Field(384, ge=1, description="of a plan, verdict or replan call")
     json_temperature: float = Field(0.0, ge=0, le=5)
     json_stop: list[str] = Field(default_factory=list, description="stop sequences of those calls")
     plan_template: str = PLAN_TEMPLATE
@@ -220,6 +221,7 @@ class _Run:
             logprobs=False,
         )
         self.out_of_budget = False  # a wave was cut short, or not funded, by the budget
+        self.budget_stop = False  # the loop stopped because the budget could not fund more
 
     async def run(self) -> Outcome:
         plan, how = await self._plan()
@@ -252,6 +254,7 @@ class _Run:
                 },
             )
             rule = decided["stop"]
+            self.budget_stop = decided.get("limit") == "budget"
             if rule is None and not await self._replan(iteration):
                 rule = "no_new_work"
             before = now
@@ -540,6 +543,9 @@ class _Run:
             "iterations": iteration,
             "plan": how,
             "nodes": [node.summary() for node in self.nodes.values()],
+            **(
+                {"budget_stop": True} if self.budget_stop or not decided["synthesis"] else {}
+            ),  # said only where it did
         }
         if lane is not None and lane.completed and lane.answer is not None:
             return Outcome(

@@ -55,9 +55,15 @@ _USC_CHOICE = re.compile(r"response\s*#?\s*(\d+)", re.IGNORECASE)
 
 
 def vote(
-    lanes: Sequence[Lane], *, tie_break: str, seed: int, weights: Mapping[int, float] | None = None
+    lanes: Sequence[Lane],
+    *,
+    tie_break: str,
+    seed: int,
+    weights: Mapping[int, float] | None = None,
+    quorum: int = 1,
 ) -> VoteResult:
-    """The vote over lanes: a lane that did not complete abstains; `weights` by lane.
+    """The vote over lanes: a lane that did not complete, or gave no answer, abstains;
+    `weights` by lane. Fewer than `quorum` ballots name no winner (the tally stands).
 
     Lanes of one wave vote by lane number; lanes of several waves (a debate's rounds, say)
     by their position in `lanes`, so `winner_lane` is then a position (see `_voted`).
@@ -66,7 +72,10 @@ def vote(
         Ballot(key, lane.answer if lane.completed else None, (weights or {}).get(key, 1.0))
         for key, lane in sorted(_ballot_keys(lanes).items())
     ]
-    return vote_fold(ballots, tie_break=tie_break, seed=seed)  # type: ignore[arg-type]
+    result = vote_fold(ballots, tie_break=tie_break, seed=seed)  # type: ignore[arg-type]
+    if result.winner is not None and sum(result.counts.values()) < quorum:
+        return VoteResult(None, None, result.votes, result.counts, "none", (), result.abstentions)
+    return result
 
 
 def _ballot_keys(lanes: Sequence[Lane]) -> dict[int, Lane]:
@@ -99,19 +108,26 @@ def _example(texts: Sequence[str]) -> str:
     return f"; e.g. {_shorten(texts[0])!r}" if texts else ""
 
 
-def _voted(name: str, lanes: Sequence[Lane], result: VoteResult, *, weighted: bool) -> Reduction:
+def _voted(
+    name: str, lanes: Sequence[Lane], result: VoteResult, *, weighted: bool, quorum: int = 1
+) -> Reduction:
     """A vote as a Reduction: its `votes` are ballot counts (integers) where every ballot
-    counted one, else total weights; agreement and margin are in the vote's own terms."""
+    counted one, else total weights; agreement and margin are in the vote's own terms, among
+    the lanes that gave an answer. A quorum above one is kept in `detail` (an audit of the
+    log votes again with it)."""
     completed = [lane for lane in lanes if lane.completed]
     winner = _ballot_keys(lanes).get(result.winner_lane) if result.winner_lane is not None else None
     agreement = margin = None
     reason = None
+    ballots = sum(result.counts.values())
     if result.winner is not None:
         total = math.fsum(result.votes.values())
         ours = result.votes.get(result.winner, 0.0)
         others = [v for answer, v in result.votes.items() if answer != result.winner]
         agreement = ours / total if total > 0 else None
         margin = ours - max(others, default=0.0)  # an unopposed answer leads by its votes
+    elif ballots:  # answers, but fewer than the quorum asks for
+        reason = f"{ballots} of {len(lanes)} lanes answered, below the quorum of {quorum}"
     else:
         unmatched = [lane.text or "" for lane in completed if not lane.answer]
         reason = (
@@ -128,6 +144,7 @@ def _voted(name: str, lanes: Sequence[Lane], result: VoteResult, *, weighted: bo
         agreement=agreement,
         margin=margin,
         reason=reason,
+        detail={"quorum": quorum} if quorum > 1 else {},
         wave=_one_wave(lanes),
         winner_wave=winner.wave if winner is not None else None,
     )
@@ -149,9 +166,10 @@ class MajorityVote:
         self.options = options or ReduceOptions()
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
-        weights = logprob_weights(lanes) if self.options.weighting == "mean_logprob" else None
-        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed, weights=weights)
-        return _voted(self.name, lanes, result, weighted=weights is not None)
+        o = self.options
+        weights = logprob_weights(lanes) if o.weighting == "mean_logprob" else None
+        result = vote(lanes, tie_break=o.tie_break, seed=o.seed, weights=weights, quorum=o.quorum)
+        return _voted(self.name, lanes, result, weighted=weights is not None, quorum=o.quorum)
 
 
 @register_reducer
@@ -182,9 +200,11 @@ class WeightedVote:
             lanes = [lane if weights[lane.lane] > 0 else _abstaining(lane) for lane in lanes]
         else:
             weights = logprob_weights(lanes)
-        result = vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed, weights=weights)
-        reduction = _voted(self.name, lanes, result, weighted=True)
-        return Reduction(**{**_fields(reduction), "scores": scores, "detail": {"weighting": by}})
+        o = self.options
+        result = vote(lanes, tie_break=o.tie_break, seed=o.seed, weights=weights, quorum=o.quorum)
+        reduction = _voted(self.name, lanes, result, weighted=True, quorum=o.quorum)
+        detail = {**reduction.detail, "weighting": by}
+        return Reduction(**{**_fields(reduction), "scores": scores, "detail": detail})
 
 
 def _abstaining(lane: Lane) -> Lane:
@@ -367,11 +387,13 @@ class UniversalSelfConsistency:
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
         candidates = [lane for lane in lanes if lane.completed]
+        o = self.options
         fallback = _voted(
             self.name,
             lanes,
-            vote(lanes, tie_break=self.options.tie_break, seed=self.options.seed),
+            vote(lanes, tie_break=o.tie_break, seed=o.seed, quorum=o.quorum),
             weighted=False,
+            quorum=o.quorum,
         )
         if len(candidates) < 2:  # nothing to choose between
             return fallback
@@ -391,7 +413,8 @@ class UniversalSelfConsistency:
         match = _USC_CHOICE.search(out.text or "")
         choice = int(match.group(1)) if match else None
         if choice is None or not 0 <= choice < len(candidates):
-            detail = {"fallback": "majority_vote", "output": _shorten(out.text or "", 200)}
+            # The vote's quorum stays in the detail: a reader votes again with it.
+            detail = {**fallback.detail, "fallback": "majority_vote", "output": _shorten(out.text or "", 200)}
             return Reduction(**{**_fields(fallback), "detail": detail})
         chosen = candidates[choice]
         winner = normalize_answer(chosen.answer) if chosen.answer else None

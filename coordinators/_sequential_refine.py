@@ -48,6 +48,7 @@ from lanefold.primitives import (
     Reduction,
     RunState,
     Verdict,
+    WaveShape,
     largest_within,
     reducer_traits,
     register_loop,
@@ -193,6 +194,7 @@ class SequentialRefine:
             "mode": p.mode,
             "stopped": stopped,
             "answers": answers,
+            **({"budget_stop": True} if stopped == "budget" else {}),  # said only where it did
         }
         if reducer is None:
             return _last(attempts, detail)
@@ -208,8 +210,8 @@ class SequentialRefine:
         attempts (markov: the last one; autoregressive: all), every attempt a candidate."""
         quoted = max_tokens + FRAME_TOKENS  # one earlier answer, quoted in a later prompt
         shown = [i if params.mode == "autoregressive" else min(i, 1) for i in range(params.steps)]
-        prompts = sum(prompt_tokens + (TEMPLATE_TOKENS + n * quoted if n else 0) for n in shown)
-        return CostShape(params.steps, prompts, params.steps)
+        waves = [WaveShape(1, prompt_tokens + (TEMPLATE_TOKENS + n * quoted if n else 0)) for n in shown]
+        return CostShape.of(waves, candidates=params.steps)
 
     @staticmethod
     def fit(params: SequentialRefineParams, budget: Allowance) -> SequentialRefineParams:

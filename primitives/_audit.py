@@ -5,7 +5,9 @@
 lanes its loop declares it read (`candidates`), each re-reduction run again over the waves its
 `reduce.started` names, where their reducers declare `replays` (`primitives/_replay.py`), and
 the loop's own `audit` of what only it knows. The first wrong line of any of them is the
-finding.
+finding. A reduce is run again with the quorum it records (`detail["quorum"]`, which a vote
+keeps only above one; none: one, as every vote was before a quorum counted answers), and that
+quorum must be one or the loop's own (`ReduceOptions.quorum`, its `min_quorum`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,34 @@ def _judged(state: RunState, reduction: int, settings: ReplaySettings, wants: bo
     return replace(settings, verifier=judged)
 
 
+def _held_to(state: RunState, reduction: int, options: ReduceOptions) -> ReduceOptions | AuditFinding:
+    """`options` with the quorum reduction `reduction` was held to, as it records it (see the
+    module); the finding on its line where that is neither one nor the loop's."""
+    recorded, line = state.reductions.get(reduction), state.reduction_sequences.get(reduction)
+    if recorded is None or line is None:
+        return options
+    quorum = recorded.detail.get("quorum", 1)
+    if type(quorum) is not int or quorum not in (1, options.quorum):
+        return line, f"reduce.completed's quorum {quorum!r} is not the loop's ({options.quorum})"
+    return replace(options, quorum=quorum)
+
+
+def _replayed(
+    state: RunState,
+    reducer: type[Any],
+    options: ReduceOptions,
+    lanes: Sequence[Lane],
+    settings: ReplaySettings,
+    reduction: int,
+) -> AuditFinding | None:
+    """Reduction `reduction` run again by `reducer` over `lanes`, held to its recorded quorum."""
+    held = _held_to(state, reduction, options)
+    if isinstance(held, tuple):
+        return held
+    judged = _judged(state, reduction, settings, reducer_traits(reducer).wants_verifier(held.weighting))
+    return replay_reduction(state, reducer(held), lanes, judged, reduction=reduction)
+
+
 def _rereductions(state: RunState, options: ReduceOptions, settings: ReplaySettings) -> list[AuditFinding]:
     """Each finished re-reduction (`orchestrator reduce`) by a reducer that replays, run
     again over the lanes its `reduce.started` names, read with the extractor it names."""
@@ -86,11 +116,9 @@ def _rereductions(state: RunState, options: ReduceOptions, settings: ReplaySetti
         except ValueError as exc:  # pydantic's ValidationError
             found.append((line, f"reduction {number}'s extractor is none lanefold reads ({exc})"))
             continue
-        traits = reducer_traits(reducer)
-        if traits.replays:
+        if reducer_traits(reducer).replays:
             lanes = reread_lanes(state, opened.candidate_waves, extract)
-            judged = _judged(state, number, settings, traits.wants_verifier(options.weighting))
-            replayed = replay_reduction(state, reducer(options), lanes, judged, reduction=number)
+            replayed = _replayed(state, reducer, options, lanes, settings, number)
             found += [replayed] if replayed is not None else []
     return found
 
@@ -99,20 +127,19 @@ def audit_run(
     loop: type[Any], params: BaseModel, state: RunState, settings: ReplaySettings
 ) -> AuditFinding | None:
     """The first claim of a folded run's log that does not follow from it, (line, what is
-    wrong), of three kinds: its own reduce re-run (`replay_reduction`), where its reducer
-    `replays` and the loop declares its `candidates`; each re-reduction re-run the same way,
-    over the waves its `reduce.started` names; and the loop's own `audit(params, state, *,
-    extract, seed)`, where it declares one. None where every claim follows."""
+    wrong), of three kinds: its own reduce re-run (`replay_reduction`, held to its recorded
+    quorum), where its reducer `replays` and the loop declares its `candidates`; each
+    re-reduction re-run the same way, over the waves its `reduce.started` names; and the loop's
+    own `audit(params, state, *, extract, seed)`, where it declares one. None where every
+    claim follows."""
     found: list[AuditFinding] = []
     choice = loop_reducer(loop, params)
     options = replace(choice.options if choice is not None else ReduceOptions(), seed=settings.seed)
     if choice is not None and choice.name:
         reducer = resolve_reducer(choice.name)
-        traits = reducer_traits(reducer)
-        lanes = reduced_lanes(loop, params, state) if traits.replays else None
+        lanes = reduced_lanes(loop, params, state) if reducer_traits(reducer).replays else None
         if lanes is not None:
-            judged = _judged(state, 1, settings, traits.wants_verifier(options.weighting))
-            replayed = replay_reduction(state, reducer(options), lanes, judged)
+            replayed = _replayed(state, reducer, options, lanes, settings, 1)
             found += [replayed] if replayed is not None else []
     found += _rereductions(state, options, settings)
     declared = getattr(loop, "audit", None)

@@ -10,17 +10,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
+
+from pydantic import AfterValidator, Field
 
 from lanefold.primitives._errors import BackendError, BadResponseError
+from lanefold.primitives._since import at_most
 
 __all__ = (
+    "MAX_LANE_TOKENS",
     "Backend",
     "ChatMessage",
     "ContextWindow",
     "LaneFailure",
     "LaneOutcome",
     "LaneRequest",
+    "LaneTokens",
     "Loadable",
     "Sample",
     "SampleRequest",
@@ -29,8 +34,31 @@ __all__ = (
     "TextDelta",
     "Usage",
     "closing",
+    "estimate_prompt_tokens",
     "sample_all",
 )
+
+# The conservative estimate of a request's prompt tokens where its backend cannot count them
+# (a remote server's tokenizer and chat template are not known before dispatch): every byte of
+# what is sent may be a token (a byte-level BPE token is at least one byte), and the template
+# wraps it in markers: per request, up to `REQUEST_MARGIN` (the beginning of sequence, a
+# default system turn such as SmolLM2's or Qwen2.5's, about 20 tokens, and the assistant's
+# opening), and per message `MESSAGE_MARGIN` (a turn's start, role and end markers: 5 for
+# ChatML and Llama 3).
+REQUEST_MARGIN = 48
+MESSAGE_MARGIN = 8
+
+
+# The most tokens one lane may be given to write (and a prompt's or a canned output's size in a
+# config): the largest count a 32-bit signed integer holds, far past any model's context, and
+# small enough that a wave of 100,000 such lanes (2**48 tokens) is still a count a bill and a
+# JSON number carry exactly (`events.MAX_QUANTITY`, 2**53). A config past it is refused when read.
+MAX_LANE_TOKENS = 2**31 - 1
+# A config's count of a lane's tokens: at most MAX_LANE_TOKENS (a recorded config written before
+# the bound is let through, `reading_a_record`).
+LaneTokens = Annotated[
+    int, Field(json_schema_extra={"maximum": MAX_LANE_TOKENS}), AfterValidator(at_most(MAX_LANE_TOKENS))
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +197,13 @@ class Backend(Protocol):
         reserves the prompt once as prefill and the rest as cached prefill)."""
         ...
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        """Exact prompt tokens before dispatch where the backend can count them, else None."""
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """The prompt tokens `request` costs as this backend will send it (its `messages`
+        through the model's chat template where the backend renders them), before dispatch:
+        exact where the backend counts them (its tokenizer, its template), a conservative
+        bound where it can only estimate, None where it cannot tell (the dispatch path then
+        holds `estimate_prompt_tokens(request)`). `request.lanes` may be empty: the count is
+        the prompt's, not the lanes'."""
         ...
 
     def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
@@ -222,6 +255,19 @@ class StreamingBackend(Backend, Protocol):
         Closing the iterator early cancels what is left of the request.
         """
         ...
+
+
+def estimate_prompt_tokens(request: SampleRequest) -> int:
+    """A conservative count of `request`'s prompt tokens for a backend that cannot count them:
+    the UTF-8 bytes of what is sent (the messages' contents, else the prompt as one message)
+    plus the chat template's markers (`REQUEST_MARGIN`, and `MESSAGE_MARGIN` per message). An
+    actual count above it is recorded as `budget.overrun`, never silently."""
+    if request.messages is None:
+        texts: tuple[str, ...] = (request.prompt,)
+    else:
+        texts = tuple(m.content for m in request.messages)
+    body = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+    return body + REQUEST_MARGIN + MESSAGE_MARGIN * len(texts)
 
 
 @contextlib.asynccontextmanager

@@ -3,8 +3,10 @@
 A backend registers its config model, a pydantic model with a `kind` field, which declares how
 to build its Backend (`build`) and, optionally, what the facade checks before a run is created
 (`preflight`), what building would refuse, found without building (`build_errors`), a prompt's
-token count known from the settings alone (`count_prompt_tokens`, a test double's fixed count) and the
-GPUs one worker of it needs (`gpus`). The
+token count known from the settings alone (`count_prompt_tokens`, a test double's fixed count), how it
+reuses a prompt's prefill (`prefix_sharing`, which an equal budget's fit prices), the GPUs one
+worker of it needs (`gpus`), the prompt forms its settings can send (`prompt_forms`) and its
+deprecated keys in use (`deprecated`). The
 facade knows no backend by name: `[backend] kind` picks the registered model (or names one as
 `module:Class`), validates the table with it, and asks it for the rest.
 """
@@ -12,7 +14,8 @@ facade knows no backend by name: `[backend] kind` picks the registered model (or
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -21,15 +24,26 @@ from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
 
 __all__ = (
     "BACKENDS",
+    "PROMPT_FORMS",
     "BackendSpec",
+    "PrefixSharing",
+    "PromptForm",
     "backend_build_errors",
+    "backend_deprecated",
     "backend_gpus",
     "backend_preflight",
+    "backend_prompt_forms",
     "backend_prompt_tokens",
+    "backend_sharing",
     "register_backend",
 )
 
 M = TypeVar("M", bound=type[BaseModel])
+
+# How a lane's prompt reaches the model: "chat", as the user's turn of a chat the backend renders
+# through the model's chat template; "raw", as text the model continues (a completion).
+PromptForm = Literal["chat", "raw"]
+PROMPT_FORMS: tuple[PromptForm, ...] = ("chat", "raw")
 
 
 @runtime_checkable
@@ -68,6 +82,44 @@ def backend_prompt_tokens(spec: BackendSpec, prompt: str) -> int | None:
     none (count it otherwise)."""
     hook: Callable[[str], int | None] | None = getattr(spec, "count_prompt_tokens", None)
     return hook(prompt) if callable(hook) else None
+
+
+def backend_prompt_forms(spec: BackendSpec) -> tuple[PromptForm, ...]:
+    """The prompt forms the backend's settings can send (`prompt_forms()`), the one it would
+    pick first; both, "chat" first, where it declares none. An OpenAI backend on
+    `/chat/completions` sends only chats, one on `/completions` only raw text."""
+    hook: Callable[[], tuple[PromptForm, ...]] | None = getattr(spec, "prompt_forms", None)
+    forms = tuple(hook()) if callable(hook) else PROMPT_FORMS
+    return tuple(f for f in forms if f in PROMPT_FORMS) or PROMPT_FORMS
+
+
+def backend_deprecated(spec: BackendSpec) -> list[str]:
+    """The backend's deprecated keys in use (`deprecated()`: one `key: use X instead` line
+    each), for the facade to warn of once where a config file is read."""
+    hook: Callable[[], list[str]] | None = getattr(spec, "deprecated", None)
+    return list(hook()) if callable(hook) else []
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSharing:
+    """How a backend reuses a prompt's prefill, as its settings declare it (None: not
+    declared; a pilot measures it): `lanes_per_request`, the most lanes one request carries
+    (the backend's `max_lanes_per_request`); `within_request`, whether a request's lanes
+    share its prompt's prefill (its `shares_prefix`); `across_requests`, whether it keeps a
+    prompt's prefix for later requests (a prefix cache), so a prompt sent again is cached
+    prefill rather than computed, in whole blocks of `cache_block` tokens (a prompt shorter than
+    one block is computed again)."""
+
+    lanes_per_request: int | None = None
+    within_request: bool | None = None
+    across_requests: bool | None = None
+    cache_block: int = 1
+
+
+def backend_sharing(spec: BackendSpec) -> PrefixSharing:
+    """The backend's own `prefix_sharing()`, or nothing declared."""
+    hook: Callable[[], PrefixSharing] | None = getattr(spec, "prefix_sharing", None)
+    return hook() if callable(hook) else PrefixSharing()
 
 
 def backend_gpus(spec: BackendSpec) -> float | None:

@@ -18,11 +18,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from lanefold.primitives._backend import Usage
+from lanefold.primitives._since import at_most
+from lanefold.primitives.events import MAX_QUANTITY
 
 __all__ = (
     "Hold",
@@ -39,6 +41,10 @@ __all__ = (
 )
 
 Bill = Literal["sample", "verifier"]  # the line a lane is priced on
+MAX_PRICE = 1_000_000.0  # USD per million tokens (or token-seconds), per line of the bill
+# Bounds a config gained after logs were written (a recorded config is let through: _since).
+_QUANTITY = AfterValidator(at_most(MAX_QUANTITY))
+_PRICE = AfterValidator(at_most(MAX_PRICE))
 
 
 class Limits(BaseModel):
@@ -46,9 +52,10 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int | None = Field(None, ge=0)
-    max_cost_usd: float | None = Field(None, ge=0)
-    max_requests: int | None = Field(None, ge=0)
+    # Counts and amounts a bill (and a JSON number) carries exactly: past them, no limit binds.
+    max_tokens: Annotated[int | None, _QUANTITY] = Field(None, ge=0)
+    max_cost_usd: Annotated[float | None, _QUANTITY] = Field(None, ge=0)
+    max_requests: Annotated[int | None, _QUANTITY] = Field(None, ge=0)
     max_seconds: float | None = Field(None, gt=0)
 
 
@@ -62,11 +69,13 @@ class Pricing(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input_per_mtok: float = Field(0.0, ge=0)
-    cached_input_per_mtok: float = Field(0.0, ge=0)
-    output_per_mtok: float = Field(0.0, ge=0)
-    verifier_per_mtok: float | None = Field(None, ge=0)
-    kv_per_mtok_s: float = Field(0.0, ge=0)
+    # At most MAX_PRICE: the largest wave's hold (2**48 tokens) is then still an amount a bill
+    # carries (2**53 USD); no model is priced near a million dollars per million tokens.
+    input_per_mtok: Annotated[float, _PRICE] = Field(0.0, ge=0)
+    cached_input_per_mtok: Annotated[float, _PRICE] = Field(0.0, ge=0)
+    output_per_mtok: Annotated[float, _PRICE] = Field(0.0, ge=0)
+    verifier_per_mtok: Annotated[float | None, _PRICE] = Field(None, ge=0)
+    kv_per_mtok_s: Annotated[float, _PRICE] = Field(0.0, ge=0)
 
 
 @dataclass(slots=True)
@@ -263,12 +272,14 @@ class Room:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A shared pool's no: the limit that refused, what was asked, and the room left."""
+    """A shared pool's no: the limit that refused, what was asked, the room left, and the
+    pool's name (of the several a run may spend from, the one that said no)."""
 
     limit: str
     needed: float
     available: float
     room: Room
+    pool: str = ""
 
 
 class SharedPool(Protocol):
@@ -279,7 +290,12 @@ class SharedPool(Protocol):
     fleet's spend is never understated."""
 
     name: str
-    room: Room | None  # what it had left at this run's last look, less what it holds since
+    room: Room | None  # what it had left at this run's last reservation, less what it holds since
+
+    @property
+    def exhausted(self) -> str | None:
+        """The limit its spend had reached when this segment opened it, if one (nothing left
+        under it, whatever live runs give back): the segment is refused before it records."""
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None: ...
 
@@ -332,9 +348,9 @@ class Ledger:
             holds.append(Hold(usage, cost_of(usage, bill, self.pricing), int(i == 0), bill))
         return holds
 
-    def fit(self, holds: Sequence[Hold], room: Room | None = None) -> WaveFit:
+    def fit(self, holds: Sequence[Hold], room: Room | None = None, pool: str | None = None) -> WaveFit:
         """Largest prefix of `holds` the pool can fund now (at least 0 lanes); with `room`,
-        also within what the shared pool said it has left."""
+        also within what the shared pool `pool` (by default this ledger's) said it has left."""
         tokens, cost, requests = 0, 0.0, 0
         for k, hold in enumerate(holds):
             tokens, cost, requests = tokens + hold.tokens, cost + hold.cost_usd, requests + hold.requests
@@ -346,9 +362,8 @@ class Ledger:
                 short = short_of_room(room, tokens, cost, requests)
                 if short is not None:
                     limit, needed, available = short
-                    return WaveFit(
-                        k, limit, needed, available, self.shared.name if self.shared is not None else ""
-                    )
+                    name = pool or (self.shared.name if self.shared is not None else "")
+                    return WaveFit(k, limit, needed, available, name)
         return WaveFit(len(holds), None)
 
     def _short(self, tokens: int, cost: float, requests: int) -> tuple[str, float, float] | None:

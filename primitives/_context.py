@@ -33,6 +33,7 @@ from lanefold.primitives._loop import (
     Reduction,
     Remaining,
 )
+from lanefold.primitives._nesting import nests_deeper
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._registry import resolve_reducer
 from lanefold.primitives._state import RunState
@@ -51,6 +52,9 @@ from lanefold.primitives.events import (
 __all__ = ("RunBudget", "RunContext", "wave_fingerprint")
 
 _NOUN = re.compile(r"[a-z][a-z0-9_]*")
+# How deep a loop's own record may nest: a log's reader (pydantic's JSON parser) refuses lines
+# nested past about 200 levels, and an event's envelope adds two.
+RECORD_DEPTH = 64
 
 
 def wave_fingerprint(
@@ -112,7 +116,7 @@ class RunBudget:
         seconds = self._ledger.seconds_left()
         if seconds is not None and seconds <= 0:
             return False
-        tokens = self._dispatcher.prompt_tokens(prompt)
+        tokens = self._dispatcher.prompt_tokens(prompt, bill=bill)
         if share_prefix:  # one request of n lanes (as many as the backend takes at once)
             shared = self._dispatcher.backend.shares_prefix
             holds = self._ledger.holds_for_request(tokens, [max_tokens] * n, share_prefix=shared, bill=bill)
@@ -395,9 +399,15 @@ def _finite(value: float | None) -> float | None:
 
 
 def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    """The data as JSON will give it back on resume (tuples become lists, keys strings)."""
+    """The data as JSON will give it back on resume (tuples become lists, keys strings), no
+    deeper than a log's reader parses (`RECORD_DEPTH`): a record written is a record read."""
     try:
-        result: dict[str, Any] = json.loads(json.dumps(data, allow_nan=False))
+        text = json.dumps(data, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"ctx.record: data must be JSON (finite numbers): {exc}") from None
+    except RecursionError:
+        text = None
+    if text is None or nests_deeper(text, RECORD_DEPTH):
+        raise ConfigError(f"ctx.record: data nests deeper than {RECORD_DEPTH} levels")
+    result: dict[str, Any] = json.loads(text)
     return result

@@ -1,11 +1,11 @@
 """What a loop or a reducer declares for the facade, read with the defaults of one that does not.
 
 The facade never tests a plug-in's name or class. It compares loops at equal budget from each
-loop's `cost_shape` and `fit`, checks a run's record with the loop's `candidates` and `audit` (`audit_run`, in
-`primitives/_audit.py`), finds the loop's reducer with `reducer`, and checks and shows a reducer
-through what it declares (`needs_verifier`, `uses_model`, `replays`, `judge_keys`,
-`judge_tokens`, `summary`). Every one of these is
-optional on a plug-in; the functions here read it, or give its default:
+loop's `cost_shape` and `fit`, checks a run's record with the loop's `candidates` and `audit`
+(`audit_run`, in `primitives/_audit.py`), finds the loop's reducer with `reducer`, and checks and
+shows a reducer through what it declares (`needs_verifier`, `uses_model`, `replays`,
+`judge_keys`, `judge_tokens`, `summary`). Every one of these is optional on a plug-in; the
+functions here read it, or give its default:
 
 - `cost_shape`: None, "not known" (so `compare --equal-budget` asks for `--budget N` rather than
   guess a loop's lanes);
@@ -13,6 +13,9 @@ optional on a plug-in; the functions here read it, or give its default:
   loop runs), refused for lanes (a lane budget the loop cannot cap would not be equal);
 - `reducer`: None, "the loop picks its reducers itself"; `candidates`: None, "not said" (its
   reduce is not re-run on reading); `audit`: none;
+- a budget stop: a loop that stops because its budget cannot fund its next step says
+  `budget_stop: true` in its outcome's detail (`stopped_for_budget`), so an eval can say the
+  question was cut at its cap;
 - `pool`: None, "a smaller budget's lanes are not a subset of a larger one's" (sweep samples
   each of its points);
 - a reducer's `needs_verifier` False, `uses_model` True (it may call one), `replays` False (its
@@ -24,12 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
 from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._loop import ReduceOptions, Reduction
+from lanefold.primitives._shape import Allowance, BudgetUnit, CostShape, largest_within, readable_number
 
 __all__ = (
     "FRAME_TOKENS",
@@ -49,31 +53,17 @@ __all__ = (
     "reducer_traits",
     "score_summary",
     "scores_line",
+    "stopped_for_budget",
     "tally",
     "vote_summary",
 )
 
-BudgetUnit = Literal["tokens", "cost", "lanes"]
 AuditFinding = tuple[int, str]  # (line, what is wrong)
 
 # Generous allowances where a prompt holds more than the question: a loop's or a judge's own
 # template around it, and the framing of each earlier answer it quotes (labels, feedback).
 TEMPLATE_TOKENS = 256
 FRAME_TOKENS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class CostShape:
-    """The most one question asks of the sampling backend under a loop's params: lanes
-    sampled, their prompt tokens in all (every one counted as prefill), and the candidates its
-    final reducer judges. Each lane may write up to `[sampling] max_tokens`. `prefill_tokens`:
-    of those prompt tokens, the ones computed where a backend shares a wave's prefix among its
-    lanes (the rest are cached prefill); None: every one."""
-
-    lanes: int
-    prompt_tokens: int
-    candidates: int
-    prefill_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,17 +78,6 @@ class JudgeCall:
     max_tokens: int
     template: bool = False
     verifier: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Allowance:
-    """A per-question budget a loop is fitted to: `amount` in `unit`, and `price`, what a
-    params is expected to pay per question in that unit (None: not known), so a fit can search
-    its own params for those whose spend fills the budget without passing it."""
-
-    unit: BudgetUnit
-    amount: float
-    price: Callable[[BaseModel], float | None] = field(default=lambda _params: None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,43 +119,6 @@ def fit_params(loop: type[Any], params: BaseModel, budget: Allowance) -> BaseMod
     return fitted
 
 
-def largest_within(
-    budget: Allowance, least: int, candidate: Callable[[int], BaseModel], most: int = 4096
-) -> int | None:
-    """The largest n in [least, most] whose `candidate(n)` the budget's price keeps within its
-    amount (spend grows with n: doubled, then halved down); None where its price is not known.
-    A ConfigError where even `least` passes it: the budget is below what the loop must spend."""
-
-    def fits(n: int) -> bool | None:
-        price = budget.price(candidate(n))
-        return None if price is None else price <= budget.amount
-
-    first = fits(least)
-    if first is None:
-        return None
-    if not first:
-        price = budget.price(candidate(least)) or 0.0
-        raise ConfigError(
-            f"--budget: {budget.amount:g} {budget.unit} a question is below what the loop "
-            f"pays at its least ({readable_number(price)} {budget.unit})"
-        )
-
-    def grown(n: int) -> int:
-        return min(most, max(n * 2, n + 1))
-
-    low = least
-    while low < most and fits(grown(low)):
-        low = grown(low)
-    high = grown(low)
-    while low < high:  # low fits; high is the first power beyond it that may not
-        middle = (low + high + 1) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 def pooled_lanes(loop: type[Any], params: BaseModel) -> int | None:
     """The lanes of one question under `params` where the loop declares them a pool (its
     `pool`): i.i.d. lanes of one prompt, plainly voted, so a run with fewer is a subsample of
@@ -198,15 +140,13 @@ def loop_reducer(loop: type[Any], params: BaseModel) -> ReducerChoice | None:
     return choice
 
 
+def stopped_for_budget(detail: Mapping[str, Any]) -> bool:
+    """Whether a loop's outcome detail says it stopped because the budget could not fund its
+    next step (`budget_stop: true`)."""
+    return detail.get("budget_stop") is True
+
+
 # -- reducers -----------------------------------------------------------------------------------
-
-
-def readable_number(value: float) -> str:
-    """A vote or score for a person: an integer where it is one, else three figures."""
-    if float(value).is_integer():
-        return str(int(value))
-    text = f"{value:.3g}"
-    return f"{value:.0f}" if "e+" in text else text  # 1234.5 reads as 1234, not 1.23e+03
 
 
 def tally(votes: Mapping[str, float]) -> str:

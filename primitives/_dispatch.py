@@ -11,6 +11,7 @@ the lanes a crash left unfinished. The barrier closes the wave.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import random
@@ -30,7 +31,9 @@ from lanefold.primitives._backend import (
     SampleRequest,
     SamplingParams,
     Usage,
+    estimate_prompt_tokens,
 )
+from lanefold.primitives._backend_spec import PromptForm
 from lanefold.primitives._barrier import close_wave
 from lanefold.primitives._budget import Hold, Ledger, Room, WaveFit, cost_of
 from lanefold.primitives._errors import (
@@ -38,6 +41,7 @@ from lanefold.primitives._errors import (
     BackendTimeoutError,
     BadResponseError,
     BudgetExhaustedError,
+    ConfigError,
 )
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._record import Recorder
@@ -66,20 +70,40 @@ from lanefold.primitives.events import (
     bill_of,
 )
 
-__all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "lane_seed")
+__all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "check_sendable", "lane_seed", "request_size")
 
-# A backend that cannot count tokens gets a conservative estimate: a byte-level BPE token is
-# at least one byte, plus room for the chat template the server wraps around the prompt.
-_TEMPLATE_MARGIN = 32
 # A wave refused by the shared pool this often (other runs keep taking the room between our
 # look and our ask) stops as exhausted rather than spinning.
 _MAX_REFUSALS = 50
+
+
+def check_sendable(form: PromptForm | None, conversation: Sequence[object] | None) -> None:
+    """A chat's earlier turns need the "chat" form: a raw prompt has nowhere to put them, and
+    dropping them would answer another question than the one asked. ConfigError if so."""
+    if form == "raw" and conversation:
+        raise ConfigError(
+            'prompt.form: "raw" sends the prompt as text, so a chat\'s earlier turns have nowhere '
+            'to go: send the question alone, or serve a config with form = "chat"'
+        )
 
 
 def lane_seed(run_seed: int, wave: int, lane: int) -> int:
     """A lane's seed from (run seed, wave, lane): stable across processes and resumes."""
     digest = hashlib.blake2b(f"{run_seed}:{wave}:{lane}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+def request_size(max_concurrency: int, lanes_per_request: int | None, slots: float = math.inf) -> int:
+    """The most lanes of one prompt that travel in one request: `[loop] max_concurrency`, the
+    backend's `max_lanes_per_request` and the lane slots there are (a request takes its lanes'
+    slots at once). The dispatcher groups a wave by it, and an equal budget's fit prices a
+    wave's requests by it."""
+    size = max_concurrency
+    if lanes_per_request is not None:
+        size = min(size, lanes_per_request)
+    if math.isfinite(slots):
+        size = max(1, min(size, int(slots)))
+    return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +133,25 @@ class WaveSpec:
 
 @dataclass(slots=True)
 class _Group:
-    """Lanes that travel in one backend request."""
+    """Lanes that travel in one backend request: `request` is that request less its lanes, as
+    counted (what is held is what is sent). `waiting`: the lanes whose hold in `holds` is
+    reserved and not yet dispatched, given back if the wave ends before they go."""
 
     number: int
-    prompt: str
+    request: SampleRequest
     prompt_tokens: int
     jobs: list[LaneJob]
     holds: list[Hold] | None = None
     last: dict[int, BackendError] = field(default_factory=dict)
+    waiting: set[int] = field(default_factory=set)
+
+    @property
+    def prompt(self) -> str:
+        return self.request.prompt
+
+    def reserved(self) -> None:
+        """The group's holds are reserved now, for every one of its lanes."""
+        self.waiting = {job.lane for job in self.jobs}
 
 
 class Dispatcher:
@@ -142,6 +177,7 @@ class Dispatcher:
         rng: random.Random | None = None,
         logger: structlog.stdlib.BoundLogger | None = None,
         conversation: Sequence[tuple[str, str]] | None = None,
+        form: PromptForm | None = None,
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
@@ -157,6 +193,7 @@ class Dispatcher:
             conversation=None
             if conversation is None
             else tuple(ChatMessage(role, content) for role, content in conversation),
+            form=form,
         )
         self._settle = _Settler(recorder, ledger, log)
         self._attempts = _Attempts(
@@ -174,10 +211,13 @@ class Dispatcher:
             settle=self._settle,
         )
 
-    def prompt_tokens(self, prompt: str) -> int:
-        """The prompt's token count as the ledger reserves it (a conservative guess where the
-        backend cannot count)."""
-        return self._plan.prompt_tokens(prompt)
+    def prompt_tokens(self, prompt: str, *, bill: Bill = "sample") -> int:
+        """The prompt tokens a request of `prompt` on a wave billed `bill` is held for: counted
+        by the backend as it will be sent (a chat's conversation through its template), a
+        conservative estimate where it cannot count."""
+        purpose = "sample" if bill == "sample" else "judge"
+        spec = WaveSpec(0, purpose, (), SamplingParams(), bill=bill)
+        return self._plan.prompt_tokens(self._plan.request(spec, prompt))
 
     # -- the wave -------------------------------------------------------------------------------
 
@@ -204,18 +244,25 @@ class Dispatcher:
             for group in queue:  # shared: each group is taken by exactly one worker
                 await self._attempts.run_group(spec, group)
 
-        with anyio.move_on_after(math.inf if deadline is None else max(deadline, 0.0)) as scope:
-            try:
-                async with anyio.create_task_group() as tg:
-                    # No more tasks than lanes may run at once: memory stays flat as K grows.
-                    for _ in range(min(len(groups), self.max_concurrency)):
-                        tg.start_soon(worker)
-            except* BackendError as eg:
-                fatal = eg.exceptions[0]
-                reason = f"wave cancelled by {type(fatal).__name__}"
-                self._settle.cut_off(spec, reason)
-                self._settle.abandon(spec, groups, reason)
-                raise fatal from None
+        try:
+            with anyio.move_on_after(math.inf if deadline is None else max(deadline, 0.0)) as scope:
+                try:
+                    async with anyio.create_task_group() as tg:
+                        # No more tasks than lanes may run at once: memory stays flat as K grows.
+                        for _ in range(min(len(groups), self.max_concurrency)):
+                            tg.start_soon(worker)
+                except* BackendError as eg:
+                    fatal = eg.exceptions[0]
+                    reason = f"wave cancelled by {type(fatal).__name__}"
+                    self._settle.cut_off(spec, reason)
+                    self._settle.abandon(spec, groups, reason)
+                    raise fatal from None
+        except BaseException:
+            # Cancelled (an interrupt) or broken (the log, the store): holds reserved for lanes
+            # that never went out come back, in the ledger and every pool, so only what was
+            # sent is charged. The lanes go out on resume.
+            self._settle.give_back(groups)
+            raise
         if scope.cancelled_caught:
             self._settle.cut_off(spec, "max_seconds reached")
         self._settle.abandon(spec, groups, "max_seconds reached before dispatch")
@@ -239,46 +286,76 @@ class _Planner:
         max_concurrency: int,
         slots: LaneSlots,
         conversation: tuple[ChatMessage, ...] | None = None,
+        form: PromptForm | None = None,
     ) -> None:
+        check_sendable(form, conversation)
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.max_concurrency, self._slots = max_concurrency, slots
-        self.conversation = conversation
-        self._token_cache: dict[str, int] = {}
+        self.conversation, self.form = conversation, form
+        self._token_cache: dict[SampleRequest, int] = {}
 
     def messages(self, spec: WaveSpec, prompt: str) -> tuple[ChatMessage, ...] | None:
-        """The conversation a sampled lane of a chat's run sends (the chat's earlier turns, if
-        any, then its prompt as the user's), or None: a run that is no chat's, or a judge's
-        wave (its prompt stands alone)."""
-        if self.conversation is None or spec.bill != "sample":
-            return None
-        return (*self.conversation, ChatMessage("user", prompt))
+        """What a lane sends besides its prompt, the one rule for every entry: in the "chat"
+        form the prompt as the user's turn (a sampled lane of a chat's run after the chat's
+        earlier turns; a judge's prompt alone), which the backend renders through the model's
+        chat template; None in the "raw" form (the prompt is sent as it is).
 
-    def counted_text(self, spec: WaveSpec, prompt: str) -> str:
-        """What the ledger prices a request's prompt by: the whole conversation where one is
-        sent, each turn with room for the chat template's markers around it."""
-        messages = self.messages(spec, prompt)
-        if messages is None:
-            return prompt
-        return "".join(f"<|{m.role}|>\n{m.content}\n<|end|>\n" for m in messages)
+        `form` None is the rule of a run recorded before the form was a config key, kept so
+        it resumes as it ran: a chat's sampled lanes sent the chat, the rest a raw prompt the
+        backend's own settings rendered (an engine's `chat_template`, an OpenAI `api`)."""
+        if self.form == "raw":
+            return None
+        chat = self.conversation if spec.bill == "sample" else None
+        if self.form is None and chat is None:
+            return None
+        return (*(chat or ()), ChatMessage("user", prompt))
+
+    def request(self, spec: WaveSpec, prompt: str) -> SampleRequest:
+        """The request a group of `spec`'s lanes sharing `prompt` sends, less its lanes: what
+        the backend counts is what it is sent."""
+        return SampleRequest(
+            prompt,
+            spec.params,
+            (),
+            share_prefix=self.shared(spec),
+            purpose=spec.purpose,
+            wave=spec.wave,
+            messages=self.messages(spec, prompt),
+        )
 
     async def start(self, spec: WaveSpec) -> list[_Group]:
-        (groups, fit), refusals = self.fitted(spec, None), 0
+        (groups, fit), refusals = self.fitted(spec, None, None), 0
         kept = [h for g in groups for h in g.holds or ()]
         refused = self.ledger.try_reserve(kept)
         assert refused is None, "fit() and try_reserve() disagree"
         shared = self.ledger.shared
         while shared is not None:  # the fleet's pool: one transaction, all or nothing
-            refusal = await shared.reserve(kept)
+            try:
+                refusal = await shared.reserve(kept)
+            except BaseException:
+                self.ledger.unreserve(kept)
+                raise
             if refusal is None:
                 break
             self.ledger.unreserve(kept)
             refusals += 1
             # Another run took the room between our look and our ask: look again, fit again.
             room = refusal.room if refusals < _MAX_REFUSALS else Room(0, 0.0, 0)
-            groups, fit = self.fitted(spec, room)
+            groups, fit = self.fitted(spec, room, refusal.pool or shared.name)
             kept = [h for g in groups for h in g.holds or ()]
             refused = self.ledger.try_reserve(kept)
             assert refused is None, "fit() and try_reserve() disagree"
+        try:
+            self._record_start(spec, groups, fit, kept)
+        except BaseException:  # not recorded, so not sent: every pool gets its holds back
+            for hold in kept:
+                self.ledger.release(hold)
+            raise
+        for group in groups:
+            group.reserved()
+        return groups
+
+    def _record_start(self, spec: WaveSpec, groups: list[_Group], fit: WaveFit, kept: list[Hold]) -> None:
         k = sum(len(g.jobs) for g in groups)
         if k < len(spec.jobs):
             self.recorder.emit(
@@ -308,15 +385,15 @@ class _Planner:
             ),
             wave=spec.wave,
         )
-        return groups
 
-    def fitted(self, spec: WaveSpec, room: Room | None) -> tuple[list[_Group], WaveFit]:
+    def fitted(self, spec: WaveSpec, room: Room | None, pool: str | None) -> tuple[list[_Group], WaveFit]:
         """The wave's groups and holds for as many lanes as fit (the ledger and, given its
-        `room`, the shared pool); below the quorum the run stops with a budget error."""
+        `room`, the shared pool `pool` that refused); below the quorum the run stops with a
+        budget error."""
         groups = self.groups(spec, list(spec.jobs))
         for group in groups:
             group.holds = self.holds(spec, group, len(group.jobs))
-        fit = self.ledger.fit([h for g in groups for h in g.holds or ()], room)
+        fit = self.ledger.fit([h for g in groups for h in g.holds or ()], room, pool)
         k = fit.k
         if fit.limit is not None and k < len(spec.jobs):
             # The shared prefix rides on a request's first lane: keep whole prefixes only.
@@ -345,12 +422,9 @@ class _Planner:
 
     def groups(self, spec: WaveSpec, jobs: list[LaneJob]) -> list[_Group]:
         """Lanes with one prompt share a request, up to the backend's and the limiter's size."""
-        size = self.max_concurrency
-        if self.backend.max_lanes_per_request is not None:
-            size = min(size, self.backend.max_lanes_per_request)
-        total = self._slots.limiter.total_tokens
-        if math.isfinite(total):  # a request takes its lanes' slots at once: never more than exist
-            size = max(1, min(size, int(total)))
+        size = request_size(
+            self.max_concurrency, self.backend.max_lanes_per_request, self._slots.limiter.total_tokens
+        )
         if not spec.share_prefix:
             size = 1
         by_prompt: dict[str, list[LaneJob]] = {}
@@ -358,24 +432,26 @@ class _Planner:
             by_prompt.setdefault(job.prompt, []).append(job)
         groups: list[_Group] = []
         for prompt, lanes in by_prompt.items():
-            tokens = self.prompt_tokens(self.counted_text(spec, prompt))
+            request = self.request(spec, prompt)
+            tokens = self.prompt_tokens(request)
             for start in range(0, len(lanes), size):
-                groups.append(_Group(len(groups), prompt, tokens, lanes[start : start + size]))
+                groups.append(_Group(len(groups), request, tokens, lanes[start : start + size]))
         return groups
 
     def shared(self, spec: WaveSpec) -> bool:
         """Lanes of one request share the prefill only where both loop and backend say so."""
         return spec.share_prefix and self.backend.shares_prefix
 
-    def prompt_tokens(self, prompt: str) -> int:
-        """The prompt's token count as the ledger reserves it (a conservative guess where the
-        backend cannot count)."""
-        tokens = self._token_cache.get(prompt)
+    def prompt_tokens(self, request: SampleRequest) -> int:
+        """The prompt tokens `request` is held for, the one rule every hold follows: the
+        backend's own count of the request as it will be sent (its chat template included),
+        else the conservative estimate (`estimate_prompt_tokens`)."""
+        tokens = self._token_cache.get(request)
         if tokens is None:
-            counted = self.backend.count_prompt_tokens(prompt)
+            counted = self.backend.count_prompt_tokens(request)
             if counted is None:
-                counted = len(prompt.encode()) + _TEMPLATE_MARGIN
-            tokens = self._token_cache[prompt] = counted
+                counted = estimate_prompt_tokens(request)
+            tokens = self._token_cache[request] = counted
         return tokens
 
     def holds(self, spec: WaveSpec, group: _Group, n: int) -> list[Hold]:
@@ -444,15 +520,21 @@ class _Attempts:
             refused = self.ledger.try_reserve(group.holds)
             shared = self.ledger.shared
             if refused is None and shared is not None:
-                refusal = await shared.reserve(group.holds)
+                try:
+                    refusal = await shared.reserve(group.holds)
+                except BaseException:
+                    self.ledger.unreserve(group.holds)
+                    raise
                 if refusal is not None:
                     self.ledger.unreserve(group.holds)
                     refused = (
-                        f"shared budget {shared.name!r} {refusal.limit}",
+                        f"shared budget {(refusal.pool or shared.name)!r} {refusal.limit}",
                         refusal.needed,
                         refusal.available,
                     )
-            if refused is not None:
+            if refused is None:
+                group.reserved()
+            else:
                 for job in group.jobs:
                     self._settle.fail(
                         spec,
@@ -488,16 +570,9 @@ class _Attempts:
                     lane=job.lane,
                     attempt=attempt,
                 )
+                group.waiting.discard(job.lane)  # recorded as sent: the lane's hold is its own now
                 lanes.append(LaneRequest(job.lane, seed, spec.params.max_tokens, attempt))
-            request = SampleRequest(
-                group.prompt,
-                spec.params,
-                tuple(lanes),
-                share_prefix=self._plan.shared(spec),
-                purpose=spec.purpose,
-                wave=spec.wave,
-                messages=self._plan.messages(spec, group.prompt),
-            )
+            request = dataclasses.replace(group.request, lanes=tuple(lanes))
             jobs = {job.lane: job for job in group.jobs}
             fatal: list[BackendError] = []
 
@@ -607,9 +682,10 @@ class _Settler:
         hold = lane.hold
         assert hold is not None
         usage = sample.usage
-        overruns = self.ledger.settle(hold, usage)
         logprob_mean = math.fsum(sample.logprobs) / len(sample.logprobs) if sample.logprobs else None
         answer = spec.annotate(sample) if spec.annotate else None
+        # Recorded first, settled after: a landing the log could not take stays held (charged
+        # whole, as the log's fold charges a lane it saw dispatched and never land).
         self.recorder.emit(
             LaneCompleted,
             LaneCompletedData(
@@ -625,6 +701,7 @@ class _Settler:
             lane=lane.lane,
             attempt=lane.attempts,
         )
+        overruns = self.ledger.settle(hold, usage)
         for over in overruns:
             self.recorder.emit(
                 BudgetOverrun,
@@ -664,10 +741,8 @@ class _Settler:
             return
         if cut_off:
             billed, cost = hold.usage, hold.cost_usd
-            self.ledger.charge_cut_off(hold)
         else:
             billed, cost = Usage(), 0.0
-            self.ledger.settle(hold, billed)
         self.recorder.emit(
             LaneFailed,
             LaneFailedData(
@@ -683,6 +758,10 @@ class _Settler:
             lane=lane.lane,
             attempt=lane.attempts,
         )
+        if cut_off:  # after the record, as `complete` settles
+            self.ledger.charge_cut_off(hold)
+        else:
+            self.ledger.settle(hold, billed)
         self._log.debug(
             "lane.failed", wave=spec.wave, lane=lane.lane, attempt=lane.attempts, error=name, final=final
         )
@@ -698,13 +777,24 @@ class _Settler:
         """Lanes cancelled before they were dispatched fail for good; their holds return."""
         wave = self.recorder.state.waves[spec.wave]
         for group in groups:
-            for i, job in enumerate(group.jobs):
+            for job in group.jobs:
                 lane = wave.lane(job.lane)
                 if lane.done or lane.status == "dispatched":
                     continue
-                if group.holds is not None:
-                    self.ledger.release(group.holds[i])
+                self._give_back(group, job.lane)
                 self.fail(spec, lane, None, "Cancelled", reason, final=True)
+
+    def give_back(self, groups: list[_Group]) -> None:
+        """Release every hold reserved for a lane that was never dispatched (nothing recorded:
+        the wave did not end, it was cut off, and those lanes go out on resume)."""
+        for group in groups:
+            for job in group.jobs:
+                self._give_back(group, job.lane)
+
+    def _give_back(self, group: _Group, lane: int) -> None:
+        if lane in group.waiting and group.holds is not None:
+            group.waiting.discard(lane)
+            self.ledger.release(group.holds[[j.lane for j in group.jobs].index(lane)])
 
 
 def _done(lane: LaneState | None) -> bool:

@@ -4,7 +4,11 @@
     ├── ConfigError                 misuse: bad config, bad call, bad input (exit 2)
     │   ├── RunNotFoundError        resume/show of a run id with no log
     │   ├── RunInUseError           another process is writing the run (exit 2)
-    │   └── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
+    │   ├── StoreError              the store cannot be used as given: a runs folder it cannot
+    │   │                           write, a database it cannot reach (a server's fault, not
+    │   │                           its client's: the gateway answers 500 without its words)
+    │   ├── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
+    │   └── BudgetTooSmallError     an equal budget below what a loop must spend to run as itself
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     │   └── LogTooNewError          a line written in a newer event schema than this reads
     └── RunError                    run-time failure of a run (exit 1)
@@ -36,6 +40,7 @@ __all__ = (
     "BackendTimeoutError",
     "BadResponseError",
     "BudgetExhaustedError",
+    "BudgetTooSmallError",
     "ConfigError",
     "ContextLengthError",
     "LanefoldError",
@@ -50,6 +55,7 @@ __all__ = (
     "RunInUseError",
     "RunNotFoundError",
     "ServerError",
+    "StoreError",
 )
 
 
@@ -72,6 +78,11 @@ class RunNotFoundError(ConfigError):
     """No event log exists for the run id."""
 
 
+class StoreError(ConfigError):
+    """The store cannot hold or give a run as given (its folder cannot be written, its
+    database cannot be reached): one line naming the place, for whoever runs the store."""
+
+
 class RunInUseError(ConfigError):
     """Another process holds the run's writer lock: one writer per run."""
 
@@ -85,6 +96,12 @@ class RunInUseError(ConfigError):
 class NonDeterminismError(ConfigError):
     """A resumed loop asked for a wave whose spec differs from the one its log recorded: the
     loop or its config changed since the crash. Refused rather than mixing two runs in one."""
+
+
+class BudgetTooSmallError(ConfigError):
+    """An equal budget (`compare`, `sweep`) below what a loop must spend to run as itself: its
+    least lanes, or a debate's first rebuttal round. `compare` refuses it; `sweep` shows the
+    point as one the loop cannot run, never as a point."""
 
 
 class LogCorruptError(LanefoldError):

@@ -23,6 +23,7 @@ from lanefold.primitives._errors import (
     LogCorruptError,
     LogTooNewError,
     LogWriteError,
+    StoreError,
 )
 from lanefold.primitives.events import SCHEMA_VERSION, AnyEvent, Event, newer_schema, parse_event
 
@@ -157,6 +158,7 @@ _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def os_failure(what: str, exc: OSError) -> LanefoldError:
-    """`exc` as one line: LogWriteError where the disk failed, else ConfigError."""
+    """`exc` as one line: LogWriteError where the disk failed, else StoreError (a folder the
+    store cannot use: not one, not writable, read-only)."""
     message = f"{what}: {exc.strerror or exc}"
-    return LogWriteError(message) if exc.errno in _MACHINE_ERRNOS else ConfigError(message)
+    return LogWriteError(message) if exc.errno in _MACHINE_ERRNOS else StoreError(message)

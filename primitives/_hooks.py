@@ -6,19 +6,25 @@ bounded queue, drained by its own task, so the dispatch path only ever puts an e
 
 - a slow or hanging (async) hook never stalls the run; past `QUEUE_LIMIT` events waiting for one hook,
   later ones are dropped for it, counted (`HookRunner.dropped`) and logged once;
-- a hook that raises is logged once per hook and run (logger `lanefold.hooks`) and keeps getting
-  later events; the run's answer, votes and log are the same as without it;
+- a hook that raises (anything: `SystemExit` and `KeyboardInterrupt` too) is logged once per
+  hook and run (logger `lanefold.hooks`) and keeps getting later events; the run's answer,
+  votes and log are the same as without it;
 - at the run's end each hook gets at most `END_TIMEOUT_S` seconds to finish its queue and its
-  `on_run_end`; what is left then is abandoned (and logged).
+  `on_run_end`; what is left then is abandoned (and logged);
+- `on_run_end` gets its own deep copy of the result, so no hook can change what the caller
+  (or `run --json`) is given, nor what another hook sees.
 
-A sync hook is called in a worker thread, the events that waited for it handed over in one
-batch, so one that blocks (a slow terminal, a network call, a `time.sleep`) holds up only itself;
-calls to one hook object never overlap, even from runs side by side. Hooks are built by `HOOKS`
-(`@register_hook("name")`, entry points in group `lanefold.hooks`, or `module:attr`).
+A sync hook is called in a daemon thread of its own, the events that waited for it handed over
+in one batch, so one that blocks (a slow terminal, a network call, a `time.sleep`) holds up only
+itself, and a call still blocked when the end's bound passes is abandoned with its thread: the
+process exits without waiting for it. Calls to one hook object never overlap, even from runs side
+by side. Hooks are built by `HOOKS` (`@register_hook("name")`, entry points in group
+`lanefold.hooks`, or `module:attr`).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -263,37 +269,53 @@ class HookRunner:
             await slot.done.wait()  # its queue, closed, is drained first
         on_run_end = getattr(slot.hook, "on_run_end", None)
         if on_run_end is not None:
-            await self._call(slot, on_run_end, result)
+            await self._call(slot, on_run_end, _copy_of(result))
 
     async def _call(self, slot: _Slot, method: Callable[[Any], Any], arg: Any) -> None:
         if not _is_async(method):
             await self._call_in_thread(slot, method, [arg])
             return
+        cancelled = anyio.get_cancelled_exc_class()
         try:
             found = method(arg)
             if inspect.isawaitable(found):
                 await found
-        except Exception as exc:  # a hook's error is the hook's: logged once, never the run's
+        except cancelled:
+            raise  # the end's bound, or the run's own cancellation: never swallowed
+        except BaseException as exc:  # a hook's error (SystemExit too) is the hook's, never the run's
             self._failed(slot, exc)
 
     async def _call_in_thread(self, slot: _Slot, method: Callable[[Any], Any], args: list[Any]) -> None:
-        """A sync hook's calls, one after another, in a worker thread holding the hook's lock;
-        a call that never returns is abandoned when the run's end stops waiting for it."""
+        """A sync hook's calls, one after another, in a daemon thread holding the hook's lock.
+
+        The thread is the hook's own, not one of anyio's workers (which the interpreter joins at
+        exit): a call that never returns is abandoned when the run's end stops waiting for it,
+        and the process still exits on time. The wait itself is an anyio worker blocked on an
+        event the hook's thread sets when done, or this task sets when it stops waiting.
+        """
         lock = _lock_of(slot.hook)
+        finished = threading.Event()
+        failure: list[BaseException] = []
 
-        def calls() -> BaseException | None:
-            first: BaseException | None = None
-            with lock:
-                for arg in args:
-                    try:
-                        method(arg)
-                    except Exception as exc:  # the hook's own: reported once, never raised
-                        first = first or exc
-            return first
+        def calls() -> None:
+            try:
+                with lock:
+                    for arg in args:
+                        try:
+                            method(arg)
+                        except BaseException as exc:  # the hook's own (SystemExit too): never raised
+                            if not failure:
+                                failure.append(exc)
+            finally:
+                finished.set()
 
-        failed = await anyio.to_thread.run_sync(calls, abandon_on_cancel=True)
-        if failed is not None:
-            self._failed(slot, failed)
+        threading.Thread(target=calls, name=f"lanefold hook {slot.name}", daemon=True).start()
+        try:
+            await anyio.to_thread.run_sync(finished.wait, abandon_on_cancel=True)
+        finally:
+            finished.set()  # stopped waiting (the end's bound): the waiting worker returns now
+        if failure:
+            self._failed(slot, failure[0])
 
     def _failed(self, slot: _Slot, exc: BaseException) -> None:
         if not slot.failed:
@@ -301,6 +323,15 @@ class HookRunner:
             _log.warning(
                 "hook.failed", run_id=self.run_id, hook=slot.name, error=f"{type(exc).__name__}: {exc}"
             )
+
+
+def _copy_of(result: Any) -> Any:
+    """A deep copy of `result` for one hook, so what it does to it stays its own; a result
+    that cannot be copied is handed over as it is (it is the caller's own object then)."""
+    try:
+        return copy.deepcopy(result)
+    except Exception:  # an object that refuses deepcopy: nothing else to give
+        return result
 
 
 def _is_async(method: Callable[[Any], Any]) -> bool:

@@ -170,11 +170,14 @@ class JudgeSettings:
 
 @dataclass(frozen=True, slots=True)
 class ReduceOptions:
-    """How a reducer breaks ties and weighs lanes; the seed makes `random` reproducible."""
+    """How a reducer breaks ties and weighs lanes; the seed makes `random` reproducible.
+    `quorum`: the lanes that must give an answer (cast a ballot) before a vote names a winner;
+    a lane that completed with nothing extracted is no ballot."""
 
     tie_break: str = "first_lane"
     weighting: str = "none"  # "none", "mean_logprob" or "verifier"
     seed: int = 0
+    quorum: int = 1
 
 
 @runtime_checkable

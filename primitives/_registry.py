@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
+from urllib.parse import urlsplit
 
 from lanefold.primitives._errors import ConfigError
 
@@ -376,6 +377,12 @@ def store_for_url(url: str, *, key: str = "store.url") -> type[Any]:
         known = ", ".join(f"{s}://" for s in sorted(served)) or "none"
         what = f"{scheme}:// URLs" if sep else "a value that is not a URL"  # never a password
         raise ConfigError(f"{key}: no store serves {what} (known: {known})")
+    try:  # a host or port that does not parse is told here, not as a traceback from a driver
+        _port = urlsplit(url).port
+    except ValueError as exc:
+        userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+        said = str(exc).replace(userinfo, "***") if userinfo else str(exc)
+        raise ConfigError(f"{key}: not a valid URL ({said})") from None
     return served[scheme.lower()]
 
 

@@ -27,6 +27,7 @@ import math
 import operator
 from typing import TYPE_CHECKING, Any
 
+from lanefold.primitives._answers import normalize_answer
 from lanefold.primitives._checks import Refused, check_joined
 from lanefold.primitives.events import ReduceCompletedData
 
@@ -191,6 +192,11 @@ def _check_lanes(state: RunState, result: dict[str, Any], reduce: ReduceComplete
         "lanes_completed": sum(row[2] == "completed" for row in expected),
         "lanes_failed": sum(len(w.failed()) for w in state.waves.values() if w.info.bill == "sample"),
     }
+    if "lanes_answered" in result:  # results written before it: the reader counts it
+        counts["lanes_answered"] = sum(
+            row[2] == "completed" and isinstance(row[3], str) and bool(normalize_answer(row[3]))
+            for row in expected
+        )
     for key, count in counts.items():
         if result.get(key) != count:
             raise Refused(f"run.completed says {key} = {result.get(key)!r}, the log gives {count}")

@@ -8,6 +8,7 @@ strictly increasing, and the same refusals on read (the store conformance suite 
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -16,7 +17,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
-from lanefold.primitives._budget import SharedPool
+from lanefold.primitives._budget import Room, SharedPool
+from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._eventlog import EventLog, FsyncPolicy
 from lanefold.primitives.events import AnyEvent, RunCompleted, RunStarted
 
@@ -27,6 +29,7 @@ __all__ = (
     "RunStatus",
     "RunSummary",
     "Store",
+    "check_budget_name",
     "new_run_id",
     "redact_url",
     "select_runs",
@@ -34,6 +37,7 @@ __all__ = (
 )
 
 R = TypeVar("R")
+_BUDGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 # What `list` says of a run: how it ended, or "running" (a writer holds it) or "stopped" (no
 # writer and no end: killed or crashed; `resume` continues it).
@@ -43,11 +47,27 @@ RunStatus = Literal["answered", "no_answer", "failed", "interrupted", "running",
 def redact_url(url: str) -> str:
     """`url` with any password replaced by `***`: what may be printed or recorded of a store's
     URL, whichever store serves it."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        _port = parts.port  # a port that does not parse raises here, as a host does above
+    except ValueError:  # not a URL urlsplit reads: whatever stands before its last '@' goes
+        scheme, sep, rest = url.partition("://")
+        userinfo, at, host = rest.partition("/")[0].rpartition("@")
+        return f"{scheme}{sep}***@{rest[len(userinfo) + 1 :]}" if at else url
     if parts.password is None:
         return url
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def check_budget_name(name: str, where: str = "budget.shared") -> str:
+    """A budget's name: letters, digits and `._:-`, at most 128 characters (it names a file on
+    the files store, a row on PostgreSQL), starting with a letter or digit."""
+    if not isinstance(name, str) or _BUDGET_NAME.fullmatch(name) is None:
+        raise ConfigError(
+            f"{where}: {name!r} is not a budget name (letters, digits and ._:- only, at most 128 characters)"
+        )
+    return name
 
 
 def new_run_id() -> str:
@@ -276,7 +296,8 @@ class EvalRecord(Protocol):
 @dataclass(frozen=True, slots=True)
 class BudgetView:
     """A shared budget as `budget show` prints it: limits (None: unlimited), spent, held by
-    live runs, and the part of spent charged whole for holds of dead workers."""
+    live runs, the part of spent charged whole for holds of dead workers, and the requests it
+    refused (runs it could not fund, which were never started)."""
 
     name: str
     max_tokens: int | None
@@ -292,20 +313,65 @@ class BudgetView:
     charged_cost_usd: float
     charged_requests: int
     holders: int  # run segments holding part of it now
+    refusals: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def exhausted(self) -> str | None:
+        """The first limit its spend has reached (nothing left under it, whatever live runs
+        give back), else None."""
+        for limit, cap, spent in (
+            ("max_tokens", self.max_tokens, self.spent_tokens),
+            ("max_cost_usd", self.max_cost_usd, self.spent_cost_usd),
+            ("max_requests", self.max_requests, self.spent_requests),
+        ):
+            if cap is not None and cap - spent <= (1e-12 if limit == "max_cost_usd" else 0):
+                return limit
+        return None
+
+    @property
+    def room(self) -> Room:
+        """What it can still fund: limit - spent - held, per measure (None: unlimited)."""
+        return Room(
+            None if self.max_tokens is None else self.max_tokens - self.spent_tokens - self.held_tokens,
+            None
+            if self.max_cost_usd is None
+            else self.max_cost_usd - self.spent_cost_usd - self.held_cost_usd,
+            None
+            if self.max_requests is None
+            else self.max_requests - self.spent_requests - self.held_requests,
+        )
+
 
 @runtime_checkable
 class BudgetStore(Protocol):
-    """A store that also keeps shared budgets (`[budget] shared`): a fleet's runs spend from one
-    named budget, never over it."""
+    """A store that also keeps named budgets (`[budget] shared`, a gateway key's): every run
+    naming one spends from it, never over it, in every segment (the names are recorded in the
+    run's `run.started`).
+
+    The contract both stores keep: a reservation is all or nothing under the budget's lock;
+    settlements noted by a segment count its whole hold until written; a segment whose process
+    died has its holds charged whole (`charged`) by whoever next looks; a budget's spend is
+    never reset here."""
 
     async def open_shared_pool(self, name: str, run_id: str) -> SharedPool:
-        """The run segment's side of budget `name` (a `SharedPool`); ConfigError if unknown."""
+        """The run segment's side of budget `name` (a `SharedPool`), its `room` read as it
+        opened; ConfigError if the store keeps no such budget."""
         ...
 
     def read_budget(self, name: str) -> BudgetView | None: ...
 
-    def set_budget(self, name: str, **limits: Any) -> BudgetView: ...
+    def set_budget(self, name: str, **limits: Any) -> BudgetView:
+        """Create the budget or change its limits (a limit not given keeps its value; a new
+        budget is unlimited where none is given)."""
+        ...
+
+    def start_budget(self, name: str, spent: tuple[int, float, int]) -> BudgetView:
+        """The budget `name`, created unlimited with `spent` (tokens, USD, requests) already
+        charged if the store has none by that name; else as it stands (nothing changed)."""
+        ...
+
+    def note_refusal(self, name: str) -> None:
+        """Count one request the budget refused: a run it could not fund, never started."""
+        ...

@@ -94,6 +94,8 @@ MAX_QUANTITY = 2**53
 Count = Annotated[int, Field(ge=0, le=MAX_QUANTITY)]
 # An amount (USD, token-seconds, seconds): a finite non-negative number.
 Amount = Annotated[float, Field(ge=0, le=MAX_QUANTITY, allow_inf_nan=False)]
+# A named budget's name, as `check_budget_name` takes it (a file's name on the files store).
+BudgetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 
 
 class _Frozen(BaseModel):
@@ -175,6 +177,10 @@ class RunStartedData(_Frozen):
     # idempotent retry with another body is refused by it.
     caller: str | None = Field(None, exclude_if=_absent)
     request_sha256: str | None = Field(None, exclude_if=_absent)
+    # The named budgets in the store the run spends from besides its own limits (its `[budget]
+    # shared`, a gateway key's `key:<name>`): every later segment (resume, a retry, a
+    # re-reduction) rejoins them. Absent in logs from before they were recorded.
+    pools: list[BudgetName] | None = Field(None, exclude_if=_absent)
 
 
 class RunStarted(Event):
@@ -559,7 +565,7 @@ def newer_schema(line: str | bytes) -> int | None:
     """
     try:
         claimed = json.loads(line).get("schemaversion")
-    except (ValueError, AttributeError):  # not JSON, or not an object
+    except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, too deep
         return None
     if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed > SCHEMA_VERSION:
         return claimed

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# `HYPOTHESIS_PROFILE=nightly` (`make nightly`): the stateful suites that read the profile's name
+# run ten times the examples `make test` runs (tests/test_budget_stateful.py).
+settings.register_profile("nightly", settings.get_profile("default"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -116,8 +116,8 @@ MODULES = {
                 self.name = f"ext_constant:{answer}"
                 self.answer = answer
 
-            def count_prompt_tokens(self, prompt):
-                return len(prompt)
+            def count_prompt_tokens(self, request):
+                return len(request.prompt)
 
             async def sample(self, request):
                 for lane in request.lanes:

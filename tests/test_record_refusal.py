@@ -620,6 +620,9 @@ FORGERIES: dict[str, Callable[[Path], Forgery]] = {
         "a", "run.completed", "data.result.winner_text", "Answer: 999", "run.completed says winner_text"
     ),
     "the winner's text another lane's": another_lanes_text,
+    "the lanes that answered counted again": edited(
+        "a", "run.completed", "data.result.lanes_answered", 7, "run.completed says lanes_answered = 7"
+    ),
     "a wave's barrier dropped": a_barrier_dropped("a", "reduce.completed before wave 1's wave.barrier"),
     "a judged wave's barrier dropped": a_barrier_dropped(
         "j", "judge.completed on lane \\d+ of wave 1 before its wave.barrier"

@@ -7,6 +7,7 @@ one slow test reuses a real EngineBackend across two runs.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -22,7 +23,7 @@ import pytest
 import lanefold
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
 from lanefold.cli import main
-from lanefold.primitives import LaneOutcome, SampleRequest
+from lanefold.primitives import LaneOutcome, Sample, SampleRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "What is 17 * 23?"
@@ -211,6 +212,52 @@ def test_the_cli_exits_4_without_an_answer(
     assert (code, err) == (4, "")
     assert (result["status"], result["answer"]) == ("no_answer", None)
     assert said in result["reason"]
+
+
+class OneAnswer(SimulatedBackend):
+    """Lane 0 answers 7; every other lane completes with nothing an extractor finds."""
+
+    def __init__(self) -> None:
+        super().__init__(SimulatedConfig())
+
+    async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
+        async for outcome in super().sample(request):
+            if isinstance(outcome, Sample):
+                text = "Answer: 7" if outcome.lane == 0 else "I cannot tell."
+                outcome = dataclasses.replace(outcome, text=text)
+            yield outcome
+
+
+def test_a_quorum_counts_the_lanes_that_gave_an_answer(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 16 lanes complete, one gives an answer: below a quorum of 3, that one ballot is no vote.
+    result = lanefold.run_sync(
+        config(loop={"k": 16, "min_quorum": 3}), QUESTION, runs_dir=runs, backend=OneAnswer()
+    )
+    assert (result.status, result.answer, result.agreement) == ("no_answer", None, None)
+    assert (result.lanes_completed, result.lanes_answered) == (16, 1)
+    assert result.reason == "1 of 16 lanes answered, below the quorum of 3"
+    assert main(["show", result.run_id, "--runs-dir", str(runs)]) == 4
+    assert "1 of 16 lanes answered" in capsys.readouterr().out
+    # A quorum of one takes the lone ballot, and says how few lanes answered.
+    lone = lanefold.run_sync(config(loop={"k": 16}), QUESTION, runs_dir=runs, backend=OneAnswer())
+    assert (lone.status, lone.answer, lone.agreement, lone.lanes_answered) == ("answered", "7", 1.0, 1)
+    assert main(["show", lone.run_id, "--runs-dir", str(runs)]) == 0
+    assert "1 of 16 lanes answered" in capsys.readouterr().out
+
+
+def test_adaptive_sampling_counts_its_quorum_in_answers_too(runs: Path) -> None:
+    adaptive = lanefold.parse_config(
+        {
+            "loop": {"coordinator": "adaptive_sample", "window": 4, "max_lanes": 8, "min_quorum": 3},
+            "backend": dict(SIMULATED),
+        }
+    )
+    result = lanefold.run_sync(adaptive, QUESTION, runs_dir=runs, backend=OneAnswer())
+    assert (result.status, result.answer) == ("no_answer", None)
+    assert result.reason == "1 of 8 lanes answered, below the quorum of 3"
+    assert result.lanes_answered == 1
 
 
 # -- the result's fields ----------------------------------------------------------------------------

@@ -78,9 +78,11 @@ class EngineBackend:
         """The loaded engine, or None before the first `load` or `sample`."""
         return self._engine
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        """Exact prompt tokens (the first call reads the tokenizer from the model file)."""
-        return len(self._encode(prompt))
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """Exact prompt tokens of `request` as it is sent: the ids `sample` prefills (a chat's
+        messages through the model's chat template), counted by the same function (the first
+        call reads the tokenizer from the model file)."""
+        return len(self._prompt_ids(request))
 
     def context_left(self, request: SampleRequest) -> int | None:
         """Tokens the model's context holds after `request`'s prompt; None before `load`."""
@@ -168,11 +170,12 @@ class EngineBackend:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.config)
         tokenizer: Tokenizer = self._tokenizer
-        return tokenizer.encode(prompt, chat=self.config.chat_template)
+        return tokenizer.encode(prompt, chat=bool(self.config.chat_template))
 
     def _prompt_ids(self, request: SampleRequest) -> list[int]:
-        """A chat request's messages through the model's chat template (where it has one);
-        any other prompt as it is, or as one user turn with `chat_template = true`."""
+        """A request's messages through the model's chat template (a model without one: the
+        prompt as it is); a request without messages (the "raw" form) as it is, or as one user
+        turn with the deprecated `chat_template = true` (a log recorded before the form)."""
         if request.messages is not None:
             tokenizer = self._tokenizer or load_tokenizer(self.config)
             self._tokenizer = tokenizer

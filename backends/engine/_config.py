@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanefold.primitives import ConfigError, register_backend
+from lanefold.primitives import ConfigError, PrefixSharing, PromptForm, register_backend
 
 if TYPE_CHECKING:
     from lanefold.backends.engine._backend import EngineBackend
@@ -42,13 +42,37 @@ class EngineConfig(BaseModel):
     block_size: int = Field(default=16, ge=1, le=1024)
     num_blocks: int | None = Field(default=None, ge=1)
     max_batch_lanes: int = Field(default=64, ge=1)
-    chat_template: bool = False
+    # Deprecated (0.2, goes in 0.3): `[prompt] form` says how a loop's prompt is sent. Left
+    # out of the recorded config unless given; true still means "chat", false "raw".
+    chat_template: bool | None = Field(default=None, exclude_if=lambda v: v is None)
     threads: int | None = Field(default=None, ge=1)
+
+    def prompt_forms(self) -> tuple[PromptForm, ...]:
+        """A chat as the model's chat template renders it, or raw text: both, unless the
+        deprecated `chat_template` pins one."""
+        if self.chat_template is None:
+            return ("chat", "raw")
+        return ("chat",) if self.chat_template else ("raw",)
+
+    def deprecated(self) -> list[str]:
+        """`chat_template`, where given: `[prompt] form` replaces it."""
+        if self.chat_template is None:
+            return []
+        form = "chat" if self.chat_template else "raw"
+        return [
+            f'chat_template is deprecated (it goes in 0.3): use [prompt] form = "{form}" '
+            f'("auto", the default, sends a chat to a model with a chat template)'
+        ]
 
     def gpus(self) -> float | None:
         """A worker's GPUs: none on the CPU, one on CUDA, and for `auto` one where the cluster
         has any."""
         return {"cpu": 0.0, "cuda": 1.0}.get(self.device)
+
+    def prefix_sharing(self) -> PrefixSharing:
+        """A request's lanes fork one prefilled prompt (at most `max_batch_lanes` of them); its
+        prefix cache keeps a prompt's whole blocks (`block_size` tokens) for later requests."""
+        return PrefixSharing(self.max_batch_lanes, True, True, cache_block=self.block_size)
 
     def build(self) -> EngineBackend:
         """The engine backend, not loaded yet; torch is imported here, only when it is used."""

@@ -47,6 +47,8 @@ from lanefold.primitives import (
     Sample,
     SampleRequest,
     ServerError,
+    estimate_prompt_tokens,
+    headers_from_env,
 )
 
 __all__ = ("BackendEvent", "OpenAIBackend")
@@ -91,12 +93,15 @@ class OpenAIBackend:
     ) -> None:
         self._config = config
         self._clock = clock
+        environ = os.environ if environ is None else environ
         headers = dict(config.headers)
+        secrets = headers_from_env(config.headers_env, environ)
+        headers.update(secrets)
         key: str | None = None
         if config.api_key_env is not None:
-            key = read_api_key(os.environ if environ is None else environ, config.api_key_env)
+            key = read_api_key(environ, config.api_key_env)
             headers["Authorization"] = f"Bearer {key}"
-        self._redact = Redactor(key)
+        self._redact = Redactor(key, *secrets.values())
         self._path = "chat/completions" if config.api == "chat" else "completions"
         self._where = f"POST {config.base_url}/{self._path}"
         self._client = httpx.AsyncClient(
@@ -140,9 +145,12 @@ class OpenAIBackend:
         """While lanes go out merged as `n`, the server prefills the prompt once per request."""
         return self._merging
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        """None: a remote server's tokenizer is not known before dispatch."""
-        return None
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """A conservative bound, not a count: a remote server's tokenizer and chat template are
+        not known before dispatch, so every byte sent counts as a token, plus the template's
+        markers per request and per message (`estimate_prompt_tokens`); an actual count above
+        it is recorded as `budget.overrun`."""
+        return estimate_prompt_tokens(request)
 
     def drain_events(self) -> tuple[BackendEvent, ...]:
         """The events recorded since the last drain (at most one `backend.n_unsupported`)."""

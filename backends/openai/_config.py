@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lanefold.primitives import ConfigError, register_backend
+from lanefold.primitives import (
+    ConfigError,
+    PrefixSharing,
+    PromptForm,
+    check_headers,
+    check_headers_env,
+    headers_from_env,
+    read_secret,
+    register_backend,
+)
 
 if TYPE_CHECKING:
     from lanefold.backends.openai._backend import OpenAIBackend
@@ -36,11 +44,6 @@ RESERVED_BODY_KEYS = frozenset(
     }
 )
 
-# Credentials come from the environment variable named by api_key_env, never from config.
-_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key"})
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
-_HEADER_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?")
-
 
 @register_backend("openai")
 class OpenAIConfig(BaseModel):
@@ -49,6 +52,10 @@ class OpenAIConfig(BaseModel):
     `base_url` ends at the API root, e.g. ``http://127.0.0.1:8000/v1``; requests go to
     ``{base_url}/chat/completions`` or ``{base_url}/completions`` by `api`. `api_key_env` is
     the NAME of the environment variable holding the key; the key itself never enters config.
+    `headers` are sent with every request; a header that carries a secret (`api-key`,
+    `X-Goog-Api-Key`, a cookie: `lanefold.primitives.secret_header`) is refused there and
+    named in `headers_env` instead, header -> environment variable, read when the backend is
+    built (a config is recorded with every run).
     `n` says whether a request's lanes are merged into one ``n > 1`` request: "auto" merges
     until the server shows it does not honour ``n``, "always" never falls back, "never" sends
     one request per lane. `max_n` is the largest ``n`` of one request. `max_connections` caps
@@ -66,6 +73,7 @@ class OpenAIConfig(BaseModel):
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     timeout_s: float = Field(default=60.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
+    headers_env: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
     n: Literal["auto", "always", "never"] = "auto"
     max_n: int = Field(default=16, ge=1)
@@ -87,20 +95,21 @@ class OpenAIConfig(BaseModel):
     @field_validator("headers")
     @classmethod
     def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, text in value.items():
-            if name.lower() in _CREDENTIAL_HEADERS:
-                raise ValueError(
-                    f"header {name!r} carries credentials; name an environment variable "
-                    "in api_key_env instead"
-                )
-            # Refused here, not by httpx at the first request with a traceback quoting it.
-            if not _TOKEN.fullmatch(name):
-                raise ValueError(f"header {name!r} is not a valid header name")
-            if not _HEADER_VALUE.fullmatch(text):
-                raise ValueError(
-                    f"header {name!r}: the value must be printable ASCII, with no whitespace at either end"
-                )
-        return value
+        return check_headers(value, instead="headers_env (a Bearer key: api_key_env)")
+
+    @field_validator("headers_env")
+    @classmethod
+    def _check_headers_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_headers_env(value)
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> OpenAIConfig:
+        named = {name.lower() for name in self.headers_env}
+        if self.api_key_env is not None and "authorization" in named:
+            raise ValueError("headers_env: Authorization is set by api_key_env or headers_env, not both")
+        if named & {name.lower() for name in self.headers}:
+            raise ValueError("headers_env: a header named in headers too")
+        return self
 
     @field_validator("extra_body")
     @classmethod
@@ -110,6 +119,18 @@ class OpenAIConfig(BaseModel):
             raise ValueError(f"extra_body may not set {clash}: the backend sets them per request")
         return value
 
+    def prompt_forms(self) -> tuple[PromptForm, ...]:
+        """`api = "chat"` sends chats (`/chat/completions`), `"completions"` raw text."""
+        return ("chat",) if self.api == "chat" else ("raw",)
+
+    def prefix_sharing(self) -> PrefixSharing:
+        """Merged into `n`, a request's lanes share its prefill, `max_n` of them at most; one
+        request a lane otherwise. Whether the server keeps a prefix across requests is its own
+        (vLLM's prefix caching): not declared, a pilot measures it."""
+        if self.n == "never":
+            return PrefixSharing(1, within_request=False)
+        return PrefixSharing(self.max_n, within_request=True)
+
     def build(self) -> OpenAIBackend:
         """The backend these settings describe (its API key read from the environment now)."""
         # Imported here: the backend's module imports this one.
@@ -118,14 +139,19 @@ class OpenAIConfig(BaseModel):
         return OpenAIBackend(self)
 
     def build_errors(self, environ: Mapping[str, str]) -> list[str]:
-        """What `build` would refuse, found without building: an API key it would not send."""
-        if self.api_key_env is None:
-            return []
+        """What `build` would refuse, found without building: an API key or a header from the
+        environment it would not send."""
+        errors: list[str] = []
+        if self.api_key_env is not None:
+            try:
+                read_api_key(environ, self.api_key_env)
+            except ConfigError as exc:
+                errors.append(f"api_key_env: {exc}")
         try:
-            read_api_key(environ, self.api_key_env)
+            headers_from_env(self.headers_env, environ)
         except ConfigError as exc:
-            return [f"api_key_env: {exc}"]
-        return []
+            errors.append(str(exc))
+        return errors
 
 
 def read_api_key(environ: Mapping[str, str], name: str) -> str:
@@ -133,22 +159,9 @@ def read_api_key(environ: Mapping[str, str], name: str) -> str:
     not go in an `Authorization` header as it is: unset, empty, whitespace at either end (a
     CRLF from a .env file), a control or a non-ASCII character.
 
-    The one check of a key read from the environment: the backend's `api_key_env`, `serve
-    --api-key-env`, and `validate` use it. The messages name the variable, never the value: a
-    key is refused before it can reach a header (whose errors would quote it) or a log.
+    The one check of a key read from the environment (`lanefold.primitives.read_secret`): the
+    backend's `api_key_env` and `headers_env`, `serve --api-key-env`, and `validate` use it.
+    The messages name the variable, never the value: a key is refused before it can reach a
+    header (whose errors would quote it) or a log.
     """
-    key = environ.get(name)
-    if key is None:
-        raise ConfigError(f"environment variable {name} is not set")
-    if not key:
-        raise ConfigError(f"environment variable {name} is empty")
-    if key != key.strip():
-        raise ConfigError(
-            f"environment variable {name}: the key begins or ends with whitespace (a CRLF "
-            "line ending from a .env file?); strip it"
-        )
-    if any(c < " " or c == "\x7f" for c in key):
-        raise ConfigError(f"environment variable {name}: the key holds a control character")
-    if not key.isascii():
-        raise ConfigError(f"environment variable {name}: the key holds a non-ASCII character")
-    return key
+    return read_secret(environ, name)

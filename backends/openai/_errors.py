@@ -67,16 +67,20 @@ class Redactor:
     could leave a piece too short to recognise. Its repr never shows the key.
     """
 
-    __slots__ = ("_grams", "_width")
+    __slots__ = ("_grams", "_more", "_width")
 
-    def __init__(self, secret: str | None) -> None:
+    def __init__(self, secret: str | None, *more: str | None) -> None:
         forms = _forms(secret) if secret else set()
         self._width = min(_RUN, len(secret)) if secret else 0
         self._grams = frozenset(
             form[i : i + self._width] for form in forms for i in range(len(form) - self._width + 1)
         )
+        # Further secrets (headers from the environment), each cut out in turn.
+        self._more = Redactor(*more) if more else None
 
     def __call__(self, text: str) -> str:
+        if self._more is not None:
+            text = self._more(text)
         width = self._width
         if not self._grams or len(text) < width:
             return text

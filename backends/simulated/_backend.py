@@ -61,6 +61,7 @@ class SimulatedBackend:
         self.lane_attempts = 0
         self.faults: list[tuple[int, int, int, str]] = []  # (wave, lane, attempt, error class)
         self._unlisted: set[str] = set()  # questions asked that `answers` does not list
+        self._cached: set[str] = set()  # prompts an earlier request sent (`prefix_cache`)
         self._warned = False
 
     @property
@@ -75,8 +76,11 @@ class SimulatedBackend:
     def shares_prefix(self) -> bool:
         return self.config.shares_prefix
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        return self.config.prompt_tokens
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        """Exact: what `sample` bills the request's prompt, `prompt_tokens` plus
+        `template_tokens` per message of a chat request."""
+        cfg = self.config
+        return cfg.prompt_tokens + (cfg.template_tokens * len(request.messages) if request.messages else 0)
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         """Each lane lands after its own latency (drawn from its seed and attempt)."""
@@ -91,6 +95,7 @@ class SimulatedBackend:
                     "".join(f"{request.wave} {lane.lane} {lane.attempt}\n" for lane in request.lanes)
                 )
         fault_rngs = [random.Random(f"{lane.seed}:{lane.attempt}") for lane in request.lanes]
+        cached = self._cache_hit(request)
         low, high = cfg.latency_ms
         delays = [rng.uniform(low, high) for rng in fault_rngs]
         waited = 0.0
@@ -100,16 +105,33 @@ class SimulatedBackend:
             if delays[i] > waited:
                 await anyio.sleep((delays[i] - waited) / 1000)
                 waited = delays[i]
-            yield self._outcome(request, i, fault_rngs[i])
+            yield self._outcome(request, i, fault_rngs[i], cached)
 
-    def _outcome(self, request: SampleRequest, i: int, rng: random.Random) -> LaneOutcome:
+    def _cache_hit(self, request: SampleRequest) -> int:
+        """The request's prompt tokens a prefix cache serves (an earlier request sent the same
+        prompt); 0 without."""
+        cfg = self.config
+        if not cfg.prefix_cache:
+            return 0
+        if request.prompt not in self._cached:
+            self._cached.add(request.prompt)
+            return 0
+        whole = self.count_prompt_tokens(request) or 0
+        kept = whole if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens
+        return min(whole, kept)
+
+    def _outcome(self, request: SampleRequest, i: int, rng: random.Random, cached: int) -> LaneOutcome:
         cfg, lane = self.config, request.lanes[i]
         if rng.random() < cfg.failure_rate:
             fault = _fault(rng)
             self.faults.append((request.wave, lane.lane, lane.attempt, type(fault).__name__))
             return LaneFailure(lane.lane, fault)
         shared = request.share_prefix and i > 0
-        usage_in = (0, cfg.prompt_tokens) if shared else (cfg.prompt_tokens, 0)
+        prompt = self.count_prompt_tokens(request) or 0
+        if shared:
+            usage_in = (0, prompt)
+        else:  # the request's prompt, less what a prefix cache kept from an earlier request
+            usage_in = (prompt - cached, cached)
         produced = cfg.judge_output_tokens if request.purpose == "judge" else cfg.output_tokens
         return self._sample(lane, self._text(request, lane), usage_in, produced)
 

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from lanefold.primitives import register_backend
+from lanefold.primitives import LaneTokens, PrefixSharing, register_backend
 
 if TYPE_CHECKING:
     from lanefold.backends.simulated._backend import SimulatedBackend
@@ -63,11 +63,18 @@ class SimulatedConfig(BaseModel):
     distractors: list[str] = ["381", "401", "293"]
     latency_ms: tuple[float, float] = (0.0, 0.0)
     failure_rate: float = Field(0.0, ge=0, le=1)
-    prompt_tokens: int = Field(64, ge=0)
-    output_tokens: int = Field(48, ge=1)
-    shares_prefix: bool = True
+    prompt_tokens: LaneTokens = Field(64, ge=0)
+    # A chat request's messages each cost this many more prompt tokens, as a chat template's
+    # markers would: held and billed alike (0: no template).
+    template_tokens: LaneTokens = Field(0, ge=0)
+    output_tokens: LaneTokens = Field(48, ge=1)
+    shares_prefix: bool = True  # a request's lanes share its prompt's prefill
+    # A prefix cache across requests: a prompt an earlier request sent is cached prefill
+    # (`prefix_cache_tokens` of it at most: a block cache keeps whole blocks only).
+    prefix_cache: bool = False
+    prefix_cache_tokens: LaneTokens | None = Field(None, ge=0)
     judge_accuracy: float = Field(0.9, ge=0, le=1)
-    judge_output_tokens: int = Field(16, ge=1)
+    judge_output_tokens: LaneTokens = Field(16, ge=1)
     lanes_per_request: int | None = Field(None, ge=1)
     call_log: str | None = None  # append "wave lane attempt" per lane attempt (tests count calls)
     # Per question (keyed by the prompt's first line): its accuracy ~ Beta(a, b), its gold answer.
@@ -116,6 +123,10 @@ class SimulatedConfig(BaseModel):
     def count_prompt_tokens(self, prompt: str) -> int:
         """Every prompt is `prompt_tokens` long here, whatever its text (as the backend bills)."""
         return self.prompt_tokens
+
+    def prefix_sharing(self) -> PrefixSharing:
+        """What these settings say of a prompt sent again, for an equal budget's fit."""
+        return PrefixSharing(self.lanes_per_request, self.shares_prefix, self.prefix_cache)
 
     def build(self) -> SimulatedBackend:
         """The simulated backend these settings describe."""

@@ -1,33 +1,38 @@
 """The evidence page's tables, printed from what the evidence runs recorded.
 
-    PYTHONPATH=. .venv/bin/python bench/evidence/report.py sweep RUNS_DIR SWEEP_ID
+    PYTHONPATH=. .venv/bin/python bench/evidence/report.py sweep RUNS_DIR SWEEP_ID [--keep DIR]
     PYTHONPATH=. .venv/bin/python bench/evidence/report.py humaneval RUNS_DIR POOL_EVAL GREEDY_EVAL
 
-`sweep`: for each loop and budget of a `orchestrator sweep`, its accuracy and what it paid,
-and the paired test against greedy decoding on the same questions (each question's accuracy,
-0/1 for a sampled point, majority@k for a point read from a pool, minus greedy's 0/1; mean
-difference, its standard error, a two-sided p from the normal approximation); then, per loop,
-the first budget at which it beats greedy at p < 0.05, or "never, up to N".
+`sweep`: for each loop and budget of an `orchestrator sweep`, what `fit` chose (its keys, the
+spend it expected from its pilot), what a question paid and the accuracy; a point read from a
+pool says so and is not tested (it is an average over subsets of lanes, not a run); a budget a
+loop cannot use, or that refused every run, says so instead of a figure. Each real run is
+tested against greedy decoding on the same questions as `sweep` tested it: McNemar's exact test,
+Holm-adjusted across every point the sweep tests (the correction is printed). Greedy (one lane at
+temperature 0) is never fitted: one run, at what it paid. Then, per loop, the first budget at
+which a real run beats greedy at Holm-adjusted p < 0.05. `--keep DIR` copies `sweep.json` (the
+fit record and the tests) to `DIR/<SWEEP_ID>.sweep.json`, beside the page's tables.
 
 `humaneval`: a pool of k lanes per problem scored by the problems' tests, and a greedy eval:
 accuracy against the tokens a question pays for k = 1, 2, 4, 8, 16: greedy; majority@k over
 programs normalised (the code parsed and printed again by `ast`, so formatting and comments
 do not split a vote); best-of-k by tests (`any_pass` with the tests as the verifier, which is
-pass@k by the unbiased estimator).
+pass@k by the unbiased estimator). At the pool's whole k, each is one answer a problem, tested
+against greedy by McNemar's exact test with Holm's correction over the two tests.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import math
 import re
+import shutil
 import sys
 import warnings
 from pathlib import Path
-from statistics import NormalDist, fmean, stdev
+from statistics import fmean
 
-from lanefold.evaluate import majority_at_k, pass_at_k, read_pool
+from lanefold.evaluate import Sweep, holm, majority_at_k, mcnemar, pass_at_k
 
 FENCE = re.compile(r"```(?:python|py)?\n(.*?)```", re.S)
 
@@ -44,64 +49,66 @@ def rows(runs: Path, eval_id: str) -> dict[int, dict]:
     return out
 
 
-def paired(values: dict[int, float], base: dict[int, float]) -> tuple[float, float, float]:
-    """Mean difference, its standard error, two-sided p (normal approximation)."""
-    common = sorted(set(values) & set(base))
-    diffs = [values[i] - base[i] for i in common]
-    mean = fmean(diffs)
-    se = stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
-    if se == 0.0:
-        return mean, 0.0, 1.0 if mean == 0 else 0.0
-    return mean, se, 2 * (1 - NormalDist().cdf(abs(mean / se)))
-
-
-def per_question(runs: Path, point: dict) -> dict[int, float]:
-    """Each question's accuracy at a sweep point."""
-    if point["source"] == "pool":
-        pool = read_pool(runs, point["eval_id"])
-        return {
-            q.index: majority_at_k(q.answers, q.correct, point["lanes"]).value
-            for q in pool.questions
-            if len(q.answers) >= point["lanes"]
-        }
-    return {i: float(r["correct"]) for i, r in rows(runs, point["eval_id"]).items()}
-
-
-def sweep(runs: Path, sweep_id: str) -> None:
-    record = json.loads((runs / sweep_id / "sweep.json").read_text())
-    greedy_name = (record.get("baseline") or {}).get("name")
-    configs = {c["name"]: c for c in record["configs"]}
-    if greedy_name is None:
-        sys.exit("no greedy config in this sweep: nothing to test against")
-    largest = configs[greedy_name]["points"][-1]
-    base = {
-        i: float(r["lane_correct"][0]) if r["lane_correct"] else 0.0
-        for i, r in rows(runs, largest["eval_id"]).items()
-    }
+def sweep(runs: Path, sweep_id: str, *keep: str) -> None:
+    record = Sweep.model_validate_json((runs / sweep_id / "sweep.json").read_text())
+    unit, base = record.unit, record.baseline
+    if base is None:
+        sys.exit("no greedy config in this sweep (one lane at temperature 0): nothing to test against")
     print(
-        f"sweep {sweep_id}: {record['questions']} questions of {record['dataset']}, "
-        f"budgets in {record['unit']} paid a question"
+        f"sweep {sweep_id}: {record.questions} questions of {record.dataset}, "
+        f"budgets in {unit} paid a question"
     )
-    print(f"greedy ({greedy_name}): {fmean(base.values()):.3f} on {len(base)} questions\n")
-    print(f"{'loop':<10} {'budget':>7} {'fitted':<28} {'paid':>7} {'accuracy':>9} {'vs greedy':>10} {'p':>7}")
+    print(
+        f"greedy ({base.name}): {base.accuracy:.3f} at {base.paid_mean:.1f} {unit} paid a question, "
+        f"one lane at temperature 0, never fitted (eval {base.eval_id})"
+    )
+    print(f"tests: {record.tests}\n")
+    head = f"{'loop':<12} {'budget':>7} {'fitted':<26} {'expected':>8} {'paid':>7} {'accuracy':>8}"
+    print(f"{head} {'vs greedy':>10} {'b-c':>7} {'p':>7} {'p Holm':>7}")
     first: dict[str, str] = {}
-    for name, config in configs.items():
-        if name == greedy_name:
-            continue
-        for point in config["points"]:
-            values = per_question(runs, point)
-            mean, _, p = paired(values, base)
-            fitted = ", ".join(f"{k}={v}" for k, v in point["fitted"].items() if k != "min_quorum")
-            print(
-                f"{name:<10} {point['budget']:>7g} {fitted:<28} {point['paid_mean']:>7.1f} "
-                f"{point['accuracy']:>9.3f} {mean:>+10.3f} {p:>7.3f}{'  *' if mean > 0 and p < 0.05 else ''}"
+    for line in record.configs:
+        for point in line.points:
+            fit = point.fit
+            keys = ", ".join(f"{k}={v}" for k, v in point.fitted.items() if "quorum" not in k)
+            lead = f"{line.name:<12} {point.budget:>7g}"
+            if point.status == "below_least":
+                print(f"{lead} cannot run at this budget: {point.note}")
+                continue
+            if point.status == "refused":
+                print(
+                    f"{lead} {keys:<26} refused: the budget refused all {point.refused} runs "
+                    "(none is a point)"
+                )
+                continue
+            expected = (
+                f"{fit.expected:>8.1f}" if fit is not None and fit.expected is not None else f"{'-':>8}"
             )
-            if name not in first and mean > 0 and p < 0.05:
-                first[name] = f"{point['budget']:g} {record['unit']} (+{mean:.3f}, p = {p:.3f})"
-        first.setdefault(name, f"never, up to {max(record['budgets']):g} {record['unit']}")
-    print("\nfirst budget that beats greedy (paired, p < 0.05):")
+            row = f"{lead} {keys:<26} {expected} {point.paid_mean:>7.1f} {point.accuracy or 0.0:>8.3f}"
+            flag = f"  ({point.flag} budget)" if point.flag else ""
+            if point.source == "pool":
+                print(f"{row} {'read from a pool: not a run, not tested':>34}{flag}")
+                continue
+            test = point.against_greedy
+            if test is None or test.p_value is None:
+                print(f"{row} {'not paired':>10}{flag}")
+                continue
+            gain = (point.accuracy or 0.0) - base.accuracy
+            adjusted = test.p_adjusted if test.p_adjusted is not None else test.p_value
+            mark = "  *" if gain > 0 and adjusted < 0.05 else ""
+            b_c = f"{test.only_first}-{test.only_second}"
+            print(f"{row} {gain:>+10.3f} {b_c:>7} {test.p_value:>7.3g} {adjusted:>7.3g}{mark}{flag}")
+            if line.name not in first and gain > 0 and adjusted < 0.05:
+                first[line.name] = f"{point.budget:g} {unit} ({keys}; {gain:+.3f}, p = {adjusted:.3g} Holm)"
+        first.setdefault(line.name, f"never, up to {max(record.budgets):g} {unit}")
+    print("\nfirst budget at which a real run beats greedy (McNemar exact, Holm-adjusted p < 0.05):")
     for name, when in first.items():
-        print(f"  {name:<10} {when}")
+        print(f"  {name:<12} {when}")
+    if keep:
+        if keep[0] != "--keep" or len(keep) != 2:
+            sys.exit("usage: report.py sweep RUNS_DIR SWEEP_ID [--keep DIR]")
+        kept = Path(keep[1]) / f"{sweep_id}.sweep.json"
+        shutil.copyfile(runs / sweep_id / "sweep.json", kept)
+        print(f"\nkept {kept} (what fit chose, from which pilot figures, and the tests)")
 
 
 def normalised(text: str | None) -> str | None:
@@ -141,6 +148,29 @@ def humaneval(runs: Path, pool_id: str, greedy_id: str) -> None:
         paid = prefill + k * decode_per_lane
         print(f"{k:>3} {paid:>7.0f} {sum(votes) / n:>24.3f} {sum(passes) / n:>19.3f}")
         k *= 2
+    # At the pool's whole k each is one answer a problem: paired against greedy, exactly.
+    base = {i: bool(g["correct"]) for i, g in greedy.items()}
+    whole = {
+        "majority": {
+            i: bool(
+                majority_at_k(
+                    [normalised(a) for a in r["lane_answers"][:lanes]], r["lane_correct"][:lanes], lanes
+                ).value
+            )
+            if r["status"] != "failed" and r["lane_correct"]
+            else False
+            for i, r in pool.items()
+        },
+        "best-of-k": {i: any(r["lane_correct"][:lanes]) for i, r in pool.items()},
+    }
+    tests = {name: mcnemar(answers, base) for name, answers in whole.items()}
+    adjusted = holm([test.p_value for test in tests.values()])
+    print(f"\nat k = {lanes} against greedy, McNemar's exact test, Holm-adjusted across {len(tests)} tests:")
+    for (name, test), p in zip(tests.items(), adjusted, strict=True):
+        print(
+            f"  {name:<10} {test.only_first} wins, {test.only_second} losses of {test.paired} "
+            f"paired: p = {test.p_value:.3g}, Holm {p:.3g}"
+        )
 
 
 if __name__ == "__main__":

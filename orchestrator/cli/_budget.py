@@ -1,8 +1,9 @@
-"""`orchestrator budget set|show NAME --store URL`: a fleet's shared budget in PostgreSQL.
+"""`orchestrator budget set|show NAME`: a named budget in the store (`[budget] shared`, a gateway
+key's `key:<name>`), on PostgreSQL (`--store URL`) or beside the runs (`--runs-dir DIR`).
 
 `set` creates the budget or changes its limits (a limit not given keeps its value; `none`
 lifts it); `show` prints limit, spent and held for tokens, cost and requests, after charging
-the holds of dead workers (as the next reservation would).
+the holds of dead workers (as the next reservation would), and the requests it refused.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _limit(kind: type[int] | type[float]) -> Callable[[str], int | float | None]
 
 def add_commands(sub: Any, common: Callable[..., None] | None = None) -> dict[str, Handler]:
     """Add `budget` (with `set` and `show`) to the CLI's subcommands; its handler by name."""
-    p = sub.add_parser("budget", help="a shared budget in the PostgreSQL store ([budget] shared)")
+    p = sub.add_parser("budget", help="a named budget in the store ([budget] shared, a gateway key's)")
     verbs = p.add_subparsers(dest="verb", required=True)
     for verb, text in (
         ("set", "create a shared budget or change its limits"),
@@ -49,9 +50,10 @@ def add_commands(sub: Any, common: Callable[..., None] | None = None) -> dict[st
         v.add_argument(
             "--store",
             metavar="URL",
-            required=True,
-            help="the PostgreSQL database the runs record to (postgresql://...)",
+            help="the PostgreSQL database the runs record to (postgresql://...; "
+            "default: the files store under --runs-dir)",
         )
+        v.add_argument("--runs-dir", default="runs", help="where run logs live (default ./runs)")
         if verb == "set":
             v.add_argument("--max-tokens", type=_limit(int), default=_UNSET, metavar="N")
             v.add_argument("--max-cost-usd", type=_limit(float), default=_UNSET, metavar="USD")
@@ -65,7 +67,7 @@ _UNSET: Any = object()
 
 
 def _budget(args: argparse.Namespace) -> int:
-    opened = open_store(args.store, "runs")
+    opened = open_store(args.store, args.runs_dir)
     store = budget_store(opened, "--store")
     if args.verb == "set":
         limits = {
@@ -79,8 +81,7 @@ def _budget(args: argparse.Namespace) -> int:
         if found is None:
             raise ConfigError(
                 f"budget {args.name!r}: no such budget in {opened.describe} "
-                f"(create it with: orchestrator budget set {args.name} "
-                f"--max-tokens N --store URL)"
+                f"(create it with: orchestrator budget set {args.name} --max-tokens N)"
             )
         view = found
     print(json.dumps(view.to_json()) if args.json else render(view))
@@ -115,4 +116,6 @@ def render(view: BudgetView) -> str:
             f"of spent, charged whole for dead workers' holds: {view.charged_tokens} "
             f"tokens, ${view.charged_cost_usd:.6f}, {view.charged_requests} requests"
         )
+    if view.refusals:
+        lines.append(f"refused: {view.refusals} request(s) it could not fund (never started)")
     return "\n".join(lines)

@@ -192,10 +192,12 @@ class _Bars:
 def print_comparison(comparison: Comparison, console: Console | None = None) -> None:
     """The comparison as one table, best first: accuracy and its 95% Wilson interval, what a
     question paid (mean and range, in the budget's unit) against the budget, accuracy per
-    1,000 tokens (per dollar, per lane) paid, the Pareto frontier (`*`), the keys the fit set,
-    tokens (by bill line) and cost per question, wall time, and McNemar's test against the
-    best (p, exact or chi2, and the questions only the best / only this one got right). A
-    config that paid under 80% or over 105% of the budget is flagged."""
+    1,000 tokens (per dollar, per lane) paid, the Pareto frontier (`*`), the keys the fit set
+    (`greedy` where it is never fitted), the questions cut at their per-question limit, tokens
+    (by bill line) and cost per question, wall time, and McNemar's exact test against the
+    best (p, Holm-adjusted p, and the questions only the best / only this one got right). A
+    config that paid under 80% or over 105% of the budget is flagged; one over is never the
+    best nor on the frontier. The line under the table states the test and its correction."""
     budget = comparison.equal_budget
     title = (
         f"compare {comparison.compare_id}: {comparison.questions} questions of "
@@ -222,6 +224,7 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
     table.add_column("range")
     table.add_column(per, justify="right")
     table.add_column("frontier")
+    table.add_column("cut", justify="right")
     table.add_column("lanes", justify="right")
     for name in lines:
         table.add_column(f"{_SHORT.get(name, name)} tok", justify="right")
@@ -231,16 +234,19 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
     for line in comparison.configs:
         low, high = line.interval
         flag = {"under": " under 80%", "over": " over 105%"}.get(line.flag or "", "")
+        greedy = line.fit is not None and line.fit.greedy
+        keys = " ".join(f"{key}={value}" for key, value in line.fitted.items() if "quorum" not in key)
         table.add_row(
             line.name,
             line.loop,
-            " ".join(f"{key}={value}" for key, value in line.fitted.items() if "quorum" not in key) or "-",
+            "greedy, not fitted" if greedy else keys or "-",
             f"{line.accuracy:.3f}",
             f"{low:.3f}-{high:.3f}",
             _amount(line.paid_mean, unit) + flag,
             f"{_amount(line.paid_min, unit)}-{_amount(line.paid_max, unit)}",
             f"{line.per_spend:.3g}" if line.per_spend is not None else "-",
             "*" if line.pareto else "",
+            str(line.capped) if line.capped else "",
             f"{line.mean_lanes:.2f}",
             *(f"{line.mean_tokens.get(name, 0.0):.0f}" for name in lines),
             f"${line.mean_cost:.6f}",
@@ -252,6 +258,10 @@ def print_comparison(comparison: Comparison, console: Console | None = None) -> 
         if not console.is_terminal:  # a pipe or a file: the whole table, never wrapped at 80
             console = Console(width=240)
     console.print(table)
+    if comparison.tests:
+        console.print(
+            comparison.tests + ("" if comparison.best else "; no config paid within 105% of the budget")
+        )
 
 
 def _amount(value: float, unit: str) -> str:
@@ -261,10 +271,11 @@ def _amount(value: float, unit: str) -> str:
 def _versus(line: Compared) -> str:
     test = line.against_best
     if test is None:
-        return "best"
+        return "best" if line.flag != "over" else "reference"
     if test.p_value is None:
         return "nothing paired"
-    return f"p={test.p_value:.3g} {test.method} ({test.only_first} vs {test.only_second})"
+    adjusted = f", Holm {test.p_adjusted:.3g}" if test.p_adjusted is not None else ""
+    return f"p={test.p_value:.3g}{adjusted} ({test.only_first} vs {test.only_second})"
 
 
 _SHORT = {"cached_prefill": "cached", "cut_off": "cut-off"}

@@ -213,8 +213,10 @@ def summary(result: RunResult, console: Console | None = None) -> None:
             soft_wrap=True,
             highlight=False,
         )
+    ran = result.lanes_completed + result.lanes_failed
     console.print(
         f"lanes: {result.lanes_completed} completed, {result.lanes_failed} failed"
+        f" · {result.lanes_answered} of {ran} lanes answered"
         f"{f', resumed {result.resumes}x' if result.resumes else ''}"
         f" · {result.elapsed_s:.2f} s"
     )

@@ -7,7 +7,6 @@ import argparse
 from lanefold.cli._shared import (
     Common,
     Handler,
-    error,
     otel_argument,
     otel_hooks,
     store_of,
@@ -99,13 +98,8 @@ def add_commands(
 def _cmd_serve(args: argparse.Namespace) -> int:
     require_extra()  # starlette and uvicorn: the serve extra, or its install line
     key = api_key_from(args.api_key_env)
-    if key is None and not is_loopback(args.host):
-        error(
-            "serve",
-            f"warning: listening on {args.host} without --api-key-env: anyone who "
-            "can reach this port can use the model",
-        )
-    if args.loops is None and not args.loop:
+    loops_served = args.loops is not None or bool(args.loop)
+    if not loops_served:
         if args.backend_config is None:
             raise ConfigError(
                 "serve: give --loops DIR (or --loop NAME=CONFIG), --backend-config FILE, or both"
@@ -116,6 +110,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError("--otel-endpoint: traces are of runs; give --loops DIR too")
     elif args.keys is not None and key is not None:
         raise ConfigError("--keys and --api-key-env: give one (a keys file holds every key)")
+    if key is None and args.keys is None and not is_loopback(args.host):
+        # As `view` refuses it: a port beyond this machine with no key serves anyone who finds it.
+        needs = "--keys or --api-key-env" if loops_served else "--api-key-env"
+        raise ConfigError(f"--host {args.host}: not loopback; serving beyond this machine needs {needs}")
     backend = _backend(args.backend_config) if args.backend_config is not None else None
     if args.loops is not None or args.loop:
         loops = loop_configs(args.loops, args.loop)

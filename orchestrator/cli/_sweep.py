@@ -1,7 +1,7 @@
 """`orchestrator sweep`: accuracy against paid spend, every config fitted at every budget.
 
     orchestrator sweep A.toml B.toml ... --dataset PATH_OR_SPEC --budgets 200,400,800,1600
-                       [--unit tokens|cost] [--limit N] [--concurrency Q] [--sweep-id ID]
+                       [--unit tokens|cost] [--no-pool] [--limit N] [--concurrency Q] [--sweep-id ID]
                        [--runs-dir DIR] [--question-field F] [--answer-field F] [--scorer S]
                        [--json]
 
@@ -22,7 +22,7 @@ from rich.table import Table
 
 from lanefold.cli._shared import SIGNAL_EXIT, Interrupted, error, interruptible, where
 from lanefold.config import load_config
-from lanefold.evaluate import DatasetSpec, Sweep, parse_budgets, readable, run_sweep
+from lanefold.evaluate import DatasetSpec, Sweep, SweepPoint, parse_budgets, readable, run_sweep
 from lanefold.execution import new_run_id
 from lanefold.primitives import validate_run_id
 
@@ -58,6 +58,11 @@ def add_parser(
     p.add_argument(
         "--scorer", metavar="S", help="exact (default), numeric[:TOL], humaneval[:SECONDS] or module:function"
     )
+    p.add_argument(
+        "--no-pool",
+        action="store_true",
+        help="sample every point: a real run at each budget, none read from a larger budget's lanes",
+    )
     common(p)
     p.add_argument("--json", action="store_true", help="print sweep.json")
 
@@ -84,6 +89,7 @@ def command(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             scorer=args.scorer,
             dataset=dataset,
+            pool=not args.no_pool,
             stop_reason=reason,
         )
 
@@ -112,36 +118,59 @@ def _words(args: argparse.Namespace) -> list[str]:
     ):
         if value is not None:
             words += [flag, str(value)]
-    return words
+    return [*words, "--no-pool"] if args.no_pool else words
 
 
 def print_sweep(sweep: Sweep, console: Console | None = None) -> None:
-    """Config x budget: accuracy and what a question paid (`~` read from a pool; `!` paid
-    under 80% or over 105% of the budget)."""
+    """Config x budget: accuracy and what a question paid (`~` read from a pool, never
+    tested; `!` paid under 80% or over 105% of the budget), and a real run's Holm-adjusted p
+    against greedy; a budget the loop cannot use says so instead. Greedy, never fitted, is one
+    line at what it paid; the test and its correction are stated under the table."""
     title = (
         f"sweep {sweep.sweep_id}: {sweep.questions} questions of {sweep.dataset}, scored "
         f"{sweep.scorer}; budgets in {sweep.unit} paid a question"
     )
-    if sweep.baseline is not None:
-        title += f"; greedy ({sweep.baseline.name}) {sweep.baseline.accuracy:.3f}"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("config")
     table.add_column("loop")
     for budget in sweep.budgets:
         table.add_column(readable(budget, sweep.unit), justify="right")
     for line in sweep.configs:
-        cells = []
-        for point in line.points:
-            spent = f"${point.paid_mean:.3g}" if sweep.unit == "USD" else f"{point.paid_mean:,.0f}"
-            mark = ("~" if point.source == "pool" else "") + ("!" if point.flag else "")
-            cells.append(f"{point.accuracy:.3f} ({spent}){mark}")
-        table.add_row(line.name, line.loop, *cells)
+        table.add_row(line.name, line.loop, *(_cell(point, sweep.unit) for point in line.points))
     if console is None:
         console = Console()
         if not console.is_terminal:  # a pipe or a file: the whole table, never wrapped at 80
             console = Console(width=240)
     console.print(table)
-    console.print("accuracy (mean paid a question); ~ read from a larger budget's lanes; ! outside 80-105%")
+    console.print(
+        "accuracy (mean paid a question), what fit chose; ~ read from a larger budget's lanes "
+        "(not a run: not tested); ! outside 80-105%; p: against greedy, Holm-adjusted"
+    )
+    base = sweep.baseline
+    if base is not None:
+        console.print(
+            f"greedy ({base.name}), one lane at temperature 0, never fitted: {base.accuracy:.3f} "
+            f"at {_spent(base.paid_mean, sweep.unit)} {sweep.unit} paid a question"
+        )
+    if sweep.tests:
+        console.print(sweep.tests)
+
+
+def _spent(value: float, unit: str) -> str:
+    return f"${value:.3g}" if unit == "USD" else f"{value:,.0f}"
+
+
+def _cell(point: SweepPoint, unit: str) -> str:
+    if point.status == "below_least":
+        return "cannot run at this budget"
+    if point.status == "refused" or point.accuracy is None:
+        return f"refused ({point.refused} runs)"
+    mark = ("~" if point.source == "pool" else "") + ("!" if point.flag else "")
+    parts = [f"{k}={v}" for k, v in point.fitted.items() if "quorum" not in k]
+    test = point.against_greedy
+    if test is not None and test.p_adjusted is not None:
+        parts.append(f"p={test.p_adjusted:.2g}")
+    return f"{point.accuracy:.3f} ({_spent(point.paid_mean, unit)}){mark} {', '.join(parts)}".strip()
 
 
 def add_commands(

@@ -15,6 +15,8 @@ from lanefold.config._defaults import (
     VOTE_REDUCER,
 )
 from lanefold.config._loop_config import (
+    MAX_CONFIG_BYTES,
+    MAX_NESTING,
     VERSION,
     LoopConfig,
     backend_errors,
@@ -29,12 +31,15 @@ from lanefold.config._loop_config import (
     read_table,
     recorded_config,
 )
+from lanefold.primitives.internal import nests_deeper
 
 __all__ = (
     "DEFAULT_BACKEND_KIND",
     "DEFAULT_EXECUTOR",
     "DEFAULT_LOOP",
     "DEFAULT_STORE",
+    "MAX_CONFIG_BYTES",
+    "MAX_NESTING",
     "OTEL_HOOK",
     "VERSION",
     "VOTE_REDUCER",
@@ -46,6 +51,7 @@ __all__ = (
     "describe_errors",
     "load_backend_config",
     "load_config",
+    "nests_deeper",
     "parse_config",
     "preflight",
     "read_table",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -39,11 +40,15 @@ from lanefold.primitives import (
     ConfigError,
     ExtractSpec,
     JudgeSettings,
+    LaneTokens,
     Limits,
     Pricing,
+    PromptForm,
     SamplingParams,
     backend_build_errors,
+    backend_deprecated,
     backend_preflight,
+    backend_prompt_forms,
     build_hook,
     compile_score_regex,
     hash_config,
@@ -51,6 +56,7 @@ from lanefold.primitives import (
     import_verifier,
     loop_reducer,
     plugin_folders,
+    reading_a_record,
     reducer_traits,
     resolve_loop,
     resolve_reducer,
@@ -64,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "DEFAULT_BACKEND",
+    "MAX_CONFIG_BYTES",
     "MAX_NESTING",
     "VERSION",
     "BackendConfig",
@@ -85,12 +92,16 @@ VERSION = metadata.version("lanefold")  # in every run.started: which version wr
 # How deep tables and arrays may nest in a config: a real one nests three or four deep; far
 # deeper is a mistake or an attack, and validating it would exhaust Python's stack.
 MAX_NESTING = 32
+# A config (or keys) file is read no further than this: far past any real one (a keys file of
+# ten thousand keys is about 2 MiB), so a device or a runaway file is one line, not a read forever.
+MAX_CONFIG_BYTES = 4 << 20
 
 # The facade's defaults, named once: a config without `[backend]` runs on the bundled engine
 # on its bundled model (no server, no key).
 DEFAULT_BACKEND: dict[str, Any] = {"kind": DEFAULT_BACKEND_KIND}
 
 M = TypeVar("M", bound=BaseModel)
+_log = logging.getLogger("lanefold.config")
 
 
 def _backend_section(where: str) -> Any:
@@ -162,8 +173,9 @@ class _Section(BaseModel):
 
 class LoopSection(BaseModel):
     """`[loop]`: the keys every loop shares (which coordinator, the seed, how many lanes at
-    once, the per-request timeout); every other key is the chosen loop's, validated by its
-    `Params` (and filled with its defaults, so a recorded config is whole)."""
+    once, the per-request timeout, the gateway's reply without an answer); every other key is
+    the chosen loop's, validated by its `Params` (and filled with its defaults, so a recorded
+    config is whole)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -171,6 +183,13 @@ class LoopSection(BaseModel):
     max_concurrency: int = Field(16, ge=1)
     seed: int = 0
     timeout_s: float | None = Field(None, gt=0, description="per backend request")
+    # What the gateway replies for a run without an answer: an error (`no_answer`), or the best
+    # lane's text marked as no answer. Recorded only when not the default (old hashes hold).
+    on_no_answer: Literal["error", "best_lane"] = Field(
+        "error",
+        exclude_if=lambda v: v == "error",
+        description="the gateway's reply without an answer: an error, or the best lane marked so",
+    )
 
 
 class RetrySection(_Section):
@@ -183,9 +202,16 @@ class RetrySection(_Section):
 
 
 class PromptSection(_Section):
-    """`[prompt]`: the template every lane is sent, with `{question}` in it."""
+    """`[prompt]`: the template every lane is sent, with `{question}` in it, and the form it is
+    sent in (`form`, one rule for every entry: run, eval, compare, sweep, Session, gateway).
+    "chat": the prompt is the user's turn of a chat the backend renders through the model's
+    chat template; "raw": it is sent as it is (a completion); "auto": "chat" where the backend
+    takes a chat, and, for a gateway `/v1/completions` request, "raw" where it takes raw text."""
 
     template: str = "Question: {question}\nThink briefly, then end with 'Answer: <answer>'.\n"
+    form: Literal["auto", "chat", "raw"] = Field(
+        "auto", description="how each lane's prompt reaches the model: a chat turn, or raw text"
+    )
 
     @field_validator("template")
     @classmethod
@@ -201,7 +227,7 @@ class SamplingSection(_Section):
     temperature: float = Field(0.7, ge=0, le=5)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    max_tokens: int = Field(256, ge=1)
+    max_tokens: LaneTokens = Field(256, ge=1)
     stop: list[str] = []
     logprobs: bool = False
     # Which of a gateway request's own sampling fields its sampled lanes take instead of the
@@ -225,7 +251,7 @@ class JudgeSection(_Section):
     verifier_timeout_s: float = Field(30.0, gt=0)
     backend: JudgeBackendConfig = None
     temperature: float = Field(0.0, ge=0, le=5)
-    max_tokens: int = Field(64, ge=1)
+    max_tokens: LaneTokens = Field(64, ge=1)
     stop: list[str] = []
     score_regex: str | None = Field(None, description="the judge's score: group 1 (or `num`)")
     usc_template: str | None = Field(
@@ -334,13 +360,43 @@ class LoopConfig(_Section):
 
     _loop_params: BaseModel | None = PrivateAttr(None)
     _folder: str | None = PrivateAttr(None)
+    _recorded_before_form: bool = PrivateAttr(False)  # a log written before `[prompt] form`
 
     @model_validator(mode="after")
     def _consistent(self) -> LoopConfig:
         choice = loop_reducer(resolve_loop(self.loop.coordinator), self.loop_params)
         if choice is not None and choice.name:
             _check_judge(self.judge, choice.name, choice.judge_keys)
+        for where, backend in _backends(self):
+            forms = backend_prompt_forms(backend)
+            if self.prompt.form != "auto" and self.prompt.form not in forms:
+                raise ValueError(
+                    f'prompt.form: "{self.prompt.form}", but {where} (kind "{backend.kind}") as '
+                    f'configured sends only "{forms[0]}" prompts'
+                )
         return self
+
+    def prompt_form(
+        self, backend: BackendSpec | None = None, *, completion: bool = False
+    ) -> PromptForm | None:
+        """How this config's lanes send their prompt to `backend` (default: its `[backend]`):
+        `[prompt] form`, "auto" resolved by what the backend takes ("chat" first; "raw" first
+        for a `completion`, a gateway `/v1/completions` request). None for a run recorded
+        before `form` was a key: it resumes by the rule it ran with (`Dispatcher`)."""
+        if self._recorded_before_form:
+            return None
+        forms = backend_prompt_forms(backend or self.backend)
+        if self.prompt.form != "auto":
+            return self.prompt.form
+        return "raw" if completion and "raw" in forms else forms[0]
+
+    def with_form(self, form: PromptForm) -> LoopConfig:
+        """This config with `[prompt] form` set (itself when it says so already)."""
+        if self.prompt.form == form:
+            return self
+        raw = self.model_dump(mode="json")
+        raw["prompt"]["form"] = form
+        return parse_config(raw, folder=self.folder)
 
     @property
     def loop_params(self) -> BaseModel:
@@ -392,7 +448,9 @@ class LoopConfig(_Section):
             return self
         raw = self.model_dump(mode="json")
         raw["loop"]["seed"] = seed
-        return parse_config(raw, folder=self.folder)
+        seeded = parse_config(raw, folder=self.folder)
+        seeded._recorded_before_form = self._recorded_before_form  # sent as it was recorded
+        return seeded
 
     def sampling_params(self) -> SamplingParams:
         s = self.sampling
@@ -626,9 +684,14 @@ def _deeper_than(value: object, limit: int) -> bool:
 
 
 def load_config(path: str | Path) -> LoopConfig:
-    """Read a TOML (or `.json`) loop config file."""
+    """Read a TOML (or `.json`) loop config file; a deprecated key in it is logged once, as a
+    warning naming its replacement (the command line shows it)."""
     path = Path(path)
-    return parse_config(_read(path), source=str(path), folder=path.parent)
+    config = parse_config(_read(path), source=str(path), folder=path.parent)
+    for where, backend in _backends(config):
+        for line in backend_deprecated(backend):
+            _log.warning("%s: %s.%s", path, where, line)
+    return config
 
 
 def load_backend_config(path: str | Path) -> BackendSpec:
@@ -655,9 +718,14 @@ def describe_errors(exc: ValidationError, prefix: str = "") -> list[str]:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:  # read no further than the bound: /dev/zero ends too
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes, more than any config holds")
+    try:
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text reads
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     too_deep = ConfigError(
@@ -801,9 +869,10 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
     version that wrote it when it no longer validates."""
     assert state.started is not None
     try:
-        return parse_config(
-            state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
-        )
+        with reading_a_record():  # a header named as a secret since: the log stays readable
+            config = parse_config(
+                state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
+            )
     except ConfigError as exc:
         if "loop.coordinator: cannot import" in str(exc):
             folder = state.started.config_dir or "the folder of its config"
@@ -814,6 +883,11 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
         raise ConfigError(
             f"{exc} (written by lanefold {state.started.library_version}, this is {VERSION})"
         ) from None
+    prompt = state.started.config.get("prompt")
+    # A log from before `[prompt] form`: its lanes sent what the rule of its day said, and a
+    # resume must send the same (a wave's missing lanes, a later wave of the same run).
+    config._recorded_before_form = not (isinstance(prompt, dict) and "form" in prompt)
+    return config
 
 
 def config_hash(config: LoopConfig) -> str:

@@ -21,6 +21,7 @@ from lanefold.evaluate._eval_records import (
     TOKEN_LINES,
     EvalManifest,
     EvalSummary,
+    FittedBudget,
     QuestionResult,
     RescoreSpec,
     is_eval,
@@ -32,10 +33,13 @@ from lanefold.evaluate._eval_records import (
     wilson_interval,
 )
 from lanefold.evaluate._fetch import cache_root
+from lanefold.evaluate._fit_record import FitRecord
 from lanefold.evaluate._item import Item
+from lanefold.evaluate._paired import holm, mcnemar
 from lanefold.evaluate._rescore import rereductions, rescore_eval
 from lanefold.evaluate._scoring import SCORERS, Score, Scorer, register_scorer, resolve_scorer
 from lanefold.evaluate._sweep import Sweep, parse_budgets, run_sweep
+from lanefold.evaluate._sweep_records import SweepPoint
 
 __all__ = (
     "BUDGET_MODES",
@@ -49,6 +53,8 @@ __all__ = (
     "DatasetSpec",
     "EvalManifest",
     "EvalSummary",
+    "FitRecord",
+    "FittedBudget",
     "Item",
     "McNemar",
     "Pool",
@@ -58,12 +64,15 @@ __all__ = (
     "Scorer",
     "Source",
     "Sweep",
+    "SweepPoint",
     "cache_root",
     "find_source",
+    "holm",
     "is_eval",
     "list_sources",
     "load_dataset",
     "majority_at_k",
+    "mcnemar",
     "parse_budgets",
     "pass_at_k",
     "read_manifest",

@@ -5,10 +5,12 @@
 
 Each config runs as its own eval (`<compare_id>-<name>`, resumable) on the same questions,
 one config after another; the comparison reads the evals back, pairs them by question
-(McNemar against the best) and writes `runs/<compare_id>/compare.json` and `compare.png`.
-With an equal budget every config is fitted by its loop's own `fit` to one budget of what a
-question pays, priced from a pilot (`_fitting`), so a loop cannot look better by spending more;
-each line says what it actually paid, and the Pareto frontier of paid spend and accuracy.
+(McNemar's exact test against the best, Holm-adjusted across the table's tests) and writes
+`runs/<compare_id>/compare.json` and `compare.png`. With an equal budget every config is
+fitted by its loop's own `fit` to one budget of what a question pays, priced from a pilot
+(`_fitting`), so a loop cannot look better by spending more: each line says what it actually
+paid and what the fit chose, and a config that paid over 105% of the budget is never the best
+and never on the Pareto frontier of paid spend and accuracy.
 """
 
 from __future__ import annotations
@@ -21,21 +23,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from lanefold.config import LoopConfig, config_hash, load_config, preflight
 from lanefold.evaluate._compare_plot import draw
+from lanefold.evaluate._compare_records import Compared, Comparison
 from lanefold.evaluate._datasets import DatasetSpec
 from lanefold.evaluate._eval import questions_hash, read_manifest, run_eval
 from lanefold.evaluate._eval_records import (
+    OVER_BUDGET,
     RUN_IDS,
+    FittedBudget,
     QuestionResult,
     as_json,
     check_eval_id,
     read_results,
 )
+from lanefold.evaluate._fit_record import FitRecord
 from lanefold.evaluate._fitting import UNITS, EqualBudget, check_pricing, check_unit, settle_budget
 from lanefold.evaluate._item import Item
+from lanefold.evaluate._paired import CORRECTION, McNemar, holm, mcnemar, mcnemar_p
 from lanefold.evaluate._pilot import PILOT_QUESTIONS, frontier, spread
 from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.execution import open_store
@@ -49,113 +54,13 @@ __all__ = (
     "arm_names",
     "mcnemar",
     "mcnemar_p",
+    "ranked",
     "run_compare",
 )
 
-EXACT_BELOW = 25  # discordant pairs under which McNemar's p-value is the exact binomial one
 ConfigLike = LoopConfig | str | Path
 OnStart = Callable[[str, int, Sequence[QuestionResult]], None]
 OnResult = Callable[[str, QuestionResult], None]
-
-
-# -- the paired test --------------------------------------------------------------------------
-
-
-class McNemar(BaseModel):
-    """A paired test of two configs on the same questions.
-
-    `only_first`: questions the first got right and the second wrong; `only_second` the
-    reverse; `p_value` two-sided, by `method` ("exact": the binomial on the discordant pairs,
-    "chi2": chi-square with continuity correction), None where nothing was paired.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    paired: int
-    only_first: int
-    only_second: int
-    p_value: float | None
-    method: Literal["exact", "chi2", "none"]
-
-
-def mcnemar(first: Mapping[int, bool], second: Mapping[int, bool]) -> McNemar:
-    """McNemar's test over the questions both have (keys: question index)."""
-    common = set(first) & set(second)
-    b = sum(1 for i in common if first[i] and not second[i])
-    c = sum(1 for i in common if second[i] and not first[i])
-    if not common:
-        return McNemar(paired=0, only_first=0, only_second=0, p_value=None, method="none")
-    p, method = mcnemar_p(b, c)
-    return McNemar(paired=len(common), only_first=b, only_second=c, p_value=p, method=method)
-
-
-def mcnemar_p(b: int, c: int) -> tuple[float, Literal["exact", "chi2"]]:
-    """Two-sided p-value of b against c discordant pairs: exact (binomial, p = 1/2) under
-    EXACT_BELOW pairs, else chi-square with continuity correction."""
-    n = b + c
-    if n < EXACT_BELOW:
-        tail = sum(math.comb(n, i) for i in range(min(b, c) + 1))
-        return min(1.0, 2 * tail / 2**n), "exact"
-    statistic = max(0, abs(b - c) - 1) ** 2 / n
-    return math.erfc(math.sqrt(statistic / 2)), "chi2"  # chi-square(1)'s upper tail
-
-
-# -- compare.json -----------------------------------------------------------------------------
-
-
-class Compared(BaseModel):
-    """One config's line: its eval, accuracy and 95% Wilson interval, spend per question
-    (tokens by bill line), the eval's wall time, the `[budget]` limits it ran with and
-    McNemar's test against the best. In `unit` (the equal budget's, else tokens): the
-    `budget` a question (None: no equal budget), what a question paid (`paid_mean`,
-    `paid_min`, `paid_max`), accuracy per 1,000 tokens, per dollar or per lane paid
-    (`per_spend`), whether no other config is at least as accurate for no more paid
-    (`pareto`), and `flag` "under" or "over" where it paid under 80% or over 105% of the
-    budget. `fitted`: the loop keys its `fit` set for the budget."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    config: str
-    eval_id: str
-    loop: str
-    n: int
-    correct: int
-    accuracy: float
-    interval: tuple[float, float]
-    abstentions: int
-    failed: int
-    mean_lanes: float
-    mean_tokens: dict[str, float]
-    mean_cost: float
-    wall_s: float
-    limits: dict[str, Any]
-    unit: str
-    budget: float | None
-    paid_mean: float
-    paid_min: float
-    paid_max: float
-    per_spend: float | None
-    pareto: bool = False
-    flag: Literal["under", "over"] | None = None
-    fitted: dict[str, Any] = {}
-    against_best: McNemar | None  # None: this is the best
-
-
-class Comparison(BaseModel):
-    """`compare.json`: every config on the same questions, best first: by accuracy, then by
-    lower mean cost, then fewer tokens computed, then the order given."""
-
-    model_config = ConfigDict(frozen=True)
-
-    compare_id: str
-    dataset: str
-    scorer: str
-    questions: int
-    best: str
-    equal_budget: EqualBudget | None
-    configs: list[Compared]
-    plot: str | None
 
 
 # -- the comparison ---------------------------------------------------------------------------
@@ -256,6 +161,7 @@ async def run_compare(
             _check_recorded(compare_id, f"{name}'s pilot", f"{eval_id}.pilot", config, pilot, runs_dir)
     settled: EqualBudget | None = None
     keys: list[dict[str, Any]] = [{} for _ in arms]
+    records: list[FitRecord | None] = [None for _ in arms]
     if mode is not None:
         settled, fits = await settle_budget(
             arms,
@@ -272,6 +178,7 @@ async def run_compare(
         )
         arms = [(name, source, fit.config) for (name, source, _), fit in zip(arms, fits, strict=True)]
         keys = [fit.keys for fit in fits]
+        records = [fit.record for fit in fits]
     for name, _, config in arms:  # a changed config or budget: refused before any eval runs
         _check_recorded(compare_id, name, f"{compare_id}-{name}", config, items, runs_dir)
 
@@ -279,8 +186,11 @@ async def run_compare(
     lines: list[Compared] = []
     marks: list[dict[int, bool]] = []
     chosen_scorer = ""
-    for (name, source, config), fitted in zip(arms, keys, strict=True):
+    for (name, source, config), fitted, record in zip(arms, keys, records, strict=True):
         eval_id = f"{compare_id}-{name}"
+        fitted_to = None
+        if settled is not None and record is not None and not record.greedy:
+            fitted_to = FittedBudget(unit=settled.mode, budget=settled.limit)
         summary = await run_eval(
             config,
             items,
@@ -289,6 +199,7 @@ async def run_compare(
             concurrency=concurrency,
             scorer=scorer,
             dataset=dataset,
+            fitted_to=fitted_to,
             on_start=functools.partial(on_start, name) if on_start else None,
             on_result=functools.partial(on_result, name) if on_result else None,
             stop_reason=stop_reason,
@@ -298,8 +209,10 @@ async def run_compare(
         store = open_store(config.store.url, runs_dir, config.store.password_env)
         rows = read_results(store.eval_record(eval_id))  # where run_eval recorded it
         marks.append({i: row.correct for i, row in rows.items() if i in wanted})
-        mean, least, most = spread([row for i, row in rows.items() if i in wanted], unit)
-        limit = settled.limit if settled is not None else None
+        kept = [row for i, row in rows.items() if i in wanted]
+        mean, least, most = spread(kept, unit)
+        greedy = record is not None and record.greedy
+        limit = settled.limit if settled is not None and not greedy else None
         lines.append(
             Compared(
                 name=name,
@@ -325,20 +238,30 @@ async def run_compare(
                 per_spend=summary.accuracy / mean * _PER[unit] if mean > 0 else None,
                 flag=_flag(mean, limit),
                 fitted=fitted,
+                fit=record,
+                capped=sum(row.capped for row in kept),
+                refused=sum(row.capped and row.status == "failed" for row in kept),
                 against_best=None,
             )
         )
 
-    order = sorted(
-        range(len(lines)), key=lambda i: (-lines[i].accuracy, lines[i].mean_cost, computed(lines[i]), i)
-    )
-    best = order[0]
-    on_frontier = frontier([(line.paid_mean, line.accuracy) for line in lines])
+    order = ranked(lines)
+    reference = order[0]
+    best = None if lines[reference].flag == "over" else lines[reference].name
+    on_frontier = frontier([(line.paid_mean, line.accuracy) for line in lines if line.flag != "over"])
+    within = [i for i, line in enumerate(lines) if line.flag != "over"]
+    tests = {i: mcnemar(marks[reference], marks[i]) for i in range(len(lines)) if i != reference}
+    adjusted = holm([test.p_value for test in tests.values()])
+    m = sum(p is not None for p in adjusted)
+    tests = {
+        i: test.model_copy(update={"p_adjusted": p, "adjusted_over": m if p is not None else None})
+        for (i, test), p in zip(tests.items(), adjusted, strict=True)
+    }
     lines = [
         line.model_copy(
             update={
-                "pareto": i in on_frontier,
-                "against_best": None if i == best else mcnemar(marks[best], marks[i]),
+                "pareto": i in within and within.index(i) in on_frontier,
+                "against_best": tests.get(i),
             }
         )
         for i, line in enumerate(lines)
@@ -349,7 +272,11 @@ async def run_compare(
         dataset=dataset.spec if dataset else "<items>",
         scorer=chosen_scorer,
         questions=len(items),
-        best=lines[best].name,
+        best=best,
+        tests=(
+            f"McNemar's exact test against {lines[reference].name}, Holm-adjusted across {m} "
+            f"test{'s' * (m != 1)} ({CORRECTION})"
+        ),
         equal_budget=settled,
         configs=[lines[i] for i in order],
         plot=None,
@@ -389,6 +316,22 @@ def _check_recorded(
         )
 
 
+def ranked(lines: Sequence[Compared]) -> list[int]:
+    """The configs' order, best first: every one that paid within 105% of the budget before
+    any that paid over it, then by accuracy, lower mean cost, fewer tokens computed, the order
+    given."""
+    return sorted(
+        range(len(lines)),
+        key=lambda i: (
+            lines[i].flag == "over",
+            -lines[i].accuracy,
+            lines[i].mean_cost,
+            computed(lines[i]),
+            i,
+        ),
+    )
+
+
 def computed(line: Compared) -> float:
     """Mean tokens computed per question (cached prefill is not computed again)."""
     return math.fsum(value for name, value in line.mean_tokens.items() if name != "cached_prefill")
@@ -407,7 +350,7 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 _PER = {"tokens": 1000.0, "cost": 1.0, "lanes": 1.0}  # accuracy per 1,000 tokens, per USD, per lane
-UNDER, OVER = 0.80, 1.05  # a config that paid outside these shares of the budget is flagged
+UNDER, OVER = 0.80, OVER_BUDGET  # a config that paid outside these shares of the budget is flagged
 
 
 def _flag(paid: float, budget: float | None) -> Literal["under", "over"] | None:

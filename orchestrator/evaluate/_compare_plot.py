@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ("draw", "readable", "spend_axis", "spend_label", "spend_ticks")
+__all__ = ("draw", "readable", "spend_axis", "spend_label", "spend_ticks", "tick_labels")
 
 _log = logging.getLogger("lanefold.compare")
 
@@ -31,8 +31,9 @@ class Drawn(Protocol):
 
 def draw(comparison: Drawn, path: Path) -> str | None:
     """`compare.png`: accuracy against what a question paid (the equal budget's unit, else
-    tokens computed), 95% interval bars, one point per config, the frontier marked and the
-    budget as a dashed line. None without matplotlib."""
+    tokens computed), 95% interval bars, one point per config, the frontier as stars, a config
+    over 105% of the budget crossed (never a star), and the budget as a dashed line. None
+    without matplotlib."""
     try:
         import matplotlib
 
@@ -47,14 +48,17 @@ def draw(comparison: Drawn, path: Path) -> str | None:
     try:
         for line in lines:
             low, high = line.interval
+            over = line.flag == "over"
             axes.errorbar(
                 [line.paid_mean],
                 [line.accuracy],
                 yerr=[[line.accuracy - low], [high - line.accuracy]],
-                fmt="*" if line.pareto else "o",
-                markersize=10 if line.pareto else 6,
+                fmt="X" if over else "*" if line.pareto else "o",
+                markersize=10 if line.pareto else 8 if over else 6,
                 capsize=4,
-                label=f"{line.name} ({line.loop})" + (" frontier" if line.pareto else ""),
+                label=f"{line.name} ({line.loop})"
+                + (" over budget" if over else " frontier" if line.pareto else ""),
+                gid=f"{line.name}:{'over' if over else 'frontier' if line.pareto else 'point'}",
             )
             axes.annotate(
                 line.name,
@@ -94,13 +98,35 @@ def readable(value: float, unit: str) -> str:
     return f"{value:,.0f} {unit}" if value >= 10 or value == int(value) else f"{value:.2g} {unit}"
 
 
-def spend_ticks(unit: str) -> Any:
-    """Tick labels in the unit: `$0.0012`, `1,200`, never `1e-6` offsets."""
-    from matplotlib.ticker import FuncFormatter
+def tick_labels(values: Sequence[float], unit: str) -> list[str]:
+    """Plain tick labels in the unit (`$0.0012`, `1,200`, never `1e-6` offsets), with the
+    fewest figures that keep every label distinct (10.5 and 11 are not both `11`)."""
 
-    if unit == "USD":
-        return FuncFormatter(lambda x, _: f"${x:.3g}" if x else "$0")
-    return FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 10 or x == int(x) else f"{x:.2g}")
+    def one(value: float, figures: int) -> str:
+        if unit == "USD":
+            return f"${value:.{figures + 2}g}" if value else "$0"
+        return f"{value:,.{figures}f}"
+
+    labels = [one(v, 0) for v in values]
+    for figures in range(8):
+        labels = [one(v, figures) for v in values]
+        if len(set(labels)) == len(labels):
+            break
+    return labels
+
+
+def spend_ticks(unit: str) -> Any:
+    """A matplotlib formatter of `tick_labels`: every tick of the axis labelled at once."""
+    from matplotlib.ticker import Formatter
+
+    class Spend(Formatter):
+        def format_ticks(self, values: Sequence[float]) -> list[str]:
+            return tick_labels(list(values), unit)
+
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return tick_labels([x], unit)[0]
+
+    return Spend()
 
 
 def spend_axis(axes: Any, unit: str) -> None:

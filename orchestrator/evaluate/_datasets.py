@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lanefold.config import MAX_NESTING, nests_deeper
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._openai_evals import load_openai_evals
 from lanefold.evaluate._packaged import load_bigbench, load_humaneval
@@ -142,6 +143,8 @@ def _jsonl_rows(text: str, source: str) -> Iterator[tuple[int, Mapping[str, Any]
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        if nests_deeper(line, MAX_NESTING):  # before the parser, which recurses per level
+            raise ConfigError(f"{source}:{number}: nested deeper than {MAX_NESTING} levels")
         try:
             row = json.loads(line)
         except ValueError as exc:

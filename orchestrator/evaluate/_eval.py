@@ -34,6 +34,7 @@ from lanefold.evaluate._eval_records import (
     TOKEN_LINES,
     EvalManifest,
     EvalSummary,
+    FittedBudget,
     QuestionResult,
     append_result,
     as_json,
@@ -59,6 +60,7 @@ from lanefold.execution import (
 )
 from lanefold.primitives import (
     Backend,
+    BudgetExhaustedError,
     ConfigError,
     EvalRecord,
     LanefoldError,
@@ -67,6 +69,7 @@ from lanefold.primitives import (
     RunState,
     plugin_folders,
     redact_url,
+    stopped_for_budget,
     validate_run_id,
 )
 
@@ -106,6 +109,7 @@ async def run_eval(
     store: str | Store | None = None,
     executor: Executor | str | None = None,
     hooks: Sequence[Any] = (),
+    fitted_to: FittedBudget | None = None,
 ) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.
 
@@ -120,7 +124,8 @@ async def run_eval(
     `runs_dir/<eval_id>/`; PostgreSQL: its eval tables).
     `executor` ("ray" or a RayExecutor) runs the questions on workers, up to `concurrency` on
     each, on the same store; their results are scored and recorded here. `hooks` (beside
-    the config's `[[hooks]]`) see every question's run (docs/hooks.md).
+    the config's `[[hooks]]`) see every question's run (docs/hooks.md). `fitted_to`, the
+    equal budget a compare or sweep fitted `config` to, is recorded in the manifest.
     """
     started = clock()
     if concurrency < 1:
@@ -173,6 +178,7 @@ async def run_eval(
         questions_hash=questions_hash(items),
         library_version=VERSION,
         run_ids=RUN_IDS,
+        fitted_to=fitted_to,
     )
     if record.is_run():
         raise ConfigError(f"{record.location}: is a run's, not an eval's: choose another --eval-id")
@@ -359,7 +365,11 @@ class _Eval:
         state = None
         with contextlib.suppress(LanefoldError, OSError):
             state = read_state(self.session.store, self.run_id(item))
-        self.record(self.failed(item, f"{type(exc).__name__}: {exc}", state))
+        self.record(
+            self.failed(
+                item, f"{type(exc).__name__}: {exc}", state, refused=isinstance(exc, BudgetExhaustedError)
+            )
+        )
 
     def record(self, row: QuestionResult) -> None:
         append_result(self.kept, row)  # a full disk: LogWriteError, the eval stops
@@ -368,9 +378,13 @@ class _Eval:
             self.on_result(row)
 
     async def scored(self, item: Item, result: RunResult, state: RunState | None) -> QuestionResult:
-        return await scored_row(self.scorer, self.session.store, item, result, state)
+        budget = self.session.config.budget
+        limited = budget.max_tokens is not None or budget.max_cost_usd is not None
+        return await scored_row(self.scorer, self.session.store, item, result, state, budgeted=limited)
 
-    def failed(self, item: Item, error: str, state: RunState | None) -> QuestionResult:
+    def failed(
+        self, item: Item, error: str, state: RunState | None, *, refused: bool = False
+    ) -> QuestionResult:
         spend = state.spend if state is not None else None
         lanes = 0
         if state is not None:
@@ -392,6 +406,7 @@ class _Eval:
             cost_by_line=by_line,
             seconds=round(state.active_seconds(), 6) if state is not None else 0.0,
             error=" ".join(error.split()),
+            capped=refused or (state is not None and shrunk(state)),
         )
 
 
@@ -405,11 +420,27 @@ _USD = {
 }
 
 
+def shrunk(state: RunState) -> bool:
+    """Whether the budget shrank one of the run's waves below what its loop asked for."""
+    return any(wave.info.k < wave.info.k_requested for wave in state.waves.values())
+
+
 async def scored_row(
-    scorer: Scorer, store: Store, item: Item, result: RunResult, state: RunState | None = None
+    scorer: Scorer,
+    store: Store,
+    item: Item,
+    result: RunResult,
+    state: RunState | None = None,
+    *,
+    budgeted: bool = False,
 ) -> QuestionResult:
     """The row of `item` as `result` answered it, scored by `scorer` (its lanes' texts read
-    from `store` where the scorer needs them)."""
+    from `store` where the scorer needs them). `budgeted`: the run had a `[budget]` limit,
+    so whether it was cut at it is read from its log."""
+    capped = stopped_for_budget(result.outcome)
+    if budgeted and not capped:
+        state = state or read_state(store, result.run_id)
+        capped = shrunk(state)
     if scorer.needs_text:
         state = state or read_state(store, result.run_id)
         lanes = [
@@ -448,6 +479,7 @@ async def scored_row(
         cost_by_line={line: getattr(cost, line) for line in COST_LINES},
         seconds=result.elapsed_s,
         error=final.error,
+        capped=capped,
     )
 
 

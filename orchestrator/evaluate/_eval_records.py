@@ -35,6 +35,7 @@ __all__ = (
     "EvalManifest",
     "EvalPaths",
     "EvalSummary",
+    "FittedBudget",
     "QuestionResult",
     "RescoreSpec",
     "append_result",
@@ -52,6 +53,8 @@ __all__ = (
 )
 
 TOKEN_LINES = ("prefill", "cached_prefill", "decode", "verifier", "cut_off")
+PAID_TOKENS = ("prefill", "decode", "verifier", "cut_off")  # computed: what `max_tokens` counts
+OVER_BUDGET = 1.05  # a config that paid over this share of its equal budget is over it
 COST_LINES = ("prefill", "cached_prefill", "decode", "kv_residency", "verifier", "cut_off")
 Z95 = NormalDist().inv_cdf(0.975)
 # Question i of eval E is the run `E.i`; no eval id may end in `.<digits>`, so no eval's folder
@@ -88,6 +91,28 @@ class RescoreSpec(BaseModel):
         return self.reducer + (f" with {by}" if by else "")
 
 
+class FittedBudget(BaseModel):
+    """The equal budget a `compare` or `sweep` fitted an eval's config to: what a question may
+    pay, in `unit` (`tokens`, `cost` or `lanes`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    unit: Literal["tokens", "cost", "lanes"]
+    budget: float
+
+    def paid(self, summary: EvalSummary) -> float:
+        """What a question of the eval paid on average, in this budget's unit."""
+        if self.unit == "lanes":
+            return summary.mean_lanes
+        if self.unit == "cost":
+            return summary.mean_cost
+        return math.fsum(summary.mean_tokens.get(line, 0.0) for line in PAID_TOKENS)
+
+    def over(self, summary: EvalSummary) -> bool:
+        """Whether the eval paid over 105% of the budget (never "best", never on a frontier)."""
+        return self.paid(summary) > OVER_BUDGET * self.budget
+
+
 class EvalManifest(BaseModel):
     """`eval.json`: what `orchestrator eval --resume ID` needs to run the same eval again,
     and what the same command with the same `--eval-id` must match."""
@@ -111,6 +136,8 @@ class EvalManifest(BaseModel):
     run_ids: str = _OLD_RUN_IDS  # how its questions' runs are named (RUN_IDS for new evals)
     # A re-reduction of another eval (`orchestrator reduce --eval`): what it asked for
     rescore_of: RescoreSpec | None = Field(None, exclude_if=lambda v: v is None)
+    # The equal budget a compare or sweep fitted its config to
+    fitted_to: FittedBudget | None = Field(None, exclude_if=lambda v: v is None)
 
     def run_id(self, index: int) -> str:
         """The run of question `index`."""
@@ -123,7 +150,9 @@ class QuestionResult(BaseModel):
     `status` is the run's ("answered", "no_answer": an abstention) or "failed" (the run
     raised: budget, quorum, backend; `error` says). `lanes` counts the sample lanes the run
     priced; `lane_answers` and `lane_correct` are its completed ones, in order (what pass@k
-    and the curves read). `seconds` is the run's sampling time (`elapsed_s`).
+    and the curves read). `seconds` is the run's sampling time (`elapsed_s`). `capped`: the
+    run was cut at its per-question `[budget]` limit (a wave shrunk or refused, or its loop
+    stopped because the budget could not fund its next step; failed with it, refused).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -144,6 +173,7 @@ class QuestionResult(BaseModel):
     cost_by_line: dict[str, float] = {}
     seconds: float
     error: str | None = None
+    capped: bool = False
 
 
 class EvalSummary(BaseModel):

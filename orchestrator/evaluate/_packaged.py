@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from lanefold.config import MAX_NESTING, nests_deeper
 from lanefold.evaluate._fetch import fetch_refused, pip_download, source_cache
 from lanefold.evaluate._item import Item
 from lanefold.primitives import ConfigError, LanefoldError, get_logger
@@ -209,8 +210,11 @@ def _task_files(task: str, zf: zipfile.ZipFile) -> list[tuple[str, Mapping[str, 
 
 
 def _read_task(zf: zipfile.ZipFile, member: str) -> Mapping[str, Any]:
+    raw = zf.read(member)
+    if nests_deeper(raw, MAX_NESTING):  # before the parser, which recurses per level
+        raise LanefoldError(f"--dataset bigbench: {member} is nested deeper than {MAX_NESTING} levels")
     try:
-        data = json.loads(zf.read(member))
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise LanefoldError(f"--dataset bigbench: {member} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):

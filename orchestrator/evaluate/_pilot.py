@@ -3,12 +3,17 @@
 A budget is what is paid, not a worst case: computed tokens (prefill, decode, verifier and
 cut-off tokens; cached prefill is not computed again, so it counts zero tokens), or USD (every
 line at its own price, cached prefill included), or lanes. A pilot runs the config as it is
-on the first questions (a real eval, resumable); its records say what one question paid by
-line. The loop's declared cost shape says how each line scales with its params: prompt tokens
-with the shape's prompt (as prefill only where a wave's lanes cannot share their prefix),
-decode, cut-off and KV residency with its lanes, the judge's tokens with its candidates. So
-`Rates.expected(params)` is the expected paid spend of any params, which each loop's own `fit`
-searches (`Allowance.price`). Nothing here knows a loop by name.
+on the first questions (a real eval, resumable); its records say what each question paid by
+line and how many lanes it ran. The loop's declared waves (`cost_shape`) say what a question
+sends: each wave's requests on the backend at hand, their prefill passes (`_waves`), its
+lanes, its judge's candidates. The pilot measures, against that model, what the backend
+computes of a prompt sent again (`reuse`: 0 where it keeps no prefix across requests, 1 where
+its cache serves all of it), each lane's decode and each candidate's judging, and where each
+question stopped (an early stop: adaptive_sample's vote settled, a debate's agents agreed).
+`Rates.expected(params)` is then the mean a question of those params is expected to pay, which
+each loop's own `fit` searches (`Allowance.price`); `Rates.ceiling(params)` the per-question
+limit that lets the params' every wave run whole when the waves before it spent as expected.
+Nothing here knows a loop by name.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from lanefold.config import LoopConfig
-from lanefold.evaluate._eval_records import QuestionResult
-from lanefold.primitives import CostShape, Pricing, cost_shape
+from lanefold.evaluate._eval_records import PAID_TOKENS, QuestionResult
+from lanefold.evaluate._waves import Passes, Serving, passes, path, worst
+from lanefold.primitives import CostShape, WaveShape, cost_shape, shape_waves
 
 __all__ = ("PILOT_QUESTIONS", "Rates", "first_lane", "frontier", "paid", "spread")
 
 PILOT_QUESTIONS = 10
-_PAID_TOKENS = ("prefill", "decode", "verifier", "cut_off")  # computed: what `max_tokens` counts
 
 
 def paid(row: QuestionResult, unit: str) -> float:
@@ -35,7 +40,7 @@ def paid(row: QuestionResult, unit: str) -> float:
         return float(row.lanes)
     if unit == "cost":
         return row.cost
-    return float(sum(row.tokens.get(line, 0) for line in _PAID_TOKENS))
+    return float(sum(row.tokens.get(line, 0) for line in PAID_TOKENS))
 
 
 def spread(rows: Sequence[QuestionResult], unit: str) -> tuple[float, float, float]:
@@ -52,43 +57,41 @@ def _shape(config: LoopConfig, params: BaseModel, prompt: int) -> CostShape | No
     )
 
 
-def _computed(shape: CostShape, shared: bool) -> int:
-    """The prompt tokens a shape computes: its `prefill_tokens` where a wave's lanes share
-    their prefix, else every one."""
-    if shared and shape.prefill_tokens is not None:
-        return shape.prefill_tokens
-    return shape.prompt_tokens
+def _candidates(shape: CostShape, lanes: int) -> int:
+    """The candidates judged when `lanes` of the shape ran: every lane where each is one."""
+    return min(shape.candidates, lanes) if shape.candidates == shape.lanes else shape.candidates
 
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """One config's paid spend per question, by line, per unit of what it scales with.
+    """One config's paid spend per question, by what it scales with, as its pilot measured it.
 
-    Prompt tokens seen: `base` per token of each lane's first prompt (`prompt_tokens` a lane)
-    and `growth` per token the shape adds beyond them (later prompts quoting earlier answers,
-    counted at their worst). Where the backend counts prompts itself (`exact`), the tokens seen
-    go to the first prompts first and only the rest to growth, as a worst case errs high;
-    else both are the pilot's share of the shape's prompt tokens. Of those seen, `prefill`
-    is computed per token the shape says must be where a wave's lanes share their prefix
-    (below 1 where a server's cache kept a prefix from one question to the next), and
-    `computed` the share computed where it says nothing. `decode`, `cut_off` and `kv_usd` per
-    lane, `judge` tokens and `judge_usd` per candidate; `shared`, whether a wave's lanes
-    shared their prefix (assumed where the pilot could not tell); `lane_share`, the lanes run
-    per lane the shape allows (an early stop runs fewer)."""
+    A prompt token the model counts as `base` per token of each lane's first prompt
+    (`prompt_tokens`, as the fit counts it) and `growth` per token a later prompt adds (counted
+    at its worst by the shape); where the backend counts prompts itself (`exact`) the first
+    prompts are taken as counted. Of the prefill passes (`_waves`), the first of each prompt is
+    computed and `reuse` of each later one is not (served from a cross-request cache;
+    `reuse_measured`: the pilot sent a prompt again, else `reuse` is 0, as a cache that keeps
+    whole blocks may keep nothing of a short prompt); `prefill` scales what the model says is
+    computed to what was (below 1 where a cache kept a prefix shared by different prompts).
+    `decode`, `cut_off` and `kv_usd` per lane, `judge` tokens and `judge_usd` per candidate.
+    `stops`: the lanes each pilot question ran, None where it ran the pilot's whole path (it
+    would have gone on)."""
 
     config: LoopConfig
     prompt_tokens: int
+    serving: Serving
     base: float
     growth: float
-    shared: bool
+    reuse: float
+    reuse_measured: bool
     prefill: float
-    computed: float
-    lane_share: float
     decode: float
     cut_off: float
     kv_usd: float
     judge: float
     judge_usd: float
+    stops: tuple[int | None, ...]
 
     @classmethod
     def measure(
@@ -96,76 +99,121 @@ class Rates:
     ) -> Rates | None:
         """The rates of `config` from its pilot's rows, its first prompts `prompt` tokens
         (`exact`: as the backend counts them); None where its loop declares no cost shape or
-        the pilot ran nothing."""
+        the pilot ran no lane."""
         shape = _shape(config, config.loop_params, prompt)
         if shape is None or not rows or shape.lanes <= 0:
             return None
-        n = len(rows)
+        serving, waves = Serving.of(config), shape_waves(shape)
+        ran = [min(row.lanes, shape.lanes) for row in rows]
+        if sum(ran) <= 0:
+            return None
+        model = [passes(path(waves, lanes), prompt, serving) for lanes in ran]
 
-        def mean(line: str, table: str = "tokens") -> float:
-            return math.fsum(float(getattr(row, table).get(line, 0)) for row in rows) / n
+        def total(line: str, table: str = "tokens") -> float:
+            return math.fsum(float(getattr(row, table).get(line, 0)) for row in rows)
 
-        lanes = math.fsum(row.lanes for row in rows) / n or float(shape.lanes)
-        prefill, cached = mean("prefill"), mean("cached_prefill")
-        could_share = shape.prefill_tokens is not None and shape.prefill_tokens < shape.prompt_tokens
-        shared = cached > 0 or not could_share
-        basis = _computed(shape, shared)
-        lane_share = min(1.0, lanes / shape.lanes)
-        seen = prefill + cached
-        firsts = lanes * prompt  # each lane's first prompt, as run
-        extra = (shape.prompt_tokens - shape.lanes * prompt) * lane_share  # growth, as run
+        def summed(part: str, at: int) -> float:
+            return math.fsum(getattr(m, part)[at] for m in model)
+
+        computed, seen = total("prefill"), total("prefill") + total("cached_prefill")
+        firsts, extra = summed("seen", 0), summed("seen", 1)
         if exact and firsts > 0:
             base = min(1.0, seen / firsts)
             growth = max(0.0, seen - firsts) / extra if extra > 0 else 0.0
         else:
-            base = growth = seen / shape.prompt_tokens if shape.prompt_tokens else 0.0
+            base = growth = seen / (firsts + extra) if firsts + extra > 0 else 0.0
+        fresh = base * summed("fresh", 0) + growth * summed("fresh", 1)
+        again = base * summed("again", 0) + growth * summed("again", 1)
+        # What a declared cache keeps of the prompt as the model counts it (not as estimated).
+        reuse, measured, scale = serving.declared_reuse(round(base * prompt)), False, 1.0
+        if again > 0 and serving.across is not False:  # the pilot sent a prompt again
+            measured = True
+            if computed >= fresh:
+                reuse = min(1.0, (fresh + again - computed) / again)
+            else:  # less than every prompt's first pass: a cache kept a prefix they share
+                reuse, scale = 1.0, computed / fresh if fresh > 0 else 1.0
+        elif fresh + again > 0:
+            scale = computed / (fresh + (1.0 - reuse) * again)
+        lanes = float(sum(ran))
+        candidates = float(sum(_candidates(shape, n) for n in ran))
         return cls(
             config=config,
             prompt_tokens=prompt,
+            serving=serving,
             base=base,
             growth=growth,
-            shared=shared,
-            prefill=prefill / basis if basis else 0.0,
-            computed=prefill / seen if seen > 0 else 1.0,
-            lane_share=lane_share,
-            decode=mean("decode") / lanes,
-            cut_off=mean("cut_off") / lanes,
-            kv_usd=mean("kv_residency", "cost_by_line") / lanes,
-            judge=mean("verifier") / shape.candidates if shape.candidates else 0.0,
-            judge_usd=mean("verifier", "cost_by_line") / shape.candidates if shape.candidates else 0.0,
+            reuse=reuse,
+            reuse_measured=measured,
+            prefill=scale,
+            decode=total("decode") / lanes,
+            cut_off=total("cut_off") / lanes,
+            kv_usd=total("kv_residency", "cost_by_line") / lanes,
+            judge=total("verifier") / candidates if candidates else 0.0,
+            judge_usd=total("verifier", "cost_by_line") / candidates if candidates else 0.0,
+            stops=tuple(None if n >= shape.lanes else n for n in ran),
+        )
+
+    def _spend(
+        self, shape: CostShape, waves: Sequence[WaveShape], lanes: int, unit: str, *, judged: bool = True
+    ) -> float:
+        """What a question pays in `unit` when it runs `lanes` lanes of `waves` (a path), its
+        candidates judged after them (`judged`)."""
+        model: Passes = passes(path(waves, lanes), self.prompt_tokens, self.serving)
+        seen = self.base * model.seen[0] + self.growth * model.seen[1]
+        fresh = self.base * model.fresh[0] + self.growth * model.fresh[1]
+        again = self.base * model.again[0] + self.growth * model.again[1]
+        prefill = min(seen, self.prefill * (fresh + (1.0 - self.reuse) * again))
+        ran = model.lanes
+        decode, cut_off = self.decode * ran, self.cut_off * ran
+        candidates = _candidates(shape, ran) if judged else 0
+        if unit == "lanes":
+            return float(ran)
+        if unit == "tokens":
+            return prefill + decode + cut_off + self.judge * candidates
+        price = self.config.pricing
+        return (
+            prefill * price.input_per_mtok * 1e-6
+            + (seen - prefill) * price.cached_input_per_mtok * 1e-6
+            + (decode + cut_off) * price.output_per_mtok * 1e-6
+            + self.kv_usd * ran
+            + self.judge_usd * candidates
         )
 
     def expected(self, params: BaseModel, unit: str) -> float | None:
-        """The expected paid spend per question of `params` in `unit`; None where its shape is
-        not known."""
+        """The mean a question of `params` is expected to pay in `unit`: each pilot question
+        stopping where it stopped, one that ran the pilot's whole path running every lane of
+        `params` (what the pilot never saw stop is not assumed to: a loop fitted beyond its
+        pilot errs under its budget, never over), and, where `params` run more lanes than the
+        pilot could, one question more that runs them all. None where its shape is not known."""
         shape = _shape(self.config, params, self.prompt_tokens)
         if shape is None:
             return None
-        lanes = shape.lanes * self.lane_share
-        if unit == "lanes":
-            return lanes
-        firsts = shape.lanes * self.prompt_tokens
-        seen = (
-            self.base * firsts * self.lane_share
-            + self.growth * (shape.prompt_tokens - firsts) * self.lane_share
-        )
-        if self.shared and shape.prefill_tokens is not None:
-            prefill = min(seen, self.prefill * shape.prefill_tokens)
-        else:
-            prefill = seen * self.computed
-        cached = seen - prefill
-        decode, cut_off = self.decode * lanes, self.cut_off * lanes
-        judge = self.judge * shape.candidates
-        if unit == "tokens":
-            return prefill + decode + cut_off + judge
-        price: Pricing = self.config.pricing
-        return (
-            prefill * price.input_per_mtok * 1e-6
-            + cached * price.cached_input_per_mtok * 1e-6
-            + (decode + cut_off) * price.output_per_mtok * 1e-6
-            + self.kv_usd * lanes
-            + self.judge_usd * shape.candidates
-        )
+        waves = shape_waves(shape)
+        reach = [shape.lanes if stop is None else min(stop, shape.lanes) for stop in self.stops]
+        if shape.lanes > self._pilot_lanes():
+            reach.append(shape.lanes)
+        spends = [self._spend(shape, waves, lanes, unit) for lanes in reach]
+        return math.fsum(spends) / len(spends) if spends else None
+
+    def ceiling(self, params: BaseModel, unit: str, judge_worst: float = 0.0) -> float | None:
+        """The least per-question limit with which every wave of `params` runs whole when the
+        waves before it spent as the pilot expects (the ledger holds a wave's worst case
+        before it runs), the judge's worst (`judge_worst`) after them; None where unknown."""
+        shape = _shape(self.config, params, self.prompt_tokens)
+        if shape is None:
+            return None
+        waves = shape_waves(shape)
+        most, before = 0.0, 0
+        max_tokens = self.config.sampling.max_tokens
+        for wave in waves:
+            spent = self._spend(shape, waves, before, unit, judged=False)
+            most = max(most, spent + worst(wave, self.serving, max_tokens, self.config.pricing, unit))
+            before += wave.lanes
+        return max(most, self._spend(shape, waves, before, unit, judged=False) + judge_worst)
+
+    def _pilot_lanes(self) -> int:
+        shape = _shape(self.config, self.config.loop_params, self.prompt_tokens)
+        return shape.lanes if shape is not None else 0
 
 
 def first_lane(config: LoopConfig, prompt: int, unit: str) -> float:

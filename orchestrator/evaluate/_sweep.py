@@ -3,30 +3,31 @@
     sweep = await run_sweep(["greedy.toml", "refine.toml"], items, sweep_id="sw",
                             budgets=[200, 400, 800], unit="tokens")
 
-Every config runs a pilot (`_fitting`), then is fitted by its loop's own `fit` at each budget.
-Each point is an eval of its own, `<sweep_id>-<name>-<budget>` (resumable), except where the
-loop declares its lanes a pool (`pooled_lanes`: a smaller budget's lanes are a subset of a
-larger one's): then only the largest budget is sampled, and the smaller points are read from
-its lanes as `curve` reads them (majority@k over subsets), calling no backend again. The
-sweep writes `runs/<sweep_id>/sweep.json` and `sweep.png`.
+Every config runs a pilot (`_fitting`), then is fitted by its loop's own `fit` at each budget
+(what it chose is kept in each point's `fit`). Each point is an eval of its own,
+`<sweep_id>-<name>-<budget>` (resumable), except where the loop declares its lanes a pool
+(`pooled_lanes`: a smaller budget's lanes are a subset of a larger one's) and `pool` is on:
+then only the largest budget is sampled, and the smaller points are read from its lanes as
+`curve` reads them (majority@k over subsets), calling no backend again, and say so. A greedy
+config (one lane at temperature 0) is never fitted: it runs once, as configured, and is the
+baseline every real run is tested against (McNemar's exact test, Holm-adjusted). The sweep
+writes `runs/<sweep_id>/sweep.json` and `sweep.png`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
 
 from lanefold.config import LoopConfig, load_config, preflight
-from lanefold.evaluate._compare import OVER, UNDER, arm_names, replace_file
-from lanefold.evaluate._curve import Pool, read_pool, scaling_curve
+from lanefold.evaluate._compare import arm_names, replace_file
+from lanefold.evaluate._curve import read_pool
 from lanefold.evaluate._datasets import DatasetSpec
-from lanefold.evaluate._equal_budget import BudgetMode, checked_budget
+from lanefold.evaluate._equal_budget import BudgetMode, checked_budget, is_greedy
 from lanefold.evaluate._eval import run_eval
-from lanefold.evaluate._eval_records import Z95, QuestionResult, as_json, read_results
+from lanefold.evaluate._eval_records import EvalSummary, FittedBudget, QuestionResult, as_json, read_results
 from lanefold.evaluate._fitting import (
     UNITS,
     Arm,
@@ -39,12 +40,20 @@ from lanefold.evaluate._fitting import (
     run_pilots,
 )
 from lanefold.evaluate._item import Item
-from lanefold.evaluate._pilot import paid, spread
+from lanefold.evaluate._pilot import spread
 from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.evaluate._sweep_plot import draw
+from lanefold.evaluate._sweep_points import eval_point, no_point, pool_point, tested
 from lanefold.evaluate._sweep_records import Baseline, Sweep, SweepLine, SweepPoint
+from lanefold.evaluate._waves import prefill_passes
 from lanefold.execution import open_store
-from lanefold.primitives import ConfigError, cost_shape, plugin_folders, pooled_lanes, validate_run_id
+from lanefold.primitives import (
+    BudgetTooSmallError,
+    ConfigError,
+    plugin_folders,
+    pooled_lanes,
+    validate_run_id,
+)
 
 __all__ = ("Baseline", "Sweep", "SweepLine", "SweepPoint", "parse_budgets", "run_sweep")
 
@@ -86,10 +95,12 @@ async def run_sweep(
     on_start: OnStart | None = None,
     on_result: OnResult | None = None,
     plot: bool = True,
+    pool: bool = True,
     stop_reason: Callable[[], str] = lambda: "cancelled",
 ) -> Sweep:
     """Fit every config at every budget and run (or read) each point; write
-    `runs_dir/<sweep_id>/sweep.json` (and `sweep.png` unless `plot` is False). Bad input is
+    `runs_dir/<sweep_id>/sweep.json` (and `sweep.png` unless `plot` is False). `pool=False`
+    samples every point (a real run at each budget) where a pool would be read. Bad input is
     refused before anything runs; the same call again runs nothing already recorded."""
     validate_run_id(sweep_id)
     if unit not in SWEEP_UNITS:
@@ -105,6 +116,12 @@ async def run_sweep(
     arms: list[Arm] = [
         (name, str(path), load_config(path)) for name, path in zip(arm_names(configs), configs, strict=True)
     ]
+    greedy = [arm for arm in arms if is_greedy(arm[2])]
+    if len(greedy) > 1:
+        raise ConfigError(
+            f"{greedy[1][1]}: greedy (one lane at temperature 0) as {greedy[0][1]} is; a sweep "
+            "takes one greedy config, its baseline"
+        )
     with plugin_folders(*(config.folder for _, _, config in arms)):
         given = resolve_scorer(scorer, items).verifier(items) is not None
     for name, source, config in arms:
@@ -120,6 +137,21 @@ async def run_sweep(
             f"{folder}: is an eval's or a run's folder, not a sweep's: choose another --sweep-id"
         )
 
+    async def evaluate(config: LoopConfig, eval_id: str, budget: float | None = None) -> EvalSummary:
+        return await run_eval(
+            config,
+            items,
+            eval_id=eval_id,
+            fitted_to=FittedBudget(unit=mode, budget=budget) if budget is not None else None,
+            runs_dir=runs_dir,
+            concurrency=concurrency,
+            scorer=scorer,
+            dataset=dataset,
+            on_start=functools.partial(on_start, eval_id) if on_start else None,
+            on_result=functools.partial(on_result, eval_id) if on_result else None,
+            stop_reason=stop_reason,
+        )
+
     pilots = await run_pilots(
         arms,
         items,
@@ -132,64 +164,61 @@ async def run_sweep(
         on_result=on_result,
         stop_reason=stop_reason,
     )
-    fits = {arm[0]: [fit_arm(arm, mode, b, questions, pilots) for b in budgets] for arm in arms}
     lines: list[SweepLine] = []
+    marks: dict[str, dict[int, bool]] = {}
     baseline: Baseline | None = None
+    greedy_marks: dict[int, bool] = {}
     chosen_scorer = ""
-    for name, source, config in arms:
-        fitted = fits[name]
-        pools = [pooled_lanes(f.config.loop_class(), f.config.loop_params) for f in fitted]
-        pooled = None not in pools
-        points: dict[int, SweepPoint] = {}
-        rows: list[QuestionResult] = []
-        for i, budget in enumerate(budgets):
-            if pooled and i < len(budgets) - 1:
-                continue  # read from the largest budget's lanes below
-            eval_id = f"{sweep_id}-{name}-{_label(budget)}"
-            summary = await run_eval(
-                fitted[i].config,
-                items,
-                eval_id=eval_id,
-                runs_dir=runs_dir,
-                concurrency=concurrency,
-                scorer=scorer,
-                dataset=dataset,
-                on_start=functools.partial(on_start, eval_id) if on_start else None,
-                on_result=functools.partial(on_result, eval_id) if on_result else None,
-                stop_reason=stop_reason,
-            )
+    for arm in arms:
+        name, source, config = arm
+        if is_greedy(config):  # never fitted: one run as configured, drawn at what it paid
+            eval_id = f"{sweep_id}-{name}-greedy"
+            summary = await evaluate(config, eval_id)
             chosen_scorer = summary.scorer
-            rows = _rows(fitted[i].config, runs_dir, eval_id, items)
-            mean, least, most = spread(rows, mode)
-            points[i] = SweepPoint(
-                budget=budget,
-                point_id=eval_id,
+            answered = _rows(config, runs_dir, eval_id, items)
+            greedy_marks = {row.index: row.correct for row in answered}
+            mean, least, most = spread(answered, mode)
+            baseline = Baseline(
+                name=name,
+                config=source,
                 eval_id=eval_id,
-                source="eval",
-                fitted=fitted[i].keys,
-                lanes=pools[i],
-                n=summary.n,
                 accuracy=summary.accuracy,
                 interval=summary.interval,
                 paid_mean=mean,
                 paid_min=least,
                 paid_max=most,
-                flag=_flag(mean, budget),
             )
-        top = f"{sweep_id}-{name}-{_label(budgets[-1])}"
-        pool = read_pool(runs_dir, top) if pooled else None
-        if pool is not None:
-            for i, budget in enumerate(budgets[:-1]):
-                points[i] = _from_pool(
-                    budget,
-                    f"{sweep_id}-{name}-{_label(budget)}",
-                    top,
-                    fitted[i],
-                    pools[i] or 1,
-                    pool,
-                    rows,
-                    mode,
-                )
+            continue
+        fitted: dict[int, Fitted] = {}
+        points: dict[int, SweepPoint] = {}
+        for i, budget in enumerate(budgets):
+            try:
+                fitted[i] = fit_arm(arm, mode, budget, questions, pilots)
+            except BudgetTooSmallError as exc:
+                points[i] = no_point(budget, f"{sweep_id}-{name}-{_label(budget)}", str(exc))
+        pools = {i: pooled_lanes(f.config.loop_class(), f.config.loop_params) for i, f in fitted.items()}
+        pooled = pool and bool(fitted) and None not in pools.values()
+        top = max(fitted, default=None)
+        rows: list[QuestionResult] = []  # the last run's: the pool's, where one is read
+        for i in sorted(fitted):
+            if pooled and i != top:
+                continue  # read from the largest budget's lanes below
+            eval_id = f"{sweep_id}-{name}-{_label(budgets[i])}"
+            summary = await evaluate(fitted[i].config, eval_id, budgets[i])
+            chosen_scorer = summary.scorer
+            rows = _rows(fitted[i].config, runs_dir, eval_id, items)
+            marks[eval_id] = {row.index: row.correct for row in rows}
+            points[i] = eval_point(budgets[i], eval_id, fitted[i], pools[i], summary, rows, mode)
+        if pooled and top is not None:
+            top_id = f"{sweep_id}-{name}-{_label(budgets[top])}"
+            read = read_pool(runs_dir, top_id)
+            for i in sorted(fitted):
+                if i != top and read is not None:
+                    point_id = f"{sweep_id}-{name}-{_label(budgets[i])}"
+                    passes = (prefill_passes(fitted[i].config), prefill_passes(fitted[top].config))
+                    points[i] = pool_point(
+                        budgets[i], point_id, top_id, fitted[i], pools[i] or 1, read, rows, mode, passes
+                    )
         lines.append(
             SweepLine(
                 name=name,
@@ -199,24 +228,9 @@ async def run_sweep(
                 points=[points[i] for i in range(len(budgets))],
             )
         )
-        if baseline is None and _greedy(config):
-            if pool is not None:  # one lane of the pool: the greedy answer, sampling nothing
-                one = scaling_curve(pool, [1]).points[0]
-                baseline = Baseline(
-                    name=name, accuracy=one.pass_at_k, interval=_around(one.pass_at_k, one.pass_at_k_se)
-                )
-            else:
-                summary = await run_eval(
-                    config,
-                    items,
-                    eval_id=f"{sweep_id}-{name}-greedy",
-                    runs_dir=runs_dir,
-                    concurrency=concurrency,
-                    scorer=scorer,
-                    dataset=dataset,
-                    stop_reason=stop_reason,
-                )
-                baseline = Baseline(name=name, accuracy=summary.accuracy, interval=summary.interval)
+    statement = ""
+    if baseline is not None:
+        lines, statement = tested(lines, greedy_marks, marks)
     sweep = Sweep(
         sweep_id=sweep_id,
         dataset=dataset.spec if dataset else "<items>",
@@ -228,6 +242,7 @@ async def run_sweep(
         baseline=baseline,
         configs=lines,
         plot=None,
+        tests=statement,
     )
     folder.mkdir(parents=True, exist_ok=True)
     if plot:
@@ -242,80 +257,3 @@ def _rows(
     store = open_store(config.store.url, runs_dir, config.store.password_env)
     wanted = {item.index for item in items}
     return [row for i, row in sorted(read_results(store.eval_record(eval_id)).items()) if i in wanted]
-
-
-def _flag(paid_mean: float, budget: float) -> Literal["under", "over"] | None:
-    if paid_mean < UNDER * budget:
-        return "under"
-    if paid_mean > OVER * budget:
-        return "over"
-    return None
-
-
-def _around(mean: float, se: float) -> tuple[float, float]:
-    return max(0.0, mean - Z95 * se), min(1.0, mean + Z95 * se)
-
-
-def _greedy(config: LoopConfig) -> bool:
-    """One lane at temperature 0, as configured: the greedy answer."""
-    shape = cost_shape(config.loop_class(), config.loop_params, prompt_tokens=0, max_tokens=1)
-    return shape is not None and shape.lanes == 1 and config.sampling.temperature == 0
-
-
-def _scaled(row: QuestionResult, k: int, mode: BudgetMode) -> float:
-    """What `row`'s question would have paid with k of its lanes: the prefix once, the
-    per-lane lines (decode, cut-off, KV residency, the cached prefix of every lane but the
-    first) scaled to k, the judge's as they were."""
-    n = max(1, row.lanes)
-    if n <= k:
-        return paid(row, mode)
-    share, rest = k / n, (k - 1) / (n - 1) if n > 1 else 1.0
-    if mode == "tokens":
-        tokens = row.tokens
-        return (
-            tokens.get("prefill", 0)
-            + tokens.get("verifier", 0)
-            + share * (tokens.get("decode", 0) + tokens.get("cut_off", 0))
-        )
-    usd = row.cost_by_line
-    lanes = sum(usd.get(line, 0.0) for line in ("decode", "cut_off", "kv_residency"))
-    return (
-        usd.get("prefill", 0.0)
-        + usd.get("verifier", 0.0)
-        + rest * usd.get("cached_prefill", 0.0)
-        + share * lanes
-    )
-
-
-def _from_pool(
-    budget: float,
-    point_id: str,
-    eval_id: str,
-    fitted: Fitted,
-    k: int,
-    pool: Pool,
-    rows: Sequence[QuestionResult],
-    mode: BudgetMode,
-) -> SweepPoint:
-    """A point read from a pool's lanes: majority@k over its subsets, and the pool's bill with
-    its lanes scaled to k."""
-    point = scaling_curve(pool, [k]).points[0]
-    accuracy = point.majority_at_k if point.majority_at_k is not None else point.pass_at_k
-    se = point.majority_at_k_se if point.majority_at_k_se is not None else point.pass_at_k_se
-    spent = [_scaled(row, k, mode) for row in rows]
-    mean = math.fsum(spent) / len(spent) if spent else 0.0
-    return SweepPoint(
-        budget=budget,
-        point_id=point_id,
-        eval_id=eval_id,
-        source="pool",
-        fitted=fitted.keys,
-        lanes=k,
-        n=len(pool.questions),
-        accuracy=accuracy,
-        interval=_around(accuracy, se),
-        paid_mean=mean,
-        paid_min=min(spent, default=0.0),
-        paid_max=max(spent, default=0.0),
-        flag=_flag(mean, budget),
-    )

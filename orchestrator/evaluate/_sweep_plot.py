@@ -4,22 +4,65 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lanefold.evaluate._compare_plot import spend_axis
 
 if TYPE_CHECKING:
     from lanefold.evaluate._sweep_records import Sweep
 
-__all__ = ("draw",)
+__all__ = ("draw", "plot_into")
 
 _log = logging.getLogger("lanefold.sweep")
 
 
+def plot_into(axes: Any, sweep: Sweep) -> None:
+    """Draw `sweep` on matplotlib `axes`: one line per config through its points (paid mean,
+    accuracy) with 95% interval bars; a point read from a pool hollow, a real run filled, a
+    point that paid over 105% of its budget crossed; a budget the loop cannot use (or that
+    refused every run) is no point. Greedy is one filled point at what it paid, with a dashed
+    line at its accuracy."""
+    for line in sweep.configs:
+        points = [p for p in line.points if p.status == "ran" and p.accuracy is not None]
+        xs = [p.paid_mean for p in points]
+        ys = [float(p.accuracy or 0.0) for p in points]
+        (drawn,) = axes.plot(xs, ys, "-", label=f"{line.name} ({line.loop})")
+        colour = drawn.get_color()
+        for point, x, y in zip(points, xs, ys, strict=True):
+            low, high = point.interval or (y, y)
+            hollow = point.source == "pool"
+            axes.errorbar(
+                [x],
+                [y],
+                yerr=[[y - low], [high - y]],
+                fmt="X" if point.flag == "over" else "o",
+                color=colour,
+                markerfacecolor="none" if hollow else colour,
+                markersize=7,
+                capsize=3,
+                gid=f"{line.name}@{point.budget:g}:{point.source}",
+            )
+    if sweep.baseline is not None:
+        base = sweep.baseline
+        axes.axhline(base.accuracy, linestyle="--", color="grey", linewidth=1)
+        low, high = base.interval
+        axes.errorbar(
+            [base.paid_mean],
+            [base.accuracy],
+            yerr=[[base.accuracy - low], [high - base.accuracy]],
+            fmt="s",
+            color="grey",
+            capsize=3,
+            label=f"greedy ({base.name}) {base.accuracy:.3f}, one lane",
+            gid=f"{base.name}:greedy",
+        )
+    if any(p.source == "pool" for line in sweep.configs for p in line.points):
+        axes.plot([], [], "o", color="black", markerfacecolor="none", label="read from a pool (hollow)")
+
+
 def draw(sweep: Sweep, path: Path) -> str | None:
-    """One line per config through its points (paid mean, accuracy) with 95% interval bars, a
-    hollow marker where a point was read from a pool, and the greedy baseline as a horizontal
-    line. None without matplotlib."""
+    """`sweep.png` (see `plot_into`), the x axis in the budget's unit with distinct plain tick
+    labels. None without matplotlib."""
     try:
         import matplotlib
 
@@ -30,20 +73,7 @@ def draw(sweep: Sweep, path: Path) -> str | None:
         return None
     figure, axes = pyplot.subplots(figsize=(7.2, 4.8))
     try:
-        for line in sweep.configs:
-            xs = [point.paid_mean for point in line.points]
-            ys = [point.accuracy for point in line.points]
-            low = [point.accuracy - point.interval[0] for point in line.points]
-            high = [point.interval[1] - point.accuracy for point in line.points]
-            axes.errorbar(xs, ys, yerr=[low, high], fmt="-o", capsize=3, label=f"{line.name} ({line.loop})")
-        if sweep.baseline is not None:
-            axes.axhline(
-                sweep.baseline.accuracy,
-                linestyle="--",
-                color="grey",
-                linewidth=1,
-                label=f"greedy ({sweep.baseline.name}) {sweep.baseline.accuracy:.3f}",
-            )
+        plot_into(axes, sweep)
         spend_axis(axes, sweep.unit)
         axes.set_ylabel("accuracy (95% interval)")
         axes.set_ylim(0, 1.02)

@@ -18,7 +18,7 @@ from lanefold.execution._executor import (
     portable_hooks,
     resolve_executor,
 )
-from lanefold.execution._fleet_budget import budget_store, joint_pool
+from lanefold.execution._fleet_budget import budget_store
 from lanefold.execution._job_session import JobSession
 from lanefold.execution._ray_connect import CONNECT_TIMEOUT_S
 from lanefold.execution._ray_executor import RayExecutor
@@ -48,7 +48,6 @@ __all__ = (
     "build_backend",
     "check_question",
     "import_paths",
-    "joint_pool",
     "lanefold_error",
     "local",
     "new_run_id",

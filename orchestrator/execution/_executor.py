@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 from lanefold.config import DEFAULT_EXECUTOR, LoopConfig, parse_config
 from lanefold.execution._result import RunResult
 from lanefold.execution._store import Store, read_state
-from lanefold.primitives import EXECUTORS, ConfigError, LanefoldError, register_executor
+from lanefold.primitives import EXECUTORS, ConfigError, LanefoldError, StoreError, register_executor
 
 log = logging.getLogger("lanefold.executor")
 
@@ -214,7 +214,7 @@ async def distribute(
     try:
         async for outcome in outcomes:
             if outcome.error is not None:
-                if errors == "raise" or type(outcome.error) is ConfigError:
+                if errors == "raise" or type(outcome.error) in (ConfigError, StoreError):
                     raise outcome.error
                 result = failed(outcome.job.run_id, outcome.job.question, outcome.error)
             else:

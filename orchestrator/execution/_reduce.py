@@ -20,7 +20,7 @@ import anyio
 
 from lanefold.config import LoopConfig
 from lanefold.coordinators import outcome_of
-from lanefold.execution._fleet_budget import close_shared_budget, open_shared_budget
+from lanefold.execution._fleet_budget import close_pools, open_pools, recorded_pools, refuse_if_spent
 from lanefold.execution._result import RunResult, result_from_state
 from lanefold.execution._runner import (
     Observer,
@@ -82,7 +82,7 @@ class _NoSampling:
     shares_prefix = False
     max_lanes_per_request = None
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
         return None
 
     def sample(self, request: SampleRequest) -> AsyncIterator[Sample | LaneFailure]:
@@ -149,8 +149,10 @@ async def _reduce(
             )
         # A reducer says whether it calls a model (a plug-in that does not say might).
         needs_model = traits.uses_model and not (traits.needs_judge and verifier is not None)
-        if needs_model:  # its judge wave spends from the run's shared budget too
-            pool = await open_shared_budget(config, session.store, state.run_id or run_id)
+        if needs_model:  # its judge wave spends from the budgets the run was started under too
+            names = recorded_pools(state, config)
+            pool = await open_pools(session.store, names, state.run_id or run_id, recorded=True)
+            await refuse_if_spent(session.store, pool, f"run {run_id} was not reduced again")
         if opened is None:
             number = max(state.reductions, default=1) + 1
             opened = recorder.emit(
@@ -209,7 +211,7 @@ async def _reduce(
             raise lanefold_error(group) from None
     finally:
         log.close()
-        await close_shared_budget(pool)
+        await close_pools(pool)
     outcome: Outcome = outcome_of(reduction, lanes)
     # The run's own sampling time plus this reduction's (its judge wave, if any): not the idle
     # time between the run and now.

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lanefold.primitives import LanefoldError, LaneState, Outcome, RunError, RunState, Spend
+from lanefold.primitives import LanefoldError, LaneState, Outcome, RunError, RunState, Spend, normalize_answer
 
 __all__ = (
     "CostBreakdown",
@@ -132,6 +133,7 @@ class RunResult(BaseModel):
     margin: float | None = None
     lanes_completed: int
     lanes_failed: int
+    lanes_answered: int = 0  # sampled lanes that completed with an answer: the vote's ballots
     lanes: list[LaneResult] = []
     usage: UsageBreakdown
     cost: CostBreakdown
@@ -140,6 +142,26 @@ class RunResult(BaseModel):
     events: str | None
     outcome: dict[str, Any] = {}
     index: int | None = Field(None, exclude_if=lambda v: v is None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _answered(cls, data: Any) -> Any:
+        """A result recorded before `lanes_answered` existed: counted from its lanes."""
+        if isinstance(data, dict) and "lanes_answered" not in data:
+            lanes = [lane if isinstance(lane, dict) else vars(lane) for lane in data.get("lanes") or []]
+            count = sum(_gave_answer(lane.get("status"), lane.get("answer")) for lane in lanes)
+            data = {**data, "lanes_answered": count}
+        return data
+
+
+def _count_answered(lanes: Iterable[LaneResult]) -> int:
+    """The lanes that completed with an answer (one that does not normalise to nothing): the
+    ballots a vote counts, the N of "N of M lanes answered"."""
+    return sum(_gave_answer(lane.status, lane.answer) for lane in lanes)
+
+
+def _gave_answer(status: object, answer: object) -> bool:
+    return status == "completed" and isinstance(answer, str) and bool(normalize_answer(answer))
 
 
 def _lanes(state: RunState, outcome: Outcome | None) -> list[LaneResult]:
@@ -186,6 +208,7 @@ def failed_result(
         winner_lane=None,
         lanes_completed=sum(lane.status == "completed" for lane in lanes),
         lanes_failed=sum(lane.status == "failed" for lane in lanes),
+        lanes_answered=_count_answered(lanes),
         lanes=lanes,
         usage=UsageBreakdown.of(spend),
         cost=CostBreakdown.of(spend),
@@ -229,6 +252,7 @@ def result_from_state(
         margin=reduction.margin if reduction else outcome.margin,
         lanes_completed=sum(len(w.completed()) for w in waves),
         lanes_failed=sum(len(w.failed()) for w in waves),
+        lanes_answered=_count_answered(lanes),
         lanes=lanes,
         usage=UsageBreakdown.of(spend),
         cost=CostBreakdown.of(spend),

@@ -27,6 +27,7 @@ from lanefold.primitives import (
     LogWriteError,
     NonDeterminismError,
     Outcome,
+    PromptForm,
     RetryPolicy,
     RunError,
     RunState,
@@ -168,9 +169,12 @@ def context(
     """The LoopContext of a run: its dispatchers over one ledger and one recorder."""
     started = recorder.state.started
     conversation = started.conversation if started is not None else None
-    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, conversation)
+    form = config.prompt_form()
+    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, form, conversation)
     judge = (
-        _dispatcher(config, judge_backend, recorder, ledger, limiter, log)
+        _dispatcher(
+            config, judge_backend, recorder, ledger, limiter, log, config.prompt_form(config.judge.backend)
+        )
         if judge_backend is not None
         else None
     )
@@ -262,6 +266,7 @@ def _dispatcher(
     ledger: Ledger,
     limiter: anyio.CapacityLimiter | None,
     log: structlog.stdlib.BoundLogger,
+    form: PromptForm | None,
     conversation: Sequence[tuple[str, str]] | None = None,
 ) -> Dispatcher:
     retry = config.retry
@@ -282,6 +287,7 @@ def _dispatcher(
         rng=random.Random(config.loop.seed),
         logger=log,
         conversation=conversation,
+        form=form,
     )
 
 

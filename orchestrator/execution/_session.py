@@ -28,7 +28,15 @@ import sniffio
 from lanefold.config import VERSION, LoopConfig, config_hash, load_config, preflight
 from lanefold.coordinators import CommandVerifier, as_verifier
 from lanefold.execution._executor import Executor, WorkerSpec, distribute, portable_hooks, resolve_executor
-from lanefold.execution._fleet_budget import close_shared_budget, joint_pool, open_shared_budget
+from lanefold.execution._fleet_budget import (
+    budget_store,
+    close_pools,
+    open_pools,
+    recorded_pools,
+    refuse_if_spent,
+    run_pools,
+)
+from lanefold.execution._held_log import HeldLog
 from lanefold.execution._reduce import reduce_run
 from lanefold.execution._result import RunResult, failed_result
 from lanefold.execution._runner import (
@@ -53,12 +61,12 @@ from lanefold.primitives import (
     LanefoldError,
     Ledger,
     RunState,
-    SharedPool,
+    StoreError,
     Verifier,
     plugin_folders,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
-from lanefold.primitives.internal import HookRunner, Recorder
+from lanefold.primitives.internal import HookRunner, Recorder, check_sendable
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 
@@ -75,7 +83,7 @@ class _Origin:
     conversation: tuple[tuple[str, str], ...] | None = None
     caller: str | None = None
     request_sha256: str | None = None
-    shared: SharedPool | None = None
+    pools: tuple[str, ...] = ()
 
 
 class Session:
@@ -207,7 +215,7 @@ class Session:
         conversation: Sequence[tuple[str, str]] | None = None,
         caller: str | None = None,
         request_sha256: str | None = None,
-        shared: SharedPool | None = None,
+        pools: Sequence[str] = (),
     ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
@@ -217,10 +225,14 @@ class Session:
         built once too, and shared with every config naming the same). `conversation` makes
         the run a chat's: its turns before the question, (role, content) each (empty: none),
         which every sampled lane sends ahead of its prompt, the prompt as the user's turn,
-        through the backend's chat template. `caller` and `request_sha256` are recorded with
-        the run (who asked, and a digest of what they sent). `shared` is a pool this run
-        spends from as well as the config's own (a gateway key's budget); the caller keeps and
-        closes it.
+        through the backend's chat template (a config whose `[prompt] form` is "raw" refuses
+        turns, ConfigError, before anything is recorded). `caller` and `request_sha256` are
+        recorded with the run (who asked, and a digest of what they sent). `pools` names budgets
+        in the store this run spends from as well as its own limits and its config's `[budget]
+        shared` (a gateway key's `key:<name>`): they are recorded in its `run.started` and every
+        later segment (resume, a retry, a re-reduction) spends from them too. A run none of them
+        could fund is refused (BudgetExhaustedError) without being recorded, and the refusal is
+        counted on the budget that refused.
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -233,13 +245,17 @@ class Session:
         run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
         try:
             if resume and log is None and self.store.exists(run_id):
-                return await self._go_on(run_id, question, observer, stop_reason, shared)
+                return await self._go_on(run_id, question, observer, stop_reason)
             started = _Origin(
-                config, None if conversation is None else tuple(conversation), caller, request_sha256, shared
+                config,
+                None if conversation is None else tuple(conversation),
+                caller,
+                request_sha256,
+                tuple(pools),
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
-            if errors == "raise" or type(exc) is ConfigError:
+            if errors == "raise" or type(exc) in (ConfigError, StoreError):  # every run's, not this one's
                 raise
             return self._failed(run_id, question, exc)
 
@@ -257,13 +273,19 @@ class Session:
         if origin.config is not None:
             preflight(origin.config, "config", verifier_given=self._verifier is not None)
         config = (origin.config or self.config).with_seed(seed)
+        check_sendable(config.prompt_form(), origin.conversation)  # refused before any record
         backend, judge_backend = await self.backends_for(config)
         await self._load_given()
-        # A shared budget that does not exist is refused before the run does.
-        pool = joint_pool(await open_shared_budget(config, self.store, run_id), origin.shared)
+        names = run_pools(config, origin.pools)
+        # A budget that does not exist, or one already spent, is refused before the run exists.
+        pool = await open_pools(self.store, names, run_id)
+        held: HeldLog | None = None
         try:
+            await refuse_if_spent(self.store, pool, "the run was not started")
             runner = self.hook_runner(config, run_id)
             log = log or self.store.create_log(run_id, config.log.fsync)
+            if pool is not None:  # recorded once its first wave is funded
+                log = held = HeldLog(log)
             async with runner:
                 recorder = Recorder(
                     log, run_id, RunState(pricing=config.pricing), observer=runner.tapping(observer)
@@ -282,6 +304,7 @@ class Session:
                             conversation=None if origin.conversation is None else list(origin.conversation),
                             caller=origin.caller,
                             request_sha256=origin.request_sha256,
+                            pools=list(names) or None,
                         ),
                     )
                 except BaseException:
@@ -302,7 +325,9 @@ class Session:
                 await runner.end(result)
                 return result
         finally:
-            await close_shared_budget(pool, keep=origin.shared)
+            await close_pools(pool)
+            if held is not None and held.refused_by is not None:  # not a run: a refusal
+                await anyio.to_thread.run_sync(budget_store(self.store).note_refusal, held.refused_by)
 
     async def _go_on(
         self,
@@ -310,7 +335,6 @@ class Session:
         question: str,
         observer: Observer | None,
         stop_reason: Callable[[], str],
-        shared: SharedPool | None = None,
     ) -> RunResult:
         """Resume `run_id`, which must be a run of `question` (an id reused for another
         question is a mistake to name, not a run to continue)."""
@@ -320,7 +344,7 @@ class Session:
                 f"run_id {run_id!r}: the store holds a run of another question "
                 f"({_clip(recorded.started.question)}); choose another id"
             )
-        return await self.resume(run_id, observer=observer, stop_reason=stop_reason, shared=shared)
+        return await self.resume(run_id, observer=observer, stop_reason=stop_reason)
 
     def worker_spec(self) -> WorkerSpec:
         """What workers need to run this session's questions as it would, by value."""
@@ -449,14 +473,15 @@ class Session:
         observer: Observer | None = None,
         log: EventLog | None = None,
         stop_reason: Callable[[], str] = lambda: "cancelled",
-        shared: SharedPool | None = None,
     ) -> RunResult:
         """Continue a run from its log. A finished run returns its recorded result.
 
         Completed lanes are kept; lanes in flight at a crash are charged their hold and, with
         the lanes an interrupt cut off, dispatched again. Another process writing the run
-        raises RunInUseError before anything is touched. `shared`: a pool the rest of the run
-        spends from as well as its config's (as `run`'s).
+        raises RunInUseError before anything is touched. The rest of the run spends from the
+        budgets its `run.started` names (`pools`); one of them spent refuses the resume
+        (BudgetExhaustedError) before anything is recorded, and one the store does not keep
+        is a ConfigError.
         """
         if log is None:
             # A finished run needs no writer (nor a writable disk): its record stands as read.
@@ -480,8 +505,9 @@ class Session:
                 set_fsync(log, config)
                 backend, judge_backend = await self.backends_for(config)
                 await self._load_given()
-                own = await open_shared_budget(config, self.store, state.run_id or run_id)
-                pool = joint_pool(own, shared)
+                names = recorded_pools(state, config)
+                pool = await open_pools(self.store, names, state.run_id or run_id, recorded=True)
+                await refuse_if_spent(self.store, pool, f"run {state.run_id or run_id} was not resumed")
                 runner = await hooks.enter_async_context(self.hook_runner(config, state.run_id or run_id))
                 recorder = Recorder(log, state.run_id or run_id, state, observer=runner.tapping(observer))
                 torn = log.torn_tail
@@ -497,7 +523,7 @@ class Session:
                 )
             except BaseException:
                 log.close()
-                await close_shared_budget(pool, keep=shared)
+                await close_pools(pool)
                 raise
             ledger = Ledger(
                 limits=config.budget,
@@ -519,7 +545,7 @@ class Session:
                     stop_reason=stop_reason,
                 )
             finally:
-                await close_shared_budget(pool, keep=shared)
+                await close_pools(pool)
             await runner.end(result)
             return result
 

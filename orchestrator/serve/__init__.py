@@ -7,6 +7,7 @@ server starts, so the command line starts without the serve extra installed.
 
 from __future__ import annotations
 
+from lanefold.serve._headers import twice_sent
 from lanefold.serve._keys import GatewayKey, KeyBudget, Keys, load_keys
 from lanefold.serve._loops import gateway_app, loop_configs, serve_loops, serve_loops_async
 from lanefold.serve._run import (
@@ -37,4 +38,5 @@ __all__ = (
     "serve",
     "serve_loops",
     "serve_loops_async",
+    "twice_sent",
 )

@@ -7,7 +7,8 @@ winning lane's text. `usage` is what the whole run paid (every lane, every judge
 client's own accounting sees the true cost; `lanefold` in the body says how the answer was
 reached. A request naming no loop goes to the backend served beside them, if any.
 
-Keys (`Keys`, `KeyPools`) say who may call which loop, and from which budget; an
+Keys (`Keys`, `KeyPools`) say who may call which loop, from which budget (`key:<name>` in the
+store) and how many requests at once; an
 `Idempotency-Key` header makes the run id a function of (key, idempotency key), so a retry
 returns the record, resumes the interrupted run, or is told the run is live elsewhere (409).
 What a request may say and the response it gets are `_gateway_wire`'s; streams are
@@ -16,10 +17,10 @@ What a request may say and the response it gets are `_gateway_wire`'s; streams a
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import anyio
 from starlette.applications import Starlette
@@ -52,7 +53,14 @@ from lanefold.serve._gateway_wire import (
     refused,
     response_body,
 )
-from lanefold.serve._guard import HTTPError, Stopping, read_body, unless_disconnected
+from lanefold.serve._guard import (
+    HTTPError,
+    Stopping,
+    one_authorization,
+    parse_json,
+    read_body,
+    unless_disconnected,
+)
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._outcomes import on_error
 
@@ -133,12 +141,12 @@ def create_gateway(
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
     store = session.store
-    configs: dict[tuple[str, int | None, float | None, float | None], LoopConfig] = {}
+    configs: dict[tuple[str, str, int | None, float | None, float | None], LoopConfig] = {}
 
     def key_of(request: Request) -> GatewayKey | None:
         if keys is None:
             return None
-        sent = request.headers.get("authorization", "")
+        sent = one_authorization(request.headers.getlist("authorization"), "")
         scheme, _, token = sent.partition(" ")
         found = keys.find(token.strip()) if scheme.lower() == "bearer" else None
         if found is None:
@@ -153,7 +161,7 @@ def create_gateway(
 
     def config_for(ask: Ask) -> LoopConfig:
         o = ask.options
-        cache = (ask.loop, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
+        cache = (ask.loop, ask.kind, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
         if cache not in configs:
             if len(configs) >= 256:  # requests' ceilings and temperatures are many: keep it bounded
                 configs.clear()
@@ -190,10 +198,7 @@ def create_gateway(
     async def handle(request: Request, kind: str) -> Response:
         key = key_of(request)
         raw = await read_body(request, max_body_bytes)
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise HTTPError(400, "the request body is not valid JSON") from None
+        data = parse_json(raw)
         model = data.get("model") if isinstance(data, dict) else None
         if not isinstance(model, str) or model not in loops:
             if backend_app is not None and model in backend_names:
@@ -217,38 +222,16 @@ def create_gateway(
                 return recorded
         else:
             run_id = store.new_id()
-        limiter = pools.limiters.get(key.name) if (pools is not None and key is not None) else None
-        if limiter is not None:
-            try:
-                limiter.acquire_nowait()
-            except anyio.WouldBlock:
-                raise HTTPError(
-                    429,
-                    f"this key runs at most {key.max_concurrency} requests at once",  # type: ignore[union-attr]
-                    kind="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": "1"},
-                ) from None
-        try:
-            if pools is not None and key is not None:
-                limit = await anyio.to_thread.run_sync(pools.exhausted, key)
-                if limit is not None:
-                    raise out_of_quota(f"key {key.name!r} has spent its budget ({limit})")
-            go = Go(ask, run_id, caller, key, idempotency is not None)
-            if ask.options.stream:
-                return LoopStream(go, run, stopping, clock, heartbeat_s)
-            done = await unless_disconnected(request, stopping, lambda: run(go, None))
-            if done is None:  # the client hung up: its run was interrupted (resumable)
-                return Response(status_code=499)
-            result, state = done
-            return JSONResponse(
-                response_body(ask, result, state, int(clock())), headers={"x-lanefold-run-id": result.run_id}
-            )
-        finally:
-            if limiter is not None and not ask.options.stream:
-                limiter.release()
-            elif limiter is not None:
-                pass  # the stream releases it when it ends
+        go = Go(ask, run_id, caller, key, idempotency is not None)
+        if ask.options.stream:
+            return LoopStream(go, run, stopping, clock, heartbeat_s)
+        done = await unless_disconnected(request, stopping, lambda: run(go, None))
+        if done is None:  # the client hung up: its run was interrupted (resumable)
+            return Response(status_code=499)
+        result, state = done
+        return JSONResponse(
+            response_body(ask, result, state, int(clock())), headers={"x-lanefold-run-id": result.run_id}
+        )
 
     def _recorded(run_id: str, ask: Ask) -> Response | None:
         """What an idempotent retry is answered from the record, as the fold of its log gives
@@ -280,12 +263,52 @@ def create_gateway(
             raise HTTPError(500, f"the run failed: {state.failure.message}", kind="server_error")
         return None
 
-    async def run(go: Go, observer: Callable[[AnyEvent], None] | None) -> tuple[RunResult, RunState | None]:
-        """The run of one request (or its resumption), spending from its key's budget."""
-        ask = go.ask
-        pool = await pools.open(go.key, go.run_id) if (pools is not None and go.key is not None) else None
+    @contextlib.contextmanager
+    def slot(key: GatewayKey | None) -> Iterator[None]:
+        """One of the key's `max_concurrency` slots for the block, given back however it ends
+        (a refusal, an error, a stream that never started); none free: 429."""
+        limiter = pools.limiters.get(key.name) if (pools is not None and key is not None) else None
+        if limiter is None:
+            yield
+            return
         try:
-            result = await session.run(
+            limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            raise HTTPError(
+                429,
+                f"this key runs at most {key.max_concurrency} requests at once",  # type: ignore[union-attr]
+                kind="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            ) from None
+        try:
+            yield
+        finally:
+            limiter.release()
+
+    async def run(go: Go, observer: Callable[[AnyEvent], None] | None) -> tuple[RunResult, RunState | None]:
+        """The run of one request (or its resumption), holding one of its key's slots and
+        spending from its key's budget (which the run records: whoever continues it, spends
+        from it too)."""
+        ask = go.ask
+        with slot(go.key):
+            result = await _governed(go, observer)
+        if (
+            result.status == "no_answer"
+            and result.lanes_completed == 0
+            and result.reason
+            and "budget" in result.reason
+        ):
+            raise out_of_quota(result.reason)
+        state = None
+        if ask.options.n > 1 or result.status == "no_answer":  # more choices, or a lane to serve
+            state = await anyio.to_thread.run_sync(read_state, store, result.run_id)
+        return result, state
+
+    async def _governed(go: Go, observer: Callable[[AnyEvent], None] | None) -> RunResult:
+        ask = go.ask
+        try:
+            return await session.run(
                 ask.question,
                 run_id=go.run_id,
                 resume=go.idempotent,
@@ -293,7 +316,7 @@ def create_gateway(
                 conversation=ask.conversation,
                 caller=go.caller,
                 request_sha256=ask.digest,
-                shared=pool,
+                pools=pools.pools(go.key) if pools is not None else (),
                 observer=observer,
                 stop_reason=lambda: "client gone",
             )
@@ -306,25 +329,6 @@ def create_gateway(
             ) from None
         except LanefoldError as exc:
             raise refused(exc) from None
-        finally:
-            if pools is not None:
-                with anyio.CancelScope(shield=True):
-                    await pools.close(pool)
-            if go.key is not None and pools is not None:
-                limiter = pools.limiters.get(go.key.name)
-                if limiter is not None and ask.options.stream:
-                    limiter.release()
-        if (
-            result.status == "no_answer"
-            and result.lanes_completed == 0
-            and result.reason
-            and "budget" in result.reason
-        ):
-            raise out_of_quota(result.reason)
-        state = None
-        if ask.options.n > 1:
-            state = await anyio.to_thread.run_sync(read_state, store, result.run_id)
-        return result, state
 
     async def chat(request: Request) -> Response:
         return await handle(request, "chat.completion")

@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 from lanefold.execution import RunResult
 from lanefold.primitives import LanefoldError, RunState
 from lanefold.primitives.events import AnyEvent, LaneCompleted, LaneDispatched, LaneFailed
-from lanefold.serve._gateway_wire import Ask, Go, refused, response_body
+from lanefold.serve._gateway_wire import Ask, Go, NoAnswer, refused, response_body
 from lanefold.serve._guard import HTTPError, Stopping
 
 __all__ = ("LoopStream", "Replay")
@@ -52,6 +52,17 @@ def _closing_frames(body: dict[str, Any]) -> list[bytes]:
     frames.append(_chunk(body, [], body["usage"]))
     frames.append(b"data: [DONE]\n\n")
     return frames
+
+
+def _error_frame(exc: HTTPError) -> bytes:
+    """A failure once the stream has begun: an event the SDKs raise as an APIError with its
+    `code` (a run without an answer: `no_answer`, the reply's `lanefold` object beside)."""
+    error = (
+        exc.error()
+        if isinstance(exc, NoAnswer)
+        else {"message": str(exc), "type": exc.kind, "param": exc.param, "code": exc.code}
+    )
+    return f"data: {json.dumps({'error': error})}\n\n".encode()
 
 
 def _opening(ask: Ask, run_id: str, created: int) -> bytes:
@@ -177,12 +188,12 @@ class LoopStream(Response):
                         await send({"type": "http.response.body", "body": line.encode(), "more_body": True})
                 if outcome:
                     got = outcome[0]
-                    if isinstance(got, HTTPError):
-                        error = {"message": str(got), "type": got.kind, "param": got.param, "code": got.code}
-                        frames = [f"data: {json.dumps({'error': error})}\n\n".encode(), b"data: [DONE]\n\n"]
-                    else:
-                        result, state = got
-                        frames = _closing_frames(response_body(go.ask, result, state, created))
+                    try:
+                        if isinstance(got, HTTPError):
+                            raise got
+                        frames = _closing_frames(response_body(go.ask, *got, created))
+                    except HTTPError as exc:
+                        frames = [_error_frame(exc), b"data: [DONE]\n\n"]
                     for frame in frames:
                         await send({"type": "http.response.body", "body": frame, "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})

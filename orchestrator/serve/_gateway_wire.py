@@ -12,10 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import JSONResponse
 
 from lanefold.config import LoopConfig, parse_config
-from lanefold.execution import RunResult
-from lanefold.primitives import BudgetExhaustedError, LanefoldError, RunState
+from lanefold.execution import LaneResult, RunResult
+from lanefold.primitives import (
+    MAX_LANE_TOKENS,
+    BudgetExhaustedError,
+    LanefoldError,
+    RunState,
+    normalize_answer,
+)
 from lanefold.serve._guard import HTTPError
 from lanefold.serve._keys import GatewayKey
 from lanefold.serve._outcomes import told
@@ -26,6 +33,7 @@ __all__ = (
     "Chat",
     "Completion",
     "Go",
+    "NoAnswer",
     "Options",
     "config_for_request",
     "gateway_run_id",
@@ -56,19 +64,39 @@ _REFUSED = {
 _NOT_THE_REQUEST = ("stream", "stream_options", "user", "metadata", "store")
 
 
-class Options(BaseModel):
-    """The fields of a request a loop reads (the rest are refused above or ignored)."""
+class _StreamOptions(BaseModel):
+    """`stream_options`: an object; its `include_usage` a boolean (other keys pass)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool = False
+
+
+class Options(BaseModel):
+    """The fields of a request a loop reads (the rest are refused above or ignored).
+
+    Types are the JSON's own, as OpenAI checks them (strict): `"n": "3"` is a string, not an
+    integer, and `"stream": "yes"` no boolean. The fields clients commonly send that a loop
+    does not use are typed too, so a wrong one is told, not silently taken."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: str
     n: int = Field(1, ge=1, le=64)
     stream: bool = False
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=5, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_LANE_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_LANE_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=5)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream_options: _StreamOptions | None = None
+    # Accepted and not used by a loop (its config decides), but checked for their JSON type.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
 
 class Chat(Options):
@@ -149,11 +177,15 @@ def parse_ask(loop: str, kind: str, body: dict[str, Any]) -> Ask:
 
 def config_for_request(config: LoopConfig, options: Options) -> LoopConfig:
     """The loop's config with the request's ceiling and the sampling fields it lets a request
-    set (`[sampling] from_request`)."""
+    set (`[sampling] from_request`); for a completion, `[prompt] form = "auto"` made the form
+    the run sends (raw text where the backend takes it, as OpenAI means a completion), so the
+    run records it and a resume sends the same."""
     ceiling = options.max_completion_tokens or options.max_tokens
     raw = config.model_dump(mode="json")
     sampling = raw["sampling"]
     changed = False
+    if isinstance(options, Completion) and config.prompt.form == "auto":
+        raw["prompt"]["form"], changed = config.prompt_form(completion=True), True
     if ceiling is not None and ceiling < sampling["max_tokens"]:
         sampling["max_tokens"], changed = ceiling, True
     for name in config.sampling.from_request:
@@ -218,9 +250,53 @@ def _choices(result: RunResult, state: RunState | None, n: int) -> list[tuple[st
     return chosen
 
 
+class NoAnswer(HTTPError):
+    """A run that ended without an answer, as the client hears it: 422 with `code` and `type`
+    `no_answer`, the run's reason in the message, and the reply's `lanefold` object inside
+    `error` (where the SDKs hand it on, as the exception's `body`). Never retried: the same
+    request samples the same lanes."""
+
+    def __init__(self, lanefold: dict[str, Any]) -> None:
+        super().__init__(
+            422,
+            f"the loop gave no answer: {lanefold['reason']}",
+            kind="no_answer",
+            code="no_answer",
+            headers={"x-lanefold-run-id": lanefold["run_id"], "x-should-retry": "false"},
+        )
+        self.lanefold = lanefold
+
+    def error(self) -> dict[str, Any]:
+        """The `error` object of the response body (and of a stream's error event)."""
+        return {
+            "message": str(self),
+            "type": self.kind,
+            "param": None,
+            "code": self.code,
+            "lanefold": self.lanefold,
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.error()}, status_code=self.status, headers=self.headers)
+
+
 def response_body(ask: Ask, result: RunResult, state: RunState | None, created: int) -> dict[str, Any]:
+    """The reply to `ask` from its run's result (and, for more than one choice or a run
+    without an answer, its folded log). A run without an answer raises `NoAnswer`, unless its
+    config says `[loop] on_no_answer = "best_lane"`: then the best lane's text is the one
+    choice, its `finish_reason` and `lanefold.status` "no_answer"."""
+    lanefold = _lanefold(ask.loop, result)
+    if result.status == "no_answer":
+        best = _best_lane(result, state) if _on_no_answer(state) == "best_lane" else None
+        if best is None:
+            raise NoAnswer(lanefold)
+        lane, text = best
+        lanefold["served_lane"] = {"wave": lane.wave, "lane": lane.lane}
+        chosen: list[tuple[str, str | None]] = [(text, "no_answer")]
+    else:
+        chosen = _choices(result, state, ask.options.n)
     choices = []
-    for i, (text, finish) in enumerate(_choices(result, state, ask.options.n)):
+    for i, (text, finish) in enumerate(chosen):
         if ask.kind == "chat.completion":
             message = {"role": "assistant", "content": text}
             choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
@@ -233,8 +309,37 @@ def response_body(ask: Ask, result: RunResult, state: RunState | None, created: 
         "model": ask.loop,
         "choices": choices,
         "usage": _usage(result),
-        "lanefold": _lanefold(ask.loop, result),
+        "lanefold": lanefold,
     }
+
+
+def _on_no_answer(state: RunState | None) -> str:
+    """What the run's recorded config says to reply without an answer (a replay answers as
+    the run was served, whatever the loop's file says now)."""
+    config = state.started.config if state is not None and state.started is not None else {}
+    loop = config.get("loop")
+    return str(loop.get("on_no_answer", "error")) if isinstance(loop, dict) else "error"
+
+
+def _best_lane(result: RunResult, state: RunState | None) -> tuple[LaneResult, str] | None:
+    """The sampled lane to serve without an answer, and its text: one whose answer has the
+    most votes (below the quorum), else the best judged, else the first that stopped on its
+    own, else the first that completed; None where none completed."""
+
+    def rank(lane: LaneResult) -> tuple[float, float, bool, int, int]:
+        answer = normalize_answer(lane.answer) if lane.answer else ""
+        votes = float(result.votes.get(answer, 0.0)) if answer else 0.0
+        score = lane.score if lane.score is not None else -math.inf
+        return (-votes, -score, lane.finish_reason != "stop", lane.wave, lane.lane)
+
+    if state is None:
+        return None
+    for lane in sorted((x for x in result.lanes if x.status == "completed"), key=rank):
+        wave = state.waves.get(lane.wave)
+        landed = wave.lanes.get(lane.lane) if wave is not None else None
+        if landed is not None and landed.text is not None:
+            return lane, landed.text
+    return None
 
 
 def _lanefold(loop: str, result: RunResult) -> dict[str, Any]:
@@ -242,6 +347,7 @@ def _lanefold(loop: str, result: RunResult) -> dict[str, Any]:
         "run_id": result.run_id,
         "loop": loop,
         "status": result.status,
+        "reason": result.reason,
         "answer": result.answer,
         "votes": result.votes,
         "scores": {str(k): v for k, v in result.scores.items()},
@@ -249,6 +355,7 @@ def _lanefold(loop: str, result: RunResult) -> dict[str, Any]:
         "margin": result.margin,
         "lanes": result.lanes_completed,
         "lanes_failed": result.lanes_failed,
+        "lanes_answered": result.lanes_answered,
         "resumes": result.resumes,
         "bill": {
             "usage": result.usage.model_dump(mode="json"),

@@ -11,7 +11,7 @@ import json
 import math
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,19 +20,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from lanefold.config import nests_deeper
+from lanefold.serve._headers import twice_sent
+
 __all__ = (
+    "MAX_JSON_DEPTH",
     "Admission",
     "HTTPError",
     "KeyCheck",
     "ListeningStream",
     "Stopping",
     "error_response",
+    "one_authorization",
+    "parse_json",
     "read_body",
     "read_json",
     "unless_disconnected",
 )
 
 T = TypeVar("T")
+# How deep a request's JSON may nest: an OpenAI request nests five or six deep (a message's
+# content parts); far deeper is a mistake or an attack, and parsing it would exhaust the stack.
+MAX_JSON_DEPTH = 64
 
 
 class HTTPError(Exception):
@@ -85,7 +94,12 @@ class KeyCheck:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            sent = dict(scope["headers"]).get(b"authorization", b"")
+            headers = [value for name, value in scope["headers"] if name.lower() == b"authorization"]
+            try:
+                sent = one_authorization(headers, b"")
+            except HTTPError as twice:
+                await twice.response()(scope, receive, send)
+                return
             if not secrets.compare_digest(sent, self._key):
                 refusal = HTTPError(
                     401,
@@ -98,16 +112,30 @@ class KeyCheck:
         await self.app(scope, receive, send)
 
 
+def one_authorization(sent: Sequence[T], empty: T) -> T:
+    """The one `Authorization` header of a request (`empty` where none); two or more are
+    refused (400, `twice_sent`) rather than one of them read. Never echoed."""
+    refusal = twice_sent(sent)
+    if refusal is not None:
+        raise HTTPError(400, refusal, param="Authorization")
+    return sent[0] if sent else empty
+
+
 async def read_json(request: Request, max_bytes: int) -> Any:
     """The request body as JSON, read chunk by chunk and refused (413) the moment it passes
     `max_bytes`, so an oversized body is never held whole."""
-    body = await read_body(request, max_bytes)
+    return parse_json(await read_body(request, max_bytes))
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON; 400 for one that is not JSON, or nests past `MAX_JSON_DEPTH`
+    (measured before the parser, which recurses per level, sees it)."""
+    if nests_deeper(body, MAX_JSON_DEPTH):
+        raise HTTPError(400, f"the request body's JSON nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(body)
     except ValueError:
         raise HTTPError(400, "the request body is not valid JSON") from None
-    except RecursionError:
-        raise HTTPError(400, "the request body's JSON is nested too deeply") from None
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

@@ -5,10 +5,11 @@ key; the key itself is never written down), `loops` (model names, `["*"]` for al
 (`max_tokens`, `max_cost_usd`, `max_requests`, any subset: the same limits as a loop config's
 `[budget]`, where a request is one backend request) and `max_concurrency` (requests at once).
 
-A key's budget is a `SharedPool` its runs spend from beside their own budget. On PostgreSQL it
-is the shared fleet budget `key:<name>`, so every replica spends from the one row. On the
-embedded default this process keeps it, starting from what the key's recorded runs spent (the
-record is the log: a restart folds it again, charging a crashed run's lanes in flight whole).
+A key's budget is the named budget `key:<name>` in the store (a row on PostgreSQL, a file in
+`runs/.budgets/` on the files store), which every run of the key spends from beside its own
+budget and names in its `run.started`: a replica, a restart, a CLI `resume` or a retry of the
+run all charge the same budget. Made when the gateway starts, it begins from what the key's
+recorded runs spent (a crashed run's lanes in flight charged whole).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lanefold.config import describe_errors, read_table
 from lanefold.execution import Store, budget_store, read_state
-from lanefold.primitives import ConfigError, Hold, LanefoldError, Refusal, Room, SharedPool, short_of_room
+from lanefold.primitives import ConfigError, LanefoldError
+from lanefold.primitives.events import MAX_QUANTITY
 
-__all__ = ("GatewayKey", "KeyBudget", "Keys", "LocalKeyPool", "load_keys", "spent_by_caller")
+__all__ = ("GatewayKey", "KeyBudget", "KeyPools", "Keys", "load_keys", "pool_name", "spent_by_key")
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -38,9 +40,10 @@ class KeyBudget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int | None = Field(None, ge=0)
-    max_cost_usd: float | None = Field(None, ge=0, allow_inf_nan=False)
-    max_requests: int | None = Field(None, ge=0)
+    # As a config's [budget]: counts a bill (and a JSON number) carries exactly.
+    max_tokens: int | None = Field(None, ge=0, le=MAX_QUANTITY)
+    max_cost_usd: float | None = Field(None, ge=0, le=MAX_QUANTITY, allow_inf_nan=False)
+    max_requests: int | None = Field(None, ge=0, le=MAX_QUANTITY)
 
     @property
     def limited(self) -> bool:
@@ -132,23 +135,27 @@ def load_keys(path: str | Path, loops: Iterable[str]) -> Keys:
 
 
 def pool_name(key: GatewayKey) -> str:
-    """The shared budget a key spends from on PostgreSQL."""
+    """The named budget a key's runs spend from, on either store."""
     return f"key:{key.name}"
 
 
-def spent_by_caller(store: Store, callers: Sequence[str]) -> dict[str, tuple[int, float, int]]:
-    """What each caller's recorded runs spent (tokens, USD, requests), with the holds of lanes a
-    crash left in flight charged whole: where a key's budget on the embedded store starts."""
-    wanted = set(callers)
-    spent: dict[str, list[Any]] = {c: [0, 0.0, 0] for c in wanted}
+def spent_by_key(store: Store, key: str) -> tuple[int, float, int]:
+    """What the key's recorded runs spent (tokens, USD, requests), with the holds of lanes a
+    crash left in flight charged whole: where the key's budget starts when it is first made.
+    A run is the key's if its `run.started` names the key's budget, or (a log from before
+    budgets were recorded) the key as its caller."""
+    name = f"key:{key}"
+    total: list[Any] = [0, 0.0, 0]
     for summary in store.list_runs():
-        if summary.caller not in wanted:
+        if summary.caller != key:
             continue
         try:
             state = read_state(store, summary.run_id)
         except (LanefoldError, OSError):
             continue  # a log the store cannot read holds no spend we can fold
-        total = spent[summary.caller]
+        started = state.started
+        if started is not None and started.pools is not None and name not in started.pools:
+            continue
         total[0] += state.spend.tokens
         total[1] += state.spend.cost_usd
         total[2] += state.spend.requests
@@ -158,133 +165,34 @@ def spent_by_caller(store: Store, callers: Sequence[str]) -> dict[str, tuple[int
                     total[0] += lane.hold.tokens
                     total[1] += lane.hold.cost_usd
                     total[2] += lane.hold.requests
-    return {c: (t[0], t[1], t[2]) for c, t in spent.items()}
-
-
-class LocalKeyPool:
-    """A key's budget kept by this process (the embedded store): every run of the key spends
-    from this one object, so what they hold and spend together never passes the limits."""
-
-    def __init__(self, name: str, budget: KeyBudget, spent: tuple[int, float, int] = (0, 0.0, 0)) -> None:
-        self.name = name
-        self.budget = budget
-        self.spent = list(spent)
-        self.held: list[Any] = [0, 0.0, 0]
-        self.room: Room | None = None
-        self._update()
-
-    def _update(self) -> None:
-        b = self.budget
-        limits = (b.max_tokens, b.max_cost_usd, b.max_requests)
-        left = [
-            None if limit is None else limit - s - h
-            for limit, s, h in zip(limits, self.spent, self.held, strict=True)
-        ]
-        self.room = Room(*left)
-
-    def _add(self, into: list[Any], tokens: int, cost_usd: float, requests: int, sign: int = 1) -> None:
-        into[0] += sign * tokens
-        into[1] += sign * cost_usd
-        into[2] += sign * requests
-
-    async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
-        asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds), sum(h.requests for h in holds))
-        assert self.room is not None
-        short = short_of_room(self.room, *asked)
-        if short is not None:
-            return Refusal(*short, self.room)
-        self._add(self.held, *asked)
-        self._update()
-        return None
-
-    def settle(self, hold: Hold, tokens: int, cost_usd: float, requests: int) -> None:
-        self._add(self.held, hold.tokens, hold.cost_usd, hold.requests, -1)
-        self._add(self.spent, tokens, cost_usd, requests)
-        self._update()
-
-    def release(self, hold: Hold) -> None:
-        self._add(self.held, hold.tokens, hold.cost_usd, hold.requests, -1)
-        self._update()
-
-    def charge_cut_off(self, hold: Hold) -> None:
-        self.settle(hold, hold.tokens, hold.cost_usd, hold.requests)
-
-    async def flush(self, *, wait: bool = True) -> None:
-        """Nothing to write: the log is the record this pool is folded from."""
-
-    def exhausted(self) -> str | None:
-        """The limit with nothing left under it, if one is."""
-        room = self.room
-        assert room is not None
-        lefts = (
-            ("max_tokens", room.tokens),
-            ("max_cost_usd", room.cost_usd),
-            ("max_requests", room.requests),
-        )
-        for limit, left in lefts:
-            if left is not None and left <= 0:
-                return limit
-        return None
+    return (total[0], total[1], total[2])
 
 
 class KeyPools:
-    """Each key's pool: on PostgreSQL a shared budget opened per run (`open`), kept in the
-    store; else one LocalKeyPool per key for the process's life."""
+    """Each key's budget (a named budget in the store) and its concurrency slots."""
 
     def __init__(self, keys: Keys, store: Store) -> None:
         self.keys, self.store = keys, store
-        self.shared = hasattr(store, "open_shared_pool")
-        self.local: dict[str, LocalKeyPool] = {}
         self.limiters = {
             k.name: anyio.Semaphore(k.max_concurrency) for k in keys.keys if k.max_concurrency is not None
         }
 
     def prepare(self) -> None:
-        """Make each limited key's budget: PostgreSQL's rows (limits set, spend kept), or this
-        process's pools, from what the key's recorded runs spent."""
-        limited = [k for k in self.keys.keys if k.budget.limited]
-        if self.shared:
-            budgets = budget_store(self.store, "--keys")
-            for key in limited:
-                b = key.budget
-                limits = {
-                    "max_tokens": b.max_tokens,
-                    "max_cost_usd": b.max_cost_usd,
-                    "max_requests": b.max_requests,
-                }
-                budgets.set_budget(pool_name(key), **limits)
-            return
-        spent = spent_by_caller(self.store, [k.name for k in limited])
-        self.local = {k.name: LocalKeyPool(pool_name(k), k.budget, spent[k.name]) for k in limited}
+        """Make each limited key's budget in the store (from what its recorded runs spent, the
+        first time) and set its limits from the keys file; a key no longer limited whose
+        budget exists is set unlimited (its recorded runs still charge it on resume)."""
+        budgets = budget_store(self.store, "--keys")
+        for key in self.keys.keys:
+            name = pool_name(key)
+            if budgets.read_budget(name) is None:
+                if not key.budget.limited:
+                    continue
+                budgets.start_budget(name, spent_by_key(self.store, key.name))
+            b = key.budget
+            budgets.set_budget(
+                name, max_tokens=b.max_tokens, max_cost_usd=b.max_cost_usd, max_requests=b.max_requests
+            )
 
-    async def open(self, key: GatewayKey, run_id: str) -> SharedPool | None:
-        """The pool `key`'s run `run_id` spends from (None: the key is unlimited). The caller
-        closes it with `close`."""
-        if not key.budget.limited:
-            return None
-        if not self.shared:
-            return self.local[key.name]
-        pool: SharedPool = await budget_store(self.store, "--keys").open_shared_pool(pool_name(key), run_id)
-        return pool
-
-    async def close(self, pool: SharedPool | None) -> None:
-        if pool is not None and not isinstance(pool, LocalKeyPool):
-            await pool.aclose()  # type: ignore[attr-defined]
-
-    def exhausted(self, key: GatewayKey) -> str | None:
-        """The limit the key has nothing left under, if one (read now)."""
-        if not key.budget.limited:
-            return None
-        if not self.shared:
-            return self.local[key.name].exhausted()
-        view = budget_store(self.store, "--keys").read_budget(pool_name(key))
-        if view is None:
-            return None
-        for limit, cap, spent, held in (
-            ("max_tokens", view.max_tokens, view.spent_tokens, view.held_tokens),
-            ("max_cost_usd", view.max_cost_usd, view.spent_cost_usd, view.held_cost_usd),
-            ("max_requests", view.max_requests, view.spent_requests, view.held_requests),
-        ):
-            if cap is not None and cap - spent - held <= 0:
-                return limit
-        return None
+    def pools(self, key: GatewayKey | None) -> tuple[str, ...]:
+        """The named budgets a run of `key` spends from (none for an unlimited key)."""
+        return (pool_name(key),) if key is not None and key.budget.limited else ()

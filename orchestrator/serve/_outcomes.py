@@ -31,9 +31,11 @@ from lanefold.primitives import (
     Sample,
     SampleRequest,
     ServerError,
+    StoreError,
     StreamingBackend,
     TextDelta,
     Usage,
+    get_logger,
     sample_all,
 )
 from lanefold.serve._guard import error_response
@@ -41,6 +43,7 @@ from lanefold.serve._guard import error_response
 __all__ = ("Told", "bill", "closing", "on_error", "stream_of", "told", "usage_body", "whole")
 
 _Item = TypeVar("_Item")
+_log = get_logger("lanefold.serve")
 
 # BackendError class -> (status, OpenAI error type, code); first match in MRO order wins.
 _BACKEND_STATUS: dict[type[BackendError], tuple[int, str, str | None]] = {
@@ -69,7 +72,11 @@ class Told:
 
 
 def told(exc: Exception) -> Told:
-    """What to tell a client of `exc`."""
+    """What to tell a client of `exc`. A store the server cannot use is its operator's to fix:
+    logged with its place (a folder, a database), told as a 500 without it."""
+    if isinstance(exc, StoreError):
+        _log.error("serve.store_error", error=str(exc))
+        return Told(500, "the server cannot record the run in its store", "server_error", "store_error")
     if isinstance(exc, ConfigError):
         return Told(400, str(exc), "invalid_request_error")
     if isinstance(exc, BackendError):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lanefold.primitives import Sample
+from lanefold.primitives import MAX_LANE_TOKENS, Sample
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -71,7 +71,7 @@ class _Body(BaseModel):
     model_config = _STRICT
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_LANE_TOKENS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1)  # vLLM's extension; -1 and 0 are "off"
@@ -160,7 +160,7 @@ class ChatBody(_Body):
     messages: list[ChatMessageIn] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)  # as OpenAI
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_LANE_TOKENS)
     response_format: TextFormat | None = None
 
 

@@ -18,16 +18,24 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import os
 import random
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from lanefold.config import VERSION
-from lanefold.primitives import ConfigError, get_logger, register_hook
+from lanefold.primitives import (
+    ConfigError,
+    check_headers,
+    check_headers_env,
+    get_logger,
+    headers_from_env,
+    register_hook,
+)
 
 __all__ = ("OtelHook", "flush_all", "trace_id_of")
 
@@ -103,14 +111,14 @@ _EXPORTERS: dict[tuple[Any, ...], _Exporter] = {}
 _EXPORTERS_LOCK = threading.Lock()
 
 
-def _exporter(params: OtelHook.Params) -> _Exporter:
-    key = (str(params.endpoint), tuple(sorted(params.headers.items())), params.service_name, params.timeout_s)
+def _exporter(params: OtelHook.Params, headers: dict[str, str]) -> _Exporter:
+    key = (str(params.endpoint), tuple(sorted(headers.items())), params.service_name, params.timeout_s)
     with _EXPORTERS_LOCK:
         found = _EXPORTERS.get(key)
         if found is None:
             exporter = OTLPSpanExporter(
                 endpoint=str(params.endpoint).rstrip("/") + "/v1/traces",
-                headers=dict(params.headers),
+                headers=headers,
                 timeout=params.timeout_s,
             )
             processor = BatchSpanProcessor(_Breaker(exporter), schedule_delay_millis=500)
@@ -171,14 +179,28 @@ class OtelHook:
 
         endpoint: HttpUrl  # the OTLP/HTTP base URL: spans go to <endpoint>/v1/traces
         service_name: str = "lanefold"
-        headers: dict[str, str] = Field(default_factory=dict)  # e.g. an API key for the receiver
+        headers: dict[str, str] = Field(default_factory=dict)  # plain ones: no secret (recorded)
+        # header -> the environment variable holding its value (an API key for the receiver):
+        # read when the hook is built, in each process that builds it, never recorded
+        headers_env: dict[str, str] = Field(default_factory=dict)
         timeout_s: float = Field(3.0, gt=0, le=60)  # one export's limit, retries included
+
+        @field_validator("headers")
+        @classmethod
+        def _plain(cls, value: dict[str, str]) -> dict[str, str]:
+            return check_headers(value)
+
+        @field_validator("headers_env")
+        @classmethod
+        def _named(cls, value: dict[str, str]) -> dict[str, str]:
+            return check_headers_env(value)
 
     def __init__(self, params: OtelHook.Params) -> None:
         if OTLPSpanExporter is None:
             raise ConfigError("hooks: kind 'otel' needs the otel extra: pip install 'lanefold[otel]'")
         self.params = params
-        self.exporter = _exporter(params)
+        secrets = headers_from_env(params.headers_env, os.environ, where="hooks: otel: headers_env")
+        self.exporter = _exporter(params, {**params.headers, **secrets})
         self.runs: dict[str, _Run] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:  # travels to a worker as its params

@@ -24,11 +24,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from lanefold.evaluate import read_results, read_summary
+from lanefold.evaluate import read_manifest, read_results, read_summary
 from lanefold.execution import read_run
 from lanefold.primitives import (
     AnyEvent,
     BudgetStore,
+    ConfigError,
     LanefoldError,
     RunNotFoundError,
     RunState,
@@ -36,6 +37,7 @@ from lanefold.primitives import (
 )
 from lanefold.primitives.events import RunStarted
 from lanefold.primitives.internal import apply
+from lanefold.serve import twice_sent
 from lanefold.view._pages import (
     budgets_page,
     error_page,
@@ -90,8 +92,18 @@ def create_app(
         more = len(found) > (page + 1) * PAGE_SIZE
         return HTMLResponse(runs_page(shown, filters, page=page, more=more, evals=evals[:20]))
 
+    def malformed(raw: str) -> str | None:
+        """Why `raw` can be no run's or eval's id (the store's own rule), or None."""
+        try:
+            store.check_id(raw)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
     async def run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
+        if (why := malformed(run_id)) is not None:
+            return HTMLResponse(error_page("no such run", why), status_code=400)
         try:
             events, state, _ = await anyio.to_thread.run_sync(lambda: read_run(store, run_id))
             ended = state.result is not None or state.failure is not None or state.interrupted is not None
@@ -104,6 +116,8 @@ def create_app(
 
     async def live_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
+        if (why := malformed(run_id)) is not None:
+            return Response(f"{why}\n", status_code=400)
         if not store.exists(run_id):
             return Response("no such run\n", status_code=404)
         try:
@@ -118,6 +132,8 @@ def create_app(
 
     async def eval_view(request: Request) -> Response:
         eval_id = request.path_params["eval_id"]
+        if (why := malformed(eval_id)) is not None:
+            return HTMLResponse(error_page("no such eval", why), status_code=400)
         record = store.eval_record(eval_id)
         if not record.exists():
             return HTMLResponse(error_page("no such eval", f"no eval {eval_id!r} in {store.describe}"), 404)
@@ -142,7 +158,7 @@ def create_app(
     async def evals(request: Request) -> Response:
         prefix = request.query_params.get("prefix", "")
 
-        def read() -> list[tuple[str, float, float, float, float]]:
+        def read() -> list[tuple[str, float, float, float, float, bool]]:
             points = []
             for eval_id in store.list_evals():
                 if not eval_id.startswith(prefix):
@@ -150,7 +166,9 @@ def create_app(
                 summary = read_summary(store.eval_record(eval_id))
                 if summary is not None:
                     low, high = summary.interval
-                    points.append((eval_id, summary.accuracy, low, high, summary.mean_cost))
+                    fitted = read_manifest(store, eval_id).fitted_to  # the equal budget it had
+                    over = fitted is not None and fitted.over(summary)
+                    points.append((eval_id, summary.accuracy, low, high, summary.mean_cost, over))
             return points
 
         return HTMLResponse(evals_page(await anyio.to_thread.run_sync(read), prefix))
@@ -158,7 +176,9 @@ def create_app(
     async def budgets(request: Request) -> Response:
         if not isinstance(store, BudgetStore):
             return HTMLResponse(
-                budgets_page([], f"{store.describe} keeps no shared budgets (PostgreSQL does)")
+                budgets_page(
+                    [], f"{store.describe} keeps no named budgets (the files and PostgreSQL stores do)"
+                )
             )
         spending = await anyio.to_thread.run_sync(lambda: _budget_runs(store))
         names = [n for n in request.query_params.getlist("name") if n] or list(spending)
@@ -177,7 +197,10 @@ def create_app(
         return done
 
     async def refused(request: Request, exc: Exception) -> Response:
-        return HTMLResponse(error_page("refused", f"orchestrator view: {exc}"), status_code=503)
+        # What was asked cannot be (a ConfigError: a filter no store takes) is the asker's, 400;
+        # a store that cannot be read (StoreError, a log that will not open) is the server's, 503.
+        status = 400 if type(exc) is ConfigError else 503
+        return HTMLResponse(error_page("refused", f"orchestrator view: {exc}"), status_code=status)
 
     guard = [] if api_key is None else [Middleware(BaseHTTPMiddleware, dispatch=_guard(api_key))]
     return Starlette(
@@ -201,7 +224,10 @@ def _guard(key: str) -> Callable[[Request, Callable[[Request], Awaitable[Respons
     async def check(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if request.url.path == "/login" or request.url.path.startswith("/static/"):
             return await call_next(request)
-        bearer = request.headers.get("authorization", "")
+        sent = request.headers.getlist("authorization")
+        if (twice := twice_sent(sent)) is not None:
+            return HTMLResponse(error_page("refused", twice), status_code=400)
+        bearer = sent[0] if sent else ""
         given = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
         if hmac.compare_digest(given.encode(), key.encode()):
             return await call_next(request)
@@ -215,14 +241,19 @@ def _agreement(answer: str | None, lanes: list[str | None]) -> str:
 
 
 def _budget_runs(store: Store) -> dict[str, list[str]]:
-    """The shared budgets the store's recent runs name (`[budget] shared`), each with its runs."""
+    """The named budgets the store's recent runs spend from (their `run.started` `pools`; a log
+    from before pools were recorded: its `[budget] shared`), each with its runs."""
     spending: dict[str, list[str]] = {}
     for summary in store.list_runs(limit=_BUDGET_RUNS):
         first = next(iter(store.reader(summary.run_id).read()), None)
-        config = first.data.config if isinstance(first, RunStarted) else {}
-        shared = (config.get("budget") or {}).get("shared")
-        if isinstance(shared, str):
-            spending.setdefault(shared, []).append(summary.run_id)
+        if not isinstance(first, RunStarted):
+            continue
+        pools = first.data.pools
+        if pools is None:
+            shared = (first.data.config.get("budget") or {}).get("shared")
+            pools = [shared] if isinstance(shared, str) else []
+        for name in pools:
+            spending.setdefault(name, []).append(summary.run_id)
     return spending
 
 

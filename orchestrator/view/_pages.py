@@ -304,14 +304,21 @@ def _run_links(run_ids: Iterable[str]) -> str:
     return " ".join(f"<a href='/runs/{quote(r)}'>{_e(r)}</a>" for r in run_ids)
 
 
-def evals_page(points: Sequence[tuple[str, float, float, float, float]], prefix: str) -> str:
+Point = tuple[str, float, float, float, float, bool]  # eval, accuracy, low, high, $/question, over
+
+
+def evals_page(points: Sequence[Point], prefix: str) -> str:
     """Every eval (or those of one compare or sweep, by id prefix): accuracy with its interval
-    against mean paid spend per question, as a table and a plot with the Pareto frontier."""
+    against mean paid spend per question, as a table and a plot with the Pareto frontier. An
+    eval that paid over 105% of the equal budget it was fitted to is marked over (`data-over`,
+    a cross) and is never on the frontier."""
+    frontier = _frontier(points)
     rows = "".join(
-        f"<tr data-eval='{_e(e)}' data-frontier='{str(e in _frontier(points)).lower()}'>"
+        f"<tr data-eval='{_e(e)}' data-frontier='{str(e in frontier).lower()}' "
+        f"data-over='{str(over).lower()}'>"
         f"<td><a href='/evals/{quote(e)}'>{_e(e)}</a></td><td>{acc:.3f}</td><td>{low:.3f} to {high:.3f}</td>"
-        f"<td>{cost:.6f}</td></tr>"
-        for e, acc, low, high, cost in points
+        f"<td>{cost:.6f}</td><td>{'over budget' if over else ''}</td></tr>"
+        for e, acc, low, high, cost, over in points
     )
     form = (
         f"<form><label>id prefix <input name=prefix value='{_e(prefix)}'></label> "
@@ -319,25 +326,28 @@ def evals_page(points: Sequence[tuple[str, float, float, float, float]], prefix:
     )
     table = (
         "<table id=evals><tr><th>eval</th><th>accuracy</th><th>95% interval</th>"
-        "<th>mean $ / question</th></tr>"
+        "<th>mean $ / question</th><th>equal budget</th></tr>"
         f"{rows}</table>"
     )
     return _page("evals", form + table + "<h2>accuracy against paid spend</h2>" + _pareto_svg(points))
 
 
-def _frontier(points: Sequence[tuple[str, float, float, float, float]]) -> set[str]:
-    """The evals no other beats on both: as accurate or more for as little or less, better on one."""
+def _frontier(points: Sequence[Point]) -> set[str]:
+    """The evals within their budget that no other within its budget beats on both: as
+    accurate or more for as little or less, better on one. An eval over its budget is on no
+    frontier."""
+    fair = [p for p in points if not p[5]]
     return {
         e
-        for e, acc, _, _, cost in points
-        if not any(a >= acc and c <= cost and (a > acc or c < cost) for _, a, _, _, c in points)
+        for e, acc, _, _, cost, _ in fair
+        if not any(a >= acc and c <= cost and (a > acc or c < cost) for _, a, _, _, c, _ in fair)
     }
 
 
-def _pareto_svg(points: Sequence[tuple[str, float, float, float, float]]) -> str:
+def _pareto_svg(points: Sequence[Point]) -> str:
     if not points:
         return "<p>no evals yet</p>"
-    top = max(cost for *_, cost in points) or 1.0
+    top = max(p[4] for p in points) or 1.0
 
     def x(cost: float) -> float:
         return 40 + 340 * cost / top
@@ -345,12 +355,19 @@ def _pareto_svg(points: Sequence[tuple[str, float, float, float, float]]) -> str
     def y(acc: float) -> float:
         return 190 - 180 * acc
 
+    def mark(e: str, a: float, c: float, over: bool) -> str:
+        title = f"<title>{_e(e)}: {a:.3f}, ${c:.6f}{', over budget' if over else ''}</title>"
+        if over:  # a cross, never a point of the frontier
+            return f"<path class=over d='M{x(c) - 4:.1f},{y(a) - 4:.1f} l8,8 m0,-8 l-8,8'>{title}</path>"
+        return f"<circle cx='{x(c):.1f}' cy='{y(a):.1f}' r=4>{title}</circle>"
+
     marks = "".join(
         f"<line class=interval x1='{x(c):.1f}' x2='{x(c):.1f}' y1='{y(lo):.1f}' y2='{y(hi):.1f}' />"
-        f"<circle cx='{x(c):.1f}' cy='{y(a):.1f}' r=4><title>{_e(e)}: {a:.3f}, ${c:.6f}</title></circle>"
-        for e, a, lo, hi, c in points
+        + mark(e, a, c, over)
+        for e, a, lo, hi, c, over in points
     )
-    best = sorted((c, a) for e, a, _, _, c in points if e in _frontier(points))
+    frontier = _frontier(points)
+    best = sorted((p[4], p[1]) for p in points if p[0] in frontier)
     line = " ".join(f"{x(c):.1f},{y(a):.1f}" for c, a in best)
     return (
         "<svg id=pareto viewBox='0 0 400 220' width=400 height=220 role=img>"
@@ -364,7 +381,8 @@ def _pareto_svg(points: Sequence[tuple[str, float, float, float, float]]) -> str
 def budgets_page(
     budgets: Sequence[BudgetView], note: str | None, spending: dict[str, list[str]] | None = None
 ) -> str:
-    """Each shared budget: limit, spent, held, left, and the recent runs spending from it."""
+    """Each named budget: limit, spent, held, left, the run segments holding part of it, the
+    requests it refused, and the recent runs spending from it."""
     if note:
         return _page("budgets", f"<p>{_e(note)}</p>")
     rows = []
@@ -378,7 +396,8 @@ def budgets_page(
             f"<td>{b.spent_tokens}</td>"
             f"<td>{b.held_tokens}</td><td class=left>{left}</td><td>{b.max_cost_usd}</td>"
             f"<td>{b.spent_cost_usd:.6f}</td><td>{b.held_cost_usd:.6f}</td><td>{left_usd}</td>"
-            f"<td>{b.holders}</td><td class=runs>{_run_links((spending or {}).get(b.name, []))}</td></tr>"
+            f"<td>{b.holders}</td><td class=refused>{b.refusals}</td>"
+            f"<td class=runs>{_run_links((spending or {}).get(b.name, []))}</td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"
@@ -392,6 +411,8 @@ def budgets_page(
             "spent $",
             "held $",
             "left $",
+            "holders",
+            "refused",
             "runs",
         )
     )

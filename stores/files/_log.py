@@ -64,13 +64,12 @@ class RunLock:
         if no live pid shows up it says `(pid unknown)`.
         """
         path = folder / "lock"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise os_failure(f"{folder}: cannot create the run folder", exc) from None
         for _ in range(_PID_READS):
-            try:
+            try:  # (again each time: a run refused before its first line takes its folder away)
+                folder.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                continue
             except OSError as exc:
                 raise os_failure(f"{folder}: cannot create the run folder", exc) from None
             try:
@@ -335,13 +334,16 @@ class JsonlEventLog:
                 self.sync()
             os.close(self._fd)
             self._fd = None
-        if self._unpublished is not None:  # closed before its first line: no run appears
+        unpublished, self._unpublished = self._unpublished, None
+        if unpublished is not None:  # closed before its first line: no run appears
             with contextlib.suppress(OSError):
-                os.unlink(self._unpublished)
-            self._unpublished = None
+                os.unlink(unpublished)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if unpublished is not None:  # nor its folder (unless something else is in it)
+            with contextlib.suppress(OSError):
+                os.rmdir(self.path.parent)
 
 
 def _parse(path: Path, lineno: int, raw: bytes) -> AnyEvent:

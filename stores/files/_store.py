@@ -1,5 +1,5 @@
 """Runs as files: a folder per run under a root (`./runs/<run_id>/events.jsonl`), the
-embedded default."""
+embedded default; named budgets beside them (`./runs/.budgets/`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import contextlib
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lanefold.primitives import (
     AnyEvent,
+    BudgetView,
     ConfigError,
     FsyncPolicy,
     RunNotFoundError,
@@ -22,6 +23,8 @@ from lanefold.primitives import (
     summarize_run,
     validate_run_id,
 )
+from lanefold.stores.files._budget import FileBudgets
+from lanefold.stores.files._budget_pool import FileSharedPool
 from lanefold.stores.files._evals import FileEvalRecord
 from lanefold.stores.files._log import JsonlEventLog, RunLock
 
@@ -112,6 +115,27 @@ class RunStore:
 
     def missing(self) -> list[str]:
         return []
+
+    # -- named budgets (BudgetStore) -------------------------------------------------------------
+
+    @property
+    def budgets(self) -> FileBudgets:
+        return FileBudgets(self.root)
+
+    async def open_shared_pool(self, name: str, run_id: str) -> FileSharedPool:
+        return await FileSharedPool.open(self.budgets, name, run_id)
+
+    def read_budget(self, name: str) -> BudgetView | None:
+        return self.budgets.read_budget(name)
+
+    def set_budget(self, name: str, **limits: Any) -> BudgetView:
+        return self.budgets.set_budget(name, **limits)
+
+    def start_budget(self, name: str, spent: tuple[int, float, int]) -> BudgetView:
+        return self.budgets.start_budget(name, spent)
+
+    def note_refusal(self, name: str) -> None:
+        self.budgets.note_refusal(name)
 
     def list_runs(
         self,

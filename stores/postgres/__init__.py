@@ -2,7 +2,14 @@
 and shared budgets over one connection layer (`PgDatabase`). psycopg (the `scale` extra) is
 imported when first used."""
 
-from lanefold.stores.postgres._budget import PgSharedPool, connect_budgets, read_budget, set_budget
+from lanefold.stores.postgres._budget import (
+    PgSharedPool,
+    connect_budgets,
+    note_refusal,
+    read_budget,
+    set_budget,
+    start_budget,
+)
 from lanefold.stores.postgres._database import PgDatabase, redact_url
 from lanefold.stores.postgres._evals import PgEvalRecord
 from lanefold.stores.postgres._log import PgEventLog
@@ -15,7 +22,9 @@ __all__ = (
     "PgSharedPool",
     "PgStore",
     "connect_budgets",
+    "note_refusal",
     "read_budget",
     "redact_url",
     "set_budget",
+    "start_budget",
 )

@@ -1,9 +1,9 @@
 """One budget for a fleet: a named budget in PostgreSQL that every run naming it spends from.
 
 Two tables, beside the run store's in the same database: `lanefold_budgets` (a row per name: limits,
-spent, and how much of spent was charged for dead workers' holds) and `lanefold_budget_holds` (a row per
-run segment spending from a budget: its outstanding holds and the PostgreSQL backend that owns
-them).
+spent, how much of spent was charged for dead workers' holds, and the requests refused) and
+`lanefold_budget_holds` (a row per run segment spending from a budget: its outstanding holds and
+the PostgreSQL backend that owns them).
 
 - reserve is one transaction: lock the budget's row (`SELECT ... FOR UPDATE`), charge the
   holds of dead owners, write this run's pending settlements, then add the asked holds to this
@@ -23,19 +23,33 @@ event loop never waits on the database.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
 
-from lanefold.primitives import BudgetView, ConfigError, Hold, Refusal, Room, RunError, short_of_room
+from lanefold.primitives import (
+    BudgetView,
+    ConfigError,
+    Hold,
+    Refusal,
+    Room,
+    RunError,
+    check_budget_name,
+    short_of_room,
+)
 from lanefold.stores.postgres._database import PgDatabase, psycopg_module
 
-__all__ = ("PgSharedPool", "check_name", "connect_budgets", "read_budget", "set_budget")
+__all__ = (
+    "PgSharedPool",
+    "connect_budgets",
+    "note_refusal",
+    "read_budget",
+    "set_budget",
+    "start_budget",
+)
 
 T = TypeVar("T")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _SCHEMA_LOCK = 0x1A7EF01D  # serialises CREATE TABLE IF NOT EXISTS across processes
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lanefold_budgets (
@@ -58,7 +72,11 @@ CREATE TABLE IF NOT EXISTS lanefold_budget_holds (
     requests bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now());
 CREATE INDEX IF NOT EXISTS budget_holds_name ON lanefold_budget_holds (name);
+ALTER TABLE lanefold_budgets ADD COLUMN IF NOT EXISTS refusals bigint NOT NULL DEFAULT 0;
 """
+# Whether the tables are there, as this version writes them (an older store lacks `refusals`).
+_READY = """SELECT to_regclass('lanefold_budget_holds') IS NOT NULL AND EXISTS (SELECT 1 FROM
+    information_schema.columns WHERE table_name = 'lanefold_budgets' AND column_name = 'refusals')"""
 # Holds whose backend is gone (pid reuse is ruled out by the backend's start time, where the
 # role may see it) are charged whole.
 _SWEEP = """
@@ -79,17 +97,8 @@ WHERE name = %(name)s AND d.n > 0
 _HELD = """SELECT coalesce(sum(tokens), 0)::bigint, coalesce(sum(cost_usd), 0),
     coalesce(sum(requests), 0)::bigint, count(*) FROM lanefold_budget_holds WHERE name = %s"""
 _LOCK = """SELECT max_tokens, max_cost_usd, max_requests, spent_tokens, spent_cost_usd,
-    spent_requests, charged_tokens, charged_cost_usd, charged_requests
+    spent_requests, charged_tokens, charged_cost_usd, charged_requests, refusals
     FROM lanefold_budgets WHERE name = %s FOR UPDATE"""
-
-
-def check_name(name: str, where: str = "budget.shared") -> str:
-    """A budget's name: letters, digits and `._:-`, at most 128 characters."""
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-        raise ConfigError(
-            f"{where}: {name!r} is not a budget name (letters, digits and ._:- only, at most 128 characters)"
-        )
-    return name
 
 
 def connect_budgets(db: PgDatabase) -> Any:
@@ -105,8 +114,8 @@ def connect_budgets(db: PgDatabase) -> Any:
             conn.execute(
                 "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3"
             )
-            row = conn.execute("SELECT to_regclass('lanefold_budget_holds')").fetchone()
-            if row is None or row[0] is None:  # the first worker to come creates the tables
+            row = conn.execute(_READY).fetchone()
+            if row is None or not row[0]:  # the first worker to come creates (or updates) the tables
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 conn.execute(_SCHEMA)
     except psycopg_module().Error as exc:
@@ -142,6 +151,7 @@ def _view(conn: Any, name: str) -> BudgetView | None:
         row[7],
         row[8],
         held[3],
+        row[9],
     )
 
 
@@ -164,7 +174,7 @@ def set_budget(
 ) -> BudgetView:
     """Create a budget or change its limits (a limit not given keeps its value; a new budget
     is unlimited where none is given). Spent is never reset here."""
-    check_name(name, "budget")
+    check_budget_name(name, "budget")
     given = {"max_tokens": max_tokens, "max_cost_usd": max_cost_usd, "max_requests": max_requests}
     with conn.transaction():
         conn.execute("INSERT INTO lanefold_budgets (name) VALUES (%s) ON CONFLICT DO NOTHING", (name,))
@@ -174,6 +184,27 @@ def set_budget(
         view = _view(conn, name)
     assert view is not None
     return view
+
+
+def start_budget(conn: Any, name: str, spent: tuple[int, float, int]) -> BudgetView:
+    """The budget `name`, created unlimited with `spent` already charged where there is none;
+    else as it stands (a concurrent creator's row wins: one transaction, ON CONFLICT)."""
+    check_budget_name(name, "budget")
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO lanefold_budgets (name, spent_tokens, spent_cost_usd, spent_requests) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (name, *spent),
+        )
+        view = _view(conn, name)
+    assert view is not None
+    return view
+
+
+def note_refusal(conn: Any, name: str) -> None:
+    """Count one request the budget refused (no row: nothing to count)."""
+    with conn.transaction():
+        conn.execute("UPDATE lanefold_budgets SET refusals = refusals + 1 WHERE name = %s", (name,))
 
 
 class PgSharedPool:
@@ -190,18 +221,20 @@ class PgSharedPool:
         self._held = [0, 0.0, 0]  # pending change of this row's holds (tokens, cost, requests)
         self._spent = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
+        self.exhausted: str | None = None  # the limit its spend had reached as it opened
 
     @classmethod
     async def open(cls, db: PgDatabase, name: str, run_id: str) -> PgSharedPool:
         """Connect and take a row of holds; a budget that does not exist is a ConfigError
         naming `budget.shared`, raised before any dispatch."""
-        check_name(name)
+        check_budget_name(name)
 
         def opened() -> PgSharedPool:
             conn = connect_budgets(db)
             try:
                 with conn.transaction():
-                    if conn.execute(_LOCK, (name,)).fetchone() is None:
+                    view = _view(conn, name)
+                    if view is None:
                         raise ConfigError(
                             f"budget.shared: no budget named {name!r} in {db.shown} (create "
                             f"it with: orchestrator budget set {name} --max-tokens N --store URL)"
@@ -215,7 +248,9 @@ class PgSharedPool:
             except BaseException:
                 conn.close()
                 raise
-            return cls(conn, name, int(row[0]))
+            pool = cls(conn, name, int(row[0]))
+            pool.exhausted = view.exhausted()
+            return pool
 
         return await anyio.to_thread.run_sync(opened)
 
@@ -311,10 +346,10 @@ class PgSharedPool:
             view = _view(conn, self.name)
             if view is None:
                 raise RunError(f"shared budget {self.name!r}: deleted while in use")
-            room = _room(view)
+            room = view.room
             short = short_of_room(room, *asked)
             if short is not None:
-                return Refusal(*short, room), room
+                return Refusal(*short, room, self.name), room
             conn.execute(
                 "UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + %s,"
                 " requests = requests + %s WHERE id = %s",
@@ -353,11 +388,3 @@ class PgSharedPool:
                 await self._run(close)
             finally:
                 await anyio.to_thread.run_sync(self._conn.close)
-
-
-def _room(view: BudgetView) -> Room:
-    return Room(
-        None if view.max_tokens is None else view.max_tokens - view.spent_tokens - view.held_tokens,
-        None if view.max_cost_usd is None else view.max_cost_usd - view.spent_cost_usd - view.held_cost_usd,
-        None if view.max_requests is None else view.max_requests - view.spent_requests - view.held_requests,
-    )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from lanefold.primitives import ConfigError, redact_url
+from lanefold.primitives import ConfigError, StoreError, redact_url
 
 if TYPE_CHECKING:
     import psycopg
@@ -97,7 +97,7 @@ class PgDatabase:
                 self.url, autocommit=True, application_name=name, connect_timeout=10, **extra
             )
         except pg.Error as exc:
-            raise ConfigError(
+            raise StoreError(
                 f"{self.shown}: cannot connect: {reason(exc)}".replace(self.password or "\0", "***")
             ) from None
         return conn

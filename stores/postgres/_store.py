@@ -29,8 +29,10 @@ from lanefold.primitives import (
 from lanefold.stores.postgres._budget import (
     PgSharedPool,
     connect_budgets,
+    note_refusal,
     read_budget,
     set_budget,
+    start_budget,
 )
 from lanefold.stores.postgres._database import PgDatabase
 from lanefold.stores.postgres._evals import PgEvalRecord
@@ -196,5 +198,19 @@ class PgStore:
         conn = connect_budgets(self.db)
         try:
             return set_budget(conn, name, **limits)
+        finally:
+            conn.close()
+
+    def start_budget(self, name: str, spent: tuple[int, float, int]) -> BudgetView:
+        conn = connect_budgets(self.db)
+        try:
+            return start_budget(conn, name, spent)
+        finally:
+            conn.close()
+
+    def note_refusal(self, name: str) -> None:
+        conn = connect_budgets(self.db)
+        try:
+            note_refusal(conn, name)
         finally:
             conn.close()

@@ -209,7 +209,6 @@ STORE = '[store]\nurl = "postgresql://lanefold@127.0.0.1:9/db"\npassword_env = "
     ("text", "flags", "said"),
     [
         (STORE, [], "store.password_env: the environment variable LF_TEST_PG_PW is not set"),
-        ('[budget]\nshared = "fleet"\n', [], "budget.shared: a shared budget lives in a PostgreSQL store"),
         (
             '[budget]\nshared = "fleet"\n[store]\nurl = "mysql://h/db"\n',
             [],
@@ -236,12 +235,24 @@ def test_validate_checks_the_store_as_run_does_without_connecting(
     assert lines[0].startswith(f"orchestrator validate: {path}: {said}"), lines
 
 
+def test_a_shared_budget_on_files_validates_and_run_refuses_one_the_store_does_not_keep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n[budget]\nshared = "fleet"\n')
+    assert validate(capsys, path)[0] == 0  # the files store keeps named budgets too
+    runs = tmp_path / "runs"
+    assert main(["run", str(path), "--question", "q?", "--runs-dir", str(runs)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "budget.shared: no budget named 'fleet'" in line and "orchestrator budget set fleet" in line
+    assert not runs.exists()  # refused before the run exists
+
+
 def test_a_shared_budget_with_a_store_flag_validates_without_a_connection(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n[budget]\nshared = "fleet"\n')
-    assert validate(capsys, path)[0] == 2
     # Nothing listens at port 9: validate does not connect (whether the budget exists is run's).
     code = main(["validate", str(path), "--store", "postgresql://lanefold@127.0.0.1:9/db"])
     out, err = capsys.readouterr()

@@ -145,3 +145,28 @@ def test_an_entry_point_that_exits_at_import_is_a_config_error_naming_the_key(in
         r"lanefold\.loops: cannot load 'eploops:Plain': SystemExit: 0$",
     ):
         resolve_loop("plain_ep")
+
+
+def test_a_record_nested_past_what_a_reader_parses_is_refused_before_it_is_written(tmp_path: Path) -> None:
+    class Deep:
+        name: ClassVar[str] = "deep_record_test"
+
+        class Params(BaseModel):
+            pass
+
+        def __init__(self, params: BaseModel) -> None:
+            pass
+
+        async def run(self, ctx: lanefold.LoopContext, question: str) -> lanefold.Outcome:
+            nested: list[object] = []
+            for _ in range(300):  # pydantic's JSON parser refuses a line past about 200 levels
+                nested = [nested]
+            ctx.record("round", {"deep": nested})
+            return lanefold.Outcome(answer="x")
+
+    lanefold.register_loop(Deep)
+    config = lanefold.parse_config(
+        {"loop": {"coordinator": "deep_record_test"}, "backend": {"kind": "simulated"}}
+    )
+    with pytest.raises(ConfigError, match=r"ctx\.record: data nests deeper than 64 levels"):
+        lanefold.run_sync(config, "q", runs_dir=tmp_path)

@@ -78,7 +78,7 @@ async def test_sample_prefills_the_prompt_once_and_bills_each_lane(
 ) -> None:
     backend = EngineBackend(EngineConfig(block_size=16), engine=make_engine())
     assert isinstance(backend, Backend)
-    prompt_tokens = backend.count_prompt_tokens(PROMPT)
+    prompt_tokens = backend.count_prompt_tokens(request(8))
     assert prompt_tokens == 90
     samples = await sample_all(backend, request(8))
     assert all(isinstance(s, Sample) for s in samples)

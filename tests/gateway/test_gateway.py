@@ -417,3 +417,6 @@ def test_a_chat_of_one_turn_goes_through_the_chat_template_and_a_completion_does
     assert completions and all(r.messages is None for r in completions)
     states = [read_state(open_store(None, runs), s.run_id) for s in open_store(None, runs).list_runs()]
     assert sorted(repr(s.started.conversation) for s in states if s.started) == ["None", "[]"]
+    # The completion's run records the form it sent (OpenAI's raw text), so a resume sends it too.
+    forms = {repr(s.started.conversation): s.started.config["prompt"]["form"] for s in states if s.started}
+    assert forms == {"None": "raw", "[]": "auto"}

@@ -16,6 +16,7 @@ from lanefold.primitives import (
     AuthenticationError,
     Backend,
     BadResponseError,
+    ChatMessage,
     ContextLengthError,
     LaneRequest,
     RequestRejectedError,
@@ -25,6 +26,7 @@ from lanefold.primitives import (
     ServerError,
     sample_all,
 )
+from lanefold.primitives._backend import MESSAGE_MARGIN, REQUEST_MARGIN
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +70,13 @@ async def test_backend_satisfies_the_protocol(stub: tuple[Stub, str]) -> None:
         assert b.name == "openai:m"
         assert b.max_lanes_per_request == 16  # max_n while merging: one call, one HTTP request
         assert b.shares_prefix
-        assert b.count_prompt_tokens("anything") is None
+        # No tokenizer here: a bound, every byte a token plus the template's markers
+        plain = SampleRequest("anything", SamplingParams(), ())
+        assert b.count_prompt_tokens(plain) == 8 + REQUEST_MARGIN + MESSAGE_MARGIN
+        chat = dataclasses.replace(
+            plain, messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hé"))
+        )
+        assert b.count_prompt_tokens(chat) == 8 + 3 + REQUEST_MARGIN + 2 * MESSAGE_MARGIN
     async with OpenAIBackend(OpenAIConfig(base_url=stub[1], model="m", n="never")) as b:
         assert (b.max_lanes_per_request, b.shares_prefix) == (1, False)
 

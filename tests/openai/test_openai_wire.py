@@ -115,6 +115,15 @@ def test_config_defaults() -> None:
         ({"headers": {"X-Team": "lanes\r"}}, "printable ASCII"),
         ({"headers": {"X-Team": "lané"}}, "printable ASCII"),
         ({"headers": {"X Team": "lanes"}}, "not a valid header name"),
+        # A header whose name says it carries a secret is named by its variable (headers_env):
+        # the config is recorded in every run's run.started.
+        ({"headers": {"api-key": "k-123"}}, "headers_env"),
+        ({"headers": {"X-Goog-Api-Key": "k-123"}}, "headers_env"),
+        ({"headers": {"X-Auth-Token": "k-123"}}, "headers_env"),
+        ({"headers": {"Cookie": "session=k-123"}}, "headers_env"),
+        ({"headers_env": {"X Key": "K"}}, "not a valid header name"),
+        ({"headers_env": {"api-key": "sk-abc123!"}}, "not an environment variable's name"),
+        ({"headers_env": {"Authorization": "K"}, "api_key_env": "K"}, "api_key_env or headers_env"),
         ({"extra_body": {"n": 4}}, "extra_body may not set"),
         ({"extra_body": {"max_tokens": 4}}, "extra_body may not set"),
     ],
@@ -122,3 +131,18 @@ def test_config_defaults() -> None:
 def test_config_refuses(fields: dict[str, Any], complaint: str) -> None:
     with pytest.raises(ValidationError, match=complaint):
         OpenAIConfig(**{"base_url": "http://127.0.0.1:8000/v1", "model": "m", **fields})
+
+
+async def test_headers_env_sends_each_header_from_its_variable_and_the_config_holds_the_name(
+    stub: tuple[Stub, str],
+) -> None:
+    server, url = stub
+    secret = "azure-secret-0123456789"
+    b = make_backend(url, headers_env={"api-key": "AZURE_KEY"}, environ={"AZURE_KEY": secret})
+    async with b:
+        await sample_all(b, req())
+    assert server.requests[0].headers["api-key"] == secret
+    config = OpenAIConfig(base_url=url, model="m", headers_env={"api-key": "AZURE_KEY"})
+    assert secret not in config.model_dump_json() and "AZURE_KEY" in config.model_dump_json()
+    assert config.build_errors({}) == ["headers_env.api-key: environment variable AZURE_KEY is not set"]
+    assert config.build_errors({"AZURE_KEY": secret}) == []

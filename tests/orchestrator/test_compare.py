@@ -25,7 +25,6 @@ import lanefold
 import lanefold.cli._main as cli
 from lanefold.cli._compare import command, print_comparison
 from lanefold.evaluate._compare import (
-    EXACT_BELOW,
     Comparison,
     arm_names,
     mcnemar,
@@ -44,7 +43,8 @@ from lanefold.evaluate._equal_budget import (
 from lanefold.evaluate._eval import read_manifest
 from lanefold.evaluate._eval_records import read_results
 from lanefold.evaluate._item import Item
-from lanefold.primitives import ConfigError, Pricing
+from lanefold.evaluate._paired import holm
+from lanefold.primitives import BudgetTooSmallError, ConfigError, Pricing
 
 
 def config(**sections: Any) -> lanefold.LoopConfig:
@@ -97,28 +97,41 @@ def test_mcnemar_exact_p_is_the_two_sided_binomial(b: int, c: int, p: Fraction) 
     assert value == pytest.approx(float(p), rel=1e-12)
 
 
-@given(st.integers(0, EXACT_BELOW - 1), st.integers(0, EXACT_BELOW - 1))
-def test_mcnemar_exact_p_matches_the_binomial_sum(b: int, c: int) -> None:
+@given(st.integers(0, 300), st.integers(0, 300))
+def test_mcnemar_p_is_the_exact_binomial_sum_for_any_number_of_pairs(b: int, c: int) -> None:
     n = b + c
-    if n >= EXACT_BELOW:
-        return
     tail = sum(Fraction(math.comb(n, i), 2**n) for i in range(min(b, c) + 1))
     value, method = mcnemar_p(b, c)
     assert method == "exact"
-    assert value == pytest.approx(float(min(Fraction(1), 2 * tail)), rel=1e-12)
+    assert value == float(min(Fraction(1), 2 * tail))
     assert value == mcnemar_p(c, b)[0]  # two-sided: symmetric
 
 
-def test_mcnemar_large_samples_use_chi_square_with_continuity_correction() -> None:
-    value, method = mcnemar_p(10, 20)
-    assert method == "chi2"
-    statistic = (abs(10 - 20) - 1) ** 2 / 30  # 2.7
-    assert value == pytest.approx(math.erfc(math.sqrt(statistic / 2)))
-    assert value == pytest.approx(0.10034824646, abs=1e-9)
-    assert mcnemar_p(20, 20) == (1.0, "chi2")
-    # Close to the exact value where both apply (b + c = 100).
-    exact = 2 * sum(math.comb(100, i) for i in range(41)) / 2**100
-    assert mcnemar_p(40, 60)[0] == pytest.approx(exact, abs=0.01)
+def test_mcnemar_never_uses_the_chi_square_approximation() -> None:
+    """Chi-square with continuity correction (what 25 discordant pairs or more used to get)
+    gives 0.100 for 10 vs 20; the exact test 0.0987."""
+    assert mcnemar_p(10, 20) == (pytest.approx(2 * sum(math.comb(30, i) for i in range(11)) / 2**30), "exact")
+    assert mcnemar_p(10, 20)[0] == pytest.approx(0.09873714, abs=1e-8)
+    assert mcnemar_p(9, 20)[0] == pytest.approx(2 * sum(math.comb(29, i) for i in range(10)) / 2**29)
+    assert mcnemar_p(20, 20) == (1.0, "exact")
+
+
+@pytest.mark.parametrize(
+    ("p", "adjusted"),
+    [
+        ([0.01, 0.04, 0.03], [0.03, 0.06, 0.06]),  # 3 x 0.01; 2 x 0.03; 1 x 0.04, kept >= 0.06
+        ([0.5, None, 0.01], [0.5, None, 0.02]),  # None is no test: m = 2
+        ([0.4, 0.3, 0.2, 0.1], [0.6, 0.6, 0.6, 0.4]),
+        ([0.9], [0.9]),
+        ([0.6, 0.7], [1.0, 1.0]),  # capped at 1
+    ],
+)
+def test_holm_adjusts_each_p_by_its_rank_and_keeps_them_ordered(
+    p: list[float | None], adjusted: list[float | None]
+) -> None:
+    got = holm(p)
+    assert [g is None for g in got] == [a is None for a in adjusted]
+    assert [g for g in got if g is not None] == pytest.approx([a for a in adjusted if a is not None])
 
 
 def test_configs_are_named_by_their_stems() -> None:
@@ -146,11 +159,18 @@ def test_worst_cases_of_the_built_in_loops() -> None:
     sampling = {"max_tokens": 100}
     prompt = 64  # the simulated backend's count
     cases = {
-        "parallel": (config(loop={"k": 4}, sampling=sampling), 4, 4 * (64 + 100)),
-        "adaptive": (
+        # What the ledger holds on the simulated backend: a request's lanes share its prompt
+        # (one pass a request), each lane its max_tokens; cached prefill is not paid.
+        "parallel": (config(loop={"k": 4}, sampling=sampling), 4, 64 + 4 * 100),
+        "adaptive": (  # three waves of two, each a request that pays the prompt again
             config(loop={"coordinator": "adaptive_sample", "window": 2, "max_lanes": 6}, sampling=sampling),
             6,
-            6 * 164,
+            3 * 64 + 6 * 100,
+        ),
+        "split": (  # k = 20 at max_concurrency 8: three requests
+            config(loop={"k": 20, "max_concurrency": 8}, sampling=sampling),
+            20,
+            3 * 64 + 20 * 100,
         ),
         "refine": (
             config(
@@ -162,7 +182,7 @@ def test_worst_cases_of_the_built_in_loops() -> None:
         "debate": (
             config(loop={"coordinator": "debate", "agents": 3, "rounds": 1}, sampling=sampling),
             6,
-            6 * 164 + 3 * (256 + 3 * 164),
+            64 + 3 * 100 + 3 * (64 + 256 + 3 * 164) + 3 * 100,  # the first round's prompt once
         ),
     }
     for name, (cfg, lanes, tokens) in cases.items():
@@ -171,15 +191,23 @@ def test_worst_cases_of_the_built_in_loops() -> None:
         assert (case.lanes, case.tokens) == (lanes, tokens), name
     usc = worst_case(config(loop={"k": 2, "reducer": "usc"}, sampling=sampling), prompt)
     assert usc is not None and (usc.judge_prompt_tokens, usc.judge_output_tokens) == (64 + 256 + 2 * 164, 64)
+    unshared = config(loop={"k": 4}, sampling=sampling, backend={"shares_prefix": False})
+    assert worst_in(unshared, "tokens", prompt) == 4 * (64 + 100)  # every lane pays its prompt
     assert worst_case(config(loop={"coordinator": "plan_verify_replan"}), prompt) is None
 
 
 def test_worst_case_cost_prices_every_line() -> None:
     case = WorstCase(
-        lanes=2, prompt_tokens=1000, output_tokens=500, judge_prompt_tokens=100, judge_output_tokens=10
+        lanes=2,
+        prompt_tokens=1000,
+        output_tokens=500,
+        judge_prompt_tokens=100,
+        judge_output_tokens=10,
+        cached_tokens=300,
     )
     pricing = Pricing(input_per_mtok=2.0, cached_input_per_mtok=1.0, output_per_mtok=8.0)
-    assert case.cost_usd(pricing) == pytest.approx((1100 * 2.0 + 510 * 8.0) * 1e-6)
+    assert case.cost_usd(pricing) == pytest.approx((1100 * 2.0 + 300 * 1.0 + 510 * 8.0) * 1e-6)
+    assert case.tokens == 1000 + 500 + 110  # cached prefill is not computed again
     judged = Pricing(input_per_mtok=2.0, output_per_mtok=8.0, verifier_per_mtok=50.0)
     assert case.cost_usd(judged) == pytest.approx((1000 * 2.0 + 500 * 8.0 + 110 * 50.0) * 1e-6)
 
@@ -191,7 +219,7 @@ def test_prompts_a_backend_cannot_count_are_bytes_plus_a_margin() -> None:
     questions = ["short?", "a longer question?"]
     longest = len(b"Q: a longer question?\n") + 32
     assert prompt_tokens(engine, questions) == longest
-    assert worst_in(engine, "tokens", longest) == 2 * (longest + 10)
+    assert worst_in(engine, "tokens", longest) == longest + 2 * 10  # one request, its prompt once
 
 
 def test_a_budget_is_a_positive_number_whole_but_for_cost() -> None:
@@ -203,9 +231,9 @@ def test_a_budget_is_a_positive_number_whole_but_for_cost() -> None:
 
 def test_applying_a_budget_fits_the_loop_and_writes_its_limit() -> None:
     cfg = config(loop={"k": 8, "min_quorum": 6})
-    worst = 64 + 256  # a lane's worst case: its prompt and [sampling] max_tokens
-    # Without a price a token budget keeps the params: the limit is their worst case.
-    assert apply_limit(cfg, "tokens", 1234.0, "a.toml").budget.max_tokens == 8 * worst
+    # Without a price a token budget keeps the params: the limit is their worst case, paid:
+    # one request's prompt and each lane's [sampling] max_tokens.
+    assert apply_limit(cfg, "tokens", 1234.0, "a.toml").budget.max_tokens == 64 + 8 * 256
     assert apply_limit(cfg, "tokens", 9000.0, "a.toml").budget.max_tokens == 9000
 
     # With one (what a pilot measured), k fills the budget: 64 prefill + 48 a lane.
@@ -214,7 +242,7 @@ def test_applying_a_budget_fits_the_loop_and_writes_its_limit() -> None:
 
     fitted = apply_limit(cfg, "tokens", 1234.0, "a.toml", price=paid)
     assert fitted.loop_params.k == (1234 - 64) // 48  # type: ignore[attr-defined]
-    assert fitted.budget.max_tokens == 24 * worst  # the ledger reserves the worst case
+    assert fitted.budget.max_tokens == 2 * 64 + 24 * 256  # two requests of at most 16 lanes
     with pytest.raises(ConfigError, match=r"a.toml: --budget: 100 tokens .* below what the loop pays"):
         apply_limit(cfg, "tokens", 100.0, "a.toml", price=paid)
     priced = config(loop={"k": 8}, pricing={"input_per_mtok": 1.0, "output_per_mtok": 4.0})
@@ -224,9 +252,11 @@ def test_applying_a_budget_fits_the_loop_and_writes_its_limit() -> None:
     assert capped.budget == cfg.budget
     debate = config(loop={"coordinator": "debate", "agents": 3, "rounds": 3})
     assert lane_cap(debate, 7, "d.toml") == {"agents": 3, "rounds": 1}  # 6 lanes
-    assert lane_cap(debate, 2, "d.toml") == {"agents": 2, "rounds": 0}
-    with pytest.raises(ConfigError, match="at least 2 lanes"):
-        lane_cap(debate, 1, "d.toml")
+    assert lane_cap(debate, 4, "d.toml") == {"agents": 2, "rounds": 1}
+    with pytest.raises(BudgetTooSmallError, match=r"d\.toml: .*a debate of 1 round needs at least 4 lanes"):
+        lane_cap(debate, 3, "d.toml")  # two agents without a round are a vote, not a debate
+    vote = config(loop={"coordinator": "debate", "agents": 3, "rounds": 0})
+    assert lane_cap(vote, 2, "v.toml") == {"agents": 2, "rounds": 0}  # configured without rounds
     adaptive = config(loop={"coordinator": "adaptive_sample", "window": 4, "max_lanes": 20})
     assert lane_cap(adaptive, 3, "x") == {"max_lanes": 3, "window": 3, "min_quorum": 1}
     with pytest.raises(ConfigError, match="cannot cap the lanes"):

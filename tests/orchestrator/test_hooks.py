@@ -381,3 +381,121 @@ def test_hooks_travel_to_workers_by_pickle_and_one_that_cannot_stays_behind(
     assert type(copy) is Recording and copy is not kept
     assert "cannot be sent to workers" in caplog.text and caplog.text.count("cannot be sent") == 1
     assert WorkerSpec(config={}, source="<config>", store=None).worker_hooks() == []  # type: ignore[arg-type]
+
+
+class Quitting:
+    """Raises what is not an `Exception` (SystemExit, KeyboardInterrupt) on every call."""
+
+    def __init__(self, error: type[BaseException]) -> None:
+        self.error = error
+        self.calls = 0
+
+    def on_event(self, event: Any) -> None:
+        self.calls += 1
+        raise self.error()
+
+    def on_run_end(self, result: Any) -> None:
+        raise self.error()
+
+
+class AsyncQuitting(Quitting):
+    async def on_event(self, event: Any) -> None:  # type: ignore[override]
+        self.calls += 1
+        raise self.error()
+
+    async def on_run_end(self, result: Any) -> None:  # type: ignore[override]
+        raise self.error()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+@pytest.mark.parametrize("hook_class", [Quitting, AsyncQuitting], ids=["sync", "async"])
+async def test_a_hook_raising_systemexit_or_keyboardinterrupt_is_contained(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, error: type[BaseException], hook_class: type[Quitting]
+) -> None:
+    # Such a hook used to fail the run with a traceback (or end the process).
+    plain = await lanefold.run(config(), "What is 17 * 23?", runs_dir=tmp_path / "a", run_id="r")
+    hook = hook_class(error)
+    with caplog.at_level(logging.WARNING, logger="lanefold.hooks"):
+        watched = await lanefold.run(
+            config(), "What is 17 * 23?", runs_dir=tmp_path / "b", run_id="r", hooks=[hook]
+        )
+    assert (watched.answer, watched.votes, watched.status) == (plain.answer, plain.votes, plain.status)
+    assert log_lines(tmp_path / "b", "r") == log_lines(tmp_path / "a", "r")
+    assert hook.calls == len(log_lines(tmp_path / "b", "r"))  # it kept getting every event
+    failures = [r.getMessage() for r in caplog.records if "hook.failed" in r.getMessage()]
+    assert len(failures) == 1 and error.__name__ in failures[0]
+
+
+class Forging:
+    """Rewrites the result it is handed, and the event that carries it."""
+
+    def on_event(self, event: Any) -> None:
+        if event.type == "run.completed":
+            event.data.result["answer"] = "forged"
+
+    def on_run_end(self, result: Any) -> None:
+        result.votes.clear()  # a frozen model's dict is still a dict
+        object.__setattr__(result, "answer", "forged")  # and frozen only to `=`
+
+
+class AsyncForging(Forging):
+    async def on_run_end(self, result: Any) -> None:  # type: ignore[override]
+        result.votes.clear()
+        object.__setattr__(result, "answer", "forged")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("hook_class", [Forging, AsyncForging], ids=["sync", "async"])
+async def test_a_hook_sees_a_copy_of_the_result(tmp_path: Path, hook_class: type[Forging]) -> None:
+    # on_run_end used to get the very result the caller (and `run --json`) is given.
+    plain = await lanefold.run(config(), "What is 17 * 23?", runs_dir=tmp_path / "a", run_id="r")
+    seen = Recording()
+    watched = await lanefold.run(
+        config(), "What is 17 * 23?", runs_dir=tmp_path / "b", run_id="r", hooks=[hook_class(), seen]
+    )
+    assert watched.answer == plain.answer != "forged" and watched.votes == plain.votes
+    assert seen.ends == [watched] and seen.ends[0] is not watched  # each hook its own copy
+
+
+SLEEPING_HOOK = """
+import time
+
+
+class Sleeping:
+    def on_event(self, event):
+        time.sleep(60)
+
+    def on_run_end(self, result):
+        time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_sync_hook_that_sleeps_does_not_hold_the_command_past_the_end_cap(tmp_path: Path) -> None:
+    # A sync hook sleeping 25 s held `orchestrator run` open for 53 s: its worker thread was
+    # waited for at exit. The cap is END_TIMEOUT_S (5 s); the test's own bound is 30 s.
+    from cli_support import command
+
+    (tmp_path / "sleeping_hook_for_test.py").write_text(SLEEPING_HOOK)
+    path = tmp_path / "loop.toml"
+    path.write_text(
+        textwrap.dedent("""
+        [loop]
+        k = 3
+        seed = 7
+        [backend]
+        kind = "simulated"
+        accuracy = 0.9
+        [prompt]
+        template = "{question}"
+        [[hooks]]
+        kind = "sleeping_hook_for_test:Sleeping"
+    """)
+    )
+    done = command(
+        "run", path, "--question", "What is 17 * 23?", "--runs-dir", tmp_path / "runs", "--json", timeout=30
+    )
+    assert done.code == 0, done.err
+    assert done.json["status"] == "answered"
+    assert "Traceback" not in done.err

@@ -250,6 +250,7 @@ k = 4
 seed = 0
 
 [prompt]
+form = "raw"  # a few-shot completion, continued as text
 template = """Question: What is 120 plus 35?
 Answer: 155
 

@@ -128,8 +128,8 @@ class Counting:
     def max_lanes_per_request(self) -> int | None:
         return self.inner.max_lanes_per_request
 
-    def count_prompt_tokens(self, prompt: str) -> int | None:
-        return self.inner.count_prompt_tokens(prompt)
+    def count_prompt_tokens(self, request: SampleRequest) -> int | None:
+        return self.inner.count_prompt_tokens(request)
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         self.requests.append(request)

@@ -111,13 +111,13 @@ def test_a_key_the_openai_backend_refuses_is_refused_by_serve_too(
     assert value.strip() not in line or not value.strip()  # the key itself is never shown
 
 
-def test_flags_reach_the_server_and_an_open_host_without_a_key_is_warned(
+def test_flags_reach_the_server(
     config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(serve_cli, "serve", lambda backend, **kw: calls.append(kw))
-    assert main(["serve", "--backend-config", str(config), "--host", "0.0.0.0"]) == 0
-    assert "warning: listening on 0.0.0.0 without --api-key-env" in one_line(capsys.readouterr().err)
+    assert main(["serve", "--backend-config", str(config)]) == 0
+    assert capsys.readouterr().err == ""
     assert calls[-1]["api_key"] is None
     assert calls[-1]["max_body_bytes"] == 1 << 20
     assert calls[-1]["max_waiting"] is None
@@ -143,7 +143,55 @@ def test_flags_reach_the_server_and_an_open_host_without_a_key_is_warned(
     assert capsys.readouterr().err == ""
     assert (calls[-1]["api_key"], calls[-1]["max_body_bytes"], calls[-1]["max_waiting"]) == ("k-123", 2048, 3)
     assert main(["serve", "--backend-config", str(config), "--host", "::1"]) == 0
-    assert capsys.readouterr().err == ""  # loopback: no warning
+    assert capsys.readouterr().err == ""  # loopback: no key needed
+
+
+LOOP = '[loop]\nk = 2\n[backend]\nkind = "simulated"\n'
+
+
+@pytest.mark.parametrize(
+    ("flags", "needs"),
+    [
+        (["--backend-config", "backend.toml"], "--api-key-env"),
+        (["--loops", "loops"], "--keys or --api-key-env"),
+        (["--loop", "vote=loops/vote.toml", "--backend-config", "backend.toml"], "--keys or --api-key-env"),
+    ],
+    ids=["backend", "loops", "loop and backend"],
+)
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "example.com"])
+def test_a_host_beyond_loopback_without_a_key_is_refused_as_the_view_refuses_it(
+    config: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    needs: str,
+    host: str,
+) -> None:
+    # `serve --loops DIR --host 0.0.0.0` used to warn and serve every loop to anyone.
+    (config.parent / "loops").mkdir()
+    (config.parent / "loops" / "vote.toml").write_text(LOOP)
+    monkeypatch.chdir(config.parent)
+    monkeypatch.setattr(serve_cli, "serve", lambda backend, **kw: pytest.fail("it started"))
+    monkeypatch.setattr(serve_cli, "serve_loops", lambda loops, store, **kw: pytest.fail("it started"))
+    code = main(["serve", *flags, "--host", host])
+    assert code == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"orchestrator serve: --host {host}: not loopback; serving beyond this machine needs {needs}"
+    )
+
+
+def test_loops_beyond_loopback_with_a_keys_file_start(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (config.parent / "loops").mkdir()
+    (config.parent / "loops" / "vote.toml").write_text(LOOP)
+    (config.parent / "keys.toml").write_text('[[keys]]\nname = "a"\nsha256 = "' + "0" * 64 + '"\n')
+    monkeypatch.chdir(config.parent)
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(serve_cli, "serve_loops", lambda loops, store, **kw: calls.append(kw))
+    assert main(["serve", "--loops", "loops", "--keys", "keys.toml", "--host", "0.0.0.0"]) == 0
+    assert capsys.readouterr().err == ""
+    assert calls[-1]["keys_file"] == "keys.toml" and calls[-1]["host"] == "0.0.0.0"
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ shared prefix: a question of k lanes pays 64 + 48 k tokens. Backend calls are co
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +17,15 @@ from typing import ClassVar
 import anyio
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
 
 import lanefold.cli._main as cli
-from lanefold.cli._sweep import command
+from lanefold.cli._sweep import command, print_sweep
+from lanefold.evaluate._compare_plot import spend_axis, tick_labels
 from lanefold.evaluate._eval import read_manifest
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._sweep import Sweep, run_sweep
+from lanefold.evaluate._sweep_plot import plot_into
 from lanefold.primitives import (
     LOOPS,
     Allowance,
@@ -149,7 +153,27 @@ def test_a_plug_in_loop_and_the_greedy_baseline_take_part(tmp_path: Path) -> Non
     assert [point.paid_mean for point in lines["phrasings"].points] == [112, 336]
     assert done.baseline is not None and done.baseline.name == "greedy"
     assert 0 <= done.baseline.accuracy <= 1
-    assert not (tmp_path / "runs" / "sw-greedy-greedy").exists()  # read from greedy's pool
+    for point in lines["phrasings"].points:  # every real run tested against greedy, Holm-adjusted
+        test = point.against_greedy
+        assert test is not None and test.method == "exact" and test.adjusted_over == 2
+        assert test.p_adjusted is not None and test.p_value is not None and test.p_adjusted >= test.p_value
+    assert "Holm" in done.tests and "exact" in done.tests
+
+
+def test_greedy_is_one_lane_at_its_real_spend_never_fitted(tmp_path: Path) -> None:
+    """Greedy (k = 1, temperature 0) fitted to a budget was more lanes of the same answer,
+    drawn at the budget's spend: it is one run as configured, at what one lane pays."""
+    greedy = write(tmp_path / "greedy.toml", "k = 1", extra="[sampling]\ntemperature = 0")
+    vote = write(tmp_path / "vote.toml", "k = 3")
+    done = sweep(tmp_path, [greedy, vote], [200.0, 400.0], plot=False)
+    assert [line.name for line in done.configs] == ["vote"]  # greedy is no line of fitted points
+    base = done.baseline
+    assert base is not None and base.eval_id == "sw-greedy-greedy"
+    assert base.paid_mean == base.paid_min == base.paid_max == 64 + 48  # one lane, as configured
+    manifest = read_manifest(tmp_path / "runs", "sw-greedy-greedy").config
+    assert manifest["loop"]["k"] == 1 and manifest["budget"]["max_tokens"] is None  # type: ignore[index]
+    runs = tmp_path / "runs"
+    assert not (runs / "sw-greedy-200").exists() and not (runs / "sw-greedy.pilot").exists()
 
 
 def sweep_cli(*argv: str) -> int:
@@ -198,3 +222,88 @@ def test_the_cli_prints_config_by_budget(
     assert "112 tokens" in out and "208 tokens" in out and "~" in out
     assert sweep_cli(a, "--dataset", "q.jsonl", "--budgets", "112,208", "--sweep-id", "t", "--json") == 0
     assert json.loads(capsys.readouterr().out)["sweep_id"] == "t"
+
+
+def test_a_loop_that_cannot_use_a_budget_is_shown_as_such_not_as_a_point(tmp_path: Path) -> None:
+    """A debate whose budget funds no rebuttal round is a vote, not a debate; a planner whose
+    budget refuses every run scores 0 by failing: neither is drawn or tabled as a point."""
+    debate = write(tmp_path / "debate.toml", 'coordinator = "debate"\nagents = 3\nrounds = 1')
+    planner = write(tmp_path / "plan.toml", 'coordinator = "plan_verify_replan"')
+    done = sweep(tmp_path, [debate, planner], [300.0, 900.0], n=12, plot=True)
+    lines = {line.name: line for line in done.configs}
+    low, high = lines["debate"].points
+    # Two agents' first answers and a rebuttal round pay 64 + 2 x 48 + 2 x (64 + 48) = 384 at
+    # most (less where they agree at once and stop): more than 300.
+    assert (low.status, low.source, low.accuracy, low.eval_id) == ("below_least", "none", None, None)
+    assert low.note is not None and "below a debate's least: two agents and 1 round" in low.note
+    assert not (tmp_path / "runs" / "sw-debate-300").exists()  # nothing ran
+    assert high.status == "ran" and high.fitted["rounds"] >= 1 and high.accuracy is not None
+    refused, funded = lines["plan"].points
+    assert refused.status == "refused" and refused.accuracy is None and refused.refused == 12
+    # No cost shape: its limit is the budget itself, paid tokens, and no question passes it.
+    assert funded.status == "ran" and funded.fit is not None and funded.fit.limit == 900
+    assert funded.paid_max <= 900
+    out = io.StringIO()
+    print_sweep(done, Console(file=out, width=300))
+    table = out.getvalue()
+    assert "cannot run at this budget" in table and "refused (12 runs)" in table
+
+
+def test_the_plot_draws_pool_points_hollow_and_no_point_for_a_budget_not_used(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+    from matplotlib.lines import Line2D
+
+    vote = write(tmp_path / "vote3.toml", "k = 3")
+    debate = write(tmp_path / "debate.toml", 'coordinator = "debate"\nagents = 3\nrounds = 1')
+    done = sweep(tmp_path, [vote, debate], [300.0, 900.0], n=12, plot=False)
+    figure, axes = pyplot.subplots()
+    try:
+        plot_into(axes, done)
+        drawn = {
+            artist.get_gid(): artist
+            for container in axes.containers
+            for artist in container.get_children()
+            # the point's marker, not its bars or their caps
+            if artist.get_gid() and isinstance(artist, Line2D) and artist.get_marker() in ("o", "X")
+        }
+    finally:
+        pyplot.close(figure)
+    pool, run = drawn["vote3@300:pool"], drawn["vote3@900:eval"]
+    assert pool.get_markerfacecolor() == "none"  # read from a pool: hollow
+    assert run.get_markerfacecolor() != "none"  # a real run: filled
+    assert "debate@300:none" not in drawn and "debate@900:eval" in drawn  # no point it cannot use
+
+
+@pytest.mark.parametrize(
+    ("values", "unit", "labels"),
+    [
+        ([10.0, 10.5, 11.0], "tokens", ["10.0", "10.5", "11.0"]),
+        ([200.0, 400.0, 600.0], "tokens", ["200", "400", "600"]),
+        ([1200.0, 1250.0], "tokens", ["1,200", "1,250"]),
+        ([0.0012, 0.00125, 0.0013], "USD", ["$0.0012", "$0.00125", "$0.0013"]),
+        ([0.0, 0.001], "USD", ["$0", "$0.001"]),
+    ],
+)
+def test_tick_labels_are_plain_and_never_repeat(values: list[float], unit: str, labels: list[str]) -> None:
+    assert tick_labels(values, unit) == labels
+
+
+def test_an_axis_over_a_narrow_spend_repeats_no_label() -> None:
+    """Spends of 10.2 to 10.8 tokens: whole-number labels would read 10, 10, 11, 11."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots()
+    try:
+        axes.plot([10.2, 10.8], [0.5, 0.6])
+        spend_axis(axes, "tokens")
+        figure.canvas.draw()
+        shown = [label.get_text() for label in axes.get_xticklabels() if label.get_text()]
+    finally:
+        pyplot.close(figure)
+    assert len(shown) >= 2 and len(set(shown)) == len(shown), shown

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -41,6 +41,7 @@ class GatedBackend:
     def __init__(self) -> None:
         self.gate = anyio.Event()
         self.spent_when_first_landed: int | None = None
+        self.spent: Callable[[], int] = lambda: 0
 
     def count_prompt_tokens(self, prompt: str) -> int | None:
         return 10
@@ -49,6 +50,8 @@ class GatedBackend:
         for i, lane in enumerate(request.lanes):
             if i == 1:
                 await self.gate.wait()
+                # lane 0 is recorded and settled by now (settled just after its record)
+                self.spent_when_first_landed = self.spent()
             usage = Usage(10, 0, 5) if i == 0 else Usage(0, 10, 5)
             yield Sample(lane.lane, "Answer: 1", "stop", usage)
 
@@ -63,8 +66,9 @@ async def test_a_lane_is_recorded_and_settled_while_its_request_is_still_running
 
     def observe(event: lanefold.AnyEvent) -> None:
         if event.type == "lane.completed" and event.lane == 0:
-            backend.spent_when_first_landed = d.ledger.spent.tokens
             backend.gate.set()
+
+    backend.spent = lambda: d.ledger.spent.tokens
 
     d.recorder._observer = observe  # the hook the live display and `run(observer=)` use
     with anyio.fail_after(10):

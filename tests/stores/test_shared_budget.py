@@ -426,9 +426,7 @@ def test_bad_input_is_refused_before_any_run(
     )
     assert code == 2 and err.startswith("orchestrator run: budget.shared: no budget named 'fleet'")
     code, _, err = _cli(capsys, "run", str(config), "--question", "q?", "--runs-dir", str(tmp_path))
-    assert code == 2 and err.startswith(
-        "orchestrator run: budget.shared: a shared budget lives in a PostgreSQL store"
-    )
+    assert code == 2 and err.startswith("orchestrator run: budget.shared: no budget named 'fleet'")
     assert not list(tmp_path.glob("*/events.jsonl"))  # neither left a run behind
     config.write_text(CONFIG_TOML.replace('"fleet"', '"no spaces allowed"'))
     code, _, err = _cli(capsys, "run", str(config), "--question", "q?", "--runs-dir", str(tmp_path))

@@ -197,3 +197,35 @@ def test_a_postgresql_run_s_lanes_arrive_on_the_feed_while_it_goes(pg_url: str, 
         if kind == "parts"
     ]
     assert len(set(landed)) > 2 and landed[-1] == 8  # lanes arrived a few at a time, then all
+
+
+def test_the_budgets_page_on_files_shows_spend_refusals_and_the_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A named budget on the files store, as `budget show` reads it: spent, the runs spending
+    from it (their `run.started` pools), and the requests it refused."""
+    runs = tmp_path / "runs"
+    assert cli(capsys, "budget", "set", "fleet", "--max-tokens", "700", "--runs-dir", runs).code == 0
+    config = (
+        (ROOT / "examples" / "simulated.toml")
+        .read_text()
+        .replace("[budget]\n", '[budget]\nshared = "fleet"\n')
+    )
+    (tmp_path / "fleet.toml").write_text(config)
+    ran = cli(
+        capsys, "run", tmp_path / "fleet.toml", "--question", "What is 17 * 23?", "--runs-dir", runs, "--json"
+    )
+    assert ran.code == 0, ran.err
+    refused = cli(
+        capsys, "run", tmp_path / "fleet.toml", "--question", "What is 17 * 23?", "--runs-dir", runs
+    )
+    assert refused.code == 3, refused.err  # the rest cannot fund its quorum: no run, a refusal
+    shown = cli(capsys, "budget", "show", "fleet", "--runs-dir", runs, "--json").json
+    page = _client(runs).get("/budgets").text
+    row = re.search(r"<tr data-budget='fleet'>(.*?)</tr>", page)
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
+    assert int(cells[2]) == shown["spent_tokens"] > 0
+    assert "<td class=refused>1</td>" in row.group(1) and shown["refusals"] == 1
+    assert ran.json["run_id"] in row.group(1)
+    assert [s.run_id for s in open_store(None, runs).list_runs()] == [ran.json["run_id"]]

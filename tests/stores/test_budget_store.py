@@ -1,0 +1,253 @@
+"""Named budgets, one contract on every store (issue 38): the files store keeps them beside the
+runs under an OS lock, PostgreSQL in its tables, and both reserve all or nothing, mirror the
+ledger, charge a dead segment's holds whole, seed a new budget, count refusals, and make every
+later segment of a run (a resume, a re-reduction) spend from the budgets it was started under."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import lanefold
+from lanefold.primitives import (
+    BudgetExhaustedError,
+    BudgetStore,
+    ConfigError,
+    Event,
+    Hold,
+    Ledger,
+    Limits,
+    LogWriteError,
+    Pricing,
+    Store,
+    Usage,
+)
+
+PRICING = Pricing(input_per_mtok=1.0, output_per_mtok=2.0)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _hold(prompt: int, out: int, requests: int = 1) -> Hold:
+    return Hold(Usage(prompt, 0, out), (prompt * 1.0 + out * 2.0) * 1e-6, requests, "sample")
+
+
+def _budgets(store: Store) -> BudgetStore:
+    assert isinstance(store, BudgetStore), store
+    return store
+
+
+def _name(store: Store, base: str) -> str:
+    """One database serves every PostgreSQL test: a name of the test's own."""
+    return f"{base}.{os.urandom(4).hex()}"
+
+
+@pytest.mark.anyio
+async def test_reserve_settle_release_mirror_the_ledger(store: Store) -> None:
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=1000, max_requests=10)
+    pool = await budgets.open_shared_pool(name, "run-a")
+    assert pool.room is None and pool.exhausted is None  # room: as of its first reservation
+    ledger = Ledger(Limits(), PRICING, shared=pool)
+    try:
+        holds = [_hold(100, 200), _hold(0, 200, 0), _hold(0, 200, 0)]
+        assert ledger.try_reserve(holds) is None
+        assert await pool.reserve(holds) is None
+        view = budgets.read_budget(name)
+        assert view is not None
+        assert (view.held_tokens, view.held_requests, view.spent_tokens, view.holders) == (700, 1, 0, 1)
+        ledger.settle(holds[0], Usage(100, 0, 50))
+        ledger.release(holds[1])
+        ledger.charge_cut_off(holds[2])
+        assert budgets.read_budget(name).held_tokens == 700  # type: ignore[union-attr]  # noted only
+        await pool.flush()
+        view = budgets.read_budget(name)
+        assert view is not None
+        assert (view.held_tokens, view.held_requests) == (0, 0)
+        assert (view.spent_tokens, view.spent_requests) == (150 + 200, 1)
+        assert view.spent_cost_usd == pytest.approx(ledger.spent.cost_usd)
+    finally:
+        await pool.aclose()  # type: ignore[attr-defined]
+    assert budgets.read_budget(name).holders == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_a_reservation_beyond_the_limit_is_refused_whole_naming_the_budget(store: Store) -> None:
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=500, max_cost_usd=1.0)
+    pool = await budgets.open_shared_pool(name, "run-a")
+    other = await budgets.open_shared_pool(name, "run-b")
+    try:
+        assert await pool.reserve([_hold(100, 200)]) is None
+        refusal = await other.reserve([_hold(100, 200)])
+        assert refusal is not None
+        assert (refusal.limit, refusal.needed, refusal.available, refusal.pool) == (
+            "max_tokens",
+            300,
+            200,
+            name,
+        )
+        assert refusal.room.tokens == 200 and refusal.room.requests is None
+        assert budgets.read_budget(name).held_tokens == 300  # type: ignore[union-attr]
+    finally:
+        await pool.aclose()  # type: ignore[attr-defined]
+        await other.aclose()  # type: ignore[attr-defined]
+    view = budgets.read_budget(name)
+    assert view is not None and (view.spent_tokens, view.held_tokens) == (300, 0)  # closing charges it
+
+
+def test_set_start_and_refusals(store: Store) -> None:
+    budgets, name = _budgets(store), _name(store, "key:alice")
+    assert budgets.read_budget(name) is None
+    budgets.note_refusal(name)  # no budget: nothing to count, nothing made
+    assert budgets.read_budget(name) is None
+    started = budgets.start_budget(name, (120, 0.25, 3))
+    assert (started.spent_tokens, started.spent_requests, started.max_tokens) == (120, 3, None)
+    assert budgets.start_budget(name, (999, 9.0, 9)).spent_tokens == 120  # made once
+    view = budgets.set_budget(name, max_tokens=200)
+    assert (view.max_tokens, view.max_cost_usd, view.spent_tokens) == (200, None, 120)
+    budgets.note_refusal(name)
+    budgets.note_refusal(name)
+    assert budgets.set_budget(name, max_tokens=None).refusals == 2  # limits change, counts stay
+    assert budgets.set_budget(name, max_requests=3).exhausted() == "max_requests"
+    assert budgets.read_budget(name).to_json()["refusals"] == 2  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_an_unknown_budget_is_refused_naming_budget_shared(store: Store) -> None:
+    with pytest.raises(ConfigError, match=r"^budget\.shared: no budget named 'nope"):
+        await _budgets(store).open_shared_pool(_name(store, "nope"), "run-a")
+
+
+KILLED = """
+import os, signal, anyio
+from lanefold.execution import open_store
+from lanefold.primitives import Hold, Usage
+
+async def main() -> None:
+    store = open_store({url!r}, {runs!r})
+    pool = await store.open_shared_pool({name!r}, "run-dead")
+    hold = Hold(Usage(100, 0, 300), 0.0007, 1, "sample")
+    assert await pool.reserve([hold]) is None
+    pool.settle(hold, 120, 0.0, 1)  # noted only: the process dies before it is written
+    os.kill(os.getpid(), signal.SIGKILL)
+
+anyio.run(main)
+"""
+
+
+def test_a_dead_segments_holds_are_charged_whole(store: Store, opened: tuple[Store, list[str]]) -> None:
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=1000)
+    flags = opened[1]
+    url = flags[1] if flags[0] == "--store" else None
+    runs = flags[1] if flags[0] == "--runs-dir" else "runs"
+    code = textwrap.dedent(KILLED.format(url=url, runs=runs, name=name))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    for _ in range(200):  # PostgreSQL notices a dead client's socket within moments, not at once
+        view = budgets.read_budget(name)
+        assert view is not None
+        if view.holders == 0:
+            break
+        anyio.run(anyio.sleep, 0.1)
+    assert (view.spent_tokens, view.charged_tokens, view.held_tokens, view.holders) == (400, 400, 0, 0)
+
+
+class CutLog:
+    """A run's log that takes `left` more appends, then none (a process killed there)."""
+
+    def __init__(self, inner: Any, left: int) -> None:
+        self.inner, self.left = inner, left
+
+    def append(self, event: Event) -> None:
+        if self.left <= 0:
+            raise LogWriteError("killed")
+        self.left -= 1
+        self.inner.append(event)
+
+    def read(self, from_sequence: int = 1) -> Any:
+        return self.inner.read(from_sequence)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _spent(store: Store, run_id: str) -> int:
+    """What the run's log says it spent, a crash's lanes in flight whole."""
+    state = lanefold.read_state(store, run_id)
+    flying = sum(lane.hold.tokens for _, lane in state.in_flight() if lane.hold is not None)
+    return state.spend.tokens + (flying if state.result is None and state.failure is None else 0)
+
+
+def test_every_segment_of_a_run_spends_from_the_budget_it_was_started_under(store: Store) -> None:
+    """A run of `[budget] shared` cut off mid-wave, resumed, then reduced again by a judge:
+    the budget is charged exactly what the run's log says, segment after segment, and a spent
+    budget refuses the next segment before anything is recorded."""
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=2000)
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": 6, "seed": 3, "min_quorum": 2, "reducer": "judge_argmax"},
+            "sampling": {"max_tokens": 50},
+            "backend": {"kind": "simulated", "prompt_tokens": 64, "output_tokens": 48},
+            "judge": {"template": "Q: {question}\nCandidate: {candidate}\nScore it.", "max_tokens": 32},
+            "budget": {"shared": name},
+        }
+    )
+    run_id = f"r{os.urandom(4).hex()}"
+
+    async def cut() -> None:
+        log = CutLog(store.create_log(run_id), 10)  # run.started, wave.started, 6 dispatched, 2 landed
+        async with lanefold.Session(config, store=store) as session:
+            with pytest.raises(LogWriteError):
+                await session.run("What is 17 * 23?", run_id=run_id, log=log)
+
+    anyio.run(cut)
+    first = lanefold.read_state(store, run_id).started
+    assert first is not None and first.pools == [name]
+    assert budgets.read_budget(name).spent_tokens == _spent(store, run_id) > 0  # type: ignore[union-attr]
+
+    lanefold.resume_sync(run_id, store=store)
+    assert budgets.read_budget(name).spent_tokens == _spent(store, run_id)  # type: ignore[union-attr]
+
+    async def judged() -> Any:
+        async with lanefold.Session(store=store) as session:
+            return await session.reduce(run_id, reducer="judge_argmax")
+
+    anyio.run(judged)
+    view = budgets.read_budget(name)
+    assert view is not None and view.spent_tokens == _spent(store, run_id) and view.holders == 0
+
+    budgets.set_budget(name, max_tokens=view.spent_tokens)  # spent now: the next segment is refused
+    before = list(store.reader(run_id).read())
+    with pytest.raises(BudgetExhaustedError, match=rf"budget '{name}' is spent \(max_tokens\)"):
+        anyio.run(judged)
+    assert list(store.reader(run_id).read()) == before
+    assert budgets.read_budget(name).refusals == 1  # type: ignore[union-attr]
+
+
+def test_a_run_whose_second_budget_is_unknown_takes_nothing_from_the_first(store: Store) -> None:
+    """Opening a run's budgets is all or none too: the first one opened is closed again (no
+    segment left holding it) when the next is refused, and nothing is recorded."""
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=1000)
+    config = lanefold.parse_config({"loop": {"k": 2}, "budget": {"shared": name}})
+    missing = _name(store, "missing")
+
+    async def go() -> None:
+        async with lanefold.Session(config, store=store) as session:
+            await session.run("What is 17 * 23?", run_id=f"r{os.urandom(4).hex()}", pools=[missing])
+
+    with pytest.raises(ConfigError, match=rf"budget\.shared: no budget named '{missing}'"):
+        anyio.run(go)
+    view = budgets.read_budget(name)
+    assert view is not None and (view.holders, view.spent_tokens, view.held_tokens) == (0, 0, 0)
+    assert store.list_runs() == []
