@@ -700,6 +700,17 @@ FORGERIES: dict[str, Callable[[Path], Forgery]] = {
     "a plan run answered by a sub-question while its synthesis answered": answered_by(
         "pv", 2, 0, {"answered_by": "fallback", "winner_wave": 2}, "the synthesis answered"
     ),
+    # the quorum (merged with item 4's: a vote counts the lanes that gave an answer)
+    "a vote's quorum edited": edited(
+        "a",
+        "reduce.completed",
+        "data.detail.quorum",
+        5,
+        "reduce.completed's quorum 5 is not the loop's \\(2\\)",
+    ),
+    "a vote's quorum a string": edited(
+        "a", "reduce.completed", "data.detail.quorum", "2", "reduce.completed's quorum '2' is not the loop's"
+    ),
     "a plan run's verdict edited": loop_record(
         "pv",
         "verified",
@@ -763,6 +774,20 @@ def test_a_result_written_before_it_named_the_winner_s_wave_still_reads(
     result["winner_text"] = "Answer: 999"
     write(runs, run_id, events)
     refused(runs, run_id, capsys, len(events), "run.completed says winner_text = 'Answer: 999'")
+
+
+def test_a_vote_written_before_its_quorum_was_recorded_still_reads(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reduce.completed without `detail.quorum` (every vote before a quorum counted answers)
+    is run again with a quorum of one: `a`'s six answers give the same winner, so it reads."""
+    events = read(runs, "a")
+    reduced = first(events, "reduce.completed")
+    assert reduced["data"]["detail"].pop("quorum") == 2
+    write(runs, "a", events)
+    for command in COMMANDS:
+        assert main([command, "a", "--runs-dir", str(runs), "--json"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize("back", [timedelta(seconds=1), timedelta(seconds=299)])

@@ -5,20 +5,26 @@ verifier judge, usc, any_pass) reads back as it was written; the same log with i
 result rewritten alike to crown another candidate (a record that agrees with itself and names
 a lane that ran) is refused at the reduce's line, because the reducer run again over the
 lanes gives another winner. A Session's own verifier, which no config names, reads back too.
+A vote held to a quorum of answers it did not reach reads back as no answer, run again with the
+quorum it records; without that quorum it would name the lone ballot, and is refused.
 The forgeries of each loop's own records, on both stores, are in tests/test_record_refusal.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import lanefold
+from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
 from lanefold.cli import main
+from lanefold.primitives import LaneOutcome, Sample, SampleRequest
 
 QUESTION = "17 * 23?"
 VERIFIERS = """
@@ -142,3 +148,51 @@ def test_a_sessions_own_verifier_reads_back(runs: Path, capsys: pytest.CaptureFi
         e["data"]["judge"] for e in read(Path(judged.events or "")) if e["type"] == "judge.completed"
     } != {"llm"}
     assert shown(runs, "v", capsys) == (0, "")
+
+
+class OneAnswer(SimulatedBackend):
+    """Lane 0 of every wave answers 391 (a usc call's one lane too, which names no response);
+    every other lane completes with nothing an extractor finds."""
+
+    def __init__(self) -> None:
+        super().__init__(SimulatedConfig())
+
+    async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
+        async for outcome in super().sample(request):
+            if isinstance(outcome, Sample):
+                text = "Answer: 391" if outcome.lane == 0 else "I cannot tell."
+                outcome = dataclasses.replace(outcome, text=text)
+            yield outcome
+
+
+QUORUM_LOOPS: dict[str, dict[str, Any]] = {
+    "parallel_sample": {"k": 6, "min_quorum": 3},
+    "adaptive_sample": {"window": 3, "max_lanes": 6, "rule": "esc", "min_quorum": 3},
+}
+
+
+@pytest.mark.parametrize("reducer", ["majority_vote", "weighted_vote", "usc"])
+@pytest.mark.parametrize("loop", QUORUM_LOOPS)
+def test_a_vote_below_its_quorum_reads_back_and_without_it_is_refused(
+    runs: Path, capsys: pytest.CaptureFixture[str], loop: str, reducer: str
+) -> None:
+    raw = {"loop": {"coordinator": loop, **QUORUM_LOOPS[loop], "reducer": reducer, "seed": 3}}
+    result = lanefold.run_sync(
+        lanefold.parse_config(raw), QUESTION, runs_dir=runs, run_id="q", backend=OneAnswer()
+    )
+    assert (result.status, result.lanes_completed, result.lanes_answered) == ("no_answer", 6, 1)
+    assert result.reason == "1 of 6 lanes answered, below the quorum of 3"
+    assert shown(runs, "q", capsys) == (4, "")
+    path = Path(result.events or "")
+    events = read(path)
+    reduced = next(e for e in events if e["type"] == "reduce.completed")
+    assert reduced["data"]["detail"]["quorum"] == 3
+    del reduced["data"]["detail"]["quorum"]  # as a vote before the quorum: it names the ballot
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    code, err = shown(runs, "q", capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert re.search(
+        rf"events\.jsonl:{reduced['sequence']}: .*reduce\.completed does not follow from .*: "
+        r"it says winner = None, \w+ over them gives '391'",
+        err,
+    ), err
