@@ -206,8 +206,10 @@ class AdaptiveSample:
                 wrong = record.sequence, f"the run stops here ({stopped_by}), and wave {waves[i]} follows"
             if wrong is None and stopped_by is None and i < len(waves):
                 wrong = _allowed(state, waves[i], len(lanes), size, record.sequence)
-            if wrong is not None or stopped_by is not None or i >= len(waves):
+            if wrong is not None:
                 return earliest(found, wrong)
+            if stopped_by is not None or i >= len(waves):
+                break  # the run stopped here (or was cut before the wave this one allowed)
             last = candidate_lanes(state, [waves[i]])
             lanes += last
             cut = len(last) < size
@@ -218,7 +220,9 @@ class AdaptiveSample:
             "rule": params.rule,
             "completed": sum(lane.completed for lane in lanes),
         }
-        return earliest(found, outcome(state, detail), reduced_status(state))
+        return earliest(
+            found, outcome(state, detail, budget_stop=stopped_by == "budget"), reduced_status(state)
+        )
 
 
 def _allowed(state: RunState, number: int, start: int, size: int, line: int) -> AuditFinding | None:

@@ -88,15 +88,21 @@ def claims(
     return None
 
 
-def outcome(state: RunState, expected: Mapping[str, Any]) -> AuditFinding | None:
-    """The result's `outcome` (the loop's own detail) holds what the log gives."""
+def outcome(
+    state: RunState, expected: Mapping[str, Any], *, budget_stop: bool = False
+) -> AuditFinding | None:
+    """The result's `outcome` (the loop's own detail) holds what the log gives, and says
+    `budget_stop: true` only where the log gives a stop for the budget (`budget_stop`; a
+    result written before it was said holds none)."""
     result, line = state.result, state.result_sequence
     if result is None or line is None:
         return None
     held = result.get("outcome")
-    return claims(
-        line, "run.completed's outcome", held if isinstance(held, dict) else {}, expected, "the log gives"
-    )
+    held = held if isinstance(held, dict) else {}
+    if "budget_stop" in held and (held["budget_stop"] is not True or not budget_stop):
+        given = "the log gives no stop for the budget" if not budget_stop else "it is true or absent"
+        return line, f"run.completed's outcome says budget_stop = {_shown(held['budget_stop'])}, {given}"
+    return claims(line, "run.completed's outcome", held, expected, "the log gives")
 
 
 def reduced_status(state: RunState) -> AuditFinding | None:

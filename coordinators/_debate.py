@@ -242,7 +242,8 @@ class Debate:
         if wrong is None and state.result is not None and len(history) != len(rounds):
             wrong = state.result_sequence or 0, f"the log holds {len(rounds)} rounds, {len(history)} recorded"
         detail = {"rounds": len(history) - 1, "stop": stop, "lanes": dispatched, "answers": history}
-        return earliest(found, wrong, outcome(state, detail), reduced_status(state))
+        told = outcome(state, detail, budget_stop=stop == "budget")
+        return earliest(found, wrong, told, reduced_status(state))
 
     def _prompts(self, question: str, latest: Mapping[int, str]) -> dict[int, str]:
         p = self.params

@@ -98,6 +98,7 @@ class _Replay:
         self.todo: list[tuple[Node, Attempt]] = []
         self.verify_lanes: dict[int, Lane] = {}
         self.winner: Lane | None = None
+        self.budget_stop = False  # the last iteration stopped for the budget, or no synthesis was funded
 
     def lanes(self, purpose: str) -> dict[int, Lane]:
         number = next(self.waves[purpose], None)
@@ -190,7 +191,7 @@ class _Replay:
         limit = "loop.token_budget" if rule == "token_budget" else None
         if rule is None and (data.get("stop"), data.get("limit")) == ("token_budget", "budget"):
             rule, limit = "token_budget", "budget"
-        self.rule, self.before = rule, now
+        self.rule, self.before, self.budget_stop = rule, now, limit == "budget"
         return {
             "iteration": self.iteration,
             "nodes": now.nodes,
@@ -235,6 +236,7 @@ class _Replay:
 
     def _stopped(self, data: Mapping[str, Any]) -> dict[str, Any]:
         lane = self.lanes("synthesize").get(0) if data.get("synthesis") else None
+        self.budget_stop = self.budget_stop or not data.get("synthesis")
         self.winner = lane if lane is not None and lane.completed and lane.answer is not None else None
         return {"rule": self.rule, "iteration": self.iteration, "synthesis": data.get("synthesis")}
 
@@ -274,7 +276,8 @@ def audit_plan(
         "answered_by": by,
         "winner_wave": winner.wave if winner is not None else None,
     }
-    return earliest(found, chosen(state, winner, rule), outcome(state, detail))
+    told = outcome(state, detail, budget_stop=replay.budget_stop)
+    return earliest(found, chosen(state, winner, rule), told)
 
 
 def _checked(replay: _Replay, record: LoopEvent) -> AuditFinding | None:

@@ -102,4 +102,4 @@ def audit_refine(
         if params.reduce == "last"
         else reduced_status(state)
     )
-    return earliest(found, wrong, outcome(state, detail), answered)
+    return earliest(found, wrong, outcome(state, detail, budget_stop=reason == "budget"), answered)

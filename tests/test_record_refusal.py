@@ -700,6 +700,28 @@ FORGERIES: dict[str, Callable[[Path], Forgery]] = {
     "a plan run answered by a sub-question while its synthesis answered": answered_by(
         "pv", 2, 0, {"answered_by": "fallback", "winner_wave": 2}, "the synthesis answered"
     ),
+    "an adaptive run's outcome edited": edited(
+        "ad",
+        "run.completed",
+        "data.result.outcome.lanes_used",
+        99,
+        "run.completed's outcome says lanes_used = 99, the log gives 8",
+    ),
+    **{
+        f"{name} that says its budget stopped it": edited(
+            run_id,
+            "run.completed",
+            "data.result.outcome.budget_stop",
+            True,
+            "run.completed's outcome says budget_stop = True, the log gives no stop for the budget",
+        )
+        for name, run_id in (
+            ("an adaptive run", "ad"),
+            ("a debate", "db"),
+            ("a refine chain", "sl"),
+            ("a plan run", "pv"),
+        )
+    },
     # the quorum (merged with item 4's: a vote counts the lanes that gave an answer)
     "a vote's quorum edited": edited(
         "a",
@@ -774,6 +796,33 @@ def test_a_result_written_before_it_named_the_winner_s_wave_still_reads(
     result["winner_text"] = "Answer: 999"
     write(runs, run_id, events)
     refused(runs, run_id, capsys, len(events), "run.completed says winner_text = 'Answer: 999'")
+
+
+@pytest.mark.parametrize(("run_id", "max_tokens"), [("ad", 600), ("db", 400), ("sl", 400), ("pv", 1000)])
+def test_a_loop_its_budget_stopped_says_so_and_reads_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], run_id: str, max_tokens: int
+) -> None:
+    """A loop cut by its `[budget]` says `budget_stop: true` in its outcome and reads back; a
+    result written before it said so (none) reads too; any other value is refused."""
+    raw = LOOP_CONFIGS[run_id]
+    config = lanefold.parse_config(
+        {**raw, "loop": {**raw["loop"], "seed": 3}, "budget": {"max_tokens": max_tokens}}
+    )
+    runs = tmp_path / "runs"
+    result = lanefold.run_sync(config, "17 * 23?", runs_dir=runs, run_id=run_id)
+    assert result.outcome["budget_stop"] is True
+    events = read(runs, run_id)
+    told = events[-1]["data"]["result"]["outcome"]
+    for value in (True, None):
+        if value is None:
+            del told["budget_stop"]
+        write(runs, run_id, events)
+        code = main(["show", run_id, "--runs-dir", str(runs), "--json"])
+        assert code in (0, 4), capsys.readouterr().err
+        capsys.readouterr()
+    told["budget_stop"] = "yes"
+    write(runs, run_id, events)
+    refused(runs, run_id, capsys, len(events), "outcome says budget_stop = 'yes', it is true or absent")
 
 
 def test_a_vote_written_before_its_quorum_was_recorded_still_reads(
