@@ -100,11 +100,14 @@ def decision(
     *,
     cut: bool,
     affordable: Callable[[int], bool],
+    before_answers: bool = False,
 ) -> dict[str, Any]:
     """The decision at a barrier (or before the first wave): what stopped, or the next wave's
     size, with the tally it was made from. `cut`: the budget shrank the last wave;
     `affordable(n)`: whether the budget funds a wave of n lanes (asked only where no rule
-    stops first)."""
+    stops first). A rule may stop once `min_quorum` lanes gave an answer; `before_answers`:
+    once they completed, the rule as logs written before the quorum counted answers hold it
+    (read back, never run)."""
     p = params
     counts = Counter(normalize_answer(lane.answer) for lane in lanes if lane.completed and lane.answer)
     counts.pop("", None)
@@ -118,7 +121,7 @@ def decision(
     stopped_by: str | None = None
     if (
         lanes
-        and sum(counts.values()) >= p.min_quorum  # lanes that gave an answer, not just ran
+        and (completed if before_answers else sum(counts.values())) >= p.min_quorum
         and remaining > 0
         and settled(p.rule, counts, window, remaining=remaining, threshold=p.threshold)
     ):

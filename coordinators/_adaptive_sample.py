@@ -188,19 +188,28 @@ class AdaptiveSample:
     ) -> AuditFinding | None:
         """Each answer is the extractor's; each `checked` record is the decision its rule
         gives from the lanes before it (a stop for the budget is the writer's reading of its
-        ledger, taken as recorded where the rule let sampling go on); each wave is the one its
-        decision allowed; the outcome and the status are what they give."""
+        ledger, taken as recorded where the rule let sampling go on; in a log whose vote records
+        no quorum, written before the quorum counted answers, a stop the rule gave then reads
+        too); each wave is the one its decision allowed; the outcome and the status are what
+        they give."""
         waves = waves_of(state, "sample")
         found = answers(state, waves, extract)
         checked = records(state, AdaptiveSample.name, "checked")
+        vote = state.reduce.detail if state.reduce is not None else {}
+        then = (False, True) if params.min_quorum > 1 and "quorum" not in vote else (False,)
         lanes: list[Lane] = []
         last: list[Lane] = []
         cut, stopped_by = False, None
         for i, record in enumerate(checked):
-            expected = decision(params, lanes, last, cut=cut, affordable=lambda size: True)
-            if record.data.get("stopped_by") == "budget" and expected["stopped_by"] is None:
-                expected |= {"stopped_by": "budget", "next": None}
-            wrong = claims(record.sequence, f"loop.{AdaptiveSample.name}.checked", record.data, expected)
+            for before_answers in then:
+                expected = decision(
+                    params, lanes, last, cut=cut, affordable=lambda size: True, before_answers=before_answers
+                )
+                if record.data.get("stopped_by") == "budget" and expected["stopped_by"] is None:
+                    expected |= {"stopped_by": "budget", "next": None}
+                wrong = claims(record.sequence, f"loop.{AdaptiveSample.name}.checked", record.data, expected)
+                if wrong is None:
+                    break
             stopped_by, size = expected["stopped_by"], expected["next"]
             if wrong is None and stopped_by is not None and len(waves) > i:
                 wrong = record.sequence, f"the run stops here ({stopped_by}), and wave {waves[i]} follows"
