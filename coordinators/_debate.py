@@ -9,16 +9,16 @@ Du et al. (2023) count rounds including the first answer: their "2 rounds" is `r
 
 Each round is recorded (`loop.debate.round`) with what the agents answered and what the loop
 decided next; a resumed run reads that decision back from the log instead of deciding again.
+Its keys, prompt and rule are in `_debate_rule.py`, read by the loop and its audit alike.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from lanefold.coordinators._audit import (
     answers,
@@ -30,8 +30,17 @@ from lanefold.coordinators._audit import (
     reduced_status,
     waves_of,
 )
+from lanefold.coordinators._debate_rule import (
+    REVISE,
+    DebateParams,
+    agreement,
+    answers_of,
+    debate_prompt,
+    decide,
+    unanimous,
+    visible_peers,
+)
 from lanefold.coordinators._parallel_sample import outcome_of
-from lanefold.coordinators._reducer_keys import ReducerKeys
 from lanefold.primitives import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
@@ -48,61 +57,11 @@ from lanefold.primitives import (
     RunState,
     WaveShape,
     largest_within,
-    normalize_answer,
     readable_number,
     register_loop,
 )
 
-__all__ = ("Debate", "DebateParams", "debate_prompt", "visible_peers")
-
-Visibility = Literal["all", "neighbours"]
-Stop = Literal["rounds", "agreed", "budget"]
-
-REVISE = (
-    "Using the other agents' answers as additional information, check your previous "
-    "answer and give an updated one. End with 'Answer: <answer>'."
-)
-
-
-class DebateParams(ReducerKeys):
-    """`[loop]` keys of debate."""
-
-    agents: int = Field(3, ge=2, le=64, description="lanes per round, one per agent")
-    rounds: int = Field(
-        1, ge=0, le=32, description="rebuttal rounds after the first answers (Du et al.'s '2 rounds' is 1)"
-    )
-    visibility: Visibility = Field(
-        "all", description="whose answers an agent sees: every other agent's, or its two ring neighbours'"
-    )
-    early_exit: bool = Field(True, description="stop once every agent gives the same answer")
-    instruction: str = Field(
-        REVISE, min_length=1, description="the rebuttal prompt's last line: what to do with the answers shown"
-    )
-    reducer: str = Field("majority_vote", description="a registered reducer for the final round")
-
-
-def visible_peers(agent: int, agents: int, visibility: Visibility) -> list[int]:
-    """The agents whose answers `agent` sees: every other one, or its ring neighbours."""
-    if visibility == "all":
-        return [peer for peer in range(agents) if peer != agent]
-    return sorted({(agent - 1) % agents, (agent + 1) % agents})  # two agents: one neighbour
-
-
-def debate_prompt(
-    question: str, previous: str | None, peers: Mapping[int, str], *, instruction: str = REVISE
-) -> str:
-    """A rebuttal prompt: the question on the first line, the agent's previous answer, one
-    line per peer (`Agent N answered: Y`, N counted from 1), then the instruction to revise."""
-    lines = [f"Question: {' '.join(question.split())}"]
-    if previous is not None:
-        lines.append(f"Your previous answer: {_one_line(previous)}")
-    lines += [f"Agent {peer + 1} answered: {_one_line(answer)}" for peer, answer in sorted(peers.items())]
-    lines.append(instruction)
-    return "\n".join(lines)  # no newline after it: a completion model continues "Answer:"
-
-
-def _one_line(answer: str) -> str:
-    return " ".join(answer.split())
+__all__ = ("REVISE", "Debate", "DebateParams", "debate_prompt", "visible_peers")
 
 
 @register_loop
@@ -124,12 +83,12 @@ class Debate:
         stop: str | None = None
         dispatched = 0
         for round_ in range(p.rounds + 1):
-            answers = _answers(lanes, p.agents)
+            answers = answers_of(lanes, p.agents)
             dispatched += len(lanes)
             history.append(answers)
             latest.update({agent: a for agent, a in enumerate(answers) if a is not None})
             prompts = None
-            decided = _decide(p, round_, latest)
+            decided = decide(p, round_, latest)
             if decided is None:
                 prompts = self._prompts(question, latest)
                 if not _can_fund(ctx, prompts, sampling.max_tokens):
@@ -139,8 +98,8 @@ class Debate:
                 {
                     "round": round_,
                     "answers": answers,
-                    "agreement": _agreement(answers),
-                    "unanimous": _unanimous(latest, p.agents),
+                    "agreement": agreement(answers),
+                    "unanimous": unanimous(latest, p.agents),
                     "stop": decided,
                 },
                 wave=lanes[0].wave if lanes else None,
@@ -221,16 +180,16 @@ class Debate:
         dispatched, stop, wrong = 0, None, None
         for i, record in enumerate(records(state, Debate.name, "round")):
             lanes = candidate_lanes(state, rounds[i : i + 1])
-            said = _answers(lanes, params.agents)
+            said = answers_of(lanes, params.agents)
             dispatched += len(lanes)
             history.append(said)
             latest.update({agent: a for agent, a in enumerate(said) if a is not None})
-            stop = _decide(params, i, latest) or ("budget" if record.data.get("stop") == "budget" else None)
+            stop = decide(params, i, latest) or ("budget" if record.data.get("stop") == "budget" else None)
             expected = {
                 "round": i,
                 "answers": said,
-                "agreement": _agreement(said),
-                "unanimous": _unanimous(latest, params.agents),
+                "agreement": agreement(said),
+                "unanimous": unanimous(latest, params.agents),
                 "stop": stop,
             }
             wrong = claims(record.sequence, f"loop.{Debate.name}.round", record.data, expected)
@@ -260,15 +219,6 @@ class Debate:
             )
             for agent in range(p.agents)
         }
-
-
-def _decide(params: DebateParams, round_: int, latest: Mapping[int, str]) -> Stop | None:
-    """What ends the debate after round `round_`, where something does."""
-    if round_ == params.rounds:
-        return "rounds"
-    if params.early_exit and _unanimous(latest, params.agents):
-        return "agreed"
-    return None
 
 
 def _can_fund(ctx: LoopContext, prompts: Mapping[int, str], max_tokens: int) -> bool:
@@ -308,23 +258,3 @@ def _fit_spend(params: DebateParams, budget: Allowance) -> DebateParams:
             f"two agents and {least} round{'s' * (least != 1)} ({readable_number(two)} {budget.unit})"
         ) from None
     return shaped(agents if agents is not None else params.agents, least)
-
-
-def _answers(lanes: Sequence[Lane], agents: int) -> list[str | None]:
-    """Each agent's answer in one round (None: its lane failed, was cut, or said nothing)."""
-    by_agent: dict[int, str | None] = {lane.lane: lane.answer if lane.completed else None for lane in lanes}
-    return [by_agent.get(agent) for agent in range(agents)]
-
-
-def _agreement(answers: Sequence[str | None]) -> float | None:
-    """The leading answer's share of the agents that answered."""
-    counts = Counter(normalize_answer(a) for a in answers if a is not None)
-    counts.pop("", None)
-    total = sum(counts.values())
-    return max(counts.values()) / total if total else None
-
-
-def _unanimous(latest: Mapping[int, str], agents: int) -> bool:
-    """Every agent has an answer and all of them normalise to the same one."""
-    normal = {normalize_answer(latest[agent]) for agent in range(agents) if agent in latest}
-    return len(latest) >= agents and len(normal) == 1 and "" not in normal
