@@ -4,7 +4,6 @@ governed dispatch path); none builds a backend itself."""
 from __future__ import annotations
 
 from lanefold.coordinators._adaptive_sample import AdaptiveSample
-from lanefold.coordinators._audit import audit
 from lanefold.coordinators._command_verifier import CommandVerifier, as_verifier
 from lanefold.coordinators._configured import configured_reducer
 from lanefold.coordinators._debate import Debate
@@ -35,7 +34,6 @@ __all__ = (
     "UniversalSelfConsistency",
     "WeightedVote",
     "as_verifier",
-    "audit",
     "configured_reducer",
     "outcome_of",
     "vote",

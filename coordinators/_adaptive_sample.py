@@ -14,106 +14,56 @@ even where the budget, which a replay sees fuller, would now decide otherwise.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from fractions import Fraction
-from math import comb
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel
 
+from lanefold.coordinators._adaptive_rule import (
+    AdaptiveSampleParams,
+    decision,
+    majority_posterior,
+    settled,
+    top_two,
+)
+from lanefold.coordinators._audit import (
+    answers,
+    candidate_lanes,
+    claims,
+    earliest,
+    outcome,
+    records,
+    reduced_status,
+    waves_of,
+)
 from lanefold.coordinators._parallel_sample import outcome_of
-from lanefold.coordinators._reducer_keys import ReducerKeys
 from lanefold.primitives import (
     Allowance,
+    AuditFinding,
     BudgetExhaustedError,
     CostShape,
+    ExtractSpec,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
     QuorumNotMetError,
-    ReduceOptions,
     ReducerChoice,
+    RunState,
     WaveShape,
     largest_within,
-    normalize_answer,
     register_loop,
 )
 
-__all__ = ("AdaptiveSample", "AdaptiveSampleParams", "majority_posterior", "settled", "top_two")
-
-Rule = Literal["esc", "beta", "margin"]
-
-
-class AdaptiveSampleParams(ReducerKeys):
-    """`[loop]` keys of adaptive_sample."""
-
-    window: int = Field(4, ge=1, le=10_000, description="lanes per wave")
-    max_lanes: int = Field(40, ge=1, le=10_000, description="lanes at most, over all waves")
-    rule: Rule = Field("beta", description="the stopping rule checked at each barrier")
-    threshold: float = Field(0.95, gt=0.5, le=1, description="posterior the beta rule needs")
-    reducer: str = Field("majority_vote", description="a registered reducer, over every lane")
-    min_quorum: int = Field(
-        1, ge=1, description="lanes that gave an answer before a rule may stop (and for the vote)"
-    )
-
-    @model_validator(mode="after")
-    def _across_keys(self) -> AdaptiveSampleParams:
-        if self.max_lanes < self.window:
-            raise ValueError(f"loop.max_lanes: {self.max_lanes} is less than loop.window ({self.window})")
-        if self.rule == "esc" and self.window < 2:
-            raise ValueError(
-                "loop.window: the esc rule stops when a window agrees, and a window "
-                "of 1 always does; give window >= 2"
-            )
-        if self.min_quorum > self.max_lanes:
-            raise ValueError(
-                f"loop.min_quorum: {self.min_quorum} is more than loop.max_lanes ({self.max_lanes})"
-            )
-        return self
-
-    def options(self, seed: int) -> ReduceOptions:
-        """The reducer's options: the vote names a winner only once `min_quorum` lanes gave an
-        answer, as a rule stops only then."""
-        return replace(super().options(seed), quorum=self.min_quorum)
-
-
-def majority_posterior(a: int, b: int) -> Fraction:
-    """P(Bin(a+b+1, 1/2) <= a): with a uniform prior, the posterior probability that the answer
-    seen `a` times is more likely than the one seen `b` times (Adaptive-Consistency's Beta rule).
-    Exact, so a threshold is met or not without rounding."""
-    n = a + b + 1
-    return Fraction(sum(comb(n, i) for i in range(a + 1)), 2**n)
-
-
-def top_two(counts: Mapping[str, int]) -> tuple[str | None, int, int]:
-    """The leading answer, its count `a` and the runner-up's count `b` (0 where none); of
-    answers tied for the lead, the one counted first leads."""
-    ranked = Counter(counts).most_common(2)
-    leader, a = ranked[0] if ranked else (None, 0)
-    return leader, a, ranked[1][1] if len(ranked) > 1 else 0
-
-
-def settled(
-    rule: Rule,
-    counts: Mapping[str, int],
-    last_window: Sequence[str | None],
-    *,
-    remaining: int,
-    threshold: float,
-) -> bool:
-    """Whether `rule` stops sampling, given every answer's count so far, the answers of the
-    last wave (None: that lane gave none) and the lanes `max_lanes` still allows."""
-    _, a, b = top_two(counts)
-    if a == 0:
-        return False
-    if rule == "esc":
-        return bool(last_window) and None not in last_window and len(set(last_window)) == 1
-    if rule == "beta":
-        return majority_posterior(a, b) >= Fraction(threshold)
-    return a - b > remaining  # margin: even every remaining lane for the runner-up cannot pass
+__all__ = (
+    "AdaptiveSample",
+    "AdaptiveSampleParams",
+    "decision",
+    "majority_posterior",
+    "settled",
+    "top_two",
+)
 
 
 @register_loop
@@ -218,38 +168,76 @@ class AdaptiveSample:
         cut: bool,
         max_tokens: int,
     ) -> dict[str, Any]:
-        """The decision at a barrier (or before the first wave): what stopped, or the next
-        wave's size; with the tally it was made from."""
-        p = self.params
-        counts = Counter(normalize_answer(lane.answer) for lane in lanes if lane.completed and lane.answer)
-        counts.pop("", None)
-        completed = sum(lane.completed for lane in lanes)
-        remaining = p.max_lanes - len(lanes)
-        window = [
-            normalize_answer(lane.answer) or None if lane.completed and lane.answer else None for lane in last
-        ]
-        leader, a, b = top_two(counts)
-        size = min(p.window, remaining)
-        stopped_by: str | None = None
-        if (
-            lanes
-            and sum(counts.values()) >= p.min_quorum  # lanes that gave an answer, not just ran
-            and remaining > 0
-            and settled(p.rule, counts, window, remaining=remaining, threshold=p.threshold)
-        ):
-            stopped_by = p.rule
-        elif remaining <= 0:
-            stopped_by = "max_lanes"
-        elif cut or not ctx.budget.can_afford(size, max_tokens, prompt=prompt):
-            stopped_by = "budget"
-        return {
+        """The decision at a barrier (or before the first wave), the budget read as it stands."""
+        return decision(
+            self.params,
+            lanes,
+            last,
+            cut=cut,
+            affordable=lambda size: ctx.budget.can_afford(size, max_tokens, prompt=prompt),
+        )
+
+    @staticmethod
+    def candidates(params: AdaptiveSampleParams, state: RunState) -> list[Lane]:
+        """Its reduce read every lane of every wave, in the order they ran."""
+        return candidate_lanes(state, waves_of(state, "sample"))
+
+    @staticmethod
+    def audit(
+        params: AdaptiveSampleParams, state: RunState, *, extract: ExtractSpec, seed: int
+    ) -> AuditFinding | None:
+        """Each answer is the extractor's; each `checked` record is the decision its rule
+        gives from the lanes before it (a stop for the budget is the writer's reading of its
+        ledger, taken as recorded where the rule let sampling go on; in a log whose vote records
+        no quorum, written before the quorum counted answers, a stop the rule gave then reads
+        too); each wave is the one its decision allowed; the outcome and the status are what
+        they give."""
+        waves = waves_of(state, "sample")
+        found = answers(state, waves, extract)
+        checked = records(state, AdaptiveSample.name, "checked")
+        vote = state.reduce.detail if state.reduce is not None else {}
+        then = (False, True) if params.min_quorum > 1 and "quorum" not in vote else (False,)
+        lanes: list[Lane] = []
+        last: list[Lane] = []
+        cut, stopped_by = False, None
+        for i, record in enumerate(checked):
+            for before_answers in then:
+                expected = decision(
+                    params, lanes, last, cut=cut, affordable=lambda size: True, before_answers=before_answers
+                )
+                if record.data.get("stopped_by") == "budget" and expected["stopped_by"] is None:
+                    expected |= {"stopped_by": "budget", "next": None}
+                wrong = claims(record.sequence, f"loop.{AdaptiveSample.name}.checked", record.data, expected)
+                if wrong is None:
+                    break
+            stopped_by, size = expected["stopped_by"], expected["next"]
+            if wrong is None and stopped_by is not None and len(waves) > i:
+                wrong = record.sequence, f"the run stops here ({stopped_by}), and wave {waves[i]} follows"
+            if wrong is None and stopped_by is None and i < len(waves):
+                wrong = _allowed(state, waves[i], len(lanes), size, record.sequence)
+            if wrong is not None:
+                return earliest(found, wrong)
+            if stopped_by is not None or i >= len(waves):
+                break  # the run stopped here (or was cut before the wave this one allowed)
+            last = candidate_lanes(state, [waves[i]])
+            lanes += last
+            cut = len(last) < size
+        detail = {
             "lanes_used": len(lanes),
-            "completed": completed,
-            "counts": dict(counts),
-            "leader": leader,
-            "a": a,
-            "b": b,
-            "posterior": float(majority_posterior(a, b)),
             "stopped_by": stopped_by,
-            "next": None if stopped_by else size,
+            "waves": len(waves),
+            "rule": params.rule,
+            "completed": sum(lane.completed for lane in lanes),
         }
+        return earliest(
+            found, outcome(state, detail, budget_stop=stopped_by == "budget"), reduced_status(state)
+        )
+
+
+def _allowed(state: RunState, number: int, start: int, size: int, line: int) -> AuditFinding | None:
+    """Wave `number` asked for the `size` lanes its decision allowed, numbered from `start`."""
+    info = state.waves[number].info
+    allowed = range(start, start + size)
+    if info.k_requested != size or not set(info.lanes or allowed) <= set(allowed):
+        return line, f"wave {number} is not the wave of {size} lanes from lane {start} this decision allows"
+    return None

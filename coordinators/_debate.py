@@ -9,87 +9,59 @@ Du et al. (2023) count rounds including the first answer: their "2 rounds" is `r
 
 Each round is recorded (`loop.debate.round`) with what the agents answered and what the loop
 decided next; a resumed run reads that decision back from the log instead of deciding again.
+Its keys, prompt and rule are in `_debate_rule.py`, read by the loop and its audit alike.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
+from lanefold.coordinators._audit import (
+    answers,
+    candidate_lanes,
+    claims,
+    earliest,
+    outcome,
+    records,
+    reduced_status,
+    waves_of,
+)
+from lanefold.coordinators._debate_rule import (
+    REVISE,
+    DebateParams,
+    agreement,
+    answers_of,
+    debate_prompt,
+    decide,
+    unanimous,
+    visible_peers,
+)
 from lanefold.coordinators._parallel_sample import outcome_of
-from lanefold.coordinators._reducer_keys import ReducerKeys
 from lanefold.primitives import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
     Allowance,
+    AuditFinding,
     BudgetTooSmallError,
     CostShape,
+    ExtractSpec,
     Lane,
     LaneJob,
     LoopContext,
     Outcome,
     ReducerChoice,
+    RunState,
     WaveShape,
     largest_within,
-    normalize_answer,
     readable_number,
     register_loop,
 )
 
-__all__ = ("Debate", "DebateParams", "debate_prompt", "visible_peers")
-
-Visibility = Literal["all", "neighbours"]
-Stop = Literal["rounds", "agreed", "budget"]
-
-REVISE = (
-    "Using the other agents' answers as additional information, check your previous "
-    "answer and give an updated one. End with 'Answer: <answer>'."
-)
-
-
-class DebateParams(ReducerKeys):
-    """`[loop]` keys of debate."""
-
-    agents: int = Field(3, ge=2, le=64, description="lanes per round, one per agent")
-    rounds: int = Field(
-        1, ge=0, le=32, description="rebuttal rounds after the first answers (Du et al.'s '2 rounds' is 1)"
-    )
-    visibility: Visibility = Field(
-        "all", description="whose answers an agent sees: every other agent's, or its two ring neighbours'"
-    )
-    early_exit: bool = Field(True, description="stop once every agent gives the same answer")
-    instruction: str = Field(
-        REVISE, min_length=1, description="the rebuttal prompt's last line: what to do with the answers shown"
-    )
-    reducer: str = Field("majority_vote", description="a registered reducer for the final round")
-
-
-def visible_peers(agent: int, agents: int, visibility: Visibility) -> list[int]:
-    """The agents whose answers `agent` sees: every other one, or its ring neighbours."""
-    if visibility == "all":
-        return [peer for peer in range(agents) if peer != agent]
-    return sorted({(agent - 1) % agents, (agent + 1) % agents})  # two agents: one neighbour
-
-
-def debate_prompt(
-    question: str, previous: str | None, peers: Mapping[int, str], *, instruction: str = REVISE
-) -> str:
-    """A rebuttal prompt: the question on the first line, the agent's previous answer, one
-    line per peer (`Agent N answered: Y`, N counted from 1), then the instruction to revise."""
-    lines = [f"Question: {' '.join(question.split())}"]
-    if previous is not None:
-        lines.append(f"Your previous answer: {_one_line(previous)}")
-    lines += [f"Agent {peer + 1} answered: {_one_line(answer)}" for peer, answer in sorted(peers.items())]
-    lines.append(instruction)
-    return "\n".join(lines)  # no newline after it: a completion model continues "Answer:"
-
-
-def _one_line(answer: str) -> str:
-    return " ".join(answer.split())
+__all__ = ("REVISE", "Debate", "DebateParams", "debate_prompt", "visible_peers")
 
 
 @register_loop
@@ -111,12 +83,12 @@ class Debate:
         stop: str | None = None
         dispatched = 0
         for round_ in range(p.rounds + 1):
-            answers = _answers(lanes, p.agents)
+            answers = answers_of(lanes, p.agents)
             dispatched += len(lanes)
             history.append(answers)
             latest.update({agent: a for agent, a in enumerate(answers) if a is not None})
             prompts = None
-            decided = self._decide(round_, latest)
+            decided = decide(p, round_, latest)
             if decided is None:
                 prompts = self._prompts(question, latest)
                 if not _can_fund(ctx, prompts, sampling.max_tokens):
@@ -126,8 +98,8 @@ class Debate:
                 {
                     "round": round_,
                     "answers": answers,
-                    "agreement": _agreement(answers),
-                    "unanimous": _unanimous(latest, p.agents),
+                    "agreement": agreement(answers),
+                    "unanimous": unanimous(latest, p.agents),
                     "stop": decided,
                 },
                 wave=lanes[0].wave if lanes else None,
@@ -189,12 +161,48 @@ class Debate:
     def reducer(params: DebateParams) -> ReducerChoice:
         return params.choice()
 
-    def _decide(self, round_: int, latest: Mapping[int, str]) -> Stop | None:
-        if round_ == self.params.rounds:
-            return "rounds"
-        if self.params.early_exit and _unanimous(latest, self.params.agents):
-            return "agreed"
-        return None
+    @staticmethod
+    def candidates(params: DebateParams, state: RunState) -> list[Lane]:
+        """Its reduce read the last round's lanes."""
+        return candidate_lanes(state, waves_of(state, "debate")[-1:])
+
+    @staticmethod
+    def audit(
+        params: DebateParams, state: RunState, *, extract: ExtractSpec, seed: int
+    ) -> AuditFinding | None:
+        """Each answer is the extractor's; each round's record holds its agents' answers and
+        the decision its rule gives (a stop for the budget is the writer's reading of its
+        ledger, taken as recorded where the rule went on); the outcome and status follow."""
+        rounds = waves_of(state, "debate")
+        found = answers(state, rounds, extract)
+        latest: dict[int, str] = {}
+        history: list[list[str | None]] = []
+        dispatched, stop, wrong = 0, None, None
+        for i, record in enumerate(records(state, Debate.name, "round")):
+            lanes = candidate_lanes(state, rounds[i : i + 1])
+            said = answers_of(lanes, params.agents)
+            dispatched += len(lanes)
+            history.append(said)
+            latest.update({agent: a for agent, a in enumerate(said) if a is not None})
+            stop = decide(params, i, latest) or ("budget" if record.data.get("stop") == "budget" else None)
+            expected = {
+                "round": i,
+                "answers": said,
+                "agreement": agreement(said),
+                "unanimous": unanimous(latest, params.agents),
+                "stop": stop,
+            }
+            wrong = claims(record.sequence, f"loop.{Debate.name}.round", record.data, expected)
+            more = len(rounds) > i + 1
+            if wrong is None and (not lanes or (stop is not None and more)):
+                wrong = record.sequence, f"round {i}'s record, and the log holds {len(rounds)} rounds"
+            if wrong is not None or stop is not None or not more:
+                break
+        if wrong is None and state.result is not None and len(history) != len(rounds):
+            wrong = state.result_sequence or 0, f"the log holds {len(rounds)} rounds, {len(history)} recorded"
+        detail = {"rounds": len(history) - 1, "stop": stop, "lanes": dispatched, "answers": history}
+        told = outcome(state, detail, budget_stop=stop == "budget")
+        return earliest(found, wrong, told, reduced_status(state))
 
     def _prompts(self, question: str, latest: Mapping[int, str]) -> dict[int, str]:
         p = self.params
@@ -250,23 +258,3 @@ def _fit_spend(params: DebateParams, budget: Allowance) -> DebateParams:
             f"two agents and {least} round{'s' * (least != 1)} ({readable_number(two)} {budget.unit})"
         ) from None
     return shaped(agents if agents is not None else params.agents, least)
-
-
-def _answers(lanes: Sequence[Lane], agents: int) -> list[str | None]:
-    """Each agent's answer in one round (None: its lane failed, was cut, or said nothing)."""
-    by_agent: dict[int, str | None] = {lane.lane: lane.answer if lane.completed else None for lane in lanes}
-    return [by_agent.get(agent) for agent in range(agents)]
-
-
-def _agreement(answers: Sequence[str | None]) -> float | None:
-    """The leading answer's share of the agents that answered."""
-    counts = Counter(normalize_answer(a) for a in answers if a is not None)
-    counts.pop("", None)
-    total = sum(counts.values())
-    return max(counts.values()) / total if total else None
-
-
-def _unanimous(latest: Mapping[int, str], agents: int) -> bool:
-    """Every agent has an answer and all of them normalise to the same one."""
-    normal = {normalize_answer(latest[agent]) for agent in range(agents) if agent in latest}
-    return len(latest) >= agents and len(normal) == 1 and "" not in normal

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
-from lanefold.coordinators._audit import audit
+from lanefold.coordinators._audit import answers, candidate_lanes, earliest, reduced_status
 from lanefold.coordinators._reducer_keys import ReducerKeys
 from lanefold.primitives import (
     Allowance,
@@ -105,21 +105,17 @@ class ParallelSample:
         return params.choice()
 
     @staticmethod
+    def candidates(params: ParallelSampleParams, state: RunState) -> list[Lane]:
+        """Its reduce read every lane of its one wave."""
+        return candidate_lanes(state, [1])
+
+    @staticmethod
     def audit(
         params: ParallelSampleParams, state: RunState, *, extract: ExtractSpec, seed: int
     ) -> AuditFinding | None:
-        """Each lane's answer, the vote or the judges' argmax, and the result, recomputed
-        from the log (a verifier's weights are not in it, so that vote is not)."""
-        if params.weighting == "verifier":
-            return None
-        return audit(
-            state,
-            extract=extract,
-            tie_break=params.tie_break,
-            weighting=params.weighting,
-            seed=seed,
-            min_quorum=params.min_quorum,
-        )
+        """Each lane's answer is the extractor's, and the run answered where its reduce found
+        a winner (the reduce itself is re-run over the lanes: `candidates`)."""
+        return earliest(answers(state, [1], extract), reduced_status(state))
 
 
 def outcome_of(reduction: Reduction, lanes: Sequence[Lane]) -> Outcome:

@@ -27,18 +27,19 @@ from lanefold.coordinators._plan import (
     Progress,
     StopRules,
     SubQuestion,
-    Verdict,
     fill,
     parse_plan,
     parse_replan,
-    parse_verdict,
     stop_rule,
 )
+from lanefold.coordinators._plan_record import audit_plan, fallback, progress, verdict_of
 from lanefold.primitives import (
     Allowance,
+    AuditFinding,
     BudgetExhaustedError,
     ConfigError,
     CostShape,
+    ExtractSpec,
     Lane,
     LaneJob,
     LaneTokens,
@@ -46,6 +47,7 @@ from lanefold.primitives import (
     Outcome,
     ReducerChoice,
     RunError,
+    RunState,
     register_loop,
 )
 from lanefold.primitives.events import Bill
@@ -195,6 +197,13 @@ class PlanVerifyReplan:
     def reducer(params: PlanVerifyReplanParams) -> ReducerChoice:
         """It answers from its synthesis or a sub-question, never by a reducer."""
         return ReducerChoice("")
+
+    @staticmethod
+    def audit(
+        params: PlanVerifyReplanParams, state: RunState, *, extract: ExtractSpec, seed: int
+    ) -> AuditFinding | None:
+        """Its records and answer, replayed from its lanes (`_plan_record.py`)."""
+        return audit_plan(params, state, extract=extract)
 
 
 class _Run:
@@ -423,16 +432,7 @@ class _Run:
             if lane is None:
                 self.out_of_budget = True
                 continue
-            parsed = True
-            try:
-                if not lane.completed:
-                    raise PlanError(f"the verifier's call failed: {lane.error}")
-                attempt.verdict = parse_verdict(lane.text or "")
-            except PlanError as exc:  # no verdict is no evidence of a result: failed
-                attempt.verdict, parsed = (
-                    Verdict(status="failed", score=0.0, missing=(f"no verdict: {exc}",)),
-                    False,
-                )
+            attempt.verdict, parsed = verdict_of(lane)
             verdict = attempt.verdict
             verdicts[node.spec.id] = {
                 "status": verdict.status,
@@ -445,15 +445,7 @@ class _Run:
         )
 
     def _progress(self, iteration: int) -> Progress:
-        nodes = list(self.nodes.values())
-        scores = [n.verdict.value if n.verdict is not None else 0.0 for n in nodes]
-        return Progress(
-            iteration,
-            len(nodes),
-            sum(n.accepted for n in nodes),
-            sum(scores) / len(nodes),
-            self.ctx.budget.spent.tokens,
-        )
+        return progress(self.nodes, iteration, self.ctx.budget.spent.tokens)
 
     # -- replan -------------------------------------------------------------------------------
 
@@ -563,8 +555,8 @@ class _Run:
                 winner_wave=lane.wave,
                 detail={**detail, "answered_by": "synthesis", "winner_wave": lane.wave},
             )
-        fallback = self._fallback()
-        if fallback is None:
+        best = fallback(self.nodes)
+        if best is None:
             why = (
                 "the synthesis gave no answer and no sub-question has one"
                 if decided["synthesis"]
@@ -574,30 +566,12 @@ class _Run:
                 status="no_answer", reason=why, detail={**detail, "answered_by": None, "winner_wave": None}
             )
         return Outcome(
-            answer=fallback.answer,
-            winner_lane=fallback.lane,
-            winner_text=fallback.text,
-            winner_wave=fallback.wave,
-            detail={**detail, "answered_by": "fallback", "winner_wave": fallback.wave},
+            answer=best.answer,
+            winner_lane=best.lane,
+            winner_text=best.text,
+            winner_wave=best.wave,
+            detail={**detail, "answered_by": "fallback", "winner_wave": best.wave},
         )
-
-    def _fallback(self) -> Lane | None:
-        """Without a synthesis: the best answer of a sub-question no other one builds on."""
-        used = {dep for node in self.nodes.values() for dep in node.spec.depends_on}
-        ranked = [
-            (
-                (
-                    node.spec.id not in used,
-                    node.accepted,
-                    node.verdict.value if node.verdict else 0.0,
-                    -order,
-                ),
-                best.lane,
-            )
-            for order, node in enumerate(self.nodes.values())
-            if (best := node.best) is not None and best.lane.answer is not None
-        ]
-        return max(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
     # -- budget -------------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 Each turns a wave's lanes into one answer. The pure parts (vote fold, score parsing, argmax)
 live in primitives; a reducer that needs a model (the LLM judge, usc) asks for it through
 `ctx.wave`, so its calls are governed, priced on the verifier line and resumable, and a
-verifier's verdicts go through `ctx.verify`, recorded as `judge.completed`.
+verifier's verdicts go through `ctx.verify`, recorded as `judge.completed`. So each is a
+function of what the log holds and declares `replays`: reading a run's log re-runs its reduce
+there (`lanefold.primitives.audit_run`) and refuses a `reduce.completed` it does not give.
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ class MajorityVote:
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = frozenset()  # the [judge] keys it reads
     uses_model: ClassVar[bool] = False  # never samples (a re-reduction builds no backend)
+    replays: ClassVar[bool] = True  # a function of the log: reading it re-runs the reduce
     needs_verifier: ClassVar[bool] = False
     summary = staticmethod(vote_summary)
 
@@ -178,6 +181,7 @@ class WeightedVote:
     needs_judge: ClassVar[bool] = False
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
     uses_model: ClassVar[bool] = False
+    replays: ClassVar[bool] = True
     needs_verifier: ClassVar[bool] = False
     verifier_weighting: ClassVar[bool] = True  # `weighting = "verifier"` needs a verifier
     summary = staticmethod(vote_summary)
@@ -230,6 +234,7 @@ class JudgeArgmax:
     needs_judge: ClassVar[bool] = True
     needs_verifier: ClassVar[bool] = False  # a verifier or an LLM judge ([judge] template)
     uses_model: ClassVar[bool] = True  # the LLM judge, where no verifier is configured
+    replays: ClassVar[bool] = True
     summary = staticmethod(score_summary)
 
     @staticmethod
@@ -365,6 +370,7 @@ class UniversalSelfConsistency:
     needs_judge: ClassVar[bool] = False
     needs_verifier: ClassVar[bool] = False
     uses_model: ClassVar[bool] = True
+    replays: ClassVar[bool] = True
     summary = staticmethod(vote_summary)
 
     @staticmethod
@@ -407,7 +413,8 @@ class UniversalSelfConsistency:
         match = _USC_CHOICE.search(out.text or "")
         choice = int(match.group(1)) if match else None
         if choice is None or not 0 <= choice < len(candidates):
-            detail = {"fallback": "majority_vote", "output": _shorten(out.text or "", 200)}
+            # The vote's quorum stays in the detail: a reader votes again with it.
+            detail = {**fallback.detail, "fallback": "majority_vote", "output": _shorten(out.text or "", 200)}
             return Reduction(**{**_fields(fallback), "detail": detail})
         chosen = candidates[choice]
         winner = normalize_answer(chosen.answer) if chosen.answer else None
@@ -438,6 +445,7 @@ class AnyPass:
     needs_verifier: ClassVar[bool] = True
     judge_keys: ClassVar[frozenset[str]] = VERIFIER_KEYS
     uses_model: ClassVar[bool] = False
+    replays: ClassVar[bool] = True
     summary = staticmethod(score_summary)
 
     def __init__(self, options: ReduceOptions | None = None) -> None:

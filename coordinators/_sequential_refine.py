@@ -29,12 +29,15 @@ from lanefold.coordinators._reducer_keys import (
     with_logprobs,
 )
 from lanefold.coordinators._reducers import VERIFIER_KEYS
+from lanefold.coordinators._refine_audit import attempts, audit_refine, last_answered
 from lanefold.primitives import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
     Allowance,
+    AuditFinding,
     ConfigError,
     CostShape,
+    ExtractSpec,
     Lane,
     LaneJob,
     LoopContext,
@@ -43,6 +46,7 @@ from lanefold.primitives import (
     Reducer,
     ReducerChoice,
     Reduction,
+    RunState,
     Verdict,
     WaveShape,
     largest_within,
@@ -229,6 +233,18 @@ class SequentialRefine:
             judge_keys=VERIFIER_KEYS,
         )  # its feedback and stop_on_pass
 
+    @staticmethod
+    def candidates(params: SequentialRefineParams, state: RunState) -> list[Lane]:
+        """Its reduce (where one is configured) read every attempt."""
+        return attempts(state)
+
+    @staticmethod
+    def audit(
+        params: SequentialRefineParams, state: RunState, *, extract: ExtractSpec, seed: int
+    ) -> AuditFinding | None:
+        """Its attempts, its stop and its answer, checked against its lanes and verdicts."""
+        return audit_refine(params, state, extract=extract)
+
     def _may_start(self, ctx: LoopContext, prompt: str, attempts: Sequence[Lane]) -> bool:
         """Whether the next attempt runs: as the log says where it already decided (a wave it
         started, a stop it recorded), else whether the budget can fund one more lane."""
@@ -332,8 +348,8 @@ def feedback_line(verdict: Verdict) -> str:
 
 def _last(attempts: Sequence[Lane], detail: dict[str, Any]) -> Outcome:
     """`reduce = "last"`: the latest attempt that gave an answer (a failed one gives none)."""
-    answered = [lane for lane in attempts if lane.completed and lane.answer]
-    if not answered:
+    last = last_answered(attempts)
+    if last is None:
         return Outcome(
             status="no_answer",
             detail=detail,
@@ -341,7 +357,6 @@ def _last(attempts: Sequence[Lane], detail: dict[str, Any]) -> Outcome:
             if attempts
             else "the budget could not fund one attempt",
         )
-    last = answered[-1]
     return Outcome(
         answer=last.answer, winner_lane=last.lane, winner_wave=last.wave, winner_text=last.text, detail=detail
     )

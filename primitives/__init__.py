@@ -14,6 +14,7 @@ functions.
 from __future__ import annotations
 
 from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
+from lanefold.primitives._audit import audit_run, reduced_lanes, reread_lanes
 from lanefold.primitives._backend import (
     MAX_LANE_TOKENS,
     Backend,
@@ -72,7 +73,6 @@ from lanefold.primitives._declared import (
     JudgeCall,
     ReducerChoice,
     ReducerTraits,
-    audit_run,
     cost_shape,
     fit_params,
     largest_within,
@@ -171,6 +171,7 @@ from lanefold.primitives._registry import (
     store_for_url,
     without_plugin_imports,
 )
+from lanefold.primitives._replay import ReplaySettings
 from lanefold.primitives._secrets import (
     check_headers,
     check_headers_env,
@@ -290,6 +291,7 @@ __all__ = (
     "Refusal",
     "Registry",
     "Remaining",
+    "ReplaySettings",
     "RequestRejectedError",
     "RetryPolicy",
     "Room",
@@ -366,6 +368,7 @@ __all__ = (
     "readable_number",
     "reading_a_record",
     "redact_url",
+    "reduced_lanes",
     "reducer_names",
     "reducer_traits",
     "register_backend",
@@ -378,6 +381,7 @@ __all__ = (
     "render_judge_prompt",
     "render_prompt",
     "request_size",
+    "reread_lanes",
     "resolve_loop",
     "resolve_reducer",
     "sample_all",

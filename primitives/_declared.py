@@ -1,22 +1,25 @@
 """What a loop or a reducer declares for the facade, read with the defaults of one that does not.
 
 The facade never tests a plug-in's name or class. It compares loops at equal budget from each
-loop's `cost_shape` and `fit`, checks a run's record with the loop's `audit`, finds the loop's
-reducer with `reducer`, and checks and shows a reducer through what it declares
-(`needs_verifier`, `uses_model`, `judge_keys`, `judge_tokens`, `summary`). Every one of these is
-optional on a plug-in; the functions here read it, or give its default:
+loop's `cost_shape` and `fit`, checks a run's record with the loop's `candidates` and `audit`
+(`audit_run`, in `primitives/_audit.py`), finds the loop's reducer with `reducer`, and checks and
+shows a reducer through what it declares (`needs_verifier`, `uses_model`, `replays`,
+`judge_keys`, `judge_tokens`, `summary`). Every one of these is optional on a plug-in; the
+functions here read it, or give its default:
 
 - `cost_shape`: None, "not known" (so `compare --equal-budget` asks for `--budget N` rather than
   guess a loop's lanes);
 - `fit`: the params unchanged for tokens and cost (the per-question `[budget]` limit binds as the
   loop runs), refused for lanes (a lane budget the loop cannot cap would not be equal);
-- `reducer`: None, "the loop picks its reducers itself"; `audit`: none;
+- `reducer`: None, "the loop picks its reducers itself"; `candidates`: None, "not said" (its
+  reduce is not re-run on reading); `audit`: none;
 - a budget stop: a loop that stops because its budget cannot fund its next step says
   `budget_stop: true` in its outcome's detail (`stopped_for_budget`), so an eval can say the
   question was cut at its cap;
 - `pool`: None, "a smaller budget's lanes are not a subset of a larger one's" (sweep samples
   each of its points);
-- a reducer's `needs_verifier` False, `uses_model` True (it may call one), `judge_keys` None
+- a reducer's `needs_verifier` False, `uses_model` True (it may call one), `replays` False (its
+  reduce is not re-derived from a log), `judge_keys` None
   (any `[judge]` key), `judge_tokens` (0, 0), `summary` its votes or scores where it has them.
 """
 
@@ -28,11 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lanefold.primitives._answers import ExtractSpec
 from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._loop import ReduceOptions, Reduction
 from lanefold.primitives._shape import Allowance, BudgetUnit, CostShape, largest_within, readable_number
-from lanefold.primitives._state import RunState
 
 __all__ = (
     "FRAME_TOKENS",
@@ -44,7 +45,6 @@ __all__ = (
     "JudgeCall",
     "ReducerChoice",
     "ReducerTraits",
-    "audit_run",
     "cost_shape",
     "fit_params",
     "largest_within",
@@ -146,18 +146,6 @@ def stopped_for_budget(detail: Mapping[str, Any]) -> bool:
     return detail.get("budget_stop") is True
 
 
-def audit_run(
-    loop: type[Any], params: BaseModel, state: RunState, *, extract: ExtractSpec, seed: int
-) -> AuditFinding | None:
-    """The loop's own audit of a folded run: the first claim of its log that does not follow
-    from it (line, what is wrong); None where all follow or the loop declares no audit."""
-    declared = getattr(loop, "audit", None)
-    if declared is None:
-        return None
-    found: AuditFinding | None = declared(params, state, extract=extract, seed=seed)
-    return found
-
-
 # -- reducers -----------------------------------------------------------------------------------
 
 
@@ -210,6 +198,7 @@ class ReducerTraits:
     needs_verifier: bool
     verifier_weighting: bool
     uses_model: bool
+    replays: bool
     judge_keys: frozenset[str] | None
     judge_tokens: Callable[[JudgeCall], tuple[int, int]]
     summary: Callable[[Reduction], str | None]
@@ -228,6 +217,7 @@ def reducer_traits(reducer: type[Any]) -> ReducerTraits:
         needs_verifier=bool(getattr(reducer, "needs_verifier", False)),
         verifier_weighting=bool(getattr(reducer, "verifier_weighting", False)),
         uses_model=bool(getattr(reducer, "uses_model", True)),
+        replays=bool(getattr(reducer, "replays", False)),
         judge_keys=frozenset(keys) if keys is not None else None,
         judge_tokens=getattr(reducer, "judge_tokens", _no_judge),
         summary=getattr(reducer, "summary", _any_summary),

@@ -269,12 +269,14 @@ class Loop(Protocol):
     """A coordination loop: `Loop(params)` then `await loop.run(ctx, question)`.
 
     What the facade needs besides, a loop declares on its class (each optional; the defaults
-    are `lanefold.primitives`' `cost_shape`, `fit_params`, `loop_reducer` and `audit_run`):
-    `cost_shape(params, *, prompt_tokens, max_tokens) -> CostShape | None` (its worst case for
-    a question), `fit(params, budget: Allowance) -> params` (how it spends a per-question
-    budget, for `compare --equal-budget`), `reducer(params) -> ReducerChoice | None` (the
-    reducer of its own reduce) and `audit(params, state, *, extract, seed)` (a claim of its
-    log that does not follow from it). So nothing outside the loop knows it by name.
+    are `lanefold.primitives`' `cost_shape`, `fit_params`, `loop_reducer`, `reduced_lanes`
+    and `audit_run`): `cost_shape(params, *, prompt_tokens, max_tokens) -> CostShape | None`
+    (its worst case for a question), `fit(params, budget: Allowance) -> params` (how it spends
+    a per-question budget, for `compare --equal-budget`), `reducer(params) -> ReducerChoice |
+    None` (the reducer of its own reduce), `candidates(params, state) -> list[Lane] | None`
+    (the lanes that reduce read, from the log: a reader runs a `replays` reducer again over
+    them) and `audit(params, state, *, extract, seed)` (a claim of its log that does not
+    follow from it). So nothing outside the loop knows it by name.
     """
 
     name: ClassVar[str]
@@ -293,7 +295,8 @@ class Reducer(Protocol):
     It may declare besides (read with their defaults by `reducer_traits`): `needs_verifier`
     (it ranks by a verifier's verdicts), `verifier_weighting` (it weighs lanes by a verifier's
     scores under `weighting = "verifier"`), `uses_model` (it may call a model: a re-reduction
-    builds a backend for it), `judge_keys` (the `[judge]` keys it reads), `judge_tokens(call:
+    builds a backend for it), `replays` (its reduce is a function of the log, so a reader runs
+    it again there: `primitives/_replay.py`), `judge_keys` (the `[judge]` keys it reads), `judge_tokens(call:
     JudgeCall) -> (prompt, output)` (its judge's worst case for a question) and
     `summary(reduction) -> str | None` (a one-line account of its result, for `show`).
     """

@@ -16,8 +16,9 @@ every reader (and the gateway serves nothing the fold did not give):
   `run.failed`'s) and no `index` (a batch's position is its caller's);
 - every wave joined at its barrier, and `elapsed_s` no less than the time before the last resume.
 
-What only the loop knows (its `outcome` detail, its `reason`, the agreement of a loop that
-reduced nothing, an answer no reducer gave) is its own audit's (`Loop.audit`).
+Whether the reduce itself follows from its lanes is `audit_run`'s (the reducer run again over
+them, `primitives/_audit.py`); what only the loop knows (its `outcome` detail, its own records,
+an answer no reducer gave) is its own audit's (`Loop.audit`).
 """
 
 from __future__ import annotations

@@ -133,12 +133,14 @@ class RunState:
     scores: dict[int, float | None] = field(default_factory=dict)
     # (reduction, candidate wave, candidate lane) -> the verdict
     verdicts: dict[tuple[int, int, int], JudgeCompletedData] = field(default_factory=dict)
+    verdict_sequences: dict[tuple[int, int, int], int] = field(default_factory=dict)  # their lines
     reduce: ReduceCompletedData | None = None
     reduce_sequence: int | None = None
     reductions: dict[int, ReduceCompletedData] = field(default_factory=dict)
     reduction_sequences: dict[int, int] = field(default_factory=dict)
     reduction_waves: dict[int, list[int]] = field(default_factory=dict)  # candidates' waves
     open_reduction: ReduceStartedData | None = None  # a re-reduction under way
+    reductions_started: dict[int, ReduceStartedData] = field(default_factory=dict)  # what opened each
     loop_events: list[LoopEvent] = field(default_factory=list)
     result: dict[str, Any] | None = None
     result_sequence: int | None = None
@@ -343,7 +345,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
                 + (f" of wave {d.candidate_wave}" if d.candidate_wave != 1 else "")
                 + (f" in reduction {d.reduction}" if d.reduction != 1 else "")
             )
-        state.verdicts[key] = d
+        state.verdicts[key], state.verdict_sequences[key] = d, event.sequence
         if d.reduction == 1 and d.candidate_wave == 1:
             state.scores[d.candidate_lane] = d.score
     elif isinstance(event, ReduceStarted):
@@ -351,7 +353,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
         if event.data.reduction != expected or expected < 2:
             raise Refused(f"reduce.started for reduction {event.data.reduction}, expected {max(expected, 2)}")
         checks.check_reduce_started(state, event.data)
-        state.open_reduction = event.data
+        state.open_reduction = state.reductions_started[event.data.reduction] = event.data
     elif isinstance(event, ReduceCompleted):
         number = event.data.reduction
         if number in state.reductions:

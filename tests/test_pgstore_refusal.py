@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 import test_record_refusal as file_tests
-from test_record_refusal import RUNS, readers, source  # noqa: F401  # the finished runs, as files
+from test_record_refusal import LOOP_RUNS, RUNS, readers, source  # noqa: F401  # the finished runs, as files
 
 from lanefold.cli import main
 from lanefold.stores.postgres import PgDatabase, redact_url
@@ -84,7 +84,7 @@ class PgRuns:
 @pytest.fixture
 def pg(pg_url: str, source: Path, monkeypatch: pytest.MonkeyPatch) -> PgRuns:  # noqa: F811
     runs = PgRuns(pg_url)
-    for run_id in RUNS:
+    for run_id in (*RUNS, *LOOP_RUNS):
         runs.write(run_id, FILE_READ(source, run_id))
     monkeypatch.setattr(
         file_tests,
@@ -164,3 +164,13 @@ def test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
     file_tests.test_an_edited_number_is_refused_unless_it_is_no_part_of_the_bill(
         source, tmp_path_factory, capsys
     )
+
+
+def test_list_shows_a_runs_last_line_unchecked_and_show_refuses_it(
+    pg: PgRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file_tests.test_list_shows_a_runs_last_line_unchecked_and_show_refuses_it(pg, capsys)
+
+
+def test_a_re_reductions_vote_edited_is_refused(pg: PgRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    file_tests.test_a_re_reductions_vote_edited_is_refused(pg, capsys)

@@ -65,8 +65,58 @@ RESUMED_CONFIG: dict[str, Any] = {
         "kv_per_mtok_s": 0.5,
     },
 }
+PRICED: dict[str, Any] = {
+    "backend": {"kind": "simulated", "accuracy": 0.6},
+    "pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0},
+}
+THREE = json.dumps(
+    {
+        "subquestions": [
+            {"id": "q1", "question": "What is 17 * 20?", "depends_on": []},
+            {"id": "q2", "question": "What is 17 * 3?", "depends_on": []},
+            {"id": "q3", "question": "What is the sum of the two products?", "depends_on": ["q1", "q2"]},
+        ]
+    }
+)
+# A run of each other built-in loop, 17 * 23? at seed 3: `ad` stops at max_lanes after four
+# waves of two, `db` debates three rounds, `sr` votes over three refine attempts and `sl`
+# answers with the last, `pv` plans three sub-questions, verifies them and synthesizes.
+LOOP_CONFIGS: dict[str, dict[str, Any]] = {
+    "ad": {**PRICED, "loop": {"coordinator": "adaptive_sample", "window": 2, "max_lanes": 8, "rule": "esc"}},
+    "db": {**PRICED, "loop": {"coordinator": "debate", "agents": 3, "rounds": 2}},
+    "sr": {**PRICED, "loop": {"coordinator": "sequential_refine", "steps": 3, "reduce": "majority_vote"}},
+    "sl": {**PRICED, "loop": {"coordinator": "sequential_refine", "steps": 3}},
+    "pv": {
+        "loop": {"coordinator": "plan_verify_replan"},
+        "sampling": {"max_tokens": 64},
+        "backend": {
+            "kind": "simulated",
+            "accuracy": 1.0,
+            "script": [
+                {"purpose": "plan", "output": THREE},
+                {
+                    "purpose": "sample",
+                    "output": "17 * 20 = 340.\nAnswer: 340",
+                    "match": "^Question: What is 17 \\* 20",
+                },
+                {
+                    "purpose": "sample",
+                    "output": "17 * 3 = 51.\nAnswer: 51",
+                    "match": "^Question: What is 17 \\* 3",
+                },
+                {"purpose": "sample", "output": "340 + 51 = 391.\nAnswer: 391"},
+                {
+                    "purpose": "verify",
+                    "output": 'Verdict: {"status": "complete", "score": 0.9, "missing": []}',
+                },
+                {"purpose": "synthesize", "output": "So 17 * 23 = 391.\nAnswer: 391"},
+            ],
+        },
+    },
+}
 COMMANDS = ("resume", "show", "tail")
 RUNS = ("a", "b", "j", "r")  # the source runs: what a store's copy of them holds
+LOOP_RUNS = tuple(LOOP_CONFIGS)  # the other loops' runs, which the forgeries also edit
 Events = list[dict[str, Any]]
 
 
@@ -99,6 +149,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
             == 0
         )
     resumed_run(root / "runs")
+    for run_id, raw in LOOP_CONFIGS.items():
+        config = lanefold.parse_config({**raw, "loop": {**raw["loop"], "seed": 3}})
+        assert lanefold.run_sync(config, "17 * 23?", runs_dir=root / "runs", run_id=run_id).answer
     return root / "runs"
 
 
@@ -416,6 +469,100 @@ def a_lane_left_out(runs: Path) -> Forgery:
     return "a", events, barrier["sequence"], "wave.barrier for wave 1 while its lane 5 is pending"
 
 
+def another_winner(run_id: str) -> Callable[[Path], Forgery]:
+    """`run_id`'s reduce and result rewritten alike to crown a candidate with another answer
+    (its votes swapped with the winner's, agreement and margin to match): a record that agrees
+    with itself and names lanes that ran, and that its lanes' answers do not give."""
+
+    def forge(runs: Path) -> Forgery:
+        events = read(runs, run_id)
+        reduced = first(events, "reduce.completed")
+        reduce, result = reduced["data"], events[-1]["data"]["result"]
+        waves = reduce.get("candidate_waves") or [reduced["wave"]]
+        other = next(
+            e
+            for e in events
+            if e["type"] == "lane.completed"
+            and e["wave"] in waves
+            and e["data"]["answer"] not in (None, reduce["winner"])
+        )
+        votes, answer = reduce["votes"], other["data"]["answer"]
+        votes[answer], votes[reduce["winner"]] = votes[reduce["winner"]], votes[answer]
+        ours = votes[answer]
+        agreement, margin = ours / sum(votes.values()), ours - max(v for a, v in votes.items() if a != answer)
+        reduce.update(winner=answer, winner_lane=other["lane"], agreement=agreement, margin=float(margin))
+        if "winner_wave" in reduce:
+            reduce["winner_wave"] = other["wave"]
+        result.update(
+            answer=answer,
+            winner_lane=other["lane"],
+            winner_wave=other["wave"],
+            winner_text=other["data"]["text"],
+            votes=votes,
+            agreement=agreement,
+            margin=float(margin),
+        )
+        return run_id, events, reduced["sequence"], "reduce.completed does not follow from the lanes' answers"
+
+    return forge
+
+
+def loop_record(
+    run_id: str, noun: str, index: int, change: dict[str, Any], outcome: dict[str, Any], why: str
+) -> Callable[[Path], Forgery]:
+    """`run_id`'s `index`-th `loop.<loop>.<noun>` record with `change` made to its data, and
+    the result's `outcome` detail with `outcome` made to it: the loop's own record of what it
+    decided, edited where the loop's answer repeats it."""
+
+    def forge(runs: Path) -> Forgery:
+        events = read(runs, run_id)
+        record = [e for e in events if e["type"].startswith("loop.") and e["type"].endswith(f".{noun}")][
+            index
+        ]
+        record["data"].update(change)
+        events[-1]["data"]["result"]["outcome"].update(outcome)
+        return run_id, events, record["sequence"], why
+
+    return forge
+
+
+def answered_by(
+    run_id: str, wave: int, lane: int, outcome: dict[str, Any], why: str
+) -> Callable[[Path], Forgery]:
+    """`run_id`'s result (a loop that answers without a reducer) naming lane `lane` of wave
+    `wave`, a lane that ran and answered, as its winner: its answer, wave, lane and text."""
+
+    def forge(runs: Path) -> Forgery:
+        events = read(runs, run_id)
+        landed = first(events, "lane.completed", wave=wave, lane=lane)["data"]
+        result = events[-1]["data"]["result"]
+        result.update(answer=landed["answer"], winner_lane=lane, winner_wave=wave, winner_text=landed["text"])
+        result["outcome"].update(outcome)
+        return run_id, events, events[-1]["sequence"], why
+
+    return forge
+
+
+def a_verdict_and_its_reduce_edited(runs: Path) -> Forgery:
+    """`j` (an LLM judge) with a losing candidate's judge.completed score lowered and the
+    reduce and result's scores to match: a record that agrees with itself, and not with what
+    the judge wrote."""
+    events = read(runs, "j")
+    reduce, result = first(events, "reduce.completed")["data"], events[-1]["data"]["result"]
+    scored = sorted((s, lane) for lane, s in reduce["scores"].items() if s is not None)
+    score, lane = scored[0]  # the lowest: lowering it changes no winner, margin or agreement
+    assert int(lane) != reduce["winner_lane"] and len(scored) > 2
+    verdict = first(events, "judge.completed", lane=int(lane))
+    verdict["data"]["score"] = reduce["scores"][lane] = result["scores"][lane] = score - 1
+    next(x for x in result["lanes"] if x["lane"] == int(lane))["score"] = score - 1
+    return (
+        "j",
+        events,
+        verdict["sequence"],
+        f"judge.completed on lane {lane} of wave 1 says score {score - 1:g}",
+    )
+
+
 FORGERIES: dict[str, Callable[[Path], Forgery]] = {
     "lane 99 dispatched in a 6-lane wave": a_lane_outside_its_wave(99),
     "lane -1 dispatched in a 6-lane wave": a_lane_outside_its_wave(-1),
@@ -510,6 +657,90 @@ FORGERIES: dict[str, Callable[[Path], Forgery]] = {
         "run.completed says error = ",
     ),
     "a wave joined with a lane left out": a_lane_left_out,
+    # issue 38 (follow-up): every loop's reduction and answer follow from its lanes
+    "an adaptive run's reduce and result for another answer": another_winner("ad"),
+    "a debate's reduce and result for another answer": another_winner("db"),
+    "a refine chain's vote and result for another answer": another_winner("sr"),
+    "a judge's verdict and the reduce edited alike": a_verdict_and_its_reduce_edited,
+    "an adaptive run's reduce over its first two waves": edited(
+        "ad",
+        "reduce.completed",
+        "data.candidate_waves",
+        [1, 2],
+        "reduce.completed reads waves \\[1, 2\\], the loop reduces waves \\[1, 2, 3, 4\\]",
+    ),
+    "an adaptive run's stopping rule edited": loop_record(
+        "ad",
+        "checked",
+        -1,
+        {"stopped_by": "esc"},
+        {"stopped_by": "esc"},
+        "loop.adaptive_sample.checked says stopped_by = 'esc', the lanes give 'max_lanes'",
+    ),
+    "an adaptive run's tally edited": loop_record(
+        "ad", "checked", 1, {"counts": {"401": 2}}, {}, "loop.adaptive_sample.checked says counts = "
+    ),
+    "a debate round's answers edited": loop_record(
+        "db", "round", 0, {"answers": ["381", "381", "381"]}, {}, "loop.debate.round says answers = "
+    ),
+    "a debate that says its agents agreed": loop_record(
+        "db", "round", -1, {"stop": "agreed"}, {"stop": "agreed"}, "loop.debate.round says stop = 'agreed'"
+    ),
+    "a refine chain answered by an earlier attempt": answered_by(
+        "sl", 1, 0, {}, "the last attempt that gave an answer is lane 2 of wave 3"
+    ),
+    "a refine chain that says an attempt passed": loop_record(
+        "sl",
+        "stopped",
+        0,
+        {"reason": "passed"},
+        {"stopped": "passed"},
+        "loop.sequential_refine.stopped says reason = 'passed'",
+    ),
+    "a plan run answered by a sub-question while its synthesis answered": answered_by(
+        "pv", 2, 0, {"answered_by": "fallback", "winner_wave": 2}, "the synthesis answered"
+    ),
+    "an adaptive run's outcome edited": edited(
+        "ad",
+        "run.completed",
+        "data.result.outcome.lanes_used",
+        99,
+        "run.completed's outcome says lanes_used = 99, the log gives 8",
+    ),
+    **{
+        f"{name} that says its budget stopped it": edited(
+            run_id,
+            "run.completed",
+            "data.result.outcome.budget_stop",
+            True,
+            "run.completed's outcome says budget_stop = True, the log gives no stop for the budget",
+        )
+        for name, run_id in (
+            ("an adaptive run", "ad"),
+            ("a debate", "db"),
+            ("a refine chain", "sl"),
+            ("a plan run", "pv"),
+        )
+    },
+    # the quorum (merged with item 4's: a vote counts the lanes that gave an answer)
+    "a vote's quorum edited": edited(
+        "a",
+        "reduce.completed",
+        "data.detail.quorum",
+        5,
+        "reduce.completed's quorum 5 is not the loop's \\(2\\)",
+    ),
+    "a vote's quorum a string": edited(
+        "a", "reduce.completed", "data.detail.quorum", "2", "reduce.completed's quorum '2' is not the loop's"
+    ),
+    "a plan run's verdict edited": loop_record(
+        "pv",
+        "verified",
+        0,
+        {"verdicts": {"q1": {"status": "failed", "score": 0.1, "missing": [], "parsed": True}}},
+        {},
+        "loop.plan_verify_replan.verified says",
+    ),
 }
 
 
@@ -519,6 +750,21 @@ def test_forgeries_are_refused_at_their_line(
 ) -> None:
     run_id, events, line, why = FORGERIES[name](runs)
     write(runs, run_id, events)
+    refused(runs, run_id, capsys, line, why)
+
+
+def test_list_shows_a_runs_last_line_unchecked_and_show_refuses_it(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`list` (and the view's runs list) read a run's first and last lines, not its fold, so a
+    forged answer shows there as its last line claims it (docs/cli.md); `show`, `resume`,
+    `tail`, `reduce` (and the view's run page and the gateway) read the checked fold, and
+    refuse it: an answer to act on is read there."""
+    run_id, events, line, why = FORGERIES["an adaptive run's reduce and result for another answer"](runs)
+    write(runs, run_id, events)
+    assert main(["list", "--runs-dir", str(runs), "--json"]) == 0
+    rows = {row["run_id"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows[run_id]["answer"] == events[-1]["data"]["result"]["answer"] != "391"
     refused(runs, run_id, capsys, line, why)
 
 
@@ -552,6 +798,47 @@ def test_a_result_written_before_it_named_the_winner_s_wave_still_reads(
     refused(runs, run_id, capsys, len(events), "run.completed says winner_text = 'Answer: 999'")
 
 
+@pytest.mark.parametrize(("run_id", "max_tokens"), [("ad", 600), ("db", 400), ("sl", 400), ("pv", 1000)])
+def test_a_loop_its_budget_stopped_says_so_and_reads_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], run_id: str, max_tokens: int
+) -> None:
+    """A loop cut by its `[budget]` says `budget_stop: true` in its outcome and reads back; a
+    result written before it said so (none) reads too; any other value is refused."""
+    raw = LOOP_CONFIGS[run_id]
+    config = lanefold.parse_config(
+        {**raw, "loop": {**raw["loop"], "seed": 3}, "budget": {"max_tokens": max_tokens}}
+    )
+    runs = tmp_path / "runs"
+    result = lanefold.run_sync(config, "17 * 23?", runs_dir=runs, run_id=run_id)
+    assert result.outcome["budget_stop"] is True
+    events = read(runs, run_id)
+    told = events[-1]["data"]["result"]["outcome"]
+    for value in (True, None):
+        if value is None:
+            del told["budget_stop"]
+        write(runs, run_id, events)
+        code = main(["show", run_id, "--runs-dir", str(runs), "--json"])
+        assert code in (0, 4), capsys.readouterr().err
+        capsys.readouterr()
+    told["budget_stop"] = "yes"
+    write(runs, run_id, events)
+    refused(runs, run_id, capsys, len(events), "outcome says budget_stop = 'yes', it is true or absent")
+
+
+def test_a_vote_written_before_its_quorum_was_recorded_still_reads(
+    runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reduce.completed without `detail.quorum` (every vote before a quorum counted answers)
+    is run again with a quorum of one: `a`'s six answers give the same winner, so it reads."""
+    events = read(runs, "a")
+    reduced = first(events, "reduce.completed")
+    assert reduced["data"]["detail"].pop("quorum") == 2
+    write(runs, "a", events)
+    for command in COMMANDS:
+        assert main([command, "a", "--runs-dir", str(runs), "--json"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("back", [timedelta(seconds=1), timedelta(seconds=299)])
 def test_a_clock_stepped_back_less_than_five_minutes_still_reads(
     runs: Path, capsys: pytest.CaptureFixture[str], back: timedelta
@@ -582,6 +869,36 @@ def test_a_re_reduction_by_another_reducer_than_it_opened_is_refused(
     )
 
 
+def test_a_re_reductions_vote_edited_is_refused(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A re-reduction (answers read again with another extractor) is re-run over the waves its
+    reduce.started names, with that extractor: its winner and votes swapped for the runner-up's
+    are refused at its line, on every store."""
+    argv = [
+        "reduce",
+        "a",
+        "--reducer",
+        "majority_vote",
+        "--extract-regex",
+        r"(\d)\d\d",
+        "--runs-dir",
+        str(runs),
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    events = read(runs, "a")
+    reduced = [e for e in events if e["type"] == "reduce.completed"][-1]
+    data = reduced["data"]
+    assert data["reduction"] == 2 and len(data["votes"]) == 2, data
+    votes, winner = data["votes"], data["winner"]
+    other = next(answer for answer in votes if answer != winner)
+    votes[other], votes[winner] = votes[winner], votes[other]
+    data["winner"] = other
+    write(runs, "a", events)
+    refused(
+        runs, "a", capsys, reduced["sequence"], "reduce.completed does not follow from the lanes' answers"
+    )
+
+
 # -- every numeric field, edited ---------------------------------------------------------------
 
 # Numbers that are no line of the bill, and why an edit of one changes no charge. Any other
@@ -609,10 +926,6 @@ HARMLESS: dict[tuple[str, str], str] = {
         "run.interrupted",
         r"data\.in_flight\..*",
     ): "which lanes the interrupt cut off, a report: each is its own lane.interrupted",
-    (
-        "reduce.completed",
-        r"data\.tied\..*",
-    ): "the candidates a tie break chose among, a report: the winner, votes and scores are checked",
     (
         "run.completed",
         r"data\.result\.elapsed_s",

@@ -48,11 +48,11 @@ from lanefold.primitives import (
     SampleRequest,
     Store,
     Verifier,
-    extract_answer,
     get_logger,
     loop_reducer,
     plugin_folders,
     reducer_traits,
+    reread_lanes,
     resolve_reducer,
 )
 from lanefold.primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
@@ -221,18 +221,8 @@ async def _reduce(
 
 def _candidates(state: RunState, waves: list[int], extract: ExtractSpec | None) -> list[Lane]:
     """The lanes the run's own reduce read (every wave of them), answers read again with
-    `extract` if given."""
-    lanes = []
-    for wave_no in waves:
-        wave = state.waves.get(wave_no)
-        if wave is None:
-            raise ConfigError(f"run {state.run_id}: no wave {wave_no} to reduce")
-        lanes += [Lane.of(wave_no, s) for _, s in sorted(wave.lanes.items())]
-    if extract is not None:
-        lanes = [
-            dataclasses.replace(lane, answer=extract_answer(lane.text or "", extract))
-            if lane.completed
-            else lane
-            for lane in lanes
-        ]
-    return lanes
+    `extract` if given: `reread_lanes`, the rule a reader checks the reduction by."""
+    missing = [wave for wave in waves if wave not in state.waves]
+    if missing:
+        raise ConfigError(f"run {state.run_id}: no wave {missing[0]} to reduce")
+    return reread_lanes(state, waves, extract)

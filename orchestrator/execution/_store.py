@@ -24,6 +24,7 @@ from lanefold.primitives import (
     ConfigError,
     LogCorruptError,
     Pricing,
+    ReplaySettings,
     RunNotFoundError,
     RunState,
     Store,
@@ -103,11 +104,18 @@ def _configured_reducer(config: LoopConfig) -> str | None:
 
 
 def _audit(state: RunState, config: LoopConfig) -> AuditFinding | None:
-    """What only the loop knows (its declared `audit`): a parallel-sample log's answers,
-    reduce and result, say."""
-    return audit_run(
-        config.loop_class(), config.loop_params, state, extract=config.extract, seed=config.loop.seed
+    """What only the run's config and loop know (`audit_run`): its own reduce re-run over the
+    lanes its loop reduced, and the loop's audit of its answers and its own records."""
+    settings = ReplaySettings(
+        extract=config.extract,
+        seed=config.loop.seed,
+        sampling=config.sampling_params(),
+        judge=config.judge_settings(),
+        verifier=config.judge.verifier is not None or config.judge.verifier_command is not None,
+        template=config.prompt.template,
     )
+    with plugin_folders(config.folder):  # a `module:Class` reducer beside the run's config
+        return audit_run(config.loop_class(), config.loop_params, state, settings)
 
 
 def fold_readable(events: list[AnyEvent], source: str, run_id: str) -> tuple[RunState, LoopConfig | None]:

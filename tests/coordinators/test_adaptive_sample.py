@@ -29,14 +29,26 @@ from loop_processes import cli, completed_in, finish
 
 import lanefold
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
+from lanefold.cli import main
+from lanefold.coordinators import _adaptive_sample
 from lanefold.coordinators._adaptive_sample import (
     AdaptiveSample,
     AdaptiveSampleParams,
+    decision,
     majority_posterior,
     settled,
     top_two,
 )
-from lanefold.primitives import BudgetExhaustedError, QuorumNotMetError, Sample, SampleRequest, Usage
+from lanefold.coordinators._reducer_keys import ReducerKeys
+from lanefold.primitives import (
+    BudgetExhaustedError,
+    Lane,
+    QuorumNotMetError,
+    ReduceOptions,
+    Sample,
+    SampleRequest,
+    Usage,
+)
 from lanefold.primitives.events import WaveStarted
 from lanefold.stores.files import JsonlEventLog
 
@@ -551,3 +563,55 @@ class ScriptedBackend:
 
 def test_the_scripted_backend_is_a_backend() -> None:
     assert isinstance(ScriptedBackend("A"), lanefold.Backend)
+
+
+class Unanswering(ScriptedBackend):
+    """ScriptedBackend, where a `_` in the script is a lane that completes with no answer."""
+
+    async def sample(self, request: SampleRequest) -> AsyncIterator[Sample]:
+        for lane in request.lanes:
+            word = self.script[lane.lane]
+            text = "I cannot tell." if word == "_" else f"Answer: {word}"
+            yield Sample(lane.lane, text, "stop", Usage(10, 0, 4))
+
+
+def test_a_log_written_before_the_quorum_counted_answers_still_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before a quorum counted answers, a rule could stop once `min_quorum` lanes had
+    completed, and the vote held no quorum: here esc stops after two waves, the first of which
+    answered nothing, on two ballots. Such a log reads as it was written. The same stop in a
+    log whose vote records its quorum (one written since) is refused at that decision."""
+
+    def as_before(params: AdaptiveSampleParams, lanes: list[Lane], last: list[Lane], **kw: Any) -> Any:
+        completed = sum(lane.completed for lane in lanes)
+        quorum = 1 if completed >= params.min_quorum else 10**9  # a rule may stop, or may not
+        return decision(params.model_copy(update={"min_quorum": quorum}), lanes, last, **kw)
+
+    def no_quorum(params: AdaptiveSampleParams, seed: int) -> ReduceOptions:
+        return ReducerKeys.options(params, seed)
+
+    with monkeypatch.context() as then:
+        then.setattr(_adaptive_sample, "decision", as_before)
+        then.setattr(AdaptiveSampleParams, "options", no_quorum)
+        cfg = config({"window": 2, "max_lanes": 8, "rule": "esc", "min_quorum": 3})
+        result = run(cfg, tmp_path, run_id="old", backend=Unanswering("_ _ A A B B C C"))
+    assert (result.outcome["stopped_by"], result.outcome["lanes_used"]) == ("esc", 4)
+    assert (result.answer, result.lanes_answered) == ("a", 2)
+    for command in ("show", "tail", "resume"):
+        code = main([command, "old", "--runs-dir", str(tmp_path), "--json"])
+        assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    # Today's loop goes on to a third wave before its rule may stop.
+    today = run(cfg, tmp_path, run_id="new", backend=Unanswering("_ _ A A A A C C"))
+    assert (today.outcome["stopped_by"], today.outcome["lanes_used"], today.answer) == ("esc", 6, "a")
+
+    path = tmp_path / "old" / "events.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    reduced = next(e for e in events if e["type"] == "reduce.completed")
+    reduced["data"]["detail"] = {"quorum": 3}
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    stop = [e for e in events if e["type"] == CHECKED][-1]
+    assert main(["show", "old", "--runs-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"events.jsonl:{stop['sequence']}: " in err and "says stopped_by = 'esc'" in err, err
