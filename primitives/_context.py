@@ -335,9 +335,11 @@ class RunContext:
         verifier = self.verifier
         if verifier is None:
             raise ConfigError("judge.verifier: this loop needs a verifier and none is configured")
-        if len({lane.wave for lane in lanes}) > 1:
+        numbers = [lane.lane for lane in lanes]
+        if len(set(numbers)) != len(numbers):  # lanes of several waves numbered alike
             raise ConfigError(
-                "ctx.verify: give the lanes of one wave at a time (verdicts are returned by lane number)"
+                "ctx.verify: two lanes share a lane number (verdicts are returned by lane "
+                "number): give the lanes of one wave at a time, or number them apart"
             )
         verdicts: dict[int, Verdict] = {}
         todo = []

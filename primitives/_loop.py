@@ -238,7 +238,8 @@ class LoopContext(Protocol):
 
     async def verify(self, lanes: Sequence[Lane]) -> dict[int, Verdict]:
         """The configured verifier's verdict on each completed lane, recorded as
-        `judge.completed` (a lane judged before a crash is not judged again)."""
+        `judge.completed` (a lane judged before a crash is not judged again), by lane number:
+        the lanes may span waves where their numbers differ (ConfigError where two share one)."""
         ...
 
     def record(

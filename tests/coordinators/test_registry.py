@@ -170,3 +170,38 @@ def test_a_record_nested_past_what_a_reader_parses_is_refused_before_it_is_writt
     )
     with pytest.raises(ConfigError, match=r"ctx\.record: data nests deeper than 64 levels"):
         lanefold.run_sync(config, "q", runs_dir=tmp_path)
+
+
+def test_verdicts_by_lane_number_refuse_two_lanes_numbered_alike(tmp_path: Path) -> None:
+    """ctx.verify answers by lane number: lanes of two waves may go together where their
+    numbers differ (adaptive_sample numbers its lanes on), never where two share one."""
+
+    class TwoRounds:
+        name: ClassVar[str] = "two_rounds_test"
+
+        class Params(BaseModel):
+            pass
+
+        def __init__(self, params: BaseModel) -> None:
+            pass
+
+        async def run(self, ctx: lanefold.LoopContext, question: str) -> lanefold.Outcome:
+            first = await ctx.wave([ctx.prompt()] * 2)
+            second = await ctx.wave([ctx.prompt()] * 2)
+            await ctx.verify([*first, *second])
+            return lanefold.Outcome(answer="x")
+
+    lanefold.register_loop(TwoRounds)
+    config = lanefold.parse_config(
+        {
+            "loop": {"coordinator": "two_rounds_test"},
+            "backend": {"kind": "simulated"},
+            "judge": {"verifier": "tests.coordinators.test_registry:_always"},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"ctx\.verify: two lanes share a lane number"):
+        lanefold.run_sync(config, "q", runs_dir=tmp_path)
+
+
+def _always(question: str, text: str, answer: str | None) -> bool:
+    return True
