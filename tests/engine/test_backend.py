@@ -53,7 +53,7 @@ def mixed(lengths: Sequence[int], *, prompt: str = PROMPT) -> SampleRequest:
 
 def test_the_package_imports_no_torch_and_exports_exactly_its_names() -> None:
     code = (
-        "import sys, backends.engine as e; assert 'torch' not in sys.modules, 'torch imported'; "
+        "import sys, lanefold.backends.engine as e; assert 'torch' not in sys.modules, 'torch imported'; "
         "assert e.__all__ == ('EngineBackend', 'EngineConfig', 'resolve_model_path'); e.EngineConfig(); "
         "assert 'torch' not in sys.modules; e.EngineBackend; assert 'torch' in sys.modules"
     )
