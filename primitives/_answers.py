@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 __all__ = ("ExtractMethod", "ExtractSpec", "extract_answer", "normalize_answer")
 
 ExtractMethod = Literal["regex", "last_number", "boxed", "json_field"]
+"""How an answer is found in a lane's text (`[extract] method`); each takes the last occurrence."""
 
 # A number as people write it: optional sign, optional thousands groups, optional decimals.
 # The sign counts only where it cannot be a binary minus or a hyphen ("5-3", "x-1", "(2)-1").
@@ -91,7 +92,7 @@ def extract_answer(text: str, spec: ExtractSpec) -> str | None:
     """The answer in `text` as `spec` says to find it, or None (an abstention).
 
     Every method takes the LAST occurrence: a rationale may try intermediate values or restate
-    the format ("end with Answer: <n>") before it commits, and models commit at the end.
+    the format (`"end with Answer: <n>"`) before it commits, and models commit at the end.
     The result is raw (not normalised) and stripped; an empty capture is an abstention.
     """
     method = spec.resolved_method

@@ -49,16 +49,16 @@ REQUEST_MARGIN = 48
 MESSAGE_MARGIN = 8
 
 
-# The most tokens one lane may be given to write (and a prompt's or a canned output's size in a
-# config): the largest count a 32-bit signed integer holds, far past any model's context, and
-# small enough that a wave of 100,000 such lanes (2**48 tokens) is still a count a bill and a
-# JSON number carry exactly (`events.MAX_QUANTITY`, 2**53). A config past it is refused when read.
 MAX_LANE_TOKENS = 2**31 - 1
-# A config's count of a lane's tokens: at most MAX_LANE_TOKENS (a recorded config written before
-# the bound is let through, `reading_a_record`).
+"""The most tokens one lane may be given to write (and a prompt's or a canned output's size in a
+config): the largest count a 32-bit signed integer holds, far past any model's context, and
+small enough that a wave of 100,000 such lanes (2**48 tokens) is still a count a bill and a
+JSON number carry exactly (`events.MAX_QUANTITY`, 2**53). A config past it is refused when read."""
 LaneTokens = Annotated[
     int, Field(json_schema_extra={"maximum": MAX_LANE_TOKENS}), AfterValidator(at_most(MAX_LANE_TOKENS))
 ]
+"""A config's count of a lane's tokens: at most `MAX_LANE_TOKENS` (a recorded config written
+before the bound is let through, `reading_a_record`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +175,7 @@ class LaneFailure:
 
 
 LaneOutcome = Sample | LaneFailure
+"""What a backend yields for each lane of a request: its sample, or its failure."""
 
 
 @runtime_checkable

@@ -40,10 +40,11 @@ __all__ = (
 
 M = TypeVar("M", bound=type[BaseModel])
 
-# How a lane's prompt reaches the model: "chat", as the user's turn of a chat the backend renders
-# through the model's chat template; "raw", as text the model continues (a completion).
 PromptForm = Literal["chat", "raw"]
+"""How a lane's prompt reaches the model: "chat", as the user's turn of a chat the backend renders
+through the model's chat template; "raw", as text the model continues (a completion)."""
 PROMPT_FORMS: tuple[PromptForm, ...] = ("chat", "raw")
+"""Every `PromptForm`: what a backend that declares none can send, "chat" first."""
 
 
 @runtime_checkable
@@ -147,6 +148,8 @@ def _own_kind(obj: Any) -> str | None:
 BACKENDS: Registry[type[BaseModel]] = Registry(
     "backend", key="backend.kind", check=_check_backend, name_of=_own_kind
 )
+"""The backends' config models by `[backend] kind`: `@register_backend` or the `lanefold.backends`
+entry points."""
 
 
 def register_backend(kind: str) -> Callable[[M], M]:

@@ -58,12 +58,14 @@ __all__ = (
     "vote_summary",
 )
 
-AuditFinding = tuple[int, str]  # (line, what is wrong)
+AuditFinding = tuple[int, str]
+"""One thing `audit_run` found wrong in a run's log: (the line, what is wrong)."""
 
-# Generous allowances where a prompt holds more than the question: a loop's or a judge's own
-# template around it, and the framing of each earlier answer it quotes (labels, feedback).
 TEMPLATE_TOKENS = 256
+"""A generous allowance, in tokens, for a loop's or a judge's own template around the question."""
 FRAME_TOKENS = 64
+"""A generous allowance, in tokens, for the framing of each earlier answer a prompt quotes
+(labels, feedback)."""
 
 
 @dataclass(frozen=True, slots=True)

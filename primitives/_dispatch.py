@@ -108,6 +108,8 @@ def request_size(max_concurrency: int, lanes_per_request: int | None, slots: flo
 
 @dataclass(frozen=True, slots=True)
 class LaneJob:
+    """One lane of a wave to dispatch: its number and the prompt it is sent."""
+
     lane: int
     prompt: str
 

@@ -40,9 +40,12 @@ __all__ = (
 )
 
 FsyncPolicy = Literal["always", "barrier", "never"]
+"""When a log's appends are forced to the disk (`[log] fsync`): after each event, at barriers,
+reductions and the run's end, or never (the OS decides)."""
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-# Where a follower stops: the run ended, or its writer stopped (resume starts a new writer).
 END_TYPES = frozenset({"run.completed", "run.failed", "run.interrupted"})
+"""The event types a follower stops at: the run ended, or its writer stopped (resume starts a
+new writer)."""
 
 
 def validate_run_id(run_id: str) -> str:

@@ -51,8 +51,10 @@ __all__ = (
     "register_hook",
 )
 
-QUEUE_LIMIT = 10_000  # events waiting for one hook before later ones are dropped for it
-END_TIMEOUT_S = 5.0  # seconds each hook gets, at the run's end, to drain and run on_run_end
+QUEUE_LIMIT = 10_000
+"""Events waiting for one hook before later ones are dropped for it (a slow hook never stalls a run)."""
+END_TIMEOUT_S = 5.0
+"""Seconds each hook gets, at the run's end, to drain its events and run `on_run_end`."""
 CUT_SHORT_S = 1.0  # seconds each hook gets to drain when the run is cancelled or fails
 
 C = TypeVar("C")
@@ -85,6 +87,7 @@ def _check_hook(obj: Any, key: str) -> None:
 
 
 HOOKS: Registry[Any] = Registry("hook", key="hooks.kind", check=_check_hook, name_of=lambda obj: None)
+"""The hooks by name (`[[hooks]] kind`): `@register_hook("name")` or the `lanefold.hooks` entry points."""
 
 
 def register_hook(name: str) -> Callable[[C], C]:

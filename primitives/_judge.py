@@ -28,6 +28,7 @@ __all__ = (
 )
 
 JudgeTieBreak = Literal["first_lane", "lexicographic", "random"]
+"""How judge + argmax picks among the candidates with the top score (the loop's `tie_break`)."""
 _TIE_BREAKS: tuple[str, ...] = get_args(JudgeTieBreak)
 
 _NUM = r"-?\d+(?:\.\d+)?|-?\.\d+"

@@ -322,13 +322,21 @@ def _check_executor(obj: Any, key: str) -> None:
 
 
 LOOPS: Registry[type[Any]] = Registry("loop", key="loop.coordinator", check=_check_loop)
+"""The loop classes by name (`[loop] coordinator`): `@register_loop` or the `lanefold.loops` entry points."""
 REDUCERS: Registry[type[Any]] = Registry("reducer", key="loop.reducer", check=_check_reducer)
-# A store class: `schemes` (the URL schemes it serves; none: it is opened without a URL) and
-# `from_url(url, *, runs_dir=, password_env=)`.
+"""The reducer classes by name (`[loop] reducer`): `@register_reducer` or `lanefold.reducers` entry points."""
 STORES: Registry[type[Any]] = Registry("store", key="store.url", check=_check_store)
-# What makes an executor from its options (`RayExecutor`), or an Executor itself; a maker may
-# give None: the Session's own in-process path ("local").
+"""The store classes by name (`[store] url`'s scheme): `@register_store` or `lanefold.stores` entry points.
+
+A store class has `schemes` (the URL schemes it serves; none: it is opened without a URL) and
+`from_url(url, *, runs_dir=, password_env=)`.
+"""
 EXECUTORS: Registry[Any] = Registry("executor", key="executor", check=_check_executor)
+"""The executors by name (`--executor NAME`): `@register_executor` or `lanefold.executors` entry points.
+
+Each is what makes an executor from its options (`RayExecutor`), or an Executor itself; a maker
+may give None: the Session's own in-process path ("local").
+"""
 
 
 def register_loop(cls: C) -> C:
@@ -406,4 +414,5 @@ def loop_names() -> list[str]:
 
 
 def reducer_names() -> list[str]:
+    """Every registered reducer, entry points included."""
     return REDUCERS.names()

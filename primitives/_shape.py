@@ -23,6 +23,7 @@ from lanefold.primitives._errors import BudgetTooSmallError
 __all__ = ("Allowance", "BudgetUnit", "CostShape", "WaveShape", "largest_within", "shape_waves")
 
 BudgetUnit = Literal["tokens", "cost", "lanes"]
+"""What a budget is counted in: tokens, USD (`cost`) or lanes."""
 
 
 @dataclass(frozen=True, slots=True)

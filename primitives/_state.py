@@ -83,6 +83,8 @@ class LaneState:
 
 @dataclass(slots=True)
 class WaveState:
+    """One wave as its events tell it: what `wave.started` gave it, its lanes, its barrier."""
+
     wave: int
     info: WaveStartedData
     lanes: dict[int, LaneState] = field(default_factory=dict)

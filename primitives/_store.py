@@ -39,9 +39,9 @@ __all__ = (
 R = TypeVar("R")
 _BUDGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
-# What `list` says of a run: how it ended, or "running" (a writer holds it) or "stopped" (no
-# writer and no end: killed or crashed; `resume` continues it).
 RunStatus = Literal["answered", "no_answer", "failed", "interrupted", "running", "stopped"]
+"""What `list` says of a run: how it ended, or "running" (a writer holds it) or "stopped" (no
+writer and no end: killed or crashed; `resume` continues it)."""
 
 
 def redact_url(url: str) -> str:

@@ -140,7 +140,9 @@ class CallableVerifier:
 
 # What is found is checked where a config names it (`_import_callable`: callable, or a Verifier).
 VERIFIERS: Registry[Verifier | VerifierFn] = Registry("verifier", key="judge.verifier")
+"""The verifiers by name (`[judge] verifier`), a Verifier or a function (`VerifierFn`) each."""
 register_verifier = VERIFIERS.register
+"""`@register_verifier("name")`: make a Verifier or a `VerifierFn` available by that name."""
 
 
 def import_verifier(spec: str, *, timeout_s: float | None = 30.0, max_concurrency: int = 4) -> Verifier:

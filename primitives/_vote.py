@@ -21,6 +21,7 @@ from lanefold.primitives._errors import ConfigError
 __all__ = ("Ballot", "VoteResult", "VoteTieBreak", "logprob_weight", "vote_fold")
 
 VoteTieBreak = Literal["first_lane", "lexicographic", "random"]
+"""How a vote picks among answers with the top count or weight (the loop's `tie_break`)."""
 
 # Totals within this relative distance are a tie: weights summed in a different grouping
 # (0.1 + 0.2 against 0.3) must not decide a vote by rounding noise.

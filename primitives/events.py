@@ -123,12 +123,14 @@ class UsageData(_Frozen):
         return Usage(self.input_tokens, self.cached_input_tokens, self.output_tokens, self.kv_token_seconds)
 
 
-# The version of the event schema this library writes, and the newest it reads. It moves when
-# a change to the models would make an older reader misread a line (a field it would ignore or
-# refuse, a meaning changed); a field added the way `lanes` or `cut_off` were, left out where it
-# does not apply, does not move it. A line without `schemaversion` was written before the
-# envelope carried one: schema 1. (When this moves past 1, absent must still read as 1.)
 SCHEMA_VERSION = 1
+"""The version of the event schema this library writes, and the newest it reads.
+
+It moves when a change to the models would make an older reader misread a line (a field it
+would ignore or refuse, a meaning changed); a field added the way `lanes` or `cut_off` were,
+left out where it does not apply, does not move it. A line without `schemaversion` was written
+before the envelope carried one: schema 1. (When this moves past 1, absent must still read as 1.)
+"""
 
 
 class Event(_Frozen):
@@ -161,6 +163,8 @@ def hash_config(config: dict[str, Any]) -> str:
 
 
 class RunStartedData(_Frozen):
+    """The data of `run.started`."""
+
     config: dict[str, Any]
     config_hash: str
     question: str
@@ -184,11 +188,15 @@ class RunStartedData(_Frozen):
 
 
 class RunStarted(Event):
+    """`run.started`, first in every log: the resolved config, the question and what runs it."""
+
     type: Literal["run.started"] = "run.started"
     data: RunStartedData
 
 
 class RunResumedData(_Frozen):
+    """The data of `run.resumed`."""
+
     resumed_after_sequence: Count
     # (wave, lane) dispatched but never landed: a crash cut them off; each is charged its hold
     in_flight: list[tuple[int, int]] = []
@@ -198,31 +206,44 @@ class RunResumedData(_Frozen):
 
 
 class RunResumed(Event):
+    """`run.resumed`, at each resume: the lanes a crash cut off (charged their holds), a torn
+    tail cut, the active seconds so far."""
+
     type: Literal["run.resumed"] = "run.resumed"
     data: RunResumedData
 
 
 class RunCompletedData(_Frozen):
+    """The data of `run.completed`: the run's result, as `RunResult` serializes it."""
+
     result: dict[str, Any]
 
 
 class RunCompleted(Event):
+    """`run.completed`, last on success (re-reductions may follow): the result object."""
+
     type: Literal["run.completed"] = "run.completed"
     data: RunCompletedData
 
 
 class RunFailedData(_Frozen):
+    """The data of `run.failed`."""
+
     error: str
     message: str
     exit_code: int
 
 
 class RunFailed(Event):
+    """`run.failed`, last on failure: the error's class, its message and the exit code."""
+
     type: Literal["run.failed"] = "run.failed"
     data: RunFailedData
 
 
 class RunInterruptedData(_Frozen):
+    """The data of `run.interrupted`: why, and the lanes it cut off."""
+
     reason: str  # "SIGINT", "SIGTERM" or "cancelled"
     in_flight: list[tuple[int, int]] = []  # (wave, lane) recorded as lane.interrupted
 
@@ -247,6 +268,7 @@ class ReservationData(_Frozen):
 
 
 Bill = Literal["sample", "verifier"]
+"""The line of the bill a wave's lanes are priced on: sampled answers, or verifier passes."""
 
 
 def bill_of(purpose: str) -> Bill:
@@ -255,6 +277,8 @@ def bill_of(purpose: str) -> Bill:
 
 
 class WaveStartedData(_Frozen):
+    """The data of `wave.started`."""
+
     purpose: str  # what the loop calls the wave: "sample", "judge", "critique", ...
     k: Count
     k_requested: Count
@@ -287,11 +311,15 @@ class WaveStartedData(_Frozen):
 
 
 class WaveStarted(Event):
+    """`wave.started`, before a wave is dispatched: its lanes, their allotment and its hold."""
+
     type: Literal["wave.started"] = "wave.started"
     data: WaveStartedData
 
 
 class LaneDispatchedData(_Frozen):
+    """The data of `lane.dispatched`: the attempt's seed, its ceiling, its request and its hold."""
+
     seed: int
     max_tokens: Count
     request: Count  # which backend request of the wave carries this lane
@@ -301,11 +329,15 @@ class LaneDispatchedData(_Frozen):
 
 
 class LaneDispatched(Event):
+    """`lane.dispatched`, before the backend is called for a lane's attempt: its seed and hold."""
+
     type: Literal["lane.dispatched"] = "lane.dispatched"
     data: LaneDispatchedData
 
 
 class LaneCompletedData(_Frozen):
+    """The data of `lane.completed`."""
+
     text: str
     answer: str | None = None
     finish_reason: str
@@ -316,11 +348,15 @@ class LaneCompletedData(_Frozen):
 
 
 class LaneCompleted(Event):
+    """`lane.completed`, after the backend answered a lane: its text, answer, usage and cost."""
+
     type: Literal["lane.completed"] = "lane.completed"
     data: LaneCompletedData
 
 
 class LaneFailedData(_Frozen):
+    """The data of `lane.failed`."""
+
     error: str
     message: str
     retryable: bool
@@ -333,6 +369,8 @@ class LaneFailedData(_Frozen):
 
 
 class LaneFailed(Event):
+    """`lane.failed`: a lane's attempt failed; whether it is retried, and what it was billed."""
+
     type: Literal["lane.failed"] = "lane.failed"
     data: LaneFailedData
 
@@ -346,16 +384,22 @@ class LaneInterruptedData(_Frozen):
 
 
 class LaneInterrupted(Event):
+    """`lane.interrupted`: the run was interrupted with this lane in flight."""
+
     type: Literal["lane.interrupted"] = "lane.interrupted"
     data: LaneInterruptedData
 
 
 class WaveBarrierData(_Frozen):
+    """The data of `wave.barrier`: the lanes that completed and those that failed for good."""
+
     completed: list[int]
     failed: list[int]
 
 
 class WaveBarrier(Event):
+    """`wave.barrier`: every lane of the wave landed or failed for good."""
+
     type: Literal["wave.barrier"] = "wave.barrier"
     data: WaveBarrierData
 
@@ -364,6 +408,8 @@ class WaveBarrier(Event):
 
 
 class JudgeCompletedData(_Frozen):
+    """The data of `judge.completed`."""
+
     candidate_lane: int
     score: float | None  # None: the judge's output held no score (an abstention)
     judge: str  # "llm" or the verifier's name ("module:function", "command:...")
@@ -375,6 +421,8 @@ class JudgeCompletedData(_Frozen):
 
 
 class JudgeCompleted(Event):
+    """`judge.completed`: one verdict on a candidate, an LLM judge's score or a verifier's."""
+
     type: Literal["judge.completed"] = "judge.completed"
     data: JudgeCompletedData
 
@@ -390,11 +438,15 @@ class ReduceStartedData(_Frozen):
 
 
 class ReduceStarted(Event):
+    """`reduce.started`: a re-reduction of a finished run begins (`orchestrator reduce`)."""
+
     type: Literal["reduce.started"] = "reduce.started"
     data: ReduceStartedData
 
 
 class ReduceCompletedData(_Frozen):
+    """The data of `reduce.completed`."""
+
     reducer: str
     winner: str | None
     winner_lane: int | None
@@ -417,6 +469,8 @@ class ReduceCompletedData(_Frozen):
 
 
 class ReduceCompleted(Event):
+    """`reduce.completed`: the reducer decided, with the votes or scores it decided by."""
+
     type: Literal["reduce.completed"] = "reduce.completed"
     data: ReduceCompletedData
 
@@ -425,6 +479,8 @@ class ReduceCompleted(Event):
 
 
 class BudgetWaveShrunkData(_Frozen):
+    """The data of `budget.wave_shrunk`: the K asked for, the K funded, the limit that bound."""
+
     k_requested: Count
     k: Count
     limit: str
@@ -432,11 +488,15 @@ class BudgetWaveShrunkData(_Frozen):
 
 
 class BudgetWaveShrunk(Event):
+    """`budget.wave_shrunk`: a wave's K was cut to what the budget funds."""
+
     type: Literal["budget.wave_shrunk"] = "budget.wave_shrunk"
     data: BudgetWaveShrunkData
 
 
 class BudgetExhaustedData(_Frozen):
+    """The data of `budget.exhausted`: the limit, what the quorum needed and what was left."""
+
     limit: str
     needed: Amount
     available: float = Field(allow_inf_nan=False)  # below 0 where an overrun spent past it
@@ -446,22 +506,30 @@ class BudgetExhaustedData(_Frozen):
 
 
 class BudgetExhausted(Event):
+    """`budget.exhausted`: the budget cannot fund a wave's quorum."""
+
     type: Literal["budget.exhausted"] = "budget.exhausted"
     data: BudgetExhaustedData
 
 
 class BudgetOverrunData(_Frozen):
+    """The data of `budget.overrun`: the limit, what was held and what was spent."""
+
     limit: str
     reserved: Amount
     actual: Amount
 
 
 class BudgetOverrun(Event):
+    """`budget.overrun`: a lane's actual spend was above its hold (a remote backend's estimate)."""
+
     type: Literal["budget.overrun"] = "budget.overrun"
     data: BudgetOverrunData
 
 
 class BackendNotedData(_Frozen):
+    """The data of a backend's note: what it learned, and its detail."""
+
     note: str
     detail: dict[str, Any] = {}
 
@@ -516,6 +584,7 @@ _KINDS: tuple[type[Event], ...] = (
     BackendNoted,
 )
 EVENT_TYPES: frozenset[str] = frozenset(kind.model_fields["type"].default for kind in _KINDS)
+"""Every event type lanefold itself records (a loop's own, `loop.<name>.<noun>`, aside)."""
 
 
 def _tag(value: Any) -> str | None:
@@ -547,6 +616,8 @@ AnyEvent = Annotated[
     | Annotated[LoopEvent, Tag("loop")],
     Discriminator(_tag),
 ]
+"""Any event a log may hold, one model per type (a loop's own as `LoopEvent`): what `parse_event`
+gives and a hook's `on_event` is handed."""
 
 _ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
 

@@ -117,6 +117,7 @@ def _check_scorer(obj: Any, key: str) -> None:
 
 SCORERS: Registry[Any] = Registry("scorer", key="--scorer", check=_check_scorer)
 register_scorer = SCORERS.register
+"""`@register_scorer("name")`: make a Scorer class available to `--scorer name` (and `eval`'s)."""
 
 
 def _golds(item: Item) -> list[str]:
