@@ -8,9 +8,9 @@ prefix), `_tiles` and `_tiled_step` (AMX's tile unit). Without numba, or where i
 them, each module's `ready()` is False and the engine uses torch's kernels.
 
 numba caches what it compiles on disk, so only a machine's first load pays for it (1.6 s for the
-loops, some 12 s for everything on a Xeon with AMX): here in `${LANEFOLD_CACHE}/engine/numba/`,
-not beside the modules (an installed package's folder is often read-only, and a cache beside
-the source outlived the source it came from). numba stamps each cached function with its own
+loops, some 12 s for everything on a Xeon with AMX): here in `${LANEFOLD_CACHE}/engine/numba/`
+(a folder per installed copy of the package, as numba names its own), not beside the modules
+(an installed package's folder is often read-only). numba stamps each cached function with its own
 file, but a compiled call inlines the functions it calls from other modules, so every kernel
 here is stamped with all the kernel modules' sources together (`sources_digest`): an edit of
 any of them recompiles every one, as when they were one file. Where the folder cannot be
@@ -88,7 +88,9 @@ if numba is not None:
 
         def __init__(self, py_func: Any, py_file: str) -> None:
             self._lineno = py_func.__code__.co_firstlineno
-            self._path = str(numba_cache_dir())
+            # a folder per installed copy of the kernels (numba's own naming: the package's
+            # folder's name and a hash of its path), so two checkouts never overwrite each other
+            self._path = str(numba_cache_dir() / self.get_suitable_cache_subpath(py_file))  # type: ignore[no-untyped-call]
 
         def get_cache_path(self) -> str:
             return self._path
