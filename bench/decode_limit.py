@@ -30,9 +30,9 @@ import torch
 from _cpu import cpu_kind  # bench/_cpu.py
 
 from lanefold.backends.engine._engine import Engine
-from lanefold.backends.engine._kernels import small_linear
 from lanefold.backends.engine._memory import Arena
 from lanefold.backends.engine._model import build_model
+from lanefold.backends.engine._products import small_linear
 from lanefold.backends.engine._weights import load_checkpoint, resolve_model_path
 from lanefold.primitives import LaneRequest, SamplingParams
 
@@ -56,7 +56,7 @@ def bandwidth(reps: int = 7) -> tuple[float, float]:
 
 def mv_bandwidth(dtype: torch.dtype, reps: int = 7) -> tuple[float, float]:
     """Bytes a second a one-row product reads from a 65536 x 2048 matrix (as the LM head's and
-    the MLP's products do): torch's `mv`, and the engine's own loop (`_kernels`)."""
+    the MLP's products do): torch's `mv`, and the engine's own loop (`_products`)."""
     matrix = torch.ones(65536, 2048, dtype=dtype)
     vector = torch.ones(2048, dtype=dtype)
     best = [0.0, 0.0]

@@ -4,8 +4,11 @@
   native bf16 (`_arith.native_half`): the paths an AVX2-only machine takes (bf16 products of
   several rows in fp32 on upcasts, no packed copies).
 - `avx512-bf16`: AVX512-BF16 without AMX, as the AMD EPYCs with native bf16 have it: oneDNN
-  held to AVX512-BF16 code, and the engine told there are no AMX tiles (`_arith.amx`,
-  `_kernels._amx_ready`): oneDNN's packed copies instead of tiles, fp32 SDPA.
+  held to AVX512-BF16 code, and the engine told there are no AMX tiles (`_arith.amx`, which
+  its decode paths read): oneDNN's packed copies instead of tiles, fp32 SDPA.
+
+The engine sees the held CPU as what it is held to, so the decode paths it chooses and keeps
+for it (`${LANEFOLD_CACHE}/engine/paths/`) are kept apart from the unheld machine's.
 
 The memory system stays this machine's, and a vLLM row (a subprocess with its own CPU kernels)
 is not held back: compare our engine with itself here, not with vLLM. Printed, never asserted.
@@ -37,12 +40,10 @@ def main() -> None:
     kind = sys.argv[1]
     os.environ.update(KINDS[kind])
     import lanefold.backends.engine._arith as arith
-    import lanefold.backends.engine._kernels as kernels
 
     if kind == "avx2":
         arith.native_half = lambda dtype: False  # no AVX512-BF16, no AMX
-    arith.amx = lambda: False
-    kernels._amx_ready = lambda: False
+    arith.amx = lambda: False  # no tiles, packed or attended over (the decode paths ask it)
     script = Path(sys.argv[2]).resolve()
     sys.argv = sys.argv[2:]
     sys.path.insert(0, str(script.parent))  # the bench's own siblings (bench/_cpu.py, ...)

@@ -2,11 +2,11 @@
 
 Every layer's four matrices of a SmolLM2-135M-shaped model (30 layers: q|k|v 960 x 576, o
 576 x 576, gate|up 3072 x 576, down 576 x 1536; random bf16), multiplied in the order a step
-reads them by M rows: the engine's tiled product (`_kernels.tile`, the tiles in one huge-page
+reads them by M rows: the engine's tiled product (`_tiles.tile`, the tiles in one huge-page
 block in read order, as the engine keeps them), oneDNN's packed product (the copies the engine
 keeps where the tiles are not faster), `F.linear` on the `[out, in]` weights (what a product of
 more than `TILED_ROWS` rows takes), and at one or two rows the engine's own loop over those
-(`_kernels.small_linear`, what a lone lane's step reads them with where the copies are not
+(`_products.small_linear`, what a lone lane's step reads them with where the copies are not
 tiles). The best of `--reps` interleaved passes;
 milliseconds for a step's products and the rate the weights stream at. Printed, never asserted.
 
@@ -24,18 +24,9 @@ import torch
 import torch.nn.functional as F
 from _cpu import cpu_kind  # bench/_cpu.py
 
-from lanefold.backends.engine._kernels import (
-    ROWS,
-    TILED_ROWS,
-    _amx_ready,
-    pack,
-    packed_linear,
-    small_linear,
-    tile,
-    tile_shape,
-    tiled_linear,
-)
 from lanefold.backends.engine._memory import Arena
+from lanefold.backends.engine._products import ROWS, pack, packed_linear, small_linear
+from lanefold.backends.engine._tiles import TILED_ROWS, amx_ready, tile, tile_shape, tiled_linear
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 LAYERS = 30
@@ -49,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(cpu_kind())
-    if not _amx_ready():
+    if not amx_ready():
         print("no AMX tiles here (no AMX, or Linux did not grant their state): nothing to compare")
         sys.exit(0)
     g = torch.Generator().manual_seed(0)

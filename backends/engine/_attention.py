@@ -9,7 +9,7 @@ or a preamble served from the prefix cache) are gathered once, and all the group
 them in one matrix product; each sequence then attends to its own remaining blocks, and one
 softmax spans both parts, so the result is exactly full attention. On a CPU the part between
 the two products (the own blocks, read in place from the pool, and the softmax) is compiled
-(`_kernels.shared_attend`); torch's operations remain where it does not apply.
+(`_shared_attention.shared_attend`); torch's operations remain where it does not apply.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lanefold.backends.engine._kernels import shared_attend
+from lanefold.backends.engine._shared_attention import shared_attend
 
 __all__ = ("AttentionBatch", "Lane", "Prefix", "causal_attention", "lane_attention", "paged_attention")
 
@@ -40,7 +40,7 @@ class Prefix:
     blocks: Tensor
     keys: Tensor | None = None
     values: Tensor | None = None
-    tiles: tuple[Tensor, Tensor] | None = None  # `_kernels.prefix_tiles` of keys and values, kept
+    tiles: tuple[Tensor, Tensor] | None = None  # `_shared_attention.prefix_tiles` of keys and values, kept
 
     def kv(self, layer: int, k_cache: Tensor, v_cache: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
         """This layer's prefix keys and values `[kv_heads, Lp, D]`."""
@@ -100,7 +100,7 @@ class AttentionBatch:
 def lane_attention(q: Tensor, k: Tensor | None, v: Tensor | None, lane: Lane, layer: int) -> Tensor:
     """Attention output `[1, heads * D]` of a lone sequence's one new query `q` `[1, heads, D]`,
     its new key and value `k`, `v` `[1, kv_heads, D]` appended to the lane first (None: they
-    are there already, see `_kernels.lane_put`)."""
+    are there already, see `_lane_step.lane_put`)."""
     n, heads, dim = lane.length, q.shape[1], q.shape[2]
     keys, values = lane.keys[layer], lane.values[layer]
     if k is not None and v is not None:

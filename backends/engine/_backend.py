@@ -232,21 +232,22 @@ class EngineBackend:
             except Exception as exc:  # a failed step sinks every request in flight
                 self._fail_all(engine, ServerError(f"engine step failed: {exc!r}"))
                 return
-            landed = self._land(finished)
+            landed = bool(finished) and self._land(finished, engine.decode_paths().record())
             if self._streams:
                 self._show_progress()
                 return
             if landed:
                 return
 
-    def _land(self, finished: list[Lane]) -> bool:
-        """Hand each finished lane to its ticket; True when any ticket got one."""
+    def _land(self, finished: list[Lane], paths: dict[str, object]) -> bool:
+        """Hand each finished lane to its ticket, with the decode paths its step took; True
+        when any ticket got one."""
         landed = False
         for lane in finished:
             ticket = self._owners.pop(lane, None)
             if ticket is None or ticket.engine_request is None:
                 continue
-            sample = lane_sample(ticket.request, lane)
+            sample = lane_sample(ticket.request, lane, paths)
             if sample.logprobs is not None and self._tokenizer is not None:
                 text = _token_texts(self._tokenizer)
                 tokens = tuple(text(i) for i in lane.output_ids[: len(sample.logprobs)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,6 +94,18 @@ class EngineConfig(BaseModel):
         """What `build` would refuse, found without importing it: the engine extra missing."""
         missing = next((name for name in _EXTRA_MODULES if not _installed(name)), None)
         return [] if missing is None else [f"kind: {_EXTRA}: No module named {missing!r}"]
+
+    def diagnose(self) -> dict[str, Any]:
+        """What `orchestrator doctor` reports of the engine on this machine (`_diagnosis`): the
+        CPU and the features that decide its kernels, the decode paths a load of this model
+        would take (the choice a load makes and keeps), its cache folder. Without the engine
+        extra, which of its packages are missing."""
+        missing = [name for name in _EXTRA_MODULES if not _installed(name)]
+        if missing:
+            return {"installed": False, "missing": missing}
+        from lanefold.backends.engine._diagnosis import diagnose
+
+        return diagnose(self)
 
 
 def _installed(module: str) -> bool:

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lanefold.backends.engine._blocks import BlockPool
 from lanefold.backends.engine._config import EngineConfig
+from lanefold.backends.engine._decode_paths import DecodePaths
 from lanefold.backends.engine._metrics import EngineMetrics, RequestMetrics, charge_residency
 from lanefold.backends.engine._model import CausalLM, build_model
 from lanefold.backends.engine._runner import ModelRunner
@@ -153,6 +154,10 @@ class Engine:
         self.scheduler = Scheduler(self.pool, self.scheduler.max_lanes)
         self._mark = None
         return dropped
+
+    def decode_paths(self) -> DecodePaths:
+        """The way the model's steps go now (`_decode_paths`): what every lane records."""
+        return self.model.decode_paths()
 
     def has_work(self) -> bool:
         """Whether a step would compute anything."""

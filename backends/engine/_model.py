@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lanefold.backends.engine._arith import compute_dtype, linear, pack, packs, sdpa_dtype
+from lanefold.backends.engine._arith import compute_dtype, linear, pack, sdpa_dtype
 from lanefold.backends.engine._attention import (
     AttentionBatch,
     Lane,
@@ -23,29 +23,14 @@ from lanefold.backends.engine._attention import (
     lane_attention,
     paged_attention,
 )
-from lanefold.backends.engine._kernels import ROWS as _KERNEL_ROWS
-from lanefold.backends.engine._kernels import (
-    Stack,
-    Tiles,
-    TileStack,
-    lane_layers,
-    lane_put,
-    layer_in,
-    layer_out,
-    small_linear,
-    stack,
-    staged_in,
-    staged_out,
-    tile,
-    tile_shape,
-    tile_stack,
-    tiled_lane_layers,
-    tiled_layers,
-    tiles_fit,
-    tiles_read_faster,
-)
-from lanefold.backends.engine._kernels import warm as _warm_kernels
+from lanefold.backends.engine._decode_paths import DecodePaths, Shape, choose_paths, for_threads
+from lanefold.backends.engine._lane_step import Stack, lane_layers, lane_put, stack
+from lanefold.backends.engine._layers import layer_in, layer_out, staged_in, staged_out
 from lanefold.backends.engine._memory import Arena
+from lanefold.backends.engine._products import ROWS as _KERNEL_ROWS
+from lanefold.backends.engine._products import small_linear
+from lanefold.backends.engine._tiled_step import TileStack, tile_stack, tiled_lane_layers, tiled_layers
+from lanefold.backends.engine._tiles import Tiles, tile, tile_shape
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
 __all__ = ("AttentionBatch", "CausalLM", "KVCache", "build_model", "rope_inv_freq")
@@ -167,7 +152,7 @@ class LayerWeights(NamedTuple):
 
     `qkv` `[q + k + v outputs, hidden]` and `gate_up` `[2 * intermediate, hidden]`, where set,
     hold the group's weights one after another (see `_rows_of`): each group is one product
-    for the one or two rows `_kernels` takes. `packed`, where set, is (qkv, o, gate_up, down)
+    for the one or two rows `_layers` takes. `packed`, where set, is (qkv, o, gate_up, down)
     in oneDNN's layout, for three rows and more (see `_arith.packs`).
     """
 
@@ -269,6 +254,19 @@ class CausalLM(nn.Module):
         self._tiles: tuple[list[LayerWeights], TileStack | None] | None = None  # for `tiled_layers`
         # (the head, its version counter then, a packed copy of it) where `build_model` made one
         self.head_packed: tuple[Tensor, int, Tensor | Tiles] | None = None
+        self.paths: DecodePaths | None = None  # the way its steps go: chosen by `build_model`
+
+    def decode_paths(self) -> DecodePaths:
+        """The way this model's steps go now (`_decode_paths`): chosen by `build_model`, and
+        chosen again for the products where torch's threads changed since (`ThreadTuner`)."""
+        weight = self.lm_head.weight
+        paths = self.paths
+        if paths is None:  # a model `build_model` did not make
+            paths = self.paths = choose_paths(Shape.of(self.args), weight.dtype, weight.device)
+        elif paths.device == "cpu" and paths.threads != torch.get_num_threads():
+            threads = torch.get_num_threads()
+            paths = self.paths = for_threads(paths, Shape.of(self.args), weight.dtype, threads)
+        return paths
 
     def layer_weights(self) -> list[LayerWeights]:
         """Every layer's tensors, read once (and again once `.to()` or a load replaced them)."""
@@ -282,22 +280,21 @@ class CausalLM(nn.Module):
         return self._weights
 
     def _layer_stack(self) -> Stack | None:
-        """The layers as `_kernels.lane_layers` reads them, made once (and again once the
+        """The layers as `_lane_step.lane_layers` reads them, made once (and again once the
         layers' tensors are read afresh); None where the loops do not take them."""
         weights = self.layer_weights()
         if self._stack is None or self._stack[0] is not weights:
             layers = [(w.norms32[0], w.norms32[1], w.qkv, w.o, w.gate_up, w.down) for w in weights]
             whole = all(w.qkv is not None and w.gate_up is not None for w in weights)
-            first = weights[0].packed[0] if weights and weights[0].packed else None
             block = self.arena.words() if self.arena is not None else None
             made = None
             if whole and block is not None:
-                made = stack(cast(list[tuple[Tensor, ...]], layers), block[0], block[1], first)
+                made = stack(cast(list[tuple[Tensor, ...]], layers), block[0], block[1])
             self._stack = (weights, made)
         return self._stack[1]
 
     def _tile_stack(self) -> TileStack | None:
-        """The layers as `_kernels.tiled_layers` reads them, made once (and again once the
+        """The layers as `_tiled_step.tiled_layers` reads them, made once (and again once the
         layers' tensors are read afresh); None where their copies are not all tiles."""
         weights = self.layer_weights()
         if self._tiles is None or self._tiles[0] is not weights:
@@ -309,16 +306,20 @@ class CausalLM(nn.Module):
             self._tiles = (weights, made)
         return self._tiles[1]
 
-    def _lane_step(self, x: Tensor, rope: Tensor, cache: KVCache, lane: Lane) -> Tensor | None:
-        """A lone lane's hidden state after every layer in one compiled call, in `x`'s dtype:
-        over AMX's tiles where the copies are tiles (`tiled_lane_layers`), through the loops
-        otherwise (`lane_layers`); None where neither applies."""
+    def _lane_step(
+        self, x: Tensor, rope: Tensor, cache: KVCache, lane: Lane, paths: DecodePaths
+    ) -> Tensor | None:
+        """A lone lane's hidden state after every layer in one compiled call, in `x`'s dtype,
+        as `paths.lone_lane` says: over AMX's tiles where the copies are tiles
+        (`tiled_lane_layers`), through the loops (`lane_layers`) where they read faster than
+        torch's products; None where neither applies (the layers go one by one)."""
         a = self.args
         rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
         kv = ((cache.k, cache.v), lane.slot, (lane.keys, lane.values), lane.length)
-        tiles = self._tile_stack()
-        made = tiled_lane_layers(x, tiles, a.rms_norm_eps, rope, rotated, *kv) if tiles is not None else None
-        if made is None and (layers := self._layer_stack()) is not None:
+        made = None
+        if paths.lone_lane == "tiles" and (tiles := self._tile_stack()) is not None:
+            made = tiled_lane_layers(x, tiles, a.rms_norm_eps, rope, rotated, *kv)
+        if made is None and not paths.by_torch and (layers := self._layer_stack()) is not None:
             made = lane_layers(x, layers, a.rms_norm_eps, rope, rotated, *kv)
         return None if made is None else made.to(x.dtype)
 
@@ -329,8 +330,9 @@ class CausalLM(nn.Module):
         freqs = batch.positions.float()[:, None] * self.inv_freq[None, :]
         rope = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]  # [N, 1, head_dim / 2]
         shape = (a.num_heads, a.num_kv_heads, a.head_dim)
+        paths = self.decode_paths()
         if batch.lane is not None and x.device.type == "cpu":
-            stepped = self._lane_step(x, rope[:, 0], cache, batch.lane)
+            stepped = self._lane_step(x, rope[:, 0], cache, batch.lane, paths)
             if stepped is not None:
                 return _rms_norm(stepped, self.model.norm.weight, a.rms_norm_eps)
         forks = batch.prefixes[0] if len(batch.prefixes) == 1 and batch.prefixes[0].rows is None else None
@@ -339,6 +341,7 @@ class CausalLM(nn.Module):
             and forks.tiles is not None
             and forks.keys is not None
             and x.device.type == "cpu"
+            and paths.forks == "tiles"
         ):
             tiles = self._tile_stack()  # K forks of one prompt, every product through AMX's tiles
             made = None
@@ -351,7 +354,9 @@ class CausalLM(nn.Module):
             if made is not None:
                 return _rms_norm(made, self.model.norm.weight, a.rms_norm_eps)
         for i, weights in enumerate(self.layer_weights()):
-            x = _decoder_layer(weights, x, rope, (cache.k[i], cache.v[i]), batch, i, shape, a.rms_norm_eps)
+            x = _decoder_layer(
+                weights, x, rope, (cache.k[i], cache.v[i]), batch, i, shape, a.rms_norm_eps, paths.by_torch
+            )
         return _rms_norm(x, self.model.norm.weight, a.rms_norm_eps)
 
     @torch.inference_mode()
@@ -359,7 +364,7 @@ class CausalLM(nn.Module):
         """fp32 logits of the given hidden states (several rows of a dtype this CPU emulates
         go in fp32 throughout, see `_arith`).
 
-        One or two rows on a CPU go through `_kernels` (SmolLM2's 49152-row head at one row:
+        One or two rows on a CPU go through `_products` (SmolLM2's 49152-row head at one row:
         about 2 ms in bf16, 4 in fp32). More rows go in slices of rows: MKL multiplies a few
         hidden states by a 49152-row head about 1.2x (8 rows) to 1.5x (16 rows) faster a
         slice at a time.
@@ -370,7 +375,9 @@ class CausalLM(nn.Module):
             head, version, packed = self.head_packed
             if head is weight and weight._version == version:  # neither replaced nor rewritten
                 copy = packed
-        small = small_linear(hidden.float(), weight, copy) if hidden.shape[0] <= _KERNEL_ROWS else None
+        small = None
+        if hidden.shape[0] <= _KERNEL_ROWS:
+            small = small_linear(hidden.float(), weight, copy, self.decode_paths().by_torch)
         if small is not None:
             return small.float()
         if copy is not None:
@@ -392,11 +399,13 @@ def _decoder_layer(
     layer: int,
     shape: tuple[int, int, int],
     eps: float,
+    by_torch: bool = False,
 ) -> Tensor:
     """Pre-norm grouped-query attention over the paged cache, then the pre-norm SwiGLU MLP.
 
     The step's new K/V go into the cache before attention, so a sequence may attend to blocks
-    another sequence of the same step wrote.
+    another sequence of the same step wrote. One or two rows' products through torch's kernels
+    where `by_torch` (the model's decode paths), else the compiled loops.
     """
     heads, kv_heads, dim = shape
     n = x.shape[0]
@@ -407,13 +416,14 @@ def _decoder_layer(
     packed = w.packed or (None, None, None, None)
     few = n <= _KERNEL_ROWS and x.device.type == "cpu" and not isinstance(packed[0], Tiles)
     if w.qkv is not None and w.gate_up is not None and few:
-        made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], sizes[0] + sizes[1], dim, packed[0])
+        rotated = sizes[0] + sizes[1]
+        made = layer_in(x, w.norms32[0], eps, w.qkv, rope[:, 0], rotated, dim, packed[0], by_torch)
     if made is not None and batch.lane is not None:  # a lone lane: q, K and V stored in one call
         lane = (batch.lane.keys[layer], batch.lane.values[layer])
         queries = lane_put(made, sizes[0] + sizes[1], cache, batch.lane.slot, lane, batch.lane.length)
         if queries is not None:
             attended = lane_attention(queries.view(1, heads, dim), None, None, batch.lane, layer)
-            return _layer_after_attention(w, x, attended, eps, made)
+            return _layer_after_attention(w, x, attended, eps, made, by_torch)
     staged = None  # three rows and more of a bf16 model with packed copies: compiled stages
     if made is None and w.packed is not None and x.device.type == "cpu" and w.qkv is not None:
         staged = staged_in(x, w.input_norm, eps, w.packed[0], rope[:, 0], sizes[0] + sizes[1], dim)
@@ -423,7 +433,7 @@ def _decoder_layer(
     else:
         h = _rms_norm(x, w.input_norm, eps)
         if w.qkv is not None and (n <= _KERNEL_ROWS or w.packed is not None):
-            q, k, v = torch.split(linear(h, w.qkv, packed[0]), sizes, dim=-1)
+            q, k, v = torch.split(linear(h, w.qkv, packed[0], by_torch), sizes, dim=-1)
         else:
             q, k, v = linear(h, w.q), linear(h, w.k), linear(h, w.v)
         q = _rotate(q.view(n, heads, dim), rope)
@@ -446,11 +456,11 @@ def _decoder_layer(
         out = staged_out(attended, w.packed[1], x, w.post_norm, eps, w.packed[2], w.packed[3])
         if out is not None:
             return out
-    return _layer_after_attention(w, x, attended, eps, made)
+    return _layer_after_attention(w, x, attended, eps, made, by_torch)
 
 
 def _layer_after_attention(
-    w: LayerWeights, x: Tensor, attended: Tensor, eps: float, made: Tensor | None
+    w: LayerWeights, x: Tensor, attended: Tensor, eps: float, made: Tensor | None, by_torch: bool
 ) -> Tensor:
     """The o product and its residual, then the pre-norm SwiGLU MLP and its residual: in two
     compiled calls where `layer_in` made the layer's q|k|v (`made`), in eager ones otherwise."""
@@ -458,17 +468,17 @@ def _layer_after_attention(
     if made is not None:
         assert w.gate_up is not None
         copies = (w.packed[1], w.packed[2], w.packed[3]) if w.packed else None
-        out = layer_out(attended, w.o, x, w.norms32[1], eps, w.gate_up, w.down, copies)
+        out = layer_out(attended, w.o, x, w.norms32[1], eps, w.gate_up, w.down, copies, by_torch)
         if out is not None:
             return out
-    x = linear(_as(attended, x.dtype), w.o, packed[1]).add_(x)
+    x = linear(_as(attended, x.dtype), w.o, packed[1], by_torch).add_(x)
     h = _rms_norm(x, w.post_norm, eps)
     if w.gate_up is not None and (x.shape[0] <= _KERNEL_ROWS or w.packed is not None):
-        gate, up = linear(h, w.gate_up, packed[2]).chunk(2, -1)
+        gate, up = linear(h, w.gate_up, packed[2], by_torch).chunk(2, -1)
     else:
         gate, up = linear(h, w.gate), linear(h, w.up)
     hidden = F.silu(gate, inplace=True).mul_(up)
-    return linear(hidden, w.down, packed[3]).add_(x)
+    return linear(hidden, w.down, packed[3], by_torch).add_(x)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -500,17 +510,22 @@ def _pair_rotated_rows(weight: Tensor, heads: int) -> Tensor:
     return weight.reshape(heads, 2, rows // heads // 2, -1).transpose(1, 2).reshape(weight.shape)
 
 
-def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> CausalLM:
-    """Instantiate the decoder on `device` in `dtype` with the checkpoint's weights."""
+def build_model(
+    checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, *, paths: DecodePaths | None = None
+) -> CausalLM:
+    """Instantiate the decoder on `device` in `dtype` with the checkpoint's weights, laid out
+    for the decode paths chosen for it at torch's threads now (`_decode_paths`; `paths`, a
+    choice made already: a test's)."""
     with torch.device("meta"):
         model = CausalLM(checkpoint.args)
     a = checkpoint.args
+    # (compiles or loads the kernels, and measures what no rule decides, before any request)
+    paths = paths or choose_paths(Shape.of(a), dtype, device)
     tensors = {name: _rope_paired(name, t, a) for name, t in checkpoint.tensors.items()}
     state: dict[str, Tensor] = {}
     memory = Arena.of([t.shape for t in tensors.values()], dtype, device)
     if device.type == "cpu":  # in the order a step reads them; each group one product of the
-        _warm_kernels(dtype, a.hidden_size)  # decode step's one or two rows
-        for i, layer in enumerate(model.model.layers):
+        for i, layer in enumerate(model.model.layers):  # decode step's one or two rows
             fused = []
             for group in _LAYER_READ_ORDER:
                 names = [f"model.layers.{i}.{m}.weight" for m in group]
@@ -529,10 +544,11 @@ def build_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype
     model.load_state_dict(state, strict=True, assign=True)
     if a.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    if packs(dtype, device):
-        _pack_copies(model)
+    if paths.packed != "none":
+        _pack_copies(model, tiled=paths.packed == "tiles")
     model.inv_freq = rope_inv_freq(checkpoint.args).to(device)  # buffers are not in the state dict
     model.arena = memory
+    model.paths = paths
     return model.eval()
 
 
@@ -558,11 +574,11 @@ def _rope_paired(name: str, tensor: Tensor, args: ModelArgs) -> Tensor:
     return tensor
 
 
-def _pack_copies(model: CausalLM) -> None:
+def _pack_copies(model: CausalLM, *, tiled: bool) -> None:
     """A packed copy of every layer's four matrices and of the head (`_arith.packs`): in AMX's
-    tiles where this CPU has them and they stream faster at this thread count
-    (`_kernels.tiles_read_faster`), one block on huge pages in read order as the weights are;
-    in oneDNN's layout otherwise.
+    tiles where the decode paths say (this CPU has them and they stream faster at this thread
+    count, `_trials.tiles_read_faster`), one block on huge pages in read order as the weights
+    are; in oneDNN's layout otherwise.
 
     Kept beside the `[out, in]` weights, which the one- and two-row kernels read: the copies
     cost the model's matrices again (SmolLM2 in bf16: 212 MB for the layers, 57 MB for the
@@ -576,8 +592,6 @@ def _pack_copies(model: CausalLM) -> None:
         sources.append((qkv, layer.self_attn.o_proj.weight, gate_up, layer.mlp.down_proj.weight))
     head = model.lm_head.weight
     matrices = [m for group in sources for m in group] + [head]
-    width = model.args.hidden_size
-    tiled = all(tiles_fit(m) for m in matrices) and tiles_read_faster(torch.get_num_threads(), width)
     memory = Arena.of([tile_shape(m) for m in matrices], torch.int32, head.device) if tiled else None
 
     def copy(matrix: Tensor) -> Tensor | Tiles:

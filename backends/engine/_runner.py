@@ -7,10 +7,10 @@ from torch import Tensor
 
 from lanefold.backends.engine._arith import compute_dtype, sdpa_dtype
 from lanefold.backends.engine._attention import AttentionBatch, Lane, Prefix
-from lanefold.backends.engine._kernels import prefix_tiles
 from lanefold.backends.engine._model import CausalLM, KVCache
 from lanefold.backends.engine._scheduler import Step
 from lanefold.backends.engine._sequence import Sequence
+from lanefold.backends.engine._shared_attention import prefix_tiles
 
 __all__ = ("ModelRunner",)
 
@@ -193,13 +193,15 @@ class ModelRunner:
         return (torch.tensor(blocks)[:, None] * bs + torch.arange(bs)).flatten().to(self.device)
 
     def _gather_prefix(self, blocks: list[int]) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
-        """The prefix's keys and values `[layers, kv_heads, Lp, D]`, and on a CPU with AMX the
-        same as tiles (`prefix_tiles`; as many bytes again)."""
+        """The prefix's keys and values `[layers, kv_heads, Lp, D]`, and where the model's
+        shared-prefix attention goes over AMX's tiles the same as tiles (`prefix_tiles`; as many
+        bytes again)."""
         slots = self._slots(blocks)
         k = self.cache.k.index_select(1, slots)  # [layers, Lp, kv_heads, D]
         v = self.cache.v.index_select(1, slots)
         keys, values = self._dense(k.transpose(1, 2)), self._dense(v.transpose(1, 2))
-        return keys, values, prefix_tiles(keys, values)
+        tiled = self.model.decode_paths().shared_prefix == "tiles"
+        return keys, values, prefix_tiles(keys, values) if tiled else None
 
     def _dense(self, t: Tensor) -> Tensor:
         """`t` laid out contiguously in the dtype attention runs in, in one copy."""

@@ -52,8 +52,9 @@ def settled_text(text: str, stops: Sequence[str]) -> str:
     return text[: end - held]
 
 
-def lane_sample(request: SampleRequest, lane: Lane) -> Sample:
-    """A finished lane as a Sample: its own usage, and its request's figures so far."""
+def lane_sample(request: SampleRequest, lane: Lane, paths: dict[str, object] | None = None) -> Sample:
+    """A finished lane as a Sample: its own usage, its request's figures so far and, where
+    given, the decode paths its steps took (`extra["decode_paths"]`, `_decode_paths`)."""
     return Sample(
         lane=lane.lane,
         text=lane.text,
@@ -65,5 +66,5 @@ def lane_sample(request: SampleRequest, lane: Lane) -> Sample:
             kv_token_seconds=lane.kv_token_seconds,
         ),
         logprobs=tuple(lane.logprobs) if request.params.logprobs else None,
-        extra=lane.metrics.as_extra(),
+        extra=lane.metrics.as_extra() | ({} if paths is None else {"decode_paths": paths}),
     )

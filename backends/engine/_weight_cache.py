@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lanefold.backends.engine._cache_folder import cache_dir
 from lanefold.backends.engine._tokenizer import Tokenizer
 from lanefold.backends.engine._weights import (
     Checkpoint,
@@ -33,19 +34,13 @@ from lanefold.primitives import get_logger
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-__all__ = ("cache_dir", "cached_checkpoint", "cached_tokenizer", "gguf_key", "open_lazily")
+__all__ = ("cache_dir", "cached_args", "cached_checkpoint", "cached_tokenizer", "gguf_key", "open_lazily")
 
 _LAYOUT = 1  # bump when what is stored for a GGUF changes (names, un-permutation, fields)
 _EDGE = 1 << 20  # bytes hashed at each end of the file
 _WEIGHTS, _TOKENIZER = "model.safetensors", "tokenizer.json"
 _TOKENIZER_EXTRA = "tokenizer_extra.json"  # what tokenizer.json cannot say: template, BOS
 _T = TypeVar("_T")
-
-
-def cache_dir() -> Path:
-    """Where the engine's cache entries live: `${LANEFOLD_CACHE:-~/.cache/lanefold}/engine`."""
-    root = os.environ.get("LANEFOLD_CACHE") or str(Path("~/.cache/lanefold").expanduser())
-    return Path(root).expanduser() / "engine"
 
 
 def gguf_key(path: Path) -> str:
@@ -112,14 +107,30 @@ def _atomic(target: Path, write: Callable[[Path], object]) -> None:
 
 
 def _read_checkpoint(entry: Path) -> Checkpoint:
-    from safetensors import safe_open
     from safetensors.torch import load_file
+
+    return Checkpoint(_read_args(entry), load_file(entry / _WEIGHTS))
+
+
+def _read_args(entry: Path) -> ModelArgs:
+    from safetensors import safe_open
 
     with safe_open(entry / _WEIGHTS, "pt") as f:
         meta = f.metadata()
     fields: dict[str, Any] = json.loads(meta["args"])
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
-    return Checkpoint(ModelArgs(**fields), load_file(entry / _WEIGHTS))
+    return ModelArgs(**fields)
+
+
+def cached_args(path: Path) -> ModelArgs | None:
+    """The architecture of the GGUF at `path` as its cache entry records it (the entry's
+    metadata alone: milliseconds, where parsing the GGUF's header takes seconds); None where
+    there is no entry, or it does not read back."""
+    entry = cache_dir() / gguf_key(path)
+    try:
+        return _read_args(entry) if (entry / _WEIGHTS).is_file() else None
+    except Exception:  # a torn or foreign entry: the next load rebuilds it
+        return None
 
 
 def _write_checkpoint(path: Path, reader: GGUFReader) -> tuple[Checkpoint, Callable[[Path], None]]:

@@ -23,7 +23,16 @@ from lanefold.primitives import ConfigError, get_logger
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-__all__ = ("Checkpoint", "ModelArgs", "load_checkpoint", "open_gguf", "reading_model", "resolve_model_path")
+__all__ = (
+    "Checkpoint",
+    "ModelArgs",
+    "gguf_args",
+    "hf_args",
+    "load_checkpoint",
+    "open_gguf",
+    "reading_model",
+    "resolve_model_path",
+)
 
 _KEY = "backend.model: "
 
@@ -130,25 +139,35 @@ def load_checkpoint(path: Path, reader: GGUFReader | None = None) -> Checkpoint:
 def _load_gguf(reader: GGUFReader) -> Checkpoint:
     from gguf.quants import dequantize
 
-    arch = gguf_field(reader, "general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
-    heads = int(gguf_field(reader, "llama.attention.head_count"))
-    kv_heads = int(gguf_field(reader, "llama.attention.head_count_kv", heads))
-    hidden = int(gguf_field(reader, "llama.embedding_length"))
+    args = gguf_args(reader)
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = _gguf_to_hf_name(tensor.name)
         # F32 tensors come back as read-only views of the memory map: require a writable copy
         array = np.require(dequantize(tensor.data, tensor.tensor_type), np.float32, ["C", "W"])
         if name.endswith("q_proj.weight"):
-            array = _unpermute(array, heads)
+            array = _unpermute(array, args.num_heads)
         elif name.endswith("k_proj.weight"):
-            array = _unpermute(array, kv_heads)
+            array = _unpermute(array, args.num_kv_heads)
         tensors[name] = torch.from_numpy(array)
+    return Checkpoint(args, tensors)
+
+
+def gguf_args(reader: GGUFReader) -> ModelArgs:
+    """The architecture a GGUF's header states (no tensor is read: the vocabulary is the
+    embedding's row count, as its header gives its shape)."""
+    arch = gguf_field(reader, "general.architecture")
+    if arch != "llama":
+        raise ConfigError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
+    heads = int(gguf_field(reader, "llama.attention.head_count"))
+    kv_heads = int(gguf_field(reader, "llama.attention.head_count_kv", heads))
+    hidden = int(gguf_field(reader, "llama.embedding_length"))
+    shapes = {tensor.name: tensor.shape for tensor in reader.tensors}
+    if "token_embd.weight" not in shapes:
+        raise ConfigError("GGUF has no token_embd.weight: not a plain Llama decoder")
     eos = [gguf_field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
-    args = ModelArgs(
-        vocab_size=tensors["model.embed_tokens.weight"].shape[0],
+    return ModelArgs(
+        vocab_size=int(shapes["token_embd.weight"][-1]),  # GGUF lists a matrix's sides inner first
         hidden_size=hidden,
         intermediate_size=int(gguf_field(reader, "llama.feed_forward_length")),
         num_layers=int(gguf_field(reader, "llama.block_count")),
@@ -158,11 +177,10 @@ def _load_gguf(reader: GGUFReader) -> Checkpoint:
         rope_theta=float(gguf_field(reader, "llama.rope.freq_base", 10000.0)),
         rms_norm_eps=float(gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position=int(gguf_field(reader, "llama.context_length", 2048)),
-        tie_embeddings="lm_head.weight" not in tensors,
+        tie_embeddings="output.weight" not in shapes,
         bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
     )
-    return Checkpoint(args, tensors)
 
 
 def _gguf_to_hf_name(name: str) -> str:
@@ -185,6 +203,16 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
 def _load_hf_folder(folder: Path) -> Checkpoint:
     from safetensors.torch import load_file
 
+    args = hf_args(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{folder}: no *.safetensors files")
+    tensors = {k: v.float() for f in files for k, v in load_file(f).items()}
+    return Checkpoint(args, tensors)
+
+
+def hf_args(folder: Path) -> ModelArgs:
+    """The architecture a Hugging Face folder's `config.json` states (a plain Llama only)."""
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") != "llama":
         raise ConfigError(f"{folder}: model_type {config.get('model_type')!r} is not 'llama'")
@@ -193,13 +221,9 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise ConfigError(f"{folder}: RoPE scaling {rope!r} is not supported")
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"{folder}: no *.safetensors files")
-    tensors = {k: v.float() for f in files for k, v in load_file(f).items()}
     heads = int(config["num_attention_heads"])
     eos = config.get("eos_token_id")
-    args = ModelArgs(
+    return ModelArgs(
         vocab_size=int(config["vocab_size"]),
         hidden_size=int(config["hidden_size"]),
         intermediate_size=int(config["intermediate_size"]),
@@ -214,4 +238,3 @@ def _load_hf_folder(folder: Path) -> Checkpoint:
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
     )
-    return Checkpoint(args, tensors)

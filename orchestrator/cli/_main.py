@@ -1,5 +1,5 @@
 """The `orchestrator` command: run, resume, reduce, tail, show, list, eval, compare, curve,
-validate, schema, serve, view, budget.
+validate, schema, serve, view, budget, doctor.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
 quorum, 4 the run ended without an answer, 130/143 interrupted by SIGINT/SIGTERM (resumable).
@@ -23,6 +23,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         import lanefold.cli._compare as compare_cli
         import lanefold.cli._curve as curve_cli
         import lanefold.cli._datasets as datasets_cli
+        import lanefold.cli._doctor as doctor_cli
         import lanefold.cli._eval as eval_cli
         import lanefold.cli._list as list_cli
         import lanefold.cli._runs as runs
@@ -58,6 +59,7 @@ _GROUPS = (
     serve_cli,
     view_cli,
     schema_cli,
+    doctor_cli,
 )
 _COMMANDS: dict[str, Handler] = {}
 

@@ -153,13 +153,14 @@ def read_state(store: Store, run_id: str) -> RunState:
 
 def run_record(store: Store, run_id: str, state: RunState | None = None) -> dict[str, Any]:
     """What `show --json` prints of a run: a finished run's result with its reductions, else
-    where it stands (interrupted, failed, unfinished) and what it has done so far. Read
-    through `read_state` (every line checked), unless `state` is what `read_state` gave."""
+    where it stands (interrupted, failed, unfinished) and what it has done so far; and the
+    backend it ran on (`backend_record`). Read through `read_state` (every line checked),
+    unless `state` is what `read_state` gave."""
     state = state if state is not None else read_state(store, run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
     if state.result is not None:
         result = RunResult.model_validate(state.result)
-        return {**result.model_dump(mode="json"), "reductions": reductions}
+        return {**result.model_dump(mode="json"), "reductions": reductions, "backend": backend_record(state)}
     status = "failed" if state.failure else "interrupted" if state.interrupted else "unfinished"
     return {
         "run_id": state.run_id,
@@ -173,4 +174,23 @@ def run_record(store: Store, run_id: str, state: RunState | None = None) -> dict
         ),
         "events": store.location(run_id),
         "reductions": reductions,
+        "backend": backend_record(state),
     }
+
+
+def backend_record(state: RunState) -> dict[str, Any]:
+    """The backend a run ran on, as its log tells it: the name `run.started` gives, and each
+    note its lanes' `lane.completed` carried as a mapping among their backend figures (the
+    engine's `decode_paths`: which kernels its steps took) once per distinct value, in the order
+    the lanes landed. Per-lane figures (token counts and the like) stay in the lanes' events."""
+    lanes = sorted(
+        (s for w in state.waves.values() for s in w.lanes.values() if s.backend),
+        key=lambda s: s.landed_at or 0,
+    )
+    notes: dict[str, list[Any]] = {}
+    for lane in lanes:
+        for key, value in (lane.backend or {}).items():
+            seen = notes.setdefault(key, []) if isinstance(value, dict) else None
+            if seen is not None and value not in seen:
+                seen.append(value)
+    return {"name": state.started.backend if state.started else None, **notes}

@@ -27,6 +27,7 @@ def test_run_sync_returns_a_run_result(runs: Path, capsys: pytest.CaptureFixture
     shown = cli(capsys, "show", result.run_id, "--runs-dir", runs, "--json")
     shown_json = shown.json
     assert shown_json.pop("reductions")[0]["reducer"] == "majority_vote"
+    assert shown_json.pop("backend")["name"].startswith("simulated")  # the backend it ran on
     assert shown_json == result.model_dump(mode="json")
     again = lanefold.resume_sync(result.run_id, runs_dir=runs)
     assert again == result

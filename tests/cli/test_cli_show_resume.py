@@ -29,10 +29,12 @@ def test_show_and_resume_print_the_runs_object(
     shown = cli(capsys, "show", "done", "--runs-dir", runs, "--json")
     resumed = cli(capsys, "resume", "done", "--runs-dir", runs, "--json")
     assert (shown.code, resumed.code) == (0, 0)
-    # show adds every reduction of the run, its own first
+    # show adds every reduction of the run, its own first, and the backend it ran on
     shown_json = shown.json
     reductions = shown_json.pop("reductions")
     assert [r["reduction"] for r in reductions] == [1]
+    started = json.loads(log.read_text().splitlines()[0])
+    assert shown_json.pop("backend") == {"name": started["data"]["backend"]}  # (no structured notes)
     assert reductions[0]["winner"] == finished.json["answer"]
     assert shown_json == finished.json
     assert resumed.json == finished.json

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from tiny import TINY, byte_tokenizer, tiny_checkpoint  # noqa: E402
 
+from lanefold.backends.engine._decode_paths import Measure, Shape, choose_paths  # noqa: E402
 from lanefold.backends.engine._engine import Engine  # noqa: E402
 from lanefold.backends.engine._model import build_model  # noqa: E402
 from lanefold.backends.engine._weights import ModelArgs  # noqa: E402
@@ -30,7 +31,8 @@ def _one_thread() -> Iterator[None]:
 
 @pytest.fixture
 def make_engine() -> Callable[..., Engine]:
-    """Build an engine over the tiny model: `make_engine(block_size=.., num_blocks=.., dtype=..)`."""
+    """Build an engine over the tiny model: `make_engine(block_size=.., num_blocks=.., dtype=..)`;
+    `measure=Told(...)` takes the decode paths those trials' answers give, not this machine's."""
 
     def make(
         *,
@@ -40,8 +42,11 @@ def make_engine() -> Callable[..., Engine]:
         max_batch_lanes: int = 64,
         args: ModelArgs = TINY,
         dtype: torch.dtype = torch.float32,
+        measure: Measure | None = None,
     ) -> Engine:
-        model = build_model(tiny_checkpoint(seed, args), torch.device("cpu"), dtype)
+        cpu = torch.device("cpu")
+        paths = None if measure is None else choose_paths(Shape.of(args), dtype, cpu, measure=measure)
+        model = build_model(tiny_checkpoint(seed, args), cpu, dtype, paths=paths)
         return Engine(
             model,
             num_blocks=num_blocks,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from reference import reference_logits
-from tiny import TINY, tiny_checkpoint
+from tiny import TINY, Told, tiny_checkpoint
 
 from lanefold.backends.engine._engine import Engine
 from lanefold.backends.engine._scheduler import Step
@@ -234,27 +234,28 @@ def test_bfloat16_forks_and_mid_decode_arrivals_stay_within_rounding_of_the_refe
     import dataclasses
 
     import lanefold.backends.engine._arith as arith
-    import lanefold.backends.engine._kernels as kernels
-    import lanefold.backends.engine._model as model_module
+    from lanefold.backends.engine import _tiled_step
+    from lanefold.backends.engine._tiles import Tiles
     from lanefold.backends.engine._weights import Checkpoint
 
     native = mode != "fp32-arithmetic"
     monkeypatch.setattr(arith, "native_half", lambda dtype: native)
     args = TINY
+    measure = None
     if mode == "amx-tiles":
-        if not (arith.packs(torch.bfloat16, torch.device("cpu")) and kernels._amx_ready()):
+        if not (arith.packs(torch.bfloat16, torch.device("cpu")) and _tiled_step.ready()):
             pytest.skip("this CPU has no AMX tiles (or torch no oneDNN)")
         # every side a multiple of 32, heads of 32: the prompt's keys and values as tiles too
         args = dataclasses.replace(TINY, vocab_size=288, num_heads=2, num_kv_heads=1, head_dim=32)
-        monkeypatch.setattr(model_module, "tiles_read_faster", lambda threads, width: True)
+        measure = Told(tiles_faster=True)
     # (with AMX, a pool roomy enough that the runner keeps the prompts, and so their tiles)
     blocks = 200 if mode == "amx-tiles" else 60
-    engine = make_engine(block_size=4, num_blocks=blocks, dtype=torch.bfloat16, args=args)
+    engine = make_engine(block_size=4, num_blocks=blocks, dtype=torch.bfloat16, args=args, measure=measure)
     assert engine.runner._work == (torch.bfloat16 if native else torch.float32)
     if mode == "amx-tiles":
         model = engine.runner.model
-        assert all(isinstance(c, kernels.Tiles) for w in model.layer_weights() for c in w.packed or ())
-        assert model.head_packed is not None and isinstance(model.head_packed[2], kernels.Tiles)
+        assert all(isinstance(c, Tiles) for w in model.layer_weights() for c in w.packed or ())
+        assert model.head_packed is not None and isinstance(model.head_packed[2], Tiles)
     seen = record_steps(engine)
     arrive_mid_decode(engine)
     if mode == "amx-tiles":  # the K forks' steps took the whole-step call over the tiles
@@ -281,7 +282,7 @@ def test_an_emulated_dtype_multiplies_several_rows_in_fp32_and_a_lone_row_in_its
     rows = torch.randn(6, 32, generator=g).bfloat16()
     exact = F.linear(rows.float(), weight.float()).bfloat16()
     assert torch.equal(arith.linear(rows, weight), exact)
-    # one or two rows go through `_kernels`, which accumulate in fp32 on any CPU
+    # one or two rows go through `_products`, which accumulate in fp32 on any CPU
     torch.testing.assert_close(arith.linear(rows[:2], weight), exact[:2], atol=0.02, rtol=0.01)
     assert arith.compute_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
     assert arith.compute_dtype(torch.float32, torch.device("cpu")) == torch.float32
@@ -354,7 +355,6 @@ def test_a_lone_lanes_layers_in_one_compiled_call_match_full_recompute(
     products, its own attention over the lane, the K/V writes): fp32 logits as the full
     recompute's, bf16 within the rounding bounds of the bf16 test above."""
     pytest.importorskip("numba")
-    import lanefold.backends.engine._kernels as kernels
     import lanefold.backends.engine._model as model_module
     from lanefold.backends.engine._weights import Checkpoint
 
@@ -368,8 +368,8 @@ def test_a_lone_lanes_layers_in_one_compiled_call_match_full_recompute(
 
     monkeypatch.setattr(model_module, "lane_layers", counted)
     # the loops, not torch's products (which a measurement picks where they read faster)
-    monkeypatch.setattr(kernels, "_torch_reads_faster", lambda threads, dtype, width: False)
-    engine = make_engine(block_size=4, dtype=dtype)
+    engine = make_engine(block_size=4, dtype=dtype, measure=Told(torch_faster=False))
+    assert engine.decode_paths().lone_lane == "loops"
     seen = record_steps(engine)
     engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=20), [LaneRequest(0, 0, 20)])
     assert len(taken) == 19 and all(taken)  # every decode step, none refused
@@ -394,14 +394,13 @@ def test_a_lone_lane_over_amx_tiles_matches_its_layer_by_layer_step_and_the_refe
     import dataclasses
 
     import lanefold.backends.engine._arith as arith
-    import lanefold.backends.engine._kernels as kernels
     import lanefold.backends.engine._model as model_module
+    from lanefold.backends.engine import _tiled_step
     from lanefold.backends.engine._weights import Checkpoint
 
-    if not (arith.packs(torch.bfloat16, torch.device("cpu")) and kernels._amx_ready()):
+    if not (arith.packs(torch.bfloat16, torch.device("cpu")) and _tiled_step.ready()):
         pytest.skip("this CPU has no AMX tiles (or torch no oneDNN)")
     args = dataclasses.replace(TINY, vocab_size=288, num_heads=2, num_kv_heads=1, head_dim=32)
-    monkeypatch.setattr(model_module, "tiles_read_faster", lambda threads, width: True)
     # the loops' one-call step is not what is tested here
     monkeypatch.setattr(model_module, "lane_layers", lambda *a, **k: None)
     fused = model_module.tiled_lane_layers
@@ -415,7 +414,8 @@ def test_a_lone_lane_over_amx_tiles_matches_its_layer_by_layer_step_and_the_refe
             return made
 
         monkeypatch.setattr(model_module, "tiled_lane_layers", counted)
-        engine = make_engine(block_size=4, dtype=torch.bfloat16, args=args)
+        engine = make_engine(block_size=4, dtype=torch.bfloat16, args=args, measure=Told(tiles_faster=True))
+        assert engine.decode_paths().lone_lane == "tiles"
         assert engine.runner.model._tile_stack() is not None
         seen = record_steps(engine)
         engine.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=20), [LaneRequest(0, 0, 20)])
@@ -440,13 +440,12 @@ def test_the_forks_whole_step_over_amx_tiles_equals_the_layer_by_layer_step(
     import dataclasses
 
     import lanefold.backends.engine._arith as arith
-    import lanefold.backends.engine._kernels as kernels
     import lanefold.backends.engine._model as model_module
+    from lanefold.backends.engine import _tiled_step
 
-    if not (arith.packs(torch.bfloat16, torch.device("cpu")) and kernels._amx_ready()):
+    if not (arith.packs(torch.bfloat16, torch.device("cpu")) and _tiled_step.ready()):
         pytest.skip("this CPU has no AMX tiles (or torch no oneDNN)")
     args = dataclasses.replace(TINY, vocab_size=288, num_heads=2, num_kv_heads=1, head_dim=32)
-    monkeypatch.setattr(model_module, "tiles_read_faster", lambda threads, width: True)
     params = SamplingParams(temperature=1.0, max_tokens=6)
     lanes = [LaneRequest(i, 30 + i, 6) for i in range(5)]
     runs = []
@@ -460,7 +459,10 @@ def test_the_forks_whole_step_over_amx_tiles_equals_the_layer_by_layer_step(
 
     for fused in (True, False):
         monkeypatch.setattr(model_module, "tiled_layers", counted if fused else lambda *a, **k: None)
-        engine = make_engine(block_size=4, num_blocks=200, dtype=torch.bfloat16, args=args)
+        engine = make_engine(
+            block_size=4, num_blocks=200, dtype=torch.bfloat16, args=args, measure=Told(tiles_faster=True)
+        )
+        assert engine.decode_paths().forks == "tiles"
         seen = record_steps(engine)
         engine.generate(PROMPT, params, lanes)
         runs.append(seen)

@@ -128,6 +128,20 @@ def test_a_second_load_reads_the_cache_and_equals_the_first(model_file: Path) ->
     assert tok_again.decode(tok_again.encode(text)) == tok_first.decode(tok_first.encode(text))
 
 
+def test_the_architecture_is_read_from_the_header_or_the_entry_alone(model_file: Path) -> None:
+    """What `orchestrator doctor` reads of a model: the GGUF's header (no tensor dequantised),
+    or, once the cache has the model, the entry's metadata; both the loaded architecture."""
+    from lanefold.backends.engine._weight_cache import cached_args
+    from lanefold.backends.engine._weights import gguf_args, open_gguf
+
+    assert cached_args(model_file) is None  # no entry yet
+    loaded = cached_checkpoint(model_file, open_lazily(model_file)).args
+    assert gguf_args(open_gguf(model_file)) == loaded == cached_args(model_file)
+    entry = cache_dir() / gguf_key(model_file) / "model.safetensors"
+    entry.write_bytes(entry.read_bytes()[:100])  # torn: no architecture, and no error
+    assert cached_args(model_file) is None
+
+
 def test_an_engine_from_the_cache_generates_what_the_first_load_did(model_file: Path) -> None:
     config = EngineConfig(model=str(model_file), device="cpu", num_blocks=64)
     params = SamplingParams(temperature=0.8, max_tokens=6)

@@ -5,13 +5,16 @@ A plain module (not conftest) so test files import it by a name no other folder 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from lanefold.backends.engine._model import CausalLM
 from lanefold.backends.engine._tokenizer import Tokenizer
+from lanefold.backends.engine._trials import Trial
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
-__all__ = ("TINY", "byte_tokenizer", "tiny_checkpoint")
+__all__ = ("TINY", "Told", "byte_tokenizer", "tiny_checkpoint")
 
 TINY = ModelArgs(
     vocab_size=256 + 4,
@@ -53,3 +56,21 @@ def byte_tokenizer() -> Tokenizer:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     return Tokenizer(backend)
+
+
+@dataclass
+class Told:
+    """The load-time trials answering as a test tells them (`_decode_paths.Measure`), counting
+    how often each was asked: a choice made with them is neither read from nor kept in the cache."""
+
+    torch_faster: bool = False
+    tiles_faster: bool = False
+    asked: int = 0
+
+    def products(self, threads: int, dtype: torch.dtype, width: int) -> Trial:
+        self.asked += 1
+        return Trial(self.torch_faster, {"loops": 1.0, "torch": 0.5 if self.torch_faster else 2.0})
+
+    def tiles(self, threads: int, width: int) -> Trial:
+        self.asked += 1
+        return Trial(self.tiles_faster, {"onednn": 1.0, "tiles": 0.5 if self.tiles_faster else 2.0})
