@@ -270,8 +270,8 @@ class Loop(Protocol):
     """A coordination loop: `Loop(params)` then `await loop.run(ctx, question)`.
 
     What the facade needs besides, a loop declares on its class (each optional; the defaults
-    are `lanefold.primitives`' `cost_shape`, `fit_params`, `loop_reducer`, `reduced_lanes`
-    and `audit_run`): `cost_shape(params, *, prompt_tokens, max_tokens) -> CostShape | None`
+    are `loop_reducer` and, in `lanefold.primitives.internal`, `cost_shape`, `fit_params`,
+    `reduced_lanes` and `audit_run`): `cost_shape(params, *, prompt_tokens, max_tokens) -> CostShape | None`
     (its worst case for a question), `fit(params, budget: Allowance) -> params` (how it spends
     a per-question budget, for `compare --equal-budget`), `reducer(params) -> ReducerChoice |
     None` (the reducer of its own reduce), `candidates(params, state) -> list[Lane] | None`

@@ -12,17 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from lanefold.execution import RunResult
-from lanefold.primitives import (
-    REDUCERS,
-    Reduction,
-    RunState,
-    reducer_traits,
-    score_summary,
-    scores_line,
-    tally,
-    vote_summary,
-)
+from lanefold.primitives import REDUCERS, Reduction, RunState, reducer_traits, score_summary, vote_summary
 from lanefold.primitives.events import AnyEvent
+from lanefold.primitives.internal import scores_line, tally
 
 __all__ = ("Progress", "describe", "result_line", "summary", "tally")
 

@@ -27,14 +27,9 @@ from lanefold.execution import (
     Store,
     open_store,
 )
-from lanefold.primitives import (
-    HOOKS,
-    ConfigError,
-    RunState,
-    build_hook,
-    redact_url,
-)
+from lanefold.primitives import HOOKS, ConfigError, RunState, redact_url
 from lanefold.primitives.events import AnyEvent
+from lanefold.primitives.internal import build_hook
 
 __all__ = (
     "EXIT_NO_ANSWER",

@@ -67,11 +67,10 @@ from lanefold.primitives import (
     LogCorruptError,
     RunInUseError,
     RunState,
-    plugin_folders,
     redact_url,
-    stopped_for_budget,
     validate_run_id,
 )
+from lanefold.primitives.internal import plugin_folders, stopped_for_budget
 
 __all__ = ("OnResult", "OnStart", "questions_hash", "read_manifest", "resume_hint", "run_eval", "scored_row")
 

@@ -40,15 +40,8 @@ import anyio
 
 from lanefold.coordinators import CommandVerifier
 from lanefold.evaluate._item import Item
-from lanefold.primitives import (
-    ConfigError,
-    NotOfKindError,
-    Registry,
-    Verdict,
-    Verifier,
-    import_object,
-    normalize_answer,
-)
+from lanefold.primitives import ConfigError, NotOfKindError, Registry, Verdict, Verifier, normalize_answer
+from lanefold.primitives.internal import import_object
 
 __all__ = (
     "SCORERS",

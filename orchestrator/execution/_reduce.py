@@ -50,13 +50,11 @@ from lanefold.primitives import (
     Verifier,
     get_logger,
     loop_reducer,
-    plugin_folders,
     reducer_traits,
-    reread_lanes,
     resolve_reducer,
 )
 from lanefold.primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
-from lanefold.primitives.internal import HookRunner, Recorder
+from lanefold.primitives.internal import HookRunner, Recorder, plugin_folders, reread_lanes
 
 __all__ = ("ReduceHost", "reduce_run")
 

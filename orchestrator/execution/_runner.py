@@ -28,7 +28,6 @@ from lanefold.primitives import (
     NonDeterminismError,
     Outcome,
     PromptForm,
-    RetryPolicy,
     RunError,
     RunState,
     Verifier,
@@ -46,7 +45,7 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
-from lanefold.primitives.internal import Dispatcher, Recorder, RunContext
+from lanefold.primitives.internal import Dispatcher, Recorder, RetryPolicy, RunContext
 
 __all__ = (
     "Observer",

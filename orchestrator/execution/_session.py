@@ -63,10 +63,9 @@ from lanefold.primitives import (
     RunState,
     StoreError,
     Verifier,
-    plugin_folders,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
-from lanefold.primitives.internal import HookRunner, Recorder, check_sendable
+from lanefold.primitives.internal import HookRunner, Recorder, check_sendable, plugin_folders
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 

@@ -24,16 +24,18 @@ from lanefold.primitives import (
     ConfigError,
     LogCorruptError,
     Pricing,
-    ReplaySettings,
     RunNotFoundError,
     RunState,
     Store,
-    audit_run,
     fold,
     loop_reducer,
     new_run_id,
-    plugin_folders,
     resolve_reducer,
+)
+from lanefold.primitives.internal import (
+    ReplaySettings,
+    audit_run,
+    plugin_folders,
     store_for_url,
     without_plugin_imports,
 )

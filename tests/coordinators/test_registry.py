@@ -12,8 +12,9 @@ from pydantic import BaseModel
 
 import lanefold
 from lanefold.coordinators import vote
-from lanefold.primitives import LOOPS, REDUCERS, ConfigError, Lane, resolve_loop, resolve_reducer
+from lanefold.primitives import LOOPS, REDUCERS, ConfigError, Lane, resolve_reducer
 from lanefold.primitives import _registry as registry
+from lanefold.primitives.internal import resolve_loop
 
 ENTRY_POINTS = """\
 [lanefold.loops]
