@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 from urllib.parse import urlsplit
 
-from lanefold.primitives._errors import ConfigError
+from lanefold.primitives._errors import ConfigError, PluginImportError, PluginNotImportedError
 
 __all__ = (
     "EXECUTORS",
@@ -62,7 +62,7 @@ _PATH_LOCK = threading.RLock()  # sys.path is the process's: one temporary chang
 @contextlib.contextmanager
 def without_plugin_imports() -> Iterator[list[str]]:
     """Within the block, `import_object` imports nothing new: a module not imported yet is a
-    ConfigError, its spec added to the list yielded. For readers of a record (`tail`, `show`),
+    PluginNotImportedError, its spec added to the list yielded. For readers of a record (`tail`, `show`),
     which print what was recorded and never need to run a plug-in's code."""
     skipped: list[str] = []
     token = _SKIPPED.set(skipped)
@@ -90,7 +90,7 @@ def import_object(spec: str, *, key: str) -> Any:
     The module is looked up in the folders of `plugin_folders`, then the working directory,
     then `sys.path`; those folders are on the path only while it imports (a module beside its
     config may import its own siblings). Any failure, an exit at import included, is a
-    ConfigError naming `key`.
+    PluginImportError naming `key` (a PluginNotImportedError within `without_plugin_imports`).
     """
     module_name, colon, attr = spec.partition(":")
     if not (module_name and colon and attr):
@@ -98,13 +98,17 @@ def import_object(spec: str, *, key: str) -> Any:
     skipped = _SKIPPED.get()
     if skipped is not None and module_name not in sys.modules:
         skipped.append(spec)
-        raise ConfigError(f"{key}: {spec!r} is not imported by a reader of the record")
+        raise PluginNotImportedError(
+            f"{key}: {spec!r} is not imported by a reader of the record", key=key, spec=spec
+        )
     try:
         found: Any = _import_module(module_name)
         for part in attr.split("."):
             found = getattr(found, part)
     except (Exception, SystemExit) as exc:  # a user's module may fail (or exit) in any way
-        raise ConfigError(f"{key}: cannot import {spec!r}: {type(exc).__name__}: {exc}") from None
+        raise PluginImportError(
+            f"{key}: cannot import {spec!r}: {type(exc).__name__}: {exc}", key=key, spec=spec
+        ) from None
     return found
 
 

@@ -83,6 +83,8 @@ PRIMITIVES_PUBLIC = frozenset(
         "NonDeterminismError",
         "NotOfKindError",
         "Outcome",
+        "PluginImportError",
+        "PluginNotImportedError",
         "PrefixSharing",
         "Pricing",
         "PromptForm",

@@ -42,6 +42,8 @@ from lanefold.primitives import (
     JudgeSettings,
     LaneTokens,
     Limits,
+    PluginImportError,
+    PluginNotImportedError,
     Pricing,
     PromptForm,
     SamplingParams,
@@ -527,11 +529,27 @@ def parse_config(
     return config
 
 
+class _Said(str):
+    """One line of `_validate`'s errors that came from a plug-in that cannot be imported: it
+    keeps the error, so `_parse` raises its class (a reader acts on the class, never the words)."""
+
+    error: PluginImportError
+
+    @classmethod
+    def of(cls, line: str, error: PluginImportError) -> _Said:
+        said = cls(line)
+        said.error = error
+        return said
+
+
 def _parse(raw: dict[str, Any], source: str) -> LoopConfig:
     config, errors = _validate(raw, source)
     if config is None:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{errors[0]}{more}") from None
+        first = errors[0]
+        if isinstance(first, _Said):
+            raise PluginImportError(f"{first}{more}", key=first.error.key, spec=first.error.spec) from None
+        raise ConfigError(f"{first}{more}") from None
     return config
 
 
@@ -562,6 +580,8 @@ def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list
                 loop_class: Any = resolve_loop(coordinator)
                 section = _section_model(loop_class)
                 section.model_validate_json(json.dumps(loop, default=str), strict=True)
+            except PluginImportError as exc:
+                errors.append(_Said.of(f"{source}: {exc}", exc))
             except ConfigError as exc:
                 errors.append(f"{source}: {exc}")
             except ValidationError as exc:
@@ -594,7 +614,7 @@ def _hook_errors(table: Mapping[str, Any], i: int) -> list[str]:
     try:
         found = HOOKS.resolve(kind, key=f"{where}.kind")
     except ConfigError as exc:
-        if "not imported by a reader of the record" in str(exc):
+        if isinstance(exc, PluginNotImportedError):
             return []  # `tail`/`show` read a record and never run its hooks
         return [str(exc)]
     keys = {key: value for key, value in table.items() if key != "kind"}
@@ -875,21 +895,28 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
             config = parse_config(
                 state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
             )
-    except ConfigError as exc:
-        if "loop.coordinator: cannot import" in str(exc):
+    except PluginImportError as exc:
+        if exc.key == "loop.coordinator":  # no other version would read it: where to run it
             folder = state.started.config_dir or "the folder of its config"
-            raise ConfigError(
+            raise PluginImportError(
                 f"{exc}; the loop must be importable to go on: run from {folder} "
-                f"or put the folder that holds it on PYTHONPATH"
+                f"or put the folder that holds it on PYTHONPATH",
+                key=exc.key,
+                spec=exc.spec,
             ) from None
-        raise ConfigError(
-            f"{exc} (written by lanefold {state.started.library_version}, this is {VERSION})"
-        ) from None
+        raise _written_by(exc, state.started.library_version) from None
+    except ConfigError as exc:
+        raise _written_by(exc, state.started.library_version) from None
     prompt = state.started.config.get("prompt")
     # A log from before `[prompt] form`: its lanes sent what the rule of its day said, and a
     # resume must send the same (a wave's missing lanes, a later wave of the same run).
     config._recorded_before_form = not (isinstance(prompt, dict) and "form" in prompt)
     return config
+
+
+def _written_by(exc: ConfigError, version: str) -> ConfigError:
+    """A recorded config this version refuses, said with the version that wrote it."""
+    return ConfigError(f"{exc} (written by lanefold {version}, this is {VERSION})")
 
 
 def config_hash(config: LoopConfig) -> str:
