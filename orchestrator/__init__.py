@@ -1,5 +1,5 @@
 """lanefold's public facade: run and resume loops, load configs, read results and event logs,
-and plug in loops, reducers, backends and verifiers.
+and plug in loops, reducers, backends, stores, executors, hooks, scorers and verifiers.
 
     import lanefold
     result = lanefold.run_sync(lanefold.load_config("loop.toml"), question="...")
@@ -97,6 +97,7 @@ if TYPE_CHECKING:
         register_loop,
         register_reducer,
         register_store,
+        register_verifier,
     )
     from lanefold.stores.files import JsonlEventLog, RunStore
     from lanefold.stores.postgres import PgStore
@@ -170,6 +171,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "register_loop",
         "register_reducer",
         "register_store",
+        "register_verifier",
         "Hook",
     ),
 }
@@ -239,6 +241,7 @@ __all__ = (
     "register_reducer",
     "register_scorer",
     "register_store",
+    "register_verifier",
     "resume",
     "resume_sync",
     "run",

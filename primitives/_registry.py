@@ -247,17 +247,20 @@ class Registry(Generic[T]):
         return sorted(self._table.items(), key=lambda item: item[0])
 
     def load_entry_points(self, key: str | None = None) -> None:
-        """Register every entry point of the kind's group, once; one that fails (or exits) at
-        import is a ConfigError naming `key`, where a config key asked for the lookup."""
+        """Register every entry point of the kind's group, once. One that fails (or exits) at
+        import, or that names another object under a name already registered, is a ConfigError
+        naming the entry point (and `key`, where a config key asked for the lookup), told again
+        at the next lookup: a name is one plug-in, never the first of two found."""
         with self._lock:
             if self._loaded:
                 return
             self._loaded = True
+        where = f"{key}: " if key else ""
         for entry in importlib.metadata.entry_points(group=self.group):
             try:
                 found = entry.load()  # importing the module also runs its decorators
             except (Exception, SystemExit) as exc:  # a broken plug-in must not end the process
-                where = f"{key}: " if key else ""
+                self._loaded = False
                 raise ConfigError(
                     f"{where}entry point {entry.name!r} in {self.group}: cannot "
                     f"load {entry.value!r}: {type(exc).__name__}: {exc}"
@@ -267,11 +270,13 @@ class Registry(Generic[T]):
                     self._check(found, key or self.key)
             except ConfigError:
                 continue  # a module registering by decorator may point its entry at anything
-            with self._lock:
-                name = self._name_of(found)
-                if isinstance(name, str):
-                    self._table.setdefault(name, found)
-                self._table.setdefault(entry.name, found)  # the entry point's name works too
+            name = self._name_of(found)
+            try:
+                for each in dict.fromkeys([*([name] if isinstance(name, str) else []), entry.name]):
+                    self.add(each, found)  # the entry point's own name works too
+            except ConfigError as exc:
+                self._loaded = False
+                raise ConfigError(f"{where}entry point {entry.name!r} in {self.group}: {exc}") from None
 
     def snapshot(self) -> tuple[dict[str, T], bool]:
         """The table and whether entry points were loaded (tests restore them)."""

@@ -77,6 +77,7 @@ PUBLIC_NAMES = frozenset(
         "register_loop",
         "register_reducer",
         "register_scorer",
+        "register_verifier",
         "register_store",
         "register_executor",
         "Hook",

@@ -6,6 +6,10 @@ found where it was, with a warning, for one minor release (docs/deprecations.md)
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -335,3 +339,50 @@ def test_plug_in_packages_need_only_the_public_names(folder: str) -> None:
     names alone: what the built-ins need, an extender's package may need too."""
     wrong = sorted(line for path in (ROOT / folder).rglob("*.py") for line in _internal_imports(path))
     assert wrong == []
+
+
+# -- built-ins register once: by the import of their module, never by an entry point of ours ----
+
+BUILT_INS = {
+    "loop": ["adaptive_sample", "debate", "parallel_sample", "plan_verify_replan", "sequential_refine"],
+    "reducer": ["any_pass", "judge_argmax", "majority_vote", "usc", "weighted_vote"],
+    "backend": ["engine", "openai", "simulated"],
+    "store": ["files", "postgres"],
+    "executor": ["local", "ray"],
+    "hook": ["otel"],
+    "scorer": ["exact", "humaneval", "numeric"],
+    "verifier": ["command"],
+}
+# What the facade imports where it resolves each kind; installed metadata is hidden from it.
+BY_IMPORT_ALONE = """
+import importlib.metadata as metadata, json
+metadata.entry_points = lambda **_: metadata.EntryPoints(())
+import lanefold.config, lanefold.evaluate, lanefold.execution
+from lanefold.primitives import BACKENDS, EXECUTORS, HOOKS, LOOPS, REDUCERS, STORES, VERIFIERS
+from lanefold.evaluate import SCORERS
+kinds = (LOOPS, REDUCERS, BACKENDS, STORES, EXECUTORS, HOOKS, SCORERS, VERIFIERS)
+print(json.dumps({kind.kind: kind.names() for kind in kinds}))
+"""
+
+
+def test_the_built_ins_register_by_the_import_of_their_modules_alone() -> None:
+    """Without any installed entry point, each built-in is known once the facade is imported:
+    registered by its own module (a decorator, or a lazy import where its module is heavy).
+    On main the `otel` hook was known only through the package's entry point."""
+    done = subprocess.run(
+        [sys.executable, "-c", BY_IMPORT_ALONE], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == BUILT_INS
+
+
+def test_no_entry_point_of_ours_registers_a_built_in_again() -> None:
+    """One way per built-in: the imports above. An entry point in our own pyproject.toml would
+    register each a second time (on main, every loop, reducer, backend, store and executor)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    ours = {
+        group: names
+        for group, names in project.get("entry-points", {}).items()
+        if group.startswith("lanefold.")
+    }
+    assert ours == {}

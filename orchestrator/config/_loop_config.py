@@ -29,9 +29,9 @@ from pydantic import (
 )
 
 import lanefold.backends  # registers the built-in backends
-import lanefold.coordinators  # registers the built-in loops and reducers
+import lanefold.coordinators  # registers the built-in loops, reducers and verifiers
 import lanefold.stores  # noqa: F401  # registers the built-in stores
-from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP
+from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP, OTEL_HOOK
 from lanefold.primitives import (
     BACKENDS,
     HOOKS,
@@ -71,6 +71,11 @@ if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
     from lanefold.primitives import RunState
+
+
+# The facade's own hook registers as a plug-in's would, once; its module imports this one, so
+# it is imported where a config first names it.
+HOOKS.add_lazy(OTEL_HOOK, "lanefold.telemetry:OtelHook")
 
 __all__ = (
     "DEFAULT_BACKEND",
@@ -245,7 +250,9 @@ class JudgeSection(_Section):
 
     template: str | None = None
     verifier: str | None = Field(
-        None, description="a registered verifier's name, or module:function returning a score"
+        None,
+        description="a registered verifier's NAME or NAME:ARG (command:ARGV), "
+        "or module:function returning a score",
     )
     verifier_command: list[str] | None = Field(
         None,
@@ -283,8 +290,10 @@ class JudgeSection(_Section):
     @classmethod
     def _module_function(cls, value: str | None) -> str | None:
         named = value is not None and re.fullmatch(r"[a-z][a-z0-9_]*", value) is not None
-        if value is not None and not named and (value.count(":") != 1 or not all(value.split(":"))):
-            raise ValueError("verifier must look like 'module:function' (or a registered verifier's name)")
+        if value is not None and not named and not all(value.partition(":")[::2]):
+            raise ValueError(
+                "verifier must look like 'module:function' (or a registered verifier's NAME or NAME:ARG)"
+            )
         return value
 
 

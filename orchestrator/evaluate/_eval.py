@@ -46,7 +46,8 @@ from lanefold.evaluate._eval_records import (
     summarize,
 )
 from lanefold.evaluate._item import Item
-from lanefold.evaluate._scoring import Score, Scorer, resolve_scorer
+from lanefold.evaluate._scorer import Score, Scorer
+from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.execution import (
     Executor,
     Job,
