@@ -103,7 +103,15 @@ from lanefold.primitives._eventlog import (
     read_event,
     validate_run_id,
 )
-from lanefold.primitives._hooks import END_TIMEOUT_S, HOOKS, QUEUE_LIMIT, Hook, register_hook
+from lanefold.primitives._hooks import (
+    END_TIMEOUT_S,
+    HOOKS,
+    QUEUE_LIMIT,
+    EndHook,
+    EventHook,
+    Hook,
+    register_hook,
+)
 from lanefold.primitives._judge import (
     JudgeResult,
     JudgeTieBreak,
@@ -138,6 +146,7 @@ from lanefold.primitives._registry import (
     register_store,
     resolve_reducer,
 )
+from lanefold.primitives._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
 from lanefold.primitives._secrets import check_headers, check_headers_env, headers_from_env, read_secret
 from lanefold.primitives._shape import WaveShape, readable_number
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
@@ -203,9 +212,12 @@ __all__ = (
     "ConfigError",
     "ContextLengthError",
     "ContextWindow",
+    "CostBreakdown",
     "CostShape",
+    "EndHook",
     "EvalRecord",
     "Event",
+    "EventHook",
     "EventLog",
     "ExtractMethod",
     "ExtractSpec",
@@ -221,6 +233,7 @@ __all__ = (
     "LaneJob",
     "LaneOutcome",
     "LaneRequest",
+    "LaneResult",
     "LaneState",
     "LaneTokens",
     "LanefoldError",
@@ -254,8 +267,10 @@ __all__ = (
     "RequestRejectedError",
     "Room",
     "RunError",
+    "RunFailure",
     "RunInUseError",
     "RunNotFoundError",
+    "RunResult",
     "RunState",
     "RunStatus",
     "RunSummary",
@@ -271,6 +286,7 @@ __all__ = (
     "TextDelta",
     "TornTail",
     "Usage",
+    "UsageBreakdown",
     "Verdict",
     "Verifier",
     "VerifierFn",

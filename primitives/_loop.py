@@ -283,6 +283,8 @@ class Loop(Protocol):
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]]
 
+    def __init__(self, params: BaseModel) -> None: ...  # its own `Params`, validated
+
     async def run(self, ctx: LoopContext, question: str) -> Outcome: ...
 
 
@@ -304,5 +306,7 @@ class Reducer(Protocol):
 
     name: ClassVar[str]
     needs_judge: ClassVar[bool]
+
+    def __init__(self, options: ReduceOptions | None = None) -> None: ...
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction: ...

@@ -55,6 +55,7 @@ from lanefold.primitives._registry import (
     without_plugin_imports,
 )
 from lanefold.primitives._replay import ReplaySettings
+from lanefold.primitives._result import failed_result, result_from_state
 from lanefold.primitives._secrets import secret_header
 from lanefold.primitives._shape import shape_waves
 from lanefold.primitives._since import at_most, reading_a_record
@@ -86,6 +87,7 @@ __all__ = (
     "closing",
     "cost_of",
     "cost_shape",
+    "failed_result",
     "fit_params",
     "hook_params",
     "import_object",
@@ -102,6 +104,7 @@ __all__ = (
     "request_size",
     "reread_lanes",
     "resolve_loop",
+    "result_from_state",
     "scores_line",
     "secret_header",
     "shape_waves",

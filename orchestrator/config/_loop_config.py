@@ -39,9 +39,11 @@ from lanefold.primitives import (
     BackendSpec,
     ConfigError,
     ExtractSpec,
+    Hook,
     JudgeSettings,
     LaneTokens,
     Limits,
+    Loop,
     PluginImportError,
     PluginNotImportedError,
     Pricing,
@@ -432,16 +434,16 @@ class LoopConfig(_Section):
         `module:attr` plug-ins are looked up first; runs record it."""
         return self._folder
 
-    def build_hooks(self) -> list[Any]:
+    def build_hooks(self) -> list[Hook]:
         """The hooks the `[[hooks]]` tables name, built fresh (one set per run)."""
-        built: list[Any] = []
+        built: list[Hook] = []
         with plugin_folders(self._folder):
             for i, section in enumerate(self.hooks, 1):
                 found = HOOKS.resolve(section.kind, key=f"hooks[{i}].kind")
                 built.append(build_hook(found, section.__pydantic_extra__ or {}))
         return built
 
-    def loop_class(self) -> type[Any]:
+    def loop_class(self) -> type[Loop]:
         with plugin_folders(self._folder):
             return resolve_loop(self.loop.coordinator)
 

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -64,6 +63,7 @@ from lanefold.primitives import (
     BudgetExhaustedError,
     ConfigError,
     EvalRecord,
+    Hook,
     LanefoldError,
     LogCorruptError,
     RunInUseError,
@@ -108,7 +108,7 @@ async def run_eval(
     clock: Callable[[], float] = time.monotonic,
     store: str | Store | None = None,
     executor: Executor | str | None = None,
-    hooks: Sequence[Any] = (),
+    hooks: Sequence[Hook] = (),
     fitted_to: FittedBudget | None = None,
 ) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.

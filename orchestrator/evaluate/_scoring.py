@@ -167,11 +167,11 @@ class CustomScorer:
         return None
 
 
-def _import(spec: str) -> Callable[..., Any]:
+def _import(spec: str) -> Callable[..., object]:
     target = import_object(spec, key="--scorer")
     if not callable(target):
         raise ConfigError(f"--scorer: {spec!r} is not callable")
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 # Runs the program read from stdin with its prints kept off stdout (where the verdict goes);

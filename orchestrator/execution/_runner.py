@@ -15,7 +15,6 @@ import anyio
 import structlog
 
 from lanefold.config import LoopConfig
-from lanefold.execution._result import RunResult, result_from_state
 from lanefold.primitives import (
     Backend,
     BackendSpec,
@@ -29,6 +28,7 @@ from lanefold.primitives import (
     Outcome,
     PromptForm,
     RunError,
+    RunResult,
     RunState,
     Verifier,
     get_logger,
@@ -45,7 +45,7 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
-from lanefold.primitives.internal import Dispatcher, Recorder, RetryPolicy, RunContext
+from lanefold.primitives.internal import Dispatcher, Recorder, RetryPolicy, RunContext, result_from_state
 
 __all__ = (
     "Observer",

@@ -16,7 +16,6 @@ from pydantic import ValidationError
 
 import lanefold.stores  # noqa: F401  (the built-in stores register themselves)
 from lanefold.config import DEFAULT_STORE, LoopConfig, recorded_config
-from lanefold.execution._result import RunResult
 from lanefold.primitives import (
     STORES,
     AnyEvent,
@@ -25,6 +24,7 @@ from lanefold.primitives import (
     LogCorruptError,
     Pricing,
     RunNotFoundError,
+    RunResult,
     RunState,
     Store,
     fold,
