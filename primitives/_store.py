@@ -375,9 +375,16 @@ class BudgetStore(Protocol):
 
     def read_budget(self, name: str) -> BudgetView | None: ...
 
-    def set_budget(self, name: str, **limits: Any) -> BudgetView:
-        """Create the budget or change its limits (a limit not given keeps its value; a new
-        budget is unlimited where none is given)."""
+    def set_budget(
+        self,
+        name: str,
+        *,
+        max_tokens: int | None = ...,
+        max_cost_usd: float | None = ...,
+        max_requests: int | None = ...,
+    ) -> BudgetView:
+        """Create the budget or change its limits (a limit not given keeps its value, None
+        lifts it; a new budget is unlimited where none is given)."""
         ...
 
     def start_budget(self, name: str, spent: tuple[int, float, int]) -> BudgetView:
