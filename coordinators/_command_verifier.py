@@ -1,6 +1,8 @@
 """A command as a verifier: the candidate text on stdin, its exit status and stdout the verdict.
 
-It lives beside the reducers that call verifiers, not in primitives: it starts processes.
+It lives beside the reducers that call verifiers, not in primitives: it starts processes. It is
+the built-in verifier `command` (`[judge] verifier = "command:python check.py"`, the same as
+`verifier_command = ["python", "check.py"]`), registered as every kind's built-ins are.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from lanefold.primitives import (
     check_verifier_limits,
     import_verifier,
     one_line,
+    register_verifier,
 )
 
 __all__ = ("CommandVerifier", "as_verifier")
@@ -32,6 +35,7 @@ __all__ = ("CommandVerifier", "as_verifier")
 _POSIX = os.name == "posix"
 
 
+@register_verifier("command")
 class CommandVerifier:
     """A command as a Verifier: the candidate text on stdin, exit status 0 passes.
 
@@ -65,6 +69,23 @@ class CommandVerifier:
 
     def __repr__(self) -> str:
         return f"CommandVerifier({self.name!r}, timeout_s={self._timeout_s})"
+
+    @classmethod
+    def from_spec(
+        cls, argument: str | None, *, timeout_s: float | None = 30.0, max_concurrency: int = 4
+    ) -> CommandVerifier:
+        """`command:ARGV`: the argument split as a shell splits words (`shlex`), never run by a
+        shell; the name a command verifier records (`command:<argv>`) makes the same one."""
+        try:
+            argv = shlex.split(argument or "")
+        except ValueError as exc:
+            raise ConfigError(f"judge.verifier: {'command:' + (argument or '')!r}: {exc}") from None
+        if not argv:
+            raise ConfigError(
+                "judge.verifier: the command verifier runs a command: "
+                "'command:ARGV' (or judge.verifier_command)"
+            )
+        return cls(argv, timeout_s=timeout_s, max_concurrency=max_concurrency)
 
     async def verify(self, question: str, text: str, answer: str | None) -> Verdict:
         """Run the command once on `text`; its exit status and stdout make the Verdict."""

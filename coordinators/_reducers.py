@@ -5,7 +5,7 @@ live in primitives; a reducer that needs a model (the LLM judge, usc) asks for i
 `ctx.wave`, so its calls are governed, priced on the verifier line and resumable, and a
 verifier's verdicts go through `ctx.verify`, recorded as `judge.completed`. So each is a
 function of what the log holds and declares `replays`: reading a run's log re-runs its reduce
-there (`lanefold.primitives.audit_run`) and refuses a `reduce.completed` it does not give.
+there (the facade's `audit_run`) and refuses a `reduce.completed` it does not give.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """lanefold's public facade: run and resume loops, load configs, read results and event logs,
-and plug in loops, reducers, backends and verifiers.
+and plug in loops, reducers, backends, stores, executors, hooks, scorers and verifiers.
 
     import lanefold
     result = lanefold.run_sync(lanefold.load_config("loop.toml"), question="...")
@@ -36,16 +36,11 @@ if TYPE_CHECKING:
     from lanefold.config import LoopConfig, config_hash, load_config, parse_config
     from lanefold.evaluate import register_scorer
     from lanefold.execution import (
-        CostBreakdown,
         Executor,
-        LaneResult,
         RayExecutor,
-        RunFailure,
-        RunResult,
         Session,
         Store,
         SyncSession,
-        UsageBreakdown,
         build_backend,
         open_store,
         read_run,
@@ -61,11 +56,13 @@ if TYPE_CHECKING:
         BackendError,
         BudgetExhaustedError,
         ConfigError,
+        CostBreakdown,
         EventLog,
         Hook,
         Lane,
         LanefoldError,
         LaneJob,
+        LaneResult,
         Limits,
         LogCorruptError,
         LogWriteError,
@@ -80,13 +77,16 @@ if TYPE_CHECKING:
         Reducer,
         Reduction,
         RunError,
+        RunFailure,
         RunInUseError,
         RunNotFoundError,
+        RunResult,
         RunState,
         Sample,
         SampleRequest,
         SamplingParams,
         Usage,
+        UsageBreakdown,
         Verdict,
         Verifier,
         fold,
@@ -97,6 +97,7 @@ if TYPE_CHECKING:
         register_loop,
         register_reducer,
         register_store,
+        register_verifier,
     )
     from lanefold.stores.files import JsonlEventLog, RunStore
     from lanefold.stores.postgres import PgStore
@@ -107,16 +108,11 @@ if TYPE_CHECKING:
 _HOMES: dict[str, tuple[str, ...]] = {
     "lanefold.config": ("LoopConfig", "config_hash", "load_config", "parse_config"),
     "lanefold.execution": (
-        "CostBreakdown",
         "Executor",
-        "LaneResult",
         "RayExecutor",
-        "RunFailure",
-        "RunResult",
         "Session",
         "Store",
         "SyncSession",
-        "UsageBreakdown",
         "build_backend",
         "open_store",
         "read_run",
@@ -131,6 +127,11 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "lanefold.evaluate": ("register_scorer",),
     "lanefold.primitives": (
         "AnyEvent",
+        "CostBreakdown",
+        "LaneResult",
+        "RunFailure",
+        "RunResult",
+        "UsageBreakdown",
         "Backend",
         "BackendError",
         "BudgetExhaustedError",
@@ -170,6 +171,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "register_loop",
         "register_reducer",
         "register_store",
+        "register_verifier",
         "Hook",
     ),
 }
@@ -239,6 +241,7 @@ __all__ = (
     "register_reducer",
     "register_scorer",
     "register_store",
+    "register_verifier",
     "resume",
     "resume_sync",
     "run",

@@ -1,20 +1,18 @@
 """The governed substrate shared by every loop. Imports no other package of ours.
 
-What extenders use is here: the protocols, events, errors, the registries and the pure
-functions. What the facade drives (`Dispatcher`, `Recorder`, `WaveSpec`, `apply`, the run's
-context and hook runner) is `lanefold.primitives.internal`: it may change in any release.
-
-Events (the public `primitives.events`) and event logs, the budget ledger, the dispatch path
-and its barrier, the run-state fold, the Backend seam and the registry of backends' config models
-(`BACKENDS`, `register_backend`), the loop seam (`Loop`, `LoopContext`,
-`Outcome`, `Reducer`, `Verifier` and their registries), and the pure answer/vote/judge
-functions.
+What an extender implements or calls is here, and only that: the protocols (`Backend`, `Loop`,
+`Reducer`, `Verifier`, `Hook`, `Store`, `EventLog`, ...), the events, the one exception tree, the
+registries and their decorators (`LOOPS`, `register_loop`, ...), and the pure functions a plug-in
+needs (answer extraction, the vote fold, judge parsing, budget arithmetic). `tests/test_surface.py`
+pins the list. What only the facade drives (the dispatch path, the recorder, the readers of what a
+plug-in declares, the registries' plumbing) is `lanefold.primitives.internal`: it may change in
+any release, and a name moved there in 0.2 is still found here, with a DeprecationWarning, until
+0.3.
 """
 
 from __future__ import annotations
 
 from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
-from lanefold.primitives._audit import audit_run, reduced_lanes, reread_lanes
 from lanefold.primitives._backend import (
     MAX_LANE_TOKENS,
     Backend,
@@ -31,23 +29,14 @@ from lanefold.primitives._backend import (
     StreamingBackend,
     TextDelta,
     Usage,
-    closing,
     estimate_prompt_tokens,
     sample_all,
 )
 from lanefold.primitives._backend_spec import (
     BACKENDS,
-    PROMPT_FORMS,
     BackendSpec,
     PrefixSharing,
     PromptForm,
-    backend_build_errors,
-    backend_deprecated,
-    backend_gpus,
-    backend_preflight,
-    backend_prompt_forms,
-    backend_prompt_tokens,
-    backend_sharing,
     register_backend,
 )
 from lanefold.primitives._budget import (
@@ -59,10 +48,8 @@ from lanefold.primitives._budget import (
     Room,
     SharedPool,
     Spend,
-    cost_of,
     short_of_room,
 )
-from lanefold.primitives._context import wave_fingerprint
 from lanefold.primitives._declared import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
@@ -73,19 +60,13 @@ from lanefold.primitives._declared import (
     JudgeCall,
     ReducerChoice,
     ReducerTraits,
-    cost_shape,
-    fit_params,
     largest_within,
     loop_reducer,
-    pooled_lanes,
     reducer_traits,
     score_summary,
-    scores_line,
-    stopped_for_budget,
-    tally,
     vote_summary,
 )
-from lanefold.primitives._dispatch import LaneJob, RetryPolicy, lane_seed, request_size
+from lanefold.primitives._dispatch import LaneJob
 from lanefold.primitives._errors import (
     AuthenticationError,
     BackendError,
@@ -100,6 +81,8 @@ from lanefold.primitives._errors import (
     LogTooNewError,
     LogWriteError,
     NonDeterminismError,
+    PluginImportError,
+    PluginNotImportedError,
     QuorumNotMetError,
     RateLimitError,
     RequestRejectedError,
@@ -124,9 +107,9 @@ from lanefold.primitives._hooks import (
     END_TIMEOUT_S,
     HOOKS,
     QUEUE_LIMIT,
+    EndHook,
+    EventHook,
     Hook,
-    build_hook,
-    hook_params,
     register_hook,
 )
 from lanefold.primitives._judge import (
@@ -136,7 +119,6 @@ from lanefold.primitives._judge import (
     judge_argmax,
     parse_score,
     render_judge_prompt,
-    render_prompt,
 )
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._loop import (
@@ -158,29 +140,15 @@ from lanefold.primitives._registry import (
     STORES,
     NotOfKindError,
     Registry,
-    import_object,
-    loop_names,
-    plugin_folders,
-    reducer_names,
     register_executor,
     register_loop,
     register_reducer,
     register_store,
-    resolve_loop,
     resolve_reducer,
-    store_for_url,
-    without_plugin_imports,
 )
-from lanefold.primitives._replay import ReplaySettings
-from lanefold.primitives._secrets import (
-    check_headers,
-    check_headers_env,
-    headers_from_env,
-    read_secret,
-    secret_header,
-)
-from lanefold.primitives._shape import WaveShape, readable_number, shape_waves
-from lanefold.primitives._since import at_most, reading_a_record
+from lanefold.primitives._result import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
+from lanefold.primitives._secrets import check_headers, check_headers_env, headers_from_env, read_secret
+from lanefold.primitives._shape import WaveShape, readable_number
 from lanefold.primitives._state import LaneState, RunState, WaveState, fold
 from lanefold.primitives._store import (
     BudgetStore,
@@ -206,7 +174,7 @@ from lanefold.primitives._verifier import (
     one_line,
     register_verifier,
 )
-from lanefold.primitives._vote import Ballot, VoteResult, VoteTieBreak, logprob_weight, vote_fold
+from lanefold.primitives._vote import Ballot, VoteResult, VoteTieBreak, vote_fold
 from lanefold.primitives.events import AnyEvent, Event, hash_config, parse_event
 
 __all__ = (
@@ -218,7 +186,6 @@ __all__ = (
     "HOOKS",
     "LOOPS",
     "MAX_LANE_TOKENS",
-    "PROMPT_FORMS",
     "QUEUE_LIMIT",
     "REDUCERS",
     "STORES",
@@ -245,9 +212,12 @@ __all__ = (
     "ConfigError",
     "ContextLengthError",
     "ContextWindow",
+    "CostBreakdown",
     "CostShape",
+    "EndHook",
     "EvalRecord",
     "Event",
+    "EventHook",
     "EventLog",
     "ExtractMethod",
     "ExtractSpec",
@@ -263,6 +233,7 @@ __all__ = (
     "LaneJob",
     "LaneOutcome",
     "LaneRequest",
+    "LaneResult",
     "LaneState",
     "LaneTokens",
     "LanefoldError",
@@ -278,6 +249,8 @@ __all__ = (
     "NonDeterminismError",
     "NotOfKindError",
     "Outcome",
+    "PluginImportError",
+    "PluginNotImportedError",
     "PrefixSharing",
     "Pricing",
     "PromptForm",
@@ -291,13 +264,13 @@ __all__ = (
     "Refusal",
     "Registry",
     "Remaining",
-    "ReplaySettings",
     "RequestRejectedError",
-    "RetryPolicy",
     "Room",
     "RunError",
+    "RunFailure",
     "RunInUseError",
     "RunNotFoundError",
+    "RunResult",
     "RunState",
     "RunStatus",
     "RunSummary",
@@ -313,6 +286,7 @@ __all__ = (
     "TextDelta",
     "TornTail",
     "Usage",
+    "UsageBreakdown",
     "Verdict",
     "Verifier",
     "VerifierFn",
@@ -320,40 +294,21 @@ __all__ = (
     "VoteTieBreak",
     "WaveShape",
     "WaveState",
-    "at_most",
-    "audit_run",
-    "backend_build_errors",
-    "backend_deprecated",
-    "backend_gpus",
-    "backend_preflight",
-    "backend_prompt_forms",
-    "backend_prompt_tokens",
-    "backend_sharing",
-    "build_hook",
     "check_budget_name",
     "check_headers",
     "check_headers_env",
     "check_next_sequence",
     "check_verifier_limits",
-    "closing",
     "compile_score_regex",
-    "cost_of",
-    "cost_shape",
     "estimate_prompt_tokens",
     "extract_answer",
-    "fit_params",
     "fold",
     "get_logger",
     "hash_config",
     "headers_from_env",
-    "hook_params",
-    "import_object",
     "import_verifier",
     "judge_argmax",
-    "lane_seed",
     "largest_within",
-    "logprob_weight",
-    "loop_names",
     "loop_reducer",
     "new_run_id",
     "normalize_answer",
@@ -361,15 +316,10 @@ __all__ = (
     "os_failure",
     "parse_event",
     "parse_score",
-    "plugin_folders",
-    "pooled_lanes",
     "read_event",
     "read_secret",
     "readable_number",
-    "reading_a_record",
     "redact_url",
-    "reduced_lanes",
-    "reducer_names",
     "reducer_traits",
     "register_backend",
     "register_executor",
@@ -379,32 +329,67 @@ __all__ = (
     "register_store",
     "register_verifier",
     "render_judge_prompt",
-    "render_prompt",
-    "request_size",
-    "reread_lanes",
-    "resolve_loop",
     "resolve_reducer",
     "sample_all",
     "score_summary",
-    "scores_line",
-    "secret_header",
     "select_runs",
-    "shape_waves",
     "short_of_room",
-    "stopped_for_budget",
-    "store_for_url",
     "summarize_run",
-    "tally",
     "validate_run_id",
     "vote_fold",
     "vote_summary",
-    "wave_fingerprint",
-    "without_plugin_imports",
 )
 
 
 _MOVED_INTERNAL = frozenset(
-    {"Dispatcher", "HookRunner", "Recorder", "RunBudget", "RunContext", "WaveSpec", "apply"}
+    {
+        "Dispatcher",
+        "HookRunner",
+        "PROMPT_FORMS",
+        "Recorder",
+        "ReplaySettings",
+        "RetryPolicy",
+        "RunBudget",
+        "RunContext",
+        "WaveSpec",
+        "apply",
+        "at_most",
+        "audit_run",
+        "backend_build_errors",
+        "backend_deprecated",
+        "backend_gpus",
+        "backend_preflight",
+        "backend_prompt_forms",
+        "backend_prompt_tokens",
+        "backend_sharing",
+        "build_hook",
+        "closing",
+        "cost_of",
+        "cost_shape",
+        "fit_params",
+        "hook_params",
+        "import_object",
+        "lane_seed",
+        "logprob_weight",
+        "loop_names",
+        "plugin_folders",
+        "pooled_lanes",
+        "reading_a_record",
+        "reduced_lanes",
+        "reducer_names",
+        "render_prompt",
+        "request_size",
+        "reread_lanes",
+        "resolve_loop",
+        "scores_line",
+        "secret_header",
+        "shape_waves",
+        "stopped_for_budget",
+        "store_for_url",
+        "tally",
+        "wave_fingerprint",
+        "without_plugin_imports",
+    }
 )
 
 

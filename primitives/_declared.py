@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from lanefold.primitives._errors import ConfigError
-from lanefold.primitives._loop import ReduceOptions, Reduction
+from lanefold.primitives._loop import Loop, ReduceOptions, Reducer, Reduction
 from lanefold.primitives._shape import Allowance, BudgetUnit, CostShape, largest_within, readable_number
 
 __all__ = (
@@ -132,7 +132,7 @@ def pooled_lanes(loop: type[Any], params: BaseModel) -> int | None:
     return lanes
 
 
-def loop_reducer(loop: type[Any], params: BaseModel) -> ReducerChoice | None:
+def loop_reducer(loop: type[Loop], params: BaseModel) -> ReducerChoice | None:
     """The reducer the loop's params name for its own reduce; None where the loop (a plug-in
     that declares none) picks its reducers itself."""
     declared = getattr(loop, "reducer", None)
@@ -210,7 +210,7 @@ class ReducerTraits:
         return self.needs_verifier or (self.verifier_weighting and weighting == "verifier")
 
 
-def reducer_traits(reducer: type[Any]) -> ReducerTraits:
+def reducer_traits(reducer: type[Reducer]) -> ReducerTraits:
     """What `reducer` declares, with the defaults of what it does not."""
     keys = getattr(reducer, "judge_keys", None)
     return ReducerTraits(

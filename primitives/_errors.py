@@ -8,7 +8,9 @@
     │   │                           write, a database it cannot reach (a server's fault, not
     │   │                           its client's: the gateway answers 500 without its words)
     │   ├── NonDeterminismError     on resume, a loop asked for a wave unlike the one recorded
-    │   └── BudgetTooSmallError     an equal budget below what a loop must spend to run as itself
+    │   ├── BudgetTooSmallError     an equal budget below what a loop must spend to run as itself
+    │   └── PluginImportError       a `module:attr` a config key names cannot be imported
+    │       └── PluginNotImportedError  a reader of a record (tail, show) did not import it
     ├── LogCorruptError             a bad line inside an event log, or one not the run's own (exit 2)
     │   └── LogTooNewError          a line written in a newer event schema than this reads
     └── RunError                    run-time failure of a run (exit 1)
@@ -48,6 +50,8 @@ __all__ = (
     "LogTooNewError",
     "LogWriteError",
     "NonDeterminismError",
+    "PluginImportError",
+    "PluginNotImportedError",
     "QuorumNotMetError",
     "RateLimitError",
     "RequestRejectedError",
@@ -102,6 +106,22 @@ class BudgetTooSmallError(ConfigError):
     """An equal budget (`compare`, `sweep`) below what a loop must spend to run as itself: its
     least lanes, or a debate's first rebuttal round. `compare` refuses it; `sweep` shows the
     point as one the loop cannot run, never as a point."""
+
+
+class PluginImportError(ConfigError):
+    """The `module:attr` a config key (or a flag) names cannot be imported: no such module from
+    the config's folder, the working directory or `sys.path`, no such attribute, or a module that
+    failed (or exited) as it imported. `key` is the key that named it, `spec` what it said."""
+
+    def __init__(self, message: str, *, key: str, spec: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.spec = spec
+
+
+class PluginNotImportedError(PluginImportError):
+    """A reader of a record (`tail`, `show`) imports no plug-in's code: the `module:attr` the
+    record names was not imported yet, so it is left unchecked rather than run."""
 
 
 class LogCorruptError(LanefoldError):

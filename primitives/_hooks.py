@@ -1,7 +1,9 @@
 """Hooks: plug-ins that watch a run and can never break it.
 
-A hook has `on_event(event)` (every event as it is recorded) and `on_run_end(result)` (the
-run's result), each optional, each sync or async. The `HookRunner` gives each hook its own
+A hook has `on_event(event)` (every event as it is recorded, one of `AnyEvent`) and
+`on_run_end(result)` (the run's `RunResult`), each optional, each sync or async: `Hook` is
+either protocol (`EventHook`, `EndHook`), so a type checker holds a hook to the signatures the
+runner calls. The `HookRunner` gives each hook its own
 bounded queue, drained by its own task, so the dispatch path only ever puts an event in a queue:
 
 - a slow or hanging (async) hook never stalls the run; past `QUEUE_LIMIT` events waiting for one hook,
@@ -27,24 +29,30 @@ from __future__ import annotations
 import copy
 import inspect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from pydantic import BaseModel
 
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._registry import NotOfKindError, Registry, _qualified
+from lanefold.primitives._result import RunResult
+from lanefold.primitives.events import AnyEvent
 
 __all__ = (
     "CUT_SHORT_S",
     "END_TIMEOUT_S",
     "HOOKS",
     "QUEUE_LIMIT",
+    "EndHook",
+    "EventHook",
     "Hook",
+    "HookMaker",
     "HookRunner",
     "build_hook",
     "hook_params",
@@ -57,61 +65,79 @@ END_TIMEOUT_S = 5.0
 """Seconds each hook gets, at the run's end, to drain its events and run `on_run_end`."""
 CUT_SHORT_S = 1.0  # seconds each hook gets to drain when the run is cancelled or fails
 
-C = TypeVar("C")
 _log = get_logger("lanefold.hooks")
 _LOCKS: dict[int, threading.Lock] = {}  # one per sync hook object: its calls never overlap
 _LOCKS_LOCK = threading.Lock()
 
 
-def _lock_of(hook: Any) -> threading.Lock:
+def _lock_of(hook: object) -> threading.Lock:
     with _LOCKS_LOCK:
         return _LOCKS.setdefault(id(hook), threading.Lock())
 
 
-class Hook(Protocol):
-    """Watches runs: `on_event(event)` for each recorded event, `on_run_end(result)` once per
-    run that returns a result. Either may be left out (so this is a description, not an
-    `isinstance` check); either may be sync or async. What a hook raises is logged, never
-    raised into the run."""
+class EventHook(Protocol):
+    """A hook that watches each event as it is recorded: `on_event(event)`, sync or async."""
 
-    def on_event(self, event: Any) -> Any: ...
-
-    def on_run_end(self, result: Any) -> Any: ...
+    def on_event(self, event: AnyEvent) -> Awaitable[None] | None: ...
 
 
-def _check_hook(obj: Any, key: str) -> None:
+class EndHook(Protocol):
+    """A hook that is handed each run's result: `on_run_end(result)`, sync or async."""
+
+    def on_run_end(self, result: RunResult) -> Awaitable[None] | None: ...
+
+
+Hook: TypeAlias = EventHook | EndHook
+"""Watches runs: `on_event(event)` for each recorded event, `on_run_end(result)` once per run
+that returns a result. Either may be left out (a hook is either protocol, or both); either may
+be sync or async. What a hook raises is logged, never raised into the run."""
+
+HookMaker: TypeAlias = Hook | type[EventHook] | type[EndHook]
+"""What `HOOKS` holds: a hook class (built with its `Params` from a `[[hooks]]` table's keys,
+`build_hook`), or a hook object used as it is."""
+H = TypeVar("H", bound=HookMaker)
+A = TypeVar("A")  # what a hook's method is called with: an event, or the result
+
+
+def _check_hook(obj: object, key: str) -> None:
     if not (hasattr(obj, "on_event") or hasattr(obj, "on_run_end")):
         raise NotOfKindError(
             f"{key}: {_qualified(obj)} is not a Hook (it has neither 'on_event' nor 'on_run_end')"
         )
 
 
-HOOKS: Registry[Any] = Registry("hook", key="hooks.kind", check=_check_hook, name_of=lambda obj: None)
+HOOKS: Registry[HookMaker] = Registry("hook", key="hooks.kind", check=_check_hook, name_of=lambda obj: None)
 """The hooks by name (`[[hooks]] kind`): `@register_hook("name")` or the `lanefold.hooks` entry points."""
 
 
-def register_hook(name: str) -> Callable[[C], C]:
+def register_hook(name: str) -> Callable[[H], H]:
     """Class decorator: make a hook available as `kind = "<name>"` in a `[[hooks]]` table.
     Its own keys are validated by its `Params` (a pydantic model) when it has one, and it
     is built as `cls(params)` (`cls()` without one)."""
-    decorate: Callable[[C], C] = HOOKS.register(name)
-    return decorate
+
+    def named(found: H) -> H:
+        HOOKS.add(name, found)
+        return found
+
+    return named
 
 
-def hook_params(found: Any) -> Any:
+def hook_params(found: HookMaker) -> type[BaseModel] | None:
     """The pydantic model a hook class validates its `[[hooks]]` keys with, or None (a hook
     that takes no keys: a class without `Params`, or an object used as it is)."""
-    return getattr(found, "Params", None) if isinstance(found, type) else None
+    params: type[BaseModel] | None = getattr(found, "Params", None) if isinstance(found, type) else None
+    return params
 
 
-def build_hook(found: Any, keys: Mapping[str, Any]) -> Any:
+def build_hook(found: HookMaker, keys: Mapping[str, object]) -> Hook:
     """The hook `found` (what a `kind` resolved to) makes with its table's `keys`: a class with
     `Params` is built as `cls(Params(**keys))`, one without as `cls()`; anything else is the
     hook itself."""
     if not isinstance(found, type):
         return found
     params = hook_params(found)
-    return found(params.model_validate(dict(keys))) if params is not None else found()
+    maker: Callable[..., Hook] = found
+    return maker(params.model_validate(dict(keys))) if params is not None else maker()
 
 
 class _Slot:
@@ -119,12 +145,12 @@ class _Slot:
 
     __slots__ = ("done", "dropped", "failed", "hook", "name", "receive", "scope", "send", "warned")
 
-    def __init__(self, hook: Any, limit: int) -> None:
+    def __init__(self, hook: Hook, limit: int) -> None:
         self.hook = hook
         self.name = _qualified(type(hook)) if not inspect.isfunction(hook) else _qualified(hook)
-        self.send: MemoryObjectSendStream[Any]
-        self.receive: MemoryObjectReceiveStream[Any]
-        self.send, self.receive = anyio.create_memory_object_stream[Any](limit)
+        self.send: MemoryObjectSendStream[AnyEvent]
+        self.receive: MemoryObjectReceiveStream[AnyEvent]
+        self.send, self.receive = anyio.create_memory_object_stream[AnyEvent](limit)
         self.done: anyio.Event | None = None  # set when its drain task has emptied the queue
         # Its drain's own scope, shielded: a run cut short (cancelled, failed) still hands its
         # last events (run.interrupted, run.failed) over, within CUT_SHORT_S; then it is cancelled.
@@ -145,7 +171,7 @@ class HookRunner:
 
     def __init__(
         self,
-        hooks: Sequence[Any],
+        hooks: Sequence[Hook],
         run_id: str = "",
         *,
         limit: int = QUEUE_LIMIT,
@@ -192,7 +218,7 @@ class HookRunner:
         await tg.__aexit__(exc_type, exc, tb)
         return None  # the run's own exception, if any, goes on as it was
 
-    def tapping(self, observer: Callable[[Any], None] | None) -> Callable[[Any], None] | None:
+    def tapping(self, observer: Callable[[AnyEvent], None] | None) -> Callable[[AnyEvent], None] | None:
         """What a recorder calls with each event: `observer` (inline, as ever), then `emit`."""
         if not self._slots:
             return observer
@@ -200,13 +226,13 @@ class HookRunner:
             return self.emit
         emit = self.emit
 
-        def both(event: Any) -> None:
+        def both(event: AnyEvent) -> None:
             observer(event)
             emit(event)
 
         return both
 
-    def emit(self, event: Any) -> None:
+    def emit(self, event: AnyEvent) -> None:
         """Queue `event` for every hook; a full queue drops it for that hook (counted)."""
         for slot in self._slots:
             try:
@@ -224,7 +250,7 @@ class HookRunner:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # the run has ended for this hook
 
-    async def end(self, result: Any) -> None:
+    async def end(self, result: RunResult) -> None:
         """Close the queues; each hook drains what it has, then gets `on_run_end(result)`,
         all of it within `end_timeout_s` (hooks run side by side, so the wait is one bound)."""
         if self._tg is None:
@@ -267,14 +293,14 @@ class HookRunner:
                         break
                 await self._call_in_thread(slot, on_event, batch)
 
-    async def _finish(self, slot: _Slot, result: Any) -> None:
+    async def _finish(self, slot: _Slot, result: RunResult) -> None:
         if slot.done is not None:
             await slot.done.wait()  # its queue, closed, is drained first
         on_run_end = getattr(slot.hook, "on_run_end", None)
         if on_run_end is not None:
             await self._call(slot, on_run_end, _copy_of(result))
 
-    async def _call(self, slot: _Slot, method: Callable[[Any], Any], arg: Any) -> None:
+    async def _call(self, slot: _Slot, method: Callable[[A], object], arg: A) -> None:
         if not _is_async(method):
             await self._call_in_thread(slot, method, [arg])
             return
@@ -288,7 +314,7 @@ class HookRunner:
         except BaseException as exc:  # a hook's error (SystemExit too) is the hook's, never the run's
             self._failed(slot, exc)
 
-    async def _call_in_thread(self, slot: _Slot, method: Callable[[Any], Any], args: list[Any]) -> None:
+    async def _call_in_thread(self, slot: _Slot, method: Callable[[A], object], args: list[A]) -> None:
         """A sync hook's calls, one after another, in a daemon thread holding the hook's lock.
 
         The thread is the hook's own, not one of anyio's workers (which the interpreter joins at
@@ -328,7 +354,7 @@ class HookRunner:
             )
 
 
-def _copy_of(result: Any) -> Any:
+def _copy_of(result: RunResult) -> RunResult:
     """A deep copy of `result` for one hook, so what it does to it stays its own; a result
     that cannot be copied is handed over as it is (it is the caller's own object then)."""
     try:
@@ -337,7 +363,7 @@ def _copy_of(result: Any) -> Any:
         return result
 
 
-def _is_async(method: Callable[[Any], Any]) -> bool:
+def _is_async(method: Callable[..., object]) -> bool:
     """Whether calling `method` gives an awaitable to await (an `async def`, or an object whose
     `__call__` is one); anything else is called in a worker thread."""
     call = type(method).__dict__.get("__call__")  # an instance's own `async def __call__`

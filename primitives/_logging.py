@@ -30,7 +30,7 @@ def _to_stdlib(
     return (message,), {"extra": {"lanefold": {"event": name, **fields}}}
 
 
-def get_logger(name: str = "lanefold", **context: Any) -> structlog.stdlib.BoundLogger:
+def get_logger(name: str = "lanefold", **context: object) -> structlog.stdlib.BoundLogger:
     """A bound logger writing to `logging.getLogger(name)`, with `context` bound."""
     logger: structlog.stdlib.BoundLogger = structlog.wrap_logger(
         logging.getLogger(name),

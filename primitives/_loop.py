@@ -270,8 +270,8 @@ class Loop(Protocol):
     """A coordination loop: `Loop(params)` then `await loop.run(ctx, question)`.
 
     What the facade needs besides, a loop declares on its class (each optional; the defaults
-    are `lanefold.primitives`' `cost_shape`, `fit_params`, `loop_reducer`, `reduced_lanes`
-    and `audit_run`): `cost_shape(params, *, prompt_tokens, max_tokens) -> CostShape | None`
+    are `loop_reducer` and, in `lanefold.primitives.internal`, `cost_shape`, `fit_params`,
+    `reduced_lanes` and `audit_run`): `cost_shape(params, *, prompt_tokens, max_tokens) -> CostShape | None`
     (its worst case for a question), `fit(params, budget: Allowance) -> params` (how it spends
     a per-question budget, for `compare --equal-budget`), `reducer(params) -> ReducerChoice |
     None` (the reducer of its own reduce), `candidates(params, state) -> list[Lane] | None`
@@ -282,6 +282,8 @@ class Loop(Protocol):
 
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]]
+
+    def __init__(self, params: BaseModel) -> None: ...  # its own `Params`, validated
 
     async def run(self, ctx: LoopContext, question: str) -> Outcome: ...
 
@@ -304,5 +306,7 @@ class Reducer(Protocol):
 
     name: ClassVar[str]
     needs_judge: ClassVar[bool]
+
+    def __init__(self, options: ReduceOptions | None = None) -> None: ...
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction: ...

@@ -23,10 +23,14 @@ import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Generic, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
-from lanefold.primitives._errors import ConfigError
+from lanefold.primitives._errors import ConfigError, PluginImportError, PluginNotImportedError
+
+if TYPE_CHECKING:  # the protocols import what imports the registry: named here, not imported
+    from lanefold.primitives._loop import Loop, Reducer
+    from lanefold.primitives._store import StoreClass
 
 __all__ = (
     "EXECUTORS",
@@ -50,7 +54,9 @@ __all__ = (
 )
 
 T = TypeVar("T")
-C = TypeVar("C", bound=type[Any])
+L = TypeVar("L", bound="type[Loop]")
+R = TypeVar("R", bound="type[Reducer]")
+S = TypeVar("S", bound="StoreClass")
 
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -62,7 +68,7 @@ _PATH_LOCK = threading.RLock()  # sys.path is the process's: one temporary chang
 @contextlib.contextmanager
 def without_plugin_imports() -> Iterator[list[str]]:
     """Within the block, `import_object` imports nothing new: a module not imported yet is a
-    ConfigError, its spec added to the list yielded. For readers of a record (`tail`, `show`),
+    PluginNotImportedError, its spec added to the list yielded. For readers of a record (`tail`, `show`),
     which print what was recorded and never need to run a plug-in's code."""
     skipped: list[str] = []
     token = _SKIPPED.set(skipped)
@@ -84,13 +90,13 @@ def plugin_folders(*folders: str | Path | None) -> Iterator[None]:
         _FOLDERS.reset(token)
 
 
-def import_object(spec: str, *, key: str) -> Any:
+def import_object(spec: str, *, key: str) -> object:
     """The object `module:attr` names (`attr` may be dotted: `module:Class.method`).
 
     The module is looked up in the folders of `plugin_folders`, then the working directory,
     then `sys.path`; those folders are on the path only while it imports (a module beside its
     config may import its own siblings). Any failure, an exit at import included, is a
-    ConfigError naming `key`.
+    PluginImportError naming `key` (a PluginNotImportedError within `without_plugin_imports`).
     """
     module_name, colon, attr = spec.partition(":")
     if not (module_name and colon and attr):
@@ -98,17 +104,21 @@ def import_object(spec: str, *, key: str) -> Any:
     skipped = _SKIPPED.get()
     if skipped is not None and module_name not in sys.modules:
         skipped.append(spec)
-        raise ConfigError(f"{key}: {spec!r} is not imported by a reader of the record")
+        raise PluginNotImportedError(
+            f"{key}: {spec!r} is not imported by a reader of the record", key=key, spec=spec
+        )
     try:
-        found: Any = _import_module(module_name)
+        found: object = _import_module(module_name)
         for part in attr.split("."):
             found = getattr(found, part)
     except (Exception, SystemExit) as exc:  # a user's module may fail (or exit) in any way
-        raise ConfigError(f"{key}: cannot import {spec!r}: {type(exc).__name__}: {exc}") from None
+        raise PluginImportError(
+            f"{key}: cannot import {spec!r}: {type(exc).__name__}: {exc}", key=key, spec=spec
+        ) from None
     return found
 
 
-def _import_module(name: str) -> Any:
+def _import_module(name: str) -> object:
     if name in sys.modules:
         return sys.modules[name]
     search = [*_FOLDERS.get(), os.getcwd()]
@@ -138,8 +148,8 @@ class Registry(Generic[T]):
         kind: str,
         *,
         key: str,
-        check: Callable[[Any, str], None] | None = None,
-        name_of: Callable[[Any], str | None] | None = None,
+        check: Callable[[object, str], None] | None = None,
+        name_of: Callable[[object], str | None] | None = None,
     ) -> None:
         self.kind = kind
         self.key = key  # the config key that names one, for messages
@@ -155,17 +165,17 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}, {sorted(self._table)})"
 
     @overload
-    def register(self, obj: str, /) -> Callable[[Any], Any]: ...
+    def register(self, obj: str, /) -> Callable[[T], T]: ...
 
     @overload
-    def register(self, obj: Any, /) -> Any: ...
+    def register(self, obj: T, /) -> T: ...
 
-    def register(self, obj: Any, /) -> Any:
+    def register(self, obj: str | T, /) -> Callable[[T], T] | T:
         """`@registry.register` (the object's own `name`) or `@registry.register("name")`."""
         if isinstance(obj, str):
             given = obj
 
-            def named(found: Any) -> Any:
+            def named(found: T) -> T:
                 self.add(given, found)
                 return found
 
@@ -178,7 +188,7 @@ class Registry(Generic[T]):
         self.add(own, obj)
         return obj
 
-    def add(self, name: str, obj: Any) -> None:
+    def add(self, name: str, obj: T) -> None:
         """Register `obj` as `name`; a second, different object under one name is refused."""
         if self._check is not None:
             try:
@@ -202,14 +212,14 @@ class Registry(Generic[T]):
     def _materialize(self, name: str, key: str | None) -> None:
         spec = self._lazy.get(name)
         if spec is not None and name not in self._table:
-            self.add(name, import_object(spec, key=key or self.key))
+            self.add(name, cast(T, import_object(spec, key=key or self.key)))  # `add` checks its kind
 
     def resolve(self, spec: str, *, key: str | None = None) -> T:
         """What `spec` names: a registered name, an entry point's, or `module:attr`. Unknown,
         or not of the kind, is a ConfigError naming `key` (the config key that named it)."""
         where = key or self.key
         if ":" in spec:
-            found: Any = import_object(spec, key=where)
+            found: object = import_object(spec, key=where)
         else:
             self._materialize(spec, where)
             if spec not in self._table:
@@ -222,7 +232,7 @@ class Registry(Generic[T]):
                 )
         if self._check is not None:
             self._check(found, where)
-        return found  # type: ignore[no-any-return]
+        return cast(T, found)  # of the kind, as far as its check tells: a `module:attr` is anything
 
     def get(self, name: str) -> T | None:
         """The object registered as `name` (entry points loaded), or None."""
@@ -243,17 +253,20 @@ class Registry(Generic[T]):
         return sorted(self._table.items(), key=lambda item: item[0])
 
     def load_entry_points(self, key: str | None = None) -> None:
-        """Register every entry point of the kind's group, once; one that fails (or exits) at
-        import is a ConfigError naming `key`, where a config key asked for the lookup."""
+        """Register every entry point of the kind's group, once. One that fails (or exits) at
+        import, or that names another object under a name already registered, is a ConfigError
+        naming the entry point (and `key`, where a config key asked for the lookup), told again
+        at the next lookup: a name is one plug-in, never the first of two found."""
         with self._lock:
             if self._loaded:
                 return
             self._loaded = True
+        where = f"{key}: " if key else ""
         for entry in importlib.metadata.entry_points(group=self.group):
             try:
                 found = entry.load()  # importing the module also runs its decorators
             except (Exception, SystemExit) as exc:  # a broken plug-in must not end the process
-                where = f"{key}: " if key else ""
+                self._loaded = False
                 raise ConfigError(
                     f"{where}entry point {entry.name!r} in {self.group}: cannot "
                     f"load {entry.value!r}: {type(exc).__name__}: {exc}"
@@ -263,11 +276,13 @@ class Registry(Generic[T]):
                     self._check(found, key or self.key)
             except ConfigError:
                 continue  # a module registering by decorator may point its entry at anything
-            with self._lock:
-                name = self._name_of(found)
-                if isinstance(name, str):
-                    self._table.setdefault(name, found)
-                self._table.setdefault(entry.name, found)  # the entry point's name works too
+            name = self._name_of(found)
+            try:
+                for each in dict.fromkeys([*([name] if isinstance(name, str) else []), entry.name]):
+                    self.add(each, found)  # the entry point's own name works too
+            except ConfigError as exc:
+                self._loaded = False
+                raise ConfigError(f"{where}entry point {entry.name!r} in {self.group}: {exc}") from None
 
     def snapshot(self) -> tuple[dict[str, T], bool]:
         """The table and whether entry points were loaded (tests restore them)."""
@@ -283,13 +298,13 @@ class NotOfKindError(ConfigError):
     what the kind needs): a ConfigError where a config names it, a TypeError at registration."""
 
 
-def _check_loop(obj: Any, key: str) -> None:
+def _check_loop(obj: object, key: str) -> None:
     if not isinstance(obj, type):
         raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
     for attr in ("name", "Params", "run"):
         if not hasattr(obj, attr):
             raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Loop (it has no {attr!r})")
-    name: Any = getattr(obj, "name", None)
+    name: object = getattr(obj, "name", None)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(
             f"loop.coordinator: {obj.__qualname__}.name {name!r} must be "
@@ -297,7 +312,7 @@ def _check_loop(obj: Any, key: str) -> None:
         )
 
 
-def _check_reducer(obj: Any, key: str) -> None:
+def _check_reducer(obj: object, key: str) -> None:
     if not isinstance(obj, type):
         raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
     for attr in ("name", "reduce"):
@@ -305,33 +320,33 @@ def _check_reducer(obj: Any, key: str) -> None:
             raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Reducer (it has no {attr!r})")
 
 
-def _check_store(obj: Any, key: str) -> None:
+def _check_store(obj: object, key: str) -> None:
     if not isinstance(obj, type):
         raise NotOfKindError(f"{key}: {_qualified(obj)} is not a class")
     for attr in ("schemes", "from_url"):
         if not hasattr(obj, attr):
             raise NotOfKindError(f"{key}: {_qualified(obj)} is not a Store (it has no {attr!r})")
-    schemes: Any = getattr(obj, "schemes", None)
+    schemes: object = getattr(obj, "schemes", None)
     if not isinstance(schemes, tuple) or not all(isinstance(s, str) for s in schemes):
         raise NotOfKindError(f"{key}: {_qualified(obj)}.schemes must be a tuple of URL schemes")
 
 
-def _check_executor(obj: Any, key: str) -> None:
+def _check_executor(obj: object, key: str) -> None:
     if not callable(obj) and not hasattr(obj, "outcomes"):
         raise NotOfKindError(f"{key}: {_qualified(obj)} is neither an Executor nor makes one")
 
 
-LOOPS: Registry[type[Any]] = Registry("loop", key="loop.coordinator", check=_check_loop)
+LOOPS: Registry[type[Loop]] = Registry("loop", key="loop.coordinator", check=_check_loop)
 """The loop classes by name (`[loop] coordinator`): `@register_loop` or the `lanefold.loops` entry points."""
-REDUCERS: Registry[type[Any]] = Registry("reducer", key="loop.reducer", check=_check_reducer)
+REDUCERS: Registry[type[Reducer]] = Registry("reducer", key="loop.reducer", check=_check_reducer)
 """The reducer classes by name (`[loop] reducer`): `@register_reducer` or `lanefold.reducers` entry points."""
-STORES: Registry[type[Any]] = Registry("store", key="store.url", check=_check_store)
+STORES: Registry[StoreClass] = Registry("store", key="store.url", check=_check_store)
 """The store classes by name (`[store] url`'s scheme): `@register_store` or `lanefold.stores` entry points.
 
 A store class has `schemes` (the URL schemes it serves; none: it is opened without a URL) and
 `from_url(url, *, runs_dir=, password_env=)`.
 """
-EXECUTORS: Registry[Any] = Registry("executor", key="executor", check=_check_executor)
+EXECUTORS: Registry[object] = Registry("executor", key="executor", check=_check_executor)
 """The executors by name (`--executor NAME`): `@register_executor` or `lanefold.executors` entry points.
 
 Each is what makes an executor from its options (`RayExecutor`), or an Executor itself; a maker
@@ -339,7 +354,7 @@ may give None: the Session's own in-process path ("local").
 """
 
 
-def register_loop(cls: C) -> C:
+def register_loop(cls: L) -> L:
     """Class decorator: make a loop available by its `name` (`coordinator = "<name>"`).
 
     The name is lower case, digits and `_` (it names the loop's events, `loop.<name>.<noun>`).
@@ -348,17 +363,17 @@ def register_loop(cls: C) -> C:
     return cls
 
 
-def register_reducer(cls: C) -> C:
+def register_reducer(cls: R) -> R:
     """Class decorator: make a reducer available by its `name` (`reducer = "<name>"`)."""
     REDUCERS.register(cls)
     return cls
 
 
-def register_store(name: str) -> Callable[[C], C]:
+def register_store(name: str) -> Callable[[S], S]:
     """Class decorator: make a store available by `name`, and by the URL schemes its
     `schemes` names (`[store] url`, `--store`)."""
 
-    def named(cls: C) -> C:
+    def named(cls: S) -> S:
         STORES.add(name, cls)
         return cls
 
@@ -376,7 +391,7 @@ def register_executor(name: str) -> Callable[[T], T]:
     return named
 
 
-def store_for_url(url: str, *, key: str = "store.url") -> type[Any]:
+def store_for_url(url: str, *, key: str = "store.url") -> StoreClass:
     """The registered store serving `url`'s scheme; an unknown scheme is a ConfigError naming
     `key`."""
     scheme, sep, _ = url.partition("://")
@@ -394,16 +409,16 @@ def store_for_url(url: str, *, key: str = "store.url") -> type[Any]:
     return served[scheme.lower()]
 
 
-def _qualified(obj: Any) -> str:
+def _qualified(obj: object) -> str:
     return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"
 
 
-def resolve_loop(spec: str) -> type[Any]:
+def resolve_loop(spec: str) -> type[Loop]:
     """The loop class a `coordinator` value names (a registered name or `module:Class`)."""
     return LOOPS.resolve(spec)
 
 
-def resolve_reducer(spec: str, *, key: str = "loop.reducer") -> type[Any]:
+def resolve_reducer(spec: str, *, key: str = "loop.reducer") -> type[Reducer]:
     """The reducer class a `reducer` value names (a registered name or `module:Class`)."""
     return REDUCERS.resolve(spec, key=key)
 

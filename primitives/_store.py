@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,6 +30,7 @@ __all__ = (
     "RunStatus",
     "RunSummary",
     "Store",
+    "StoreClass",
     "check_budget_name",
     "new_run_id",
     "redact_url",
@@ -160,6 +162,17 @@ def select_runs(
     ]
     chosen.sort(key=lambda s: (s.started, s.run_id), reverse=True)
     return chosen if limit is None else chosen[:limit]
+
+
+class StoreClass(Protocol):
+    """What `STORES` holds: a store class, `schemes` the URL schemes it serves (none: it is the
+    store opened without a URL, under `runs_dir`) and `from_url` what opens one."""
+
+    schemes: tuple[str, ...]
+
+    def from_url(
+        self, url: str | None, *, runs_dir: str | Path = "runs", password_env: str | None = None
+    ) -> Store: ...
 
 
 class Store(Protocol):
@@ -362,9 +375,16 @@ class BudgetStore(Protocol):
 
     def read_budget(self, name: str) -> BudgetView | None: ...
 
-    def set_budget(self, name: str, **limits: Any) -> BudgetView:
-        """Create the budget or change its limits (a limit not given keeps its value; a new
-        budget is unlimited where none is given)."""
+    def set_budget(
+        self,
+        name: str,
+        *,
+        max_tokens: int | None = ...,
+        max_cost_usd: float | None = ...,
+        max_requests: int | None = ...,
+    ) -> BudgetView:
+        """Create the budget or change its limits (a limit not given keeps its value, None
+        lifts it; a new budget is unlimited where none is given)."""
         ...
 
     def start_budget(self, name: str, spent: tuple[int, float, int]) -> BudgetView:

@@ -1,7 +1,8 @@
 """Verifiers: score one candidate answer without an LLM. The protocol, the Verdict, and a Python
 callable as a verifier; a command as a verifier is `lanefold.coordinators.CommandVerifier`.
-Verifiers are a plug-in kind (`VERIFIERS`): `[judge] verifier` names a registered one, an entry
-point's (`lanefold.verifiers`) or `module:attr`.
+Verifiers are a plug-in kind (`VERIFIERS`, `@register_verifier("name")`, the entry-point group
+`lanefold.verifiers`): `[judge] verifier` is `NAME` or `NAME:ARG` for a registered one (the
+built-in `command:ARGV` runs a command), or `module:attr`.
 
 A verifier is the seam best-of-N uses in place of an LLM judge. Whatever goes wrong inside one
 (a raise, a hang, a non-number, a command that crashes or cannot start) comes back as a
@@ -16,14 +17,14 @@ import math
 import numbers
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import anyio
 import anyio.to_thread
 
 from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._logging import get_logger
-from lanefold.primitives._registry import Registry
+from lanefold.primitives._registry import _NAME, Registry
 
 __all__ = (
     "VERIFIERS",
@@ -31,6 +32,7 @@ __all__ = (
     "Verdict",
     "Verifier",
     "VerifierFn",
+    "VerifierMaker",
     "check_verifier_limits",
     "import_verifier",
     "one_line",
@@ -138,39 +140,70 @@ class CallableVerifier:
         return value
 
 
-# What is found is checked where a config names it (`_import_callable`: callable, or a Verifier).
-VERIFIERS: Registry[Verifier | VerifierFn] = Registry("verifier", key="judge.verifier")
-"""The verifiers by name (`[judge] verifier`), a Verifier or a function (`VerifierFn`) each."""
-register_verifier = VERIFIERS.register
-"""`@register_verifier("name")`: make a Verifier or a `VerifierFn` available by that name."""
+VerifierMaker: TypeAlias = Verifier | VerifierFn | type[Verifier]
+"""What `VERIFIERS` holds: a Verifier used as it is, a function (`VerifierFn`) wrapped as a
+CallableVerifier, or a Verifier class, made by its `from_spec(ARG, *, timeout_s, max_concurrency)`
+where it has one (`NAME:ARG`), else with no argument."""
+V = TypeVar("V", bound=VerifierMaker)
+
+# What is found is checked where a config names it (`_made`: a Verifier, a class, or callable).
+VERIFIERS: Registry[VerifierMaker] = Registry("verifier", key="judge.verifier")
+"""The verifiers by name (`[judge] verifier`): `@register_verifier("name")` or the `lanefold.verifiers`
+entry points; the built-in `command` is `lanefold.coordinators.CommandVerifier`."""
+
+
+def register_verifier(name: str) -> Callable[[V], V]:
+    """Decorator: make a Verifier, a Verifier class or a `VerifierFn` available as
+    `[judge] verifier = "<name>"` (and `"<name>:ARG"` for a class with `from_spec`)."""
+
+    def named(found: V) -> V:
+        VERIFIERS.add(name, found)
+        return found
+
+    return named
 
 
 def import_verifier(spec: str, *, timeout_s: float | None = 30.0, max_concurrency: int = 4) -> Verifier:
-    """What a config's `verifier` names (a registered verifier, an entry point's, or
-    `module:function`): a Verifier as is, a function wrapped as a CallableVerifier named `spec`
-    (a class with `verify` is made with no argument)."""
-    found = _import_callable(spec)
-    if isinstance(found, type) and hasattr(found, "verify"):
-        made: Verifier = found()
-        return made
-    if isinstance(found, Verifier):
-        return found
-    return CallableVerifier(found, name=spec, timeout_s=timeout_s, max_concurrency=max_concurrency)
-
-
-def _import_callable(spec: str) -> VerifierFn:
-    module_name, colon, attr = spec.partition(":")
-    if not colon and VERIFIERS.get(spec) is None:
+    """What a config's `verifier` names: `NAME` or `NAME:ARG` for a registered verifier (an
+    entry point's too), else `module:attr`. A Verifier is used as it is; a class is made by its
+    `from_spec(ARG, timeout_s=, max_concurrency=)` where it has one, else with no argument (an
+    ARG is refused then); a function is wrapped as a CallableVerifier named `spec`."""
+    name, colon, argument = spec.partition(":")
+    registered = VERIFIERS.get(name) if _NAME.fullmatch(name) else None
+    if registered is not None:
+        return _made(registered, argument if colon else None, spec, timeout_s, max_concurrency)
+    if not colon:
         raise ConfigError(
             f"judge.verifier: {spec!r} must look like 'module:function' (or name "
             f"a registered verifier: {', '.join(VERIFIERS.names()) or 'none'})"
         )
-    if colon and not (module_name and attr):
+    if not (name and argument):
         raise ConfigError(f"judge.verifier: {spec!r} must look like 'module:function'")
-    target: object = VERIFIERS.resolve(spec)  # `module:Class.method` reaches further
-    if not callable(target):
+    found = VERIFIERS.resolve(spec)  # `module:Class.method` reaches further
+    return _made(found, None, spec, timeout_s, max_concurrency)
+
+
+def _made(
+    found: object, argument: str | None, spec: str, timeout_s: float | None, max_concurrency: int
+) -> Verifier:
+    if isinstance(found, type) and hasattr(found, "verify"):
+        make = getattr(found, "from_spec", None)
+        if make is not None:
+            made: Verifier = make(argument, timeout_s=timeout_s, max_concurrency=max_concurrency)
+            return made
+        if argument is None:
+            made = found()
+            return made
+    elif isinstance(found, Verifier) and argument is None:
+        return found
+    if argument is not None:
+        raise ConfigError(
+            f"judge.verifier: {spec!r}: the {spec.partition(':')[0]} verifier takes no argument"
+        )
+    if not callable(found):
         raise ConfigError(f"judge.verifier: {spec!r} is not callable")
-    return target  # callable; its signature is the user's to keep
+    # callable; its signature is the user's to keep
+    return CallableVerifier(found, name=spec, timeout_s=timeout_s, max_concurrency=max_concurrency)
 
 
 def _boxed(fn: VerifierFn, question: str, text: str, answer: str | None) -> tuple[object]:

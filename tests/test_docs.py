@@ -58,7 +58,7 @@ def test_every_backend_key_is_documented() -> None:
 
 def test_every_loop_key_is_documented() -> None:
     """The built-in loops' own `[loop]` keys (their Params) are on the config page too."""
-    from lanefold.primitives import loop_names, resolve_loop
+    from lanefold.primitives.internal import loop_names, resolve_loop
 
     text = (ROOT / "docs" / "config.md").read_text()
     for name in loop_names():
@@ -80,7 +80,8 @@ def test_every_event_type_is_documented() -> None:
 
 
 def test_every_reducer_is_documented() -> None:
-    from lanefold.primitives import reducer_names, resolve_reducer
+    from lanefold.primitives import resolve_reducer
+    from lanefold.primitives.internal import reducer_names
 
     text = (ROOT / "docs" / "reducers.md").read_text()
     for name in reducer_names():

@@ -77,6 +77,7 @@ PUBLIC_NAMES = frozenset(
         "register_loop",
         "register_reducer",
         "register_scorer",
+        "register_verifier",
         "register_store",
         "register_executor",
         "Hook",
@@ -747,6 +748,23 @@ def test_the_facade_names_no_built_in_backend_class() -> None:
         or (isinstance(node, ast.alias) and node.name in BUILT_IN_BACKEND_CLASSES)
     )
     assert named == []
+
+
+def test_the_facade_takes_no_name_from_a_backend_package() -> None:
+    # Backends are reached through BACKENDS and what each config model declares; a rule the
+    # facade shares with a backend (a secret read from the environment) is primitives' own
+    # (`read_secret`). On main the gateway imported the openai backend's `read_api_key`.
+    taken = sorted(
+        f"{_rel(path)}:{node.lineno} {ast.unparse(node)}"
+        for path in _modules("orchestrator")
+        for node in ast.walk(_tree(path))
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lanefold.backends"))
+        or (
+            isinstance(node, ast.Import)
+            and any(alias.name.startswith("lanefold.backends.") for alias in node.names)
+        )
+    )
+    assert taken == []
 
 
 # -- (e) anyio only -------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from test_resume_stateful import CrashingLog, crashed
 
 import lanefold
 from lanefold.cli import main
-from lanefold.primitives import Pricing, Usage, cost_of, hash_config
+from lanefold.primitives import Pricing, Usage, hash_config
+from lanefold.primitives.internal import cost_of
 from lanefold.stores.files import JsonlEventLog
 
 CONFIG = """

@@ -53,7 +53,7 @@ class OpenAIConfig(BaseModel):
     ``{base_url}/chat/completions`` or ``{base_url}/completions`` by `api`. `api_key_env` is
     the NAME of the environment variable holding the key; the key itself never enters config.
     `headers` are sent with every request; a header that carries a secret (`api-key`,
-    `X-Goog-Api-Key`, a cookie: `lanefold.primitives.secret_header`) is refused there and
+    `X-Goog-Api-Key`, a cookie: `lanefold.primitives.check_headers`) is refused there and
     named in `headers_env` instead, header -> environment variable, read when the backend is
     built (a config is recorded with every run).
     `n` says whether a request's lanes are merged into one ``n > 1`` request: "auto" merges

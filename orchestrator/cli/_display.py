@@ -12,17 +12,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from lanefold.execution import RunResult
-from lanefold.primitives import (
-    REDUCERS,
-    Reduction,
-    RunState,
-    reducer_traits,
-    score_summary,
-    scores_line,
-    tally,
-    vote_summary,
+from lanefold.primitives import REDUCERS, Reduction, RunState, reducer_traits, score_summary, vote_summary
+from lanefold.primitives.events import (
+    AnyEvent,
+    LaneCompleted,
+    LaneDispatched,
+    LaneFailed,
+    RunCompleted,
+    RunResumed,
+    RunStarted,
+    WaveBarrier,
+    WaveStarted,
 )
-from lanefold.primitives.events import AnyEvent
+from lanefold.primitives.internal import scores_line, tally
 
 __all__ = ("Progress", "describe", "result_line", "summary", "tally")
 
@@ -146,18 +148,19 @@ class Progress:
 
     def on_event(self, event: AnyEvent) -> None:
         """Count the event in and redraw the line."""
-        d = event.data
-        if event.type == "wave.started":
-            self.k, self.done, self.failed = d.k, 0, 0  # type: ignore[union-attr]
-            self.phase = d.purpose  # type: ignore[union-attr]
-        elif event.type == "lane.completed":
-            self.done += 1
-            self.cost += d.cost_usd  # type: ignore[union-attr]
-            self.tokens += d.usage.input_tokens + d.usage.output_tokens  # type: ignore[union-attr]
-        elif event.type == "lane.failed" and d.final:  # type: ignore[union-attr]
-            self.failed += 1
-        elif event.type not in _COUNTED:  # a loop's own event, say: its line, under the count
-            self.last = escape(describe(event))
+        match event:  # by the event's class, as a hook is handed it
+            case WaveStarted():
+                self.k, self.done, self.failed = event.data.k, 0, 0
+                self.phase = event.data.purpose
+            case LaneCompleted():
+                self.done += 1
+                self.cost += event.data.cost_usd
+                self.tokens += event.data.usage.input_tokens + event.data.usage.output_tokens
+            case LaneFailed():
+                if event.data.final:  # a retry to come is not a failed lane yet
+                    self.failed += 1
+            case _ if not isinstance(event, _COUNTED):  # a loop's own event, say: its line, under the count
+                self.last = escape(describe(event))
         self._live.update(
             f"[bold]{self.phase}[/] lanes {self.done}/{self.k} landed"
             f"{f', {self.failed} failed' if self.failed else ''} · "
@@ -167,17 +170,16 @@ class Progress:
     observe = on_event  # the name it had before it was a hook
 
 
-_COUNTED = frozenset(
-    {
-        "wave.started",
-        "lane.dispatched",
-        "lane.completed",
-        "lane.failed",
-        "wave.barrier",
-        "run.started",
-        "run.completed",
-        "run.resumed",
-    }
+# What the count shows (or needs no line of its own): any other event is shown under it.
+_COUNTED = (
+    WaveStarted,
+    LaneDispatched,
+    LaneCompleted,
+    LaneFailed,
+    WaveBarrier,
+    RunStarted,
+    RunCompleted,
+    RunResumed,
 )
 
 

@@ -14,11 +14,8 @@ from lanefold.config import (
     DEFAULT_LOOP,
     LoopConfig,
 )
-from lanefold.primitives import (
-    BACKENDS,
-    loop_names,
-    resolve_loop,
-)
+from lanefold.primitives import BACKENDS
+from lanefold.primitives.internal import loop_names, resolve_loop
 
 __all__ = (
     "add_commands",

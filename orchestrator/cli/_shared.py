@@ -27,14 +27,9 @@ from lanefold.execution import (
     Store,
     open_store,
 )
-from lanefold.primitives import (
-    HOOKS,
-    ConfigError,
-    RunState,
-    build_hook,
-    redact_url,
-)
+from lanefold.primitives import HOOKS, ConfigError, Hook, RunState, redact_url
 from lanefold.primitives.events import AnyEvent
+from lanefold.primitives.internal import build_hook
 
 __all__ = (
     "EXIT_NO_ANSWER",
@@ -212,7 +207,7 @@ def otel_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def otel_hooks(args: argparse.Namespace) -> list[Any]:
+def otel_hooks(args: argparse.Namespace) -> list[Hook]:
     """The hook `--otel-endpoint` asks for (none without it), built as `[[hooks]] kind =
     "otel"` would be; a bad URL or a missing extra is a one-line ConfigError naming the flag."""
     url = getattr(args, "otel_endpoint", None)

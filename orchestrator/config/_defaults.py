@@ -1,8 +1,8 @@
 """The facade's defaults, the one place under `orchestrator/` that names a built-in plug-in.
 
-Everything else reaches plug-ins through the registries and what they declare
-(`lanefold.primitives`' `cost_shape`, `fit_params`, `reducer_traits`, a store's `schemes`, ...),
-so a plug-in takes part wherever a built-in does. `tests/test_layout.py` holds the facade to that.
+Everything else reaches plug-ins through the registries and what they declare (`reducer_traits`,
+`lanefold.primitives.internal`'s `cost_shape` and `fit_params`, a store's `schemes`, ...), so a
+plug-in takes part wherever a built-in does. `tests/test_layout.py` holds the facade to that.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ from pydantic import (
 )
 
 import lanefold.backends  # registers the built-in backends
-import lanefold.coordinators  # registers the built-in loops and reducers
+import lanefold.coordinators  # registers the built-in loops, reducers and verifiers
 import lanefold.stores  # noqa: F401  # registers the built-in stores
-from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP
+from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP, OTEL_HOOK
 from lanefold.primitives import (
     BACKENDS,
     HOOKS,
@@ -39,27 +39,33 @@ from lanefold.primitives import (
     BackendSpec,
     ConfigError,
     ExtractSpec,
+    Hook,
     JudgeSettings,
     LaneTokens,
     Limits,
+    Loop,
+    PluginImportError,
+    PluginNotImportedError,
     Pricing,
     PromptForm,
     SamplingParams,
+    compile_score_regex,
+    hash_config,
+    import_verifier,
+    loop_reducer,
+    reducer_traits,
+    resolve_reducer,
+)
+from lanefold.primitives.internal import (
     backend_build_errors,
     backend_deprecated,
     backend_preflight,
     backend_prompt_forms,
     build_hook,
-    compile_score_regex,
-    hash_config,
     hook_params,
-    import_verifier,
-    loop_reducer,
     plugin_folders,
     reading_a_record,
-    reducer_traits,
     resolve_loop,
-    resolve_reducer,
     store_for_url,
 )
 
@@ -67,6 +73,11 @@ if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
     from lanefold.primitives import RunState
+
+
+# The facade's own hook registers as a plug-in's would, once; its module imports this one, so
+# it is imported where a config first names it.
+HOOKS.add_lazy(OTEL_HOOK, "lanefold.telemetry:OtelHook")
 
 __all__ = (
     "DEFAULT_BACKEND",
@@ -241,7 +252,9 @@ class JudgeSection(_Section):
 
     template: str | None = None
     verifier: str | None = Field(
-        None, description="a registered verifier's name, or module:function returning a score"
+        None,
+        description="a registered verifier's NAME or NAME:ARG (command:ARGV), "
+        "or module:function returning a score",
     )
     verifier_command: list[str] | None = Field(
         None,
@@ -279,8 +292,10 @@ class JudgeSection(_Section):
     @classmethod
     def _module_function(cls, value: str | None) -> str | None:
         named = value is not None and re.fullmatch(r"[a-z][a-z0-9_]*", value) is not None
-        if value is not None and not named and (value.count(":") != 1 or not all(value.split(":"))):
-            raise ValueError("verifier must look like 'module:function' (or a registered verifier's name)")
+        if value is not None and not named and not all(value.partition(":")[::2]):
+            raise ValueError(
+                "verifier must look like 'module:function' (or a registered verifier's NAME or NAME:ARG)"
+            )
         return value
 
 
@@ -419,16 +434,16 @@ class LoopConfig(_Section):
         `module:attr` plug-ins are looked up first; runs record it."""
         return self._folder
 
-    def build_hooks(self) -> list[Any]:
+    def build_hooks(self) -> list[Hook]:
         """The hooks the `[[hooks]]` tables name, built fresh (one set per run)."""
-        built: list[Any] = []
+        built: list[Hook] = []
         with plugin_folders(self._folder):
             for i, section in enumerate(self.hooks, 1):
                 found = HOOKS.resolve(section.kind, key=f"hooks[{i}].kind")
                 built.append(build_hook(found, section.__pydantic_extra__ or {}))
         return built
 
-    def loop_class(self) -> type[Any]:
+    def loop_class(self) -> type[Loop]:
         with plugin_folders(self._folder):
             return resolve_loop(self.loop.coordinator)
 
@@ -525,11 +540,27 @@ def parse_config(
     return config
 
 
+class _Said(str):
+    """One line of `_validate`'s errors that came from a plug-in that cannot be imported: it
+    keeps the error, so `_parse` raises its class (a reader acts on the class, never the words)."""
+
+    error: PluginImportError
+
+    @classmethod
+    def of(cls, line: str, error: PluginImportError) -> _Said:
+        said = cls(line)
+        said.error = error
+        return said
+
+
 def _parse(raw: dict[str, Any], source: str) -> LoopConfig:
     config, errors = _validate(raw, source)
     if config is None:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{errors[0]}{more}") from None
+        first = errors[0]
+        if isinstance(first, _Said):
+            raise PluginImportError(f"{first}{more}", key=first.error.key, spec=first.error.spec) from None
+        raise ConfigError(f"{first}{more}") from None
     return config
 
 
@@ -560,6 +591,8 @@ def _validate(raw: dict[str, Any], source: str) -> tuple[LoopConfig | None, list
                 loop_class: Any = resolve_loop(coordinator)
                 section = _section_model(loop_class)
                 section.model_validate_json(json.dumps(loop, default=str), strict=True)
+            except PluginImportError as exc:
+                errors.append(_Said.of(f"{source}: {exc}", exc))
             except ConfigError as exc:
                 errors.append(f"{source}: {exc}")
             except ValidationError as exc:
@@ -592,7 +625,7 @@ def _hook_errors(table: Mapping[str, Any], i: int) -> list[str]:
     try:
         found = HOOKS.resolve(kind, key=f"{where}.kind")
     except ConfigError as exc:
-        if "not imported by a reader of the record" in str(exc):
+        if isinstance(exc, PluginNotImportedError):
             return []  # `tail`/`show` read a record and never run its hooks
         return [str(exc)]
     keys = {key: value for key, value in table.items() if key != "kind"}
@@ -873,21 +906,28 @@ def recorded_config(state: RunState, source: str) -> LoopConfig:
             config = parse_config(
                 state.started.config, source=f"{source}:1: recorded config", folder=state.started.config_dir
             )
-    except ConfigError as exc:
-        if "loop.coordinator: cannot import" in str(exc):
+    except PluginImportError as exc:
+        if exc.key == "loop.coordinator":  # no other version would read it: where to run it
             folder = state.started.config_dir or "the folder of its config"
-            raise ConfigError(
+            raise PluginImportError(
                 f"{exc}; the loop must be importable to go on: run from {folder} "
-                f"or put the folder that holds it on PYTHONPATH"
+                f"or put the folder that holds it on PYTHONPATH",
+                key=exc.key,
+                spec=exc.spec,
             ) from None
-        raise ConfigError(
-            f"{exc} (written by lanefold {state.started.library_version}, this is {VERSION})"
-        ) from None
+        raise _written_by(exc, state.started.library_version) from None
+    except ConfigError as exc:
+        raise _written_by(exc, state.started.library_version) from None
     prompt = state.started.config.get("prompt")
     # A log from before `[prompt] form`: its lanes sent what the rule of its day said, and a
     # resume must send the same (a wave's missing lanes, a later wave of the same run).
     config._recorded_before_form = not (isinstance(prompt, dict) and "form" in prompt)
     return config
+
+
+def _written_by(exc: ConfigError, version: str) -> ConfigError:
+    """A recorded config this version refuses, said with the version that wrote it."""
+    return ConfigError(f"{exc} (written by lanefold {version}, this is {VERSION})")
 
 
 def config_hash(config: LoopConfig) -> str:

@@ -37,7 +37,8 @@ from lanefold.evaluate._fit_record import FitRecord
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._paired import holm, mcnemar
 from lanefold.evaluate._rescore import rereductions, rescore_eval
-from lanefold.evaluate._scoring import SCORERS, Score, Scorer, register_scorer, resolve_scorer
+from lanefold.evaluate._scorer import SCORERS, Score, Scorer, register_scorer
+from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.evaluate._sweep import Sweep, parse_budgets, run_sweep
 from lanefold.evaluate._sweep_records import SweepPoint
 

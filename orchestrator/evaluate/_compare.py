@@ -44,7 +44,8 @@ from lanefold.evaluate._paired import CORRECTION, McNemar, holm, mcnemar, mcnema
 from lanefold.evaluate._pilot import PILOT_QUESTIONS, frontier, spread
 from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.execution import open_store
-from lanefold.primitives import ConfigError, LogWriteError, plugin_folders, validate_run_id
+from lanefold.primitives import ConfigError, LogWriteError, validate_run_id
+from lanefold.primitives.internal import plugin_folders
 
 __all__ = (
     "Compared",

@@ -30,13 +30,15 @@ from lanefold.primitives import (
     ConfigError,
     JudgeCall,
     Pricing,
+    loop_reducer,
+    reducer_traits,
+    resolve_reducer,
+)
+from lanefold.primitives.internal import (
     backend_prompt_tokens,
     cost_shape,
     fit_params,
-    loop_reducer,
     plugin_folders,
-    reducer_traits,
-    resolve_reducer,
     shape_waves,
 )
 

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -46,7 +45,8 @@ from lanefold.evaluate._eval_records import (
     summarize,
 )
 from lanefold.evaluate._item import Item
-from lanefold.evaluate._scoring import Score, Scorer, resolve_scorer
+from lanefold.evaluate._scorer import Score, Scorer
+from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.execution import (
     Executor,
     Job,
@@ -63,15 +63,15 @@ from lanefold.primitives import (
     BudgetExhaustedError,
     ConfigError,
     EvalRecord,
+    Hook,
     LanefoldError,
     LogCorruptError,
     RunInUseError,
     RunState,
-    plugin_folders,
     redact_url,
-    stopped_for_budget,
     validate_run_id,
 )
+from lanefold.primitives.internal import plugin_folders, stopped_for_budget
 
 __all__ = ("OnResult", "OnStart", "questions_hash", "read_manifest", "resume_hint", "run_eval", "scored_row")
 
@@ -108,7 +108,7 @@ async def run_eval(
     clock: Callable[[], float] = time.monotonic,
     store: str | Store | None = None,
     executor: Executor | str | None = None,
-    hooks: Sequence[Any] = (),
+    hooks: Sequence[Hook] = (),
     fitted_to: FittedBudget | None = None,
 ) -> EvalSummary:
     """Run (or continue) the eval `eval_id` of `config` on `items`; return its summary.

@@ -38,7 +38,8 @@ from lanefold.evaluate._fit_record import FitRecord, PilotFigures, Priced, diffe
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._pilot import PILOT_QUESTIONS, Rates, first_lane, spread
 from lanefold.execution import open_store
-from lanefold.primitives import ConfigError, Pricing, backend_prompt_tokens
+from lanefold.primitives import ConfigError, Pricing
+from lanefold.primitives.internal import backend_prompt_tokens
 
 __all__ = (
     "UNITS",

@@ -27,7 +27,8 @@ from pydantic import BaseModel
 from lanefold.config import LoopConfig
 from lanefold.evaluate._eval_records import PAID_TOKENS, QuestionResult
 from lanefold.evaluate._waves import Passes, Serving, passes, path, worst
-from lanefold.primitives import CostShape, WaveShape, cost_shape, shape_waves
+from lanefold.primitives import CostShape, WaveShape
+from lanefold.primitives.internal import cost_shape, shape_waves
 
 __all__ = ("PILOT_QUESTIONS", "Rates", "first_lane", "frontier", "paid", "spread")
 

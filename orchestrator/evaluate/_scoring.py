@@ -32,92 +32,25 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol
+from typing import Any, cast
 
 import anyio
 
 from lanefold.coordinators import CommandVerifier
 from lanefold.evaluate._item import Item
-from lanefold.primitives import (
-    ConfigError,
-    NotOfKindError,
-    Registry,
-    Verdict,
-    Verifier,
-    import_object,
-    normalize_answer,
-)
+from lanefold.evaluate._scorer import SCORERS, Score, Scorer, ScorerFn, is_scorer, register_scorer
+from lanefold.primitives import ConfigError, Verdict, Verifier, normalize_answer
+from lanefold.primitives.internal import import_object
 
 __all__ = (
-    "SCORERS",
     "CustomScorer",
     "ExactMatch",
     "HumanEvalTests",
     "NumericMatch",
-    "Score",
-    "Scorer",
     "humaneval_program",
-    "register_scorer",
     "resolve_scorer",
 )
-
-PASS_MARK = 0.5  # a float score counts as correct from here up
-
-
-@dataclass(frozen=True, slots=True)
-class Score:
-    """How right one answer is: `value` in [0, 1] (1 right, 0 wrong); `error` when scoring
-    itself failed (then `value` is 0)."""
-
-    value: float
-    error: str | None = None
-
-    @property
-    def correct(self) -> bool:
-        return self.value >= PASS_MARK
-
-
-class Scorer(Protocol):
-    """Scores answers against an item's gold. `name` is the spec the eval records;
-    `needs_text` means it reads a lane's whole text (code), not only its extracted answer."""
-
-    name: str
-    needs_text: bool
-
-    def check(self, items: Sequence[Item]) -> None:
-        """Refuse (ConfigError naming the item's source) what can never be scored."""
-        ...
-
-    async def score(self, item: Item, answer: str | None, text: str | None) -> Score:
-        """The score of `answer` (extracted) or `text` (the lane's whole output)."""
-        ...
-
-    def verifier(self, items: Sequence[Item]) -> Verifier | None:
-        """A Verifier for the runs' own reducers (any_pass, weighting by verifier), or None."""
-        ...
-
-
-_SCORER_PARTS = ("check", "score", "verifier")
-
-
-def _check_scorer(obj: Any, key: str) -> None:
-    """A registered scorer is a class making a Scorer from the spec's argument; `module:attr`
-    may also name a Scorer instance or a plain function (wrapped by `resolve_scorer`)."""
-    if isinstance(obj, type):
-        missing = [part for part in _SCORER_PARTS if not hasattr(obj, part)]
-        if missing:
-            raise NotOfKindError(
-                f"{key}: {obj.__module__}:{obj.__qualname__} is not a Scorer (it has no {missing[0]!r})"
-            )
-    elif not callable(obj) and not all(hasattr(obj, part) for part in _SCORER_PARTS):
-        raise NotOfKindError(f"{key}: {obj!r} is not a Scorer, a Scorer class or a function")
-
-
-SCORERS: Registry[Any] = Registry("scorer", key="--scorer", check=_check_scorer)
-register_scorer = SCORERS.register
-"""`@register_scorer("name")`: make a Scorer class available to `--scorer name` (and `eval`'s)."""
 
 
 def _golds(item: Item) -> list[str]:
@@ -208,7 +141,7 @@ class CustomScorer:
 
     needs_text = False
 
-    def __init__(self, spec: str, fn: Callable[..., Any] | None = None) -> None:
+    def __init__(self, spec: str, fn: ScorerFn | None = None) -> None:
         self.name = spec
         self._fn = fn if fn is not None else _import(spec)
 
@@ -234,11 +167,11 @@ class CustomScorer:
         return None
 
 
-def _import(spec: str) -> Callable[..., Any]:
+def _import(spec: str) -> Callable[..., object]:
     target = import_object(spec, key="--scorer")
     if not callable(target):
         raise ConfigError(f"--scorer: {spec!r} is not callable")
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 # Runs the program read from stdin with its prints kept off stdout (where the verdict goes);
@@ -352,9 +285,9 @@ def _scorer(spec: str | None, items: Sequence[Item]) -> Scorer:
         found = SCORERS.resolve(spec)  # module:attr, imported beside the config first
         if isinstance(found, type):
             return _made(found, None, spec)
-        if all(hasattr(found, part) for part in _SCORER_PARTS):
-            return found  # type: ignore[no-any-return]  # a Scorer instance
-        return CustomScorer(spec, found)
+        if is_scorer(found):
+            return found
+        return CustomScorer(spec, cast(ScorerFn, found))  # `_check_scorer` let through a function
     raise ConfigError(f"--scorer: unknown scorer {spec!r}: {', '.join(_forms())} or module:function")
 
 

@@ -47,13 +47,8 @@ from lanefold.evaluate._sweep_points import eval_point, no_point, pool_point, te
 from lanefold.evaluate._sweep_records import Baseline, Sweep, SweepLine, SweepPoint
 from lanefold.evaluate._waves import prefill_passes
 from lanefold.execution import open_store
-from lanefold.primitives import (
-    BudgetTooSmallError,
-    ConfigError,
-    plugin_folders,
-    pooled_lanes,
-    validate_run_id,
-)
+from lanefold.primitives import BudgetTooSmallError, ConfigError, validate_run_id
+from lanefold.primitives.internal import plugin_folders, pooled_lanes
 
 __all__ = ("Baseline", "Sweep", "SweepLine", "SweepPoint", "parse_budgets", "run_sweep")
 

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lanefold.config import LoopConfig
-from lanefold.primitives import Pricing, WaveShape, backend_sharing, cost_shape, request_size, shape_waves
+from lanefold.primitives import Pricing, WaveShape
+from lanefold.primitives.internal import backend_sharing, cost_shape, request_size, shape_waves
 
 __all__ = ("Passes", "Serving", "passes", "path", "prefill_passes", "worst")
 

@@ -29,9 +29,16 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from lanefold.config import DEFAULT_EXECUTOR, LoopConfig, parse_config
-from lanefold.execution._result import RunResult
 from lanefold.execution._store import Store, read_state
-from lanefold.primitives import EXECUTORS, ConfigError, LanefoldError, StoreError, register_executor
+from lanefold.primitives import (
+    EXECUTORS,
+    ConfigError,
+    Hook,
+    LanefoldError,
+    RunResult,
+    StoreError,
+    register_executor,
+)
 
 log = logging.getLogger("lanefold.executor")
 
@@ -84,13 +91,13 @@ class WorkerSpec:
     def loop_config(self) -> LoopConfig:
         return parse_config(self.config, source=f"{self.source} (sent to a worker)", folder=self.folder)
 
-    def worker_hooks(self) -> list[Any]:
+    def worker_hooks(self) -> list[Hook]:
         """The driver's hooks, as this worker's own copies (after `import_paths`, so a hook's
         module beside the config is found)."""
         return list(pickle.loads(self.hooks)) if self.hooks else []
 
 
-def portable_hooks(hooks: Sequence[Any]) -> bytes:
+def portable_hooks(hooks: Sequence[Hook]) -> bytes:
     """`hooks` pickled for workers; a hook that does not pickle (a lambda, a closure) stays
     on the driver, said once in the log: a hook never fails a run."""
     kept = []

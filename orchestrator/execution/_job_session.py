@@ -10,8 +10,8 @@ from __future__ import annotations
 import anyio.to_thread
 
 from lanefold.execution._executor import Job
-from lanefold.execution._result import RunResult
 from lanefold.execution._session import Session
+from lanefold.primitives import RunResult
 
 __all__ = ("JobSession",)
 

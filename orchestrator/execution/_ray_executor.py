@@ -30,8 +30,8 @@ import lanefold.primitives as primitives
 from lanefold.execution._executor import Job, JobOutcome, WorkerSpec, import_paths
 from lanefold.execution._job_session import JobSession
 from lanefold.execution._ray_connect import CONNECT_TIMEOUT_S, join_cluster
-from lanefold.execution._result import RunResult
-from lanefold.primitives import ConfigError, LanefoldError, RunError, RunInUseError, backend_gpus
+from lanefold.primitives import ConfigError, LanefoldError, RunError, RunInUseError, RunResult
+from lanefold.primitives.internal import backend_gpus
 
 __all__ = ("RayExecutor",)
 

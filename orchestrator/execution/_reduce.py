@@ -21,7 +21,6 @@ import anyio
 from lanefold.config import LoopConfig
 from lanefold.coordinators import outcome_of
 from lanefold.execution._fleet_budget import close_pools, open_pools, recorded_pools, refuse_if_spent
-from lanefold.execution._result import RunResult, result_from_state
 from lanefold.execution._runner import (
     Observer,
     context,
@@ -43,6 +42,7 @@ from lanefold.primitives import (
     Outcome,
     ReduceOptions,
     RunError,
+    RunResult,
     RunState,
     Sample,
     SampleRequest,
@@ -50,13 +50,11 @@ from lanefold.primitives import (
     Verifier,
     get_logger,
     loop_reducer,
-    plugin_folders,
     reducer_traits,
-    reread_lanes,
     resolve_reducer,
 )
 from lanefold.primitives.events import ReduceStarted, ReduceStartedData, RunResumed, RunResumedData
-from lanefold.primitives.internal import HookRunner, Recorder
+from lanefold.primitives.internal import HookRunner, Recorder, plugin_folders, reread_lanes, result_from_state
 
 __all__ = ("ReduceHost", "reduce_run")
 

@@ -15,7 +15,6 @@ import anyio
 import structlog
 
 from lanefold.config import LoopConfig
-from lanefold.execution._result import RunResult, result_from_state
 from lanefold.primitives import (
     Backend,
     BackendSpec,
@@ -28,8 +27,8 @@ from lanefold.primitives import (
     NonDeterminismError,
     Outcome,
     PromptForm,
-    RetryPolicy,
     RunError,
+    RunResult,
     RunState,
     Verifier,
     get_logger,
@@ -46,7 +45,7 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
-from lanefold.primitives.internal import Dispatcher, Recorder, RunContext
+from lanefold.primitives.internal import Dispatcher, Recorder, RetryPolicy, RunContext, result_from_state
 
 __all__ = (
     "Observer",

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Seque
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import anyio
 import sniffio
@@ -38,7 +38,6 @@ from lanefold.execution._fleet_budget import (
 )
 from lanefold.execution._held_log import HeldLog
 from lanefold.execution._reduce import reduce_run
-from lanefold.execution._result import RunResult, failed_result
 from lanefold.execution._runner import (
     Observer,
     build_backend,
@@ -58,19 +57,21 @@ from lanefold.primitives import (
     ConfigError,
     EventLog,
     ExtractSpec,
+    Hook,
     LanefoldError,
     Ledger,
+    RunResult,
     RunState,
     StoreError,
     Verifier,
-    plugin_folders,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
-from lanefold.primitives.internal import HookRunner, Recorder, check_sendable
+from lanefold.primitives.internal import HookRunner, Recorder, check_sendable, failed_result, plugin_folders
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 Errors = Literal["raise", "return"]
 VerifierLike = Verifier | Callable[..., Any] | str | Sequence[str]
 
@@ -113,7 +114,7 @@ class Session:
         verifier: VerifierLike | None = None,
         executor: Executor | str | None = None,
         store: str | Store | None = None,
-        hooks: Sequence[Any] = (),
+        hooks: Sequence[Hook] = (),
     ) -> None:
         self.source = "<config>"
         self.hooks = list(hooks)
@@ -604,7 +605,7 @@ async def run(
     log: EventLog | None = None,
     verifier: VerifierLike | None = None,
     store: str | Store | None = None,
-    hooks: Sequence[Any] = (),
+    hooks: Sequence[Hook] = (),
 ) -> RunResult:
     """Run a loop on one question (a Session of one run).
 
@@ -639,7 +640,7 @@ async def resume(
     log: EventLog | None = None,
     verifier: VerifierLike | None = None,
     store: str | Store | None = None,
-    hooks: Sequence[Any] = (),
+    hooks: Sequence[Hook] = (),
 ) -> RunResult:
     """Continue a run from its log (a Session of one resume). A finished run returns its
     recorded result, calling nothing; its backends are built from the recorded config."""
@@ -667,11 +668,22 @@ def _sync(call: Callable[[], Awaitable[T]]) -> T:
         return pool.submit(anyio.run, call).result()
 
 
-def run_sync(config: LoopConfig | str | Path, question: str, **kwargs: Any) -> RunResult:
-    """`run` for scripts and notebooks (works inside a running event loop too)."""
-    return _sync(functools.partial(run, config, question, **kwargs))
+def _blocking(call: Callable[P, Awaitable[T]], name: str, doc: str) -> Callable[P, T]:
+    """`call` for synchronous code, with its very parameters: one place says them, so a type
+    checker holds `run_sync` to what `run` takes."""
+
+    def blocking(*args: P.args, **kwargs: P.kwargs) -> T:
+        return _sync(functools.partial(call, *args, **kwargs))
+
+    blocking.__name__ = blocking.__qualname__ = name
+    blocking.__doc__ = doc
+    blocking.__wrapped__ = call  # type: ignore[attr-defined]  # inspect.signature shows call's
+    return blocking
 
 
-def resume_sync(run_id: str, **kwargs: Any) -> RunResult:
-    """`resume` for scripts and notebooks."""
-    return _sync(functools.partial(resume, run_id, **kwargs))
+run_sync = _blocking(
+    run, "run_sync", "`run` for scripts and notebooks (works inside a running event loop too)."
+)
+"""`run` for scripts and notebooks (works inside a running event loop too)."""
+resume_sync = _blocking(resume, "resume_sync", "`resume` for scripts and notebooks.")
+"""`resume` for scripts and notebooks."""

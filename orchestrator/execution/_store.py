@@ -16,7 +16,6 @@ from pydantic import ValidationError
 
 import lanefold.stores  # noqa: F401  (the built-in stores register themselves)
 from lanefold.config import DEFAULT_STORE, LoopConfig, recorded_config
-from lanefold.execution._result import RunResult
 from lanefold.primitives import (
     STORES,
     AnyEvent,
@@ -24,16 +23,19 @@ from lanefold.primitives import (
     ConfigError,
     LogCorruptError,
     Pricing,
-    ReplaySettings,
     RunNotFoundError,
+    RunResult,
     RunState,
     Store,
-    audit_run,
     fold,
     loop_reducer,
     new_run_id,
-    plugin_folders,
     resolve_reducer,
+)
+from lanefold.primitives.internal import (
+    ReplaySettings,
+    audit_run,
+    plugin_folders,
     store_for_url,
     without_plugin_imports,
 )

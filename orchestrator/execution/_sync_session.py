@@ -20,21 +20,49 @@ import contextlib
 import functools
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import anyio.from_thread
 
 from lanefold.config import LoopConfig
-from lanefold.execution._result import RunResult
-from lanefold.execution._session import Session
+from lanefold.execution._executor import Executor
+from lanefold.execution._session import Session, VerifierLike
+from lanefold.execution._store import Store
+from lanefold.primitives import Backend, Hook, RunResult
 
 __all__ = ("SyncSession",)
 
 T = TypeVar("T")
+P = ParamSpec("P")
 _DONE = object()  # run_many's end, after its last result
+
+
+def _blocking(
+    method: Callable[Concatenate[Session, P], Awaitable[T]],
+) -> Callable[Concatenate[SyncSession, P], T]:
+    """`Session`'s coroutine method as a blocking one with the very same parameters: one place
+    says them, so a type checker holds a SyncSession call to what the Session takes."""
+
+    @functools.wraps(method)
+    def blocking(self: SyncSession, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._call(functools.partial(method, self.session, *args, **kwargs))
+
+    return blocking
+
+
+def _iterating(
+    method: Callable[Concatenate[Session, P], AsyncGenerator[RunResult, None]],
+) -> Callable[Concatenate[SyncSession, P], Iterator[RunResult]]:
+    """`Session.run_many` as an iterator over its results, with its very parameters."""
+
+    @functools.wraps(method)
+    def iterating(self: SyncSession, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[RunResult]:
+        return self._results(functools.partial(method, self.session, *args, **kwargs))
+
+    return iterating
 
 
 class SyncSession:
@@ -45,8 +73,30 @@ class SyncSession:
     `with` block.
     """
 
-    def __init__(self, config: LoopConfig | str | Path | None = None, **kwargs: Any) -> None:
-        self.session = Session(config, **kwargs)
+    def __init__(
+        self,
+        config: LoopConfig | str | Path | None = None,
+        *,
+        backend: Backend | None = None,
+        judge_backend: Backend | None = None,
+        limiter: anyio.CapacityLimiter | None = None,
+        runs_dir: str | Path = "runs",
+        verifier: VerifierLike | None = None,
+        executor: Executor | str | None = None,
+        store: str | Store | None = None,
+        hooks: Sequence[Hook] = (),
+    ) -> None:
+        self.session = Session(
+            config,
+            backend=backend,
+            judge_backend=judge_backend,
+            limiter=limiter,
+            runs_dir=runs_dir,
+            verifier=verifier,
+            executor=executor,
+            store=store,
+            hooks=hooks,
+        )
         self._portal_cm: contextlib.AbstractContextManager[anyio.from_thread.BlockingPortal] | None
         self._portal_cm = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
@@ -86,33 +136,26 @@ class SyncSession:
         finally:
             portal_cm.__exit__(None, None, None)
 
-    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """`fn(*args, **kwargs)` on the session's loop, until it ends; Ctrl-C here cancels
-        it there (the run records its interrupt) and then re-raises."""
+    def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()` on the session's loop, until it ends; Ctrl-C here cancels it there (the run
+        records its interrupt) and then re-raises."""
         portal = self._portal if self._portal is not None else self._open()
-        return _Task(portal, functools.partial(fn, *args, **kwargs)).wait()
+        return _Task(portal, call).wait()
 
-    def run(self, question: str, **kwargs: Any) -> RunResult:
-        """`Session.run`: one question (`run_id`, `resume`, `errors`, `observer` as there)."""
-        return self._call(self.session.run, question, **kwargs)
+    # `Session`'s methods, blocking, each with the Session method's own signature and docstring.
+    run = _blocking(Session.run)
+    resume = _blocking(Session.resume)
+    reduce = _blocking(Session.reduce)
+    run_many = _iterating(Session.run_many)
 
-    def resume(self, run_id: str, **kwargs: Any) -> RunResult:
-        """`Session.resume`: continue a run from its log (a finished one: its record)."""
-        return self._call(self.session.resume, run_id, **kwargs)
-
-    def reduce(self, run_id: str, *, reducer: str, **kwargs: Any) -> RunResult:
-        """`Session.reduce`: reduce a finished run's lanes again, without sampling."""
-        return self._call(self.session.reduce, run_id, reducer=reducer, **kwargs)
-
-    def run_many(self, questions: Iterable[str], **kwargs: Any) -> Iterator[RunResult]:
-        """`Session.run_many`, its results as they finish (`concurrency`, `run_ids`,
-        `resume`, `errors` as there). Stopping early interrupts the runs in flight."""
+    def _results(self, many_of: Callable[[], AsyncGenerator[RunResult, None]]) -> Iterator[RunResult]:
+        """`run_many`'s results as they finish. Stopping early interrupts the runs in flight."""
         portal = self._portal if self._portal is not None else self._open()
         results: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
         async def drive() -> None:
             try:
-                async with contextlib.aclosing(self.session.run_many(questions, **kwargs)) as many:
+                async with contextlib.aclosing(many_of()) as many:
                     async for result in many:
                         results.put(result)
             finally:

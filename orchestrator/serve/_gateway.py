@@ -42,6 +42,7 @@ from lanefold.primitives import (
     fold,
 )
 from lanefold.primitives.events import AnyEvent
+from lanefold.primitives.internal import stopped_for_budget
 from lanefold.serve._gateway_stream import LoopStream, Replay
 from lanefold.serve._gateway_wire import (
     Ask,
@@ -296,10 +297,11 @@ def create_gateway(
         if (
             result.status == "no_answer"
             and result.lanes_completed == 0
-            and result.reason
-            and "budget" in result.reason
+            and stopped_for_budget(result.outcome)
         ):
-            raise out_of_quota(result.reason)
+            # The key's budget could not fund the loop's first step: what the loop declares
+            # (`budget_stop`, as an eval reads it), never a word of its reason.
+            raise out_of_quota(result.reason or "the key's budget cannot fund the loop")
         state = None
         if ask.options.n > 1 or result.status == "no_answer":  # more choices, or a lane to serve
             state = await anyio.to_thread.run_sync(read_state, store, result.run_id)

@@ -17,7 +17,7 @@ import anyio
 
 from lanefold.config import LoopConfig, load_config, preflight
 from lanefold.execution import Session, Store, open_store
-from lanefold.primitives import Backend, ConfigError, Loadable
+from lanefold.primitives import Backend, ConfigError, Hook, Loadable
 from lanefold.serve._keys import KeyPools, load_keys
 from lanefold.serve._run import listen, run_server
 
@@ -54,7 +54,7 @@ def gateway_app(
     *,
     runs_dir: str | Path = "runs",
     keys_file: str | Path | None = None,
-    hooks: Sequence[Any] = (),
+    hooks: Sequence[Hook] = (),
     max_body_bytes: int = 1 << 20,
 ) -> Any:
     """The gateway as an ASGI app, to serve with any ASGI server (or mount in your own):
@@ -106,7 +106,7 @@ async def serve_loops_async(
     backend_options: dict[str, Any] | None = None,
     max_body_bytes: int = 1 << 20,
     log_level: str = "info",
-    hooks: Sequence[Any] = (),
+    hooks: Sequence[Hook] = (),
 ) -> None:
     """`serve_loops` in a running event loop (asyncio: uvicorn's): `loops` and `backend` (as
     `backend_name`, where given) on `sock` (else `host:port`), with `keys` (a `Keys`)."""

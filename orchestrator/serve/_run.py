@@ -16,8 +16,7 @@ from typing import Any, ClassVar
 
 import anyio
 
-from lanefold.backends.openai import read_api_key
-from lanefold.primitives import Backend, ConfigError, LanefoldError, Loadable
+from lanefold.primitives import Backend, ConfigError, LanefoldError, Loadable, read_secret
 
 __all__ = (
     "ServeError",
@@ -207,12 +206,13 @@ def require_extra() -> None:
 
 def api_key_from(variable: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
     """The API key held by the environment variable `variable` (None: no key asked for),
-    checked as the openai backend checks its `api_key_env` (`read_api_key`): a key with a CR,
-    LF or spaces at an end would start a server that answers 401 to every client."""
+    checked as every secret read from the environment is (`lanefold.primitives.read_secret`, as
+    the openai backend's `api_key_env` is): a key with a CR, LF or spaces at an end would start
+    a server that answers 401 to every client."""
     if variable is None:
         return None
     try:
-        return read_api_key(environ, variable)
+        return read_secret(environ, variable)
     except ConfigError as exc:
         raise ConfigError(f"--api-key-env: {exc}") from None
 

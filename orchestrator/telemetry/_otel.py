@@ -29,12 +29,31 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from lanefold.config import VERSION
 from lanefold.primitives import (
+    AnyEvent,
     ConfigError,
+    Event,
+    RunResult,
     check_headers,
     check_headers_env,
     get_logger,
     headers_from_env,
     register_hook,
+)
+from lanefold.primitives.events import (
+    JudgeCompleted,
+    LaneCompleted,
+    LaneDispatched,
+    LaneFailed,
+    LaneInterrupted,
+    ReduceCompleted,
+    ReduceStarted,
+    RunCompleted,
+    RunFailed,
+    RunInterrupted,
+    RunResumed,
+    RunStarted,
+    WaveBarrier,
+    WaveStarted,
 )
 
 __all__ = ("OtelHook", "flush_all", "trace_id_of")
@@ -139,7 +158,7 @@ def flush_all(timeout_s: float = 5.0) -> bool:
     return all(e.processor.force_flush(int(timeout_s * 1000)) for e in exporters)
 
 
-def _ns(event: Any) -> int:
+def _ns(event: Event) -> int:
     return int(event.time.timestamp() * 1_000_000_000)
 
 
@@ -208,44 +227,42 @@ class OtelHook:
 
     # -- events -----------------------------------------------------------------------------
 
-    def on_event(self, event: Any) -> None:
-        kind = event.type
-        if kind in ("run.started", "run.resumed"):
+    def on_event(self, event: AnyEvent) -> None:
+        """Each event by its class (a type checker holds each branch to its event's `data`);
+        one this hook has no span for (a budget event, a loop's own) passes by."""
+        if isinstance(event, RunStarted | RunResumed):
             self._start_run(event)
             return
-        run = self.runs.get(event.run_id)
+        run = self.runs.get(event.run_id or "")
         if run is None:
             return  # a run this hook saw begin in no process of its own: nothing to parent it
-        if kind == "lane.dispatched":
-            self._start_lane(run, event)
-        elif kind in ("lane.completed", "lane.failed", "lane.interrupted"):
-            self._end_lane(run, event)
-        elif kind == "wave.started":
-            self._start_wave(run, event)
-        elif kind == "wave.barrier":
-            wave = run.waves.pop(event.wave, None)
-            if wave is not None:
-                wave.attributes["lanefold.wave.completed"] = len(event.data.completed)
-                wave.attributes["lanefold.wave.failed"] = len(event.data.failed)
-                self._end(wave, _ns(event))
-        elif kind == "judge.completed":
-            self._judgement(run, event)
-        elif kind == "reduce.started":
-            run.reduce = self._open(
-                "lanefold.reduce",
-                run.span,
-                _ns(event),
-                {"lanefold.run_id": event.run_id, "lanefold.reducer": event.data.reducer},
-            )
-        elif kind == "reduce.completed":
-            if run.reduce is not None:
-                self._end(run.reduce, _ns(event))
-                run.reduce = None
-        elif kind in ("run.completed", "run.failed", "run.interrupted"):
-            self._end_run(run, event)
+        match event:
+            case LaneDispatched():
+                self._start_lane(run, event)
+            case LaneCompleted() | LaneFailed() | LaneInterrupted():
+                self._end_lane(run, event)
+            case WaveStarted():
+                self._start_wave(run, event)
+            case WaveBarrier():
+                self._end_wave(run, event)
+            case JudgeCompleted():
+                self._judgement(run, event)
+            case ReduceStarted():
+                run.reduce = self._open(
+                    "lanefold.reduce",
+                    run.span,
+                    _ns(event),
+                    {"lanefold.run_id": event.run_id, "lanefold.reducer": event.data.reducer},
+                )
+            case ReduceCompleted():
+                if run.reduce is not None:
+                    self._end(run.reduce, _ns(event))
+                    run.reduce = None
+            case RunCompleted() | RunFailed() | RunInterrupted():
+                self._end_run(run, event)
 
-    def on_run_end(self, result: Any) -> None:
-        run = self.runs.pop(getattr(result, "run_id", ""), None)
+    def on_run_end(self, result: RunResult) -> None:
+        run = self.runs.pop(result.run_id, None)
         if run is not None:  # its end event never came (a hook that joined late): close it
             self._end(run.span, time.time_ns())
 
@@ -274,24 +291,25 @@ class OtelHook:
         )
         e.processor.on_end(readable)
 
-    def _start_run(self, event: Any) -> None:
-        resumed = event.type == "run.resumed"
-        attributes: dict[str, Any] = {"lanefold.run_id": event.run_id, "lanefold.resumed": resumed}
+    def _start_run(self, event: RunStarted | RunResumed) -> None:
+        run_id = event.run_id or ""
+        resumed = isinstance(event, RunResumed)
+        attributes: dict[str, Any] = {"lanefold.run_id": run_id, "lanefold.resumed": resumed}
         model, loop = "", ""
-        if not resumed:
+        if isinstance(event, RunStarted):
             data = event.data
             model, loop = data.backend, data.coordinator
             attributes["gen_ai.request.model"] = model
             attributes["lanefold.loop"] = loop
             attributes["lanefold.config_hash"] = data.config_hash
-        context = SpanContext(trace_id_of(event.run_id), random.getrandbits(64) or 1, False, _FLAGS)
+        context = SpanContext(trace_id_of(run_id), random.getrandbits(64) or 1, False, _FLAGS)
         span = _Open(f"lanefold.run {loop}".strip(), context, None, _ns(event), attributes)
-        self.runs[event.run_id] = _Run(span, model=model, operation="chat")
+        self.runs[run_id] = _Run(span, model=model, operation="chat")
 
-    def _start_wave(self, run: _Run, event: Any) -> None:
-        data = event.data
-        run.purposes[event.wave] = data.purpose
-        run.waves[event.wave] = self._open(
+    def _start_wave(self, run: _Run, event: WaveStarted) -> None:
+        data, wave = event.data, event.wave or 0  # a wave's events always carry their wave
+        run.purposes[wave] = data.purpose
+        run.waves[wave] = self._open(
             f"lanefold.wave {data.purpose}",
             run.span,
             _ns(event),
@@ -305,7 +323,15 @@ class OtelHook:
             },
         )
 
-    def _start_lane(self, run: _Run, event: Any) -> None:
+    def _end_wave(self, run: _Run, event: WaveBarrier) -> None:
+        wave = run.waves.pop(event.wave or 0, None)
+        if wave is not None:
+            wave.attributes["lanefold.wave.completed"] = len(event.data.completed)
+            wave.attributes["lanefold.wave.failed"] = len(event.data.failed)
+            self._end(wave, _ns(event))
+
+    def _start_lane(self, run: _Run, event: LaneDispatched) -> None:
+        wave = event.wave or 0
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": run.operation,
             "gen_ai.request.max_tokens": event.data.max_tokens,
@@ -314,34 +340,35 @@ class OtelHook:
             "lanefold.wave": event.wave,
             "lanefold.lane": event.lane,
             "lanefold.attempt": event.attempt or 1,
-            "lanefold.wave.purpose": run.purposes.get(event.wave, ""),
+            "lanefold.wave.purpose": run.purposes.get(wave, ""),
         }
         if run.model:
             attributes["gen_ai.request.model"] = run.model
-        run.lanes[(event.wave, event.lane, event.attempt or 1)] = self._open(
+        run.lanes[(wave, event.lane or 0, event.attempt or 1)] = self._open(
             f"{run.operation} {run.model}".strip(),
-            run.waves.get(event.wave, run.span),
+            run.waves.get(wave, run.span),
             _ns(event),
             attributes,
             SpanKind.CLIENT,
         )
 
-    def _end_lane(self, run: _Run, event: Any) -> None:
-        span = run.lanes.pop((event.wave, event.lane, event.attempt or 1), None)
+    def _end_lane(self, run: _Run, event: LaneCompleted | LaneFailed | LaneInterrupted) -> None:
+        span = run.lanes.pop((event.wave or 0, event.lane or 0, event.attempt or 1), None)
         if span is None:
             return
-        data, attributes = event.data, span.attributes
-        if event.type == "lane.completed":
-            usage, cost = data.usage, data.cost_usd
-            attributes["gen_ai.response.finish_reasons"] = (data.finish_reason,)
-            if data.answer is not None:
-                attributes["lanefold.answer"] = data.answer
+        attributes = span.attributes
+        if isinstance(event, LaneCompleted):
+            usage, cost = event.data.usage, event.data.cost_usd
+            attributes["gen_ai.response.finish_reasons"] = (event.data.finish_reason,)
+            if event.data.answer is not None:
+                attributes["lanefold.answer"] = event.data.answer
+        elif isinstance(event, LaneFailed):
+            usage, cost = event.data.billed, event.data.billed_cost_usd
+            span.status = Status(StatusCode.ERROR, f"{event.data.error}: {event.data.message}")
+            attributes["error.type"] = event.data.error
         else:
-            usage, cost = data.billed, data.billed_cost_usd
-            what = f"{data.error}: {data.message}" if event.type == "lane.failed" else data.reason
-            span.status = Status(StatusCode.ERROR, what)
-            if event.type == "lane.failed":
-                attributes["error.type"] = data.error
+            usage, cost = event.data.billed, event.data.billed_cost_usd
+            span.status = Status(StatusCode.ERROR, event.data.reason)
         attributes["gen_ai.usage.input_tokens"] = usage.input_tokens + usage.cached_input_tokens
         attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
         attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
@@ -350,7 +377,7 @@ class OtelHook:
         attributes["lanefold.cost_usd"] = cost
         self._end(span, _ns(event))
 
-    def _judgement(self, run: _Run, event: Any) -> None:
+    def _judgement(self, run: _Run, event: JudgeCompleted) -> None:
         data = event.data
         attributes: dict[str, Any] = {
             "lanefold.run_id": event.run_id,
@@ -369,16 +396,15 @@ class OtelHook:
             span.status = Status(StatusCode.ERROR, data.error)
         self._end(span, at)
 
-    def _end_run(self, run: _Run, event: Any) -> None:
-        self.runs.pop(event.run_id, None)
+    def _end_run(self, run: _Run, event: RunCompleted | RunFailed | RunInterrupted) -> None:
+        self.runs.pop(event.run_id or "", None)
         at = _ns(event)
         for left in [*run.lanes.values(), *run.waves.values(), *([run.reduce] if run.reduce else [])]:
             self._end(left, at)  # what the run left open ends with it
         span, attributes = run.span, run.span.attributes
-        attributes["lanefold.status"] = event.type.removeprefix("run.")
-        data = event.data
-        if event.type == "run.completed":
-            result = data.result
+        attributes["lanefold.status"] = event.type.removeprefix("run.")  # its own word: completed, ...
+        if isinstance(event, RunCompleted):
+            result = event.data.result
             for key in ("answer", "status", "reducer", "agreement", "lanes_completed", "lanes_failed"):
                 if result.get(key) is not None:
                     attributes[f"lanefold.{key}"] = result[key]
@@ -390,9 +416,9 @@ class OtelHook:
             attributes["lanefold.usage.cached_prefill_tokens"] = cached
             attributes["lanefold.usage.verifier_tokens"] = usage.get("verifier_tokens", 0)
             attributes["lanefold.cost_usd"] = float(cost.get("total", 0.0))
-        elif event.type == "run.failed":
-            span.status = Status(StatusCode.ERROR, f"{data.error}: {data.message}")
-            attributes["error.type"] = data.error
+        elif isinstance(event, RunFailed):
+            span.status = Status(StatusCode.ERROR, f"{event.data.error}: {event.data.message}")
+            attributes["error.type"] = event.data.error
         else:
-            attributes["lanefold.interrupted_by"] = data.reason
+            attributes["lanefold.interrupted_by"] = event.data.reason
         self._end(span, at)

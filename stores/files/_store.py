@@ -7,7 +7,7 @@ import contextlib
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from lanefold.primitives import (
     AnyEvent,
@@ -23,7 +23,7 @@ from lanefold.primitives import (
     summarize_run,
     validate_run_id,
 )
-from lanefold.stores.files._budget import FileBudgets
+from lanefold.stores.files._budget import _KEEP, FileBudgets
 from lanefold.stores.files._budget_pool import FileSharedPool
 from lanefold.stores.files._evals import FileEvalRecord
 from lanefold.stores.files._log import JsonlEventLog, RunLock
@@ -128,8 +128,18 @@ class RunStore:
     def read_budget(self, name: str) -> BudgetView | None:
         return self.budgets.read_budget(name)
 
-    def set_budget(self, name: str, **limits: Any) -> BudgetView:
-        return self.budgets.set_budget(name, **limits)
+    def set_budget(
+        self,
+        name: str,
+        *,
+        max_tokens: int | None = _KEEP,
+        max_cost_usd: float | None = _KEEP,
+        max_requests: int | None = _KEEP,
+    ) -> BudgetView:
+        """Create the budget or change its limits (a limit not given keeps its value)."""
+        return self.budgets.set_budget(
+            name, max_tokens=max_tokens, max_cost_usd=max_cost_usd, max_requests=max_requests
+        )
 
     def start_budget(self, name: str, spent: tuple[int, float, int]) -> BudgetView:
         return self.budgets.start_budget(name, spent)

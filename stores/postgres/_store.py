@@ -11,7 +11,7 @@ import importlib.util
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from lanefold.primitives import (
@@ -27,6 +27,7 @@ from lanefold.primitives import (
     validate_run_id,
 )
 from lanefold.stores.postgres._budget import (
+    _KEEP,
     PgSharedPool,
     connect_budgets,
     note_refusal,
@@ -194,10 +195,20 @@ class PgStore:
         finally:
             conn.close()
 
-    def set_budget(self, name: str, **limits: Any) -> BudgetView:
+    def set_budget(
+        self,
+        name: str,
+        *,
+        max_tokens: int | None = _KEEP,
+        max_cost_usd: float | None = _KEEP,
+        max_requests: int | None = _KEEP,
+    ) -> BudgetView:
+        """Create the budget or change its limits (a limit not given keeps its value)."""
         conn = connect_budgets(self.db)
         try:
-            return set_budget(conn, name, **limits)
+            return set_budget(
+                conn, name, max_tokens=max_tokens, max_cost_usd=max_cost_usd, max_requests=max_requests
+            )
         finally:
             conn.close()
 

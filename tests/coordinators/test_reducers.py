@@ -50,11 +50,10 @@ from lanefold.primitives import (
     Verifier,
     fold,
     hash_config,
-    reducer_names,
     resolve_reducer,
 )
 from lanefold.primitives.events import RunStarted, RunStartedData
-from lanefold.primitives.internal import Dispatcher, Recorder, RunContext
+from lanefold.primitives.internal import Dispatcher, Recorder, RunContext, reducer_names
 
 QUESTION = "What is 17 * 23?"
 EXTRACT = ExtractSpec(regex=r"Answer:\s*(\S+)")

@@ -12,8 +12,9 @@ from pydantic import BaseModel
 
 import lanefold
 from lanefold.coordinators import vote
-from lanefold.primitives import LOOPS, REDUCERS, ConfigError, Lane, resolve_loop, resolve_reducer
+from lanefold.primitives import LOOPS, REDUCERS, ConfigError, Lane, resolve_reducer
 from lanefold.primitives import _registry as registry
+from lanefold.primitives.internal import resolve_loop
 
 ENTRY_POINTS = """\
 [lanefold.loops]
@@ -145,6 +146,32 @@ def test_an_entry_point_that_exits_at_import_is_a_config_error_naming_the_key(in
         r"lanefold\.loops: cannot load 'eploops:Plain': SystemExit: 0$",
     ):
         resolve_loop("plain_ep")
+
+
+def test_an_entry_point_taking_a_registered_name_for_another_class_is_refused(installed: Path) -> None:
+    # A name is one plug-in: an entry point naming another class under a taken name is a
+    # ConfigError naming both, where on main it was ignored without a word (and a package
+    # whose entry points repeated the built-ins registered each of them twice).
+    (installed / "eploops-0.1.dist-info" / "entry_points.txt").write_text(
+        ENTRY_POINTS.replace("ep_first = eploops:First", "majority_vote = eploops:First")
+    )
+    with pytest.raises(ConfigError) as caught:
+        resolve_reducer("first_ep")
+    assert str(caught.value) == (
+        "loop.reducer: entry point 'majority_vote' in lanefold.reducers: reducer 'majority_vote' is "
+        "registered twice: lanefold.coordinators._reducers:MajorityVote and eploops:First"
+    )
+    assert resolve_reducer("majority_vote").__module__ == "lanefold.coordinators._reducers"
+
+
+def test_an_entry_point_naming_what_its_module_registers_is_the_same_plug_in(installed: Path) -> None:
+    (installed / "eploops.py").write_text(
+        MODULE.replace(
+            "class Plain:", "from lanefold.primitives import register_loop\n\n\n@register_loop\nclass Plain:"
+        )
+    )
+    loop = resolve_loop("ep_plain")  # loads the module (registering it), then its entry point
+    assert resolve_loop("plain_ep") is loop
 
 
 def test_a_record_nested_past_what_a_reader_parses_is_refused_before_it_is_written(tmp_path: Path) -> None:

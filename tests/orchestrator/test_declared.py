@@ -37,13 +37,12 @@ from lanefold.primitives import (
     Outcome,
     ReducerChoice,
     Reduction,
-    cost_shape,
-    fit_params,
     loop_reducer,
     reducer_traits,
     register_loop,
     register_reducer,
 )
+from lanefold.primitives.internal import cost_shape, fit_params
 
 PROMPT = 64  # the simulated backend's prompt tokens
 MOST = 256  # [sampling] max_tokens by default

@@ -44,7 +44,8 @@ from lanefold.evaluate._eval_records import (
     wilson_interval,
 )
 from lanefold.evaluate._item import Item
-from lanefold.evaluate._scoring import HumanEvalTests, Score, humaneval_program, resolve_scorer
+from lanefold.evaluate._scorer import Score
+from lanefold.evaluate._scoring import HumanEvalTests, humaneval_program, resolve_scorer
 from lanefold.primitives import ConfigError
 from lanefold.stores.files import RunLock
 

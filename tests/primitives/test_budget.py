@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanefold.primitives import Hold, Ledger, Limits, Pricing, Spend, Usage, cost_of
+from lanefold.primitives import Hold, Ledger, Limits, Pricing, Spend, Usage
+from lanefold.primitives.internal import cost_of
 
 PRICES = Pricing(
     input_per_mtok=2.0,

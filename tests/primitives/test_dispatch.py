@@ -26,21 +26,18 @@ from lanefold.primitives import (
     QuorumNotMetError,
     RateLimitError,
     RequestRejectedError,
-    RetryPolicy,
     RunState,
     Sample,
     SampleRequest,
     SamplingParams,
     ServerError,
     Usage,
-    closing,
     fold,
     hash_config,
-    lane_seed,
     sample_all,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
-from lanefold.primitives.internal import Dispatcher, Recorder, WaveSpec
+from lanefold.primitives.internal import Dispatcher, Recorder, RetryPolicy, WaveSpec, closing, lane_seed
 
 pytestmark = pytest.mark.anyio
 

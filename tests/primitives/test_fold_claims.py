@@ -34,7 +34,6 @@ from lanefold.primitives import (
     SampleRequest,
     Spend,
     Usage,
-    cost_of,
     fold,
     hash_config,
     parse_event,
@@ -49,7 +48,7 @@ from lanefold.primitives.events import (
     WaveStarted,
     WaveStartedData,
 )
-from lanefold.primitives.internal import Recorder
+from lanefold.primitives.internal import Recorder, cost_of
 
 PRICING = {"input_per_mtok": 1.0, "cached_input_per_mtok": 0.5, "output_per_mtok": 2.0}
 Events = list[dict[str, Any]]

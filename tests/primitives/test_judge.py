@@ -18,7 +18,7 @@ from lanefold.primitives import (
     parse_score,
     render_judge_prompt,
 )
-from lanefold.primitives import render_prompt as render_sample_prompt
+from lanefold.primitives.internal import render_prompt as render_sample_prompt
 
 # --- parse_score -------------------------------------------------------------------------------
 

@@ -9,15 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lanefold.primitives import (
-    Ballot,
-    ConfigError,
-    VoteResult,
-    VoteTieBreak,
-    logprob_weight,
-    normalize_answer,
-    vote_fold,
-)
+from lanefold.primitives import Ballot, ConfigError, VoteResult, VoteTieBreak, normalize_answer, vote_fold
+from lanefold.primitives.internal import logprob_weight
 
 
 def ballots(*answers: str | None) -> list[Ballot]:

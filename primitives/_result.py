@@ -1,4 +1,10 @@
-"""The result of a run: what `--json`, `show --json` and `resume --json` print."""
+"""The result of a run: what `--json`, `show --json` and `resume --json` print, what `run.completed`
+records and what a hook's `on_run_end` is handed.
+
+It lives in primitives, beside the events it is made from, so the Hook protocol can name it: its
+fields are the fold's (`RunState`), the loop's `Outcome` and the ledger's `Spend`, all of them
+primitives'. `lanefold.RunResult` is this class.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from lanefold.primitives import LanefoldError, LaneState, Outcome, RunError, RunState, Spend, normalize_answer
+from lanefold.primitives._answers import normalize_answer
+from lanefold.primitives._budget import Spend
+from lanefold.primitives._errors import LanefoldError, RunError
+from lanefold.primitives._loop import Outcome
+from lanefold.primitives._state import LaneState, RunState
 
 __all__ = (
     "CostBreakdown",
