@@ -259,3 +259,47 @@ def test_an_engine_without_a_tokenizer_refuses_a_schema() -> None:
     engine = Engine(model, num_blocks=64, tokenizer=None)
     with pytest.raises(ConfigError, match=r"^schema: the engine has no tokenizer"):
         engine.add_request(PROMPT, SamplingParams(), lanes(1), schema='{"type": "integer"}')
+
+
+def _bounded_tool_call() -> dict[str, Any]:
+    """A tool call SmolLM2 is asked for: strings and numbers bounded, so every lane's value
+    ends within its allotment whatever the machine's rounding makes it write."""
+    text = {"type": "string", "maxLength": 40}
+    number = {"type": "integer", "minimum": -(10**6), "maximum": 10**6}
+    return {
+        "anyOf": [
+            _tool("get_weather", {"city": text, "unit": {"enum": ["celsius", "fahrenheit"]}}, ["city"]),
+            _tool("add", {"a": number, "b": number}, ["a", "b"]),
+            _tool("search", {"query": text}, ["query"]),
+        ]
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("question", "schema"),
+    [
+        (
+            "You may call get_weather(city, unit), add(a, b) or search(query). Answer with the call "
+            'as JSON, {"name": ..., "arguments": {...}}. What is the weather in Paris?',
+            _bounded_tool_call(),
+        ),
+        (
+            'What is 7 + 8? Answer as JSON, {"answer": <the number>}.',
+            ANSWER,
+        ),
+    ],
+    ids=["tool call", "answer"],
+)
+def test_smollm2_holds_every_lane_of_a_forked_wave(
+    smollm2: Engine, question: str, schema: dict[str, Any]
+) -> None:
+    assert smollm2.tokenizer is not None
+    prompt = smollm2.tokenizer.encode(question, chat=True)
+    params = SamplingParams(temperature=0.8, max_tokens=128)
+    request = smollm2.generate(prompt, params, lanes(LANES, 128), schema=json.dumps(schema))
+    for seq in request.sequences:
+        assert seq.finish_reason == "stop", seq.text
+        jsonschema.validate(json.loads(seq.text), schema)
+    assert request.metrics.prompt_tokens_computed <= len(prompt)  # one prefill for the 8 forks
+    assert smollm2.pool.num_free == smollm2.pool.num_blocks
