@@ -13,12 +13,14 @@ follow its text (`LaneGrammar.advance`).
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -187,8 +189,14 @@ def allowed_tokens(lanes: Sequence[LaneGrammar | None], vocab: int, device: torc
     bits = torch.full((len(lanes), grammar.words), -1, dtype=torch.int32)
     for row, lane in held:
         lane.fill(bits[row])
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    allowed = ((bits.to(device)[:, :, None] >> shifts) & 1).view(len(lanes), -1)[:, :vocab].bool()
+    if device.type == "cpu" and sys.byteorder == "little":
+        # token 32w + j is bit j of word w: byte 4w + j // 8, bit j % 8 of it, little-endian
+        # (numpy unpacks the bits of a step's 8 rows of SmolLM2 in ~10 us, torch's shifts ~150)
+        unpacked = np.unpackbits(bits.numpy().view(np.uint8), axis=1, count=vocab, bitorder="little")
+        allowed = torch.from_numpy(unpacked).view(torch.bool)
+    else:  # on the GPU: the packed rows cross, 32 times smaller, and unpack there
+        shifts = torch.arange(32, dtype=torch.int32, device=device)
+        allowed = ((bits.to(device)[:, :, None] >> shifts) & 1).view(len(lanes), -1)[:, :vocab].bool()
     if grammar.phantom_eos is not None and grammar.phantom_eos < vocab:
         allowed[[row for row, _ in held], grammar.phantom_eos] = False
     return allowed

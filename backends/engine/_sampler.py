@@ -129,12 +129,17 @@ def sample_with_alternatives(logits: Tensor, batch: SamplingBatch) -> tuple[Tens
 def _draw(logits: Tensor, batch: SamplingBatch) -> Tensor:
     """One token id per row: greedy at temperature 0, else drawn at the row's hashed uniform,
     among the ids `batch.allowed` lets the row draw."""
-    if batch.allowed is not None:  # a fresh tensor: the caller's logits stay the model's own
-        logits = logits.masked_fill(~batch.allowed, -torch.inf)
     greedy = batch.temperature <= 0.0
-    tokens = logits.argmax(dim=1) if batch.any_greedy else None
+    scaled: Tensor | None = None  # the logits over each row's temperature (1 where greedy)
+    highest = logits  # what a greedy row takes the largest of
+    if batch.any_sampled or batch.allowed is not None:
+        scaled = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
+        if batch.allowed is not None:  # masked in that fresh buffer: `logits` stay the model's
+            highest = scaled.masked_fill_(batch.allowed.logical_not(), -torch.inf)
+    tokens = highest.argmax(dim=1) if batch.any_greedy else None
     if batch.any_sampled:
-        scaled = _filtered(logits / torch.where(greedy, 1.0, batch.temperature)[:, None], batch)
+        assert scaled is not None
+        scaled = _filtered(scaled, batch)
         # unnormalised weights, cumulated in place: one [B, vocab] buffer, not three (on CPU
         # every fresh buffer of that size is fresh pages, which cost more than the arithmetic)
         cumulative = scaled.sub_(scaled.amax(dim=1, keepdim=True)).exp_().cumsum_(dim=1)
