@@ -9,12 +9,17 @@ peak KV bytes, median wall time, and ratios measured in this run. fp32 on CPU by
 On SmolLM2, vLLM (offline `LLM.generate`, n = K, prefix caching, same weights, dtype and thread
 count) is a row too, run in its own venv (`scripts/vllm_env.py` builds it) as a subprocess kept
 loaded through the run, and each engine row's wall time is printed over vLLM's; without that
-venv the row is skipped with a line saying so (`--no-vllm` skips it on purpose).
+venv the row is skipped with a line saying so (`--no-vllm` skips it on purpose). On SmolLM2 the
+`engine+schema` row is our engine with every lane held to a JSON schema (`SCHEMA`, one no lane
+can finish within T, so the shapes match), and its wall time and its decode step are printed
+over the plain engine row's, measured in the same run (`--no-grammar` skips it).
 
     python bench/engine.py            # SmolLM2-135M and a tiny random Llama, all shapes
     python bench/engine.py --quick    # the tiny Llama, small shapes, one quick pass
     python bench/engine.py --dtype bfloat16 --threads 2 --models smollm2 --shapes 512,8,32
     python bench/engine.py --load     # SmolLM2 loaded cold (dequantised) and warm (cached)
+    python bench/engine.py --models smollm2 --shapes "512,8,32;512,1,32" --no-generate --no-vllm
+                                      # the grammar row's cost at K = 8 and 1
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,8 +42,11 @@ from _cpu import cpu_kind  # bench/_cpu.py: the flags that decide the kernels
 from _engine_load import bench_load  # bench/_engine_load.py: the load rows (GGUF cache)
 from _vllm_offline import VllmOffline  # bench/_vllm_offline.py: the vLLM row's subprocess
 
-from lanefold.backends.engine._engine import Engine
+from lanefold.backends.engine import EngineConfig
+from lanefold.backends.engine._engine import Engine, load_tokenizer
+from lanefold.backends.engine._grammar import LaneGrammar
 from lanefold.backends.engine._model import build_model
+from lanefold.backends.engine._tokenizer import Tokenizer
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs, load_checkpoint, resolve_model_path
 from lanefold.primitives import LaneRequest, SamplingParams
 
@@ -54,6 +63,14 @@ TINY = ModelArgs(
 FULL_SHAPES = [(512, 8, 32), (512, 1, 32), (512, 16, 32), (128, 8, 128)]
 QUICK_SHAPES = [(128, 8, 16), (128, 1, 16)]
 TEMPERATURE = 0.8
+# The grammar row's schema: a list of tool-call-like objects (keys, strings, integers, nesting),
+# at least 1000 of them, so every lane is still inside its value after T tokens.
+SCHEMA = (
+    '{"type": "array", "minItems": 1000, "items": {"type": "object", "properties": '
+    '{"name": {"type": "string"}, "arguments": {"type": "object", "properties": {"city": '
+    '{"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"], '
+    '"additionalProperties": false}}, "required": ["name", "arguments"], "additionalProperties": false}}'
+)
 
 
 @dataclass
@@ -64,6 +81,38 @@ class Run:
     walls: list[float]
     tokens: int = 0
     kv_bytes: int | None = None
+    steps: list[float] | None = None  # our engine: each run's mean decode step, seconds
+    masks: list[float] | None = None  # each run's token choosing per decode step (`GrammarClock`)
+
+
+class GrammarClock:
+    """The time the engine spends choosing tokens (`Engine._sample`: the grammar's masks filled,
+    unpacked and applied there, for held lanes) and the matchers taking them, summed by wrapping
+    those calls: the part of a step that a grammar adds to, told apart from the model's time,
+    which a busy machine's noise swamps."""
+
+    spent = 0.0
+
+    @classmethod
+    def install(cls) -> None:
+        sample, advance = Engine._sample, LaneGrammar.advance
+
+        def timed_sample(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return sample(*args)
+            finally:
+                cls.spent += time.perf_counter() - start
+
+        def timed_advance(self: LaneGrammar, token: int) -> bool:
+            start = time.perf_counter()
+            try:
+                return advance(self, token)
+            finally:
+                cls.spent += time.perf_counter() - start
+
+        Engine._sample = staticmethod(timed_sample)  # type: ignore[method-assign]
+        LaneGrammar.advance = timed_advance  # type: ignore[method-assign]
 
 
 def tiny_checkpoint() -> Checkpoint:
@@ -116,12 +165,29 @@ def hf_model(checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> tupl
     return model, counter
 
 
-def run_ours(engine: Engine, prompt: list[int], k: int, t: int, seed: int, system: str = "engine") -> Run:
+def run_ours(
+    engine: Engine,
+    prompt: list[int],
+    k: int,
+    t: int,
+    seed: int,
+    system: str = "engine",
+    schema: str | None = None,
+) -> Run:
+    """`engine.generate`, step by step, so the decode steps' time is told apart from the prefill's."""
     before = engine.metrics.tokens_computed
     engine.pool.peak_used = 0
     params = SamplingParams(temperature=TEMPERATURE, top_p=1.0, max_tokens=t, ignore_eos=True)
     start = time.perf_counter()
-    request = engine.generate(prompt, params, [LaneRequest(i, seed * 100 + i, t) for i in range(k)])
+    lanes = [LaneRequest(i, seed * 100 + i, t) for i in range(k)]
+    request = engine.add_request(prompt, params, lanes, schema=schema)
+    decoding, steps, masks = 0.0, 0, 0.0
+    while not request.finished:
+        tick, decodes, spent = time.perf_counter(), engine.metrics.decode_steps, GrammarClock.spent
+        engine.step()
+        if engine.metrics.decode_steps > decodes:
+            decoding, steps = decoding + time.perf_counter() - tick, steps + 1
+            masks += GrammarClock.spent - spent
     wall = time.perf_counter() - start
     assert all(s.num_generated == t for s in request.sequences)
     return Run(
@@ -129,6 +195,8 @@ def run_ours(engine: Engine, prompt: list[int], k: int, t: int, seed: int, syste
         [wall],
         engine.metrics.tokens_computed - before,
         engine.pool.peak_used * engine.runner.block_bytes,
+        [decoding / max(1, steps)],
+        [masks / max(1, steps)],
     )
 
 
@@ -197,6 +265,26 @@ def print_vllm_ratios(runs: list[Run]) -> None:
             print(f"{'':<26} {r.system} / vllm wall = {ratio:.2f}")
 
 
+def print_grammar_ratios(runs: list[Run]) -> None:
+    """The schema row's median wall time and mean decode step over the plain engine row's,
+    measured in this run (1.05: five per cent dearer), and what the grammar adds to choosing
+    a step's tokens (`GrammarClock`) over the plain step."""
+    plain = next((r for r in runs if r.system == "engine"), None)
+    held = next((r for r in runs if r.system == "engine+schema"), None)
+    if plain is None or held is None or not plain.steps or not held.steps or not held.masks:
+        return
+    wall = statistics.median(held.walls) / statistics.median(plain.walls)
+    step = statistics.median(held.steps) / statistics.median(plain.steps)
+    base, choosing = statistics.median(plain.steps), statistics.median(plain.masks or [0.0])
+    added = statistics.median(held.masks) - choosing
+    print(
+        f"{'':<26} engine+schema / engine: wall = {wall:.3f}, decode step = {step:.3f} "
+        f"({base * 1e3:.1f} -> {statistics.median(held.steps) * 1e3:.1f} ms); choosing tokens "
+        f"{choosing * 1e3:.2f} -> {statistics.median(held.masks) * 1e3:.2f} ms a step, the grammar's "
+        f"{added * 1e3:.2f} ms = {added / base:.1%} of the plain step"
+    )
+
+
 def start_vllm(args: argparse.Namespace, shapes: list[tuple[int, int, int]]) -> VllmOffline | None:
     """The vLLM row's process, loaded with the converted SmolLM2; None (and a line) without it."""
     # One context length for every shape, so vLLM's torch.compile cache (keyed by it) is reused.
@@ -217,17 +305,22 @@ def bench_model(
     dtype: torch.dtype = torch.float32,
     extra: list[tuple[str, Callable[[list[int], int, int, int], Run]]] | None = None,
     with_generate: bool = True,
+    tokenizer: Tokenizer | None = None,
 ) -> list[tuple[str, tuple[int, int, int], list[Run]]]:
     blocks = 1024  # ample for every shape here; zeroed up front like any preallocated pool
 
-    def warm_engine(model_dtype: torch.dtype) -> Engine:
+    def warm_engine(model_dtype: torch.dtype, tokenizer: Tokenizer | None = None) -> Engine:
         engine = Engine(
-            build_model(checkpoint, torch.device("cpu"), model_dtype), num_blocks=blocks, block_size=16
+            build_model(checkpoint, torch.device("cpu"), model_dtype),
+            num_blocks=blocks,
+            block_size=16,
+            tokenizer=tokenizer,
         )
+        if tokenizer is not None:  # the vocabulary's preparation and the compile, not timed
+            engine.compile_schema(SCHEMA)
         warm = torch.Generator().manual_seed(99)
-        run_ours(
-            engine, torch.randint(1, checkpoint.args.vocab_size, (32,), generator=warm).tolist(), 2, 2, 0
-        )
+        prompt = torch.randint(1, checkpoint.args.vocab_size, (32,), generator=warm).tolist()
+        run_ours(engine, prompt, 2, 2, 0, schema=None if tokenizer is None else SCHEMA)
         return engine
 
     engine = warm_engine(dtype)
@@ -236,6 +329,11 @@ def bench_model(
         ("engine", lambda p, k, t, s: run_ours(engine, p, k, t, s)),
         ("hf generate", lambda p, k, t, s: run_generate(reference, counter, p, k, t)),
     ]
+    if tokenizer is not None:  # an engine of its own (no prompt cached by the plain row's run)
+        held = warm_engine(dtype, tokenizer)
+        systems.insert(
+            1, ("engine+schema", lambda p, k, t, s: run_ours(held, p, k, t, s, "engine+schema", SCHEMA))
+        )
     if dtype != torch.float32:  # what the dtype buys our engine, measured in the same run
         fp32 = warm_engine(torch.float32)
         systems.insert(1, ("engine fp32", lambda p, k, t, s: run_ours(fp32, p, k, t, s, "engine fp32")))
@@ -293,6 +391,7 @@ def print_rows(rows: list[tuple[str, tuple[int, int, int], list[Run]]], header: 
                 f"{tokens} {kv} {kv_ratio} {k * t / wall:7.1f}"
             )
         print_vllm_ratios(runs)
+        print_grammar_ratios(runs)
         sys.stdout.flush()
 
 
@@ -315,12 +414,14 @@ def main() -> None:
         action="store_true",
         help="skip HF generate (then 'vs gen' is against our engine row)",
     )
+    parser.add_argument("--no-grammar", action="store_true", help="skip the engine+schema row (SmolLM2 only)")
     parser.add_argument("--load", action="store_true", help="only the load rows: cold vs warm (weight cache)")
     parser.add_argument(
         "--shapes", help="semicolon list of P,K,T (default: 512,8,32;512,1,32;512,16,32;128,8,128)"
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    GrammarClock.install()
     if args.load:
         return bench_load(args.reps, args.threads)
     warnings.simplefilter("ignore")
@@ -355,6 +456,7 @@ def main() -> None:
                 dtype=getattr(torch, args.dtype),
                 extra=extra,
                 with_generate=not args.no_generate,
+                tokenizer=None if name == "tiny" or args.no_grammar else load_tokenizer(EngineConfig()),
             )
         finally:
             if vllm is not None:

@@ -113,6 +113,11 @@ class SampleRequest:
     purpose: str = "sample"  # what the loop calls the wave ("sample", "judge", ...)
     wave: int = 0
     messages: tuple[ChatMessage, ...] | None = None
+    # JSON text of a JSON Schema (draft 2020-12 subset) every lane's output text must conform
+    # to; a backend that can constrain decoding to it does (the engine), one that cannot passes
+    # it on (openai: response_format) or ignores it (the extractor then refuses non-conforming
+    # text)
+    schema: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ class EngineBackend:
     """Samples K lanes of a prompt with the bundled engine: the prompt is prefilled once.
 
     Each lane is handed back as soon as it stops, while the request's other lanes decode on.
+    A request's `schema` holds every lane to it by constrained decoding (`_grammar`).
     """
 
     def __init__(self, config: EngineConfig | None = None, *, engine: Engine | None = None) -> None:
@@ -188,6 +189,10 @@ class EngineBackend:
         ticket = Ticket(request, self._prompt_ids(request), streaming)
         if not ticket.prompt_ids:
             raise RequestRejectedError("the prompt encodes to no tokens")
+        if request.schema is not None and self._engine is not None:
+            # compiled here, off the event loop: a bad schema fails this call in one line, and
+            # the engine thread finds it compiled when it queues the lanes
+            await anyio.to_thread.run_sync(self._engine.compile_schema, request.schema)
         with self._inbox_lock:
             self._inbox.append(ticket)
         return ticket
@@ -293,7 +298,7 @@ class EngineBackend:
                 continue
             try:
                 ticket.engine_request = engine.add_request(
-                    ticket.prompt_ids, req.params, req.lanes, share_prefix=req.share_prefix
+                    ticket.prompt_ids, req.params, req.lanes, share_prefix=req.share_prefix, schema=req.schema
                 )
             except LanefoldError as exc:
                 ticket.error, ticket.done, settled = exc, True, True

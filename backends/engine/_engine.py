@@ -8,6 +8,7 @@ the long lanes of its request decode on.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ from torch import Tensor
 from lanefold.backends.engine._blocks import BlockPool
 from lanefold.backends.engine._config import EngineConfig
 from lanefold.backends.engine._decode_paths import DecodePaths
+from lanefold.backends.engine._grammar import Grammar, Grammars, allowed_tokens
 from lanefold.backends.engine._metrics import EngineMetrics, RequestMetrics, charge_residency
 from lanefold.backends.engine._model import CausalLM, build_model
 from lanefold.backends.engine._runner import ModelRunner
@@ -32,6 +34,8 @@ from lanefold.backends.engine._weights import load_checkpoint, resolve_model_pat
 from lanefold.primitives import ConfigError, ContextLengthError, LaneRequest, SamplingParams
 
 __all__ = ("Engine", "ThreadTuner", "busy_cores", "default_threads", "load_tokenizer")
+
+logger = logging.getLogger(__name__)
 
 _CPU_KV_BYTES = 512 << 20  # the KV pool's memory figure on CPU
 _CUDA_KV_FRACTION = 0.4  # of the GPU memory still free once the weights are loaded
@@ -57,6 +61,11 @@ class Engine:
         self.runner = ModelRunner(model, num_blocks, block_size, model.lm_head.weight.dtype)
         self.metrics = EngineMetrics()
         self.eos_ids = frozenset(model.args.eos_token_ids)
+        self.grammars = (
+            None
+            if tokenizer is None
+            else Grammars(tokenizer, model.args.vocab_size, model.args.eos_token_ids)
+        )
         self._clock = clock
         self._mark: float | None = None
         self._live: list[EngineRequest] = []
@@ -99,11 +108,16 @@ class Engine:
         lanes: Iterable[LaneRequest],
         *,
         share_prefix: bool = True,
+        schema: str | None = None,
     ) -> EngineRequest:
-        """Queue one prompt's lanes; with `share_prefix` the prompt is prefilled once for all."""
+        """Queue one prompt's lanes; with `share_prefix` the prompt is prefilled once for all.
+
+        With `schema` (JSON Schema text) every lane's output is held to it (`compile_schema`):
+        each lane gets its own matcher at the schema's start."""
         limit = self.model.args.max_position
         if not prompt:
             raise ConfigError("the prompt encodes to no tokens")
+        grammar = None if schema is None else self.compile_schema(schema)
         if len(prompt) >= limit:
             raise ContextLengthError(f"prompt of {len(prompt)} tokens; the model's context is {limit}")
         metrics = RequestMetrics(prompt_tokens=len(prompt))
@@ -116,6 +130,7 @@ class Engine:
                 key=lane_key(lane.seed),
                 metrics=metrics,
                 params=params,
+                grammar=None if grammar is None else grammar.lane(),
             )
             for lane in lanes
         ]
@@ -133,6 +148,14 @@ class Engine:
             self.scheduler.add(leader)
         self._live.append(request)
         return request
+
+    def compile_schema(self, schema: str) -> Grammar:
+        """`schema` compiled against this model's vocabulary, once per distinct text (kept in a
+        bounded cache); ConfigError in one line where it does not compile or the engine has no
+        tokenizer. Thread-safe: a caller may compile before it queues the request."""
+        if self.grammars is None:
+            raise ConfigError("schema: the engine has no tokenizer to compile it against")
+        return self.grammars.compile(schema)
 
     def abort(self, request: EngineRequest) -> None:
         """Stop a request's lanes and give back their blocks."""
@@ -198,9 +221,10 @@ class Engine:
         lanes: Iterable[LaneRequest],
         *,
         share_prefix: bool = True,
+        schema: str | None = None,
     ) -> EngineRequest:
         """Run one request to completion (with whatever else is queued)."""
-        request = self.add_request(prompt, params, lanes, share_prefix=share_prefix)
+        request = self.add_request(prompt, params, lanes, share_prefix=share_prefix, schema=schema)
         while not request.finished:
             self.step()
         return request
@@ -251,6 +275,7 @@ class Engine:
             [s.key for s in lanes],
             [s.num_generated for s in lanes],
             logits.device,
+            allowed_tokens([s.grammar for s in lanes], logits.shape[1], logits.device),
         )
         none: list[Alternatives] = [()] * len(lanes)
         if not batch.top_logprobs:  # no top-k taken: a batch without alternatives pays nothing
@@ -276,19 +301,24 @@ class Engine:
         seq.num_computed = len(seq.tokens)
         if seq.num_generated >= seq.max_tokens:
             return self._finish(seq, "length")
-        if token in self.eos_ids and not seq.params.ignore_eos:
-            return self._finish(seq, "stop")
+        if token in self.eos_ids and (not seq.params.ignore_eos or seq.grammar is not None):
+            return self._finish(seq, "stop")  # a grammar allows EOS only once its value is whole
         seq.tokens.append(token)
         seq.metrics.decode_tokens += 1
         if seq.params.logprobs:
             seq.logprobs.append(logprob)
             if seq.params.top_logprobs:
                 seq.top_logprobs.append(top[: seq.params.top_logprobs])
+        ended = seq.grammar is not None and seq.grammar.advance(token)
         if seq.params.stop and self.tokenizer is not None:
             new = seq.output.extend(self.tokenizer, seq.output_ids)
             cut = seq.output.stop_at(new, seq.params.stop)
             if cut is not None:
                 return self._finish(seq, "stop", seq.output.text[:cut])
+        if ended:  # nothing but end-of-sequence may follow: the value is whole
+            if seq.grammar is not None and seq.grammar.error:  # a token the mask let through
+                logger.warning("engine lane %d left its grammar: %s", seq.lane, seq.grammar.error)
+            return self._finish(seq, "stop")
         if seq.num_generated >= seq.max_tokens:
             return self._finish(seq, "length")
         return None

@@ -48,6 +48,8 @@ class SamplingBatch:
 
     `keys` are `lane_key`s, `positions` the index of the token being drawn in the lane's
     output; the flags say which filters any row uses, so a batch without them sorts nothing.
+    `allowed`, where some lane is held to a grammar (`_grammar.allowed_tokens`), says which ids
+    each row may draw; the log-probabilities reported stay the model's own.
     """
 
     temperature: Tensor
@@ -61,6 +63,7 @@ class SamplingBatch:
     any_sampled: bool = True
     any_greedy: bool = False
     top_logprobs: int = 0  # the most alternatives any row asked for (0: none, no top-k taken)
+    allowed: Tensor | None = None  # [B, vocab] bool: the ids a row may draw (None: every id)
 
     @classmethod
     def build(
@@ -69,8 +72,9 @@ class SamplingBatch:
         keys: Seq[int],
         positions: Seq[int],
         device: torch.device,
+        allowed: Tensor | None = None,
     ) -> SamplingBatch:
-        """One host-to-device copy of every row's parameters."""
+        """One host-to-device copy of every row's parameters (`allowed` is already there)."""
         rows = torch.tensor(
             [
                 (p.temperature, p.top_p, p.top_k, k, n)
@@ -92,6 +96,7 @@ class SamplingBatch:
             any_greedy=any(p.temperature <= 0.0 for p in params),
             # one more pass over the rows only where some asked for logprobs at all
             top_logprobs=max((p.top_logprobs for p in params if p.logprobs), default=0) if logprobs else 0,
+            allowed=allowed,
         )
 
 
@@ -122,11 +127,19 @@ def sample_with_alternatives(logits: Tensor, batch: SamplingBatch) -> tuple[Tens
 
 
 def _draw(logits: Tensor, batch: SamplingBatch) -> Tensor:
-    """One token id per row: greedy at temperature 0, else drawn at the row's hashed uniform."""
+    """One token id per row: greedy at temperature 0, else drawn at the row's hashed uniform,
+    among the ids `batch.allowed` lets the row draw."""
     greedy = batch.temperature <= 0.0
-    tokens = logits.argmax(dim=1) if batch.any_greedy else None
+    scaled: Tensor | None = None  # the logits over each row's temperature (1 where greedy)
+    highest = logits  # what a greedy row takes the largest of
+    if batch.any_sampled or batch.allowed is not None:
+        scaled = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
+        if batch.allowed is not None:  # masked in that fresh buffer: `logits` stay the model's
+            highest = scaled.masked_fill_(batch.allowed.logical_not(), -torch.inf)
+    tokens = highest.argmax(dim=1) if batch.any_greedy else None
     if batch.any_sampled:
-        scaled = _filtered(logits / torch.where(greedy, 1.0, batch.temperature)[:, None], batch)
+        assert scaled is not None
+        scaled = _filtered(scaled, batch)
         # unnormalised weights, cumulated in place: one [B, vocab] buffer, not three (on CPU
         # every fresh buffer of that size is fresh pages, which cost more than the arithmetic)
         cumulative = scaled.sub_(scaled.amax(dim=1, keepdim=True)).exp_().cumsum_(dim=1)

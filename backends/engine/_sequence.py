@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import TYPE_CHECKING
 
 from lanefold.backends.engine._metrics import RequestMetrics
 from lanefold.backends.engine._output_text import OutputText
 from lanefold.primitives import SamplingParams
+
+if TYPE_CHECKING:
+    from lanefold.backends.engine._grammar import LaneGrammar
 
 __all__ = ("Alternatives", "EngineRequest", "Sequence", "Status")
 
@@ -29,6 +33,7 @@ class Sequence:
 
     `followers` are the other lanes of the request, forked from this one once its prompt is
     prefilled; they share its blocks and sample their first token from the same logits.
+    `grammar`, where the request gave a schema, is this lane's own place in it (`_grammar`).
     """
 
     lane: int
@@ -50,6 +55,7 @@ class Sequence:
     kv_token_seconds: float = 0.0
     input_tokens: int = 0
     cached_input_tokens: int = 0
+    grammar: LaneGrammar | None = None
 
     @property
     def output_ids(self) -> list[int]:
