@@ -13,7 +13,14 @@ functions.
 
 from __future__ import annotations
 
-from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
+from lanefold.primitives._answers import (
+    STRUCTURED_METHODS,
+    ExtractMethod,
+    ExtractSpec,
+    extract_answer,
+    normalize_answer,
+    read_answer,
+)
 from lanefold.primitives._audit import audit_run, reduced_lanes, reread_lanes
 from lanefold.primitives._backend import (
     MAX_LANE_TOKENS,
@@ -195,6 +202,15 @@ from lanefold.primitives._store import (
     select_runs,
     summarize_run,
 )
+from lanefold.primitives._structured import AnswerRead, canonical_json, describe_answer, fill_defaults
+from lanefold.primitives._tools import (
+    TOOL_CHOICES,
+    ToolCall,
+    ToolSpec,
+    check_tool_choice,
+    parse_tools,
+    tools_schema,
+)
 from lanefold.primitives._verifier import (
     VERIFIERS,
     CallableVerifier,
@@ -222,9 +238,12 @@ __all__ = (
     "QUEUE_LIMIT",
     "REDUCERS",
     "STORES",
+    "STRUCTURED_METHODS",
     "TEMPLATE_TOKENS",
+    "TOOL_CHOICES",
     "VERIFIERS",
     "Allowance",
+    "AnswerRead",
     "AnyEvent",
     "AuditFinding",
     "AuthenticationError",
@@ -311,6 +330,8 @@ __all__ = (
     "StoreError",
     "StreamingBackend",
     "TextDelta",
+    "ToolCall",
+    "ToolSpec",
     "TornTail",
     "Usage",
     "Verdict",
@@ -330,17 +351,21 @@ __all__ = (
     "backend_prompt_tokens",
     "backend_sharing",
     "build_hook",
+    "canonical_json",
     "check_budget_name",
     "check_headers",
     "check_headers_env",
     "check_next_sequence",
+    "check_tool_choice",
     "check_verifier_limits",
     "closing",
     "compile_score_regex",
     "cost_of",
     "cost_shape",
+    "describe_answer",
     "estimate_prompt_tokens",
     "extract_answer",
+    "fill_defaults",
     "fit_params",
     "fold",
     "get_logger",
@@ -361,8 +386,10 @@ __all__ = (
     "os_failure",
     "parse_event",
     "parse_score",
+    "parse_tools",
     "plugin_folders",
     "pooled_lanes",
+    "read_answer",
     "read_event",
     "read_secret",
     "readable_number",
@@ -395,6 +422,7 @@ __all__ = (
     "store_for_url",
     "summarize_run",
     "tally",
+    "tools_schema",
     "validate_run_id",
     "vote_fold",
     "vote_summary",

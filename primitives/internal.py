@@ -6,6 +6,7 @@ it. `lanefold.primitives` holds what extenders use.
 
 from __future__ import annotations
 
+from lanefold.primitives._audit import run_extract
 from lanefold.primitives._context import RunBudget, RunContext
 from lanefold.primitives._dispatch import Dispatcher, WaveSpec, check_sendable
 from lanefold.primitives._hooks import HookRunner
@@ -23,4 +24,5 @@ __all__ = (
     "apply",
     "check_sendable",
     "nests_deeper",
+    "run_extract",
 )

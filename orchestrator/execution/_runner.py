@@ -21,6 +21,7 @@ from lanefold.primitives import (
     BackendSpec,
     ConfigError,
     EventLog,
+    ExtractSpec,
     LanefoldError,
     Ledger,
     Loadable,
@@ -46,7 +47,7 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
-from lanefold.primitives.internal import Dispatcher, Recorder, RunContext
+from lanefold.primitives.internal import Dispatcher, Recorder, RunContext, run_extract
 
 __all__ = (
     "Observer",
@@ -165,12 +166,16 @@ def context(
     log: structlog.stdlib.BoundLogger,
     reduction: int = 1,
     first_wave: int = 1,
+    extract: ExtractSpec | None = None,
 ) -> RunContext:
-    """The LoopContext of a run: its dispatchers over one ledger and one recorder."""
+    """The LoopContext of a run: its dispatchers over one ledger and one recorder; answers
+    read by `extract` (a re-reduction's `--extract`), else the config's, bound to the run's
+    tools."""
     started = recorder.state.started
     conversation = started.conversation if started is not None else None
     form = config.prompt_form()
-    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, form, conversation)
+    extract = run_extract(extract or config.extract, recorder.state)  # bound to the run's tools
+    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, form, conversation, extract)
     judge = (
         _dispatcher(
             config, judge_backend, recorder, ledger, limiter, log, config.prompt_form(config.judge.backend)
@@ -186,7 +191,7 @@ def context(
         dispatcher=dispatcher,
         judge_dispatcher=judge,
         sampling=config.sampling_params(),
-        extract=config.extract,
+        extract=extract,
         template=config.prompt.template,
         judge=config.judge_settings(),
         verifier=verifier,
@@ -268,6 +273,7 @@ def _dispatcher(
     log: structlog.stdlib.BoundLogger,
     form: PromptForm | None,
     conversation: Sequence[tuple[str, str]] | None = None,
+    extract: ExtractSpec | None = None,
 ) -> Dispatcher:
     retry = config.retry
     return Dispatcher(
@@ -288,6 +294,7 @@ def _dispatcher(
         logger=log,
         conversation=conversation,
         form=form,
+        extract=extract,
     )
 
 
