@@ -32,8 +32,11 @@ from lanefold.primitives import (
     RetryPolicy,
     RunError,
     RunState,
+    ToolSpec,
     Verifier,
+    check_tool_choice,
     get_logger,
+    parse_tools,
 )
 from lanefold.primitives.events import (
     AnyEvent,
@@ -52,6 +55,7 @@ from lanefold.primitives.internal import Dispatcher, Recorder, RunContext, run_e
 __all__ = (
     "Observer",
     "build_backend",
+    "check_calls",
     "check_question",
     "close",
     "context",
@@ -62,6 +66,7 @@ __all__ = (
     "question_of",
     "record_interrupt",
     "recorded_failure",
+    "run_tools",
     "set_fsync",
     "source_of",
 )
@@ -73,6 +78,24 @@ def build_backend(config: BackendSpec) -> Backend:
     """A Backend for a `[backend]` section, built by its registered model (which imports an
     optional extra only when it is used, and says which one is missing)."""
     return config.build()
+
+
+def run_tools(tools: object, choice: str | None) -> tuple[ToolSpec, ...]:
+    """A run's tools as given (`Session.run(tools=..., tool_choice=...)`, `--tools FILE`),
+    checked before any run is created: ConfigError naming `tools[i]` or `tool_choice`."""
+    parsed = () if tools is None else parse_tools(tools)
+    check_tool_choice(choice, parsed)
+    return parsed
+
+
+def check_calls(extract: ExtractSpec, tools: Sequence[ToolSpec]) -> None:
+    """`[extract] method = "tool_call"` reads calls of the run's tools: a run without tools
+    could never answer, so it is refused before it is recorded."""
+    if extract.resolved_method == "tool_call" and not tools:
+        raise ConfigError(
+            'extract.method: "tool_call" reads calls of the run\'s tools, and this run has none: '
+            "give them (Session.run(tools=...), orchestrator run --tools FILE)"
+        )
 
 
 def check_question(question: str) -> str:
