@@ -87,9 +87,7 @@ def _gist(event: AnyEvent) -> str:
         case "lane.dispatched":
             return f"max_tokens={d.max_tokens} request={d.request}"
         case "lane.completed":
-            said = (
-                f"answer={_answer(d.answer)}" if d.answer_error is None else f"no answer ({d.answer_error})"
-            )
+            said = f"answer={_answer(d.answer)}" if d.answer_error is None else f"no answer: {d.answer_error}"
             return f"{said} out={d.usage.output_tokens} tok ${d.cost_usd:.6f} {d.finish_reason}"
         case "lane.failed":
             return f"{d.error}: {d.message}{' (final)' if d.final else ' (will retry)'}"

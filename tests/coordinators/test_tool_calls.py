@@ -11,6 +11,7 @@ edited is refused by every reader.
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import re
 from collections.abc import AsyncIterator
@@ -323,3 +324,21 @@ def test_edited_tools_are_refused_where_a_call_no_longer_reads(
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
     code, _, err = show(tmp_path, "d", capsys)
     assert code == 2 and "is not what the extractor finds" in err, err
+
+
+def test_the_view_and_tail_show_calls_readably(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from starlette.testclient import TestClient
+
+    from lanefold.execution import open_store
+    from lanefold.view._app import create_app
+
+    cfg = config()
+    backend = Seen(cfg, texts={4: '{"name": "get_weather", "arguments": {"city": 7}}'})
+    lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="p", backend=backend, tools=TOOLS)
+    page = html.unescape(TestClient(create_app(open_store(None, tmp_path))).get("/runs/p").text)
+    assert 'get_weather(city="Paris", days=2, unit="c") (lane' in page  # the winner
+    assert "no answer: arguments.city: 7 is not of type 'string'" in page  # lane 4
+    assert main(["tail", "p", "--runs-dir", str(tmp_path)]) == 0
+    tail = capsys.readouterr().out
+    assert 'winner=get_weather(city="Paris", days=2, unit="c")' in tail
+    assert "no answer: arguments.city: 7 is not of type 'string'" in tail
