@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lanefold.primitives import AuditFinding, ExtractSpec, Lane, RunState, extract_answer
+from lanefold.primitives import AuditFinding, ExtractSpec, Lane, RunState, read_answer
 from lanefold.primitives.events import LoopEvent
 
 __all__ = (
@@ -54,15 +54,22 @@ def candidate_lanes(state: RunState, waves: Iterable[int]) -> list[Lane]:
 
 
 def answers(state: RunState, waves: Iterable[int], extract: ExtractSpec) -> AuditFinding | None:
-    """Each completed lane of `waves` holds the answer the extractor finds in its text."""
+    """Each completed lane of `waves` holds the answer the extractor finds in its text, and
+    says why it has none where the extractor says (`answer_error`)."""
     for number in waves:
         for lane in state.waves[number].completed() if number in state.waves else []:
-            found = extract_answer(lane.text or "", extract)
-            if found != lane.answer:
+            read = read_answer(lane.text or "", extract)
+            if read.answer != lane.answer:
                 return (
                     lane.landed_at or 0,
                     f"lane {lane.lane}'s answer {lane.answer!r} is not what "
-                    f"the extractor finds in its text ({found!r})",
+                    f"the extractor finds in its text ({read.answer!r})",
+                )
+            if read.reason != lane.answer_error:
+                return (
+                    lane.landed_at or 0,
+                    f"lane {lane.lane}'s answer_error {lane.answer_error!r} is not what "
+                    f"the extractor finds in its text ({read.reason!r})",
                 )
     return None
 

@@ -1,4 +1,5 @@
-"""The reducers: majority_vote, weighted_vote, judge_argmax, usc, any_pass.
+"""The reducers: majority_vote, weighted_vote, judge_argmax, usc, any_pass (field_vote has its
+own module).
 
 Each turns a wave's lanes into one answer. The pure parts (vote fold, score parsing, argmax)
 live in primitives; a reducer that needs a model (the LLM judge, usc) asks for it through
@@ -28,6 +29,7 @@ from lanefold.primitives import (
     Verdict,
     VoteResult,
     compile_score_regex,
+    describe_answer,
     judge_argmax,
     normalize_answer,
     parse_score,
@@ -130,9 +132,9 @@ def _voted(
         reason = f"{ballots} of {len(lanes)} lanes answered, below the quorum of {quorum}"
     else:
         unmatched = [lane.text or "" for lane in completed if not lane.answer]
-        reason = (
-            f"{result.abstentions} of {len(completed)} completed lanes gave no answer{_example(unmatched)}"
-        )
+        said = next((lane for lane in completed if not lane.answer and lane.answer_error), None)
+        example = f"; e.g. lane {said.lane}: {said.answer_error}" if said else _example(unmatched)
+        reason = f"{result.abstentions} of {len(completed)} completed lanes gave no answer{example}"
     return Reduction(
         reducer=name,
         winner=result.winner,
@@ -251,7 +253,9 @@ class JudgeArgmax:
         self.options = options or ReduceOptions()
 
     async def reduce(self, ctx: LoopContext, lanes: Sequence[Lane]) -> Reduction:
-        candidates = [lane for lane in lanes if lane.completed]
+        # A call or JSON value that is not valid (no answer) cannot win: only valid ones are judged.
+        structured = ctx.extract.structured
+        candidates = [lane for lane in lanes if lane.completed and (lane.answer or not structured)]
         keys = _candidate_keys(candidates)
         unmatched: list[str] = []
         if ctx.verifier is not None:
@@ -328,7 +332,8 @@ async def _llm_judge(
     pattern = compile_score_regex(ctx.judge.score_regex) if ctx.judge.score_regex else None
     jobs = [
         LaneJob(
-            keys[id(lane)], render_judge_prompt(template, question=ctx.question, candidate=lane.text or "")
+            keys[id(lane)],
+            render_judge_prompt(template, question=ctx.question, candidate=_candidate(ctx, lane)),
         )
         for lane in candidates
     ]
@@ -357,6 +362,14 @@ async def _llm_judge(
         scores[out.lane] = score
         ctx.record_verdict(by_key[out.lane], score, "llm", detail=detail, wave=out.wave)
     return scores, unmatched
+
+
+def _candidate(ctx: LoopContext, lane: Lane) -> str:
+    """What the judge is shown of a candidate: its text, or its call or JSON value as a person
+    reads it (`describe_answer`: `get_weather(city="Paris")`) where answers are structured."""
+    if ctx.extract.structured and lane.answer is not None:
+        return describe_answer(lane.answer)
+    return lane.text or ""
 
 
 @register_reducer

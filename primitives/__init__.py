@@ -12,7 +12,14 @@ any release, and a name moved there in 0.2 is still found here, with a Deprecati
 
 from __future__ import annotations
 
-from lanefold.primitives._answers import ExtractMethod, ExtractSpec, extract_answer, normalize_answer
+from lanefold.primitives._answers import (
+    STRUCTURED_METHODS,
+    ExtractMethod,
+    ExtractSpec,
+    extract_answer,
+    normalize_answer,
+    read_answer,
+)
 from lanefold.primitives._backend import (
     MAX_LANE_TOKENS,
     Backend,
@@ -163,6 +170,15 @@ from lanefold.primitives._store import (
     select_runs,
     summarize_run,
 )
+from lanefold.primitives._structured import AnswerRead, canonical_json, describe_answer, fill_defaults
+from lanefold.primitives._tools import (
+    TOOL_CHOICES,
+    ToolCall,
+    ToolSpec,
+    check_tool_choice,
+    parse_tools,
+    tools_schema,
+)
 from lanefold.primitives._verifier import (
     VERIFIERS,
     CallableVerifier,
@@ -189,9 +205,12 @@ __all__ = (
     "QUEUE_LIMIT",
     "REDUCERS",
     "STORES",
+    "STRUCTURED_METHODS",
     "TEMPLATE_TOKENS",
+    "TOOL_CHOICES",
     "VERIFIERS",
     "Allowance",
+    "AnswerRead",
     "AnyEvent",
     "AuditFinding",
     "AuthenticationError",
@@ -284,6 +303,8 @@ __all__ = (
     "StoreError",
     "StreamingBackend",
     "TextDelta",
+    "ToolCall",
+    "ToolSpec",
     "TornTail",
     "Usage",
     "UsageBreakdown",
@@ -294,14 +315,18 @@ __all__ = (
     "VoteTieBreak",
     "WaveShape",
     "WaveState",
+    "canonical_json",
     "check_budget_name",
     "check_headers",
     "check_headers_env",
     "check_next_sequence",
+    "check_tool_choice",
     "check_verifier_limits",
     "compile_score_regex",
+    "describe_answer",
     "estimate_prompt_tokens",
     "extract_answer",
+    "fill_defaults",
     "fold",
     "get_logger",
     "hash_config",
@@ -316,6 +341,8 @@ __all__ = (
     "os_failure",
     "parse_event",
     "parse_score",
+    "parse_tools",
+    "read_answer",
     "read_event",
     "read_secret",
     "readable_number",
@@ -335,6 +362,7 @@ __all__ = (
     "select_runs",
     "short_of_room",
     "summarize_run",
+    "tools_schema",
     "validate_run_id",
     "vote_fold",
     "vote_summary",

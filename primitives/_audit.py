@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lanefold.primitives._answers import ExtractSpec, extract_answer
+from lanefold.primitives._answers import ExtractSpec, read_answer
 from lanefold.primitives._declared import AuditFinding, loop_reducer, reducer_traits
 from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._logging import get_logger
@@ -26,8 +26,9 @@ from lanefold.primitives._loop import Lane, ReduceOptions
 from lanefold.primitives._registry import resolve_reducer
 from lanefold.primitives._replay import ReplaySettings, replay_reduction
 from lanefold.primitives._state import RunState
+from lanefold.primitives._tools import parse_tools
 
-__all__ = ("audit_run", "reduced_lanes", "reread_lanes")
+__all__ = ("audit_run", "reduced_lanes", "reread_lanes", "run_extract")
 
 _log = get_logger("lanefold.audit")
 
@@ -44,7 +45,8 @@ def reduced_lanes(loop: type[Any], params: BaseModel, state: RunState) -> list[L
 
 def reread_lanes(state: RunState, waves: Sequence[int], extract: ExtractSpec | None) -> list[Lane]:
     """Every lane of `waves` as a re-reduction reads them: wave by wave, lane by lane, each
-    completed lane's answer read again with `extract` where one is given."""
+    completed lane's answer (and why there is none) read again with `extract` where one is
+    given, bound to the run's tools (`run_extract`)."""
     lanes = [
         Lane.of(n, lane)
         for n in waves
@@ -53,10 +55,22 @@ def reread_lanes(state: RunState, waves: Sequence[int], extract: ExtractSpec | N
     ]
     if extract is None:
         return lanes
-    return [
-        replace(lane, answer=extract_answer(lane.text or "", extract)) if lane.completed else lane
-        for lane in lanes
-    ]
+    bound = run_extract(extract, state)
+    return [_reread(lane, bound) if lane.completed else lane for lane in lanes]
+
+
+def _reread(lane: Lane, extract: ExtractSpec) -> Lane:
+    read = read_answer(lane.text or "", extract)
+    return replace(lane, answer=read.answer, answer_error=read.reason)
+
+
+def run_extract(extract: ExtractSpec, state: RunState) -> ExtractSpec:
+    """`extract` bound to the tools the run's `run.started` records (and its `tool_choice`):
+    the one rule every reader of a log reads a `tool_call` answer by, as its lanes were read."""
+    started = state.started
+    if started is None or not started.tools:
+        return extract
+    return extract.with_tools(parse_tools(started.tools, where="run.started's tools"), started.tool_choice)
 
 
 def _judged(state: RunState, reduction: int, settings: ReplaySettings, wants: bool) -> ReplaySettings:
@@ -118,7 +132,8 @@ def _rereductions(state: RunState, options: ReduceOptions, settings: ReplaySetti
             continue
         if reducer_traits(reducer).replays:
             lanes = reread_lanes(state, opened.candidate_waves, extract)
-            replayed = _replayed(state, reducer, options, lanes, settings, number)
+            read = replace(settings, extract=run_extract(extract, state)) if extract is not None else settings
+            replayed = _replayed(state, reducer, options, lanes, read, number)
             found += [replayed] if replayed is not None else []
     return found
 
@@ -133,6 +148,7 @@ def audit_run(
     own `audit(params, state, *, extract, seed)`, where it declares one. None where every
     claim follows."""
     found: list[AuditFinding] = []
+    settings = replace(settings, extract=run_extract(settings.extract, state))
     choice = loop_reducer(loop, params)
     options = replace(choice.options if choice is not None else ReduceOptions(), seed=settings.seed)
     if choice is not None and choice.name:

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, Field
 
 from lanefold.primitives._errors import BackendError, BadResponseError
 from lanefold.primitives._since import at_most
+from lanefold.primitives._tools import ToolSpec
 
 __all__ = (
     "MAX_LANE_TOKENS",
@@ -104,6 +105,12 @@ class SampleRequest:
     then prices the prompt once as prefill and the rest as cached prefill. `messages`, where
     set, is the conversation `prompt` was flattened from (a chat request): a backend that knows
     its model's chat template renders the messages instead, one that does not sends `prompt`.
+
+    `tools` and `tool_choice` are the run's (a server that takes tools natively, as OpenAI's
+    API does, gets them as they are). `schema` is the JSON text of a JSON Schema every lane's
+    output text must conform to (a call of the tools, `tools_schema`, or `[extract] schema`):
+    a backend that can constrain decoding to it does, one that cannot passes it on (OpenAI's
+    `response_format`) or ignores it, and the extractor then refuses what does not conform.
     """
 
     prompt: str
@@ -113,6 +120,8 @@ class SampleRequest:
     purpose: str = "sample"  # what the loop calls the wave ("sample", "judge", ...)
     wave: int = 0
     messages: tuple[ChatMessage, ...] | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | None = None
     # JSON text of a JSON Schema (draft 2020-12 subset) every lane's output text must conform
     # to; a backend that can constrain decoding to it does (the engine), one that cannot passes
     # it on (openai: response_format) or ignores it (the extractor then refuses non-conforming
@@ -265,14 +274,16 @@ class StreamingBackend(Backend, Protocol):
 
 def estimate_prompt_tokens(request: SampleRequest) -> int:
     """A conservative count of `request`'s prompt tokens for a backend that cannot count them:
-    the UTF-8 bytes of what is sent (the messages' contents, else the prompt as one message)
-    plus the chat template's markers (`REQUEST_MARGIN`, and `MESSAGE_MARGIN` per message). An
-    actual count above it is recorded as `budget.overrun`, never silently."""
+    the UTF-8 bytes of what is sent (the messages' contents, else the prompt as one message,
+    and the tools' JSON, which a server renders into the prompt) plus the chat template's
+    markers (`REQUEST_MARGIN`, and `MESSAGE_MARGIN` per message). An actual count above it is
+    recorded as `budget.overrun`, never silently."""
     if request.messages is None:
         texts: tuple[str, ...] = (request.prompt,)
     else:
         texts = tuple(m.content for m in request.messages)
-    body = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+    tools = tuple(tool.name + tool.description + tool.parameters for tool in request.tools)
+    body = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts + tools)
     return body + REQUEST_MARGIN + MESSAGE_MARGIN * len(texts)
 
 

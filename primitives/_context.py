@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import anyio
 
-from lanefold.primitives._answers import ExtractSpec, extract_answer
+from lanefold.primitives._answers import ExtractSpec, read_answer
 from lanefold.primitives._backend import Backend, Sample, SamplingParams
 from lanefold.primitives._budget import Ledger, Spend
 from lanefold.primitives._dispatch import Dispatcher, LaneJob, WaveSpec
@@ -37,6 +37,7 @@ from lanefold.primitives._nesting import nests_deeper
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._registry import resolve_reducer
 from lanefold.primitives._state import RunState
+from lanefold.primitives._structured import AnswerRead
 from lanefold.primitives._verifier import Verdict, Verifier
 from lanefold.primitives.events import (
     Bill,
@@ -207,6 +208,9 @@ class RunContext:
         if not 0 <= quorum <= len(jobs):
             raise ConfigError(f"ctx.wave: quorum {quorum} for {len(jobs)} lanes")
         spec_extract = self.extract if extract is True else None if extract is False else extract
+        if spec_extract is not None and not spec_extract.tools and self.extract.tools:
+            # a loop's own extractor reads calls of the run's tools too
+            spec_extract = spec_extract.with_tools(self.extract.tools, self.extract.tool_choice)
         params = params or self.sampling
         dispatcher = (self._judge_dispatcher or self._dispatcher) if backend == "judge" else self._dispatcher
         bill = bill or bill_of(purpose)
@@ -234,8 +238,8 @@ class RunContext:
                 f"wave {number} was recorded as {recorded.info.purpose!r}, the loop now asks for {purpose!r}"
             )
 
-        def annotate(sample: Sample) -> str | None:
-            return extract_answer(sample.text, spec_extract) if spec_extract else None
+        def annotate(sample: Sample) -> AnswerRead | None:
+            return read_answer(sample.text, spec_extract) if spec_extract else None
 
         state = await dispatcher.run_wave(
             WaveSpec(
@@ -246,6 +250,7 @@ class RunContext:
                 min_quorum=quorum,
                 share_prefix=share_prefix,
                 annotate=annotate if spec_extract is not None else None,
+                extract=spec_extract,
                 bill=bill,
                 fingerprint=fingerprint,
             )

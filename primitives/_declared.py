@@ -20,7 +20,9 @@ functions here read it, or give its default:
   each of its points);
 - a reducer's `needs_verifier` False, `uses_model` True (it may call one), `replays` False (its
   reduce is not re-derived from a log), `judge_keys` None
-  (any `[judge]` key), `judge_tokens` (0, 0), `summary` its votes or scores where it has them.
+  (any `[judge]` key), `judge_tokens` (0, 0), `summary` its votes or scores where it has them;
+- a reducer's or a verifier's `extract_methods` None, "any answer" (one that reads JSON values
+  or calls names the `[extract]` methods whose answers it reads: `extract_mismatch`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pydantic import BaseModel
 from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._loop import Loop, ReduceOptions, Reducer, Reduction
 from lanefold.primitives._shape import Allowance, BudgetUnit, CostShape, largest_within, readable_number
+from lanefold.primitives._structured import describe_answer
 
 __all__ = (
     "FRAME_TOKENS",
@@ -46,6 +49,8 @@ __all__ = (
     "ReducerChoice",
     "ReducerTraits",
     "cost_shape",
+    "extract_methods",
+    "extract_mismatch",
     "fit_params",
     "largest_within",
     "loop_reducer",
@@ -152,9 +157,10 @@ def stopped_for_budget(detail: Mapping[str, Any]) -> bool:
 
 
 def tally(votes: Mapping[str, float]) -> str:
-    """`15 ×5 · 14 ×2`: answers by weight, integers when the vote was unweighted."""
+    """`15 ×5 · 14 ×2`: answers by weight, integers when the vote was unweighted; a call or a
+    JSON value as a person reads it (`get_weather(city="Paris") ×3`)."""
     ranked = sorted(votes.items(), key=lambda item: -item[1])
-    return " · ".join(f"{answer} ×{readable_number(weight)}" for answer, weight in ranked)
+    return " · ".join(f"{describe_answer(answer)} ×{readable_number(weight)}" for answer, weight in ranked)
 
 
 def scores_line(scores: Mapping[int, float | None]) -> str:
@@ -204,6 +210,7 @@ class ReducerTraits:
     judge_keys: frozenset[str] | None
     judge_tokens: Callable[[JudgeCall], tuple[int, int]]
     summary: Callable[[Reduction], str | None]
+    extract_methods: frozenset[str] | None = None
 
     def wants_verifier(self, weighting: str) -> bool:
         """Whether reducing with `weighting` needs a verifier's scores."""
@@ -223,4 +230,21 @@ def reducer_traits(reducer: type[Reducer]) -> ReducerTraits:
         judge_keys=frozenset(keys) if keys is not None else None,
         judge_tokens=getattr(reducer, "judge_tokens", _no_judge),
         summary=getattr(reducer, "summary", _any_summary),
+        extract_methods=extract_methods(reducer),
     )
+
+
+def extract_methods(plugin: object) -> frozenset[str] | None:
+    """The `[extract]` methods whose answers a reducer or a verifier reads (its
+    `extract_methods`); None: any."""
+    methods = getattr(plugin, "extract_methods", None)
+    return frozenset(methods) if methods is not None else None
+
+
+def extract_mismatch(plugin: object, method: str, what: str) -> str | None:
+    """Why `plugin` (a reducer or a verifier, called `what`) cannot read the answers of
+    `[extract] method = method`, or None where it can."""
+    methods = extract_methods(plugin)
+    if methods is None or method in methods:
+        return None
+    return f"{what} reads answers extracted as {' or '.join(sorted(methods))}, not {method!r}"

@@ -23,6 +23,7 @@ import structlog
 from pydantic import ValidationError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
+from lanefold.primitives._answers import ExtractSpec
 from lanefold.primitives._backend import (
     Backend,
     ChatMessage,
@@ -47,6 +48,7 @@ from lanefold.primitives._logging import get_logger
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._retry import Backoff, LaneSlots, RetryLanes, RetryPolicy
 from lanefold.primitives._state import LaneState, WaveState
+from lanefold.primitives._structured import AnswerRead
 from lanefold.primitives.events import (
     BackendNoted,
     BackendNotedData,
@@ -124,7 +126,11 @@ class WaveSpec:
     params: SamplingParams
     min_quorum: int = 1
     share_prefix: bool = True
-    annotate: Callable[[Sample], str | None] | None = None  # e.g. answer extraction
+    # e.g. answer extraction: the answer, or what the extractor read (the answer, or why none)
+    annotate: Callable[[Sample], str | AnswerRead | None] | None = None
+    # The wave's extractor: a sampled wave's requests carry the tools bound to it and the
+    # schema its answers are held to (`ExtractSpec.output_schema`)
+    extract: ExtractSpec | None = None
     bill: Bill | None = None  # the bill line; by default judges are verifier passes
     fingerprint: str | None = None  # recorded in wave.started, checked on resume
 
@@ -180,8 +186,10 @@ class Dispatcher:
         logger: structlog.stdlib.BoundLogger | None = None,
         conversation: Sequence[tuple[str, str]] | None = None,
         form: PromptForm | None = None,
+        extract: ExtractSpec | None = None,
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
+        self.extract = extract  # the run's: what a sampled request is held for (its tools)
         self.run_seed, self.retry, self.timeout_s = run_seed, retry or RetryPolicy(), timeout_s
         self.max_concurrency = max_concurrency
         slots = LaneSlots(limiter or anyio.CapacityLimiter(max_concurrency))
@@ -218,7 +226,7 @@ class Dispatcher:
         by the backend as it will be sent (a chat's conversation through its template), a
         conservative estimate where it cannot count."""
         purpose = "sample" if bill == "sample" else "judge"
-        spec = WaveSpec(0, purpose, (), SamplingParams(), bill=bill)
+        spec = WaveSpec(0, purpose, (), SamplingParams(), bill=bill, extract=self.extract)
         return self._plan.prompt_tokens(self._plan.request(spec, prompt))
 
     # -- the wave -------------------------------------------------------------------------------
@@ -314,7 +322,10 @@ class _Planner:
 
     def request(self, spec: WaveSpec, prompt: str) -> SampleRequest:
         """The request a group of `spec`'s lanes sharing `prompt` sends, less its lanes: what
-        the backend counts is what it is sent."""
+        the backend counts is what it is sent. A sampled wave's request carries the tools
+        bound to its extractor and the schema its answers are held to (the one rule for every
+        entry: a judge's or a plan's wave, with no extractor or another bill, carries none)."""
+        extract = spec.extract if spec.bill == "sample" else None
         return SampleRequest(
             prompt,
             spec.params,
@@ -323,6 +334,9 @@ class _Planner:
             purpose=spec.purpose,
             wave=spec.wave,
             messages=self.messages(spec, prompt),
+            tools=extract.tools if extract is not None else (),
+            tool_choice=extract.tool_choice if extract is not None else None,
+            schema=extract.output_schema() if extract is not None else None,
         )
 
     async def start(self, spec: WaveSpec) -> list[_Group]:
@@ -685,7 +699,8 @@ class _Settler:
         assert hold is not None
         usage = sample.usage
         logprob_mean = math.fsum(sample.logprobs) / len(sample.logprobs) if sample.logprobs else None
-        answer = spec.annotate(sample) if spec.annotate else None
+        read = spec.annotate(sample) if spec.annotate else None
+        answer, answer_error = (read.answer, read.reason) if isinstance(read, AnswerRead) else (read, None)
         # Recorded first, settled after: a landing the log could not take stays held (charged
         # whole, as the log's fold charges a lane it saw dispatched and never land).
         self.recorder.emit(
@@ -693,6 +708,7 @@ class _Settler:
             LaneCompletedData(
                 text=sample.text,
                 answer=answer,
+                answer_error=answer_error,
                 finish_reason=sample.finish_reason,
                 usage=recorded,
                 cost_usd=_cost(self.ledger, usage, hold),

@@ -44,7 +44,8 @@ class Lane:
     """One lane of a wave as a loop sees it: where it ran, what it said, how it ended.
 
     `status` is "completed", "failed" (for good), "interrupted" or "pending"; `answer` is what
-    the wave's extractor found in `text` (None: nothing, or no extractor).
+    the wave's extractor found in `text` (None: nothing, or no extractor; `answer_error` then
+    says why, where the extractor says: an invalid call or value).
     """
 
     wave: int
@@ -56,6 +57,7 @@ class Lane:
     finish_reason: str | None = None
     error: str | None = None
     prompt: str | None = None
+    answer_error: str | None = None
 
     @property
     def completed(self) -> bool:
@@ -73,6 +75,7 @@ class Lane:
             state.finish_reason,
             state.error,
             prompt,
+            state.answer_error,
         )
 
 

@@ -68,6 +68,7 @@ class LaneState:
     hold: Hold | None = None  # the reservation of the attempt in flight
     text: str | None = None
     answer: str | None = None
+    answer_error: str | None = None  # why the extractor found no answer, where it says
     finish_reason: str | None = None
     usage: Usage | None = None
     logprob_mean: float | None = None
@@ -280,6 +281,7 @@ def _apply(state: RunState, event: AnyEvent) -> None:  # one branch per event ty
         )
         lane.status = "completed"
         lane.text, lane.answer, lane.finish_reason = done.text, done.answer, done.finish_reason
+        lane.answer_error = done.answer_error
         lane.usage, lane.logprob_mean = done.usage.to_usage(), done.logprob_mean
         lane.backend = done.backend or None
         lane.landed_at = event.sequence

@@ -12,7 +12,9 @@ the run. Only misuse (a `ConfigError` at construction) and cancellation propagat
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json
 import math
 import numbers
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,7 @@ import anyio.to_thread
 from lanefold.primitives._errors import ConfigError
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._registry import _NAME, Registry
+from lanefold.primitives._tools import ToolCall
 
 __all__ = (
     "VERIFIERS",
@@ -79,6 +82,10 @@ class Verifier(Protocol):
 class CallableVerifier:
     """A Python callable `fn(question, text, answer)` as a Verifier.
 
+    A function with a parameter named `call` is given the lane's parsed call as well (a
+    `ToolCall`, None where the answer is none), one with a parameter named `value` the parsed
+    JSON value of a `"json"` or `"tool_call"` answer (None where there is none), as keywords.
+
     A sync callable runs in a worker thread so it cannot block the event loop; past
     `timeout_s` its thread is abandoned (Python cannot kill a thread, so it runs on until it
     returns) and the verdict is a timeout. An async callable is awaited under the same
@@ -102,6 +109,7 @@ class CallableVerifier:
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
         self._timeout_s = timeout_s
         self._limiter = anyio.CapacityLimiter(max_concurrency)
+        self._parsed = _parsed_names(fn)
 
     def __repr__(self) -> str:
         return f"CallableVerifier({self.name!r}, timeout_s={self._timeout_s})"
@@ -127,13 +135,16 @@ class CallableVerifier:
         return _verdict_of(value)
 
     async def _call(self, question: str, text: str, answer: str | None) -> object:
+        fn: Callable[[str, str, str | None], object] = self._fn
+        if self._parsed:
+            fn = functools.partial(self._fn, **_parsed(answer, self._parsed))
         if self._is_async:
-            value: object = self._fn(question, text, answer)
+            value: object = fn(question, text, answer)
         else:
             # Boxed in a tuple: trio refuses a worker whose result is a coroutine, and a lambda
             # or partial may return one for us to await here.
             (value,) = await anyio.to_thread.run_sync(
-                _boxed, self._fn, question, text, answer, abandon_on_cancel=True
+                _boxed, fn, question, text, answer, abandon_on_cancel=True
             )
         if inspect.isawaitable(value):  # e.g. a lambda or partial that returns a coroutine
             value = await value
@@ -206,8 +217,35 @@ def _made(
     return CallableVerifier(found, name=spec, timeout_s=timeout_s, max_concurrency=max_concurrency)
 
 
-def _boxed(fn: VerifierFn, question: str, text: str, answer: str | None) -> tuple[object]:
+def _boxed(
+    fn: Callable[[str, str, str | None], object], question: str, text: str, answer: str | None
+) -> tuple[object]:
     return (fn(question, text, answer),)
+
+
+def _parsed_names(fn: object) -> frozenset[str]:
+    """Which of `call` and `value` `fn` takes as parameters (keywords it is then given)."""
+    try:
+        parameters = inspect.signature(fn).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # a builtin without a signature takes neither
+        return frozenset()
+    return frozenset(name for name in ("call", "value") if name in parameters)
+
+
+def _parsed(answer: str | None, names: frozenset[str]) -> dict[str, object]:
+    """The parsed forms of a structured answer a verifier asked for (`call`, `value`)."""
+    value: object = None
+    if answer is not None and answer[:1] in '{["-0123456789tfn':
+        try:
+            value = json.loads(answer)
+        except ValueError:
+            value = None
+    given: dict[str, object] = {}
+    if "call" in names:
+        given["call"] = ToolCall.from_answer(answer)
+    if "value" in names:
+        given["value"] = value
+    return given
 
 
 def check_verifier_limits(timeout_s: float | None, max_concurrency: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,6 +64,7 @@ def vote_fold(
     *,
     tie_break: VoteTieBreak = "first_lane",
     seed: int = 0,
+    normalize: Callable[[str], str] = normalize_answer,
 ) -> VoteResult:
     """Reduce ballots to the answer with the most total weight.
 
@@ -71,7 +72,9 @@ def vote_fold(
     lowest (lane index, not list position, so the fold is permutation invariant);
     `"lexicographic"` the smallest normalised answer; `"random"` a `random.Random(seed)` choice
     among the sorted tied answers. An answer that normalises to the empty string abstains.
-    A lane may cast one ballot only. No votes at all gives winner None.
+    A lane may cast one ballot only. No votes at all gives winner None. `normalize` maps each
+    answer to what is counted (`normalize_answer`; a field of a JSON object, already canonical,
+    is counted as it is).
     """
     ordered = sorted(ballots, key=lambda ballot: ballot.lane)
     for before, after in itertools.pairwise(ordered):
@@ -83,7 +86,7 @@ def vote_fold(
     first_lane: dict[str, int] = {}
     abstentions = 0
     for ballot in ordered:
-        answer = None if ballot.answer is None else normalize_answer(ballot.answer)
+        answer = None if ballot.answer is None else normalize(ballot.answer)
         if not answer:
             abstentions += 1
             continue

@@ -185,6 +185,11 @@ class RunStartedData(_Frozen):
     # shared`, a gateway key's `key:<name>`): every later segment (resume, a retry, a
     # re-reduction) rejoins them. Absent in logs from before they were recorded.
     pools: list[BudgetName] | None = Field(None, exclude_if=_absent)
+    # The tools the run carries (OpenAI's form, `{"type": "function", "function": {...}}`) and
+    # its `tool_choice`: every sampled lane is sent them, and every reader of the log reads a
+    # `tool_call` answer with them. Absent where the run has none.
+    tools: list[dict[str, Any]] | None = Field(None, exclude_if=_absent)
+    tool_choice: str | None = Field(None, exclude_if=_absent)
 
 
 class RunStarted(Event):
@@ -340,6 +345,9 @@ class LaneCompletedData(_Frozen):
 
     text: str
     answer: str | None = None
+    # Why the extractor found no answer in `text`, where it says (a structured answer: not
+    # JSON, not valid under the schema, not a call of the run's tools); absent otherwise
+    answer_error: str | None = Field(None, exclude_if=_absent)
     finish_reason: str
     usage: UsageData
     cost_usd: Amount

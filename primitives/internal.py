@@ -11,7 +11,7 @@ still found there until 0.3, with a DeprecationWarning.
 
 from __future__ import annotations
 
-from lanefold.primitives._audit import audit_run, reduced_lanes, reread_lanes
+from lanefold.primitives._audit import audit_run, reduced_lanes, reread_lanes, run_extract
 from lanefold.primitives._backend import closing
 from lanefold.primitives._backend_spec import (
     PROMPT_FORMS,
@@ -27,6 +27,8 @@ from lanefold.primitives._budget import cost_of
 from lanefold.primitives._context import RunBudget, RunContext, wave_fingerprint
 from lanefold.primitives._declared import (
     cost_shape,
+    extract_methods,
+    extract_mismatch,
     fit_params,
     pooled_lanes,
     scores_line,
@@ -87,6 +89,8 @@ __all__ = (
     "closing",
     "cost_of",
     "cost_shape",
+    "extract_methods",
+    "extract_mismatch",
     "failed_result",
     "fit_params",
     "hook_params",
@@ -105,6 +109,7 @@ __all__ = (
     "reread_lanes",
     "resolve_loop",
     "result_from_state",
+    "run_extract",
     "scores_line",
     "secret_header",
     "shape_waves",

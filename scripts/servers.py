@@ -318,6 +318,13 @@ def command(name: str, port: int, *, slots: int = 8, threads: int = 2, eager: bo
             "--gpu-memory-utilization",
             "0.3",
             "--disable-uvicorn-access-log",
+            # Tool calls: vLLM takes `tools` only with a tool-call parser named. SmolLM2's chat
+            # template has no tool role; xlam reads calls written as JSON (an object or a list),
+            # and tool_choice "required" or a named function are decoded under the tools'
+            # schema whatever the parser (tests/integration/test_vllm.py).
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "xlam",
             *(["--enforce-eager"] if eager else []),
         ]
     if name == "phoenix":

@@ -71,6 +71,8 @@ PUBLIC_NAMES = frozenset(
         "Session",
         "SyncSession",
         "RunFailure",
+        "ToolCall",
+        "ToolSpec",
         "Verdict",
         "Verifier",
         "register_backend",
@@ -312,10 +314,19 @@ def test_import_scans_see_importlib_calls_that_name_their_module(tmp_path: Path)
 # in FACADE_DEFAULTS, where its defaults are named once. Another kind's names (backends, stores)
 # join as another tuple in BUILT_IN_NAMES.
 BUILT_IN_LOOPS = ("parallel_sample", "adaptive_sample", "sequential_refine", "debate", "plan_verify_replan")
-BUILT_IN_REDUCERS = ("majority_vote", "weighted_vote", "judge_argmax", "usc", "any_pass")
+BUILT_IN_REDUCERS = ("majority_vote", "weighted_vote", "judge_argmax", "usc", "any_pass", "field_vote")
+BUILT_IN_VERIFIERS = ("command", "schema_valid")
 BUILT_IN_BACKENDS = ("simulated", "engine", "openai")
 BUILT_IN_STORES = ("files", "postgres")
-BUILT_IN_NAMES: tuple[str, ...] = (*BUILT_IN_LOOPS, *BUILT_IN_REDUCERS, *BUILT_IN_BACKENDS, *BUILT_IN_STORES)
+BUILT_IN_NAMES: tuple[str, ...] = (
+    *BUILT_IN_LOOPS,
+    *BUILT_IN_REDUCERS,
+    # "command" is a common word (a resume command, a reproducing command): the facade's
+    # mentions of it are not the verifier's name
+    *(name for name in BUILT_IN_VERIFIERS if name != "command"),
+    *BUILT_IN_BACKENDS,
+    *BUILT_IN_STORES,
+)
 # Packages whose concrete classes the facade never tests with isinstance/issubclass.
 PLUG_IN_PACKAGES = ("lanefold.coordinators", "lanefold.backends", "lanefold.stores")
 FACADE_DEFAULTS = ROOT / "orchestrator" / "config" / "_defaults.py"
@@ -397,13 +408,14 @@ def _isinstance_on_plug_ins(path: Path, packages: tuple[str, ...] = PLUG_IN_PACK
 
 
 def test_the_built_in_names_are_the_registered_ones() -> None:
-    from lanefold.primitives import LOOPS, REDUCERS
+    from lanefold.primitives import LOOPS, REDUCERS, VERIFIERS
 
     def built_in(registry: Any) -> set[str]:
         return {name for name, cls in registry.items() if cls.__module__.startswith("lanefold.coordinators")}
 
     assert set(BUILT_IN_LOOPS) == built_in(LOOPS)
     assert set(BUILT_IN_REDUCERS) == built_in(REDUCERS)
+    assert set(BUILT_IN_VERIFIERS) == built_in(VERIFIERS)
 
 
 def test_the_facade_names_no_built_in_plug_in() -> None:

@@ -340,13 +340,16 @@ class OpenAIBackend:
             top = None
             if tokens is not None and request.params.top_logprobs and choice.top_logprobs:
                 top = tuple(step[: request.params.top_logprobs] for step in choice.top_logprobs)
+            said = dict(extra)
+            if choice.tool_calls:  # the lane's text is its first call; a second is dropped, and said
+                said["tool_calls"] = choice.tool_calls
             samples[positions[slot]] = Sample(
                 lane=lanes[slot].lane,
                 text=text,
                 finish_reason=self._redact(choice.finish_reason),
                 usage=lane_usage,
                 logprobs=choice.logprobs if request.params.logprobs else None,
-                extra=dict(extra),
+                extra=said,
                 tokens=tokens,
                 top_logprobs=top,
             )

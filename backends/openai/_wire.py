@@ -7,14 +7,16 @@ Unknown fields are ignored: servers add their own (timings, system_fingerprint, 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from lanefold.backends.openai._config import OpenAIConfig
 from lanefold.backends.openai._usage import Tally
-from lanefold.primitives import SampleRequest
+from lanefold.primitives import TOOL_CHOICES, ConfigError, SampleRequest, canonical_json
 
 __all__ = (
     "ChatResponse",
@@ -22,6 +24,8 @@ __all__ = (
     "WireChoice",
     "WireUsage",
     "build_body",
+    "call_text",
+    "output_fields",
     "parse_response",
 )
 
@@ -51,10 +55,25 @@ class ChatLogprobs(_Wire):
     content: list[ChatTokenLogprob] | None = None
 
 
+class WireFunction(_Wire):
+    """The function a tool call calls: its name and its arguments (JSON text, as OpenAI sends
+    them; an object from a server that sends one)."""
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class WireToolCall(_Wire):
+    """One tool call of an assistant message."""
+
+    function: WireFunction
+
+
 class ChatMessage(_Wire):
     """The assistant message of a chat choice; `content` is null for tool calls."""
 
     content: str | None = None
+    tool_calls: list[WireToolCall] | None = None
 
 
 class ChatChoice(_Wire):
@@ -130,6 +149,7 @@ class WireChoice:
     # The most likely tokens at each position, most likely first, where the server sent them
     # for every position (a completion's may include the sampled token beyond the N asked)
     top_logprobs: tuple[tuple[tuple[str, float], ...], ...] | None = None
+    tool_calls: int = 0  # the calls the message held (its text is the first one's)
 
     def tally(self) -> Tally:
         """What this choice evidently holds, for usage apportioning."""
@@ -162,6 +182,19 @@ def _likeliest_first(
     return tuple(tuple(sorted(step, key=lambda pair: -pair[1])) for step in steps if step)
 
 
+def call_text(call: WireToolCall) -> str:
+    """A tool call as a lane's text: `{"name": ..., "arguments": {...}}` in canonical JSON (the
+    form a `tool_call` answer is read from); arguments that are not a JSON object's text are
+    kept as the string they are, for the extractor to refuse with its reason."""
+    arguments: Any = call.function.arguments
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments, parse_float=Decimal) if arguments.strip() else {}
+        except ValueError:
+            pass  # not JSON: kept as the string it is
+    return canonical_json({"name": call.function.name, "arguments": arguments})
+
+
 def _from_chat(choice: ChatChoice) -> WireChoice:
     content = choice.logprobs.content if choice.logprobs is not None else None
     values = tuple(entry.logprob for entry in content) if content is not None else None
@@ -175,14 +208,16 @@ def _from_chat(choice: ChatChoice) -> WireChoice:
                 for entry in content
             ]
         )
+    calls = choice.message.tool_calls or []
     return WireChoice(
         index=choice.index,
-        text=choice.message.content or "",
+        text=call_text(calls[0]) if calls else choice.message.content or "",
         finish_reason=_finish(choice.finish_reason),
         logprobs=values,
         token_count=len(content) if content is not None else None,
         tokens=_all_texts([entry.token for entry in content] if content is not None else None),
         top_logprobs=top,
+        tool_calls=len(calls),
     )
 
 
@@ -218,6 +253,26 @@ def parse_response(api: str, raw: bytes) -> tuple[list[WireChoice], WireUsage | 
     return [_from_completion(c) for c in completion.choices], completion.usage
 
 
+def output_fields(request: SampleRequest) -> dict[str, Any]:
+    """What a chat request says of the lanes' output: the run's `tools` and `tool_choice` as
+    OpenAI takes them (a run that reads calls and names no choice asks for one, "required",
+    as the engine holds its lanes to the tools' schema), else the schema as `response_format`."""
+    if request.tools:
+        fields: dict[str, Any] = {"tools": [tool.to_openai() for tool in request.tools]}
+        choice = request.tool_choice or ("required" if request.schema is not None else None)
+        if choice in TOOL_CHOICES:
+            fields["tool_choice"] = choice
+        elif choice is not None:
+            fields["tool_choice"] = {"type": "function", "function": {"name": choice}}
+        return fields
+    if request.schema is not None:
+        schema = json.loads(request.schema)
+        return {
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        }
+    return {}
+
+
 def build_body(
     config: OpenAIConfig, request: SampleRequest, *, n: int, seed: int, max_tokens: int
 ) -> dict[str, Any]:
@@ -229,6 +284,11 @@ def build_body(
     logprobs = params.logprobs or n > 1
     body: dict[str, Any] = dict(config.extra_body)
     body["model"] = config.model
+    if config.api != "chat" and (request.tools or request.schema is not None):
+        raise ConfigError(
+            f"backend.api: {config.api!r} has no field for the run's tools or schema; "
+            'use api = "chat" (tools, tool_choice and response_format go with it)'
+        )
     if config.api == "chat":
         messages = (
             [] if config.system_prompt is None else [{"role": "system", "content": config.system_prompt}]
@@ -244,6 +304,7 @@ def build_body(
             body["logprobs"] = True
         if params.logprobs and params.top_logprobs:
             body["top_logprobs"] = params.top_logprobs
+        body.update(output_fields(request))
     else:
         body["prompt"] = request.prompt
         if logprobs:  # 1, not 0: some servers read 0 as "off"

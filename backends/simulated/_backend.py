@@ -5,19 +5,24 @@ wave and lane) and the attempt number, so a re-dispatched lane says the same thi
 on one attempt need not repeat on the next. Each lane of a request lands after its own latency.
 By purpose: "judge" scores the last `Answer:` in its prompt; "refine" may copy an earlier
 attempt; "debate" keeps its answer or adopts a peer's; `script` rules answer any purpose;
-everything else samples afresh.
+everything else samples afresh. A request that carries tools or a schema (a run answering with
+calls or JSON values) gets the answer alone as the lane's text, as a constrained model writes
+it: `answer` and `distractors` are then JSON texts, and `vary_json` spells each lane's its own way.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
 from collections.abc import AsyncIterator
+from decimal import Decimal
 
 import anyio
 
 from lanefold.backends.simulated._config import SimulatedConfig
+from lanefold.backends.simulated._json import respell
 from lanefold.backends.simulated._prompt import (
     debate_view,
     earlier_answers,
@@ -37,6 +42,8 @@ from lanefold.primitives import (
     SampleRequest,
     ServerError,
     Usage,
+    canonical_json,
+    describe_answer,
 )
 
 __all__ = ("SimulatedBackend", "SimulatedConfig")
@@ -183,10 +190,15 @@ class SimulatedBackend:
             return self._judge(prompt, lane)
         rng = random.Random(lane.seed)
         if purpose == "refine":
-            return self._refine(prompt, rng)
-        if purpose == "debate":
-            return self._debate(prompt, rng)
-        return self._fresh(prompt, rng)
+            text = self._refine(prompt, rng)
+        elif purpose == "debate":
+            text = self._debate(prompt, rng)
+        else:
+            text = self._fresh(prompt, rng)
+        if request.tools or request.schema is not None:
+            answer = _ANSWER_IN_PROMPT.findall(text)[-1]
+            return respell(answer, rng) if self.config.vary_json else answer
+        return text
 
     def _fresh(self, prompt: str, rng: random.Random) -> str:
         """A fresh sample: right with the question's accuracy, else a distractor."""
@@ -232,7 +244,10 @@ class SimulatedBackend:
         rng = random.Random(lane.seed)
         found = _ANSWER_IN_PROMPT.findall(prompt)
         candidate = found[-1].strip().rstrip(".").lower() if found else ""
-        correct = candidate == self.answer_of(prompt).strip().lower()
+        gold = self.answer_of(prompt)
+        correct = candidate == gold.strip().lower()
+        if not found and gold.lstrip()[:1] in ("{", "["):  # a call or a JSON object, as shown
+            correct = _shown(gold) in prompt
         if rng.random() >= cfg.judge_accuracy:
             correct = not correct
         score = rng.randint(7, 10) if correct else rng.randint(1, 4)
@@ -249,6 +264,14 @@ class SimulatedBackend:
 
     async def aclose(self) -> None:
         pass
+
+
+def _shown(gold: str) -> str:
+    """The gold answer as a judge is shown a structured candidate (`describe_answer`)."""
+    try:
+        return describe_answer(canonical_json(json.loads(gold, parse_float=Decimal)))
+    except ValueError:
+        return gold
 
 
 def _fault(rng: random.Random) -> BackendError:

@@ -88,6 +88,10 @@ class SimulatedConfig(BaseModel):
     debate_keep: float = Field(0.5, ge=0, le=1)
     debate_bias: float = Field(0.0, ge=0, le=1)
     script: list[ScriptRule] = []
+    # A request with tools or a schema is answered with `answer` (or a distractor) alone, as
+    # JSON text; with `vary_json` each lane spells it its own way (keys in another order,
+    # numbers as 2.0 or 20e-1, spaces), as lanes of a real model do.
+    vary_json: bool = False
 
     @field_validator("difficulty")
     @classmethod

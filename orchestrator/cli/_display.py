@@ -12,7 +12,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from lanefold.execution import RunResult
-from lanefold.primitives import REDUCERS, Reduction, RunState, reducer_traits, score_summary, vote_summary
+from lanefold.primitives import (
+    REDUCERS,
+    Reduction,
+    RunState,
+    describe_answer,
+    reducer_traits,
+    score_summary,
+    vote_summary,
+)
 from lanefold.primitives.events import (
     AnyEvent,
     LaneCompleted,
@@ -59,6 +67,16 @@ def result_line(reduction: Reduction) -> str | None:
     return score_summary(reduction) if reduction.scores else None
 
 
+def _answer(answer: object) -> str:
+    """An answer in a line: a call or a JSON value as a person reads it (`describe_answer`:
+    `get_weather(city="Paris")`), any other quoted (its spaces and quotes seen)."""
+    if isinstance(answer, str):
+        shown = describe_answer(answer)
+        if shown != answer:
+            return shown
+    return repr(answer)
+
+
 def _gist(event: AnyEvent) -> str:
     d: Any = event.data  # the payload of the event type matched below
     match event.type:
@@ -78,7 +96,8 @@ def _gist(event: AnyEvent) -> str:
         case "lane.dispatched":
             return f"max_tokens={d.max_tokens} request={d.request}"
         case "lane.completed":
-            return f"answer={d.answer!r} out={d.usage.output_tokens} tok ${d.cost_usd:.6f} {d.finish_reason}"
+            said = f"answer={_answer(d.answer)}" if d.answer_error is None else f"no answer: {d.answer_error}"
+            return f"{said} out={d.usage.output_tokens} tok ${d.cost_usd:.6f} {d.finish_reason}"
         case "lane.failed":
             return f"{d.error}: {d.message}{' (final)' if d.final else ' (will retry)'}"
         case "lane.interrupted":
@@ -97,7 +116,7 @@ def _gist(event: AnyEvent) -> str:
             )
             number = f"#{d.reduction} " if d.reduction != 1 else ""
             return (
-                f"{number}{d.reducer} winner={d.winner!r} lane={d.winner_lane} "
+                f"{number}{d.reducer} winner={_answer(d.winner)} lane={d.winner_lane} "
                 f"{shown} tie_break={d.tie_break}"
             )
         case "reduce.started":
@@ -106,7 +125,7 @@ def _gist(event: AnyEvent) -> str:
         case "run.completed":
             r = d.result
             return (
-                f"{r.get('status', 'answered')} answer={r.get('answer')!r} "
+                f"{r.get('status', 'answered')} answer={_answer(r.get('answer'))} "
                 f"cost=${r.get('cost', {}).get('total', 0):.6f}"
             )
         case "run.failed":
@@ -191,7 +210,7 @@ def summary(result: RunResult, console: Console | None = None) -> None:
         console.print(f"[bold]no answer[/]: {escape(result.reason or '')}", soft_wrap=True)
     else:
         console.print(
-            f"[bold]answer[/]: {escape(repr(result.answer))}  (lane "
+            f"[bold]answer[/]: {escape(_answer(result.answer))}  (lane "
             f"{result.winner_lane}, {result.reducer}, tie-break {result.tie_break})",
             soft_wrap=True,
         )

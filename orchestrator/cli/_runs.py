@@ -32,6 +32,7 @@ from lanefold.cli._shared import (
     otel_hooks,
     store_of,
 )
+from lanefold.cli._tools import read_tools
 from lanefold.config import (
     LoopConfig,
     config_errors,
@@ -70,6 +71,16 @@ def add_commands(
     p.add_argument("--question", required=True)
     common(p)
     p.add_argument("--run-id")
+    p.add_argument(
+        "--tools",
+        metavar="FILE",
+        help="a JSON file of the tools the run carries (OpenAI's tools list; docs/tools.md)",
+    )
+    p.add_argument(
+        "--tool-choice",
+        metavar="CHOICE",
+        help="with --tools: auto, required, none, or a tool's name",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     otel_argument(p)
 
@@ -128,7 +139,7 @@ def add_commands(
     how.add_argument(
         "--extract",
         metavar="METHOD",
-        help="read answers with this method (regex, last_number, boxed, json_field)",
+        help="read answers with this method (regex, last_number, boxed, json_field, json, tool_call)",
     )
     common(p)
     p.add_argument("--json", action="store_true", help="print the new result as JSON")
@@ -148,6 +159,9 @@ def add_commands(
 
 def _cmd_run(args: argparse.Namespace) -> int:
     check_question(args.question)
+    tools = read_tools(args.tools) if args.tools is not None else None
+    if tools is None and args.tool_choice is not None:
+        raise ConfigError("--tool-choice: chooses among the run's tools; give them with --tools FILE")
     session = Session(args.config, runs_dir=args.runs_dir, store=args.store)  # a bad config stops here
     if args.run_id is not None:
         session.store.check_id(args.run_id)
@@ -157,7 +171,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         async def go(reason: Callable[[], str]) -> RunResult:
             async with session:
-                return await session.run(args.question, run_id=args.run_id, observer=seen, stop_reason=reason)
+                return await session.run(
+                    args.question,
+                    run_id=args.run_id,
+                    observer=seen,
+                    stop_reason=reason,
+                    tools=tools,
+                    tool_choice=args.tool_choice,
+                )
 
         result = interruptible(go, lambda: seen.value, lambda: seen.ended)
     return emit_result(result, args.json)

@@ -62,6 +62,7 @@ from lanefold.primitives.internal import (
     backend_preflight,
     backend_prompt_forms,
     build_hook,
+    extract_mismatch,
     hook_params,
     plugin_folders,
     reading_a_record,
@@ -887,12 +888,22 @@ def _preflight_errors(config: LoopConfig, source: str, *, verifier_given: bool =
                 f"{source}: judge.template: reducer {reducer} needs "
                 f"judge.template, judge.verifier or judge.verifier_command"
             )
+        mismatch = extract_mismatch(
+            resolve_reducer(reducer), config.extract.resolved_method, f"reducer {reducer}"
+        )
+        if mismatch is not None:
+            yield f"{source}: extract.method: {mismatch}"
     if config.judge.verifier is not None:
         try:
             with plugin_folders(config.folder):
-                import_verifier(config.judge.verifier)
+                verifier = import_verifier(config.judge.verifier)
         except ConfigError as exc:
             yield f"{source}: {exc}"
+        else:
+            what = f"verifier {config.judge.verifier}"
+            mismatch = extract_mismatch(verifier, config.extract.resolved_method, what)
+            if mismatch is not None:
+                yield f"{source}: extract.method: {mismatch}"
     for where, backend in _backends(config):
         yield from backend_preflight_errors(backend, source, where)
 

@@ -195,6 +195,7 @@ async def _reduce(
             log=get_logger("lanefold.reduce", run_id=run_id),
             reduction=opened.reduction,
             first_wave=opened.first_wave,
+            extract=extract,
         )
         lanes = _candidates(state, opened.candidate_waves, extract)
         options = dataclasses.replace(configured, seed=config.loop.seed)

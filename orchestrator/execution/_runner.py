@@ -20,6 +20,7 @@ from lanefold.primitives import (
     BackendSpec,
     ConfigError,
     EventLog,
+    ExtractSpec,
     LanefoldError,
     Ledger,
     Loadable,
@@ -30,8 +31,11 @@ from lanefold.primitives import (
     RunError,
     RunResult,
     RunState,
+    ToolSpec,
     Verifier,
+    check_tool_choice,
     get_logger,
+    parse_tools,
 )
 from lanefold.primitives.events import (
     AnyEvent,
@@ -45,11 +49,19 @@ from lanefold.primitives.events import (
     RunInterruptedData,
     UsageData,
 )
-from lanefold.primitives.internal import Dispatcher, Recorder, RetryPolicy, RunContext, result_from_state
+from lanefold.primitives.internal import (
+    Dispatcher,
+    Recorder,
+    RetryPolicy,
+    RunContext,
+    result_from_state,
+    run_extract,
+)
 
 __all__ = (
     "Observer",
     "build_backend",
+    "check_calls",
     "check_question",
     "close",
     "context",
@@ -60,6 +72,7 @@ __all__ = (
     "question_of",
     "record_interrupt",
     "recorded_failure",
+    "run_tools",
     "set_fsync",
     "source_of",
 )
@@ -71,6 +84,24 @@ def build_backend(config: BackendSpec) -> Backend:
     """A Backend for a `[backend]` section, built by its registered model (which imports an
     optional extra only when it is used, and says which one is missing)."""
     return config.build()
+
+
+def run_tools(tools: object, choice: str | None) -> tuple[ToolSpec, ...]:
+    """A run's tools as given (`Session.run(tools=..., tool_choice=...)`, `--tools FILE`),
+    checked before any run is created: ConfigError naming `tools[i]` or `tool_choice`."""
+    parsed = () if tools is None else parse_tools(tools)
+    check_tool_choice(choice, parsed)
+    return parsed
+
+
+def check_calls(extract: ExtractSpec, tools: Sequence[ToolSpec]) -> None:
+    """`[extract] method = "tool_call"` reads calls of the run's tools: a run without tools
+    could never answer, so it is refused before it is recorded."""
+    if extract.resolved_method == "tool_call" and not tools:
+        raise ConfigError(
+            'extract.method: "tool_call" reads calls of the run\'s tools, and this run has none: '
+            "give them (Session.run(tools=...), orchestrator run --tools FILE)"
+        )
 
 
 def check_question(question: str) -> str:
@@ -164,12 +195,16 @@ def context(
     log: structlog.stdlib.BoundLogger,
     reduction: int = 1,
     first_wave: int = 1,
+    extract: ExtractSpec | None = None,
 ) -> RunContext:
-    """The LoopContext of a run: its dispatchers over one ledger and one recorder."""
+    """The LoopContext of a run: its dispatchers over one ledger and one recorder; answers
+    read by `extract` (a re-reduction's `--extract`), else the config's, bound to the run's
+    tools."""
     started = recorder.state.started
     conversation = started.conversation if started is not None else None
     form = config.prompt_form()
-    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, form, conversation)
+    extract = run_extract(extract or config.extract, recorder.state)  # bound to the run's tools
+    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, form, conversation, extract)
     judge = (
         _dispatcher(
             config, judge_backend, recorder, ledger, limiter, log, config.prompt_form(config.judge.backend)
@@ -185,7 +220,7 @@ def context(
         dispatcher=dispatcher,
         judge_dispatcher=judge,
         sampling=config.sampling_params(),
-        extract=config.extract,
+        extract=extract,
         template=config.prompt.template,
         judge=config.judge_settings(),
         verifier=verifier,
@@ -267,6 +302,7 @@ def _dispatcher(
     log: structlog.stdlib.BoundLogger,
     form: PromptForm | None,
     conversation: Sequence[tuple[str, str]] | None = None,
+    extract: ExtractSpec | None = None,
 ) -> Dispatcher:
     retry = config.retry
     return Dispatcher(
@@ -287,6 +323,7 @@ def _dispatcher(
         logger=log,
         conversation=conversation,
         form=form,
+        extract=extract,
     )
 
 

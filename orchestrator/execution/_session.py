@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import copy
 import functools
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +41,7 @@ from lanefold.execution._reduce import reduce_run
 from lanefold.execution._runner import (
     Observer,
     build_backend,
+    check_calls,
     check_question,
     close,
     drive,
@@ -48,6 +49,7 @@ from lanefold.execution._runner import (
     load,
     question_of,
     recorded_failure,
+    run_tools,
     set_fsync,
     source_of,
 )
@@ -63,6 +65,7 @@ from lanefold.primitives import (
     RunResult,
     RunState,
     StoreError,
+    ToolSpec,
     Verifier,
 )
 from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
@@ -85,6 +88,8 @@ class _Origin:
     caller: str | None = None
     request_sha256: str | None = None
     pools: tuple[str, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | None = None
 
 
 class Session:
@@ -217,6 +222,8 @@ class Session:
         caller: str | None = None,
         request_sha256: str | None = None,
         pools: Sequence[str] = (),
+        tools: Sequence[Mapping[str, Any] | ToolSpec] | None = None,
+        tool_choice: str | None = None,
     ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
@@ -233,7 +240,10 @@ class Session:
         shared` (a gateway key's `key:<name>`): they are recorded in its `run.started` and every
         later segment (resume, a retry, a re-reduction) spends from them too. A run none of them
         could fund is refused (BudgetExhaustedError) without being recorded, and the refusal is
-        counted on the budget that refused.
+        counted on the budget that refused. `tools` (OpenAI's `tools` list, bare functions or
+        `ToolSpec`s) and `tool_choice` ("auto", "required", "none" or a tool's name) are the
+        run's: recorded in its `run.started`, sent with every sampled lane, and what an
+        `[extract] method = "tool_call"` answer calls (that method needs them).
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -243,6 +253,7 @@ class Session:
         """
         check_question(question)
         _check_errors(errors)
+        given = run_tools(tools, tool_choice)
         run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
         try:
             if resume and log is None and self.store.exists(run_id):
@@ -253,6 +264,8 @@ class Session:
                 caller,
                 request_sha256,
                 tuple(pools),
+                given,
+                tool_choice,
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
@@ -275,6 +288,7 @@ class Session:
             preflight(origin.config, "config", verifier_given=self._verifier is not None)
         config = (origin.config or self.config).with_seed(seed)
         check_sendable(config.prompt_form(), origin.conversation)  # refused before any record
+        check_calls(config.extract, origin.tools)
         backend, judge_backend = await self.backends_for(config)
         await self._load_given()
         names = run_pools(config, origin.pools)
@@ -306,6 +320,8 @@ class Session:
                             caller=origin.caller,
                             request_sha256=origin.request_sha256,
                             pools=list(names) or None,
+                            tools=[tool.to_openai() for tool in origin.tools] or None,
+                            tool_choice=origin.tool_choice,
                         ),
                     )
                 except BaseException:
@@ -606,14 +622,17 @@ async def run(
     verifier: VerifierLike | None = None,
     store: str | Store | None = None,
     hooks: Sequence[Hook] = (),
+    tools: Sequence[Mapping[str, Any] | ToolSpec] | None = None,
+    tool_choice: str | None = None,
 ) -> RunResult:
     """Run a loop on one question (a Session of one run).
 
     `backend`, `judge_backend`, `limiter` (shared across runs) and `log` (any EventLog) replace
     what the config would build; what is given is never closed here. `observer` sees every
     event as it is recorded, inline; `hooks` see them through queues and can never fail or
-    stall the run (docs/hooks.md). Cancelling the call records the run as interrupted
-    (resumable) and re-raises the cancellation.
+    stall the run (docs/hooks.md). `tools` and `tool_choice` are the run's (`Session.run`).
+    Cancelling the call records the run as interrupted (resumable) and re-raises the
+    cancellation.
     """
     check_question(question)
     async with Session(
@@ -626,7 +645,9 @@ async def run(
         store=store,
         hooks=hooks,
     ) as session:
-        return await session.run(question, run_id=run_id, observer=observer, log=log)
+        return await session.run(
+            question, run_id=run_id, observer=observer, log=log, tools=tools, tool_choice=tool_choice
+        )
 
 
 async def resume(

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from lanefold.primitives import AnyEvent, BudgetView, RunState, RunSummary
+from lanefold.primitives import AnyEvent, BudgetView, RunState, RunSummary, describe_answer
 
 __all__ = (
     "budgets_page",
@@ -80,7 +80,7 @@ def runs_rows(found: Iterable[RunSummary]) -> str:
         rows.append(
             f"<tr data-run='{_e(s.run_id)}' data-status='{_e(s.status)}'>"
             f"<td><a href='/runs/{quote(s.run_id)}'>{_e(s.run_id)}</a></td><td>{_e(s.loop)}</td>"
-            f"<td class=status>{_e(s.status)}</td><td>{_e(s.answer or '')}</td>"
+            f"<td class=status>{_e(s.status)}</td><td>{_e(describe_answer(s.answer or ''))}</td>"
             f"<td>{'' if agreement is None else f'{agreement:.2f}'}</td><td>{s.lanes}</td>"
             f"<td>{s.tokens}</td><td>${s.cost_usd:.6f}</td>"
             f"<td>{s.started.isoformat(timespec='seconds')}</td><td>{_duration(s)}</td></tr>"
@@ -127,7 +127,14 @@ def waves_html(state: RunState) -> str:
         lanes = []
         for lane_no, lane in sorted(wave.lanes.items()):
             tokens = lane.usage.input_tokens + lane.usage.output_tokens if lane.usage else 0
-            shown = lane.answer if lane.answer is not None else (lane.error or "")
+            # a call or a JSON value as a person reads it; no answer: why, where the extractor says
+            shown = (
+                describe_answer(lane.answer)
+                if lane.answer is not None
+                else f"no answer: {lane.answer_error}"
+                if lane.answer_error
+                else (lane.error or "")
+            )
             lanes.append(
                 f"<div class=lane data-lane='{lane_no}' data-wave='{number}' "
                 f"data-state='{lane_state(lane.status)}' title='{_e(lane.text or '')}'>"
@@ -151,7 +158,7 @@ def votes_html(state: RunState) -> str:
     top = max(votes.values(), default=1) or 1
     bars = "".join(
         f"<div class=vote data-answer='{_e(answer)}' data-votes='{count:g}'>"
-        f"<span class=label>{_e(answer)}</span>"
+        f"<span class=label>{_e(describe_answer(answer))}</span>"
         f"<span class=bar style='width:{100 * count / top:.1f}%'></span> {count:g}</div>"
         for answer, count in sorted(votes.items(), key=lambda kv: -kv[1])
     )
@@ -228,7 +235,7 @@ def outcome_html(state: RunState) -> str:
         winner_text = (won[1].text if won is not None else None) or ""
         parts.append(
             f"<h2>winner</h2><p id=winner data-answer='{_e(str(state.reduce.winner))}'>"
-            f"{_e(str(state.reduce.winner))} (lane {state.reduce.winner_lane})</p>"
+            f"{_e(describe_answer(str(state.reduce.winner)))} (lane {state.reduce.winner_lane})</p>"
             f"<pre id=winner-text>{_e(winner_text)}</pre>"
         )
     if state.failure is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -27,7 +28,17 @@ from typing import Any
 import pytest
 from remote_tap import Tap, backend, loop_config, of_type, run_loop
 
-from lanefold.primitives import ContextLengthError, LaneRequest, SampleRequest, SamplingParams, sample_all
+from lanefold import run
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.primitives import (
+    ContextLengthError,
+    LaneRequest,
+    SampleRequest,
+    SamplingParams,
+    ToolCall,
+    sample_all,
+)
+from lanefold.stores.files import JsonlEventLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -215,3 +226,80 @@ def test_self_consistency_end_to_end(vllm_url: str, tmp_path: Path) -> None:
     assert result["usage"]["requests"] == 1  # the wave of 8 as one request of n = 8
     assert result["status"] == "answered" and result["answer"], result
     assert sum(result["votes"].values()) >= 3  # the example's min_quorum of extracted answers
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The forecast for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "default": 1}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+async def test_tool_calls_come_back_as_each_lanes_call(vllm_url: str, tmp_path: Path) -> None:
+    """tools and a named tool_choice go through (vLLM decodes the arguments under the tool's
+    schema), each choice's tool_calls come back as its lane's call, the wave one request of n."""
+    tap = Tap()
+    config = loop_config(vllm_url, k=4, max_tokens=48, extra={"extract": {"method": "tool_call"}})
+    assert isinstance(config.backend, OpenAIConfig)
+    async with OpenAIBackend(config.backend, transport=tap) as b:
+        result = await run(
+            config,
+            "What is the weather in Paris for 3 days?",
+            runs_dir=tmp_path,
+            backend=b,
+            tools=[WEATHER],
+            tool_choice="get_weather",
+        )
+    (exchange,) = tap.exchanges
+    assert exchange.status == 200 and exchange.n == 4
+    assert exchange.request["tools"] == [WEATHER]
+    assert exchange.request["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert all(choice["message"]["tool_calls"] for choice in exchange.choices)
+    events = list(JsonlEventLog(result.events or "").read())
+    calls = [ToolCall.from_answer(e.data.answer) for e in of_type(events, "lane.completed")]
+    assert len(calls) == 4 and all(c is not None and c.name == "get_weather" for c in calls), calls
+    assert all(isinstance(c.arguments["city"], str) for c in calls if c is not None)
+    assert result.status == "answered" and ToolCall.from_answer(result.answer) is not None
+
+
+async def test_required_tool_choice_lanes_without_a_call_say_why(vllm_url: str, tmp_path: Path) -> None:
+    """A run that reads calls and names no choice asks for one ("required"); a choice vLLM cut
+    off before its call closed comes back without one: a lane without an answer, its reason
+    recorded, never a crash."""
+    tap = Tap()
+    config = loop_config(vllm_url, k=3, max_tokens=48, extra={"extract": {"method": "tool_call"}})
+    assert isinstance(config.backend, OpenAIConfig)
+    async with OpenAIBackend(config.backend, transport=tap) as b:
+        result = await run(config, "Weather in Paris?", runs_dir=tmp_path, backend=b, tools=[WEATHER])
+    (exchange,) = tap.exchanges
+    assert exchange.status == 200 and exchange.request["tool_choice"] == "required"
+    events = list(JsonlEventLog(result.events or "").read())
+    lanes = of_type(events, "lane.completed")
+    assert len(lanes) == 3
+    for lane in lanes:
+        called = ToolCall.from_answer(lane.data.answer)
+        assert (called is not None and called.name == "get_weather") or lane.data.answer_error, lane.data
+
+
+async def test_a_schema_goes_as_response_format_and_every_lane_answers_it(
+    vllm_url: str, tmp_path: Path
+) -> None:
+    """`[extract] method = "json"` with a schema: the schema goes as `response_format`, vLLM holds
+    each choice to it, and each lane's value is read in canonical form."""
+    tap = Tap()
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    extra = {"extract": {"method": "json", "schema": schema}}
+    config = loop_config(vllm_url, k=4, max_tokens=32, extra=extra)
+    result, events = await run_loop(config, tap, tmp_path)
+    (exchange,) = tap.exchanges
+    assert exchange.request["response_format"]["json_schema"]["schema"] == schema
+    answers = [e.data.answer for e in of_type(events, "lane.completed")]
+    assert all(a is not None and re.fullmatch(r'\{"answer":-?\d+\}', a) for a in answers), answers
+    assert result.status == "answered"
