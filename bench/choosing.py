@@ -1,7 +1,7 @@
 """The simulated figures of docs/choosing-a-loop.md, printed (the tests assert them; this prints
 them, with their closed forms, so the page's numbers come from a command).
 
-    PYTHONPATH=. .venv/bin/python bench/choosing.py [--seeds N]
+    .venv/bin/python bench/choosing.py [--seeds N]
 
 - adaptive_sample against parallel_sample: lanes used and accuracy over 200 questions whose
   accuracy is drawn from Beta(2, 1), `max_lanes = 40`, the beta rule at 0.95. Each lane's
@@ -11,16 +11,20 @@ them, with their closed forms, so the page's numbers come from a command).
   when each later attempt copies an earlier one with probability rho = 0.6 (p = 0.1), against
   `1 - (1-p)(1-(1-rho)p)^(N-1)`; with `explore = "different_approach"` (half the copy rate).
 - debate against a vote of as many calls: 3 agents, two rebuttal rounds (9 calls), p = 0.7
-  with an unbiased update, and p = 0.6 with an update biased toward the right answer.
+  with an unbiased update, and p = 0.6 with an update biased toward the right answer; each with
+  its closed form (`debate_closed_form`: the majority's chance in round 0 and after the
+  rebuttals, under the simulated backend's update) and the vote's, and the closed forms alone
+  for a biased update at p = 0.7.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import math
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -120,6 +124,38 @@ def _vote_of(k: int, p: float) -> float:
     return sum(math.comb(k, j) * p**j * (1 - p) ** (k - j) for j in range(k // 2 + 1, k + 1))
 
 
+def debate_closed_form(p: float, rounds: int, *, keep: float = 0.5, bias: float = 0.0) -> tuple[float, float]:
+    """The chance that the majority of three agents is right in round 0 and after `rounds`
+    rebuttals, where each agent is first right with probability p (else it gives the one
+    distractor) and each round keeps its answer with probability `keep`, else adopts the right
+    answer with probability `bias` when a peer has it, else a peer's at random: the simulated
+    backend's debate update (`debate_keep`, `debate_bias`), as tests/coordinators/test_debate.py
+    models it."""
+
+    def product(values: Iterable[float]) -> float:
+        return math.prod(values, start=1.0)
+
+    def majority(dist: dict[tuple[int, ...], float]) -> float:
+        return sum(weight for state, weight in dist.items() if sum(state) >= 2)
+
+    dist = {s: product(p if right else 1 - p for right in s) for s in itertools.product((0, 1), repeat=3)}
+    first = majority(dist)
+    for _ in range(rounds):
+        step: dict[tuple[int, ...], float] = {}
+        for state, weight in dist.items():
+            ways = []
+            for agent in range(3):
+                peers = [state[j] for j in range(3) if j != agent]
+                toward = bias if 1 in peers else 0.0
+                right = keep * state[agent] + (1 - keep) * (toward + (1 - toward) * sum(peers) / 2)
+                ways.append(((1, right), (0, 1 - right)))
+            for combo in itertools.product(*ways):
+                key = tuple(answer for answer, _ in combo)
+                step[key] = step.get(key, 0.0) + weight * product(q for _, q in combo)
+        dist = step
+    return first, majority(dist)
+
+
 def debate(seeds: int) -> None:
     print(f"\ndebate (3 agents, 2 rebuttal rounds = 9 calls, {seeds} seeds) against a vote of 9:")
     with tempfile.TemporaryDirectory() as runs:
@@ -147,7 +183,16 @@ def debate(seeds: int) -> None:
                     right += result.answer == "391"
                 said.append(f"{name} {right / seeds:.3f}")
             update = "biased toward the truth" if bias else "unbiased"
-            print(f"  p = {p}, {update} update: {', '.join(said)} (vote of 9 exact {_vote_of(9, p):.3f})")
+            first, after = debate_closed_form(p, 2, bias=bias)
+            print(
+                f"  p = {p}, {update} update: {', '.join(said)} (closed form: debate {after:.3f}, "
+                f"its round-0 majority of three {first:.3f}, vote of 9 {_vote_of(9, p):.3f})"
+            )
+    _, after = debate_closed_form(0.7, 2, bias=1.0)
+    print(
+        f"  p = 0.7, biased toward the truth, closed forms only: debate {after:.3f}, "
+        f"vote of 9 {_vote_of(9, 0.7):.3f}"
+    )
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """The evidence page's tables, printed from what the evidence runs recorded.
 
-    PYTHONPATH=. .venv/bin/python bench/evidence/report.py sweep RUNS_DIR SWEEP_ID [--keep DIR]
-    PYTHONPATH=. .venv/bin/python bench/evidence/report.py humaneval RUNS_DIR POOL_EVAL GREEDY_EVAL
+    .venv/bin/python bench/evidence/report.py sweep RUNS_DIR SWEEP_ID [--keep DIR]
+    .venv/bin/python bench/evidence/report.py humaneval RUNS_DIR POOL_EVAL GREEDY_EVAL
 
 `sweep`: for each loop and budget of an `orchestrator sweep`, what `fit` chose (its keys, the
 spend it expected from its pilot), what a question paid and the accuracy; a point read from a
