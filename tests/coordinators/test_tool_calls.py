@@ -134,6 +134,10 @@ def test_a_call_with_invalid_arguments_is_a_lane_without_answer_with_its_reason(
     assert lanes[1]["answer"] is None and lanes[1]["answer_error"] == "no JSON object in the text"
     assert "answer_error" not in lanes[2]
     assert result.status == "answered" and result.lanes_answered == 3
+    # the result says why too, as the log does (and the record checks it against the fold)
+    by_lane = {lane.lane: lane for lane in result.lanes}
+    assert by_lane[0].answer_error == "arguments.days: 'two' is not of type 'integer'"
+    assert by_lane[2].answer_error is None and "answer_error" not in by_lane[2].model_dump()
 
 
 def test_every_lane_without_a_valid_call_is_no_answer_with_the_reason(tmp_path: Path) -> None:
@@ -230,7 +234,9 @@ def test_judge_argmax_shows_the_judge_the_valid_calls(
     cfg = config("judge_argmax", judge=judge)
     backend = Seen(cfg, texts={2: "not a call"})
     result = lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="j", backend=backend, tools=TOOLS)
-    prompts = [r.prompt for r in backend.seen if r.purpose == "judge"]
+    judged = [r for r in backend.seen if r.purpose == "judge"]
+    assert all(not r.tools and r.schema is None for r in judged)  # a judge is sent no tools
+    prompts = [r.prompt for r in judged]
     assert len(prompts) == 4  # the lane without a valid call is not a candidate
     assert all(re.search(r"Candidate call: get_(weather|time)\(", p) for p in prompts)
     assert result.status == "answered" and result.answer == CANONICAL

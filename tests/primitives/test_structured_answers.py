@@ -15,9 +15,13 @@ from lanefold.primitives import (
     Ballot,
     ConfigError,
     ExtractSpec,
+    LaneRequest,
+    SampleRequest,
+    SamplingParams,
     ToolCall,
     canonical_json,
     describe_answer,
+    estimate_prompt_tokens,
     normalize_answer,
     parse_tools,
     read_answer,
@@ -192,3 +196,11 @@ def test_canonical_json_is_a_fixed_point_of_reading(value: object) -> None:
     assert read.answer == text
     if text[:1] in "{[":
         assert normalize_answer(text) == text
+
+
+def test_a_remote_backends_hold_counts_the_tools_it_sends() -> None:
+    """A server renders the tools into the prompt: the conservative estimate holds their bytes."""
+    bare = SampleRequest("Weather?", SamplingParams(), (LaneRequest(0, 1, 8),))
+    with_tools = SampleRequest("Weather?", SamplingParams(), (LaneRequest(0, 1, 8),), tools=TOOLS)
+    sent = sum(len((t.name + t.description + t.parameters).encode()) for t in TOOLS)
+    assert estimate_prompt_tokens(with_tools) == estimate_prompt_tokens(bare) + sent
