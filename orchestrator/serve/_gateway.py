@@ -18,6 +18,7 @@ What a request may say and the response it gets are `_gateway_wire`'s; streams a
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -142,7 +143,7 @@ def create_gateway(
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
     store = session.store
-    configs: dict[tuple[str, str, int | None, float | None, float | None], LoopConfig] = {}
+    configs: dict[tuple[str, str, int | None, float | None, float | None, str | None], LoopConfig] = {}
 
     def key_of(request: Request) -> GatewayKey | None:
         if keys is None:
@@ -161,12 +162,13 @@ def create_gateway(
         return found
 
     def config_for(ask: Ask) -> LoopConfig:
-        o = ask.options
-        cache = (ask.loop, ask.kind, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
+        o, how = ask.options, ask.answering.extract
+        answers = None if how is None else json.dumps(how, sort_keys=True)
+        cache = (ask.loop, ask.kind, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p, answers)
         if cache not in configs:
             if len(configs) >= 256:  # requests' ceilings and temperatures are many: keep it bounded
                 configs.clear()
-            configs[cache] = config_for_request(loops[ask.loop], o)
+            configs[cache] = config_for_request(loops[ask.loop], o, ask.answering)
         return configs[cache]
 
     async def models(request: Request) -> JSONResponse:
@@ -316,6 +318,9 @@ def create_gateway(
                 resume=go.idempotent,
                 config=config_for(ask),
                 conversation=ask.conversation,
+                turns_after=ask.turns_after,
+                tools=ask.answering.tools or None,
+                tool_choice=ask.answering.tool_choice,
                 caller=go.caller,
                 request_sha256=ask.digest,
                 pools=pools.pools(go.key) if pools is not None else (),

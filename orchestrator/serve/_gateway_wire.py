@@ -19,10 +19,13 @@ from lanefold.execution import LaneResult, RunResult
 from lanefold.primitives import (
     MAX_LANE_TOKENS,
     BudgetExhaustedError,
+    ChatMessage,
+    ConfigError,
     LanefoldError,
     RunState,
     normalize_answer,
 )
+from lanefold.serve._gateway_tools import Answering, answering, reply_message, turns_of
 from lanefold.serve._guard import HTTPError
 from lanefold.serve._keys import GatewayKey
 from lanefold.serve._outcomes import told
@@ -46,10 +49,8 @@ __all__ = (
 
 # Fields a loop cannot honour: refused by name rather than silently dropped.
 _REFUSED = {
-    "tools": "a loop answers in text; tool calls are not supported",
-    "tool_choice": "a loop answers in text; tool calls are not supported",
-    "functions": "a loop answers in text; function calls are not supported",
-    "function_call": "a loop answers in text; function calls are not supported",
+    "functions": "the legacy functions are not supported: send them as tools",
+    "function_call": "the legacy function_call is not supported: send tool_choice",
     "logprobs": "a loop's answer is reduced from many lanes; it has no logprobs",
     "top_logprobs": "a loop's answer is reduced from many lanes; it has no logprobs",
     "logit_bias": "a loop samples with its config's settings; logit_bias is not supported",
@@ -119,6 +120,9 @@ def gateway_run_id(caller: str, idempotency_key: str) -> str:
     return f"gw-{digest[:32]}"
 
 
+_TEXT = Answering()  # a request without tools or response_format: the loop's own answers
+
+
 @dataclass(frozen=True, slots=True)
 class Ask:
     """One request to a loop, checked."""
@@ -126,9 +130,11 @@ class Ask:
     loop: str
     kind: str  # "chat.completion" or "text_completion"
     question: str
-    conversation: tuple[tuple[str, str], ...] | None  # a chat's turns before the question
+    conversation: tuple[ChatMessage, ...] | None  # a chat's turns before the question
     options: Options
     digest: str
+    answering: Answering = _TEXT  # its tools, or the JSON its lanes answer with
+    turns_after: tuple[ChatMessage, ...] = ()  # a chat's turns after the question (calls, results)
 
 
 def _validated(data: Any, model: type[Options]) -> Options:
@@ -138,14 +144,16 @@ def _validated(data: Any, model: type[Options]) -> Options:
         value = data.get(name)
         if value not in (None, False, [], {}) and not (name == "logprobs" and value == 0):
             raise HTTPError(400, f"{name}: {why}", param=name, code="unsupported_parameter")
-    response_format = data.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type", "text") != "text":
-        raise HTTPError(
-            400,
-            "response_format: a loop answers in text",
-            param="response_format",
-            code="unsupported_parameter",
-        )
+    if model is Completion:  # calls and structured answers are a chat's
+        for name in ("tools", "tool_choice", "response_format"):
+            value = data.get(name)
+            if value not in (None, [], {}) and not (name == "response_format" and value == {"type": "text"}):
+                raise HTTPError(
+                    400,
+                    f"{name}: a completion answers in text; send it as a chat",
+                    param=name,
+                    code="unsupported_parameter",
+                )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -157,12 +165,9 @@ def parse_ask(loop: str, kind: str, body: dict[str, Any]) -> Ask:
     if kind == "chat.completion":
         chat = _validated(body, Chat)
         assert isinstance(chat, Chat)
-        turns = [("system" if m.role == "developer" else m.role, m.text()) for m in chat.messages]
-        if turns[-1][0] != "user":
-            raise HTTPError(400, "messages: the last message must be the user's question", param="messages")
-        if not turns[-1][1].strip():
-            raise HTTPError(400, "messages: the last user message is empty", param="messages")
-        return Ask(loop, kind, turns[-1][1], tuple(turns[:-1]), chat, request_digest(body))
+        how = answering(body)
+        turns = turns_of(chat.messages)
+        return Ask(loop, kind, turns.question, turns.before, chat, request_digest(body), how, turns.after)
     completion = _validated(body, Completion)
     assert isinstance(completion, Completion)
     prompt = completion.prompt
@@ -175,15 +180,19 @@ def parse_ask(loop: str, kind: str, body: dict[str, Any]) -> Ask:
     return Ask(loop, kind, prompt, None, completion, request_digest(body))
 
 
-def config_for_request(config: LoopConfig, options: Options) -> LoopConfig:
+def config_for_request(config: LoopConfig, options: Options, how: Answering | None = None) -> LoopConfig:
     """The loop's config with the request's ceiling and the sampling fields it lets a request
     set (`[sampling] from_request`); for a completion, `[prompt] form = "auto"` made the form
     the run sends (raw text where the backend takes it, as OpenAI means a completion), so the
-    run records it and a resume sends the same."""
+    run records it and a resume sends the same. A request with tools or a `response_format`
+    reads its lanes' calls or JSON values (`[extract]` replaced): a loop that cannot reduce
+    them is a 400 naming the field."""
     ceiling = options.max_completion_tokens or options.max_tokens
     raw = config.model_dump(mode="json")
     sampling = raw["sampling"]
     changed = False
+    if how is not None and how.extract is not None:
+        raw["extract"], changed = dict(how.extract), True
     if isinstance(options, Completion) and config.prompt.form == "auto":
         raw["prompt"]["form"], changed = config.prompt_form(completion=True), True
     if ceiling is not None and ceiling < sampling["max_tokens"]:
@@ -192,7 +201,13 @@ def config_for_request(config: LoopConfig, options: Options) -> LoopConfig:
         value = getattr(options, name)
         if value is not None and value != sampling[name]:
             sampling[name], changed = value, True
-    return parse_config(raw, folder=config.folder) if changed else config
+    if not changed:
+        return config
+    try:
+        return parse_config(raw, folder=config.folder)
+    except ConfigError as exc:
+        param = "tools" if how is not None and how.calls else "response_format"
+        raise HTTPError(400, f"{param}: this loop cannot answer so: {exc}", param=param) from None
 
 
 def _usage(result: RunResult) -> dict[str, Any]:
@@ -209,8 +224,8 @@ def _usage(result: RunResult) -> dict[str, Any]:
     }
 
 
-def _choices(result: RunResult, state: RunState | None, n: int) -> list[tuple[str, str | None]]:
-    """(text, finish_reason) of the top `n` distinct answers: the winner first, then by votes
+def _choices(result: RunResult, state: RunState | None, n: int) -> list[tuple[str | None, str, str | None]]:
+    """(answer, text, finish_reason) of the top `n` distinct answers: the winner first, then by votes
     (or by score), each from its first lane that gave it."""
     texts: dict[tuple[int, int], tuple[str | None, str | None]] = {}
     if state is not None:
@@ -225,7 +240,9 @@ def _choices(result: RunResult, state: RunState | None, n: int) -> list[tuple[st
         ),
         "stop",
     )
-    chosen: list[tuple[str, str | None]] = [(result.winner_text or "", winner_finish or "stop")]
+    chosen: list[tuple[str | None, str, str | None]] = [
+        (result.answer, result.winner_text or "", winner_finish or "stop")
+    ]
     if n == 1 or result.answer is None:
         return chosen
     if result.votes:
@@ -246,7 +263,7 @@ def _choices(result: RunResult, state: RunState | None, n: int) -> list[tuple[st
             continue
         text, finish = texts.get((lane.wave, lane.lane), (None, None))
         if text is not None:
-            chosen.append((text, finish or "stop"))
+            chosen.append((answer, text, finish or "stop"))
     return chosen
 
 
@@ -292,13 +309,13 @@ def response_body(ask: Ask, result: RunResult, state: RunState | None, created: 
             raise NoAnswer(lanefold)
         lane, text = best
         lanefold["served_lane"] = {"wave": lane.wave, "lane": lane.lane}
-        chosen: list[tuple[str, str | None]] = [(text, "no_answer")]
+        chosen: list[tuple[str | None, str, str | None]] = [(None, text, "no_answer")]
     else:
         chosen = _choices(result, state, ask.options.n)
     choices = []
-    for i, (text, finish) in enumerate(chosen):
+    for i, (answer, text, finish) in enumerate(chosen):
         if ask.kind == "chat.completion":
-            message = {"role": "assistant", "content": text}
+            message, finish = reply_message(ask.answering, answer, text, finish, result.run_id, i)
             choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
         else:
             choices.append({"index": i, "text": text, "finish_reason": finish, "logprobs": None})
