@@ -11,8 +11,8 @@ Keys (`Keys`, `KeyPools`) say who may call which loop, from which budget (`key:<
 store) and how many requests at once; an
 `Idempotency-Key` header makes the run id a function of (key, idempotency key), so a retry
 returns the record, resumes the interrupted run, or is told the run is live elsewhere (409).
-What a request may say and the response it gets are `_gateway_wire`'s; streams are
-`_gateway_stream`'s.
+What a request may say is `_gateway_wire`'s (its tools, `response_format` and a chat's calls
+`_gateway_tools`'), the response it gets `_gateway_reply`'s; streams are `_gateway_stream`'s.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from lanefold.primitives import (
 )
 from lanefold.primitives.events import AnyEvent
 from lanefold.primitives.internal import stopped_for_budget
+from lanefold.serve._gateway_reply import response_body
 from lanefold.serve._gateway_stream import LoopStream, Replay
 from lanefold.serve._gateway_wire import (
     Ask,
@@ -53,7 +54,6 @@ from lanefold.serve._gateway_wire import (
     out_of_quota,
     parse_ask,
     refused,
-    response_body,
 )
 from lanefold.serve._guard import (
     HTTPError,

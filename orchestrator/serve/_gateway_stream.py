@@ -15,7 +15,8 @@ from starlette.types import Receive, Scope, Send
 from lanefold.execution import RunResult
 from lanefold.primitives import LanefoldError, RunState
 from lanefold.primitives.events import AnyEvent, LaneCompleted, LaneDispatched, LaneFailed
-from lanefold.serve._gateway_wire import Ask, Go, NoAnswer, refused, response_body
+from lanefold.serve._gateway_reply import NoAnswer, response_body
+from lanefold.serve._gateway_wire import Ask, Go, refused
 from lanefold.serve._guard import HTTPError, Stopping
 
 __all__ = ("LoopStream", "Replay")
