@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+import jsonschema.exceptions
+
 from lanefold.primitives import (
     ChatMessage,
     ConfigError,
@@ -97,6 +100,12 @@ def _response_format(raw: object) -> Mapping[str, Any] | None:
     schema = spec.get("schema", {}) if isinstance(spec, Mapping) else None
     if not isinstance(schema, Mapping):
         raise _bad("response_format.json_schema.schema", "expected a JSON Schema object")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "".join(f".{p}" for p in exc.path)
+        why = " ".join(exc.message.split())[:160]
+        raise _bad(f"response_format.json_schema.schema{where}", f"not a JSON Schema ({why})") from None
     return {"method": "json", "schema": dict(schema)}
 
 

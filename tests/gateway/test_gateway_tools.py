@@ -145,6 +145,11 @@ def test_a_keys_hold_is_exact_with_the_tools_and_the_calls_a_template_renders(tm
             "response_format.json_schema.schema",
             "expected a JSON Schema object",
         ),
+        (
+            {"tools": [], "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+            "response_format.json_schema.schema.type",
+            "not a JSON Schema",
+        ),
     ],
     ids=[
         "tool turn without its call",
@@ -156,6 +161,7 @@ def test_a_keys_hold_is_exact_with_the_tools_and_the_calls_a_template_renders(tm
         "a choice of no tool",
         "a tool of no object",
         "a schema of no object",
+        "no JSON Schema",
     ],
 )
 def test_a_bad_tools_request_is_a_400_naming_the_place(
