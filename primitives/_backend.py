@@ -28,6 +28,7 @@ __all__ = (
     "LaneRequest",
     "LaneTokens",
     "Loadable",
+    "MessageToolCall",
     "Sample",
     "SampleRequest",
     "SamplingParams",
@@ -89,12 +90,25 @@ class LaneRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageToolCall:
+    """A call an assistant turn made, as OpenAI's `tool_calls` items hold it: its `id`, the
+    function's `name` and its `arguments` as JSON text (hashable, as a request must be)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One turn of a conversation: `role` is "system", "developer", "user", "assistant" or
     "tool"."""
 
     role: str
     content: str
+    tool_calls: tuple[MessageToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str | None = None  # a "tool" turn: the call it answers
+    name: str | None = None  # a "tool" turn: the function's name, where the client gave it
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,14 +288,21 @@ class StreamingBackend(Backend, Protocol):
 
 def estimate_prompt_tokens(request: SampleRequest) -> int:
     """A conservative count of `request`'s prompt tokens for a backend that cannot count them:
-    the UTF-8 bytes of what is sent (the messages' contents, else the prompt as one message,
-    and the tools' JSON, which a server renders into the prompt) plus the chat template's
+    the UTF-8 bytes of what is sent (the messages' contents and calls, else the prompt as one
+    message, and the tools' JSON, which a server renders into the prompt) plus the chat template's
     markers (`REQUEST_MARGIN`, and `MESSAGE_MARGIN` per message). An actual count above it is
     recorded as `budget.overrun`, never silently."""
     if request.messages is None:
         texts: tuple[str, ...] = (request.prompt,)
     else:
-        texts = tuple(m.content for m in request.messages)
+        # a turn's calls and a result's call id are sent as well as its content
+        texts = tuple(
+            m.content
+            + "".join(c.id + c.name + c.arguments for c in m.tool_calls)
+            + (m.tool_call_id or "")
+            + (m.name or "")
+            for m in request.messages
+        )
     tools = tuple(tool.name + tool.description + tool.parameters for tool in request.tools)
     body = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts + tools)
     return body + REQUEST_MARGIN + MESSAGE_MARGIN * len(texts)

@@ -66,10 +66,12 @@ from lanefold.primitives.events import (
     LaneFailed,
     LaneFailedData,
     ReservationData,
+    Turn,
     UsageData,
     WaveStarted,
     WaveStartedData,
     bill_of,
+    turn_message,
 )
 
 __all__ = ("Dispatcher", "LaneJob", "RetryPolicy", "WaveSpec", "check_sendable", "lane_seed", "request_size")
@@ -184,9 +186,10 @@ class Dispatcher:
         sleep: Callable[[float], object] = anyio.sleep,
         rng: random.Random | None = None,
         logger: structlog.stdlib.BoundLogger | None = None,
-        conversation: Sequence[tuple[str, str]] | None = None,
+        conversation: Sequence[tuple[str, str] | Turn] | None = None,
         form: PromptForm | None = None,
         extract: ExtractSpec | None = None,
+        turns_after: Sequence[tuple[str, str] | Turn] = (),
     ) -> None:
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.extract = extract  # the run's: what a sampled request is held for (its tools)
@@ -200,10 +203,9 @@ class Dispatcher:
             ledger,
             max_concurrency=max_concurrency,
             slots=slots,
-            conversation=None
-            if conversation is None
-            else tuple(ChatMessage(role, content) for role, content in conversation),
+            conversation=None if conversation is None else tuple(map(turn_message, conversation)),
             form=form,
+            turns_after=tuple(map(turn_message, turns_after)),
         )
         self._settle = _Settler(recorder, ledger, log)
         self._attempts = _Attempts(
@@ -297,11 +299,12 @@ class _Planner:
         slots: LaneSlots,
         conversation: tuple[ChatMessage, ...] | None = None,
         form: PromptForm | None = None,
+        turns_after: tuple[ChatMessage, ...] = (),
     ) -> None:
-        check_sendable(form, conversation)
+        check_sendable(form, (*(conversation or ()), *turns_after))
         self.backend, self.recorder, self.ledger = backend, recorder, ledger
         self.max_concurrency, self._slots = max_concurrency, slots
-        self.conversation, self.form = conversation, form
+        self.conversation, self.form, self.turns_after = conversation, form, turns_after
         self._token_cache: dict[SampleRequest, int] = {}
 
     def messages(self, spec: WaveSpec, prompt: str) -> tuple[ChatMessage, ...] | None:
@@ -315,10 +318,12 @@ class _Planner:
         backend's own settings rendered (an engine's `chat_template`, an OpenAI `api`)."""
         if self.form == "raw":
             return None
-        chat = self.conversation if spec.bill == "sample" else None
+        sampled = spec.bill == "sample"
+        chat = self.conversation if sampled else None
         if self.form is None and chat is None:
             return None
-        return (*(chat or ()), ChatMessage("user", prompt))
+        # an agent's calls and their results after the question go after it, in their order
+        return (*(chat or ()), ChatMessage("user", prompt), *(self.turns_after if sampled else ()))
 
     def request(self, spec: WaveSpec, prompt: str) -> SampleRequest:
         """The request a group of `spec`'s lanes sharing `prompt` sends, less its lanes: what

@@ -92,6 +92,8 @@ class LaneResult(BaseModel):
     wave: int = 1
     status: str  # completed, failed, interrupted, pending
     answer: str | None
+    # why a completed lane has no answer, where the extractor says (an invalid call or value)
+    answer_error: str | None = Field(None, exclude_if=lambda v: v is None)
     score: float | None
     finish_reason: str | None
     tokens: int  # output tokens the lane decoded
@@ -181,6 +183,7 @@ def _lanes(state: RunState, outcome: Outcome | None) -> list[LaneResult]:
             wave=w.wave,
             status=s.status,
             answer=s.answer,
+            answer_error=s.answer_error,
             score=_score(outcome, w.wave, s.lane) if outcome is not None else None,
             finish_reason=s.finish_reason,
             tokens=s.usage.output_tokens if s.status == "completed" and s.usage else 0,

@@ -4,7 +4,7 @@ Every field the log determines is checked against the fold, so an edited copy is
 every reader (and the gateway serves nothing the fold did not give):
 
 - who and what: `run_id`, `question`, `resumes`; the bill (`usage` and `cost`), line by line;
-- the lanes as the log tells them (status, answer, finish reason, tokens, attempts), with
+- the lanes as the log tells them (status, answer and why none, finish reason, tokens, attempts), with
   each lane's `score` as the cited reduce gave it (none where no reduce is cited); the counts;
 - the reduce it cites: `reducer`, `answer`, `winner_lane`, `votes`, `scores`, `tie_break`,
   `agreement` and `margin` as `reduce.completed` records them; a result that cites none names
@@ -168,6 +168,7 @@ def _check_lanes(state: RunState, result: dict[str, Any], reduce: ReduceComplete
             s.finish_reason,
             s.usage.output_tokens if s.status == "completed" and s.usage else 0,
             s.attempts,
+            s.answer_error,
             reduce.scores.get(s.lane) if reduce is not None and scored in (None, w.wave) else None,
         )
         for _, w in sorted(state.waves.items())
@@ -177,7 +178,9 @@ def _check_lanes(state: RunState, result: dict[str, Any], reduce: ReduceComplete
     lanes = result.get("lanes")
     try:
         claimed = (
-            [(*_LANE_CLAIMS(lane), lane.get("score")) for lane in lanes] if isinstance(lanes, list) else None
+            [(*_LANE_CLAIMS(lane), lane.get("answer_error"), lane.get("score")) for lane in lanes]
+            if isinstance(lanes, list)
+            else None
         )
     except (KeyError, TypeError, AttributeError):  # a lane that is not one, or lacks a claim
         claimed = None

@@ -118,8 +118,15 @@ def read_structured(
     where given) or "tool_call" (a call of one of `tools`, its arguments valid under that
     tool's parameters; a `tool_choice` naming a tool admits that one only). The value is the
     whole text (a Markdown code fence around it allowed), else the last JSON object (for
-    "json", or array) in it; for a call, an object `{"name": ..., "arguments": {...}}`."""
+    "json", or array) in it; for a call, an object `{"name": ..., "arguments": {...}}`. Under
+    `tool_choice` "auto" a text with no call in it (no object with a `name`) is the model's
+    reply instead, the whole text its answer."""
     found = _value_in(text, objects_only=method == "tool_call")
+    if method == "tool_call" and tool_choice == "auto" and _prose(found):
+        # "auto" lets the model answer instead of calling: a text with no call in it is its
+        # reply, the whole text (a call attempted and invalid stays no answer, with its reason)
+        reply = text.strip()
+        return AnswerRead(reply) if reply else AnswerRead(None, "the text is empty")
     if isinstance(found, str):
         return AnswerRead(None, found)
     try:
@@ -176,6 +183,11 @@ def _last_embedded(text: str, decoder: json.JSONDecoder, openers: str) -> Any:
         nexts = [i for i in (text.find(c, end) for c in openers) if i != -1]
         index = min(nexts, default=-1)
     return last
+
+
+def _prose(found: tuple[Any] | str) -> bool:
+    """Whether what `_value_in` found is no call attempted: no object, or one without `name`."""
+    return isinstance(found, str) or not (isinstance(found[0], dict) and "name" in found[0])
 
 
 def _no_constant(name: str) -> Any:

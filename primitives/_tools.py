@@ -89,8 +89,9 @@ def parse_tools(raw: object, *, where: str = "tools") -> tuple[ToolSpec, ...]:
         raise ConfigError(f"{where}: expected a list of tools, got {type(raw).__name__}")
     tools: list[ToolSpec] = []
     for index, item in enumerate(raw):
+        if isinstance(item, ToolSpec):
+            _check_name(item.name, f"{where}[{index}]")
         tools.append(item if isinstance(item, ToolSpec) else _tool(item, f"{where}[{index}]"))
-        _check_name(tools[-1].name, f"{where}[{index}]")
     names = [tool.name for tool in tools]
     for index, name in enumerate(names):
         if name in names[:index]:
@@ -115,6 +116,7 @@ def _tool(item: object, where: str) -> ToolSpec:
     name, description = function.get("name"), function.get("description", "")
     if not isinstance(name, str):
         raise ConfigError(f"{where}.name: expected the function's name, a string")
+    _check_name(name, where)  # named where the client wrote it (`tools[0].function.name`)
     if not isinstance(description, str):
         raise ConfigError(f"{where}.description: expected a string")
     parameters = function.get("parameters", {"type": "object", "properties": {}})

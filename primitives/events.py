@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from lanefold.primitives._backend import Usage
+from lanefold.primitives._backend import ChatMessage, MessageToolCall, Usage
 
 __all__ = (
     "EVENT_TYPES",
@@ -71,6 +71,8 @@ __all__ = (
     "RunResumedData",
     "RunStarted",
     "RunStartedData",
+    "Turn",
+    "TurnCall",
     "UsageData",
     "WaveBarrier",
     "WaveBarrierData",
@@ -80,6 +82,8 @@ __all__ = (
     "hash_config",
     "newer_schema",
     "parse_event",
+    "recorded_turn",
+    "turn_message",
 )
 
 
@@ -162,6 +166,55 @@ def hash_config(config: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class TurnCall(_Frozen):
+    """A call an assistant turn of a chat made, as `run.started` records it (`MessageToolCall`)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as the client sent it
+
+
+class Turn(_Frozen):
+    """A turn of a chat with tools, as `run.started` records it: an assistant turn's
+    `tool_calls`, or a `tool` turn's result with the `tool_call_id` it answers (and the
+    function's `name` where the client gave it). A plain turn is recorded as `[role, content]`."""
+
+    role: str
+    content: str
+    tool_calls: list[TurnCall] | None = Field(None, exclude_if=_absent)
+    tool_call_id: str | None = Field(None, exclude_if=_absent)
+    name: str | None = Field(None, exclude_if=_absent)
+
+    def message(self) -> ChatMessage:
+        """The turn as a backend is sent it."""
+        calls = tuple(MessageToolCall(c.id, c.name, c.arguments) for c in self.tool_calls or ())
+        return ChatMessage(self.role, self.content, calls, self.tool_call_id, self.name)
+
+
+def recorded_turn(message: ChatMessage) -> tuple[str, str] | Turn:
+    """How `run.started` records a turn: `[role, content]` where that is all it says (as every
+    chat's turns were recorded before tools), else a `Turn`."""
+    if not message.tool_calls and message.tool_call_id is None and message.name is None:
+        return (message.role, message.content)
+    calls = [TurnCall(id=c.id, name=c.name, arguments=c.arguments) for c in message.tool_calls]
+    return Turn(
+        role=message.role,
+        content=message.content,
+        tool_calls=calls or None,
+        tool_call_id=message.tool_call_id,
+        name=message.name,
+    )
+
+
+def turn_message(turn: tuple[str, str] | Turn | ChatMessage) -> ChatMessage:
+    """A recorded turn (or one given as `(role, content)`) as a backend is sent it."""
+    if isinstance(turn, ChatMessage):
+        return turn
+    if isinstance(turn, Turn):
+        return turn.message()
+    return ChatMessage(turn[0], turn[1])
+
+
 class RunStartedData(_Frozen):
     """The data of `run.started`."""
 
@@ -176,7 +229,11 @@ class RunStartedData(_Frozen):
     # A chat's run (the loop gateway's): its turns before the question, (role, content) each,
     # which every sampled lane sends ahead of its prompt (the user's turn) through the
     # backend's chat template; empty where the question is the chat's only turn.
-    conversation: list[tuple[str, str]] | None = Field(None, exclude_if=_absent)
+    # A turn with tool calls or a tool's result is a `Turn` object.
+    conversation: list[tuple[str, str] | Turn] | None = Field(None, exclude_if=_absent)
+    # A chat whose last user turn (the question) is followed by more (an agent's calls and
+    # their tools' results): those turns, sent after the question in every sampled lane.
+    turns_after: list[tuple[str, str] | Turn] | None = Field(None, exclude_if=_absent)
     # Who asked (a gateway key's name, never the key) and the sha256 of what they sent: an
     # idempotent retry with another body is refused by it.
     caller: str | None = Field(None, exclude_if=_absent)

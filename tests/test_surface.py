@@ -89,6 +89,7 @@ PRIMITIVES_PUBLIC = frozenset(
         "LoopContext",
         "MAX_LANE_TOKENS",
         "MemoryEventLog",
+        "MessageToolCall",
         "NonDeterminismError",
         "NotOfKindError",
         "Outcome",

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanefold.backends.openai._config import OpenAIConfig
 from lanefold.backends.openai._usage import Tally
 from lanefold.primitives import TOOL_CHOICES, ConfigError, SampleRequest, canonical_json
+from lanefold.primitives import ChatMessage as Turn  # the wire has its own ChatMessage, a reply
 
 __all__ = (
     "ChatResponse",
@@ -298,7 +299,7 @@ def build_body(
         else:  # a conversation goes as its own turns (a system turn replaces system_prompt)
             if any(m.role in ("system", "developer") for m in request.messages):
                 messages = []
-            messages += [{"role": m.role, "content": m.content} for m in request.messages]
+            messages += [_message(m) for m in request.messages]
         body["messages"] = messages
         if logprobs:
             body["logprobs"] = True
@@ -322,3 +323,20 @@ def build_body(
     if params.ignore_eos:
         body["ignore_eos"] = True  # vLLM's and llama.cpp's extension, likewise
     return body
+
+
+def _message(message: Turn) -> dict[str, Any]:
+    """A turn as OpenAI's API takes it: an assistant's calls as `tool_calls` (content null
+    where it said nothing else), a tool's result with the `tool_call_id` it answers."""
+    turn: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        turn["content"] = message.content or None
+        turn["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        turn["name"] = message.name
+    return turn

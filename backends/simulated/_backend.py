@@ -5,9 +5,11 @@ wave and lane) and the attempt number, so a re-dispatched lane says the same thi
 on one attempt need not repeat on the next. Each lane of a request lands after its own latency.
 By purpose: "judge" scores the last `Answer:` in its prompt; "refine" may copy an earlier
 attempt; "debate" keeps its answer or adopts a peer's; `script` rules answer any purpose;
-everything else samples afresh. A request that carries tools or a schema (a run answering with
-calls or JSON values) gets the answer alone as the lane's text, as a constrained model writes
-it: `answer` and `distractors` are then JSON texts, and `vary_json` spells each lane's its own way.
+everything else samples afresh. A request that carries tools (its `tool_choice` not "none") or
+a schema (a run answering with calls or JSON values) gets the answer alone as the lane's text, as
+a constrained model writes it: `answer` and `distractors` are then JSON texts, and `vary_json`
+spells each lane's its own way; once the history holds tools' results, `after_tool_results`
+says what every lane answers next (an agent's next call, or its reply in prose).
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ class SimulatedBackend:
 
     def count_prompt_tokens(self, request: SampleRequest) -> int | None:
         """Exact: what `sample` bills the request's prompt, `prompt_tokens` plus
-        `template_tokens` per message of a chat request."""
+        `template_tokens` per message of a chat request and per tool it carries (a template
+        renders each into the prompt)."""
         cfg = self.config
-        return cfg.prompt_tokens + (cfg.template_tokens * len(request.messages) if request.messages else 0)
+        rendered = len(request.messages) + len(request.tools) if request.messages else 0
+        return cfg.prompt_tokens + cfg.template_tokens * rendered
 
     async def sample(self, request: SampleRequest) -> AsyncIterator[LaneOutcome]:
         """Each lane lands after its own latency (drawn from its seed and attempt)."""
@@ -195,10 +199,16 @@ class SimulatedBackend:
             text = self._debate(prompt, rng)
         else:
             text = self._fresh(prompt, rng)
-        if request.tools or request.schema is not None:
-            answer = _ANSWER_IN_PROMPT.findall(text)[-1]
+        if request.schema is not None or (request.tools and request.tool_choice != "none"):
+            answer = self._after_tools(request) or _ANSWER_IN_PROMPT.findall(text)[-1]
             return respell(answer, rng) if self.config.vary_json else answer
         return text
+
+    def _after_tools(self, request: SampleRequest) -> str | None:
+        """`after_tool_results`' answer for a request whose history holds tool results."""
+        later = self.config.after_tool_results
+        results = sum(1 for m in request.messages or () if m.role == "tool")
+        return later[min(results, len(later)) - 1] if later and results else None
 
     def _fresh(self, prompt: str, rng: random.Random) -> str:
         """A fresh sample: right with the question's accuracy, else a distractor."""

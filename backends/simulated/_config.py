@@ -64,8 +64,8 @@ class SimulatedConfig(BaseModel):
     latency_ms: tuple[float, float] = (0.0, 0.0)
     failure_rate: float = Field(0.0, ge=0, le=1)
     prompt_tokens: LaneTokens = Field(64, ge=0)
-    # A chat request's messages each cost this many more prompt tokens, as a chat template's
-    # markers would: held and billed alike (0: no template).
+    # A chat request's messages (and the tools it carries) each cost this many more prompt
+    # tokens, as a chat template's markers would: held and billed alike (0: no template).
     template_tokens: LaneTokens = Field(0, ge=0)
     output_tokens: LaneTokens = Field(48, ge=1)
     shares_prefix: bool = True  # a request's lanes share its prompt's prefill
@@ -92,6 +92,10 @@ class SimulatedConfig(BaseModel):
     # JSON text; with `vary_json` each lane spells it its own way (keys in another order,
     # numbers as 2.0 or 20e-1, spaces), as lanes of a real model do.
     vary_json: bool = False
+    # An agent's later steps: a request whose messages hold n tool results (n >= 1) is answered
+    # by every lane with the n-th entry (the last past the end), a call's JSON or a reply in
+    # prose, as a model answers once its tools have spoken. Empty: `answer` at every step.
+    after_tool_results: list[str] = []
 
     @field_validator("difficulty")
     @classmethod

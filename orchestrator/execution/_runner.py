@@ -47,6 +47,7 @@ from lanefold.primitives.events import (
     RunFailedData,
     RunInterrupted,
     RunInterruptedData,
+    Turn,
     UsageData,
 )
 from lanefold.primitives.internal import (
@@ -202,9 +203,12 @@ def context(
     tools."""
     started = recorder.state.started
     conversation = started.conversation if started is not None else None
+    after = (started.turns_after if started is not None else None) or ()
     form = config.prompt_form()
     extract = run_extract(extract or config.extract, recorder.state)  # bound to the run's tools
-    dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, form, conversation, extract)
+    dispatcher = _dispatcher(
+        config, backend, recorder, ledger, limiter, log, form, conversation, extract, turns_after=after
+    )
     judge = (
         _dispatcher(
             config, judge_backend, recorder, ledger, limiter, log, config.prompt_form(config.judge.backend)
@@ -301,8 +305,10 @@ def _dispatcher(
     limiter: anyio.CapacityLimiter | None,
     log: structlog.stdlib.BoundLogger,
     form: PromptForm | None,
-    conversation: Sequence[tuple[str, str]] | None = None,
+    conversation: Sequence[tuple[str, str] | Turn] | None = None,
     extract: ExtractSpec | None = None,
+    *,
+    turns_after: Sequence[tuple[str, str] | Turn] = (),
 ) -> Dispatcher:
     retry = config.retry
     return Dispatcher(
@@ -324,6 +330,7 @@ def _dispatcher(
         conversation=conversation,
         form=form,
         extract=extract,
+        turns_after=turns_after,
     )
 
 

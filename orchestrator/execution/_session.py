@@ -56,6 +56,7 @@ from lanefold.execution._runner import (
 from lanefold.execution._store import Store, fold_record, open_store, read_state
 from lanefold.primitives import (
     Backend,
+    ChatMessage,
     ConfigError,
     EventLog,
     ExtractSpec,
@@ -68,7 +69,14 @@ from lanefold.primitives import (
     ToolSpec,
     Verifier,
 )
-from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
+from lanefold.primitives.events import (
+    RunResumed,
+    RunResumedData,
+    RunStarted,
+    RunStartedData,
+    recorded_turn,
+    turn_message,
+)
 from lanefold.primitives.internal import HookRunner, Recorder, check_sendable, failed_result, plugin_folders
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
@@ -84,12 +92,13 @@ class _Origin:
     """What a run is started with beyond its question (see `Session.run`)."""
 
     config: LoopConfig | None = None
-    conversation: tuple[tuple[str, str], ...] | None = None
+    conversation: tuple[ChatMessage, ...] | None = None
     caller: str | None = None
     request_sha256: str | None = None
     pools: tuple[str, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str | None = None
+    turns_after: tuple[ChatMessage, ...] = ()
 
 
 class Session:
@@ -218,12 +227,13 @@ class Session:
         log: EventLog | None = None,
         stop_reason: Callable[[], str] = lambda: "cancelled",
         config: LoopConfig | None = None,
-        conversation: Sequence[tuple[str, str]] | None = None,
+        conversation: Sequence[tuple[str, str] | ChatMessage] | None = None,
         caller: str | None = None,
         request_sha256: str | None = None,
         pools: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any] | ToolSpec] | None = None,
         tool_choice: str | None = None,
+        turns_after: Sequence[ChatMessage] = (),
     ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
@@ -243,7 +253,10 @@ class Session:
         counted on the budget that refused. `tools` (OpenAI's `tools` list, bare functions or
         `ToolSpec`s) and `tool_choice` ("auto", "required", "none" or a tool's name) are the
         run's: recorded in its `run.started`, sent with every sampled lane, and what an
-        `[extract] method = "tool_call"` answer calls (that method needs them).
+        `[extract] method = "tool_call"` answer calls (that method needs them). A turn of
+        `conversation` may be a `ChatMessage` with an assistant's `tool_calls` or a tool's
+        result; `turns_after` are a chat's turns after its question (an agent's calls and their
+        results since the user asked), sent after the prompt in every sampled lane.
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -260,12 +273,13 @@ class Session:
                 return await self._go_on(run_id, question, observer, stop_reason)
             started = _Origin(
                 config,
-                None if conversation is None else tuple(conversation),
+                None if conversation is None else tuple(map(turn_message, conversation)),
                 caller,
                 request_sha256,
                 tuple(pools),
                 given,
                 tool_choice,
+                tuple(turns_after),
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
@@ -287,7 +301,8 @@ class Session:
         if origin.config is not None:
             preflight(origin.config, "config", verifier_given=self._verifier is not None)
         config = (origin.config or self.config).with_seed(seed)
-        check_sendable(config.prompt_form(), origin.conversation)  # refused before any record
+        # refused before any record
+        check_sendable(config.prompt_form(), (*(origin.conversation or ()), *origin.turns_after))
         check_calls(config.extract, origin.tools)
         backend, judge_backend = await self.backends_for(config)
         await self._load_given()
@@ -316,7 +331,10 @@ class Session:
                             backend=backend.name,
                             library_version=VERSION,
                             config_dir=config.folder or self._config_dir(),
-                            conversation=None if origin.conversation is None else list(origin.conversation),
+                            conversation=None
+                            if origin.conversation is None
+                            else [recorded_turn(m) for m in origin.conversation],
+                            turns_after=[recorded_turn(m) for m in origin.turns_after] or None,
                             caller=origin.caller,
                             request_sha256=origin.request_sha256,
                             pools=list(names) or None,

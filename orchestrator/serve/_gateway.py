@@ -11,13 +11,14 @@ Keys (`Keys`, `KeyPools`) say who may call which loop, from which budget (`key:<
 store) and how many requests at once; an
 `Idempotency-Key` header makes the run id a function of (key, idempotency key), so a retry
 returns the record, resumes the interrupted run, or is told the run is live elsewhere (409).
-What a request may say and the response it gets are `_gateway_wire`'s; streams are
-`_gateway_stream`'s.
+What a request may say is `_gateway_wire`'s (its tools, `response_format` and a chat's calls
+`_gateway_tools`'), the response it gets `_gateway_reply`'s; streams are `_gateway_stream`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -43,6 +44,7 @@ from lanefold.primitives import (
 )
 from lanefold.primitives.events import AnyEvent
 from lanefold.primitives.internal import stopped_for_budget
+from lanefold.serve._gateway_reply import response_body
 from lanefold.serve._gateway_stream import LoopStream, Replay
 from lanefold.serve._gateway_wire import (
     Ask,
@@ -52,7 +54,6 @@ from lanefold.serve._gateway_wire import (
     out_of_quota,
     parse_ask,
     refused,
-    response_body,
 )
 from lanefold.serve._guard import (
     HTTPError,
@@ -142,7 +143,7 @@ def create_gateway(
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
     store = session.store
-    configs: dict[tuple[str, str, int | None, float | None, float | None], LoopConfig] = {}
+    configs: dict[tuple[str, str, int | None, float | None, float | None, str | None], LoopConfig] = {}
 
     def key_of(request: Request) -> GatewayKey | None:
         if keys is None:
@@ -161,12 +162,13 @@ def create_gateway(
         return found
 
     def config_for(ask: Ask) -> LoopConfig:
-        o = ask.options
-        cache = (ask.loop, ask.kind, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p)
+        o, how = ask.options, ask.answering.extract
+        answers = None if how is None else json.dumps(how, sort_keys=True)
+        cache = (ask.loop, ask.kind, o.max_completion_tokens or o.max_tokens, o.temperature, o.top_p, answers)
         if cache not in configs:
             if len(configs) >= 256:  # requests' ceilings and temperatures are many: keep it bounded
                 configs.clear()
-            configs[cache] = config_for_request(loops[ask.loop], o)
+            configs[cache] = config_for_request(loops[ask.loop], o, ask.answering)
         return configs[cache]
 
     async def models(request: Request) -> JSONResponse:
@@ -316,6 +318,9 @@ def create_gateway(
                 resume=go.idempotent,
                 config=config_for(ask),
                 conversation=ask.conversation,
+                turns_after=ask.turns_after,
+                tools=ask.answering.tools or None,
+                tool_choice=ask.answering.tool_choice,
                 caller=go.caller,
                 request_sha256=ask.digest,
                 pools=pools.pools(go.key) if pools is not None else (),

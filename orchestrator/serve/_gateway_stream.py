@@ -15,7 +15,8 @@ from starlette.types import Receive, Scope, Send
 from lanefold.execution import RunResult
 from lanefold.primitives import LanefoldError, RunState
 from lanefold.primitives.events import AnyEvent, LaneCompleted, LaneDispatched, LaneFailed
-from lanefold.serve._gateway_wire import Ask, Go, NoAnswer, refused, response_body
+from lanefold.serve._gateway_reply import NoAnswer, response_body
+from lanefold.serve._gateway_wire import Ask, Go, refused
 from lanefold.serve._guard import HTTPError, Stopping
 
 __all__ = ("LoopStream", "Replay")
@@ -43,8 +44,11 @@ def _closing_frames(body: dict[str, Any]) -> list[bytes]:
     for choice in body["choices"]:
         i = choice["index"]
         if chat:
-            text = choice["message"]["content"]
-            frames.append(_chunk(body, [{"index": i, "delta": {"content": text}, "finish_reason": None}]))
+            message = choice["message"]
+            # a call as OpenAI streams one: its id, name and arguments in an indexed delta
+            calls = [{"index": n, **call} for n, call in enumerate(message.get("tool_calls") or ())]
+            delta = {"tool_calls": calls} if calls else {"content": message["content"]}
+            frames.append(_chunk(body, [{"index": i, "delta": delta, "finish_reason": None}]))
             frames.append(_chunk(body, [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"]}]))
         else:
             frames.append(_chunk(body, [{"index": i, "text": choice["text"], "finish_reason": None}]))

@@ -137,13 +137,36 @@ class TextFormat(BaseModel):
     type: Literal["text"]
 
 
+class FunctionIn(BaseModel):
+    """An assistant turn's call's `function`: its `name` and `arguments` (JSON text)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """One of an assistant turn's `tool_calls`, as OpenAI's clients send it back."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionIn
+
+
 class ChatMessageIn(BaseModel):
-    """One chat message; content as a string or a list of text parts."""
+    """One chat message; content as a string or a list of text parts. An assistant turn may
+    carry the `tool_calls` it made, a `tool` turn the `tool_call_id` it answers."""
 
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def text(self) -> str:
         """The message's text, parts joined."""

@@ -18,12 +18,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import lanefold
 from lanefold.backends.simulated import SimulatedBackend, SimulatedConfig
 from lanefold.cli import main
-from lanefold.primitives import ConfigError, LaneOutcome, Sample, SampleRequest, ToolCall, tools_schema
+from lanefold.primitives import (
+    ChatMessage,
+    ConfigError,
+    LaneOutcome,
+    MessageToolCall,
+    Sample,
+    SampleRequest,
+    ToolCall,
+    tools_schema,
+)
 
 QUESTION = "What is the weather in Paris for two days, in celsius?"
 WEATHER = {
@@ -134,6 +144,10 @@ def test_a_call_with_invalid_arguments_is_a_lane_without_answer_with_its_reason(
     assert lanes[1]["answer"] is None and lanes[1]["answer_error"] == "no JSON object in the text"
     assert "answer_error" not in lanes[2]
     assert result.status == "answered" and result.lanes_answered == 3
+    # the result says why too, as the log does (and the record checks it against the fold)
+    by_lane = {lane.lane: lane for lane in result.lanes}
+    assert by_lane[0].answer_error == "arguments.days: 'two' is not of type 'integer'"
+    assert by_lane[2].answer_error is None and "answer_error" not in by_lane[2].model_dump()
 
 
 def test_every_lane_without_a_valid_call_is_no_answer_with_the_reason(tmp_path: Path) -> None:
@@ -230,7 +244,9 @@ def test_judge_argmax_shows_the_judge_the_valid_calls(
     cfg = config("judge_argmax", judge=judge)
     backend = Seen(cfg, texts={2: "not a call"})
     result = lanefold.run_sync(cfg, QUESTION, runs_dir=tmp_path, run_id="j", backend=backend, tools=TOOLS)
-    prompts = [r.prompt for r in backend.seen if r.purpose == "judge"]
+    judged = [r for r in backend.seen if r.purpose == "judge"]
+    assert all(not r.tools and r.schema is None for r in judged)  # a judge is sent no tools
+    prompts = [r.prompt for r in judged]
     assert len(prompts) == 4  # the lane without a valid call is not a candidate
     assert all(re.search(r"Candidate call: get_(weather|time)\(", p) for p in prompts)
     assert result.status == "answered" and result.answer == CANONICAL
@@ -342,3 +358,45 @@ def test_the_view_and_tail_show_calls_readably(tmp_path: Path, capsys: pytest.Ca
     tail = capsys.readouterr().out
     assert 'winner=get_weather(city="Paris", days=2, unit="c")' in tail
     assert "no answer: arguments.city: 7 is not of type 'string'" in tail
+
+
+def test_a_history_of_calls_goes_after_the_question_and_resumes_as_recorded(tmp_path: Path) -> None:
+    """A chat whose question was followed by the agent's call and its result: every sampled
+    lane is sent the turns before the question, the question, then the call and the result;
+    `run.started` records them (the call as an object) and a resume sends the same."""
+    cfg = config(k=6)
+    before = (ChatMessage("system", "Use the tools."),)
+    after = (
+        ChatMessage("assistant", "", (MessageToolCall("c1", "get_time", "{}"),)),
+        ChatMessage("tool", "10:00", tool_call_id="c1", name="get_time"),
+    )
+
+    async def go(backend: Seen, resume: bool) -> lanefold.RunResult:
+        async with lanefold.Session(cfg, backend=backend, runs_dir=tmp_path) as session:
+            return await session.run(
+                QUESTION, run_id="h", conversation=before, turns_after=after, tools=TOOLS, resume=resume
+            )
+
+    first = Seen(cfg)
+    whole = anyio.run(go, first, False)
+    (sent,) = {r.messages for r in first.seen}
+    assert sent is not None and sent[:1] == before and sent[2:] == after
+    assert sent[1].role == "user" and QUESTION in sent[1].content
+    started = read(Path(whole.events or ""))[0]["data"]
+    assert started["conversation"] == [["system", "Use the tools."]]
+    assert started["turns_after"] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "name": "get_time", "arguments": "{}"}],
+        },
+        {"role": "tool", "content": "10:00", "tool_call_id": "c1", "name": "get_time"},
+    ]
+    path = Path(whole.events or "")
+    lines = path.read_text().splitlines(keepends=True)
+    landed = [i for i, line in enumerate(lines) if '"lane.completed"' in line]
+    path.write_text("".join(lines[: landed[2]]))  # a crash after two lanes landed
+    again = Seen(cfg)
+    resumed = anyio.run(go, again, True)
+    assert again.seen and {r.messages for r in again.seen} == {sent}
+    assert (resumed.answer, resumed.votes) == (whole.answer, whole.votes)

@@ -18,7 +18,6 @@ import httpx
 import openai
 import pytest
 from loopback import Loopback
-from pydantic import BaseModel
 
 from lanefold.config import LoopConfig
 from lanefold.execution import Session, Store, open_store, read_state
@@ -281,11 +280,11 @@ def test_openai_errors_are_the_sdks_own_exceptions(gateway: Gateway) -> None:
     assert streamed.value.code == "insufficient_quota"
     assert gateway.store.read_budget("key:pauper").refusals == 2  # type: ignore[attr-defined]
 
-    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
-    with pytest.raises(openai.BadRequestError) as tools:
-        gateway.client().chat.completions.create(model="vote", messages=messages, tools=[tool])  # type: ignore[list-item]
-    assert tools.value.param == "tools" and tools.value.code == "unsupported_parameter"
-    assert "tools" in tools.value.message
+    legacy = [{"name": "add", "parameters": {"type": "object"}}]
+    with pytest.raises(openai.BadRequestError) as functions:
+        gateway.client().chat.completions.create(model="vote", messages=messages, functions=legacy)  # type: ignore[list-item]
+    assert functions.value.param == "functions" and functions.value.code == "unsupported_parameter"
+    assert "tools" in functions.value.message  # says what to send instead
 
     models = [m.id for m in gateway.client().models.list()]
     assert sorted(models) == ["best", "qa", "vote"]
@@ -424,14 +423,7 @@ def test_langchain_chat_openai_invoke_and_stream(gateway: Gateway) -> None:
         streamed += piece
     assert streamed.usage_metadata == reply.usage_metadata  # the usage chunk, the same seeded run
 
-    # Structured output is a tool call or a JSON schema: refused by name, as a loop answers in text.
-    class Answer(BaseModel):
-        answer: str
-
-    for method, param in [("function_calling", "tools"), ("json_schema", "response_format")]:
-        with pytest.raises(openai.BadRequestError) as refused:
-            chat.with_structured_output(Answer, method=method).invoke(messages)
-        assert refused.value.param == param and refused.value.code == "unsupported_parameter"
+    # Tools and structured output (bind_tools, with_structured_output): test_tool_clients.py.
 
 
 # --- DSPy -------------------------------------------------------------------------------------------

@@ -207,9 +207,12 @@ def test_max_tokens_caps_the_loop_and_temperature_passes_only_where_allowed(tmp_
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"tools": [{"type": "function", "function": {"name": "f f"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "g"}, "tool_choice"),
         ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "grammar"}}, "response_format.type"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
         ({"n": 0}, "n"),
         ({"max_tokens": "many"}, "max_tokens"),
     ],

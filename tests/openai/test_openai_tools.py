@@ -18,9 +18,11 @@ import lanefold
 from lanefold.backends.openai import OpenAIConfig
 from lanefold.backends.openai._wire import build_body
 from lanefold.primitives import (
+    ChatMessage,
     ConfigError,
     ExtractSpec,
     LaneRequest,
+    MessageToolCall,
     Sample,
     SampleRequest,
     SamplingParams,
@@ -141,3 +143,29 @@ def test_a_run_votes_over_the_servers_calls(stub: tuple[Stub, str], tmp_path: Pa
     }
     sent = server.requests[0].body
     assert sent["tools"] == [WEATHER] and sent["tool_choice"] == "required" and sent["n"] == 3
+
+
+def test_a_history_of_calls_goes_as_openai_takes_it() -> None:
+    """A chat's assistant turn with calls and the tool's result: `tool_calls` (content null
+    where the turn said nothing else) and `tool_call_id`, as a server renders them."""
+    turns = (
+        ChatMessage("user", "Weather in Paris?"),
+        ChatMessage("assistant", "", (MessageToolCall("c1", "get_weather", '{"city":"Paris"}'),)),
+        ChatMessage("tool", "sunny", tool_call_id="c1", name="get_weather"),
+    )
+    sent = body(request(tools=TOOLS, messages=turns))
+    assert sent["messages"] == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1", "name": "get_weather"},
+    ]

@@ -17,6 +17,7 @@ from lanefold.execution import Session, open_store, read_state
 from lanefold.primitives import (
     ChatMessage,
     LaneOutcome,
+    MessageToolCall,
     Sample,
     SampleRequest,
     SamplingParams,
@@ -98,3 +99,33 @@ def test_the_estimate_is_every_byte_plus_the_templates_markers() -> None:
     turns = (ChatMessage("system", "Sé breve."), ChatMessage("user", "Q: 2+2?"))
     chat = SampleRequest("Q: 2+2?", SamplingParams(), (), messages=turns)
     assert estimate_prompt_tokens(chat) == len("Sé breve.".encode()) + 7 + REQUEST_MARGIN + 2 * MESSAGE_MARGIN
+
+
+def test_the_estimate_counts_a_historys_calls_and_results() -> None:
+    """An assistant turn's calls are sent (a server renders them into the prompt) though its
+    content is empty: the estimate holds their bytes, and a tool turn's call id."""
+    call = MessageToolCall("call_1", "get_weather", '{"city":"Paris"}')
+    made = ChatMessage("assistant", "", (call,))
+    result = ChatMessage("tool", "sunny", tool_call_id="call_1", name="get_weather")
+    bare = SampleRequest("Q", SamplingParams(), (), messages=(ChatMessage("user", "Q"),))
+    agent = dataclasses.replace(bare, messages=(ChatMessage("user", "Q"), made, result))
+    sent = len("call_1get_weather" + '{"city":"Paris"}') + len("sunny") + len("call_1get_weather")
+    assert estimate_prompt_tokens(agent) == estimate_prompt_tokens(bare) + sent + 2 * MESSAGE_MARGIN
+
+
+def test_a_chats_hold_counts_the_tools_the_simulated_template_renders(tmp_path: Path) -> None:
+    """The simulated template renders each tool a request carries as it does a message: held
+    and billed alike, so the hold is exact with tools."""
+    config = _config(template_tokens=7, answer='{"name": "f", "arguments": {}}')
+    tools = [{"name": "f"}, {"name": "g"}]
+
+    async def go() -> Any:
+        async with Session(config, backend=SimulatedBackend(config.backend), runs_dir=tmp_path) as session:
+            await session.run("What is 2 + 2?", conversation=TURNS, run_id="t", tools=tools)
+        return read_state(open_store(None, tmp_path), "t")
+
+    (wave,) = anyio.run(go).waves.values()
+    sent = 40 + 7 * (len(TURNS) + 1) + 7 * len(tools)
+    assert wave.info.prompt_tokens == sent
+    first = wave.lanes[0].usage
+    assert first is not None and first.input_tokens == sent

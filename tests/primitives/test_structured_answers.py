@@ -15,9 +15,13 @@ from lanefold.primitives import (
     Ballot,
     ConfigError,
     ExtractSpec,
+    LaneRequest,
+    SampleRequest,
+    SamplingParams,
     ToolCall,
     canonical_json,
     describe_answer,
+    estimate_prompt_tokens,
     normalize_answer,
     parse_tools,
     read_answer,
@@ -192,3 +196,38 @@ def test_canonical_json_is_a_fixed_point_of_reading(value: object) -> None:
     assert read.answer == text
     if text[:1] in "{[":
         assert normalize_answer(text) == text
+
+
+def test_a_remote_backends_hold_counts_the_tools_it_sends() -> None:
+    """A server renders the tools into the prompt: the conservative estimate holds their bytes."""
+    bare = SampleRequest("Weather?", SamplingParams(), (LaneRequest(0, 1, 8),))
+    with_tools = SampleRequest("Weather?", SamplingParams(), (LaneRequest(0, 1, 8),), tools=TOOLS)
+    sent = sum(len((t.name + t.description + t.parameters).encode()) for t in TOOLS)
+    assert estimate_prompt_tokens(with_tools) == estimate_prompt_tokens(bare) + sent
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "reason"),
+    [
+        ("It is sunny in Paris.", "It is sunny in Paris.", None),
+        ('  {"answer": 4} is what I found ', '{"answer": 4} is what I found', None),  # no call attempted
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None, None),  # a call: canonical below
+        ('{"name": "get_wether", "arguments": {}}', None, "the call names 'get_wether'"),
+        ("   ", None, "the text is empty"),
+    ],
+    ids=["prose", "an object without a name", "a call", "an invalid call", "empty"],
+)
+def test_under_auto_a_text_without_a_call_is_the_models_reply(
+    text: str, answer: str | None, reason: str | None
+) -> None:
+    """`tool_choice` "auto" lets the model answer instead of calling: a text with no call in
+    it (no object with a `name`) is its answer, the whole text; a call attempted and invalid
+    is still no answer with its reason. Any other choice reads a call or nothing."""
+    read = read_answer(text, CALLS.with_tools(TOOLS, "auto"))
+    if text.startswith('{"name": "get_weather"'):
+        assert read.answer == '{"arguments":{"city":"Paris","days":1},"name":"get_weather"}'
+    else:
+        assert read.answer == answer
+    assert (read.reason or "").startswith(reason or "")
+    if answer is not None:
+        assert read_answer(text, CALLS.with_tools(TOOLS, "required")).answer is None
