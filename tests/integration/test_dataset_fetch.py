@@ -66,7 +66,7 @@ def test_bigbench_is_refused_in_one_line_naming_the_other_sources(tmp_path: Path
         "the package index does not serve bigbench==1.0.0 (it has "
     ), line
     assert f"pip's log: {log})" in line and SHIPPED in line
-    assert "openai-evals:<name>, humaneval" in line
+    assert "openai-evals:<name>, bfcl:<category>, humaneval" in line
     assert sorted(p.name for p in log.parent.iterdir()) == ["fetch.log"]
 
 
