@@ -396,3 +396,19 @@ def test_a_config_that_reads_no_call_is_refused_before_anything_runs(
         'method = "tool_call"'
     ]
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_an_executors_job_carries_its_items_tools_to_its_run(cache: Path, tmp_path: Path) -> None:
+    from lanefold.config import load_config
+    from lanefold.execution import Job, JobSession
+
+    item = load_bfcl("simple_python", cache_dir=cache)[1]
+    session = JobSession(load_config(tool_config(tmp_path)), runs_dir=tmp_path / "runs")
+
+    async def go() -> str | None:
+        async with session:
+            return (await session.run_job(Job(1, item.question, "job-1", 3, item.tools))).answer
+
+    assert anyio.run(go) == '{"arguments":{"number":5},"name":"math_factorial"}'
+    started = json.loads((tmp_path / "runs" / "job-1" / "events.jsonl").read_text().splitlines()[0])
+    assert [tool["function"]["name"] for tool in started["data"]["tools"]] == ["math_factorial"]
