@@ -149,8 +149,8 @@ def bfcl_categories(zf: zipfile.ZipFile) -> dict[str, int]:
 def bfcl_schema(node: Any) -> Any:
     """A BFCL parameter schema as JSON Schema: each `type` mapped as BFCL maps it for OpenAI
     (`float` noted in the description, as BFCL does), a missing or unknown type a string,
-    `default` moved into the description, BFCL's own keywords dropped; nested `properties`
-    and `items` alike."""
+    `default` moved into the description, BFCL's own keywords dropped, an array's `enum` of
+    items moved into its `items`; nested `properties` and `items` alike."""
     if not isinstance(node, dict):
         return node
     raw = node.get("type")
@@ -168,6 +168,10 @@ def bfcl_schema(node: Any) -> Any:
             schema["required"] = list(required)
     if isinstance(node.get("items"), dict):
         schema["items"] = bfcl_schema(node["items"])
+    enum = schema.get("enum")
+    if schema["type"] == "array" and isinstance(enum, list) and not any(isinstance(v, list) for v in enum):
+        # BFCL writes an array's allowed items on the array (unsatisfiable as JSON Schema says)
+        schema.setdefault("items", {})["enum"] = schema.pop("enum")
     return schema
 
 

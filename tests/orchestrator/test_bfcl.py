@@ -66,6 +66,7 @@ def test_python_flavoured_types_become_json_schema_once() -> None:
             "info": {"type": "dict", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
             "unit": {"type": "string", "default": "units", "optional": True},
             "odd": {"type": "Set"},
+            "metrics": {"type": "array", "items": {"type": "string"}, "enum": ["trust", "view"]},
         },
         "required": ["x"],
     }
@@ -81,6 +82,8 @@ def test_python_flavoured_types_become_json_schema_once() -> None:
             "info": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
             "unit": {"type": "string", "description": " Default is: units."},  # no default filled
             "odd": {"type": "string"},
+            # BFCL puts an array's allowed items on the array: moved where JSON Schema reads them
+            "metrics": {"type": "array", "items": {"type": "string", "enum": ["trust", "view"]}},
         },
         "required": ["x"],
     }
