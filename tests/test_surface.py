@@ -375,7 +375,7 @@ BUILT_INS = {
     "store": ["files", "postgres"],
     "executor": ["local", "ray"],
     "hook": ["otel"],
-    "scorer": ["exact", "humaneval", "numeric"],
+    "scorer": ["bfcl", "exact", "humaneval", "numeric"],
     "verifier": ["command", "schema_valid"],
 }
 # What the facade imports where it resolves each kind; installed metadata is hidden from it.

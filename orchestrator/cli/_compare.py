@@ -53,8 +53,8 @@ def add_parser(
         "--dataset",
         required=True,
         metavar="PATH_OR_SPEC",
-        help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
-        "humaneval (`orchestrator datasets` lists them)",
+        help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name>, "
+        "bfcl:<category> or humaneval (`orchestrator datasets` lists them)",
     )
     p.add_argument(
         "--equal-budget",

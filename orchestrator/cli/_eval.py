@@ -56,8 +56,8 @@ def add_parser(
     p.add_argument(
         "--dataset",
         metavar="PATH_OR_SPEC",
-        help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name> or "
-        "humaneval (`orchestrator datasets` lists them)",
+        help="a .jsonl or .csv file, bigbench:<task path>, openai-evals:<name>, "
+        "bfcl:<category> or humaneval (`orchestrator datasets` lists them)",
     )
     p.add_argument(
         "--limit",

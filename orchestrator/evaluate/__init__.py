@@ -9,6 +9,7 @@ fits every config at every budget for accuracy against paid spend;
 
 from __future__ import annotations
 
+from lanefold.evaluate import _bfcl_check  # noqa: F401  (registers the bfcl scorer)
 from lanefold.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
 from lanefold.evaluate._compare import Compared, Comparison, McNemar, run_compare
 from lanefold.evaluate._compare_plot import readable

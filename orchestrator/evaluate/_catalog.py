@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lanefold.evaluate._bfcl import BFCL_VERSION, CATEGORIES, bfcl_cache, bfcl_categories
+from lanefold.evaluate._bfcl import WHEEL_NAME as BFCL_WHEEL
 from lanefold.evaluate._fetch import SHIPPED_SAMPLE
 from lanefold.evaluate._openai_evals import EVALS_VERSION, WHEEL_NAME, openai_evals_cache, read_registry
 from lanefold.evaluate._packaged import (
@@ -27,7 +29,7 @@ from lanefold.primitives import ConfigError
 
 __all__ = ("SOURCE_NAMES", "Source", "find_source", "list_sources", "shipped_sample")
 
-SOURCE_NAMES = ("file", "sample", "bigbench", "openai-evals", "humaneval")
+SOURCE_NAMES = ("file", "sample", "bigbench", "openai-evals", "bfcl", "humaneval")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,7 @@ def shipped_sample() -> Path:
 
 def list_sources() -> list[Source]:
     """Every source, in the order a newcomer would reach for them."""
-    return [_file(), _sample(), _bigbench(), _openai_evals(), _humaneval()]
+    return [_file(), _sample(), _bigbench(), _openai_evals(), _bfcl(), _humaneval()]
 
 
 def find_source(name: str) -> Source:
@@ -183,6 +185,38 @@ def _openai_evals() -> Source:
         str(wheel),
         tuple(f"openai-evals:{name}" for name in names),
     )
+
+
+def _bfcl() -> Source:
+    wheel = bfcl_cache() / BFCL_WHEEL
+    about = (
+        "the Berkeley Function Calling Leaderboard's one-call Python categories, each question "
+        f"with its own tools, scored by BFCL's AST check; read from the bfcl-eval=={BFCL_VERSION} "
+        "wheel fetched once with pip"
+    )
+    if not wheel.is_file():
+        return Source(
+            "bfcl",
+            "bfcl:<category>",
+            "not cached",
+            False,
+            f"{about} on first use (2 MB); categories {', '.join(CATEGORIES)}",
+            str(wheel),
+        )
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            sizes = bfcl_categories(zf)
+    except (OSError, zipfile.BadZipFile):
+        return Source(
+            "bfcl",
+            "bfcl:<category>",
+            "damaged",
+            False,
+            f"{about}; the wheel cannot be read: delete it to fetch again",
+            str(wheel),
+        )
+    specs = {f"bfcl:{category}": size for category, size in sizes.items()}
+    return Source("bfcl", "bfcl:<category>", "cached", True, about, str(wheel), tuple(specs), specs)
 
 
 def _humaneval() -> Source:

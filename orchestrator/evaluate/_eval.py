@@ -80,9 +80,12 @@ OnResult = Callable[[QuestionResult], None]
 
 
 def questions_hash(items: Sequence[Item]) -> str:
+    """A digest of the questions, their gold and their tools (items without tools hash as
+    they did before items carried any)."""
     digest = hashlib.sha256()
     for item in items:
-        digest.update(json.dumps([item.index, item.question, item.answer]).encode())
+        tools = [[tool.to_openai() for tool in item.tools]] if item.tools else []
+        digest.update(json.dumps([item.index, item.question, item.answer, *tools], sort_keys=True).encode())
     return digest.hexdigest()
 
 
@@ -160,6 +163,7 @@ async def run_eval(
         executor=executor,
         hooks=hooks,
     )
+    _check_calls(session.config, items)
     record = session.store.eval_record(eval_id)
     if not record.exists():
         check_eval_id(eval_id)  # a new eval; one named otherwise before this rule goes on
@@ -211,6 +215,20 @@ async def run_eval(
         )
         record.write_summary(as_json(summary), table=csv_table(rows))
         return summary
+
+
+def _check_calls(config: LoopConfig, items: Sequence[Item]) -> None:
+    """Questions that carry tools (BFCL's) are answered by a call: a config whose `[extract]`
+    reads anything else would score every answer wrong, so it is refused before anything runs."""
+    with_tools = next((item for item in items if item.tools), None)
+    if with_tools is None:
+        return
+    method = config.extract.resolved_method
+    if method != "tool_call":
+        raise ConfigError(
+            f"{with_tools.source or f'item {with_tools.index}'}: its question is answered by a call "
+            f'of its tools, and the config extracts {method!r}: set [extract] method = "tool_call"'
+        )
 
 
 def resume_hint(eval_id: str, runs_dir: str | Path, store: str | Store | None) -> str:
@@ -327,7 +345,9 @@ class _Eval:
     async def run_on(self, executor: Executor, items: list[Item], concurrency: int) -> None:
         """The questions on the executor's workers; each outcome scored and recorded here."""
         seed = self.session.config.loop.seed
-        jobs = [Job(item.index, item.question, self.run_id(item), seed + item.index) for item in items]
+        jobs = [
+            Job(item.index, item.question, self.run_id(item), seed + item.index, item.tools) for item in items
+        ]
         async with contextlib.aclosing(
             executor.outcomes(self.session.worker_spec(), jobs, concurrency)
         ) as outcomes:
@@ -350,6 +370,7 @@ class _Eval:
                     run_id=run_id,
                     seed=_seed(session.config, item.index),
                     stop_reason=self.stop_reason,
+                    tools=item.tools or None,
                 )
         except LanefoldError as exc:
             self.failure(item, exc)

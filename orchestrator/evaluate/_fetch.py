@@ -28,6 +28,7 @@ ALTERNATIVES = {
     "sample": f"the shipped sample {SHIPPED_SAMPLE}/*.jsonl",
     "bigbench": "bigbench:<task>",
     "openai-evals": "openai-evals:<name>",
+    "bfcl": "bfcl:<category>",
     "humaneval": "humaneval",
     "file": "a .jsonl or .csv file of your own",
 }

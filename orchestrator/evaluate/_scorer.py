@@ -2,7 +2,8 @@
 
 A scorer says how right a run's answer is against an item's gold. Scorers are a plug-in kind
 (`SCORERS`, `@register_scorer("name")`, the entry-point group `lanefold.scorers`); the built-ins
-(`exact`, `numeric`, `humaneval`) are in `_scoring.py`, which registers them as it is imported.
+(`exact`, `numeric`, `humaneval`) are in `_scoring.py` and `bfcl` in `_bfcl_check.py`, each
+registered as its module is imported.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ S = TypeVar("S", bound=ScorerMaker)
 
 SCORERS: Registry[ScorerMaker] = Registry("scorer", key="--scorer", check=_check_scorer)
 """The scorers by name (`--scorer NAME[:ARG]`): `@register_scorer("name")` or the `lanefold.scorers`
-entry points; the built-ins are `exact`, `numeric` and `humaneval`."""
+entry points; the built-ins are `exact`, `numeric`, `humaneval` and `bfcl`."""
 
 
 def register_scorer(name: str) -> Callable[[S], S]:

@@ -9,6 +9,7 @@ Scorers are a plug-in kind (`SCORERS`): `--scorer NAME[:ARG]` picks a registered
                      abs_tol=TOL)` (default TOL 1e-6)
     humaneval[:S]    the code in the winning lane's text passes the problem's tests, run in a
                      subprocess killed after S seconds (default 10)
+    bfcl             the answer is a call BFCL's AST check accepts (`_bfcl_check.py`)
     module:attr      a Scorer class (made with no argument) or instance, or a function
                      `function(gold, answer, item)` returning a bool, or a float in [0, 1]
 
@@ -16,8 +17,9 @@ A scorer of your own is a class with `name`, `needs_text`, `check`, `score` and 
 (the `Scorer` protocol) and a constructor taking the spec's argument (a string, or None),
 registered with `@register_scorer("name")` or the entry-point group `lanefold.scorers`.
 
-Without a spec: `humaneval` where every item carries tests (`meta` has `test` and
-`entry_point`), else `exact`. A scorer never raises for a bad answer: it returns a `Score`
+Without a spec: the scorer every item names as its dataset's (`meta["scorer"]`: `bfcl` for
+`--dataset bfcl:<category>`), else `humaneval` where every item carries tests (`meta` has
+`test` and `entry_point`), else `exact`. A scorer never raises for a bad answer: it returns a `Score`
 whose `error` says what went wrong (a user's function that raised, a test that timed out), and
 the eval records it. Everything that can be checked up front (the function imports, every gold
 is a number for `numeric`) is checked before anything runs.
@@ -275,6 +277,10 @@ def resolve_scorer(spec: str | None, items: Sequence[Item] = ()) -> Scorer:
 
 def _scorer(spec: str | None, items: Sequence[Item]) -> Scorer:
     if spec is None:
+        named = {item.meta.get("scorer") for item in items}
+        own = named.pop() if len(named) == 1 else None
+        if isinstance(own, str):  # the dataset's own scorer
+            return _scorer(own, ())
         tests = bool(items) and all("test" in i.meta and "entry_point" in i.meta for i in items)
         return HumanEvalTests() if tests else ExactMatch()
     name, colon, argument = spec.partition(":")

@@ -37,6 +37,7 @@ from lanefold.primitives import (
     LanefoldError,
     RunResult,
     StoreError,
+    ToolSpec,
     register_executor,
 )
 
@@ -58,12 +59,13 @@ __all__ = (
 @dataclass(frozen=True, slots=True)
 class Job:
     """One question for a worker: question `index` of a batch, run as `run_id`; `seed` is the
-    loop seed of its run (None: the config's own)."""
+    loop seed of its run (None: the config's own); `tools` the run's (an eval item's own)."""
 
     index: int
     question: str
     run_id: str
     seed: int | None = None
+    tools: tuple[ToolSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

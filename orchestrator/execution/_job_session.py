@@ -27,4 +27,4 @@ class JobSession(Session):
         """Run the job's question with its seed, or resume its run when a log of it exists."""
         if await anyio.to_thread.run_sync(self.has_run, job.run_id):  # a database round trip
             return await self.resume(job.run_id)
-        return await self.run(job.question, run_id=job.run_id, seed=job.seed)
+        return await self.run(job.question, run_id=job.run_id, seed=job.seed, tools=job.tools or None)

@@ -1,5 +1,7 @@
 """Dataset archives in their real formats, built by the tests so that none is ever fetched: a
-BIG-bench `benchmark_tasks` folder in miniature, and an `evals` wheel holding a registry."""
+BIG-bench `benchmark_tasks` folder in miniature, an `evals` wheel holding a registry, and a
+`bfcl-eval` wheel holding a few of BFCL's own entries (`tests/orchestrator/bfcl/`, copied line
+for line from bfcl_eval-2026.3.23's data and possible answers)."""
 
 from __future__ import annotations
 
@@ -121,4 +123,25 @@ def build_evals_wheel(path: Path) -> Path:
             "evals/registry/data/graded/samples.jsonl", "".join(json.dumps(row) + "\n" for row in GRADED)
         )
         zf.writestr("evals/registry/data/sums/make_samples.py", "# not data\n")
+    return path
+
+
+BFCL_ENTRIES = Path(__file__).resolve().parent / "bfcl"
+
+
+def build_bfcl_wheel(path: Path, *, extra: dict[str, str] | None = None) -> Path:
+    """A `bfcl_eval-2026.3.23-py3-none-any.whl` in miniature at `path`: BFCL's entries of
+    `simple_python`, `multiple` and `live_simple` (a few each) and their possible answers where
+    the real wheel has them, a little code beside; `extra` adds members (name: text)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("bfcl_eval/__init__.py", "")
+        zf.writestr("bfcl_eval-2026.3.23.dist-info/METADATA", "Name: bfcl-eval\nVersion: 2026.3.23\n")
+        for file in sorted(BFCL_ENTRIES.glob("*.json")):
+            answers = file.name.startswith("possible_answer_")
+            name = file.name.removeprefix("possible_answer_")
+            folder = "bfcl_eval/data/possible_answer/" if answers else "bfcl_eval/data/"
+            zf.writestr(folder + name, file.read_text(encoding="utf-8"))
+        for member, text in (extra or {}).items():
+            zf.writestr(member, text)
     return path

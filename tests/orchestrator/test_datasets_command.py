@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from lanefold.cli import main
+from lanefold.evaluate._bfcl import WHEEL_NAME as BFCL_WHEEL
 from lanefold.evaluate._catalog import SOURCE_NAMES, find_source
 from lanefold.evaluate._openai_evals import WHEEL_NAME
 from lanefold.evaluate._packaged import ARCHIVE_NAME, build_bigbench_archive, humaneval_file
 from lanefold.primitives import ConfigError
-from tests.orchestrator.archives import build_evals_wheel, tasks_tree
+from tests.orchestrator.archives import build_bfcl_wheel, build_evals_wheel, tasks_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_FILES = ["1_digit_addition.jsonl", "1_digit_multiplication.jsonl", "2_digit_addition.jsonl"]
@@ -52,7 +53,7 @@ def test_an_empty_cache_lists_the_sample_as_here_and_the_archives_as_not_cached(
     assert (sample["status"], sample["available"]) == ("here", True)
     assert sample["tasks"] == [f"examples/datasets/arithmetic/{name}" for name in SAMPLE_FILES]
     assert set(sample["sizes"].values()) == {100}
-    for name in ("bigbench", "openai-evals"):
+    for name in ("bigbench", "openai-evals", "bfcl"):
         assert (sources[name]["status"], sources[name]["available"], sources[name]["tasks"]) == (
             "not cached",
             False,
@@ -82,6 +83,18 @@ def test_cached_archives_list_their_tasks(
 
     assert main(["datasets", "openai-evals"]) == 0  # one spec a line, for a script
     assert capsys.readouterr().out == "openai-evals:graded\nopenai-evals:sums\n"
+
+
+def test_a_cached_bfcl_wheel_lists_its_one_call_categories_with_their_sizes(
+    cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build_bfcl_wheel(cache / "bfcl" / BFCL_WHEEL)
+    source = listing(capsys)["bfcl"]
+    assert (source["status"], source["available"]) == ("cached", True)
+    assert source["tasks"] == ["bfcl:simple_python", "bfcl:multiple", "bfcl:live_simple"]
+    assert source["sizes"] == {"bfcl:simple_python": 8, "bfcl:multiple": 3, "bfcl:live_simple": 2}
+    assert main(["datasets", "bfcl"]) == 0
+    assert capsys.readouterr().out == "bfcl:simple_python\nbfcl:multiple\nbfcl:live_simple\n"
 
 
 def test_a_damaged_archive_is_listed_as_such(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,5 +133,7 @@ def test_a_source_without_known_tasks_says_why_on_stderr(
 
 
 def test_an_unknown_source_is_a_config_error_naming_them() -> None:
-    with pytest.raises(ConfigError, match="name one of file, sample, bigbench, openai-evals, humaneval"):
+    with pytest.raises(
+        ConfigError, match="name one of file, sample, bigbench, openai-evals, bfcl, humaneval"
+    ):
         find_source("hf")

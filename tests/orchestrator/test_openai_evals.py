@@ -24,7 +24,7 @@ from tests.orchestrator.archives import SYSTEM, build_evals_wheel
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OTHERS = (
     "without it, use the shipped sample examples/datasets/arithmetic/*.jsonl, "
-    "bigbench:<task>, humaneval or a .jsonl or .csv file of your own "
+    "bigbench:<task>, bfcl:<category>, humaneval or a .jsonl or .csv file of your own "
     "(`orchestrator datasets` lists them)"
 )
 

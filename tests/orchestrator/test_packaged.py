@@ -165,7 +165,7 @@ def test_the_first_load_fetches_keeps_the_task_files_and_deletes_the_rest(
 
 OTHERS = (
     "without it, use the shipped sample examples/datasets/arithmetic/*.jsonl, "
-    "openai-evals:<name>, humaneval or a .jsonl or .csv file of your own "
+    "openai-evals:<name>, bfcl:<category>, humaneval or a .jsonl or .csv file of your own "
     "(`orchestrator datasets` lists them)"
 )
 
