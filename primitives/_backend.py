@@ -28,6 +28,7 @@ __all__ = (
     "LaneRequest",
     "LaneTokens",
     "Loadable",
+    "MessageToolCall",
     "Sample",
     "SampleRequest",
     "SamplingParams",
@@ -89,12 +90,25 @@ class LaneRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageToolCall:
+    """A call an assistant turn made, as OpenAI's `tool_calls` items hold it: its `id`, the
+    function's `name` and its `arguments` as JSON text (hashable, as a request must be)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One turn of a conversation: `role` is "system", "developer", "user", "assistant" or
     "tool"."""
 
     role: str
     content: str
+    tool_calls: tuple[MessageToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str | None = None  # a "tool" turn: the call it answers
+    name: str | None = None  # a "tool" turn: the function's name, where the client gave it
 
 
 @dataclass(frozen=True, slots=True)
