@@ -237,6 +237,21 @@ def test_tools_are_hashable_request_parts() -> None:
     assert isinstance(WEATHER, ToolSpec)
 
 
+def _strict(name: str, description: str, argument: str) -> dict[str, Any]:
+    """A tool of one string argument and no other (`additionalProperties: false`: held to it, a
+    lane cannot pad its call with keys the tool does not take)."""
+    parameters = {
+        "type": "object",
+        "properties": {argument: {"type": "string"}},
+        "required": [argument],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
 @pytest.mark.slow
 def test_smollm2_writes_one_call_on_every_lane_of_a_forked_wave(smollm2: Engine, tmp_path: Path) -> None:
     """SmolLM2 with the tools in its system turn, held to a call of them: a wave of 4 forked
@@ -254,7 +269,12 @@ def test_smollm2_writes_one_call_on_every_lane_of_a_forked_wave(smollm2: Engine,
             "backend": {"kind": "engine", "model": "smollm2-135m", "device": "cpu"},
         }
     )
-    tools = [WEATHER.to_openai(), {"name": "get_time"}]
+    tools = parse_tools(
+        [
+            _strict("get_weather", "Weather in a city", "city"),
+            _strict("get_time", "The time in a timezone", "timezone"),
+        ]
+    )
     backend = EngineBackend(engine=smollm2)
 
     async def go() -> Any:
@@ -262,7 +282,7 @@ def test_smollm2_writes_one_call_on_every_lane_of_a_forked_wave(smollm2: Engine,
             return await session.run("What is the weather in Paris?", tools=tools, run_id="call")
 
     result = anyio.run(go)
-    schema = json.loads(tools_schema((WEATHER, TIME)) or "{}")
+    schema = json.loads(tools_schema(tools) or "{}")
     state = read_state(open_store(None, tmp_path), "call")
     (wave,) = state.waves.values()
     texts = [lane.text for lane in wave.lanes.values()]
@@ -271,7 +291,7 @@ def test_smollm2_writes_one_call_on_every_lane_of_a_forked_wave(smollm2: Engine,
         assert text is not None
         jsonschema.validate(json.loads(text), schema)  # each lane's text a valid call
     asked = [ChatMessage("user", "What is the weather in Paris?")]
-    rendered = smollm2.tokenizer.encode_chat(asked, tools=(WEATHER, TIME), tool_choice="required")
+    rendered = smollm2.tokenizer.encode_chat(asked, tools=tools, tool_choice="required")
     assert wave.info.prompt_tokens == len(rendered)  # prefilled once, forked for the other lanes
     call = ToolCall.from_answer(result.answer)
     assert call is not None and call.name in ("get_weather", "get_time")
