@@ -29,6 +29,7 @@ from lanefold.primitives import (
     parse_event,
     parse_tools,
 )
+from lanefold.primitives.events import TurnData
 
 WEATHER, TIME = parse_tools(
     [
@@ -227,6 +228,56 @@ def test_a_runs_hold_with_tools_is_what_the_engine_prefills(
     assert charged == 2 * len(rendered)  # the forked lanes share one prefill of the same prompt
     events = [parse_event(line) for line in (tmp_path / "tools" / "events.jsonl").read_bytes().splitlines()]
     assert not any(e.type == "budget.overrun" for e in events)
+
+
+def test_a_runs_history_of_calls_and_results_reaches_the_model(
+    make_engine: Callable[..., Engine], tmp_path: Path
+) -> None:
+    """`Session.run(conversation=...)` takes a history with an assistant's call and the tool's
+    result: recorded in `run.started` with its calls (a plain turn still as a pair), rendered
+    in the format of the tools, held and prefilled exactly, and read back by resume as sent."""
+    engine = make_engine()
+    engine.tokenizer = smollm2_tokenizer()
+    config = parse_config(
+        {
+            "loop": {"k": 1, "min_quorum": 1, "seed": 3},
+            "prompt": {"template": "{question}"},
+            "sampling": {"max_tokens": 2},
+            "extract": {"method": "regex", "regex": r"(?s)(.)"},
+        }
+    )
+    history = [
+        ("user", "Time?"),
+        ChatMessage("assistant", "", tool_calls=(MessageToolCall("c1", "get_time", "{}"),)),
+        ChatMessage("tool", "14:05", tool_call_id="c1"),
+    ]
+
+    async def go() -> None:
+        async with Session(config, backend=EngineBackend(engine=engine), runs_dir=tmp_path) as session:
+            # "none": no tools shown (the tiny model's context is 512), the history written all the same
+            await session.run(
+                "And now?",
+                tools=[{"name": "get_time"}],
+                tool_choice="none",
+                conversation=history,
+                run_id="turns",
+            )
+
+    anyio.run(go)
+    sent = [ChatMessage("user", "Time?"), *history[1:], ChatMessage("user", "And now?")]
+    rendered = engine.tokenizer.render_chat(sent, (TIME,), "none")  # type: ignore[arg-type]
+    assert "You can call" not in rendered
+    assert 'assistant\n{"name": "get_time", "arguments": {}}<|im_end|>' in rendered
+    assert "<|im_start|>user\nResult of get_time:\n14:05<|im_end|>" in rendered
+    state = read_state(open_store(None, tmp_path), "turns")
+    (wave,) = state.waves.values()
+    assert wave.info.prompt_tokens == len(engine.tokenizer.encode(rendered))
+    assert state.started is not None and state.started.conversation is not None
+    recorded = state.started.conversation
+    assert recorded[0] == ("user", "Time?")  # a plain turn is recorded as it always was
+    assert [TurnData.message(turn) for turn in recorded] == sent[:3]
+    line = (tmp_path / "turns" / "events.jsonl").read_text().splitlines()[0]
+    assert '"tool_calls":[{"id":"c1","name":"get_time","arguments":"{}"}]' in line
 
 
 def test_tools_are_hashable_request_parts() -> None:
