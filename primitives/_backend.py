@@ -288,17 +288,24 @@ class StreamingBackend(Backend, Protocol):
 
 def estimate_prompt_tokens(request: SampleRequest) -> int:
     """A conservative count of `request`'s prompt tokens for a backend that cannot count them:
-    the UTF-8 bytes of what is sent (the messages' contents, else the prompt as one message,
-    and the tools' JSON, which a server renders into the prompt) plus the chat template's
+    the UTF-8 bytes of what is sent (the messages' contents and calls, else the prompt as one
+    message, and the tools' JSON, which a server renders into the prompt) plus the chat template's
     markers (`REQUEST_MARGIN`, and `MESSAGE_MARGIN` per message). An actual count above it is
     recorded as `budget.overrun`, never silently."""
     if request.messages is None:
         texts: tuple[str, ...] = (request.prompt,)
     else:
-        texts = tuple(m.content for m in request.messages)
+        texts = tuple(_sent_text(m) for m in request.messages)
     tools = tuple(tool.name + tool.description + tool.parameters for tool in request.tools)
     body = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts + tools)
     return body + REQUEST_MARGIN + MESSAGE_MARGIN * len(texts)
+
+
+def _sent_text(message: ChatMessage) -> str:
+    """What of a turn is sent: its content, an assistant's calls (id, name, arguments), a tool
+    turn's `tool_call_id` and `name`."""
+    calls = "".join(call.id + call.name + call.arguments for call in message.tool_calls)
+    return message.content + calls + (message.tool_call_id or "") + (message.name or "")
 
 
 @contextlib.asynccontextmanager
