@@ -123,7 +123,9 @@ def tool_turns(
     if block is not None:
         if turns and turns[0].role in _SYSTEM_ROLES:
             first = turns[0]
-            turns[0] = ChatMessage(first.role, f"{first.content}\n\n{block}" if first.content else block)
+            # a developer turn is read as the system's (as the gateway reads it), which a
+            # template without tools knows
+            turns[0] = ChatMessage("system", f"{first.content}\n\n{block}" if first.content else block)
         else:
             turns.insert(0, ChatMessage("system", block))
     return tuple(turns)

@@ -88,6 +88,12 @@ def test_a_system_turn_keeps_its_words_before_the_tools() -> None:
     )
 
 
+def test_a_developer_turn_takes_the_tools_as_the_system_turn() -> None:
+    turns = [ChatMessage("developer", "Be brief."), ChatMessage("user", "Weather in Paris?")]
+    rendered = smollm2_tokenizer().render_chat(turns, (WEATHER, TIME), "required")
+    assert rendered.startswith(f"<|im_start|>system\nBe brief.\n\n{BLOCK}")  # no default system turn
+
+
 def test_tool_choice_says_what_is_offered() -> None:
     tokenizer = smollm2_tokenizer()
     ask = [ChatMessage("user", "Weather in Paris?")]
