@@ -368,3 +368,41 @@ def test_the_prompt_docs_tools_shows_is_what_the_engine_prints(capsys: pytest.Ca
     code, shown = re.search(r"```python\n(.*?)```\n\n```text\n(.*?)```", section, re.S).groups()  # type: ignore[union-attr]
     exec(compile(code, "docs/tools.md", "exec"), {"__name__": "__docs_tools__"})
     assert capsys.readouterr().out == shown
+
+
+@pytest.mark.slow
+def test_the_command_line_and_a_session_send_one_prompt_with_tools(
+    smollm2: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`orchestrator run --tools FILE` and `Session.run(tools=...)` reach the one prompt path:
+    the same question and tools are held and prefilled as the same prompt, the tools in it."""
+    from lanefold.cli import main
+
+    raw = {
+        "loop": {"k": 1, "min_quorum": 1, "seed": 2},
+        "prompt": {"template": "{question}"},
+        "sampling": {"max_tokens": 4},
+        "extract": {"method": "regex", "regex": r"(?s)(.)"},
+        "backend": {"kind": "engine", "model": "smollm2-135m", "device": "cpu"},
+    }
+    config_file = tmp_path / "tools.json"  # configs may be JSON
+    config_file.write_text(json.dumps(raw))
+    tools = [_strict("get_weather", "Weather in a city", "city")]
+    (tmp_path / "tools-list.json").write_text(json.dumps(tools))
+    argv = ["run", str(config_file), "--question", "Weather in Paris?", "--runs-dir", str(tmp_path / "cli")]
+    assert main([*argv, "--run-id", "cli", "--tools", str(tmp_path / "tools-list.json"), "--json"]) == 0
+    capsys.readouterr()
+
+    async def go() -> None:
+        backend = EngineBackend(engine=smollm2)
+        async with Session(parse_config(raw), backend=backend, runs_dir=tmp_path / "py") as session:
+            await session.run("Weather in Paris?", tools=tools, run_id="py")
+
+    anyio.run(go)
+    held = []
+    for folder, run_id in ((tmp_path / "cli", "cli"), (tmp_path / "py", "py")):
+        (wave,) = read_state(open_store(None, folder), run_id).waves.values()
+        held.append(wave.info.prompt_tokens)
+    asked = [ChatMessage("user", "Weather in Paris?")]
+    rendered = smollm2.tokenizer.encode_chat(asked, tools=parse_tools(tools), tool_choice="auto")
+    assert held == [len(rendered), len(rendered)]
