@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 
 from lanefold.primitives._backend import ChatMessage, MessageToolCall, SampleRequest
-from lanefold.primitives._tools import TOOL_CHOICES, ToolSpec
+from lanefold.primitives._tools import TOOL_CHOICES, ToolSpec, tools_schema
 
 __all__ = (
     "call_arguments",
@@ -41,11 +41,15 @@ _CALL = '{"name": <the function\'s name>, "arguments": <an object of its argumen
 
 def tool_choice_in_effect(request: SampleRequest) -> str | None:
     """The `tool_choice` a request's prompt states: its own, else "required" where its lanes
-    are held to a schema (a run that reads calls asks for one, as the openai backend does),
-    else "auto"; None for a request without tools."""
+    are held to a call of its tools (`tools_schema`: a run that reads calls asks for one, as
+    the openai backend does), else "auto" (a run whose answers are held to another schema may
+    still call); None for a request without tools."""
     if not request.tools:
         return None
-    return request.tool_choice or ("required" if request.schema is not None else "auto")
+    if request.tool_choice is not None:
+        return request.tool_choice
+    held_to_a_call = request.schema is not None and request.schema == tools_schema(request.tools)
+    return "required" if held_to_a_call else "auto"
 
 
 def offered_tools(tools: Sequence[ToolSpec], choice: str | None) -> tuple[ToolSpec, ...]:

@@ -23,6 +23,7 @@ from lanefold.primitives import (
     SampleRequest,
     SamplingParams,
     parse_tools,
+    tools_schema,
 )
 
 WEATHER, TIME = parse_tools(
@@ -169,11 +170,12 @@ def test_the_raw_form_puts_the_tools_before_the_prompt(make_engine: Callable[...
         f"the JSON object {CALL}.\n\nQ: weather in Paris?\nA:"
     )
     assert backend.count_prompt_tokens(raw) == len(engine.tokenizer.encode(text))
-    # A run whose lanes are held to a call and which names no choice states "required".
-    held = request("Q", None, tools=(WEATHER,), schema="{}")
-    assert backend.count_prompt_tokens(held) == len(
-        engine.tokenizer.encode(text.replace("Q: weather in Paris?\nA:", "Q"))
-    )
+    # A run whose lanes are held to a call and which names no choice states "required"; one
+    # held to another schema (a JSON answer) leaves the model free to answer, "auto".
+    held = request("Q", None, tools=(WEATHER,), schema=tools_schema((WEATHER,)))
+    assert backend.prompt_text(held) == text.replace("Q: weather in Paris?\nA:", "Q")
+    answer = request("Q", None, tools=(WEATHER,), schema='{"type": "object"}')
+    assert "; otherwise answer in words." in backend.prompt_text(answer)
 
 
 def test_a_model_without_a_template_gets_the_conversation_flattened(
