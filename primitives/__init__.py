@@ -172,6 +172,15 @@ from lanefold.primitives._store import (
     summarize_run,
 )
 from lanefold.primitives._structured import AnswerRead, canonical_json, describe_answer, fill_defaults
+from lanefold.primitives._tool_prompt import (
+    call_arguments,
+    flatten_chat,
+    offered_tools,
+    text_prompt,
+    tool_choice_in_effect,
+    tool_prompt,
+    tool_turns,
+)
 from lanefold.primitives._tools import (
     TOOL_CHOICES,
     ToolCall,
@@ -317,6 +326,7 @@ __all__ = (
     "VoteTieBreak",
     "WaveShape",
     "WaveState",
+    "call_arguments",
     "canonical_json",
     "check_budget_name",
     "check_headers",
@@ -329,6 +339,7 @@ __all__ = (
     "estimate_prompt_tokens",
     "extract_answer",
     "fill_defaults",
+    "flatten_chat",
     "fold",
     "get_logger",
     "hash_config",
@@ -339,6 +350,7 @@ __all__ = (
     "loop_reducer",
     "new_run_id",
     "normalize_answer",
+    "offered_tools",
     "one_line",
     "os_failure",
     "parse_event",
@@ -364,6 +376,10 @@ __all__ = (
     "select_runs",
     "short_of_room",
     "summarize_run",
+    "text_prompt",
+    "tool_choice_in_effect",
+    "tool_prompt",
+    "tool_turns",
     "tools_schema",
     "validate_run_id",
     "vote_fold",

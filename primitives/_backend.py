@@ -295,17 +295,17 @@ def estimate_prompt_tokens(request: SampleRequest) -> int:
     if request.messages is None:
         texts: tuple[str, ...] = (request.prompt,)
     else:
-        # a turn's calls and a result's call id are sent as well as its content
-        texts = tuple(
-            m.content
-            + "".join(c.id + c.name + c.arguments for c in m.tool_calls)
-            + (m.tool_call_id or "")
-            + (m.name or "")
-            for m in request.messages
-        )
+        texts = tuple(_sent_text(m) for m in request.messages)
     tools = tuple(tool.name + tool.description + tool.parameters for tool in request.tools)
     body = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts + tools)
     return body + REQUEST_MARGIN + MESSAGE_MARGIN * len(texts)
+
+
+def _sent_text(message: ChatMessage) -> str:
+    """What of a turn is sent: its content, an assistant's calls (id, name, arguments), a tool
+    turn's `tool_call_id` and `name`."""
+    calls = "".join(call.id + call.name + call.arguments for call in message.tool_calls)
+    return message.content + calls + (message.tool_call_id or "") + (message.name or "")
 
 
 @contextlib.asynccontextmanager

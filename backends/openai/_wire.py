@@ -274,6 +274,24 @@ def output_fields(request: SampleRequest) -> dict[str, Any]:
     return {}
 
 
+def _message(turn: Turn) -> dict[str, Any]:
+    """A conversation's turn as OpenAI's messages hold it: an assistant's `tool_calls` (its
+    content null when it said nothing else), a tool turn's `tool_call_id` and `name`; the
+    server renders them with its own template."""
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.tool_calls:
+        message["content"] = turn.content or None
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in turn.tool_calls
+        ]
+    if turn.tool_call_id is not None:
+        message["tool_call_id"] = turn.tool_call_id
+    if turn.name is not None:
+        message["name"] = turn.name
+    return message
+
+
 def build_body(
     config: OpenAIConfig, request: SampleRequest, *, n: int, seed: int, max_tokens: int
 ) -> dict[str, Any]:
@@ -323,20 +341,3 @@ def build_body(
     if params.ignore_eos:
         body["ignore_eos"] = True  # vLLM's and llama.cpp's extension, likewise
     return body
-
-
-def _message(message: Turn) -> dict[str, Any]:
-    """A turn as OpenAI's API takes it: an assistant's calls as `tool_calls` (content null
-    where it said nothing else), a tool's result with the `tool_call_id` it answers."""
-    turn: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        turn["content"] = message.content or None
-        turn["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        turn["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        turn["name"] = message.name
-    return turn

@@ -241,8 +241,9 @@ class Session:
 
         `config` runs this question under another config than the session's (its backends
         built once too, and shared with every config naming the same). `conversation` makes
-        the run a chat's: its turns before the question, (role, content) each (empty: none),
-        which every sampled lane sends ahead of its prompt, the prompt as the user's turn,
+        the run a chat's: its turns before the question, (role, content) each or a
+        `ChatMessage` (an assistant's `tool_calls`, a tool's result; empty: none), which every
+        sampled lane sends ahead of its prompt, the prompt as the user's turn,
         through the backend's chat template (a config whose `[prompt] form` is "raw" refuses
         turns, ConfigError, before anything is recorded). `caller` and `request_sha256` are
         recorded with the run (who asked, and a digest of what they sent). `pools` names budgets
