@@ -127,6 +127,15 @@ from lanefold.primitives._judge import (
     parse_score,
     render_judge_prompt,
 )
+from lanefold.primitives._keystore import (
+    KeyRate,
+    KeyRecord,
+    KeyStore,
+    RateVerdict,
+    StoredKey,
+    give_rate,
+    take_rate,
+)
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._loop import (
     Budget,
@@ -247,6 +256,9 @@ __all__ = (
     "JudgeResult",
     "JudgeSettings",
     "JudgeTieBreak",
+    "KeyRate",
+    "KeyRecord",
+    "KeyStore",
     "Lane",
     "LaneFailure",
     "LaneJob",
@@ -275,6 +287,7 @@ __all__ = (
     "PromptForm",
     "QuorumNotMetError",
     "RateLimitError",
+    "RateVerdict",
     "ReduceOptions",
     "Reducer",
     "ReducerChoice",
@@ -301,6 +314,7 @@ __all__ = (
     "Spend",
     "Store",
     "StoreError",
+    "StoredKey",
     "StreamingBackend",
     "TextDelta",
     "ToolCall",
@@ -329,6 +343,7 @@ __all__ = (
     "fill_defaults",
     "fold",
     "get_logger",
+    "give_rate",
     "hash_config",
     "headers_from_env",
     "import_verifier",
@@ -362,6 +377,7 @@ __all__ = (
     "select_runs",
     "short_of_room",
     "summarize_run",
+    "take_rate",
     "tools_schema",
     "validate_run_id",
     "vote_fold",

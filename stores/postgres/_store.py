@@ -18,7 +18,10 @@ from lanefold.primitives import (
     BudgetView,
     ConfigError,
     FsyncPolicy,
+    KeyRecord,
+    RateVerdict,
     RunSummary,
+    StoredKey,
     new_run_id,
     parse_event,
     register_store,
@@ -37,6 +40,7 @@ from lanefold.stores.postgres._budget import (
 )
 from lanefold.stores.postgres._database import PgDatabase
 from lanefold.stores.postgres._evals import PgEvalRecord
+from lanefold.stores.postgres._keys import PgKeys
 from lanefold.stores.postgres._log import PgEventLog, lock_key
 
 __all__ = ("PgStore",)
@@ -225,3 +229,27 @@ class PgStore:
             note_refusal(conn, name)
         finally:
             conn.close()
+
+    # -- gateway keys (KeyStore) -----------------------------------------------------------------
+
+    @property
+    def keys(self) -> PgKeys:
+        return PgKeys(self.db)
+
+    def create_key(self, record: KeyRecord) -> StoredKey:
+        return self.keys.create_key(record)
+
+    def replace_key(self, record: KeyRecord) -> StoredKey:
+        return self.keys.replace_key(record)
+
+    def read_key(self, name: str) -> StoredKey | None:
+        return self.keys.read_key(name)
+
+    def list_keys(self) -> list[StoredKey]:
+        return self.keys.list_keys()
+
+    def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
+        return self.keys.take_key_rate(name, tokens, requests, now)
+
+    def give_key_rate(self, name: str, tokens: int, now: float) -> None:
+        self.keys.give_key_rate(name, tokens, now)

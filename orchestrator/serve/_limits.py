@@ -1,0 +1,154 @@
+"""A stored key's tokens and requests a minute, at the gateway's door.
+
+Before a request's run starts, `KeyRates.admit` takes from the key's buckets in the store (one
+change under the key's lock, shared by every worker and replica): one request, and the request's
+token hold, the most its run may compute as its budget's holds count it (its loop's worst case:
+every lane's prompt and `max_tokens`, its judge's tokens; where the loop declares no cost shape,
+its config's `[budget] max_tokens`, else nothing held and the bucket only charged after). A
+bucket short of it refuses the request: 429 `rate_limit_exceeded` with `Retry-After`, the
+seconds until the bucket holds enough, rounded up. When the run ends its hold is settled to
+the tokens it paid (the unused part goes back; a run whose end is unknown keeps it all).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from lanefold.config import LoopConfig
+from lanefold.evaluate import prompt_tokens, worst_case
+from lanefold.execution import RunResult
+from lanefold.primitives import KeyStore, RateVerdict, RunState
+from lanefold.primitives.events import AnyEvent
+from lanefold.serve._gateway_wire import Ask, Go
+from lanefold.serve._guard import HTTPError
+from lanefold.serve._keys import GatewayKey
+
+__all__ = ("Admitted", "KeyRates", "paid_tokens", "request_hold")
+
+Observer = Callable[[AnyEvent], None]
+Run = Callable[[Go, Observer | None], Awaitable[tuple[RunResult, RunState | None]]]
+
+
+def request_hold(config: LoopConfig, ask: Ask) -> int:
+    """The tokens a request's run may compute at most, as its budget holds count them."""
+    turns = sum(len(text.encode()) + 8 for _, text in ask.conversation or ())
+    worst = worst_case(config, prompt_tokens(config, [ask.question]) + turns)
+    if worst is not None:
+        return worst.tokens
+    return config.budget.max_tokens or 0
+
+
+def paid_tokens(result: RunResult) -> int:
+    """The tokens a run paid as a budget counts them: computed, never cached prefill."""
+    u = result.usage
+    return u.prefill_tokens + u.decode_tokens + u.verifier_tokens + u.cut_off_tokens
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A request the key's buckets admitted: its token hold, and what the buckets held after."""
+
+    rates: KeyRates | None
+    key: str | None = None
+    hold: int = 0
+    verdict: RateVerdict | None = None
+    settled: bool = field(default=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-*` headers for the buckets the key has (limit and remaining
+        this minute, as the buckets stood when the request was admitted)."""
+        if self.verdict is None or self.key is None:
+            return {}
+        found: dict[str, str] = {}
+        for name, left in (("tokens", self.verdict.tokens_left), ("requests", self.verdict.requests_left)):
+            if left is not None:
+                found[f"x-ratelimit-remaining-{name}"] = str(max(0, int(left)))
+        return found
+
+    def around(self, run: Run) -> Run:
+        """`run`, its hold settled to what it paid when it ends."""
+        if self.rates is None or self.key is None:
+            return run
+
+        async def settled(go: Go, observer: Observer | None) -> tuple[RunResult, RunState | None]:
+            try:
+                done = await run(go, observer)
+            except HTTPError as refused:
+                if refused.status == 429:  # refused before anything ran (a slot, the budget)
+                    await self.settle(0)
+                raise
+            await self.settle(paid_tokens(done[0]))
+            return done
+
+        return settled
+
+    async def settle(self, paid: int) -> None:
+        if self.settled or self.rates is None or self.key is None:
+            return
+        self.settled = True
+        store, key, back, now = self.rates.store, self.key, self.hold - paid, self.rates.clock()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: store.give_key_rate(key, back, now))
+
+
+class KeyRates:
+    """The buckets of the store's keys (`clock`: the wall clock the store's buckets are kept
+    in; a test gives its own)."""
+
+    def __init__(self, store: KeyStore, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.clock = store, clock
+
+    async def admit(self, key: GatewayKey | None, hold: Callable[[], int]) -> Admitted:
+        """Take one request and `hold()` tokens from the key's buckets, or refuse (429); a key
+        revoked since it was read is refused as unknown (401). Every stored key passes here,
+        so its last use is recorded."""
+        if key is None:
+            return Admitted(None)
+        tokens = hold() if key.tpm is not None else 0
+        now = self.clock()
+        verdict = await anyio.to_thread.run_sync(lambda: self.store.take_key_rate(key.name, tokens, 1, now))
+        if verdict is None or verdict.revoked:
+            raise HTTPError(
+                401,
+                "missing or unknown API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if verdict.retry_after is not None:
+            raise _refusal(key, verdict, tokens)
+        return Admitted(self, key.name, tokens, verdict)
+
+
+def _refusal(key: GatewayKey, verdict: RateVerdict, tokens: int) -> HTTPError:
+    if math.isinf(verdict.retry_after or 0.0):
+        return HTTPError(
+            429,
+            f"this request may compute {tokens} tokens, more than this key's {key.tpm} a minute "
+            "(tpm): lower max_tokens, or ask for a higher tpm",
+            kind="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"x-should-retry": "false"},
+        )
+    wait = math.ceil(round(verdict.retry_after or 0.0, 6))  # float noise never adds a second
+    what = (
+        f"{key.tpm} tokens a minute (tpm); this request holds {tokens}"
+        if verdict.limit == "tpm"
+        else f"{key.rpm} requests a minute (rpm)"
+    )
+    headers = {"Retry-After": str(wait)}
+    for name, left in (("tokens", verdict.tokens_left), ("requests", verdict.requests_left)):
+        if left is not None:
+            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, int(left)))
+    return HTTPError(
+        429,
+        f"rate limit reached for this key: {what}; retry in {wait} s",
+        kind="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers=headers,
+    )
