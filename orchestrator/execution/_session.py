@@ -90,6 +90,8 @@ class _Origin:
     pools: tuple[str, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str | None = None
+    model: str | None = None
+    request_id: str | None = None
 
 
 class Session:
@@ -224,26 +226,29 @@ class Session:
         pools: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any] | ToolSpec] | None = None,
         tool_choice: str | None = None,
+        model: str | None = None,
+        request_id: str | None = None,
     ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
         config's `loop.seed`), recorded with its config like any other key.
 
-        `config` runs this question under another config than the session's (its backends
-        built once too, and shared with every config naming the same). `conversation` makes
-        the run a chat's: its turns before the question, (role, content) each (empty: none),
-        which every sampled lane sends ahead of its prompt, the prompt as the user's turn,
-        through the backend's chat template (a config whose `[prompt] form` is "raw" refuses
-        turns, ConfigError, before anything is recorded). `caller` and `request_sha256` are
-        recorded with the run (who asked, and a digest of what they sent). `pools` names budgets
-        in the store this run spends from as well as its own limits and its config's `[budget]
-        shared` (a gateway key's `key:<name>`): they are recorded in its `run.started` and every
-        later segment (resume, a retry, a re-reduction) spends from them too. A run none of them
-        could fund is refused (BudgetExhaustedError) without being recorded, and the refusal is
-        counted on the budget that refused. `tools` (OpenAI's `tools` list, bare functions or
-        `ToolSpec`s) and `tool_choice` ("auto", "required", "none" or a tool's name) are the
-        run's: recorded in its `run.started`, sent with every sampled lane, and what an
-        `[extract] method = "tool_call"` answer calls (that method needs them).
+        `config` runs this question under another config than the session's (its backends built once
+        too, and shared with every config naming the same). `conversation` makes the run a chat's:
+        its turns before the question, (role, content) each (empty: none), which every sampled lane
+        sends ahead of its prompt, the prompt as the user's turn, through the backend's chat
+        template (a config whose `[prompt] form` is "raw" refuses turns, ConfigError, before
+        anything is recorded). `caller`, `request_sha256`, `model` and `request_id` are recorded
+        with the run (who asked, a digest of what they sent, the model name they asked for and their
+        request's id: `list --model/--caller` filter on them). `pools` names budgets in the store
+        this run spends from as well as its own limits and its config's `[budget] shared` (a gateway
+        key's `key:<name>`): they are recorded in its `run.started` and every later segment (resume,
+        a retry, a re-reduction) spends from them too. A run none of them could fund is refused
+        (BudgetExhaustedError) without being recorded, and the refusal is counted on the budget that
+        refused. `tools` (OpenAI's `tools` list, bare functions or `ToolSpec`s) and `tool_choice`
+        ("auto", "required", "none" or a tool's name) are the run's: recorded in its `run.started`,
+        sent with every sampled lane, and what an `[extract] method = "tool_call"` answer calls
+        (that method needs them).
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -266,6 +271,8 @@ class Session:
                 tuple(pools),
                 given,
                 tool_choice,
+                model,
+                request_id,
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
@@ -319,6 +326,8 @@ class Session:
                             conversation=None if origin.conversation is None else list(origin.conversation),
                             caller=origin.caller,
                             request_sha256=origin.request_sha256,
+                            model=origin.model,
+                            request_id=origin.request_id,
                             pools=list(names) or None,
                             tools=[tool.to_openai() for tool in origin.tools] or None,
                             tool_choice=origin.tool_choice,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
 
@@ -98,6 +99,15 @@ def _checked(store: Store, run_id: str) -> RunState:
             code="run_record_corrupt",
             headers={"x-should-retry": "false"},
         ) from None
+
+
+def _request_id(request: Request) -> str:
+    """The request's id as its run records it: the client's `X-Request-ID` where it sent one
+    that is plain (at most 128 printable ASCII characters), else one made here."""
+    sent = request.headers.get("x-request-id", "").strip()
+    if 0 < len(sent) <= 128 and sent.isascii() and sent.isprintable():
+        return sent
+    return "req_" + secrets.token_hex(12)
 
 
 class _Replayed:
@@ -230,7 +240,8 @@ def create_gateway(
                 return recorded
         else:
             run_id = store.new_id()
-        go = Go(ask, run_id, caller, key, idempotency is not None)
+        request_id = _request_id(request)
+        go = Go(ask, run_id, caller, key, idempotency is not None, request_id)
         admitted = (
             Admitted(None)
             if rates is None
@@ -245,7 +256,7 @@ def create_gateway(
         result, state = done
         return JSONResponse(
             response_body(ask, result, state, int(clock())),
-            headers={"x-lanefold-run-id": result.run_id, **admitted.headers},
+            headers={"x-lanefold-run-id": result.run_id, "x-request-id": request_id, **admitted.headers},
         )
 
     async def usage(request: Request) -> JSONResponse:
@@ -346,6 +357,8 @@ def create_gateway(
                 conversation=ask.conversation,
                 caller=go.caller,
                 request_sha256=ask.digest,
+                model=ask.loop,
+                request_id=go.request_id,
                 pools=pools.pools(go.key) if pools is not None else (),
                 observer=observer,
                 stop_reason=lambda: "client gone",

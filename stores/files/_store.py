@@ -183,6 +183,8 @@ class RunStore:
         eval_id: str | None = None,
         since: datetime | None = None,
         limit: int | None = None,
+        model: str | None = None,
+        caller: str | None = None,
     ) -> list[RunSummary]:
         found = []
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
@@ -192,7 +194,16 @@ class RunStore:
                 summary = self._summary(entry.name, Path(entry.path))
                 if summary is not None:
                     found.append(summary)
-        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
+        return select_runs(
+            found,
+            status=status,
+            loop=loop,
+            eval_id=eval_id,
+            since=since,
+            limit=limit,
+            model=model,
+            caller=caller,
+        )
 
     def _summary(self, run_id: str, folder: Path) -> RunSummary | None:
         try:

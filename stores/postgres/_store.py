@@ -152,6 +152,8 @@ class PgStore:
         eval_id: str | None = None,
         since: datetime | None = None,
         limit: int | None = None,
+        model: str | None = None,
+        caller: str | None = None,
     ) -> list[RunSummary]:
         found: list[RunSummary] = []
         prefix = None if eval_id is None else eval_id + "."
@@ -181,11 +183,22 @@ class PgStore:
                 if summary is not None:
                     found.append(summary)
             offset += batch
-            chosen = select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since)
+            chosen = select_runs(
+                found, status=status, loop=loop, eval_id=eval_id, since=since, model=model, caller=caller
+            )
             if len(rows) < batch or (limit is not None and len(chosen) >= limit):
                 break
             batch *= 2  # the filters keep few of these runs: read further in larger steps
-        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
+        return select_runs(
+            found,
+            status=status,
+            loop=loop,
+            eval_id=eval_id,
+            since=since,
+            limit=limit,
+            model=model,
+            caller=caller,
+        )
 
     # -- shared budgets (BudgetStore) ------------------------------------------------------------
 

@@ -8,6 +8,7 @@ Clocks are injected (the keys' refresh and the buckets'): nothing here waits on 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -231,3 +232,35 @@ def test_keys_on_the_command_line(
     assert "frank" in listed.out and "active" in listed.out
     missing = cli(capsys, "keys", "show", "nobody", *flags)
     assert missing.code == 2 and "nobody" in missing.error_line
+
+
+def test_a_gateways_runs_say_who_asked_for_which_model(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 41 item 6: each run records the model name asked for, the key's name (never the
+    key) and the request's id; `list`, `show` show them, `list --model --caller` filter."""
+    store, flags = opened
+    alice = _create(capsys, flags, "alice")
+    bob = _create(capsys, flags, "bob")
+    with gateway(store, Clock(), Clock()) as client:
+        mine = client.post("/chat/completions", json=_chat(), headers={**_auth(alice), "X-Request-ID": "r-1"})
+        assert mine.status_code == 200, mine.text
+        assert mine.headers["x-request-id"] == "r-1"
+        theirs = client.post("/chat/completions", json=_chat(), headers=_auth(bob))
+        assert theirs.status_code == 200, theirs.text
+        assert theirs.headers["x-request-id"].startswith("req_")  # none sent: the gateway's own
+    run_id = mine.headers["x-lanefold-run-id"]
+    listed = cli(capsys, "list", "--model", "vote", "--caller", "alice", *flags, "--json")
+    assert listed.code == 0, listed.err
+    assert [json.loads(line)["run_id"] for line in listed.out.splitlines()] == [run_id]
+    row = json.loads(listed.out)
+    assert (row["model"], row["caller"], row["request_id"]) == ("vote", "alice", "r-1")
+    assert row["loop"] == "parallel_sample"  # the loop's class, beside the model asked for
+    assert cli(capsys, "list", "--model", "qa", *flags).out.startswith("no runs")
+    table = cli(capsys, "list", "--caller", "bob", *flags).out
+    assert "vote (parallel_sample) by bob" in table and run_id not in table
+    shown = cli(capsys, "show", run_id, *flags)
+    assert "asked: model vote, caller alice, request_id r-1" in shown.out
+    assert cli(capsys, "show", run_id, *flags, "--json").json["asked"]["request_id"] == "r-1"
+    for line in (Path(flags[1]) / run_id / "events.jsonl",) if flags[0] == "--runs-dir" else ():
+        assert alice not in line.read_text()  # the key's name, never the key
