@@ -34,6 +34,7 @@ from lanefold.config import LoopConfig
 from lanefold.execution import RunResult, Session, Store, read_state, run_record
 from lanefold.primitives import (
     BudgetExhaustedError,
+    BudgetStore,
     ConfigError,
     LanefoldError,
     LogCorruptError,
@@ -156,7 +157,8 @@ def create_gateway(
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
     store = session.store
-    rates = KeyRates(keys.store, clock) if isinstance(keys, StoreKeys) else None
+    budgets = store if isinstance(store, BudgetStore) else None
+    rates = KeyRates(keys.store, clock, budgets) if isinstance(keys, StoreKeys) else None
     configs: dict[tuple[str, str, int | None, float | None, float | None], LoopConfig] = {}
 
     async def key_of(request: Request) -> GatewayKey | None:

@@ -22,8 +22,9 @@ import anyio
 from lanefold.config import LoopConfig
 from lanefold.evaluate import prompt_tokens, worst_case
 from lanefold.execution import RunResult
-from lanefold.primitives import KeyStore, RateVerdict, RunState
+from lanefold.primitives import BudgetStore, BudgetView, KeyStore, RateVerdict, RunState
 from lanefold.primitives.events import AnyEvent
+from lanefold.primitives.internal import key_budget_name
 from lanefold.serve._gateway_wire import Ask, Go
 from lanefold.serve._guard import HTTPError
 from lanefold.serve._keys import GatewayKey
@@ -58,17 +59,37 @@ class Admitted:
     hold: int = 0
     verdict: RateVerdict | None = None
     settled: bool = field(default=False)
+    limits: tuple[int | None, int | None] = (None, None)  # the key's tpm and rpm
+    budget: BudgetView | None = None  # the key's budget as the request was admitted
 
     @property
     def headers(self) -> dict[str, str]:
-        """OpenAI's `x-ratelimit-*` headers for the buckets the key has (limit and remaining
-        this minute, as the buckets stood when the request was admitted)."""
+        """What the key has left, as it stood when the request was admitted: OpenAI's
+        `x-ratelimit-limit-*` and `x-ratelimit-remaining-*` for the buckets it has (this
+        minute), and `x-lanefold-budget-remaining-*` for the limits of its budget (in all)."""
         if self.verdict is None or self.key is None:
             return {}
         found: dict[str, str] = {}
-        for name, left in (("tokens", self.verdict.tokens_left), ("requests", self.verdict.requests_left)):
-            if left is not None:
+        buckets = zip(
+            ("tokens", "requests"),
+            self.limits,
+            (self.verdict.tokens_left, self.verdict.requests_left),
+            strict=True,
+        )
+        for name, limit, left in buckets:
+            if limit is not None and left is not None:
+                found[f"x-ratelimit-limit-{name}"] = str(limit)
                 found[f"x-ratelimit-remaining-{name}"] = str(max(0, int(left)))
+        room = self.budget.room if self.budget is not None else None
+        if room is not None:
+            for name, value in (
+                ("tokens", room.tokens),
+                ("cost-usd", room.cost_usd),
+                ("requests", room.requests),
+            ):
+                if value is not None:
+                    shown = f"{max(0.0, value):.6f}" if name == "cost-usd" else str(max(0, int(value)))
+                    found[f"x-lanefold-budget-remaining-{name}"] = shown
         return found
 
     def around(self, run: Run) -> Run:
@@ -101,8 +122,10 @@ class KeyRates:
     """The buckets of the store's keys (`clock`: the wall clock the store's buckets are kept
     in; a test gives its own)."""
 
-    def __init__(self, store: KeyStore, clock: Callable[[], float] = time.time) -> None:
-        self.store, self.clock = store, clock
+    def __init__(
+        self, store: KeyStore, clock: Callable[[], float] = time.time, budgets: BudgetStore | None = None
+    ) -> None:
+        self.store, self.clock, self.budgets = store, clock, budgets
 
     async def admit(self, key: GatewayKey | None, hold: Callable[[], int]) -> Admitted:
         """Take one request and `hold()` tokens from the key's buckets, or refuse (429); a key
@@ -122,7 +145,9 @@ class KeyRates:
             )
         if verdict.retry_after is not None:
             raise _refusal(key, verdict, tokens)
-        return Admitted(self, key.name, tokens, verdict)
+        budgets, name = self.budgets, key_budget_name(key.name)
+        budget = None if budgets is None else await anyio.to_thread.run_sync(budgets.read_budget, name)
+        return Admitted(self, key.name, tokens, verdict, limits=(key.tpm, key.rpm), budget=budget)
 
 
 def _refusal(key: GatewayKey, verdict: RateVerdict, tokens: int) -> HTTPError:

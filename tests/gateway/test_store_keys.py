@@ -122,10 +122,15 @@ def test_requests_a_minute_refused_with_the_seconds_until_one_fits(
             ok = client.post("/chat/completions", json=_chat(), headers=_auth(key))
             assert ok.status_code == 200, ok.text
             assert ok.headers["x-ratelimit-remaining-requests"] == left
+            assert ok.headers["x-ratelimit-limit-requests"] == "2"
+            assert "x-ratelimit-remaining-tokens" not in ok.headers  # no tpm: no token bucket
         refused = client.post("/chat/completions", json=_chat(), headers=_auth(key))
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "rate_limit_exceeded"
         assert refused.headers["Retry-After"] == "30"  # one request refills in 60/2 s
+        streamed = client.post("/chat/completions", json={**_chat(), "stream": True}, headers=_auth(key))
+        assert streamed.status_code == 429  # refused before the stream starts: a plain answer
+        assert streamed.headers["Retry-After"] == "30"
         wall.now += 29.0
         again = client.post("/chat/completions", json=_chat(), headers=_auth(key))
         assert again.status_code == 429
@@ -133,7 +138,7 @@ def test_requests_a_minute_refused_with_the_seconds_until_one_fits(
         wall.now += 1.0
         assert client.post("/chat/completions", json=_chat(), headers=_auth(key)).status_code == 200
     shown = cli(capsys, "keys", "show", "bob", *flags, "--json")
-    assert shown.json["refusals"]["rate"] == 2
+    assert shown.json["refusals"]["rate"] == 3
     assert shown.json["spend"]["requests"] > 0
 
 
@@ -196,6 +201,9 @@ def test_a_key_reads_its_own_spend_as_keys_show_prints_it(
         for question in ("What is 2 + 2?", "What is 3 + 3?"):
             done = client.post("/chat/completions", json=_chat(question), headers=_auth(key))
             assert done.status_code == 200, done.text
+            # what the budget had left as the request was admitted: all but what ran before it
+            assert done.headers["x-lanefold-budget-remaining-tokens"] == str(100000 - paid)
+            assert "x-lanefold-budget-remaining-requests" not in done.headers  # no such limit
             usage = done.json()["usage"]
             paid += usage["total_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
         own = client.get("/usage", headers=_auth(key))
@@ -264,3 +272,25 @@ def test_a_gateways_runs_say_who_asked_for_which_model(
     assert cli(capsys, "show", run_id, *flags, "--json").json["asked"]["request_id"] == "r-1"
     for line in (Path(flags[1]) / run_id / "events.jsonl",) if flags[0] == "--runs-dir" else ():
         assert alice not in line.read_text()  # the key's name, never the key
+
+
+def test_a_keys_file_seeds_the_store_and_a_revoked_key_stays_revoked(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from lanefold.serve import gateway_app, key_digest
+
+    store, flags = opened
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        f'[[keys]]\nname = "gina"\nsha256 = "{key_digest("gina-key-0123456789")}"\nloops = ["vote"]\n'
+        "rpm = 7\nbudget = { max_tokens = 5000 }\n"
+    )
+    gateway_app({"vote": _loop()}, store, keys_file=keys, store_keys=True)
+    shown = cli(capsys, "keys", "show", "gina", *flags, "--json").json
+    assert shown["limits"]["rpm"] == 7 and shown["limits"]["max_tokens"] == 5000
+    assert cli(capsys, "keys", "revoke", "gina", *flags).code == 0
+    app = gateway_app({"vote": _loop()}, store, keys_file=keys, store_keys=True)  # a restart
+    assert cli(capsys, "keys", "show", "gina", *flags, "--json").json["revoked"] is True
+    with TestClient(app, base_url="http://gateway/v1") as client:
+        refused = client.post("/chat/completions", json=_chat(), headers=_auth("gina-key-0123456789"))
+        assert refused.status_code == 401
