@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
 
@@ -64,9 +63,9 @@ from lanefold.serve._guard import (
     read_body,
     unless_disconnected,
 )
-from lanefold.serve._keyring import StoreKeys, key_report
+from lanefold.serve._keyring import StoreKeys
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
-from lanefold.serve._limits import Admitted, KeyRates, request_hold
+from lanefold.serve._limits import Admitted, KeyRates, request_hold, request_id_of
 from lanefold.serve._outcomes import on_error
 
 __all__ = ("create_gateway",)
@@ -100,15 +99,6 @@ def _checked(store: Store, run_id: str) -> RunState:
             code="run_record_corrupt",
             headers={"x-should-retry": "false"},
         ) from None
-
-
-def _request_id(request: Request) -> str:
-    """The request's id as its run records it: the client's `X-Request-ID` where it sent one
-    that is plain (at most 128 printable ASCII characters), else one made here."""
-    sent = request.headers.get("x-request-id", "").strip()
-    if 0 < len(sent) <= 128 and sent.isascii() and sent.isprintable():
-        return sent
-    return "req_" + secrets.token_hex(12)
 
 
 class _Replayed:
@@ -242,7 +232,7 @@ def create_gateway(
                 return recorded
         else:
             run_id = store.new_id()
-        request_id = _request_id(request)
+        request_id = request_id_of(request)
         go = Go(ask, run_id, caller, key, idempotency is not None, request_id)
         admitted = (
             Admitted(None)
@@ -265,15 +255,8 @@ def create_gateway(
         """The calling key's own limits, spend, refusals and last use (`keys show`'s figures)."""
         key = await key_of(request)
         if key is None or rates is None:
-            raise HTTPError(
-                404, "usage is kept for keys kept in the store (serve --store-keys)", code="not_found"
-            )
-        stored = await anyio.to_thread.run_sync(rates.store.read_key, key.name)
-        if stored is None:
-            raise HTTPError(401, "missing or unknown API key", code="invalid_api_key")
-        now = rates.clock()
-        report = await anyio.to_thread.run_sync(lambda: key_report(store, stored, now))
-        return JSONResponse(report)
+            raise HTTPError(404, "usage is kept for keys kept in the store (serve --store-keys)")
+        return JSONResponse(await rates.usage(key, store))
 
     def _recorded(run_id: str, ask: Ask) -> Response | None:
         """What an idempotent retry is answered from the record, as the fold of its log gives

@@ -8,25 +8,32 @@ its config's `[budget] max_tokens`, else nothing held and the bucket only charge
 bucket short of it refuses the request: 429 `rate_limit_exceeded` with `Retry-After`, the
 seconds until the bucket holds enough, rounded up. When the run ends its hold is settled to
 the tokens it paid (the unused part goes back; a run whose end is unknown keeps it all).
+
+Here too, beside them: a request's id (`request_id_of`) and a key's own figures (`KeyRates.usage`,
+`GET /v1/usage`), so that the gateway's request path changes by a few lines only.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
+from starlette.requests import Request
 
 from lanefold.config import LoopConfig
 from lanefold.evaluate import prompt_tokens, worst_case
-from lanefold.execution import RunResult
+from lanefold.execution import RunResult, Store
 from lanefold.primitives import BudgetStore, BudgetView, KeyStore, RateVerdict, RunState
 from lanefold.primitives.events import AnyEvent
 from lanefold.primitives.internal import key_budget_name
 from lanefold.serve._gateway_wire import Ask, Go
 from lanefold.serve._guard import HTTPError
+from lanefold.serve._keyring import key_report
 from lanefold.serve._keys import GatewayKey
 
 __all__ = ("Admitted", "KeyRates", "paid_tokens", "request_hold")
@@ -118,6 +125,15 @@ class Admitted:
             await anyio.to_thread.run_sync(lambda: store.give_key_rate(key, back, now))
 
 
+def request_id_of(request: Request) -> str:
+    """The request's id as its run records it: the client's `X-Request-ID` where it sent one
+    that is plain (at most 128 printable ASCII characters), else one made here."""
+    sent = request.headers.get("x-request-id", "").strip()
+    if 0 < len(sent) <= 128 and sent.isascii() and sent.isprintable():
+        return sent
+    return "req_" + secrets.token_hex(12)
+
+
 class KeyRates:
     """The buckets of the store's keys (`clock`: the wall clock the store's buckets are kept
     in; a test gives its own)."""
@@ -148,6 +164,15 @@ class KeyRates:
         budgets, name = self.budgets, key_budget_name(key.name)
         budget = None if budgets is None else await anyio.to_thread.run_sync(budgets.read_budget, name)
         return Admitted(self, key.name, tokens, verdict, limits=(key.tpm, key.rpm), budget=budget)
+
+    async def usage(self, key: GatewayKey, store: Store) -> dict[str, Any]:
+        """`GET /v1/usage`: the key's own limits, spend, refusals and last use, as `keys show`
+        prints them (`key_report`)."""
+        stored = await anyio.to_thread.run_sync(self.store.read_key, key.name)
+        if stored is None:
+            raise HTTPError(401, "missing or unknown API key", code="invalid_api_key")
+        now = self.clock()
+        return await anyio.to_thread.run_sync(lambda: key_report(store, stored, now))
 
 
 def _refusal(key: GatewayKey, verdict: RateVerdict, tokens: int) -> HTTPError:
