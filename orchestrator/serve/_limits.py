@@ -108,7 +108,7 @@ class Admitted:
             try:
                 done = await run(go, observer)
             except HTTPError as refused:
-                if refused.status == 429:  # refused before anything ran (a slot, the budget)
+                if refused.status < 500:  # refused before anything ran (a slot, the budget, 409)
                     await self.settle(0)
                 raise
             await self.settle(paid_tokens(done[0]))
