@@ -133,6 +133,7 @@ from lanefold.primitives._keystore import (
     KeyStore,
     RateVerdict,
     StoredKey,
+    check_key_name,
     give_rate,
     take_rate,
 )
@@ -333,6 +334,7 @@ __all__ = (
     "check_budget_name",
     "check_headers",
     "check_headers_env",
+    "check_key_name",
     "check_next_sequence",
     "check_tool_choice",
     "check_verifier_limits",

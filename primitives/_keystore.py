@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from lanefold.primitives._errors import ConfigError
 from lanefold.primitives.events import MAX_QUANTITY
 
 __all__ = (
@@ -35,6 +36,7 @@ __all__ = (
     "KeyStore",
     "RateVerdict",
     "StoredKey",
+    "check_key_name",
     "give_rate",
     "key_budget_name",
     "rate_levels",
@@ -43,6 +45,15 @@ __all__ = (
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MINUTE = 60.0
+
+
+def check_key_name(name: str, where: str = "key") -> str:
+    """A key's name: letters, digits and `._-`, at most 64 characters, starting with a letter
+    or digit (it names a file on the files store, and a run's caller); else a ConfigError
+    naming `where` and the name."""
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise ConfigError(f"{where}: {name!r} is not a key name (letters, digits and ._- only, at most 64)")
+    return name
 
 
 def key_budget_name(name: str) -> str:

@@ -30,6 +30,7 @@ PRIMITIVES_PUBLIC = frozenset(
         "KeyStore",
         "RateVerdict",
         "StoredKey",
+        "check_key_name",
         "give_rate",
         "take_rate",
         "Allowance",

@@ -17,9 +17,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from lanefold.cli._budget import limit_type
 from lanefold.execution import budget_store, open_store
-from lanefold.primitives import ConfigError, KeyRecord, StoredKey
+from lanefold.primitives import ConfigError, KeyRecord, StoredKey, check_key_name
 from lanefold.primitives.internal import key_budget_name
 from lanefold.serve import key_digest, key_report, key_store, new_key
 
@@ -72,6 +74,8 @@ def _positive(text: str) -> int | None:
 
 
 def _keys(args: argparse.Namespace) -> int:
+    if args.verb != "list":
+        check_key_name(args.name)
     opened = open_store(args.store, args.runs_dir)
     kept = key_store(opened)
     budgets = budget_store(opened, "--store")
@@ -121,8 +125,10 @@ def _record(args: argparse.Namespace, record: KeyRecord) -> KeyRecord:
         changes["loops"] = tuple(m for part in args.loops for m in part.split(",") if m)
     try:
         return KeyRecord.model_validate({**record.model_dump(), **changes})
-    except ValueError as exc:
-        raise ConfigError(f"key {record.name!r}: {str(exc).splitlines()[-1].strip()}") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise ConfigError(f"key {record.name!r}: --{where.replace('_', '-')}: {error['msg']}") from None
 
 
 def _set_budget(args: argparse.Namespace, budgets: Any) -> None:

@@ -19,6 +19,7 @@ from lanefold.primitives import (
     KeyRecord,
     RateVerdict,
     StoredKey,
+    check_key_name,
     give_rate,
     os_failure,
     take_rate,
@@ -51,8 +52,7 @@ class FileKeys:
             os.close(fd)  # drops the flock
 
     def path(self, name: str) -> Path:
-        KeyRecord.model_validate({"name": name, "sha256": "0" * 64})  # a plain name, never a path
-        return self.folder / f"{name}.json"
+        return self.folder / f"{check_key_name(name)}.json"  # a plain name, never a path
 
     def _read(self, path: Path) -> StoredKey | None:
         try:

@@ -294,3 +294,16 @@ def test_a_keys_file_seeds_the_store_and_a_revoked_key_stays_revoked(
     with TestClient(app, base_url="http://gateway/v1") as client:
         refused = client.post("/chat/completions", json=_chat(), headers=_auth("gina-key-0123456789"))
         assert refused.status_code == 401
+
+
+def test_a_bad_key_name_or_limit_is_one_line_naming_it(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Defect: `keys create "bad name!"` (and `keys show ../x`) ended in a traceback."""
+    _store, flags = opened
+    for verb in ("create", "show", "update", "revoke"):
+        bad = cli(capsys, "keys", verb, "bad name!", *flags)
+        assert bad.code == 2, bad.err
+        assert "name" in bad.error_line and "bad name!" in bad.error_line
+    escape = cli(capsys, "keys", "show", "../x", *flags)
+    assert escape.code == 2 and "../x" in escape.error_line
