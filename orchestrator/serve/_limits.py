@@ -162,7 +162,11 @@ class KeyRates:
         if verdict.retry_after is not None:
             raise _refusal(key, verdict, tokens)
         budgets, name = self.budgets, key_budget_name(key.name)
-        budget = None if budgets is None else await anyio.to_thread.run_sync(budgets.read_budget, name)
+        budget = None
+        if budgets is not None:  # made unlimited where a key was stored without one (its runs spend from it)
+            budget = await anyio.to_thread.run_sync(
+                lambda: budgets.read_budget(name) or budgets.start_budget(name, (0, 0.0, 0))
+            )
         return Admitted(self, key.name, tokens, verdict, limits=(key.tpm, key.rpm), budget=budget)
 
     async def usage(self, key: GatewayKey, store: Store) -> dict[str, Any]:

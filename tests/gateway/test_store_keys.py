@@ -307,3 +307,17 @@ def test_a_bad_key_name_or_limit_is_one_line_naming_it(
         assert "name" in bad.error_line and "bad name!" in bad.error_line
     escape = cli(capsys, "keys", "show", "../x", *flags)
     assert escape.code == 2 and "../x" in escape.error_line
+
+
+def test_a_key_stored_without_a_budget_gets_one_at_its_first_request(opened: tuple[Store, list[str]]) -> None:
+    """Defect: a key a store was given directly (`create_key`, no `orchestrator keys`) had no
+    budget `key:<name>`, and its every run failed opening it."""
+    from lanefold.primitives import KeyRecord
+    from lanefold.serve import key_digest
+
+    store, _flags = opened
+    store.create_key(KeyRecord(name="ivan", sha256=key_digest("ivan-key-0123456789")))  # type: ignore[attr-defined]
+    with gateway(store, Clock(), Clock()) as client:
+        done = client.post("/chat/completions", json=_chat(), headers=_auth("ivan-key-0123456789"))
+        assert done.status_code == 200, done.text
+    assert store.read_budget("key:ivan").spent_tokens > 0  # type: ignore[attr-defined]
