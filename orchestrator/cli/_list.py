@@ -69,14 +69,10 @@ def add_commands(sub: Any, common: Callable[..., None]) -> dict[str, Handler]:
 
 def _list(args: argparse.Namespace) -> int:
     store = open_store(args.store, args.runs_dir)
+    # model and caller only where given: a store written before they were filters still lists
+    asked = {name: getattr(args, name) for name in ("model", "caller") if getattr(args, name) is not None}
     runs = store.list_runs(
-        status=args.status,
-        loop=args.loop,
-        eval_id=args.eval,
-        since=args.since,
-        limit=args.limit,
-        model=args.model,
-        caller=args.caller,
+        status=args.status, loop=args.loop, eval_id=args.eval, since=args.since, limit=args.limit, **asked
     )
     if args.json:
         for summary in runs:
