@@ -94,11 +94,14 @@ class RunSummary:
     ended: datetime | None
     agreement: float | None = None  # the winner's share of the vote, where the run reduced by one
     caller: str | None = None  # who asked, where a gateway key did (its name)
+    model: str | None = None  # the model name a gateway's client asked for (the loop's name)
+    request_id: str | None = None  # the gateway request's id
 
     def to_json(self) -> dict[str, Any]:
         found = asdict(self)
-        if self.caller is None:
-            del found["caller"]
+        for name in ("caller", "model", "request_id"):
+            if found[name] is None:
+                del found[name]
         found["started"] = self.started.isoformat()
         found["ended"] = self.ended.isoformat() if self.ended else None
         return found
@@ -138,6 +141,8 @@ def summarize_run(first: AnyEvent, last: AnyEvent, *, writing: bool) -> RunSumma
         ended=ended,
         agreement=None if result.get("agreement") is None else float(result["agreement"]),
         caller=data.caller,
+        model=data.model,
+        request_id=data.request_id,
     )
 
 
@@ -149,14 +154,19 @@ def select_runs(
     eval_id: str | None = None,
     since: datetime | None = None,
     limit: int | None = None,
+    model: str | None = None,
+    caller: str | None = None,
 ) -> list[RunSummary]:
     """`list_runs`'s filters over summaries, newest first: the one place they mean what they
-    say, whichever store read the summaries. An eval's runs are `<eval_id>.<i>`."""
+    say, whichever store read the summaries. An eval's runs are `<eval_id>.<i>`; `model` is
+    the model name a gateway's client asked for, `caller` the key's name."""
     chosen = [
         s
         for s in found
         if (status is None or s.status == status)
         and (loop is None or s.loop == loop)
+        and (model is None or s.model == model)
+        and (caller is None or s.caller == caller)
         and (eval_id is None or s.run_id.startswith(eval_id + "."))
         and (since is None or s.started >= since)
     ]
@@ -224,6 +234,8 @@ class Store(Protocol):
         eval_id: str | None = None,
         since: datetime | None = None,
         limit: int | None = None,
+        model: str | None = None,
+        caller: str | None = None,
     ) -> list[RunSummary]:
         """Runs newest first, filtered (`select_runs` says what each filter means)."""
         ...

@@ -238,6 +238,10 @@ class RunStartedData(_Frozen):
     # idempotent retry with another body is refused by it.
     caller: str | None = Field(None, exclude_if=_absent)
     request_sha256: str | None = Field(None, exclude_if=_absent)
+    # The model name the client asked for (a gateway's loop name, `vote`; the loop's class is
+    # `coordinator`) and the request's id (its `X-Request-ID`, or one the gateway gave it).
+    model: str | None = Field(None, exclude_if=_absent, max_length=256)
+    request_id: str | None = Field(None, exclude_if=_absent, max_length=256)
     # The named budgets in the store the run spends from besides its own limits (its `[budget]
     # shared`, a gateway key's `key:<name>`): every later segment (resume, a retry, a
     # re-reduction) rejoins them. Absent in logs from before they were recorded.

@@ -45,6 +45,7 @@ from lanefold.primitives._dispatch import (
 )
 from lanefold.primitives._hooks import HookRunner, build_hook, hook_params
 from lanefold.primitives._judge import render_prompt
+from lanefold.primitives._keystore import key_budget_name, rate_levels
 from lanefold.primitives._nesting import nests_deeper
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._registry import (
@@ -95,12 +96,14 @@ __all__ = (
     "fit_params",
     "hook_params",
     "import_object",
+    "key_budget_name",
     "lane_seed",
     "logprob_weight",
     "loop_names",
     "nests_deeper",
     "plugin_folders",
     "pooled_lanes",
+    "rate_levels",
     "reading_a_record",
     "reduced_lanes",
     "reducer_names",

@@ -25,6 +25,14 @@ PLUG_IN_FOLDERS = ("backends", "coordinators", "stores")
 # decorators, the pure functions a plug-in needs): `lanefold.primitives.__all__`, pinned.
 PRIMITIVES_PUBLIC = frozenset(
     {
+        "KeyRate",
+        "KeyRecord",
+        "KeyStore",
+        "RateVerdict",
+        "StoredKey",
+        "check_key_name",
+        "give_rate",
+        "take_rate",
         "Allowance",
         "AnswerRead",
         "AnyEvent",
@@ -212,6 +220,8 @@ PRIMITIVES_PUBLIC = frozenset(
 # any release; a name that was in `lanefold.primitives` warns there until 0.3 (MOVED_TO_INTERNAL).
 PRIMITIVES_INTERNAL = frozenset(
     {
+        "key_budget_name",
+        "rate_levels",
         "Dispatcher",
         "HookRunner",
         "PROMPT_FORMS",

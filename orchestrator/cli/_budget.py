@@ -17,12 +17,14 @@ from typing import Any
 from lanefold.execution import budget_store, open_store
 from lanefold.primitives import BudgetView, ConfigError
 
-__all__ = ("add_commands", "render")
+__all__ = ("add_commands", "limit_type", "render")
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _limit(kind: type[int] | type[float]) -> Callable[[str], int | float | None]:
+def limit_type(kind: type[int] | type[float]) -> Callable[[str], int | float | None]:
+    """An argparse type: a limit of `kind` at least 0, or `none` (None: no limit)."""
+
     def parse(text: str) -> int | float | None:
         if text.strip().lower() == "none":
             return None
@@ -55,9 +57,9 @@ def add_commands(sub: Any, common: Callable[..., None] | None = None) -> dict[st
         )
         v.add_argument("--runs-dir", default="runs", help="where run logs live (default ./runs)")
         if verb == "set":
-            v.add_argument("--max-tokens", type=_limit(int), default=_UNSET, metavar="N")
-            v.add_argument("--max-cost-usd", type=_limit(float), default=_UNSET, metavar="USD")
-            v.add_argument("--max-requests", type=_limit(int), default=_UNSET, metavar="N")
+            v.add_argument("--max-tokens", type=limit_type(int), default=_UNSET, metavar="N")
+            v.add_argument("--max-cost-usd", type=limit_type(float), default=_UNSET, metavar="USD")
+            v.add_argument("--max-requests", type=limit_type(int), default=_UNSET, metavar="N")
         v.add_argument("--json", action="store_true", help="print the budget as JSON")
         v.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
     return {"budget": _budget}

@@ -81,7 +81,12 @@ def _gist(event: AnyEvent) -> str:
     d: Any = event.data  # the payload of the event type matched below
     match event.type:
         case "run.started":
-            return f"{d.coordinator} on {d.backend}: {d.question!r}"
+            asked = "".join(
+                f", {label} {value}"
+                for label, value in (("model", d.model), ("caller", d.caller), ("request", d.request_id))
+                if value is not None
+            )
+            return f"{d.coordinator} on {d.backend}{asked}: {d.question!r}"
         case "run.resumed":
             return f"after #{d.resumed_after_sequence}, {len(d.in_flight)} in flight" + (
                 f", cut {d.torn_tail_bytes} torn bytes" if d.torn_tail_bytes else ""

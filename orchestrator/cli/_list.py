@@ -1,6 +1,7 @@
-"""`orchestrator list`: the runs a store holds, newest first, filtered by status, loop, eval and
-time. Each row is read from a run's first and last events (`Store.list_runs`); `show` checks a
-run whole."""
+"""`orchestrator list`: the runs a store holds, newest first, filtered by status, loop, eval,
+time, and for a gateway's runs the model asked for and the key (`--model vote --caller alice`).
+Each row is read from a run's first and last events (`Store.list_runs`); `show` checks a run
+whole."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def add_commands(sub: Any, common: Callable[..., None]) -> dict[str, Handler]:
     )
     p.add_argument("--eval", metavar="EVAL_ID", help="only the runs of this eval")
     p.add_argument("--loop", metavar="NAME", help="only runs of this loop (its coordinator)")
+    p.add_argument("--model", metavar="NAME", help="only gateway runs a client asked this model for")
+    p.add_argument("--caller", metavar="KEY", help="only gateway runs of this key (its name)")
     p.add_argument(
         "--since",
         type=since,
@@ -66,8 +69,10 @@ def add_commands(sub: Any, common: Callable[..., None]) -> dict[str, Handler]:
 
 def _list(args: argparse.Namespace) -> int:
     store = open_store(args.store, args.runs_dir)
+    # model and caller only where given: a store written before they were filters still lists
+    asked = {name: getattr(args, name) for name in ("model", "caller") if getattr(args, name) is not None}
     runs = store.list_runs(
-        status=args.status, loop=args.loop, eval_id=args.eval, since=args.since, limit=args.limit
+        status=args.status, loop=args.loop, eval_id=args.eval, since=args.since, limit=args.limit, **asked
     )
     if args.json:
         for summary in runs:
@@ -80,18 +85,23 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _filtered(args: argparse.Namespace) -> bool:
-    return any(getattr(args, key) is not None for key in ("status", "eval", "loop", "since"))
+    return any(
+        getattr(args, key) is not None for key in ("status", "eval", "loop", "since", "model", "caller")
+    )
 
 
 def render(runs: list[RunSummary]) -> str:
-    """Runs as an aligned table: id, loop, status, answer, lanes, tokens, cost, started."""
+    """Runs as an aligned table: id, loop, status, answer, lanes, tokens, cost, started; a
+    gateway's run shows the model its client asked for and the key's name beside its loop
+    (`vote (parallel_sample) by alice`)."""
     rows = [("run", "loop", "status", "answer", "lanes", "tokens", "cost", "started")]
     for s in runs:
         answer = "-" if s.answer is None else s.answer if len(s.answer) <= 24 else s.answer[:23] + "…"
+        loop = s.loop if s.model is None else f"{s.model} ({s.loop})"
         rows.append(
             (
                 s.run_id,
-                s.loop,
+                loop if s.caller is None else f"{loop} by {s.caller}",
                 s.status,
                 answer,
                 str(s.lanes),

@@ -1,5 +1,5 @@
 """The `orchestrator` command: run, resume, reduce, tail, show, list, eval, compare, curve,
-validate, schema, serve, view, budget, doctor.
+validate, schema, serve, view, budget, keys, doctor.
 
 Exit codes: 0 done, 1 the run failed, 2 bad usage / config / log, 3 budget exhausted before
 quorum, 4 the run ended without an answer, 130/143 interrupted by SIGINT/SIGTERM (resumable).
@@ -25,6 +25,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         import lanefold.cli._datasets as datasets_cli
         import lanefold.cli._doctor as doctor_cli
         import lanefold.cli._eval as eval_cli
+        import lanefold.cli._keys as keys_cli
         import lanefold.cli._list as list_cli
         import lanefold.cli._runs as runs
         import lanefold.cli._schema as schema_cli
@@ -55,6 +56,7 @@ _GROUPS = (
     sweep_cli,
     datasets_cli,
     budget_cli,
+    keys_cli,
     list_cli,
     serve_cli,
     view_cli,

@@ -330,6 +330,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         else:
             result = RunResult.model_validate(record)
             summary(result)
+            if "asked" in record:  # a gateway's run: who asked, for which model
+                print("asked: " + ", ".join(f"{name} {value}" for name, value in record["asked"].items()))
             for data in record["reductions"][1:]:
                 print(
                     f"reduction {data['reduction']}: {data['reducer']} -> "

@@ -65,7 +65,13 @@ def add_commands(
         "--keys",
         metavar="FILE",
         help="a TOML keys file: each [[keys]] with name, sha256, loops, budget, max_concurrency "
-        "(turns authentication on; see docs/gateway.md)",
+        "(turns authentication on; see docs/gateway.md); with --store-keys, the keys it seeds",
+    )
+    p.add_argument(
+        "--store-keys",
+        action="store_true",
+        help="authenticate with the keys kept in the store (orchestrator keys create ...): "
+        "changes seen within a second, tokens and requests a minute enforced",
     )
     p.add_argument("--host", default="127.0.0.1", help="default loopback")
     p.add_argument("--port", type=port_number, default=8000)
@@ -104,13 +110,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "serve: give --loops DIR (or --loop NAME=CONFIG), --backend-config FILE, or both"
             )
-        if args.keys is not None:
-            raise ConfigError("--keys: keys govern loops; give --loops DIR too")
+        if args.keys is not None or args.store_keys:
+            raise ConfigError(
+                f"{'--keys' if args.keys else '--store-keys'}: keys govern loops; give --loops DIR too"
+            )
         if args.otel_endpoint is not None:
             raise ConfigError("--otel-endpoint: traces are of runs; give --loops DIR too")
-    elif args.keys is not None and key is not None:
+    elif (args.keys is not None or args.store_keys) and key is not None:
         raise ConfigError("--keys and --api-key-env: give one (a keys file holds every key)")
-    if key is None and args.keys is None and not is_loopback(args.host):
+    if key is None and args.keys is None and not args.store_keys and not is_loopback(args.host):
         # As `view` refuses it: a port beyond this machine with no key serves anyone who finds it.
         needs = "--keys or --api-key-env" if loops_served else "--api-key-env"
         raise ConfigError(f"--host {args.host}: not loopback; serving beyond this machine needs {needs}")
@@ -123,6 +131,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             keys_file=args.keys,
+            store_keys=args.store_keys,
             api_key=key,
             backend=backend,
             backend_name=args.model_name,

@@ -16,7 +16,7 @@ from lanefold.evaluate._compare_plot import readable
 from lanefold.evaluate._curve import REDUCERS as CURVE_REDUCERS
 from lanefold.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
 from lanefold.evaluate._datasets import DatasetSpec, load_dataset
-from lanefold.evaluate._equal_budget import BUDGET_MODES
+from lanefold.evaluate._equal_budget import BUDGET_MODES, prompt_tokens, worst_case
 from lanefold.evaluate._eval import resume_hint, run_eval
 from lanefold.evaluate._eval_records import (
     TOKEN_LINES,
@@ -77,6 +77,7 @@ __all__ = (
     "mcnemar",
     "parse_budgets",
     "pass_at_k",
+    "prompt_tokens",
     "read_manifest",
     "read_pool",
     "read_results",
@@ -93,4 +94,5 @@ __all__ = (
     "scaling_curve",
     "summarize",
     "wilson_interval",
+    "worst_case",
 )

@@ -99,6 +99,8 @@ class _Origin:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str | None = None
     turns_after: tuple[ChatMessage, ...] = ()
+    model: str | None = None
+    request_id: str | None = None
 
 
 class Session:
@@ -234,6 +236,8 @@ class Session:
         tools: Sequence[Mapping[str, Any] | ToolSpec] | None = None,
         tool_choice: str | None = None,
         turns_after: Sequence[ChatMessage] = (),
+        model: str | None = None,
+        request_id: str | None = None,
     ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
@@ -246,7 +250,9 @@ class Session:
         sampled lane sends ahead of its prompt, the prompt as the user's turn,
         through the backend's chat template (a config whose `[prompt] form` is "raw" refuses
         turns, ConfigError, before anything is recorded). `caller` and `request_sha256` are
-        recorded with the run (who asked, and a digest of what they sent). `pools` names budgets
+        recorded with the run (who asked, and a digest of what they sent), and so are `model` and
+        `request_id` (the model name they asked for and their request's id: `list --model/--caller`
+        filter on them). `pools` names budgets
         in the store this run spends from as well as its own limits and its config's `[budget]
         shared` (a gateway key's `key:<name>`): they are recorded in its `run.started` and every
         later segment (resume, a retry, a re-reduction) spends from them too. A run none of them
@@ -281,6 +287,8 @@ class Session:
                 given,
                 tool_choice,
                 tuple(turns_after),
+                model,
+                request_id,
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
@@ -338,6 +346,8 @@ class Session:
                             turns_after=[recorded_turn(m) for m in origin.turns_after] or None,
                             caller=origin.caller,
                             request_sha256=origin.request_sha256,
+                            model=origin.model,
+                            request_id=origin.request_id,
                             pools=list(names) or None,
                             tools=[tool.to_openai() for tool in origin.tools] or None,
                             tool_choice=origin.tool_choice,

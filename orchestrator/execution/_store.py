@@ -160,9 +160,15 @@ def run_record(store: Store, run_id: str, state: RunState | None = None) -> dict
     unless `state` is what `read_state` gave."""
     state = state if state is not None else read_state(store, run_id)
     reductions = [data.model_dump(mode="json") for _, data in sorted(state.reductions.items())]
+    asked = _asked(state)
     if state.result is not None:
         result = RunResult.model_validate(state.result)
-        return {**result.model_dump(mode="json"), "reductions": reductions, "backend": backend_record(state)}
+        return {
+            **result.model_dump(mode="json"),
+            "reductions": reductions,
+            "backend": backend_record(state),
+            **asked,
+        }
     status = "failed" if state.failure else "interrupted" if state.interrupted else "unfinished"
     return {
         "run_id": state.run_id,
@@ -177,7 +183,19 @@ def run_record(store: Store, run_id: str, state: RunState | None = None) -> dict
         "events": store.location(run_id),
         "reductions": reductions,
         "backend": backend_record(state),
+        **asked,
     }
+
+
+def _asked(state: RunState) -> dict[str, Any]:
+    """Who asked for a gateway's run and what for (`asked`: the model name the client asked
+    for, the key's name, the request's id); nothing for a run nobody asked for so."""
+    started = state.started
+    if started is None:
+        return {}
+    found = {"model": started.model, "caller": started.caller, "request_id": started.request_id}
+    found = {name: value for name, value in found.items() if value is not None}
+    return {"asked": found} if found else {}
 
 
 def backend_record(state: RunState) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from lanefold.config import LoopConfig
 from lanefold.execution import RunResult, Session, Store, read_state, run_record
 from lanefold.primitives import (
     BudgetExhaustedError,
+    BudgetStore,
     ConfigError,
     LanefoldError,
     LogCorruptError,
@@ -63,7 +64,9 @@ from lanefold.serve._guard import (
     read_body,
     unless_disconnected,
 )
+from lanefold.serve._keyring import StoreKeys
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
+from lanefold.serve._limits import Admitted, KeyRates, request_hold, request_id_of
 from lanefold.serve._outcomes import on_error
 
 __all__ = ("create_gateway",)
@@ -127,7 +130,7 @@ def create_gateway(
     session: Session,
     loops: Mapping[str, LoopConfig],
     *,
-    keys: Keys | None = None,
+    keys: Keys | StoreKeys | None = None,
     pools: KeyPools | None = None,
     backend_app: Starlette | None = None,
     backend_names: frozenset[str] = frozenset(),
@@ -138,16 +141,22 @@ def create_gateway(
     """An ASGI app serving each of `loops` (model name -> config) through `session`, whose
     store records every request as a run. `keys`: who may call (else anyone who reaches the
     port, or holds `serve --api-key-env`'s key: that middleware wraps this app); `pools` keep
-    their budgets. `backend_app` answers requests naming `backend_names` (`serve
+    their budgets; keys kept in the store (`StoreKeys`) have their tokens and requests a minute
+    kept there too (in `clock`'s seconds) and `GET /v1/usage` answers a key its own figures.
+    `backend_app` answers requests naming `backend_names` (`serve
     --backend-config` beside `--loops`). `heartbeat_s`: a stream's comment line at least this
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
     store = session.store
+    budgets = store if isinstance(store, BudgetStore) else None
+    rates = KeyRates(keys.store, clock, budgets) if isinstance(keys, StoreKeys) else None
     configs: dict[tuple[str, str, int | None, float | None, float | None, str | None], LoopConfig] = {}
 
-    def key_of(request: Request) -> GatewayKey | None:
+    async def key_of(request: Request) -> GatewayKey | None:
         if keys is None:
             return None
+        if isinstance(keys, StoreKeys):
+            await keys.fresh()
         sent = one_authorization(request.headers.getlist("authorization"), "")
         scheme, _, token = sent.partition(" ")
         found = keys.find(token.strip()) if scheme.lower() == "bearer" else None
@@ -172,7 +181,7 @@ def create_gateway(
         return configs[cache]
 
     async def models(request: Request) -> JSONResponse:
-        key = key_of(request)
+        key = await key_of(request)
         names = [n for n in loops if key is None or key.may_call(n)]
         entries = [{"id": n, "object": "model", "created": 0, "owned_by": "lanefold-loop"} for n in names]
         entries += [
@@ -181,7 +190,7 @@ def create_gateway(
         return JSONResponse({"object": "list", "data": entries})
 
     async def runs(request: Request) -> JSONResponse:
-        key = key_of(request)
+        key = await key_of(request)
         run_id = request.path_params["run_id"]
         missing = HTTPError(404, f"no run {run_id!r}", param="run_id", code="run_not_found")
         try:
@@ -199,7 +208,7 @@ def create_gateway(
         return JSONResponse(run_record(store, run_id, state), headers={"x-lanefold-run-id": run_id})
 
     async def handle(request: Request, kind: str) -> Response:
-        key = key_of(request)
+        key = await key_of(request)
         raw = await read_body(request, max_body_bytes)
         data = parse_json(raw)
         model = data.get("model") if isinstance(data, dict) else None
@@ -225,16 +234,31 @@ def create_gateway(
                 return recorded
         else:
             run_id = store.new_id()
-        go = Go(ask, run_id, caller, key, idempotency is not None)
+        request_id = request_id_of(request)
+        go = Go(ask, run_id, caller, key, idempotency is not None, request_id)
+        admitted = (
+            Admitted(None)
+            if rates is None
+            else await rates.admit(key, lambda: request_hold(config_for(ask), ask))
+        )
+        governed = admitted.around(run)
         if ask.options.stream:
-            return LoopStream(go, run, stopping, clock, heartbeat_s)
-        done = await unless_disconnected(request, stopping, lambda: run(go, None))
+            return LoopStream(go, governed, stopping, clock, heartbeat_s)
+        done = await unless_disconnected(request, stopping, lambda: governed(go, None))
         if done is None:  # the client hung up: its run was interrupted (resumable)
             return Response(status_code=499)
         result, state = done
         return JSONResponse(
-            response_body(ask, result, state, int(clock())), headers={"x-lanefold-run-id": result.run_id}
+            response_body(ask, result, state, int(clock())),
+            headers={"x-lanefold-run-id": result.run_id, "x-request-id": request_id, **admitted.headers},
         )
+
+    async def usage(request: Request) -> JSONResponse:
+        """The calling key's own limits, spend, refusals and last use (`keys show`'s figures)."""
+        key = await key_of(request)
+        if key is None or rates is None:
+            raise HTTPError(404, "usage is kept for keys kept in the store (serve --store-keys)")
+        return JSONResponse(await rates.usage(key, store))
 
     def _recorded(run_id: str, ask: Ask) -> Response | None:
         """What an idempotent retry is answered from the record, as the fold of its log gives
@@ -270,7 +294,7 @@ def create_gateway(
     def slot(key: GatewayKey | None) -> Iterator[None]:
         """One of the key's `max_concurrency` slots for the block, given back however it ends
         (a refusal, an error, a stream that never started); none free: 429."""
-        limiter = pools.limiters.get(key.name) if (pools is not None and key is not None) else None
+        limiter = pools.limiter(key) if (pools is not None and key is not None) else None
         if limiter is None:
             yield
             return
@@ -323,6 +347,8 @@ def create_gateway(
                 tool_choice=ask.answering.tool_choice,
                 caller=go.caller,
                 request_sha256=ask.digest,
+                model=ask.loop,
+                request_id=go.request_id,
                 pools=pools.pools(go.key) if pools is not None else (),
                 observer=observer,
                 stop_reason=lambda: "client gone",
@@ -350,6 +376,7 @@ def create_gateway(
     app = Starlette(
         routes=[
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/usage", usage, methods=["GET"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/runs/{run_id}", runs, methods=["GET"]),

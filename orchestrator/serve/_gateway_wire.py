@@ -234,3 +234,4 @@ class Go:
     caller: str | None
     key: GatewayKey | None
     idempotent: bool
+    request_id: str | None = None  # recorded with the run (X-Request-ID, or the gateway's own)

@@ -3,7 +3,8 @@
 A keys file (TOML) holds one `[[keys]]` table per key: `name`, `sha256` (the hex SHA-256 of the
 key; the key itself is never written down), `loops` (model names, `["*"]` for all), `budget`
 (`max_tokens`, `max_cost_usd`, `max_requests`, any subset: the same limits as a loop config's
-`[budget]`, where a request is one backend request) and `max_concurrency` (requests at once).
+`[budget]`, where a request is one backend request), `max_concurrency` (requests at once) and
+`tpm`/`rpm` (tokens and requests a minute, enforced where the keys are kept in the store).
 
 A key's budget is the named budget `key:<name>` in the store (a row on PostgreSQL, a file in
 `runs/.budgets/` on the files store), which every run of the key spends from beside its own
@@ -60,6 +61,8 @@ class GatewayKey(BaseModel):
     loops: tuple[str, ...] = ("*",)
     budget: KeyBudget = KeyBudget()
     max_concurrency: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1, le=MAX_QUANTITY)  # tokens a minute (the request's hold)
+    rpm: int | None = Field(None, ge=1, le=MAX_QUANTITY)  # requests a minute
 
     @field_validator("name")
     @classmethod
@@ -169,13 +172,24 @@ def spent_by_key(store: Store, key: str) -> tuple[int, float, int]:
 
 
 class KeyPools:
-    """Each key's budget (a named budget in the store) and its concurrency slots."""
+    """Each key's budget (a named budget in the store) and its concurrency slots. `every`:
+    every key spends from its budget, limited or not (keys kept in the store, whose spend
+    `keys show` reports), else only the limited ones (a keys file's)."""
 
-    def __init__(self, keys: Keys, store: Store) -> None:
-        self.keys, self.store = keys, store
-        self.limiters = {
-            k.name: anyio.Semaphore(k.max_concurrency) for k in keys.keys if k.max_concurrency is not None
-        }
+    def __init__(self, keys: Keys, store: Store, *, every: bool = False) -> None:
+        self.keys, self.store, self.every = keys, store, every
+        self._limiters: dict[str, tuple[int, anyio.Semaphore]] = {}
+
+    def limiter(self, key: GatewayKey) -> anyio.Semaphore | None:
+        """The key's slots in this process (made again where its `max_concurrency` changed;
+        requests holding the old ones finish on them)."""
+        if key.max_concurrency is None:
+            self._limiters.pop(key.name, None)
+            return None
+        found = self._limiters.get(key.name)
+        if found is None or found[0] != key.max_concurrency:
+            found = self._limiters[key.name] = (key.max_concurrency, anyio.Semaphore(key.max_concurrency))
+        return found[1]
 
     def prepare(self) -> None:
         """Make each limited key's budget in the store (from what its recorded runs spent, the
@@ -194,5 +208,7 @@ class KeyPools:
             )
 
     def pools(self, key: GatewayKey | None) -> tuple[str, ...]:
-        """The named budgets a run of `key` spends from (none for an unlimited key)."""
-        return (pool_name(key),) if key is not None and key.budget.limited else ()
+        """The named budgets a run of `key` spends from (none for an unlimited file key)."""
+        if key is None or not (self.every or key.budget.limited):
+            return ()
+        return (pool_name(key),)

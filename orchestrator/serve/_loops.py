@@ -18,7 +18,8 @@ import anyio
 from lanefold.config import LoopConfig, load_config, preflight
 from lanefold.execution import Session, Store, open_store
 from lanefold.primitives import Backend, ConfigError, Hook, Loadable
-from lanefold.serve._keys import KeyPools, load_keys
+from lanefold.serve._keyring import StoreKeys, key_store, seed_keys
+from lanefold.serve._keys import KeyPools, Keys, load_keys
 from lanefold.serve._run import listen, run_server
 
 __all__ = ("gateway_app", "loop_configs", "serve_loops", "serve_loops_async")
@@ -54,23 +55,38 @@ def gateway_app(
     *,
     runs_dir: str | Path = "runs",
     keys_file: str | Path | None = None,
+    store_keys: bool = False,
     hooks: Sequence[Hook] = (),
     max_body_bytes: int = 1 << 20,
 ) -> Any:
     """The gateway as an ASGI app, to serve with any ASGI server (or mount in your own):
     `loops` (model name -> config, as `loop_configs` reads them) recorded in `store` (a Store,
-    a `postgresql://` URL; None: files under `runs_dir`), with `keys_file`'s keys and budgets.
+    a `postgresql://` URL; None: files under `runs_dir`), with `keys_file`'s keys and budgets;
+    `store_keys`: with the keys kept in the store instead (`keys_file`, if given, seeds them).
     Backends are built and loaded at their loop's first request. Needs the serve extra."""
     from lanefold.serve._gateway import create_gateway
 
     if store is None or isinstance(store, str):
         store = open_store(store, runs_dir)
     keys = load_keys(keys_file, loops) if keys_file is not None else None
-    pools = KeyPools(keys, store) if keys is not None else None
-    if pools is not None:
-        pools.prepare()
     session = Session(store=store, hooks=hooks)
-    return create_gateway(session, loops, keys=keys, pools=pools, max_body_bytes=max_body_bytes)
+    if store_keys:
+        stored, pools = keyring(store, keys)
+        stored.load()
+        return create_gateway(session, loops, keys=stored, pools=pools, max_body_bytes=max_body_bytes)
+    filed = KeyPools(keys, store) if keys is not None else None
+    if filed is not None:
+        filed.prepare()
+    return create_gateway(session, loops, keys=keys, pools=filed, max_body_bytes=max_body_bytes)
+
+
+def keyring(store: Store, seed: Keys | None) -> tuple[StoreKeys, KeyPools]:
+    """The store's keys as a gateway serves them (`seed`, a keys file's, written in first),
+    every key spending from its budget."""
+    kept = key_store(store, "--store-keys")
+    if seed is not None:
+        seed_keys(store, seed)
+    return StoreKeys(kept), KeyPools(Keys(()), store, every=True)
 
 
 def serve_loops(
@@ -80,6 +96,7 @@ def serve_loops(
     host: str = "127.0.0.1",
     port: int = 8000,
     keys_file: str | None = None,
+    store_keys: bool = False,
     **options: Any,
 ) -> None:
     """Blocking: serve `loops` until Ctrl-C, with `keys_file`'s keys; `options` are
@@ -87,7 +104,9 @@ def serve_loops(
     keys = load_keys(keys_file, loops) if keys_file is not None else None
     sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
     anyio.run(
-        lambda: serve_loops_async(loops, store, sock=sock, host=host, port=port, keys=keys, **options),
+        lambda: serve_loops_async(
+            loops, store, sock=sock, host=host, port=port, keys=keys, store_keys=store_keys, **options
+        ),
         backend="asyncio",  # uvicorn runs on asyncio only
     )
 
@@ -100,6 +119,7 @@ async def serve_loops_async(
     host: str = "127.0.0.1",
     port: int = 8000,
     keys: Any = None,
+    store_keys: bool = False,
     api_key: str | None = None,
     backend: Backend | None = None,
     backend_name: str | None = None,
@@ -109,13 +129,18 @@ async def serve_loops_async(
     hooks: Sequence[Hook] = (),
 ) -> None:
     """`serve_loops` in a running event loop (asyncio: uvicorn's): `loops` and `backend` (as
-    `backend_name`, where given) on `sock` (else `host:port`), with `keys` (a `Keys`)."""
+    `backend_name`, where given) on `sock` (else `host:port`), with `keys` (a `Keys`; with
+    `store_keys`, the keys kept in the store, which `keys` seeds)."""
     from lanefold.serve._app import create_app, served_names
     from lanefold.serve._gateway import create_gateway
     from lanefold.serve._guard import KeyCheck
 
     session = Session(store=store, hooks=hooks)
-    pools = KeyPools(keys, store) if keys is not None else None
+    pools = KeyPools(keys, store) if keys is not None and not store_keys else None
+    served_keys = keys
+    if store_keys:
+        served_keys, pools = await anyio.to_thread.run_sync(keyring, store, keys)
+        await anyio.to_thread.run_sync(served_keys.load)
     backend_app = None
     names: frozenset[str] = frozenset()
     if backend is not None:
@@ -125,7 +150,7 @@ async def serve_loops_async(
     app = create_gateway(
         session,
         loops,
-        keys=keys,
+        keys=served_keys,
         pools=pools,
         backend_app=backend_app,
         backend_names=names,
@@ -138,7 +163,7 @@ async def serve_loops_async(
             await session.backends_for(config)  # built and loaded once per distinct backend
         if isinstance(backend, Loadable):
             await backend.load()
-        if pools is not None:
+        if pools is not None and not store_keys:
             await anyio.to_thread.run_sync(pools.prepare)
         _log.info("loops: %s", ", ".join(sorted(loops)))
 

@@ -302,6 +302,14 @@ class OtelHook:
             attributes["gen_ai.request.model"] = model
             attributes["lanefold.loop"] = loop
             attributes["lanefold.config_hash"] = data.config_hash
+            # who asked and what for, where a gateway's client did (never the key itself)
+            for name, value in (
+                ("lanefold.requested_model", data.model),
+                ("lanefold.caller", data.caller),
+                ("lanefold.request_id", data.request_id),
+            ):
+                if value is not None:
+                    attributes[name] = value
         context = SpanContext(trace_id_of(run_id), random.getrandbits(64) or 1, False, _FLAGS)
         span = _Open(f"lanefold.run {loop}".strip(), context, None, _ns(event), attributes)
         self.runs[run_id] = _Run(span, model=model, operation="chat")

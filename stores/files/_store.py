@@ -1,5 +1,5 @@
 """Runs as files: a folder per run under a root (`./runs/<run_id>/events.jsonl`), the
-embedded default; named budgets beside them (`./runs/.budgets/`)."""
+embedded default; named budgets and gateway keys beside them (`./runs/.budgets/`, `./runs/.keys/`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from lanefold.primitives import (
     BudgetView,
     ConfigError,
     FsyncPolicy,
+    KeyRecord,
+    RateVerdict,
     RunNotFoundError,
     RunSummary,
+    StoredKey,
     new_run_id,
     parse_event,
     register_store,
@@ -26,6 +29,7 @@ from lanefold.primitives import (
 from lanefold.stores.files._budget import _KEEP, FileBudgets
 from lanefold.stores.files._budget_pool import FileSharedPool
 from lanefold.stores.files._evals import FileEvalRecord
+from lanefold.stores.files._keys import FileKeys
 from lanefold.stores.files._log import JsonlEventLog, RunLock
 
 __all__ = ("RunStore",)
@@ -147,6 +151,30 @@ class RunStore:
     def note_refusal(self, name: str) -> None:
         self.budgets.note_refusal(name)
 
+    # -- gateway keys (KeyStore) -----------------------------------------------------------------
+
+    @property
+    def keys(self) -> FileKeys:
+        return FileKeys(self.root)
+
+    def create_key(self, record: KeyRecord) -> StoredKey:
+        return self.keys.create_key(record)
+
+    def replace_key(self, record: KeyRecord) -> StoredKey:
+        return self.keys.replace_key(record)
+
+    def read_key(self, name: str) -> StoredKey | None:
+        return self.keys.read_key(name)
+
+    def list_keys(self) -> list[StoredKey]:
+        return self.keys.list_keys()
+
+    def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
+        return self.keys.take_key_rate(name, tokens, requests, now)
+
+    def give_key_rate(self, name: str, tokens: int, now: float) -> None:
+        self.keys.give_key_rate(name, tokens, now)
+
     def list_runs(
         self,
         *,
@@ -155,6 +183,8 @@ class RunStore:
         eval_id: str | None = None,
         since: datetime | None = None,
         limit: int | None = None,
+        model: str | None = None,
+        caller: str | None = None,
     ) -> list[RunSummary]:
         found = []
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
@@ -164,7 +194,16 @@ class RunStore:
                 summary = self._summary(entry.name, Path(entry.path))
                 if summary is not None:
                     found.append(summary)
-        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
+        return select_runs(
+            found,
+            status=status,
+            loop=loop,
+            eval_id=eval_id,
+            since=since,
+            limit=limit,
+            model=model,
+            caller=caller,
+        )
 
     def _summary(self, run_id: str, folder: Path) -> RunSummary | None:
         try:

@@ -12,6 +12,7 @@ from lanefold.stores.postgres._budget import (
 )
 from lanefold.stores.postgres._database import PgDatabase, redact_url
 from lanefold.stores.postgres._evals import PgEvalRecord
+from lanefold.stores.postgres._keys import PgKeys
 from lanefold.stores.postgres._log import PgEventLog
 from lanefold.stores.postgres._store import PgStore
 
@@ -19,6 +20,7 @@ __all__ = (
     "PgDatabase",
     "PgEvalRecord",
     "PgEventLog",
+    "PgKeys",
     "PgSharedPool",
     "PgStore",
     "connect_budgets",

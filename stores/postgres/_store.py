@@ -18,7 +18,10 @@ from lanefold.primitives import (
     BudgetView,
     ConfigError,
     FsyncPolicy,
+    KeyRecord,
+    RateVerdict,
     RunSummary,
+    StoredKey,
     new_run_id,
     parse_event,
     register_store,
@@ -37,6 +40,7 @@ from lanefold.stores.postgres._budget import (
 )
 from lanefold.stores.postgres._database import PgDatabase
 from lanefold.stores.postgres._evals import PgEvalRecord
+from lanefold.stores.postgres._keys import PgKeys
 from lanefold.stores.postgres._log import PgEventLog, lock_key
 
 __all__ = ("PgStore",)
@@ -148,6 +152,8 @@ class PgStore:
         eval_id: str | None = None,
         since: datetime | None = None,
         limit: int | None = None,
+        model: str | None = None,
+        caller: str | None = None,
     ) -> list[RunSummary]:
         found: list[RunSummary] = []
         prefix = None if eval_id is None else eval_id + "."
@@ -177,11 +183,22 @@ class PgStore:
                 if summary is not None:
                     found.append(summary)
             offset += batch
-            chosen = select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since)
+            chosen = select_runs(
+                found, status=status, loop=loop, eval_id=eval_id, since=since, model=model, caller=caller
+            )
             if len(rows) < batch or (limit is not None and len(chosen) >= limit):
                 break
             batch *= 2  # the filters keep few of these runs: read further in larger steps
-        return select_runs(found, status=status, loop=loop, eval_id=eval_id, since=since, limit=limit)
+        return select_runs(
+            found,
+            status=status,
+            loop=loop,
+            eval_id=eval_id,
+            since=since,
+            limit=limit,
+            model=model,
+            caller=caller,
+        )
 
     # -- shared budgets (BudgetStore) ------------------------------------------------------------
 
@@ -225,3 +242,27 @@ class PgStore:
             note_refusal(conn, name)
         finally:
             conn.close()
+
+    # -- gateway keys (KeyStore) -----------------------------------------------------------------
+
+    @property
+    def keys(self) -> PgKeys:
+        return PgKeys(self.db)
+
+    def create_key(self, record: KeyRecord) -> StoredKey:
+        return self.keys.create_key(record)
+
+    def replace_key(self, record: KeyRecord) -> StoredKey:
+        return self.keys.replace_key(record)
+
+    def read_key(self, name: str) -> StoredKey | None:
+        return self.keys.read_key(name)
+
+    def list_keys(self) -> list[StoredKey]:
+        return self.keys.list_keys()
+
+    def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
+        return self.keys.take_key_rate(name, tokens, requests, now)
+
+    def give_key_rate(self, name: str, tokens: int, now: float) -> None:
+        self.keys.give_key_rate(name, tokens, now)

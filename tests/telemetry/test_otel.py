@@ -288,7 +288,12 @@ def test_the_gateway_exports_each_request_as_a_trace(receiver: tuple[Receiver, s
                 assert process.poll() is None and time.monotonic() < deadline, "the gateway did not start"
                 time.sleep(0.05)
         body = {"model": "vote", "messages": [{"role": "user", "content": "What is 1 + 1?"}]}
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body,
+            headers={"X-Request-ID": "trace-me-1"},
+            timeout=30,
+        )
         run_id = response.headers["x-lanefold-run-id"]
         while len(got.of_run(run_id)) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -299,6 +304,10 @@ def test_the_gateway_exports_each_request_as_a_trace(receiver: tuple[Receiver, s
     assert len(spans) == 1 + 1 + 2  # run, wave, two lanes
     (run,) = [s for s in spans if s["parent"] is None]
     assert run["attributes"]["lanefold.run_id"] == run_id
+    # who asked and for what (issue 41 item 6): the model the client named, its request's id
+    assert run["attributes"]["lanefold.requested_model"] == "vote"
+    assert run["attributes"]["lanefold.request_id"] == "trace-me-1"
+    assert response.headers["x-request-id"] == "trace-me-1"
 
 
 @pytest.mark.parametrize("name", ["x-api-key", "Authorization", "X-Auth-Token", "api-key", "Cookie"])

@@ -1,0 +1,137 @@
+"""Gateway keys on files (`KeyStore`): `<runs>/.keys/<name>.json` a key each (its record and
+its counters, never the key), every change made under an exclusive `flock` on `<runs>/.keys/lock`
+(so every gateway process sharing the folder takes from one bucket), each file replaced whole:
+written beside it, forced to disk, renamed over it."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from lanefold.primitives import (
+    ConfigError,
+    KeyRecord,
+    RateVerdict,
+    StoredKey,
+    check_key_name,
+    give_rate,
+    os_failure,
+    take_rate,
+)
+
+__all__ = ("FileKeys",)
+
+T = TypeVar("T")
+_FOLDER = ".keys"
+
+
+class FileKeys:
+    """The keys of one runs folder."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.folder = Path(root) / _FOLDER
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The keys' exclusive lock for the block (waits for another holder to finish)."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise os_failure(f"{self.folder}: cannot open the keys", exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # drops the flock
+
+    def path(self, name: str) -> Path:
+        return self.folder / f"{check_key_name(name)}.json"  # a plain name, never a path
+
+    def _read(self, path: Path) -> StoredKey | None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise os_failure(f"{path}: cannot read the key", exc) from None
+        try:
+            return StoredKey.model_validate_json(raw)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(p) for p in error["loc"]) or "(the document)"
+            raise ConfigError(f"{path}: {where}: {error['msg']}") from None
+
+    def _write(self, key: StoredKey) -> None:
+        path = self.path(key.record.name)
+        draft = path.with_name(f".{path.name}.{os.getpid()}.new")
+        try:
+            with open(draft, "wb") as f:
+                f.write(key.model_dump_json().encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(draft, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(draft)
+            raise os_failure(f"{path}: cannot write the key", exc) from None
+
+    def _all(self) -> list[StoredKey]:
+        if not self.folder.is_dir():
+            return []
+        found = [self._read(path) for path in sorted(self.folder.glob("*.json"))]
+        return [key for key in found if key is not None]
+
+    # -- the KeyStore verbs ------------------------------------------------------------------------
+
+    def create_key(self, record: KeyRecord) -> StoredKey:
+        with self.locked():
+            for known in self._all():
+                if known.record.name == record.name:
+                    raise ConfigError(f"key {record.name!r}: already in {self.folder.parent}")
+                if known.record.sha256 == record.sha256:
+                    raise ConfigError(f"key {record.name!r}: key {known.record.name!r} has the same sha256")
+            key = StoredKey(record=record)
+            self._write(key)
+            return key
+
+    def replace_key(self, record: KeyRecord) -> StoredKey:
+        def replace(key: StoredKey) -> StoredKey:
+            for known in self._all():
+                if known.record.name != record.name and known.record.sha256 == record.sha256:
+                    raise ConfigError(f"key {record.name!r}: key {known.record.name!r} has the same sha256")
+            key.record = record
+            return key
+
+        return self._change(record.name, replace)
+
+    def read_key(self, name: str) -> StoredKey | None:
+        return self._read(self.path(name))
+
+    def list_keys(self) -> list[StoredKey]:
+        return sorted(self._all(), key=lambda k: k.record.name)
+
+    def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
+        if not self.path(name).is_file():
+            return None
+        return self._change(name, lambda key: take_rate(key, tokens, requests, now))
+
+    def give_key_rate(self, name: str, tokens: int, now: float) -> None:
+        if self.path(name).is_file():
+            self._change(name, lambda key: give_rate(key, tokens, now))
+
+    def _change(self, name: str, work: Callable[[StoredKey], T]) -> T:
+        """`work` on the key `name`, written back, under the lock; no such key: ConfigError."""
+        with self.locked():
+            key = self._read(self.path(name))
+            if key is None:
+                raise ConfigError(f"key {name!r}: no such key in {self.folder.parent}")
+            done = work(key)
+            self._write(key)
+            return done

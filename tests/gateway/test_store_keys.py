@@ -1,0 +1,323 @@
+"""Keys kept in the store (issue 41 items 1 and 2), on files and on PostgreSQL alike: made,
+changed and revoked by `orchestrator keys` while a gateway serves, seen within its refresh
+(no restart); tokens and requests a minute refused with a Retry-After that is right, shared by
+every gateway over the store; a key reading its own spend (`GET /v1/usage`, `keys show`).
+
+Clocks are injected (the keys' refresh and the buckets'): nothing here waits on wall time."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_support import cli
+
+from lanefold.config import LoopConfig, parse_config
+from lanefold.execution import Session, Store, open_store
+from lanefold.serve import StoreKeys
+from lanefold.serve._gateway import create_gateway
+from lanefold.serve._gateway_wire import parse_ask
+from lanefold.serve._keys import KeyPools, Keys
+from lanefold.serve._limits import request_hold
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient
+
+
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _loop() -> LoopConfig:
+    return parse_config(
+        {
+            "loop": {"k": 4, "max_concurrency": 4, "seed": 7, "min_quorum": 2},
+            "sampling": {"max_tokens": 32, "temperature": 0.8},
+            "backend": {"kind": "simulated", "prompt_tokens": 20, "output_tokens": 10, "latency_ms": [0, 0]},
+            "pricing": {"input_per_mtok": 0.15, "cached_input_per_mtok": 0.075, "output_per_mtok": 0.6},
+        }
+    )
+
+
+@pytest.fixture(params=["files", "postgres"])
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
+    """A store and the command-line flags that name it."""
+    if request.param == "files":
+        runs = tmp_path / "runs"
+        return open_store(None, runs), ["--runs-dir", str(runs)]
+    url = str(request.getfixturevalue("pg_url"))
+    return open_store(url), ["--store", url]
+
+
+@contextmanager
+def gateway(store: Store, wall: Clock, fresh: Clock) -> Iterator[TestClient]:
+    """A gateway over `store`'s keys: `fresh` the keys' refresh clock, `wall` the buckets'."""
+    keys = StoreKeys(store, clock=fresh)  # type: ignore[arg-type]
+    keys.load()
+    pools = KeyPools(Keys(()), store, every=True)
+    app = create_gateway(Session(store=store), {"vote": _loop()}, keys=keys, pools=pools, clock=wall)
+    with TestClient(app, base_url="http://gateway/v1", raise_server_exceptions=False) as client:
+        yield client
+
+
+def _chat(question: str = "What is 17 * 23?") -> dict[str, Any]:
+    return {"model": "vote", "messages": [{"role": "user", "content": question}]}
+
+
+def _create(capsys: pytest.CaptureFixture[str], flags: list[str], name: str, *limits: str) -> str:
+    made = cli(capsys, "keys", "create", name, *limits, *flags, "--json")
+    assert made.code == 0, made.err
+    key = made.json["key"]
+    assert isinstance(key, str) and key.startswith("lf-")
+    return key
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_a_key_created_while_serving_is_usable_within_a_second_and_a_revoked_one_refused(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, flags = opened
+    wall, fresh = Clock(), Clock(0.0)
+    with gateway(store, wall, fresh) as client:
+        key = _create(capsys, flags, "alice", "--loops", "vote")
+        # read at start, before the key existed: unknown until the next read
+        assert client.post("/chat/completions", json=_chat(), headers=_auth(key)).status_code == 401
+        fresh.now += 0.5  # the refresh: at most half a second later
+        answered = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert answered.status_code == 200, answered.text
+        revoked = cli(capsys, "keys", "revoke", "alice", *flags)
+        assert revoked.code == 0, revoked.err
+        assert "revoked" in revoked.out
+        # refused at once, before the keys are read again: the key's own row says so
+        refused = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+        fresh.now += 0.5
+        assert client.get("/models", headers=_auth(key)).status_code == 401
+
+
+def test_requests_a_minute_refused_with_the_seconds_until_one_fits(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, flags = opened
+    key = _create(capsys, flags, "bob", "--rpm", "2")
+    wall = Clock()
+    with gateway(store, wall, Clock()) as client:
+        for left in ("1", "0"):
+            ok = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+            assert ok.status_code == 200, ok.text
+            assert ok.headers["x-ratelimit-remaining-requests"] == left
+            assert ok.headers["x-ratelimit-limit-requests"] == "2"
+            assert "x-ratelimit-remaining-tokens" not in ok.headers  # no tpm: no token bucket
+        refused = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert refused.headers["Retry-After"] == "30"  # one request refills in 60/2 s
+        streamed = client.post("/chat/completions", json={**_chat(), "stream": True}, headers=_auth(key))
+        assert streamed.status_code == 429  # refused before the stream starts: a plain answer
+        assert streamed.headers["Retry-After"] == "30"
+        wall.now += 29.0
+        again = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert again.status_code == 429
+        assert again.headers["Retry-After"] == "1"
+        wall.now += 1.0
+        assert client.post("/chat/completions", json=_chat(), headers=_auth(key)).status_code == 200
+    shown = cli(capsys, "keys", "show", "bob", *flags, "--json")
+    assert shown.json["refusals"]["rate"] == 3
+    assert shown.json["spend"]["requests"] > 0
+
+
+def test_tokens_a_minute_hold_the_worst_case_and_settle_to_what_was_paid(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, flags = opened
+    loop = _loop()
+    hold = request_hold(loop, parse_ask("vote", "chat.completion", _chat()))
+    assert hold > 0
+    key = _create(capsys, flags, "carol", "--tpm", str(hold))  # one worst case a minute
+    wall = Clock()
+    with gateway(store, wall, Clock()) as client:
+        first = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert first.status_code == 200, first.text
+        usage = first.json()["usage"]
+        paid = usage["total_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+        assert 0 < paid < hold  # the hold was settled to what the run paid
+        refused = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert refused.status_code == 429
+        # the bucket holds hold - paid: a hold fits again once `paid` tokens refill, at hold/60 a second
+        assert refused.headers["Retry-After"] == str(math.ceil(paid * 60 / hold))
+        wall.now += math.ceil(paid * 60 / hold)
+        assert client.post("/chat/completions", json=_chat(), headers=_auth(key)).status_code == 200
+        # a request that could compute more than a minute's tokens never fits: not to be retried
+        cli(capsys, "keys", "update", "carol", "--tpm", str(hold - 1), *flags)
+        never = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert never.status_code == 429
+        assert never.headers["x-should-retry"] == "false"
+        assert "Retry-After" not in never.headers
+
+
+def test_two_gateways_over_one_store_share_a_keys_requests_a_minute(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, flags = opened
+    key = _create(capsys, flags, "dave", "--rpm", "5")
+    other = open_store(None, flags[1]) if flags[0] == "--runs-dir" else open_store(flags[1])
+    wall = Clock()
+    with gateway(store, wall, Clock()) as one, gateway(other, wall, Clock()) as two:
+        clients = [one, two] * 6
+
+        def ask(client: TestClient) -> int:
+            return client.post("/chat/completions", json=_chat(), headers=_auth(key)).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            codes = list(pool.map(ask, clients))
+    assert sorted(codes) == [200] * 5 + [429] * 7
+    shown = cli(capsys, "keys", "show", "dave", *flags, "--json")
+    assert shown.json["refusals"]["rate"] == 7
+
+
+def test_a_key_reads_its_own_spend_as_keys_show_prints_it(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, flags = opened
+    key = _create(capsys, flags, "erin", "--max-tokens", "100000", "--max-cost-usd", "5", "--rpm", "100")
+    paid = 0
+    with gateway(store, Clock(), Clock()) as client:
+        for question in ("What is 2 + 2?", "What is 3 + 3?"):
+            done = client.post("/chat/completions", json=_chat(question), headers=_auth(key))
+            assert done.status_code == 200, done.text
+            # what the budget had left as the request was admitted: all but what ran before it
+            assert done.headers["x-lanefold-budget-remaining-tokens"] == str(100000 - paid)
+            assert "x-lanefold-budget-remaining-requests" not in done.headers  # no such limit
+            usage = done.json()["usage"]
+            paid += usage["total_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+        own = client.get("/usage", headers=_auth(key))
+        assert own.status_code == 200, own.text
+        assert client.get("/usage").status_code == 401
+    report = own.json()
+    shown = cli(capsys, "keys", "show", "erin", *flags, "--json").json
+    assert report["spend"] == shown["spend"]
+    assert report["spend"]["tokens"] == paid  # the paid tokens: total_tokens less cached prefill
+    assert report["spend"]["requests"] > 0 and report["spend"]["cost_usd"] > 0
+    assert report["limits"]["max_tokens"] == 100000 and report["limits"]["rpm"] == 100
+    assert report["remaining"]["tokens"] == 100000 - paid
+    assert report["last_used"] is not None
+    assert "cached" in report["tokens_note"]
+
+
+def test_keys_on_the_command_line(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, flags = opened
+    made = cli(capsys, "keys", "create", "frank", "--loops", "vote", "qa", "--tpm", "5000", *flags)
+    assert made.code == 0, made.err
+    key = made.out.split()[2]
+    assert key.startswith("lf-")
+    stored = store.read_key("frank")  # type: ignore[attr-defined]
+    assert stored is not None and key not in stored.model_dump_json()  # only its hash is kept
+    again = cli(capsys, "keys", "create", "frank", *flags)
+    assert again.code == 2 and "frank" in again.error_line
+    changed = cli(capsys, "keys", "update", "frank", "--tpm", "none", "--rpm", "60", *flags, "--json")
+    assert changed.code == 0, changed.err
+    assert changed.json["limits"]["tpm"] is None and changed.json["limits"]["rpm"] == 60
+    assert changed.json["loops"] == ["vote", "qa"]
+    listed = cli(capsys, "keys", "list", *flags)
+    assert "frank" in listed.out and "active" in listed.out
+    missing = cli(capsys, "keys", "show", "nobody", *flags)
+    assert missing.code == 2 and "nobody" in missing.error_line
+
+
+def test_a_gateways_runs_say_who_asked_for_which_model(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 41 item 6: each run records the model name asked for, the key's name (never the
+    key) and the request's id; `list`, `show` show them, `list --model --caller` filter."""
+    store, flags = opened
+    alice = _create(capsys, flags, "alice")
+    bob = _create(capsys, flags, "bob")
+    with gateway(store, Clock(), Clock()) as client:
+        mine = client.post("/chat/completions", json=_chat(), headers={**_auth(alice), "X-Request-ID": "r-1"})
+        assert mine.status_code == 200, mine.text
+        assert mine.headers["x-request-id"] == "r-1"
+        theirs = client.post("/chat/completions", json=_chat(), headers=_auth(bob))
+        assert theirs.status_code == 200, theirs.text
+        assert theirs.headers["x-request-id"].startswith("req_")  # none sent: the gateway's own
+    run_id = mine.headers["x-lanefold-run-id"]
+    listed = cli(capsys, "list", "--model", "vote", "--caller", "alice", *flags, "--json")
+    assert listed.code == 0, listed.err
+    assert [json.loads(line)["run_id"] for line in listed.out.splitlines()] == [run_id]
+    row = json.loads(listed.out)
+    assert (row["model"], row["caller"], row["request_id"]) == ("vote", "alice", "r-1")
+    assert row["loop"] == "parallel_sample"  # the loop's class, beside the model asked for
+    assert cli(capsys, "list", "--model", "qa", *flags).out.startswith("no runs")
+    table = cli(capsys, "list", "--caller", "bob", *flags).out
+    assert "vote (parallel_sample) by bob" in table and run_id not in table
+    shown = cli(capsys, "show", run_id, *flags)
+    assert "asked: model vote, caller alice, request_id r-1" in shown.out
+    assert cli(capsys, "show", run_id, *flags, "--json").json["asked"]["request_id"] == "r-1"
+    for line in (Path(flags[1]) / run_id / "events.jsonl",) if flags[0] == "--runs-dir" else ():
+        assert alice not in line.read_text()  # the key's name, never the key
+
+
+def test_a_keys_file_seeds_the_store_and_a_revoked_key_stays_revoked(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from lanefold.serve import gateway_app, key_digest
+
+    store, flags = opened
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        f'[[keys]]\nname = "gina"\nsha256 = "{key_digest("gina-key-0123456789")}"\nloops = ["vote"]\n'
+        "rpm = 7\nbudget = { max_tokens = 5000 }\n"
+    )
+    gateway_app({"vote": _loop()}, store, keys_file=keys, store_keys=True)
+    shown = cli(capsys, "keys", "show", "gina", *flags, "--json").json
+    assert shown["limits"]["rpm"] == 7 and shown["limits"]["max_tokens"] == 5000
+    assert cli(capsys, "keys", "revoke", "gina", *flags).code == 0
+    app = gateway_app({"vote": _loop()}, store, keys_file=keys, store_keys=True)  # a restart
+    assert cli(capsys, "keys", "show", "gina", *flags, "--json").json["revoked"] is True
+    with TestClient(app, base_url="http://gateway/v1") as client:
+        refused = client.post("/chat/completions", json=_chat(), headers=_auth("gina-key-0123456789"))
+        assert refused.status_code == 401
+
+
+def test_a_bad_key_name_or_limit_is_one_line_naming_it(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Defect: `keys create "bad name!"` (and `keys show ../x`) ended in a traceback."""
+    _store, flags = opened
+    for verb in ("create", "show", "update", "revoke"):
+        bad = cli(capsys, "keys", verb, "bad name!", *flags)
+        assert bad.code == 2, bad.err
+        assert "name" in bad.error_line and "bad name!" in bad.error_line
+    escape = cli(capsys, "keys", "show", "../x", *flags)
+    assert escape.code == 2 and "../x" in escape.error_line
+
+
+def test_a_key_stored_without_a_budget_gets_one_at_its_first_request(opened: tuple[Store, list[str]]) -> None:
+    """Defect: a key a store was given directly (`create_key`, no `orchestrator keys`) had no
+    budget `key:<name>`, and its every run failed opening it."""
+    from lanefold.primitives import KeyRecord
+    from lanefold.serve import key_digest
+
+    store, _flags = opened
+    store.create_key(KeyRecord(name="ivan", sha256=key_digest("ivan-key-0123456789")))  # type: ignore[attr-defined]
+    with gateway(store, Clock(), Clock()) as client:
+        done = client.post("/chat/completions", json=_chat(), headers=_auth("ivan-key-0123456789"))
+        assert done.status_code == 200, done.text
+    assert store.read_budget("key:ivan").spent_tokens > 0  # type: ignore[attr-defined]
