@@ -77,6 +77,7 @@ class RunFeed:
 
     async def _chunks(self, events: MemoryObjectReceiveStream[AnyEvent]) -> AsyncIterator[bytes]:
         state = RunState(source=self.store.location(self.run_id), expected_run_id=self.run_id)
+        every: list[AnyEvent] = []  # the run's events so far: what its waterfall is drawn from
         ended = False
         while not ended:
             new: list[AnyEvent] = []
@@ -95,12 +96,12 @@ class RunFeed:
                 try:
                     for event in new:
                         apply(state, event)  # refuses a line that is not this run's own
+                        every.append(event)
                 except LanefoldError as exc:
                     yield _sse("refused", {"line": f"orchestrator show: {exc}"})
                     return
-                yield _sse(
-                    "parts", live_parts(state, [e for e in new if e.sequence > self.after], self.where)
-                )
+                shown = [e for e in new if e.sequence > self.after]
+                yield _sse("parts", live_parts(state, every, shown, self.where))
             elif not ended:
                 yield b": still here\n\n"
         yield _sse("end", {})

@@ -17,6 +17,7 @@ from starlette.templating import Jinja2Templates
 
 from lanefold.primitives import AnyEvent, RunState, RunSummary, describe_answer
 from lanefold.view._charts import tally
+from lanefold.view._waterfall import waterfall
 from lanefold.view._words import lane_error, lane_state, money, run_status, why
 
 __all__ = ("live_parts", "pages", "run_context", "runs_rows")
@@ -61,17 +62,22 @@ def run_context(
         "state": state,
         "events": events,
         "tally": tally(state),
+        "falls": waterfall(events),
         "won": _winner_text(state),
         "why": why(state, where, cut_off=cut_off),
         "config": config,
     }
 
 
-def live_parts(state: RunState, new: Sequence[AnyEvent], where: Sequence[str]) -> dict[str, str]:
-    """What a live run page swaps in as lanes land (`timeline`: rows to append, of `new`)."""
+def live_parts(
+    state: RunState, every: Sequence[AnyEvent], new: Sequence[AnyEvent], where: Sequence[str]
+) -> dict[str, str]:
+    """What a live run page swaps in as lanes land (`every`: the run's events so far, for its
+    waterfall; `timeline`: rows to append, of `new`)."""
     c = _components()
     return {
-        "waves": str(c.waves(state)),  # type: ignore[attr-defined]  # the template's macros
+        "waterfall": str(c.waterfall(waterfall(every))),  # type: ignore[attr-defined]  # the template's macros
+        "waves": str(c.waves(state)),  # type: ignore[attr-defined]
         "votes": str(c.votes(tally(state))),  # type: ignore[attr-defined]
         "status": run_status(state),
         "outcome": str(c.outcome(state, _winner_text(state), why(state, where))),  # type: ignore[attr-defined]

@@ -60,7 +60,7 @@ def test_a_finished_run_matches_show_json(
     shown = _cli(capsys, "show", "done", "--runs-dir", runs, "--json").json
     with Loopback(create_app(open_store(None, runs))) as server:
         page.goto(url(server, "/runs/done"))
-        lanes = page.locator("[data-lane][data-wave]")
+        lanes = page.locator("#waves [data-lane][data-wave]")
         assert lanes.count() == shown["lanes_completed"]
         assert {lanes.nth(i).get_attribute("data-state") for i in range(lanes.count())} == {"landed"}
         votes = page.locator(".vote")
@@ -74,6 +74,16 @@ def test_a_finished_run_matches_show_json(
             assert float(cell.get_attribute("data-usd")) == usd  # exact, as show --json gives it
             assert cell.inner_text().startswith("$")  # shown as money
         assert page.locator("#winner").get_attribute("data-answer") == shown["answer"]
+        # the waterfall: a bar a lane, from dispatch to landing; a click on one opens its lane
+        bars = page.locator("#waterfall rect.bar[data-lane]")
+        assert bars.count() == shown["lanes_completed"]
+        assert page.locator("#waterfall [data-mark='reduce']").count() == 1
+        winner = shown["winner_lane"]
+        lane = page.locator(f"#lane-1-{winner}")
+        assert lane.locator(".lane-text").is_visible() is False  # closed: nothing read by hovering
+        page.locator(f"#waterfall rect.bar[data-lane='{winner}']").click()
+        assert lane.locator(".lane-text").is_visible()
+        assert lane.locator(".lane-text").inner_text() == shown["winner_text"]
         assert violations(page) == []
         shot(page, "run")
 
@@ -106,15 +116,18 @@ def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, pa
                 assert time.monotonic() < deadline and writer.poll() is None, "the run did not start"
                 time.sleep(0.05)
             page.goto(url(server, "/runs/live"))
-            landed = page.locator("[data-state='landed']")
+            landed = page.locator("#waves [data-state='landed']")
+            bars = page.locator("#waterfall rect.bar[data-lane][data-state='landed']")
             first = landed.count()
             assert first < 8  # opened while the run is going
-            seen = {first}
+            seen, drawn = {first}, {bars.count()}
             while landed.count() < 8:  # sampled as they land: the page fills a few lanes at a time
                 assert time.monotonic() < deadline + 30, seen
                 seen.add(landed.count())
+                drawn.add(bars.count())
                 page.wait_for_timeout(50)
             assert len(seen - {0}) >= 2, seen
+            assert len(drawn - {0}) >= 2, drawn  # the waterfall grew as they landed, bar by bar
             page.wait_for_function("document.getElementById('status').textContent === 'answered'")
             _, err = writer.communicate(timeout=30)
             assert writer.returncode == 0, err
@@ -122,7 +135,7 @@ def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, pa
             if writer.poll() is None:
                 writer.kill()
             writer.communicate()
-        assert landed.count() == 8
+        assert landed.count() == 8 and bars.count() == 8
         # the end of the run came without a reload too: the bill, and every event in the timeline
         page.wait_for_selector("#bill tr[data-line='total']")
         lines = (runs / "live" / "events.jsonl").read_text().splitlines()
