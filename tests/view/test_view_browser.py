@@ -120,6 +120,7 @@ def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, pa
             bars = page.locator("#waterfall rect.bar[data-lane][data-state='landed']")
             first = landed.count()
             assert first < 8  # opened while the run is going
+            page.locator("#lane-1-0 summary").click()  # a reader opens a lane as the others land
             seen, drawn = {first}, {bars.count()}
             while landed.count() < 8:  # sampled as they land: the page fills a few lanes at a time
                 assert time.monotonic() < deadline + 30, seen
@@ -136,6 +137,9 @@ def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, pa
                 writer.kill()
             writer.communicate()
         assert landed.count() == 8 and bars.count() == 8
+        opened = page.locator("#lane-1-0")  # still open through every update since
+        assert opened.get_attribute("open") is not None and opened.locator(".lane-text").is_visible()
+        assert "Answer:" in opened.locator(".lane-text").inner_text()
         # the end of the run came without a reload too: the bill, and every event in the timeline
         page.wait_for_selector("#bill tr[data-line='total']")
         lines = (runs / "live" / "events.jsonl").read_text().splitlines()
