@@ -73,7 +73,7 @@ def why(state: RunState, where: Sequence[str], *, cut_off: bool = False) -> Reas
         budget = isinstance(detail, dict) and detail.get("budget_stop") is True
         line = str(result.get("reason") or "the loop gave no answer")
         if budget:  # the loop stopped for the budget (its outcome says so), then found no answer
-            return Reason("budget", "budget exhausted", line)
+            return Reason("budget", "budget exhausted", f"the loop stopped for the budget; {line}")
         return Reason("no_answer", "no answer", line)
     if state.failure is not None:
         return _failed(state, state.failure.error, state.failure.message)

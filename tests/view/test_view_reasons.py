@@ -85,6 +85,23 @@ def test_a_run_the_budget_could_not_fund_says_budget_exhausted(tmp_path: Path) -
     )
 
 
+def test_a_loop_stopped_by_the_budget_without_an_answer_says_budget_exhausted(tmp_path: Path) -> None:
+    """adaptive_sample stops between waves when the budget funds no more (its outcome's
+    `budget_stop`), then its lanes so far give no answer: a result, not a failure."""
+    config = {
+        "loop": {"coordinator": "adaptive_sample", "window": 4, "max_lanes": 40, "seed": 1},
+        "backend": {"kind": "simulated"},
+        "extract": {"regex": r"Final:\s*(\d+)"},
+        "budget": {"max_tokens": 1200},
+    }
+    _run(tmp_path, "spent", config)
+    record = run_record(open_store(None, tmp_path), "spent")
+    assert record["status"] == "no_answer" and record["outcome"]["budget_stop"] is True
+    kind, headline, line = _reason(_page(tmp_path, "spent"))
+    assert (kind, headline) == ("budget", "budget exhausted")
+    assert line == f"the loop stopped for the budget; {record['reason']}"
+
+
 def test_a_run_below_its_quorum_says_quorum_not_reached(tmp_path: Path) -> None:
     config = {
         "loop": {"k": 6, "seed": 3, "min_quorum": 6},
