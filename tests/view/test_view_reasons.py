@@ -16,6 +16,8 @@ from cli_support import Outcome
 from starlette.testclient import TestClient
 
 import lanefold
+import lanefold.cli._view as view_cli
+from lanefold.cli import main
 from lanefold.execution import open_store, run_record
 from lanefold.primitives import LanefoldError
 from lanefold.view._app import create_app
@@ -172,3 +174,18 @@ def test_the_bill_is_money_with_the_exact_figure_beside_it(finished: Outcome, ru
 )
 def test_money_is_rounded_as_money(usd: float, shown: str) -> None:
     assert money(usd) == shown
+
+
+def test_the_resume_line_the_command_gives_the_view_holds_no_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`orchestrator view --store URL` hands its pages the flags the CLI's own resume line
+    uses: the URL with its password as `***` (it was passed whole, and a stopped run's page
+    showed it to whoever could open the view)."""
+    given: dict[str, Any] = {}
+    monkeypatch.setattr(view_cli, "store_of", lambda args: None)
+    monkeypatch.setattr(view_cli, "view", lambda store, **options: given.update(options))
+    assert main(["view", "--store", "postgresql://ann:s3cret@127.0.0.1:5432/runs"]) == 0
+    assert given["resume_flags"] == ["--store", "postgresql://ann:***@127.0.0.1:5432/runs"]
+    assert main(["view", "--runs-dir", "elsewhere"]) == 0
+    assert given["resume_flags"] == ["--runs-dir", "elsewhere"]
