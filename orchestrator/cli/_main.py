@@ -35,6 +35,7 @@ try:  # the command's modules: half a second of imports, start-up as much as mai
         from lanefold.cli._flags import Parser
         from lanefold.cli._shared import SIGNAL_EXIT, Handler, Interrupted, error, logging_to_stderr, where
         from lanefold.config import VERSION
+        from lanefold.execution import resume_command
         from lanefold.primitives import LanefoldError
 
         pause_point("import")
@@ -152,16 +153,16 @@ def _main(args: argparse.Namespace) -> int:
 def _continuation(args: argparse.Namespace, run_id: str) -> str:
     """The command that finishes what a signal stopped, as it can be pasted: `resume` for a
     run; for a re-reduction the same `reduce` again (it finishes the reduction it opened)."""
-    words = ["orchestrator", "resume", run_id]
-    if args.command == "reduce":
-        target = ["--eval", args.eval] if getattr(args, "eval", None) else [run_id]
-        words = ["orchestrator", "reduce", *target, "--reducer", args.reducer]
-        if getattr(args, "verifier", None) is not None:
-            words += ["--verifier", args.verifier]
-        if getattr(args, "verifier_command", None) is not None:
-            words += ["--verifier-command", args.verifier_command]
-        if args.extract_regex is not None:
-            words += ["--extract-regex", args.extract_regex]
-        if args.extract is not None:
-            words += ["--extract", args.extract]
+    if args.command != "reduce":
+        return resume_command(run_id, where(args))
+    target = ["--eval", args.eval] if getattr(args, "eval", None) else [run_id]
+    words = ["orchestrator", "reduce", *target, "--reducer", args.reducer]
+    if getattr(args, "verifier", None) is not None:
+        words += ["--verifier", args.verifier]
+    if getattr(args, "verifier_command", None) is not None:
+        words += ["--verifier-command", args.verifier_command]
+    if args.extract_regex is not None:
+        words += ["--extract-regex", args.extract_regex]
+    if args.extract is not None:
+        words += ["--extract", args.extract]
     return shlex.join(words + where(args))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lanefold.cli._shared import Common, Handler, Interrupted, store_of
+from lanefold.cli._shared import Common, Handler, Interrupted, store_of, where
 from lanefold.primitives import ConfigError
 from lanefold.serve import api_key_from, is_loopback, port_number, require_extra
 from lanefold.view import view
@@ -34,8 +34,9 @@ def _cmd_view(args: argparse.Namespace) -> int:
     key = api_key_from(args.api_key_env)
     if key is None and not is_loopback(args.host):
         raise ConfigError(f"--host {args.host}: not loopback; a view beyond this machine needs --api-key-env")
-    # what `orchestrator resume` needs to find a run in this store, for an interrupted run's page
-    flags = ["--store", args.store] if args.store else ["--runs-dir", args.runs_dir]
+    # what `orchestrator resume` needs to find a run in this store (as the CLI's own resume line
+    # says it: the password never), for an interrupted or stopped run's page
+    flags = where(args)
     try:
         view(store_of(args), host=args.host, port=args.port, api_key=key, resume_flags=flags)
     except (Interrupted, KeyboardInterrupt):  # the latter: Ctrl-C before uvicorn took signals

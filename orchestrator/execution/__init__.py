@@ -24,7 +24,15 @@ from lanefold.execution._ray_connect import CONNECT_TIMEOUT_S
 from lanefold.execution._ray_executor import RayExecutor
 from lanefold.execution._runner import build_backend, check_question, lanefold_error
 from lanefold.execution._session import Session, resume, resume_sync, run, run_sync
-from lanefold.execution._store import Store, new_run_id, open_store, read_run, read_state, run_record
+from lanefold.execution._store import (
+    Store,
+    new_run_id,
+    open_store,
+    read_run,
+    read_state,
+    resume_command,
+    run_record,
+)
 from lanefold.execution._sync_session import SyncSession
 from lanefold.primitives import CostBreakdown, LaneResult, RunFailure, RunResult, UsageBreakdown
 
@@ -57,6 +65,7 @@ __all__ = (
     "read_state",
     "resolve_executor",
     "resume",
+    "resume_command",
     "resume_sync",
     "run",
     "run_record",

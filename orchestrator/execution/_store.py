@@ -9,6 +9,8 @@ contract: one writer per run, sequence strictly increasing, the same refusals on
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,13 @@ def read_run(store: Store, run_id: str) -> tuple[list[AnyEvent], RunState, LoopC
 def read_state(store: Store, run_id: str) -> RunState:
     """`read_run`'s state alone."""
     return read_run(store, run_id)[1]
+
+
+def resume_command(run_id: str, where: Sequence[str] = ()) -> str:
+    """The command that continues `run_id`, as it can be pasted (`where`: the flags that find
+    its store, `--runs-dir DIR` or `--store URL` with no password): what the CLI prints for an
+    interrupted run and the view shows for an interrupted or stopped one."""
+    return shlex.join(["orchestrator", "resume", run_id, *where])
 
 
 def run_record(store: Store, run_id: str, state: RunState | None = None) -> dict[str, Any]:

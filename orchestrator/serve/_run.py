@@ -195,7 +195,7 @@ def serve(
 
 def require_extra() -> None:
     """The `serve` extra's modules, or a ConfigError with the install line (exit 2)."""
-    for module in ("starlette", "uvicorn"):
+    for module in ("starlette", "uvicorn", "jinja2"):
         try:
             __import__(module)
         except ImportError:

@@ -9,7 +9,7 @@ without the serve extra installed.
 
 from __future__ import annotations
 
-from lanefold.view._pages import lane_state
 from lanefold.view._run import view
+from lanefold.view._words import lane_state
 
 __all__ = ("lane_state", "view")

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,43 +21,10 @@ from typing import Any
 import pytest
 from cli_support import ROOT, Outcome, cli
 from loopback import Loopback
+from view_browser import shot, url, violations
 
 from lanefold.execution import open_store
 from lanefold.view._app import create_app
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra")
-if CHROMIUM is None:
-    pytest.skip(
-        "no chromium on PATH: apt-get install chromium (make test does it as root)", allow_module_level=True
-    )
-
-# Screenshots go to docs/view/ when asked (`LANEFOLD_SCREENSHOTS=docs/view`), else to a scratch
-# folder: a test run leaves the repository's files as they were.
-SHOTS = (
-    ROOT / os.environ["LANEFOLD_SCREENSHOTS"]
-    if os.environ.get("LANEFOLD_SCREENSHOTS")
-    else Path(tempfile.gettempdir()) / "lanefold-view-shots"
-)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    opened = browser.new_page(viewport={"width": 1200, "height": 800})
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Outcome:
@@ -69,20 +33,11 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> Outcome:
         return thread.submit(cli, capsys, *argv).result()
 
 
-def _url(server: Loopback, path: str) -> str:
-    return f"http://127.0.0.1:{server.port}{path}"
-
-
-def _shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
 def test_the_runs_list_and_a_new_run_appearing_on_it(
     finished: Outcome, runs: Path, page: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Loopback(create_app(open_store(None, runs))) as server:
-        page.goto(_url(server, "/"))
+        page.goto(url(server, "/"))
         row = page.locator("tr[data-run='done']")
         assert row.get_attribute("data-status") == "answered"
         assert "391" in row.inner_text()
@@ -95,7 +50,8 @@ def test_the_runs_list_and_a_new_run_appearing_on_it(
         page.wait_for_selector("tr[data-run='new'][data-status='answered']", timeout=10_000)
         assert page.evaluate("window.notReloaded") is True  # it came by the feed, not a reload
         assert page.locator("#runs tbody tr").first.get_attribute("data-run") == "new"  # newest first
-        _shot(page, "runs")
+        assert violations(page) == []
+        shot(page, "runs")
 
 
 def test_a_finished_run_matches_show_json(
@@ -103,8 +59,8 @@ def test_a_finished_run_matches_show_json(
 ) -> None:
     shown = _cli(capsys, "show", "done", "--runs-dir", runs, "--json").json
     with Loopback(create_app(open_store(None, runs))) as server:
-        page.goto(_url(server, "/runs/done"))
-        lanes = page.locator("[data-lane][data-wave]")
+        page.goto(url(server, "/runs/done"))
+        lanes = page.locator("#waves [data-lane][data-wave]")
         assert lanes.count() == shown["lanes_completed"]
         assert {lanes.nth(i).get_attribute("data-state") for i in range(lanes.count())} == {"landed"}
         votes = page.locator(".vote")
@@ -114,10 +70,22 @@ def test_a_finished_run_matches_show_json(
         }
         assert tally == shown["votes"]
         for line, usd in shown["cost"].items():
-            cell = page.locator(f"#bill tr[data-line='{line}'] td").inner_text()
-            assert float(cell) == pytest.approx(usd, abs=1e-8)
+            cell = page.locator(f"#bill tr[data-line='{line}'] .usd")
+            assert float(cell.get_attribute("data-usd")) == usd  # exact, as show --json gives it
+            assert cell.inner_text().startswith("$")  # shown as money
         assert page.locator("#winner").get_attribute("data-answer") == shown["answer"]
-        _shot(page, "run")
+        # the waterfall: a bar a lane, from dispatch to landing; a click on one opens its lane
+        bars = page.locator("#waterfall rect.bar[data-lane]")
+        assert bars.count() == shown["lanes_completed"]
+        assert page.locator("#waterfall [data-mark='reduce']").count() == 1
+        winner = shown["winner_lane"]
+        lane = page.locator(f"#lane-1-{winner}")
+        assert lane.locator(".lane-text").is_visible() is False  # closed: nothing read by hovering
+        page.locator(f"#waterfall rect.bar[data-lane='{winner}']").click()
+        assert lane.locator(".lane-text").is_visible()
+        assert lane.locator(".lane-text").inner_text() == shown["winner_text"]
+        assert violations(page) == []
+        shot(page, "run")
 
 
 def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, page: Any) -> None:
@@ -147,16 +115,20 @@ def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, pa
             while not (runs / "live" / "events.jsonl").exists():
                 assert time.monotonic() < deadline and writer.poll() is None, "the run did not start"
                 time.sleep(0.05)
-            page.goto(_url(server, "/runs/live"))
-            landed = page.locator("[data-state='landed']")
+            page.goto(url(server, "/runs/live"))
+            landed = page.locator("#waves [data-state='landed']")
+            bars = page.locator("#waterfall rect.bar[data-lane][data-state='landed']")
             first = landed.count()
             assert first < 8  # opened while the run is going
-            seen = {first}
+            page.locator("#lane-1-0 summary").click()  # a reader opens a lane as the others land
+            seen, drawn = {first}, {bars.count()}
             while landed.count() < 8:  # sampled as they land: the page fills a few lanes at a time
                 assert time.monotonic() < deadline + 30, seen
                 seen.add(landed.count())
+                drawn.add(bars.count())
                 page.wait_for_timeout(50)
             assert len(seen - {0}) >= 2, seen
+            assert len(drawn - {0}) >= 2, drawn  # the waterfall grew as they landed, bar by bar
             page.wait_for_function("document.getElementById('status').textContent === 'answered'")
             _, err = writer.communicate(timeout=30)
             assert writer.returncode == 0, err
@@ -164,12 +136,16 @@ def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, pa
             if writer.poll() is None:
                 writer.kill()
             writer.communicate()
-        assert landed.count() == 8
+        assert landed.count() == 8 and bars.count() == 8
+        opened = page.locator("#lane-1-0")  # still open through every update since
+        assert opened.get_attribute("open") is not None and opened.locator(".lane-text").is_visible()
+        assert "Answer:" in opened.locator(".lane-text").inner_text()
         # the end of the run came without a reload too: the bill, and every event in the timeline
         page.wait_for_selector("#bill tr[data-line='total']")
         lines = (runs / "live" / "events.jsonl").read_text().splitlines()
         assert page.locator("#timeline tr").count() == len(lines)
-        _shot(page, "live")
+        assert violations(page) == []
+        shot(page, "live")
 
 
 def test_an_eval_page_draws_its_curve(
@@ -185,26 +161,28 @@ def test_an_eval_page_draws_its_curve(
     done = _cli(capsys, "eval", "sim.toml", "--dataset", "q.jsonl", "--eval-id", "ev", "--json")
     summary = json.loads(done.out.splitlines()[-1])
     with Loopback(create_app(open_store(None, tmp_path / "runs"))) as server:
-        page.goto(_url(server, "/evals/ev"))
+        page.goto(url(server, "/evals/ev"))
         assert float(page.locator("#accuracy").get_attribute("data-accuracy")) == summary["accuracy"]
         assert page.locator("#questions tr[data-correct]").count() == 6
         assert page.locator("svg#curve polyline").count() == 1
         page.locator("#questions a").first.click()
         page.wait_for_selector("[data-lane]")
         page.go_back()
-        _shot(page, "eval")
+        assert violations(page) == []
+        shot(page, "eval")
 
     # a second eval at one lane a question: both on the evals page, accuracy against spend
     (tmp_path / "one.toml").write_text(config.replace("k = 3", "k = 1"))
     assert _cli(capsys, "eval", "one.toml", "--dataset", "q.jsonl", "--eval-id", "ev-k1", "--json").code == 0
     with Loopback(create_app(open_store(None, tmp_path / "runs"))) as server:
-        page.goto(_url(server, "/evals"))
+        page.goto(url(server, "/evals"))
         assert page.locator("#evals tr[data-eval]").count() == 2
         assert page.locator("svg#pareto circle").count() == 2
         assert (
             page.locator("#evals tr[data-eval='ev-k1']").get_attribute("data-frontier") == "true"
         )  # cheapest
-        _shot(page, "evals")
+        assert violations(page) == []
+        shot(page, "evals")
 
 
 def test_the_budgets_page_on_postgresql(
@@ -223,21 +201,23 @@ def test_the_budgets_page_on_postgresql(
     assert ran.code == 0, ran.err
     paid = ran.json["usage"]
     with Loopback(create_app(open_store(pg_url))) as server:
-        page.goto(_url(server, "/budgets"))
+        page.goto(url(server, "/budgets"))
         row = page.locator("tr[data-budget='fleet'] td")
         spent = int(row.nth(2).inner_text())
         assert 0 < spent <= sum(paid.values())  # the run's paid tokens, charged to the budget
         assert int(row.nth(4).inner_text()) == 5000 - spent - int(row.nth(3).inner_text())
         spending = page.locator("tr[data-budget='fleet'] td.runs a")
         assert spending.count() == 1 and spending.inner_text() == ran.json["run_id"]
-        _shot(page, "budgets")
+        assert violations(page) == []
+        shot(page, "budgets")
 
 
 def test_the_key_is_asked_for(finished: Outcome, runs: Path, page: Any) -> None:
     with Loopback(create_app(open_store(None, runs), api_key="sesame")) as server:
-        page.goto(_url(server, "/runs/done"))
+        page.goto(url(server, "/runs/done"))
         assert page.locator("input[type=password]").count() == 1
-        _shot(page, "key")
+        assert violations(page) == []
+        shot(page, "key")
         page.fill("input[name=key]", "wrong")
         page.click("button")
         assert page.locator(".error").inner_text() == "wrong key"
