@@ -108,6 +108,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError("--keys: keys govern loops; give --loops DIR too")
         if args.otel_endpoint is not None:
             raise ConfigError("--otel-endpoint: traces are of runs; give --loops DIR too")
+        if args.otel_content:
+            raise ConfigError("--otel-content: traces are of runs; give --loops DIR too")
     elif args.keys is not None and key is not None:
         raise ConfigError("--keys and --api-key-env: give one (a keys file holds every key)")
     if key is None and args.keys is None and not is_loopback(args.host):

@@ -64,6 +64,7 @@ from lanefold.serve._guard import (
 )
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._outcomes import on_error
+from lanefold.telemetry import trace_context_of
 
 __all__ = ("create_gateway",)
 
@@ -223,7 +224,7 @@ def create_gateway(
                 return recorded
         else:
             run_id = store.new_id()
-        go = Go(ask, run_id, caller, key, idempotency is not None)
+        go = Go(ask, run_id, caller, key, idempotency is not None, trace_context_of(request.headers))
         if ask.options.stream:
             return LoopStream(go, run, stopping, clock, heartbeat_s)
         done = await unless_disconnected(request, stopping, lambda: run(go, None))
@@ -321,6 +322,7 @@ def create_gateway(
                 pools=pools.pools(go.key) if pools is not None else (),
                 observer=observer,
                 stop_reason=lambda: "client gone",
+                trace_context=go.trace_context,
             )
         except RunInUseError:
             raise HTTPError(

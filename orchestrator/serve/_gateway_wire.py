@@ -394,3 +394,4 @@ class Go:
     caller: str | None
     key: GatewayKey | None
     idempotent: bool
+    trace_context: dict[str, str] | None = None  # the client's W3C traceparent/tracestate
