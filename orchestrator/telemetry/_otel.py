@@ -18,18 +18,15 @@ forever. One exporter serves every hook with the same endpoint, headers and serv
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
-from lanefold.config import VERSION
 from lanefold.primitives import (
     AnyEvent,
     ConfigError,
@@ -58,6 +55,7 @@ from lanefold.primitives.events import (
     WaveStarted,
 )
 from lanefold.telemetry._content import INPUT_MESSAGES, OUTPUT_MESSAGES, input_messages, output_messages
+from lanefold.telemetry._export import flush_all, otlp_exporter, own_exporter
 from lanefold.telemetry._propagation import client_span
 
 __all__ = ("OtelHook", "flush_all", "trace_id_of")
@@ -65,106 +63,21 @@ __all__ = ("OtelHook", "flush_all", "trace_id_of")
 _log = get_logger("lanefold.otel")
 
 try:  # the `otel` extra
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        SimpleSpanProcessor,
-        SpanExporter,
-        SpanExportResult,
-    )
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 except ImportError:  # pragma: no cover - said when a hook is built
-    OTLPSpanExporter = None  # type: ignore[assignment,misc]
+    ReadableSpan = None  # type: ignore[assignment,misc]
     SpanExporter = object  # type: ignore[assignment,misc]
 
-_SCOPE_NAME = "lanefold"
 _SAMPLED = 1  # TraceFlags.SAMPLED: every span of a run is kept
-_RETRY_AFTER_S = (2.0, 60.0)  # how long a down endpoint is left alone: first, at most
-
-
-_FLAGS = TraceFlags(_SAMPLED) if OTLPSpanExporter is not None else None
-_UNSET: Any = Status(StatusCode.UNSET) if OTLPSpanExporter is not None else None
-
-
-class _Breaker(SpanExporter):
-    """The SDK's exporter, left alone for a while after it fails: while an endpoint is down a
-    batch is dropped at once, not encoded and retried, so a dead receiver costs (almost)
-    nothing. The wait doubles per failure up to a minute and resets on a success."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.wait = _RETRY_AFTER_S[0]
-        self.down_until = 0.0
-        self.dropped = 0
-
-    def export(self, spans: Any) -> Any:
-        now = time.monotonic()
-        if now < self.down_until:
-            self.dropped += len(spans)
-            return SpanExportResult.FAILURE
-        result = self.inner.export(spans)
-        if result == SpanExportResult.SUCCESS:
-            self.wait = _RETRY_AFTER_S[0]
-        else:
-            _log.warning("otel.endpoint_down", retry_after_s=self.wait, spans_dropped=len(spans))
-            self.down_until = time.monotonic() + self.wait
-            self.wait = min(self.wait * 2, _RETRY_AFTER_S[1])
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self.inner.force_flush(timeout_millis))
+_FLAGS = TraceFlags(_SAMPLED) if ReadableSpan is not None else None
+_UNSET: Any = Status(StatusCode.UNSET) if ReadableSpan is not None else None
 
 
 def trace_id_of(run_id: str) -> int:
     """The trace id of a run: 128 bits of the sha256 of its id (never 0)."""
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:16], "big") or 1
-
-
-@dataclass
-class _Exporter:
-    """One endpoint's batch processor (its thread exports), resource and scope."""
-
-    processor: Any
-    resource: Any
-    scope: Any
-
-
-_EXPORTERS: dict[tuple[Any, ...], _Exporter] = {}
-_EXPORTERS_LOCK = threading.Lock()
-
-
-def _exporter(params: OtelHook.Params, headers: dict[str, str]) -> _Exporter:
-    key = (str(params.endpoint), tuple(sorted(headers.items())), params.service_name, params.timeout_s)
-    with _EXPORTERS_LOCK:
-        found = _EXPORTERS.get(key)
-        if found is None:
-            exporter = OTLPSpanExporter(
-                endpoint=str(params.endpoint).rstrip("/") + "/v1/traces",
-                headers=headers,
-                timeout=params.timeout_s,
-            )
-            processor = BatchSpanProcessor(_Breaker(exporter), schedule_delay_millis=500)
-            atexit.register(processor.shutdown)  # what is left goes out at exit, within the timeout
-            found = _EXPORTERS[key] = _Exporter(
-                processor,
-                Resource.create({"service.name": params.service_name}),
-                InstrumentationScope(_SCOPE_NAME, VERSION),
-            )
-        return found
-
-
-def flush_all(timeout_s: float = 5.0) -> bool:
-    """Export every span built so far, waiting at most `timeout_s` for each endpoint; whether
-    all were sent. (At exit the SDK flushes by itself, bounded by the exporter's timeout.)"""
-    with _EXPORTERS_LOCK:
-        exporters = list(_EXPORTERS.values())
-    return all(e.processor.force_flush(int(timeout_s * 1000)) for e in exporters)
 
 
 def _ns(event: Event) -> int:
@@ -230,19 +143,17 @@ class OtelHook:
         """`exporter` (Python only): an SDK exporter of this process that is handed each span
         as it ends (a test's `InMemorySpanExporter`, a `ConsoleSpanExporter`) instead of the
         OTLP/HTTP one to `params.endpoint`; such a hook is not sent to an executor's workers."""
-        if OTLPSpanExporter is None:
+        if ReadableSpan is None:
             raise ConfigError("hooks: kind 'otel' needs the otel extra: pip install 'lanefold[otel]'")
         self.params = params
         self.own = exporter is not None
         if exporter is not None:
-            self.exporter = _Exporter(
-                SimpleSpanProcessor(exporter),
-                Resource.create({"service.name": params.service_name}),
-                InstrumentationScope(_SCOPE_NAME, VERSION),
-            )
+            self.exporter = own_exporter(exporter, params.service_name)
         else:
             secrets = headers_from_env(params.headers_env, os.environ, where="hooks: otel: headers_env")
-            self.exporter = _exporter(params, {**params.headers, **secrets})
+            self.exporter = otlp_exporter(
+                str(params.endpoint), {**params.headers, **secrets}, params.service_name, params.timeout_s
+            )
         self.runs: dict[str, _Run] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:  # travels to a worker as its params
