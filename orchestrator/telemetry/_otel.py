@@ -34,7 +34,6 @@ from lanefold.primitives import (
     RunResult,
     check_headers,
     check_headers_env,
-    get_logger,
     headers_from_env,
     register_hook,
 )
@@ -59,8 +58,6 @@ from lanefold.telemetry._export import flush_all, otlp_exporter, own_exporter
 from lanefold.telemetry._propagation import client_span
 
 __all__ = ("OtelHook", "flush_all", "trace_id_of")
-
-_log = get_logger("lanefold.otel")
 
 try:  # the `otel` extra
     from opentelemetry.sdk.trace import ReadableSpan
