@@ -439,3 +439,18 @@ def test_a_log_written_with_a_secret_header_before_the_rule_stays_readable(
     capsys.readouterr()
     with pytest.raises(ConfigError, match="carries a secret"):
         lanefold.parse_config(started["data"]["config"])
+
+
+def test_serve_otel_content_is_for_the_loop_gateway(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend served alone makes no runs, so no spans to put content on: one line, exit 2."""
+    pytest.importorskip("starlette")
+    backend = tmp_path / "backend.toml"
+    backend.write_text('[backend]\nkind = "simulated"\n')
+    assert main(["serve", "--backend-config", str(backend), "--otel-content"]) == 2
+    err = capsys.readouterr().err
+    assert err == "orchestrator serve: --otel-content: traces are of runs; give --loops DIR too\n"
+    assert main(["serve", "--loops", str(tmp_path), "--otel-content"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("orchestrator serve: --otel-content: ") and err.count("\n") == 1
