@@ -251,6 +251,10 @@ class RunStartedData(_Frozen):
     # `tool_call` answer with them. Absent where the run has none.
     tools: list[dict[str, Any]] | None = Field(None, exclude_if=_absent)
     tool_choice: str | None = Field(None, exclude_if=_absent)
+    # The W3C trace context the run continues (`traceparent`, and `tracestate` where sent), as
+    # header text: a gateway client's, so the run's spans are children of the client's span
+    # (docs/otel.md). Absent where the run begins a trace of its own.
+    trace_context: dict[str, str] | None = Field(None, exclude_if=_absent)
 
 
 class RunStarted(Event):
@@ -269,6 +273,9 @@ class RunResumedData(_Frozen):
     torn_tail_bytes: Count = 0  # bytes of a half-written last line that were cut off
     torn_tail_line: int | None = Field(None, ge=1)
     active_seconds_before: Amount = 0.0  # wall time the run ran before this resume
+    # The W3C trace context this segment continues: the resuming request's (a gateway retry
+    # that sent one), else the one `run.started` recorded; absent where neither has one.
+    trace_context: dict[str, str] | None = Field(None, exclude_if=_absent)
 
 
 class RunResumed(Event):

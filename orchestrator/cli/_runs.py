@@ -88,6 +88,7 @@ def add_commands(
     p.add_argument("run_id")
     common(p)
     p.add_argument("--json", action="store_true")
+    otel_argument(p)
 
     p = sub.add_parser("tail", help="print a run's events (or an eval's finished questions)")
     p.add_argument("run_id", metavar="RUN_ID|EVAL_ID")
@@ -186,11 +187,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     store = store_of(args)
+    otel = otel_hooks(args)  # a bad --otel-endpoint is refused before the run is touched
     with live(args.json, lambda: read_state(store, args.run_id)) as display:
         seen = RunWatch(args.run_id)
 
         async def go(reason: Callable[[], str]) -> RunResult:
-            async with Session(runs_dir=args.runs_dir, store=store, hooks=display) as session:
+            async with Session(runs_dir=args.runs_dir, store=store, hooks=[*display, *otel]) as session:
                 return await session.resume(args.run_id, observer=seen, stop_reason=reason)
 
         result = interruptible(go, lambda: args.run_id, lambda: seen.ended)

@@ -116,6 +116,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             )
         if args.otel_endpoint is not None:
             raise ConfigError("--otel-endpoint: traces are of runs; give --loops DIR too")
+        if args.otel_content:
+            raise ConfigError("--otel-content: traces are of runs; give --loops DIR too")
     elif (args.keys is not None or args.store_keys) and key is not None:
         raise ConfigError("--keys and --api-key-env: give one (a keys file holds every key)")
     if key is None and args.keys is None and not args.store_keys and not is_loopback(args.host):

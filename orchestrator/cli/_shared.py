@@ -205,17 +205,27 @@ def otel_argument(p: argparse.ArgumentParser) -> None:
         help="export each run as an OpenTelemetry trace to this OTLP/HTTP base URL "
         "(spans to URL/v1/traces; needs the otel extra)",
     )
+    p.add_argument(
+        "--otel-content",
+        action="store_true",
+        help="with --otel-endpoint: put prompts and answers on the spans "
+        "(gen_ai.input.messages, gen_ai.output.messages); off by default",
+    )
 
 
 def otel_hooks(args: argparse.Namespace) -> list[Hook]:
     """The hook `--otel-endpoint` asks for (none without it), built as `[[hooks]] kind =
-    "otel"` would be; a bad URL or a missing extra is a one-line ConfigError naming the flag."""
+    "otel"` would be, `--otel-content` its `capture_content`; a bad URL or a missing extra is
+    a one-line ConfigError naming the flag, as is `--otel-content` without an endpoint."""
     url = getattr(args, "otel_endpoint", None)
+    content = bool(getattr(args, "otel_content", False))
     if url is None:
+        if content:
+            raise ConfigError("--otel-content: content goes on the spans of --otel-endpoint URL; give it too")
         return []
     found = HOOKS.resolve(OTEL_HOOK, key="--otel-endpoint")
     try:
-        return [build_hook(found, {"endpoint": url})]
+        return [build_hook(found, {"endpoint": url, "capture_content": content})]
     except ValidationError as exc:
         raise ConfigError(f"--otel-endpoint: {exc.errors()[0]['msg']}") from None
     except ConfigError as exc:

@@ -101,6 +101,7 @@ class _Origin:
     turns_after: tuple[ChatMessage, ...] = ()
     model: str | None = None
     request_id: str | None = None
+    trace_context: dict[str, str] | None = None
 
 
 class Session:
@@ -238,6 +239,7 @@ class Session:
         turns_after: Sequence[ChatMessage] = (),
         model: str | None = None,
         request_id: str | None = None,
+        trace_context: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Run the loop on one question; its log lands in the store (by default
         `runs_dir/<run_id>/events.jsonl`). `seed` is this run's loop seed (default: the
@@ -264,6 +266,9 @@ class Session:
         `conversation` may be a `ChatMessage` with an assistant's `tool_calls` or a tool's
         result; `turns_after` are a chat's turns after its question (an agent's calls and their
         results since the user asked), sent after the prompt in every sampled lane.
+        `trace_context` is the W3C trace context the run continues (`traceparent` and
+        `tracestate` header text, as a gateway client sent them): recorded in `run.started`, and
+        the `otel` hook makes the run's spans children of that span (docs/otel.md).
 
         With `resume=True` a `run_id` the store already holds is resumed instead (a finished
         run returns its recorded result, sampling nothing); it must hold this question. With
@@ -277,7 +282,7 @@ class Session:
         run_id = self.store.check_id(run_id) if run_id is not None else self.store.new_id()
         try:
             if resume and log is None and self.store.exists(run_id):
-                return await self._go_on(run_id, question, observer, stop_reason)
+                return await self._go_on(run_id, question, observer, stop_reason, trace_context)
             started = _Origin(
                 config,
                 None if conversation is None else tuple(map(turn_message, conversation)),
@@ -289,6 +294,7 @@ class Session:
                 tuple(turns_after),
                 model,
                 request_id,
+                dict(trace_context) if trace_context else None,
             )
             return await self._start(question, run_id, observer, log, stop_reason, seed, started)
         except LanefoldError as exc:
@@ -351,6 +357,7 @@ class Session:
                             pools=list(names) or None,
                             tools=[tool.to_openai() for tool in origin.tools] or None,
                             tool_choice=origin.tool_choice,
+                            trace_context=origin.trace_context,
                         ),
                     )
                 except BaseException:
@@ -381,6 +388,7 @@ class Session:
         question: str,
         observer: Observer | None,
         stop_reason: Callable[[], str],
+        trace_context: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Resume `run_id`, which must be a run of `question` (an id reused for another
         question is a mistake to name, not a run to continue)."""
@@ -390,7 +398,9 @@ class Session:
                 f"run_id {run_id!r}: the store holds a run of another question "
                 f"({_clip(recorded.started.question)}); choose another id"
             )
-        return await self.resume(run_id, observer=observer, stop_reason=stop_reason)
+        return await self.resume(
+            run_id, observer=observer, stop_reason=stop_reason, trace_context=trace_context
+        )
 
     def worker_spec(self) -> WorkerSpec:
         """What workers need to run this session's questions as it would, by value."""
@@ -519,6 +529,7 @@ class Session:
         observer: Observer | None = None,
         log: EventLog | None = None,
         stop_reason: Callable[[], str] = lambda: "cancelled",
+        trace_context: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Continue a run from its log. A finished run returns its recorded result.
 
@@ -527,7 +538,8 @@ class Session:
         raises RunInUseError before anything is touched. The rest of the run spends from the
         budgets its `run.started` names (`pools`); one of them spent refuses the resume
         (BudgetExhaustedError) before anything is recorded, and one the store does not keep
-        is a ConfigError.
+        is a ConfigError. `trace_context` (W3C header text, as `run`'s) is the trace this
+        segment continues; without it, the one `run.started` recorded, if any.
         """
         if log is None:
             # A finished run needs no writer (nor a writable disk): its record stands as read.
@@ -565,6 +577,11 @@ class Session:
                         torn_tail_bytes=torn.bytes if torn else 0,
                         torn_tail_line=torn.line if torn else None,
                         active_seconds_before=state.active_seconds(),
+                        trace_context=(
+                            dict(trace_context)
+                            if trace_context
+                            else (state.started.trace_context if state.started else None)
+                        ),
                     ),
                 )
             except BaseException:

@@ -68,6 +68,7 @@ from lanefold.serve._keyring import StoreKeys
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._limits import Admitted, KeyRates, request_hold, request_id_of
 from lanefold.serve._outcomes import on_error
+from lanefold.telemetry import trace_context_of
 
 __all__ = ("create_gateway",)
 
@@ -235,7 +236,9 @@ def create_gateway(
         else:
             run_id = store.new_id()
         request_id = request_id_of(request)
-        go = Go(ask, run_id, caller, key, idempotency is not None, request_id)
+        go = Go(
+            ask, run_id, caller, key, idempotency is not None, request_id, trace_context_of(request.headers)
+        )
         admitted = (
             Admitted(None)
             if rates is None
@@ -352,6 +355,7 @@ def create_gateway(
                 pools=pools.pools(go.key) if pools is not None else (),
                 observer=observer,
                 stop_reason=lambda: "client gone",
+                trace_context=go.trace_context,
             )
         except RunInUseError:
             raise HTTPError(

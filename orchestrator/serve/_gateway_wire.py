@@ -235,3 +235,4 @@ class Go:
     key: GatewayKey | None
     idempotent: bool
     request_id: str | None = None  # recorded with the run (X-Request-ID, or the gateway's own)
+    trace_context: dict[str, str] | None = None  # the client's W3C traceparent/tracestate

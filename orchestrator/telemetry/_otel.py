@@ -6,7 +6,9 @@ attributed after the GenAI semantic conventions (`gen_ai.operation.name`,
 `gen_ai.request.model`, `gen_ai.usage.input_tokens`, ...) plus lanefold's (`lanefold.run_id`,
 `lanefold.wave`, `lanefold.lane`, `lanefold.usage.cached_prefill_tokens`,
 `lanefold.cost_usd`). The trace id is a function of the run id, so every process that
-resumes the run continues its trace.
+resumes the run continues its trace; a run that records a W3C trace context (a gateway
+client's `traceparent`) is instead a child of that span, in the client's trace, each of its
+segments alike. Prompts and answers go on spans only with `capture_content` (`_content`).
 
 The hook builds spans as events arrive (a hook's own thread, never the dispatch path) and
 hands them to the SDK's batch processor, whose thread exports them: an endpoint that is slow
@@ -16,18 +18,15 @@ forever. One exporter serves every hook with the same endpoint, headers and serv
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
-from lanefold.config import VERSION
 from lanefold.primitives import (
     AnyEvent,
     ConfigError,
@@ -35,7 +34,6 @@ from lanefold.primitives import (
     RunResult,
     check_headers,
     check_headers_env,
-    get_logger,
     headers_from_env,
     register_hook,
 )
@@ -55,107 +53,28 @@ from lanefold.primitives.events import (
     WaveBarrier,
     WaveStarted,
 )
+from lanefold.telemetry._content import INPUT_MESSAGES, OUTPUT_MESSAGES, input_messages, output_messages
+from lanefold.telemetry._export import flush_all, otlp_exporter, own_exporter
+from lanefold.telemetry._propagation import client_span
 
 __all__ = ("OtelHook", "flush_all", "trace_id_of")
 
-_log = get_logger("lanefold.otel")
-
 try:  # the `otel` extra
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 except ImportError:  # pragma: no cover - said when a hook is built
-    OTLPSpanExporter = None  # type: ignore[assignment,misc]
+    ReadableSpan = None  # type: ignore[assignment,misc]
     SpanExporter = object  # type: ignore[assignment,misc]
 
-_SCOPE_NAME = "lanefold"
 _SAMPLED = 1  # TraceFlags.SAMPLED: every span of a run is kept
-_RETRY_AFTER_S = (2.0, 60.0)  # how long a down endpoint is left alone: first, at most
-
-
-_FLAGS = TraceFlags(_SAMPLED) if OTLPSpanExporter is not None else None
-_UNSET: Any = Status(StatusCode.UNSET) if OTLPSpanExporter is not None else None
-
-
-class _Breaker(SpanExporter):
-    """The SDK's exporter, left alone for a while after it fails: while an endpoint is down a
-    batch is dropped at once, not encoded and retried, so a dead receiver costs (almost)
-    nothing. The wait doubles per failure up to a minute and resets on a success."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.wait = _RETRY_AFTER_S[0]
-        self.down_until = 0.0
-        self.dropped = 0
-
-    def export(self, spans: Any) -> Any:
-        now = time.monotonic()
-        if now < self.down_until:
-            self.dropped += len(spans)
-            return SpanExportResult.FAILURE
-        result = self.inner.export(spans)
-        if result == SpanExportResult.SUCCESS:
-            self.wait = _RETRY_AFTER_S[0]
-        else:
-            _log.warning("otel.endpoint_down", retry_after_s=self.wait, spans_dropped=len(spans))
-            self.down_until = time.monotonic() + self.wait
-            self.wait = min(self.wait * 2, _RETRY_AFTER_S[1])
-        return result
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self.inner.force_flush(timeout_millis))
+_FLAGS = TraceFlags(_SAMPLED) if ReadableSpan is not None else None
+_UNSET: Any = Status(StatusCode.UNSET) if ReadableSpan is not None else None
 
 
 def trace_id_of(run_id: str) -> int:
     """The trace id of a run: 128 bits of the sha256 of its id (never 0)."""
     return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:16], "big") or 1
-
-
-@dataclass
-class _Exporter:
-    """One endpoint's batch processor (its thread exports), resource and scope."""
-
-    processor: Any
-    resource: Any
-    scope: Any
-
-
-_EXPORTERS: dict[tuple[Any, ...], _Exporter] = {}
-_EXPORTERS_LOCK = threading.Lock()
-
-
-def _exporter(params: OtelHook.Params, headers: dict[str, str]) -> _Exporter:
-    key = (str(params.endpoint), tuple(sorted(headers.items())), params.service_name, params.timeout_s)
-    with _EXPORTERS_LOCK:
-        found = _EXPORTERS.get(key)
-        if found is None:
-            exporter = OTLPSpanExporter(
-                endpoint=str(params.endpoint).rstrip("/") + "/v1/traces",
-                headers=headers,
-                timeout=params.timeout_s,
-            )
-            processor = BatchSpanProcessor(_Breaker(exporter), schedule_delay_millis=500)
-            atexit.register(processor.shutdown)  # what is left goes out at exit, within the timeout
-            found = _EXPORTERS[key] = _Exporter(
-                processor,
-                Resource.create({"service.name": params.service_name}),
-                InstrumentationScope(_SCOPE_NAME, VERSION),
-            )
-        return found
-
-
-def flush_all(timeout_s: float = 5.0) -> bool:
-    """Export every span built so far, waiting at most `timeout_s` for each endpoint; whether
-    all were sent. (At exit the SDK flushes by itself, bounded by the exporter's timeout.)"""
-    with _EXPORTERS_LOCK:
-        exporters = list(_EXPORTERS.values())
-    return all(e.processor.force_flush(int(timeout_s * 1000)) for e in exporters)
 
 
 def _ns(event: Event) -> int:
@@ -203,6 +122,9 @@ class OtelHook:
         # read when the hook is built, in each process that builds it, never recorded
         headers_env: dict[str, str] = Field(default_factory=dict)
         timeout_s: float = Field(3.0, gt=0, le=60)  # one export's limit, retries included
+        # prompts and answers on spans (gen_ai.input.messages, gen_ai.output.messages,
+        # lanefold.answer): off unless asked, as what a run is asked may not leave the machine
+        capture_content: bool = False
 
         @field_validator("headers")
         @classmethod
@@ -214,15 +136,26 @@ class OtelHook:
         def _named(cls, value: dict[str, str]) -> dict[str, str]:
             return check_headers_env(value)
 
-    def __init__(self, params: OtelHook.Params) -> None:
-        if OTLPSpanExporter is None:
+    def __init__(self, params: OtelHook.Params, *, exporter: SpanExporter | None = None) -> None:
+        """`exporter` (Python only): an SDK exporter of this process that is handed each span
+        as it ends (a test's `InMemorySpanExporter`, a `ConsoleSpanExporter`) instead of the
+        OTLP/HTTP one to `params.endpoint`; such a hook is not sent to an executor's workers."""
+        if ReadableSpan is None:
             raise ConfigError("hooks: kind 'otel' needs the otel extra: pip install 'lanefold[otel]'")
         self.params = params
-        secrets = headers_from_env(params.headers_env, os.environ, where="hooks: otel: headers_env")
-        self.exporter = _exporter(params, {**params.headers, **secrets})
+        self.own = exporter is not None
+        if exporter is not None:
+            self.exporter = own_exporter(exporter, params.service_name)
+        else:
+            secrets = headers_from_env(params.headers_env, os.environ, where="hooks: otel: headers_env")
+            self.exporter = otlp_exporter(
+                str(params.endpoint), {**params.headers, **secrets}, params.service_name, params.timeout_s
+            )
         self.runs: dict[str, _Run] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:  # travels to a worker as its params
+        if self.own:
+            raise TypeError("an otel hook given its own exporter stays in its process")
         return (OtelHook, (self.params,))
 
     # -- events -----------------------------------------------------------------------------
@@ -271,8 +204,9 @@ class OtelHook:
     def _open(
         self, name: str, parent: _Open, start: int, attributes: dict[str, Any], kind: Any = None
     ) -> _Open:
-        context = SpanContext(parent.context.trace_id, random.getrandbits(64) or 1, False, _FLAGS)
-        return _Open(name, context, parent.context, start, attributes, kind)
+        trace = parent.context
+        context = SpanContext(trace.trace_id, random.getrandbits(64) or 1, False, _FLAGS, trace.trace_state)
+        return _Open(name, context, trace, start, attributes, kind)
 
     def _end(self, span: _Open, end: int) -> None:
         """The span, finished, to the batch processor (its thread exports it)."""
@@ -310,8 +244,16 @@ class OtelHook:
             ):
                 if value is not None:
                     attributes[name] = value
-        context = SpanContext(trace_id_of(run_id), random.getrandbits(64) or 1, False, _FLAGS)
-        span = _Open(f"lanefold.run {loop}".strip(), context, None, _ns(event), attributes)
+            if self.params.capture_content:
+                attributes[INPUT_MESSAGES] = input_messages(
+                    data.conversation, data.question, data.turns_after
+                )
+        # A client's span (the W3C context the run records) is the run's parent, in its trace;
+        # else the run is a trace of its own, its id a function of the run's.
+        client = client_span(event.data.trace_context)
+        trace_id, state = (client.trace_id, client.trace_state) if client else (trace_id_of(run_id), None)
+        context = SpanContext(trace_id, random.getrandbits(64) or 1, False, _FLAGS, state)
+        span = _Open(f"lanefold.run {loop}".strip(), context, client, _ns(event), attributes)
         self.runs[run_id] = _Run(span, model=model, operation="chat")
 
     def _start_wave(self, run: _Run, event: WaveStarted) -> None:
@@ -368,8 +310,10 @@ class OtelHook:
         if isinstance(event, LaneCompleted):
             usage, cost = event.data.usage, event.data.cost_usd
             attributes["gen_ai.response.finish_reasons"] = (event.data.finish_reason,)
-            if event.data.answer is not None:
-                attributes["lanefold.answer"] = event.data.answer
+            if self.params.capture_content:
+                attributes[OUTPUT_MESSAGES] = output_messages(event.data.text, event.data.finish_reason)
+                if event.data.answer is not None:
+                    attributes["lanefold.answer"] = event.data.answer
         elif isinstance(event, LaneFailed):
             usage, cost = event.data.billed, event.data.billed_cost_usd
             span.status = Status(StatusCode.ERROR, f"{event.data.error}: {event.data.message}")
@@ -404,6 +348,16 @@ class OtelHook:
             span.status = Status(StatusCode.ERROR, data.error)
         self._end(span, at)
 
+    @staticmethod
+    def _answer(attributes: dict[str, Any], result: dict[str, Any]) -> None:
+        """The run's answer (content: only when captured): the winning lane's text as the
+        output message (what a gateway client is sent), the extracted answer beside it."""
+        if result.get("answer") is not None:
+            attributes["lanefold.answer"] = result["answer"]
+        text = result.get("winner_text") or result.get("answer")
+        if text is not None:
+            attributes[OUTPUT_MESSAGES] = output_messages(text, "stop")
+
     def _end_run(self, run: _Run, event: RunCompleted | RunFailed | RunInterrupted) -> None:
         self.runs.pop(event.run_id or "", None)
         at = _ns(event)
@@ -413,9 +367,11 @@ class OtelHook:
         attributes["lanefold.status"] = event.type.removeprefix("run.")  # its own word: completed, ...
         if isinstance(event, RunCompleted):
             result = event.data.result
-            for key in ("answer", "status", "reducer", "agreement", "lanes_completed", "lanes_failed"):
+            for key in ("status", "reducer", "agreement", "lanes_completed", "lanes_failed"):
                 if result.get(key) is not None:
                     attributes[f"lanefold.{key}"] = result[key]
+            if self.params.capture_content:
+                self._answer(attributes, result)
             usage, cost = result.get("usage") or {}, result.get("cost") or {}
             prefill, cached = usage.get("prefill_tokens", 0), usage.get("cached_prefill_tokens", 0)
             attributes["gen_ai.usage.input_tokens"] = prefill + cached

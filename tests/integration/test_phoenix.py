@@ -34,10 +34,13 @@ def phoenix() -> str:
     return url.removesuffix("/v1")
 
 
-def _spans(phoenix: str, run_id: str, want: int, timeout_s: float = 60.0) -> list[Span]:
-    """The run's trace as Phoenix's REST API lists it, once `want` spans have arrived (Phoenix
-    writes what it receives in batches, so a flushed span is listed a moment later)."""
-    trace_id = f"{trace_id_of(run_id):032x}"
+def _spans(
+    phoenix: str, run_id: str, want: int, timeout_s: float = 60.0, trace_id: str | None = None
+) -> list[Span]:
+    """The run's trace (`trace_id`, by default the run's own) as Phoenix's REST API lists it,
+    once `want` spans have arrived (Phoenix writes what it receives in batches, so a flushed
+    span is listed a moment later)."""
+    trace_id = trace_id or f"{trace_id_of(run_id):032x}"
     deadline = time.monotonic() + timeout_s
     spans: list[Span] = []
     while time.monotonic() < deadline:
@@ -135,3 +138,38 @@ async def test_phoenix_shows_a_resumed_run_as_one_trace(phoenix: str, tmp_path: 
     assert {s["attributes"]["lanefold.run_id"] for s in spans} == {"phoenix-cut"}
     ids = {_id(s) for s in spans}
     assert all(s["parent_id"] in ids for s in spans if s.get("parent_id"))  # no orphans
+
+
+def test_phoenix_finds_a_gateway_run_by_its_clients_trace_id(phoenix: str, tmp_path: Path) -> None:
+    """A request to the gateway with a `traceparent`: Phoenix lists the run's spans under the
+    client's trace id, the run's span a child of the client's span; `capture_content` puts the
+    question on it by the GenAI name."""
+    pytest.importorskip("starlette")
+    from lanefold.execution import Session, open_store
+    from lanefold.serve._gateway import create_gateway
+    from tests.loopback import Loopback
+
+    trace, client = 0x3D1F6C0E9A2B4C5D8E7F60718293A4B5, 0x1A2B3C4D5E6F7081
+    hook = OtelHook(OtelHook.Params(endpoint=phoenix, capture_content=True))
+    session = Session(store=open_store(None, tmp_path), hooks=[hook])
+    app = create_gateway(session, {"vote": _config(3)})
+    body = {"model": "vote", "messages": [{"role": "user", "content": "What is 19 * 21?"}]}
+    with Loopback(app) as server:
+        response = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json=body,
+            headers={"traceparent": f"00-{trace:032x}-{client:016x}-01"},
+            timeout=30,
+        )
+    assert response.status_code == 200, response.text
+    run_id = response.headers["x-lanefold-run-id"]
+    assert flush_all(30.0)
+    spans = _spans(phoenix, run_id, want=5, trace_id=f"{trace:032x}")
+    assert len(spans) == 1 + 1 + 3
+    assert {s["attributes"]["lanefold.run_id"] for s in spans} == {run_id}
+    (run,) = [s for s in spans if s.get("parent_id") == f"{client:016x}"]
+    assert run["name"].startswith("lanefold.run ")
+    (asked,) = json.loads(run["attributes"]["gen_ai.input.messages"])
+    assert asked["parts"][0]["content"] == "What is 19 * 21?"
+    ids = {_id(s) for s in spans}
+    assert all(s["parent_id"] in ids for s in spans if s is not run)

@@ -122,7 +122,7 @@ async def test_a_run_is_a_trace_of_waves_and_lane_attempts(
     (run,) = [s for s in spans if s["parent"] is None]
     assert run["name"] == "lanefold.run parallel_sample" and run["service"] == "tests"
     assert run["attributes"]["lanefold.run_id"] == result.run_id
-    assert run["attributes"]["lanefold.answer"] == result.answer
+    assert "lanefold.answer" not in run["attributes"]  # content only with capture_content
     assert run["attributes"]["lanefold.status"] == result.status == "answered"
     (wave,) = _children(spans, run)
     assert wave["name"] == "lanefold.wave sample" and wave["attributes"]["lanefold.wave"] == 1
@@ -256,7 +256,8 @@ async def test_an_endpoint_that_is_down_changes_nothing(tmp_path: Path) -> None:
 
 
 def test_the_gateway_exports_each_request_as_a_trace(receiver: tuple[Receiver, str], tmp_path: Path) -> None:
-    """`serve --loops --otel-endpoint`: a request's run arrives as a trace, as `run`'s does."""
+    """`serve --loops --otel-endpoint --otel-content`: a request's run arrives as a trace, as
+    `run`'s does, in the trace of the client's `traceparent` and with its prompt and answer."""
     pytest.importorskip("starlette")
     import socket
     import subprocess
@@ -272,6 +273,8 @@ def test_the_gateway_exports_each_request_as_a_trace(receiver: tuple[Receiver, s
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = ["serve", "--loops", "loops", "--runs-dir", "runs", "--port", str(port), "--otel-endpoint", url]
+    args.append("--otel-content")
+    trace, client_span = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
     process = subprocess.Popen(
         [sys.executable, "-m", "lanefold", *args],
         cwd=tmp_path,
@@ -288,26 +291,76 @@ def test_the_gateway_exports_each_request_as_a_trace(receiver: tuple[Receiver, s
                 assert process.poll() is None and time.monotonic() < deadline, "the gateway did not start"
                 time.sleep(0.05)
         body = {"model": "vote", "messages": [{"role": "user", "content": "What is 1 + 1?"}]}
+        traceparent = {"traceparent": f"00-{trace:032x}-{client_span:016x}-01", "X-Request-ID": "trace-me-1"}
         response = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json=body,
-            headers={"X-Request-ID": "trace-me-1"},
+            headers=traceparent,
             timeout=30,
         )
         run_id = response.headers["x-lanefold-run-id"]
-        while len(got.of_run(run_id)) < 4 and time.monotonic() < deadline:
+        while len(_in_trace(got, trace)) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         process.terminate()
         process.wait(20)
-    spans = got.of_run(run_id)
+    spans = _in_trace(got, trace)
     assert len(spans) == 1 + 1 + 2  # run, wave, two lanes
-    (run,) = [s for s in spans if s["parent"] is None]
-    assert run["attributes"]["lanefold.run_id"] == run_id
+    assert {s["attributes"]["lanefold.run_id"] for s in spans} == {run_id}
+    (run,) = [s for s in spans if s["parent"] == f"{client_span:016x}"]
     # who asked and for what (issue 41 item 6): the model the client named, its request's id
     assert run["attributes"]["lanefold.requested_model"] == "vote"
     assert run["attributes"]["lanefold.request_id"] == "trace-me-1"
     assert response.headers["x-request-id"] == "trace-me-1"
+    assert json.loads(run["attributes"]["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "What is 1 + 1?"}]}
+    ]
+    (answer,) = json.loads(run["attributes"]["gen_ai.output.messages"])
+    assert answer["parts"][0]["content"] == response.json()["choices"][0]["message"]["content"]
+
+
+def _in_trace(got: Receiver, trace_id: int) -> list[dict[str, Any]]:
+    with got.lock:
+        return [s for s in got.spans if s["trace_id"] == trace_id]
+
+
+def test_resume_on_the_command_line_continues_the_trace_the_run_recorded(
+    receiver: tuple[Receiver, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A gateway run cut off, resumed by `orchestrator resume --otel-endpoint`: the segment is
+    one more child of the client's span, in the client's trace (docs/otel.md)."""
+    got, url = receiver
+    trace, client_span = 0x5B8AA5A2D2C872E8321CF37308D69DF2, 0x051581BF3CB55C13
+    context = {"traceparent": f"00-{trace:032x}-{client_span:016x}-01"}
+    config = _config(
+        k=6, backend={"kind": "simulated", "latency_ms": [40, 60]}, loop={"k": 6, "max_concurrency": 2}
+    )
+
+    async def cut() -> None:
+        async with lanefold.Session(config, runs_dir=tmp_path) as session:
+            with anyio.move_on_after(0.1):
+                await session.run("What is 5 + 5?", run_id="cut", trace_context=context)
+
+    anyio.run(cut)
+    assert main(["resume", "cut", "--runs-dir", str(tmp_path), "--json", "--otel-endpoint", url]) == 0
+    assert json.loads(capsys.readouterr().out)["answer"] is not None
+    assert flush_all(10.0)
+    spans = _in_trace(got, trace)
+    assert spans and {s["attributes"]["lanefold.run_id"] for s in spans} == {"cut"}
+    (run,) = [s for s in spans if s["parent"] == f"{client_span:016x}"]
+    assert run["attributes"]["lanefold.resumed"] is True
+    assert not got.of_run("cut")  # nothing in a trace of the run's own
+
+
+def test_otel_content_without_an_endpoint_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "loop.toml"
+    config.write_text('[loop]\nk = 2\n[backend]\nkind = "simulated"\n')
+    code = main(["run", str(config), "--question", "Q?", "--runs-dir", str(tmp_path), "--otel-content"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("orchestrator run: --otel-content: ") and err.count("\n") == 1
+    assert not any(tmp_path.glob("*/events.jsonl"))  # refused before a run was created
 
 
 @pytest.mark.parametrize("name", ["x-api-key", "Authorization", "X-Auth-Token", "api-key", "Cookie"])
@@ -393,3 +446,18 @@ def test_a_log_written_with_a_secret_header_before_the_rule_stays_readable(
     capsys.readouterr()
     with pytest.raises(ConfigError, match="carries a secret"):
         lanefold.parse_config(started["data"]["config"])
+
+
+def test_serve_otel_content_is_for_the_loop_gateway(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backend served alone makes no runs, so no spans to put content on: one line, exit 2."""
+    pytest.importorskip("starlette")
+    backend = tmp_path / "backend.toml"
+    backend.write_text('[backend]\nkind = "simulated"\n')
+    assert main(["serve", "--backend-config", str(backend), "--otel-content"]) == 2
+    err = capsys.readouterr().err
+    assert err == "orchestrator serve: --otel-content: traces are of runs; give --loops DIR too\n"
+    assert main(["serve", "--loops", str(tmp_path), "--otel-content"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("orchestrator serve: --otel-content: ") and err.count("\n") == 1
