@@ -33,12 +33,13 @@ def loop_configs(folder: str | Path | None, named: Sequence[str] = ()) -> dict[s
     NAME=CONFIG`, then `LOOP/MODEL` for each model a loop's `[serve] models` lists (each
     preflighted). A bad file, name or pair is one ConfigError naming it."""
     loops: dict[str, LoopConfig] = {}
+    sources: dict[str, str] = {}
     if folder is not None:
         root = Path(folder)
         if not root.is_dir():
             raise ConfigError(f"--loops: {root} is not a folder")
         for path in sorted(root.glob("*.toml")):
-            loops[path.stem] = load_config(path)
+            loops[path.stem], sources[path.stem] = load_config(path), str(path)
             preflight(loops[path.stem], str(path))
     for pair in named:
         name, eq, file = (part.strip() for part in pair.partition("="))
@@ -46,11 +47,11 @@ def loop_configs(folder: str | Path | None, named: Sequence[str] = ()) -> dict[s
             raise ConfigError(f"--loop {pair!r}: expected NAME=CONFIG")
         if "/" in name:
             raise ConfigError(f"--loop {pair!r}: a loop's name has no '/' (LOOP/MODEL names a model of it)")
-        loops[name] = load_config(file)
+        loops[name], sources[name] = load_config(file), file
         preflight(loops[name], file)
     if not loops:
         raise ConfigError(f"--loops: no *.toml loop config in {folder}" if folder else "no loop to serve")
-    return served_models(loops, check=True)
+    return served_models(loops, sources)
 
 
 def gateway_app(

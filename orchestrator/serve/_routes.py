@@ -34,10 +34,13 @@ def over_model(config: LoopConfig, model: str) -> LoopConfig:
     return parse_config(raw, source=f"serve.models: {model!r}", folder=config.folder)
 
 
-def served_models(loops: Mapping[str, LoopConfig], *, check: bool = False) -> dict[str, LoopConfig]:
+def served_models(
+    loops: Mapping[str, LoopConfig], sources: Mapping[str, str] | None = None
+) -> dict[str, LoopConfig]:
     """Every name served, name -> config: each loop, then `LOOP/MODEL` for each model its
     `[serve] models` lists (names already there are kept: reading a result again adds
-    nothing). `check`: preflight each (an engine's model on disk), as `serve` does at start."""
+    nothing). `sources` (loop -> its file): preflight each (an engine's model on disk) as
+    `serve` does at start, an error naming the file and the model."""
     served = dict(loops)
     for name, config in loops.items():
         if "/" in name:
@@ -46,8 +49,8 @@ def served_models(loops: Mapping[str, LoopConfig], *, check: bool = False) -> di
             combined = f"{name}/{model}"
             if combined not in served:
                 served[combined] = over_model(config, model)
-                if check:
-                    preflight(served[combined], f"loop {name!r} serve.models {model!r}")
+                if sources is not None:
+                    preflight(served[combined], f"{sources.get(name, name)}: serve.models {model!r}")
     return served
 
 

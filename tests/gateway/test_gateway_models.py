@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from anyio.lowlevel import EventLoopToken
+from cli_support import cli
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -209,3 +210,16 @@ def test_serve_models_is_checked_where_the_file_is_read(tmp_path: Path) -> None:
     assert config_hash(parse_config({**base, "serve": {"models": ["a"]}})) == config_hash(parse_config(base))
     with pytest.raises(ConfigError, match=r"a loop's name has no '/'"):
         loop_configs(None, [f"a/b={tmp_path / 'x.toml'}"])
+
+
+def test_serve_refuses_a_listed_model_it_cannot_run_before_the_port_opens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "loops"
+    folder.mkdir()
+    (folder / "vote.toml").write_text('[backend]\nkind = "engine"\n[serve]\nmodels = ["no-such-model"]\n')
+    refused = cli(capsys, "serve", "--loops", str(folder), "--runs-dir", str(tmp_path / "runs"))
+    assert refused.code == 2
+    assert refused.error_line.startswith(
+        f"orchestrator serve: {folder / 'vote.toml'}: serve.models 'no-such-model': backend.model: model "
+    )
