@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.from_thread
@@ -18,12 +19,13 @@ import openai
 import pytest
 from anyio.lowlevel import EventLoopToken
 from cli_support import cli
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from lanefold.config import config_hash, parse_config
 from lanefold.execution import Session, open_store, read_state
-from lanefold.primitives import ConfigError
+from lanefold.primitives import BACKENDS, ConfigError, register_backend
 from lanefold.serve import loop_configs
 from lanefold.serve._gateway import create_gateway
 from lanefold.serve._keys import KeyPools, load_keys
@@ -223,3 +225,27 @@ def test_serve_refuses_a_listed_model_it_cannot_run_before_the_port_opens(
     assert refused.error_line.startswith(
         f"orchestrator serve: {folder / 'vote.toml'}: serve.models 'no-such-model': backend.model: model "
     )
+
+
+class _NoModel(BaseModel):
+    """A backend's config with no `model` key: nothing for `[serve] models` to set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["no_model"] = "no_model"
+
+    def build(self) -> None:  # never built: the config is refused first
+        raise AssertionError("built")
+
+
+def test_serve_models_needs_a_backend_with_a_model() -> None:
+    saved = BACKENDS.snapshot()
+    try:
+        register_backend("no_model")(_NoModel)
+        parse_config({"backend": {"kind": "no_model"}})  # without [serve], as before
+        with pytest.raises(
+            ConfigError, match=r'serve.models: backend kind "no_model" has no model to choose'
+        ):
+            parse_config({"backend": {"kind": "no_model"}, "serve": {"models": ["a"]}})
+    finally:
+        BACKENDS.restore(saved)
