@@ -159,13 +159,14 @@ def select_runs(
 ) -> list[RunSummary]:
     """`list_runs`'s filters over summaries, newest first: the one place they mean what they
     say, whichever store read the summaries. An eval's runs are `<eval_id>.<i>`; `model` is
-    the model name a gateway's client asked for, `caller` the key's name."""
+    the model name a gateway's client asked for (a loop's name also matches its `LOOP/MODEL`s),
+    `caller` the key's name."""
     chosen = [
         s
         for s in found
         if (status is None or s.status == status)
         and (loop is None or s.loop == loop)
-        and (model is None or s.model == model)
+        and (model is None or s.model == model or (s.model or "").startswith(model + "/"))
         and (caller is None or s.caller == caller)
         and (eval_id is None or s.run_id.startswith(eval_id + "."))
         and (since is None or s.started >= since)

@@ -58,6 +58,9 @@ class SimulatedConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["simulated"] = "simulated"
+    # A model name as free text (it changes no answer): what a gateway's `[serve] models` sets,
+    # so a run over `LOOP/MODEL` records the model it stood for. Recorded only when given.
+    model: str | None = Field(None, min_length=1, exclude_if=lambda v: v is None)
     answer: str = "391"
     accuracy: float = Field(0.6, ge=0, le=1)
     distractors: list[str] = ["381", "401", "293"]

@@ -32,6 +32,7 @@ import lanefold.backends  # registers the built-in backends
 import lanefold.coordinators  # registers the built-in loops, reducers and verifiers
 import lanefold.stores  # noqa: F401  # registers the built-in stores
 from lanefold.config._defaults import DEFAULT_BACKEND_KIND, DEFAULT_LOOP, OTEL_HOOK
+from lanefold.config._serve_section import ServeSection
 from lanefold.primitives import (
     BACKENDS,
     HOOKS,
@@ -370,6 +371,8 @@ class LoopConfig(_Section):
     judge: JudgeSection = JudgeSection()
     log: LogSection = LogSection()
     store: StoreSection = Field(default=StoreSection(), exclude=True)
+    # How the gateway serves the file (the models it may run it over): not part of a run either.
+    serve: ServeSection = Field(default=ServeSection(), exclude=True)
     # Recorded only when given (a config without hooks hashes as before), so a worker or a
     # resume builds the same hooks from the recorded config.
     hooks: list[HookSection] = Field(default=[], exclude_if=lambda v: not v)
@@ -390,6 +393,9 @@ class LoopConfig(_Section):
                     f'prompt.form: "{self.prompt.form}", but {where} (kind "{backend.kind}") as '
                     f'configured sends only "{forms[0]}" prompts'
                 )
+        spec = self.backend
+        if self.serve.models and not (isinstance(spec, BaseModel) and "model" in type(spec).model_fields):
+            raise ValueError(f'serve.models: backend kind "{self.backend.kind}" has no model to choose')
         return self
 
     def prompt_form(

@@ -68,6 +68,7 @@ from lanefold.serve._keyring import StoreKeys
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
 from lanefold.serve._limits import Admitted, KeyRates, request_hold, request_id_of
 from lanefold.serve._outcomes import on_error
+from lanefold.serve._routes import model_not_found, served_models
 from lanefold.telemetry import trace_context_of
 
 __all__ = ("create_gateway",)
@@ -139,8 +140,9 @@ def create_gateway(
     clock: Callable[[], float] = time.time,
     heartbeat_s: float = 5.0,
 ) -> Starlette:
-    """An ASGI app serving each of `loops` (model name -> config) through `session`, whose
-    store records every request as a run. `keys`: who may call (else anyone who reaches the
+    """An ASGI app serving each of `loops` (model name -> config; and `LOOP/MODEL` for each
+    model a loop's `[serve] models` lists) through `session`, whose store records every
+    request as a run. `keys`: who may call (else anyone who reaches the
     port, or holds `serve --api-key-env`'s key: that middleware wraps this app); `pools` keep
     their budgets; keys kept in the store (`StoreKeys`) have their tokens and requests a minute
     kept there too (in `clock`'s seconds) and `GET /v1/usage` answers a key its own figures.
@@ -148,6 +150,7 @@ def create_gateway(
     --backend-config` beside `--loops`). `heartbeat_s`: a stream's comment line at least this
     often while lanes run, so proxies keep it open."""
     stopping = Stopping()
+    loops = served_models(loops)  # LOOP/MODEL too, where a loop's `[serve] models` lists them
     store = session.store
     budgets = store if isinstance(store, BudgetStore) else None
     rates = KeyRates(keys.store, clock, budgets) if isinstance(keys, StoreKeys) else None
@@ -216,9 +219,9 @@ def create_gateway(
         if not isinstance(model, str) or model not in loops:
             if backend_app is not None and model in backend_names:
                 return _Delegated(backend_app, raw)
-            raise HTTPError(404, f"model {model!r} not found", param="model", code="model_not_found")
+            raise model_not_found(model, loops, key)
         if key is not None and not key.may_call(model):
-            raise HTTPError(404, f"model {model!r} not found", param="model", code="model_not_found")
+            raise model_not_found(model, loops, key)
         ask = parse_ask(model, kind, data)
         return await answer(request, ask, key)
 

@@ -81,7 +81,9 @@ class GatewayKey(BaseModel):
         return value.lower()
 
     def may_call(self, loop: str) -> bool:
-        return "*" in self.loops or loop in self.loops
+        """Whether the key may call the served name `loop`: listed, or (`vote/gpt-4o-mini`) its
+        loop `vote` listed, which opens every model the loop serves."""
+        return "*" in self.loops or loop in self.loops or loop.partition("/")[0] in self.loops
 
 
 class _KeysFile(BaseModel):

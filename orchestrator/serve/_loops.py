@@ -20,6 +20,7 @@ from lanefold.execution import Session, Store, open_store
 from lanefold.primitives import Backend, ConfigError, Hook, Loadable
 from lanefold.serve._keyring import StoreKeys, key_store, seed_keys
 from lanefold.serve._keys import KeyPools, Keys, load_keys
+from lanefold.serve._routes import served_models
 from lanefold.serve._run import listen, run_server
 
 __all__ = ("gateway_app", "loop_configs", "serve_loops", "serve_loops_async")
@@ -29,24 +30,28 @@ _log = logging.getLogger("lanefold.serve")
 
 def loop_configs(folder: str | Path | None, named: Sequence[str] = ()) -> dict[str, LoopConfig]:
     """The loops to serve, model name -> config: DIR's `*.toml` by stem, then each `--loop
-    NAME=CONFIG`. A bad file, name or pair is one ConfigError naming it."""
+    NAME=CONFIG`, then `LOOP/MODEL` for each model a loop's `[serve] models` lists (each
+    preflighted). A bad file, name or pair is one ConfigError naming it."""
     loops: dict[str, LoopConfig] = {}
+    sources: dict[str, str] = {}
     if folder is not None:
         root = Path(folder)
         if not root.is_dir():
             raise ConfigError(f"--loops: {root} is not a folder")
         for path in sorted(root.glob("*.toml")):
-            loops[path.stem] = load_config(path)
+            loops[path.stem], sources[path.stem] = load_config(path), str(path)
             preflight(loops[path.stem], str(path))
     for pair in named:
         name, eq, file = (part.strip() for part in pair.partition("="))
         if not eq or not name or not file:
             raise ConfigError(f"--loop {pair!r}: expected NAME=CONFIG")
-        loops[name] = load_config(file)
+        if "/" in name:
+            raise ConfigError(f"--loop {pair!r}: a loop's name has no '/' (LOOP/MODEL names a model of it)")
+        loops[name], sources[name] = load_config(file), file
         preflight(loops[name], file)
     if not loops:
         raise ConfigError(f"--loops: no *.toml loop config in {folder}" if folder else "no loop to serve")
-    return loops
+    return served_models(loops, sources)
 
 
 def gateway_app(
@@ -68,6 +73,7 @@ def gateway_app(
 
     if store is None or isinstance(store, str):
         store = open_store(store, runs_dir)
+    loops = served_models(loops)  # a key may name a LOOP/MODEL however `loops` was made
     keys = load_keys(keys_file, loops) if keys_file is not None else None
     session = Session(store=store, hooks=hooks)
     if store_keys:
