@@ -38,9 +38,17 @@ WORKER_HEADER = "x-lanefold-worker"
 
 
 class WorkerExitError(LanefoldError):
-    """A worker exited by itself (not killed): the server stopped with the worker's code."""
+    """A worker exited by itself (not killed): the server stopped, exiting with the worker's
+    code (`exited`, a subclass per code, so a worker's bad store URL is exit 2 as one
+    process's is)."""
 
     exit_code: ClassVar[int] = 1
+
+    @classmethod
+    def exited(cls, pid: int, code: int) -> WorkerExitError:
+        """The error of worker `pid` having exited with `code`."""
+        kind: type[WorkerExitError] = type(cls.__name__, (cls,), {"exit_code": code, "__doc__": cls.__doc__})
+        return kind(f"worker {pid} exited with code {code}; the server stopped")
 
 
 class WorkerHeader:
@@ -136,4 +144,4 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
             signal.signal(number, handler)
         sock.close()
     if failure is not None and failure[1] != 0:
-        raise WorkerExitError(f"worker {failure[0]} exited with code {failure[1]}; the server stopped")
+        raise WorkerExitError.exited(*failure)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
-from test_gateway_processes import KEY, _keys, _loops, served
+from test_gateway_processes import KEY, _keys, _loops, _orchestrator, _port, served
 
 from lanefold.execution import Store, open_store, read_state
 
@@ -118,3 +120,46 @@ def test_a_killed_worker_is_started_again_and_the_port_keeps_answering(
         assert killed not in after
         assert process.poll() is None  # the supervisor lives on
     assert process.returncode == 0  # and stops cleanly on SIGTERM
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--loops", "loops", "--workers", "0"), "orchestrator serve: --workers 0: at least 1"),
+        (("--backend-config", "x.toml", "--workers", "2"), "--workers: several workers serve loops"),
+    ],
+)
+def test_bad_workers_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+    _loops(tmp_path, tmp_path / "calls.txt")
+    done = subprocess.run(
+        _orchestrator("serve", "--port", str(_port()), *args, cwd=tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], done.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_its_code(tmp_path: Path) -> None:
+    """A store no worker can reach: not started again forever, but the server's exit 2 (a
+    single process's code for it), the worker's error and the supervisor's, no traceback."""
+    _loops(tmp_path, tmp_path / "calls.txt")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead = f"postgresql://nobody@127.0.0.1:{unused.getsockname()[1]}/none"
+        argv = ["serve", "--port", str(_port()), "--loops", "loops", "--store", dead, "--store-keys"]
+        done = subprocess.run(
+            _orchestrator(*argv, "--workers", "2", cwd=tmp_path),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "cannot connect" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("orchestrator serve: worker ")
+    assert "exited with code 2; the server stopped" in done.stderr
+    assert "Traceback" not in done.stderr
