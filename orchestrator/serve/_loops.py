@@ -122,9 +122,13 @@ def serve_loops(
     if workers == 1:
         work(sock)
         return
-    from lanefold.serve._workers import supervise
+    from lanefold.serve._workers import run_forked, supervise
 
     # Forked before the store is first used here: each worker opens its own connection.
+    if store_keys and keys is not None:
+        seed = keys
+        run_forked(lambda: seed_keys(store, seed))  # once, not raced by N workers
+        keys = None
     supervise(workers, sock, work)
 
 

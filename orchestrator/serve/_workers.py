@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lanefold.primitives import LanefoldError
 
-__all__ = ("WORKER_HEADER", "WorkerExitError", "WorkerHeader", "supervise")
+__all__ = ("WORKER_HEADER", "WorkerExitError", "WorkerHeader", "run_forked", "supervise")
 
 _log = logging.getLogger("lanefold.serve")
 
@@ -75,13 +75,13 @@ class WorkerHeader:
         await self.app(scope, receive, named)
 
 
-def _worker(sock: socket.socket, work: Callable[[socket.socket], None]) -> int:
-    """In the forked child: serve on `sock` until told to stop; the exit code."""
+def _worker(work: Callable[[], None]) -> int:
+    """In the forked child: `work()` (serving until told to stop); the exit code."""
     try:
         os.setpgid(0, 0)  # a terminal's Ctrl-C is the supervisor's to pass on, once
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, signal.SIG_DFL)  # the supervisor's handlers are not ours
-        work(sock)
+        work()
     except LanefoldError as exc:
         _log.error("worker %d: %s", os.getpid(), exc)
         return exc.exit_code
@@ -91,13 +91,25 @@ def _worker(sock: socket.socket, work: Callable[[socket.socket], None]) -> int:
     return 0
 
 
-def _spawn(sock: socket.socket, work: Callable[[socket.socket], None]) -> int:
+def _spawn(work: Callable[[], None]) -> int:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
-        code = _worker(sock, work)
+        code = _worker(work)
         logging.shutdown()
         os._exit(code)  # never back into the parent's stack (its CLI, its tests)
     return pid
+
+
+def run_forked(work: Callable[[], None]) -> None:
+    """`work()` in a forked process, waited for: what must happen once before the workers
+    start (a keys file seeded into the store: N workers seeding it at once would race),
+    done without this process opening a store connection its workers would inherit. A failure
+    is WorkerExitError with the child's code (its own error logged by it)."""
+    pid = _spawn(work)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise WorkerExitError.exited(pid, code)
 
 
 def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket], None]) -> None:
@@ -119,7 +131,7 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
     failure: tuple[int, int] | None = None
     try:
         for slot in range(workers):
-            children[_spawn(sock, work)] = slot
+            children[_spawn(lambda: work(sock))] = slot
         _log.info("%d workers: %s", workers, ", ".join(str(pid) for pid in children))
         while children:
             pid, status = os.wait()
@@ -127,7 +139,7 @@ def supervise(workers: int, sock: socket.socket, work: Callable[[socket.socket],
             if place is None or stopping:
                 continue
             if os.WIFSIGNALED(status):
-                new = _spawn(sock, work)
+                new = _spawn(lambda: work(sock))
                 children[new] = place
                 _log.warning(
                     "worker %d killed by %s; started worker %d",

@@ -5,6 +5,7 @@ overspent across them, and a worker killed with SIGKILL started again while the 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -163,3 +164,22 @@ def test_a_worker_that_cannot_start_stops_the_server_with_its_code(tmp_path: Pat
     assert done.stderr.strip().splitlines()[-1].startswith("orchestrator serve: worker ")
     assert "exited with code 2; the server stopped" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_keys_file_seeds_the_store_once_for_all_workers(tmp_path: Path, where: list[str]) -> None:
+    """`--store-keys --keys FILE --workers 4`: the file seeded once before the workers start
+    (four workers seeding it at once raced: 'key ...: already in', the server stopped)."""
+    loops = _loops(tmp_path, tmp_path / "calls.txt")
+    names = [f"k{n:02d}" for n in range(24)]
+    keys = tmp_path / "keys.toml"
+    rows = [
+        f'[[keys]]\nname = "{n}"\nsha256 = "{hashlib.sha256(f"s-{n}".encode()).hexdigest()}"\n' for n in names
+    ]
+    keys.write_text(
+        "\n".join(rows) + f'[[keys]]\nname = "alice"\nsha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\n'
+    )
+    args = ("--loops", str(loops), "--store-keys", "--keys", str(keys), "--workers", "4", *where)
+    with served(tmp_path, *args) as (_, url):
+        for name in names:
+            reply = httpx.get(f"{url}/usage", headers={"Authorization": f"Bearer s-{name}"}, timeout=30)
+            assert reply.status_code == 200, reply.text
