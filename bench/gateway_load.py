@@ -70,6 +70,7 @@ class Tally:
         self.retries_same = 0
         self.cut_off = 0  # connections lost to the kill, retried with their Idempotency-Key
         self.workers: set[str] = set()
+        self.killed: list[str] = []
 
 
 async def _post(
@@ -135,7 +136,7 @@ async def _load(
         async with anyio.create_task_group() as tg:
             for _ in range(clients):
                 tg.start_soon(client)
-    tally.workers -= set(killed)
+    tally.killed = killed
 
 
 async def _baseline(config: Path, runs: Path, requests: int, clients: int) -> list[float]:
@@ -191,7 +192,15 @@ def load(args: argparse.Namespace, machine: str) -> None:
                 tally,
             )
             seconds = time.perf_counter() - start
-            alive = set(tally.workers)
+            # The clients' kept connections stay on the workers they reached; fresh ones show
+            # which workers answer now (the survivor and the one started in the killed one's place).
+            secret = next(iter(secrets.values()))
+            alive = {
+                httpx.get(f"{base}/models", headers={"Authorization": f"Bearer {secret}"}).headers[
+                    "x-lanefold-worker"
+                ]
+                for _ in range(64)
+            }
         baseline = anyio.run(_baseline, config, root / "base-runs", args.requests, args.clients)
         store = budget_store(open_store(args.store, root / "gw-runs"))
         over = []
@@ -213,7 +222,10 @@ def load(args: argparse.Namespace, machine: str) -> None:
     print(
         f"replies: {dict(sorted(tally.codes.items()))}; connections cut by the kill, retried: {tally.cut_off}"
     )
-    print(f"workers answering after the kill: {len(alive)} (a new one started: {restarted})")
+    print(
+        f"workers answering fresh connections after the load: {len(alive)}, the killed one "
+        f"{'among them' if alive & set(tally.killed) else 'not among them'} (a new one started: {restarted})"
+    )
     print()
     b50, b99 = percentile(baseline, 50) * 1e3, percentile(baseline, 99) * 1e3
     g50, g99 = percentile(tally.latencies, 50) * 1e3, percentile(tally.latencies, 99) * 1e3
