@@ -21,6 +21,7 @@ from lanefold.primitives import Backend, ConfigError, Hook, Loadable
 from lanefold.serve._keyring import StoreKeys, key_store, seed_keys
 from lanefold.serve._keys import KeyPools, Keys, load_keys
 from lanefold.serve._run import listen, run_server
+from lanefold.serve._workers import WorkerHeader, run_forked, supervise
 
 __all__ = ("gateway_app", "loop_configs", "serve_loops", "serve_loops_async")
 
@@ -122,8 +123,6 @@ def serve_loops(
     if workers == 1:
         work(sock)
         return
-    from lanefold.serve._workers import run_forked, supervise
-
     # Forked before the store is first used here: each worker opens its own connection.
     if store_keys and keys is not None:
         seed = keys
@@ -181,8 +180,6 @@ async def serve_loops_async(
     )
     served: Any = app if api_key is None else KeyCheck(app, key=api_key)  # before a body is read
     if worker_header:
-        from lanefold.serve._workers import WorkerHeader
-
         served = WorkerHeader(served)
 
     async def load() -> None:

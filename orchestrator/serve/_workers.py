@@ -24,11 +24,12 @@ import signal
 import socket
 from collections.abc import Callable
 from types import FrameType
-from typing import ClassVar
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import TYPE_CHECKING, ClassVar
 
 from lanefold.primitives import LanefoldError
+
+if TYPE_CHECKING:  # the serve extra's types: this module loads without it (the CLI imports it)
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ("WORKER_HEADER", "WorkerExitError", "WorkerHeader", "run_forked", "supervise")
 
