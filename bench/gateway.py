@@ -17,6 +17,10 @@ targets are printed as PASS/MISS, never asserted.
 
     PYTHONPATH=. .venv/bin/python bench/gateway.py --overhead [--requests 1024] [--profile FILE]
     PYTHONPATH=. .venv/bin/python bench/gateway.py --optillm [--questions 20]
+    PYTHONPATH=. .venv/bin/python bench/gateway.py --load [--requests 2000] [--clients 64] [--store URL]
+
+--load: `serve --workers 2` with keys near their limits and a worker killed mid-run
+  (bench/gateway_load.py says how).
 """
 
 from __future__ import annotations
@@ -496,9 +500,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--overhead", action="store_true", help="per-request overhead on the instant backend")
     parser.add_argument("--optillm", action="store_true", help="against optillm 0.4.0 over the engine")
+    parser.add_argument("--load", action="store_true", help="serve --workers under load, a worker killed")
     parser.add_argument(
-        "--requests", type=int, default=1024, help="--overhead: requests per side and concurrency"
+        "--requests",
+        type=int,
+        help="--overhead: requests per side and concurrency (1024); --load: in all (2000)",
     )
+    parser.add_argument("--clients", type=int, default=64, help="--load: concurrent clients")
+    parser.add_argument("--workers", type=int, default=2, help="--load: serve --workers")
+    parser.add_argument("--store", metavar="URL", help="--load: a postgresql:// store (default: files)")
     parser.add_argument("--reps", type=int, default=4, help="--overhead: interleaved repetitions")
     parser.add_argument("--k", type=int, default=8, help="--overhead: the loop's lanes")
     parser.add_argument(
@@ -510,9 +520,14 @@ def main() -> None:
     if args.floor_child:
         floor_child(int(args.floor_child[0]), Path(args.floor_child[1]))
         return
-    if not (args.overhead or args.optillm):
-        parser.error("name --overhead, --optillm or both")
+    if not (args.overhead or args.optillm or args.load):
+        parser.error("name --overhead, --optillm, --load or several")
+    if args.load:
+        from gateway_load import load  # the bench's folder is on sys.path as the script's own
+
+        load(argparse.Namespace(**{**vars(args), "requests": args.requests or 2000}), machine())
     if args.overhead:
+        args.requests = args.requests or 1024
         overhead(args)
     if args.optillm:
         optillm(args)

@@ -73,6 +73,14 @@ def add_commands(
         help="authenticate with the keys kept in the store (orchestrator keys create ...): "
         "changes seen within a second, tokens and requests a minute enforced",
     )
+    p.add_argument(
+        "--workers",
+        type=count,
+        default=1,
+        metavar="N",
+        help="N processes behind the one port, a killed one restarted (loops only; keys, budgets, "
+        "rate limits and idempotency shared through the store; see docs/gateway.md)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="default loopback")
     p.add_argument("--port", type=port_number, default=8000)
     p.add_argument("--model-name", help="the model id clients ask for (default: the backend's)")
@@ -124,6 +132,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # As `view` refuses it: a port beyond this machine with no key serves anyone who finds it.
         needs = "--keys or --api-key-env" if loops_served else "--api-key-env"
         raise ConfigError(f"--host {args.host}: not loopback; serving beyond this machine needs {needs}")
+    if args.workers != 1 and (args.workers < 1 or not loops_served):
+        raise ConfigError(
+            f"--workers {args.workers}: at least 1"
+            if args.workers < 1
+            else "--workers: several workers serve loops; give --loops DIR too"
+        )
     backend = _backend(args.backend_config) if args.backend_config is not None else None
     if args.loops is not None or args.loop:
         loops = loop_configs(args.loops, args.loop)
@@ -134,6 +148,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             port=args.port,
             keys_file=args.keys,
             store_keys=args.store_keys,
+            workers=args.workers,
             api_key=key,
             backend=backend,
             backend_name=args.model_name,

@@ -22,6 +22,7 @@ from lanefold.serve._keyring import StoreKeys, key_store, seed_keys
 from lanefold.serve._keys import KeyPools, Keys, load_keys
 from lanefold.serve._routes import served_models
 from lanefold.serve._run import listen, run_server
+from lanefold.serve._workers import WorkerHeader, run_forked, supervise
 
 __all__ = ("gateway_app", "loop_configs", "serve_loops", "serve_loops_async")
 
@@ -103,18 +104,37 @@ def serve_loops(
     port: int = 8000,
     keys_file: str | None = None,
     store_keys: bool = False,
+    workers: int = 1,
     **options: Any,
 ) -> None:
     """Blocking: serve `loops` until Ctrl-C, with `keys_file`'s keys; `options` are
-    `serve_loops_async`'s (api_key, backend and backend_name, hooks, ...)."""
+    `serve_loops_async`'s (api_key, backend and backend_name, hooks, ...). `workers` > 1:
+    that many forked processes on the one port (`_workers.supervise`), each naming itself in
+    an `x-lanefold-worker` reply header."""
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: at least 1")
+    if workers > 1:
+        options = {**options, "worker_header": True}
     keys = load_keys(keys_file, loops) if keys_file is not None else None
     sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
-    anyio.run(
-        lambda: serve_loops_async(
-            loops, store, sock=sock, host=host, port=port, keys=keys, store_keys=store_keys, **options
-        ),
-        backend="asyncio",  # uvicorn runs on asyncio only
-    )
+
+    def work(sock: socket.socket) -> None:
+        anyio.run(
+            lambda: serve_loops_async(
+                loops, store, sock=sock, host=host, port=port, keys=keys, store_keys=store_keys, **options
+            ),
+            backend="asyncio",  # uvicorn runs on asyncio only
+        )
+
+    if workers == 1:
+        work(sock)
+        return
+    # Forked before the store is first used here: each worker opens its own connection.
+    if store_keys and keys is not None:
+        seed = keys
+        run_forked(lambda: seed_keys(store, seed))  # once, not raced by N workers
+        keys = None
+    supervise(workers, sock, work)
 
 
 async def serve_loops_async(
@@ -133,10 +153,12 @@ async def serve_loops_async(
     max_body_bytes: int = 1 << 20,
     log_level: str = "info",
     hooks: Sequence[Hook] = (),
+    worker_header: bool = False,
 ) -> None:
     """`serve_loops` in a running event loop (asyncio: uvicorn's): `loops` and `backend` (as
     `backend_name`, where given) on `sock` (else `host:port`), with `keys` (a `Keys`; with
-    `store_keys`, the keys kept in the store, which `keys` seeds)."""
+    `store_keys`, the keys kept in the store, which `keys` seeds); `worker_header`: each reply
+    names this process in `x-lanefold-worker`."""
     from lanefold.serve._app import create_app, served_names
     from lanefold.serve._gateway import create_gateway
     from lanefold.serve._guard import KeyCheck
@@ -163,6 +185,8 @@ async def serve_loops_async(
         max_body_bytes=max_body_bytes,
     )
     served: Any = app if api_key is None else KeyCheck(app, key=api_key)  # before a body is read
+    if worker_header:
+        served = WorkerHeader(served)
 
     async def load() -> None:
         for config in loops.values():
