@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -24,7 +23,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lanefold.evaluate import read_manifest, read_results, read_summary
 from lanefold.execution import read_run
 from lanefold.primitives import (
     BudgetStore,
@@ -36,7 +34,8 @@ from lanefold.primitives import (
 )
 from lanefold.primitives.events import RunStarted
 from lanefold.serve import twice_sent
-from lanefold.view._charts import Point, curve, frontier, pareto
+from lanefold.view._charts import pareto
+from lanefold.view._evals import SCORES, eval_context, eval_points
 from lanefold.view._feeds import PAGE_SIZE, RunFeed, watch_runs
 from lanefold.view._keys import key_context, keys_context
 from lanefold.view._search import FIELDS, RunSearch
@@ -144,64 +143,20 @@ def create_app(
         if (why := malformed(eval_id)) is not None:
             return refusal(request, "no such eval", why, 400)
         score = request.query_params.get("score", "")
-        if score not in ("", "right", "wrong"):
+        if score and score not in SCORES:
             return refusal(request, f"eval {eval_id}", f"score: {score!r} is not right or wrong", 400)
         record = store.eval_record(eval_id)
         if not record.exists():
             return refusal(request, "no such eval", f"no eval {eval_id!r} in {store.describe}", 404)
         try:
-            summary = read_summary(record)
-            rows = read_results(record)
+            context = await anyio.to_thread.run_sync(lambda: eval_context(record, eval_id, score))
         except LanefoldError as exc:
             return refusal(request, f"eval {eval_id}", f"orchestrator show: {exc}", 422)
-        data = [
-            {
-                "id": r.index,
-                "correct": r.correct,
-                "agreement": _agreement(r.answer, r.lane_answers),
-                "cost_usd": r.cost,
-                "run_id": r.run_id,
-            }
-            for _, r in sorted(rows.items())
-        ]
-        shown = summary.model_dump(mode="json") if summary is not None else None
-        return page(
-            request,
-            "eval.html",
-            title=f"eval {eval_id}",
-            live=None,
-            summary=shown,
-            interval=((shown or {}).get("interval") or [None, None])[:2],
-            scalars=[(k, v) for k, v in (shown or {}).items() if not isinstance(v, dict | list)],
-            rows=[r for r in data if not score or bool(r["correct"]) == (score == "right")],
-            counts={
-                "right": sum(bool(r["correct"]) for r in data),
-                "wrong": sum(not r["correct"] for r in data),
-            },
-            score=score,
-            eval_id=eval_id,
-            curve=curve([bool(r["correct"]) for r in data]),
-        )
+        return pages.TemplateResponse(request, "eval.html", context)
 
     async def evals(request: Request) -> Response:
         prefix = request.query_params.get("prefix", "")
-
-        def read() -> list[Point]:
-            points = []
-            for eval_id in store.list_evals():
-                if not eval_id.startswith(prefix):
-                    continue
-                summary = read_summary(store.eval_record(eval_id))
-                if summary is not None:
-                    low, high = summary.interval
-                    fitted = read_manifest(store, eval_id).fitted_to  # the equal budget it had
-                    over = fitted is not None and fitted.over(summary)
-                    points.append(Point(eval_id, summary.accuracy, low, high, summary.mean_cost, over))
-            return points
-
-        found = await anyio.to_thread.run_sync(read)
-        best = frontier(found)
-        points = [replace(p, frontier=p.eval_id in best) for p in found]
+        points = await anyio.to_thread.run_sync(lambda: eval_points(store, prefix))
         return page(
             request, "evals.html", title="evals", live=None, prefix=prefix, points=points, plot=pareto(points)
         )
@@ -312,10 +267,6 @@ def _guard(key: str) -> Callable[[Request, Callable[[Request], Awaitable[Respons
         return _login(request, False)
 
     return check
-
-
-def _agreement(answer: str | None, lanes: list[str | None]) -> str:
-    return f"{sum(a == answer for a in lanes) / len(lanes):.2f}" if lanes and answer is not None else ""
 
 
 def _budget_runs(store: Store) -> dict[str, list[str]]:
