@@ -46,32 +46,36 @@ from lanefold.stores.postgres._log import PgEventLog, lock_key
 __all__ = ("PgStore",)
 
 # A page of runs, newest first, with each one's first and last event: the LIMIT applies before
-# the lateral read of each run's last event, so a page reads its own runs' rows and never the
-# whole table's. `{where}` is the filters asked for (`_WHERE`'s fixed clauses, values bound as
-# parameters): what a run's first event says (question, loop, model, caller) and its last
-# (answer) are matched here, by the database; its status (a writer's lock) after, by
-# `select_runs`, which also checks the rest again on the summaries.
+# the join, so a page reads its own runs' rows and never the whole table's. `{where}` is the
+# filters asked for (`_WHERE`'s fixed clauses, values bound as parameters; none: the plain page
+# it always was): what a run's first event says (question, loop, model, caller, its start) and
+# its last (answer) are matched here, by the database, through each run's own rows (the events'
+# primary key); its status (a writer's lock) after, by `select_runs`, which checks the rest
+# again on the summaries.
 _HEADS_AND_TAILS = (
-    "SELECT r.run_id, r.head, t.body FROM ("
-    "   SELECT n.run_id, n.created, f.body AS head FROM lanefold_runs n"
-    "   JOIN lanefold_events f ON f.run_id = n.run_id AND f.sequence = 1"
+    "SELECT r.run_id, f.body, t.body FROM ("
+    "   SELECT run_id, created FROM lanefold_runs n"
     "   WHERE true{where}"
-    "   ORDER BY n.created DESC, n.run_id DESC LIMIT %(limit)s OFFSET %(offset)s) r"
+    "   ORDER BY created DESC, run_id DESC LIMIT %(limit)s OFFSET %(offset)s) r"
+    " JOIN lanefold_events f ON f.run_id = r.run_id AND f.sequence = 1"
     " JOIN LATERAL (SELECT body FROM lanefold_events e WHERE e.run_id = r.run_id"
     "               ORDER BY e.sequence DESC LIMIT 1) t ON true"
     " ORDER BY r.created DESC, r.run_id DESC"
 )
-_LAST = "(SELECT l.body FROM lanefold_events l WHERE l.run_id = n.run_id ORDER BY l.sequence DESC LIMIT 1)"
+_FIRST = "(SELECT body::jsonb FROM lanefold_events f WHERE f.run_id = n.run_id AND f.sequence = 1)"
+_LAST = (
+    "(SELECT body::jsonb FROM lanefold_events l WHERE l.run_id = n.run_id ORDER BY l.sequence DESC LIMIT 1)"
+)
 _WHERE = {
     "prefix": " AND starts_with(n.run_id, %(prefix)s::text)",
     "since": " AND n.created >= %(since)s::timestamptz",
     # `created` trails a run's start: the bound is on the start its first event records
-    "until": " AND ((f.body::jsonb) ->> 'time')::timestamptz <= %(until)s::timestamptz",
-    "loop": " AND (f.body::jsonb) #>> '{data,coordinator}' = %(loop)s::text",
-    "model": " AND (f.body::jsonb) #>> '{data,model}' = %(model)s::text",
-    "caller": " AND (f.body::jsonb) #>> '{data,caller}' = %(caller)s::text",
-    "question": " AND (f.body::jsonb) #>> '{data,question}' ILIKE %(question)s::text ESCAPE '\\'",
-    "answer": f" AND ({_LAST}::jsonb) #>> '{{data,result,answer}}' ILIKE %(answer)s::text ESCAPE '\\'",
+    "until": f" AND ({_FIRST} ->> 'time')::timestamptz <= %(until)s::timestamptz",
+    "loop": f" AND {_FIRST} #>> '{{data,coordinator}}' = %(loop)s::text",
+    "model": f" AND {_FIRST} #>> '{{data,model}}' = %(model)s::text",
+    "caller": f" AND {_FIRST} #>> '{{data,caller}}' = %(caller)s::text",
+    "question": f" AND {_FIRST} #>> '{{data,question}}' ILIKE %(question)s::text ESCAPE '\\'",
+    "answer": f" AND {_LAST} #>> '{{data,result,answer}}' ILIKE %(answer)s::text ESCAPE '\\'",
 }
 
 
