@@ -156,11 +156,18 @@ def select_runs(
     limit: int | None = None,
     model: str | None = None,
     caller: str | None = None,
+    question: str | None = None,
+    answer: str | None = None,
+    until: datetime | None = None,
 ) -> list[RunSummary]:
     """`list_runs`'s filters over summaries, newest first: the one place they mean what they
     say, whichever store read the summaries. An eval's runs are `<eval_id>.<i>`; `model` is
     the model name a gateway's client asked for (a loop's name also matches its `LOOP/MODEL`s),
-    `caller` the key's name."""
+    `caller` the key's name; `question` and `answer` match a run whose question (answer) holds
+    that text, case-insensitively (a PostgreSQL store's ILIKE); `since` and `until` bound its
+    start, both inclusive."""
+    asked = None if question is None else question.lower()
+    said = None if answer is None else answer.lower()
     chosen = [
         s
         for s in found
@@ -170,6 +177,9 @@ def select_runs(
         and (caller is None or s.caller == caller)
         and (eval_id is None or s.run_id.startswith(eval_id + "."))
         and (since is None or s.started >= since)
+        and (until is None or s.started <= until)
+        and (asked is None or asked in s.question.lower())
+        and (said is None or (s.answer is not None and said in str(s.answer).lower()))
     ]
     chosen.sort(key=lambda s: (s.started, s.run_id), reverse=True)
     return chosen if limit is None else chosen[:limit]
@@ -237,8 +247,12 @@ class Store(Protocol):
         limit: int | None = None,
         model: str | None = None,
         caller: str | None = None,
+        question: str | None = None,
+        answer: str | None = None,
+        until: datetime | None = None,
     ) -> list[RunSummary]:
-        """Runs newest first, filtered (`select_runs` says what each filter means)."""
+        """Runs newest first, filtered (`select_runs` says what each filter means), read from
+        what the store keeps of each run's first and last events, never from whole logs."""
         ...
 
     def portable(self) -> Store:

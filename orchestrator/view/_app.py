@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -25,13 +23,22 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lanefold.evaluate import read_manifest, read_results, read_summary
 from lanefold.execution import read_run
-from lanefold.primitives import BudgetStore, ConfigError, LanefoldError, RunNotFoundError, Store
+from lanefold.primitives import (
+    BudgetStore,
+    ConfigError,
+    LanefoldError,
+    RunNotFoundError,
+    Store,
+    check_key_name,
+)
 from lanefold.primitives.events import RunStarted
 from lanefold.serve import twice_sent
-from lanefold.view._charts import Point, curve, frontier, pareto
+from lanefold.view._charts import pareto
+from lanefold.view._evals import SCORES, eval_context, eval_points
 from lanefold.view._feeds import PAGE_SIZE, RunFeed, watch_runs
+from lanefold.view._keys import key_context, keys_context
+from lanefold.view._search import FIELDS, RunSearch
 from lanefold.view._templates import pages, run_context
 
 __all__ = ("CSP", "create_app")
@@ -66,26 +73,14 @@ def create_app(
         return page(request, "error.html", status_code, title=title, line=line, live=None)
 
     async def runs(request: Request) -> Response:
-        filters = {
-            k: v for k in ("status", "loop", "eval", "since") if (v := request.query_params.get(k, ""))
-        }
         try:
-            number = max(int(request.query_params.get("page", "0")), 0)
-            since = datetime.fromisoformat(filters["since"]) if "since" in filters else None
-            if since is not None and since.tzinfo is None:
-                since = since.replace(tzinfo=UTC)  # a time without a zone: UTC, as the log's times are
+            number = max(int(request.query_params.get("page", "0") or "0"), 0)
+            search = RunSearch.read(request.query_params)
         except ValueError as exc:
             return refusal(request, "runs", f"bad filter: {exc}", 400)
-        found = await anyio.to_thread.run_sync(
-            lambda: store.list_runs(
-                status=filters.get("status"),
-                loop=filters.get("loop"),
-                eval_id=filters.get("eval"),
-                since=since,
-                limit=(number + 1) * PAGE_SIZE + 1,
-            )
-        )
+        found = await anyio.to_thread.run_sync(lambda: search.runs(store, (number + 1) * PAGE_SIZE + 1))
         evals = await anyio.to_thread.run_sync(store.list_evals) if number == 0 else []
+        filters = search.shown()
         live = f"/live/runs?{urlencode(filters)}" if number == 0 else None
         return page(
             request,
@@ -93,6 +88,7 @@ def create_app(
             title="runs",
             live=live,
             found=found[number * PAGE_SIZE : (number + 1) * PAGE_SIZE],
+            fields=FIELDS,
             filters=filters,
             page=number,
             more=len(found) > (number + 1) * PAGE_SIZE,
@@ -136,63 +132,31 @@ def create_app(
         return RunFeed(store, run_id, after, where)  # type: ignore[return-value]  # an ASGI app answers
 
     async def live_runs(request: Request) -> Response:
-        filters = {k: v for k in ("status", "loop", "eval") if (v := request.query_params.get(k, ""))}
-        return StreamingResponse(watch_runs(store, filters), media_type="text/event-stream")
+        try:
+            search = RunSearch.read(request.query_params)
+        except ValueError as exc:
+            return Response(f"bad filter: {exc}\n", status_code=400)
+        return StreamingResponse(watch_runs(store, search), media_type="text/event-stream")
 
     async def eval_view(request: Request) -> Response:
         eval_id = request.path_params["eval_id"]
         if (why := malformed(eval_id)) is not None:
             return refusal(request, "no such eval", why, 400)
+        score = request.query_params.get("score", "")
+        if score and score not in SCORES:
+            return refusal(request, f"eval {eval_id}", f"score: {score!r} is not right or wrong", 400)
         record = store.eval_record(eval_id)
         if not record.exists():
             return refusal(request, "no such eval", f"no eval {eval_id!r} in {store.describe}", 404)
         try:
-            summary = read_summary(record)
-            rows = read_results(record)
+            context = await anyio.to_thread.run_sync(lambda: eval_context(record, eval_id, score))
         except LanefoldError as exc:
             return refusal(request, f"eval {eval_id}", f"orchestrator show: {exc}", 422)
-        data = [
-            {
-                "id": r.index,
-                "correct": r.correct,
-                "agreement": _agreement(r.answer, r.lane_answers),
-                "cost_usd": r.cost,
-                "run_id": r.run_id,
-            }
-            for _, r in sorted(rows.items())
-        ]
-        shown = summary.model_dump(mode="json") if summary is not None else None
-        return page(
-            request,
-            "eval.html",
-            title=f"eval {eval_id}",
-            live=None,
-            summary=shown,
-            interval=((shown or {}).get("interval") or [None, None])[:2],
-            scalars=[(k, v) for k, v in (shown or {}).items() if not isinstance(v, dict | list)],
-            rows=data,
-            curve=curve([bool(r["correct"]) for r in data]),
-        )
+        return pages.TemplateResponse(request, "eval.html", context)
 
     async def evals(request: Request) -> Response:
         prefix = request.query_params.get("prefix", "")
-
-        def read() -> list[Point]:
-            points = []
-            for eval_id in store.list_evals():
-                if not eval_id.startswith(prefix):
-                    continue
-                summary = read_summary(store.eval_record(eval_id))
-                if summary is not None:
-                    low, high = summary.interval
-                    fitted = read_manifest(store, eval_id).fitted_to  # the equal budget it had
-                    over = fitted is not None and fitted.over(summary)
-                    points.append(Point(eval_id, summary.accuracy, low, high, summary.mean_cost, over))
-            return points
-
-        found = await anyio.to_thread.run_sync(read)
-        best = frontier(found)
-        points = [replace(p, frontier=p.eval_id in best) for p in found]
+        points = await anyio.to_thread.run_sync(lambda: eval_points(store, prefix))
         return page(
             request, "evals.html", title="evals", live=None, prefix=prefix, points=points, plot=pareto(points)
         )
@@ -209,6 +173,21 @@ def create_app(
         return page(
             request, "budgets.html", title="budgets", live=None, note=None, budgets=found, spending=spending
         )
+
+    async def keys(request: Request) -> Response:
+        found = await anyio.to_thread.run_sync(lambda: keys_context(store))
+        return page(request, "keys.html", title="keys", live=None, **found)
+
+    async def key(request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            check_key_name(name)
+        except ConfigError as exc:
+            return refusal(request, "no such key", str(exc), 400)
+        found = await anyio.to_thread.run_sync(lambda: key_context(store, name))
+        if found is None:
+            return refusal(request, "no such key", f"no key {name!r} in {store.describe}", 404)
+        return page(request, "key.html", title=f"key {name}", live=None, **found)
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
@@ -239,6 +218,8 @@ def create_app(
             Route("/evals", evals),
             Route("/evals/{eval_id}", eval_view),
             Route("/budgets", budgets),
+            Route("/keys", keys),
+            Route("/keys/{name}", key),
             Route("/login", login, methods=["GET", "POST"]),
             Mount("/static", StaticFiles(directory=_STATIC), name="static"),
         ],
@@ -286,10 +267,6 @@ def _guard(key: str) -> Callable[[Request, Callable[[Request], Awaitable[Respons
         return _login(request, False)
 
     return check
-
-
-def _agreement(answer: str | None, lanes: list[str | None]) -> str:
-    return f"{sum(a == answer for a in lanes) / len(lanes):.2f}" if lanes and answer is not None else ""
 
 
 def _budget_runs(store: Store) -> dict[str, list[str]]:

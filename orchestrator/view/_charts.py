@@ -1,15 +1,16 @@
 """What the view's plots are made of, as numbers: the vote tally, an eval's accuracy curve, the
-evals' points against spend with their Pareto frontier. The templates draw them; nothing here
-is markup."""
+evals' points against spend with their Pareto frontier, a key's spend over time. The templates
+draw them; nothing here is markup."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from lanefold.primitives import RunState
+from lanefold.primitives import RunState, RunSummary
 
-__all__ = ("Mark", "Plot", "Point", "curve", "frontier", "pareto", "tally")
+__all__ = ("Bar", "Mark", "Plot", "Point", "curve", "frontier", "pareto", "spend_bars", "tally")
 
 
 def tally(state: RunState) -> list[tuple[str, float, float]]:
@@ -99,3 +100,42 @@ def pareto(points: Sequence[Point]) -> Plot:
     marks = [Mark(p, x(p.cost), y(p.accuracy), y(p.low), y(p.high)) for p in points]
     best = sorted((p.cost, p.accuracy) for p in points if p.frontier)
     return Plot(marks, [(x(c), y(a)) for c, a in best], top)
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One period of a key's spend: its start, tokens and USD, the bar's place and height."""
+
+    start: datetime
+    tokens: int
+    cost_usd: float
+    runs: int
+    x: float
+    width: float
+    height: float
+
+
+def spend_bars(found: Sequence[RunSummary], limit: int = 48) -> tuple[str, list[Bar]]:
+    """Runs' paid tokens and USD summed per hour (per day where the runs span more than two
+    days), the latest `limit` periods, as bars in the 400x200 plot (tokens up); with the
+    period's name ("hour" or "day")."""
+    if not found:
+        return "hour", []
+    first, last = min(s.started for s in found), max(s.started for s in found)
+    unit = "hour" if last - first <= timedelta(days=2) else "day"
+
+    def period(at: datetime) -> datetime:
+        at = at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        return at if unit == "hour" else at.replace(hour=0)
+
+    sums: dict[datetime, tuple[int, float, int]] = {}
+    for s in found:
+        tokens, cost, runs = sums.get(period(s.started), (0, 0.0, 0))
+        sums[period(s.started)] = (tokens + s.tokens, cost + s.cost_usd, runs + 1)
+    shown = sorted(sums.items())[-limit:]
+    top = max((t for _, (t, _, _) in shown), default=1) or 1
+    width = 380 / len(shown)
+    return unit, [
+        Bar(at, tokens, cost, runs, 10 + i * width, max(width - 2, 1), 180 * tokens / top)
+        for i, (at, (tokens, cost, runs)) in enumerate(shown)
+    ]

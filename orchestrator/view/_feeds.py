@@ -12,6 +12,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from lanefold.primitives import AnyEvent, LanefoldError, RunState, Store
 from lanefold.primitives.internal import apply
+from lanefold.view._search import RunSearch
 from lanefold.view._templates import live_parts, runs_rows
 
 __all__ = ("PAGE_SIZE", "RunFeed", "watch_runs")
@@ -107,18 +108,11 @@ class RunFeed:
         yield _sse("end", {})
 
 
-async def watch_runs(store: Store, filters: dict[str, str]) -> AsyncIterator[bytes]:
-    """The first page of the runs list again whenever a run appears or changes status."""
+async def watch_runs(store: Store, search: RunSearch) -> AsyncIterator[bytes]:
+    """The first page of the runs `search` finds again whenever a run appears or changes status."""
     seen: list[tuple[str, str]] = []
     while True:
-        found = await anyio.to_thread.run_sync(
-            lambda: store.list_runs(
-                status=filters.get("status"),
-                loop=filters.get("loop"),
-                eval_id=filters.get("eval"),
-                limit=PAGE_SIZE,
-            )
-        )
+        found = await anyio.to_thread.run_sync(lambda: search.runs(store, PAGE_SIZE))
         now: list[tuple[str, str]] = [(s.run_id, s.status) for s in found]
         if now != seen:
             seen = now

@@ -185,6 +185,9 @@ class RunStore:
         limit: int | None = None,
         model: str | None = None,
         caller: str | None = None,
+        question: str | None = None,
+        answer: str | None = None,
+        until: datetime | None = None,
     ) -> list[RunSummary]:
         found = []
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
@@ -203,6 +206,9 @@ class RunStore:
             limit=limit,
             model=model,
             caller=caller,
+            question=question,
+            answer=answer,
+            until=until,
         )
 
     def _summary(self, run_id: str, folder: Path) -> RunSummary | None:

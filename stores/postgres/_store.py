@@ -46,18 +46,50 @@ from lanefold.stores.postgres._log import PgEventLog, lock_key
 __all__ = ("PgStore",)
 
 # A page of runs, newest first, with each one's first and last event: the LIMIT applies before
-# the join, so a page reads its own runs' rows and never the whole table's.
+# the join, so a page reads its own runs' rows and never the whole table's. `{where}` is the
+# filters asked for (`_WHERE`'s fixed clauses, values bound as parameters; none: the plain page
+# it always was): what a run's first event says (question, loop, model, caller, its start) and
+# its last (answer) are matched here, by the database, through each run's own rows (the events'
+# primary key); its status (a writer's lock) after, by `select_runs`, which checks the rest
+# again on the summaries.
 _HEADS_AND_TAILS = (
     "SELECT r.run_id, f.body, t.body FROM ("
-    "   SELECT run_id, created FROM lanefold_runs"
-    "   WHERE (%(prefix)s::text IS NULL OR starts_with(run_id, %(prefix)s::text))"
-    "     AND (%(since)s::timestamptz IS NULL OR created >= %(since)s::timestamptz)"
+    "   SELECT run_id, created FROM lanefold_runs n"
+    "   WHERE true{where}"
     "   ORDER BY created DESC, run_id DESC LIMIT %(limit)s OFFSET %(offset)s) r"
     " JOIN lanefold_events f ON f.run_id = r.run_id AND f.sequence = 1"
     " JOIN LATERAL (SELECT body FROM lanefold_events e WHERE e.run_id = r.run_id"
     "               ORDER BY e.sequence DESC LIMIT 1) t ON true"
     " ORDER BY r.created DESC, r.run_id DESC"
 )
+_FIRST = "(SELECT body::jsonb FROM lanefold_events f WHERE f.run_id = n.run_id AND f.sequence = 1)"
+_LAST = (
+    "(SELECT body::jsonb FROM lanefold_events l WHERE l.run_id = n.run_id ORDER BY l.sequence DESC LIMIT 1)"
+)
+_WHERE = {
+    "prefix": " AND starts_with(n.run_id, %(prefix)s::text)",
+    "since": " AND n.created >= %(since)s::timestamptz",
+    # `created` trails a run's start: the bound is on the start its first event records
+    "until": f" AND ({_FIRST} ->> 'time')::timestamptz <= %(until)s::timestamptz",
+    "loop": f" AND {_FIRST} #>> '{{data,coordinator}}' = %(loop)s::text",
+    # a loop's name also matches its `LOOP/MODEL` runs (as `select_runs` says)
+    "model": (
+        f" AND ({_FIRST} #>> '{{data,model}}' = %(model)s::text"
+        f" OR starts_with({_FIRST} #>> '{{data,model}}', %(model)s::text || '/'))"
+    ),
+    "caller": f" AND {_FIRST} #>> '{{data,caller}}' = %(caller)s::text",
+    "question": f" AND {_FIRST} #>> '{{data,question}}' ILIKE %(question)s::text ESCAPE '\\'",
+    "answer": f" AND {_LAST} #>> '{{data,result,answer}}' ILIKE %(answer)s::text ESCAPE '\\'",
+}
+
+
+def contains(text: str) -> str:
+    """An ILIKE pattern matching any text that holds `text`: its `%`, `_` and `\\` escaped (so
+    a search for `50%` finds `50%`, not every text with `50` in it)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
 # Runs are created when their first event is written: `created` trails `started` (the writer's
 # clock) by the round trip, or by clock skew between machines. A `since` filter reads this
 # much earlier in `created`, and `select_runs` then filters on `started` itself.
@@ -154,23 +186,45 @@ class PgStore:
         limit: int | None = None,
         model: str | None = None,
         caller: str | None = None,
+        question: str | None = None,
+        answer: str | None = None,
+        until: datetime | None = None,
     ) -> list[RunSummary]:
         found: list[RunSummary] = []
-        prefix = None if eval_id is None else eval_id + "."
+        asked = {
+            "prefix": None if eval_id is None else eval_id + ".",
+            "since": None if since is None else since - _SKEW,
+            "until": until,
+            "loop": loop,
+            "model": model,
+            "caller": caller,
+            "question": None if question is None else contains(question),
+            "answer": None if answer is None else contains(answer),
+        }
+        given = {k: v for k, v in asked.items() if v is not None}
+        query = _HEADS_AND_TAILS.format(where="".join(_WHERE[k] for k in given))
+
+        def pick(limit: int | None) -> list[RunSummary]:
+            return select_runs(
+                found,
+                status=status,
+                loop=loop,
+                eval_id=eval_id,
+                since=since,
+                until=until,
+                limit=limit,
+                model=model,
+                caller=caller,
+                question=question,
+                answer=answer,
+            )
+
         # Pages of runs newest first until `limit` pass the filters (all of them without one).
         batch = _BATCH if limit is None else max(limit + limit // 2, 50)
         offset = 0
         while True:
             with self.db.reading() as conn:
-                rows = conn.execute(
-                    _HEADS_AND_TAILS,
-                    {
-                        "prefix": prefix,
-                        "since": None if since is None else since - _SKEW,
-                        "limit": batch,
-                        "offset": offset,
-                    },
-                ).fetchall()
+                rows = conn.execute(query, {**given, "limit": batch, "offset": offset}).fetchall()
                 locks = {(int(a), int(b)) for a, b in conn.execute(_WRITERS).fetchall()}
             for run_id, head, tail in rows:
                 key = lock_key(run_id) & 0xFFFFFFFFFFFFFFFF
@@ -183,22 +237,10 @@ class PgStore:
                 if summary is not None:
                     found.append(summary)
             offset += batch
-            chosen = select_runs(
-                found, status=status, loop=loop, eval_id=eval_id, since=since, model=model, caller=caller
-            )
-            if len(rows) < batch or (limit is not None and len(chosen) >= limit):
+            if len(rows) < batch or (limit is not None and len(pick(None)) >= limit):
                 break
             batch *= 2  # the filters keep few of these runs: read further in larger steps
-        return select_runs(
-            found,
-            status=status,
-            loop=loop,
-            eval_id=eval_id,
-            since=since,
-            limit=limit,
-            model=model,
-            caller=caller,
-        )
+        return pick(limit)
 
     # -- shared budgets (BudgetStore) ------------------------------------------------------------
 

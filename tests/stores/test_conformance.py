@@ -49,7 +49,15 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def started(run_id: str, *, loop: str = "parallel_sample", at: datetime = T0) -> RunStarted:
+def started(
+    run_id: str,
+    *,
+    loop: str = "parallel_sample",
+    at: datetime = T0,
+    question: str = "Q?",
+    model: str | None = None,
+    caller: str | None = None,
+) -> RunStarted:
     return RunStarted(
         id=f"{run_id}:1",
         source="test",
@@ -59,10 +67,12 @@ def started(run_id: str, *, loop: str = "parallel_sample", at: datetime = T0) ->
         data=RunStartedData(
             config={},
             config_hash="x",
-            question="Q?",
+            question=question,
             coordinator=loop,
             backend="simulated",
             library_version="test",
+            model=model,
+            caller=caller,
         ),
     )
 
@@ -79,7 +89,7 @@ def barrier(run_id: str, seq: int, at: datetime = T0) -> WaveBarrier:
     )
 
 
-def ended(run_id: str, seq: int, how: str, at: datetime = T0) -> AnyEvent:
+def ended(run_id: str, seq: int, how: str, at: datetime = T0, answer: str = "391") -> AnyEvent:
     common: dict[str, Any] = {
         "id": f"{run_id}:{seq}",
         "source": "test",
@@ -90,7 +100,7 @@ def ended(run_id: str, seq: int, how: str, at: datetime = T0) -> AnyEvent:
     if how == "answered":
         return RunCompleted(
             **common,
-            data=RunCompletedData(result={"answer": "391", "lanes_completed": 2, "cost": {"total": 0.5}}),
+            data=RunCompletedData(result={"answer": answer, "lanes_completed": 2, "cost": {"total": 0.5}}),
         )
     if how == "failed":
         return RunFailed(
@@ -229,6 +239,38 @@ def test_a_filtered_page_reaches_past_the_newest_runs(store: Store) -> None:
     assert [s.run_id for s in store.list_runs(status="failed")] == ["r002", "r001", "r000"]
     assert [s.run_id for s in store.list_runs(limit=3)] == ["r229", "r228", "r227"]
     assert len(store.list_runs()) == 230
+
+
+def test_runs_are_searched_by_what_they_asked_and_said(store: Store) -> None:
+    """The view's search: question and answer hold the text (any case; `%`, `_` and `\\` are
+    themselves, never wildcards), loop, model and caller exactly, a start between since and
+    until; every filter meaning the same on every store."""
+    asked = [
+        ("a", "What is 17 * 23?", "391", None, None),
+        ("b", "what IS the capital of France?", "Paris", "vote", "alice"),
+        ("c", "Is 50% of 8 four?", "yes", "vote", "bob"),
+        ("d", "snake_case or 50 of them? a\\b", "no", "judge", "alice"),
+    ]
+    for i, (run_id, question, answer, model, caller) in enumerate(asked):
+        at = T0 + timedelta(minutes=i)
+        first = started(run_id, at=at, question=question, model=model, caller=caller)
+        write(store, run_id, [first, ended(run_id, 2, "answered", at, answer=answer)])
+
+    def ids(**filters: Any) -> list[str]:
+        return [s.run_id for s in store.list_runs(**filters)]
+
+    assert ids(question="what is") == ["b", "a"]
+    assert ids(question="50%") == ["c"], "a % is searched for, not a wildcard"
+    assert ids(question="e_c") == ["d"] and ids(question="7_*") == [], "a _ is itself, not any one"
+    assert ids(question="a\\b") == ["d"] and ids(question="\\") == ["d"]
+    assert ids(answer="PAR") == ["b"]
+    assert ids(model="vote") == ["c", "b"]
+    assert ids(caller="alice", model="vote") == ["b"]
+    assert ids(caller="alice", question="50") == ["d"]
+    assert ids(since=T0 + timedelta(minutes=1), until=T0 + timedelta(minutes=2)) == ["c", "b"]
+    assert ids(until=T0) == ["a"]
+    assert ids(question="nowhere") == []
+    assert ids(question="what", limit=1) == ["b"]
 
 
 def test_orchestrator_list_prints_runs_newest_first(

@@ -1,8 +1,8 @@
 """Stored and reflected XSS in headless Chromium (issue 42): payloads kept in a run's question,
-its answer and its lanes' text, its loop name, its config values, and sent as a run id, an
-eval id and filter values, are shown as text on every page and never run; no page the view
-serves trips its Content-Security-Policy. A control page that does place a payload unescaped
-shows that both checks see it."""
+its answer and its lanes' text, its loop name, its model and caller, its config values, and
+sent as a run id, an eval id, a key name, search and filter values, are shown as text on every
+page and never run; no page the view serves trips its Content-Security-Policy. A control page
+that does place a payload unescaped shows that both checks see it."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lines = (runs / "hostile" / "events.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
     first["data"]["coordinator"] = MARK  # as a store written by another hand holds it
+    first["data"]["model"] = first["data"]["caller"] = MARK  # and a gateway's who and what
     (runs / "named").mkdir()
     copy = "\n".join([json.dumps(first), *lines[1:]]).replace('"run_id": "hostile"', '"run_id": "named"')
     (runs / "named" / "events.jsonl").write_text(copy + "\n")
@@ -76,6 +77,8 @@ def test_stored_payloads_are_text_on_every_page(hostile: Path, page: Any) -> Non
 
         listed = _visit(page, url(server, "/"))
         assert page.locator("tr[data-run='named'] td").nth(1).inner_text() == MARK  # the loop name
+        assert page.locator("tr[data-run='named'] td.model").inner_text() == MARK  # the model asked for
+        assert page.locator("tr[data-run='named'] td.caller").inner_text() == MARK  # the caller
         assert listed.count(MARK) >= 2  # and both runs' answers
 
         refused = _visit(page, url(server, "/runs/named"))  # its log refused: one line, as text
@@ -88,6 +91,10 @@ def test_stored_payloads_are_text_on_every_page(hostile: Path, page: Any) -> Non
         f"/runs/{quote(IMG)}",  # a run id no store can hold: the 400 names it
         f"/evals/{quote(SVG)}",  # an eval id
         f"/?loop={quote(MARK)}&status={quote(SVG)}",  # filters, shown back in their fields
+        f"/?question={quote(MARK)}&answer={quote(SVG)}&model={quote(IMG)}&caller={quote(MARK)}",  # search
+        f"/?caller={quote(MARK)}",  # a search that finds the run whose caller is a payload
+        f"/keys/{quote(IMG)}",  # a key name no store can hold: the 400 names it
+        f"/evals/hostile?score={quote(SVG)}",
         f"/evals?prefix={quote(MARK)}",
         f"/budgets?name={quote(IMG)}",
     ],
