@@ -28,6 +28,7 @@ __all__ = (
     "LaneRequest",
     "LaneTokens",
     "Loadable",
+    "MessageToolCall",
     "Sample",
     "SampleRequest",
     "SamplingParams",
@@ -89,12 +90,25 @@ class LaneRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageToolCall:
+    """A call an assistant turn made, as OpenAI's `tool_calls` items hold it: its `id`, the
+    function's `name` and its `arguments` as JSON text (hashable, as a request must be)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One turn of a conversation: `role` is "system", "developer", "user", "assistant" or
     "tool"."""
 
     role: str
     content: str
+    tool_calls: tuple[MessageToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str | None = None  # a "tool" turn: the call it answers
+    name: str | None = None  # a "tool" turn: the function's name, where the client gave it
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,17 +288,24 @@ class StreamingBackend(Backend, Protocol):
 
 def estimate_prompt_tokens(request: SampleRequest) -> int:
     """A conservative count of `request`'s prompt tokens for a backend that cannot count them:
-    the UTF-8 bytes of what is sent (the messages' contents, else the prompt as one message,
-    and the tools' JSON, which a server renders into the prompt) plus the chat template's
+    the UTF-8 bytes of what is sent (the messages' contents and calls, else the prompt as one
+    message, and the tools' JSON, which a server renders into the prompt) plus the chat template's
     markers (`REQUEST_MARGIN`, and `MESSAGE_MARGIN` per message). An actual count above it is
     recorded as `budget.overrun`, never silently."""
     if request.messages is None:
         texts: tuple[str, ...] = (request.prompt,)
     else:
-        texts = tuple(m.content for m in request.messages)
+        texts = tuple(_sent_text(m) for m in request.messages)
     tools = tuple(tool.name + tool.description + tool.parameters for tool in request.tools)
     body = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts + tools)
     return body + REQUEST_MARGIN + MESSAGE_MARGIN * len(texts)
+
+
+def _sent_text(message: ChatMessage) -> str:
+    """What of a turn is sent: its content, an assistant's calls (id, name, arguments), a tool
+    turn's `tool_call_id` and `name`."""
+    calls = "".join(call.id + call.name + call.arguments for call in message.tool_calls)
+    return message.content + calls + (message.tool_call_id or "") + (message.name or "")
 
 
 @contextlib.asynccontextmanager

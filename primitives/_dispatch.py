@@ -184,7 +184,7 @@ class Dispatcher:
         sleep: Callable[[float], object] = anyio.sleep,
         rng: random.Random | None = None,
         logger: structlog.stdlib.BoundLogger | None = None,
-        conversation: Sequence[tuple[str, str]] | None = None,
+        conversation: Sequence[tuple[str, str] | ChatMessage] | None = None,
         form: PromptForm | None = None,
         extract: ExtractSpec | None = None,
     ) -> None:
@@ -202,7 +202,7 @@ class Dispatcher:
             slots=slots,
             conversation=None
             if conversation is None
-            else tuple(ChatMessage(role, content) for role, content in conversation),
+            else tuple(m if isinstance(m, ChatMessage) else ChatMessage(*m) for m in conversation),
             form=form,
         )
         self._settle = _Settler(recorder, ledger, log)

@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from lanefold.primitives._backend import Usage
+from lanefold.primitives._backend import ChatMessage, MessageToolCall, Usage
 
 __all__ = (
     "EVENT_TYPES",
@@ -71,6 +71,8 @@ __all__ = (
     "RunResumedData",
     "RunStarted",
     "RunStartedData",
+    "TurnCallData",
+    "TurnData",
     "UsageData",
     "WaveBarrier",
     "WaveBarrierData",
@@ -162,6 +164,50 @@ def hash_config(config: dict[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class TurnCallData(_Frozen):
+    """A call an assistant turn of a recorded conversation made (`MessageToolCall`)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class TurnData(_Frozen):
+    """A turn of a recorded conversation that holds more than (role, content): an assistant's
+    `tool_calls`, a tool turn's `tool_call_id` and `name`. A plain turn stays a (role, content)
+    pair, so logs and config hashes of plain chats are as they were."""
+
+    role: str
+    content: str
+    tool_calls: list[TurnCallData] | None = Field(None, exclude_if=_absent)
+    tool_call_id: str | None = Field(None, exclude_if=_absent)
+    name: str | None = Field(None, exclude_if=_absent)
+
+    @staticmethod
+    def recorded(turn: ChatMessage | tuple[str, str]) -> TurnData | tuple[str, str]:
+        """How `turn` is recorded: a pair where it is plain, else a TurnData."""
+        if isinstance(turn, tuple):
+            return turn
+        if not turn.tool_calls and turn.tool_call_id is None and turn.name is None:
+            return (turn.role, turn.content)
+        calls = [TurnCallData(id=c.id, name=c.name, arguments=c.arguments) for c in turn.tool_calls]
+        return TurnData(
+            role=turn.role,
+            content=turn.content,
+            tool_calls=calls or None,
+            tool_call_id=turn.tool_call_id,
+            name=turn.name,
+        )
+
+    @staticmethod
+    def message(turn: TurnData | tuple[str, str]) -> ChatMessage:
+        """The `ChatMessage` a recorded turn is sent as."""
+        if isinstance(turn, tuple):
+            return ChatMessage(*turn)
+        calls = tuple(MessageToolCall(c.id, c.name, c.arguments) for c in turn.tool_calls or ())
+        return ChatMessage(turn.role, turn.content, calls, turn.tool_call_id, turn.name)
+
+
 class RunStartedData(_Frozen):
     """The data of `run.started`."""
 
@@ -173,10 +219,11 @@ class RunStartedData(_Frozen):
     library_version: str
     # The config file's folder, where a `module:...` loop or verifier beside it is imported from
     config_dir: str | None = Field(None, exclude_if=_absent)
-    # A chat's run (the loop gateway's): its turns before the question, (role, content) each,
-    # which every sampled lane sends ahead of its prompt (the user's turn) through the
-    # backend's chat template; empty where the question is the chat's only turn.
-    conversation: list[tuple[str, str]] | None = Field(None, exclude_if=_absent)
+    # A chat's run (the loop gateway's): its turns before the question, (role, content) each
+    # (a turn with tool calls or a tool's result: a TurnData), which every sampled lane sends
+    # ahead of its prompt (the user's turn) through the backend's chat template; empty where
+    # the question is the chat's only turn.
+    conversation: list[tuple[str, str] | TurnData] | None = Field(None, exclude_if=_absent)
     # Who asked (a gateway key's name, never the key) and the sha256 of what they sent: an
     # idempotent retry with another body is refused by it.
     caller: str | None = Field(None, exclude_if=_absent)

@@ -33,6 +33,8 @@ from lanefold.primitives import (
     SampleRequest,
     ServerError,
     TextDelta,
+    text_prompt,
+    tool_choice_in_effect,
 )
 
 __all__ = ("EngineBackend",)
@@ -167,22 +169,27 @@ class EngineBackend:
         self._closed = True
         self._engine = None
 
-    def _encode(self, prompt: str) -> list[int]:
+    def prompt_text(self, request: SampleRequest) -> str:
+        """The text the engine prefills for `request` (what `count_prompt_tokens` counts): its
+        messages through the model's chat template with its tools (through the template where
+        it reads `tools`, else in the system turn, `lanefold.primitives.tool_turns`); without
+        messages (the "raw" form) or without a template, `text_prompt`'s text (the tools' block
+        before the prompt), or with the deprecated `chat_template = true` that prompt as one
+        user turn (a log recorded before the form). The first call reads the tokenizer."""
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.config)
         tokenizer: Tokenizer = self._tokenizer
-        return tokenizer.encode(prompt, chat=bool(self.config.chat_template))
+        choice = tool_choice_in_effect(request)
+        if request.messages is not None and tokenizer.chat_template:
+            return tokenizer.render_chat(request.messages, request.tools, choice)
+        if request.messages is None and self.config.chat_template:
+            return tokenizer.render_chat(request.prompt, request.tools, choice)
+        return text_prompt(request)
 
     def _prompt_ids(self, request: SampleRequest) -> list[int]:
-        """A request's messages through the model's chat template (a model without one: the
-        prompt as it is); a request without messages (the "raw" form) as it is, or as one user
-        turn with the deprecated `chat_template = true` (a log recorded before the form)."""
-        if request.messages is not None:
-            tokenizer = self._tokenizer or load_tokenizer(self.config)
-            self._tokenizer = tokenizer
-            if tokenizer.chat_template:
-                return tokenizer.encode_chat([(m.role, m.content) for m in request.messages])
-        return self._encode(request.prompt)
+        text = self.prompt_text(request)
+        assert self._tokenizer is not None
+        return self._tokenizer.encode(text)
 
     async def _submit(self, request: SampleRequest, *, streaming: bool = False) -> Ticket:
         await self.load()

@@ -6,18 +6,20 @@ folder carries `tokenizer.json` and `tokenizer_config.json`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lanefold.primitives import ConfigError
+from lanefold.primitives import ChatMessage, ConfigError, ToolSpec, call_arguments, offered_tools, tool_turns
 
 if TYPE_CHECKING:
+    import jinja2
     import tokenizers
     from gguf import GGUFReader
 
-__all__ = ("Tokenizer",)
+__all__ = ("Tokenizer", "Turn")
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types that are added tokens, not BPE pieces
 
@@ -102,33 +104,105 @@ class Tokenizer:
             text = self.render_chat(text)
         return self._prefix + self.backend.encode(text).ids
 
-    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        """Token ids of a conversation of (role, content) turns rendered by the chat template,
-        ending where the assistant speaks."""
-        return self._prefix + self.backend.encode(self.render_chat(messages)).ids
+    def encode_chat(
+        self,
+        messages: Sequence[Turn],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str | None = None,
+    ) -> list[int]:
+        """Token ids of a conversation rendered by the chat template (`render_chat`), ending
+        where the assistant speaks."""
+        return self._prefix + self.backend.encode(self.render_chat(messages, tools, tool_choice)).ids
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens left out."""
         return self.backend.decode(ids, skip_special_tokens=True)
 
-    def render_chat(self, prompt: str | Sequence[tuple[str, str]]) -> str:
-        """The chat template applied to one user message (or to (role, content) turns), ending
-        where the assistant speaks."""
-        turns = [("user", prompt)] if isinstance(prompt, str) else list(prompt)
+    def render_chat(
+        self, prompt: str | Sequence[Turn], tools: Sequence[ToolSpec] = (), tool_choice: str | None = None
+    ) -> str:
+        """The chat template applied to one user message (or to a conversation of turns, each
+        a `ChatMessage` or a (role, content) pair), ending where the assistant speaks.
+
+        A template that takes `tools` (`takes_tools`) is given the tools `tool_choice` offers
+        and the turns as Hugging Face's templates read them (an assistant's `tool_calls`, a
+        tool turn's `tool_call_id`); any other gets `tool_turns`' plain turns, the tools in its
+        system turn (one format for every backend, `lanefold.primitives.tool_turns`)."""
+        turns = [ChatMessage("user", prompt)] if isinstance(prompt, str) else [_turn(t) for t in prompt]
         if not self.chat_template:
             raise ConfigError("chat_template = true but the model has no chat template")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise ConfigError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=[{"role": role, "content": content} for role, content in turns],
+        template, takes_tools = _compiled(self.chat_template)
+        if takes_tools:
+            offered = [tool.to_openai() for tool in offered_tools(tools, tool_choice)]
+            return template.render(
+                messages=[_template_turn(turn) for turn in turns],
+                tools=offered or None,
+                add_generation_prompt=True,
+                bos_token="",
+                eos_token="",
+            )
+        return template.render(
+            messages=[{"role": t.role, "content": t.content} for t in tool_turns(turns, tools, tool_choice)],
             add_generation_prompt=True,
             bos_token="",
             eos_token="",
         )
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template reads a `tools` variable (Qwen2.5's, Llama 3.1's, Hermes'
+        do; SmolLM2's does not), found from the template's own text."""
+        return bool(self.chat_template) and _compiled(self.chat_template or "")[1]
+
+
+Turn = ChatMessage | tuple[str, str]
+"""A turn of a conversation the tokenizer renders."""
+
+
+def _turn(turn: Turn) -> ChatMessage:
+    return turn if isinstance(turn, ChatMessage) else ChatMessage(*turn)
+
+
+def _template_turn(turn: ChatMessage) -> dict[str, object]:
+    """A turn as Hugging Face's chat templates read it: a call's `arguments` as an object (the
+    templates write it with `tojson`), a tool turn's `tool_call_id` and `name` where known."""
+    message: dict[str, object] = {"role": turn.role, "content": turn.content}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call_arguments(call)},
+            }
+            for call in turn.tool_calls
+        ]
+    if turn.tool_call_id is not None:
+        message["tool_call_id"] = turn.tool_call_id
+    if turn.name is not None:
+        message["name"] = turn.name
+    return message
+
+
+def _tojson(
+    value: object, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False
+) -> str:
+    """Hugging Face's `tojson` for chat templates: plain JSON, not Jinja's HTML-escaped one."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(text: str) -> tuple[jinja2.Template, bool]:
+    """A chat template compiled once per text, and whether it reads `tools`."""
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ConfigError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = _tojson
+    return env.from_string(text), "tools" in meta.find_undeclared_variables(env.parse(text))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanefold.backends.openai._config import OpenAIConfig
 from lanefold.backends.openai._usage import Tally
 from lanefold.primitives import TOOL_CHOICES, ConfigError, SampleRequest, canonical_json
+from lanefold.primitives import ChatMessage as Turn  # the wire has its own ChatMessage (a reply's)
 
 __all__ = (
     "ChatResponse",
@@ -273,6 +274,24 @@ def output_fields(request: SampleRequest) -> dict[str, Any]:
     return {}
 
 
+def _message(turn: Turn) -> dict[str, Any]:
+    """A conversation's turn as OpenAI's messages hold it: an assistant's `tool_calls` (its
+    content null when it said nothing else), a tool turn's `tool_call_id` and `name`; the
+    server renders them with its own template."""
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.tool_calls:
+        message["content"] = turn.content or None
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in turn.tool_calls
+        ]
+    if turn.tool_call_id is not None:
+        message["tool_call_id"] = turn.tool_call_id
+    if turn.name is not None:
+        message["name"] = turn.name
+    return message
+
+
 def build_body(
     config: OpenAIConfig, request: SampleRequest, *, n: int, seed: int, max_tokens: int
 ) -> dict[str, Any]:
@@ -298,7 +317,7 @@ def build_body(
         else:  # a conversation goes as its own turns (a system turn replaces system_prompt)
             if any(m.role in ("system", "developer") for m in request.messages):
                 messages = []
-            messages += [{"role": m.role, "content": m.content} for m in request.messages]
+            messages += [_message(m) for m in request.messages]
         body["messages"] = messages
         if logprobs:
             body["logprobs"] = True

@@ -18,6 +18,7 @@ from lanefold.config import LoopConfig
 from lanefold.primitives import (
     Backend,
     BackendSpec,
+    ChatMessage,
     ConfigError,
     EventLog,
     ExtractSpec,
@@ -47,6 +48,7 @@ from lanefold.primitives.events import (
     RunFailedData,
     RunInterrupted,
     RunInterruptedData,
+    TurnData,
     UsageData,
 )
 from lanefold.primitives.internal import (
@@ -201,7 +203,8 @@ def context(
     read by `extract` (a re-reduction's `--extract`), else the config's, bound to the run's
     tools."""
     started = recorder.state.started
-    conversation = started.conversation if started is not None else None
+    recorded = started.conversation if started is not None else None
+    conversation = None if recorded is None else [TurnData.message(turn) for turn in recorded]
     form = config.prompt_form()
     extract = run_extract(extract or config.extract, recorder.state)  # bound to the run's tools
     dispatcher = _dispatcher(config, backend, recorder, ledger, limiter, log, form, conversation, extract)
@@ -301,7 +304,7 @@ def _dispatcher(
     limiter: anyio.CapacityLimiter | None,
     log: structlog.stdlib.BoundLogger,
     form: PromptForm | None,
-    conversation: Sequence[tuple[str, str]] | None = None,
+    conversation: Sequence[ChatMessage] | None = None,
     extract: ExtractSpec | None = None,
 ) -> Dispatcher:
     retry = config.retry

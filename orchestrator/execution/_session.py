@@ -56,6 +56,7 @@ from lanefold.execution._runner import (
 from lanefold.execution._store import Store, fold_record, open_store, read_state
 from lanefold.primitives import (
     Backend,
+    ChatMessage,
     ConfigError,
     EventLog,
     ExtractSpec,
@@ -68,7 +69,7 @@ from lanefold.primitives import (
     ToolSpec,
     Verifier,
 )
-from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData
+from lanefold.primitives.events import RunResumed, RunResumedData, RunStarted, RunStartedData, TurnData
 from lanefold.primitives.internal import HookRunner, Recorder, check_sendable, failed_result, plugin_folders
 
 __all__ = ("Session", "resume", "resume_sync", "run", "run_sync")
@@ -84,7 +85,7 @@ class _Origin:
     """What a run is started with beyond its question (see `Session.run`)."""
 
     config: LoopConfig | None = None
-    conversation: tuple[tuple[str, str], ...] | None = None
+    conversation: tuple[tuple[str, str] | ChatMessage, ...] | None = None
     caller: str | None = None
     request_sha256: str | None = None
     pools: tuple[str, ...] = ()
@@ -218,7 +219,7 @@ class Session:
         log: EventLog | None = None,
         stop_reason: Callable[[], str] = lambda: "cancelled",
         config: LoopConfig | None = None,
-        conversation: Sequence[tuple[str, str]] | None = None,
+        conversation: Sequence[tuple[str, str] | ChatMessage] | None = None,
         caller: str | None = None,
         request_sha256: str | None = None,
         pools: Sequence[str] = (),
@@ -231,8 +232,9 @@ class Session:
 
         `config` runs this question under another config than the session's (its backends
         built once too, and shared with every config naming the same). `conversation` makes
-        the run a chat's: its turns before the question, (role, content) each (empty: none),
-        which every sampled lane sends ahead of its prompt, the prompt as the user's turn,
+        the run a chat's: its turns before the question, (role, content) each or a
+        `ChatMessage` (an assistant's `tool_calls`, a tool's result; empty: none), which every
+        sampled lane sends ahead of its prompt, the prompt as the user's turn,
         through the backend's chat template (a config whose `[prompt] form` is "raw" refuses
         turns, ConfigError, before anything is recorded). `caller` and `request_sha256` are
         recorded with the run (who asked, and a digest of what they sent). `pools` names budgets
@@ -316,7 +318,9 @@ class Session:
                             backend=backend.name,
                             library_version=VERSION,
                             config_dir=config.folder or self._config_dir(),
-                            conversation=None if origin.conversation is None else list(origin.conversation),
+                            conversation=None
+                            if origin.conversation is None
+                            else [TurnData.recorded(turn) for turn in origin.conversation],
                             caller=origin.caller,
                             request_sha256=origin.request_sha256,
                             pools=list(names) or None,

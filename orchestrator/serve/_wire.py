@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lanefold.primitives import MAX_LANE_TOKENS, Sample
+from lanefold.primitives import MAX_LANE_TOKENS, ChatMessage, Sample, flatten_chat
 
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
@@ -200,12 +200,10 @@ def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
     """Chat messages as one prompt, for a backend that cannot template `SampleRequest.messages`.
 
     A lone user message passes through verbatim; any other conversation becomes a role-tagged
-    transcript ending in an open assistant turn.
+    transcript ending in an open assistant turn (`lanefold.primitives.flatten_chat`, the rule
+    a backend without a template follows too).
     """
-    if len(messages) == 1 and messages[0][0] == "user":
-        return messages[0][1]
-    turns = [f"{role}: {content}" for role, content in messages]
-    return "\n\n".join([*turns, "assistant:"])
+    return flatten_chat([ChatMessage(role, content) for role, content in messages])
 
 
 def completion_logprobs(sample: Sample, top: int = 0) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from lanefold.backends.engine._tokenizer import Tokenizer
 from lanefold.backends.engine._trials import Trial
 from lanefold.backends.engine._weights import Checkpoint, ModelArgs
 
-__all__ = ("TINY", "Told", "byte_tokenizer", "tiny_checkpoint")
+__all__ = ("SMOLLM2_TEMPLATE", "TINY", "Told", "byte_tokenizer", "tiny_checkpoint")
 
 TINY = ModelArgs(
     vocab_size=256 + 4,
@@ -29,6 +29,16 @@ TINY = ModelArgs(
     max_position=512,
     tie_embeddings=False,
     eos_token_ids=(),
+)
+
+# SmolLM2-135M-Instruct's chat template, as its GGUF file holds it: ChatML, with a default
+# system turn, and no tool role (it reads no `tools`).
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
 )
 
 

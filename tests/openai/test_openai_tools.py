@@ -18,9 +18,11 @@ import lanefold
 from lanefold.backends.openai import OpenAIConfig
 from lanefold.backends.openai._wire import build_body
 from lanefold.primitives import (
+    ChatMessage,
     ConfigError,
     ExtractSpec,
     LaneRequest,
+    MessageToolCall,
     Sample,
     SampleRequest,
     SamplingParams,
@@ -76,6 +78,34 @@ def test_a_schema_without_tools_is_the_response_format() -> None:
         "json_schema": {"name": "answer", "schema": json.loads(SCHEMA)},
     }
     assert "tools" not in body(request())
+
+
+def test_a_history_of_calls_and_results_goes_as_openai_messages_hold_it() -> None:
+    """The server renders a conversation's calls with its own template: each assistant turn's
+    `tool_calls` and each tool turn's `tool_call_id` go as OpenAI's messages hold them."""
+    call = MessageToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    turns = (
+        ChatMessage("user", "Weather in Paris?"),
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", "18C", tool_call_id="call_1", name="get_weather"),
+        ChatMessage("user", "And tomorrow?"),
+    )
+    assert body(request(tools=TOOLS, messages=turns))["messages"] == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": call.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "content": "18C", "tool_call_id": "call_1", "name": "get_weather"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
 
 
 def test_the_completions_api_refuses_tools_in_one_line() -> None:

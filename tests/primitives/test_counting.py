@@ -98,3 +98,18 @@ def test_the_estimate_is_every_byte_plus_the_templates_markers() -> None:
     turns = (ChatMessage("system", "Sé breve."), ChatMessage("user", "Q: 2+2?"))
     chat = SampleRequest("Q: 2+2?", SamplingParams(), (), messages=turns)
     assert estimate_prompt_tokens(chat) == len("Sé breve.".encode()) + 7 + REQUEST_MARGIN + 2 * MESSAGE_MARGIN
+
+
+def test_the_estimate_counts_a_historys_calls_and_results() -> None:
+    """An assistant turn's calls are sent (and rendered by the server) as much as its words:
+    each call's id, name and arguments count, and a tool turn's `tool_call_id` and `name`."""
+    from lanefold.primitives import MessageToolCall
+
+    call = MessageToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    turns = (
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", "18C", tool_call_id="call_1", name="get_weather"),
+    )
+    chat = SampleRequest("Q", SamplingParams(), (), messages=turns)
+    sent = len("call_1get_weather" + '{"city": "Paris"}') + len("18C" + "call_1" + "get_weather")
+    assert estimate_prompt_tokens(chat) == sent + REQUEST_MARGIN + 2 * MESSAGE_MARGIN
