@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/evidence/report.py sweep RUNS_DIR SWEEP_ID [--keep DIR]
     .venv/bin/python bench/evidence/report.py humaneval RUNS_DIR POOL_EVAL GREEDY_EVAL
+    .venv/bin/python bench/evidence/report.py lanes RUNS_DIR SWEEP_ID
 
 `sweep`: for each loop and budget of an `orchestrator sweep`, what `fit` chose (its keys, the
 spend it expected from its pilot), what a question paid and the accuracy; a point read from a
@@ -19,6 +20,12 @@ programs normalised (the code parsed and printed again by `ast`, so formatting a
 do not split a vote); best-of-k by tests (`any_pass` with the tests as the verifier, which is
 pass@k by the unbiased estimator). At the pool's whole k, each is one answer a problem, tested
 against greedy by McNemar's exact test with Holm's correction over the two tests.
+
+`lanes`: what a sweep's lanes held, for loops whose answers are calls or JSON values: per real
+run, the lanes a question ran, the share of lanes with an answer (a valid call or value: under
+constrained decoding the rest were cut off), the share of lanes right, the share of questions
+some lane got right (what a perfect selector would reach) and the accuracy the reducer reached.
+A reducer pays where lanes are right more often than greedy and it finds the right one.
 """
 
 from __future__ import annotations
@@ -173,6 +180,34 @@ def humaneval(runs: Path, pool_id: str, greedy_id: str) -> None:
         )
 
 
+def lanes(runs: Path, sweep_id: str) -> None:
+    record = Sweep.model_validate_json((runs / sweep_id / "sweep.json").read_text())
+    print(f"lanes of sweep {sweep_id}: {record.questions} questions of {record.dataset}")
+    print(
+        f"{'loop':<14} {'budget':>7} {'lanes':>6} {'answered':>9} {'lane right':>10} "
+        f"{'some lane right':>15} {'accuracy':>8}"
+    )
+    runs_of = [(record.baseline.name, "greedy", record.baseline.eval_id)] if record.baseline else []
+    for line in record.configs:
+        runs_of += [
+            (line.name, f"{point.budget:g}", point.eval_id)
+            for point in line.points
+            if point.status == "ran" and point.source == "eval" and point.eval_id
+        ]
+    for name, budget, eval_id in runs_of:
+        found = list(rows(runs, eval_id).values())
+        held = [r for r in found if r["lane_answers"]]
+        answers = [a for r in held for a in r["lane_answers"]]
+        right = [c for r in held for c in r["lane_correct"]]
+        some = sum(any(r["lane_correct"]) for r in held) / len(found)
+        accuracy = fmean(float(r["correct"]) for r in found)
+        answered = sum(a is not None for a in answers) / len(answers)
+        print(
+            f"{name:<14} {budget:>7} {fmean(len(r['lane_answers']) for r in held):>6.1f} "
+            f"{answered:>9.3f} {fmean(right):>10.3f} {some:>15.3f} {accuracy:>8.3f}"
+        )
+
+
 if __name__ == "__main__":
     what, runs, *rest = sys.argv[1:]
-    {"sweep": sweep, "humaneval": humaneval}[what](Path(runs), *rest)
+    {"sweep": sweep, "humaneval": humaneval, "lanes": lanes}[what](Path(runs), *rest)
