@@ -12,11 +12,12 @@ upstream's at the same concurrency, its ratio the one over the other.
   above what the run spends, so nothing is refused) which every request is checked against and
   spends from, on the files store.
 - LiteLLM: `litellm --config FILE --num_workers N` (`litellm[proxy]` pinned, in its own venv
-  under the cache, made once) with the upstream as its one model and a master key. Budgets on
-  means `litellm_settings.max_budget` (the proxy-wide budget in USD, priced per token in the
-  model's entry), checked before and spent after every call: LiteLLM's per-key budgets need
-  virtual keys, which need its PostgreSQL database through Prisma, whose engines Prisma
-  downloads from its own servers at first use (not reachable here).
+  under the cache, made once) with the upstream as its one model and a master key. Its budgets
+  cannot be on here: a virtual key's `max_budget` needs LiteLLM's database, reached through
+  Prisma, whose engines Prisma downloads from binaries.prisma.sh at first use (not reachable
+  here); `litellm_settings.max_budget` (proxy-wide) is set, so LiteLLM prices every call and adds
+  it to its in-memory spend, but it logs at start that without a database that budget is NOT
+  enforced. So lanefold checks and spends a budget on every request; LiteLLM only counts.
 """
 
 from __future__ import annotations
@@ -121,16 +122,21 @@ def litellm_python(cache: Path) -> Path | None:
 
 @dataclass(slots=True)
 class Side:
-    """One side's figures: latencies (s) at 1 and 32 clients, requests/s at saturation."""
+    """One side's figures: latencies (s) at 1 and 32 clients, requests/s at saturation, and the
+    requests that got no 200 (an error reply or a connection cut), counted, not timed."""
 
     name: str
     one: list[float]
     many: list[float]
     rps: float
+    failed: list[str]
 
 
-async def _block(url: str, headers: dict[str, str], clients: int, requests: int) -> tuple[list[float], float]:
-    """`requests` chat completions from `clients` concurrent clients: latencies and wall time."""
+async def _block(
+    url: str, headers: dict[str, str], clients: int, requests: int, failed: list[str]
+) -> tuple[list[float], float]:
+    """`requests` chat completions from `clients` concurrent clients: the latencies of those
+    answered 200 and the wall time; each other one's status or error appended to `failed`."""
     latencies: list[float] = []
     left = list(range(requests))
     body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 23?"}]}
@@ -141,10 +147,15 @@ async def _block(url: str, headers: dict[str, str], clients: int, requests: int)
             while left:
                 i = left.pop()
                 start = time.perf_counter()
-                reply = await http.post(url, json={**body, "user": f"u{i}"})
-                latencies.append(time.perf_counter() - start)
+                try:
+                    reply = await http.post(url, json={**body, "user": f"u{i}"})
+                except httpx.TransportError as exc:
+                    failed.append(type(exc).__name__)
+                    continue
                 if reply.status_code != 200:
-                    raise RuntimeError(f"{url}: {reply.status_code} {reply.text[:300]}")
+                    failed.append(str(reply.status_code))
+                    continue
+                latencies.append(time.perf_counter() - start)
 
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:
@@ -155,11 +166,12 @@ async def _block(url: str, headers: dict[str, str], clients: int, requests: int)
 
 def measure(name: str, url: str, headers: dict[str, str], requests: int) -> Side:
     """A warm-up, then 1 client, 32 clients and saturation (64 clients), in that order."""
-    anyio.run(_block, url, headers, 8, 64)
-    one, _ = anyio.run(_block, url, headers, 1, max(20, requests // 8))
-    many, _ = anyio.run(_block, url, headers, 32, requests)
-    done, seconds = anyio.run(_block, url, headers, 64, requests * 2)
-    return Side(name, one, many, len(done) / seconds)
+    failed: list[str] = []
+    anyio.run(_block, url, headers, 8, 64, failed)
+    one, _ = anyio.run(_block, url, headers, 1, max(20, requests // 8), failed)
+    many, _ = anyio.run(_block, url, headers, 32, requests, failed)
+    done, seconds = anyio.run(_block, url, headers, 64, requests * 2, failed)
+    return Side(name, one, many, len(done) / seconds, failed)
 
 
 def table(sides: list[Side]) -> list[str]:
@@ -185,6 +197,10 @@ def table(sides: list[Side]) -> list[str]:
     lines.append(f"{'side':>22} | {'requests/s at saturation (64 clients)':>38} | {'of upstream':>11}")
     for side in sides:
         lines.append(f"{side.name:>22} | {side.rps:38.0f} | {side.rps / base.rps:10.2f}x")
+    for side in sides:
+        if side.failed:
+            counts = {what: side.failed.count(what) for what in sorted(set(side.failed))}
+            lines.append(f"{side.name}: {len(side.failed)} requests not answered 200 (untimed): {counts}")
     return lines
 
 
