@@ -18,9 +18,13 @@ targets are printed as PASS/MISS, never asserted.
     PYTHONPATH=. .venv/bin/python bench/gateway.py --overhead [--requests 1024] [--profile FILE]
     PYTHONPATH=. .venv/bin/python bench/gateway.py --optillm [--questions 20]
     PYTHONPATH=. .venv/bin/python bench/gateway.py --load [--requests 2000] [--clients 64] [--store URL]
+    PYTHONPATH=. .venv/bin/python bench/gateway.py --litellm [--requests 320]
 
 --load: `serve --workers 2` with keys near their limits and a worker killed mid-run
   (bench/gateway_load.py says how).
+
+--litellm: against LiteLLM's proxy over one fake upstream, `--workers` 1 and 2 on both sides
+  (bench/gateway_litellm.py says how).
 """
 
 from __future__ import annotations
@@ -501,10 +505,12 @@ def main() -> None:
     parser.add_argument("--overhead", action="store_true", help="per-request overhead on the instant backend")
     parser.add_argument("--optillm", action="store_true", help="against optillm 0.4.0 over the engine")
     parser.add_argument("--load", action="store_true", help="serve --workers under load, a worker killed")
+    parser.add_argument("--litellm", action="store_true", help="against LiteLLM's proxy, one fake upstream")
     parser.add_argument(
         "--requests",
         type=int,
-        help="--overhead: requests per side and concurrency (1024); --load: in all (2000)",
+        help="--overhead: requests per side and concurrency (1024); --load: in all (2000); "
+        "--litellm: at 32 clients a side (320)",
     )
     parser.add_argument("--clients", type=int, default=64, help="--load: concurrent clients")
     parser.add_argument("--workers", type=int, default=2, help="--load: serve --workers")
@@ -520,12 +526,16 @@ def main() -> None:
     if args.floor_child:
         floor_child(int(args.floor_child[0]), Path(args.floor_child[1]))
         return
-    if not (args.overhead or args.optillm or args.load):
-        parser.error("name --overhead, --optillm, --load or several")
+    if not (args.overhead or args.optillm or args.load or args.litellm):
+        parser.error("name --overhead, --optillm, --load, --litellm or several")
     if args.load:
         from gateway_load import load  # the bench's folder is on sys.path as the script's own
 
         load(argparse.Namespace(**{**vars(args), "requests": args.requests or 2000}), machine())
+    if args.litellm:
+        from gateway_litellm import compare
+
+        compare(args, machine(), CACHE)
     if args.overhead:
         args.requests = args.requests or 1024
         overhead(args)

@@ -1,0 +1,274 @@
+"""`bench/gateway.py --litellm` (issue 41): lanefold's gateway against LiteLLM's proxy, side by
+side on one machine over the same fake upstream. Figures are printed, never asserted.
+
+The upstream is a tiny starlette app in its own uvicorn process answering every chat completion
+at once with a fixed reply (no model). Each side is measured in turn, the upstream alone first
+(the baseline): p50 and p99 latency at 1 and at 32 concurrent httpx clients, and requests per
+second at saturation (64 clients). A gateway's added latency is its percentile minus the
+upstream's at the same concurrency, its ratio the one over the other.
+
+- lanefold: `orchestrator serve --loops --store-keys --keys FILE --workers N` serving a k = 1 loop
+  over the openai backend pointed at the upstream; the client's key holds a token budget (far
+  above what the run spends, so nothing is refused) which every request is checked against and
+  spends from, on the files store.
+- LiteLLM: `litellm --config FILE --num_workers N` (`litellm[proxy]` pinned, in its own venv
+  under the cache, made once) with the upstream as its one model and a master key. Its budgets
+  cannot be on here: a virtual key's `max_budget` needs LiteLLM's database, reached through
+  Prisma, whose engines Prisma downloads from binaries.prisma.sh at first use (not reachable
+  here); `litellm_settings.max_budget` (proxy-wide) is set, so LiteLLM prices every call and adds
+  it to its in-memory spend, but it logs at start that without a database that budget is NOT
+  enforced. So lanefold checks and spends a budget on every request; LiteLLM only counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx
+
+LITELLM = "litellm[proxy]==1.100.0"  # the newest whose proxy extra installs from this PyPI mirror
+MASTER_KEY = "sk-bench-master"
+MODEL = "fake"
+REPLY = {
+    "id": "chatcmpl-fake",
+    "object": "chat.completion",
+    "created": 0,
+    "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "391"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
+}
+LOOP = """\
+[loop]
+k = 1
+max_concurrency = 1
+seed = 1
+[extract]
+method = "last_number"
+[backend]
+kind = "openai"
+base_url = "{base}"
+model = "{model}"
+"""
+LITELLM_CONFIG = """\
+model_list:
+  - model_name: {model}
+    litellm_params:
+      model: openai/{model}
+      api_base: {base}
+      api_key: sk-upstream
+      input_cost_per_token: 0.0000001
+      output_cost_per_token: 0.0000002
+general_settings:
+  master_key: {master}
+litellm_settings:
+  max_budget: 1000000
+  budget_duration: 30d
+  telemetry: false
+"""
+
+
+def upstream_child(port: int) -> None:
+    """The fake upstream: every chat completion answered at once with `REPLY` (no model)."""
+    import json
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def chat(request: Request) -> Response:
+        json.loads(await request.body())
+        return JSONResponse(REPLY)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+        ]
+    )
+    uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="off")).run()
+
+
+def litellm_python(cache: Path) -> Path | None:
+    """LiteLLM's venv, made once under the cache; None (and the commands printed) if it cannot be."""
+    venv = cache / "litellm-venv"
+    commands = [
+        ["python3", "-m", "venv", str(venv)],
+        [str(venv / "bin" / "pip"), "install", "-q", LITELLM],
+    ]
+    probe = [str(venv / "bin" / "python"), "-c", "import litellm.proxy.proxy_server"]
+    if (venv / "bin" / "litellm").exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return venv / "bin" / "litellm"
+    print(f"installing {LITELLM} into {venv} (once)")
+    for argv in commands:
+        if subprocess.run(argv).returncode != 0:
+            print("could not install LiteLLM; run:\n  " + "\n  ".join(" ".join(c) for c in commands))
+            return None
+    return venv / "bin" / "litellm"
+
+
+@dataclass(slots=True)
+class Side:
+    """One side's figures: latencies (s) at 1 and 32 clients, requests/s at saturation, and the
+    requests that got no 200 (an error reply or a connection cut), counted, not timed."""
+
+    name: str
+    one: list[float]
+    many: list[float]
+    rps: float
+    failed: list[str]
+
+
+async def _block(
+    url: str, headers: dict[str, str], clients: int, requests: int, failed: list[str]
+) -> tuple[list[float], float]:
+    """`requests` chat completions from `clients` concurrent clients: the latencies of those
+    answered 200 and the wall time; each other one's status or error appended to `failed`."""
+    latencies: list[float] = []
+    left = list(range(requests))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 23?"}]}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=120, headers=headers) as http:
+
+        async def client() -> None:
+            while left:
+                i = left.pop()
+                start = time.perf_counter()
+                try:
+                    reply = await http.post(url, json={**body, "user": f"u{i}"})
+                except httpx.TransportError as exc:
+                    failed.append(type(exc).__name__)
+                    continue
+                if reply.status_code != 200:
+                    failed.append(str(reply.status_code))
+                    continue
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(clients):
+                tg.start_soon(client)
+        return latencies, time.perf_counter() - start
+
+
+def measure(name: str, url: str, headers: dict[str, str], requests: int) -> Side:
+    """A warm-up, then 1 client, 32 clients and saturation (64 clients), in that order."""
+    failed: list[str] = []
+    anyio.run(_block, url, headers, 8, 64, failed)
+    one, _ = anyio.run(_block, url, headers, 1, max(20, requests // 8), failed)
+    many, _ = anyio.run(_block, url, headers, 32, requests, failed)
+    done, seconds = anyio.run(_block, url, headers, 64, requests * 2, failed)
+    return Side(name, one, many, len(done) / seconds, failed)
+
+
+def table(sides: list[Side]) -> list[str]:
+    """The printed rows: each side's p50/p99 at 1 and 32 clients with what it adds over the
+    first side (the upstream) and the ratio, then requests/s and the ratio to the upstream's."""
+    from gateway import percentile  # the bench's folder is on sys.path as the script's own
+
+    base = sides[0]
+    pair = f"{'added':>9} | {'ratio':>6}"
+    head = f"{'side':>22} | {'clients':>7} | {'p50':>9} | {pair} | {'p99':>9} | {pair}"
+    lines = [head, "-" * len(head)]
+    for clients, pick in ((1, "one"), (32, "many")):
+        b = getattr(base, pick)
+        b50, b99 = percentile(b, 50) * 1e3, percentile(b, 99) * 1e3
+        for side in sides:
+            mine = getattr(side, pick)
+            p50, p99 = percentile(mine, 50) * 1e3, percentile(mine, 99) * 1e3
+            cells = [f"{side.name:>22}", f"{clients:>7}"]
+            for value, baseline in ((p50, b50), (p99, b99)):
+                cells += [f"{value:6.2f} ms", f"{value - baseline:6.2f} ms", f"{value / baseline:5.2f}x"]
+            lines.append(" | ".join(cells))
+    lines.append("")
+    lines.append(f"{'side':>22} | {'requests/s at saturation (64 clients)':>38} | {'of upstream':>11}")
+    for side in sides:
+        lines.append(f"{side.name:>22} | {side.rps:38.0f} | {side.rps / base.rps:10.2f}x")
+    for side in sides:
+        if side.failed:
+            counts = {what: side.failed.count(what) for what in sorted(set(side.failed))}
+            lines.append(f"{side.name}: {len(side.failed)} requests not answered 200 (untimed): {counts}")
+    return lines
+
+
+@contextlib.contextmanager
+def _lanefold(root: Path, upstream: str, workers: int) -> Iterator[tuple[str, dict[str, str]]]:
+    from gateway import free_port, process, serve_argv
+    from gateway_load import _keys_file
+
+    loops = root / f"loops-{workers}"
+    loops.mkdir()
+    (loops / f"{MODEL}.toml").write_text(LOOP.format(base=upstream, model=MODEL))
+    secret = _keys_file(root / f"keys-{workers}.toml", {"bench": 10**12})["bench"]
+    port = free_port()
+    argv = serve_argv(
+        "--loops", str(loops), "--runs-dir", str(root / f"runs-{workers}"), "--port", str(port),
+        "--keys", str(root / f"keys-{workers}.toml"), "--store-keys", "--workers", str(workers),
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}/v1"
+    with process(argv, root / f"lanefold-{workers}.log", f"{base}/models"):
+        yield f"{base}/chat/completions", {"Authorization": f"Bearer {secret}"}
+
+
+@contextlib.contextmanager
+def _litellm(root: Path, exe: Path, upstream: str, workers: int) -> Iterator[tuple[str, dict[str, str]]]:
+    from gateway import free_port, process
+
+    config = root / "litellm.yaml"
+    config.write_text(LITELLM_CONFIG.format(model=MODEL, base=upstream, master=MASTER_KEY))
+    port = free_port()
+    argv = [str(exe), "--config", str(config), "--port", str(port), "--num_workers", str(workers)]
+    env = {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
+    base = f"http://127.0.0.1:{port}"
+    with process(argv, root / f"litellm-{workers}.log", f"{base}/health/liveliness", env):
+        yield f"{base}/v1/chat/completions", {"Authorization": f"Bearer {MASTER_KEY}"}
+
+
+def compare(args: argparse.Namespace, machine: str, cache: Path) -> None:
+    """Run every side and print the table (see the module's docstring)."""
+    from gateway import free_port, process
+
+    exe = litellm_python(cache)
+    requests = args.requests or 320
+    sides: list[Side] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lanefold-bench-litellm-") as tmp:
+        root = Path(tmp)
+        port = free_port()
+        child = [sys.executable, __file__, str(port)]
+        upstream = f"http://127.0.0.1:{port}/v1"
+        with process(child, root / "upstream.log", f"{upstream}/models"):
+            sides.append(measure("upstream (baseline)", f"{upstream}/chat/completions", {}, requests))
+            for workers in (1, 2):
+                with _lanefold(root, upstream, workers) as (url, headers):
+                    sides.append(measure(f"lanefold, {workers} worker(s)", url, headers, requests))
+                if exe is not None:
+                    with _litellm(root, exe, upstream, workers) as (url, headers):
+                        sides.append(measure(f"LiteLLM, {workers} worker(s)", url, headers, requests))
+    seconds = time.perf_counter() - started
+    peer = LITELLM if exe else "LiteLLM (not installed)"
+    print(f"\nlanefold gateway vs {peer}: {machine}, shared with other jobs")
+    print(
+        f"fake upstream (starlette on uvicorn, its own process, no model); lanefold: k = 1 loop over the "
+        f"openai backend, a key with a token budget (--store-keys, files store); LiteLLM: master key, "
+        f"litellm_settings.max_budget; 1 client x {max(20, requests // 8)}, 32 clients x {requests}, "
+        f"64 clients x {requests * 2} requests a side, sides one after another; took {seconds:.0f} s"
+    )
+    print("\n".join(table(sides)))
+
+
+if __name__ == "__main__":  # the upstream's own process, started by `compare`
+    upstream_child(int(sys.argv[1]))
