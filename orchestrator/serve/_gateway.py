@@ -219,9 +219,9 @@ def create_gateway(
         if not isinstance(model, str) or model not in loops:
             if backend_app is not None and model in backend_names:
                 return _Delegated(backend_app, raw)
-            raise model_not_found(model, loops, key)
+            raise HTTPError(404, model_not_found(model, loops, key), param="model", code="model_not_found")
         if key is not None and not key.may_call(model):
-            raise model_not_found(model, loops, key)
+            raise HTTPError(404, model_not_found(model, loops, key), param="model", code="model_not_found")
         ask = parse_ask(model, kind, data)
         return await answer(request, ask, key)
 

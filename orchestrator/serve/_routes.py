@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lanefold.config import LoopConfig, parse_config, preflight
-from lanefold.serve._guard import HTTPError
 from lanefold.serve._keys import GatewayKey
 
 __all__ = ("loop_of", "model_not_found", "over_model", "served_models")
+
+# No HTTP here (starlette is the `serve` extra, and the command line imports this module through
+# `lanefold.serve` wherever it runs): the gateway turns `model_not_found`'s words into its 404.
 
 
 def loop_of(name: str) -> str:
@@ -54,9 +56,9 @@ def served_models(
     return served
 
 
-def model_not_found(name: object, loops: Mapping[str, LoopConfig], key: GatewayKey | None) -> HTTPError:
-    """404 `model_not_found` for `name`; where it is `LOOP/MODEL` of a served loop, naming
-    the models of that loop the key may call."""
+def model_not_found(name: object, loops: Mapping[str, LoopConfig], key: GatewayKey | None) -> str:
+    """What the 404 `model_not_found` for `name` says; where it is `LOOP/MODEL` of a served
+    loop, it names the models of that loop the key may call."""
     message = f"model {name!r} not found"
     if isinstance(name, str) and "/" in name:
         loop = loop_of(name)
@@ -65,4 +67,4 @@ def model_not_found(name: object, loops: Mapping[str, LoopConfig], key: GatewayK
             message += f": loop {loop!r} serves " + (
                 ", ".join(allowed) if allowed else "no other model ([serve] models lists none)"
             )
-    return HTTPError(404, message, param="model", code="model_not_found")
+    return message
