@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from lanefold.primitives import BudgetView, ConfigError, check_budget_name, os_failure
+from lanefold.stores.files._documents import read_document, write_document
 
 __all__ = ("BudgetRecord", "FileBudgets", "HeldRecord")
 
@@ -115,34 +116,11 @@ class FileBudgets:
 
     def read(self, name: str) -> BudgetRecord | None:
         """The budget's file as it stands (hold the lock to change it); None if there is none."""
-        path = self.path(name)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise os_failure(f"{path}: cannot read the budget", exc) from None
-        try:
-            return BudgetRecord.model_validate_json(raw)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(p) for p in error["loc"]) or "(the document)"
-            raise ConfigError(f"{path}: {where}: {error['msg']}") from None
+        return read_document(self.path(name), BudgetRecord, "budget")
 
     def write(self, budget: BudgetRecord) -> None:
         """Replace the budget's file whole: written beside it, forced to disk, renamed over it."""
-        path = self.path(budget.name)
-        draft = path.with_name(f".{path.name}.{os.getpid()}.new")
-        try:
-            with open(draft, "wb") as f:
-                f.write(budget.model_dump_json().encode())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(draft, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(draft)
-            raise os_failure(f"{path}: cannot write the budget", exc) from None
+        write_document(self.path(budget.name), budget, "budget")
 
     def sweep(self, budget: BudgetRecord) -> None:
         """Charge whole the holds of segments whose process is gone (their file unlocked)."""

@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import ValidationError
-
 from lanefold.primitives import (
     ConfigError,
     KeyRecord,
@@ -24,6 +22,7 @@ from lanefold.primitives import (
     os_failure,
     take_rate,
 )
+from lanefold.stores.files._documents import read_document, write_document
 
 __all__ = ("FileKeys",)
 
@@ -55,32 +54,10 @@ class FileKeys:
         return self.folder / f"{check_key_name(name)}.json"  # a plain name, never a path
 
     def _read(self, path: Path) -> StoredKey | None:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise os_failure(f"{path}: cannot read the key", exc) from None
-        try:
-            return StoredKey.model_validate_json(raw)
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            where = ".".join(str(p) for p in error["loc"]) or "(the document)"
-            raise ConfigError(f"{path}: {where}: {error['msg']}") from None
+        return read_document(path, StoredKey, "key")
 
     def _write(self, key: StoredKey) -> None:
-        path = self.path(key.record.name)
-        draft = path.with_name(f".{path.name}.{os.getpid()}.new")
-        try:
-            with open(draft, "wb") as f:
-                f.write(key.model_dump_json().encode())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(draft, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(draft)
-            raise os_failure(f"{path}: cannot write the key", exc) from None
+        write_document(self.path(key.record.name), key, "key")
 
     def _all(self) -> list[StoredKey]:
         if not self.folder.is_dir():
