@@ -1,7 +1,8 @@
-"""`orchestrator list`: the runs a store holds, newest first, filtered by status, loop, eval,
-time, and for a gateway's runs the model asked for and the key (`--model vote --caller alice`).
-Each row is read from a run's first and last events (`Store.list_runs`); `show` checks a run
-whole."""
+"""`orchestrator list`: the runs a store holds, newest first, found as the view's search finds
+them (`RunSearch`: question and answer text, status, loop, eval, the model a gateway's client
+asked for and its key, a start between `--since` and `--until`), so a filter means the same on
+the command line and on the page. Each row is read from a run's first and last events
+(`Store.list_runs`); `show` checks a run whole."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, get_args
 
 from lanefold.execution import open_store
 from lanefold.primitives import RunStatus, RunSummary
+from lanefold.view import RunSearch
 
 __all__ = ("add_commands", "render")
 
@@ -22,9 +24,9 @@ _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def since(text: str) -> datetime:
-    """argparse type of `--since`: an ISO date or time (UTC where no zone is given), or a time
-    ago (`30m`, `2h`, `7d`)."""
+def when(text: str) -> datetime:
+    """argparse type of `--since` and `--until`: an ISO date or time (UTC where no zone is
+    given), or a time ago (`30m`, `2h`, `7d`); anything else is a usage error naming the flag."""
     ago = _AGO.fullmatch(text.strip())
     if ago is not None:
         return datetime.now(UTC) - timedelta(seconds=float(ago[1]) * _UNIT_S[ago[2]])
@@ -55,11 +57,19 @@ def add_commands(sub: Any, common: Callable[..., None]) -> dict[str, Handler]:
     p.add_argument("--loop", metavar="NAME", help="only runs of this loop (its coordinator)")
     p.add_argument("--model", metavar="NAME", help="only gateway runs a client asked this model for")
     p.add_argument("--caller", metavar="KEY", help="only gateway runs of this key (its name)")
+    p.add_argument("--question", metavar="TEXT", help="only runs whose question holds TEXT (any case)")
+    p.add_argument("--answer", metavar="TEXT", help="only runs whose answer holds TEXT (any case)")
     p.add_argument(
         "--since",
-        type=since,
+        type=when,
         metavar="WHEN",
-        help="only runs started since (an ISO time, or ago: 30m, 2h, 7d)",
+        help="only runs started at or after (an ISO time, or ago: 30m, 2h, 7d)",
+    )
+    p.add_argument(
+        "--until",
+        type=when,
+        metavar="WHEN",
+        help="only runs started at or before (an ISO time, or ago: 30m, 2h, 7d)",
     )
     p.add_argument("--limit", type=_count, default=50, metavar="N", help="at most N rows (50)")
     common(p)
@@ -69,25 +79,17 @@ def add_commands(sub: Any, common: Callable[..., None]) -> dict[str, Handler]:
 
 def _list(args: argparse.Namespace) -> int:
     store = open_store(args.store, args.runs_dir)
-    # model and caller only where given: a store written before they were filters still lists
-    asked = {name: getattr(args, name) for name in ("model", "caller") if getattr(args, name) is not None}
-    runs = store.list_runs(
-        status=args.status, loop=args.loop, eval_id=args.eval, since=args.since, limit=args.limit, **asked
-    )
+    # each of the search's fields is the flag of its name: the view's search, not a copy of it
+    search = RunSearch.model_validate({name: getattr(args, name) for name in RunSearch.model_fields})
+    runs = search.runs(store, args.limit)
     if args.json:
         for summary in runs:
             print(json.dumps(summary.to_json()))
     elif runs:
         print(render(runs))
     else:
-        print(f"no runs in {store.describe}" + (" match" if _filtered(args) else ""))
+        print(f"no runs in {store.describe}" + (" match" if search.shown() else ""))
     return 0
-
-
-def _filtered(args: argparse.Namespace) -> bool:
-    return any(
-        getattr(args, key) is not None for key in ("status", "eval", "loop", "since", "model", "caller")
-    )
 
 
 def render(runs: list[RunSummary]) -> str:

@@ -1,11 +1,13 @@
 """The runs search: what the runs page's form asks, as GET parameters (so a search is a URL),
-read once here for the page and its live feed alike, and answered by the store's `list_runs`
-(its summaries on files, a WHERE on PostgreSQL), never by reading every run's log."""
+read once here for the page and its live feed alike (and built from `orchestrator list`'s
+flags of the same names), and answered by the store's `list_runs` (its summaries on files, a
+WHERE on PostgreSQL), never by reading every run's log."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -15,6 +17,16 @@ __all__ = ("FIELDS", "RunSearch")
 
 # The form's fields, in the order it shows them; each a GET parameter of the same name.
 FIELDS = ("question", "answer", "loop", "model", "caller", "status", "eval", "since", "until")
+
+
+class _Newer(TypedDict, total=False):
+    """`list_runs`'s filters added after its first ones: passed only where asked."""
+
+    model: str
+    caller: str
+    question: str
+    answer: str
+    until: datetime
 
 
 class RunSearch(BaseModel):
@@ -64,16 +76,20 @@ class RunSearch(BaseModel):
         return found
 
     def runs(self, store: Store, limit: int | None) -> list[RunSummary]:
-        """The runs found, newest first, at most `limit`."""
+        """The runs found, newest first, at most `limit`. A filter added to `list_runs` after
+        its first ones reaches the store only where asked, so a store of one's own written
+        before it still lists (and searches by what it knows)."""
+        newer: _Newer = {}
+        if self.model is not None:
+            newer["model"] = self.model
+        if self.caller is not None:
+            newer["caller"] = self.caller
+        if self.question is not None:
+            newer["question"] = self.question
+        if self.answer is not None:
+            newer["answer"] = self.answer
+        if self.until is not None:
+            newer["until"] = self.until
         return store.list_runs(
-            status=self.status,
-            loop=self.loop,
-            eval_id=self.eval,
-            since=self.since,
-            until=self.until,
-            limit=limit,
-            model=self.model,
-            caller=self.caller,
-            question=self.question,
-            answer=self.answer,
+            status=self.status, loop=self.loop, eval_id=self.eval, since=self.since, limit=limit, **newer
         )
