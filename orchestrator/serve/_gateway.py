@@ -66,7 +66,7 @@ from lanefold.serve._guard import (
 )
 from lanefold.serve._keyring import StoreKeys
 from lanefold.serve._keys import GatewayKey, KeyPools, Keys
-from lanefold.serve._limits import Admitted, KeyRates, request_hold, request_id_of
+from lanefold.serve._limits import Admitted, KeyRates, answer_headers, request_hold, request_id_of
 from lanefold.serve._outcomes import on_error
 from lanefold.serve._routes import model_not_found, served_models
 from lanefold.telemetry import trace_context_of
@@ -228,17 +228,17 @@ def create_gateway(
     async def answer(request: Request, ask: Ask, key: GatewayKey | None) -> Response:
         caller = key.name if key is not None else None
         idempotency = request.headers.get("idempotency-key")
+        request_id = request_id_of(request)
         run_id = None
         if idempotency is not None:
             if not idempotency.strip() or len(idempotency) > 255:
                 raise HTTPError(400, "Idempotency-Key: 1 to 255 characters", param="Idempotency-Key")
             run_id = gateway_run_id(key.sha256 if key is not None else "", idempotency)
-            recorded = _recorded(run_id, ask)
+            recorded = _recorded(run_id, ask, request_id)
             if recorded is not None:
                 return recorded
         else:
             run_id = store.new_id()
-        request_id = request_id_of(request)
         go = Go(
             ask, run_id, caller, key, idempotency is not None, request_id, trace_context_of(request.headers)
         )
@@ -248,16 +248,14 @@ def create_gateway(
             else await rates.admit(key, lambda: request_hold(config_for(ask), ask))
         )
         governed = admitted.around(run)
+        headers = answer_headers(run_id, request_id, admitted)  # a stream's the same, sent first
         if ask.options.stream:
-            return LoopStream(go, governed, stopping, clock, heartbeat_s)
+            return LoopStream(go, governed, stopping, clock, heartbeat_s, headers)
         done = await unless_disconnected(request, stopping, lambda: governed(go, None))
         if done is None:  # the client hung up: its run was interrupted (resumable)
             return Response(status_code=499)
         result, state = done
-        return JSONResponse(
-            response_body(ask, result, state, int(clock())),
-            headers={"x-lanefold-run-id": result.run_id, "x-request-id": request_id, **admitted.headers},
-        )
+        return JSONResponse(response_body(ask, result, state, int(clock())), headers=headers)
 
     async def usage(request: Request) -> JSONResponse:
         """The calling key's own limits, spend, refusals and last use (`keys show`'s figures)."""
@@ -266,10 +264,11 @@ def create_gateway(
             raise HTTPError(404, "usage is kept for keys kept in the store (serve --store-keys)")
         return JSONResponse(await rates.usage(key, store))
 
-    def _recorded(run_id: str, ask: Ask) -> Response | None:
+    def _recorded(run_id: str, ask: Ask, request_id: str) -> Response | None:
         """What an idempotent retry is answered from the record, as the fold of its log gives
         it (never a copy the fold did not check): the recorded response, a 422 for another
-        body; None where the run is to be started or resumed."""
+        body; None where the run is to be started or resumed. It computes nothing, so no
+        bucket admitted it: its headers name the run and this request only."""
         if not store.exists(run_id):
             return None
         try:
@@ -287,9 +286,10 @@ def create_gateway(
         if state.result is not None:
             result = RunResult.model_validate(state.result)
             body = response_body(ask, result, state, int(clock()))
+            headers = answer_headers(run_id, request_id, Admitted(None))
             if ask.options.stream:
-                return Replay(body)
-            return JSONResponse(body, headers={"x-lanefold-run-id": run_id})
+                return Replay(body, headers)
+            return JSONResponse(body, headers=headers)
         if state.failure is not None:  # told as it was when it failed
             if state.failure.error == BudgetExhaustedError.__name__:
                 raise out_of_quota(state.failure.message)

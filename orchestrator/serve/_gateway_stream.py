@@ -95,16 +95,22 @@ _SSE_HEADERS = [
 ]
 
 
+def _start(headers: dict[str, str]) -> dict[str, Any]:
+    """The response start of a stream: the event stream's own headers, then the answer's
+    (`answer_headers`: the run's id, the request's, what the key has left)."""
+    sent = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    return {"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *sent]}
+
+
 class Replay(Response):
     """A recorded response, streamed as a live one would have ended."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], headers: dict[str, str]) -> None:
         super().__init__()
-        self.recorded = body
+        self.recorded, self.answer_headers = body, headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [*_SSE_HEADERS, (b"x-lanefold-run-id", self.recorded["lanefold"]["run_id"].encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send(_start(self.answer_headers))
         frames = [
             _chunk(self.recorded, [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}])
         ]
@@ -129,9 +135,11 @@ class LoopStream(Response):
         stopping: Stopping,
         clock: Callable[[], float],
         heartbeat_s: float,
+        headers: dict[str, str],
     ) -> None:
         super().__init__()
         self.go, self.run, self.stopping, self.clock, self.heartbeat_s = go, run, stopping, clock, heartbeat_s
+        self.answer_headers = headers  # the plain answer's (`answer_headers`), sent with the start
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         go = self.go
@@ -146,7 +154,6 @@ class LoopStream(Response):
                 state = "landed" if isinstance(event, LaneCompleted) else "failed"
                 landed_send.send_nowait(f": lane {event.wave}.{event.lane} {state}\n\n")
 
-        headers = [*_SSE_HEADERS, (b"x-lanefold-run-id", go.run_id.encode())]
         outcome: list[tuple[RunResult, RunState | None] | HTTPError] = []
 
         async def work() -> None:
@@ -177,7 +184,7 @@ class LoopStream(Response):
                     await outcome[0].response()(scope, receive, send)
                     tg.cancel_scope.cancel()
                     return
-                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send(_start(self.answer_headers))
                 opening = _opening(go.ask, go.run_id, created)
                 await send({"type": "http.response.body", "body": opening, "more_body": True})
                 async with landed:

@@ -9,8 +9,10 @@ bucket short of it refuses the request: 429 `rate_limit_exceeded` with `Retry-Af
 seconds until the bucket holds enough, rounded up. When the run ends its hold is settled to
 the tokens it paid (the unused part goes back; a run whose end is unknown keeps it all).
 
-Here too, beside them: a request's id (`request_id_of`) and a key's own figures (`KeyRates.usage`,
-`GET /v1/usage`), so that the gateway's request path changes by a few lines only.
+Here too, beside them: a request's id (`request_id_of`), the headers an answer carries
+(`answer_headers`: the same for a plain answer and a stream), and a key's own figures
+(`KeyRates.usage`, `GET /v1/usage`), so that the gateway's request path changes by a few lines
+only.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from lanefold.serve._guard import HTTPError
 from lanefold.serve._keyring import key_report
 from lanefold.serve._keys import GatewayKey
 
-__all__ = ("Admitted", "KeyRates", "paid_tokens", "request_hold")
+__all__ = ("Admitted", "KeyRates", "answer_headers", "paid_tokens", "request_hold")
 
 Observer = Callable[[AnyEvent], None]
 Run = Callable[[Go, Observer | None], Awaitable[tuple[RunResult, RunState | None]]]
@@ -129,6 +131,14 @@ class Admitted:
         store, key, back, now = self.rates.store, self.key, self.hold - paid, self.rates.clock()
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: store.give_key_rate(key, back, now))
+
+
+def answer_headers(run_id: str, request_id: str, admitted: Admitted) -> dict[str, str]:
+    """The headers of a loop's answer, plain or streamed (or replayed from the record): the
+    run's id, the request's, and what the key had left when the request was admitted. Each is
+    known before the run starts, so a stream sends them all with its response start; what the
+    run paid is in the answer's `usage` (a stream's last chunk), never in a header."""
+    return {"x-lanefold-run-id": run_id, "x-request-id": request_id, **admitted.headers}
 
 
 def request_id_of(request: Request) -> str:
