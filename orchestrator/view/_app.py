@@ -143,7 +143,7 @@ def create_app(
         if not record.exists():
             return refusal(request, "no such eval", f"no eval {eval_id!r} in {store.describe}", 404)
         try:
-            context = await anyio.to_thread.run_sync(lambda: eval_context(store, eval_id, score))
+            context = await anyio.to_thread.run_sync(lambda: eval_context(store, eval_id, score, where))
         except LanefoldError as exc:
             return refusal(request, f"eval {eval_id}", f"orchestrator show: {exc}", 422)
         return pages.TemplateResponse(request, "eval.html", context)

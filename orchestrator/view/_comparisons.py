@@ -11,6 +11,7 @@ markup.
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +38,8 @@ KINDS: dict[str, type[Comparison] | type[Sweep]] = {
     "compare": Comparison,
     "sweep": Sweep,
 }  # a record's kind: its file is `<kind>.json`
-_W, _H, _LEFT, _TOP, _PLOT_W, _PLOT_H = 640, 300, 60, 10, 560, 250  # the plot's box, in SVG units
+_LEFT, _TOP, _PLOT_W, _PLOT_H = 60, 20, 440, 240  # the plot's frame in the 680x310 SVG (plots.html)
+_LINE = 11  # a label's height: labels closer than this (and overlapping across) are moved up
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,16 @@ class Spot:
     pool: bool = False
     greedy: bool = False
     frontier: bool = False
+
+    def notes(self) -> str:
+        """What marks the point, in words: over budget, on the frontier, greedy, from a pool."""
+        said = (
+            (self.over, "over budget"),
+            (self.frontier, "frontier"),
+            (self.greedy, "greedy baseline"),
+            (self.pool, "read from a pool"),
+        )
+        return ", ".join(words for on, words in said if on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +95,14 @@ class Unused:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A point placed in the plot: its centre, its interval's ends, its label's place."""
+    """A point placed in the plot: its centre, its interval's ends, its label's baseline."""
 
     spot: Spot
     x: float
     y: float
     y_low: float
     y_high: float
+    label_y: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +133,32 @@ def framed(spots: Sequence[Spot]) -> list[Spot]:
     return [replace(s, frontier=i in on) for i, s in enumerate(spots)]
 
 
+def _scale(most: float) -> tuple[float, float]:
+    """The axis's right end and tick step: a round step (1, 2 or 5 times a power of ten) that
+    reaches past `most` in at most five ticks."""
+    if most <= 0:
+        return 1.0, 0.25
+    power = 10 ** math.floor(math.log10(most / 4))
+    step = next(power * m for m in (1, 2, 5, 10) if power * m * 4 >= most)
+    return step * math.ceil(most / step + 1e-9), step
+
+
+def _labelled(marks: Sequence[Mark]) -> list[Mark]:
+    """Each mark with its label's baseline above it, moved up past the labels placed before it
+    that it would run into (two configs that paid alike)."""
+    placed: list[Mark] = []
+    for m in marks:
+        y = m.y - 6
+        while any(abs(p.label_y - y) < _LINE and abs(p.x - m.x) < 120 for p in placed):
+            y -= _LINE
+        placed.append(replace(m, label_y=y))
+    return placed
+
+
 def chart(spots: Sequence[Spot], unit: str, budget: float | None) -> Chart:
-    """The spots placed in the plot, paid across (from 0, in `unit`) and accuracy up."""
-    top = max([s.paid for s in spots] + [budget or 0.0]) * 1.1 or 1.0
+    """The spots placed in the plot, paid across (from 0, in `unit`, round ticks) and accuracy
+    up."""
+    top, step = _scale(max([s.paid for s in spots] + [budget or 0.0]))
 
     def x(paid: float) -> float:
         return _LEFT + _PLOT_W * paid / top
@@ -130,15 +166,16 @@ def chart(spots: Sequence[Spot], unit: str, budget: float | None) -> Chart:
     def y(accuracy: float) -> float:
         return _TOP + _PLOT_H * (1 - accuracy)
 
-    marks = [Mark(s, x(s.paid), y(s.accuracy), y(s.low), y(s.high)) for s in spots]
+    marks = _labelled([Mark(s, x(s.paid), y(s.accuracy), y(s.low), y(s.high)) for s in spots])
     best = sorted((s.paid, s.accuracy) for s in spots if s.frontier)
     greedy = next((s for s in spots if s.greedy), None)
+    ticks = [i * step for i in range(round(top / step) + 1)]
     return Chart(
         marks=marks,
         frontier=[(x(p), y(a)) for p, a in best],
         greedy_y=y(greedy.accuracy) if greedy is not None else None,
         budget_x=x(budget) if budget is not None else None,
-        ticks=[(x(v), readable(v, unit)) for v in (0.0, top / 4, top / 2, 3 * top / 4)],
+        ticks=[(x(v), readable(v, unit)) for v in ticks],
         axis=f"paid per question ({spend_label(unit)})",
     )
 

@@ -5,7 +5,8 @@ spend with the frontier marked, the pilots of compares and sweeps listed apart."
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import shlex
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
@@ -39,11 +40,12 @@ class Figures:
     ended: bool
 
 
-def eval_context(store: Store, eval_id: str, score: str) -> dict[str, Any]:
+def eval_context(store: Store, eval_id: str, score: str, where: Sequence[str] = ()) -> dict[str, Any]:
     """What eval.html is drawn from; a LanefoldError where the record cannot be read. `score`
     ("right", "wrong" or "") picks the questions listed; the counts and the curve are the whole
     eval's, the curve in the order the questions landed. Live (`/live/evals/<id>`) until the
-    eval's summary is written."""
+    eval's summary is written. `where`: the flags that find the store, for the command that
+    continues the eval."""
     record = store.eval_record(eval_id)
     summary = read_summary(record)
     try:
@@ -82,6 +84,7 @@ def eval_context(store: Store, eval_id: str, score: str) -> dict[str, Any]:
         "score": score,
         "eval_id": eval_id,
         "curve": curve([bool(r["correct"]) for r in rows], total),
+        "command": shlex.join(["orchestrator", "eval", "--resume", eval_id, *where]),
     }
 
 
