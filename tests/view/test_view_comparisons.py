@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 
 from lanefold.execution import open_store
 from lanefold.view._app import create_app
-from lanefold.view._comparisons import compare_context, label, sweep_context
+from lanefold.view._comparisons import compare_context, sweep_context
+from lanefold.view._spots import label
 
 
 def _client(runs: Path) -> TestClient:
