@@ -58,3 +58,19 @@ def test_a_running_eval_s_curve_reaches_across_to_its_total() -> None:
     assert curve([True, False], total=4)[-1][0] < 390 / 2 + 10  # a third of the way: 2 of 4
     assert curve([True, False])[-1][0] == 390  # no total known: across to the last landed
     assert curve([True, True, True], total=2)[-1][0] == 390  # more landed than said: never past the edge
+
+
+def test_an_eval_on_postgresql_feeds_its_parts(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sim.toml").write_text('[loop]\nk = 3\nseed = 1\n[backend]\nkind = "simulated"\n')
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "Q?", "answer": "391"}) + "\n")
+    ran = cli(capsys, "eval", "sim.toml", "--dataset", "q.jsonl", "--eval-id", "pg-ev", "--store", pg_url)
+    assert ran.code == 0, ran.err
+    client = TestClient(create_app(open_store(pg_url)))
+    page = client.get("/evals/pg-ev").text
+    assert "data-landed='1' data-total='1' data-ended='true'" in page and "data-live" not in page
+    events = _events(client, "/live/evals/pg-ev")
+    assert [kind for kind, _ in events] == ["swap", "end"]
+    assert "data-landed='1'" in json.loads(events[0][1])["eval-progress"]
