@@ -38,6 +38,7 @@ from lanefold.evaluate._fit_record import FitRecord
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._paired import holm, mcnemar
 from lanefold.evaluate._pilot import frontier as pareto_frontier
+from lanefold.evaluate._pilot import is_pilot, pilot_id
 from lanefold.evaluate._rescore import rereductions, rescore_eval
 from lanefold.evaluate._scorer import SCORERS, Score, Scorer, register_scorer
 from lanefold.evaluate._scoring import resolve_scorer
@@ -72,6 +73,7 @@ __all__ = (
     "find_source",
     "holm",
     "is_eval",
+    "is_pilot",
     "list_sources",
     "load_dataset",
     "majority_at_k",
@@ -79,6 +81,7 @@ __all__ = (
     "pareto_frontier",
     "parse_budgets",
     "pass_at_k",
+    "pilot_id",
     "prompt_tokens",
     "read_manifest",
     "read_pool",

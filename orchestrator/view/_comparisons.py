@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lanefold.evaluate import Comparison, Sweep, readable
+from lanefold.evaluate import Comparison, Sweep, pilot_id, readable
 from lanefold.primitives import ConfigError
 from lanefold.view._spots import Spot, chart, framed, label
 
@@ -162,11 +162,11 @@ def sweep_context(sweep: Sweep, where: Sequence[str]) -> dict[str, object]:
                     pool=p.source == "pool",
                 )
             )
-        pilot_id = next((p.fit.pilot.eval_id for p in line.points if p.fit and p.fit.pilot), None)
+        recorded = next((p.fit.pilot.eval_id for p in line.points if p.fit and p.fit.pilot), None)
         pilots.append(
             Pilot(
                 line.name,
-                pilot_id or f"{sweep.sweep_id}-{line.name}.pilot",
+                recorded or pilot_id(sweep.sweep_id, line.name),
                 sweep.pilot_questions,
                 line.pilot,
             )

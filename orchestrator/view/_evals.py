@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import anyio
 
-from lanefold.evaluate import read_manifest, read_results, read_summary, wilson_interval
+from lanefold.evaluate import is_pilot, read_manifest, read_results, read_summary, wilson_interval
 from lanefold.primitives import ConfigError, LanefoldError, Store
 from lanefold.view._charts import Point, curve, frontier
 from lanefold.view._templates import eval_parts
@@ -21,7 +21,6 @@ from lanefold.view._templates import eval_parts
 __all__ = ("SCORES", "Figures", "eval_context", "eval_points", "watch_eval")
 
 SCORES = ("right", "wrong")  # what `?score=` may ask for (nothing: every question)
-PILOT = ".pilot"  # how a compare's or a sweep's pilot eval's id ends (`<prefix>-<name>.pilot`)
 _POLL_S = 0.5  # how often a live eval page's feed reads the results again
 _QUIET = 30  # polls without a new question before a comment line keeps the connection open
 
@@ -119,7 +118,7 @@ def eval_points(store: Store, prefix: str) -> tuple[list[Point], list[str]]:
     for eval_id in store.list_evals():
         if not eval_id.startswith(prefix):
             continue
-        if eval_id.endswith(PILOT):
+        if is_pilot(eval_id):
             pilots.append(eval_id)
             continue
         summary = read_summary(store.eval_record(eval_id))
