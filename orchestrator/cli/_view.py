@@ -38,7 +38,14 @@ def _cmd_view(args: argparse.Namespace) -> int:
     # says it: the password never), for an interrupted or stopped run's page
     flags = where(args)
     try:
-        view(store_of(args), host=args.host, port=args.port, api_key=key, resume_flags=flags)
+        view(
+            store_of(args),
+            host=args.host,
+            port=args.port,
+            api_key=key,
+            resume_flags=flags,
+            runs_dir=args.runs_dir,
+        )
     except (Interrupted, KeyboardInterrupt):  # the latter: Ctrl-C before uvicorn took signals
         pass  # Ctrl-C is how a view is meant to end
     return 0

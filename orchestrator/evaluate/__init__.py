@@ -12,7 +12,7 @@ from __future__ import annotations
 from lanefold.evaluate import _bfcl_check  # noqa: F401  (registers the bfcl scorer)
 from lanefold.evaluate._catalog import SOURCE_NAMES, Source, find_source, list_sources
 from lanefold.evaluate._compare import Compared, Comparison, McNemar, run_compare
-from lanefold.evaluate._compare_plot import readable
+from lanefold.evaluate._compare_plot import readable, spend_label
 from lanefold.evaluate._curve import REDUCERS as CURVE_REDUCERS
 from lanefold.evaluate._curve import Curve, Pool, majority_at_k, read_pool, scaling_curve
 from lanefold.evaluate._datasets import DatasetSpec, load_dataset
@@ -37,6 +37,8 @@ from lanefold.evaluate._fetch import cache_root
 from lanefold.evaluate._fit_record import FitRecord
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._paired import holm, mcnemar
+from lanefold.evaluate._pilot import frontier as pareto_frontier
+from lanefold.evaluate._pilot import is_pilot, pilot_id
 from lanefold.evaluate._rescore import rereductions, rescore_eval
 from lanefold.evaluate._scorer import SCORERS, Score, Scorer, register_scorer
 from lanefold.evaluate._scoring import resolve_scorer
@@ -71,12 +73,15 @@ __all__ = (
     "find_source",
     "holm",
     "is_eval",
+    "is_pilot",
     "list_sources",
     "load_dataset",
     "majority_at_k",
     "mcnemar",
+    "pareto_frontier",
     "parse_budgets",
     "pass_at_k",
+    "pilot_id",
     "prompt_tokens",
     "read_manifest",
     "read_pool",
@@ -92,6 +97,7 @@ __all__ = (
     "run_eval",
     "run_sweep",
     "scaling_curve",
+    "spend_label",
     "summarize",
     "wilson_interval",
     "worst_case",

@@ -41,7 +41,7 @@ from lanefold.evaluate._fit_record import FitRecord
 from lanefold.evaluate._fitting import UNITS, EqualBudget, check_pricing, check_unit, settle_budget
 from lanefold.evaluate._item import Item
 from lanefold.evaluate._paired import CORRECTION, McNemar, holm, mcnemar, mcnemar_p
-from lanefold.evaluate._pilot import PILOT_QUESTIONS, frontier, spread
+from lanefold.evaluate._pilot import PILOT_QUESTIONS, frontier, pilot_id, spread
 from lanefold.evaluate._scoring import resolve_scorer
 from lanefold.execution import open_store
 from lanefold.primitives import ConfigError, LogWriteError, validate_run_id
@@ -155,11 +155,13 @@ async def run_compare(
     last = max((item.index for item in items), default=0)
     for name, _, config in arms:  # other questions, or a pilot of another config: refused now
         eval_id = validate_run_id(f"{compare_id}-{name}")
-        validate_run_id(RUN_IDS.format(eval_id=f"{eval_id}.pilot", index=last))
+        validate_run_id(RUN_IDS.format(eval_id=pilot_id(compare_id, name), index=last))
         _check_recorded(compare_id, name, eval_id, None, items, runs_dir, config)
         if mode is not None:
             pilot = items[:PILOT_QUESTIONS]
-            _check_recorded(compare_id, f"{name}'s pilot", f"{eval_id}.pilot", config, pilot, runs_dir)
+            _check_recorded(
+                compare_id, f"{name}'s pilot", pilot_id(compare_id, name), config, pilot, runs_dir
+            )
     settled: EqualBudget | None = None
     keys: list[dict[str, Any]] = [{} for _ in arms]
     records: list[FitRecord | None] = [None for _ in arms]

@@ -36,7 +36,7 @@ from lanefold.evaluate._eval import run_eval
 from lanefold.evaluate._eval_records import QuestionResult, read_results
 from lanefold.evaluate._fit_record import FitRecord, PilotFigures, Priced, differing
 from lanefold.evaluate._item import Item
-from lanefold.evaluate._pilot import PILOT_QUESTIONS, Rates, first_lane, spread
+from lanefold.evaluate._pilot import PILOT_QUESTIONS, Rates, first_lane, pilot_id, spread
 from lanefold.execution import open_store
 from lanefold.primitives import ConfigError, Pricing
 from lanefold.primitives.internal import backend_prompt_tokens
@@ -170,7 +170,7 @@ async def run_pilots(
     for name, _, config in arms:
         if is_greedy(config):
             continue
-        eval_id = eval_ids[name] = f"{prefix}-{name}.pilot"
+        eval_id = eval_ids[name] = pilot_id(prefix, name)
         label = f"{name} (pilot)"
         await run_eval(
             config,

@@ -30,9 +30,20 @@ from lanefold.evaluate._waves import Passes, Serving, passes, path, worst
 from lanefold.primitives import CostShape, WaveShape
 from lanefold.primitives.internal import cost_shape, shape_waves
 
-__all__ = ("PILOT_QUESTIONS", "Rates", "first_lane", "frontier", "paid", "spread")
+__all__ = ("PILOT_QUESTIONS", "Rates", "first_lane", "frontier", "is_pilot", "paid", "pilot_id", "spread")
 
 PILOT_QUESTIONS = 10
+_PILOT = ".pilot"  # how a pilot eval's id ends: never a compared config's, nor a sweep's point
+
+
+def pilot_id(prefix: str, name: str) -> str:
+    """The pilot eval of config `name` in the compare or sweep `prefix`: `<prefix>-<name>.pilot`."""
+    return f"{prefix}-{name}{_PILOT}"
+
+
+def is_pilot(eval_id: str) -> bool:
+    """Whether `eval_id` is a compare's or a sweep's pilot (listed apart, never compared)."""
+    return eval_id.endswith(_PILOT)
 
 
 def paid(row: QuestionResult, unit: str) -> float:

@@ -8,7 +8,7 @@ Read-only: nothing here writes to the store. With an API key, every request carr
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -21,7 +21,6 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lanefold.execution import read_run
 from lanefold.primitives import (
@@ -33,38 +32,33 @@ from lanefold.primitives import (
     check_key_name,
 )
 from lanefold.primitives.events import RunStarted
-from lanefold.serve import twice_sent
 from lanefold.view._charts import pareto
-from lanefold.view._evals import SCORES, eval_context, eval_points
+from lanefold.view._comparisons import list_comparisons, read_record, record_context
+from lanefold.view._evals import SCORES, eval_context, eval_points, watch_eval
 from lanefold.view._feeds import PAGE_SIZE, RunFeed, watch_runs
 from lanefold.view._keys import key_context, keys_context
+from lanefold.view._policy import COOKIE, CSP, Policy, guard, login_form
 from lanefold.view._search import FIELDS, RunSearch
 from lanefold.view._templates import pages, run_context
 
 __all__ = ("CSP", "create_app")
 
-_COOKIE = "lanefold_view_key"
 _STATIC = Path(__file__).with_name("static")
 _BUDGET_RUNS = 200  # the recent runs the budgets page reads for the budgets they name
-# Scripts and styles only from this origin (the package's static/): no inline script, no inline
-# style, nothing fetched from elsewhere, no framing. A value a template failed to escape could
-# still not run.
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
-)
-_HEADERS = [
-    (b"content-security-policy", CSP.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-]
 
 
 def create_app(
-    store: Store, *, api_key: str | None = None, resume_flags: Sequence[str] | None = None
+    store: Store,
+    *,
+    api_key: str | None = None,
+    resume_flags: Sequence[str] | None = None,
+    runs_dir: str | Path = "runs",
 ) -> Starlette:
-    """The view of `store`; `resume_flags` are what `orchestrator resume` needs to find it."""
+    """The view of `store`; `resume_flags` are what `orchestrator resume` needs to find it;
+    `runs_dir` is where `compare` and `sweep` wrote their records (`--runs-dir`, whatever the
+    store)."""
     where = list(resume_flags or ())
+    records = Path(runs_dir)
 
     def page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
         return pages.TemplateResponse(request, name, context, status_code=status_code)
@@ -149,17 +143,50 @@ def create_app(
         if not record.exists():
             return refusal(request, "no such eval", f"no eval {eval_id!r} in {store.describe}", 404)
         try:
-            context = await anyio.to_thread.run_sync(lambda: eval_context(record, eval_id, score))
+            context = await anyio.to_thread.run_sync(lambda: eval_context(store, eval_id, score, where))
         except LanefoldError as exc:
             return refusal(request, f"eval {eval_id}", f"orchestrator show: {exc}", 422)
         return pages.TemplateResponse(request, "eval.html", context)
 
+    async def live_eval(request: Request) -> Response:
+        eval_id = request.path_params["eval_id"]
+        if (why := malformed(eval_id)) is not None:
+            return Response(f"{why}\n", status_code=400)
+        score = request.query_params.get("score", "")
+        if (score and score not in SCORES) or not store.eval_record(eval_id).exists():
+            return Response("no such eval\n", status_code=404)
+        return StreamingResponse(watch_eval(store, eval_id, score), media_type="text/event-stream")
+
     async def evals(request: Request) -> Response:
         prefix = request.query_params.get("prefix", "")
-        points = await anyio.to_thread.run_sync(lambda: eval_points(store, prefix))
+        points, pilots = await anyio.to_thread.run_sync(lambda: eval_points(store, prefix))
+        found = await anyio.to_thread.run_sync(lambda: list_comparisons(records))
         return page(
-            request, "evals.html", title="evals", live=None, prefix=prefix, points=points, plot=pareto(points)
+            request,
+            "evals.html",
+            title="evals",
+            live=None,
+            prefix=prefix,
+            points=points,
+            pilots=pilots,
+            plot=pareto(points),
+            comparisons=[(kind, i) for kind, i in found if i.startswith(prefix)],
         )
+
+    def comparison(kind: str) -> Callable[[Request], Awaitable[Response]]:
+        async def shown(request: Request) -> Response:
+            record_id = request.path_params["record_id"]
+            if (why := malformed(record_id)) is not None:
+                return refusal(request, f"no such {kind}", why, 400)
+            try:
+                found = await anyio.to_thread.run_sync(lambda: read_record(records, kind, record_id))
+            except ConfigError as exc:  # a record that is not one: the file named, one line
+                return refusal(request, f"{kind} {record_id}", f"orchestrator view: {exc}", 422)
+            if found is None:
+                return refusal(request, f"no such {kind}", f"no {kind} {record_id!r} in {records}", 404)
+            return pages.TemplateResponse(request, f"{kind}.html", record_context(found, where))
+
+        return shown
 
     async def budgets(request: Request) -> Response:
         if not isinstance(store, BudgetStore):
@@ -191,13 +218,13 @@ def create_app(
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
-            return _login(request, False)
+            return login_form(request, False)
         body = await request.body()  # a urlencoded form of one field (no multipart parser needed)
         given = parse_qs(body[:4096].decode("utf-8", "replace")).get("key", [""])[0]
         if api_key is None or not hmac.compare_digest(given.encode(), api_key.encode()):
-            return _login(request, True)
+            return login_form(request, True)
         done = RedirectResponse("/", status_code=303)
-        done.set_cookie(_COOKIE, given, httponly=True, samesite="strict")
+        done.set_cookie(COOKIE, given, httponly=True, samesite="strict")
         return done
 
     async def refused(request: Request, exc: Exception) -> Response:
@@ -206,9 +233,9 @@ def create_app(
         status = 400 if type(exc) is ConfigError else 503
         return refusal(request, "refused", f"orchestrator view: {exc}", status)
 
-    guard = [] if api_key is None else [Middleware(BaseHTTPMiddleware, dispatch=_guard(api_key))]
+    asked = [] if api_key is None else [Middleware(BaseHTTPMiddleware, dispatch=guard(api_key))]
     return Starlette(
-        middleware=[Middleware(_Policy), *guard],
+        middleware=[Middleware(Policy), *asked],
         exception_handlers={LanefoldError: refused},
         routes=[
             Route("/", runs),
@@ -217,6 +244,9 @@ def create_app(
             Route("/live/runs", live_runs),
             Route("/evals", evals),
             Route("/evals/{eval_id}", eval_view),
+            Route("/live/evals/{eval_id}", live_eval),
+            Route("/compares/{record_id}", comparison("compare")),
+            Route("/sweeps/{record_id}", comparison("sweep")),
             Route("/budgets", budgets),
             Route("/keys", keys),
             Route("/keys/{name}", key),
@@ -224,49 +254,6 @@ def create_app(
             Mount("/static", StaticFiles(directory=_STATIC), name="static"),
         ],
     )
-
-
-class _Policy:
-    """Adds the CSP and its companions to every answer: pages, feeds, static files, refusals."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_policy(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, with_policy)
-
-
-def _login(request: Request, wrong: bool) -> Response:
-    """The key's form (401), saying `wrong key` after a wrong one."""
-    return pages.TemplateResponse(
-        request, "login.html", {"title": "API key", "live": None, "wrong": wrong}, status_code=401
-    )
-
-
-def _guard(key: str) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    async def check(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if request.url.path == "/login" or request.url.path.startswith("/static/"):
-            return await call_next(request)
-        sent = request.headers.getlist("authorization")
-        if (twice := twice_sent(sent)) is not None:
-            context = {"title": "refused", "live": None, "line": twice}
-            return pages.TemplateResponse(request, "error.html", context, status_code=400)
-        bearer = sent[0] if sent else ""
-        given = bearer[7:] if bearer.lower().startswith("bearer ") else request.cookies.get(_COOKIE, "")
-        if hmac.compare_digest(given.encode(), key.encode()):
-            return await call_next(request)
-        return _login(request, False)
-
-    return check
 
 
 def _budget_runs(store: Store) -> dict[str, list[str]]:

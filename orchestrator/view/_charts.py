@@ -28,13 +28,15 @@ def tally(state: RunState) -> list[tuple[str, float, float]]:
     return [(answer, count, count / top) for answer, count in sorted(votes.items(), key=lambda kv: -kv[1])]
 
 
-def curve(correct: Sequence[bool]) -> list[tuple[float, float]]:
-    """Accuracy as the questions landed, in the 400x200 plot's coordinates."""
+def curve(correct: Sequence[bool], total: int | None = None) -> list[tuple[float, float]]:
+    """Accuracy as the questions landed, in the 400x200 plot's coordinates: across to `total`
+    questions (where known, so a running eval's curve grows towards the right edge), else to
+    those landed."""
     points, right = [], 0
     for i, ok in enumerate(correct, 1):
         right += ok
         points.append((i, right / i))
-    n = max(len(points) - 1, 1)
+    n = max((total or len(points)) - 1, len(points) - 1, 1)
     return [(10 + 380 * (i - 1) / n, 190 - 180 * acc) for i, acc in points]
 
 

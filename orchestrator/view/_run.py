@@ -19,14 +19,16 @@ def view(
     port: int = 8765,
     api_key: str | None = None,
     resume_flags: list[str] | None = None,
+    runs_dir: str = "runs",
 ) -> None:
-    """Blocking: serve the view of `store` on `host:port` until Ctrl-C."""
+    """Blocking: serve the view of `store` on `host:port` until Ctrl-C; compare and sweep
+    records are read from `runs_dir`."""
     import uvicorn  # the `serve` extra; imported here so the package loads without it
 
     from lanefold.view._app import create_app
 
     sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
-    app = create_app(store, api_key=api_key, resume_flags=resume_flags)
+    app = create_app(store, api_key=api_key, resume_flags=resume_flags, runs_dir=runs_dir)
     config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     shown = f"[{host}]" if ":" in host else host

@@ -8,20 +8,21 @@ components a live feed swaps into an open page, from the same macros the page wa
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from starlette.templating import Jinja2Templates
 
+from lanefold.evaluate import readable
 from lanefold.primitives import AnyEvent, RunState, RunSummary, describe_answer
 from lanefold.view._charts import tally
 from lanefold.view._waterfall import waterfall
 from lanefold.view._words import lane_error, lane_state, money, run_status, why
 
-__all__ = ("live_parts", "pages", "run_context", "runs_rows")
+__all__ = ("eval_parts", "live_parts", "pages", "run_context", "runs_rows")
 
 _env = Environment(
     loader=FileSystemLoader(Path(__file__).with_name("templates")),
@@ -30,13 +31,15 @@ _env = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_env.filters.update(answer=describe_answer, money=money, lane_state=lane_state, lane_error=lane_error)
+_env.filters.update(
+    answer=describe_answer, money=money, lane_state=lane_state, lane_error=lane_error, spend=readable
+)
 pages = Jinja2Templates(env=_env)
 
 
-def _macro(name: str) -> Callable[..., str]:
-    """A macro of components.html, as the live feeds call it (its output already escaped)."""
-    return cast(Callable[..., str], getattr(_env.get_template("components.html").module, name))
+def _macro(name: str, template: str = "components.html") -> Callable[..., str]:
+    """A macro of `template`, as the live feeds call it (its output already escaped)."""
+    return cast(Callable[..., str], getattr(_env.get_template(template).module, name))
 
 
 def _winner_text(state: RunState) -> str:
@@ -89,3 +92,16 @@ def live_parts(
 def runs_rows(found: Sequence[RunSummary]) -> str:
     """The runs table's rows (what the list's live updates swap in)."""
     return str(_macro("runs_rows")(found))
+
+
+def eval_parts(context: Mapping[str, Any]) -> dict[str, str]:
+    """What a live eval page swaps in as questions land, by element id (`context`: what
+    eval.html is drawn from)."""
+    return {
+        "eval-progress": str(_macro("progress", "eval_parts.html")(context["figures"])),
+        "score-filter": str(
+            _macro("score_filter", "eval_parts.html")(context["eval_id"], context["score"], context["counts"])
+        ),
+        "question-rows": str(_macro("rows", "eval_parts.html")(context["rows"])),
+        "eval-curve": str(_macro("curve", "eval_parts.html")(context["curve"])),
+    }

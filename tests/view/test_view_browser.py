@@ -1,8 +1,7 @@
 """`orchestrator view` in headless Chromium (Debian's `chromium`, driven by Playwright): the runs
 list, a finished run's page against `show --json`, a live run whose lanes land on the open page,
-an eval's page with its curve, the budgets page on PostgreSQL, the key prompt. Each test saves a
-screenshot of its page (into docs/view/, which docs/view.md shows, with
-`LANEFOLD_SCREENSHOTS=docs/view`).
+an eval's page with its curve, the budgets page on PostgreSQL, the key prompt. (docs/view.md's
+screenshots are scripts/view_screenshots.py's.)
 
 Skipped, saying why, only where Chromium or Playwright cannot be had (`make test` installs both
 where it can)."""
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 from cli_support import ROOT, Outcome, cli
 from loopback import Loopback
-from view_browser import shot, url, violations
+from view_browser import url, violations
 
 from lanefold.execution import open_store
 from lanefold.view._app import create_app
@@ -51,7 +50,6 @@ def test_the_runs_list_and_a_new_run_appearing_on_it(
         assert page.evaluate("window.notReloaded") is True  # it came by the feed, not a reload
         assert page.locator("#runs tbody tr").first.get_attribute("data-run") == "new"  # newest first
         assert violations(page) == []
-        shot(page, "runs")
 
 
 def test_a_finished_run_matches_show_json(
@@ -85,7 +83,6 @@ def test_a_finished_run_matches_show_json(
         assert lane.locator(".lane-text").is_visible()
         assert lane.locator(".lane-text").inner_text() == shown["winner_text"]
         assert violations(page) == []
-        shot(page, "run")
 
 
 def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, page: Any) -> None:
@@ -145,7 +142,6 @@ def test_a_live_run_s_lanes_land_on_the_open_page(runs: Path, tmp_path: Path, pa
         lines = (runs / "live" / "events.jsonl").read_text().splitlines()
         assert page.locator("#timeline tr").count() == len(lines)
         assert violations(page) == []
-        shot(page, "live")
 
 
 def test_an_eval_page_draws_its_curve(
@@ -169,7 +165,6 @@ def test_an_eval_page_draws_its_curve(
         page.wait_for_selector("[data-lane]")
         page.go_back()
         assert violations(page) == []
-        shot(page, "eval")
 
     # a second eval at one lane a question: both on the evals page, accuracy against spend
     (tmp_path / "one.toml").write_text(config.replace("k = 3", "k = 1"))
@@ -182,7 +177,6 @@ def test_an_eval_page_draws_its_curve(
             page.locator("#evals tr[data-eval='ev-k1']").get_attribute("data-frontier") == "true"
         )  # cheapest
         assert violations(page) == []
-        shot(page, "evals")
 
 
 def test_the_budgets_page_on_postgresql(
@@ -209,7 +203,6 @@ def test_the_budgets_page_on_postgresql(
         spending = page.locator("tr[data-budget='fleet'] td.runs a")
         assert spending.count() == 1 and spending.inner_text() == ran.json["run_id"]
         assert violations(page) == []
-        shot(page, "budgets")
 
 
 def test_the_key_is_asked_for(finished: Outcome, runs: Path, page: Any) -> None:
@@ -217,7 +210,6 @@ def test_the_key_is_asked_for(finished: Outcome, runs: Path, page: Any) -> None:
         page.goto(url(server, "/runs/done"))
         assert page.locator("input[type=password]").count() == 1
         assert violations(page) == []
-        shot(page, "key")
         page.fill("input[name=key]", "wrong")
         page.click("button")
         assert page.locator(".error").inner_text() == "wrong key"

@@ -1,17 +1,20 @@
 """Stored and reflected XSS in headless Chromium (issue 42): payloads kept in a run's question,
-its answer and its lanes' text, its loop name, its model and caller, its config values, and
-sent as a run id, an eval id, a key name, search and filter values, are shown as text on every
+its answer and its lanes' text, its loop name, its model and caller, its config values, a
+compare's and a sweep's config names, fitted keys and dataset, and sent as a run id, an eval
+id, a compare or sweep id, a key name, search and filter values, are shown as text on every
 page and never run; no page the view serves trips its Content-Security-Policy. A control page
 that does place a payload unescaped shows that both checks see it."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+from comparison_records import compared, comparison, sweep, write
 from loopback import Loopback
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -97,11 +100,36 @@ def test_stored_payloads_are_text_on_every_page(hostile: Path, page: Any) -> Non
         f"/evals/hostile?score={quote(SVG)}",
         f"/evals?prefix={quote(MARK)}",
         f"/budgets?name={quote(IMG)}",
+        f"/compares/{quote(IMG)}",  # a compare id no store can hold
+        f"/sweeps/{quote(SVG)}",  # a sweep id
+        f"/evals/{quote(SVG)}?score=right",
     ],
 )
 def test_reflected_payloads_are_text(hostile: Path, page: Any, path: str) -> None:
     with Loopback(create_app(open_store(None, hostile))) as server:
         _visit(page, url(server, path))
+
+
+def test_payloads_in_compare_and_sweep_records_are_text(hostile: Path, page: Any) -> None:
+    """Config names, fitted values, the dataset, the scorer and the tests' statement of a
+    compare's and a sweep's records, on their pages, the evals list and the plot's labels."""
+    lines = [
+        compared(MARK, 0.9, 450.0, fitted={"k": MARK}),
+        compared("vote", 0.7, 390.0, fitted={MARK: 5}),
+        compared("greedy", 0.5, 120.0, greedy=True),
+    ]
+    shown_as = {"dataset": MARK, "scorer": MARK, "tests": MARK}
+    write(hostile, comparison(lines, "hostile-cmp").model_copy(update=shown_as))
+    write(hostile, sweep("hostile-sw", name=MARK).model_copy(update=shown_as))
+    with Loopback(create_app(open_store(None, hostile), runs_dir=hostile)) as server:
+        shown = _visit(page, url(server, "/compares/hostile-cmp"))
+        assert f"{MARK} k={MARK}" in shown and f"vote {MARK}=5" in shown  # the table's labels
+        label = page.locator("g.spot text.point-label").first.text_content()
+        assert label == f"{MARK} k={MARK} (over budget)"  # the plot's
+        assert shlex.quote(f"{MARK}.toml") in page.locator("#command").inner_text()  # quoted for a shell
+        shown = _visit(page, url(server, "/sweeps/hostile-sw"))
+        assert f"{MARK} k=23" in shown and MARK in page.locator("#pilots").inner_text()
+        _visit(page, url(server, "/evals"))
 
 
 def test_the_key_form_and_a_live_run_trip_no_policy(hostile: Path, page: Any) -> None:

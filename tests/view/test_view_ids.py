@@ -26,14 +26,18 @@ def _client(runs: Path, **options: str) -> TestClient:
 
 
 @pytest.mark.parametrize("raw", MALFORMED.values(), ids=MALFORMED.keys())
-@pytest.mark.parametrize("page", ["/runs/", "/live/runs/", "/evals/"])
+@pytest.mark.parametrize(
+    "page", ["/runs/", "/live/runs/", "/evals/", "/live/evals/", "/compares/", "/sweeps/"]
+)
 def test_a_malformed_id_is_400_naming_the_rule(tmp_path: Path, page: str, raw: str) -> None:
     r = _client(tmp_path / "runs").get(page + raw)
     assert r.status_code == 400, (r.status_code, r.text[-300:])
     assert "is not a plain name" in r.text
 
 
-@pytest.mark.parametrize("page", ["/runs/", "/live/runs/", "/evals/"])
+@pytest.mark.parametrize(
+    "page", ["/runs/", "/live/runs/", "/evals/", "/live/evals/", "/compares/", "/sweeps/"]
+)
 def test_an_id_that_is_not_there_is_404(tmp_path: Path, page: str) -> None:
     client = _client(tmp_path / "runs")
     assert client.get(page + "20260101-000000-abcdef").status_code == 404

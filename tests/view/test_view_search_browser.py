@@ -1,7 +1,6 @@
 """Finding things in headless Chromium (issue 42 items 5 and 6): a search by question typed into
 the runs page's form and sent (the address is the search), and a key's page whose spend is the
-store's own figure (`keys show`, `GET /v1/usage`). Each saves a screenshot as the other browser
-tests do (docs/view/ with `LANEFOLD_SCREENSHOTS=docs/view`)."""
+store's own figure (`keys show`, `GET /v1/usage`)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 from cli_support import Outcome, cli
 from key_gateway import LOOP, gateway
 from loopback import Loopback
-from view_browser import shot, url, violations
+from view_browser import url, violations
 
 import lanefold
 from lanefold.config import parse_config
@@ -46,7 +45,6 @@ def test_runs_searched_by_question_in_the_form(tmp_path: Path, page: Any) -> Non
         assert found == ["r2", "r0"] and page.locator("#runs tbody tr").count() == 2
         assert page.locator("#search input[name=question]").input_value() == "WHAT IS"
         assert violations(page) == []
-        shot(page, "search")
 
 
 def test_a_key_s_page_shows_the_store_s_spend(
@@ -81,7 +79,6 @@ def test_a_key_s_page_shows_the_store_s_spend(
         assert page.locator("#spend-plot rect.bar").count() >= 1
         assert page.locator("#runs tbody tr").count() == 2
         assert violations(page) == []
-        shot(page, "key-page")
         page.click("#key-runs")
         page.wait_for_url("**/?caller=alice")
         assert page.locator("#runs tbody tr").count() == 2

@@ -31,6 +31,14 @@
     document.getElementById("status").textContent = parts.status;
     document.getElementById("timeline").insertAdjacentHTML("beforeend", parts.timeline);
   });
+  // A live eval page: each part, by its element's id, as questions land.
+  source.addEventListener("swap", (e) => {
+    const parts = JSON.parse(e.data);
+    for (const [id, html] of Object.entries(parts)) {
+      const el = document.getElementById(id);
+      if (el) el.innerHTML = html;
+    }
+  });
   source.addEventListener("rows", (e) => {
     const body = document.querySelector("#runs tbody");
     if (body) body.innerHTML = JSON.parse(e.data).html;
