@@ -126,6 +126,11 @@ class Admitted:
         if self.settled or self.rates is None or self.key is None:
             return
         self.settled = True
+        if self.limits[0] is None:
+            # No tpm when admitted: nothing was held, and the requests bucket refills by the
+            # clock alone, so writing it back would change no level (a lock, a read and a
+            # forced write of the key's record saved per request).
+            return
         store, key, back, now = self.rates.store, self.key, self.hold - paid, self.rates.clock()
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: store.give_key_rate(key, back, now))
