@@ -162,7 +162,18 @@ class KeyRates:
             return Admitted(None)
         tokens = hold() if key.tpm is not None else 0
         now = self.clock()
-        verdict = await anyio.to_thread.run_sync(lambda: self.store.take_key_rate(key.name, tokens, 1, now))
+        budgets, name = self.budgets, key_budget_name(key.name)
+
+        def take() -> tuple[RateVerdict | None, BudgetView | None]:
+            """The buckets taken from, then (admitted) the key's budget: one trip to a worker
+            thread. A budget made unlimited where a key was stored without one (its runs spend
+            from it)."""
+            verdict = self.store.take_key_rate(key.name, tokens, 1, now)
+            if budgets is None or verdict is None or verdict.revoked or verdict.retry_after is not None:
+                return verdict, None
+            return verdict, budgets.read_budget(name) or budgets.start_budget(name, (0, 0.0, 0))
+
+        verdict, budget = await anyio.to_thread.run_sync(take)
         if verdict is None or verdict.revoked:
             raise HTTPError(
                 401,
@@ -172,12 +183,6 @@ class KeyRates:
             )
         if verdict.retry_after is not None:
             raise _refusal(key, verdict, tokens)
-        budgets, name = self.budgets, key_budget_name(key.name)
-        budget = None
-        if budgets is not None:  # made unlimited where a key was stored without one (its runs spend from it)
-            budget = await anyio.to_thread.run_sync(
-                lambda: budgets.read_budget(name) or budgets.start_budget(name, (0, 0.0, 0))
-            )
         return Admitted(self, key.name, tokens, verdict, limits=(key.tpm, key.rpm), budget=budget)
 
     async def usage(self, key: GatewayKey, store: Store) -> dict[str, Any]:
