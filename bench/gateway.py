@@ -93,8 +93,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], log: Path, ready_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
-    """A server in a child process, up when `ready_url` answers; SIGINT (a clean stop) at exit."""
+def process(
+    argv: list[str], log: Path, ready_url: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server in a child process (yielded: its pid names the process tree whose CPU a bench
+    may count), up when `ready_url` answers; SIGINT (a clean stop) at exit."""
     with log.open("w") as out:
         child = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
@@ -110,7 +113,7 @@ def process(argv: list[str], log: Path, ready_url: str, env: dict[str, str] | No
                 if httpx.get(ready_url, timeout=2).status_code < 500:
                     break
             time.sleep(0.2)
-        yield
+        yield child
     finally:
         child.send_signal(signal.SIGINT)
         try:

@@ -7,6 +7,14 @@ at once with a fixed reply (no model). Each side is measured in turn, the upstre
 second at saturation (64 clients). A gateway's added latency is its percentile minus the
 upstream's at the same concurrency, its ratio the one over the other.
 
+Wall latency on a shared machine moves with whatever else runs: the bench's own clients, the
+upstream and the gateway compete for the same cores, so runs disagree by more than the gateways
+differ. Beside it, each phase counts the CPU the measured server's process tree spent (user and
+system time of the process and every descendant, read from /proc before and after the phase:
+a supervisor and its workers, LiteLLM's spawned workers), divided by the requests it answered;
+time spent waiting for a core is not CPU time, so this figure holds still under load. The table
+gives it per side and phase, and lanefold's over LiteLLM's at the same worker count.
+
 - lanefold: `orchestrator serve --loops --store-keys --keys FILE --workers N` serving a k = 1 loop
   over the openai backend pointed at the upstream; the client's key holds a token budget (far
   above what the run spends, so nothing is refused) which every request is checked against and
@@ -18,12 +26,18 @@ upstream's at the same concurrency, its ratio the one over the other.
   here); `litellm_settings.max_budget` (proxy-wide) is set, so LiteLLM prices every call and adds
   it to its in-memory spend, but it logs at start that without a database that budget is NOT
   enforced. So lanefold checks and spends a budget on every request; LiteLLM only counts.
+
+`LANEFOLD_BENCH_PROFILE=FILE` runs lanefold's one-worker gateway under yappi's CPU clock over
+every thread (`bench/_cpu_profile.py`; `pip install yappi`), written to FILE when it stops
+(`python -m pstats FILE`): where its CPU per request goes. Profiling slows it, so that run's
+figures are not the gateway's.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -120,16 +134,48 @@ def litellm_python(cache: Path) -> Path | None:
     return venv / "bin" / "litellm"
 
 
+PHASES = ("1 client", "32 clients", "64 clients")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) spent so far by process `pid` and every living descendant,
+    with what each has reaped of its own children (so a worker that died and was waited for
+    still counts), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    spent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3
+        parents[int(entry.name)] = int(fields[1])
+        spent[int(entry.name)] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, its in parents.items():
+            if its == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(spent.get(p, 0) for p in tree) / tick
+
+
 @dataclass(slots=True)
 class Side:
-    """One side's figures: latencies (s) at 1 and 32 clients, requests/s at saturation, and the
-    requests that got no 200 (an error reply or a connection cut), counted, not timed."""
+    """One side's figures: latencies (s) at 1 and 32 clients, requests/s at saturation, the
+    requests that got no 200 (an error reply or a connection cut), counted, not timed, and the
+    server's CPU seconds per answered request in each of `PHASES` (None: not counted)."""
 
     name: str
     one: list[float]
     many: list[float]
     rps: float
     failed: list[str]
+    cpu: tuple[float, float, float] | None = None
 
 
 async def _block(
@@ -164,14 +210,19 @@ async def _block(
         return latencies, time.perf_counter() - start
 
 
-def measure(name: str, url: str, headers: dict[str, str], requests: int) -> Side:
-    """A warm-up, then 1 client, 32 clients and saturation (64 clients), in that order."""
+def measure(name: str, url: str, headers: dict[str, str], requests: int, pid: int) -> Side:
+    """A warm-up, then 1 client, 32 clients and saturation (64 clients), in that order, each
+    phase's CPU counted over the process tree of `pid` (the server measured)."""
     failed: list[str] = []
     anyio.run(_block, url, headers, 8, 64, failed)
-    one, _ = anyio.run(_block, url, headers, 1, max(20, requests // 8), failed)
-    many, _ = anyio.run(_block, url, headers, 32, requests, failed)
-    done, seconds = anyio.run(_block, url, headers, 64, requests * 2, failed)
-    return Side(name, one, many, len(done) / seconds, failed)
+    cpu: list[float] = []
+    blocks: list[tuple[list[float], float]] = []
+    for clients, count in ((1, max(20, requests // 8)), (32, requests), (64, requests * 2)):
+        before = tree_cpu(pid)
+        blocks.append(anyio.run(_block, url, headers, clients, count, failed))
+        cpu.append((tree_cpu(pid) - before) / max(1, len(blocks[-1][0])))
+    (one, _), (many, _), (done, seconds) = blocks
+    return Side(name, one, many, len(done) / seconds, failed, (cpu[0], cpu[1], cpu[2]))
 
 
 def table(sides: list[Side]) -> list[str]:
@@ -197,6 +248,7 @@ def table(sides: list[Side]) -> list[str]:
     lines.append(f"{'side':>22} | {'requests/s at saturation (64 clients)':>38} | {'of upstream':>11}")
     for side in sides:
         lines.append(f"{side.name:>22} | {side.rps:38.0f} | {side.rps / base.rps:10.2f}x")
+    lines += cpu_table(sides)
     for side in sides:
         if side.failed:
             counts = {what: side.failed.count(what) for what in sorted(set(side.failed))}
@@ -204,8 +256,35 @@ def table(sides: list[Side]) -> list[str]:
     return lines
 
 
+def cpu_table(sides: list[Side]) -> list[str]:
+    """The CPU rows: each side's server CPU per answered request in each phase, then lanefold's
+    over LiteLLM's at the same worker count (below 1: lanefold spends less)."""
+    counted = [side for side in sides if side.cpu is not None]
+    if not counted:
+        return []
+    head = f"{'side':>22} | " + " | ".join(f"{p:>10}" for p in PHASES)
+    lines = [
+        "",
+        "server CPU per answered request (user + system, the process tree), ms",
+        head,
+        "-" * len(head),
+    ]
+    for side in counted:
+        assert side.cpu is not None
+        lines.append(f"{side.name:>22} | " + " | ".join(f"{c * 1e3:7.2f} ms" for c in side.cpu))
+    by_name = {side.name: side.cpu for side in counted}
+    for name, ours in by_name.items():
+        theirs = by_name.get(name.replace("lanefold", "LiteLLM")) if name.startswith("lanefold") else None
+        if ours is None or theirs is None:
+            continue
+        label = f"{name.split(', ', 1)[1]}: lanefold/LiteLLM"
+        cells = [f"{a / b:9.2f}x" if b > 0 else f"{'-':>10}" for a, b in zip(ours, theirs, strict=True)]
+        lines.append(f"{label:>22} | " + " | ".join(cells))
+    return lines
+
+
 @contextlib.contextmanager
-def _lanefold(root: Path, upstream: str, workers: int) -> Iterator[tuple[str, dict[str, str]]]:
+def _lanefold(root: Path, upstream: str, workers: int) -> Iterator[tuple[str, dict[str, str], int]]:
     from gateway import free_port, process, serve_argv
     from gateway_load import _keys_file
 
@@ -219,12 +298,20 @@ def _lanefold(root: Path, upstream: str, workers: int) -> Iterator[tuple[str, di
         "--keys", str(root / f"keys-{workers}.toml"), "--store-keys", "--workers", str(workers),
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}/v1"
-    with process(argv, root / f"lanefold-{workers}.log", f"{base}/models"):
-        yield f"{base}/chat/completions", {"Authorization": f"Bearer {secret}"}
+    profile = os.environ.get("LANEFOLD_BENCH_PROFILE")  # the bench's switch, never the library's
+    if profile and workers == 1:  # one worker serves in the process started: profile it whole
+        argv = [
+            sys.executable,
+            str(Path(__file__).with_name("_cpu_profile.py")),
+            str(Path(profile).resolve()),
+            *argv[3:],
+        ]
+    with process(argv, root / f"lanefold-{workers}.log", f"{base}/models") as child:
+        yield f"{base}/chat/completions", {"Authorization": f"Bearer {secret}"}, child.pid
 
 
 @contextlib.contextmanager
-def _litellm(root: Path, exe: Path, upstream: str, workers: int) -> Iterator[tuple[str, dict[str, str]]]:
+def _litellm(root: Path, exe: Path, upstream: str, workers: int) -> Iterator[tuple[str, dict[str, str], int]]:
     from gateway import free_port, process
 
     config = root / "litellm.yaml"
@@ -233,8 +320,8 @@ def _litellm(root: Path, exe: Path, upstream: str, workers: int) -> Iterator[tup
     argv = [str(exe), "--config", str(config), "--port", str(port), "--num_workers", str(workers)]
     env = {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
     base = f"http://127.0.0.1:{port}"
-    with process(argv, root / f"litellm-{workers}.log", f"{base}/health/liveliness", env):
-        yield f"{base}/v1/chat/completions", {"Authorization": f"Bearer {MASTER_KEY}"}
+    with process(argv, root / f"litellm-{workers}.log", f"{base}/health/liveliness", env) as child:
+        yield f"{base}/v1/chat/completions", {"Authorization": f"Bearer {MASTER_KEY}"}, child.pid
 
 
 def compare(args: argparse.Namespace, machine: str, cache: Path) -> None:
@@ -250,14 +337,14 @@ def compare(args: argparse.Namespace, machine: str, cache: Path) -> None:
         port = free_port()
         child = [sys.executable, __file__, str(port)]
         upstream = f"http://127.0.0.1:{port}/v1"
-        with process(child, root / "upstream.log", f"{upstream}/models"):
-            sides.append(measure("upstream (baseline)", f"{upstream}/chat/completions", {}, requests))
+        with process(child, root / "upstream.log", f"{upstream}/models") as up:
+            sides.append(measure("upstream (baseline)", f"{upstream}/chat/completions", {}, requests, up.pid))
             for workers in (1, 2):
-                with _lanefold(root, upstream, workers) as (url, headers):
-                    sides.append(measure(f"lanefold, {workers} worker(s)", url, headers, requests))
+                with _lanefold(root, upstream, workers) as (url, headers, pid):
+                    sides.append(measure(f"lanefold, {workers} worker(s)", url, headers, requests, pid))
                 if exe is not None:
-                    with _litellm(root, exe, upstream, workers) as (url, headers):
-                        sides.append(measure(f"LiteLLM, {workers} worker(s)", url, headers, requests))
+                    with _litellm(root, exe, upstream, workers) as (url, headers, pid):
+                        sides.append(measure(f"LiteLLM, {workers} worker(s)", url, headers, requests, pid))
     seconds = time.perf_counter() - started
     peer = LITELLM if exe else "LiteLLM (not installed)"
     print(f"\nlanefold gateway vs {peer}: {machine}, shared with other jobs")

@@ -82,7 +82,9 @@ def without_plugin_imports() -> Iterator[list[str]]:
 def plugin_folders(*folders: str | Path | None) -> Iterator[None]:
     """Within the block, `import_object` looks in `folders` (a config's own folder) before
     the working directory. Nested blocks look in the inner folders first."""
-    named = tuple(str(Path(f).resolve()) for f in folders if f)
+    # Made absolute here (string work, no file system), resolved only where a module is
+    # imported: a run enters these blocks several times, and a module is imported once.
+    named = tuple(os.path.abspath(f) for f in folders if f)
     token = _FOLDERS.set(tuple(dict.fromkeys((*named, *_FOLDERS.get()))))
     try:
         yield
@@ -121,7 +123,7 @@ def import_object(spec: str, *, key: str) -> object:
 def _import_module(name: str) -> object:
     if name in sys.modules:
         return sys.modules[name]
-    search = [*_FOLDERS.get(), os.getcwd()]
+    search = [*(str(Path(f).resolve()) for f in _FOLDERS.get()), os.getcwd()]
     with _PATH_LOCK:
         added = [folder for folder in dict.fromkeys(search) if folder not in sys.path]
         sys.path[:0] = added

@@ -128,6 +128,11 @@ class Admitted:
         if self.settled or self.rates is None or self.key is None:
             return
         self.settled = True
+        if self.limits[0] is None:
+            # No tpm when admitted: nothing was held, and the requests bucket refills by the
+            # clock alone, so writing it back would change no level (a lock, a read and a
+            # forced write of the key's record saved per request).
+            return
         store, key, back, now = self.rates.store, self.key, self.hold - paid, self.rates.clock()
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: store.give_key_rate(key, back, now))
@@ -167,7 +172,18 @@ class KeyRates:
             return Admitted(None)
         tokens = hold() if key.tpm is not None else 0
         now = self.clock()
-        verdict = await anyio.to_thread.run_sync(lambda: self.store.take_key_rate(key.name, tokens, 1, now))
+        budgets, name = self.budgets, key_budget_name(key.name)
+
+        def take() -> tuple[RateVerdict | None, BudgetView | None]:
+            """The buckets taken from, then (admitted) the key's budget: one trip to a worker
+            thread. A budget made unlimited where a key was stored without one (its runs spend
+            from it)."""
+            verdict = self.store.take_key_rate(key.name, tokens, 1, now)
+            if budgets is None or verdict is None or verdict.revoked or verdict.retry_after is not None:
+                return verdict, None
+            return verdict, budgets.read_budget(name) or budgets.start_budget(name, (0, 0.0, 0))
+
+        verdict, budget = await anyio.to_thread.run_sync(take)
         if verdict is None or verdict.revoked:
             raise HTTPError(
                 401,
@@ -177,12 +193,6 @@ class KeyRates:
             )
         if verdict.retry_after is not None:
             raise _refusal(key, verdict, tokens)
-        budgets, name = self.budgets, key_budget_name(key.name)
-        budget = None
-        if budgets is not None:  # made unlimited where a key was stored without one (its runs spend from it)
-            budget = await anyio.to_thread.run_sync(
-                lambda: budgets.read_budget(name) or budgets.start_budget(name, (0, 0.0, 0))
-            )
         return Admitted(self, key.name, tokens, verdict, limits=(key.tpm, key.rpm), budget=budget)
 
     async def usage(self, key: GatewayKey, store: Store) -> dict[str, Any]:

@@ -34,6 +34,11 @@ __all__ = ("BudgetRecord", "FileBudgets", "HeldRecord")
 T = TypeVar("T")
 _FOLDER = ".budgets"
 _KEEP: Any = object()
+# The holder files this process holds the flock of (held id -> the pid that took it; a forked
+# child is not its parent): alive by construction, so a sweep need not open and try each one.
+# With many runs in flight in one gateway worker, a sweep otherwise tries every run's file at
+# every change of the budget.
+_HELD_HERE: dict[str, int] = {}
 
 
 class HeldRecord(BaseModel):
@@ -124,8 +129,9 @@ class FileBudgets:
 
     def sweep(self, budget: BudgetRecord) -> None:
         """Charge whole the holds of segments whose process is gone (their file unlocked)."""
+        here = os.getpid()
         for held_id, held in list(budget.holds.items()):
-            if self._alive(held_id):
+            if _HELD_HERE.get(held_id) == here or self._alive(held_id):  # ours: alive (`holding`)
                 continue
             budget.spend(held.tokens, held.cost_usd, held.requests)
             budget.charged_tokens += held.tokens
@@ -134,6 +140,16 @@ class FileBudgets:
             del budget.holds[held_id]
             with contextlib.suppress(OSError):
                 os.unlink(self.folder / "holders" / held_id)
+
+    @staticmethod
+    def holding(held_id: str) -> None:
+        """Note that this process holds `held_id`'s flock (call it once taken)."""
+        _HELD_HERE[held_id] = os.getpid()
+
+    @staticmethod
+    def letting_go(held_id: str) -> None:
+        """Note that this process is about to drop `held_id`'s flock (call it before)."""
+        _HELD_HERE.pop(held_id, None)
 
     def _alive(self, held_id: str) -> bool:
         try:

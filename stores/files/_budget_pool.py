@@ -71,6 +71,7 @@ class FileSharedPool:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError as exc:
                     raise os_failure(f"{path}: cannot hold part of budget {name!r}", exc) from None
+                budgets.holding(held_id)
                 try:
                     budget = budgets.read(name)
                     if budget is None:
@@ -79,6 +80,7 @@ class FileSharedPool:
                     budget.holds[held_id] = HeldRecord(run_id=run_id)
                     budgets.write(budget)
                 except BaseException:
+                    budgets.letting_go(held_id)
                     os.close(fd)
                     os.unlink(path)
                     raise
@@ -186,6 +188,7 @@ class FileSharedPool:
             try:
                 await self._run(close)
             finally:
+                self._budgets.letting_go(self._id)
                 os.close(self._fd)
                 with contextlib.suppress(OSError):
                     os.unlink(self._budgets.folder / "holders" / self._id)

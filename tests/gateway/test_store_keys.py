@@ -321,3 +321,27 @@ def test_a_key_stored_without_a_budget_gets_one_at_its_first_request(opened: tup
         done = client.post("/chat/completions", json=_chat(), headers=_auth("ivan-key-0123456789"))
         assert done.status_code == 200, done.text
     assert store.read_budget("key:ivan").spent_tokens > 0  # type: ignore[attr-defined]
+
+
+def test_a_key_without_tpm_is_written_at_admission_only(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Settling a request gives its token hold back; a key with no tpm held none, and its
+    requests bucket refills by the clock alone, so the gateway does not change the key's record
+    a second time per request (on files: a lock, a read and a forced write). One with a tpm is
+    settled, as before."""
+    store, flags = opened
+    plain, metered = _create(capsys, flags, "ivan"), _create(capsys, flags, "judy", "--tpm", "100000")
+    given: list[str] = []
+    real = store.give_key_rate  # type: ignore[attr-defined]
+
+    def counted(name: str, tokens: int, now: float) -> None:
+        given.append(name)
+        real(name, tokens, now)
+
+    monkeypatch.setattr(store, "give_key_rate", counted)
+    with gateway(store, Clock(), Clock()) as client:
+        for key in (plain, plain, metered):
+            answered = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+            assert answered.status_code == 200, answered.text
+    assert given == ["judy"]

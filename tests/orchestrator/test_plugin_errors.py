@@ -5,8 +5,11 @@ purpose. On main both were plain ConfigErrors, told apart by a substring of thei
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +17,7 @@ import lanefold
 from lanefold.config import recorded_config
 from lanefold.execution import open_store, read_state
 from lanefold.primitives import ConfigError, PluginImportError, PluginNotImportedError
-from lanefold.primitives.internal import import_object, without_plugin_imports
+from lanefold.primitives.internal import import_object, plugin_folders, without_plugin_imports
 
 LOOP = """\
 from typing import ClassVar
@@ -90,3 +93,26 @@ def test_the_recorded_config_of_a_run_whose_loop_is_gone_says_where_to_run_it(
         f"; the loop must be importable to go on: run from {folder} "
         "or put the folder that holds it on PYTHONPATH"
     )
+
+
+def test_plugin_folders_touch_the_file_system_only_to_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run enters a config's plug-in folder several times (its loop class, hooks, backend),
+    usually for names already imported: the folder is resolved (symlinks followed, a file-system
+    walk) only where a module is imported from it, and then it is found there."""
+    (tmp_path / "beside_config_mod.py").write_text("VALUE = 41\n")
+    resolved: list[str] = []
+    real = os.path.realpath
+
+    def counted(path: Any, *args: Any, **kwargs: Any) -> Any:
+        resolved.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", counted)
+    with plugin_folders(tmp_path):
+        assert import_object("json:dumps", key="k") is json.dumps  # imported already
+        assert resolved == []
+        assert import_object("beside_config_mod:VALUE", key="k") == 41
+    assert str(tmp_path) in resolved
+    sys.modules.pop("beside_config_mod", None)

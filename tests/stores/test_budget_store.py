@@ -251,3 +251,35 @@ def test_a_run_whose_second_budget_is_unknown_takes_nothing_from_the_first(store
     view = budgets.read_budget(name)
     assert view is not None and (view.holders, view.spent_tokens, view.held_tokens) == (0, 0, 0)
     assert store.list_runs() == []
+
+
+@pytest.mark.anyio
+async def test_a_files_sweep_tries_no_holder_file_of_its_own_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment this process opened holds its file's flock until it closes, so it is alive:
+    a budget's sweep (at every change) tries only other processes' files. With a gateway
+    worker's runs in flight it otherwise opened and tried each of them at every change."""
+    budgets = _budgets(lanefold.open_store(None, tmp_path / "runs"))
+    budgets.set_budget("fleet", max_tokens=1000)
+    pools = [await budgets.open_shared_pool("fleet", f"run-{i}") for i in range(3)]
+    tried: list[str] = []
+    real = os.open
+
+    def counted(path: Any, *args: Any, **kwargs: Any) -> int:
+        if "holders" in str(path):
+            tried.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counted)
+    try:
+        await pools[0].reserve([_hold(100, 200)])
+        view = budgets.read_budget("fleet")
+        assert view is not None and (view.holders, view.held_tokens) == (3, 300)
+        assert tried == []
+    finally:
+        monkeypatch.undo()
+        for pool in pools:
+            await pool.aclose()  # type: ignore[attr-defined]
+    view = budgets.read_budget("fleet")
+    assert view is not None and (view.holders, view.spent_tokens) == (0, 300)
