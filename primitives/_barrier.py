@@ -1,7 +1,8 @@
 """The barrier: joins a wave once every lane has landed or failed for good.
 
-It writes `wave.barrier`, makes the log durable (fsync under the `barrier` policy), then
-checks the quorum: too few lanes is a budget error when the budget or the clock stopped them,
+It writes `wave.barrier`, makes the log durable (fsync under the `barrier` policy, awaited in
+a worker thread so the event loop serves other runs meanwhile: the wave's reduce still waits
+for it), then checks the quorum: too few lanes is a budget error when the budget or the clock stopped them,
 else a quorum error.
 """
 
@@ -15,7 +16,7 @@ from lanefold.primitives.events import BudgetExhausted, BudgetExhaustedData, Wav
 __all__ = ("close_wave",)
 
 
-def close_wave(recorder: Recorder, state: WaveState, *, min_quorum: int, deadline_hit: bool) -> None:
+async def close_wave(recorder: Recorder, state: WaveState, *, min_quorum: int, deadline_hit: bool) -> None:
     """Write the barrier, fsync, and raise if fewer than `min_quorum` lanes completed."""
     completed, failed = state.completed(), state.failed()
     recorder.emit(
@@ -23,7 +24,7 @@ def close_wave(recorder: Recorder, state: WaveState, *, min_quorum: int, deadlin
         WaveBarrierData(completed=[s.lane for s in completed], failed=[s.lane for s in failed]),
         wave=state.wave,
     )
-    recorder.log.sync()
+    await recorder.sync()
     if len(completed) >= min_quorum:
         return
     budget_failures = [

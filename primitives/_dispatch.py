@@ -281,7 +281,9 @@ class Dispatcher:
         if self.ledger.shared is not None:
             await self.ledger.shared.flush()
         state = self.recorder.state.waves[spec.wave]
-        close_wave(self.recorder, state, min_quorum=spec.min_quorum, deadline_hit=scope.cancelled_caught)
+        await close_wave(
+            self.recorder, state, min_quorum=spec.min_quorum, deadline_hit=scope.cancelled_caught
+        )
         return state
 
 
@@ -367,7 +369,7 @@ class _Planner:
             refused = self.ledger.try_reserve(kept)
             assert refused is None, "fit() and try_reserve() disagree"
         try:
-            self._record_start(spec, groups, fit, kept)
+            await self._record_start(spec, groups, fit, kept)
         except BaseException:  # not recorded, so not sent: every pool gets its holds back
             for hold in kept:
                 self.ledger.release(hold)
@@ -376,7 +378,9 @@ class _Planner:
             group.reserved()
         return groups
 
-    def _record_start(self, spec: WaveSpec, groups: list[_Group], fit: WaveFit, kept: list[Hold]) -> None:
+    async def _record_start(
+        self, spec: WaveSpec, groups: list[_Group], fit: WaveFit, kept: list[Hold]
+    ) -> None:
         k = sum(len(g.jobs) for g in groups)
         if k < len(spec.jobs):
             self.recorder.emit(
@@ -386,7 +390,8 @@ class _Planner:
                 ),
                 wave=spec.wave,
             )
-        self.recorder.emit(
+        # A held run's first funded wave puts it in the store: that write may be forced.
+        await self.recorder.emit_first(
             WaveStarted,
             WaveStartedData(
                 purpose=spec.purpose,

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
+import anyio
+
 from lanefold.primitives._errors import LogWriteError
 from lanefold.primitives._eventlog import EventLog
 from lanefold.primitives._state import RunState, apply
@@ -47,6 +49,7 @@ class Recorder:
         self._observer = observer
         self._source = f"lanefold:run/{run_id}"
         self.broken = False  # an append failed: the log ends where it is
+        self._publishing = False  # a first line is going down in a worker thread
 
     @property
     def log_path(self) -> str | None:
@@ -65,6 +68,45 @@ class Recorder:
         event_type: str | None = None,
     ) -> E:
         """Record one event of `kind` (`event_type` names a LoopEvent's `loop.<name>.<noun>`)."""
+        event = self._next(kind, data, wave=wave, lane=lane, attempt=attempt, event_type=event_type)
+        self._append(event)
+        return self._observed(event)
+
+    async def emit_first(self, kind: type[E], data: Any, *, wave: int | None = None) -> E:
+        """Record an event that may put the run in the store (its `run.started`, or a held
+        run's first funded `wave.started`): a log that forces that first write to disk before
+        the run appears (`publishes`) does it in a worker thread, so the event loop serves
+        other runs while the disk works; the caller awaits it, so nothing of this run is
+        written or returned before it is down. Any other event is appended as `emit` does.
+
+        Only while nothing else writes this run (its first line precedes every lane): an
+        `emit` meanwhile would take a sequence the log has not counted yet, so it is refused.
+        """
+        event = self._next(kind, data, wave=wave)
+        if not _publishes(self.log, event):
+            self._append(event)
+            return self._observed(event)
+        self._publishing = True
+        try:
+            await anyio.to_thread.run_sync(self._append, event)
+        finally:
+            self._publishing = False
+        return self._observed(event)
+
+    def _next(
+        self,
+        kind: type[E],
+        data: Any,
+        *,
+        wave: int | None = None,
+        lane: int | None = None,
+        attempt: int | None = None,
+        event_type: str | None = None,
+    ) -> E:
+        """The next event, enveloped and folded into the state (refused unwritten if it does
+        not follow from it)."""
+        if self._publishing:
+            raise RuntimeError(f"run {self.run_id}: an event emitted while the log's first line goes down")
         sequence = self.log.last_sequence + 1
         now, latest = self._now(), self.state.latest_time
         extra: dict[str, Any] = {"type": event_type} if event_type is not None else {}
@@ -89,11 +131,30 @@ class Recorder:
             raise LogWriteError(f"run {self.run_id}: the log failed earlier; nothing more is recorded")
         # Folded first: an event that does not follow from the state is refused unwritten.
         apply(self.state, event, envelope=False)  # type: ignore[arg-type]  # the envelope is ours
+        return event
+
+    def _append(self, event: Event) -> None:
         try:
             self.log.append(event)
         except BaseException:
             self.broken = True  # the state is ahead of the log now: write nothing more
             raise
+
+    def _observed(self, event: E) -> E:
         if self._observer is not None:
             self._observer(event)  # type: ignore[arg-type]
         return event
+
+    async def sync(self) -> None:
+        """A durability point (a wave's barrier, the run's end): the log's `sync` (fsync under
+        the `barrier` and `always` policies, the commit on PostgreSQL), awaited in a worker
+        thread so the event loop serves other runs while the disk works. Appends may go on
+        meanwhile; what was appended before the call is down when it returns."""
+        await anyio.to_thread.run_sync(self.log.sync)
+
+
+def _publishes(log: EventLog, event: Event) -> bool:
+    """Whether appending `event` is the write that forces a new log down before it appears
+    (a log says so by a `publishes(event)` method; one without it never does)."""
+    publishes: Callable[[Event], bool] | None = getattr(log, "publishes", None)
+    return publishes is not None and publishes(event)

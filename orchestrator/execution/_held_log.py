@@ -52,6 +52,14 @@ class HeldLog:
         if event.type == "wave.started":
             self._write()
 
+    def publishes(self, event: Event) -> bool:
+        """Whether appending `event` forces the store before the run appears: the `wave.started`
+        that funds the run writes what was held, and the inner log may force its first line."""
+        if self.held is not None and event.type != "wave.started":
+            return False  # held in memory
+        publishes = getattr(self.inner, "publishes", None)
+        return publishes is not None and bool(publishes(event))
+
     def _write(self) -> None:
         held, self.held = self.held or [], None
         for event in held:

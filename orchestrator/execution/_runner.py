@@ -8,6 +8,7 @@ the backends.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable, Sequence
 
@@ -180,6 +181,11 @@ async def drive(
             raise
         raise error from exc
     finally:
+        # The run's end goes down in a worker thread (the loop serves other runs meanwhile),
+        # shielded: an interrupted run's end is forced too. Then `close` finds nothing to force.
+        with anyio.CancelScope(shield=True):
+            with contextlib.suppress(LogWriteError):  # what is written stands; close says no more
+                await recorder.sync()
         recorder.log.close()
 
 

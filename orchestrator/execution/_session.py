@@ -335,8 +335,8 @@ class Session:
                 recorder = Recorder(
                     log, run_id, RunState(pricing=config.pricing), observer=runner.tapping(observer)
                 )
-                try:
-                    recorder.emit(
+                try:  # the run's first line: forced down in a worker thread
+                    await recorder.emit_first(
                         RunStarted,
                         RunStartedData(
                             config=config.model_dump(mode="json"),

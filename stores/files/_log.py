@@ -2,7 +2,9 @@
 run by an OS lock that dies with its process.
 
 Appends write a whole line in one `write`; the fsync policy decides when the line is forced to
-disk: every append (`always`), at barriers and run end (`barrier`), or never.
+disk: every append (`always`), at barriers and run end (`barrier`), or never. A `sync` may run
+in a worker thread while appends go on (the recorder awaits it there): it forces what was
+written before it began, and one that finds nothing new since the last forces nothing.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class JsonlEventLog:
         self._unpublished = _unpublished  # a new log lives here until its first line is down
         self._broken: str | None = None
         self._cut_at: int | None = None
+        self._synced = 0  # the last sequence a sync (or the first line's publish) forced down
 
     @property
     def location(self) -> str:
@@ -243,6 +246,11 @@ class JsonlEventLog:
     def last_sequence(self) -> int:
         return self._last
 
+    def publishes(self, event: Event) -> bool:
+        """Whether appending `event` forces the disk before the run appears: a new log's first
+        line under `barrier` or `always` (the recorder then appends it in a worker thread)."""
+        return self._unpublished is not None and self.fsync != "never"
+
     def append(self, event: Event) -> None:
         """Write one whole line. An I/O failure (disk full) raises LogWriteError and leaves at
         most a torn last line, which resume cuts off."""
@@ -263,6 +271,7 @@ class JsonlEventLog:
                 written += os.write(self._fd, line[written:])
             if self.fsync == "always" or (self._unpublished is not None and self.fsync != "never"):
                 os.fsync(self._fd)
+                self._synced = event.sequence
             if self._unpublished is not None:
                 os.rename(self._unpublished, self.path)
                 self._unpublished = None
@@ -276,9 +285,12 @@ class JsonlEventLog:
 
     def sync(self) -> None:
         """A durability point (barrier, run end): fsync unless the policy is `never`."""
-        if self._fd is not None and self.fsync != "never" and self._broken is None:
+        # Read before forcing: a line appended meanwhile (another thread) may not be covered.
+        last = self._last
+        if self._fd is not None and self.fsync != "never" and self._broken is None and last > self._synced:
             try:
                 os.fsync(self._fd)
+                self._synced = max(self._synced, last)
             except OSError as exc:
                 self._broken = f"{self.path}: cannot sync the run log: {exc.strerror}"
                 raise LogWriteError(self._broken) from None

@@ -209,9 +209,19 @@ async def test_run_many_yields_each_index_once_in_completion_order(runs: Path) -
     backend = Gated(questions)
     finishing = [2, 0, 3, 1]  # the order the test opens the gates in
     seen: list[int] = []
+
+    async def open_first() -> None:
+        # Once all four are in flight: a run's first line goes down in a worker thread, so the
+        # first gate opened at once could let one run end before the last has started.
+        await backend.until_waiting(len(questions))
+        backend.gates[questions[finishing[0]]].set()
+
     with anyio.fail_after(30):
-        async with lanefold.Session(config(), backend=backend, runs_dir=runs) as session:
-            backend.gates[questions[finishing[0]]].set()
+        async with (
+            lanefold.Session(config(), backend=backend, runs_dir=runs) as session,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(open_first)
             async for result in session.run_many(questions, concurrency=4):
                 seen.append(result.index)
                 assert result.question == questions[result.index]
