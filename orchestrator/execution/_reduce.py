@@ -23,6 +23,7 @@ from lanefold.coordinators import outcome_of
 from lanefold.execution._fleet_budget import close_pools, open_pools, recorded_pools, refuse_if_spent
 from lanefold.execution._runner import (
     Observer,
+    close_log,
     context,
     events_of,
     lanefold_error,
@@ -118,6 +119,7 @@ async def _reduce(
         resolve_reducer(reducer, key="--reducer")  # a name not registered: before the lock
     log = session.store.open_for_resume(run_id)
     pool = None
+    recorder: Recorder | None = None
     try:
         state, config = fold_record(list(log.read()), source_of(log), run_id)
         with plugin_folders(config.folder):  # `module:Class` beside the run's config first
@@ -209,7 +211,10 @@ async def _reduce(
                 raise
             raise lanefold_error(group) from None
     finally:
-        log.close()
+        if recorder is not None:
+            await close_log(recorder)
+        else:
+            log.close()
         await close_pools(pool)
     outcome: Outcome = outcome_of(reduction, lanes)
     # The run's own sampling time plus this reduction's (its judge wave, if any): not the idle

@@ -66,6 +66,7 @@ __all__ = (
     "check_calls",
     "check_question",
     "close",
+    "close_log",
     "context",
     "drive",
     "events_of",
@@ -181,12 +182,17 @@ async def drive(
             raise
         raise error from exc
     finally:
-        # The run's end goes down in a worker thread (the loop serves other runs meanwhile),
-        # shielded: an interrupted run's end is forced too. Then `close` finds nothing to force.
-        with anyio.CancelScope(shield=True):
-            with contextlib.suppress(LogWriteError):  # what is written stands; close says no more
-                await recorder.sync()
-        recorder.log.close()
+        await close_log(recorder)
+
+
+async def close_log(recorder: Recorder) -> None:
+    """End a run's segment: its end forced down in a worker thread (the loop serves other runs
+    meanwhile), shielded so an interrupted segment's end is forced too; then the log closed,
+    with nothing left to force."""
+    with anyio.CancelScope(shield=True):
+        with contextlib.suppress(LogWriteError):  # what is written stands; close says no more
+            await recorder.sync()
+    recorder.log.close()
 
 
 def context(
