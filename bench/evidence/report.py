@@ -3,6 +3,7 @@
     .venv/bin/python bench/evidence/report.py sweep RUNS_DIR SWEEP_ID [--keep DIR]
     .venv/bin/python bench/evidence/report.py humaneval RUNS_DIR POOL_EVAL GREEDY_EVAL
     .venv/bin/python bench/evidence/report.py lanes RUNS_DIR SWEEP_ID
+    .venv/bin/python bench/evidence/report.py reduced RUNS_DIR SWEEP_ID
 
 `sweep`: for each loop and budget of an `orchestrator sweep`, what `fit` chose (its keys, the
 spend it expected from its pilot), what a question paid and the accuracy; a point read from a
@@ -26,6 +27,13 @@ run, the lanes a question ran, the share of lanes with an answer (a valid call o
 constrained decoding the rest were cut off), the share of lanes right, the share of questions
 some lane got right (what a perfect selector would reach) and the accuracy the reducer reached.
 A reducer pays where lanes are right more often than greedy and it finds the right one.
+
+`reduced`: a sweep's real runs reduced again without sampling (`orchestrator reduce --eval
+EVAL_ID --reducer R [--verifier V]`, written beside each eval as `EVAL_ID.rN`): the same lanes,
+the same tokens paid, another reducer. Each real point and each of its re-reductions is tested
+against greedy decoding (McNemar's exact test, Holm-adjusted across all of them), then each
+re-reduction against the reducer its lanes were sampled for, on the same lanes (not adjusted:
+a description of where the two reducers part, not a claim).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import warnings
 from pathlib import Path
 from statistics import fmean
 
-from lanefold.evaluate import Sweep, holm, majority_at_k, mcnemar, pass_at_k
+from lanefold.evaluate import EvalManifest, Sweep, holm, majority_at_k, mcnemar, pass_at_k
 
 FENCE = re.compile(r"```(?:python|py)?\n(.*?)```", re.S)
 
@@ -208,6 +216,59 @@ def lanes(runs: Path, sweep_id: str) -> None:
         )
 
 
+def reduced(runs: Path, sweep_id: str) -> None:
+    record = Sweep.model_validate_json((runs / sweep_id / "sweep.json").read_text())
+    base = record.baseline
+    if base is None or base.eval_id is None:
+        sys.exit("no greedy config in this sweep (one lane at temperature 0): nothing to test against")
+    greedy = {i: bool(r["correct"]) for i, r in rows(runs, base.eval_id).items()}
+    print(f"re-reductions of sweep {sweep_id}: {record.questions} questions of {record.dataset}")
+    print(
+        f"greedy ({base.name}): {fmean(greedy.values()):.3f} at {base.paid_mean:.1f} "
+        f"{record.unit} paid a question\n"
+    )
+    found = []  # (label, budget, fitted, paid, sampled-for correct, this correct)
+    for line in record.configs:
+        for point in line.points:
+            if point.status != "ran" or point.source != "eval" or not point.eval_id:
+                continue
+            keys = ", ".join(f"{k}={v}" for k, v in point.fitted.items() if "quorum" not in k)
+            own = {i: bool(r["correct"]) for i, r in rows(runs, point.eval_id).items()}
+            found.append((f"{line.name} (as run)", point.budget, keys, point.paid_mean, own, own))
+            number = 1
+            while (runs / f"{point.eval_id}.r{number}" / "eval.json").exists():
+                manifest = EvalManifest.model_validate_json(
+                    (runs / f"{point.eval_id}.r{number}" / "eval.json").read_text()
+                )
+                again = {i: bool(r["correct"]) for i, r in rows(runs, f"{point.eval_id}.r{number}").items()}
+                label = manifest.rescore_of.describe() if manifest.rescore_of else f"r{number}"
+                found.append((f"  {label}", point.budget, keys, point.paid_mean, own, again))
+                number += 1
+    tests = [mcnemar(correct, greedy) for *_, correct in found]
+    adjusted = holm([t.p_value for t in tests])
+    print(
+        "tests: McNemar's exact test against greedy on the same questions, "
+        f"Holm-adjusted across {len(tests)} tests"
+    )
+    print(
+        f"{'reducer':<40} {'budget':>7} {'fitted':<8} {'paid':>7} {'accuracy':>8} "
+        f"{'vs greedy':>10} {'b-c':>7} {'p':>7} {'p Holm':>7}"
+    )
+    for (label, budget, keys, paid, _, correct), test, adj in zip(found, tests, adjusted, strict=True):
+        gain = fmean(correct.values()) - fmean(greedy.values())
+        mark = "  *" if gain > 0 and adj is not None and adj < 0.05 else ""
+        print(
+            f"{label:<40} {budget:>7g} {keys:<8} {paid:>7.1f} {fmean(correct.values()):>8.3f} {gain:>+10.3f} "
+            f"{f'{test.only_first}-{test.only_second}':>7} {test.p_value:>7.3g} {adj:>7.3g}{mark}"
+        )
+    print("\non the same lanes, each re-reduction against the reducer they were sampled for (not adjusted):")
+    for label, budget, _, _, own, correct in found:
+        if correct is own:
+            continue
+        test = mcnemar(correct, own)
+        print(f"{label.strip():<38} {budget:>7g} {test.only_first}-{test.only_second} p = {test.p_value:.3g}")
+
+
 if __name__ == "__main__":
     what, runs, *rest = sys.argv[1:]
-    {"sweep": sweep, "humaneval": humaneval, "lanes": lanes}[what](Path(runs), *rest)
+    {"sweep": sweep, "humaneval": humaneval, "lanes": lanes, "reduced": reduced}[what](Path(runs), *rest)
