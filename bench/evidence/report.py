@@ -47,7 +47,8 @@ import warnings
 from pathlib import Path
 from statistics import fmean
 
-from lanefold.evaluate import EvalManifest, Sweep, holm, majority_at_k, mcnemar, pass_at_k
+from lanefold.evaluate import Sweep, holm, majority_at_k, mcnemar, pass_at_k, rereductions
+from lanefold.execution import open_store
 
 FENCE = re.compile(r"```(?:python|py)?\n(.*?)```", re.S)
 
@@ -62,6 +63,10 @@ def rows(runs: Path, eval_id: str) -> dict[int, dict]:
             continue  # a torn last row
         out[row["index"]] = row
     return out
+
+
+def right_by_index(runs: Path, eval_id: str) -> dict[int, bool]:
+    return {index: bool(row["correct"]) for index, row in rows(runs, eval_id).items()}
 
 
 def sweep(runs: Path, sweep_id: str, *keep: str) -> None:
@@ -221,7 +226,8 @@ def reduced(runs: Path, sweep_id: str) -> None:
     base = record.baseline
     if base is None or base.eval_id is None:
         sys.exit("no greedy config in this sweep (one lane at temperature 0): nothing to test against")
-    greedy = {i: bool(r["correct"]) for i, r in rows(runs, base.eval_id).items()}
+    greedy = right_by_index(runs, base.eval_id)
+    store = open_store(None, runs)
     print(f"re-reductions of sweep {sweep_id}: {record.questions} questions of {record.dataset}")
     print(
         f"greedy ({base.name}): {fmean(greedy.values()):.3f} at {base.paid_mean:.1f} "
@@ -233,17 +239,12 @@ def reduced(runs: Path, sweep_id: str) -> None:
             if point.status != "ran" or point.source != "eval" or not point.eval_id:
                 continue
             keys = ", ".join(f"{k}={v}" for k, v in point.fitted.items() if "quorum" not in k)
-            own = {i: bool(r["correct"]) for i, r in rows(runs, point.eval_id).items()}
+            own = right_by_index(runs, point.eval_id)
             found.append((f"{line.name} (as run)", point.budget, keys, point.paid_mean, own, own))
-            number = 1
-            while (runs / f"{point.eval_id}.r{number}" / "eval.json").exists():
-                manifest = EvalManifest.model_validate_json(
-                    (runs / f"{point.eval_id}.r{number}" / "eval.json").read_text()
-                )
-                again = {i: bool(r["correct"]) for i, r in rows(runs, f"{point.eval_id}.r{number}").items()}
-                label = manifest.rescore_of.describe() if manifest.rescore_of else f"r{number}"
+            for manifest, _ in rereductions(store, point.eval_id):
+                label = manifest.rescore_of.describe() if manifest.rescore_of else manifest.eval_id
+                again = right_by_index(runs, manifest.eval_id)
                 found.append((f"  {label}", point.budget, keys, point.paid_mean, own, again))
-                number += 1
     tests = [mcnemar(correct, greedy) for *_, correct in found]
     adjusted = holm([t.p_value for t in tests])
     print(
