@@ -1,15 +1,20 @@
-"""Shared test fixtures: async tests on both anyio backends, and no network beyond loopback."""
+"""Shared test fixtures: async tests on both anyio backends, no network beyond loopback, and
+every registered store opened for a test (`opened`)."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+from lanefold.execution import open_store
+from lanefold.primitives import STORES, Store
 
 # `HYPOTHESIS_PROFILE=nightly` (`make nightly`): the stateful suites that read the profile's name
 # run ten times the examples `make test` runs (tests/test_budget_stateful.py).
@@ -146,3 +151,32 @@ def smollm2_loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(Engine, "from_config", classmethod(counted))
     return loads
+
+
+# -- every registered store, opened for a test -------------------------------------------------
+
+
+def _files(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
+    return open_store(None, tmp_path / "runs"), ["--runs-dir", str(tmp_path / "runs")]
+
+
+def _postgres(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
+    url = str(request.getfixturevalue("pg_url"))
+    return open_store(url), ["--store", url]
+
+
+# How the suite opens each registered store, and the flags that name it on the command line.
+OPENERS: dict[str, Callable[[pytest.FixtureRequest, Path], tuple[Store, list[str]]]] = {
+    "files": _files,
+    "postgres": _postgres,
+}
+
+
+@pytest.fixture(params=STORES.names())
+def opened(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
+    """Each registered store and the command-line flags that name it; a store registered
+    without an opener here fails the suites that use it."""
+    opener = OPENERS.get(request.param)
+    if opener is None:
+        pytest.fail(f"store {request.param!r} is registered but has no opener in the conformance suite")
+    return opener(request, tmp_path)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cli_support import cli
 
-from lanefold.execution import Store, open_store, read_state
+from lanefold.execution import Store, read_state
 from lanefold.serve import gateway_app, loop_configs
 
 pytest.importorskip("starlette")
@@ -34,16 +34,6 @@ output_tokens = 10
 [serve]
 models = ["gpt-4o-mini", "gpt-4.1-mini"]
 """
-
-
-@pytest.fixture(params=["files", "postgres"])
-def opened(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
-    """A store and the command-line flags that name it."""
-    if request.param == "files":
-        runs = tmp_path / "runs"
-        return open_store(None, runs), ["--runs-dir", str(runs)]
-    url = str(request.getfixturevalue("pg_url"))
-    return open_store(url), ["--store", url]
 
 
 def _create(capsys: pytest.CaptureFixture[str], flags: list[str], name: str, loops: str) -> dict[str, str]:

@@ -51,16 +51,6 @@ def _loop() -> LoopConfig:
     )
 
 
-@pytest.fixture(params=["files", "postgres"])
-def opened(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
-    """A store and the command-line flags that name it."""
-    if request.param == "files":
-        runs = tmp_path / "runs"
-        return open_store(None, runs), ["--runs-dir", str(runs)]
-    url = str(request.getfixturevalue("pg_url"))
-    return open_store(url), ["--store", url]
-
-
 @contextmanager
 def gateway(store: Store, wall: Clock, fresh: Clock) -> Iterator[TestClient]:
     """A gateway over `store`'s keys: `fresh` the keys' refresh clock, `wall` the buckets'."""

@@ -20,16 +20,6 @@ from lanefold.execution import Store, open_store
 from lanefold.view._app import create_app
 
 
-@pytest.fixture(params=["files", "postgres"])
-def opened(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, list[str]]:
-    """A store and the command-line flags that name it."""
-    if request.param == "files":
-        runs = tmp_path / "runs"
-        return open_store(None, runs), ["--runs-dir", str(runs)]
-    url = str(request.getfixturevalue("pg_url"))
-    return open_store(url), ["--store", url]
-
-
 def _ask(client: TestClient, key: str, question: str) -> None:
     body = {"model": "vote", "messages": [{"role": "user", "content": question}]}
     answered = client.post("/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
