@@ -294,8 +294,9 @@ class SharedPool(Protocol):
 
     @property
     def exhausted(self) -> str | None:
-        """The limit its spend had reached when this segment opened it, if one (nothing left
-        under it, whatever live runs give back): the segment is refused before it records."""
+        """The limit its spend had reached when this segment last read it (at its opening,
+        then at each change), if one (nothing left under it, whatever live runs give back): a
+        segment that opens it spent is refused before it records."""
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None: ...
 

@@ -1,11 +1,19 @@
 """The pools a run spends from: named budgets in the store (`[budget] shared`, a gateway key's
 `key:<name>`), opened per run segment, recorded in `run.started` (`pools`) and rejoined by every
 later segment (resume, an idempotent retry, a re-reduction), so a budget holds whoever
-continues the run. A run spending from several at once reserves from all or none."""
+continues the run. A run spending from several at once reserves from all or none.
+
+A server keeps them open instead (`StandingPools`): one segment of each budget for the whole
+process, opened at its first run and closed with the session, each run a `Share` of it that
+counts its own holds. A run then costs the budget a reservation and a settlement, not also an
+opening and a closing (each a change under the budget's lock, forced to disk on files), and
+the budget lists one segment per process however many of its runs are in flight. A process
+that dies leaves its segment's holds to be charged whole, as a dead run segment's are."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +27,7 @@ from lanefold.primitives import (
     Hold,
     Refusal,
     Room,
+    RunError,
     RunState,
     SharedPool,
     check_budget_name,
@@ -26,6 +35,8 @@ from lanefold.primitives import (
 
 __all__ = (
     "JointPool",
+    "Share",
+    "StandingPools",
     "budget_store",
     "close_pools",
     "open_pools",
@@ -64,11 +75,16 @@ def recorded_pools(state: RunState, config: LoopConfig) -> tuple[str, ...]:
 
 
 async def open_pools(
-    store: Any, names: Sequence[str], run_id: str, *, recorded: bool = False
+    store: Any,
+    names: Sequence[str],
+    run_id: str,
+    *,
+    recorded: bool = False,
+    standing: StandingPools | None = None,
 ) -> SharedPool | None:
-    """The run segment's side of each budget in `names`, joined (None: none). An unknown
-    budget is a ConfigError: one line naming `budget.shared`, or, for `recorded` names, the
-    run that records it."""
+    """The run segment's side of each budget in `names`, joined (None: none): its own segment,
+    or with `standing`, a share of the process's. An unknown budget is a ConfigError: one line
+    naming `budget.shared`, or, for `recorded` names, the run that records it."""
     if not names:
         return None
     budgets = budget_store(store, "budget.shared" if not recorded else f"run {run_id}")
@@ -76,7 +92,10 @@ async def open_pools(
     try:
         for name in names:
             try:
-                opened.append(await budgets.open_shared_pool(name, run_id))
+                if standing is not None:
+                    opened.append(await standing.share(budgets, name, run_id))
+                else:
+                    opened.append(await budgets.open_shared_pool(name, run_id))
             except ConfigError:
                 if not recorded:
                     raise
@@ -125,6 +144,104 @@ async def close_pools(pool: SharedPool | None) -> None:
             aclose = getattr(part, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+class StandingPools:
+    """A process's segments of the budgets its runs spend from, each opened at its first run
+    and kept until `aclose` (see the module's docstring). Not shared across event loops."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, SharedPool] = {}
+        self._lock = anyio.Lock()
+
+    async def share(self, budgets: BudgetStore, name: str, run_id: str) -> Share:
+        """A run's share of budget `name`, its segment opened here if it is not yet (a budget
+        that does not exist is the ConfigError `open_shared_pool` raises)."""
+        async with self._lock:
+            pool = self._open.get(name)
+            if pool is None:
+                pool = self._open[name] = await budgets.open_shared_pool(name, f"{run_id} (standing)")
+        return Share(pool, lambda: self._forget(name, pool))
+
+    def _forget(self, name: str, pool: SharedPool) -> None:
+        """A segment that failed (its budget deleted, or its holds charged as a dead one's)
+        is dropped: the next run opens a new one."""
+        if self._open.get(name) is pool:
+            del self._open[name]
+
+    async def aclose(self) -> None:
+        """Close every segment: what is pending written, its entry taken away."""
+        pools, self._open = list(self._open.values()), {}
+        for pool in pools:
+            await close_pools(pool)
+
+
+class Share:
+    """One run's part of a standing segment: reservations and settlements go to the segment;
+    the holds this run reserved and has not settled are counted here, so that `aclose`
+    charges them whole (none, after a run that ended cleanly) and writes what is pending. The
+    segment's `exhausted` is as it last saw the budget: a spend reached since elsewhere refuses
+    the run's first reservation instead."""
+
+    def __init__(self, pool: SharedPool, forget: Any) -> None:
+        self.pool, self.name, self._forget = pool, pool.name, forget
+        self.exhausted = pool.exhausted
+        self._reserved = False  # whether this run has reserved yet: its room is known from then
+        self._holds: Counter[Hold] = Counter()  # the holds reserved, not yet settled or released
+
+    @property
+    def room(self) -> Room | None:
+        """Unknown (None) until this run's first reservation, as a segment of its own would
+        be; then the segment's, as of its last reservation (this run's or another's)."""
+        return self.pool.room if self._reserved else None
+
+    @room.setter
+    def room(self, value: Room | None) -> None:
+        """The room is the segment's to keep."""
+
+    async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
+        try:
+            refusal = await self.pool.reserve(holds)
+        except (ConfigError, RunError):
+            self._forget()
+            raise
+        self._reserved = True
+        if refusal is None:
+            self._holds.update(holds)
+        return refusal
+
+    def _done(self, hold: Hold) -> None:
+        """`hold` (or one equal to it: equal holds are counted alike) is no longer outstanding."""
+        if self._holds[hold] > 1:
+            self._holds[hold] -= 1
+        else:
+            self._holds.pop(hold, None)
+
+    def settle(self, hold: Hold, tokens: int, cost_usd: float, requests: int) -> None:
+        self._done(hold)
+        self.pool.settle(hold, tokens, cost_usd, requests)
+
+    def release(self, hold: Hold) -> None:
+        self._done(hold)
+        self.pool.release(hold)
+
+    def charge_cut_off(self, hold: Hold) -> None:
+        self._done(hold)
+        self.pool.charge_cut_off(hold)
+
+    async def flush(self, *, wait: bool = True) -> None:
+        try:
+            await self.pool.flush(wait=wait)
+        except (ConfigError, RunError):
+            self._forget()
+            raise
+
+    async def aclose(self) -> None:
+        """Charge whole the holds this run left outstanding, then write what is pending."""
+        left, self._holds = list(self._holds.elements()), Counter()
+        for hold in left:
+            self.pool.charge_cut_off(hold)
+        await self.flush()
 
 
 def _least(a: int | float | None, b: int | float | None) -> Any:

@@ -20,7 +20,13 @@ import anyio
 
 from lanefold.config import LoopConfig
 from lanefold.coordinators import outcome_of
-from lanefold.execution._fleet_budget import close_pools, open_pools, recorded_pools, refuse_if_spent
+from lanefold.execution._fleet_budget import (
+    StandingPools,
+    close_pools,
+    open_pools,
+    recorded_pools,
+    refuse_if_spent,
+)
 from lanefold.execution._runner import (
     Observer,
     close_log,
@@ -62,10 +68,12 @@ __all__ = ("ReduceHost", "reduce_run")
 
 class ReduceHost(Protocol):
     """What a re-reduction needs of the Session it runs in: its store, the backends and
-    verifier a run's config names (built as the session would), its limiter and its hooks."""
+    verifier a run's config names (built as the session would), its limiter, its hooks and its
+    standing segments of budgets, if it keeps them."""
 
     store: Store
     limiter: anyio.CapacityLimiter | None
+    standing: StandingPools | None
 
     async def backends_for(self, config: LoopConfig) -> tuple[Backend, Backend | None]: ...
 
@@ -151,7 +159,9 @@ async def _reduce(
         needs_model = traits.uses_model and not (traits.needs_judge and verifier is not None)
         if needs_model:  # its judge wave spends from the budgets the run was started under too
             names = recorded_pools(state, config)
-            pool = await open_pools(session.store, names, state.run_id or run_id, recorded=True)
+            pool = await open_pools(
+                session.store, names, state.run_id or run_id, recorded=True, standing=session.standing
+            )
             await refuse_if_spent(session.store, pool, f"run {run_id} was not reduced again")
         if opened is None:
             number = max(state.reductions, default=1) + 1

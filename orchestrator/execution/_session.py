@@ -29,6 +29,7 @@ from lanefold.config import VERSION, LoopConfig, config_hash, load_config, prefl
 from lanefold.coordinators import CommandVerifier, as_verifier
 from lanefold.execution._executor import Executor, WorkerSpec, distribute, portable_hooks, resolve_executor
 from lanefold.execution._fleet_budget import (
+    StandingPools,
     budget_store,
     close_pools,
     open_pools,
@@ -132,6 +133,7 @@ class Session:
         executor: Executor | str | None = None,
         store: str | Store | None = None,
         hooks: Sequence[Hook] = (),
+        standing_pools: bool = False,
     ) -> None:
         self.source = "<config>"
         self.hooks = list(hooks)
@@ -146,6 +148,8 @@ class Session:
         self._loaded: set[int] = set()
         self._lock = anyio.Lock()
         self.executor = resolve_executor(executor)  # None: run_many runs here
+        # A server's runs share one segment of each budget (see `StandingPools`).
+        self.standing = StandingPools() if standing_pools else None
         if config is not None:
             preflight(config, self.source, verifier_given=verifier is not None)
 
@@ -168,7 +172,10 @@ class Session:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the backends this session built (never the ones it was given)."""
+        """Close the standing segments of budgets, if any, and the backends this session built
+        (never the ones it was given)."""
+        if self.standing is not None:
+            await self.standing.aclose()
         built, self._built = list(self._built.values()), {}
         await close(built)
 
@@ -323,7 +330,7 @@ class Session:
         await self._load_given()
         names = run_pools(config, origin.pools)
         # A budget that does not exist, or one already spent, is refused before the run exists.
-        pool = await open_pools(self.store, names, run_id)
+        pool = await open_pools(self.store, names, run_id, standing=self.standing)
         held: HeldLog | None = None
         try:
             await refuse_if_spent(self.store, pool, "the run was not started")
@@ -564,7 +571,9 @@ class Session:
                 backend, judge_backend = await self.backends_for(config)
                 await self._load_given()
                 names = recorded_pools(state, config)
-                pool = await open_pools(self.store, names, state.run_id or run_id, recorded=True)
+                pool = await open_pools(
+                    self.store, names, state.run_id or run_id, recorded=True, standing=self.standing
+                )
                 await refuse_if_spent(self.store, pool, f"run {state.run_id or run_id} was not resumed")
                 runner = await hooks.enter_async_context(self.hook_runner(config, state.run_id or run_id))
                 recorder = Recorder(log, state.run_id or run_id, state, observer=runner.tapping(observer))

@@ -163,7 +163,8 @@ async def serve_loops_async(
     from lanefold.serve._gateway import create_gateway
     from lanefold.serve._guard import KeyCheck
 
-    session = Session(store=store, hooks=hooks)
+    # One segment of each budget for the process, closed with the session (`aclose` below).
+    session = Session(store=store, hooks=hooks, standing_pools=True)
     pools = KeyPools(keys, store) if keys is not None and not store_keys else None
     served_keys = keys
     if store_keys:

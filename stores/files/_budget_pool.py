@@ -52,7 +52,7 @@ class FileSharedPool:
         self._held: list[Any] = [0, 0.0, 0]  # pending change of this segment's holds
         self._spent: list[Any] = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
-        self.exhausted: str | None = None  # the limit its spend had reached as it opened
+        self.exhausted: str | None = None  # the limit its spend had reached, as last read
 
     @classmethod
     async def open(cls, budgets: FileBudgets, name: str, run_id: str) -> FileSharedPool:
@@ -138,7 +138,9 @@ class FileSharedPool:
                 mine.tokens += held[0]
                 mine.cost_usd += held[1]
                 mine.requests += held[2]
-                return work(budget, mine)
+                done = work(budget, mine)
+                self.exhausted = budget.view().exhausted()  # a standing segment's next run reads it
+                return done
 
             try:
                 return await anyio.to_thread.run_sync(self._budgets.change, self.name, change)

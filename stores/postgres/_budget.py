@@ -221,7 +221,7 @@ class PgSharedPool:
         self._held = [0, 0.0, 0]  # pending change of this row's holds (tokens, cost, requests)
         self._spent = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
-        self.exhausted: str | None = None  # the limit its spend had reached as it opened
+        self.exhausted: str | None = None  # the limit its spend had reached, as last read
 
     @classmethod
     async def open(cls, db: PgDatabase, name: str, run_id: str) -> PgSharedPool:
@@ -346,6 +346,7 @@ class PgSharedPool:
             view = _view(conn, self.name)
             if view is None:
                 raise RunError(f"shared budget {self.name!r}: deleted while in use")
+            self.exhausted = view.exhausted()  # a standing segment's next run reads it
             room = view.room
             short = short_of_room(room, *asked)
             if short is not None:

@@ -283,3 +283,50 @@ async def test_a_files_sweep_tries_no_holder_file_of_its_own_process(
             await pool.aclose()  # type: ignore[attr-defined]
     view = budgets.read_budget("fleet")
     assert view is not None and (view.holders, view.spent_tokens) == (0, 300)
+
+
+@pytest.mark.anyio
+async def test_a_session_with_standing_pools_spends_as_run_segments_do(store: Store) -> None:
+    """A server's session keeps one segment of each budget open across its runs
+    (`standing_pools=True`): the budget lists one holder however many runs went through it,
+    charges each run what its log says (an interrupted run's in-flight holds whole), refuses
+    the run the budget cannot fund before anything is recorded, and lists no holder once the
+    session closes."""
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=400)  # a run holds 64 + 2 x 50 and spends 64 + 2 x 48
+    config = lanefold.parse_config(
+        {
+            "loop": {"k": 2, "seed": 3},
+            "sampling": {"max_tokens": 50},
+            "backend": {
+                "kind": "simulated",
+                "prompt_tokens": 64,
+                "output_tokens": 48,
+                "latency_ms": [20.0, 20.0],
+            },
+            "budget": {"shared": name},
+        }
+    )
+    ran = [f"r{os.urandom(4).hex()}" for _ in range(3)]
+    async with lanefold.Session(config, store=store, standing_pools=True) as session:
+        await session.run("What is 17 * 23?", run_id=ran[0])
+        with anyio.CancelScope() as scope:  # interrupted with its wave in flight
+            await session.run(
+                "What is 17 * 23?",
+                run_id=ran[1],
+                observer=lambda event: scope.cancel() if event.type == "lane.dispatched" else None,
+            )
+        view = budgets.read_budget(name)
+        assert view is not None and (view.holders, view.held_tokens) == (1, 0)
+        assert view.spent_tokens == 160 + 164 == sum(_spent(store, r) for r in ran[:2])
+        with pytest.raises(BudgetExhaustedError, match=rf"shared budget '{name}' max_tokens"):
+            await session.run("What is 17 * 23?", run_id=ran[2])  # 76 left: not one lane's 64 + 50
+        assert store.list_runs().count(ran[2]) == 0  # refused, not a run
+        budgets.set_budget(name, max_tokens=2000)  # raised while the segment stands: seen at once
+        await session.run("What is 17 * 23?", run_id=ran[2])
+        view = budgets.read_budget(name)
+        assert view is not None and (view.holders, view.refusals) == (1, 1)
+        assert view.spent_tokens == sum(_spent(store, r) for r in ran)
+    view = budgets.read_budget(name)
+    assert view is not None and (view.holders, view.held_tokens) == (0, 0)
+    assert view.spent_tokens == 160 + 164 + 160
