@@ -137,6 +137,7 @@ from lanefold.primitives._keystore import (
     check_key_name,
     give_rate,
     take_rate,
+    untaken,
 )
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._loop import (
@@ -399,6 +400,7 @@ __all__ = (
     "tool_prompt",
     "tool_turns",
     "tools_schema",
+    "untaken",
     "validate_run_id",
     "vote_fold",
     "vote_summary",

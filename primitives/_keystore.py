@@ -41,6 +41,7 @@ __all__ = (
     "key_budget_name",
     "rate_levels",
     "take_rate",
+    "untaken",
 )
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -172,6 +173,23 @@ def take_rate(key: StoredKey, tokens: int, requests: int, now: float) -> RateVer
     return RateVerdict(None, rate.tokens, rate.requests)
 
 
+LAST_USED_GRAIN_S = 1.0  # a key's last use is kept to the second
+
+
+def untaken(key: StoredKey | None, now: float) -> RateVerdict | None:
+    """The verdict on a request a store may give from a read alone, without its lock or a
+    write: a key with no buckets (no tpm, no rpm), not revoked, whose last use is recorded
+    within the last second, is admitted with nothing to take (`take_rate` would only move its
+    last use by less than a second). None: `take_rate` it under the lock. A busy key's record
+    is thereby written about once a second, not at every request."""
+    if key is None or key.record.revoked or key.record.tpm is not None or key.record.rpm is not None:
+        return None
+    last = key.rate.last_used
+    if last is None or not 0.0 <= now - last < LAST_USED_GRAIN_S:
+        return None
+    return RateVerdict(None, None, None)
+
+
 def give_rate(key: StoredKey, tokens: int, now: float) -> None:
     """Settle a taken token hold to what was paid: `tokens` back into the bucket (negative:
     taken further, where a request paid more than it held), at most the limit."""
@@ -219,7 +237,8 @@ class KeyStore(Protocol):
         ...
 
     def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
-        """`take_rate` on the key under its lock, written back; None where there is no key."""
+        """`take_rate` on the key under its lock, written back, or where `untaken` gives a
+        verdict from a read alone, that verdict (nothing written); None where there is no key."""
         ...
 
     def give_key_rate(self, name: str, tokens: int, now: float) -> None:

@@ -33,6 +33,7 @@ PRIMITIVES_PUBLIC = frozenset(
         "check_key_name",
         "give_rate",
         "take_rate",
+        "untaken",
         "Allowance",
         "AnswerRead",
         "AnyEvent",

@@ -21,6 +21,7 @@ from lanefold.primitives import (
     give_rate,
     os_failure,
     take_rate,
+    untaken,
 )
 from lanefold.stores.files._documents import read_document, write_document
 
@@ -95,8 +96,13 @@ class FileKeys:
         return sorted(self._all(), key=lambda k: k.record.name)
 
     def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
-        if not self.path(name).is_file():
+        path = self.path(name)
+        if not path.is_file():
             return None
+        # A file is replaced whole (renamed over), so a read without the lock sees one version.
+        quick = untaken(self._read(path), now)
+        if quick is not None:
+            return quick
         return self._change(name, lambda key: take_rate(key, tokens, requests, now))
 
     def give_key_rate(self, name: str, tokens: int, now: float) -> None:

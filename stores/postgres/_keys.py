@@ -19,6 +19,7 @@ from lanefold.primitives import (
     StoreError,
     give_rate,
     take_rate,
+    untaken,
 )
 from lanefold.stores.postgres._database import PgDatabase, psycopg_module, reason
 
@@ -116,6 +117,9 @@ class PgKeys:
         return [self._parse(record, rate) for record, rate in rows]
 
     def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
+        quick = untaken(self.read_key(name), now)  # a read, no row lock, no commit to force
+        if quick is not None:
+            return quick
         try:
             return self._change(name, lambda key, conn: take_rate(key, tokens, requests, now))
         except KeyError:

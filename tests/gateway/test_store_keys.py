@@ -335,3 +335,29 @@ def test_a_key_without_tpm_is_written_at_admission_only(
             answered = client.post("/chat/completions", json=_chat(), headers=_auth(key))
             assert answered.status_code == 200, answered.text
     assert given == ["judy"]
+
+
+def test_a_key_without_buckets_records_its_last_use_to_the_second(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key with no tpm and no rpm takes nothing from a bucket: its record changes only by its
+    last use, which is kept to the second, so a busy key's record is read, not rewritten, at
+    each request (on files: no lock, no forced write). Revoking it still refuses it."""
+    store, flags = opened
+    key = _create(capsys, flags, "kate")
+    wall, fresh = Clock(), Clock()
+
+    def last_used() -> float | None:
+        stored = store.read_key("kate")  # type: ignore[attr-defined]
+        return stored.rate.last_used
+
+    with gateway(store, wall, fresh) as client:
+        for at, recorded in ((1000.0, 1000.0), (1000.6, 1000.0), (1000.99, 1000.0), (1001.2, 1001.2)):
+            wall.now = at
+            answered = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+            assert answered.status_code == 200, answered.text
+            assert last_used() == recorded, at
+        assert cli(capsys, "keys", "revoke", "kate", *flags).code == 0
+        wall.now = 1001.5  # within the second of its last recorded use: the record says revoked
+        refused = client.post("/chat/completions", json=_chat(), headers=_auth(key))
+        assert refused.status_code == 401, refused.text
