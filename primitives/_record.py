@@ -43,8 +43,10 @@ class Recorder:
         self.log = log
         self.run_id = run_id
         self.state = state
-        if self.log_path is not None and state.source == "<log>":
-            state.source = self.log_path
+        path = getattr(log, "path", None)  # resolved once: each resolve walks the folders
+        self._log_path = str(path.resolve()) if path is not None else None
+        if self._log_path is not None and state.source == "<log>":
+            state.source = self._log_path
         self._now = now
         self._observer = observer
         self._source = f"lanefold:run/{run_id}"
@@ -54,8 +56,7 @@ class Recorder:
     @property
     def log_path(self) -> str | None:
         """Where the log lives on disk, for logs that live on disk."""
-        path = getattr(self.log, "path", None)
-        return str(path.resolve()) if path is not None else None
+        return self._log_path
 
     def emit(
         self,

@@ -106,8 +106,11 @@ class FileBudgets:
     def locked(self) -> Iterator[None]:
         """The budgets' exclusive lock for the block (waits for another holder to finish)."""
         try:
-            (self.folder / "holders").mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the first change: the folders are made then
+                (self.folder / "holders").mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise os_failure(f"{self.folder}: cannot open the budgets", exc) from None
         try:
@@ -190,9 +193,18 @@ class FileBudgets:
         return self.path(name).is_file()
 
     def read_budget(self, name: str) -> BudgetView | None:
-        """The budget as it stands (dead segments' holds charged first); None if there is none."""
+        """The budget as it stands (dead segments' holds charged first); None if there is none.
+
+        Read without the lock where every segment it lists is alive (a file is replaced whole,
+        so a read sees one version): the lock is taken only to charge a dead one's holds. A
+        gateway reads its key's budget at every request, and the lock is held by every
+        reservation and settlement of every worker."""
         if not self.exists(name):
             return None
+        here = os.getpid()
+        seen = self.read(name)
+        if seen is not None and all(_HELD_HERE.get(h) == here or self._alive(h) for h in seen.holds):
+            return seen.view()
         with self.locked():
             budget = self.read(name)
             if budget is None:

@@ -15,7 +15,7 @@ import fcntl
 import os
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 
@@ -67,7 +67,11 @@ class FileSharedPool:
             with budgets.locked():
                 path = budgets.folder / "holders" / held_id
                 try:
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                    try:
+                        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                    except FileNotFoundError:  # a folder from before holders had their own
+                        path.parent.mkdir(exist_ok=True)
+                        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError as exc:
                     raise os_failure(f"{path}: cannot hold part of budget {name!r}", exc) from None
@@ -119,11 +123,14 @@ class FileSharedPool:
 
     # -- changes -------------------------------------------------------------------------------------
 
-    async def _run(self, work: Callable[[BudgetRecord, HeldRecord], T]) -> T:
+    async def _run(self, work: Callable[[BudgetRecord, HeldRecord], T], *, pending_only: bool = False) -> T:
         """`work(budget, this segment's holds)` in one change under the budgets' lock, in a
         worker thread, with what is pending written first; if the change fails, it stays
-        pending."""
+        pending. `pending_only` (a flush, whose `work` returns None): no change if nothing is
+        pending once the segment's lock is taken (a change made while waiting took it along)."""
         async with self._lock:
+            if pending_only and self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
+                return cast(T, None)
             held, spent = self._held, self._spent
             self._held, self._spent = [0, 0.0, 0], [0, 0.0, 0]
 
@@ -157,7 +164,7 @@ class FileSharedPool:
             return
         if not wait and self._lock.locked():
             return
-        await self._run(lambda budget, mine: None)
+        await self._run(lambda budget, mine: None, pending_only=True)
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
         """Reserve all of `holds` or none, in one change under the lock."""

@@ -41,8 +41,11 @@ class FileKeys:
     def locked(self) -> Iterator[None]:
         """The keys' exclusive lock for the block (waits for another holder to finish)."""
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the first change: the folder is made then
+                self.folder.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise os_failure(f"{self.folder}: cannot open the keys", exc) from None
         try:

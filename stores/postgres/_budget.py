@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 
@@ -283,10 +283,14 @@ class PgSharedPool:
 
     # -- transactions ------------------------------------------------------------------------------
 
-    async def _run(self, work: Callable[[Any, list[Any], list[Any]], T]) -> T:
+    async def _run(self, work: Callable[[Any, list[Any], list[Any]], T], *, pending_only: bool = False) -> T:
         """Run `work(conn, held, spent)` in one transaction in a worker thread, with what is
-        pending handed over; if the transaction fails, it stays pending."""
+        pending handed over; if the transaction fails, it stays pending. `pending_only` (a
+        flush, whose `work` returns None): no transaction if nothing is pending once the
+        segment's lock is taken (one made while waiting took it along)."""
         async with self._lock:
+            if pending_only and self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
+                return cast(T, None)
             held, spent = self._held, self._spent
             self._held, self._spent = [0, 0.0, 0], [0, 0.0, 0]
             psycopg = psycopg_module()
@@ -335,7 +339,7 @@ class PgSharedPool:
             conn.execute(_LOCK, (self.name,))  # the budget row first, as reserve locks it
             self._write(conn, held, spent)
 
-        await self._run(write)
+        await self._run(write, pending_only=True)
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
         """Reserve all of `holds` or none, in one transaction."""

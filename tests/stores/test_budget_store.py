@@ -330,3 +330,28 @@ async def test_a_session_with_standing_pools_spends_as_run_segments_do(store: St
     view = budgets.read_budget(name)
     assert view is not None and (view.holders, view.held_tokens) == (0, 0)
     assert view.spent_tokens == 160 + 164 + 160
+
+
+@pytest.mark.anyio
+async def test_a_files_budget_is_read_without_its_lock_while_every_segment_lives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read_budget` (a gateway's at every request) takes the budgets' lock only to charge a
+    dead segment's holds: with every segment alive it reads the file as it stands."""
+    from lanefold.stores.files._budget import FileBudgets
+
+    budgets = _budgets(lanefold.open_store(None, tmp_path / "runs"))
+    budgets.set_budget("fleet", max_tokens=1000)
+    pool = await budgets.open_shared_pool("fleet", "run-a")
+    try:
+        await pool.reserve([_hold(100, 200)])
+
+        def refused(self: Any) -> Any:
+            raise AssertionError("locked to read a budget whose segments all live")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(FileBudgets, "locked", refused)
+            view = budgets.read_budget("fleet")
+        assert view is not None and (view.holders, view.held_tokens) == (1, 300)
+    finally:
+        await pool.aclose()  # type: ignore[attr-defined]
