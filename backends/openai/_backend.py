@@ -182,6 +182,16 @@ class OpenAIBackend:
         iterator early cancels the requests still in flight.
         """
         count = len(request.lanes)
+        if count == 1:  # one lane, one request: no stream and no task groups to carry it
+            try:
+                got = await self._request(request, [0])
+            except BackendError as err:  # it hit every lane of the call: raised, as below
+                raise err from None
+            only = got.get(0)
+            if only is None:
+                raise self._bad("the response held no choice")
+            yield only
+            return
         send, receive = anyio.create_memory_object_stream[_Batch | None](math.inf)
         sunk: BackendError | None = None
         with send, receive:
