@@ -12,6 +12,7 @@ that dies leaves its segment's holds to be charged whole, as a dead run segment'
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from lanefold.primitives import (
     BudgetStore,
     ConfigError,
     Hold,
+    LanefoldError,
     Refusal,
     Room,
     RunError,
@@ -152,6 +154,7 @@ class StandingPools:
 
     def __init__(self) -> None:
         self._open: dict[str, SharedPool] = {}
+        self._retired: list[SharedPool] = []  # failed segments, closed with the rest
         self._lock = anyio.Lock()
 
     async def share(self, budgets: BudgetStore, name: str, run_id: str) -> Share:
@@ -168,12 +171,18 @@ class StandingPools:
         is dropped: the next run opens a new one."""
         if self._open.get(name) is pool:
             del self._open[name]
+            self._retired.append(pool)  # other runs may still hold shares of it
 
     async def aclose(self) -> None:
-        """Close every segment: what is pending written, its entry taken away."""
+        """Close every segment: what is pending written, its entry taken away (a failed
+        one's holder let go of, whatever its store says)."""
         pools, self._open = list(self._open.values()), {}
+        retired, self._retired = self._retired, []
         for pool in pools:
             await close_pools(pool)
+        for pool in retired:
+            with contextlib.suppress(LanefoldError):
+                await close_pools(pool)
 
 
 class Share:

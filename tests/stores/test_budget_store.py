@@ -355,3 +355,26 @@ async def test_a_files_budget_is_read_without_its_lock_while_every_segment_lives
         assert view is not None and (view.holders, view.held_tokens) == (1, 300)
     finally:
         await pool.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_a_standing_segment_whose_budget_went_away_is_replaced_at_the_next_run(tmp_path: Path) -> None:
+    """A budget's file removed by hand under a serving session: the run that finds it gone
+    fails naming it, the segment is dropped, and once the budget is set again the next run
+    opens a new segment; closing the session lets go of both."""
+    store = lanefold.open_store(None, tmp_path / "runs")
+    budgets = _budgets(store)
+    budgets.set_budget("fleet", max_tokens=10_000)
+    config = lanefold.parse_config({"loop": {"k": 2}, "budget": {"shared": "fleet"}})
+    async with lanefold.Session(config, store=store, standing_pools=True) as session:
+        await session.run("What is 17 * 23?")
+        (tmp_path / "runs" / ".budgets" / "fleet.json").unlink()
+        with pytest.raises(ConfigError, match=r"no budget named 'fleet'"):
+            await session.run("What is 17 * 23?")
+        budgets.set_budget("fleet", max_tokens=10_000)
+        await session.run("What is 17 * 23?")
+        view = budgets.read_budget("fleet")
+        assert view is not None and view.holders == 1 and view.spent_tokens > 0
+    view = budgets.read_budget("fleet")
+    assert view is not None and (view.holders, view.held_tokens) == (0, 0)
+    assert list((tmp_path / "runs" / ".budgets" / "holders").iterdir()) == []
