@@ -119,6 +119,9 @@ class Session:
     url` if it has one, else files under `runs_dir`. `hooks` watch every run, resume and
     reduction of this session (beside the `[[hooks]]` of the run's config; see docs/hooks.md);
     they stay on this machine (an executor's workers build only the config's).
+    `standing_pools`: the runs of this session share one segment of each named budget they
+    spend from, opened at the first run that needs it and closed with the session (what a
+    server wants: docs/budget.md), instead of a segment each.
     """
 
     def __init__(

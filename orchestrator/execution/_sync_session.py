@@ -85,6 +85,7 @@ class SyncSession:
         executor: Executor | str | None = None,
         store: str | Store | None = None,
         hooks: Sequence[Hook] = (),
+        standing_pools: bool = False,
     ) -> None:
         self.session = Session(
             config,
@@ -96,6 +97,7 @@ class SyncSession:
             executor=executor,
             store=store,
             hooks=hooks,
+            standing_pools=standing_pools,
         )
         self._portal_cm: contextlib.AbstractContextManager[anyio.from_thread.BlockingPortal] | None
         self._portal_cm = None
