@@ -73,8 +73,9 @@ def check_budget_name(name: str, where: str = "budget.shared") -> str:
 
 
 def new_run_id() -> str:
-    """A sortable, unique, plain run id: UTC time plus random hex."""
-    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    """A sortable, unique, plain run id: UTC time plus 48 random bits in hex (24 gave two
+    runs one id about once in a thousand seconds at 200 runs a second: a gateway's rate)."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(6)
 
 
 @dataclass(frozen=True, slots=True)
