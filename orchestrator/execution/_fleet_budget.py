@@ -150,10 +150,15 @@ async def close_pools(pool: SharedPool | None) -> None:
 
 class StandingPools:
     """A process's segments of the budgets its runs spend from, each opened at its first run
-    and kept until `aclose` (see the module's docstring). Not shared across event loops."""
+    and kept until `aclose` (see the module's docstring). At most `keep` stand at once: past
+    that, the least recently used with no run in flight is closed (a segment holds a file lock
+    on files and a connection on PostgreSQL, so a server whose keys are many must not hold one
+    for each). Not shared across event loops."""
 
-    def __init__(self) -> None:
-        self._open: dict[str, SharedPool] = {}
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self._open: dict[str, SharedPool] = {}  # least recently shared first
+        self._using: Counter[str] = Counter()  # runs in flight on each segment
         self._retired: list[SharedPool] = []  # failed segments, closed with the rest
         self._lock = anyio.Lock()
 
@@ -161,10 +166,22 @@ class StandingPools:
         """A run's share of budget `name`, its segment opened here if it is not yet (a budget
         that does not exist is the ConfigError `open_shared_pool` raises)."""
         async with self._lock:
-            pool = self._open.get(name)
+            pool = self._open.pop(name, None)
             if pool is None:
-                pool = self._open[name] = await budgets.open_shared_pool(name, f"{run_id} (standing)")
-        return Share(pool, lambda: self._forget(name, pool))
+                pool = await budgets.open_shared_pool(name, f"{run_id} (standing)")
+            self._open[name] = pool  # the most recently shared, last
+            self._using[name] += 1
+            idle = [n for n in self._open if not self._using[n]][: max(0, len(self._open) - self.keep)]
+            for stale in idle:
+                with contextlib.suppress(LanefoldError):  # its file or connection let go of anyway
+                    await close_pools(self._open.pop(stale))
+        return Share(pool, lambda: self._forget(name, pool), lambda: self._done(name))
+
+    def _done(self, name: str) -> None:
+        """A run's share of `name` has ended."""
+        self._using[name] -= 1
+        if self._using[name] <= 0:
+            del self._using[name]
 
     def _forget(self, name: str, pool: SharedPool) -> None:
         """A segment that failed (its budget deleted, or its holds charged as a dead one's)
@@ -192,8 +209,8 @@ class Share:
     segment's `exhausted` is as it last saw the budget: a spend reached since elsewhere refuses
     the run's first reservation instead."""
 
-    def __init__(self, pool: SharedPool, forget: Any) -> None:
-        self.pool, self.name, self._forget = pool, pool.name, forget
+    def __init__(self, pool: SharedPool, forget: Any, done: Any) -> None:
+        self.pool, self.name, self._forget, self._ended = pool, pool.name, forget, done
         self.exhausted = pool.exhausted
         self._reserved = False  # whether this run has reserved yet: its room is known from then
         self._holds: Counter[Hold] = Counter()  # the holds reserved, not yet settled or released
@@ -250,7 +267,12 @@ class Share:
         left, self._holds = list(self._holds.elements()), Counter()
         for hold in left:
             self.pool.charge_cut_off(hold)
-        await self.flush()
+        try:
+            await self.flush()
+        finally:
+            ended, self._ended = self._ended, None
+            if ended is not None:  # once, however often it is closed
+                ended()
 
 
 def _least(a: int | float | None, b: int | float | None) -> Any:

@@ -378,3 +378,34 @@ async def test_a_standing_segment_whose_budget_went_away_is_replaced_at_the_next
     view = budgets.read_budget("fleet")
     assert view is not None and (view.holders, view.held_tokens) == (0, 0)
     assert list((tmp_path / "runs" / ".budgets" / "holders").iterdir()) == []
+
+
+@pytest.mark.anyio
+async def test_standing_segments_past_the_ones_kept_close_the_least_recently_used_idle_one(
+    store: Store,
+) -> None:
+    """A server with many keys does not hold a segment (a file lock, a PostgreSQL connection)
+    for each: past `keep`, the least recently used segment with no run in flight is closed, and
+    opened again when a run needs it."""
+    from lanefold.execution._fleet_budget import StandingPools, close_pools, open_pools
+
+    budgets = _budgets(store)
+    names = [_name(store, base) for base in ("a", "b", "c")]
+    for name in names:
+        budgets.set_budget(name, max_tokens=1000)
+    standing = StandingPools(keep=2)
+
+    async def holders() -> list[int]:
+        return [budgets.read_budget(name).holders for name in names]  # type: ignore[union-attr]
+
+    try:
+        for name in names:
+            await close_pools(await open_pools(store, [name], "r", standing=standing))
+        assert await holders() == [0, 1, 1]  # a, the least recently used, closed
+        busy = await open_pools(store, [names[1]], "r", standing=standing)  # b in flight
+        await close_pools(await open_pools(store, [names[0]], "r", standing=standing))
+        assert await holders() == [1, 1, 0]  # c closed, not b: b has a run in flight
+        await close_pools(busy)
+    finally:
+        await standing.aclose()
+    assert await holders() == [0, 0, 0]
