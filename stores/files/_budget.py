@@ -20,14 +20,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanefold.primitives import BudgetView, ConfigError, check_budget_name, os_failure
-from lanefold.stores.files._documents import read_document, write_document
+from lanefold.primitives import BudgetView, ConfigError, check_budget_name
+from lanefold.stores.files._documents import locked_folder, read_document, write_document
 
 __all__ = ("BudgetRecord", "FileBudgets", "HeldRecord")
 
@@ -102,22 +102,9 @@ class FileBudgets:
     def __init__(self, root: str | Path) -> None:
         self.folder = Path(root) / _FOLDER
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """The budgets' exclusive lock for the block (waits for another holder to finish)."""
-        try:
-            try:
-                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:  # the first change: the folders are made then
-                (self.folder / "holders").mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise os_failure(f"{self.folder}: cannot open the budgets", exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # drops the flock
+        return locked_folder(self.folder, self.folder / "holders", "budgets")
 
     def path(self, name: str) -> Path:
         return self.folder / f"{check_budget_name(name, 'budget')}.json"

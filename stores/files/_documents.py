@@ -1,11 +1,14 @@
 """One JSON document a file, as the files store keeps a budget or a key: read whole (None where
 there is none), replaced whole (written beside it, forced to disk, renamed over it), each failure
-one line naming the file. The caller holds the lock that makes a read-change-write atomic."""
+one line naming the file. The caller holds the lock that makes a read-change-write atomic: a
+folder's `locked_folder`."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -13,9 +16,29 @@ from pydantic import BaseModel, ValidationError
 
 from lanefold.primitives import ConfigError, os_failure
 
-__all__ = ("read_document", "write_document")
+__all__ = ("locked_folder", "read_document", "write_document")
 
 M = TypeVar("M", bound=BaseModel)
+
+
+@contextlib.contextmanager
+def locked_folder(folder: Path, made: Path, what: str) -> Iterator[None]:
+    """An exclusive `flock` on `folder/lock` for the block (waits for another holder to finish);
+    `made` (the folder, or one inside it) is made at the first lock, not checked at each. A
+    failure is one line naming the folder and `what` it keeps."""
+    try:
+        try:
+            fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the first change: the folders are made then
+            made.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise os_failure(f"{folder}: cannot open the {what}", exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
 
 
 def read_document(path: Path, model: type[M], what: str) -> M | None:

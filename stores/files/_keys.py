@@ -6,9 +6,7 @@ written beside it, forced to disk, renamed over it."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,11 +17,10 @@ from lanefold.primitives import (
     StoredKey,
     check_key_name,
     give_rate,
-    os_failure,
     take_rate,
     untaken,
 )
-from lanefold.stores.files._documents import read_document, write_document
+from lanefold.stores.files._documents import locked_folder, read_document, write_document
 
 __all__ = ("FileKeys",)
 
@@ -37,22 +34,9 @@ class FileKeys:
     def __init__(self, root: str | Path) -> None:
         self.folder = Path(root) / _FOLDER
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """The keys' exclusive lock for the block (waits for another holder to finish)."""
-        try:
-            try:
-                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-            except FileNotFoundError:  # the first change: the folder is made then
-                self.folder.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.folder / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise os_failure(f"{self.folder}: cannot open the keys", exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # drops the flock
+        return locked_folder(self.folder, self.folder, "keys")
 
     def path(self, name: str) -> Path:
         return self.folder / f"{check_key_name(name)}.json"  # a plain name, never a path
