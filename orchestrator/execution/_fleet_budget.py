@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -209,8 +209,9 @@ class Share:
     segment's `exhausted` is as it last saw the budget: a spend reached since elsewhere refuses
     the run's first reservation instead."""
 
-    def __init__(self, pool: SharedPool, forget: Any, done: Any) -> None:
-        self.pool, self.name, self._forget, self._ended = pool, pool.name, forget, done
+    def __init__(self, pool: SharedPool, forget: Callable[[], None], done: Callable[[], None]) -> None:
+        self.pool, self.name, self._forget = pool, pool.name, forget
+        self._ended: Callable[[], None] | None = done  # None once this run's share has ended
         self.exhausted = pool.exhausted
         self._reserved = False  # whether this run has reserved yet: its room is known from then
         self._holds: Counter[Hold] = Counter()  # the holds reserved, not yet settled or released
