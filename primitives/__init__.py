@@ -56,8 +56,10 @@ from lanefold.primitives._budget import (
     Room,
     SharedPool,
     Spend,
+    reserve_in_turn,
     short_of_room,
 )
+from lanefold.primitives._coalesce import Coalesced
 from lanefold.primitives._declared import (
     FRAME_TOKENS,
     TEMPLATE_TOKENS,
@@ -249,6 +251,7 @@ __all__ = (
     "BudgetView",
     "CallableVerifier",
     "ChatMessage",
+    "Coalesced",
     "ConfigError",
     "ContextLengthError",
     "ContextWindow",
@@ -388,6 +391,7 @@ __all__ = (
     "register_store",
     "register_verifier",
     "render_judge_prompt",
+    "reserve_in_turn",
     "resolve_reducer",
     "sample_all",
     "score_summary",

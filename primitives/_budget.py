@@ -37,6 +37,7 @@ __all__ = (
     "SharedPool",
     "Spend",
     "WaveFit",
+    "reserve_in_turn",
     "short_of_room",
 )
 
@@ -180,6 +181,31 @@ def short_of_room(room: Room, tokens: int, cost: float, requests: int) -> tuple[
     if room.requests is not None and requests > room.requests:
         return "max_requests", float(requests), float(room.requests)
     return None
+
+
+def reserve_in_turn(
+    room: Room, asks: Sequence[Sequence[Hold]], pool: str
+) -> tuple[list[tuple[Refusal | None, Room]], tuple[int, float, int]]:
+    """Reservations `asks` (each all of its holds or none) taken from `room` one after another,
+    as one change of a pool named `pool` makes them: each one's refusal (None: taken) and the
+    room left after it, and the total taken (tokens, cost, requests), to add to the pool's
+    holds."""
+    done: list[tuple[Refusal | None, Room]] = []
+    tokens, cost, requests = 0, 0.0, 0
+    for holds in asks:
+        asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds), sum(h.requests for h in holds))
+        short = short_of_room(room, *asked)
+        if short is not None:
+            done.append((Refusal(*short, room, pool), room))
+            continue
+        room = Room(
+            None if room.tokens is None else room.tokens - asked[0],
+            None if room.cost_usd is None else room.cost_usd - asked[1],
+            None if room.requests is None else room.requests - asked[2],
+        )
+        tokens, cost, requests = tokens + asked[0], cost + asked[1], requests + asked[2]
+        done.append((None, room))
+    return done, (tokens, cost, requests)
 
 
 def _priced(usage: Counts, pricing: Pricing) -> float:

@@ -10,7 +10,6 @@ understated.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import os
 import secrets
@@ -20,6 +19,7 @@ from typing import Any, TypeVar, cast
 import anyio
 
 from lanefold.primitives import (
+    Coalesced,
     ConfigError,
     Hold,
     Refusal,
@@ -27,7 +27,7 @@ from lanefold.primitives import (
     RunError,
     check_budget_name,
     os_failure,
-    short_of_room,
+    reserve_in_turn,
 )
 from lanefold.stores.files._budget import BudgetRecord, FileBudgets, HeldRecord
 
@@ -53,6 +53,7 @@ class FileSharedPool:
         self._spent: list[Any] = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
         self.exhausted: str | None = None  # the limit its spend had reached, as last read
+        self._reserving = Coalesced(self._reserve_all, self._give_back)
 
     @classmethod
     async def open(cls, budgets: FileBudgets, name: str, run_id: str) -> FileSharedPool:
@@ -167,24 +168,27 @@ class FileSharedPool:
         await self._run(lambda budget, mine: None, pending_only=True)
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
-        """Reserve all of `holds` or none, in one change under the lock."""
-        asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds), sum(h.requests for h in holds))
+        """Reserve all of `holds` or none, in one change under the lock: with the reservations
+        of this segment's other runs asked for meanwhile, one after another (`Coalesced`)."""
+        return await self._reserving(tuple(holds))
 
-        def reserve(budget: BudgetRecord, mine: HeldRecord) -> tuple[Refusal | None, Room]:
-            room = budget.view().room
-            short = short_of_room(room, *asked)
-            if short is not None:
-                return Refusal(*short, room, self.name), room
-            mine.tokens += asked[0]
-            mine.cost_usd += asked[1]
-            mine.requests += asked[2]
-            left = (
-                None if r is None else r - a for r, a in zip(dataclasses.astuple(room), asked, strict=True)
-            )
-            return None, Room(*left)
+    async def _reserve_all(self, asks: Sequence[tuple[Hold, ...]]) -> list[Refusal | None]:
+        def reserve(budget: BudgetRecord, mine: HeldRecord) -> list[tuple[Refusal | None, Room]]:
+            done, taken = reserve_in_turn(budget.view().room, asks, self.name)
+            mine.tokens += taken[0]
+            mine.cost_usd += taken[1]
+            mine.requests += taken[2]
+            return done
 
-        refusal, self.room = await self._run(reserve)
-        return refusal
+        done = await self._run(reserve)
+        self.room = done[-1][1]
+        return [refusal for refusal, _ in done]
+
+    def _give_back(self, holds: tuple[Hold, ...], refusal: Refusal | None) -> None:
+        """A reservation whose run was cancelled before it got it: released."""
+        if refusal is None:
+            for hold in holds:
+                self.release(hold)
 
     async def aclose(self) -> None:
         """Write what is pending, charge any hold still outstanding whole, take the entry away."""

@@ -22,7 +22,6 @@ event loop never waits on the database.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -30,13 +29,14 @@ import anyio
 
 from lanefold.primitives import (
     BudgetView,
+    Coalesced,
     ConfigError,
     Hold,
     Refusal,
     Room,
     RunError,
     check_budget_name,
-    short_of_room,
+    reserve_in_turn,
 )
 from lanefold.stores.postgres._database import PgDatabase, psycopg_module
 
@@ -222,6 +222,7 @@ class PgSharedPool:
         self._spent = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
         self.exhausted: str | None = None  # the limit its spend had reached, as last read
+        self._reserving = Coalesced(self._reserve_all, self._give_back)
 
     @classmethod
     async def open(cls, db: PgDatabase, name: str, run_id: str) -> PgSharedPool:
@@ -342,33 +343,35 @@ class PgSharedPool:
         await self._run(write, pending_only=True)
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
-        """Reserve all of `holds` or none, in one transaction."""
-        asked = (sum(h.tokens for h in holds), sum(h.cost_usd for h in holds), sum(h.requests for h in holds))
+        """Reserve all of `holds` or none, in one transaction: with the reservations of this
+        segment's other runs asked for meanwhile, one after another (`Coalesced`)."""
+        return await self._reserving(tuple(holds))
 
-        def reserve(conn: Any, held: list[Any], spent: list[Any]) -> tuple[Refusal | None, Room]:
+    async def _reserve_all(self, asks: Sequence[tuple[Hold, ...]]) -> list[Refusal | None]:
+        def reserve(conn: Any, held: list[Any], spent: list[Any]) -> list[tuple[Refusal | None, Room]]:
             self._write(conn, held, spent)
             view = _view(conn, self.name)
             if view is None:
                 raise RunError(f"shared budget {self.name!r}: deleted while in use")
             self.exhausted = view.exhausted()  # a standing segment's next run reads it
-            room = view.room
-            short = short_of_room(room, *asked)
-            if short is not None:
-                return Refusal(*short, room, self.name), room
-            conn.execute(
-                "UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + %s,"
-                " requests = requests + %s WHERE id = %s",
-                (*asked, self._row),
-            )
-            return None, Room(
-                *(
-                    None if left is None else left - ask
-                    for left, ask in zip(dataclasses.astuple(room), asked, strict=True)
+            done, taken = reserve_in_turn(view.room, asks, self.name)
+            if taken != (0, 0.0, 0):
+                conn.execute(
+                    "UPDATE lanefold_budget_holds SET tokens = tokens + %s, cost_usd = cost_usd + %s,"
+                    " requests = requests + %s WHERE id = %s",
+                    (*taken, self._row),
                 )
-            )
+            return done
 
-        refusal, self.room = await self._run(reserve)
-        return refusal
+        done = await self._run(reserve)
+        self.room = done[-1][1]
+        return [refusal for refusal, _ in done]
+
+    def _give_back(self, holds: tuple[Hold, ...], refusal: Refusal | None) -> None:
+        """A reservation whose run was cancelled before it got it: released."""
+        if refusal is None:
+            for hold in holds:
+                self.release(hold)
 
     async def aclose(self) -> None:
         """Write what is pending, charge any hold still outstanding whole, drop the row."""

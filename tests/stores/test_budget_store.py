@@ -103,6 +103,57 @@ async def test_a_reservation_beyond_the_limit_is_refused_whole_naming_the_budget
     assert view is not None and (view.spent_tokens, view.held_tokens) == (300, 0)  # closing charges it
 
 
+@pytest.mark.anyio
+async def test_reservations_asked_for_together_are_taken_in_turn_as_one_at_a_time_would_be(
+    store: Store,
+) -> None:
+    """A server's standing segment takes every run's reservation: those asked for while one is
+    under way go in one change (`Coalesced`), each taken or refused in turn as if alone; one
+    whose caller went away before it got it is given back."""
+    budgets, name = _budgets(store), _name(store, "fleet")
+    budgets.set_budget(name, max_tokens=1000)
+    pool = await budgets.open_shared_pool(name, "standing")
+    refusals: list[Any] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(lambda: _ask(pool, refusals))
+        taken = [r for r in refusals if r is None]
+        refused = [r for r in refusals if r is not None]
+        assert (len(taken), len(refused)) == (5, 3)  # 5 x 200 fit in 1000, whatever the grouping
+        assert all((r.limit, r.needed, r.available, r.pool) == ("max_tokens", 200, 0, name) for r in refused)
+        view = budgets.read_budget(name)
+        assert view is not None and (view.held_tokens, view.spent_tokens) == (1000, 0)
+        assert pool.room is not None and pool.room.tokens == 0
+
+        for _ in range(5):  # all given back
+            pool.release(_hold(0, 200, 0))
+        got: list[Any] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: _ask(pool, got))  # under way while the next one is asked
+            tg.start_soon(lambda: _gone(pool, got))
+        await pool.flush()
+        view = budgets.read_budget(name)
+        # Held: what the callers got, however the two were ordered (the one that went away
+        # got its reservation only where it ran the change itself, before it saw the cancel).
+        assert view is not None and view.spent_tokens == 0
+        assert view.held_tokens == 200 * got.count(None) and got.count(None) >= 1, (view, got)
+    finally:
+        await pool.aclose()  # type: ignore[attr-defined]
+
+
+async def _ask(pool: Any, refusals: list[Any]) -> None:
+    refusals.append(await pool.reserve([_hold(0, 200, 0)]))
+
+
+async def _gone(pool: Any, got: list[Any]) -> None:
+    """A reservation whose caller goes away at once: left out of its change, or given back
+    after it, unless it made the change itself (then it gets it, as it returns)."""
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        got.append(await pool.reserve([_hold(0, 200, 0)]))
+
+
 def test_set_start_and_refusals(store: Store) -> None:
     budgets, name = _budgets(store), _name(store, "key:alice")
     assert budgets.read_budget(name) is None
