@@ -338,7 +338,8 @@ class Session:
         try:
             await refuse_if_spent(self.store, pool, "the run was not started")
             runner = self.hook_runner(config, run_id)
-            log = log or self.store.create_log(run_id, config.log.fsync)
+            if log is None:  # a folder, a lock file and a draft on files: never on the loop
+                log = await anyio.to_thread.run_sync(self.store.create_log, run_id, config.log.fsync)
             if pool is not None:  # recorded once its first wave is funded
                 log = held = HeldLog(log)
             async with runner:
