@@ -18,7 +18,7 @@ targets are printed as PASS/MISS, never asserted.
     PYTHONPATH=. .venv/bin/python bench/gateway.py --overhead [--requests 1024] [--profile FILE]
     PYTHONPATH=. .venv/bin/python bench/gateway.py --optillm [--questions 20]
     PYTHONPATH=. .venv/bin/python bench/gateway.py --load [--requests 2000] [--clients 64] [--store URL]
-    PYTHONPATH=. .venv/bin/python bench/gateway.py --litellm [--requests 320]
+    PYTHONPATH=. .venv/bin/python bench/gateway.py --litellm [--requests 320] [--rounds 3]
 
 --load: `serve --workers 2` with keys near their limits and a worker killed mid-run
   (bench/gateway_load.py says how).
@@ -519,6 +519,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="--load: serve --workers")
     parser.add_argument("--store", metavar="URL", help="--load: a postgresql:// store (default: files)")
     parser.add_argument("--reps", type=int, default=4, help="--overhead: interleaved repetitions")
+    parser.add_argument("--rounds", type=int, default=3, help="--litellm: rounds of every side, interleaved")
     parser.add_argument("--k", type=int, default=8, help="--overhead: the loop's lanes")
     parser.add_argument(
         "--profile", metavar="FILE", help="--overhead: cProfile the gateway process into FILE"

@@ -2,10 +2,14 @@
 side on one machine over the same fake upstream. Figures are printed, never asserted.
 
 The upstream is a tiny starlette app in its own uvicorn process answering every chat completion
-at once with a fixed reply (no model). Each side is measured in turn, the upstream alone first
-(the baseline): p50 and p99 latency at 1 and at 32 concurrent httpx clients, and requests per
-second at saturation (64 clients). A gateway's added latency is its percentile minus the
-upstream's at the same concurrency, its ratio the one over the other.
+at once with a fixed reply (no model). Both gateways run at once (at 1 worker, then at 2), and
+each is measured in rounds (`--rounds`, 3): in each, the upstream alone first (the baseline),
+then the two gateways one after the other, the order swapped every round, so that a machine
+that slows or speeds up over minutes weighs on both alike. A measure: p50 and p99 latency at 1
+and at 32 concurrent httpx clients, and requests per second at saturation (64 clients). A
+gateway's added latency is its percentile minus the same round's upstream's at the same
+concurrency, its ratio the one over the other. After each round's table, the medians over the
+rounds, and in how many rounds lanefold was at or below LiteLLM on each row.
 
 Wall latency on a shared machine moves with whatever else runs: the bench's own clients, the
 upstream and the gateway compete for the same cores, so runs disagree by more than the gateways
@@ -324,37 +328,141 @@ def _litellm(root: Path, exe: Path, upstream: str, workers: int) -> Iterator[tup
         yield f"{base}/v1/chat/completions", {"Authorization": f"Bearer {MASTER_KEY}"}, child.pid
 
 
+def file_create_us(folder: Path, count: int = 200) -> float:
+    """Microseconds to make a folder and a file in it on `folder`'s file system (the median of
+    `count`): a lanefold run makes a folder and two files (its lock and its log), each request
+    of the bench one run; LiteLLM writes no file a request. Slow on some disks (and on a
+    crowded /tmp: seen here at 20 to 400 us a file), so printed beside the figures."""
+    import secrets
+    import statistics
+
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        made = folder / f"probe-{secrets.token_hex(6)}"
+        made.mkdir()
+        (made / "lock").touch()
+        times.append((time.perf_counter() - start) / 2)
+    for made in folder.glob("probe-*"):
+        (made / "lock").unlink()
+        made.rmdir()
+    return statistics.median(times) * 1e6
+
+
+def _row_values(side: Side, base: Side) -> dict[str, float]:
+    """A side's figures in one round: each latency row (ms) and its excess over the round's
+    upstream, and requests a second."""
+    from gateway import percentile  # the bench's folder is on sys.path as the script's own
+
+    out: dict[str, float] = {}
+    for clients, pick in ((1, "one"), (32, "many")):
+        for q in (50, 99):
+            value = percentile(getattr(side, pick), q) * 1e3
+            out[f"{clients} client{'s' if clients > 1 else ''} p{q} added"] = (
+                value - percentile(getattr(base, pick), q) * 1e3
+            )
+    out["requests/s at 64 clients"] = side.rps
+    if side.cpu is not None:
+        out["CPU ms/request at 32"] = side.cpu[1] * 1e3
+    return out
+
+
+def summary(rounds: list[list[Side]]) -> list[str]:
+    """Each row's median over the rounds for every side, and in how many rounds lanefold was at
+    or below LiteLLM (at the same worker count, in the same round: the machine the same)."""
+    import statistics
+
+    values: dict[str, dict[str, list[float]]] = {}
+    for sides in rounds:
+        base = sides[0]
+        for side in sides[1:]:
+            for row, value in _row_values(side, base).items():
+                values.setdefault(side.name, {}).setdefault(row, []).append(value)
+    rows = list(next(iter(values.values())).keys()) if values else []
+    names = list(values)
+    lines = [
+        "",
+        f"medians over {len(rounds)} rounds (each round: the upstream, then both gateways, "
+        "their order swapped every round)",
+    ]
+    head = f"{'row':>26} | " + " | ".join(f"{n:>22}" for n in names)
+    lines += [head, "-" * len(head)]
+    for row in rows:
+        cells = [
+            f"{statistics.median(values[n][row]):22.1f}" if row in values[n] else f"{'-':>22}" for n in names
+        ]
+        lines.append(f"{row:>26} | " + " | ".join(cells))
+    lines.append("")
+    for ours in (n for n in names if n.startswith("lanefold")):
+        theirs = ours.replace("lanefold", "LiteLLM")
+        if theirs not in values:
+            continue
+        wins = []
+        for row in rows:
+            a, b = values[ours].get(row), values[theirs].get(row)
+            if not a or not b:
+                continue
+            better = (lambda x, y: x >= y) if row.startswith("requests/s") else (lambda x, y: x <= y)
+            wins.append(f"{row}: {sum(better(x, y) for x, y in zip(a, b, strict=True))}/{len(a)}")
+        lines.append(f"{ours}, rounds at or below LiteLLM (above, for requests/s): " + "; ".join(wins))
+    return lines
+
+
 def compare(args: argparse.Namespace, machine: str, cache: Path) -> None:
-    """Run every side and print the table (see the module's docstring)."""
+    """Run every side, round after round, and print each round's table and the medians (see
+    the module's docstring)."""
     from gateway import free_port, process
 
     exe = litellm_python(cache)
-    requests = args.requests or 320
-    sides: list[Side] = []
+    requests, count = args.requests or 320, max(1, args.rounds)
+    rounds: list[list[Side]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lanefold-bench-litellm-") as tmp:
         root = Path(tmp)
+        create = file_create_us(root)
         port = free_port()
         child = [sys.executable, __file__, str(port)]
         upstream = f"http://127.0.0.1:{port}/v1"
         with process(child, root / "upstream.log", f"{upstream}/models") as up:
-            sides.append(measure("upstream (baseline)", f"{upstream}/chat/completions", {}, requests, up.pid))
             for workers in (1, 2):
-                with _lanefold(root, upstream, workers) as (url, headers, pid):
-                    sides.append(measure(f"lanefold, {workers} worker(s)", url, headers, requests, pid))
-                if exe is not None:
-                    with _litellm(root, exe, upstream, workers) as (url, headers, pid):
-                        sides.append(measure(f"LiteLLM, {workers} worker(s)", url, headers, requests, pid))
+                with contextlib.ExitStack() as stack:
+                    gateways = [
+                        (
+                            f"lanefold, {workers} worker(s)",
+                            *stack.enter_context(_lanefold(root, upstream, workers)),
+                        )
+                    ]
+                    if exe is not None:
+                        gateways.append(
+                            (
+                                f"LiteLLM, {workers} worker(s)",
+                                *stack.enter_context(_litellm(root, exe, upstream, workers)),
+                            )
+                        )
+                    for turn in range(count):
+                        sides = [
+                            measure(
+                                "upstream (baseline)", f"{upstream}/chat/completions", {}, requests, up.pid
+                            )
+                        ]
+                        for name, url, headers, pid in gateways[:: 1 if turn % 2 == 0 else -1]:
+                            sides.append(measure(name, url, headers, requests, pid))
+                        sides[1:] = sorted(sides[1:], key=lambda side: side.name, reverse=True)
+                        rounds.append(sides)
+                        print(f"\n{workers} worker(s), round {turn + 1} of {count}")
+                        print("\n".join(table(sides)))
     seconds = time.perf_counter() - started
     peer = LITELLM if exe else "LiteLLM (not installed)"
     print(f"\nlanefold gateway vs {peer}: {machine}, shared with other jobs")
     print(
         f"fake upstream (starlette on uvicorn, its own process, no model); lanefold: k = 1 loop over the "
-        f"openai backend, a key with a token budget (--store-keys, files store); LiteLLM: master key, "
-        f"litellm_settings.max_budget; 1 client x {max(20, requests // 8)}, 32 clients x {requests}, "
-        f"64 clients x {requests * 2} requests a side, sides one after another; took {seconds:.0f} s"
+        f"openai backend, a key with a token budget (--store-keys, files store in {tempfile.gettempdir()}, "
+        f"{create:.0f} us to make a file there); LiteLLM: master key, litellm_settings.max_budget; "
+        f"1 client x {max(20, requests // 8)}, 32 clients x {requests}, 64 clients x {requests * 2} "
+        f"requests a side a round, {count} round(s) a worker count; took {seconds:.0f} s"
     )
-    print("\n".join(table(sides)))
+    print("\n".join(summary([r for r in rounds if r[1].name.endswith("1 worker(s)")])))
+    print("\n".join(summary([r for r in rounds if r[1].name.endswith("2 worker(s)")])))
 
 
 if __name__ == "__main__":  # the upstream's own process, started by `compare`
