@@ -180,6 +180,7 @@ class Side:
     rps: float
     failed: list[str]
     cpu: tuple[float, float, float] | None = None
+    shares: tuple[float, ...] = ()  # each worker's part of the workers' CPU at 32 clients
 
 
 async def _block(
@@ -214,6 +215,28 @@ async def _block(
         return latencies, time.perf_counter() - start
 
 
+def children_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds so far of each direct child of `pid` (a supervisor's workers; not
+    multiprocessing's resource tracker), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) != pid:
+            continue
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" in (entry / "cmdline").read_bytes():  # multiprocessing's, no worker
+                continue
+        found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
 def measure(name: str, url: str, headers: dict[str, str], requests: int, pid: int) -> Side:
     """A warm-up, then 1 client, 32 clients and saturation (64 clients), in that order, each
     phase's CPU counted over the process tree of `pid` (the server measured)."""
@@ -221,12 +244,18 @@ def measure(name: str, url: str, headers: dict[str, str], requests: int, pid: in
     anyio.run(_block, url, headers, 8, 64, failed)
     cpu: list[float] = []
     blocks: list[tuple[list[float], float]] = []
+    shares: tuple[float, ...] = ()
     for clients, count in ((1, max(20, requests // 8)), (32, requests), (64, requests * 2)):
-        before = tree_cpu(pid)
+        before, workers = tree_cpu(pid), children_cpu(pid)
         blocks.append(anyio.run(_block, url, headers, clients, count, failed))
         cpu.append((tree_cpu(pid) - before) / max(1, len(blocks[-1][0])))
+        if clients == 32:
+            after = children_cpu(pid)
+            spent = [after[child] - workers[child] for child in sorted(after) if child in workers]
+            if len(spent) > 1 and sum(spent) > 0:
+                shares = tuple(part / sum(spent) for part in spent)
     (one, _), (many, _), (done, seconds) = blocks
-    return Side(name, one, many, len(done) / seconds, failed, (cpu[0], cpu[1], cpu[2]))
+    return Side(name, one, many, len(done) / seconds, failed, (cpu[0], cpu[1], cpu[2]), shares)
 
 
 def table(sides: list[Side]) -> list[str]:
@@ -253,6 +282,10 @@ def table(sides: list[Side]) -> list[str]:
     for side in sides:
         lines.append(f"{side.name:>22} | {side.rps:38.0f} | {side.rps / base.rps:10.2f}x")
     lines += cpu_table(sides)
+    for side in sides:
+        if side.shares:
+            parts = ", ".join(f"{share:.0%}" for share in side.shares)
+            lines.append(f"{side.name}: each worker's share of the workers' CPU at 32 clients: {parts}")
     for side in sides:
         if side.failed:
             counts = {what: side.failed.count(what) for what in sorted(set(side.failed))}
