@@ -21,7 +21,7 @@ from lanefold.primitives import Backend, ConfigError, Hook, Loadable
 from lanefold.serve._keyring import StoreKeys, key_store, seed_keys
 from lanefold.serve._keys import KeyPools, Keys, load_keys
 from lanefold.serve._routes import served_models
-from lanefold.serve._run import listen, run_server
+from lanefold.serve._run import balanced_workers, listen, run_server
 from lanefold.serve._workers import WorkerHeader, run_forked, supervise
 
 __all__ = ("gateway_app", "loop_configs", "serve_loops", "serve_loops_async")
@@ -116,9 +116,15 @@ def serve_loops(
     if workers > 1:
         options = {**options, "worker_header": True}
     keys = load_keys(keys_file, loops) if keys_file is not None else None
-    sock = listen(host, port)  # before the event loop: a taken port fails fast and plainly
+    # Before the event loop: a taken port fails fast and plainly. Balanced workers each listen
+    # on a socket of their own; this one only holds the port for them (and for a restart).
+    own = workers > 1 and balanced_workers()
+    sock = listen(host, port, backlog=0 if own else 2048, reuse_port=own)
 
     def work(sock: socket.socket) -> None:
+        if own:
+            held, sock = sock, listen(host, sock.getsockname()[1], reuse_port=True)
+            held.close()  # the supervisor's, inherited: it holds the port on its own
         anyio.run(
             lambda: serve_loops_async(
                 loops, store, sock=sock, host=host, port=port, keys=keys, store_keys=store_keys, **options
