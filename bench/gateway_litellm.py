@@ -191,7 +191,11 @@ async def _block(
     latencies: list[float] = []
     left = list(range(requests))
     body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 23?"}]}
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # An idle connection let go of before the server's keep-alive ends (uvicorn's, on both
+    # sides, is 5 s, as httpx's own default): at the same 5 s, a connection the pool kept idle
+    # since a block began was reused as the server closed it, and reset (ReadError), on either
+    # side, in blocks longer than 5 s.
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0)
     async with httpx.AsyncClient(limits=limits, timeout=120, headers=headers) as http:
 
         async def client() -> None:
