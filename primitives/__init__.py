@@ -56,6 +56,7 @@ from lanefold.primitives._budget import (
     Room,
     SharedPool,
     Spend,
+    coalesced_reservations,
     reserve_in_turn,
     short_of_room,
 )
@@ -354,6 +355,7 @@ __all__ = (
     "check_next_sequence",
     "check_tool_choice",
     "check_verifier_limits",
+    "coalesced_reservations",
     "compile_score_regex",
     "describe_answer",
     "estimate_prompt_tokens",

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from lanefold.primitives._backend import Usage
+from lanefold.primitives._coalesce import Coalesced
 from lanefold.primitives._since import at_most
 from lanefold.primitives.events import MAX_QUANTITY
 
@@ -37,6 +38,7 @@ __all__ = (
     "SharedPool",
     "Spend",
     "WaveFit",
+    "coalesced_reservations",
     "reserve_in_turn",
     "short_of_room",
 )
@@ -206,6 +208,27 @@ def reserve_in_turn(
         tokens, cost, requests = tokens + asked[0], cost + asked[1], requests + asked[2]
         done.append((None, room))
     return done, (tokens, cost, requests)
+
+
+def coalesced_reservations(
+    pool: SharedPool,
+    take: Callable[[Sequence[tuple[Hold, ...]]], Awaitable[list[tuple[Refusal | None, Room]]]],
+) -> Coalesced[tuple[Hold, ...], Refusal | None]:
+    """A pool's `reserve`, grouped (`Coalesced`): `take(asks)` makes the asks in one change
+    (with `reserve_in_turn`); the pool's `room` is set to the room after the last of them,
+    and a reservation whose caller went away before it got it is released to the pool."""
+
+    async def run(asks: Sequence[tuple[Hold, ...]]) -> list[Refusal | None]:
+        done = await take(asks)
+        pool.room = done[-1][1]
+        return [refusal for refusal, _ in done]
+
+    def give_back(holds: tuple[Hold, ...], refusal: Refusal | None) -> None:
+        if refusal is None:
+            for hold in holds:
+                pool.release(hold)
+
+    return Coalesced(run, give_back)
 
 
 def _priced(usage: Counts, pricing: Pricing) -> float:

@@ -19,13 +19,13 @@ from typing import Any, TypeVar, cast
 import anyio
 
 from lanefold.primitives import (
-    Coalesced,
     ConfigError,
     Hold,
     Refusal,
     Room,
     RunError,
     check_budget_name,
+    coalesced_reservations,
     os_failure,
     reserve_in_turn,
 )
@@ -53,7 +53,7 @@ class FileSharedPool:
         self._spent: list[Any] = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
         self.exhausted: str | None = None  # the limit its spend had reached, as last read
-        self._reserving = Coalesced(self._reserve_all, self._give_back)
+        self._reserving = coalesced_reservations(self, self._take)
 
     @classmethod
     async def open(cls, budgets: FileBudgets, name: str, run_id: str) -> FileSharedPool:
@@ -172,7 +172,7 @@ class FileSharedPool:
         of this segment's other runs asked for meanwhile, one after another (`Coalesced`)."""
         return await self._reserving(tuple(holds))
 
-    async def _reserve_all(self, asks: Sequence[tuple[Hold, ...]]) -> list[Refusal | None]:
+    async def _take(self, asks: Sequence[tuple[Hold, ...]]) -> list[tuple[Refusal | None, Room]]:
         def reserve(budget: BudgetRecord, mine: HeldRecord) -> list[tuple[Refusal | None, Room]]:
             done, taken = reserve_in_turn(budget.view().room, asks, self.name)
             mine.tokens += taken[0]
@@ -180,15 +180,7 @@ class FileSharedPool:
             mine.requests += taken[2]
             return done
 
-        done = await self._run(reserve)
-        self.room = done[-1][1]
-        return [refusal for refusal, _ in done]
-
-    def _give_back(self, holds: tuple[Hold, ...], refusal: Refusal | None) -> None:
-        """A reservation whose run was cancelled before it got it: released."""
-        if refusal is None:
-            for hold in holds:
-                self.release(hold)
+        return await self._run(reserve)
 
     async def aclose(self) -> None:
         """Write what is pending, charge any hold still outstanding whole, take the entry away."""

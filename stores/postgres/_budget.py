@@ -29,13 +29,13 @@ import anyio
 
 from lanefold.primitives import (
     BudgetView,
-    Coalesced,
     ConfigError,
     Hold,
     Refusal,
     Room,
     RunError,
     check_budget_name,
+    coalesced_reservations,
     reserve_in_turn,
 )
 from lanefold.stores.postgres._database import PgDatabase, psycopg_module
@@ -222,7 +222,7 @@ class PgSharedPool:
         self._spent = [0, 0.0, 0]  # pending spend to add to the budget
         self.room: Room | None = None  # left at the last reservation, plus what came back since
         self.exhausted: str | None = None  # the limit its spend had reached, as last read
-        self._reserving = Coalesced(self._reserve_all, self._give_back)
+        self._reserving = coalesced_reservations(self, self._take)
 
     @classmethod
     async def open(cls, db: PgDatabase, name: str, run_id: str) -> PgSharedPool:
@@ -347,7 +347,7 @@ class PgSharedPool:
         segment's other runs asked for meanwhile, one after another (`Coalesced`)."""
         return await self._reserving(tuple(holds))
 
-    async def _reserve_all(self, asks: Sequence[tuple[Hold, ...]]) -> list[Refusal | None]:
+    async def _take(self, asks: Sequence[tuple[Hold, ...]]) -> list[tuple[Refusal | None, Room]]:
         def reserve(conn: Any, held: list[Any], spent: list[Any]) -> list[tuple[Refusal | None, Room]]:
             self._write(conn, held, spent)
             view = _view(conn, self.name)
@@ -363,15 +363,7 @@ class PgSharedPool:
                 )
             return done
 
-        done = await self._run(reserve)
-        self.room = done[-1][1]
-        return [refusal for refusal, _ in done]
-
-    def _give_back(self, holds: tuple[Hold, ...], refusal: Refusal | None) -> None:
-        """A reservation whose run was cancelled before it got it: released."""
-        if refusal is None:
-            for hold in holds:
-                self.release(hold)
+        return await self._run(reserve)
 
     async def aclose(self) -> None:
         """Write what is pending, charge any hold still outstanding whole, drop the row."""
