@@ -141,13 +141,10 @@ def litellm_python(cache: Path) -> Path | None:
 PHASES = ("1 client", "32 clients", "64 clients")
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) spent so far by process `pid` and every living descendant,
-    with what each has reaped of its own children (so a worker that died and was waited for
-    still counts), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    spent: dict[int, int] = {}
+def processes() -> dict[int, list[str]]:
+    """Every process's /proc stat fields after "pid (comm) " (index 0 is its state, 1 its
+    parent, 11 and 12 its user and system ticks, 13 and 14 its reaped children's), by pid."""
+    found: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -155,17 +152,24 @@ def tree_cpu(pid: int) -> float:
             stat = (entry / "stat").read_text()
         except OSError:  # gone since the listing
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3
-        parents[int(entry.name)] = int(fields[1])
-        spent[int(entry.name)] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        found[int(entry.name)] = stat[stat.rindex(")") + 2 :].split()
+    return found
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) spent so far by process `pid` and every living descendant,
+    with what each has reaped of its own children (so a worker that died and was waited for
+    still counts), from /proc."""
+    table = processes()
     tree, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
-        for child, its in parents.items():
-            if its == parent and child not in tree:
+        for child, fields in table.items():
+            if int(fields[1]) == parent and child not in tree:
                 tree.add(child)
                 frontier.append(child)
-    return sum(spent.get(p, 0) for p in tree) / tick
+    ticks = sum(sum(int(f) for f in table[p][11:15]) for p in tree if p in table)  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(slots=True)
@@ -230,20 +234,13 @@ def children_cpu(pid: int) -> dict[int, float]:
     multiprocessing's resource tracker), from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
     found: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
+    for child, fields in processes().items():
         if int(fields[1]) != pid:
             continue
         with contextlib.suppress(OSError):
-            if b"resource_tracker" in (entry / "cmdline").read_bytes():  # multiprocessing's, no worker
+            if b"resource_tracker" in Path(f"/proc/{child}/cmdline").read_bytes():  # multiprocessing's
                 continue
-        found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+        found[child] = (int(fields[11]) + int(fields[12])) / tick
     return found
 
 

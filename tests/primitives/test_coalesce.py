@@ -4,9 +4,10 @@ began is left out, and one cancelled after is undone."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
+import anyio.abc
 import pytest
 
 from lanefold.primitives import Coalesced
@@ -38,6 +39,18 @@ class _Recorded:
         self.undone.append((item, result))
 
 
+async def _first_then(
+    tg: anyio.abc.TaskGroup, call: Callable[[str], Awaitable[None]], runner: _Recorded, later: str
+) -> None:
+    """`call("a")`, and once its batch is under way, `call` for each of `later`, in this order
+    (10 ms apart: each asks while the first batch runs)."""
+    tg.start_soon(call, "a")
+    await runner.started[0].wait()
+    for item in later:
+        tg.start_soon(call, item)
+        await anyio.sleep(0.01)
+
+
 async def test_calls_made_while_a_batch_runs_go_together_in_the_next_in_order() -> None:
     runner = _Recorded()
     coalesced = Coalesced(runner.run, runner.undo)
@@ -47,11 +60,7 @@ async def test_calls_made_while_a_batch_runs_go_together_in_the_next_in_order() 
         got[item] = await coalesced(item)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(call, "a")
-        await runner.started[0].wait()
-        for item in "bcd":
-            tg.start_soon(call, item)
-            await anyio.sleep(0.01)  # each asks while the first batch is under way
+        await _first_then(tg, call, runner, "bcd")
         runner.gates[0].set()
         runner.gates[1].set()
     assert runner.batches == [["a"], ["b", "c", "d"]]
@@ -72,11 +81,7 @@ async def test_a_failed_batch_raises_to_each_of_its_callers_and_the_next_batch_r
             errors.append(f"{item}: {exc}")
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(call, "a")
-        await runner.started[0].wait()
-        for item in "bc":
-            tg.start_soon(call, item)
-            await anyio.sleep(0.01)  # in this order
+        await _first_then(tg, call, runner, "bc")
         runner.gates[0].set()
         runner.gates[1].set()
     assert runner.batches == [["a"], ["b", "c"]]
@@ -116,11 +121,7 @@ async def test_a_caller_cancelled_while_its_batch_runs_gets_its_result_undone() 
             got[item] = await coalesced(item)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(call, "a")
-        await runner.started[0].wait()
-        for item in "bcd":
-            tg.start_soon(call, item)
-            await anyio.sleep(0.01)
+        await _first_then(tg, call, runner, "bcd")
         runner.gates[0].set()
         await runner.started[1].wait()  # "b", "c" and "d" under way together
         # Two callers go away while the batch runs. One of the three runs it (which one is
