@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from lanefold.backends.openai._backend import BackendEvent, OpenAIBackend
 from lanefold.backends.openai._config import OpenAIConfig, read_api_key
+from lanefold.backends.openai._transport import PooledTransport
 
-__all__ = ("BackendEvent", "OpenAIBackend", "OpenAIConfig", "read_api_key")
+__all__ = ("BackendEvent", "OpenAIBackend", "OpenAIConfig", "PooledTransport", "read_api_key")

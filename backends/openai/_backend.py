@@ -35,6 +35,7 @@ from lanefold.backends.openai._errors import (
     refuses_n,
     server_message,
 )
+from lanefold.backends.openai._transport import pooled_transport
 from lanefold.backends.openai._usage import apportion
 from lanefold.backends.openai._wire import build_body, parse_response
 from lanefold.primitives import (
@@ -80,7 +81,8 @@ class OpenAIBackend:
 
     Owns one `httpx.AsyncClient`, closed by `aclose` (or `async with`). The API key is read
     from the variable named by `config.api_key_env` in `environ` (default `os.environ`) when
-    the backend is built; `clock` dates Retry-After; `transport` replaces httpx's default.
+    the backend is built; `clock` dates Retry-After; `transport` replaces the backend's own
+    (aiohttp's pool on asyncio, httpx's on trio: `_transport.py`).
     """
 
     def __init__(
@@ -114,7 +116,7 @@ class OpenAIBackend:
                 max_connections=config.max_connections,
                 max_keepalive_connections=config.max_connections,
             ),
-            transport=transport,
+            transport=transport or pooled_transport(config.max_connections),
         )
         self._merging = config.n != "never"
         self._max_n = config.max_n  # lowered where a server states a smaller limit

@@ -13,22 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from lanefold.backends.openai import OpenAIBackend, OpenAIConfig
+from lanefold.backends.openai import OpenAIBackend, OpenAIConfig, PooledTransport
 
 _TLS = ssl.create_default_context()
 
 
 def make_backend(base_url: str, *, environ: dict[str, str] | None = None, **fields: Any) -> OpenAIBackend:
-    """An OpenAIBackend on a transport sharing one TLS context: building a context per
-    client loads the CA bundle each time, which would dominate these tests' run time."""
+    """An OpenAIBackend on its own kind of transport (aiohttp's pool on asyncio, httpx's on
+    trio) sharing one TLS context: building a context per client loads the CA bundle each
+    time, which would dominate these tests' run time."""
     config = OpenAIConfig(base_url=base_url, **{"model": "m", **fields})
-    return OpenAIBackend(config, environ=environ, transport=httpx.AsyncHTTPTransport(verify=_TLS))
+    transport = PooledTransport(max_connections=config.max_connections, verify=_TLS)
+    return OpenAIBackend(config, environ=environ, transport=transport)
 
 
 class NetworkGuardError(RuntimeError):

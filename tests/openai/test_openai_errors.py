@@ -191,6 +191,7 @@ async def test_a_200_without_choices_for_a_lane_is_a_bad_response(stub: tuple[St
             await sample_all(b, one_lane())
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # aiohttp's pool, httpx's
 async def test_slow_server_times_out(stub: tuple[Stub, str]) -> None:
     server, url = stub
 
@@ -204,6 +205,7 @@ async def test_slow_server_times_out(stub: tuple[Stub, str]) -> None:
             await sample_all(b, one_lane())
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # aiohttp's pool, httpx's
 async def test_connection_dropped_before_an_answer_is_a_server_error(
     raw_server: Callable[[bytes], str],
 ) -> None:
@@ -213,6 +215,7 @@ async def test_connection_dropped_before_an_answer_is_a_server_error(
     assert caught.value.retryable
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # aiohttp's pool, httpx's
 async def test_body_cut_short_is_a_bad_response(raw_server: Callable[[bytes], str]) -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
     url = raw_server(head + b'{"choices": [{"index": 0, "mess')
@@ -221,6 +224,7 @@ async def test_body_cut_short_is_a_bad_response(raw_server: Callable[[bytes], st
             await sample_all(b, one_lane())
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # aiohttp's pool, httpx's
 async def test_nothing_listening_is_a_server_error() -> None:
     with socket.socket() as sock:  # a port that was free a moment ago
         sock.bind(("127.0.0.1", 0))
@@ -280,6 +284,7 @@ async def test_the_key_never_appears_in_errors_events_or_reprs(stub: tuple[Stub,
     assert any("[redacted]" in t for t in texts)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # aiohttp's pool, httpx's
 async def test_requests_beyond_max_connections_wait_for_one(
     stub: tuple[Stub, str],
 ) -> None:
@@ -295,8 +300,9 @@ async def test_requests_beyond_max_connections_wait_for_one(
 
     server.reply = slow
     lanes = tuple(LaneRequest(i, i, 8) for i in range(6))
-    # The default transport, so the limit applies: six one-lane requests go through two
-    # connections in three rounds, the last two waiting 0.5 s for a connection.
+    # The backend's own transport, so the limit applies: six one-lane requests go through two
+    # connections in three rounds, the last two waiting 0.5 s for a connection (a wait
+    # for a connection is not bounded by timeout_s).
     config = OpenAIConfig(base_url=url, model="m", n="never", max_connections=2, timeout_s=0.4)
     async with OpenAIBackend(config) as b:
         out = await sample_all(b, SampleRequest("p", SamplingParams(max_tokens=8), lanes))

@@ -88,7 +88,14 @@ async def test_chat_logprobs_requested_and_returned(stub: tuple[Stub, str]) -> N
 
 def test_public_names() -> None:
     # read_api_key: the one check of a key from the environment (serve and validate use it)
-    assert openai_backend.__all__ == ("BackendEvent", "OpenAIBackend", "OpenAIConfig", "read_api_key")
+    # PooledTransport: the backend's own transport, for a caller passing one of its own settings
+    assert openai_backend.__all__ == (
+        "BackendEvent",
+        "OpenAIBackend",
+        "OpenAIConfig",
+        "PooledTransport",
+        "read_api_key",
+    )
 
 
 def test_config_defaults() -> None:
