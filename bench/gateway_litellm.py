@@ -6,7 +6,9 @@ at once with a fixed reply (no model). Both gateways run at once (at 1 worker, t
 each is measured in rounds (`--rounds`, 3): in each, the upstream alone first (the baseline),
 then the two gateways one after the other, the order swapped every round, so that a machine
 that slows or speeds up over minutes weighs on both alike. A measure: p50 and p99 latency at 1
-and at 32 concurrent httpx clients, and requests per second at saturation (64 clients). A
+and at 32 concurrent clients, and requests per second at saturation (64 clients); the clients
+are tasks sharing one httpx client on lanefold's `PooledTransport` (aiohttp's pool, the light
+one: on httpx's own, the client outspent either gateway at 64 connections). A
 gateway's added latency is its percentile minus the same round's upstream's at the same
 concurrency, its ratio the one over the other. After each round's table, the medians over the
 rounds, and in how many rounds lanefold was at or below LiteLLM on each row.
@@ -52,6 +54,8 @@ from pathlib import Path
 
 import anyio
 import httpx
+
+from lanefold.backends.openai import PooledTransport
 
 LITELLM = "litellm[proxy]==1.100.0"  # the newest whose proxy extra installs from this PyPI mirror
 MASTER_KEY = "sk-bench-master"
@@ -195,12 +199,14 @@ async def _block(
     latencies: list[float] = []
     left = list(range(requests))
     body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 17 * 23?"}]}
-    # An idle connection let go of before the server's keep-alive ends (uvicorn's, on both
-    # sides, is 5 s, as httpx's own default): at the same 5 s, a connection the pool kept idle
-    # since a block began was reused as the server closed it, and reset (ReadError), on either
-    # side, in blocks longer than 5 s.
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(limits=limits, timeout=120, headers=headers) as http:
+    # The client is lanefold's openai backend's transport (aiohttp's pool under httpx): on
+    # httpx's own pool the client spent 4 to 6 ms of CPU a request at 64 connections, more than
+    # either gateway, so on 2 cores it bounded what a gateway could be measured at, by an amount
+    # that moved with the server's timing. Its idle connections are let go after 4 s, before
+    # the servers' 5 s keep-alive ends (uvicorn's, on both sides): kept as long, one idle since
+    # a block began was reused as the server closed it, and reset (ReadError).
+    transport = PooledTransport(max_connections=clients)
+    async with httpx.AsyncClient(transport=transport, timeout=120, headers=headers) as http:
 
         async def client() -> None:
             while left:
