@@ -252,9 +252,14 @@ class Dispatcher:
         deadline = self.ledger.seconds_left()
         queue = iter(groups)
 
+        self._attempts.open_groups = len(groups)
+
         async def worker() -> None:
             for group in queue:  # shared: each group is taken by exactly one worker
-                await self._attempts.run_group(spec, group)
+                try:
+                    await self._attempts.run_group(spec, group)
+                finally:
+                    self._attempts.open_groups -= 1
 
         try:
             with anyio.move_on_after(math.inf if deadline is None else max(deadline, 0.0)) as scope:
@@ -278,13 +283,41 @@ class Dispatcher:
         if scope.cancelled_caught:
             self._settle.cut_off(spec, "max_seconds reached")
         self._settle.abandon(spec, groups, "max_seconds reached before dispatch")
-        if self.ledger.shared is not None:
-            await self.ledger.shared.flush()
         state = self.recorder.state.waves[spec.wave]
-        await close_wave(
-            self.recorder, state, min_quorum=spec.min_quorum, deadline_hit=scope.cancelled_caught
-        )
+        await self._close(state, spec.min_quorum, deadline_hit=scope.cancelled_caught)
         return state
+
+    async def _close(self, state: WaveState, min_quorum: int, *, deadline_hit: bool) -> None:
+        """Close the wave at its barrier, and write its settlements to the pools the run
+        spends from at the same time: the two are forced writes to different places (the log,
+        the budget), neither waits for the other. Whichever order a crash leaves them in, no
+        spend is lost: settlements not yet down leave the lanes' holds, charged whole; a
+        barrier not yet down has the wave run again, and charged again, on resume. A pool that
+        failed is the run's error first, as when it was written before the barrier."""
+        shared = self.ledger.shared
+        if shared is None:
+            await close_wave(self.recorder, state, min_quorum=min_quorum, deadline_hit=deadline_hit)
+            return
+        flush_failed: list[Exception] = []
+        closing: Exception | None = None
+
+        async def flush() -> None:
+            with anyio.CancelScope(shield=True):  # a change under way is seen through, never half-undone
+                try:
+                    await shared.flush()
+                except Exception as exc:  # raised below, after the barrier's own outcome
+                    flush_failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flush)
+            try:
+                await close_wave(self.recorder, state, min_quorum=min_quorum, deadline_hit=deadline_hit)
+            except Exception as exc:  # the quorum's or the log's: raised once the flush is done
+                closing = exc
+        if flush_failed:
+            raise flush_failed[0]
+        if closing is not None:
+            raise closing
 
 
 class _Planner:
@@ -513,6 +546,7 @@ class _Attempts:
         self.run_seed, self.retry, self.timeout_s = run_seed, retry, timeout_s
         self._slots, self._sleep, self._rng, self._log = slots, sleep, rng, logger
         self._plan, self._settle = plan, settle
+        self.open_groups = 0  # the wave's groups not yet done, this one included (run_wave counts)
 
     async def run_group(self, spec: WaveSpec, group: _Group) -> None:
         """The first attempt goes straight out; only lanes that failed retryably meet tenacity."""
@@ -635,7 +669,10 @@ class _Attempts:
             await self._call(request, jobs, land)
         finally:
             self._slots.release(borrowers)
-        if self.ledger.shared is not None:  # the lanes' settlements reach the fleet's pool
+        # The lanes' settlements reach the fleet's pool as they land, while other groups of the
+        # wave are out or before a retry; a wave's last group leaves them to the wave's end,
+        # which writes them beside the barrier (`_close`) rather than before it.
+        if self.ledger.shared is not None and (again or self.open_groups > 1):
             await self.ledger.shared.flush(wait=False)
         if fatal:
             raise fatal[0]  # the wave stops: no lane can succeed
