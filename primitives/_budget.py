@@ -231,6 +231,19 @@ def coalesced_reservations(
     return Coalesced(run, give_back)
 
 
+def coalesced_flushes(write: Callable[[], Awaitable[None]]) -> Coalesced[None, None]:
+    """A pool's `flush`, grouped (`Coalesced`): `write()` writes what is pending; the flushes
+    asked for while one is under way make one write after it. Each caller's settlements were
+    noted before it asked, so that write takes them along: 32 runs ending together wait for
+    two writes, not 32 in line."""
+
+    async def run(items: Sequence[None]) -> list[None]:
+        await write()
+        return [None] * len(items)
+
+    return Coalesced(run, lambda item, result: None)  # nothing to give back: a write is kept
+
+
 def _priced(usage: Counts, pricing: Pricing) -> float:
     return 1e-6 * (
         usage.input_tokens * pricing.input_per_mtok

@@ -165,6 +165,7 @@ PRIMITIVES_PUBLIC = frozenset(
         "check_next_sequence",
         "check_tool_choice",
         "check_verifier_limits",
+        "coalesced_flushes",
         "coalesced_reservations",
         "compile_score_regex",
         "describe_answer",

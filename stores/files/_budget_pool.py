@@ -25,6 +25,7 @@ from lanefold.primitives import (
     Room,
     RunError,
     check_budget_name,
+    coalesced_flushes,
     coalesced_reservations,
     os_failure,
     reserve_in_turn,
@@ -54,6 +55,7 @@ class FileSharedPool:
         self.room: Room | None = None  # left at the last reservation, plus what came back since
         self.exhausted: str | None = None  # the limit its spend had reached, as last read
         self._reserving = coalesced_reservations(self, self._take)
+        self._flushing = coalesced_flushes(lambda: self._run(lambda budget, mine: None, pending_only=True))
 
     @classmethod
     async def open(cls, budgets: FileBudgets, name: str, run_id: str) -> FileSharedPool:
@@ -159,13 +161,14 @@ class FileSharedPool:
                 raise
 
     async def flush(self, *, wait: bool = True) -> None:
-        """Write the settlements noted since the last write; `wait=False` skips it while
+        """Write the settlements noted since the last write, with those of the segment's
+        other runs that flush meanwhile (`coalesced_flushes`); `wait=False` skips it while
         another change of this segment's is under way (the next one takes them along)."""
         if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
             return
         if not wait and self._lock.locked():
             return
-        await self._run(lambda budget, mine: None, pending_only=True)
+        await self._flushing(None)
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
         """Reserve all of `holds` or none, in one change under the lock: with the reservations

@@ -35,6 +35,7 @@ from lanefold.primitives import (
     Room,
     RunError,
     check_budget_name,
+    coalesced_flushes,
     coalesced_reservations,
     reserve_in_turn,
 )
@@ -223,6 +224,7 @@ class PgSharedPool:
         self.room: Room | None = None  # left at the last reservation, plus what came back since
         self.exhausted: str | None = None  # the limit its spend had reached, as last read
         self._reserving = coalesced_reservations(self, self._take)
+        self._flushing = coalesced_flushes(self._write_pending)
 
     @classmethod
     async def open(cls, db: PgDatabase, name: str, run_id: str) -> PgSharedPool:
@@ -328,14 +330,17 @@ class PgSharedPool:
             )
 
     async def flush(self, *, wait: bool = True) -> None:
-        """Write the settlements noted since the last write. `wait=False` (after each backend
+        """Write the settlements noted since the last write, with those of the segment's
+        other runs that flush meanwhile (`coalesced_flushes`). `wait=False` (after each backend
         request) skips it while another write is under way: lanes landing together then share
         one round trip, and what is left goes with the next write (the wave's end waits)."""
         if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
             return
         if not wait and self._lock.locked():
             return
+        await self._flushing(None)
 
+    async def _write_pending(self) -> None:
         def write(conn: Any, held: list[Any], spent: list[Any]) -> None:
             conn.execute(_LOCK, (self.name,))  # the budget row first, as reserve locks it
             self._write(conn, held, spent)

@@ -10,7 +10,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from lanefold.primitives import Coalesced
+from lanefold.primitives import Coalesced, coalesced_flushes
 
 pytestmark = pytest.mark.anyio
 
@@ -136,3 +136,37 @@ async def test_a_caller_cancelled_while_its_batch_runs_gets_its_result_undone() 
     for item in "bd":  # taken or given back, never both, never neither
         assert (item in got) != ((item, item.upper()) in runner.undone), (got, runner.undone)
     assert runner.undone, "at most one of the two ran the batch: the other was undone"
+
+
+async def test_flushes_asked_for_during_a_write_make_one_write_after_it() -> None:
+    """`coalesced_flushes`: 8 runs flush while a write is under way; one write after it takes
+    all of their settlements (noted before they asked), and each returns only after it."""
+    pending: list[int] = []
+    written: list[list[int]] = []
+    gate, begun = anyio.Event(), anyio.Event()
+
+    async def write() -> None:
+        taken = pending[:]
+        pending.clear()
+        if not written:  # the first write holds until the others have asked
+            begun.set()
+            await gate.wait()
+        written.append(taken)
+
+    flush = coalesced_flushes(write)
+    returned: list[tuple[int, int]] = []  # (run, writes made when it returned)
+
+    async def run_ends(run: int) -> None:
+        pending.append(run)  # its settlement, noted
+        await flush(None)
+        returned.append((run, len(written)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_ends, 0)
+        await begun.wait()
+        for run in range(1, 9):
+            tg.start_soon(run_ends, run)
+            await anyio.sleep(0.005)
+        gate.set()
+    assert written == [[0], [1, 2, 3, 4, 5, 6, 7, 8]]
+    assert sorted(returned) == [(0, 1)] + [(run, 2) for run in range(1, 9)]
