@@ -21,13 +21,21 @@ from starlette.routing import Route
 from lanefold.backends.openai import OpenAIBackend, OpenAIConfig, PooledTransport
 
 _TLS = ssl.create_default_context()
+# Which test a request belongs to: `Stub.reset` moves it on, `make_backend` stamps it on every
+# request. One server serves the session, so a request a test cancelled can reach it after the
+# next test began (the server thread is slow under load); the stub answers it and records
+# nothing, so each test's record holds its own requests (a cut request once made a test of
+# five requests count six).
+GENERATION = "x-stub-generation"
+_generation = [0]
 
 
 def make_backend(base_url: str, *, environ: dict[str, str] | None = None, **fields: Any) -> OpenAIBackend:
     """An OpenAIBackend on its own kind of transport (aiohttp's pool on asyncio, httpx's on
     trio) sharing one TLS context: building a context per client loads the CA bundle each
     time, which would dominate these tests' run time."""
-    config = OpenAIConfig(base_url=base_url, **{"model": "m", **fields})
+    headers = {GENERATION: str(_generation[0]), **fields.pop("headers", {})}
+    config = OpenAIConfig(base_url=base_url, **{"model": "m", "headers": headers, **fields})
     transport = PooledTransport(max_connections=config.max_connections, verify=_TLS)
     return OpenAIBackend(config, environ=environ, transport=transport)
 
@@ -107,6 +115,7 @@ class Stub:
         self.reply = honour_n
         self.requests.clear()
         self.release.clear()
+        _generation[0] += 1
 
     async def hold(self, seconds: float) -> None:
         """Sleep in small steps, cut short when the test ends."""
@@ -123,6 +132,8 @@ class Stub:
             except ValueError:
                 body = raw
             rec = Recorded(request.url.path, body, dict(request.headers), request)
+            if rec.headers.get(GENERATION, str(_generation[0])) != str(_generation[0]):
+                return Response(status_code=409)  # an earlier test's request, cut short there
             self.requests.append(rec)
             out = self.reply(rec)
             return await out if inspect.isawaitable(out) else out
