@@ -369,7 +369,8 @@ class SharedPool(Protocol):
     def charge_cut_off(self, hold: Hold) -> None: ...
 
     async def flush(self, *, wait: bool = True) -> None:
-        """Write what is noted; `wait=False` leaves it to a write already under way."""
+        """Write what is noted; `wait=False` leaves it to a write already under way. Else
+        what was noted before the call is down when it returns."""
 
 
 @dataclass(slots=True)

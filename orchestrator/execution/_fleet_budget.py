@@ -207,7 +207,13 @@ class Share:
     the holds this run reserved and has not settled are counted here, so that `aclose`
     charges them whole (none, after a run that ended cleanly) and writes what is pending. The
     segment's `exhausted` is as it last saw the budget: a spend reached since elsewhere refuses
-    the run's first reservation instead."""
+    the run's first reservation instead.
+
+    A flush waits for this run's own changes only: one with none noted since its last flush
+    (a run's end, after the wave's end wrote its settlements) returns at once rather than
+    waiting for the write of the other runs' settlements pending in the segment. Measured
+    with 32 runs in flight on one segment (docs/gateway.md): a run's end waited 35 ms at p90
+    and 79 ms at p99 for writes that were not its own."""
 
     def __init__(self, pool: SharedPool, forget: Callable[[], None], done: Callable[[], None]) -> None:
         self.pool, self.name, self._forget = pool, pool.name, forget
@@ -215,6 +221,8 @@ class Share:
         self.exhausted = pool.exhausted
         self._reserved = False  # whether this run has reserved yet: its room is known from then
         self._holds: Counter[Hold] = Counter()  # the holds reserved, not yet settled or released
+        self._noted = 0  # changes this run noted in the segment (settled, released, charged)
+        self._flushed = 0  # of those, how many a flush of this run's has seen written
 
     @property
     def room(self) -> Room | None:
@@ -229,8 +237,10 @@ class Share:
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
         try:
             refusal = await self.pool.reserve(holds)
-        except (ConfigError, RunError):
-            self._forget()
+        except BaseException as exc:
+            self._noted += 1  # a reservation cut short may have been given back: flushed at the end
+            if isinstance(exc, (ConfigError, RunError)):
+                self._forget()
             raise
         self._reserved = True
         if refusal is None:
@@ -239,6 +249,7 @@ class Share:
 
     def _done(self, hold: Hold) -> None:
         """`hold` (or one equal to it: equal holds are counted alike) is no longer outstanding."""
+        self._noted += 1
         if self._holds[hold] > 1:
             self._holds[hold] -= 1
         else:
@@ -257,15 +268,21 @@ class Share:
         self.pool.charge_cut_off(hold)
 
     async def flush(self, *, wait: bool = True) -> None:
+        noted = self._noted
+        if noted == self._flushed:
+            return  # what this run noted is down; the others' pending changes are theirs to flush
         try:
             await self.pool.flush(wait=wait)
         except (ConfigError, RunError):
             self._forget()
             raise
+        if wait:  # everything noted before the call is written: ours up to `noted`
+            self._flushed = max(self._flushed, noted)
 
     async def aclose(self) -> None:
         """Charge whole the holds this run left outstanding, then write what is pending."""
         left, self._holds = list(self._holds.elements()), Counter()
+        self._noted += len(left)
         for hold in left:
             self.pool.charge_cut_off(hold)
         try:

@@ -163,9 +163,16 @@ class FileSharedPool:
     async def flush(self, *, wait: bool = True) -> None:
         """Write the settlements noted since the last write, with those of the segment's
         other runs that flush meanwhile (`coalesced_flushes`); `wait=False` skips it while
-        another change of this segment's is under way (the next one takes them along)."""
+        another change of this segment's is under way (the next one takes them along). Else
+        what was noted before the call is down when it returns (a change under way that took
+        it along is waited for)."""
         if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
-            return
+            if not (wait and self._lock.locked()):
+                return
+            async with self._lock:  # a change under way took what was noted before: down as it ends
+                pass
+            if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
+                return  # (else it failed and put them back: written below, or its error raised)
         if not wait and self._lock.locked():
             return
         await self._flushing(None)

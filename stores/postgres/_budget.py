@@ -333,9 +333,16 @@ class PgSharedPool:
         """Write the settlements noted since the last write, with those of the segment's
         other runs that flush meanwhile (`coalesced_flushes`). `wait=False` (after each backend
         request) skips it while another write is under way: lanes landing together then share
-        one round trip, and what is left goes with the next write (the wave's end waits)."""
+        one round trip, and what is left goes with the next write (the wave's end waits). Else
+        what was noted before the call is down when it returns (a write under way that took it
+        along is waited for)."""
         if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
-            return
+            if not (wait and self._lock.locked()):
+                return
+            async with self._lock:  # a change under way took what was noted before: down as it ends
+                pass
+            if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
+                return  # (else it failed and put them back: written below, or its error raised)
         if not wait and self._lock.locked():
             return
         await self._flushing(None)

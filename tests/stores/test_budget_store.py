@@ -460,3 +460,82 @@ async def test_standing_segments_past_the_ones_kept_close_the_least_recently_use
     finally:
         await standing.aclose()
     assert await holders() == [0, 0, 0]
+
+
+@pytest.mark.anyio
+async def test_a_runs_end_waits_for_its_own_settlements_not_the_other_runs(store: Store) -> None:
+    """Runs sharing a standing segment: one whose settlements are down ends without writing
+    (or waiting for) the settlements other runs noted since; each run's own are down when its
+    share closes."""
+    from lanefold.execution._fleet_budget import StandingPools, close_pools, open_pools
+
+    budgets, name = _budgets(store), _name(store, "standing")
+    budgets.set_budget(name, max_tokens=10_000)
+    standing = StandingPools()
+
+    def spent() -> int:
+        return budgets.read_budget(name).spent_tokens  # type: ignore[union-attr]
+
+    try:
+        first = await open_pools(store, [name], "a", standing=standing)
+        second = await open_pools(store, [name], "b", standing=standing)
+        assert first is not None and second is not None
+        hold = _hold(100, 200)
+        assert await first.reserve([hold]) is None and await second.reserve([hold]) is None
+        first.settle(hold, 150, 0.0, 1)
+        await first.flush()  # the first run's wave end: its settlement down
+        second.settle(hold, 250, 0.0, 1)  # the second's, noted
+        await close_pools(first)  # the first run's end: nothing of its own left to write
+        assert spent() == 150  # the second's settlement is the second's to write
+        await close_pools(second)
+        assert spent() == 400
+    finally:
+        await standing.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_flush_waits_for_the_change_under_way_that_took_its_settlements(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reservation writes what was noted before it (another run's settlement) along with
+    its own change; a flush asked while that change is still under way has nothing pending
+    left, and returns only once the change is down, not at once."""
+    budgets, name = _budgets(store), _name(store, "under-way")
+    budgets.set_budget(name, max_tokens=10_000)
+    pool = await budgets.open_shared_pool(name, "run")
+    hold = _hold(100, 200)
+    held, release = anyio.Event(), anyio.Event()
+    arm: list[bool] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def slow(func: Any, *args: Any, **kwargs: Any) -> Any:
+        if arm:  # the armed change waits in its worker thread's stead until let go
+            arm.clear()
+            held.set()
+            await release.wait()
+        return await run_sync(func, *args, **kwargs)
+
+    try:
+        assert await pool.reserve([hold]) is None
+        pool.settle(hold, 150, 0.0, 1)  # noted
+        monkeypatch.setattr(anyio.to_thread, "run_sync", slow)
+        arm.append(True)
+        flushed: list[bool] = []
+
+        async def flush() -> None:
+            await pool.flush()
+            flushed.append(True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pool.reserve, [hold])  # takes the settlement along, held in flight
+            await held.wait()
+            tg.start_soon(flush)
+            await anyio.wait_all_tasks_blocked()
+            early = list(flushed)
+            release.set()
+        assert early == []  # the settlement was not down yet: the flush waited for it
+        assert flushed == [True]
+        assert budgets.read_budget(name).spent_tokens == 150  # type: ignore[union-attr]
+    finally:
+        monkeypatch.undo()
+        await pool.aclose()
