@@ -58,6 +58,7 @@ from lanefold.primitives._budget import (
     Spend,
     coalesced_flushes,
     coalesced_reservations,
+    flush_pending,
     reserve_in_turn,
     short_of_room,
 )
@@ -364,6 +365,7 @@ __all__ = (
     "extract_answer",
     "fill_defaults",
     "flatten_chat",
+    "flush_pending",
     "fold",
     "get_logger",
     "give_rate",

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Protocol
 
+import anyio
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from lanefold.primitives._backend import Usage
@@ -39,6 +40,7 @@ __all__ = (
     "Spend",
     "WaveFit",
     "coalesced_reservations",
+    "flush_pending",
     "reserve_in_turn",
     "short_of_room",
 )
@@ -242,6 +244,27 @@ def coalesced_flushes(write: Callable[[], Awaitable[None]]) -> Coalesced[None, N
         return [None] * len(items)
 
     return Coalesced(run, lambda item, result: None)  # nothing to give back: a write is kept
+
+
+async def flush_pending(
+    pending: Callable[[], bool], lock: anyio.Lock, write: Callable[[], Awaitable[None]], *, wait: bool
+) -> None:
+    """A pool's `flush`: `write()` what is `pending()` (its grouped write, `coalesced_flushes`),
+    `lock` being held by each of the pool's changes (a reservation's, a flush's). What was
+    noted before the call is down when it returns: with nothing pending, a change under way
+    may have taken it along, so that change is waited for (and what it put back, failing, is
+    written). `wait=False` returns rather than wait for a change under way (the next one
+    takes it along)."""
+    if not pending():
+        if not (wait and lock.locked()):
+            return
+        async with lock:  # the change under way ends: what it took along is down
+            pass
+        if not pending():
+            return  # (else it failed and put it back: written below, or its error raised)
+    if not wait and lock.locked():
+        return
+    await write()
 
 
 def _priced(usage: Counts, pricing: Pricing) -> float:

@@ -173,6 +173,7 @@ PRIMITIVES_PUBLIC = frozenset(
         "extract_answer",
         "fill_defaults",
         "flatten_chat",
+        "flush_pending",
         "fold",
         "get_logger",
         "hash_config",

@@ -27,6 +27,7 @@ from lanefold.primitives import (
     check_budget_name,
     coalesced_flushes,
     coalesced_reservations,
+    flush_pending,
     os_failure,
     reserve_in_turn,
 )
@@ -165,17 +166,11 @@ class FileSharedPool:
         other runs that flush meanwhile (`coalesced_flushes`); `wait=False` skips it while
         another change of this segment's is under way (the next one takes them along). Else
         what was noted before the call is down when it returns (a change under way that took
-        it along is waited for)."""
-        if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
-            if not (wait and self._lock.locked()):
-                return
-            async with self._lock:  # a change under way took what was noted before: down as it ends
-                pass
-            if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
-                return  # (else it failed and put them back: written below, or its error raised)
-        if not wait and self._lock.locked():
-            return
-        await self._flushing(None)
+        it along is waited for: `flush_pending`)."""
+        await flush_pending(self._pending, self._lock, lambda: self._flushing(None), wait=wait)
+
+    def _pending(self) -> bool:
+        return self._held != [0, 0.0, 0] or self._spent != [0, 0.0, 0]
 
     async def reserve(self, holds: Sequence[Hold]) -> Refusal | None:
         """Reserve all of `holds` or none, in one change under the lock: with the reservations

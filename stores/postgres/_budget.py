@@ -37,6 +37,7 @@ from lanefold.primitives import (
     check_budget_name,
     coalesced_flushes,
     coalesced_reservations,
+    flush_pending,
     reserve_in_turn,
 )
 from lanefold.stores.postgres._database import PgDatabase, psycopg_module
@@ -335,17 +336,11 @@ class PgSharedPool:
         request) skips it while another write is under way: lanes landing together then share
         one round trip, and what is left goes with the next write (the wave's end waits). Else
         what was noted before the call is down when it returns (a write under way that took it
-        along is waited for)."""
-        if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
-            if not (wait and self._lock.locked()):
-                return
-            async with self._lock:  # a change under way took what was noted before: down as it ends
-                pass
-            if self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
-                return  # (else it failed and put them back: written below, or its error raised)
-        if not wait and self._lock.locked():
-            return
-        await self._flushing(None)
+        along is waited for: `flush_pending`)."""
+        await flush_pending(self._pending, self._lock, lambda: self._flushing(None), wait=wait)
+
+    def _pending(self) -> bool:
+        return self._held != [0, 0.0, 0] or self._spent != [0, 0.0, 0]
 
     async def _write_pending(self) -> None:
         def write(conn: Any, held: list[Any], spent: list[Any]) -> None:
