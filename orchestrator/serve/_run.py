@@ -142,7 +142,7 @@ async def run_server(
     one last `gc.collect` so that no garbage is kept): they live as long as the server, and a
     full sweep that walks them all stops every request in flight. Measured on the gateway (one
     worker, 32 clients, docs/gateway.md): sweeps of 60-90 ms at about 115,000 objects, one
-    every 2-3 s under load, down to 3-5 ms."""
+    every 2-3 s under load, down to 3-7 ms."""
     import uvicorn  # the `serve` extra; imported here so the package loads without it
 
     sock = sock or listen(host, port)
