@@ -133,7 +133,7 @@ class FileSharedPool:
         pending. `pending_only` (a flush, whose `work` returns None): no change if nothing is
         pending once the segment's lock is taken (a change made while waiting took it along)."""
         async with self._lock:
-            if pending_only and self._held == [0, 0.0, 0] and self._spent == [0, 0.0, 0]:
+            if pending_only and not self._pending():
                 return cast(T, None)
             held, spent = self._held, self._spent
             self._held, self._spent = [0, 0.0, 0], [0, 0.0, 0]
