@@ -20,6 +20,7 @@ from lanefold.serve._run import (
     port_number,
     require_extra,
     serve,
+    serving_loop,
 )
 
 __all__ = (
@@ -45,5 +46,6 @@ __all__ = (
     "serve",
     "serve_loops",
     "serve_loops_async",
+    "serving_loop",
     "twice_sent",
 )

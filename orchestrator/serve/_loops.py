@@ -21,7 +21,7 @@ from lanefold.primitives import Backend, ConfigError, Hook, Loadable
 from lanefold.serve._keyring import StoreKeys, key_store, seed_keys
 from lanefold.serve._keys import KeyPools, Keys, load_keys
 from lanefold.serve._routes import served_models
-from lanefold.serve._run import balanced_workers, listen, run_server
+from lanefold.serve._run import balanced_workers, listen, run_server, serving_loop
 from lanefold.serve._workers import WorkerHeader, run_forked, supervise
 
 __all__ = ("gateway_app", "loop_configs", "serve_loops", "serve_loops_async")
@@ -125,11 +125,10 @@ def serve_loops(
         if own:
             held, sock = sock, listen(host, sock.getsockname()[1], reuse_port=True)
             held.close()  # the supervisor's, inherited: it holds the port on its own
-        anyio.run(
+        serving_loop(
             lambda: serve_loops_async(
                 loops, store, sock=sock, host=host, port=port, keys=keys, store_keys=store_keys, **options
-            ),
-            backend="asyncio",  # uvicorn runs on asyncio only
+            )
         )
 
     if workers == 1:

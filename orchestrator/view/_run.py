@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import logging
 
-import anyio
-
 from lanefold.primitives import Store
-from lanefold.serve import listen
+from lanefold.serve import listen, serving_loop
 
 __all__ = ("view",)
 
@@ -36,6 +34,6 @@ def view(
         "viewing %s on http://%s:%d/ (Ctrl-C to stop)", store.describe, shown, sock.getsockname()[1]
     )
     try:
-        anyio.run(lambda: server.serve(sockets=[sock]), backend="asyncio")
+        serving_loop(lambda: server.serve(sockets=[sock]))
     finally:
         sock.close()
