@@ -338,10 +338,17 @@ class Session:
         try:
             await refuse_if_spent(self.store, pool, "the run was not started")
             runner = self.hook_runner(config, run_id)
-            if log is None:  # a folder, a lock file and a draft on files: never on the loop
+            if pool is not None:  # recorded once its first wave is funded, its log made then
+                fsync = config.log.fsync
+                if log is None:
+                    store = self.store
+                    log = held = HeldLog(
+                        lambda: store.create_log(run_id, fsync), location=store.location(run_id), fsync=fsync
+                    )
+                else:
+                    log = held = HeldLog.over(log)
+            elif log is None:  # a folder, a lock file and a draft on files: never on the loop
                 log = await anyio.to_thread.run_sync(self.store.create_log, run_id, config.log.fsync)
-            if pool is not None:  # recorded once its first wave is funded
-                log = held = HeldLog(log)
             async with runner:
                 recorder = Recorder(
                     log, run_id, RunState(pricing=config.pricing), observer=runner.tapping(observer)
