@@ -139,10 +139,12 @@ from lanefold.primitives._keystore import (
     KeyStore,
     RateVerdict,
     StoredKey,
+    UsesInFlight,
     check_key_name,
     give_rate,
     take_rate,
     untaken,
+    use_only,
 )
 from lanefold.primitives._logging import get_logger
 from lanefold.primitives._loop import (
@@ -341,6 +343,7 @@ __all__ = (
     "TornTail",
     "Usage",
     "UsageBreakdown",
+    "UsesInFlight",
     "Verdict",
     "Verifier",
     "VerifierFn",
@@ -411,6 +414,7 @@ __all__ = (
     "tool_turns",
     "tools_schema",
     "untaken",
+    "use_only",
     "validate_run_id",
     "vote_fold",
     "vote_summary",

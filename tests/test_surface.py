@@ -34,6 +34,8 @@ PRIMITIVES_PUBLIC = frozenset(
         "give_rate",
         "take_rate",
         "untaken",
+        "use_only",
+        "UsesInFlight",
         "Allowance",
         "AnswerRead",
         "AnyEvent",

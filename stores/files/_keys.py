@@ -15,10 +15,10 @@ from lanefold.primitives import (
     KeyRecord,
     RateVerdict,
     StoredKey,
+    UsesInFlight,
     check_key_name,
     give_rate,
     take_rate,
-    untaken,
 )
 from lanefold.stores.files._documents import locked_folder, read_document, write_document
 
@@ -33,6 +33,7 @@ class FileKeys:
 
     def __init__(self, root: str | Path) -> None:
         self.folder = Path(root) / _FOLDER
+        self._uses = UsesInFlight()
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """The keys' exclusive lock for the block (waits for another holder to finish)."""
@@ -87,21 +88,25 @@ class FileKeys:
         if not path.is_file():
             return None
         # A file is replaced whole (renamed over), so a read without the lock sees one version.
-        quick = untaken(self._read(path), now)
-        if quick is not None:
-            return quick
-        return self._change(name, lambda key: take_rate(key, tokens, requests, now))
+        return self._uses.take(
+            self._read(path),
+            now,
+            lambda: self._change(name, lambda key: take_rate(key, tokens, requests, now)),
+        )
 
     def give_key_rate(self, name: str, tokens: int, now: float) -> None:
         if self.path(name).is_file():
             self._change(name, lambda key: give_rate(key, tokens, now))
 
     def _change(self, name: str, work: Callable[[StoredKey], T]) -> T:
-        """`work` on the key `name`, written back, under the lock; no such key: ConfigError."""
+        """`work` on the key `name`, written back where it changed it, under the lock; no such
+        key: ConfigError."""
         with self.locked():
             key = self._read(self.path(name))
             if key is None:
                 raise ConfigError(f"key {name!r}: no such key in {self.folder.parent}")
+            before = key.model_copy(deep=True)
             done = work(key)
-            self._write(key)
+            if key != before:
+                self._write(key)
             return done

@@ -17,9 +17,9 @@ from lanefold.primitives import (
     RateVerdict,
     StoredKey,
     StoreError,
+    UsesInFlight,
     give_rate,
     take_rate,
-    untaken,
 )
 from lanefold.stores.postgres._database import PgDatabase, psycopg_module, reason
 
@@ -41,6 +41,7 @@ class PgKeys:
 
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
+        self._uses = UsesInFlight()
 
     def _run(self, work: Callable[[Any], T]) -> T:
         """`work(conn)` in one transaction, the table made first where it is not known to be."""
@@ -117,13 +118,13 @@ class PgKeys:
         return [self._parse(record, rate) for record, rate in rows]
 
     def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
-        quick = untaken(self.read_key(name), now)  # a read, no row lock, no commit to force
-        if quick is not None:
-            return quick
-        try:
-            return self._change(name, lambda key, conn: take_rate(key, tokens, requests, now))
-        except KeyError:
-            return None
+        def locked() -> RateVerdict | None:
+            try:
+                return self._change(name, lambda key, conn: take_rate(key, tokens, requests, now))
+            except KeyError:
+                return None
+
+        return self._uses.take(self.read_key(name), now, locked)  # a read: no row lock, no commit
 
     def give_key_rate(self, name: str, tokens: int, now: float) -> None:
         try:
@@ -132,8 +133,8 @@ class PgKeys:
             return
 
     def _change(self, name: str, work: Callable[[StoredKey, Any], T]) -> T:
-        """`work` on the key's row, held FOR UPDATE, written back in the same transaction;
-        KeyError where there is no such key."""
+        """`work` on the key's row, held FOR UPDATE, written back in the same transaction
+        where it changed it; KeyError where there is no such key."""
 
         def change(conn: Any) -> T:
             row = conn.execute(
@@ -142,7 +143,10 @@ class PgKeys:
             if row is None:
                 raise KeyError(name)
             key = self._parse(row[0], row[1])
+            before = key.model_copy(deep=True)
             done = work(key, conn)
+            if key == before:
+                return done  # nothing to write (the row lock ends with the transaction)
             conn.execute(
                 "UPDATE lanefold_keys SET sha256 = %s, record = %s, rate = %s WHERE name = %s",
                 (key.record.sha256, key.record.model_dump_json(), key.rate.model_dump_json(), name),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -361,3 +362,92 @@ def test_a_key_without_buckets_records_its_last_use_to_the_second(
         wall.now = 1001.5  # within the second of its last recorded use: the record says revoked
         refused = client.post("/chat/completions", json=_chat(), headers=_auth(key))
         assert refused.status_code == 401, refused.text
+
+
+def test_requests_finding_a_keys_last_use_stale_together_record_it_once(
+    opened: tuple[Store, list[str]], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a second a busy key's last use is a second old: every request admitted then read it
+    so, and each went on to take its rate under the lock and write the record again, one forced
+    write after another (a dozen requests stalled 100-200 ms on the gateway at 32 clients). Now
+    one request records the use; the others are admitted without waiting for the lock while it
+    does (`UsesInFlight`), or, come after it, find the use recorded (within a second, before or
+    after their own clock) and change nothing."""
+    import lanefold.primitives._keystore as rule
+    import lanefold.stores.files._keys as files_keys
+    import lanefold.stores.postgres._keys as pg_keys
+
+    store, flags = opened
+    _create(capsys, flags, "liam")
+    assert store.take_key_rate("liam", 0, 1, 1000.0) is not None  # type: ignore[attr-defined]
+    racing = 8
+    together = threading.Barrier(racing)
+    local = threading.local()
+    changed: list[bool] = []
+    real_untaken, real_take = rule.untaken, rule.take_rate
+
+    def read_stale(key: Any, now: float) -> Any:
+        found = real_untaken(key, now)
+        if not getattr(local, "read", False):  # a request's read before any lock
+            local.read = True
+            assert found is None  # a second old for every one of them
+            together.wait(timeout=30)  # each read it before any went on
+        return found
+
+    def taken(key: Any, tokens: int, requests: int, now: float) -> Any:
+        before = key.model_copy(deep=True)
+        verdict = real_take(key, tokens, requests, now)
+        changed.append(key != before)
+        return verdict
+
+    for module in (rule, files_keys, pg_keys):
+        monkeypatch.setattr(module, "untaken", read_stale, raising=False)
+    for module in (files_keys, pg_keys):
+        monkeypatch.setattr(module, "take_rate", taken)
+    with concurrent.futures.ThreadPoolExecutor(racing) as pool:
+        verdicts = list(
+            pool.map(lambda i: store.take_key_rate("liam", 0, 1, 1001.5 + i / 100), range(racing))  # type: ignore[attr-defined]
+        )
+    assert all(v is not None and v.retry_after is None for v in verdicts)  # every one admitted
+    assert changed.count(True) == 1  # one write, not eight
+    stored = store.read_key("liam")  # type: ignore[attr-defined]
+    assert 1001.5 <= stored.rate.last_used <= 1001.5 + (racing - 1) / 100
+
+
+def test_a_last_use_recorded_by_a_request_whose_clock_read_later_is_kept() -> None:
+    """A request admitted while another recorded the key's use may hold an earlier `now` than
+    the one recorded: within the second, its take changes nothing (it wrote the use back by a
+    few milliseconds before)."""
+    from lanefold.primitives import KeyRecord, StoredKey, take_rate
+
+    key = StoredKey(record=KeyRecord(name="mia", sha256="0" * 64))
+    assert take_rate(key, 0, 1, 1001.6).retry_after is None
+    before = key.model_copy(deep=True)
+    assert take_rate(key, 0, 1, 1001.5).retry_after is None
+    assert key == before and key.rate.last_used == 1001.6
+    assert take_rate(key, 0, 1, 1000.5).retry_after is None  # a clock stepped back a second
+    assert key.rate.last_used == 1000.5
+
+
+def test_a_use_being_recorded_admits_the_keys_other_requests_without_the_lock() -> None:
+    """While one request of a process records a key's use (under the store's lock, a forced
+    write), another that found the use stale is admitted with nothing to take, never waiting
+    for that lock; a key with buckets always takes under the lock."""
+    from lanefold.primitives import KeyRecord, RateVerdict, StoredKey, UsesInFlight
+
+    uses = UsesInFlight()
+    plain = StoredKey(record=KeyRecord(name="nia", sha256="1" * 64))
+    metered = StoredKey(record=KeyRecord(name="otto", sha256="2" * 64, rpm=60))
+    locked: list[str] = []
+
+    def recording() -> RateVerdict:
+        locked.append("nia")
+        meanwhile = uses.take(plain, 5.0, lambda: pytest.fail("waited for the lock"))
+        assert meanwhile == RateVerdict(None, None, None)
+        assert uses.take(metered, 5.0, lambda: locked.append("otto") or RateVerdict(None, 59.0, 59.0))
+        return RateVerdict(None, None, None)
+
+    assert uses.take(plain, 5.0, recording) == RateVerdict(None, None, None)
+    assert locked == ["nia", "otto"]
+    assert uses.take(plain, 6.0, lambda: locked.append("nia") or RateVerdict(None, None, None)) is not None
+    assert locked == ["nia", "otto", "nia"]  # recorded, then let go: the next stale read records it
