@@ -158,7 +158,7 @@ def take_rate(key: StoredKey, tokens: int, requests: int, now: float) -> RateVer
     A key `untaken` admits changes nothing: a request admitted while this one waited for the
     lock recorded its use (without this, every request that found the last use a second old
     at once wrote it again, one forced write after another under the lock: on the gateway at
-    32 clients, a 100-200 ms stall of a dozen requests once a second)."""
+    32 clients, a dozen requests stalled 50 to 240 ms once a second)."""
     record, rate = key.record, key.rate
     if record.revoked:
         return RateVerdict(None, None, None, revoked=True)
