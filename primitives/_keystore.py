@@ -223,14 +223,16 @@ class UsesInFlight:
     def take(
         self, read: StoredKey | None, now: float, locked: Callable[[], RateVerdict | None]
     ) -> RateVerdict | None:
-        """A store's `take_key_rate`, given its read of the key without the lock: `untaken`;
-        else for a key `use_only` whose use another request of this process records now,
-        admitted with nothing to take; else `locked()`, its change under the lock
-        (`take_rate`)."""
+        """A store's `take_key_rate`, given its read of the key without the lock: None where
+        there is no such key; `untaken`; else for a key `use_only` whose use another request
+        of this process records now, admitted with nothing to take; else `locked()`, its
+        change under the lock (`take_rate`)."""
+        if read is None:
+            return None
         quick = untaken(read, now)
         if quick is not None:
             return quick
-        if read is None or not use_only(read):
+        if not use_only(read):
             return locked()
         with self.recording(read.record.name) as first:
             return locked() if first else RateVerdict(None, None, None)

@@ -84,12 +84,10 @@ class FileKeys:
         return sorted(self._all(), key=lambda k: k.record.name)
 
     def take_key_rate(self, name: str, tokens: int, requests: int, now: float) -> RateVerdict | None:
-        path = self.path(name)
-        if not path.is_file():
-            return None
-        # A file is replaced whole (renamed over), so a read without the lock sees one version.
+        # A file is replaced whole (renamed over), so a read without the lock sees one version
+        # (None where there is no such key: one read, no stat before it).
         return self._uses.take(
-            self._read(path),
+            self._read(self.path(name)),
             now,
             lambda: self._change(name, lambda key: take_rate(key, tokens, requests, now)),
         )
