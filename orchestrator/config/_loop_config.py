@@ -380,6 +380,8 @@ class LoopConfig(_Section):
     _loop_params: BaseModel | None = PrivateAttr(None)
     _folder: str | None = PrivateAttr(None)
     _recorded_before_form: bool = PrivateAttr(False)  # a log written before `[prompt] form`
+    _recorded: dict[str, Any] | None = PrivateAttr(None)  # `recorded()`, made once
+    _hash: str | None = PrivateAttr(None)  # `config_hash`, made once
 
     @model_validator(mode="after")
     def _consistent(self) -> LoopConfig:
@@ -419,6 +421,21 @@ class LoopConfig(_Section):
         raw = self.model_dump(mode="json")
         raw["prompt"]["form"] = form
         return parse_config(raw, folder=self.folder)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> LoopConfig:
+        """A copy; one with `update` made says something else: what was made once is made anew."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied._recorded = copied._hash = copied._loop_params = None
+        return copied
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as a run records it (`run.started`'s `config`: `model_dump(mode="json")`),
+        made once, as a config is frozen: every run of a served config records the same one.
+        The same dict is returned each time: read it, never change it."""
+        if self._recorded is None:
+            self._recorded = self.model_dump(mode="json")
+        return self._recorded
 
     @property
     def loop_params(self) -> BaseModel:
@@ -948,5 +965,8 @@ def _written_by(exc: ConfigError, version: str) -> ConfigError:
 
 
 def config_hash(config: LoopConfig) -> str:
-    """sha256 of the resolved config's canonical JSON: two runs with one hash ran one config."""
-    return hash_config(config.model_dump(mode="json"))
+    """sha256 of the resolved config's canonical JSON: two runs with one hash ran one config.
+    Made once a config (it is frozen)."""
+    if config._hash is None:
+        config._hash = hash_config(config.recorded())
+    return config._hash

@@ -148,6 +148,9 @@ class Session:
         self._given = (backend, judge_backend)
         self._verifier = verifier  # made a Verifier with each config's timeout, when used
         self._built: dict[str, Backend] = {}  # backend config JSON -> what this session built
+        # What is worked out once for a config object a server or an eval gives run after run
+        # (frozen: the same object says the same): preflighted configs, backend sections' keys.
+        self._seen: _Seen = _Seen()
         self._loaded: set[int] = set()
         self._lock = anyio.Lock()
         self.executor = resolve_executor(executor)  # None: run_many runs here
@@ -193,7 +196,9 @@ class Session:
         return backend, judge
 
     async def _build(self, section: Any) -> Backend:
-        key = section.model_dump_json()
+        key = self._seen.get(section, "key")
+        if key is None:
+            key = self._seen.put(section, "key", section.model_dump_json())
         async with self._lock:  # two runs starting at once build (and load) one backend
             backend = self._built.get(key)
             if backend is None:
@@ -323,8 +328,9 @@ class Session:
         origin: _Origin | None = None,
     ) -> RunResult:
         origin = origin or _Origin()
-        if origin.config is not None:
+        if origin.config is not None and self._seen.get(origin.config, "preflight") is None:
             preflight(origin.config, "config", verifier_given=self._verifier is not None)
+            self._seen.put(origin.config, "preflight", True)
         config = (origin.config or self.config).with_seed(seed)
         # refused before any record
         check_sendable(config.prompt_form(), (*(origin.conversation or ()), *origin.turns_after))
@@ -357,7 +363,7 @@ class Session:
                     await recorder.emit_first(
                         RunStarted,
                         RunStartedData(
-                            config=config.model_dump(mode="json"),
+                            config=config.recorded(),
                             config_hash=config_hash(config),
                             question=question,
                             coordinator=config.loop.coordinator,
@@ -774,3 +780,22 @@ run_sync = _blocking(
 """`run` for scripts and notebooks (works inside a running event loop too)."""
 resume_sync = _blocking(resume, "resume_sync", "`resume` for scripts and notebooks.")
 """`resume` for scripts and notebooks."""
+
+
+class _Seen:
+    """What was worked out for an object, by its identity, for the last `keep` objects (each
+    kept alive while remembered, so that its id is not another's)."""
+
+    def __init__(self, keep: int = 512) -> None:
+        self.keep = keep
+        self._found: dict[tuple[int, str], tuple[object, Any]] = {}
+
+    def get(self, of: object, what: str) -> Any:
+        found = self._found.get((id(of), what))
+        return found[1] if found is not None and found[0] is of else None
+
+    def put(self, of: object, what: str, value: Any) -> Any:
+        if len(self._found) >= self.keep:
+            del self._found[next(iter(self._found))]  # the oldest
+        self._found[(id(of), what)] = (of, value)
+        return value

@@ -324,6 +324,19 @@ def test_config_hash_tracks_the_resolved_config() -> None:
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", lanefold.config_hash(base))
 
 
+def test_a_configs_record_and_hash_are_made_once_and_a_changed_copy_makes_its_own() -> None:
+    base = lanefold.parse_config({"loop": {"k": 3}})
+    recorded, digest = base.recorded(), lanefold.config_hash(base)
+    assert recorded == base.model_dump(mode="json") and base.recorded() is recorded  # one dict, kept
+    assert lanefold.config_hash(base) == digest
+    loop = base.loop.model_copy(update={"k": 5})
+    changed = base.model_copy(update={"loop": loop})
+    assert changed.recorded()["loop"]["k"] == 5 and recorded["loop"]["k"] == 3
+    assert lanefold.config_hash(changed) == lanefold.config_hash(lanefold.parse_config({"loop": {"k": 5}}))
+    assert lanefold.config_hash(changed) != digest
+    assert changed.loop_params.k == 5  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [
