@@ -186,11 +186,11 @@ class FileBudgets:
         so a read sees one version): the lock is taken only to charge a dead one's holds. A
         gateway reads its key's budget at every request, and the lock is held by every
         reservation and settlement of every worker."""
-        if not self.exists(name):
-            return None
         here = os.getpid()
-        seen = self.read(name)
-        if seen is not None and all(_HELD_HERE.get(h) == here or self._alive(h) for h in seen.holds):
+        seen = self.read(name)  # one read, no stat before it
+        if seen is None:
+            return None
+        if all(_HELD_HERE.get(h) == here or self._alive(h) for h in seen.holds):
             return seen.view()
         with self.locked():
             budget = self.read(name)

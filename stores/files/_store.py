@@ -7,7 +7,7 @@ import contextlib
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from lanefold.primitives import (
     AnyEvent,
@@ -50,6 +50,13 @@ class RunStore:
         # from: a second `list_runs` (the view's pages, every second) stats an ended run's log
         # instead of reading it. A run that is appended to again (resumed) is read again.
         self._ended: dict[str, tuple[tuple[int, int], RunSummary]] = {}
+        self._budgets: FileBudgets | None = None  # made at first use, not pickled (`__getstate__`)
+        self._keys: FileKeys | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process starts from: the folder, not this process's keys'
+        uses in flight (a lock) nor its summaries."""
+        return {**self.__dict__, "_ended": {}, "_budgets": None, "_keys": None}
 
     @classmethod
     def from_url(
@@ -124,7 +131,9 @@ class RunStore:
 
     @property
     def budgets(self) -> FileBudgets:
-        return FileBudgets(self.root)
+        if self._budgets is None:
+            self._budgets = FileBudgets(self.root)
+        return self._budgets
 
     async def open_shared_pool(self, name: str, run_id: str) -> FileSharedPool:
         return await FileSharedPool.open(self.budgets, name, run_id)
@@ -155,7 +164,11 @@ class RunStore:
 
     @property
     def keys(self) -> FileKeys:
-        return FileKeys(self.root)
+        """The folder's keys: one object for the store's life, so that a key's use being recorded
+        is seen by this process's other admissions (`UsesInFlight`)."""
+        if self._keys is None:
+            self._keys = FileKeys(self.root)
+        return self._keys
 
     def create_key(self, record: KeyRecord) -> StoredKey:
         return self.keys.create_key(record)

@@ -11,7 +11,7 @@ import importlib.util
 import os
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from lanefold.primitives import (
@@ -110,6 +110,12 @@ class PgStore:
 
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
+        self._keys: PgKeys | None = None  # made at first use, not pickled (`__getstate__`)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process starts from: the database, not this process's keys'
+        uses in flight (a lock)."""
+        return {**self.__dict__, "_keys": None}
 
     @classmethod
     def from_url(
@@ -289,7 +295,11 @@ class PgStore:
 
     @property
     def keys(self) -> PgKeys:
-        return PgKeys(self.db)
+        """The database's keys: one object for the store's life, so that a key's use being
+        recorded is seen by this process's other admissions (`UsesInFlight`)."""
+        if self._keys is None:
+            self._keys = PgKeys(self.db)
+        return self._keys
 
     def create_key(self, record: KeyRecord) -> StoredKey:
         return self.keys.create_key(record)

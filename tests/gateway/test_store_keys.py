@@ -414,6 +414,40 @@ def test_requests_finding_a_keys_last_use_stale_together_record_it_once(
     assert 1001.5 <= stored.rate.last_used <= 1001.5 + (racing - 1) / 100
 
 
+def test_a_use_the_files_store_is_recording_admits_the_processs_other_requests_without_the_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the store, as the gateway asks it: while one request records a key's stale use
+    (under the keys' lock), another of the same process is admitted without queueing for that
+    lock. The store keeps one `UsesInFlight` for its life (it made a new one at every call
+    before, so no request ever saw another's use in flight). On PostgreSQL the keys share one
+    kept connection, so a read waits for a change under way whatever the rule."""
+    import lanefold.stores.files._keys as files_keys
+
+    store = open_store(None, tmp_path / "runs")
+    _create(capsys, ["--runs-dir", str(tmp_path / "runs")], "pia")
+    assert store.take_key_rate("pia", 0, 1, 1000.0) is not None  # type: ignore[attr-defined]
+    recording, second_through = threading.Event(), threading.Event()
+    calls: list[float] = []
+    real_take = files_keys.take_rate
+
+    def held(key: Any, tokens: int, requests: int, now: float) -> Any:
+        calls.append(now)
+        recording.set()
+        assert second_through.wait(timeout=10), "the second request queued for the lock"
+        return real_take(key, tokens, requests, now)
+
+    monkeypatch.setattr(files_keys, "take_rate", held)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(store.take_key_rate, "pia", 0, 1, 1002.0)  # type: ignore[attr-defined]
+        assert recording.wait(timeout=10)
+        second = store.take_key_rate("pia", 0, 1, 1002.1)  # type: ignore[attr-defined]
+        second_through.set()
+        assert first.result(timeout=30) is not None
+    assert second is not None and second.retry_after is None and not second.revoked
+    assert calls == [1002.0]  # one took under the lock; the other was admitted beside it
+
+
 def test_a_last_use_recorded_by_a_request_whose_clock_read_later_is_kept() -> None:
     """A request admitted while another recorded the key's use may hold an earlier `now` than
     the one recorded: within the second, its take changes nothing (it wrote the use back by a
