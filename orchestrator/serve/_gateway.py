@@ -391,4 +391,6 @@ def create_gateway(
         exception_handlers={HTTPError: on_http_error, LanefoldError: on_error, Exception: on_error},
     )
     app.state.stopping, app.state.session = stopping, session
+    # What the server runs beside itself while it serves (`run_server`): the keys' reads.
+    app.state.background = (keys.keep_fresh,) if isinstance(keys, StoreKeys) else ()
     return app

@@ -186,6 +186,8 @@ async def run_server(
             except LanefoldError as exc:  # a model that cannot load: one line, its code
                 failure.append(exc)
             if not failure:
+                for task in getattr(getattr(app, "state", None), "background", ()):
+                    tg.start_soon(task)  # cancelled with the rest when the server stops
                 await server.serve(sockets=[sock])
             tg.cancel_scope.cancel()
     finally:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import math
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from cli_support import cli
 
@@ -485,3 +488,53 @@ def test_a_use_being_recorded_admits_the_keys_other_requests_without_the_lock() 
     assert locked == ["nia", "otto"]
     assert uses.take(plain, 6.0, lambda: locked.append("nia") or RateVerdict(None, None, None)) is not None
     assert locked == ["nia", "otto", "nia"]  # recorded, then let go: the next stale read records it
+
+
+def test_a_served_gateway_reads_its_keys_in_the_background_and_no_request_waits_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While `keep_fresh` runs (a served gateway runs it beside itself), the keys are read again
+    in the background: no request waits for a read, even one under way (each takes 0.3 s here),
+    and a key created meanwhile is found at the next read. A store that fails those reads is
+    logged; after four missed reads a request reads the keys itself and fails as the store
+    does."""
+    from lanefold.primitives import KeyRecord, StoreError
+    from lanefold.serve import key_digest, new_key
+
+    store = open_store(None, tmp_path / "runs")
+    failing: list[bool] = []
+
+    class Slow:
+        def list_keys(self) -> Any:
+            if failing:
+                raise StoreError("the keys' folder cannot be read")
+            time.sleep(0.3)
+            return store.list_keys()  # type: ignore[attr-defined]
+
+    keys = StoreKeys(Slow(), refresh_s=0.1)  # type: ignore[arg-type]
+    token = new_key()
+    waits: list[float] = []
+
+    async def scenario() -> None:
+        await keys.fresh()  # nothing read yet: this request reads them
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keys.keep_fresh)
+            store.create_key(KeyRecord(name="quinn", sha256=key_digest(token)))  # type: ignore[attr-defined]
+            end = time.monotonic() + 1.2
+            while time.monotonic() < end:
+                began = time.monotonic()
+                await keys.fresh()
+                waits.append(time.monotonic() - began)
+                await anyio.sleep(0.01)
+            assert keys.find(token) is not None  # created after the first read, found since
+            failing.append(True)
+            with caplog.at_level(logging.WARNING, logger="lanefold.serve"):
+                await anyio.sleep(0.6)  # a read or two fail in the background: logged
+                assert any("not read again" in r.getMessage() for r in caplog.records)
+                await anyio.sleep(0.4)
+                with pytest.raises(StoreError, match="cannot be read"):
+                    await keys.fresh()  # four reads missed: this request's own read fails
+            tg.cancel_scope.cancel()
+
+    anyio.run(scenario)
+    assert len(waits) > 20 and max(waits) < 0.15, max(waits)
