@@ -6,9 +6,9 @@ keys` is seen by every worker within a second, without a restart; a revoked key 
 by its own bucket at the next request it makes (the store's row says so). A served gateway
 reads them in the background (`keep_fresh`, started with the server), so no request waits for
 that read; without it (an app driven by a test client), the request that finds them stale reads
-them. `seed_keys` writes a
-keys file's keys into the store (the file seeds; the store then holds them). `key_report` is
-what `keys show` prints and `GET /v1/usage` answers: one function, so both say the same figures.
+them. `seed_keys` writes a keys file's keys into the store (the file seeds; the store then holds
+them). `key_report` is what `keys show` prints and `GET /v1/usage` answers: one function, so
+both say the same figures.
 
 A key is a secret of 256 random bits (`new_key`), so its SHA-256 is all the store keeps: a
 slow KDF protects guessable passwords, and nothing about such a key is guessable.
@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from lanefold.execution import Store, budget_store
-from lanefold.primitives import ConfigError, KeyRecord, KeyStore, LanefoldError, StoredKey
+from lanefold.primitives import ConfigError, KeyRecord, KeyStore, StoredKey
 from lanefold.primitives.internal import key_budget_name, rate_levels
 from lanefold.serve._keys import GatewayKey, KeyBudget, Keys, spent_by_key
 
@@ -130,8 +130,8 @@ class StoreKeys:
                 try:
                     async with self._lock:
                         await anyio.to_thread.run_sync(self.load)
-                except LanefoldError as exc:
-                    _log.warning("the gateway's keys were not read again: %s", exc)
+                except Exception as exc:  # the server serves on with the keys it has
+                    _log.warning("the gateway's keys were not read again: %s: %s", type(exc).__name__, exc)
         finally:
             self._kept = False
 
