@@ -109,13 +109,17 @@ class StoreKeys:
         """The keys, read again in a worker thread where the last read is `refresh_s` old; while
         `keep_fresh` runs, only where it has fallen behind by several reads (a store that
         failed it), so that such a request says why."""
-        stale = self.refresh_s * (4 if self._kept else 1)
-        if self._read_at is not None and self.clock() - self._read_at < stale:
+        after = self.refresh_s * (4 if self._kept else 1)
+        if not self._older_than(after):
             return self.current  # no lock taken: a background read under way is not waited for
         async with self._lock:
-            if self._read_at is None or self.clock() - self._read_at >= stale:
+            if self._older_than(after):  # not read meanwhile by the lock's last holder
                 await anyio.to_thread.run_sync(self.load)
         return self.current
+
+    def _older_than(self, seconds: float) -> bool:
+        """Whether the keys were never read, or last read `seconds` ago or more."""
+        return self._read_at is None or self.clock() - self._read_at >= seconds
 
     async def keep_fresh(self) -> None:
         """Read the keys every `refresh_s`, in a worker thread, until cancelled (a server runs it
