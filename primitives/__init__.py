@@ -159,6 +159,7 @@ from lanefold.primitives._loop import (
     Reduction,
     Remaining,
 )
+from lanefold.primitives._offload import offload
 from lanefold.primitives._registry import (
     EXECUTORS,
     LOOPS,
@@ -381,6 +382,7 @@ __all__ = (
     "new_run_id",
     "normalize_answer",
     "offered_tools",
+    "offload",
     "one_line",
     "os_failure",
     "parse_event",

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
-import anyio
-
 from lanefold.primitives._errors import LogWriteError
 from lanefold.primitives._eventlog import EventLog
+from lanefold.primitives._offload import offload
 from lanefold.primitives._state import RunState, apply
 from lanefold.primitives.events import AnyEvent, Event
 
@@ -51,7 +50,7 @@ class Recorder:
         self._observer = observer
         self._source = f"lanefold:run/{run_id}"
         self.broken = False  # an append failed: the log ends where it is
-        self._publishing = False  # a first line is going down in a worker thread
+        self._publishing = False  # a first line is going down (`offload`)
 
     @property
     def log_path(self) -> str | None:
@@ -76,9 +75,10 @@ class Recorder:
     async def emit_first(self, kind: type[E], data: Any, *, wave: int | None = None) -> E:
         """Record an event that may put the run in the store (its `run.started`, or a held
         run's first funded `wave.started`): a log that forces that first write to disk before
-        the run appears (`publishes`) does it in a worker thread, so the event loop serves
-        other runs while the disk works; the caller awaits it, so nothing of this run is
-        written or returned before it is down. Any other event is appended as `emit` does.
+        the run appears (`publishes`) does it off the event loop (`offload`: in a worker
+        thread, so the loop serves other runs while the disk works); the caller awaits it,
+        so nothing of this run is written or returned before it is down. Any other event is
+        appended as `emit` does.
 
         Only while nothing else writes this run (its first line precedes every lane): an
         `emit` meanwhile would take a sequence the log has not counted yet, so it is refused.
@@ -89,7 +89,7 @@ class Recorder:
             return self._observed(event)
         self._publishing = True
         try:
-            await anyio.to_thread.run_sync(self._append, event)
+            await offload(self._append, event)
         finally:
             self._publishing = False
         return self._observed(event)
@@ -148,10 +148,10 @@ class Recorder:
 
     async def sync(self) -> None:
         """A durability point (a wave's barrier, the run's end): the log's `sync` (fsync under
-        the `barrier` and `always` policies, the commit on PostgreSQL), awaited in a worker
-        thread so the event loop serves other runs while the disk works. Appends may go on
-        meanwhile; what was appended before the call is down when it returns."""
-        await anyio.to_thread.run_sync(self.log.sync)
+        the `barrier` and `always` policies, the commit on PostgreSQL), awaited off the
+        event loop (`offload`) so the loop serves other runs while the disk works. Appends
+        may go on meanwhile; what was appended before the call is down when it returns."""
+        await offload(self.log.sync)
 
 
 def _publishes(log: EventLog, event: Event) -> bool:

@@ -47,6 +47,7 @@ from lanefold.primitives._hooks import HookRunner, build_hook, hook_params
 from lanefold.primitives._judge import render_prompt
 from lanefold.primitives._keystore import key_budget_name, rate_levels
 from lanefold.primitives._nesting import nests_deeper
+from lanefold.primitives._offload import serving
 from lanefold.primitives._record import Recorder
 from lanefold.primitives._registry import (
     import_object,
@@ -115,6 +116,7 @@ __all__ = (
     "run_extract",
     "scores_line",
     "secret_header",
+    "serving",
     "shape_waves",
     "stopped_for_budget",
     "store_for_url",

@@ -42,6 +42,7 @@ from lanefold.primitives import (
     RunNotFoundError,
     RunState,
     fold,
+    offload,
 )
 from lanefold.primitives.events import AnyEvent
 from lanefold.primitives.internal import stopped_for_budget
@@ -336,7 +337,7 @@ def create_gateway(
             raise out_of_quota(result.reason or "the key's budget cannot fund the loop")
         state = None
         if ask.options.n > 1 or result.status == "no_answer":  # more choices, or a lane to serve
-            state = await anyio.to_thread.run_sync(read_state, store, result.run_id)
+            state = await offload(read_state, store, result.run_id)
         return result, state
 
     async def _governed(go: Go, observer: Callable[[AnyEvent], None] | None) -> RunResult:

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from lanefold.config import LoopConfig
 from lanefold.evaluate import prompt_tokens, worst_case
 from lanefold.execution import RunResult, Store
-from lanefold.primitives import BudgetStore, BudgetView, KeyStore, RateVerdict, RunState
+from lanefold.primitives import BudgetStore, BudgetView, KeyStore, RateVerdict, RunState, offload
 from lanefold.primitives.events import AnyEvent
 from lanefold.primitives.internal import key_budget_name
 from lanefold.serve._gateway_wire import Ask, Go
@@ -135,7 +135,7 @@ class Admitted:
             return
         store, key, back, now = self.rates.store, self.key, self.hold - paid, self.rates.clock()
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(lambda: store.give_key_rate(key, back, now))
+            await offload(store.give_key_rate, key, back, now)
 
 
 def answer_headers(run_id: str, request_id: str, admitted: Admitted) -> dict[str, str]:
@@ -183,7 +183,7 @@ class KeyRates:
                 return verdict, None
             return verdict, budgets.read_budget(name) or budgets.start_budget(name, (0, 0.0, 0))
 
-        verdict, budget = await anyio.to_thread.run_sync(take)
+        verdict, budget = await offload(take)
         if verdict is None or verdict.revoked:
             raise HTTPError(
                 401,
@@ -198,11 +198,11 @@ class KeyRates:
     async def usage(self, key: GatewayKey, store: Store) -> dict[str, Any]:
         """`GET /v1/usage`: the key's own limits, spend, refusals and last use, as `keys show`
         prints them (`key_report`)."""
-        stored = await anyio.to_thread.run_sync(self.store.read_key, key.name)
+        stored = await offload(self.store.read_key, key.name)
         if stored is None:
             raise HTTPError(401, "missing or unknown API key", code="invalid_api_key")
         now = self.clock()
-        return await anyio.to_thread.run_sync(lambda: key_report(store, stored, now))
+        return await offload(key_report, store, stored, now)
 
 
 def _refusal(key: GatewayKey, verdict: RateVerdict, tokens: int) -> HTTPError:

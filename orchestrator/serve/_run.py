@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import anyio
 
 from lanefold.primitives import Backend, ConfigError, LanefoldError, Loadable, read_secret
+from lanefold.primitives.internal import serving
 
 __all__ = (
     "ServeError",
@@ -143,7 +144,11 @@ async def run_server(
     one last `gc.collect` so that no garbage is kept): they live as long as the server, and a
     full sweep that walks them all stops every request in flight. Measured on the gateway (one
     worker, 32 clients, docs/gateway.md): sweeps of 60-90 ms at about 115,000 objects, one
-    every 2-3 s under load, down to 3-7 ms."""
+    every 2-3 s under load, down to 3-7 ms.
+
+    The server owns its event loop, so each HTTP request is marked as served work
+    (`serving`): a request alone in flight makes its store calls on the loop rather than in
+    a worker thread (`lanefold.primitives.offload` says why)."""
     import uvicorn  # the `serve` extra; imported here so the package loads without it
 
     sock = sock or listen(host, port)
@@ -161,7 +166,7 @@ async def run_server(
             logging.getLogger("uvicorn.error").info("serving %s on %s (Ctrl-C to stop)", what, url)
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5
+        _served(app), host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5
     )
     server = _Server(config)
     stopping = stopping or getattr(getattr(app, "state", None), "stopping", None)
@@ -196,6 +201,20 @@ async def run_server(
             await aclose()
     if failure:
         raise failure[0]
+
+
+def _served(app: Any) -> Any:
+    """`app` with each HTTP request it answers marked as served work (`serving`), its
+    response's body included."""
+
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        with serving():
+            await app(scope, receive, send)
+
+    return served
 
 
 def serving_loop(main: Callable[[], Awaitable[None]]) -> None:

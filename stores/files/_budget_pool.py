@@ -28,6 +28,7 @@ from lanefold.primitives import (
     coalesced_flushes,
     coalesced_reservations,
     flush_pending,
+    offload,
     os_failure,
     reserve_in_turn,
 )
@@ -96,7 +97,7 @@ class FileSharedPool:
             pool.exhausted = budget.view().exhausted()
             return pool
 
-        return await anyio.to_thread.run_sync(opened)
+        return await offload(opened)
 
     # -- noted now, written at the next flush or reserve -------------------------------------------
 
@@ -128,8 +129,8 @@ class FileSharedPool:
     # -- changes -------------------------------------------------------------------------------------
 
     async def _run(self, work: Callable[[BudgetRecord, HeldRecord], T], *, pending_only: bool = False) -> T:
-        """`work(budget, this segment's holds)` in one change under the budgets' lock, in a
-        worker thread, with what is pending written first; if the change fails, it stays
+        """`work(budget, this segment's holds)` in one change under the budgets' lock, off the
+        event loop (`offload`), with what is pending written first; if the change fails, it stays
         pending. `pending_only` (a flush, whose `work` returns None): no change if nothing is
         pending once the segment's lock is taken (a change made while waiting took it along)."""
         async with self._lock:
@@ -154,7 +155,7 @@ class FileSharedPool:
                 return done
 
             try:
-                return await anyio.to_thread.run_sync(self._budgets.change, self.name, change)
+                return await offload(self._budgets.change, self.name, change)
             except BaseException:
                 for pending, taken in ((self._held, held), (self._spent, spent)):
                     for i in range(3):

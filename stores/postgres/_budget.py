@@ -15,9 +15,9 @@ the PostgreSQL backend that owns them).
   with its process. Whoever next reserves (or `budget show`) charges its holds whole to spent,
   as the file ledger charges an attempt a crash cut off: never zero.
 
-The connection is psycopg's synchronous one, driven from a worker thread
-(`anyio.to_thread.run_sync`) under a lock, so it works the same under asyncio and trio and the
-event loop never waits on the database.
+The connection is psycopg's synchronous one, driven off the event loop (`offload`: a worker
+thread, unless the request is the only one its server serves) under a lock, so it works the
+same under asyncio and trio and an event loop with other work never waits on the database.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from lanefold.primitives import (
     coalesced_flushes,
     coalesced_reservations,
     flush_pending,
+    offload,
     reserve_in_turn,
 )
 from lanefold.stores.postgres._database import PgDatabase, psycopg_module
@@ -256,7 +257,7 @@ class PgSharedPool:
             pool.exhausted = view.exhausted()
             return pool
 
-        return await anyio.to_thread.run_sync(opened)
+        return await offload(opened)
 
     # -- noted now, written at the next flush or reserve -------------------------------------------
 
@@ -288,7 +289,7 @@ class PgSharedPool:
     # -- transactions ------------------------------------------------------------------------------
 
     async def _run(self, work: Callable[[Any, list[Any], list[Any]], T], *, pending_only: bool = False) -> T:
-        """Run `work(conn, held, spent)` in one transaction in a worker thread, with what is
+        """Run `work(conn, held, spent)` in one transaction off the event loop, with what is
         pending handed over; if the transaction fails, it stays pending. `pending_only` (a
         flush, whose `work` returns None): no transaction if nothing is pending once the
         segment's lock is taken (one made while waiting took it along)."""
@@ -304,7 +305,7 @@ class PgSharedPool:
                     return work(self._conn, held, spent)
 
             try:
-                return await anyio.to_thread.run_sync(transaction)
+                return await offload(transaction)
             except BaseException as exc:
                 for pending, taken in ((self._held, held), (self._spent, spent)):
                     for i in range(3):

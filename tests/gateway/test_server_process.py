@@ -7,14 +7,19 @@ each checked in a server of its own process:
   backends (a 60-90 ms pause of every request in flight on the gateway at about 115,000
   objects, docs/gateway.md);
 - it runs on uvloop's event loop where uvloop is installed (the serve extra installs it on
-  Linux and macOS), on asyncio's own where it is not: less CPU a gateway request."""
+  Linux and macOS), on asyncio's own where it is not: less CPU a gateway request;
+- it marks each request it serves (`serving`), so that a request alone in flight makes its
+  store calls on the loop (`offload`), and requests in flight together in worker threads."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -82,10 +87,45 @@ serving_loop(
 )
 """
 
+# A server answering where `offload` made its call: "loop" or "thread"; `/two` waits for a
+# second request to `/two` before its call, so that two are in flight together.
+OFFLOAD = """
+import threading, anyio
+from lanefold.primitives import offload
+from lanefold.serve._run import listen, run_server
 
-def _served(code: str, **env: str) -> str:
-    """What the one route of the server `code` starts answers, the server then stopped by
-    SIGTERM (a clean stop: exit 0)."""
+arrived, both = [], None
+
+async def app(scope, receive, send):
+    global both
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/two":
+        both = both or anyio.Event()
+        arrived.append(None)
+        if len(arrived) == 2:
+            both.set()
+        await both.wait()
+    here = threading.get_ident()
+    where = "loop" if await offload(threading.get_ident) == here else "thread"
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": where.encode()})
+
+async def nothing():
+    pass
+
+sock = listen("127.0.0.1", 0)
+print(sock.getsockname()[1], flush=True)
+anyio.run(
+    lambda: run_server(app, what="probe", host="127.0.0.1", port=0, sock=sock, load=nothing, aclose=nothing)
+)
+"""
+
+
+@contextlib.contextmanager
+def _server(code: str, **env: str) -> Iterator[str]:
+    """The base URL of the server `code` starts, stopped by SIGTERM after the block (a clean
+    stop: exit 0)."""
     process = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=ROOT,
@@ -96,12 +136,17 @@ def _served(code: str, **env: str) -> str:
     )
     try:
         assert process.stdout is not None
-        port = int(process.stdout.readline())
-        return httpx.get(f"http://127.0.0.1:{port}/", timeout=60).text
+        yield f"http://127.0.0.1:{int(process.stdout.readline())}"
     finally:
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=60)
         assert process.returncode == 0, err
+
+
+def _served(code: str, **env: str) -> str:
+    """What the one route of the server `code` starts answers."""
+    with _server(code, **env) as url:
+        return httpx.get(f"{url}/", timeout=60).text
 
 
 def test_the_server_freezes_what_it_loaded_and_keeps_no_garbage() -> None:
@@ -119,3 +164,16 @@ def test_a_server_runs_on_uvloop_where_it_is_installed() -> None:
 
 def test_a_server_runs_on_asyncios_loop_without_uvloop() -> None:
     assert _served(LOOP, BLOCK="1").startswith("asyncio")
+
+
+def test_a_lone_request_makes_its_store_calls_on_the_loop_and_requests_together_in_threads() -> None:
+    with _server(OFFLOAD) as url:
+        assert httpx.get(f"{url}/one", timeout=60).text == "loop"
+
+        async def two() -> list[str]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                replies = await asyncio.gather(client.get(f"{url}/two"), client.get(f"{url}/two"))
+            return [reply.text for reply in replies]
+
+        assert asyncio.run(two()) == ["thread", "thread"]
+        assert httpx.get(f"{url}/one", timeout=60).text == "loop"  # both counted out
