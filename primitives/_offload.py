@@ -4,7 +4,7 @@ nothing else.
 
 A worker thread keeps the event loop free for other work while the disk or the database
 answers, and costs two wake-ups (the thread's, then the loop's): on the 2-core machine of
-docs/gateway.md about 0.1-0.3 ms each, six trips a gateway request. With nothing else to
+docs/gateway.md 0.1 to 0.6 ms each, six trips a gateway request. With nothing else to
 serve, the freed loop serves nobody and a lone request waits those wake-ups in turn. So a
 server that owns its event loop (`orchestrator serve`: `run_server`) marks each request it
 serves (`serving`); while exactly one such request is in flight in the process, `offload`
@@ -19,7 +19,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import TypeVar, TypeVarTuple
 
 import anyio
 import anyio.lowlevel
@@ -28,6 +28,7 @@ import anyio.to_thread
 __all__ = ("offload", "serving")
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 _SERVED: ContextVar[bool] = ContextVar("lanefold_served", default=False)
 _lock = threading.Lock()  # servers on loops in several threads of one process (tests) count together
@@ -59,7 +60,7 @@ def alone() -> bool:
     return _SERVED.get() and _in_flight == 1
 
 
-async def offload(func: Callable[..., T], *args: object) -> T:
+async def offload(func: Callable[[*Args], T], *args: *Args) -> T:
     """`func(*args)`, a blocking call that neither waits for this event loop nor can be
     abandoned half-way: in a worker thread (`anyio.to_thread.run_sync`), or inline where
     the caller is the only request a server that owns the loop serves (`serving`). Either
