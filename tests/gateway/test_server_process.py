@@ -29,6 +29,19 @@ pytest.importorskip("uvicorn")
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Each server's end: it binds a port, prints it, and serves `app` through `run_server` (started
+# by `run`, loading with `load`) until SIGTERM.
+SERVED = """
+async def nothing():
+    pass
+
+sock = listen("127.0.0.1", 0)
+print(sock.getsockname()[1], flush=True)
+{run}(
+    lambda: run_server(app, what="probe", host="127.0.0.1", port=0, sock=sock, load={load}, aclose=nothing)
+)
+"""
+
 # A server of one route answering with what the collector holds frozen (a freeze is the
 # process's: made here, it would keep the test session's objects for good).
 FREEZE = """
@@ -51,16 +64,7 @@ dropped = []
 
 async def load():
     dropped.extend(weakref.ref(Cycle()) for _ in range(100))
-
-async def nothing():
-    pass
-
-sock = listen("127.0.0.1", 0)
-print(sock.getsockname()[1], flush=True)
-anyio.run(
-    lambda: run_server(app, what="probe", host="127.0.0.1", port=0, sock=sock, load=load, aclose=nothing)
-)
-"""
+""" + SERVED.format(run="anyio.run", load="load")
 
 # A server of one route answering with the module of the event loop it runs on (`BLOCK` set:
 # uvloop cannot be imported there, as on a platform without it).
@@ -76,16 +80,7 @@ async def app(scope, receive, send):
         return
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": type(asyncio.get_running_loop()).__module__.encode()})
-
-async def nothing():
-    pass
-
-sock = listen("127.0.0.1", 0)
-print(sock.getsockname()[1], flush=True)
-serving_loop(
-    lambda: run_server(app, what="probe", host="127.0.0.1", port=0, sock=sock, load=nothing, aclose=nothing)
-)
-"""
+""" + SERVED.format(run="serving_loop", load="nothing")
 
 # A server answering where `offload` made its call: "loop" or "thread"; `/two` waits for a
 # second request to `/two` before its call, so that two are in flight together.
@@ -110,16 +105,7 @@ async def app(scope, receive, send):
     where = "loop" if await offload(threading.get_ident) == here else "thread"
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": where.encode()})
-
-async def nothing():
-    pass
-
-sock = listen("127.0.0.1", 0)
-print(sock.getsockname()[1], flush=True)
-anyio.run(
-    lambda: run_server(app, what="probe", host="127.0.0.1", port=0, sock=sock, load=nothing, aclose=nothing)
-)
-"""
+""" + SERVED.format(run="anyio.run", load="nothing")
 
 
 @contextlib.contextmanager
